@@ -1,0 +1,24 @@
+# Run `make help` for the targets.
+
+.PHONY: help test vet fmt build bench generate
+
+help: ## Show this help.
+	@awk 'BEGIN { FS = ":.*## " } /^[a-z][a-z-]*:.*## / { printf "  %-9s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+
+test: ## Start Redis and a Redis Cluster, check gofmt, vet, run all tests (TEST_ARGS adds go test flags).
+	bash hack/test.sh
+
+vet: ## Run go vet.
+	go vet ./...
+
+fmt: ## Format all Go files in place.
+	git ls-files -z --cached --others --exclude-standard -- '*.go' | xargs -0 -r gofmt -w
+
+build: ## Build bin/limiter.
+	go build -o bin/limiter ./cmd/limiter
+
+bench: ## Run the benchmarks (hack/bench.sh).
+	@if [ -f hack/bench.sh ]; then bash hack/bench.sh; else echo "hack/bench.sh does not exist yet"; fi
+
+generate: ## Regenerate code and manifests (hack/codegen.sh).
+	@if [ -f hack/codegen.sh ]; then bash hack/codegen.sh; else echo "hack/codegen.sh does not exist yet"; fi

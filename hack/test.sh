@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# What `make test` runs: installs the servers the tests need, starts a shared
+# standalone Redis and Redis Cluster (stopped again on exit, whatever happens),
+# checks generated code and formatting, vets, and runs every test with
+# LIMITER_TEST_REQUIRE=1 so a test whose server is missing fails instead of
+# skipping.
+#
+# Environment:
+#   TEST_ARGS  extra `go test` flags, e.g. TEST_ARGS='-run TestAcquire -v'
+#   TEST_PKGS  packages to test (default ./...)
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+step() { printf '==> %s\n' "$*"; }
+
+apt_install() {
+	local sudo=()
+	if [[ $(id -u) -ne 0 ]]; then
+		command -v sudo >/dev/null || {
+			echo "need root or sudo to install: $*" >&2
+			exit 1
+		}
+		sudo=(sudo)
+	fi
+	# Lock::Timeout waits for another apt-get instead of failing at once.
+	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq
+	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 \
+		install -y -qq --no-install-recommends "$@"
+}
+
+if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+	step "installing redis-server redis-tools"
+	apt_install redis-server redis-tools
+fi
+if [[ ! -x /usr/bin/chromium ]]; then
+	step "installing chromium"
+	apt_install chromium
+fi
+
+if [[ -f hack/envtest-assets.sh ]]; then
+	step "building envtest binaries (hack/envtest-assets.sh)"
+	assets_out=$(bash hack/envtest-assets.sh)
+	KUBEBUILDER_ASSETS=$(printf '%s\n' "$assets_out" | tail -n 1)
+	export KUBEBUILDER_ASSETS
+	echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS"
+fi
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/limiter-test.XXXXXX")
+# Private clusters that testenv.StartCluster starts live here too, so a test
+# binary that dies without its cleanups leaves no server behind.
+export LIMITER_TEST_TMPDIR="$tmp/private"
+
+cleanup() {
+	local rc=$?
+	trap - EXIT INT TERM
+	step "stopping test servers"
+	local dir
+	for dir in "$tmp"/private/*/ "$tmp/servers"; do
+		[[ -d "$dir" ]] && bash hack/redis-cluster.sh stop "$dir"
+	done
+	rm -rf "$tmp"
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+step "starting Redis and a 6-node Redis Cluster"
+bash hack/redis-cluster.sh start "$tmp/servers" all
+# shellcheck disable=SC1091
+source "$tmp/servers/env"
+
+if [[ -f hack/verify-generated.sh ]]; then
+	step "checking generated code (hack/verify-generated.sh)"
+	bash hack/verify-generated.sh
+fi
+
+step "gofmt"
+# Tracked files plus new ones not yet added (but not ignored ones).
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+	mapfile -d '' listed < <(git ls-files -z --cached --others --exclude-standard -- '*.go')
+else
+	mapfile -d '' listed < <(find . -name '*.go' -not -path './.git/*' -print0)
+fi
+go_files=()
+for f in "${listed[@]}"; do
+	[[ -f "$f" ]] && go_files+=("$f") # skip deletions not yet staged
+done
+if ((${#go_files[@]})); then
+	unformatted=$(gofmt -l "${go_files[@]}")
+	if [[ -n "$unformatted" ]]; then
+		echo "these files need gofmt (run make fmt):" >&2
+		sed 's/^/  /' <<<"$unformatted" >&2
+		exit 1
+	fi
+fi
+
+step "go vet"
+go vet ./...
+
+step "go test"
+# shellcheck disable=SC2086
+LIMITER_TEST_REQUIRE=1 go test -race -count=1 -timeout 25m ${TEST_ARGS:-} ${TEST_PKGS:-./...}

@@ -1,0 +1,118 @@
+package testenv
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// Environment variables hack/test.sh sets.
+const (
+	envRequire      = "LIMITER_TEST_REQUIRE"       // "1": missing servers fail tests
+	envRedis        = "LIMITER_TEST_REDIS"         // host:port of the shared standalone Redis
+	envCluster      = "LIMITER_TEST_REDIS_CLUSTER" // comma-separated seed host:ports
+	envTmpDir       = "LIMITER_TEST_TMPDIR"        // where private clusters live, so hack/test.sh can reap them
+	envKubebuilder  = "KUBEBUILDER_ASSETS"         // directory of etcd and kube-apiserver
+	envChromium     = "CHROMIUM"                   // path of a chromium binary
+	defaultChromium = "/usr/bin/chromium"
+)
+
+// Required reports whether the test command demands real servers
+// (LIMITER_TEST_REQUIRE=1, set by make test).
+func Required() bool {
+	required, err := strconv.ParseBool(os.Getenv(envRequire))
+	return err == nil && required
+}
+
+// missing fails the test if Required, and skips it otherwise. what names the
+// missing thing; provides says what `make test` does about it.
+func missing(t testing.TB, what, provides string) {
+	t.Helper()
+	msg := fmt.Sprintf("%s: run `make test`, which %s", what, provides)
+	if Required() {
+		t.Fatal(msg)
+	} else {
+		t.Skip(msg)
+	}
+}
+
+// Redis returns the shared standalone Redis address (LIMITER_TEST_REDIS).
+// When absent: t.Fatal if Required(), else t.Skip.
+func Redis(t testing.TB) string {
+	t.Helper()
+	addr := strings.TrimSpace(os.Getenv(envRedis))
+	if addr == "" {
+		missing(t, envRedis+" is not set", "starts Redis")
+	}
+	return addr
+}
+
+// Cluster returns the shared Redis Cluster seed addresses
+// (LIMITER_TEST_REDIS_CLUSTER, comma separated). Same absent rule as Redis.
+func Cluster(t testing.TB) []string {
+	t.Helper()
+	var addrs []string
+	for _, addr := range strings.Split(os.Getenv(envCluster), ",") {
+		if addr = strings.TrimSpace(addr); addr != "" {
+			addrs = append(addrs, addr)
+		}
+	}
+	if len(addrs) == 0 {
+		missing(t, envCluster+" is not set", "starts a Redis Cluster")
+	}
+	return addrs
+}
+
+// KubebuilderAssets returns KUBEBUILDER_ASSETS, the directory holding the
+// envtest etcd and kube-apiserver. Absent: fatal if Required, else skip.
+func KubebuilderAssets(t testing.TB) string {
+	t.Helper()
+	dir := os.Getenv(envKubebuilder)
+	if dir == "" {
+		missing(t, envKubebuilder+" is not set", "builds the envtest binaries with hack/envtest-assets.sh")
+		return ""
+	}
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		missing(t, fmt.Sprintf("%s=%s is not a directory", envKubebuilder, dir), "builds the envtest binaries with hack/envtest-assets.sh")
+	}
+	return dir
+}
+
+// Chromium returns the path of a chromium binary: $CHROMIUM if set, else
+// /usr/bin/chromium, else chromium on $PATH. Absent: fatal if Required, else skip.
+func Chromium(t testing.TB) string {
+	t.Helper()
+	if path := os.Getenv(envChromium); path != "" {
+		if !isExecutable(path) {
+			missing(t, fmt.Sprintf("%s=%s is not an executable", envChromium, path), "installs chromium")
+		}
+		return path
+	}
+	if isExecutable(defaultChromium) {
+		return defaultChromium
+	}
+	if path, err := exec.LookPath("chromium"); err == nil {
+		return path
+	}
+	missing(t, "chromium is not installed", "installs it")
+	return ""
+}
+
+func isExecutable(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0
+}
+
+// redisBinary returns the path of binary name (redis-server, redis-cli).
+// Absent: fatal if Required, else skip.
+func redisBinary(t testing.TB, name string) string {
+	t.Helper()
+	path, err := exec.LookPath(name)
+	if err != nil {
+		missing(t, name+" is not installed", "installs it")
+	}
+	return path
+}

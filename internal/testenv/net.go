@@ -1,0 +1,60 @@
+package testenv
+
+import (
+	"net"
+	"sync"
+	"testing"
+)
+
+// BlackHole returns the address of a TCP listener that accepts connections and
+// never answers: it never reads and never closes them until the test's cleanup.
+// Clients talking to it see their reads time out, as with a hung server.
+func BlackHole(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("black hole: %v", err)
+	}
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+		done  = make(chan struct{})
+	)
+	go func() {
+		defer close(done)
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return // listener closed by cleanup
+			}
+			mu.Lock()
+			conns = append(conns, conn)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		for _, conn := range conns {
+			conn.Close()
+		}
+	})
+	return ln.Addr().String()
+}
+
+// FreeAddr returns "127.0.0.1:PORT" of a currently free port. Nothing holds the
+// port afterwards, so another process may take it before the caller does.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("free address: %v", err)
+	}
+	addr := ln.Addr().String()
+	if err := ln.Close(); err != nil {
+		t.Fatalf("free address: %v", err)
+	}
+	return addr
+}

@@ -1,0 +1,111 @@
+package testenv
+
+import (
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// Proxy forwards TCP connections to a target and can be switched into a
+// black hole while running: connections stay open but no byte moves either
+// way, as when a network path silently drops packets.
+type Proxy struct {
+	ln     net.Listener
+	target string
+	holed  atomic.Bool
+	mu     sync.Mutex
+	conns  []net.Conn
+	wg     sync.WaitGroup
+}
+
+// StartProxy listens on a free loopback port and forwards to target until
+// the test's cleanup.
+func StartProxy(t testing.TB, target string) *Proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("proxy: %v", err)
+	}
+	p := &Proxy{ln: ln, target: target}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(p.close)
+	return p
+}
+
+// Addr is the proxy's listen address.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// BlackHole stops all traffic through the proxy; connections stay open.
+func (p *Proxy) BlackHole() { p.holed.Store(true) }
+
+// Restore drops every connection (their data is lost, as after a network
+// partition) and forwards new ones again.
+func (p *Proxy) Restore() {
+	p.mu.Lock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+	p.mu.Unlock()
+	p.holed.Store(false)
+}
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.track(client)
+		if p.holed.Load() {
+			continue // accepted, never answered
+		}
+		server, err := net.Dial("tcp", p.target)
+		if err != nil {
+			client.Close()
+			continue
+		}
+		p.track(server)
+		p.wg.Add(2)
+		go p.pipe(server, client)
+		go p.pipe(client, server)
+	}
+}
+
+func (p *Proxy) track(c net.Conn) {
+	p.mu.Lock()
+	p.conns = append(p.conns, c)
+	p.mu.Unlock()
+}
+
+// pipe copies src to dst until either closes. While the proxy is holed it
+// swallows what it reads: nothing reaches the other side, nothing answers.
+func (p *Proxy) pipe(dst, src net.Conn) {
+	defer p.wg.Done()
+	defer dst.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !p.holed.Load() {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *Proxy) close() {
+	p.ln.Close()
+	p.mu.Lock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+}

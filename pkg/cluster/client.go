@@ -1,0 +1,210 @@
+// Package cluster connects the limiter to Redis: standalone, Redis Cluster,
+// Sentinel, or an embedded in-process store. It also owns every key name and
+// the validation of the identifiers that go into keys.
+package cluster
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// Defaults of Options.
+const (
+	DefaultTimeout               = 250 * time.Millisecond
+	DefaultShardsRefreshInterval = 5 * time.Second
+	DefaultDialTimeout           = time.Second
+	EmbeddedMinTimeout           = 2 * time.Second
+)
+
+// ErrNotConnected is returned by Client.Redis while no connection to Redis
+// has been established yet (it is still being retried in the background).
+var ErrNotConnected = errors.New("redis: not connected yet")
+
+// Options configure a Client. Zero values take the documented defaults.
+type Options struct {
+	// Addrs are the Redis seed addresses (host:port). One address of a
+	// standalone server gives a single client; an address of a cluster node
+	// gives a cluster client (detected). Empty: the embedded store.
+	Addrs []string
+	// SentinelMasterSet, when set, treats Addrs as Sentinels and follows the
+	// named master.
+	SentinelMasterSet string
+	// Username and Password authenticate to Redis (ACL). Default none.
+	Username string
+	Password string
+	// TLS, when non-nil, makes every connection TLS.
+	TLS *tls.Config
+	// Timeout is the per-call deadline the limiter applies. Default 250ms.
+	// The embedded store uses at least EmbeddedMinTimeout: it runs scripts
+	// on this process's CPU, one at a time, so a burst queues rather than
+	// signalling an outage.
+	Timeout time.Duration
+	// ShardsRefreshInterval is how often a cluster client rescans the
+	// topology, so a failover is followed even without a MOVED. Default 5s.
+	ShardsRefreshInterval time.Duration
+	// DialTimeout bounds connecting to one node. Default 1s.
+	DialTimeout time.Duration
+	// Logger receives connection state changes. Default slog.Default().
+	Logger *slog.Logger
+}
+
+func (o Options) withDefaults() Options {
+	if o.Timeout == 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.ShardsRefreshInterval == 0 {
+		o.ShardsRefreshInterval = DefaultShardsRefreshInterval
+	}
+	if o.DialTimeout == 0 {
+		o.DialTimeout = DefaultDialTimeout
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// Client is the limiter's handle on Redis. It is created without touching
+// the network: connecting happens in the background and is retried until
+// Redis answers, so the service starts (and fails open or closed per tier)
+// while Redis is down.
+type Client struct {
+	opts      Options
+	redis     atomic.Pointer[rueidis.Client]
+	connected chan struct{}
+	embedded  *embeddedStore
+
+	stop chan struct{}
+	done chan struct{}
+	once sync.Once
+}
+
+// New returns a Client for opts. It fails only on invalid options, never
+// because Redis is unreachable.
+func New(opts Options) (*Client, error) {
+	opts = opts.withDefaults()
+	if opts.Timeout < 0 || opts.ShardsRefreshInterval < 0 || opts.DialTimeout < 0 {
+		return nil, errors.New("redis timeouts must not be negative")
+	}
+	c := &Client{opts: opts, connected: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
+	if len(opts.Addrs) == 0 {
+		store, err := startEmbedded()
+		if err != nil {
+			return nil, err
+		}
+		c.embedded = store
+		c.opts.Addrs = []string{store.addr()}
+		c.opts.Timeout = max(c.opts.Timeout, EmbeddedMinTimeout)
+	}
+	go c.connect()
+	return c, nil
+}
+
+// connect dials until Redis answers, then publishes the client.
+func (c *Client) connect() {
+	defer close(c.done)
+	backoff := 50 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		client, err := rueidis.NewClient(c.clientOption())
+		if err == nil {
+			c.redis.Store(&client)
+			close(c.connected)
+			c.opts.Logger.Info("connected to redis", "addrs", c.opts.Addrs, "mode", string(client.Mode()), "attempts", attempt)
+			return
+		}
+		if attempt == 1 || attempt%20 == 0 {
+			c.opts.Logger.Warn("redis not reachable yet; retrying in the background", "addrs", c.opts.Addrs, "attempt", attempt, "err", err)
+		}
+		select {
+		case <-c.stop:
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 2*time.Second)
+	}
+}
+
+func (c *Client) clientOption() rueidis.ClientOption {
+	o := rueidis.ClientOption{
+		InitAddress:  c.opts.Addrs,
+		Username:     c.opts.Username,
+		Password:     c.opts.Password,
+		TLSConfig:    c.opts.TLS,
+		DisableCache: true, // no client-side caching: every read must see the server's state
+		Dialer:       net.Dialer{Timeout: c.opts.DialTimeout, KeepAlive: time.Second},
+		// A connection that stops answering is dropped after this and
+		// redialled; calls themselves are bounded by Timeout.
+		ConnWriteTimeout: max(4*c.opts.Timeout, 2*time.Second),
+		ClusterOption:    rueidis.ClusterOption{ShardsRefreshInterval: c.opts.ShardsRefreshInterval},
+		ClientName:       "limiter",
+	}
+	if c.opts.SentinelMasterSet != "" {
+		o.Sentinel = rueidis.SentinelOption{
+			MasterSet:               c.opts.SentinelMasterSet,
+			Username:                c.opts.Username,
+			Password:                c.opts.Password,
+			TLSConfig:               c.opts.TLS,
+			Dialer:                  o.Dialer,
+			TopologyRefreshInterval: c.opts.ShardsRefreshInterval,
+		}
+	}
+	if c.embedded != nil {
+		o.ForceSingleClient = true
+	}
+	return o
+}
+
+// Redis returns the connected rueidis client, or ErrNotConnected while the
+// first connection is still being retried.
+func (c *Client) Redis() (rueidis.Client, error) {
+	p := c.redis.Load()
+	if p == nil {
+		return nil, ErrNotConnected
+	}
+	return *p, nil
+}
+
+// Connected is closed once the first connection succeeds.
+func (c *Client) Connected() <-chan struct{} { return c.connected }
+
+// WaitConnected blocks until connected or ctx ends.
+func (c *Client) WaitConnected(ctx context.Context) error {
+	select {
+	case <-c.connected:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for redis %v: %w", c.opts.Addrs, ctx.Err())
+	}
+}
+
+// Timeout is the per-call deadline.
+func (c *Client) Timeout() time.Duration { return c.opts.Timeout }
+
+// Embedded reports whether the client runs on the in-process store.
+func (c *Client) Embedded() bool { return c.embedded != nil }
+
+// Addrs returns the seed addresses (the embedded store's when embedded).
+func (c *Client) Addrs() []string { return c.opts.Addrs }
+
+// Close stops connecting, closes the connection and the embedded store.
+func (c *Client) Close() {
+	c.once.Do(func() {
+		close(c.stop)
+		<-c.done
+		if p := c.redis.Load(); p != nil {
+			(*p).Close()
+		}
+		if c.embedded != nil {
+			c.embedded.close()
+		}
+	})
+}

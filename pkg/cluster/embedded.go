@@ -1,0 +1,81 @@
+package cluster
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+)
+
+// embeddedStore is an in-process Redis-compatible server. It runs the same
+// Lua scripts as Redis, but it holds one process's state only: two replicas
+// on embedded stores enforce two separate limits.
+type embeddedStore struct {
+	server *miniredis.Miniredis
+	stop   chan struct{}
+	done   chan struct{}
+}
+
+// sweepEvery is how often the embedded store drops abandoned slot keys.
+// miniredis never expires keys by itself (its TTLs only move with
+// FastForward, which would shorten keys set since the last call), so the
+// store sweeps instead: a sorted set whose newest slot expired more than
+// sweepAfter ago is deleted. Slot expiry never depends on this (scripts
+// compare scores with TIME); the sweep only bounds memory, and it is later
+// than Redis's own key expiry, so pruned slots are still counted first.
+const (
+	sweepEvery = time.Minute
+	sweepAfter = 24 * time.Hour
+)
+
+func startEmbedded() (*embeddedStore, error) {
+	server := miniredis.NewMiniRedis()
+	if err := server.StartAddr("127.0.0.1:0"); err != nil {
+		return nil, fmt.Errorf("starting the embedded store: %w", err)
+	}
+	s := &embeddedStore{server: server, stop: make(chan struct{}), done: make(chan struct{})}
+	go s.sweepLoop()
+	return s, nil
+}
+
+func (s *embeddedStore) sweepLoop() {
+	defer close(s.done)
+	ticker := time.NewTicker(sweepEvery)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case now := <-ticker.C:
+			s.sweep(now)
+		}
+	}
+}
+
+func (s *embeddedStore) sweep(now time.Time) {
+	cutoff := float64(now.Add(-sweepAfter).UnixMilli())
+	for _, key := range s.server.Keys() {
+		if s.server.Type(key) != "zset" {
+			continue
+		}
+		members, err := s.server.SortedSet(key)
+		if err != nil {
+			continue
+		}
+		newest := 0.0
+		for _, score := range members {
+			newest = max(newest, score)
+		}
+		if newest < cutoff {
+			s.server.Del(key)
+		}
+	}
+}
+
+func (s *embeddedStore) addr() string { return s.server.Addr() }
+
+func (s *embeddedStore) close() {
+	close(s.stop)
+	<-s.done
+	s.server.Close()
+}

@@ -1,0 +1,33 @@
+package cluster
+
+import (
+	"testing"
+	"time"
+)
+
+func TestEmbeddedSweepDropsOnlyLongAbandonedKeys(t *testing.T) {
+	store, err := startEmbedded()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.close()
+	now := time.Now()
+	old := float64(now.Add(-25 * time.Hour).UnixMilli())
+	recent := float64(now.Add(-time.Hour).UnixMilli())
+	_, _ = store.server.ZAdd("abandoned", old, "s1")
+	_, _ = store.server.ZAdd("expired-recently", recent, "s1")
+	_, _ = store.server.ZAdd("mixed", old, "s1")
+	_, _ = store.server.ZAdd("mixed", float64(now.Add(time.Minute).UnixMilli()), "s2")
+	_ = store.server.Set("not-a-zset", "x")
+
+	store.sweep(now)
+
+	if store.server.Exists("abandoned") {
+		t.Error("a key whose newest slot expired 25h ago survived the sweep")
+	}
+	for _, key := range []string{"expired-recently", "mixed", "not-a-zset"} {
+		if !store.server.Exists(key) {
+			t.Errorf("the sweep deleted %q", key)
+		}
+	}
+}

@@ -1,0 +1,121 @@
+package cluster
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// DefaultKeyPrefix is the prefix of every slot key unless configured.
+const DefaultKeyPrefix = "joishi:streams:"
+
+// Bounds of the identifiers that go into keys and members.
+const (
+	MaxUserIDBytes      = 256
+	MaxStreamIDLength   = 128
+	MaxKeyPrefixLength  = 128
+	generatedStreamSize = 16 // bytes of randomness in a generated stream id (128 bits)
+)
+
+var (
+	// ErrInvalidUserID is returned by ValidateUserID (and so by every limiter
+	// operation) for a user id that cannot safely become a key.
+	ErrInvalidUserID = errors.New("invalid user id")
+	// ErrInvalidStreamID is returned by ValidateStreamID for a stream id
+	// outside 1-128 characters of [A-Za-z0-9._:-].
+	ErrInvalidStreamID = errors.New("invalid stream id")
+)
+
+// ValidateUserID accepts 1-256 bytes of valid UTF-8 with no whitespace, no
+// control characters and no braces. Braces are refused, not escaped: the
+// user id is the key's hash tag, and a '}' inside it would end the tag early
+// ("a}b" would hash like "a", sharing a cluster slot and a bucket boundary
+// with another user's id).
+func ValidateUserID(id string) error {
+	switch {
+	case id == "":
+		return fmt.Errorf("%w: must not be empty", ErrInvalidUserID)
+	case len(id) > MaxUserIDBytes:
+		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrInvalidUserID, len(id), MaxUserIDBytes)
+	case !utf8.ValidString(id):
+		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidUserID)
+	}
+	for _, r := range id {
+		switch {
+		case r == '{' || r == '}':
+			return fmt.Errorf("%w: must not contain '{' or '}'", ErrInvalidUserID)
+		case unicode.IsSpace(r) || unicode.IsControl(r) || r == utf8.RuneError:
+			return fmt.Errorf("%w: must not contain whitespace or control characters (found %U)", ErrInvalidUserID, r)
+		}
+	}
+	return nil
+}
+
+// ValidateStreamID accepts 1-128 characters of [A-Za-z0-9._:-].
+func ValidateStreamID(id string) error {
+	if id == "" || len(id) > MaxStreamIDLength {
+		return fmt.Errorf("%w: must be 1-%d characters, got %d", ErrInvalidStreamID, MaxStreamIDLength, len(id))
+	}
+	for i := 0; i < len(id); i++ {
+		if !streamIDByte(id[i]) {
+			return fmt.Errorf("%w: character %q at %d is not one of [A-Za-z0-9._:-]", ErrInvalidStreamID, id[i], i)
+		}
+	}
+	return nil
+}
+
+func streamIDByte(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+		c == '.' || c == '_' || c == ':' || c == '-'
+}
+
+// NewStreamID returns a random 128-bit stream id in hex.
+func NewStreamID() string {
+	var b [generatedStreamSize]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
+	return hex.EncodeToString(b[:])
+}
+
+// ValidateKeyPrefix refuses prefixes that would break the hash tag.
+func ValidateKeyPrefix(prefix string) error {
+	if len(prefix) > MaxKeyPrefixLength {
+		return fmt.Errorf("key prefix is %d bytes, the limit is %d", len(prefix), MaxKeyPrefixLength)
+	}
+	if strings.ContainsAny(prefix, "{}") {
+		return fmt.Errorf("key prefix %q must not contain '{' or '}': it would change the key's cluster hash tag", prefix)
+	}
+	return nil
+}
+
+// Keys builds the Redis keys of the limiter. Every key name is built here.
+type Keys struct {
+	// Prefix of every key. Default DefaultKeyPrefix.
+	Prefix string
+}
+
+// Slots returns the key of the sorted set holding userID's slots:
+// <prefix>{<userID>}. The braces make the user id the cluster hash tag, so
+// all of one user's operations land in one cluster slot.
+func (k Keys) Slots(userID string) (string, error) {
+	if err := ValidateUserID(userID); err != nil {
+		return "", err
+	}
+	prefix := k.Prefix
+	if prefix == "" {
+		prefix = DefaultKeyPrefix
+	}
+	return prefix + "{" + userID + "}", nil
+}
+
+// Audit returns the key of the capped stream of admin audit records.
+func (k Keys) Audit() string {
+	prefix := k.Prefix
+	if prefix == "" {
+		prefix = DefaultKeyPrefix
+	}
+	return prefix + "audit"
+}

@@ -1,0 +1,112 @@
+package cluster
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestValidateUserID(t *testing.T) {
+	cases := []struct {
+		name string
+		id   string
+		ok   bool
+	}{
+		{"a plain id", "user-42", true},
+		{"an email", "ana@example.com", true},
+		{"unicode letters", "ユーザー", true},
+		{"exactly 256 bytes", strings.Repeat("a", 256), true},
+		{"a closing brace would move the hash tag", "a}b", false},
+		{"braces around an id", "{x}", false},
+		{"an opening brace", "a{b", false},
+		{"empty would be one global bucket", "", false},
+		{"257 bytes", strings.Repeat("a", 257), false},
+		{"a space", "a b", false},
+		{"a newline", "a\nb", false},
+		{"a NUL", "a\x00b", false},
+		{"a tab", "a\tb", false},
+		{"invalid UTF-8", "a\xffb", false},
+		{"a non-breaking space", "a\u00a0b", false},
+		{"a DEL control character", "a\x7fb", false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := ValidateUserID(tc.id)
+			if tc.ok && err != nil {
+				t.Fatalf("ValidateUserID(%q) = %v, want nil", tc.id, err)
+			}
+			if !tc.ok && !errors.Is(err, ErrInvalidUserID) {
+				t.Fatalf("ValidateUserID(%q) = %v, want ErrInvalidUserID", tc.id, err)
+			}
+		})
+	}
+}
+
+func TestValidateStreamID(t *testing.T) {
+	for _, id := range []string{"s1", "a.b_c:d-e", strings.Repeat("z", 128), NewStreamID()} {
+		if err := ValidateStreamID(id); err != nil {
+			t.Errorf("ValidateStreamID(%q) = %v, want nil", id, err)
+		}
+	}
+	for _, id := range []string{"", strings.Repeat("z", 129), "a b", "a/b", "é", "a\nb"} {
+		if err := ValidateStreamID(id); !errors.Is(err, ErrInvalidStreamID) {
+			t.Errorf("ValidateStreamID(%q) = %v, want ErrInvalidStreamID", id, err)
+		}
+	}
+}
+
+func TestNewStreamIDIsRandom128Bit(t *testing.T) {
+	a, b := NewStreamID(), NewStreamID()
+	if len(a) != 32 || a == b {
+		t.Fatalf("NewStreamID() = %q, %q: want two different 32-hex-digit ids", a, b)
+	}
+}
+
+func TestKeysSlots(t *testing.T) {
+	got, err := Keys{}.Slots("u1")
+	if err != nil || got != "joishi:streams:{u1}" {
+		t.Fatalf("Slots(u1) = %q, %v; want joishi:streams:{u1}", got, err)
+	}
+	got, _ = Keys{Prefix: "x:"}.Slots("u1")
+	if got != "x:{u1}" {
+		t.Fatalf("Slots with prefix x: = %q, want x:{u1}", got)
+	}
+	if _, err := (Keys{}).Slots("a}b"); !errors.Is(err, ErrInvalidUserID) {
+		t.Fatalf("Slots(a}b) error = %v, want ErrInvalidUserID", err)
+	}
+	if err := ValidateKeyPrefix("bad{"); err == nil {
+		t.Fatal("ValidateKeyPrefix(bad{) = nil, want an error")
+	}
+}
+
+// hashTag returns the part of key Redis Cluster hashes: the contents of the
+// first {...} when non-empty, else the whole key.
+func hashTag(key string) string {
+	open := strings.IndexByte(key, '{')
+	if open < 0 {
+		return key
+	}
+	end := strings.IndexByte(key[open+1:], '}')
+	if end <= 0 {
+		return key
+	}
+	return key[open+1 : open+1+end]
+}
+
+func FuzzSlotsKeyHashTag(f *testing.F) {
+	for _, seed := range []string{"u1", "a}b", "{x}", "", "a b", "a\nb", "\x00", "\xff", "ユーザー", strings.Repeat("a", 257), "}{", "{}"} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, id string) {
+		key, err := Keys{}.Slots(id)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidUserID) {
+				t.Fatalf("Slots(%q) error %v is not ErrInvalidUserID", id, err)
+			}
+			return
+		}
+		if tag := hashTag(key); tag != id {
+			t.Fatalf("Slots(%q) = %q, whose hash tag is %q, not the id", id, key, tag)
+		}
+	})
+}

@@ -1,0 +1,143 @@
+// Package httpapi holds the JSON bodies of the limiter's HTTP API (see
+// api/openapi.yaml), shared by the server and the Go client. It has no
+// dependencies beyond the standard library, so importing the client does
+// not pull in the server.
+package httpapi
+
+import "time"
+
+// Paths of the API.
+const (
+	PathAcquire    = "/v1/slots/acquire"
+	PathHeartbeat  = "/v1/slots/heartbeat"
+	PathHeartbeats = "/v1/slots/heartbeats"
+	PathRelease    = "/v1/slots/release"
+	PathTiers      = "/v1/tiers"
+)
+
+// Limits of request bodies.
+const (
+	// MaxBodyBytes bounds every request body.
+	MaxBodyBytes = 64 << 10
+	// MaxBatch bounds the slots of one POST /v1/slots/heartbeats.
+	MaxBatch = 1000
+)
+
+// AcquireRequest is the body of POST /v1/slots/acquire.
+type AcquireRequest struct {
+	UserID string `json:"user_id"`
+	Plan   string `json:"plan"`
+	// StreamID is optional; a random one is made when empty. Giving one
+	// makes retries idempotent.
+	StreamID string `json:"stream_id,omitempty"`
+}
+
+// AcquireResponse is the 200 answer of POST /v1/slots/acquire.
+type AcquireResponse struct {
+	Granted             bool      `json:"granted"`
+	StreamID            string    `json:"stream_id"`
+	Used                int       `json:"used"`
+	Limit               int       `json:"limit"`
+	ExpiresAt           time.Time `json:"expires_at"`
+	TTLMs               int64     `json:"ttl_ms"`
+	HeartbeatIntervalMs int64     `json:"heartbeat_interval_ms"`
+	// Pruned counts the user's slots that had expired unreleased and were
+	// reclaimed by this acquire.
+	Pruned   int  `json:"pruned"`
+	Degraded bool `json:"degraded"`
+}
+
+// HeartbeatRequest is the body of POST /v1/slots/heartbeat, and one slot of
+// a batch.
+type HeartbeatRequest struct {
+	UserID   string `json:"user_id"`
+	Plan     string `json:"plan"`
+	StreamID string `json:"stream_id"`
+}
+
+// HeartbeatResponse is the 200 answer of POST /v1/slots/heartbeat.
+type HeartbeatResponse struct {
+	Alive     bool      `json:"alive"`
+	ExpiresAt time.Time `json:"expires_at"`
+	Degraded  bool      `json:"degraded"`
+}
+
+// HeartbeatsRequest is the body of POST /v1/slots/heartbeats.
+type HeartbeatsRequest struct {
+	Slots []HeartbeatRequest `json:"slots"`
+}
+
+// HeartbeatsResponse is the 200 answer of POST /v1/slots/heartbeats: one
+// result per requested slot, in order.
+type HeartbeatsResponse struct {
+	Results []HeartbeatResult `json:"results"`
+}
+
+// HeartbeatResult is one slot's answer in a batch. Alive false with no
+// Error means the slot is lost (what a single heartbeat answers with 410).
+// Error is set when that slot could not be judged (invalid ids, unknown
+// plan, Redis unavailable for a Closed tier).
+type HeartbeatResult struct {
+	StreamID  string     `json:"stream_id"`
+	Alive     bool       `json:"alive"`
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	Degraded  bool       `json:"degraded"`
+	Error     *Error     `json:"error,omitempty"`
+}
+
+// ReleaseRequest is the body of POST /v1/slots/release.
+type ReleaseRequest struct {
+	UserID   string `json:"user_id"`
+	StreamID string `json:"stream_id"`
+}
+
+// ReleaseResponse is the 200 answer of POST /v1/slots/release.
+type ReleaseResponse struct {
+	Released bool `json:"released"`
+	Degraded bool `json:"degraded"`
+}
+
+// TiersResponse is the 200 answer of GET /v1/tiers.
+type TiersResponse struct {
+	Tiers []Tier `json:"tiers"`
+}
+
+// Tier is one plan's limit as served by GET /v1/tiers.
+type Tier struct {
+	Plan                 string `json:"plan"`
+	MaxConcurrentStreams int    `json:"max_concurrent_streams"`
+	SlotTTLMs            int64  `json:"slot_ttl_ms"`
+	HeartbeatIntervalMs  int64  `json:"heartbeat_interval_ms"`
+	FailureMode          string `json:"failure_mode"`
+}
+
+// ErrorResponse is the body of every error answer.
+type ErrorResponse struct {
+	Error Error `json:"error"`
+}
+
+// Error describes what went wrong. Code is stable; Message is for humans.
+// Used, Limit and RetryAfterMs are set on stream_limit_reached.
+type Error struct {
+	Code         string `json:"code"`
+	Message      string `json:"message"`
+	Used         *int   `json:"used,omitempty"`
+	Limit        *int   `json:"limit,omitempty"`
+	RetryAfterMs *int64 `json:"retry_after_ms,omitempty"`
+}
+
+// Error codes.
+const (
+	CodeInvalidRequest     = "invalid_request"      // 400: malformed body, unknown field, wrong type, too large
+	CodeInvalidUserID      = "invalid_user_id"      // 400
+	CodeInvalidStreamID    = "invalid_stream_id"    // 400
+	CodeUnknownPlan        = "unknown_plan"         // 422
+	CodeStreamLimitReached = "stream_limit_reached" // 429, with Retry-After
+	CodeSlotLost           = "slot_lost"            // 410
+	CodeUnavailable        = "limiter_unavailable"  // 503
+	CodeNotFound           = "not_found"            // 404
+	CodeMethodNotAllowed   = "method_not_allowed"   // 405
+	CodeUnauthorized       = "unauthorized"         // 401
+	CodeForbidden          = "forbidden"            // 403
+	CodeInternal           = "internal"             // 500
+)

@@ -1,0 +1,101 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/lua"
+	"github.com/joishi/limiter/pkg/tiers"
+	"github.com/redis/rueidis"
+)
+
+// AcquireRequest asks for one slot.
+type AcquireRequest struct {
+	UserID string
+	Plan   string
+	// StreamID identifies the slot. Empty: a random 128-bit id is made.
+	// Giving one makes retries idempotent.
+	StreamID string
+}
+
+// AcquireResult is the answer to an acquire. A denial is a result
+// (Granted false), not an error.
+type AcquireResult struct {
+	Granted  bool
+	StreamID string
+	// Used is the number of the user's live slots after the call (0 when
+	// degraded: unknown).
+	Used int
+	// Limit is the tier's maxConcurrentStreams.
+	Limit int
+	// ExpiresAt is when the slot expires without a heartbeat (granted only).
+	ExpiresAt time.Time
+	// RetryAfter is, when denied, how long until the user's earliest slot
+	// expires.
+	RetryAfter time.Duration
+	// Pruned counts the user's slots that had expired unreleased and were
+	// removed by this call: the crash and leak signal.
+	Pruned int
+	// Degraded: Redis did not answer and the tier fails open, so the slot
+	// was granted without being counted.
+	Degraded bool
+	// Tier is the tier the request was judged by.
+	Tier tiers.Tier
+}
+
+// Acquire takes a slot for req.UserID if the user holds fewer than the
+// plan's limit. Errors: ErrInvalidUserID, ErrInvalidStreamID,
+// ErrUnknownPlan, ErrUnavailable (Redis down and the tier fails closed).
+func (l *Limiter) Acquire(ctx context.Context, req AcquireRequest) (AcquireResult, error) {
+	res, tier, err := l.acquire(ctx, req)
+	l.observer.Acquired(ctx, tier, res, err)
+	return res, err
+}
+
+func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResult, tiers.Tier, error) {
+	key, err := l.keys.Slots(req.UserID)
+	if err != nil {
+		return AcquireResult{}, tiers.Tier{}, err
+	}
+	if req.StreamID == "" {
+		req.StreamID = cluster.NewStreamID()
+	} else if err := cluster.ValidateStreamID(req.StreamID); err != nil {
+		return AcquireResult{}, tiers.Tier{}, err
+	}
+	tier, err := l.tier(req.Plan)
+	if err != nil {
+		return AcquireResult{}, tiers.Tier{}, err
+	}
+
+	var got lua.Acquired
+	start := time.Now()
+	err = l.call(ctx, func(ctx context.Context, c rueidis.Client) error {
+		got, err = lua.Acquire(ctx, c, key, req.StreamID, tier.MaxConcurrentStreams, tier.SlotTTL)
+		return err
+	})
+	l.observer.RedisCall(ctx, "acquire", time.Since(start), err)
+	res := AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}
+	if err != nil {
+		if !outage(ctx, err) {
+			return AcquireResult{}, tier, ctx.Err()
+		}
+		if tier.FailureMode == tiers.FailClosed {
+			return AcquireResult{}, tier, fmt.Errorf("%w: acquire for plan %q: %w", ErrUnavailable, tier.Plan, err)
+		}
+		l.log.WarnContext(ctx, "redis unavailable; granting acquire degraded (failureMode Open)", "plan", tier.Plan, "err", err)
+		res.Granted, res.Degraded = true, true
+		res.ExpiresAt = time.Now().Add(tier.SlotTTL).UTC()
+		return res, tier, nil
+	}
+	res.Granted = got.Granted
+	res.Used = got.Used
+	res.Pruned = got.Pruned
+	if got.Granted {
+		res.ExpiresAt = msTime(got.ExpiresAtMs)
+	} else {
+		res.RetryAfter = time.Duration(got.RetryAfterMs) * time.Millisecond
+	}
+	return res, tier, nil
+}

@@ -1,0 +1,132 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/lua"
+	"github.com/joishi/limiter/pkg/tiers"
+	"github.com/redis/rueidis"
+)
+
+// HeartbeatRequest names one held slot to keep alive.
+type HeartbeatRequest struct {
+	UserID   string
+	Plan     string
+	StreamID string
+}
+
+// HeartbeatResult is the answer to one heartbeat.
+type HeartbeatResult struct {
+	StreamID string
+	// Alive: the slot is held and now expires at ExpiresAt.
+	Alive     bool
+	ExpiresAt time.Time
+	// Degraded: Redis did not answer and the tier fails open; the slot is
+	// assumed alive.
+	Degraded bool
+}
+
+// Heartbeat extends a held slot by the tier's TTL. Errors: ErrSlotLost when
+// the slot is missing or expired (it is never re-added), the validation
+// errors, ErrUnknownPlan, and ErrUnavailable when Redis is down and the
+// tier fails closed.
+func (l *Limiter) Heartbeat(ctx context.Context, req HeartbeatRequest) (HeartbeatResult, error) {
+	res, err := l.heartbeat(ctx, req)
+	l.observer.Heartbeated(ctx, res, err)
+	return res, err
+}
+
+func (l *Limiter) heartbeat(ctx context.Context, req HeartbeatRequest) (HeartbeatResult, error) {
+	key, tier, err := l.heartbeatTarget(req)
+	if err != nil {
+		return HeartbeatResult{StreamID: req.StreamID}, err
+	}
+	var beat lua.Beat
+	start := time.Now()
+	err = l.call(ctx, func(ctx context.Context, c rueidis.Client) error {
+		beat, err = lua.Heartbeat(ctx, c, key, req.StreamID, tier.SlotTTL)
+		return err
+	})
+	l.observer.RedisCall(ctx, "heartbeat", time.Since(start), err)
+	return l.beatResult(ctx, req, tier, beat, err)
+}
+
+// HeartbeatBatch heartbeats many slots in one pipelined round per Redis
+// node. It returns one result and one error per request, in order; the
+// per-slot errors are those of Heartbeat. The call fails as a whole only
+// when ctx ends.
+func (l *Limiter) HeartbeatBatch(ctx context.Context, reqs []HeartbeatRequest) ([]HeartbeatResult, []error) {
+	results := make([]HeartbeatResult, len(reqs))
+	errs := make([]error, len(reqs))
+	tiersOf := make([]tiers.Tier, len(reqs))
+	args := make([]lua.HeartbeatArgs, 0, len(reqs))
+	index := make([]int, 0, len(reqs)) // args[j] is reqs[index[j]]
+	for i, req := range reqs {
+		key, tier, err := l.heartbeatTarget(req)
+		if err != nil {
+			results[i], errs[i] = HeartbeatResult{StreamID: req.StreamID}, err
+			continue
+		}
+		tiersOf[i] = tier
+		args = append(args, lua.HeartbeatArgs{Key: key, StreamID: req.StreamID, TTL: tier.SlotTTL})
+		index = append(index, i)
+	}
+	if len(args) > 0 {
+		var beats []lua.Beat
+		var beatErrs []error
+		start := time.Now()
+		callErr := l.call(ctx, func(ctx context.Context, c rueidis.Client) error {
+			beats, beatErrs = lua.HeartbeatMulti(ctx, c, args)
+			return errors.Join(beatErrs...)
+		})
+		l.observer.RedisCall(ctx, "heartbeat_batch", time.Since(start), callErr)
+		for j, i := range index {
+			var beat lua.Beat
+			err := callErr // set alone when not connected
+			if beats != nil {
+				beat, err = beats[j], beatErrs[j]
+			}
+			results[i], errs[i] = l.beatResult(ctx, reqs[i], tiersOf[i], beat, err)
+		}
+	}
+	for i := range reqs {
+		l.observer.Heartbeated(ctx, results[i], errs[i])
+	}
+	return results, errs
+}
+
+func (l *Limiter) heartbeatTarget(req HeartbeatRequest) (string, tiers.Tier, error) {
+	key, err := l.keys.Slots(req.UserID)
+	if err != nil {
+		return "", tiers.Tier{}, err
+	}
+	if err := cluster.ValidateStreamID(req.StreamID); err != nil {
+		return "", tiers.Tier{}, err
+	}
+	tier, err := l.tier(req.Plan)
+	return key, tier, err
+}
+
+func (l *Limiter) beatResult(ctx context.Context, req HeartbeatRequest, tier tiers.Tier, beat lua.Beat, err error) (HeartbeatResult, error) {
+	res := HeartbeatResult{StreamID: req.StreamID}
+	switch {
+	case err == nil && beat.Alive:
+		res.Alive, res.ExpiresAt = true, msTime(beat.ExpiresAtMs)
+		return res, nil
+	case err == nil:
+		return res, fmt.Errorf("%w: stream %q", ErrSlotLost, req.StreamID)
+	case !outage(ctx, err):
+		return res, ctx.Err()
+	case tier.FailureMode == tiers.FailClosed:
+		return res, fmt.Errorf("%w: heartbeat for plan %q: %w", ErrUnavailable, tier.Plan, err)
+	default:
+		l.log.WarnContext(ctx, "redis unavailable; heartbeat answered degraded (failureMode Open)", "plan", tier.Plan, "err", err)
+		res.Alive, res.Degraded = true, true
+		res.ExpiresAt = time.Now().Add(tier.SlotTTL).UTC()
+		return res, nil
+	}
+}

@@ -1,0 +1,94 @@
+// Package limiter caps how many streams each user may hold at once. Slots
+// are sorted-set members that carry their own expiry, so a crashed holder's
+// slot expires by itself. It knows nothing of HTTP or Kubernetes.
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/tiers"
+	"github.com/redis/rueidis"
+)
+
+// Errors callers act on. Anything else wraps one of these or is a caller's
+// context error.
+var (
+	// ErrUnknownPlan: the request names a plan the tier table does not hold.
+	ErrUnknownPlan = errors.New("unknown plan")
+	// ErrInvalidUserID: the user id cannot become a key (see cluster.ValidateUserID).
+	ErrInvalidUserID = cluster.ErrInvalidUserID
+	// ErrInvalidStreamID: the stream id is not 1-128 characters of [A-Za-z0-9._:-].
+	ErrInvalidStreamID = cluster.ErrInvalidStreamID
+	// ErrSlotLost: a heartbeat found its slot missing or expired. The
+	// holder must stop the stream or acquire again.
+	ErrSlotLost = errors.New("slot lost")
+	// ErrUnavailable: Redis did not answer in time and the tier fails
+	// closed (or the operation has no safe degraded answer).
+	ErrUnavailable = errors.New("limiter unavailable")
+)
+
+// Options configure a Limiter.
+type Options struct {
+	// Keys builds key names. Default prefix cluster.DefaultKeyPrefix.
+	Keys cluster.Keys
+	// Logger receives degraded-mode warnings. Default slog.Default().
+	Logger *slog.Logger
+	// Observer is told the outcome of every operation (metrics, traces).
+	// Default: none.
+	Observer Observer
+}
+
+// Limiter enforces the tiers of a table on slots kept in Redis.
+type Limiter struct {
+	redis    *cluster.Client
+	tiers    *tiers.Table
+	keys     cluster.Keys
+	log      *slog.Logger
+	observer Observer
+}
+
+// New returns a Limiter. It does not touch Redis.
+func New(redis *cluster.Client, table *tiers.Table, opts Options) *Limiter {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Observer == nil {
+		opts.Observer = nopObserver{}
+	}
+	return &Limiter{redis: redis, tiers: table, keys: opts.Keys, log: opts.Logger, observer: opts.Observer}
+}
+
+// Tiers returns the table the limiter enforces.
+func (l *Limiter) Tiers() *tiers.Table { return l.tiers }
+
+func (l *Limiter) tier(plan string) (tiers.Tier, error) {
+	tier, ok := l.tiers.Lookup(plan)
+	if !ok {
+		return tiers.Tier{}, fmt.Errorf("%w: %q", ErrUnknownPlan, plan)
+	}
+	return tier, nil
+}
+
+// call runs fn against Redis under the per-call deadline.
+func (l *Limiter) call(ctx context.Context, fn func(context.Context, rueidis.Client) error) error {
+	client, err := l.redis.Redis()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.redis.Timeout())
+	defer cancel()
+	return fn(ctx, client)
+}
+
+// outage decides whether err from Redis is an outage to apply a failure
+// mode to, or the caller giving up (its own context ended), which is not.
+func outage(ctx context.Context, err error) bool {
+	return err != nil && ctx.Err() == nil
+}
+
+func msTime(ms int64) time.Time { return time.UnixMilli(ms).UTC() }

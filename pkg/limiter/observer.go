@@ -1,0 +1,28 @@
+package limiter
+
+import (
+	"context"
+	"time"
+
+	"github.com/joishi/limiter/pkg/tiers"
+)
+
+// Observer is told the outcome of each operation; telemetry implements it.
+// Methods must be cheap and must not block: they run on the request path.
+type Observer interface {
+	// Acquired reports one acquire. err is nil for grants and denials.
+	Acquired(ctx context.Context, tier tiers.Tier, res AcquireResult, err error)
+	// Heartbeated reports one heartbeat (each slot of a batch too).
+	Heartbeated(ctx context.Context, res HeartbeatResult, err error)
+	// Released reports one release.
+	Released(ctx context.Context, res ReleaseResult, err error)
+	// RedisCall reports one round trip to Redis for op.
+	RedisCall(ctx context.Context, op string, took time.Duration, err error)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) Acquired(context.Context, tiers.Tier, AcquireResult, error) {}
+func (nopObserver) Heartbeated(context.Context, HeartbeatResult, error)        {}
+func (nopObserver) Released(context.Context, ReleaseResult, error)             {}
+func (nopObserver) RedisCall(context.Context, string, time.Duration, error)    {}

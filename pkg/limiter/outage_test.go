@@ -1,0 +1,130 @@
+package limiter_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/internal/testenv"
+	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/limiter"
+)
+
+// outageBound is how long an operation may take while Redis is out: the
+// per-call deadline plus 100ms.
+const outageBound = cluster.DefaultTimeout + 100*time.Millisecond
+
+// assertOutageAnswers checks, on a limiter whose Redis is out, that an Open
+// tier grants degraded and a Closed tier refuses with ErrUnavailable, each
+// within outageBound, and that a denial is never reported.
+func assertOutageAnswers(t *testing.T, e *env) {
+	t.Helper()
+	ctx := context.Background()
+	user := newUser(t)
+	for range 3 {
+		start := time.Now()
+		res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three"})
+		if took := time.Since(start); took > outageBound {
+			t.Errorf("Open acquire took %v during the outage, want <= %v", took, outageBound)
+		}
+		if err != nil || !res.Granted || !res.Degraded {
+			t.Fatalf("Open acquire during the outage = %+v, %v; want granted and degraded", res, err)
+		}
+
+		start = time.Now()
+		_, err = e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "closed"})
+		if took := time.Since(start); took > outageBound {
+			t.Errorf("Closed acquire took %v during the outage, want <= %v", took, outageBound)
+		}
+		if !errors.Is(err, limiter.ErrUnavailable) {
+			t.Fatalf("Closed acquire during the outage = %v, want ErrUnavailable", err)
+		}
+	}
+	hb, err := e.lim.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: user, Plan: "three", StreamID: "s"})
+	if err != nil || !hb.Alive || !hb.Degraded {
+		t.Errorf("Open heartbeat during the outage = %+v, %v; want alive and degraded", hb, err)
+	}
+	if _, err := e.lim.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: user, Plan: "closed", StreamID: "s"}); !errors.Is(err, limiter.ErrUnavailable) {
+		t.Errorf("Closed heartbeat during the outage = %v, want ErrUnavailable", err)
+	}
+	rel, err := e.lim.Release(ctx, user, "s")
+	if err != nil || !rel.Degraded {
+		t.Errorf("release during the outage = %+v, %v; want degraded, no error", rel, err)
+	}
+	if _, err := e.lim.Slots(ctx, user); !errors.Is(err, limiter.ErrUnavailable) {
+		t.Errorf("Slots during the outage = %v, want ErrUnavailable", err)
+	}
+}
+
+// awaitRecovery waits until a Closed-tier acquire is answered by Redis.
+func awaitRecovery(t *testing.T, e *env, within time.Duration) {
+	t.Helper()
+	user := newUser(t)
+	deadline := time.Now().Add(within)
+	for {
+		res, err := e.lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "closed"})
+		if err == nil && res.Granted && !res.Degraded && res.Used == 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no recovery within %v after Redis came back: last %+v, %v", within, res, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func newUnconnected(t *testing.T, addrs ...string) *env {
+	t.Helper()
+	start := time.Now()
+	e := newEnvNoWait(t, cluster.Options{Addrs: addrs})
+	if took := time.Since(start); took > 100*time.Millisecond {
+		t.Errorf("creating the limiter took %v with Redis out; it must not block", took)
+	}
+	return e
+}
+
+func TestRedisStoppedFromTheStart(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	srv.Stop()
+	e := newUnconnected(t, srv.Addr())
+	assertOutageAnswers(t, e)
+	srv.Start()
+	awaitRecovery(t, e, 10*time.Second)
+}
+
+func TestRedisStoppedWhileRunning(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	e := newEnv(t, cluster.Options{Addrs: []string{srv.Addr()}})
+	e.acquire(t, newUser(t), "closed", "")
+	srv.Stop()
+	assertOutageAnswers(t, e)
+	srv.Start()
+	awaitRecovery(t, e, 10*time.Second)
+}
+
+func TestRedisBlackHoledFromTheStart(t *testing.T) {
+	t.Parallel()
+	e := newUnconnected(t, testenv.BlackHole(t))
+	assertOutageAnswers(t, e)
+}
+
+func TestRedisBlackHoledWhileRunning(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	proxy := testenv.StartProxy(t, srv.Addr())
+	e := newEnv(t, cluster.Options{Addrs: []string{proxy.Addr()}})
+	e.acquire(t, newUser(t), "closed", "")
+	proxy.BlackHole()
+	assertOutageAnswers(t, e)
+	proxy.Restore()
+	awaitRecovery(t, e, 10*time.Second)
+}
+
+func TestClusterSeedsUnreachableFromTheStart(t *testing.T) {
+	t.Parallel()
+	e := newUnconnected(t, testenv.FreeAddr(t), testenv.FreeAddr(t), testenv.FreeAddr(t))
+	assertOutageAnswers(t, e)
+}

@@ -1,0 +1,77 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/lua"
+	"github.com/redis/rueidis"
+)
+
+// ReleaseResult is the answer to a release.
+type ReleaseResult struct {
+	// Released: the slot was held and is now free. Releasing a missing slot
+	// is not an error, only Released false.
+	Released bool
+	// Degraded: Redis did not answer. The slot, if held, frees itself when
+	// its TTL runs out, so a release never fails for an outage.
+	Degraded bool
+}
+
+// Release frees one slot. Errors: ErrInvalidUserID, ErrInvalidStreamID.
+func (l *Limiter) Release(ctx context.Context, userID, streamID string) (ReleaseResult, error) {
+	res, err := l.release(ctx, userID, streamID)
+	l.observer.Released(ctx, res, err)
+	return res, err
+}
+
+func (l *Limiter) release(ctx context.Context, userID, streamID string) (ReleaseResult, error) {
+	key, err := l.keys.Slots(userID)
+	if err != nil {
+		return ReleaseResult{}, err
+	}
+	if err := cluster.ValidateStreamID(streamID); err != nil {
+		return ReleaseResult{}, err
+	}
+	var released bool
+	start := time.Now()
+	err = l.call(ctx, func(ctx context.Context, c rueidis.Client) error {
+		released, err = lua.Release(ctx, c, key, streamID)
+		return err
+	})
+	l.observer.RedisCall(ctx, "release", time.Since(start), err)
+	if err != nil {
+		if !outage(ctx, err) {
+			return ReleaseResult{}, ctx.Err()
+		}
+		l.log.WarnContext(ctx, "redis unavailable; release answered degraded, the slot will expire by itself", "err", err)
+		return ReleaseResult{Degraded: true}, nil
+	}
+	return ReleaseResult{Released: released}, nil
+}
+
+// ReleaseAll frees every slot of userID and returns the released stream ids
+// (support's "unlock this account"). Errors: ErrInvalidUserID,
+// ErrUnavailable.
+func (l *Limiter) ReleaseAll(ctx context.Context, userID string) ([]string, error) {
+	key, err := l.keys.Slots(userID)
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	start := time.Now()
+	err = l.call(ctx, func(ctx context.Context, c rueidis.Client) error {
+		ids, err = lua.ReleaseAll(ctx, c, key)
+		return err
+	})
+	l.observer.RedisCall(ctx, "release_all", time.Since(start), err)
+	if err != nil {
+		if !outage(ctx, err) {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("%w: release all: %w", ErrUnavailable, err)
+	}
+	return ids, nil
+}

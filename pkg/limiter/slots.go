@@ -1,0 +1,55 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/joishi/limiter/pkg/lua"
+	"github.com/redis/rueidis"
+)
+
+// Slot is one live slot of a user.
+type Slot struct {
+	StreamID  string
+	ExpiresAt time.Time
+	// TTL is the time left before the slot expires, as seen by Redis.
+	TTL time.Duration
+}
+
+// UserSlots is a user's live slots, earliest expiry first.
+type UserSlots struct {
+	UserID string
+	Used   int
+	Slots  []Slot
+}
+
+// Slots lists userID's live slots. Errors: ErrInvalidUserID, ErrUnavailable.
+func (l *Limiter) Slots(ctx context.Context, userID string) (UserSlots, error) {
+	key, err := l.keys.Slots(userID)
+	if err != nil {
+		return UserSlots{}, err
+	}
+	var listing lua.Listing
+	start := time.Now()
+	err = l.call(ctx, func(ctx context.Context, c rueidis.Client) error {
+		listing, err = lua.Slots(ctx, c, key)
+		return err
+	})
+	l.observer.RedisCall(ctx, "slots", time.Since(start), err)
+	if err != nil {
+		if !outage(ctx, err) {
+			return UserSlots{}, ctx.Err()
+		}
+		return UserSlots{}, fmt.Errorf("%w: slots: %w", ErrUnavailable, err)
+	}
+	out := UserSlots{UserID: userID, Used: len(listing.Slots), Slots: make([]Slot, len(listing.Slots))}
+	for i, s := range listing.Slots {
+		out.Slots[i] = Slot{
+			StreamID:  s.StreamID,
+			ExpiresAt: msTime(s.ExpiresAtMs),
+			TTL:       time.Duration(s.ExpiresAtMs-listing.NowMs) * time.Millisecond,
+		}
+	}
+	return out, nil
+}

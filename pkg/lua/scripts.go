@@ -1,0 +1,45 @@
+// Package lua holds the limiter's Redis scripts and their typed wrappers.
+// Each script is a .lua file with a contract header; each is built once as a
+// package-level rueidis.Lua (EVALSHA with a NOSCRIPT fallback to EVAL).
+// Every script touches exactly one key, so it never straddles cluster slots,
+// and is safe to run twice with the same arguments, so all are retryable.
+package lua
+
+import (
+	_ "embed"
+
+	"github.com/redis/rueidis"
+)
+
+var (
+	//go:embed acquire.lua
+	acquireSource string
+	//go:embed heartbeat.lua
+	heartbeatSource string
+	//go:embed release.lua
+	releaseSource string
+	//go:embed release_all.lua
+	releaseAllSource string
+	//go:embed slots.lua
+	slotsSource string
+)
+
+var (
+	acquireScript    = rueidis.NewLuaScriptRetryable(acquireSource)
+	heartbeatScript  = rueidis.NewLuaScriptRetryable(heartbeatSource)
+	releaseScript    = rueidis.NewLuaScriptRetryable(releaseSource)
+	releaseAllScript = rueidis.NewLuaScriptRetryable(releaseAllSource)
+	slotsScript      = rueidis.NewLuaScriptRetryable(slotsSource)
+)
+
+// Sources returns each script's source by name, for tools that load them
+// elsewhere (the benchmark runs acquire through redis-benchmark).
+func Sources() map[string]string {
+	return map[string]string{
+		"acquire":     acquireSource,
+		"heartbeat":   heartbeatSource,
+		"release":     releaseSource,
+		"release_all": releaseAllSource,
+		"slots":       slotsSource,
+	}
+}

@@ -1,0 +1,145 @@
+package lua
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// Acquired is the result of the acquire script.
+type Acquired struct {
+	Granted      bool
+	Used         int   // live slots after the call
+	ExpiresAtMs  int64 // Redis ms; 0 when denied
+	Pruned       int   // expired slots removed by this call
+	RetryAfterMs int64 // when denied: until the earliest slot expires
+}
+
+// Acquire runs the acquire script on key for streamID.
+func Acquire(ctx context.Context, c rueidis.Client, key, streamID string, limit int, ttl time.Duration) (Acquired, error) {
+	vals, err := acquireScript.Exec(ctx, c, []string{key}, []string{streamID, strconv.Itoa(limit), ms(ttl)}).AsIntSlice()
+	if err != nil {
+		return Acquired{}, err
+	}
+	if len(vals) != 5 {
+		return Acquired{}, fmt.Errorf("acquire script returned %d values, want 5", len(vals))
+	}
+	return Acquired{
+		Granted:      vals[0] == 1,
+		Used:         int(vals[1]),
+		ExpiresAtMs:  vals[2],
+		Pruned:       int(vals[3]),
+		RetryAfterMs: vals[4],
+	}, nil
+}
+
+// Beat is the result of the heartbeat script.
+type Beat struct {
+	Alive       bool
+	ExpiresAtMs int64 // Redis ms; 0 when lost
+}
+
+// HeartbeatArgs names one slot to heartbeat.
+type HeartbeatArgs struct {
+	Key      string
+	StreamID string
+	TTL      time.Duration
+}
+
+// Heartbeat runs the heartbeat script on key for streamID.
+func Heartbeat(ctx context.Context, c rueidis.Client, key, streamID string, ttl time.Duration) (Beat, error) {
+	return parseBeat(heartbeatScript.Exec(ctx, c, []string{key}, []string{streamID, ms(ttl)}))
+}
+
+// HeartbeatMulti heartbeats many slots in one pipelined round per node
+// (rueidis groups the calls by node). Results and errors are per slot, in
+// the order of slots: one unreachable shard does not fail the others.
+func HeartbeatMulti(ctx context.Context, c rueidis.Client, slots []HeartbeatArgs) ([]Beat, []error) {
+	execs := make([]rueidis.LuaExec, len(slots))
+	for i, s := range slots {
+		execs[i] = rueidis.LuaExec{Keys: []string{s.Key}, Args: []string{s.StreamID, ms(s.TTL)}}
+	}
+	beats := make([]Beat, len(slots))
+	errs := make([]error, len(slots))
+	for i, resp := range heartbeatScript.ExecMulti(ctx, c, execs...) {
+		beats[i], errs[i] = parseBeat(resp)
+	}
+	return beats, errs
+}
+
+func parseBeat(resp rueidis.RedisResult) (Beat, error) {
+	vals, err := resp.AsIntSlice()
+	if err != nil {
+		return Beat{}, err
+	}
+	if len(vals) != 2 {
+		return Beat{}, fmt.Errorf("heartbeat script returned %d values, want 2", len(vals))
+	}
+	return Beat{Alive: vals[0] == 1, ExpiresAtMs: vals[1]}, nil
+}
+
+// Release runs the release script; it reports whether the slot existed.
+func Release(ctx context.Context, c rueidis.Client, key, streamID string) (bool, error) {
+	n, err := releaseScript.Exec(ctx, c, []string{key}, []string{streamID}).AsInt64()
+	return n == 1, err
+}
+
+// ReleaseAll runs the release_all script and returns the released ids.
+func ReleaseAll(ctx context.Context, c rueidis.Client, key string) ([]string, error) {
+	ids, err := releaseAllScript.Exec(ctx, c, []string{key}, nil).AsStrSlice()
+	if err != nil {
+		return nil, err
+	}
+	if ids == nil {
+		ids = []string{}
+	}
+	return ids, nil
+}
+
+// Slot is one live slot as stored.
+type Slot struct {
+	StreamID    string
+	ExpiresAtMs int64 // Redis ms
+}
+
+// Listing is the result of the slots script.
+type Listing struct {
+	NowMs int64 // Redis ms when read
+	Slots []Slot
+}
+
+// Slots runs the slots script: the live slots of key, in expiry order.
+func Slots(ctx context.Context, c rueidis.Client, key string) (Listing, error) {
+	arr, err := slotsScript.Exec(ctx, c, []string{key}, nil).ToArray()
+	if err != nil {
+		return Listing{}, err
+	}
+	if len(arr) != 2 {
+		return Listing{}, fmt.Errorf("slots script returned %d values, want 2", len(arr))
+	}
+	now, err := arr[0].AsInt64()
+	if err != nil {
+		return Listing{}, err
+	}
+	flat, err := arr[1].AsStrSlice()
+	if err != nil {
+		return Listing{}, err
+	}
+	if len(flat)%2 != 0 {
+		return Listing{}, fmt.Errorf("slots script returned %d members and scores, want pairs", len(flat))
+	}
+	out := Listing{NowMs: now, Slots: make([]Slot, 0, len(flat)/2)}
+	for i := 0; i < len(flat); i += 2 {
+		score, err := strconv.ParseFloat(flat[i+1], 64)
+		if err != nil {
+			return Listing{}, fmt.Errorf("slot %q has score %q: %w", flat[i], flat[i+1], err)
+		}
+		out.Slots = append(out.Slots, Slot{StreamID: flat[i], ExpiresAtMs: int64(score)})
+	}
+	return out, nil
+}
+
+func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }

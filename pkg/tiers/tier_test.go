@@ -1,0 +1,111 @@
+package tiers
+
+import (
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestValidate(t *testing.T) {
+	valid := Tier{Plan: "paid", MaxConcurrentStreams: 3}.WithDefaults()
+	cases := []struct {
+		name    string
+		mutate  func(*Tier)
+		wantErr string
+	}{
+		{"the defaults are valid", func(*Tier) {}, ""},
+		{"zero streams is allowed", func(t *Tier) { t.MaxConcurrentStreams = 0 }, ""},
+		{"a negative limit is refused", func(t *Tier) { t.MaxConcurrentStreams = -1 }, "maxConcurrentStreams must be between 0 and 100000, got -1"},
+		{"a huge limit is refused", func(t *Tier) { t.MaxConcurrentStreams = MaxConcurrentStreams + 1 }, "maxConcurrentStreams must be between"},
+		{"an empty plan is refused", func(t *Tier) { t.Plan = "" }, "plan is required"},
+		{"a plan with a space is refused", func(t *Tier) { t.Plan = "pro plan" }, "must be 1-63 characters"},
+		{"heartbeat above ttl/3 is refused", func(t *Tier) { t.HeartbeatInterval = 41 * time.Second }, "heartbeatInterval must be <= slotTTL/3 (40s), got 41s"},
+		{"heartbeat at ttl/3 is allowed", func(t *Tier) { t.HeartbeatInterval = 40 * time.Second }, ""},
+		{"a zero heartbeat is refused", func(t *Tier) { t.HeartbeatInterval = 0 }, "heartbeatInterval must be > 0"},
+		{"a tiny ttl is refused", func(t *Tier) { t.SlotTTL = time.Millisecond }, "slotTTL must be between 100ms and 24h0m0s, got 1ms"},
+		{"an unknown failure mode is refused", func(t *Tier) { t.FailureMode = "Sometimes" }, `failureMode must be Open or Closed, got "Sometimes"`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tier := valid
+			tc.mutate(&tier)
+			err := tier.Validate()
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatalf("Validate() = %v, want nil", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("Validate() = %v, want an error containing %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestWithDefaultsKeepsHeartbeatWithinShortTTL(t *testing.T) {
+	got := Tier{Plan: "x", MaxConcurrentStreams: 1, SlotTTL: 3 * time.Second}.WithDefaults()
+	if got.HeartbeatInterval != time.Second {
+		t.Fatalf("HeartbeatInterval = %s, want 1s (slotTTL/3)", got.HeartbeatInterval)
+	}
+	if err := got.Validate(); err != nil {
+		t.Fatalf("Validate() = %v", err)
+	}
+}
+
+func TestTableReplaceIsAllOrNothing(t *testing.T) {
+	table := NewTable()
+	if table.IsSynced() {
+		t.Fatal("a new table reports synced")
+	}
+	if err := table.Replace(Defaults()); err != nil {
+		t.Fatal(err)
+	}
+	if !table.IsSynced() {
+		t.Fatal("table not synced after Replace")
+	}
+	bad := append(Defaults(), Tier{Plan: "free", MaxConcurrentStreams: 9}.WithDefaults())
+	if err := table.Replace(bad); err == nil || !strings.Contains(err.Error(), "defined twice") {
+		t.Fatalf("Replace(duplicate) = %v, want a duplicate-plan error", err)
+	}
+	if got, _ := table.Lookup("free"); got.MaxConcurrentStreams != 1 {
+		t.Fatalf("free limit after a refused Replace = %d, want 1", got.MaxConcurrentStreams)
+	}
+	if got := table.List(); len(got) != 2 || got[0].Plan != "free" || got[1].Plan != "paid" {
+		t.Fatalf("List() = %+v, want free then paid", got)
+	}
+}
+
+func TestTableConcurrentReadsDuringReplace(t *testing.T) {
+	table := NewTable()
+	_ = table.Replace(Defaults())
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if tier, ok := table.Lookup("paid"); !ok || (tier.MaxConcurrentStreams != 3 && tier.MaxConcurrentStreams != 5) {
+					t.Errorf("Lookup(paid) = %+v, %v: saw a torn or missing tier", tier, ok)
+					return
+				}
+			}
+		}()
+	}
+	for i := range 1000 {
+		limit := 3
+		if i%2 == 0 {
+			limit = 5
+		}
+		_ = table.Replace([]Tier{Defaults()[0], Tier{Plan: "paid", MaxConcurrentStreams: limit}.WithDefaults()})
+	}
+	close(stop)
+	wg.Wait()
+}
