@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // Proxy forwards TCP connections to a target and can be switched into a
@@ -14,6 +15,7 @@ type Proxy struct {
 	ln     net.Listener
 	target string
 	holed  atomic.Bool
+	delay  atomic.Int64 // nanoseconds added before forwarding each read
 	mu     sync.Mutex
 	conns  []net.Conn
 	wg     sync.WaitGroup
@@ -39,6 +41,9 @@ func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
 // BlackHole stops all traffic through the proxy; connections stay open.
 func (p *Proxy) BlackHole() { p.holed.Store(true) }
+
+// SetLatency delays every chunk forwarded in either direction by d.
+func (p *Proxy) SetLatency(d time.Duration) { p.delay.Store(int64(d)) }
 
 // Restore drops every connection (their data is lost, as after a network
 // partition) and forwards new ones again.
@@ -89,6 +94,9 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
+		if d := time.Duration(p.delay.Load()); n > 0 && d > 0 {
+			time.Sleep(d)
+		}
 		if n > 0 && !p.holed.Load() {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return

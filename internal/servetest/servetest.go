@@ -1,0 +1,203 @@
+// Package servetest builds the limiter binary and runs `limiter serve`
+// processes for end-to-end tests: real processes, real listeners, killed
+// with real signals.
+package servetest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/internal/testenv"
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// Binary builds ./cmd/limiter once per test binary and returns its path.
+func Binary(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "limiter-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "limiter")
+		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/limiter")
+		cmd.Dir = repoRoot()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build ./cmd/limiter: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+func repoRoot() string {
+	dir, _ := os.Getwd()
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "."
+		}
+		dir = parent
+	}
+}
+
+// Options describe one serve process.
+type Options struct {
+	// Config is the YAML config file's content. The listen addresses are
+	// given as flags and need not be in it.
+	Config string
+	// Env is added to the process environment.
+	Env []string
+	// Args are extra flags after `serve`.
+	Args []string
+	// NoWaitReady returns once /healthz answers instead of /readyz.
+	NoWaitReady bool
+}
+
+// Process is a running `limiter serve`.
+type Process struct {
+	API string // base URL of the API listener, http://127.0.0.1:PORT
+	Ops string // base URL of the ops listener
+
+	t      testing.TB
+	cmd    *exec.Cmd
+	output *syncBuffer
+	done   chan struct{}
+	err    error
+}
+
+// Start runs `limiter serve` and waits until it is ready (or healthy with
+// NoWaitReady). The process is killed at the test's cleanup.
+func Start(t testing.TB, opts Options) *Process {
+	t.Helper()
+	bin := Binary(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "limiter.yaml")
+	if err := os.WriteFile(cfg, []byte(opts.Config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	api, ops := testenv.FreeAddr(t), testenv.FreeAddr(t)
+	args := append([]string{"serve", "--config", cfg, "--http-addr", api, "--ops-addr", ops}, opts.Args...)
+	p := &Process{API: "http://" + api, Ops: "http://" + ops, t: t, output: &syncBuffer{}, done: make(chan struct{})}
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Env = append(os.Environ(), opts.Env...)
+	p.cmd.Stdout, p.cmd.Stderr = p.output, p.output
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("starting limiter serve: %v", err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		p.Kill()
+		if t.Failed() {
+			t.Logf("limiter serve %s output:\n%s", api, p.Output())
+		}
+	})
+	path := "/readyz"
+	if opts.NoWaitReady {
+		path = "/healthz"
+	}
+	p.await(path, 20*time.Second)
+	return p
+}
+
+func (p *Process) await(path string, within time.Duration) {
+	p.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		select {
+		case <-p.done:
+			p.t.Fatalf("limiter serve exited before %s answered: %v\n%s", path, p.err, p.Output())
+		default:
+		}
+		if status, _ := Get(p.Ops + path); status == http.StatusOK {
+			return
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("limiter serve: %s not OK within %v\n%s", path, within, p.Output())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Kill sends SIGKILL and waits for the process to die.
+func (p *Process) Kill() {
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// Signal sends sig to the process.
+func (p *Process) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
+
+// Wait waits up to within for the process to exit and returns its exit code.
+func (p *Process) Wait(within time.Duration) (int, error) {
+	select {
+	case <-p.done:
+	case <-time.After(within):
+		return -1, fmt.Errorf("process still running after %v", within)
+	}
+	var exit *exec.ExitError
+	if errors.As(p.err, &exit) {
+		return exit.ExitCode(), nil
+	}
+	return 0, p.err
+}
+
+// Output is what the process has written to stdout and stderr so far.
+func (p *Process) Output() string { return p.output.String() }
+
+// Get fetches url and returns the status and body; status 0 on a transport
+// error.
+func Get(url string) (int, string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	var buf bytes.Buffer
+	_, _ = buf.ReadFrom(resp.Body)
+	return resp.StatusCode, buf.String()
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

@@ -1,0 +1,193 @@
+// Package config is the limiter's typed configuration: its keys, their
+// defaults, and their validation. Values come from a YAML file (--config),
+// then environment variables LIMITER_<KEY> ('.' becomes '_', upper case),
+// then flags, each layer overriding the one before (see Load).
+//
+// It is the only package that imports viper, and only load.go does.
+package config
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/tiers"
+)
+
+// Config is the whole configuration of a limiter replica. Each field's key
+// is its mapstructure tag path (e.g. redis.tls.caFile); Default documents
+// every default.
+type Config struct {
+	HTTP      HTTP      `mapstructure:"http"`
+	Ops       Ops       `mapstructure:"ops"`
+	Redis     Redis     `mapstructure:"redis"`
+	Tiers     Tiers     `mapstructure:"tiers"`
+	Admin     Admin     `mapstructure:"admin"`
+	Telemetry Telemetry `mapstructure:"telemetry"`
+	Log       Log       `mapstructure:"log"`
+}
+
+// HTTP is the API listener.
+type HTTP struct {
+	// Addr is the API's listen address, host:port. Default ":8080".
+	Addr string `mapstructure:"addr"`
+	// ShutdownGrace is how long in-flight requests may run after SIGTERM
+	// before they are cut. Keep it below the pod's
+	// terminationGracePeriodSeconds. Default 15s.
+	ShutdownGrace time.Duration `mapstructure:"shutdownGrace"`
+}
+
+// Ops is the listener of /healthz, /readyz and /metrics.
+type Ops struct {
+	// Addr is the ops listen address, host:port. Default ":9090".
+	Addr string `mapstructure:"addr"`
+}
+
+// Redis says where slots are kept.
+type Redis struct {
+	// Addrs are seed addresses (host:port): one standalone server, any
+	// nodes of a Redis Cluster (detected), or Sentinels when
+	// SentinelMasterSet is set. Default empty: the embedded in-process
+	// store, which holds one replica's slots only.
+	Addrs []string `mapstructure:"addrs"`
+	// SentinelMasterSet, when set, makes Addrs Sentinels following this
+	// master set. Default "".
+	SentinelMasterSet string `mapstructure:"sentinelMasterSet"`
+	// Username is the ACL user. Default "" (the default user).
+	Username string `mapstructure:"username"`
+	// PasswordFile is a file holding the password (a trailing newline is
+	// ignored). The password itself never enters Config, so logging a
+	// Config cannot leak it. Default "": no password.
+	PasswordFile string `mapstructure:"passwordFile"`
+	// TLS secures connections to Redis and Sentinels.
+	TLS TLS `mapstructure:"tls"`
+	// Timeout is the deadline of each Redis call; past it the tier's
+	// failureMode applies. Default 250ms.
+	Timeout time.Duration `mapstructure:"timeout"`
+	// ShardsRefreshInterval is how often the cluster (or Sentinel)
+	// topology is rescanned. Default 5s.
+	ShardsRefreshInterval time.Duration `mapstructure:"shardsRefreshInterval"`
+	// KeyPrefix starts every key. Default "joishi:streams:".
+	KeyPrefix string `mapstructure:"keyPrefix"`
+}
+
+// TLS of the Redis connections.
+type TLS struct {
+	// Enabled turns TLS on. Default false. The other fields require it.
+	Enabled bool `mapstructure:"enabled"`
+	// CAFile is a PEM bundle of the CAs trusted for the server
+	// certificate. Default "": the system roots.
+	CAFile string `mapstructure:"caFile"`
+	// CertFile and KeyFile are a PEM client certificate and key (mutual
+	// TLS); both or neither. They are re-read at each new connection, so
+	// a rotated certificate is picked up without a restart. Default "".
+	CertFile string `mapstructure:"certFile"`
+	KeyFile  string `mapstructure:"keyFile"`
+	// ServerName overrides the name verified in the server certificate.
+	// Default "": the host of the address dialled.
+	ServerName string `mapstructure:"serverName"`
+	// InsecureSkipVerify accepts any server certificate. For tests only.
+	// Default false.
+	InsecureSkipVerify bool `mapstructure:"insecureSkipVerify"`
+}
+
+// Tier sources.
+const (
+	// SourceStatic reads tiers from tiers.static.
+	SourceStatic = "static"
+	// SourceKubernetes watches LimitTier objects in tiers.namespace.
+	SourceKubernetes = "kubernetes"
+)
+
+// Tiers says where the limit tiers come from.
+type Tiers struct {
+	// Source is SourceStatic or SourceKubernetes. Default "static".
+	Source string `mapstructure:"source"`
+	// Namespace is where LimitTier objects are watched (kubernetes only).
+	// Default: the pod's own namespace (POD_NAMESPACE, else the service
+	// account's namespace file), filled in by Load.
+	Namespace string `mapstructure:"namespace"`
+	// Static is the tier list of the static source. Zero optional fields
+	// take the tier defaults (see tiers.Tier.WithDefaults). Default
+	// tiers.Defaults(): free=1, paid=3.
+	Static []tiers.Tier `mapstructure:"static"`
+}
+
+// Admin is the operators' API (/v1/admin/...).
+type Admin struct {
+	// TokensFile holds one "name:token" per line; the name is recorded in
+	// the audit log. Default "": the admin API is off.
+	TokensFile string `mapstructure:"tokensFile"`
+	// AuditMaxLen caps the audit stream's length (entries). Default 10000.
+	AuditMaxLen int `mapstructure:"auditMaxLen"`
+}
+
+// Telemetry is where traces and metrics go.
+type Telemetry struct {
+	// OTLPEndpoint receives traces and metrics over OTLP: host:port (gRPC)
+	// or an http(s):// URL. Default "": no export.
+	OTLPEndpoint string `mapstructure:"otlpEndpoint"`
+	// ServiceName is the service.name resource attribute. Default "limiter".
+	ServiceName string `mapstructure:"serviceName"`
+}
+
+// Log levels and formats.
+const (
+	LevelDebug = "debug"
+	LevelInfo  = "info"
+	LevelWarn  = "warn"
+	LevelError = "error"
+
+	FormatJSON = "json"
+	FormatText = "text"
+)
+
+// Log is the process log (stderr).
+type Log struct {
+	// Level is debug, info, warn or error. Default "info".
+	Level string `mapstructure:"level"`
+	// Format is json or text. Default "json".
+	Format string `mapstructure:"format"`
+}
+
+// SlogLevel returns Level as a slog.Level (info when Level is unknown;
+// Validate refuses unknown levels).
+func (l Log) SlogLevel() slog.Level {
+	switch l.Level {
+	case LevelDebug:
+		return slog.LevelDebug
+	case LevelWarn:
+		return slog.LevelWarn
+	case LevelError:
+		return slog.LevelError
+	default:
+		return slog.LevelInfo
+	}
+}
+
+// Default returns the configuration used where nothing is set.
+func Default() Config {
+	return Config{
+		HTTP: HTTP{Addr: ":8080", ShutdownGrace: 15 * time.Second},
+		Ops:  Ops{Addr: ":9090"},
+		Redis: Redis{
+			Addrs:                 []string{},
+			Timeout:               cluster.DefaultTimeout,
+			ShardsRefreshInterval: cluster.DefaultShardsRefreshInterval,
+			KeyPrefix:             cluster.DefaultKeyPrefix,
+		},
+		Tiers:     Tiers{Source: SourceStatic, Static: tiers.Defaults()},
+		Admin:     Admin{AuditMaxLen: 10000},
+		Telemetry: Telemetry{ServiceName: "limiter"},
+		Log:       Log{Level: LevelInfo, Format: FormatJSON},
+	}
+}
+
+// StaticTiers returns tiers.static with each tier's defaults applied.
+func (c Config) StaticTiers() []tiers.Tier {
+	out := make([]tiers.Tier, len(c.Tiers.Static))
+	for i, tier := range c.Tiers.Static {
+		out[i] = tier.WithDefaults()
+	}
+	return out
+}

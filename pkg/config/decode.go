@@ -1,0 +1,70 @@
+package config
+
+import (
+	"fmt"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/go-viper/mapstructure/v2"
+	"github.com/joishi/limiter/pkg/tiers"
+	"go.yaml.in/yaml/v3"
+)
+
+// decodeHook turns what the file, the environment and flags hold into
+// Config's field types.
+func decodeHook() mapstructure.DecodeHookFunc {
+	return mapstructure.ComposeDecodeHookFunc(tierListHook, durationHook, stringListHook)
+}
+
+// durationHook parses durations and refuses bare numbers: "timeout: 250"
+// would otherwise be 250 nanoseconds.
+func durationHook(from, to reflect.Type, data any) (any, error) {
+	if to != reflect.TypeFor[time.Duration]() || from == to {
+		return data, nil
+	}
+	switch v := data.(type) {
+	case string:
+		d, err := time.ParseDuration(strings.TrimSpace(v))
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a duration: want a number with a unit, like 250ms, 15s or 2m", v)
+		}
+		return d, nil
+	case int, int64, uint64, float64:
+		if reflect.ValueOf(v).IsZero() {
+			return time.Duration(0), nil
+		}
+		return nil, fmt.Errorf("%v has no unit: write a duration like 250ms, 15s or 2m", v)
+	}
+	return data, nil
+}
+
+// stringListHook splits a comma-separated string (the environment's form of
+// a list), trimming spaces and dropping empty items.
+func stringListHook(from, to reflect.Type, data any) (any, error) {
+	s, ok := data.(string)
+	if !ok || to != reflect.TypeFor[[]string]() {
+		return data, nil
+	}
+	out := []string{}
+	for item := range strings.SplitSeq(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out, nil
+}
+
+// tierListHook parses a tier list given as one string (the environment's
+// form, LIMITER_TIERS_STATIC): JSON or YAML.
+func tierListHook(from, to reflect.Type, data any) (any, error) {
+	s, ok := data.(string)
+	if !ok || to != reflect.TypeFor[[]tiers.Tier]() {
+		return data, nil
+	}
+	var list []any
+	if err := yaml.Unmarshal([]byte(s), &list); err != nil {
+		return nil, fmt.Errorf("want a JSON or YAML list of tiers, like [{plan: free, maxConcurrentStreams: 1}]: %w", err)
+	}
+	return list, nil
+}

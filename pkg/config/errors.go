@@ -1,0 +1,52 @@
+package config
+
+import (
+	"errors"
+	"strings"
+)
+
+// ErrInvalid is wrapped by every error of Load, Validate and ClusterOptions
+// that only a configuration change can fix; the command exits 2 on it.
+var ErrInvalid = errors.New("invalid configuration")
+
+// KeyError is a problem with one key's value. Its message names the key,
+// every place the key can be set, and what is allowed:
+//
+//	redis.timeout: must be > 0 (env LIMITER_REDIS_TIMEOUT, flag --redis-timeout), got -1s
+type KeyError struct {
+	// Key is the dotted key, e.g. "redis.timeout".
+	Key string
+	// Problem says what is allowed, or what went wrong.
+	Problem string
+	// Got is the offending value, already formatted; empty to leave it out.
+	Got string
+	// Err is the underlying error, if any.
+	Err error
+}
+
+func (e *KeyError) Error() string {
+	var b strings.Builder
+	b.WriteString(e.Key)
+	b.WriteString(": ")
+	b.WriteString(e.Problem)
+	b.WriteString(" (env ")
+	b.WriteString(EnvVar(e.Key))
+	if f, ok := flagOf(e.Key); ok {
+		b.WriteString(", flag --")
+		b.WriteString(f.name)
+	}
+	b.WriteString(")")
+	if e.Got != "" {
+		b.WriteString(", got ")
+		b.WriteString(e.Got)
+	}
+	return b.String()
+}
+
+// Unwrap makes errors.Is(err, ErrInvalid) hold, and reaches Err.
+func (e *KeyError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{ErrInvalid}
+	}
+	return []error{ErrInvalid, e.Err}
+}

@@ -1,0 +1,87 @@
+package config
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+// FlagConfig is the flag naming the YAML configuration file; EnvConfig is
+// its environment variable.
+const (
+	FlagConfig = "config"
+	EnvConfig  = EnvPrefix + "CONFIG"
+)
+
+// flagSpec is a command-line flag for one key. Its type and default come
+// from the key's field and from Default.
+type flagSpec struct {
+	name  string
+	key   string
+	usage string
+	// unset says what the zero default means; pflag prints no default
+	// for zero values, and every flag's help must state its default.
+	unset string
+}
+
+// flagSpecs are the keys settable by flag: the ones an operator changes
+// per environment. The rest (tiers.static, TLS details) belong in the file.
+var flagSpecs = []flagSpec{
+	{name: "http-addr", key: "http.addr", usage: "API listen address, host:port"},
+	{name: "http-shutdown-grace", key: "http.shutdownGrace", usage: "how long in-flight requests may finish after SIGTERM"},
+	{name: "ops-addr", key: "ops.addr", usage: "listen address of /healthz, /readyz and /metrics, host:port"},
+	{name: "redis-addrs", key: "redis.addrs", usage: "Redis seed addresses, host:port, comma-separated: a standalone server, cluster nodes, or Sentinels", unset: "none: the embedded store, for one replica only"},
+	{name: "redis-sentinel-master-set", key: "redis.sentinelMasterSet", usage: "Sentinel master set; makes --redis-addrs Sentinels", unset: "none: no Sentinel"},
+	{name: "redis-username", key: "redis.username", usage: "Redis ACL user", unset: "none: the default user"},
+	{name: "redis-password-file", key: "redis.passwordFile", usage: "file holding the Redis password", unset: "none: no password"},
+	{name: "redis-tls", key: "redis.tls.enabled", usage: "connect to Redis over TLS (CA and client certificate: redis.tls.* in the file or environment)", unset: "false"},
+	{name: "redis-timeout", key: "redis.timeout", usage: "deadline of each Redis call; past it the tier's failureMode applies"},
+	{name: "redis-key-prefix", key: "redis.keyPrefix", usage: "prefix of every Redis key"},
+	{name: "tiers-source", key: "tiers.source", usage: "where limit tiers come from: static (tiers.static) or kubernetes (LimitTier objects)"},
+	{name: "tiers-namespace", key: "tiers.namespace", usage: "namespace of the LimitTier objects (tiers-source kubernetes)", unset: "the pod's own namespace"},
+	{name: "admin-tokens-file", key: "admin.tokensFile", usage: `file of "name:token" lines allowed on the admin API`, unset: "none: the admin API is off"},
+	{name: "otlp-endpoint", key: "telemetry.otlpEndpoint", usage: "OTLP receiver of traces and metrics, host:port or http(s):// URL", unset: "none: no export"},
+	{name: "service-name", key: "telemetry.serviceName", usage: "service.name of traces and metrics"},
+	{name: "log-level", key: "log.level", usage: "least severe level logged: debug, info, warn or error"},
+	{name: "log-format", key: "log.format", usage: "log format: json or text"},
+}
+
+func flagOf(key string) (flagSpec, bool) {
+	for _, f := range flagSpecs {
+		if f.key == key {
+			return f, true
+		}
+	}
+	return flagSpec{}, false
+}
+
+// AddFlags defines --config and a flag for each main key on fs. Each flag's
+// help names its key's environment variable and its default. Pass the
+// parsed fs to Load as LoadOptions.Flags.
+func AddFlags(fs *pflag.FlagSet) {
+	fs.String(FlagConfig, "", fmt.Sprintf("YAML configuration file; environment and flags override it (env %s) (default none)", EnvConfig))
+	def := Default()
+	for _, f := range flagSpecs {
+		k, ok := lookupKey(f.key)
+		if !ok {
+			continue // TestFlagsNameKeys keeps this from happening
+		}
+		usage := fmt.Sprintf("%s (env %s)", f.usage, EnvVar(f.key))
+		if f.unset != "" {
+			usage += " (default " + f.unset + ")"
+		}
+		switch v := k.field(&def).Interface().(type) {
+		case string:
+			fs.String(f.name, v, usage)
+		case []string:
+			fs.StringSlice(f.name, v, usage)
+		case time.Duration:
+			fs.Duration(f.name, v, usage)
+		case bool:
+			fs.Bool(f.name, v, usage)
+		case int:
+			fs.Int(f.name, v, usage)
+		}
+	}
+}

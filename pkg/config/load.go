@@ -1,0 +1,168 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"reflect"
+	"slices"
+	"strings"
+
+	"github.com/go-viper/mapstructure/v2"
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+)
+
+// ServiceAccountNamespaceFile is where Kubernetes mounts the pod's
+// namespace.
+const ServiceAccountNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+// LoadOptions say where Load finds the layers above the defaults.
+type LoadOptions struct {
+	// Flags is a parsed flag set defined by AddFlags: --config names the
+	// file, and every flag the user set overrides the file and the
+	// environment. Nil: the file named by LIMITER_CONFIG and the
+	// environment only.
+	Flags *pflag.FlagSet
+	// NamespaceFile is read for the pod's namespace when tiers.source is
+	// kubernetes, tiers.namespace is unset and POD_NAMESPACE is empty.
+	// Default ServiceAccountNamespaceFile.
+	NamespaceFile string
+}
+
+// Load builds the configuration from, in increasing precedence, Default,
+// the YAML file (--config or LIMITER_CONFIG; none by default), the
+// environment (LIMITER_<KEY>; an empty variable counts as unset) and the
+// flags the user set, then validates it. Lists in the environment are
+// comma-separated (LIMITER_REDIS_ADDRS=a:6379,b:6379), except
+// LIMITER_TIERS_STATIC, which holds a JSON or YAML list of tiers.
+//
+// A key in the file that Config does not have is an error. Every error
+// wraps ErrInvalid.
+func Load(opts LoadOptions) (Config, error) {
+	cfg := Default()
+	v := viper.New()
+	v.SetConfigType("yaml")
+
+	if path := configFile(opts.Flags); path != "" {
+		v.SetConfigFile(path)
+		if err := v.ReadInConfig(); err != nil {
+			return cfg, fmt.Errorf("%w: reading the config file (flag --%s, env %s): %w", ErrInvalid, FlagConfig, EnvConfig, err)
+		}
+		if err := checkFileKeys(v, path); err != nil {
+			return cfg, err
+		}
+	}
+
+	all := keys()
+	for _, k := range all {
+		if err := v.BindEnv(k.name, EnvVar(k.name)); err != nil {
+			return cfg, err
+		}
+	}
+	if opts.Flags != nil {
+		for _, f := range flagSpecs {
+			if flag := opts.Flags.Lookup(f.name); flag != nil {
+				if err := v.BindPFlag(f.key, flag); err != nil {
+					return cfg, err
+				}
+			}
+		}
+	}
+
+	var errs []error
+	for _, k := range all {
+		if !v.IsSet(k.name) {
+			continue
+		}
+		// Decode into a fresh value: decoding into the default would keep
+		// default list entries beyond the configured ones.
+		val := reflect.New(k.typ)
+		err := v.UnmarshalKey(k.name, val.Interface(), viper.DecodeHook(decodeHook()), func(c *mapstructure.DecoderConfig) {
+			c.ErrorUnused = true
+		})
+		if err != nil {
+			errs = append(errs, &KeyError{Key: k.name, Problem: "cannot be read: " + decodeMessage(err), Err: err})
+			continue
+		}
+		k.field(&cfg).Set(val.Elem())
+	}
+	if err := errors.Join(errs...); err != nil {
+		return cfg, err
+	}
+
+	cfg.normalize()
+	if cfg.Tiers.Source == SourceKubernetes && cfg.Tiers.Namespace == "" {
+		cfg.Tiers.Namespace = podNamespace(opts.NamespaceFile)
+	}
+	return cfg, cfg.Validate()
+}
+
+// configFile returns the path given by --config, else by LIMITER_CONFIG.
+func configFile(fs *pflag.FlagSet) string {
+	if fs != nil {
+		if f := fs.Lookup(FlagConfig); f != nil && f.Changed {
+			return f.Value.String()
+		}
+	}
+	return os.Getenv(EnvConfig)
+}
+
+// checkFileKeys refuses keys of the file that Config does not have. Read
+// right after the file, before the environment and flags are bound, viper
+// holds only the file's keys.
+func checkFileKeys(v *viper.Viper, path string) error {
+	names := make([]string, 0, len(keys()))
+	for _, k := range keys() {
+		names = append(names, k.name)
+	}
+	var errs []error
+	fileKeys := v.AllKeys()
+	slices.Sort(fileKeys)
+	for _, fk := range fileKeys {
+		if v.Get(fk) == nil { // "redis:" with nothing under it
+			continue
+		}
+		if _, ok := lookupKey(fk); ok {
+			continue
+		}
+		if section := sectionKeys(names, fk); len(section) > 0 {
+			errs = append(errs, fmt.Errorf("%q is a section, not a value: set its keys (%s)", fk, strings.Join(section, ", ")))
+			continue
+		}
+		hint := ""
+		if near := nearestKey(names, fk); near != "" {
+			hint = fmt.Sprintf(" (did you mean %s?)", near)
+		}
+		errs = append(errs, fmt.Errorf("unknown key %q%s", fk, hint))
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: config file %s: %w", ErrInvalid, path, errors.Join(errs...))
+}
+
+// decodeMessage strips mapstructure's preamble from a decoding error.
+func decodeMessage(err error) string {
+	msg := err.Error()
+	msg = strings.TrimPrefix(msg, "decoding failed due to the following error(s):")
+	msg = strings.Join(strings.Fields(msg), " ")
+	return strings.TrimPrefix(msg, "'' ") // UnmarshalKey decodes a value with no field name
+
+}
+
+// podNamespace returns POD_NAMESPACE, else the namespace file's content,
+// else "".
+func podNamespace(file string) string {
+	if ns := strings.TrimSpace(os.Getenv("POD_NAMESPACE")); ns != "" {
+		return ns
+	}
+	if file == "" {
+		file = ServiceAccountNamespaceFile
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}

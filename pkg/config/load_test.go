@@ -1,0 +1,281 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/pkg/tiers"
+	"github.com/spf13/pflag"
+)
+
+// load runs Load with file (when not empty) as --config, env set for the
+// test, and args as flags.
+func load(t *testing.T, file string, env map[string]string, args ...string) (Config, error) {
+	t.Helper()
+	t.Setenv(EnvConfig, "")
+	t.Setenv("POD_NAMESPACE", "")
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	if file != "" {
+		path := filepath.Join(t.TempDir(), "limiter.yaml")
+		if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		args = append([]string{"--config", path}, args...)
+	}
+	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+	AddFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatalf("parsing flags %q: %v", args, err)
+	}
+	return Load(LoadOptions{Flags: fs, NamespaceFile: filepath.Join(t.TempDir(), "absent")})
+}
+
+func TestLoadPrecedence(t *testing.T) {
+	const file = `
+http:
+  addr: ":1001"
+redis:
+  addrs: [file-a:6379, file-b:6379]
+  timeout: 100ms
+`
+	cases := []struct {
+		name  string
+		file  string
+		env   map[string]string
+		args  []string
+		check func(t *testing.T, c Config)
+	}{
+		{
+			name: "the defaults apply when nothing is set",
+			check: func(t *testing.T, c Config) {
+				want(t, "http.addr", c.HTTP.Addr, ":8080")
+				want(t, "redis.timeout", c.Redis.Timeout, 250*time.Millisecond)
+				want(t, "redis.addrs", c.Redis.Addrs, []string{})
+				want(t, "tiers.static", c.Tiers.Static, tiers.Defaults())
+			},
+		},
+		{
+			name: "the file overrides the defaults",
+			file: file,
+			check: func(t *testing.T, c Config) {
+				want(t, "http.addr", c.HTTP.Addr, ":1001")
+				want(t, "redis.timeout", c.Redis.Timeout, 100*time.Millisecond)
+				want(t, "redis.addrs", c.Redis.Addrs, []string{"file-a:6379", "file-b:6379"})
+				want(t, "ops.addr", c.Ops.Addr, ":9090")
+			},
+		},
+		{
+			name: "the environment overrides the file",
+			file: file,
+			env:  map[string]string{"LIMITER_HTTP_ADDR": ":2002", "LIMITER_REDIS_TIMEOUT": "200ms", "LIMITER_REDIS_ADDRS": "env-a:6379, env-b:6379,"},
+			check: func(t *testing.T, c Config) {
+				want(t, "http.addr", c.HTTP.Addr, ":2002")
+				want(t, "redis.timeout", c.Redis.Timeout, 200*time.Millisecond)
+				want(t, "redis.addrs", c.Redis.Addrs, []string{"env-a:6379", "env-b:6379"})
+			},
+		},
+		{
+			name: "flags override the environment and the file",
+			file: file,
+			env:  map[string]string{"LIMITER_HTTP_ADDR": ":2002", "LIMITER_REDIS_TIMEOUT": "200ms", "LIMITER_REDIS_ADDRS": "env-a:6379"},
+			args: []string{"--http-addr", ":3003", "--redis-timeout", "300ms", "--redis-addrs", "flag-a:6379,flag-b:6379"},
+			check: func(t *testing.T, c Config) {
+				want(t, "http.addr", c.HTTP.Addr, ":3003")
+				want(t, "redis.timeout", c.Redis.Timeout, 300*time.Millisecond)
+				want(t, "redis.addrs", c.Redis.Addrs, []string{"flag-a:6379", "flag-b:6379"})
+			},
+		},
+		{
+			name: "a flag left unset does not hide the environment behind its default",
+			env:  map[string]string{"LIMITER_OPS_ADDR": ":4004"},
+			args: []string{"--http-addr", ":3003"},
+			check: func(t *testing.T, c Config) {
+				want(t, "ops.addr", c.Ops.Addr, ":4004")
+			},
+		},
+		{
+			name: "an empty environment variable counts as unset",
+			file: file,
+			env:  map[string]string{"LIMITER_HTTP_ADDR": ""},
+			check: func(t *testing.T, c Config) {
+				want(t, "http.addr", c.HTTP.Addr, ":1001")
+			},
+		},
+		{
+			name: "the file's tier list replaces the default list whole",
+			file: "tiers:\n  static:\n    - plan: gold\n      maxConcurrentStreams: 9\n      slotTTL: 30s\n",
+			check: func(t *testing.T, c Config) {
+				want(t, "tiers.static", c.StaticTiers(), []tiers.Tier{{Plan: "gold", MaxConcurrentStreams: 9, SlotTTL: 30 * time.Second, HeartbeatInterval: 10 * time.Second, FailureMode: tiers.FailOpen}})
+			},
+		},
+		{
+			name: "the environment's tier list may be JSON",
+			env:  map[string]string{"LIMITER_TIERS_STATIC": `[{"plan":"free","maxConcurrentStreams":2,"failureMode":"Closed"}]`},
+			check: func(t *testing.T, c Config) {
+				want(t, "tiers.static", c.StaticTiers(), []tiers.Tier{withDefaults(tiers.Tier{Plan: "free", MaxConcurrentStreams: 2, FailureMode: tiers.FailClosed})})
+			},
+		},
+		{
+			name: "the environment's tier list may be YAML",
+			env:  map[string]string{"LIMITER_TIERS_STATIC": "- plan: free\n  maxConcurrentStreams: 1\n- plan: team\n  maxConcurrentStreams: 5\n  slotTTL: 1m\n"},
+			check: func(t *testing.T, c Config) {
+				want(t, "tiers.static", c.StaticTiers(), []tiers.Tier{
+					withDefaults(tiers.Tier{Plan: "free", MaxConcurrentStreams: 1}),
+					withDefaults(tiers.Tier{Plan: "team", MaxConcurrentStreams: 5, SlotTTL: time.Minute}),
+				})
+			},
+		},
+		{
+			name: "enums are case-insensitive",
+			env:  map[string]string{"LIMITER_LOG_LEVEL": "WARN", "LIMITER_LOG_FORMAT": "Text", "LIMITER_TIERS_SOURCE": "Static"},
+			check: func(t *testing.T, c Config) {
+				want(t, "log.level", c.Log.Level, LevelWarn)
+				want(t, "log.format", c.Log.Format, FormatText)
+				want(t, "tiers.source", c.Tiers.Source, SourceStatic)
+			},
+		},
+		{
+			name: "booleans and numbers come from the environment as text",
+			env:  map[string]string{"LIMITER_ADMIN_AUDITMAXLEN": "42", "LIMITER_REDIS_ADDRS": "r:6379", "LIMITER_REDIS_TLS_ENABLED": "true"},
+			check: func(t *testing.T, c Config) {
+				want(t, "admin.auditMaxLen", c.Admin.AuditMaxLen, 42)
+				want(t, "redis.tls.enabled", c.Redis.TLS.Enabled, true)
+			},
+		},
+		{
+			name: "the kubernetes source defaults to the pod's namespace",
+			env:  map[string]string{"LIMITER_TIERS_SOURCE": "kubernetes", "POD_NAMESPACE": "streams"},
+			check: func(t *testing.T, c Config) {
+				want(t, "tiers.namespace", c.Tiers.Namespace, "streams")
+			},
+		},
+		{
+			name: "an explicit namespace wins over the pod's",
+			env:  map[string]string{"LIMITER_TIERS_SOURCE": "kubernetes", "POD_NAMESPACE": "streams"},
+			args: []string{"--tiers-namespace", "tiers"},
+			check: func(t *testing.T, c Config) {
+				want(t, "tiers.namespace", c.Tiers.Namespace, "tiers")
+			},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := load(t, tc.file, tc.env, tc.args...)
+			if err != nil {
+				t.Fatalf("Load() = %v, want no error", err)
+			}
+			tc.check(t, c)
+		})
+	}
+}
+
+// withDefaults is a tier with its defaults applied.
+func withDefaults(t tiers.Tier) tiers.Tier { return t.WithDefaults() }
+
+func want(t *testing.T, key string, got, want any) {
+	t.Helper()
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("%s = %#v, want %#v", key, got, want)
+	}
+}
+
+func TestLoadReadsTheNamespaceFile(t *testing.T) {
+	t.Setenv(EnvConfig, "")
+	t.Setenv("POD_NAMESPACE", "")
+	t.Setenv("LIMITER_TIERS_SOURCE", "kubernetes")
+	file := filepath.Join(t.TempDir(), "namespace")
+	if err := os.WriteFile(file, []byte("limits\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(LoadOptions{NamespaceFile: file})
+	if err != nil {
+		t.Fatalf("Load() = %v", err)
+	}
+	want(t, "tiers.namespace", c.Tiers.Namespace, "limits")
+}
+
+func TestLoadRefusesUnknownFileKeys(t *testing.T) {
+	cases := []struct {
+		name string
+		file string
+		want []string
+	}{
+		{"a misspelt key is named, with the key meant", "redis:\n  keyprefx: x\n", []string{`unknown key "redis.keyprefx"`, "did you mean redis.keyPrefix?"}},
+		{"a snake_case key is matched to its camelCase name", "http:\n  shutdown_grace: 5s\n", []string{`unknown key "http.shutdown_grace"`, "did you mean http.shutdownGrace?"}},
+		{"an unknown section is named", "metrics:\n  addr: x\n", []string{`unknown key "metrics.addr"`}},
+		{"a value where a section belongs is named", "redis:\n  tls: true\n", []string{`"redis.tls" is a section`, "redis.tls.enabled"}},
+		{"an unknown field of a tier is named", "tiers:\n  static:\n    - plan: x\n      maxStreams: 3\n", []string{"tiers.static: cannot be read", "maxstreams"}},
+		{"a duration without a unit is refused", "redis:\n  timeout: 250\n", []string{"redis.timeout: cannot be read", "has no unit", "LIMITER_REDIS_TIMEOUT"}},
+		{"a file that is not YAML is refused", "http: [\n", []string{"reading the config file (flag --config, env LIMITER_CONFIG)"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := load(t, tc.file, nil)
+			if err == nil {
+				t.Fatal("Load() = nil, want an error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("Load() = %q, want it to contain %q", err, w)
+				}
+			}
+			if !errors.Is(err, ErrInvalid) {
+				t.Errorf("errors.Is(%v, ErrInvalid) = false, want true", err)
+			}
+		})
+	}
+}
+
+func TestLoadAcceptsAnEmptySection(t *testing.T) {
+	if _, err := load(t, "redis:\ntelemetry:\n  serviceName: x\n", nil); err != nil {
+		t.Fatalf("Load() = %v, want nil", err)
+	}
+}
+
+func TestLoadFileFromEnvironment(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(path, []byte("ops:\n  addr: \":7070\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(EnvConfig, path)
+	c, err := Load(LoadOptions{})
+	if err != nil {
+		t.Fatalf("Load() = %v", err)
+	}
+	want(t, "ops.addr", c.Ops.Addr, ":7070")
+}
+
+func TestLoadMissingFile(t *testing.T) {
+	t.Setenv(EnvConfig, filepath.Join(t.TempDir(), "absent.yaml"))
+	if _, err := Load(LoadOptions{}); err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "absent.yaml") {
+		t.Fatalf("Load() = %v, want an ErrInvalid naming the file", err)
+	}
+}
+
+func TestExampleConfigIsValid(t *testing.T) {
+	const path = "../../config/limiter.yaml"
+	c, err := load(t, "", nil, "--config", path)
+	if err != nil {
+		t.Fatalf("Load(%s) = %v", path, err)
+	}
+	if len(c.Redis.Addrs) == 0 || len(c.StaticTiers()) < 2 {
+		t.Errorf("example config: redis.addrs = %v, tiers.static = %v: want an example of each", c.Redis.Addrs, c.Tiers.Static)
+	}
+	// Every key is documented in the example, set or commented out.
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys() {
+		if !strings.Contains(string(b), EnvVar(k.name)) {
+			t.Errorf("%s does not document %s (its env var %s is not mentioned)", path, k.name, EnvVar(k.name))
+		}
+	}
+}

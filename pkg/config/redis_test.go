@@ -1,0 +1,160 @@
+package config
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestClusterOptionsReadsThePasswordFile(t *testing.T) {
+	cases := []struct {
+		name    string
+		content string
+		want    string
+		wantErr string
+	}{
+		{"a trailing newline is dropped", "s3cret\n", "s3cret", ""},
+		{"a trailing CRLF is dropped", "s3cret\r\n", "s3cret", ""},
+		{"inner and leading spaces are kept", " s3 cret\n", " s3 cret", ""},
+		{"an empty file is refused", "\n", "", "redis.passwordFile: the file"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := writeFile(t, "password", tc.content)
+			c := Default()
+			c.Redis.Addrs = []string{"r:6379"}
+			c.Redis.Username = "limiter"
+			c.Redis.PasswordFile = path
+			opts, err := c.ClusterOptions()
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errors.Is(err, ErrInvalid) {
+					t.Fatalf("ClusterOptions() = %v, want an ErrInvalid containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("ClusterOptions() = %v", err)
+			}
+			if opts.Password != tc.want || opts.Username != "limiter" {
+				t.Fatalf("Password, Username = %q, %q; want %q, %q", opts.Password, opts.Username, tc.want, "limiter")
+			}
+		})
+	}
+}
+
+func TestClusterOptionsCopiesRedisKeys(t *testing.T) {
+	c := Default()
+	c.Redis.Addrs = []string{"s1:26379", "s2:26379"}
+	c.Redis.SentinelMasterSet = "mymaster"
+	c.Redis.Timeout = 100 * time.Millisecond
+	c.Redis.ShardsRefreshInterval = time.Second
+	opts, err := c.ClusterOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want(t, "Addrs", opts.Addrs, c.Redis.Addrs)
+	want(t, "SentinelMasterSet", opts.SentinelMasterSet, "mymaster")
+	want(t, "Timeout", opts.Timeout, 100*time.Millisecond)
+	want(t, "ShardsRefreshInterval", opts.ShardsRefreshInterval, time.Second)
+	if opts.TLS != nil || opts.Password != "" {
+		t.Errorf("TLS, Password = %v, %q; want none", opts.TLS, opts.Password)
+	}
+}
+
+func TestClusterOptionsBuildsTLS(t *testing.T) {
+	certPEM, keyPEM := selfSigned(t)
+	ca := writeFile(t, "ca.crt", string(certPEM))
+	cert := writeFile(t, "tls.crt", string(certPEM))
+	key := writeFile(t, "tls.key", string(keyPEM))
+	garbage := writeFile(t, "garbage", "not pem")
+
+	cases := []struct {
+		name    string
+		tls     TLS
+		wantErr string
+	}{
+		{"a CA and a client pair make mutual TLS", TLS{Enabled: true, CAFile: ca, CertFile: cert, KeyFile: key, ServerName: "redis.test"}, ""},
+		{"TLS alone uses the system roots", TLS{Enabled: true}, ""},
+		{"a CA file without certificates is refused", TLS{Enabled: true, CAFile: garbage}, "redis.tls.caFile: must hold PEM certificates"},
+		{"a key that is not a key is refused", TLS{Enabled: true, CertFile: cert, KeyFile: garbage}, "redis.tls.certFile: with redis.tls.keyFile must be a PEM certificate and its key"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Default()
+			c.Redis.Addrs = []string{"r:6379"}
+			c.Redis.TLS = tc.tls
+			opts, err := c.ClusterOptions()
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errors.Is(err, ErrInvalid) {
+					t.Fatalf("ClusterOptions() = %v, want an ErrInvalid containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("ClusterOptions() = %v", err)
+			}
+			if opts.TLS == nil || opts.TLS.MinVersion != tls.VersionTLS12 || opts.TLS.ServerName != tc.tls.ServerName {
+				t.Fatalf("TLS = %+v, want TLS 1.2+ with server name %q", opts.TLS, tc.tls.ServerName)
+			}
+			if (opts.TLS.RootCAs != nil) != (tc.tls.CAFile != "") {
+				t.Errorf("RootCAs set = %v, want %v", opts.TLS.RootCAs != nil, tc.tls.CAFile != "")
+			}
+			if tc.tls.CertFile != "" {
+				pair, err := opts.TLS.GetClientCertificate(&tls.CertificateRequestInfo{})
+				if err != nil || len(pair.Certificate) == 0 {
+					t.Fatalf("GetClientCertificate() = %v, %v; want the pair", pair, err)
+				}
+			}
+		})
+	}
+}
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// selfSigned returns a PEM certificate and its key.
+func selfSigned(t *testing.T) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "redis.test"},
+		DNSNames:              []string{"redis.test"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
+}

@@ -1,0 +1,116 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestDefaultIsValid(t *testing.T) {
+	if err := Default().Validate(); err != nil {
+		t.Fatalf("Default().Validate() = %v, want nil", err)
+	}
+}
+
+func TestInvalidValuesNameTheirKey(t *testing.T) {
+	dir := t.TempDir()
+	absent := filepath.Join(dir, "absent")
+	cases := []struct {
+		name string
+		key  string // named by the error, with its env var
+		env  map[string]string
+		want string // also in the error
+	}{
+		{"a listen address without a port", "http.addr", map[string]string{"LIMITER_HTTP_ADDR": "localhost"}, `must be host:port or :port with a port 0-65535 (env LIMITER_HTTP_ADDR, flag --http-addr), got "localhost"`},
+		{"a listen port out of range", "http.addr", map[string]string{"LIMITER_HTTP_ADDR": ":70000"}, `got ":70000"`},
+		{"the ops listener on the API's port", "ops.addr", map[string]string{"LIMITER_OPS_ADDR": "0.0.0.0:8080"}, "must not be the address of http.addr"},
+		{"a negative shutdown grace", "http.shutdownGrace", map[string]string{"LIMITER_HTTP_SHUTDOWNGRACE": "-1s"}, "must be >= 0s"},
+		{"a redis address without a port", "redis.addrs", map[string]string{"LIMITER_REDIS_ADDRS": "redis"}, `got "redis"`},
+		{"a negative redis timeout", "redis.timeout", map[string]string{"LIMITER_REDIS_TIMEOUT": "-1s"}, "redis.timeout: must be > 0 and <= 10s (env LIMITER_REDIS_TIMEOUT, flag --redis-timeout), got -1s"},
+		{"a zero redis timeout", "redis.timeout", map[string]string{"LIMITER_REDIS_TIMEOUT": "0s"}, "got 0s"},
+		{"a redis timeout that defeats failing open", "redis.timeout", map[string]string{"LIMITER_REDIS_TIMEOUT": "1m"}, "got 1m0s"},
+		{"a redis timeout that is not a duration", "redis.timeout", map[string]string{"LIMITER_REDIS_TIMEOUT": "fast"}, `"fast" is not a duration`},
+		{"a zero shards refresh interval", "redis.shardsRefreshInterval", map[string]string{"LIMITER_REDIS_SHARDSREFRESHINTERVAL": "0s"}, "must be > 0"},
+		{"a key prefix with a brace", "redis.keyPrefix", map[string]string{"LIMITER_REDIS_KEYPREFIX": "a{b"}, "must not contain '{' or '}'"},
+		{"a missing password file", "redis.passwordFile", map[string]string{"LIMITER_REDIS_ADDRS": "r:6379", "LIMITER_REDIS_PASSWORDFILE": absent}, "must name a readable file"},
+		{"a password on the embedded store", "redis.passwordFile", map[string]string{"LIMITER_REDIS_PASSWORDFILE": absent}, "requires redis.addrs"},
+		{"a sentinel master set on the embedded store", "redis.sentinelMasterSet", map[string]string{"LIMITER_REDIS_SENTINELMASTERSET": "mymaster"}, "requires redis.addrs"},
+		{"TLS on the embedded store", "redis.tls.enabled", map[string]string{"LIMITER_REDIS_TLS_ENABLED": "true"}, "requires redis.addrs"},
+		{"a TLS flag that is not a boolean", "redis.tls.enabled", map[string]string{"LIMITER_REDIS_TLS_ENABLED": "maybe"}, "cannot be read"},
+		{"a CA file with TLS off", "redis.tls.caFile", map[string]string{"LIMITER_REDIS_ADDRS": "r:6379", "LIMITER_REDIS_TLS_CAFILE": absent}, "requires redis.tls.enabled: true"},
+		{"skipping verification with TLS off", "redis.tls.insecureSkipVerify", map[string]string{"LIMITER_REDIS_ADDRS": "r:6379", "LIMITER_REDIS_TLS_INSECURESKIPVERIFY": "true"}, "requires redis.tls.enabled: true"},
+		{"a missing CA file", "redis.tls.caFile", map[string]string{"LIMITER_REDIS_ADDRS": "r:6379", "LIMITER_REDIS_TLS_ENABLED": "true", "LIMITER_REDIS_TLS_CAFILE": absent}, "must name a readable file"},
+		{"a client certificate without its key", "redis.tls.certFile", map[string]string{"LIMITER_REDIS_ADDRS": "r:6379", "LIMITER_REDIS_TLS_ENABLED": "true", "LIMITER_REDIS_TLS_CERTFILE": absent}, "must be set together"},
+		{"an unknown tier source", "tiers.source", map[string]string{"LIMITER_TIERS_SOURCE": "etcd"}, `tiers.source: must be static or kubernetes (env LIMITER_TIERS_SOURCE, flag --tiers-source), got "etcd"`},
+		{"a namespace that Kubernetes would refuse", "tiers.namespace", map[string]string{"LIMITER_TIERS_SOURCE": "kubernetes", "LIMITER_TIERS_NAMESPACE": "Bad_NS"}, `got "Bad_NS"`},
+		{"the kubernetes source outside a pod with no namespace", "tiers.namespace", map[string]string{"LIMITER_TIERS_SOURCE": "kubernetes"}, "is required with tiers.source kubernetes"},
+		{"a tier list that does not parse", "tiers.static", map[string]string{"LIMITER_TIERS_STATIC": "[{"}, "want a JSON or YAML list of tiers"},
+		{"an empty tier list", "tiers.static", map[string]string{"LIMITER_TIERS_STATIC": "[]"}, "must hold at least one tier"},
+		{"a tier out of bounds", "tiers.static", map[string]string{"LIMITER_TIERS_STATIC": `[{"plan":"free","maxConcurrentStreams":1,"slotTTL":"30s","heartbeatInterval":"20s"}]`}, `entry 0: tier "free": heartbeatInterval must be <= slotTTL/3 (10s), got 20s`},
+		{"a tier with an unknown failure mode", "tiers.static", map[string]string{"LIMITER_TIERS_STATIC": `[{"plan":"free","maxConcurrentStreams":1,"failureMode":"open"}]`}, `failureMode must be Open or Closed, got "open"`},
+		{"a plan defined twice", "tiers.static", map[string]string{"LIMITER_TIERS_STATIC": `[{"plan":"a","maxConcurrentStreams":1},{"plan":"a","maxConcurrentStreams":2}]`}, `entry 1: plan "a" is already defined by entry 0`},
+		{"a tier with an unknown field", "tiers.static", map[string]string{"LIMITER_TIERS_STATIC": `[{"plan":"a","max":1}]`}, "invalid keys: max"},
+		{"a missing admin tokens file", "admin.tokensFile", map[string]string{"LIMITER_ADMIN_TOKENSFILE": absent}, "must name a readable file"},
+		{"an admin tokens directory", "admin.tokensFile", map[string]string{"LIMITER_ADMIN_TOKENSFILE": dir}, "must name a file, not a directory"},
+		{"a zero audit length", "admin.auditMaxLen", map[string]string{"LIMITER_ADMIN_AUDITMAXLEN": "0"}, "admin.auditMaxLen: must be between 1 and 10000000 (env LIMITER_ADMIN_AUDITMAXLEN), got 0"},
+		{"an audit length that is not a number", "admin.auditMaxLen", map[string]string{"LIMITER_ADMIN_AUDITMAXLEN": "many"}, "cannot be read"},
+		{"an OTLP endpoint of another scheme", "telemetry.otlpEndpoint", map[string]string{"LIMITER_TELEMETRY_OTLPENDPOINT": "ftp://collector"}, `got "ftp://collector"`},
+		{"a blank service name", "telemetry.serviceName", map[string]string{"LIMITER_TELEMETRY_SERVICENAME": " "}, "must not be empty"},
+		{"an unknown log level", "log.level", map[string]string{"LIMITER_LOG_LEVEL": "verbose"}, `must be debug, info, warn or error (env LIMITER_LOG_LEVEL, flag --log-level), got "verbose"`},
+		{"an unknown log format", "log.format", map[string]string{"LIMITER_LOG_FORMAT": "xml"}, `got "xml"`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := load(t, "", tc.env)
+			if err == nil {
+				t.Fatal("Load() = nil, want an error")
+			}
+			msg := err.Error()
+			for _, w := range []string{tc.key + ": ", "env " + EnvVar(tc.key), tc.want} {
+				if !strings.Contains(msg, w) {
+					t.Errorf("Load() = %q, want it to contain %q", msg, w)
+				}
+			}
+			if !errors.Is(err, ErrInvalid) {
+				t.Errorf("errors.Is(%v, ErrInvalid) = false, want true", err)
+			}
+		})
+	}
+}
+
+func TestValidateReportsEveryError(t *testing.T) {
+	c := Default()
+	c.HTTP.Addr = "x"
+	c.Log.Level = "loud"
+	err := c.Validate()
+	if err == nil {
+		t.Fatal("Validate() = nil, want errors")
+	}
+	var keyErrs []string
+	for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
+		var ke *KeyError
+		if errors.As(e, &ke) {
+			keyErrs = append(keyErrs, ke.Key)
+		}
+	}
+	if strings.Join(keyErrs, ",") != "http.addr,log.level" {
+		t.Fatalf("Validate() reported keys %v, want [http.addr log.level]", keyErrs)
+	}
+}
+
+func TestPasswordFileIsNotQuoted(t *testing.T) {
+	// The only error about a password file that has content is none.
+	path := filepath.Join(t.TempDir(), "password")
+	if err := os.WriteFile(path, []byte("hunter2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := Default()
+	c.Redis.Addrs = []string{"r:6379"}
+	c.Redis.PasswordFile = path
+	c.Redis.Timeout = -1
+	if err := c.Validate(); err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("Validate() = %v, want an error that does not quote the password", err)
+	}
+}

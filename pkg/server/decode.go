@@ -1,0 +1,100 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"unicode/utf8"
+
+	"github.com/joishi/limiter/pkg/httpapi"
+)
+
+// maxBatchBodyBytes bounds POST /v1/slots/heartbeats: 1000 slots of
+// maximal ids do not fit in MaxBodyBytes.
+const maxBatchBodyBytes = 1 << 20
+
+// requestError is a malformed request: 400 invalid_request.
+type requestError struct{ msg string }
+
+func (e *requestError) Error() string { return e.msg }
+
+func badRequest(format string, args ...any) error {
+	return &requestError{msg: fmt.Sprintf(format, args...)}
+}
+
+// decode reads r's body into dst strictly: at most limit bytes, valid
+// UTF-8 (decoders would silently replace bad bytes, letting two different
+// ids collide), one JSON object, no unknown fields, right types.
+func decode(w http.ResponseWriter, r *http.Request, limit int64, dst any) error {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			return badRequest("request body exceeds the limit of %d bytes", limit)
+		}
+		return badRequest("reading the request body: %v", err)
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return badRequest("request body is empty; a JSON object is required")
+	}
+	if !utf8.Valid(body) {
+		return badRequest("request body is not valid UTF-8")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		return badRequest("%s", describeJSONError(err))
+	}
+	if dec.More() {
+		return badRequest("request body holds more than one JSON value")
+	}
+	return nil
+}
+
+func describeJSONError(err error) string {
+	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
+	switch {
+	case errors.As(err, &typeErr):
+		if typeErr.Field == "" {
+			return fmt.Sprintf("request body must be a JSON object, got %s", typeErr.Value)
+		}
+		return fmt.Sprintf("field %q must be %s, got %s", typeErr.Field, jsonType(typeErr.Type.Kind().String()), typeErr.Value)
+	case errors.As(err, &syntaxErr):
+		return fmt.Sprintf("request body is not valid JSON at byte %d: %v", syntaxErr.Offset, err)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "request body is truncated JSON"
+	default:
+		// DisallowUnknownFields reports `json: unknown field "x"`.
+		return fmt.Sprintf("request body: %v", err)
+	}
+}
+
+func jsonType(kind string) string {
+	switch kind {
+	case "string":
+		return "a string"
+	case "slice":
+		return "an array"
+	case "struct", "map":
+		return "an object"
+	case "bool":
+		return "a boolean"
+	default:
+		return "a number"
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, body any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(body)
+}
+
+func writeError(w http.ResponseWriter, status int, e httpapi.Error) {
+	writeJSON(w, status, httpapi.ErrorResponse{Error: e})
+}

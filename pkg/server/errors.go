@@ -1,0 +1,48 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"net/http"
+
+	"github.com/joishi/limiter/pkg/httpapi"
+	"github.com/joishi/limiter/pkg/limiter"
+)
+
+// apiError maps an error from decoding or from the limiter to the HTTP
+// status and the stable code of the API. It is the only place that does.
+func apiError(err error) (int, httpapi.Error) {
+	e := httpapi.Error{Message: err.Error()}
+	var reqErr *requestError
+	switch {
+	case errors.As(err, &reqErr):
+		e.Code = httpapi.CodeInvalidRequest
+		return http.StatusBadRequest, e
+	case errors.Is(err, limiter.ErrInvalidUserID):
+		e.Code = httpapi.CodeInvalidUserID
+		return http.StatusBadRequest, e
+	case errors.Is(err, limiter.ErrInvalidStreamID):
+		e.Code = httpapi.CodeInvalidStreamID
+		return http.StatusBadRequest, e
+	case errors.Is(err, limiter.ErrUnknownPlan):
+		e.Code = httpapi.CodeUnknownPlan
+		return http.StatusUnprocessableEntity, e
+	case errors.Is(err, limiter.ErrSlotLost):
+		e.Code = httpapi.CodeSlotLost
+		return http.StatusGone, e
+	case errors.Is(err, limiter.ErrUnavailable), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		e.Code = httpapi.CodeUnavailable
+		return http.StatusServiceUnavailable, e
+	default:
+		e.Code, e.Message = httpapi.CodeInternal, "internal error"
+		return http.StatusInternalServerError, e
+	}
+}
+
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status, e := apiError(err)
+	if status >= 500 {
+		s.log.WarnContext(r.Context(), "request failed", "path", r.URL.Path, "status", status, "err", err)
+	}
+	writeError(w, status, e)
+}

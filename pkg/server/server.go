@@ -1,0 +1,89 @@
+// Package server serves the limiter's HTTP API and its ops endpoints
+// (health, readiness, metrics). It maps limiter outcomes to HTTP; all
+// limiting logic lives in pkg/limiter.
+package server
+
+import (
+	"log/slog"
+	"net/http"
+	"sync/atomic"
+
+	"github.com/joishi/limiter/pkg/httpapi"
+	"github.com/joishi/limiter/pkg/limiter"
+)
+
+// Options configure a Server. Zero values take the documented defaults.
+type Options struct {
+	// Logger receives request failures and lifecycle events. Default
+	// slog.Default().
+	Logger *slog.Logger
+	// Metrics serves GET /metrics on the ops listener. Default: 404.
+	Metrics http.Handler
+	// Middleware wraps the API handler (tracing, for one). Default none.
+	Middleware func(http.Handler) http.Handler
+	// Routes, when set, may add routes to the API mux (the admin API).
+	Routes func(mux *http.ServeMux)
+}
+
+// Server is the HTTP face of a Limiter.
+type Server struct {
+	lim      *limiter.Limiter
+	opts     Options
+	log      *slog.Logger
+	draining atomic.Bool
+}
+
+// New returns a Server for lim.
+func New(lim *limiter.Limiter, opts Options) *Server {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &Server{lim: lim, opts: opts, log: opts.Logger}
+}
+
+// Handler returns the API: the routes of api/openapi.yaml.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	s.route(mux, "POST", httpapi.PathAcquire, s.acquire)
+	s.route(mux, "POST", httpapi.PathHeartbeat, s.heartbeat)
+	s.route(mux, "POST", httpapi.PathHeartbeats, s.heartbeats)
+	s.route(mux, "POST", httpapi.PathRelease, s.release)
+	s.route(mux, "GET", httpapi.PathTiers, s.tiers)
+	if s.opts.Routes != nil {
+		s.opts.Routes(mux)
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, httpapi.Error{Code: httpapi.CodeNotFound, Message: "no route " + r.Method + " " + r.URL.Path})
+	})
+	var h http.Handler = mux
+	h = s.recoverPanics(h)
+	if s.opts.Middleware != nil {
+		h = s.opts.Middleware(h)
+	}
+	return h
+}
+
+// route registers handler for method and path, and a JSON 405 for the
+// path's other methods.
+func (s *Server) route(mux *http.ServeMux, method, path string, handler http.HandlerFunc) {
+	mux.HandleFunc(method+" "+path, handler)
+	mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Allow", method)
+		writeError(w, http.StatusMethodNotAllowed, httpapi.Error{Code: httpapi.CodeMethodNotAllowed, Message: path + " accepts " + method + " only"})
+	})
+}
+
+func (s *Server) recoverPanics(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				s.log.ErrorContext(r.Context(), "handler panicked", "path", r.URL.Path, "panic", v)
+				writeError(w, http.StatusInternalServerError, httpapi.Error{Code: httpapi.CodeInternal, Message: "internal error"})
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}

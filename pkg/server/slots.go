@@ -1,0 +1,140 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/joishi/limiter/pkg/httpapi"
+	"github.com/joishi/limiter/pkg/limiter"
+)
+
+func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
+	var req httpapi.AcquireRequest
+	if err := decode(w, r, httpapi.MaxBodyBytes, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if req.Plan == "" {
+		s.fail(w, r, badRequest("plan is required"))
+		return
+	}
+	res, err := s.lim.Acquire(r.Context(), limiter.AcquireRequest{UserID: req.UserID, Plan: req.Plan, StreamID: req.StreamID})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if !res.Granted {
+		retryMs := res.RetryAfter.Milliseconds()
+		w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(res.RetryAfter), 10))
+		writeError(w, http.StatusTooManyRequests, httpapi.Error{
+			Code:         httpapi.CodeStreamLimitReached,
+			Message:      fmt.Sprintf("user holds %d of %d concurrent streams allowed by plan %q", res.Used, res.Limit, req.Plan),
+			Used:         &res.Used,
+			Limit:        &res.Limit,
+			RetryAfterMs: &retryMs,
+		})
+		return
+	}
+	writeJSON(w, http.StatusOK, httpapi.AcquireResponse{
+		Granted:             true,
+		StreamID:            res.StreamID,
+		Used:                res.Used,
+		Limit:               res.Limit,
+		ExpiresAt:           res.ExpiresAt,
+		TTLMs:               res.Tier.SlotTTL.Milliseconds(),
+		HeartbeatIntervalMs: res.Tier.HeartbeatInterval.Milliseconds(),
+		Pruned:              res.Pruned,
+		Degraded:            res.Degraded,
+	})
+}
+
+// retryAfterSeconds rounds up to whole seconds, at least 1: a Retry-After
+// of 0 would invite a hot retry loop.
+func retryAfterSeconds(d time.Duration) int64 {
+	return max(1, int64((d+time.Second-1)/time.Second))
+}
+
+func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
+	var req httpapi.HeartbeatRequest
+	if err := decode(w, r, httpapi.MaxBodyBytes, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	res, err := s.lim.Heartbeat(r.Context(), limiter.HeartbeatRequest(req))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, httpapi.HeartbeatResponse{Alive: res.Alive, ExpiresAt: res.ExpiresAt, Degraded: res.Degraded})
+}
+
+func (s *Server) heartbeats(w http.ResponseWriter, r *http.Request) {
+	var req httpapi.HeartbeatsRequest
+	if err := decode(w, r, maxBatchBodyBytes, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if n := len(req.Slots); n == 0 || n > httpapi.MaxBatch {
+		s.fail(w, r, badRequest("slots must hold 1 to %d entries, got %d", httpapi.MaxBatch, n))
+		return
+	}
+	reqs := make([]limiter.HeartbeatRequest, len(req.Slots))
+	for i, slot := range req.Slots {
+		reqs[i] = limiter.HeartbeatRequest(slot)
+	}
+	results, errs := s.lim.HeartbeatBatch(r.Context(), reqs)
+	out := httpapi.HeartbeatsResponse{Results: make([]httpapi.HeartbeatResult, len(results))}
+	unavailable := 0
+	for i, res := range results {
+		item := httpapi.HeartbeatResult{StreamID: req.Slots[i].StreamID, Alive: res.Alive, Degraded: res.Degraded}
+		if res.Alive {
+			expires := res.ExpiresAt
+			item.ExpiresAt = &expires
+		}
+		if err := errs[i]; err != nil && !errors.Is(err, limiter.ErrSlotLost) {
+			_, e := apiError(err)
+			item.Error = &e
+			if e.Code == httpapi.CodeUnavailable {
+				unavailable++
+			}
+		}
+		out.Results[i] = item
+	}
+	if unavailable == len(results) {
+		s.fail(w, r, fmt.Errorf("%w: no slot of the batch could be heartbeated", limiter.ErrUnavailable))
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) release(w http.ResponseWriter, r *http.Request) {
+	var req httpapi.ReleaseRequest
+	if err := decode(w, r, httpapi.MaxBodyBytes, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	res, err := s.lim.Release(r.Context(), req.UserID, req.StreamID)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, httpapi.ReleaseResponse{Released: res.Released, Degraded: res.Degraded})
+}
+
+func (s *Server) tiers(w http.ResponseWriter, r *http.Request) {
+	list := s.lim.Tiers().List()
+	out := httpapi.TiersResponse{Tiers: make([]httpapi.Tier, len(list))}
+	for i, t := range list {
+		out.Tiers[i] = httpapi.Tier{
+			Plan:                 t.Plan,
+			MaxConcurrentStreams: t.MaxConcurrentStreams,
+			SlotTTLMs:            t.SlotTTL.Milliseconds(),
+			HeartbeatIntervalMs:  t.HeartbeatInterval.Milliseconds(),
+			FailureMode:          string(t.FailureMode),
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
