@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"unicode/utf8"
 
 	"github.com/joishi/limiter/pkg/httpapi"
@@ -43,13 +44,19 @@ func decode(w http.ResponseWriter, r *http.Request, limit int64, dst any) error 
 	if !utf8.Valid(body) {
 		return badRequest("request body is not valid UTF-8")
 	}
+	if trimmed := bytes.TrimSpace(body); trimmed[0] != '{' {
+		return badRequest("request body must be a JSON object")
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(dst); err != nil {
 		return badRequest("%s", describeJSONError(err))
 	}
-	if dec.More() {
-		return badRequest("request body holds more than one JSON value")
+	if _, err := dec.Token(); err != io.EOF {
+		return badRequest("request body holds data after the JSON object")
+	}
+	if err := checkFields(body, reflect.TypeOf(dst).Elem()); err != nil {
+		return badRequest("request body: %v", err)
 	}
 	return nil
 }

@@ -63,6 +63,10 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	if req.Plan == "" {
+		s.fail(w, r, badRequest("plan is required"))
+		return
+	}
 	res, err := s.lim.Heartbeat(r.Context(), limiter.HeartbeatRequest(req))
 	if err != nil {
 		s.fail(w, r, err)
