@@ -1,0 +1,87 @@
+package e2e
+
+import (
+	"net/http"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/internal/servetest"
+	"github.com/joishi/limiter/internal/testenv"
+	"github.com/joishi/limiter/pkg/httpapi"
+)
+
+// TestSIGTERMDrainsInFlightRequests: on SIGTERM readiness turns false, the
+// listener stops accepting, requests in flight complete, and the process
+// exits 0.
+func TestSIGTERMDrainsInFlightRequests(t *testing.T) {
+	redis := testenv.StartRedis(t)
+	slow := testenv.StartProxy(t, redis.Addr())
+	config := `redis:
+  addrs: ["` + slow.Addr() + `"]
+  keyPrefix: "e2e-drain:"
+  timeout: 9s
+http:
+  shutdownGrace: 20s
+tiers:
+  static:
+    - plan: paid
+      maxConcurrentStreams: 100
+      failureMode: Closed
+`
+	proc := servetest.Start(t, servetest.Options{Config: config})
+	user := "drain-" + randomID()
+	if status, res := acquire(t, proc.API, user, "paid"); status != http.StatusOK || res.Degraded {
+		t.Fatalf("warm-up acquire: %d %+v", status, res)
+	}
+
+	// Every Redis round trip now takes over a second: requests are in flight
+	// when SIGTERM arrives.
+	slow.SetLatency(400 * time.Millisecond)
+	const inFlight = 5
+	var wg sync.WaitGroup
+	statuses := make([]int, inFlight)
+	degraded := make([]bool, inFlight)
+	for i := range inFlight {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var res httpapi.AcquireResponse
+			statuses[i], res = acquire(t, proc.API, user, "paid")
+			degraded[i] = res.Degraded
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	if err := proc.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+
+	sawNotReady := false
+	for range 200 {
+		status, body := servetest.Get(proc.Ops + "/readyz")
+		if status == http.StatusServiceUnavailable {
+			sawNotReady = true
+			t.Logf("readyz during drain: %d %s", status, body)
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !sawNotReady {
+		t.Error("readyz never answered 503 between SIGTERM and exit")
+	}
+	if _, err := http.Post(proc.API+httpapi.PathTiers, "application/json", nil); err == nil {
+		t.Error("the API listener still accepted a new connection during the drain")
+	}
+
+	wg.Wait()
+	for i, status := range statuses {
+		if status != http.StatusOK || degraded[i] {
+			t.Errorf("in-flight request %d ended with %d (degraded %v), want 200 from Redis", i, status, degraded[i])
+		}
+	}
+	code, err := proc.Wait(25 * time.Second)
+	if err != nil || code != 0 {
+		t.Fatalf("exit after SIGTERM = %d, %v; want 0", code, err)
+	}
+}

@@ -1,0 +1,92 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/joishi/limiter/pkg/httpapi"
+)
+
+// An AcquireOption adjusts one Acquire.
+type AcquireOption func(*httpapi.AcquireRequest)
+
+// WithStreamID names the slot (1-128 characters of [A-Za-z0-9._:-]).
+// Default: the limiter makes a random id. Naming it makes a retried Acquire
+// idempotent: the same slot is extended rather than a second one taken.
+func WithStreamID(id string) AcquireOption {
+	return func(r *httpapi.AcquireRequest) { r.StreamID = id }
+}
+
+// Acquire takes a stream slot for userID under plan and heartbeats it until
+// it is released or lost. Errors: an *Error matching ErrLimitReached (with
+// Used, Limit, RetryAfter), ErrUnknownPlan, ErrInvalid or ErrUnavailable;
+// ErrUnavailable also when the limiter cannot be reached; ErrClosed after
+// Close. Acquire does not retry; retry with WithStreamID to stay idempotent.
+//
+// A grant made while the limiter could not reach Redis (a tier failing
+// open) is a Lease with Degraded true. Acquiring a stream id this Client
+// already holds returns the held Lease.
+func (c *Client) Acquire(ctx context.Context, userID, plan string, opts ...AcquireOption) (*Lease, error) {
+	if c.isClosed() {
+		return nil, ErrClosed
+	}
+	req := httpapi.AcquireRequest{UserID: userID, Plan: plan}
+	for _, opt := range opts {
+		opt(&req)
+	}
+	out, err := c.acquire(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	l := &Lease{
+		client:    c,
+		userID:    userID,
+		plan:      plan,
+		streamID:  out.StreamID,
+		interval:  heartbeatInterval(out),
+		expiresAt: out.ExpiresAt,
+		degraded:  out.Degraded,
+		lost:      make(chan struct{}),
+	}
+	held, err := c.add(l)
+	if err != nil {
+		// Closed while the request was in flight: give the slot back.
+		_ = l.release(ctx)
+		return nil, err
+	}
+	if held != l {
+		held.update(out.ExpiresAt, out.Degraded)
+		c.setInterval(held, l.interval)
+	}
+	return held, nil
+}
+
+func (c *Client) acquire(ctx context.Context, req httpapi.AcquireRequest) (httpapi.AcquireResponse, error) {
+	var out httpapi.AcquireResponse
+	if err := c.post(ctx, httpapi.PathAcquire, req, &out); err != nil {
+		return out, err
+	}
+	if !out.Granted || out.StreamID == "" {
+		// The contract refuses with 429; a 200 without a grant is a server bug.
+		return out, fmt.Errorf("limiter: POST %s: answer 200 without a granted stream_id (granted %t)", httpapi.PathAcquire, out.Granted)
+	}
+	return out, nil
+}
+
+func (c *Client) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+// heartbeatInterval is the interval an acquire answer asks for.
+func heartbeatInterval(out httpapi.AcquireResponse) time.Duration {
+	switch {
+	case out.HeartbeatIntervalMs > 0:
+		return time.Duration(out.HeartbeatIntervalMs) * time.Millisecond
+	case out.TTLMs > 0:
+		return time.Duration(out.TTLMs) * time.Millisecond / 3
+	}
+	return fallbackHeartbeatInterval
+}

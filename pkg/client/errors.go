@@ -1,0 +1,158 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/joishi/limiter/pkg/httpapi"
+)
+
+// Outcomes callers act on. An *Error matches them with errors.Is by its
+// code; transport failures match ErrUnavailable.
+var (
+	// ErrLimitReached: Acquire was refused because the user already holds
+	// as many streams as the plan allows (429 stream_limit_reached). It is
+	// a result to show the user, never an outage.
+	ErrLimitReached = errors.New("stream limit reached")
+	// ErrSlotLost: the slot expired or was released by someone else
+	// (410 slot_lost). Lease.Err returns it once Lost fires for that reason.
+	ErrSlotLost = errors.New("slot lost")
+	// ErrUnavailable: the limiter could not decide. Returned for 503
+	// limiter_unavailable (a tier that fails closed while Redis is down),
+	// for 502/503/504 answers of anything in between, and when the service
+	// cannot be reached or does not answer within the request timeout.
+	ErrUnavailable = errors.New("limiter unavailable")
+	// ErrUnknownPlan: the plan is not in the limiter's tier table (422).
+	ErrUnknownPlan = errors.New("unknown plan")
+	// ErrInvalid: the request was refused as malformed (400
+	// invalid_request, invalid_user_id, invalid_stream_id).
+	ErrInvalid = errors.New("invalid request")
+	// ErrClosed: the Client was closed. Acquire returns it after Close, and
+	// Lease.Err returns it for leases the Client still held at Close.
+	ErrClosed = errors.New("limiter client closed")
+)
+
+// IsLimited reports whether err says the user's stream limit is reached.
+func IsLimited(err error) bool { return errors.Is(err, ErrLimitReached) }
+
+// Error is a non-2xx answer of the limiter (or a per-slot error of a batch
+// heartbeat). Match it with errors.Is against the sentinels above, or read
+// Code (one of the httpapi.Code* constants).
+type Error struct {
+	// Status is the HTTP status; for a per-slot batch error, the status the
+	// single-slot call would have answered.
+	Status int
+	// Code is the stable error code from the body. When the body is not
+	// the limiter's JSON (a proxy's page), it is limiter_unavailable for
+	// 502/503/504 and "http_<status>" otherwise.
+	Code string
+	// Message is for humans.
+	Message string
+	// Used and Limit are the user's streams and the plan's cap; set on
+	// stream_limit_reached.
+	Used, Limit int
+	// RetryAfter is when a slot may free up at the earliest: retry_after_ms
+	// of the body, else the Retry-After header. Zero when neither is given.
+	RetryAfter time.Duration
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "limiter: %s", e.Code)
+	if e.Status != 0 {
+		fmt.Fprintf(&b, " (HTTP %d)", e.Status)
+	}
+	if e.Message != "" {
+		fmt.Fprintf(&b, ": %s", e.Message)
+	}
+	if e.Code == httpapi.CodeStreamLimitReached {
+		fmt.Fprintf(&b, " (used %d of %d, retry after %s)", e.Used, e.Limit, e.RetryAfter)
+	}
+	return b.String()
+}
+
+// Is matches e against the package's sentinel errors by code.
+func (e *Error) Is(target error) bool {
+	switch target {
+	case ErrLimitReached:
+		return e.Code == httpapi.CodeStreamLimitReached
+	case ErrSlotLost:
+		return e.Code == httpapi.CodeSlotLost
+	case ErrUnavailable:
+		return e.Code == httpapi.CodeUnavailable
+	case ErrUnknownPlan:
+		return e.Code == httpapi.CodeUnknownPlan
+	case ErrInvalid:
+		return invalidCode(e.Code)
+	}
+	return false
+}
+
+func invalidCode(code string) bool {
+	switch code {
+	case httpapi.CodeInvalidRequest, httpapi.CodeInvalidUserID, httpapi.CodeInvalidStreamID:
+		return true
+	}
+	return false
+}
+
+// fromWire converts a wire error; status is the HTTP status it came with.
+func fromWire(status int, we httpapi.Error) *Error {
+	e := &Error{Status: status, Code: we.Code, Message: we.Message}
+	if we.Used != nil {
+		e.Used = *we.Used
+	}
+	if we.Limit != nil {
+		e.Limit = *we.Limit
+	}
+	if we.RetryAfterMs != nil {
+		e.RetryAfter = time.Duration(*we.RetryAfterMs) * time.Millisecond
+	}
+	return e
+}
+
+// statusOf is the status a single-slot call answers for code, so a batch's
+// per-slot error reads like the single call's.
+func statusOf(code string) int {
+	switch code {
+	case httpapi.CodeSlotLost:
+		return http.StatusGone
+	case httpapi.CodeUnknownPlan:
+		return http.StatusUnprocessableEntity
+	case httpapi.CodeUnavailable:
+		return http.StatusServiceUnavailable
+	case httpapi.CodeInternal:
+		return http.StatusInternalServerError
+	}
+	if invalidCode(code) {
+		return http.StatusBadRequest
+	}
+	return 0
+}
+
+// codeOfStatus names a status whose body is not the limiter's JSON.
+func codeOfStatus(status int) string {
+	switch status {
+	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return httpapi.CodeUnavailable
+	}
+	return "http_" + strconv.Itoa(status)
+}
+
+// retryAfterHeader parses Retry-After: delay seconds or an HTTP date.
+func retryAfterHeader(v string, now time.Time) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if secs, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && secs >= 0 {
+		return time.Duration(secs) * time.Second
+	}
+	if at, err := http.ParseTime(v); err == nil && at.After(now) {
+		return at.Sub(now)
+	}
+	return 0
+}

@@ -1,0 +1,141 @@
+package client
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+)
+
+// Defaults of the options.
+const (
+	// DefaultRequestTimeout bounds each HTTP call the client makes.
+	DefaultRequestTimeout = 5 * time.Second
+	// fallbackHeartbeatInterval applies when an acquire answer names
+	// neither a heartbeat interval nor a TTL (it always should).
+	fallbackHeartbeatInterval = 10 * time.Second
+)
+
+// An Option configures a Client.
+type Option func(*config) error
+
+type config struct {
+	httpClient     *http.Client
+	wrappers       []func(http.RoundTripper) http.RoundTripper
+	logger         *slog.Logger
+	interval       time.Duration
+	requestTimeout time.Duration
+}
+
+// WithHTTPClient makes the client send its requests with hc. The client
+// does not modify hc (WithTransport wraps a copy). Default: a client of its
+// own with dial and TLS-handshake timeouts, whose idle connections Close
+// closes. Each call is bounded by WithRequestTimeout, whatever hc's Timeout.
+func WithHTTPClient(hc *http.Client) Option {
+	return func(c *config) error {
+		if hc == nil {
+			return fmt.Errorf("WithHTTPClient: client must not be nil")
+		}
+		c.httpClient = hc
+		return nil
+	}
+}
+
+// WithTransport wraps the HTTP client's transport (http.DefaultTransport
+// when it has none), e.g. to inject W3C trace context or record metrics.
+// Several wrappers apply in order: the last one given is outermost.
+func WithTransport(wrap func(http.RoundTripper) http.RoundTripper) Option {
+	return func(c *config) error {
+		if wrap == nil {
+			return fmt.Errorf("WithTransport: wrapper must not be nil")
+		}
+		c.wrappers = append(c.wrappers, wrap)
+		return nil
+	}
+}
+
+// WithLogger sets where heartbeat failures and lost slots are logged.
+// Default slog.Default().
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		if l == nil {
+			return fmt.Errorf("WithLogger: logger must not be nil")
+		}
+		c.logger = l
+		return nil
+	}
+}
+
+// WithHeartbeatInterval fixes how often held leases are heartbeated.
+// Default: the smallest heartbeat_interval_ms among held leases, as the
+// limiter answered at acquire. An interval longer than a tier's slot TTL
+// loses that tier's slots.
+func WithHeartbeatInterval(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("WithHeartbeatInterval: interval must be > 0, got %s", d)
+		}
+		c.interval = d
+		return nil
+	}
+}
+
+// WithRequestTimeout bounds each HTTP call (acquire, one heartbeat batch,
+// release). Default 5s. A call that times out fails with ErrUnavailable.
+func WithRequestTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("WithRequestTimeout: timeout must be > 0, got %s", d)
+		}
+		c.requestTimeout = d
+		return nil
+	}
+}
+
+// build applies the defaults and the transport wrappers. owned reports
+// whether the HTTP client is the client's own (so Close may close its idle
+// connections).
+func (c *config) build() (hc *http.Client, owned bool) {
+	if c.logger == nil {
+		c.logger = slog.Default()
+	}
+	if c.requestTimeout == 0 {
+		c.requestTimeout = DefaultRequestTimeout
+	}
+	hc, owned = c.httpClient, c.httpClient == nil
+	if owned {
+		hc = defaultHTTPClient()
+	}
+	if len(c.wrappers) > 0 {
+		copied := *hc
+		rt := copied.Transport
+		if rt == nil {
+			rt = http.DefaultTransport
+		}
+		for _, wrap := range c.wrappers {
+			rt = wrap(rt)
+		}
+		copied.Transport = rt
+		hc = &copied
+	}
+	return hc, owned
+}
+
+func defaultHTTPClient() *http.Client {
+	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+	return &http.Client{
+		Transport: &http.Transport{
+			Proxy:                 http.ProxyFromEnvironment,
+			DialContext:           dialer.DialContext,
+			ForceAttemptHTTP2:     true,
+			TLSHandshakeTimeout:   5 * time.Second,
+			ExpectContinueTimeout: time.Second,
+			IdleConnTimeout:       90 * time.Second,
+			MaxIdleConns:          64,
+			// Acquires run concurrently with heartbeat batches; the default
+			// of 2 idle connections per host would redial constantly.
+			MaxIdleConnsPerHost: 32,
+		},
+	}
+}
