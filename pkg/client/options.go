@@ -45,6 +45,17 @@ func WithHTTPClient(hc *http.Client) Option {
 // WithTransport wraps the HTTP client's transport (http.DefaultTransport
 // when it has none), e.g. to inject W3C trace context or record metrics.
 // Several wrappers apply in order: the last one given is outermost.
+//
+// To continue the application's traces through the limiter into Redis,
+// wrap it with otelhttp (go.opentelemetry.io/contrib/.../otelhttp), naming
+// the propagator: otelhttp's default is the global one, which injects
+// nothing unless the application set it.
+//
+//	client.WithTransport(func(rt http.RoundTripper) http.RoundTripper {
+//		return otelhttp.NewTransport(rt,
+//			otelhttp.WithTracerProvider(tp),
+//			otelhttp.WithPropagators(propagation.TraceContext{}))
+//	})
 func WithTransport(wrap func(http.RoundTripper) http.RoundTripper) Option {
 	return func(c *config) error {
 		if wrap == nil {

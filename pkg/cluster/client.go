@@ -55,6 +55,10 @@ type Options struct {
 	DialTimeout time.Duration
 	// Logger receives connection state changes. Default slog.Default().
 	Logger *slog.Logger
+	// NewRedis builds the rueidis client from the options this package
+	// derives, so it can be instrumented (telemetry traces each command).
+	// Default rueidis.NewClient.
+	NewRedis func(rueidis.ClientOption) (rueidis.Client, error)
 }
 
 func (o Options) withDefaults() Options {
@@ -69,6 +73,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	if o.NewRedis == nil {
+		o.NewRedis = rueidis.NewClient
 	}
 	return o
 }
@@ -114,7 +121,7 @@ func (c *Client) connect() {
 	defer close(c.done)
 	backoff := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		client, err := rueidis.NewClient(c.clientOption())
+		client, err := c.opts.NewRedis(c.clientOption())
 		if err == nil {
 			c.redis.Store(&client)
 			close(c.connected)

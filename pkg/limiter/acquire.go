@@ -49,7 +49,13 @@ type AcquireResult struct {
 // plan's limit. Errors: ErrInvalidUserID, ErrInvalidStreamID,
 // ErrUnknownPlan, ErrUnavailable (Redis down and the tier fails closed).
 func (l *Limiter) Acquire(ctx context.Context, req AcquireRequest) (AcquireResult, error) {
+	ctx, span := l.tracer.Start(ctx, "limiter.acquire")
 	res, tier, err := l.acquire(ctx, req)
+	if span.IsRecording() {
+		span.SetAttributes(tierAttrs(tier, attrGranted.Bool(res.Granted), attrUsed.Int(res.Used),
+			attrPruned.Int(res.Pruned), attrDegraded.Bool(res.Degraded))...)
+	}
+	endSpan(span, err)
 	l.observer.Acquired(ctx, tier, res, err)
 	return res, err
 }

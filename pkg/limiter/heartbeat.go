@@ -35,15 +35,20 @@ type HeartbeatResult struct {
 // errors, ErrUnknownPlan, and ErrUnavailable when Redis is down and the
 // tier fails closed.
 func (l *Limiter) Heartbeat(ctx context.Context, req HeartbeatRequest) (HeartbeatResult, error) {
-	res, err := l.heartbeat(ctx, req)
+	ctx, span := l.tracer.Start(ctx, "limiter.heartbeat")
+	res, tier, err := l.heartbeat(ctx, req)
+	if span.IsRecording() {
+		span.SetAttributes(tierAttrs(tier, attrAlive.Bool(res.Alive), attrDegraded.Bool(res.Degraded))...)
+	}
+	endSpan(span, err)
 	l.observer.Heartbeated(ctx, res, err)
 	return res, err
 }
 
-func (l *Limiter) heartbeat(ctx context.Context, req HeartbeatRequest) (HeartbeatResult, error) {
+func (l *Limiter) heartbeat(ctx context.Context, req HeartbeatRequest) (HeartbeatResult, tiers.Tier, error) {
 	key, tier, err := l.heartbeatTarget(req)
 	if err != nil {
-		return HeartbeatResult{StreamID: req.StreamID}, err
+		return HeartbeatResult{StreamID: req.StreamID}, tier, err
 	}
 	var beat lua.Beat
 	start := time.Now()
@@ -52,7 +57,8 @@ func (l *Limiter) heartbeat(ctx context.Context, req HeartbeatRequest) (Heartbea
 		return err
 	})
 	l.observer.RedisCall(ctx, "heartbeat", time.Since(start), err)
-	return l.beatResult(ctx, req, tier, beat, err)
+	res, err := l.beatResult(ctx, req, tier, beat, err)
+	return res, tier, err
 }
 
 // HeartbeatBatch heartbeats many slots in one pipelined round per Redis
@@ -60,6 +66,8 @@ func (l *Limiter) heartbeat(ctx context.Context, req HeartbeatRequest) (Heartbea
 // per-slot errors are those of Heartbeat. The call fails as a whole only
 // when ctx ends.
 func (l *Limiter) HeartbeatBatch(ctx context.Context, reqs []HeartbeatRequest) ([]HeartbeatResult, []error) {
+	ctx, span := l.tracer.Start(ctx, "limiter.heartbeat_batch")
+	defer span.End()
 	results := make([]HeartbeatResult, len(reqs))
 	errs := make([]error, len(reqs))
 	tiersOf := make([]tiers.Tier, len(reqs))
@@ -93,9 +101,20 @@ func (l *Limiter) HeartbeatBatch(ctx context.Context, reqs []HeartbeatRequest) (
 			results[i], errs[i] = l.beatResult(ctx, reqs[i], tiersOf[i], beat, err)
 		}
 	}
+	var alive, lost, degraded int
 	for i := range reqs {
 		l.observer.Heartbeated(ctx, results[i], errs[i])
+		switch {
+		case results[i].Degraded:
+			degraded++
+		case results[i].Alive:
+			alive++
+		case errors.Is(errs[i], ErrSlotLost):
+			lost++
+		}
 	}
+	span.SetAttributes(attrBatchSize.Int(len(reqs)), attrBatchAlive.Int(alive),
+		attrBatchLost.Int(lost), attrBatchDegraded.Int(degraded))
 	return results, errs
 }
 

@@ -40,7 +40,9 @@ func eachBackend(t *testing.T, withEmbedded bool, fn func(t *testing.T, env *env
 			if b.addrs != nil {
 				addrs = b.addrs(t)
 			}
-			fn(t, newEnv(t, cluster.Options{Addrs: addrs}))
+			// These tests are about correctness, not latency: a generous
+			// deadline keeps a loaded machine from turning them degraded.
+			fn(t, newEnv(t, cluster.Options{Addrs: addrs, Timeout: 5 * time.Second}))
 		})
 	}
 }

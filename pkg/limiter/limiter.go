@@ -13,6 +13,8 @@ import (
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/tiers"
 	"github.com/redis/rueidis"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // Errors callers act on. Anything else wraps one of these or is a caller's
@@ -38,9 +40,13 @@ type Options struct {
 	Keys cluster.Keys
 	// Logger receives degraded-mode warnings. Default slog.Default().
 	Logger *slog.Logger
-	// Observer is told the outcome of every operation (metrics, traces).
+	// Observer is told the outcome of every operation (metrics).
 	// Default: none.
 	Observer Observer
+	// TracerProvider makes a span per operation (limiter.acquire,
+	// limiter.heartbeat, ...), the parent of the Redis client's spans.
+	// Default: no tracing.
+	TracerProvider trace.TracerProvider
 }
 
 // Limiter enforces the tiers of a table on slots kept in Redis.
@@ -50,6 +56,7 @@ type Limiter struct {
 	keys     cluster.Keys
 	log      *slog.Logger
 	observer Observer
+	tracer   trace.Tracer
 }
 
 // New returns a Limiter. It does not touch Redis.
@@ -60,7 +67,13 @@ func New(redis *cluster.Client, table *tiers.Table, opts Options) *Limiter {
 	if opts.Observer == nil {
 		opts.Observer = nopObserver{}
 	}
-	return &Limiter{redis: redis, tiers: table, keys: opts.Keys, log: opts.Logger, observer: opts.Observer}
+	if opts.TracerProvider == nil {
+		opts.TracerProvider = noop.NewTracerProvider()
+	}
+	return &Limiter{
+		redis: redis, tiers: table, keys: opts.Keys, log: opts.Logger,
+		observer: opts.Observer, tracer: opts.TracerProvider.Tracer(tracerName),
+	}
 }
 
 // Tiers returns the table the limiter enforces.

@@ -22,7 +22,10 @@ type ReleaseResult struct {
 
 // Release frees one slot. Errors: ErrInvalidUserID, ErrInvalidStreamID.
 func (l *Limiter) Release(ctx context.Context, userID, streamID string) (ReleaseResult, error) {
+	ctx, span := l.tracer.Start(ctx, "limiter.release")
 	res, err := l.release(ctx, userID, streamID)
+	span.SetAttributes(attrReleased.Bool(res.Released), attrDegraded.Bool(res.Degraded))
+	endSpan(span, err)
 	l.observer.Released(ctx, res, err)
 	return res, err
 }
@@ -56,6 +59,14 @@ func (l *Limiter) release(ctx context.Context, userID, streamID string) (Release
 // (support's "unlock this account"). Errors: ErrInvalidUserID,
 // ErrUnavailable.
 func (l *Limiter) ReleaseAll(ctx context.Context, userID string) ([]string, error) {
+	ctx, span := l.tracer.Start(ctx, "limiter.release_all")
+	ids, err := l.releaseAll(ctx, userID)
+	span.SetAttributes(attrReleasedSlots.Int(len(ids)))
+	endSpan(span, err)
+	return ids, err
+}
+
+func (l *Limiter) releaseAll(ctx context.Context, userID string) ([]string, error) {
 	key, err := l.keys.Slots(userID)
 	if err != nil {
 		return nil, err

@@ -26,6 +26,14 @@ type UserSlots struct {
 
 // Slots lists userID's live slots. Errors: ErrInvalidUserID, ErrUnavailable.
 func (l *Limiter) Slots(ctx context.Context, userID string) (UserSlots, error) {
+	ctx, span := l.tracer.Start(ctx, "limiter.slots")
+	out, err := l.slots(ctx, userID)
+	span.SetAttributes(attrUsed.Int(out.Used))
+	endSpan(span, err)
+	return out, err
+}
+
+func (l *Limiter) slots(ctx context.Context, userID string) (UserSlots, error) {
 	key, err := l.keys.Slots(userID)
 	if err != nil {
 		return UserSlots{}, err

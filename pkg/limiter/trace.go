@@ -1,0 +1,55 @@
+package limiter
+
+import (
+	"errors"
+
+	"github.com/joishi/limiter/pkg/tiers"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// tracerName is the instrumentation scope of the limiter's spans.
+const tracerName = "github.com/joishi/limiter/pkg/limiter"
+
+// Attributes of the limiter's spans. No user id is ever recorded.
+const (
+	attrPlan        = attribute.Key("limiter.plan")
+	attrFailureMode = attribute.Key("limiter.failure_mode")
+	attrLimit       = attribute.Key("limiter.limit")
+	attrGranted     = attribute.Key("limiter.granted")
+	attrUsed        = attribute.Key("limiter.used")
+	attrPruned      = attribute.Key("limiter.pruned")
+	attrDegraded    = attribute.Key("limiter.degraded")
+	attrAlive       = attribute.Key("limiter.alive")
+	attrReleased    = attribute.Key("limiter.released")
+	// Counts of a heartbeat batch, and of a release_all.
+	attrBatchSize     = attribute.Key("limiter.batch.size")
+	attrBatchAlive    = attribute.Key("limiter.batch.alive")
+	attrBatchLost     = attribute.Key("limiter.batch.lost")
+	attrBatchDegraded = attribute.Key("limiter.batch.degraded")
+	attrReleasedSlots = attribute.Key("limiter.released_slots")
+)
+
+// tierAttrs describe the tier a request was judged by; none when the
+// request failed before a tier was found.
+func tierAttrs(tier tiers.Tier, more ...attribute.KeyValue) []attribute.KeyValue {
+	if tier.Plan == "" {
+		return more
+	}
+	return append([]attribute.KeyValue{
+		attrPlan.String(tier.Plan),
+		attrFailureMode.String(string(tier.FailureMode)),
+		attrLimit.Int(tier.MaxConcurrentStreams),
+	}, more...)
+}
+
+// endSpan marks span failed when err is a failure (a lost slot is an
+// answer, not a failure) and ends it.
+func endSpan(span trace.Span, err error) {
+	if err != nil && !errors.Is(err, ErrSlotLost) {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}

@@ -1,0 +1,55 @@
+package telemetry
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/otlptranslator"
+	"go.opentelemetry.io/otel/attribute"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/metric"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/resource"
+)
+
+// meterName is the instrumentation scope of the limiter's own metrics.
+const meterName = "github.com/joishi/limiter/pkg/telemetry"
+
+// newMeterProvider returns a meter provider whose metrics are served, with
+// the Go runtime's and the process's, from a registry of its own.
+func newMeterProvider(res *resource.Resource) (*sdkmetric.MeterProvider, http.Handler, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	exp, err := otelprom.New(
+		otelprom.WithRegisterer(reg),
+		// limiter.acquire (unit {acquire}) becomes limiter_acquire_total,
+		// limiter.redis.duration (unit s) limiter_redis_duration_seconds.
+		otelprom.WithTranslationStrategy(otlptranslator.UnderscoreEscapingWithSuffixes),
+		otelprom.WithoutScopeInfo(),
+	)
+	if err != nil {
+		return nil, nil, fmt.Errorf("prometheus exporter: %w", err)
+	}
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp), sdkmetric.WithResource(res))
+	return mp, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), nil
+}
+
+// buildInfo registers limiter_build_info{version, commit, go_version} 1.
+func buildInfo(mp metric.MeterProvider, version, commit, goVersion string) error {
+	attrs := metric.WithAttributes(
+		attribute.String("version", version),
+		attribute.String("commit", commit),
+		attribute.String("go_version", goVersion),
+	)
+	_, err := mp.Meter(meterName).Int64ObservableGauge("limiter.build.info",
+		metric.WithDescription("Always 1; its labels say which build runs."),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			o.Observe(1, attrs)
+			return nil
+		}))
+	return err
+}

@@ -1,0 +1,191 @@
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/tiers"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// Outcomes of limiter_acquire_total and limiter_heartbeat_total.
+const (
+	outcomeGranted     = "granted"
+	outcomeLimited     = "limited"
+	outcomeDegraded    = "degraded"
+	outcomeUnavailable = "unavailable"
+	outcomeAlive       = "alive"
+	outcomeLost        = "lost"
+)
+
+// Histogram buckets.
+var (
+	// usedBuckets fit maxConcurrentStreams of a few to a few dozen.
+	usedBuckets = []float64{1, 2, 3, 4, 5, 10, 20, 50, 100}
+	// redisBuckets bracket the default 250ms per-call deadline, so its
+	// p99 alert can tell timeouts from slow answers.
+	redisBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}
+)
+
+// Observer records the limiter's metrics. Labels are the plan (bounded by
+// the tier table, never taken from a request), the outcome and the Redis
+// operation; never a user id.
+type Observer struct {
+	acquires  metric.Int64Counter
+	used      metric.Int64Histogram
+	reclaimed metric.Int64Counter
+	beats     metric.Int64Counter
+	releases  metric.Int64Counter
+	redis     metric.Float64Histogram
+
+	// Attribute sets, built once per label value so that recording does
+	// not allocate: plans by name (*planLabels), ops by name.
+	plans sync.Map
+	ops   sync.Map
+}
+
+// planLabels are the attribute sets of one plan.
+type planLabels struct {
+	plan     metric.MeasurementOption            // {plan}
+	outcomes map[string]metric.MeasurementOption // {plan, outcome}
+}
+
+func (o *Observer) planLabels(plan string) *planLabels {
+	if l, ok := o.plans.Load(plan); ok {
+		return l.(*planLabels)
+	}
+	p := attribute.String("plan", plan)
+	l := &planLabels{plan: metric.WithAttributeSet(attribute.NewSet(p)), outcomes: map[string]metric.MeasurementOption{}}
+	for _, outcome := range []string{outcomeGranted, outcomeLimited, outcomeDegraded, outcomeUnavailable} {
+		l.outcomes[outcome] = metric.WithAttributeSet(attribute.NewSet(p, attribute.String("outcome", outcome)))
+	}
+	got, _ := o.plans.LoadOrStore(plan, l)
+	return got.(*planLabels)
+}
+
+func (o *Observer) opLabels(op string) metric.MeasurementOption {
+	if l, ok := o.ops.Load(op); ok {
+		return l.(metric.MeasurementOption)
+	}
+	got, _ := o.ops.LoadOrStore(op, metric.WithAttributeSet(attribute.NewSet(attribute.String("op", op))))
+	return got.(metric.MeasurementOption)
+}
+
+// Fixed attribute sets.
+var (
+	beatLabels = map[string]metric.MeasurementOption{
+		outcomeAlive:    outcomeSet(outcomeAlive),
+		outcomeLost:     outcomeSet(outcomeLost),
+		outcomeDegraded: outcomeSet(outcomeDegraded),
+	}
+	releasedLabels = map[bool]metric.MeasurementOption{
+		true:  metric.WithAttributeSet(attribute.NewSet(attribute.Bool("released", true))),
+		false: metric.WithAttributeSet(attribute.NewSet(attribute.Bool("released", false))),
+	}
+)
+
+func outcomeSet(outcome string) metric.MeasurementOption {
+	return metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", outcome)))
+}
+
+var _ limiter.Observer = (*Observer)(nil)
+
+// NewObserver creates the limiter's instruments on mp. With table, it also
+// reports limiter_tiers, the number of tiers in force.
+func NewObserver(mp metric.MeterProvider, table *tiers.Table) (*Observer, error) {
+	m := mp.Meter(meterName)
+	var o Observer
+	var errs [7]error
+	o.acquires, errs[0] = m.Int64Counter("limiter.acquire", metric.WithUnit("{acquire}"),
+		metric.WithDescription("Acquires by plan and outcome: granted, limited (429), degraded (granted uncounted: Redis down, fail-open), unavailable (503: Redis down, fail-closed)."))
+	o.used, errs[1] = m.Int64Histogram("limiter.slots.used", metric.WithUnit("{slot}"),
+		metric.WithDescription("The user's live slots after each counted grant, by plan."),
+		metric.WithExplicitBucketBoundaries(usedBuckets...))
+	o.reclaimed, errs[2] = m.Int64Counter("limiter.slots.reclaimed", metric.WithUnit("{slot}"),
+		metric.WithDescription("Slots that expired instead of being released, found and removed by the user's next acquire: the leak and crash signal."))
+	o.beats, errs[3] = m.Int64Counter("limiter.heartbeat", metric.WithUnit("{heartbeat}"),
+		metric.WithDescription("Heartbeats by outcome: alive, lost (410), degraded (Redis down, fail-open)."))
+	o.releases, errs[4] = m.Int64Counter("limiter.release", metric.WithUnit("{release}"),
+		metric.WithDescription("Releases answered by Redis: released true, or false when the slot was already gone."))
+	o.redis, errs[5] = m.Float64Histogram("limiter.redis.duration", metric.WithUnit("s"),
+		metric.WithDescription("Round trips to Redis by limiter operation, failures and timeouts included."),
+		metric.WithExplicitBucketBoundaries(redisBuckets...))
+	if table != nil {
+		_, errs[6] = m.Int64ObservableGauge("limiter.tiers", metric.WithUnit("{tier}"),
+			metric.WithDescription("Tiers in the table this replica enforces."),
+			metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
+				obs.Observe(int64(table.Len()))
+				return nil
+			}))
+	}
+	if err := errors.Join(errs[:]...); err != nil {
+		return nil, err
+	}
+	return &o, nil
+}
+
+// Acquired counts one acquire. Requests refused before they reached a tier
+// (invalid ids, unknown plan) and abandoned by their caller are not counted.
+func (o *Observer) Acquired(ctx context.Context, tier tiers.Tier, res limiter.AcquireResult, err error) {
+	var outcome string
+	switch {
+	case errors.Is(err, limiter.ErrUnavailable):
+		outcome = outcomeUnavailable
+	case err != nil:
+		return
+	case res.Degraded:
+		outcome = outcomeDegraded
+	case res.Granted:
+		outcome = outcomeGranted
+	default:
+		outcome = outcomeLimited
+	}
+	labels := o.planLabels(tier.Plan)
+	o.acquires.Add(ctx, 1, labels.outcomes[outcome])
+	if outcome == outcomeGranted {
+		o.used.Record(ctx, int64(res.Used), labels.plan)
+	}
+	if outcome == outcomeGranted || outcome == outcomeLimited {
+		// Pruned is counted on denials too: the same acquire that finds
+		// the user at the limit may have cleared expired slots first.
+		o.reclaimed.Add(ctx, int64(res.Pruned), labels.plan)
+	}
+}
+
+// Heartbeated counts one heartbeat.
+func (o *Observer) Heartbeated(ctx context.Context, res limiter.HeartbeatResult, err error) {
+	var outcome string
+	switch {
+	case err == nil && res.Degraded:
+		outcome = outcomeDegraded
+	case err == nil && res.Alive:
+		outcome = outcomeAlive
+	case errors.Is(err, limiter.ErrSlotLost):
+		outcome = outcomeLost
+	default:
+		return
+	}
+	o.beats.Add(ctx, 1, beatLabels[outcome])
+}
+
+// Released counts one release that Redis answered.
+func (o *Observer) Released(ctx context.Context, res limiter.ReleaseResult, err error) {
+	if err != nil || res.Degraded {
+		return
+	}
+	o.releases.Add(ctx, 1, releasedLabels[res.Released])
+}
+
+// RedisCall records one round trip. A call made before the first
+// connection never left the process and is not a latency.
+func (o *Observer) RedisCall(ctx context.Context, op string, took time.Duration, err error) {
+	if errors.Is(err, cluster.ErrNotConnected) {
+		return
+	}
+	o.redis.Record(ctx, took.Seconds(), o.opLabels(op))
+}
