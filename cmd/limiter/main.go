@@ -74,7 +74,7 @@ Redis with their own expiry, so a crashed holder's slot frees itself.`,
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		return fmt.Errorf("%w (see %s --help)", err, cmd.CommandPath())
 	})
-	root.AddCommand(newServeCommand(logs), newVersionCommand())
+	root.AddCommand(newServeCommand(logs), newVersionCommand(), newAdminCommand())
 	return root
 }
 

@@ -1,17 +1,21 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"time"
 
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/config"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/server"
+	"github.com/joishi/limiter/pkg/telemetry"
 	"github.com/joishi/limiter/pkg/tiers"
+	"go.opentelemetry.io/otel"
 )
 
 // errKubernetesTiers is returned for tiers.source kubernetes until the
@@ -31,11 +35,32 @@ func runServe(ctx context.Context, cfg config.Config, out io.Writer) error {
 	}
 	logger.Info("tiers loaded", "source", cfg.Tiers.Source, "tiers", table.Len())
 
+	// Telemetry: the only place the OpenTelemetry globals are touched.
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { logger.Warn("telemetry", "err", err) }))
+	tel, err := telemetry.New(ctx, telemetry.Options{ServiceName: cfg.Telemetry.ServiceName,
+		OTLPEndpoint: cfg.Telemetry.OTLPEndpoint, Version: b.Version, Commit: b.Commit})
+	if err != nil {
+		return fmt.Errorf("telemetry: %w", err)
+	}
+	defer func() { // after the drain: flush the last spans
+		flushCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tel.Shutdown(flushCtx); err != nil {
+			logger.Warn("flushing telemetry", "err", err)
+		}
+	}()
+	logger.Info("telemetry", "traces", cmp.Or(tel.Exporter(), "off"), "metrics", cfg.Ops.Addr+"/metrics")
+	observer, err := telemetry.NewObserver(tel.MeterProvider, table)
+	if err != nil {
+		return fmt.Errorf("telemetry: %w", err)
+	}
+
 	redisOpts, err := cfg.ClusterOptions()
 	if err != nil {
 		return err
 	}
 	redisOpts.Logger = logger.With("component", "redis")
+	redisOpts.NewRedis = tel.NewRedisClient
 	redis, err := cluster.New(redisOpts)
 	if err != nil {
 		return fmt.Errorf("redis: %w", err)
@@ -46,19 +71,18 @@ func runServe(ctx context.Context, cfg config.Config, out io.Writer) error {
 			"do not run more than one replica on it", "addr", redis.Addrs()[0])
 	}
 
-	// Not wired yet: say so rather than let an operator believe them on.
-	if cfg.Admin.TokensFile != "" {
-		logger.Warn("admin.tokensFile is set but the admin API is not wired into this binary yet")
-	}
-	if cfg.Telemetry.OTLPEndpoint != "" {
-		logger.Warn("telemetry.otlpEndpoint is set but telemetry export is not wired into this binary yet")
-	}
-
 	lim := limiter.New(redis, table, limiter.Options{
-		Keys:   cluster.Keys{Prefix: cfg.Redis.KeyPrefix},
-		Logger: logger,
+		Keys:           cluster.Keys{Prefix: cfg.Redis.KeyPrefix},
+		Logger:         logger,
+		Observer:       observer,
+		TracerProvider: tel.TracerProvider,
 	})
-	srv := server.New(lim, server.Options{Logger: logger})
+	adminRoutes, stopAdmin, err := startAdmin(ctx, cfg, lim, redis, logger)
+	if err != nil {
+		return err
+	}
+	defer stopAdmin()
+	srv := server.New(lim, server.Options{Logger: logger, Metrics: tel.MetricsHandler(), Middleware: tel.Middleware, Routes: adminRoutes})
 	return srv.Run(ctx, server.Addrs{API: cfg.HTTP.Addr, Ops: cfg.Ops.Addr}, cfg.HTTP.ShutdownGrace)
 }
 

@@ -107,6 +107,11 @@ type Tiers struct {
 	// Default: the pod's own namespace (POD_NAMESPACE, else the service
 	// account's namespace file), filled in by Load.
 	Namespace string `mapstructure:"namespace"`
+	// LeaseDuration is how long the replica elected to write LimitTier
+	// status keeps the role after it stops renewing its Lease (a crashed
+	// replica), so how long status may go unwritten (kubernetes only).
+	// Enforcement never waits for it. Default 15s.
+	LeaseDuration time.Duration `mapstructure:"leaseDuration"`
 	// Static is the tier list of the static source. Zero optional fields
 	// take the tier defaults (see tiers.Tier.WithDefaults). Default
 	// tiers.Defaults(): free=1, paid=3.
@@ -115,8 +120,9 @@ type Tiers struct {
 
 // Admin is the operators' API (/v1/admin/...).
 type Admin struct {
-	// TokensFile holds one "name:token" per line; the name is recorded in
-	// the audit log. Default "": the admin API is off.
+	// TokensFile holds one "name role token" per line (role viewer or
+	// operator; '#' comments allowed), re-read when it changes; the name is
+	// recorded in the audit log. Default "": the admin API and page are off.
 	TokensFile string `mapstructure:"tokensFile"`
 	// AuditMaxLen caps the audit stream's length (entries). Default 10000.
 	AuditMaxLen int `mapstructure:"auditMaxLen"`
@@ -124,7 +130,7 @@ type Admin struct {
 
 // Telemetry is where traces and metrics go.
 type Telemetry struct {
-	// OTLPEndpoint receives traces and metrics over OTLP: host:port (gRPC)
+	// OTLPEndpoint receives traces over OTLP (metrics are scraped from /metrics): host:port (gRPC)
 	// or an http(s):// URL. Default "": no export.
 	OTLPEndpoint string `mapstructure:"otlpEndpoint"`
 	// ServiceName is the service.name resource attribute. Default "limiter".
@@ -176,7 +182,7 @@ func Default() Config {
 			ShardsRefreshInterval: cluster.DefaultShardsRefreshInterval,
 			KeyPrefix:             cluster.DefaultKeyPrefix,
 		},
-		Tiers:     Tiers{Source: SourceStatic, Static: tiers.Defaults()},
+		Tiers:     Tiers{Source: SourceStatic, LeaseDuration: 15 * time.Second, Static: tiers.Defaults()},
 		Admin:     Admin{AuditMaxLen: 10000},
 		Telemetry: Telemetry{ServiceName: "limiter"},
 		Log:       Log{Level: LevelInfo, Format: FormatJSON},

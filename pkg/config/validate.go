@@ -20,6 +20,9 @@ const (
 	// before its tier fails open or closed, so seconds already defeat the
 	// point.
 	MaxRedisTimeout = 10 * time.Second
+	// MinLeaseDuration and MaxLeaseDuration bound tiers.leaseDuration.
+	MinLeaseDuration = time.Second
+	MaxLeaseDuration = 5 * time.Minute
 	// MaxAuditLen bounds admin.auditMaxLen.
 	MaxAuditLen = 10_000_000
 )
@@ -62,6 +65,9 @@ func (c Config) Validate() error {
 		}
 	default:
 		v.add("tiers.source", "must be static or kubernetes", strconv.Quote(c.Tiers.Source))
+	}
+	if c.Tiers.LeaseDuration < MinLeaseDuration || c.Tiers.LeaseDuration > MaxLeaseDuration {
+		v.add("tiers.leaseDuration", fmt.Sprintf("must be between %s and %s", MinLeaseDuration, MaxLeaseDuration), c.Tiers.LeaseDuration.String())
 	}
 
 	if c.Admin.TokensFile != "" {

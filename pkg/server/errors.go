@@ -30,6 +30,12 @@ func apiError(err error) (int, httpapi.Error) {
 	case errors.Is(err, limiter.ErrSlotLost):
 		e.Code = httpapi.CodeSlotLost
 		return http.StatusGone, e
+	case errors.Is(err, errUnauthorized): // admin API (admin.go)
+		e.Code = httpapi.CodeUnauthorized
+		return http.StatusUnauthorized, e
+	case errors.Is(err, errForbidden):
+		e.Code = httpapi.CodeForbidden
+		return http.StatusForbidden, e
 	case errors.Is(err, limiter.ErrUnavailable), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		e.Code = httpapi.CodeUnavailable
 		return http.StatusServiceUnavailable, e

@@ -1,0 +1,208 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/joishi/limiter/pkg/httpapi"
+	"github.com/spf13/cobra"
+)
+
+// Environment of the admin commands.
+const (
+	envAdminURL   = "LIMITER_ADMIN_URL"
+	envAdminToken = "LIMITER_ADMIN_TOKEN"
+)
+
+// adminFlags are the flags every admin command shares.
+type adminFlags struct {
+	url     string
+	token   string
+	timeout time.Duration
+	output  string
+}
+
+func newAdminCommand() *cobra.Command {
+	var f adminFlags
+	cmd := &cobra.Command{
+		Use:   "admin",
+		Short: "Inspect and release a user's slots through a running limiter's admin API",
+		Long: `Inspect and release a user's slots through the admin API of a running
+limiter (the service must have admin.tokensFile set). Every call is
+audited under the name of the token used.
+
+The server comes from --url, else ` + envAdminURL + `, else http://127.0.0.1:8080;
+the token from --token, else ` + envAdminToken + `. Prefer the environment for the
+token: a flag is visible to every user of the machine in the process list.
+
+Exit codes: 0 on success, 1 when the server refused or failed the call,
+2 for a usage error.`,
+	}
+	flags := cmd.PersistentFlags()
+	flags.StringVar(&f.url, "url", "", "base URL of the limiter's API listener (env "+envAdminURL+") (default http://127.0.0.1:8080)")
+	flags.StringVar(&f.token, "token", "", "admin token (env "+envAdminToken+"; prefer it: flags show in the process list)")
+	flags.DurationVar(&f.timeout, "timeout", 10*time.Second, "deadline of the call")
+	flags.StringVarP(&f.output, "output", "o", "text", "output format: text or json")
+
+	cmd.AddCommand(
+		&cobra.Command{
+			Use:   "slots USER",
+			Short: "List a user's live slots (role viewer or operator)",
+			Args:  cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				c, err := f.client()
+				if err != nil {
+					return err
+				}
+				var out httpapi.AdminSlotsResponse
+				if err := c.do(cmd.Context(), "GET", httpapi.AdminUserSlotsPath(args[0]), nil, &out); err != nil {
+					return serveFailure{err}
+				}
+				return f.print(cmd.OutOrStdout(), out, func(w io.Writer) { printSlots(w, out) })
+			},
+		},
+		newAdminReleaseCommand(&f),
+		&cobra.Command{
+			Use:   "audit",
+			Short: "List the most recent admin calls, newest first (role viewer or operator)",
+			Args:  cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				c, err := f.client()
+				if err != nil {
+					return err
+				}
+				var out httpapi.AuditResponse
+				if err := c.do(cmd.Context(), "GET", httpapi.PathAdminAudit, nil, &out); err != nil {
+					return serveFailure{err}
+				}
+				return f.print(cmd.OutOrStdout(), out, func(w io.Writer) { printAudit(w, out.Records) })
+			},
+		},
+	)
+	return cmd
+}
+
+func newAdminReleaseCommand(f *adminFlags) *cobra.Command {
+	var reason string
+	cmd := &cobra.Command{
+		Use:   "release USER --reason TEXT",
+		Short: "Release every slot of a user (role operator); the reason is audited",
+		Long: `Release every slot of a user (role operator). The holders' next heartbeat
+is answered 410 slot_lost, so their streams stop. --reason is required and
+recorded in the audit with your token's name.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if strings.TrimSpace(reason) == "" {
+				return errors.New(`--reason is required: say why, e.g. --reason "ticket 4812: locked out after a crash"`)
+			}
+			if n := len([]rune(reason)); n > httpapi.MaxReasonLength {
+				return fmt.Errorf("--reason is %d characters, the limit is %d", n, httpapi.MaxReasonLength)
+			}
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			var out httpapi.AdminReleaseResponse
+			if err := c.do(cmd.Context(), "POST", httpapi.AdminUserReleasePath(args[0]), httpapi.AdminReleaseRequest{Reason: reason}, &out); err != nil {
+				return serveFailure{err}
+			}
+			return f.print(cmd.OutOrStdout(), out, func(w io.Writer) {
+				fmt.Fprintf(w, "released %d %s of user %s", len(out.Released), plural(len(out.Released), "slot", "slots"), args[0])
+				if len(out.Released) > 0 {
+					fmt.Fprintf(w, ": %s", strings.Join(out.Released, ", "))
+				}
+				fmt.Fprintf(w, "\naudit id: %s\n", out.AuditID)
+			})
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", fmt.Sprintf("why the slots are released (required, at most %d characters)", httpapi.MaxReasonLength))
+	return cmd
+}
+
+// client checks the flags and environment and returns a client.
+func (f *adminFlags) client() (*adminClient, error) {
+	raw := f.url
+	if raw == "" {
+		raw = os.Getenv(envAdminURL)
+	}
+	if raw == "" {
+		raw = "http://127.0.0.1:8080"
+	}
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("--url (env %s) must be http(s)://host[:port][/prefix], got %q", envAdminURL, raw)
+	}
+	token := f.token
+	if token == "" {
+		token = os.Getenv(envAdminToken)
+	}
+	if strings.TrimSpace(token) == "" {
+		return nil, fmt.Errorf("no admin token: set %s (or --token)", envAdminToken)
+	}
+	if f.output != "text" && f.output != "json" {
+		return nil, fmt.Errorf("--output must be text or json, got %q", f.output)
+	}
+	if f.timeout <= 0 {
+		return nil, fmt.Errorf("--timeout must be > 0, got %s", f.timeout)
+	}
+	return newAdminClient(strings.TrimSuffix(u.String(), "/"), strings.TrimSpace(token), f.timeout), nil
+}
+
+// print writes v as JSON with -o json, else as text.
+func (f *adminFlags) print(w io.Writer, v any, text func(io.Writer)) error {
+	if f.output == "json" {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	text(w)
+	return nil
+}
+
+func printSlots(w io.Writer, s httpapi.AdminSlotsResponse) {
+	fmt.Fprintf(w, "user %s: %d live %s\n", s.UserID, s.Used, plural(s.Used, "slot", "slots"))
+	if len(s.Slots) == 0 {
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "STREAM ID\tEXPIRES AT\tTIME LEFT")
+	for _, slot := range s.Slots {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", slot.StreamID, slot.ExpiresAt.UTC().Format(time.RFC3339), (time.Duration(slot.TTLMs) * time.Millisecond).Round(time.Second))
+	}
+	tw.Flush()
+}
+
+func printAudit(w io.Writer, records []httpapi.AuditRecord) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "TIME\tACTOR\tROLE\tACTION\tUSER\tOUTCOME\tRELEASED\tREASON\tAUDIT ID")
+	for _, r := range records {
+		released := "-"
+		if r.Action == httpapi.ActionReleaseAll && r.Outcome == httpapi.OutcomeOK {
+			released = fmt.Sprint(len(r.Released))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Time.UTC().Format(time.RFC3339), dash(r.Actor), dash(r.Role),
+			r.Action, dash(r.UserID), r.Outcome, released, dash(r.Reason), r.AuditID)
+	}
+	tw.Flush()
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,46 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+
+	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/config"
+	"github.com/joishi/limiter/pkg/httpapi"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/server"
+)
+
+// startAdmin builds the admin API and page when admin.tokensFile is set and
+// says at start whether they are on. It returns the routes for
+// server.Options.Routes (nil when off) and stop, which ends the tokens
+// file's watcher and waits for it.
+func startAdmin(ctx context.Context, cfg config.Config, lim *limiter.Limiter, redis *cluster.Client, logger *slog.Logger) (routes func(*http.ServeMux), stop func(), err error) {
+	if cfg.Admin.TokensFile == "" {
+		logger.Info("admin.tokensFile is not set: the admin API and page are off (404)")
+		return nil, func() {}, nil
+	}
+	admin, err := server.NewAdmin(lim, server.AdminOptions{
+		TokensFile:  cfg.Admin.TokensFile,
+		Audit:       redis,
+		Keys:        cluster.Keys{Prefix: cfg.Redis.KeyPrefix},
+		AuditMaxLen: cfg.Admin.AuditMaxLen,
+		Logger:      logger.With("component", "admin"),
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: admin.tokensFile (env %s): %w", config.ErrInvalid, config.EnvVar("admin.tokensFile"), err)
+	}
+	if admin.Tokens() == 0 {
+		logger.Warn("admin.tokensFile holds no token: every admin call is refused until one is added", "file", cfg.Admin.TokensFile)
+	}
+	logger.Info("admin API and page on", "page", httpapi.PathAdminPage, "tokens", admin.Tokens(),
+		"file", cfg.Admin.TokensFile, "auditMaxLen", cfg.Admin.AuditMaxLen)
+
+	watchCtx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { admin.WatchTokens(watchCtx) })
+	return admin.Routes, func() { cancel(); wg.Wait() }, nil
+}

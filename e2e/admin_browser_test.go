@@ -1,0 +1,213 @@
+package e2e
+
+import (
+	"context"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/joishi/limiter/internal/testenv"
+	"github.com/joishi/limiter/pkg/httpapi"
+)
+
+// screenshotDirEnv, when set, names a directory where the browser test also
+// keeps its screenshots (t.TempDir() is removed after the test).
+const screenshotDirEnv = "LIMITER_TEST_SCREENSHOTS"
+
+// TestAdminPageInChromium drives the admin page in real headless Chromium:
+// sign in, look up a user holding 2 slots, release them with a reason, see 0
+// slots and the release in the recent actions. The page must raise no
+// console error (a CSP violation is one).
+func TestAdminPageInChromium(t *testing.T) {
+	chromium := testenv.Chromium(t)
+	srv := startAdminServer(t)
+	user := "page-" + randomID()
+	for range 2 {
+		if status, res := acquire(t, srv.API, user, "long"); status != http.StatusOK || res.Degraded {
+			t.Fatalf("acquire: got %d %+v, want granted, not degraded", status, res)
+		}
+	}
+
+	dir := t.TempDir()
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+		chromedp.ExecPath(chromium),
+		chromedp.Flag("headless", true),
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.Flag("hide-scrollbars", true),
+		chromedp.UserDataDir(filepath.Join(dir, "profile")),
+		chromedp.WindowSize(1280, 1000),
+	)
+	defer cancelAlloc()
+	ctx, cancel := chromedp.NewContext(allocCtx)
+	defer cancel()
+	if err := chromedp.Do(ctx); err != nil { // starts the browser, with no deadline of its own
+		t.Fatalf("starting %s: %v", chromium, err)
+	}
+
+	var mu sync.Mutex
+	var consoleErrors []string
+	messages := chromedp.Console(ctx)
+	go func() {
+		for m, err := range messages {
+			if err != nil {
+				return
+			}
+			if m.Type == chromedp.ConsoleError || m.IsException() {
+				mu.Lock()
+				consoleErrors = append(consoleErrors, m.String())
+				mu.Unlock()
+			}
+		}
+	}()
+
+	step := func(what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		if err := chromedp.Do(sctx, steps...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	text := func(sel string) string {
+		t.Helper()
+		s, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS(sel)))
+		if err != nil {
+			t.Fatalf("text of %s: %v", sel, err)
+		}
+		return strings.TrimSpace(s)
+	}
+	eval := func(expr string) string {
+		t.Helper()
+		s, err := chromedp.Run(ctx, chromedp.Evaluate[string](expr))
+		if err != nil {
+			t.Fatalf("evaluating %s: %v", expr, err)
+		}
+		return s
+	}
+	shot := func(name string) {
+		t.Helper()
+		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+		if err != nil {
+			t.Fatalf("screenshot %s: %v", name, err)
+		}
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if keep := os.Getenv(screenshotDirEnv); keep != "" {
+			_ = os.WriteFile(filepath.Join(keep, name), png, 0o644)
+		}
+		t.Logf("screenshot: %s", path)
+	}
+	poll := func(what, expr string) {
+		t.Helper()
+		step(what, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			_, err := chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingTimeout(15*time.Second))(ctx, tg)
+			return err
+		}))
+	}
+
+	step("open the page and sign in as the operator",
+		chromedp.Navigate(srv.API+httpapi.PathAdminPage),
+		chromedp.WaitVisible(chromedp.ID("token")),
+		chromedp.SendKeys(chromedp.ID("token"), e2eOperatorToken),
+		chromedp.Click(chromedp.ID("sign-in")),
+		chromedp.WaitVisible(chromedp.ID("app")),
+	)
+	if got := text("#role"); got != "operator" {
+		t.Errorf("signed-in role: got %q, want operator", got)
+	}
+	if got := eval(`sessionStorage.getItem("limiter.admin.token") || ""`); got != e2eOperatorToken {
+		t.Errorf("sessionStorage token: got %q, want the token signed in with", got)
+	}
+	if got := eval(`document.cookie`); got != "" {
+		t.Errorf("document.cookie: got %q, want none", got)
+	}
+
+	step("look up the user",
+		chromedp.SendKeys(chromedp.ID("user"), user),
+		chromedp.Click(chromedp.ID("lookup")),
+		chromedp.WaitVisible(chromedp.ID("slots-card")),
+	)
+	poll("the user's 2 slots are listed", `document.querySelectorAll("#slots tbody tr").length === 2 && document.getElementById("used").textContent === "2"`)
+
+	// The countdowns run: a TTL cell shows m:ss and goes down.
+	countdown := regexp.MustCompile(`^\d+:\d\d$`)
+	first := text("#slots tbody tr td.ttl")
+	step("wait", chromedp.Sleep(1500*time.Millisecond))
+	second := text("#slots tbody tr td.ttl")
+	if !countdown.MatchString(first) || !countdown.MatchString(second) || second >= first {
+		t.Errorf("countdown: got %q then %q 1.5s later, want m:ss going down", first, second)
+	}
+	shot("admin-before-release.png")
+
+	const reason = "ticket 4812: locked out after a crash"
+	step("open the confirmation",
+		chromedp.Click(chromedp.ID("release")),
+		chromedp.WaitVisible(chromedp.ID("reason")),
+	)
+	if got := eval(`String(document.getElementById("confirm-release").disabled)`); got != "true" {
+		t.Errorf("confirm button without a reason: disabled %s, want true", got)
+	}
+	step("give a reason", chromedp.SendKeys(chromedp.ID("reason"), reason))
+	shot("admin-confirm.png")
+	step("release",
+		chromedp.Click(chromedp.ID("confirm-release")),
+		chromedp.WaitVisible(chromedp.ID("notice")),
+	)
+	poll("the user holds 0 slots", `document.getElementById("used").textContent === "0" && !document.getElementById("no-slots").hidden`)
+
+	notice := text("#notice")
+	auditID := regexp.MustCompile(`audit id ([0-9a-f]{16})`).FindStringSubmatch(notice)
+	if !strings.HasPrefix(notice, "Released 2 slots of "+user) || auditID == nil {
+		t.Fatalf("notice: got %q, want 2 slots released and an audit id", notice)
+	}
+	row := `#audit tr[data-audit-id="` + auditID[1] + `"]`
+	poll("the release is in the recent actions", `document.querySelector('`+row+`') !== null`)
+	entry := text(row)
+	for _, want := range []string{"opal (operator)", "release all", user, "ok", "2 slots", reason} {
+		if !strings.Contains(entry, want) {
+			t.Errorf("audit entry: got %q, want it to hold %q", entry, want)
+		}
+	}
+	shot("admin-after-release.png")
+
+	// Server side: the slots are gone.
+	var slots httpapi.AdminSlotsResponse
+	if status, body := srv.admin(t, "GET", httpapi.AdminUserSlotsPath(user), e2eViewerToken, nil, &slots); status != http.StatusOK || slots.Used != 0 {
+		t.Errorf("slots after the release: got %d %s, want 200 with used 0", status, body)
+	}
+
+	step("sign out, then in as a viewer, who may not release",
+		chromedp.Click(chromedp.ID("sign-out")),
+		chromedp.WaitVisible(chromedp.ID("token")),
+		chromedp.SendKeys(chromedp.ID("token"), e2eViewerToken),
+		chromedp.Click(chromedp.ID("sign-in")),
+		chromedp.WaitVisible(chromedp.ID("app")),
+		chromedp.SendKeys(chromedp.ID("user"), user),
+		chromedp.Click(chromedp.ID("lookup")),
+		chromedp.WaitVisible(chromedp.ID("release-note")),
+	)
+	if got := eval(`String(document.getElementById("release").disabled)`); got != "true" {
+		t.Errorf("release button for a viewer: disabled %s, want true", got)
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	if len(consoleErrors) > 0 {
+		t.Errorf("console errors (a CSP violation is one):\n%s", strings.Join(consoleErrors, "\n"))
+	}
+}

@@ -1,0 +1,457 @@
+package e2e
+
+import (
+	"bufio"
+	"compress/gzip"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/internal/servetest"
+	"github.com/joishi/limiter/internal/testenv"
+	"github.com/joishi/limiter/pkg/client"
+	"github.com/joishi/limiter/pkg/httpapi"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"go.yaml.in/yaml/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
+)
+
+// telemetryTiers: team may hold 3 slots of 1s and fails open; strict holds
+// 1 and fails closed.
+const telemetryTiers = `    - plan: team
+      maxConcurrentStreams: 3
+      slotTTL: 1s
+      heartbeatInterval: 300ms
+    - plan: strict
+      maxConcurrentStreams: 1
+      failureMode: Closed
+`
+
+// TestTelemetryMetricsCountExactly drives a scripted sequence through a
+// running serve (grants, a denial, slots left to expire, heartbeats alive
+// and lost, releases, then Redis stopped: fail-open and fail-closed) and
+// asserts the exact values /metrics must show after each step.
+func TestTelemetryMetricsCountExactly(t *testing.T) {
+	redis := testenv.StartRedis(t)
+	proc := servetest.Start(t, servetest.Options{Config: serveConfig([]string{redis.Addr()}, "e2e-metrics:", telemetryTiers)})
+
+	m := scrape(t, proc)
+	expectMetrics(t, "at start", m, map[string]float64{"limiter_tiers": 2})
+	if !hasPrefix(m, `limiter_build_info{commit="`) {
+		t.Errorf("no limiter_build_info on /metrics")
+	}
+
+	// Three grants, then the team limit: one denial.
+	user := "metrics-" + randomID()
+	var held []string
+	for i := range 3 {
+		status, res := acquire(t, proc.API, user, "team")
+		if status != http.StatusOK || res.Used != i+1 {
+			t.Fatalf("acquire %d: %d %+v, want 200 with used %d", i+1, status, res, i+1)
+		}
+		held = append(held, res.StreamID)
+	}
+	if status, _ := acquire(t, proc.API, user, "team"); status != http.StatusTooManyRequests {
+		t.Fatalf("4th team acquire: %d, want 429", status)
+	}
+	expectMetrics(t, "after 3 grants and a denial", scrape(t, proc), map[string]float64{
+		`limiter_acquire_total{outcome="granted",plan="team"}`: 3,
+		`limiter_acquire_total{outcome="limited",plan="team"}`: 1,
+		`limiter_slots_reclaimed_total{plan="team"}`:           0,
+	})
+
+	// The three slots are left to expire (TTL 1s, never released): the
+	// user's next acquire reclaims exactly them.
+	time.Sleep(1500 * time.Millisecond)
+	status, res := acquire(t, proc.API, user, "team")
+	if status != http.StatusOK || res.Used != 1 || res.Pruned != len(held) {
+		t.Fatalf("acquire after expiry: %d %+v, want 200 with used 1, pruned %d", status, res, len(held))
+	}
+	stream := res.StreamID
+	expectMetrics(t, "after the expired slots were reclaimed", scrape(t, proc), map[string]float64{
+		`limiter_slots_reclaimed_total{plan="team"}`: float64(len(held)),
+	})
+
+	// Heartbeats: alive and lost, single and batched.
+	beat := func(streamID string) int {
+		status, _, _ := call(t, httpClient, "POST", proc.API+httpapi.PathHeartbeat, httpapi.HeartbeatRequest{UserID: user, Plan: "team", StreamID: streamID}, nil)
+		return status
+	}
+	if got := beat(stream); got != http.StatusOK {
+		t.Fatalf("heartbeat of a held slot: %d, want 200", got)
+	}
+	if got := beat(held[0]); got != http.StatusGone {
+		t.Fatalf("heartbeat of an expired slot: %d, want 410", got)
+	}
+	batch := httpapi.HeartbeatsRequest{Slots: []httpapi.HeartbeatRequest{
+		{UserID: user, Plan: "team", StreamID: stream},
+		{UserID: user, Plan: "team", StreamID: "never-held"},
+	}}
+	var beats httpapi.HeartbeatsResponse
+	if status, _, _ := call(t, httpClient, "POST", proc.API+httpapi.PathHeartbeats, batch, &beats); status != http.StatusOK ||
+		len(beats.Results) != 2 || !beats.Results[0].Alive || beats.Results[1].Alive {
+		t.Fatalf("heartbeat batch: %d %+v, want alive then lost", status, beats)
+	}
+
+	// Releases: one held, then the same again.
+	release := func() httpapi.ReleaseResponse {
+		var out httpapi.ReleaseResponse
+		call(t, httpClient, "POST", proc.API+httpapi.PathRelease, httpapi.ReleaseRequest{UserID: user, StreamID: stream}, &out)
+		return out
+	}
+	if got := release(); !got.Released {
+		t.Fatalf("first release: %+v, want released", got)
+	}
+	if got := release(); got.Released {
+		t.Fatalf("second release: %+v, want not released", got)
+	}
+	if status, _ := acquire(t, proc.API, "strict-"+randomID(), "strict"); status != http.StatusOK {
+		t.Fatalf("strict acquire: %d, want 200", status)
+	}
+
+	// Redis stops: team grants degraded, strict answers 503, a team
+	// heartbeat is degraded, a release degraded (not counted).
+	redis.Stop()
+	if status, res := acquire(t, proc.API, "outage-"+randomID(), "team"); status != http.StatusOK || !res.Degraded {
+		t.Fatalf("team acquire with Redis stopped: %d %+v, want 200 degraded", status, res)
+	}
+	if status, _ := acquire(t, proc.API, "outage-"+randomID(), "strict"); status != http.StatusServiceUnavailable {
+		t.Fatalf("strict acquire with Redis stopped: %d, want 503", status)
+	}
+	if got := beat(stream); got != http.StatusOK {
+		t.Fatalf("heartbeat with Redis stopped: %d, want 200 (degraded)", got)
+	}
+	if got := release(); !got.Degraded {
+		t.Fatalf("release with Redis stopped: %+v, want degraded", got)
+	}
+
+	final := scrape(t, proc)
+	expectMetrics(t, "at the end", final, map[string]float64{
+		`limiter_acquire_total{outcome="granted",plan="team"}`:       4,
+		`limiter_acquire_total{outcome="limited",plan="team"}`:       1,
+		`limiter_acquire_total{outcome="degraded",plan="team"}`:      1,
+		`limiter_acquire_total{outcome="granted",plan="strict"}`:     1,
+		`limiter_acquire_total{outcome="unavailable",plan="strict"}`: 1,
+		`limiter_acquire_total{outcome="limited",plan="strict"}`:     0,
+		`limiter_slots_reclaimed_total{plan="team"}`:                 3,
+		`limiter_slots_reclaimed_total{plan="strict"}`:               0,
+		`limiter_slots_used_count{plan="team"}`:                      4,
+		`limiter_slots_used_sum{plan="team"}`:                        1 + 2 + 3 + 1,
+		`limiter_slots_used_count{plan="strict"}`:                    1,
+		`limiter_heartbeat_total{outcome="alive"}`:                   2,
+		`limiter_heartbeat_total{outcome="lost"}`:                    2,
+		`limiter_heartbeat_total{outcome="degraded"}`:                1,
+		`limiter_release_total{released="true"}`:                     1,
+		`limiter_release_total{released="false"}`:                    1,
+		// Every round trip tried once connected, the failed ones included.
+		`limiter_redis_duration_seconds_count{op="acquire"}`:         3 + 1 + 1 + 1 + 2,
+		`limiter_redis_duration_seconds_count{op="heartbeat"}`:       2 + 1,
+		`limiter_redis_duration_seconds_count{op="heartbeat_batch"}`: 1,
+		`limiter_redis_duration_seconds_count{op="release"}`:         2 + 1,
+		`limiter_tiers`: 2,
+	})
+	checkObservabilityQueries(t, final)
+}
+
+// checkObservabilityQueries fails for each limiter_* series that a query of
+// the dashboard or the alert rules (config/observability) names but serve
+// does not export: they would chart or alert on nothing.
+func checkObservabilityQueries(t *testing.T, samples map[string]float64) {
+	t.Helper()
+	exported := map[string]bool{}
+	for series := range samples {
+		name, _, _ := strings.Cut(series, "{")
+		exported[name] = true
+	}
+	var queries []string
+	var dashboard any
+	if err := json.Unmarshal(readRepoFile(t, "config/observability/limiter.json"), &dashboard); err != nil {
+		t.Fatalf("config/observability/limiter.json: %v", err)
+	}
+	collectQueries(dashboard, &queries)
+	var rules struct {
+		Groups []struct {
+			Rules []struct{ Alert, Expr string }
+		}
+	}
+	if err := yaml.Unmarshal(readRepoFile(t, "config/observability/alerts.yaml"), &rules); err != nil {
+		t.Fatalf("config/observability/alerts.yaml: %v", err)
+	}
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			queries = append(queries, r.Expr)
+		}
+	}
+	if len(queries) < 10 {
+		t.Fatalf("found %d queries in config/observability, want the dashboard's and the alerts'", len(queries))
+	}
+	for _, q := range queries {
+		for _, name := range metricName.FindAllString(q, -1) {
+			if !exported[name] {
+				t.Errorf("config/observability queries %s, which serve does not export: %s", name, q)
+			}
+		}
+	}
+}
+
+var metricName = regexp.MustCompile(`\blimiter_[a-z_]+`)
+
+// collectQueries appends every "expr" and "definition" string of a
+// Grafana dashboard.
+func collectQueries(v any, out *[]string) {
+	switch v := v.(type) {
+	case map[string]any:
+		for k, x := range v {
+			if s, ok := x.(string); ok && (k == "expr" || k == "definition") {
+				*out = append(*out, s)
+			} else {
+				collectQueries(x, out)
+			}
+		}
+	case []any:
+		for _, x := range v {
+			collectQueries(x, out)
+		}
+	}
+}
+
+func readRepoFile(t *testing.T, path string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("..", path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// TestTelemetryOTLPExport: with telemetry.otlpEndpoint set, an application's
+// trace arrives at the collector through the limiter into Redis, over gRPC
+// (the default, a bare host:port) and over HTTP (OTEL_EXPORTER_OTLP_PROTOCOL),
+// with the standard OTEL_* headers and resource attributes honoured, and
+// spans still buffered flushed on SIGTERM.
+func TestTelemetryOTLPExport(t *testing.T) {
+	redisAddr := testenv.Redis(t)
+	for _, tc := range []struct {
+		name string
+		// start returns the endpoint to configure and the received exports.
+		start func(t *testing.T) (string, <-chan export)
+		env   []string
+		// sigterm: the batch delay is longer than the test, so only the
+		// flush at shutdown can deliver the spans.
+		sigterm bool
+	}{
+		{name: "grpc", start: startGRPCReceiver, env: []string{"OTEL_BSP_SCHEDULE_DELAY=100"}},
+		{name: "http", start: startHTTPReceiver, sigterm: true, env: []string{
+			"OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf", "OTEL_BSP_SCHEDULE_DELAY=600000"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			endpoint, received := tc.start(t)
+			config := serveConfig([]string{redisAddr}, "e2e-otlp:"+randomID()+":", telemetryTiers) +
+				"telemetry:\n  otlpEndpoint: " + strconv.Quote(endpoint) + "\n  serviceName: limiter-e2e\n"
+			proc := servetest.Start(t, servetest.Options{Config: config, Env: append([]string{
+				"OTEL_EXPORTER_OTLP_HEADERS=x-e2e-token=sesame",
+				"OTEL_RESOURCE_ATTRIBUTES=deployment.environment.name=e2e",
+			}, tc.env...)})
+
+			app := sdktrace.NewTracerProvider()
+			c, err := client.New(proc.API, client.WithTransport(func(rt http.RoundTripper) http.RoundTripper {
+				return otelhttp.NewTransport(rt, otelhttp.WithTracerProvider(app), otelhttp.WithPropagators(propagation.TraceContext{}))
+			}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close(context.Background())
+			ctx, span := app.Tracer("app").Start(context.Background(), "app.stream")
+			_, err = c.Acquire(ctx, "otlp-"+randomID(), "team")
+			span.End()
+			if err != nil {
+				t.Fatalf("Acquire: %v", err)
+			}
+			traceID := span.SpanContext().TraceID().String()
+			if tc.sigterm {
+				if err := proc.Signal(syscall.SIGTERM); err != nil {
+					t.Fatal(err)
+				}
+				if code, err := proc.Wait(20 * time.Second); err != nil || code != 0 {
+					t.Fatalf("serve after SIGTERM: exit %d, %v", code, err)
+				}
+			}
+
+			want := map[string]bool{"POST /v1/slots/acquire": false, "limiter.acquire": false, "EVALSHA acquire": false}
+			deadline := time.After(15 * time.Second)
+			for missing(want) {
+				select {
+				case exp := <-received:
+					if exp.token != "sesame" {
+						t.Errorf("export header x-e2e-token = %q, want sesame (OTEL_EXPORTER_OTLP_HEADERS)", exp.token)
+					}
+					for _, rs := range exp.req.GetResourceSpans() {
+						res := map[string]string{}
+						for _, kv := range rs.GetResource().GetAttributes() {
+							res[kv.GetKey()] = kv.GetValue().GetStringValue()
+						}
+						for _, ss := range rs.GetScopeSpans() {
+							for _, sp := range ss.GetSpans() {
+								if hex.EncodeToString(sp.GetTraceId()) != traceID {
+									continue
+								}
+								if _, ok := want[sp.GetName()]; ok {
+									want[sp.GetName()] = true
+								}
+								if res["service.name"] != "limiter-e2e" || res["deployment.environment.name"] != "e2e" {
+									t.Errorf("span %q resource %v, want service.name limiter-e2e and deployment.environment.name e2e", sp.GetName(), res)
+								}
+							}
+						}
+					}
+				case <-deadline:
+					t.Fatalf("spans of the caller's trace %s not received within 15s: %v\n%s", traceID, want, proc.Output())
+				}
+			}
+		})
+	}
+}
+
+// export is one OTLP export a test receiver got.
+type export struct {
+	req   *coltracepb.ExportTraceServiceRequest
+	token string // the x-e2e-token header
+}
+
+func missing(want map[string]bool) bool {
+	for _, got := range want {
+		if !got {
+			return true
+		}
+	}
+	return false
+}
+
+// startHTTPReceiver serves OTLP/HTTP protobuf on /v1/traces; its endpoint
+// is a URL.
+func startHTTPReceiver(t *testing.T) (string, <-chan export) {
+	received := make(chan export, 100)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/traces" {
+			http.Error(w, "not a traces path: "+r.URL.Path, http.StatusNotFound)
+			return
+		}
+		var body io.Reader = r.Body
+		if r.Header.Get("Content-Encoding") == "gzip" {
+			gz, err := gzip.NewReader(r.Body)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			body = gz
+		}
+		data, err := io.ReadAll(body)
+		req := &coltracepb.ExportTraceServiceRequest{}
+		if err == nil {
+			err = proto.Unmarshal(data, req)
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		received <- export{req: req, token: r.Header.Get("x-e2e-token")}
+		out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		_, _ = w.Write(out)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, received
+}
+
+// grpcReceiver is the OTLP/gRPC trace service.
+type grpcReceiver struct {
+	coltracepb.UnimplementedTraceServiceServer
+	received chan export
+}
+
+func (g *grpcReceiver) Export(ctx context.Context, req *coltracepb.ExportTraceServiceRequest) (*coltracepb.ExportTraceServiceResponse, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	token := ""
+	if v := md.Get("x-e2e-token"); len(v) > 0 {
+		token = v[0]
+	}
+	g.received <- export{req: req, token: token}
+	return &coltracepb.ExportTraceServiceResponse{}, nil
+}
+
+// startGRPCReceiver serves OTLP/gRPC; its endpoint is a bare host:port.
+func startGRPCReceiver(t *testing.T) (string, <-chan export) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	r := &grpcReceiver{received: make(chan export, 100)}
+	coltracepb.RegisterTraceServiceServer(srv, r)
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(srv.Stop)
+	return ln.Addr().String(), r.received
+}
+
+// scrape returns the samples of proc's /metrics by series
+// (`name{label="v",...}`, labels in the exposition's sorted order).
+func scrape(t *testing.T, proc *servetest.Process) map[string]float64 {
+	t.Helper()
+	status, body := servetest.Get(proc.Ops + "/metrics")
+	if status != http.StatusOK {
+		t.Fatalf("GET /metrics: %d %s", status, body)
+	}
+	samples := map[string]float64{}
+	sc := bufio.NewScanner(strings.NewReader(body))
+	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if i < 0 || err != nil {
+			t.Fatalf("unparsable /metrics line %q", line)
+		}
+		samples[line[:i]] = v
+	}
+	return samples
+}
+
+// expectMetrics checks each series of want; a counter series never
+// touched is absent and counts as 0.
+func expectMetrics(t *testing.T, when string, got, want map[string]float64) {
+	t.Helper()
+	for series, v := range want {
+		if got[series] != v {
+			t.Errorf("%s: %s = %v, want %v", when, series, got[series], v)
+		}
+	}
+}
+
+func hasPrefix(samples map[string]float64, prefix string) bool {
+	for series := range samples {
+		if strings.HasPrefix(series, prefix) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,127 @@
+package httpapi
+
+import (
+	"net/url"
+	"time"
+)
+
+// Routes of the admin API and page. They exist only when admin.tokensFile
+// is set; otherwise they answer 404 like any unknown path.
+const (
+	// PathAdminUserSlots lists one user's live slots (role viewer or operator).
+	PathAdminUserSlots = "/v1/admin/users/{user_id}/slots"
+	// PathAdminUserRelease releases every slot of one user (role operator).
+	PathAdminUserRelease = "/v1/admin/users/{user_id}/release"
+	// PathAdminAudit lists the most recent admin calls (role viewer or operator).
+	PathAdminAudit = "/v1/admin/audit"
+	// PathAdminPage is the admin page, served on the API listener.
+	PathAdminPage = "/admin/"
+)
+
+// Bounds of admin requests.
+const (
+	// MaxReasonLength bounds the reason of a release, in characters.
+	MaxReasonLength = 500
+	// DefaultAuditLimit is how many records GET /v1/admin/audit returns
+	// when no limit is asked; MaxAuditLimit the most it returns.
+	DefaultAuditLimit = 50
+	MaxAuditLimit     = 1000
+)
+
+// Headers of admin answers.
+const (
+	// HeaderAuditID carries the audit_id of the record every admin call
+	// writes, refused calls included.
+	HeaderAuditID = "X-Audit-Id"
+	// HeaderAdminRole carries the caller's role (viewer or operator) on
+	// every answer to a caller whose token is known.
+	HeaderAdminRole = "X-Admin-Role"
+)
+
+// Admin roles, from the tokens file.
+const (
+	// RoleViewer may list slots and read the audit.
+	RoleViewer = "viewer"
+	// RoleOperator may also release a user's slots.
+	RoleOperator = "operator"
+)
+
+// Admin actions, as recorded in the audit.
+const (
+	ActionListSlots  = "list_slots"
+	ActionReleaseAll = "release_all"
+	ActionReadAudit  = "read_audit"
+)
+
+// OutcomeOK is the audit outcome of a call that succeeded; a refused or
+// failed call records its error code instead.
+const OutcomeOK = "ok"
+
+// AdminUserSlotsPath is PathAdminUserSlots for userID (escaped).
+func AdminUserSlotsPath(userID string) string {
+	return "/v1/admin/users/" + url.PathEscape(userID) + "/slots"
+}
+
+// AdminUserReleasePath is PathAdminUserRelease for userID (escaped).
+func AdminUserReleasePath(userID string) string {
+	return "/v1/admin/users/" + url.PathEscape(userID) + "/release"
+}
+
+// AdminSlotsResponse is the 200 answer of GET /v1/admin/users/{user_id}/slots.
+type AdminSlotsResponse struct {
+	UserID string      `json:"user_id"`
+	Used   int         `json:"used"`
+	Slots  []AdminSlot `json:"slots"`
+}
+
+// AdminSlot is one live slot, earliest expiry first.
+type AdminSlot struct {
+	StreamID  string    `json:"stream_id"`
+	ExpiresAt time.Time `json:"expires_at"`
+	// TTLMs is the time left before the slot expires, as Redis saw it.
+	TTLMs int64 `json:"ttl_ms"`
+}
+
+// AdminReleaseRequest is the body of POST /v1/admin/users/{user_id}/release.
+type AdminReleaseRequest struct {
+	// Reason is required: 1 to MaxReasonLength characters once whitespace
+	// runs are collapsed. It is recorded in the audit.
+	Reason string `json:"reason"`
+}
+
+// AdminReleaseResponse is the 200 answer of POST /v1/admin/users/{user_id}/release.
+type AdminReleaseResponse struct {
+	// Released are the stream ids freed (expired ones included). Their
+	// holders' next heartbeat answers 410 slot_lost.
+	Released []string `json:"released"`
+	AuditID  string   `json:"audit_id"`
+}
+
+// AuditResponse is the 200 answer of GET /v1/admin/audit: newest first.
+type AuditResponse struct {
+	Records []AuditRecord `json:"records"`
+}
+
+// AuditRecord is what one admin call leaves in the audit. Strings that come
+// from the caller have their control characters replaced by U+FFFD.
+type AuditRecord struct {
+	AuditID string    `json:"audit_id"`
+	Time    time.Time `json:"time"`
+	// Actor is the token's name; empty when the token was missing or unknown.
+	Actor string `json:"actor"`
+	// Role is the token's role; empty when the token was missing or unknown.
+	Role   string `json:"role"`
+	Action string `json:"action"`
+	UserID string `json:"user_id,omitempty"`
+	// Released are the stream ids a release freed.
+	Released []string `json:"released,omitempty"`
+	Reason   string   `json:"reason,omitempty"`
+	Remote   string   `json:"remote"`
+	// ForwardedFor is the X-Forwarded-For header as received: unverified.
+	ForwardedFor string `json:"forwarded_for,omitempty"`
+	// Outcome is OutcomeOK or the error code answered.
+	Outcome string `json:"outcome"`
+	Status  int    `json:"status"`
+	// Detail says why a call was refused or failed.
+	Detail string `json:"detail,omitempty"`
+}

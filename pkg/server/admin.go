@@ -1,0 +1,265 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/httpapi"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/server/adminui"
+	"github.com/redis/rueidis"
+)
+
+// Outcomes of admin authentication, mapped to 401 and 403 by apiError.
+var (
+	errUnauthorized = errors.New("unauthorized")
+	errForbidden    = errors.New("forbidden")
+)
+
+// authError is errUnauthorized or errForbidden with a message for the
+// caller; the status already says which.
+type authError struct {
+	kind error
+	msg  string
+}
+
+func (e *authError) Error() string { return e.msg }
+func (e *authError) Unwrap() error { return e.kind }
+
+// AuditStore is the Redis that holds the audit stream: the limiter's own
+// (*cluster.Client).
+type AuditStore interface {
+	Redis() (rueidis.Client, error)
+	Timeout() time.Duration
+}
+
+// AdminOptions configure the admin API and page.
+type AdminOptions struct {
+	// TokensFile holds one "name role token" per line (role viewer or
+	// operator; '#' comments and blank lines allowed). Required.
+	TokensFile string
+	// TokensPollInterval is how often WatchTokens checks the file for
+	// changes. Default 1s.
+	TokensPollInterval time.Duration
+	// Audit holds the audit stream. Required.
+	Audit AuditStore
+	// Keys names the audit stream (Keys.Audit()). Default prefix
+	// cluster.DefaultKeyPrefix.
+	Keys cluster.Keys
+	// AuditMaxLen caps the audit stream, in entries (trimmed
+	// approximately: never below it). Default 10000.
+	AuditMaxLen int
+	// Logger receives one "admin audit" record per admin call and token
+	// reloads. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Admin serves the support staff's API (/v1/admin/...) and page (/admin/):
+// inspect a user's slots, release them all, read the recent actions. Every
+// call, refused ones included, leaves one audit record.
+type Admin struct {
+	lim    *limiter.Limiter
+	tokens *tokenFile
+	audit  *auditor
+	poll   time.Duration
+	page   fs.FS // the admin page's files
+}
+
+// NewAdmin reads the tokens file; an error names the file and the line.
+func NewAdmin(lim *limiter.Limiter, opts AdminOptions) (*Admin, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.TokensPollInterval <= 0 {
+		opts.TokensPollInterval = time.Second
+	}
+	if opts.AuditMaxLen <= 0 {
+		opts.AuditMaxLen = 10000
+	}
+	if opts.Audit == nil {
+		return nil, errors.New("admin: no audit store")
+	}
+	tokens, err := loadTokenFile(opts.TokensFile, opts.Logger)
+	if err != nil {
+		return nil, err
+	}
+	page, err := adminui.Files()
+	if err != nil {
+		return nil, fmt.Errorf("admin page: %w", err)
+	}
+	return &Admin{
+		page:   page,
+		lim:    lim,
+		tokens: tokens,
+		audit:  &auditor{log: opts.Logger, store: opts.Audit, key: opts.Keys.Audit(), maxLen: opts.AuditMaxLen},
+		poll:   opts.TokensPollInterval,
+	}, nil
+}
+
+// Tokens returns how many tokens are in force.
+func (a *Admin) Tokens() int { return len(a.tokens.current().tokens) }
+
+// WatchTokens re-reads the tokens file when it changes, until ctx ends. A
+// file that cannot be read or parsed is logged and the tokens read before
+// stay in force.
+func (a *Admin) WatchTokens(ctx context.Context) { a.tokens.watch(ctx, a.poll) }
+
+// Routes adds the admin API and page to mux (for Options.Routes).
+func (a *Admin) Routes(mux *http.ServeMux) {
+	a.route(mux, http.MethodGet, httpapi.PathAdminUserSlots, a.call(httpapi.ActionListSlots, httpapi.RoleViewer, a.listSlots))
+	a.route(mux, http.MethodPost, httpapi.PathAdminUserRelease, a.call(httpapi.ActionReleaseAll, httpapi.RoleOperator, a.releaseAll))
+	a.route(mux, http.MethodGet, httpapi.PathAdminAudit, a.call(httpapi.ActionReadAudit, httpapi.RoleViewer, a.readAudit))
+	a.servePage(mux)
+}
+
+func (a *Admin) route(mux *http.ServeMux, method, path string, handler http.HandlerFunc) {
+	mux.HandleFunc(method+" "+path, handler)
+	mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Allow", method)
+		writeError(w, http.StatusMethodNotAllowed, httpapi.Error{Code: httpapi.CodeMethodNotAllowed, Message: path + " accepts " + method + " only"})
+	})
+}
+
+// adminHandler does the work of one admin call: it fills rec (released
+// ids) and returns the 200 body.
+type adminHandler func(w http.ResponseWriter, r *http.Request, rec *httpapi.AuditRecord) (any, error)
+
+// call authenticates the caller, requires role (operator includes
+// viewer), runs do, answers, and writes the one audit record of the call
+// before answering, so a caller who sees the answer can find the record.
+func (a *Admin) call(action, role string, do adminHandler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		rec := httpapi.AuditRecord{
+			AuditID:      newAuditID(),
+			Time:         time.Now().UTC(),
+			Action:       action,
+			UserID:       clean(r.PathValue("user_id"), maxAuditFieldBytes),
+			Remote:       clean(r.RemoteAddr, maxAuditFieldBytes),
+			ForwardedFor: clean(r.Header.Get("X-Forwarded-For"), maxAuditFieldBytes),
+		}
+		w.Header().Set(httpapi.HeaderAuditID, rec.AuditID)
+
+		var body any
+		err := a.authorize(w, r, role, &rec)
+		switch {
+		case err == nil:
+			body, err = do(w, r, &rec)
+		case errors.Is(err, errForbidden) && action == httpapi.ActionReleaseAll:
+			// Record what a known caller tried to do, and why.
+			rec.Reason, _ = releaseReason(w, r)
+		}
+		if err != nil {
+			status, e := apiError(err)
+			if status >= 500 {
+				a.audit.log.WarnContext(r.Context(), "admin call failed", "audit_id", rec.AuditID, "err", err)
+			}
+			rec.Outcome, rec.Status, rec.Detail = e.Code, status, clean(e.Message, maxAuditFieldBytes)
+			a.audit.write(r.Context(), rec)
+			writeError(w, status, e)
+			return
+		}
+		rec.Outcome, rec.Status = httpapi.OutcomeOK, http.StatusOK
+		a.audit.write(r.Context(), rec)
+		writeJSON(w, http.StatusOK, body)
+	}
+}
+
+// authorize checks the bearer token and the role it carries.
+func (a *Admin) authorize(w http.ResponseWriter, r *http.Request, role string, rec *httpapi.AuditRecord) error {
+	presented, ok := bearerToken(r)
+	if !ok {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="limiter admin"`)
+		return &authError{errUnauthorized, `no admin token: send it as "Authorization: Bearer <token>"`}
+	}
+	token, ok := a.tokens.current().lookup(presented)
+	if !ok {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="limiter admin", error="invalid_token"`)
+		return &authError{errUnauthorized, "unknown token"}
+	}
+	rec.Actor, rec.Role = token.name, token.role
+	w.Header().Set(httpapi.HeaderAdminRole, token.role)
+	if role == httpapi.RoleOperator && token.role != httpapi.RoleOperator {
+		return &authError{errForbidden, fmt.Sprintf("role %s may not %s; it needs role %s", token.role, strings.ReplaceAll(rec.Action, "_", " "), httpapi.RoleOperator)}
+	}
+	return nil
+}
+
+// bearerToken returns the token of an "Authorization: Bearer <token>"
+// header (scheme case-insensitive, RFC 9110).
+func bearerToken(r *http.Request) (string, bool) {
+	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	token = strings.TrimSpace(token)
+	return token, token != ""
+}
+
+func (a *Admin) listSlots(_ http.ResponseWriter, r *http.Request, _ *httpapi.AuditRecord) (any, error) {
+	slots, err := a.lim.Slots(r.Context(), r.PathValue("user_id"))
+	if err != nil {
+		return nil, err
+	}
+	out := httpapi.AdminSlotsResponse{UserID: slots.UserID, Used: slots.Used, Slots: make([]httpapi.AdminSlot, len(slots.Slots))}
+	for i, s := range slots.Slots {
+		out.Slots[i] = httpapi.AdminSlot{StreamID: s.StreamID, ExpiresAt: s.ExpiresAt, TTLMs: s.TTL.Milliseconds()}
+	}
+	return out, nil
+}
+
+func (a *Admin) releaseAll(w http.ResponseWriter, r *http.Request, rec *httpapi.AuditRecord) (any, error) {
+	reason, err := releaseReason(w, r)
+	rec.Reason = reason
+	if err != nil {
+		return nil, err
+	}
+	ids, err := a.lim.ReleaseAll(r.Context(), r.PathValue("user_id"))
+	if err != nil {
+		return nil, err
+	}
+	rec.Released = nonNil(ids)
+	return httpapi.AdminReleaseResponse{Released: rec.Released, AuditID: rec.AuditID}, nil
+}
+
+// releaseReason decodes a release's body and returns its reason, runs of
+// whitespace collapsed and cleaned for the audit, with an error when the
+// body is malformed or the reason empty or too long.
+func releaseReason(w http.ResponseWriter, r *http.Request) (string, error) {
+	var req httpapi.AdminReleaseRequest
+	err := decode(w, r, httpapi.MaxBodyBytes, &req)
+	collapsed := strings.Join(strings.Fields(req.Reason), " ")
+	reason := normalizeReason(collapsed)
+	switch n := len([]rune(collapsed)); {
+	case err != nil:
+		return reason, err
+	case n == 0:
+		return reason, badRequest("reason is required: say why every slot of this user is released (it is recorded in the audit)")
+	case n > httpapi.MaxReasonLength:
+		return reason, badRequest("reason is %d characters, the limit is %d", n, httpapi.MaxReasonLength)
+	}
+	return reason, nil
+}
+
+func (a *Admin) readAudit(_ http.ResponseWriter, r *http.Request, _ *httpapi.AuditRecord) (any, error) {
+	limit := httpapi.DefaultAuditLimit
+	if q := r.URL.Query().Get("limit"); q != "" {
+		n, err := strconv.Atoi(q)
+		if err != nil || n < 1 || n > httpapi.MaxAuditLimit {
+			return nil, badRequest("limit must be a whole number from 1 to %d", httpapi.MaxAuditLimit)
+		}
+		limit = n
+	}
+	records, err := a.audit.recent(r.Context(), limit)
+	if err != nil {
+		return nil, err
+	}
+	return httpapi.AuditResponse{Records: records}, nil
+}

@@ -1,0 +1,160 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/joishi/limiter/pkg/httpapi"
+	"github.com/joishi/limiter/pkg/limiter"
+)
+
+// Bounds of what a caller can put into an audit record.
+const (
+	maxAuditFieldBytes = 512 // user ids are at most 256 bytes; a longer one is cut
+	auditStreamField   = "record"
+)
+
+// auditor writes one record per admin call to the log, the record of
+// authority, and to a capped Redis stream, which the page reads for its
+// recent actions.
+type auditor struct {
+	log    *slog.Logger
+	store  AuditStore
+	key    string
+	maxLen int
+}
+
+// newAuditID returns a random 64-bit id in hex.
+func newAuditID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
+	return hex.EncodeToString(b[:])
+}
+
+// write logs rec and appends it to the stream. The stream write outlives
+// the request's context: a caller hanging up must not skip its audit.
+func (a *auditor) write(ctx context.Context, rec httpapi.AuditRecord) {
+	level := slog.LevelInfo
+	if rec.Outcome != httpapi.OutcomeOK {
+		level = slog.LevelWarn
+	}
+	a.log.LogAttrs(ctx, level, "admin audit", auditAttrs(rec)...)
+
+	data, err := json.Marshal(rec)
+	if err == nil {
+		err = a.append(context.WithoutCancel(ctx), string(data))
+	}
+	if err != nil {
+		a.log.WarnContext(ctx, "admin audit record not added to the audit stream; the log line is the record", "audit_id", rec.AuditID, "err", err)
+	}
+}
+
+func auditAttrs(rec httpapi.AuditRecord) []slog.Attr {
+	attrs := []slog.Attr{
+		slog.String("audit_id", rec.AuditID),
+		slog.Time("audit_time", rec.Time),
+		slog.String("actor", rec.Actor),
+		slog.String("role", rec.Role),
+		slog.String("action", rec.Action),
+		slog.String("user_id", rec.UserID),
+		slog.Any("released", nonNil(rec.Released)),
+		slog.String("reason", rec.Reason),
+		slog.String("remote", rec.Remote),
+		slog.String("outcome", rec.Outcome),
+		slog.Int("status", rec.Status),
+	}
+	if rec.ForwardedFor != "" {
+		attrs = append(attrs, slog.String("forwarded_for", rec.ForwardedFor))
+	}
+	if rec.Detail != "" {
+		attrs = append(attrs, slog.String("detail", rec.Detail))
+	}
+	return attrs
+}
+
+func nonNil(ids []string) []string {
+	if ids == nil {
+		return []string{}
+	}
+	return ids
+}
+
+func (a *auditor) append(ctx context.Context, record string) error {
+	client, err := a.store.Redis()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, a.store.Timeout())
+	defer cancel()
+	// MAXLEN ~ trims whole macro nodes only: cheap, and the stream stays
+	// at least maxLen long.
+	cmd := client.B().Xadd().Key(a.key).Maxlen().Almost().Threshold(strconv.Itoa(a.maxLen)).
+		Id("*").FieldValue().FieldValue(auditStreamField, record).Build()
+	return client.Do(ctx, cmd).Error()
+}
+
+// recent returns up to n records, newest first. Errors wrap
+// limiter.ErrUnavailable.
+func (a *auditor) recent(ctx context.Context, n int) ([]httpapi.AuditRecord, error) {
+	client, err := a.store.Redis()
+	if err != nil {
+		return nil, fmt.Errorf("%w: audit: %w", limiter.ErrUnavailable, err)
+	}
+	callCtx, cancel := context.WithTimeout(ctx, a.store.Timeout())
+	defer cancel()
+	entries, err := client.Do(callCtx, client.B().Xrevrange().Key(a.key).End("+").Start("-").Count(int64(n)).Build()).AsXRange()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("%w: audit: %w", limiter.ErrUnavailable, err)
+	}
+	out := make([]httpapi.AuditRecord, 0, len(entries))
+	for _, e := range entries {
+		var rec httpapi.AuditRecord
+		if err := json.Unmarshal([]byte(e.FieldValues[auditStreamField]), &rec); err != nil {
+			a.log.WarnContext(ctx, "skipping an unreadable audit stream entry", "entry", e.ID, "err", err)
+			continue
+		}
+		out = append(out, rec)
+	}
+	return out, nil
+}
+
+// clean makes a caller-supplied string safe to log and display: invalid
+// UTF-8 and every control or format character (newlines, escapes,
+// bidirectional overrides, zero-width marks) becomes U+FFFD, so a user id
+// holding a newline can neither forge a second log line nor pass for a
+// different id; past max bytes it is cut, marked with "…".
+func clean(s string, max int) string {
+	var b strings.Builder
+	for i, r := range s {
+		if b.Len() >= max {
+			b.WriteString("…")
+			break
+		}
+		switch {
+		case r == utf8.RuneError && !strings.HasPrefix(s[i:], "\uFFFD"):
+			b.WriteRune(utf8.RuneError)
+		case unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == '\u2028' || r == '\u2029':
+			b.WriteRune(utf8.RuneError)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// normalizeReason collapses every run of whitespace (newlines included)
+// into one space and trims the ends, then cleans what is left.
+func normalizeReason(s string) string {
+	return clean(strings.Join(strings.Fields(s), " "), 4*httpapi.MaxReasonLength)
+}

@@ -1,0 +1,310 @@
+// The limiter's admin page. Plain JavaScript, no build step, no third-party
+// code. The token lives in this tab's sessionStorage and travels only as an
+// Authorization header (no cookies: nothing for a cross-site request to
+// ride on). Every string from the server is put in the page with
+// textContent, never as HTML.
+"use strict";
+
+(function () {
+  const TOKEN_KEY = "limiter.admin.token";
+  // The API is served beside the page: /admin/ → /v1/admin/..., also
+  // behind a proxy that adds a path prefix.
+  const base = location.pathname.replace(/admin\/[^/]*$/, "");
+
+  const $ = (id) => document.getElementById(id);
+  let role = "";
+  let signedIn = false;
+  let shown = null; // {user, slots, fetchedAt}
+  let ticker = 0;
+
+  class APIError extends Error {
+    constructor(status, code, message) {
+      super(message);
+      this.status = status;
+      this.code = code;
+    }
+  }
+
+  async function api(method, path, body) {
+    const headers = { Authorization: "Bearer " + sessionStorage.getItem(TOKEN_KEY) };
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    let resp;
+    try {
+      resp = await fetch(base + path.replace(/^\//, ""), {
+        method,
+        headers,
+        body: body === undefined ? undefined : JSON.stringify(body),
+        cache: "no-store",
+        credentials: "omit",
+      });
+    } catch (e) {
+      throw new APIError(0, "network", "The limiter did not answer: " + e.message);
+    }
+    let data = null;
+    try {
+      data = await resp.json();
+    } catch (e) {
+      data = null;
+    }
+    if (!resp.ok) {
+      const err = (data && data.error) || {};
+      if (resp.status === 401 && signedIn) {
+        signOut("Your token is no longer accepted. Sign in again.");
+      }
+      throw new APIError(resp.status, err.code || "http_" + resp.status, err.message || resp.statusText);
+    }
+    return { data, role: resp.headers.get("X-Admin-Role") || "" };
+  }
+
+  function show(el, visible) {
+    el.hidden = !visible;
+  }
+
+  function setError(el, err) {
+    el.textContent = err ? err.message + (err.code && err.status ? " (" + err.status + " " + err.code + ")" : "") : "";
+    show(el, !!err);
+  }
+
+  function cell(text, cls) {
+    const td = document.createElement("td");
+    td.textContent = text;
+    if (cls) td.className = cls;
+    return td;
+  }
+
+  function formatTime(iso) {
+    const d = new Date(iso);
+    if (isNaN(d)) return iso;
+    const pad = (n) => String(n).padStart(2, "0");
+    return d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + " " +
+      pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds());
+  }
+
+  function formatLeft(ms) {
+    if (ms <= 0) return "expired";
+    const total = Math.ceil(ms / 1000);
+    const h = Math.floor(total / 3600);
+    const m = Math.floor((total % 3600) / 60);
+    const s = total % 60;
+    const pad = (n) => String(n).padStart(2, "0");
+    return (h > 0 ? h + ":" + pad(m) : String(m)) + ":" + pad(s);
+  }
+
+  // --- sign in / out ---
+
+  async function signIn(token) {
+    sessionStorage.setItem(TOKEN_KEY, token);
+    try {
+      const res = await api("GET", "/v1/admin/audit?limit=50");
+      role = res.role;
+      enter();
+      renderAudit(res.data.records);
+      return null;
+    } catch (err) {
+      sessionStorage.removeItem(TOKEN_KEY);
+      return err;
+    }
+  }
+
+  function enter() {
+    signedIn = true;
+    $("role").textContent = role || "unknown";
+    show($("who"), true);
+    show($("signin"), false);
+    show($("app"), true);
+    $("user").focus();
+  }
+
+  function signOut(message) {
+    sessionStorage.removeItem(TOKEN_KEY);
+    signedIn = false;
+    role = "";
+    shown = null;
+    clearInterval(ticker);
+    show($("who"), false);
+    show($("app"), false);
+    show($("slots-card"), false);
+    show($("signin"), true);
+    $("token").value = "";
+    setError($("signin-error"), message ? { message } : null);
+    if ($("confirm").open) $("confirm").close();
+  }
+
+  // --- slots ---
+
+  async function lookUp(user) {
+    setError($("lookup-error"), null);
+    try {
+      const res = await api("GET", "/v1/admin/users/" + encodeURIComponent(user) + "/slots");
+      role = res.role || role;
+      shown = { user: res.data.user_id, slots: res.data.slots, used: res.data.used, fetchedAt: performance.now() };
+      renderSlots();
+    } catch (err) {
+      setError($("lookup-error"), err);
+    }
+    refreshAudit();
+  }
+
+  function renderSlots() {
+    $("slots-user").textContent = shown.user;
+    $("used").textContent = String(shown.used);
+    $("used-label").textContent = shown.used === 1 ? "live slot" : "live slots";
+    const body = $("slots").tBodies[0];
+    body.replaceChildren();
+    for (const s of shown.slots) {
+      const tr = document.createElement("tr");
+      tr.dataset.stream = s.stream_id;
+      tr.append(cell(s.stream_id, "mono"), cell(formatTime(s.expires_at)), cell("", "ttl"));
+      body.append(tr);
+    }
+    show($("slots"), shown.slots.length > 0);
+    show($("no-slots"), shown.slots.length === 0);
+    const operator = role === "operator";
+    $("release").disabled = !operator || shown.slots.length === 0;
+    show($("release-note"), !operator);
+    show($("slots-card"), true);
+    tick();
+    clearInterval(ticker);
+    ticker = setInterval(tick, 250);
+  }
+
+  // tick updates the countdowns from the TTL Redis reported, so they do
+  // not depend on this machine's clock agreeing with Redis's.
+  function tick() {
+    if (!shown) return;
+    const elapsed = performance.now() - shown.fetchedAt;
+    const rows = $("slots").tBodies[0].rows;
+    shown.slots.forEach((s, i) => {
+      const td = rows[i] && rows[i].cells[2];
+      if (!td) return;
+      const left = s.ttl_ms - elapsed;
+      td.textContent = formatLeft(left);
+      td.classList.toggle("expired", left <= 0);
+    });
+  }
+
+  // --- release ---
+
+  function openConfirm() {
+    if (!shown) return;
+    $("confirm-user").textContent = shown.user;
+    $("confirm-count").textContent = String(shown.slots.length);
+    $("reason").value = "";
+    updateReason();
+    setError($("confirm-error"), null);
+    $("confirm").showModal();
+    $("reason").focus();
+  }
+
+  function updateReason() {
+    const reason = $("reason").value.trim();
+    $("reason-count").textContent = String($("reason").value.length);
+    $("confirm-release").disabled = reason.length === 0;
+  }
+
+  async function release() {
+    const reason = $("reason").value.trim();
+    if (!reason || !shown) return;
+    const user = shown.user;
+    $("confirm-release").disabled = true;
+    try {
+      const res = await api("POST", "/v1/admin/users/" + encodeURIComponent(user) + "/release", { reason });
+      $("confirm").close();
+      const ids = res.data.released;
+      const notice = $("notice");
+      notice.textContent = "Released " + ids.length + (ids.length === 1 ? " slot" : " slots") + " of " + user +
+        (ids.length ? ": " + ids.join(", ") : "") + " · audit id " + res.data.audit_id;
+      show(notice, true);
+      await lookUp(user);
+    } catch (err) {
+      setError($("confirm-error"), err);
+      updateReason();
+    }
+  }
+
+  // --- audit ---
+
+  async function refreshAudit() {
+    try {
+      const res = await api("GET", "/v1/admin/audit?limit=50");
+      setError($("audit-error"), null);
+      renderAudit(res.data.records);
+    } catch (err) {
+      setError($("audit-error"), err);
+    }
+  }
+
+  // released shows how many slots a release freed; the ids are in its tooltip.
+  function released(ids) {
+    if (!ids) return cell("");
+    const td = cell(ids.length + (ids.length === 1 ? " slot" : " slots"), "nowrap");
+    td.title = ids.join("\n");
+    return td;
+  }
+
+  const actionNames = { list_slots: "list slots", release_all: "release all", read_audit: "read audit" };
+
+  function renderAudit(records) {
+    const body = $("audit").tBodies[0];
+    body.replaceChildren();
+    for (const r of records) {
+      const tr = document.createElement("tr");
+      tr.dataset.auditId = r.audit_id;
+      const outcome = document.createElement("span");
+      outcome.className = "badge " + (r.outcome === "ok" ? "ok" : "refused");
+      outcome.textContent = r.outcome === "ok" ? "ok" : r.status + " " + r.outcome;
+      if (r.detail) outcome.title = r.detail;
+      const outcomeCell = cell("");
+      outcomeCell.append(outcome);
+      tr.append(
+        cell(formatTime(r.time), "nowrap"),
+        cell(r.actor ? r.actor + " (" + r.role + ")" : "—", "nowrap"),
+        cell(actionNames[r.action] || r.action, "nowrap"),
+        cell(r.user_id || "—", "mono wrap"),
+        outcomeCell,
+        released(r.released),
+        cell(r.reason || "", "wrap"),
+        cell(r.audit_id, "mono"),
+      );
+      body.append(tr);
+    }
+  }
+
+  // --- wiring ---
+
+  document.addEventListener("DOMContentLoaded", () => {
+    $("signin-form").addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const token = $("token").value.trim();
+      if (!token) return;
+      $("sign-in").disabled = true;
+      const err = await signIn(token);
+      $("sign-in").disabled = false;
+      setError($("signin-error"), err && err.status === 401 ? { message: "That token is not accepted." } : err);
+    });
+    $("sign-out").addEventListener("click", () => signOut(""));
+    $("lookup-form").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      const user = $("user").value.trim();
+      show($("notice"), false);
+      if (user) lookUp(user);
+    });
+    $("refresh-slots").addEventListener("click", () => shown && lookUp(shown.user));
+    $("refresh-audit").addEventListener("click", refreshAudit);
+    $("release").addEventListener("click", openConfirm);
+    $("reason").addEventListener("input", updateReason);
+    $("cancel-release").addEventListener("click", () => $("confirm").close());
+    $("confirm-form").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      release();
+    });
+
+    if (sessionStorage.getItem(TOKEN_KEY)) {
+      signIn(sessionStorage.getItem(TOKEN_KEY)).then((err) => {
+        if (err) signOut(err.status === 401 ? "Your token is no longer accepted. Sign in again." : err.message);
+      });
+    } else {
+      signOut("");
+    }
+  });
+})();
