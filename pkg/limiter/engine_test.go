@@ -274,6 +274,15 @@ func TestScriptFlushFallsBackToEval(t *testing.T) {
 		if !res.Granted || res.Degraded || res.Used != 2 {
 			t.Fatalf("Acquire after SCRIPT FLUSH = %+v, want granted (not degraded) with used 2", res)
 		}
+		results, errs := e.lim.HeartbeatBatch(context.Background(), []limiter.HeartbeatRequest{
+			{UserID: user, Plan: "three", StreamID: "before"},
+			{UserID: user, Plan: "three", StreamID: "after"},
+		})
+		for i, r := range results {
+			if errs[i] != nil || !r.Alive || r.Degraded {
+				t.Errorf("HeartbeatBatch after SCRIPT FLUSH, slot %d = %+v, %v; want alive from Redis", i, r, errs[i])
+			}
+		}
 	})
 }
 

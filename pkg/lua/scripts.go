@@ -6,7 +6,9 @@
 package lua
 
 import (
+	"crypto/sha1"
 	_ "embed"
+	"encoding/hex"
 
 	"github.com/redis/rueidis"
 )
@@ -31,6 +33,15 @@ var (
 	releaseAllScript = rueidis.NewLuaScriptRetryable(releaseAllSource)
 	slotsScript      = rueidis.NewLuaScriptRetryable(slotsSource)
 )
+
+// heartbeatSHA is the SHA1 of the heartbeat script, for HeartbeatMulti's
+// own EVALSHA pipeline.
+var heartbeatSHA = sha1Hex(heartbeatSource)
+
+func sha1Hex(src string) string {
+	sum := sha1.Sum([]byte(src))
+	return hex.EncodeToString(sum[:])
+}
 
 // Sources returns each script's source by name, for tools that load them
 // elsewhere (the benchmark runs acquire through redis-benchmark).

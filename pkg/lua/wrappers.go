@@ -57,14 +57,38 @@ func Heartbeat(ctx context.Context, c rueidis.Client, key, streamID string, ttl 
 // HeartbeatMulti heartbeats many slots in one pipelined round per node
 // (rueidis groups the calls by node). Results and errors are per slot, in
 // the order of slots: one unreachable shard does not fail the others.
+//
+// It pipelines EVALSHA itself rather than use rueidis.Lua.ExecMulti, which
+// first sends SCRIPT LOAD to every known node on every call: an extra round
+// trip, and one dead replica would fail the whole batch. Slots whose node
+// answers NOSCRIPT are sent again as EVAL, once.
 func HeartbeatMulti(ctx context.Context, c rueidis.Client, slots []HeartbeatArgs) ([]Beat, []error) {
-	execs := make([]rueidis.LuaExec, len(slots))
+	cmds := make(rueidis.Commands, len(slots))
 	for i, s := range slots {
-		execs[i] = rueidis.LuaExec{Keys: []string{s.Key}, Args: []string{s.StreamID, ms(s.TTL)}}
+		cmds[i] = c.B().Evalsha().Sha1(heartbeatSHA).Numkeys(1).Key(s.Key).Arg(s.StreamID, ms(s.TTL)).Build().ToRetryable()
 	}
+	resps := c.DoMulti(ctx, cmds...)
+
+	var missing []int // slots whose node lacks the script
+	for i, resp := range resps {
+		if rerr, ok := rueidis.IsRedisErr(resp.Error()); ok && rerr.IsNoScript() {
+			missing = append(missing, i)
+		}
+	}
+	if len(missing) > 0 {
+		evals := make(rueidis.Commands, len(missing))
+		for j, i := range missing {
+			s := slots[i]
+			evals[j] = c.B().Eval().Script(heartbeatSource).Numkeys(1).Key(s.Key).Arg(s.StreamID, ms(s.TTL)).Build().ToRetryable()
+		}
+		for j, resp := range c.DoMulti(ctx, evals...) {
+			resps[missing[j]] = resp
+		}
+	}
+
 	beats := make([]Beat, len(slots))
 	errs := make([]error, len(slots))
-	for i, resp := range heartbeatScript.ExecMulti(ctx, c, execs...) {
+	for i, resp := range resps {
 		beats[i], errs[i] = parseBeat(resp)
 	}
 	return beats, errs

@@ -1,0 +1,224 @@
+package limiter_test
+
+// Benchmarks of the slot engine on real Redis. They are read as ratios
+// against redis-benchmark running the same acquire script on the same server
+// in the same run (hack/bench.sh, BENCHMARKS.md), never as absolute figures.
+//
+// Each benchmark runs on the standalone Redis (LIMITER_TEST_REDIS) and on the
+// Redis Cluster (LIMITER_TEST_REDIS_CLUSTER) as sub-benchmarks; a backend
+// whose variable is unset is skipped (or fails under LIMITER_TEST_REQUIRE=1).
+
+import (
+	"context"
+	"log/slog"
+	"math/rand/v2"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/internal/testenv"
+	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/limiter"
+)
+
+const (
+	// benchClients is the number of goroutines calling the limiter at once,
+	// as redis-benchmark's -c 50.
+	benchClients = 50
+	// benchUsers is the size of the user pool, as redis-benchmark's
+	// -r 1000000: with far fewer acquires than users per run, almost every
+	// acquire finds its user below the limit and is granted.
+	benchUsers = 1_000_000
+	// benchPlan: limit 3, as the redis-benchmark command line.
+	benchPlan = "three"
+	// benchBatch is the number of slots in one HeartbeatBatch.
+	benchBatch = 1000
+	// benchTimeout replaces the 250ms default per-call deadline: a
+	// benchmark saturates two CPUs on purpose, and a call that times out
+	// would be answered degraded without touching Redis.
+	benchTimeout = 10 * time.Second
+)
+
+// benchBackends are the backends of eachBackend (standalone, redisCluster)
+// seen from a benchmark: backend.addrs takes a *testing.T.
+var benchBackends = []struct {
+	name  string
+	addrs func(tb testing.TB) []string
+}{
+	{standalone.name, func(tb testing.TB) []string { return []string{testenv.Redis(tb)} }},
+	{redisCluster.name, func(tb testing.TB) []string { return testenv.Cluster(tb) }},
+}
+
+// eachBenchBackend runs fn as a sub-benchmark per Redis backend, on a
+// connected limiter with the test tiers.
+func eachBenchBackend(b *testing.B, fn func(b *testing.B, e *env)) {
+	for _, be := range benchBackends {
+		b.Run(be.name, func(b *testing.B) {
+			// No connection logs: they would split the benchmark's result line.
+			opts := cluster.Options{Addrs: be.addrs(b), Timeout: benchTimeout, Logger: slog.New(slog.DiscardHandler)}
+			fn(b, newEnv(b, opts))
+		})
+	}
+}
+
+// setBenchParallelism makes RunParallel start about benchClients goroutines.
+func setBenchParallelism(b *testing.B) {
+	b.SetParallelism((benchClients + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+}
+
+// benchUser returns a user of the pool: run (unique per benchmark run, so
+// runs on a shared Redis do not meet) and a random number below benchUsers.
+func benchUser(run string) string {
+	return run + "-" + strconv.Itoa(rand.IntN(benchUsers))
+}
+
+// benchStream returns a random stream id, as redis-benchmark's s__rand_int__.
+func benchStream() string {
+	return "s" + strconv.Itoa(rand.IntN(benchUsers))
+}
+
+// reportOps reports b.N per second of timed run.
+func reportOps(b *testing.B) {
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+}
+
+// BenchmarkAcquire is what redis-benchmark's EVALSHA of the acquire script
+// measures, through the limiter: about 50 concurrent callers, one acquire
+// per op for a random user of a large pool. Slots are not released; they
+// expire with the tier's TTL.
+func BenchmarkAcquire(b *testing.B) {
+	eachBenchBackend(b, func(b *testing.B, e *env) {
+		run := newUser(b)
+		var granted, degraded atomic.Int64
+		setBenchParallelism(b)
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			ctx := context.Background()
+			var g, d int64
+			defer func() { granted.Add(g); degraded.Add(d) }()
+			for pb.Next() {
+				res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: benchUser(run), Plan: benchPlan, StreamID: benchStream()})
+				if err != nil {
+					b.Errorf("Acquire: %v", err)
+					return
+				}
+				if res.Granted {
+					g++
+				}
+				if res.Degraded {
+					d++
+				}
+			}
+		})
+		b.StopTimer()
+		reportOps(b)
+		b.ReportMetric(float64(granted.Load())/float64(b.N), "granted/op")
+		if n := degraded.Load(); n > 0 {
+			b.Errorf("%d of %d acquires answered degraded: they did not reach Redis", n, b.N)
+		}
+	})
+}
+
+// BenchmarkAcquireRelease: about 50 concurrent callers; one op acquires a
+// slot for a random user of a large pool and releases it again (two Redis
+// calls per op).
+func BenchmarkAcquireRelease(b *testing.B) {
+	eachBenchBackend(b, func(b *testing.B, e *env) {
+		run := newUser(b)
+		var granted, degraded atomic.Int64
+		setBenchParallelism(b)
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			ctx := context.Background()
+			var g, d int64
+			defer func() { granted.Add(g); degraded.Add(d) }()
+			for pb.Next() {
+				user := benchUser(run)
+				res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: benchPlan, StreamID: benchStream()})
+				if err != nil {
+					b.Errorf("Acquire: %v", err)
+					return
+				}
+				if res.Degraded {
+					d++
+				}
+				if !res.Granted {
+					continue
+				}
+				g++
+				rel, err := e.lim.Release(ctx, user, res.StreamID)
+				if err != nil {
+					b.Errorf("Release: %v", err)
+					return
+				}
+				if rel.Degraded {
+					d++
+				}
+			}
+		})
+		b.StopTimer()
+		reportOps(b)
+		b.ReportMetric(float64(granted.Load())/float64(b.N), "granted/op")
+		if n := degraded.Load(); n > 0 {
+			b.Errorf("%d calls answered degraded: they did not reach Redis", n)
+		}
+	})
+}
+
+// BenchmarkHeartbeatBatch: one caller; one op is one HeartbeatBatch of
+// benchBatch held slots, each of a different user (on a cluster they spread
+// over all masters). Reports slots/s besides ops/s.
+func BenchmarkHeartbeatBatch(b *testing.B) {
+	eachBenchBackend(b, func(b *testing.B, e *env) {
+		reqs := acquireBenchSlots(b, e)
+		ctx := context.Background()
+		b.ResetTimer()
+		for range b.N {
+			results, errs := e.lim.HeartbeatBatch(ctx, reqs)
+			for i, err := range errs {
+				if err != nil {
+					b.Fatalf("HeartbeatBatch: slot %d: %v", i, err)
+				}
+				if !results[i].Alive || results[i].Degraded {
+					b.Fatalf("HeartbeatBatch: slot %d: %+v, want alive and not degraded", i, results[i])
+				}
+			}
+		}
+		b.StopTimer()
+		reportOps(b)
+		b.ReportMetric(float64(b.N)*benchBatch/b.Elapsed().Seconds(), "slots/s")
+	})
+}
+
+// acquireBenchSlots acquires benchBatch slots, one per new user, with
+// benchClients callers, and returns the heartbeat requests for them.
+func acquireBenchSlots(b *testing.B, e *env) []limiter.HeartbeatRequest {
+	b.Helper()
+	run := newUser(b)
+	reqs := make([]limiter.HeartbeatRequest, benchBatch)
+	for i := range reqs {
+		reqs[i] = limiter.HeartbeatRequest{UserID: run + "-" + strconv.Itoa(i), Plan: benchPlan, StreamID: "s" + strconv.Itoa(i)}
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range benchClients {
+		wg.Go(func() {
+			for i := next.Add(1) - 1; i < benchBatch; i = next.Add(1) - 1 {
+				r := reqs[i]
+				res, err := e.lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: r.UserID, Plan: r.Plan, StreamID: r.StreamID})
+				if err != nil || !res.Granted || res.Degraded {
+					b.Errorf("Acquire(%s): %+v, %v; want granted, not degraded", r.UserID, res, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if b.Failed() {
+		b.FailNow()
+	}
+	return reqs
+}
