@@ -33,6 +33,7 @@ func TestMain(m *testing.M) {
 var local = []string{"--http-addr", "127.0.0.1:0", "--ops-addr", "127.0.0.1:0"}
 
 func TestRunExitCodes(t *testing.T) {
+	t.Setenv("KUBECONFIG", filepath.Join(t.TempDir(), "absent")) // no API server to be found
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +58,7 @@ func TestRunExitCodes(t *testing.T) {
 		{"an argument to serve is a usage error", []string{"serve", "now"}, exitUsage, "", `unknown command "now"`},
 		{"an invalid value is a configuration error naming its key", []string{"serve", "--redis-timeout", "-1s"}, exitUsage, "", "redis.timeout: must be > 0 and <= 10s (env LIMITER_REDIS_TIMEOUT, flag --redis-timeout), got -1s"},
 		{"an unknown key in the file is a configuration error", []string{"serve", "--config", badFile}, exitUsage, "", `unknown key "redis.adrs" (did you mean redis.addrs?)`},
-		{"the kubernetes tier source is refused until it is built in", append([]string{"serve", "--tiers-source", "kubernetes", "--tiers-namespace", "limits"}, local...), exitFailure, "", "limiter: tiers.source kubernetes is not built into this binary yet"},
+		{"the kubernetes tier source without an API server is a failure", append([]string{"serve", "--tiers-source", "kubernetes", "--tiers-namespace", "limits"}, local...), exitFailure, "", "limiter: tiers.source kubernetes: no Kubernetes API server"},
 		{"a listener that cannot start is a failure", []string{"serve", "--http-addr", busy.Addr().String(), "--ops-addr", "127.0.0.1:0"}, exitFailure, "", "http.addr " + busy.Addr().String()},
 	}
 	for _, tc := range cases {

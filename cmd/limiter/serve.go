@@ -3,7 +3,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -18,10 +17,6 @@ import (
 	"go.opentelemetry.io/otel"
 )
 
-// errKubernetesTiers is returned for tiers.source kubernetes until the
-// LimitTier controller is wired in.
-var errKubernetesTiers = errors.New("tiers.source kubernetes is not built into this binary yet")
-
 // runServe runs one limiter replica with cfg until ctx ends, then drains
 // and returns nil. It logs to out.
 func runServe(ctx context.Context, cfg config.Config, out io.Writer) error {
@@ -29,11 +24,16 @@ func runServe(ctx context.Context, cfg config.Config, out io.Writer) error {
 	b := currentBuild()
 	logger.Info("starting", "version", b.Version, "commit", b.Commit, "go", b.Go)
 
-	table, err := tierTable(cfg)
+	table, stopTiers, err := tierTable(ctx, cfg, logger)
 	if err != nil {
 		return err
 	}
-	logger.Info("tiers loaded", "source", cfg.Tiers.Source, "tiers", table.Len())
+	defer stopTiers()
+	if cfg.Tiers.Source == config.SourceStatic {
+		logger.Info("tiers loaded", "source", cfg.Tiers.Source, "tiers", table.Len())
+	} else {
+		logger.Info("watching LimitTier objects; ready once the first list is in", "namespace", cfg.Tiers.Namespace)
+	}
 
 	// Telemetry: the only place the OpenTelemetry globals are touched.
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { logger.Warn("telemetry", "err", err) }))
@@ -86,19 +86,20 @@ func runServe(ctx context.Context, cfg config.Config, out io.Writer) error {
 	return srv.Run(ctx, server.Addrs{API: cfg.HTTP.Addr, Ops: cfg.Ops.Addr}, cfg.HTTP.ShutdownGrace)
 }
 
-// tierTable returns the table of the configured tier source.
-func tierTable(cfg config.Config) (*tiers.Table, error) {
-	table := tiers.NewTable()
+// tierTable returns the table of the configured tier source, and stop,
+// which waits for the source's watch (if any) to end with ctx.
+func tierTable(ctx context.Context, cfg config.Config, logger *slog.Logger) (table *tiers.Table, stop func(), err error) {
 	switch cfg.Tiers.Source {
 	case config.SourceStatic:
+		table = tiers.NewTable()
 		if err := table.Replace(cfg.StaticTiers()); err != nil {
-			return nil, fmt.Errorf("%w: tiers.static: %w", config.ErrInvalid, err)
+			return nil, nil, fmt.Errorf("%w: tiers.static: %w", config.ErrInvalid, err)
 		}
-		return table, nil
+		return table, func() {}, nil
 	case config.SourceKubernetes:
-		return nil, errKubernetesTiers
+		return startKubernetesTiers(ctx, cfg, logger)
 	default:
-		return nil, fmt.Errorf("%w: tiers.source %q", config.ErrInvalid, cfg.Tiers.Source)
+		return nil, nil, fmt.Errorf("%w: tiers.source %q", config.ErrInvalid, cfg.Tiers.Source)
 	}
 }
 

@@ -1,0 +1,102 @@
+package v1alpha1_test
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/joishi/limiter/api/v1alpha1"
+	"github.com/joishi/limiter/internal/kubetest"
+)
+
+// kube is one API server, with the generated CRD, for the whole package.
+var kube kubetest.Shared
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	kube.Stop()
+	os.Exit(code)
+}
+
+// create sends spec as a LimitTier named name, untyped, so that values the
+// Go types could not even hold (a malformed duration) reach the server.
+func create(t *testing.T, c client.Client, ns, name string, spec map[string]any) error {
+	t.Helper()
+	obj := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": v1alpha1.GroupVersion.String(),
+		"kind":       "LimitTier",
+		"metadata":   map[string]any{"name": name, "namespace": ns},
+		"spec":       spec,
+	}}
+	return c.Create(t.Context(), obj)
+}
+
+func TestTheAPIServerRefusesInvalidLimitTiers(t *testing.T) {
+	env := kube.Get(t)
+	ns := env.Namespace(t)
+	cases := []struct {
+		name    string
+		spec    map[string]any
+		wantErr string // part of the API server's message
+	}{
+		{"a negative limit", map[string]any{"maxConcurrentStreams": -1}, "spec.maxConcurrentStreams: Invalid value: -1: spec.maxConcurrentStreams in body should be greater than or equal to 0"},
+		{"a limit above 100000", map[string]any{"maxConcurrentStreams": 100001}, "should be less than or equal to 100000"},
+		{"no limit", map[string]any{"slotTTL": "60s"}, "spec.maxConcurrentStreams: Required value"},
+		{"an unknown failure mode", map[string]any{"maxConcurrentStreams": 1, "failureMode": "Sometimes"}, `spec.failureMode: Unsupported value: "Sometimes": supported values: "Open", "Closed"`},
+		{"a malformed slotTTL", map[string]any{"maxConcurrentStreams": 1, "slotTTL": "2 minutes"}, `spec.slotTTL: Invalid value: "2 minutes"`},
+		{"a slotTTL in days", map[string]any{"maxConcurrentStreams": 1, "slotTTL": "1d"}, `spec.slotTTL: Invalid value: "1d"`},
+		{"a slotTTL without a unit", map[string]any{"maxConcurrentStreams": 1, "slotTTL": "120"}, `spec.slotTTL: Invalid value: "120"`},
+		{"a slotTTL below 100ms", map[string]any{"maxConcurrentStreams": 1, "slotTTL": "50ms"}, `spec.slotTTL: Invalid value: "50ms": must be between 100ms and 24h`},
+		{"a slotTTL above 24h", map[string]any{"maxConcurrentStreams": 1, "slotTTL": "25h"}, "must be between 100ms and 24h"},
+		{"a zero heartbeat", map[string]any{"maxConcurrentStreams": 1, "heartbeatInterval": "0s"}, `spec.heartbeatInterval: Invalid value: "0s": must be above 0s and at most 8h`},
+		{"a malformed heartbeat", map[string]any{"maxConcurrentStreams": 1, "heartbeatInterval": "soon"}, `spec.heartbeatInterval: Invalid value: "soon"`},
+		{"a plan with a space", map[string]any{"maxConcurrentStreams": 1, "plan": "pro plan"}, `spec.plan: Invalid value: "pro plan"`},
+		{"a plan of 64 characters", map[string]any{"maxConcurrentStreams": 1, "plan": strings.Repeat("p", 64)}, "spec.plan: Too long"},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := create(t, env.Client, ns, "bad-"+string(rune('a'+i)), tc.spec)
+			if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("create %v = %v, want Invalid containing %q", tc.spec, err, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestTheAPIServerAppliesDefaults(t *testing.T) {
+	env := kube.Get(t)
+	ns := env.Namespace(t)
+	if err := create(t, env.Client, ns, "free", map[string]any{"maxConcurrentStreams": 0}); err != nil {
+		t.Fatal(err)
+	}
+	var got v1alpha1.LimitTier
+	if err := env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "free"}, &got); err != nil {
+		t.Fatal(err)
+	}
+	s := got.Spec
+	if s.SlotTTL == nil || s.SlotTTL.Duration != 120*time.Second {
+		t.Errorf("slotTTL = %v, want the default 120s", s.SlotTTL)
+	}
+	if s.HeartbeatInterval == nil || s.HeartbeatInterval.Duration != 20*time.Second {
+		t.Errorf("heartbeatInterval = %v, want the default 20s", s.HeartbeatInterval)
+	}
+	if s.FailureMode != v1alpha1.FailOpen {
+		t.Errorf("failureMode = %q, want the default Open", s.FailureMode)
+	}
+	if s.Plan != "" || s.MaxConcurrentStreams != 0 {
+		t.Errorf("plan, maxConcurrentStreams = %q, %d, want them as sent: empty (metadata.name applies) and 0", s.Plan, s.MaxConcurrentStreams)
+	}
+
+	// What the defaults leave valid, the server takes: fractions, and
+	// every unit Go's time.ParseDuration reads back.
+	for i, ttl := range []string{"1.5s", "2m30s", "100ms", "24h"} {
+		if err := create(t, env.Client, ns, "ok-"+string(rune('a'+i)), map[string]any{"maxConcurrentStreams": 1, "slotTTL": ttl, "heartbeatInterval": "10ms"}); err != nil {
+			t.Errorf("slotTTL %s: %v, want it accepted", ttl, err)
+		}
+	}
+}

@@ -1,0 +1,160 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// FailureMode decides what a tier does when Redis cannot answer in time.
+//
+// +kubebuilder:validation:Enum=Open;Closed
+type FailureMode string
+
+const (
+	// FailOpen grants the request and marks it degraded.
+	FailOpen FailureMode = "Open"
+	// FailClosed refuses the request with 503 limiter_unavailable.
+	FailClosed FailureMode = "Closed"
+)
+
+// The Ready condition and its reasons, written by the elected limiter
+// replica.
+const (
+	// ConditionReady is True when the tier is in force on every replica.
+	ConditionReady = "Ready"
+	// ReasonAccepted: the tier is valid and the only one claiming its plan.
+	ReasonAccepted = "Accepted"
+	// ReasonInvalid: the tier breaks a rule the API server cannot check
+	// (heartbeatInterval above slotTTL/3, a metadata.name unfit as a plan);
+	// the message says which. Requests for its plan get unknown_plan
+	// unless another LimitTier defines it.
+	ReasonInvalid = "Invalid"
+	// ReasonConflict: an older LimitTier in the namespace already defines
+	// the same plan and is the one in force.
+	ReasonConflict = "Conflict"
+)
+
+// LimitTierSpec is one plan's limit.
+//
+// The API server checks each field on its own; the rule that relates two
+// fields (heartbeatInterval at most slotTTL/3) is checked by the limiter,
+// which reports a breach as Ready=False with reason Invalid.
+type LimitTierSpec struct {
+	// plan is the name API requests carry in their "plan" field. When
+	// empty, the object's metadata.name is the plan. Two LimitTiers of one
+	// namespace claiming the same plan conflict: the older one (by
+	// creationTimestamp, then name) is in force, the other reports
+	// Ready=False with reason Conflict.
+	//
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9][A-Za-z0-9._-]*$`
+	Plan string `json:"plan,omitempty"`
+
+	// maxConcurrentStreams is how many streams one user of the plan may
+	// hold at once. 0 means users of the plan may not stream at all.
+	// Lowering it does not end streams already held: it applies from the
+	// next acquire.
+	//
+	// +required
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100000
+	MaxConcurrentStreams int32 `json:"maxConcurrentStreams"`
+
+	// slotTTL is how long a slot stays counted without a heartbeat: the
+	// longest a crashed holder keeps a user's slot. A duration such as
+	// 90s or 2m, between 100ms and 24h.
+	//
+	// +optional
+	// +kubebuilder:default="120s"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('100ms') && duration(self) <= duration('24h')",message="must be between 100ms and 24h"
+	SlotTTL *metav1.Duration `json:"slotTTL,omitempty"`
+
+	// heartbeatInterval is how often a holder should heartbeat its slot;
+	// the acquire answer passes it on. It must be at most slotTTL/3, so
+	// that two lost heartbeats in a row do not lose the slot: with a
+	// slotTTL under 60s, set it explicitly. A duration such as 20s.
+	//
+	// +optional
+	// +kubebuilder:default="20s"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s') && duration(self) <= duration('8h')",message="must be above 0s and at most 8h"
+	HeartbeatInterval *metav1.Duration `json:"heartbeatInterval,omitempty"`
+
+	// failureMode is what the plan's requests get when Redis does not
+	// answer in time: Open grants them, marked degraded (an outage of the
+	// limiter is not an outage of the product); Closed refuses them with
+	// 503 limiter_unavailable.
+	//
+	// +optional
+	// +kubebuilder:default=Open
+	FailureMode FailureMode `json:"failureMode,omitempty"`
+}
+
+// LimitTierStatus is what the limiter made of a LimitTier. Only the
+// elected replica writes it.
+type LimitTierStatus struct {
+	// plan is the plan this object defines: spec.plan, or metadata.name
+	// when spec.plan is empty.
+	//
+	// +optional
+	Plan string `json:"plan,omitempty"`
+
+	// observedGeneration is the metadata.generation this status describes.
+	//
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// conditions hold one condition, Ready: True (reason Accepted) when
+	// the tier is in force, False with reason Invalid or Conflict and a
+	// message saying why when it is not.
+	//
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// LimitTier is the limit of one plan: how many streams a user of the plan
+// may hold at once, and how their slots expire. Every limiter replica
+// watching the namespace enforces it within a second of a change.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=lt,categories=limiter
+// +kubebuilder:printcolumn:name="Plan",type=string,JSONPath=`.status.plan`
+// +kubebuilder:printcolumn:name="Max",type=integer,JSONPath=`.spec.maxConcurrentStreams`
+// +kubebuilder:printcolumn:name="TTL",type=string,JSONPath=`.spec.slotTTL`
+// +kubebuilder:printcolumn:name="Heartbeat",type=string,JSONPath=`.spec.heartbeatInterval`
+// +kubebuilder:printcolumn:name="Failure",type=string,JSONPath=`.spec.failureMode`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type LimitTier struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the plan's limit.
+	// +required
+	Spec LimitTierSpec `json:"spec"`
+
+	// status is what the limiter made of spec.
+	// +optional
+	Status LimitTierStatus `json:"status,omitempty"`
+}
+
+// LimitTierList is a list of LimitTiers.
+//
+// +kubebuilder:object:root=true
+type LimitTierList struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []LimitTier `json:"items"`
+}

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+
+	"github.com/go-logr/logr"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/joishi/limiter/pkg/config"
+	"github.com/joishi/limiter/pkg/controller"
+	"github.com/joishi/limiter/pkg/tiers"
+)
+
+// startKubernetesTiers starts watching the LimitTiers of tiers.namespace
+// and returns the table the watch keeps in step: empty, and unsynced (so
+// /readyz is false) until the first full list is in. The watch ends with
+// ctx; stop waits for it, so the Lease is given up before the process
+// exits.
+func startKubernetesTiers(ctx context.Context, cfg config.Config, logger *slog.Logger) (table *tiers.Table, stop func(), err error) {
+	kube, err := kubeConfig()
+	if err != nil {
+		return nil, nil, fmt.Errorf("tiers.source kubernetes: %w", err)
+	}
+	kube.UserAgent = "limiter/" + currentBuild().Version
+
+	// client-go and controller-runtime log through globals: route both to
+	// the process log, so every line has one format.
+	kubeLog := logger.With("component", "kubernetes")
+	klog.SetSlogLogger(kubeLog)
+	ctrllog.SetLogger(logr.FromSlogHandler(kubeLog.Handler()))
+
+	table = tiers.NewTable()
+	watch, err := controller.New(kube, controller.Options{
+		Namespace:     cfg.Tiers.Namespace,
+		Table:         table,
+		Logger:        logger,
+		LeaseDuration: cfg.Tiers.LeaseDuration,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("tiers.source kubernetes: %w", err)
+	}
+	watchCtx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := watch.Start(watchCtx); err != nil {
+			logger.Error("the LimitTier watch stopped; the tier table no longer follows the namespace", "err", err)
+		}
+	})
+	return table, func() { cancel(); wg.Wait() }, nil
+}
+
+// kubeConfig finds the API server: the file(s) in KUBECONFIG when it is
+// set, else the pod's service account, else ~/.kube/config.
+func kubeConfig() (*rest.Config, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules() // KUBECONFIG, else ~/.kube/config
+	if os.Getenv(clientcmd.RecommendedConfigPathEnvVar) == "" {
+		cfg, err := rest.InClusterConfig()
+		if err == nil {
+			return cfg, nil
+		}
+		if !errors.Is(err, rest.ErrNotInCluster) {
+			return nil, fmt.Errorf("in-cluster config: %w", err)
+		}
+	}
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("no Kubernetes API server: not in a pod, and KUBECONFIG (or ~/.kube/config) gives none: %w", err)
+	}
+	return cfg, nil
+}

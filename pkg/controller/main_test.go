@@ -1,0 +1,105 @@
+package controller_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/rest"
+
+	"github.com/joishi/limiter/internal/kubetest"
+	"github.com/joishi/limiter/pkg/controller"
+	"github.com/joishi/limiter/pkg/tiers"
+)
+
+// kube is one API server for every test of the package.
+var kube kubetest.Shared
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	kube.Stop()
+	os.Exit(code)
+}
+
+// testLease is short, so that tests of the election do not wait long.
+const testLease = 2 * time.Second
+
+// started is a Controller running for one test.
+type started struct {
+	*controller.Controller
+	Table *tiers.Table
+	logs  *syncBuffer
+}
+
+// startController runs a controller on namespace ns as cfg's user until the
+// test ends; its logs are shown if the test fails.
+func startController(t *testing.T, cfg *rest.Config, ns string) *started {
+	t.Helper()
+	s := &started{Table: tiers.NewTable(), logs: &syncBuffer{}}
+	c, err := controller.New(cfg, controller.Options{
+		Namespace:     ns,
+		Table:         s.Table,
+		Logger:        slog.New(slog.NewTextHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		LeaseDuration: testLease,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Controller = c
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Start() = %v after its context ended, want nil", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("the controller did not stop within 30s of its context ending")
+		}
+		if t.Failed() {
+			t.Logf("controller logs:\n%s", s.logs.String())
+		}
+	})
+	return s
+}
+
+// eventually polls cond every 20ms until it returns "" or within passes,
+// then fails with its last answer.
+func eventually(t *testing.T, within time.Duration, cond func() string) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		msg := cond()
+		if msg == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", within, msg)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

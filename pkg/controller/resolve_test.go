@@ -1,0 +1,171 @@
+package controller
+
+import (
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/joishi/limiter/api/v1alpha1"
+	"github.com/joishi/limiter/pkg/tiers"
+)
+
+var epoch = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+// limitTier is a LimitTier as the API server would hand it out: defaults
+// applied, created createdAt seconds after epoch.
+func limitTier(name, plan string, limit int32, createdAt int) v1alpha1.LimitTier {
+	return v1alpha1.LimitTier{
+		ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.NewTime(epoch.Add(time.Duration(createdAt) * time.Second))},
+		Spec: v1alpha1.LimitTierSpec{
+			Plan:                 plan,
+			MaxConcurrentStreams: limit,
+			SlotTTL:              &metav1.Duration{Duration: 120 * time.Second},
+			HeartbeatInterval:    &metav1.Duration{Duration: 20 * time.Second},
+			FailureMode:          v1alpha1.FailOpen,
+		},
+	}
+}
+
+func with(lt v1alpha1.LimitTier, mutate func(*v1alpha1.LimitTier)) v1alpha1.LimitTier {
+	mutate(&lt)
+	return lt
+}
+
+func TestResolve(t *testing.T) {
+	deleting := metav1.NewTime(epoch)
+	cases := []struct {
+		name  string
+		items []v1alpha1.LimitTier
+		// want is "object:reason" per object, and wantTiers "plan=limit".
+		want      []string
+		wantTiers string
+		wantMsg   map[string]string // object → part of its message
+	}{
+		{
+			name:      "a valid tier is accepted",
+			items:     []v1alpha1.LimitTier{limitTier("paid", "", 3, 0)},
+			want:      []string{"paid:Accepted"},
+			wantTiers: "paid=3",
+		},
+		{
+			name:      "spec.plan overrides metadata.name",
+			items:     []v1alpha1.LimitTier{limitTier("paid-2026", "paid", 3, 0)},
+			want:      []string{"paid-2026:Accepted"},
+			wantTiers: "paid=3",
+		},
+		{
+			name:      "zero streams is a valid tier",
+			items:     []v1alpha1.LimitTier{limitTier("banned", "", 0, 0)},
+			want:      []string{"banned:Accepted"},
+			wantTiers: "banned=0",
+		},
+		{
+			name: "a heartbeat above slotTTL/3 is invalid and says so",
+			items: []v1alpha1.LimitTier{with(limitTier("paid", "", 3, 0), func(lt *v1alpha1.LimitTier) {
+				lt.Spec.SlotTTL.Duration = 30 * time.Second
+			})},
+			want:      []string{"paid:Invalid"},
+			wantTiers: "",
+			wantMsg:   map[string]string{"paid": "heartbeatInterval must be <= slotTTL/3 (10s), got 20s"},
+		},
+		{
+			name:      "a metadata.name unfit as a plan is invalid",
+			items:     []v1alpha1.LimitTier{limitTier(strings.Repeat("p", 64), "", 3, 0)},
+			want:      []string{strings.Repeat("p", 64) + ":Invalid"},
+			wantTiers: "",
+			wantMsg:   map[string]string{strings.Repeat("p", 64): "must be 1-63 characters"},
+		},
+		{
+			name:      "fields the API server did not default take the tier defaults",
+			items:     []v1alpha1.LimitTier{{ObjectMeta: metav1.ObjectMeta{Name: "free"}, Spec: v1alpha1.LimitTierSpec{MaxConcurrentStreams: 1}}},
+			want:      []string{"free:Accepted"},
+			wantTiers: "free=1",
+		},
+		{
+			name:      "the older of two claims on a plan wins",
+			items:     []v1alpha1.LimitTier{limitTier("paid-new", "paid", 5, 10), limitTier("paid-old", "paid", 3, 0)},
+			want:      []string{"paid-new:Conflict", "paid-old:Accepted"},
+			wantTiers: "paid=3",
+			wantMsg:   map[string]string{"paid-new": `plan "paid" is already defined by the older LimitTier "paid-old"`},
+		},
+		{
+			name:      "created in the same second, the name decides",
+			items:     []v1alpha1.LimitTier{limitTier("b", "paid", 5, 0), limitTier("a", "paid", 3, 0)},
+			want:      []string{"a:Accepted", "b:Conflict"},
+			wantTiers: "paid=3",
+		},
+		{
+			name: "an invalid older claim does not hold the plan",
+			items: []v1alpha1.LimitTier{
+				with(limitTier("paid-old", "paid", 3, 0), func(lt *v1alpha1.LimitTier) { lt.Spec.FailureMode = "Sometimes" }),
+				limitTier("paid-new", "paid", 5, 10),
+			},
+			want:      []string{"paid-new:Accepted", "paid-old:Invalid"},
+			wantTiers: "paid=5",
+		},
+		{
+			name: "an object being deleted is out of force and gets no verdict",
+			items: []v1alpha1.LimitTier{
+				with(limitTier("paid-old", "paid", 3, 0), func(lt *v1alpha1.LimitTier) { lt.DeletionTimestamp = &deleting }),
+				limitTier("paid-new", "paid", 5, 10),
+			},
+			want:      []string{"paid-new:Accepted"},
+			wantTiers: "paid=5",
+		},
+		{
+			name:      "no objects, no tiers",
+			items:     nil,
+			want:      nil,
+			wantTiers: "",
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			res := Resolve(tc.items)
+			var got []string
+			for name, v := range res.Verdicts {
+				got = append(got, name+":"+v.Reason)
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("verdicts = %v, want %v", got, tc.want)
+			}
+			if got := summary(res.Tiers); got != tc.wantTiers {
+				t.Errorf("tiers = %q, want %q", got, tc.wantTiers)
+			}
+			for name, part := range tc.wantMsg {
+				if msg := res.Verdicts[name].Message; !strings.Contains(msg, part) {
+					t.Errorf("message of %s = %q, want it to contain %q", name, msg, part)
+				}
+			}
+			if err := tiers.NewTable().Replace(res.Tiers); err != nil {
+				t.Errorf("the table refuses the resolved tiers: %v", err)
+			}
+		})
+	}
+}
+
+func TestResolveIgnoresListOrder(t *testing.T) {
+	items := []v1alpha1.LimitTier{
+		limitTier("paid-b", "paid", 4, 5),
+		limitTier("paid-a", "paid", 5, 5),
+		limitTier("paid-old", "paid", 3, 0),
+		limitTier("free", "", 1, 9),
+		limitTier("free-2", "free", 2, 9),
+	}
+	want := Resolve(items)
+	for i := range len(items) {
+		rotated := append(slices.Clone(items[i:]), items[:i]...)
+		slices.Reverse(rotated)
+		if got := Resolve(rotated); !slices.Equal(got.Tiers, want.Tiers) || !maps.Equal(got.Verdicts, want.Verdicts) {
+			t.Fatalf("Resolve(order %d) = %+v, want %+v", i, got, want)
+		}
+	}
+	if got := summary(want.Tiers); got != "free=1 paid=3" {
+		t.Errorf("tiers = %q, want %q", got, "free=1 paid=3")
+	}
+}
