@@ -45,6 +45,7 @@ if [[ -f hack/envtest-assets.sh ]]; then
 	export KUBEBUILDER_ASSETS
 	echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS"
 fi
+LIMITER_HELM=$(bash hack/helm.sh | tail -n 1); export LIMITER_HELM # helm for charts/limiter/test, built once
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/limiter-test.XXXXXX")
 # Private clusters that testenv.StartCluster starts live here too, so a test

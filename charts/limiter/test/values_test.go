@@ -1,0 +1,238 @@
+package chart
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/joishi/limiter/pkg/config"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
+)
+
+// Bad values fail `helm install` with a message naming the value and what
+// is wrong, before anything reaches the cluster.
+func TestBadValuesAreRefused(t *testing.T) {
+	tests := []struct {
+		name   string
+		values string
+		want   []string // each must appear in helm's error
+	}{
+		{
+			name:   "replicas as a word",
+			values: "replicaCount: three\n",
+			want:   []string{"values don't meet the specifications of the schema", "at '/replicaCount': got string, want integer"},
+		},
+		{
+			name:   "an unknown top-level key",
+			values: "replicas: 3\n",
+			want:   []string{"at '': additional properties 'replicas' not allowed"},
+		},
+		{
+			name:   "a typo inside a known object",
+			values: "redis:\n  adresses: [a:6379]\n",
+			want:   []string{"at '/redis': additional properties 'adresses' not allowed"},
+		},
+		{
+			name:   "an unknown failure mode",
+			values: "tiers:\n  items:\n    - name: free\n      maxConcurrentStreams: 1\n      failureMode: Sometimes\n",
+			want:   []string{"at '/tiers/items/0/failureMode': value must be one of 'Open', 'Closed'"},
+		},
+		{
+			name:   "a negative limit",
+			values: "tiers:\n  items:\n    - name: free\n      maxConcurrentStreams: -1\n",
+			want:   []string{"at '/tiers/items/0/maxConcurrentStreams': minimum: got -1, want 0"},
+		},
+		{
+			name:   "running as root",
+			values: "securityContext:\n  runAsUser: 0\n",
+			want:   []string{"at '/securityContext/runAsUser': minimum: got 0, want 1"},
+		},
+		{
+			name:   "a duration without unit",
+			values: "redis:\n  timeout: \"250\"\n",
+			want:   []string{"at '/redis/timeout'"},
+		},
+		{
+			name:   "an unknown tier source",
+			values: "tiers:\n  source: configmap\n",
+			want:   []string{"at '/tiers/source': value must be one of 'kubernetes', 'static'"},
+		},
+		{
+			name:   "the embedded store with several replicas",
+			values: "redis:\n  addrs: []\n",
+			want:   []string{"redis.addrs is empty", "replicaCount 3"},
+		},
+		{
+			name:   "two tiers claiming one plan",
+			values: "tiers:\n  items:\n    - name: free\n      maxConcurrentStreams: 1\n    - name: gratis\n      plan: free\n      maxConcurrentStreams: 2\n",
+			want:   []string{`tiers.items[1]: plan "free" is already defined by tiers.items[0]`},
+		},
+		{
+			name:   "a TLS Secret with TLS off",
+			values: "redis:\n  tls:\n    existingSecret: redis-tls\n",
+			want:   []string{"redis.tls.existingSecret is set but redis.tls.enabled is false"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, stderr, err := runHelm(t, templateArgs([]string{writeValues(t, tt.values)})...)
+			if err == nil {
+				t.Fatalf("helm template accepted %q", tt.values)
+			}
+			for _, want := range tt.want {
+				if !strings.Contains(stderr, want) {
+					t.Errorf("helm's error does not say %q:\n%s", want, stderr)
+				}
+			}
+		})
+	}
+}
+
+// Every key of values.yaml is in values.schema.json and in README.md, and
+// the schema closes every object it describes.
+func TestEveryValueDocumented(t *testing.T) {
+	var values map[string]any
+	readYAML(t, filepath.Join(chartDir, "values.yaml"), &values)
+	var schema map[string]any
+	raw, err := os.ReadFile(filepath.Join(chartDir, "values.schema.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &schema); err != nil {
+		t.Fatalf("values.schema.json: %v", err)
+	}
+	readme, err := os.ReadFile(filepath.Join(chartDir, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Free-form maps (labels, annotations, ...) and lists are documented as
+	// a whole; their entries are the user's.
+	var walk func(path string, v any, s map[string]any)
+	walk = func(path string, v any, s map[string]any) {
+		if s == nil {
+			t.Errorf("%s: not in values.schema.json", path)
+			return
+		}
+		if path != "" && !strings.Contains(string(readme), "`"+path+"`") && !strings.Contains(string(readme), "`"+path+".") {
+			t.Errorf("%s: not documented in README.md", path)
+		}
+		m, ok := v.(map[string]any)
+		props, closed := s["properties"].(map[string]any)
+		if !ok || !closed {
+			return
+		}
+		if s["additionalProperties"] != false {
+			t.Errorf("%s: the schema allows unknown keys", path)
+		}
+		for k, child := range m {
+			cs, _ := props[k].(map[string]any)
+			walk(strings.TrimPrefix(path+"."+k, "."), child, cs)
+		}
+	}
+	walk("", values, schema)
+}
+
+// The rendered config file is one the limiter accepts: pkg/config loads it
+// with its unknown-key check and validation. Only the mounted Secret files
+// (absent here) may be missing.
+func TestConfigFileLoads(t *testing.T) {
+	for _, vs := range valueSets {
+		t.Run(vs.name, func(t *testing.T) {
+			objs := render(t, vs.files)
+			cm := find(t, objs, "ConfigMap", "limiter")
+			data, _, _ := unstructured.NestedString(cm.Object, "data", "limiter.yaml")
+			path := filepath.Join(t.TempDir(), "limiter.yaml")
+			if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			for _, env := range os.Environ() {
+				if name, _, _ := strings.Cut(env, "="); strings.HasPrefix(name, config.EnvPrefix) {
+					t.Setenv(name, "")
+				}
+			}
+			t.Setenv(config.EnvConfig, path)
+			cfg, err := config.Load(config.LoadOptions{NamespaceFile: filepath.Join(t.TempDir(), "none")})
+			for _, e := range leafErrors(err) {
+				var ke *config.KeyError
+				if errors.As(e, &ke) && strings.HasPrefix(ke.Problem, "must name a readable file") {
+					continue // a Secret the pod mounts
+				}
+				t.Errorf("the limiter refuses the rendered config: %v\n%s", e, data)
+			}
+			if cfg.Tiers.Source != config.SourceKubernetes || cfg.Tiers.Namespace != namespace {
+				t.Errorf("tiers: got source %q namespace %q, want kubernetes in %q", cfg.Tiers.Source, cfg.Tiers.Namespace, namespace)
+			}
+			if len(cfg.Redis.Addrs) == 0 {
+				t.Error("redis.addrs is empty")
+			}
+		})
+	}
+}
+
+// leafErrors flattens the errors.Join tree of Load into its KeyErrors (and
+// any other error).
+func leafErrors(err error) []error {
+	if err == nil {
+		return nil
+	}
+	if ke, ok := err.(*config.KeyError); ok {
+		return []error{ke}
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []error
+		for _, e := range j.Unwrap() {
+			if e != config.ErrInvalid {
+				out = append(out, leafErrors(e)...)
+			}
+		}
+		return out
+	}
+	return []error{err}
+}
+
+// configFile returns the parsed config file of the rendered ConfigMap.
+func configFile(t testing.TB, objs []*unstructured.Unstructured) map[string]any {
+	t.Helper()
+	cm := find(t, objs, "ConfigMap", "limiter")
+	data, _, _ := unstructured.NestedString(cm.Object, "data", "limiter.yaml")
+	var cfg map[string]any
+	if err := yaml.Unmarshal([]byte(data), &cfg); err != nil {
+		t.Fatalf("the rendered config file is not YAML: %v\n%s", err, data)
+	}
+	return toInt64(cfg).(map[string]any)
+}
+
+// toInt64 turns the float64 numbers of a JSON-decoded value into int64 where
+// they are whole, as the unstructured objects hold them.
+func toInt64(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			x[k] = toInt64(e)
+		}
+	case []any:
+		for i, e := range x {
+			x[i] = toInt64(e)
+		}
+	case float64:
+		if x == float64(int64(x)) {
+			return int64(x)
+		}
+	}
+	return v
+}
+
+func readYAML(t testing.TB, path string, into any) {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(raw, into); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+}

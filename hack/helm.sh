@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Install (once) the pinned helm the chart tests use and print its path as the
+# LAST line on stdout (progress goes to stderr), so callers can do:
+#
+#   export LIMITER_HELM=$(bash hack/helm.sh | tail -1)
+#
+# helm is built from its Go module (no binary downloads) into a cache outside
+# the clone: ${LIMITER_CACHE:-$HOME/.cache/limiter}/bin/helm-<version>/helm.
+# With a warm cache the script returns immediately.
+set -euo pipefail
+
+HELM_VERSION="v3.22.0"
+# The Kubernetes version helm assumes without a cluster (helm template, lint):
+# upstream's Makefile stamps it from the client-go helm is built with (v0.37
+# for v3.22.0 -> 1.37); unstamped, helm would claim 1.20.
+HELM_KUBE_MAJOR="1"
+HELM_KUBE_MINOR="37"
+
+cache="${LIMITER_CACHE:-$HOME/.cache/limiter}"
+bin_dir="$cache/bin/helm-$HELM_VERSION"
+helm="$bin_dir/helm"
+
+if [[ ! -x "$helm" ]]; then
+	command -v go >/dev/null 2>&1 || {
+		echo "helm.sh: go not found in PATH" >&2
+		exit 1
+	}
+	mkdir -p "$bin_dir"
+	# Serialise concurrent cold runs so helm is built once.
+	if command -v flock >/dev/null 2>&1; then
+		exec 9>"$bin_dir/.lock"
+		flock 9
+	fi
+	if [[ ! -x "$helm" ]]; then
+		echo "helm.sh: installing helm $HELM_VERSION into $bin_dir (takes a few minutes)" >&2
+		# Outside any module and workspace, so the clone's go.mod is left alone.
+		# The ldflags stamp what upstream's release build stamps.
+		ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+		for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+			ldflags+=" -X $pkg.k8sVersionMajor=$HELM_KUBE_MAJOR -X $pkg.k8sVersionMinor=$HELM_KUBE_MINOR"
+		done
+		(cd "$bin_dir" && GOWORK=off GOFLAGS=-mod=mod CGO_ENABLED=0 GOBIN="$bin_dir" \
+			go install -trimpath -ldflags "$ldflags" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" >&2)
+	fi
+fi
+
+"$helm" version --short >&2
+printf '%s\n' "$helm"
