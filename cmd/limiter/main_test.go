@@ -11,10 +11,11 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/joishi/limiter/internal/testenv"
 )
 
 // runMainEnv makes the test binary run main instead of the tests, so a test
@@ -63,7 +64,7 @@ func TestRunExitCodes(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			var stdout, stderr syncBuffer
+			var stdout, stderr testenv.Buffer
 			code := run(t.Context(), tc.args, &stdout, &stderr)
 			if code != tc.wantCode {
 				t.Errorf("run(%q) = %d, want %d; stderr:\n%s", tc.args, code, tc.wantCode, stderr.String())
@@ -81,7 +82,7 @@ func TestRunExitCodes(t *testing.T) {
 func TestServeDrainsAndWarnsOnceAboutTheEmbeddedStore(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	var stdout, stderr syncBuffer
+	var stdout, stderr testenv.Buffer
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, append([]string{"serve", "--log-format", "text"}, local...), &stdout, &stderr)
@@ -148,7 +149,7 @@ func TestVersionUsesLinkTimeValues(t *testing.T) {
 	oldVersion, oldCommit := version, commit
 	version, commit = "v1.2.3", "abc123"
 	defer func() { version, commit = oldVersion, oldCommit }()
-	var stdout syncBuffer
+	var stdout testenv.Buffer
 	if code := run(t.Context(), []string{"version"}, &stdout, io.Discard); code != exitOK {
 		t.Fatalf("run(version) = %d", code)
 	}
@@ -160,7 +161,7 @@ func TestVersionUsesLinkTimeValues(t *testing.T) {
 }
 
 // waitFor waits until buf holds s, failing if run returns first.
-func waitFor(t *testing.T, buf *syncBuffer, s string, done <-chan int) {
+func waitFor(t *testing.T, buf *testenv.Buffer, s string, done <-chan int) {
 	t.Helper()
 	deadline := time.After(10 * time.Second)
 	for !strings.Contains(buf.String(), s) {
@@ -172,22 +173,4 @@ func waitFor(t *testing.T, buf *syncBuffer, s string, done <-chan int) {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -82,7 +82,7 @@ type Process struct {
 
 	t      testing.TB
 	cmd    *exec.Cmd
-	output *syncBuffer
+	output *testenv.Buffer
 	done   chan struct{}
 	err    error
 }
@@ -99,7 +99,7 @@ func Start(t testing.TB, opts Options) *Process {
 	}
 	api, ops := testenv.FreeAddr(t), testenv.FreeAddr(t)
 	args := append([]string{"serve", "--config", cfg, "--http-addr", api, "--ops-addr", ops}, opts.Args...)
-	p := &Process{API: "http://" + api, Ops: "http://" + ops, t: t, output: &syncBuffer{}, done: make(chan struct{})}
+	p := &Process{API: "http://" + api, Ops: "http://" + ops, t: t, output: &testenv.Buffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = append(os.Environ(), opts.Env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.output, p.output
@@ -183,21 +183,4 @@ func Get(url string) (int, string) {
 	var buf bytes.Buffer
 	_, _ = buf.ReadFrom(resp.Body)
 	return resp.StatusCode, buf.String()
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -1,17 +1,16 @@
 package controller_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
 	"k8s.io/client-go/rest"
 
 	"github.com/joishi/limiter/internal/kubetest"
+	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/controller"
 	"github.com/joishi/limiter/pkg/tiers"
 )
@@ -32,14 +31,14 @@ const testLease = 2 * time.Second
 type started struct {
 	*controller.Controller
 	Table *tiers.Table
-	logs  *syncBuffer
+	logs  *testenv.Buffer
 }
 
 // startController runs a controller on namespace ns as cfg's user until the
 // test ends; its logs are shown if the test fails.
 func startController(t *testing.T, cfg *rest.Config, ns string) *started {
 	t.Helper()
-	s := &started{Table: tiers.NewTable(), logs: &syncBuffer{}}
+	s := &started{Table: tiers.NewTable(), logs: &testenv.Buffer{}}
 	c, err := controller.New(cfg, controller.Options{
 		Namespace:     ns,
 		Table:         s.Table,
@@ -85,21 +84,4 @@ func eventually(t *testing.T, within time.Duration, cond func() string) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
