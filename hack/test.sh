@@ -51,6 +51,11 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/limiter-test.XXXXXX")
 # Private clusters that testenv.StartCluster starts live here too, so a test
 # binary that dies without its cleanups leaves no server behind.
 export LIMITER_TEST_TMPDIR="$tmp/private"
+# Everything else the tests put in temp dirs (envtest's etcd and
+# kube-apiserver data, the limiter binaries they build, browser profiles)
+# goes here too: the cleanup kills what still runs from it and removes it.
+mkdir -p "$tmp/tmp"
+export TMPDIR="$tmp/tmp"
 
 cleanup() {
 	local rc=$?
@@ -60,6 +65,10 @@ cleanup() {
 	for dir in "$tmp"/private/*/ "$tmp/servers"; do
 		[[ -d "$dir" ]] && bash hack/redis-cluster.sh stop "$dir"
 	done
+	# A test binary killed by its timeout leaves its children (envtest's
+	# etcd and kube-apiserver, serve processes) running; their command lines
+	# name files under $tmp.
+	pkill -KILL -f -- "$tmp/" 2>/dev/null || true
 	rm -rf "$tmp"
 	exit "$rc"
 }
