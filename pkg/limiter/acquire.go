@@ -90,7 +90,7 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		if tier.FailureMode == tiers.FailClosed {
 			return AcquireResult{}, tier, fmt.Errorf("%w: acquire for plan %q: %w", ErrUnavailable, tier.Plan, err)
 		}
-		l.log.WarnContext(ctx, "redis unavailable; granting acquire degraded (failureMode Open)", "plan", tier.Plan, "err", err)
+		l.warnDegraded(ctx, "redis unavailable; granting acquire degraded (failureMode Open)", "plan", tier.Plan, "err", err)
 		res.Granted, res.Degraded = true, true
 		res.ExpiresAt = time.Now().Add(tier.SlotTTL).UTC()
 		return res, tier, nil

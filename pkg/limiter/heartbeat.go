@@ -143,7 +143,7 @@ func (l *Limiter) beatResult(ctx context.Context, req HeartbeatRequest, tier tie
 	case tier.FailureMode == tiers.FailClosed:
 		return res, fmt.Errorf("%w: heartbeat for plan %q: %w", ErrUnavailable, tier.Plan, err)
 	default:
-		l.log.WarnContext(ctx, "redis unavailable; heartbeat answered degraded (failureMode Open)", "plan", tier.Plan, "err", err)
+		l.warnDegraded(ctx, "redis unavailable; heartbeat answered degraded (failureMode Open)", "plan", tier.Plan, "err", err)
 		res.Alive, res.Degraded = true, true
 		res.ExpiresAt = time.Now().Add(tier.SlotTTL).UTC()
 		return res, nil

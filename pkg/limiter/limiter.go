@@ -56,6 +56,7 @@ type Limiter struct {
 	keys     cluster.Keys
 	log      *slog.Logger
 	observer Observer
+	degraded degradedLog
 	tracer   trace.Tracer
 }
 

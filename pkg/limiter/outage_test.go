@@ -3,12 +3,15 @@ package limiter_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/tiers"
 )
 
 // outageBound is how long an operation may take while Redis is out: the
@@ -127,4 +130,28 @@ func TestClusterSeedsUnreachableFromTheStart(t *testing.T) {
 	t.Parallel()
 	e := newUnconnected(t, testenv.FreeAddr(t), testenv.FreeAddr(t), testenv.FreeAddr(t))
 	assertOutageAnswers(t, e)
+}
+
+func TestOutageWarningsAreRateLimited(t *testing.T) {
+	t.Parallel()
+	var logs testenv.Buffer
+	redis, err := cluster.New(cluster.Options{Addrs: []string{testenv.FreeAddr(t)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(redis.Close)
+	table := tiers.NewTable()
+	if err := table.Replace(testTiers); err != nil {
+		t.Fatal(err)
+	}
+	lim := limiter.New(redis, table, limiter.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	for range 100 {
+		res, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: "u", Plan: "three"})
+		if err != nil || !res.Degraded {
+			t.Fatalf("Acquire = %+v, %v; want degraded", res, err)
+		}
+	}
+	if n := strings.Count(logs.String(), "granting acquire degraded"); n != 1 {
+		t.Errorf("100 degraded acquires logged %d warnings, want 1 (rate-limited):\n%s", n, logs.String())
+	}
 }

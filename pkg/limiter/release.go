@@ -49,7 +49,7 @@ func (l *Limiter) release(ctx context.Context, userID, streamID string) (Release
 		if !outage(ctx, err) {
 			return ReleaseResult{}, ctx.Err()
 		}
-		l.log.WarnContext(ctx, "redis unavailable; release answered degraded, the slot will expire by itself", "err", err)
+		l.warnDegraded(ctx, "redis unavailable; release answered degraded, the slot will expire by itself", "err", err)
 		return ReleaseResult{Degraded: true}, nil
 	}
 	return ReleaseResult{Released: released}, nil
