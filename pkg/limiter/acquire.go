@@ -98,6 +98,9 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	res.Granted = got.Granted
 	res.Used = got.Used
 	res.Pruned = got.Pruned
+	if got.Pruned > 0 {
+		l.observer.Reclaimed(ctx, tier.Plan, got.Pruned)
+	}
 	if got.Granted {
 		res.ExpiresAt = msTime(got.ExpiresAtMs)
 	} else {

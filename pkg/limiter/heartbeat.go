@@ -132,6 +132,9 @@ func (l *Limiter) heartbeatTarget(req HeartbeatRequest) (string, tiers.Tier, err
 
 func (l *Limiter) beatResult(ctx context.Context, req HeartbeatRequest, tier tiers.Tier, beat lua.Beat, err error) (HeartbeatResult, error) {
 	res := HeartbeatResult{StreamID: req.StreamID}
+	if err == nil && beat.Pruned > 0 {
+		l.observer.Reclaimed(ctx, tier.Plan, beat.Pruned)
+	}
 	switch {
 	case err == nil && beat.Alive:
 		res.Alive, res.ExpiresAt = true, msTime(beat.ExpiresAtMs)

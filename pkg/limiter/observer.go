@@ -16,6 +16,10 @@ type Observer interface {
 	Heartbeated(ctx context.Context, res HeartbeatResult, err error)
 	// Released reports one release.
 	Released(ctx context.Context, res ReleaseResult, err error)
+	// Reclaimed reports slots that had expired instead of being released,
+	// found and removed by any operation (slots > 0 only). plan is the
+	// request's tier, empty for releases, which carry none.
+	Reclaimed(ctx context.Context, plan string, slots int)
 	// RedisCall reports one round trip to Redis for op.
 	RedisCall(ctx context.Context, op string, took time.Duration, err error)
 }
@@ -25,4 +29,5 @@ type nopObserver struct{}
 func (nopObserver) Acquired(context.Context, tiers.Tier, AcquireResult, error) {}
 func (nopObserver) Heartbeated(context.Context, HeartbeatResult, error)        {}
 func (nopObserver) Released(context.Context, ReleaseResult, error)             {}
+func (nopObserver) Reclaimed(context.Context, string, int)                     {}
 func (nopObserver) RedisCall(context.Context, string, time.Duration, error)    {}

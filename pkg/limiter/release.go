@@ -12,8 +12,8 @@ import (
 
 // ReleaseResult is the answer to a release.
 type ReleaseResult struct {
-	// Released: the slot was held and is now free. Releasing a missing slot
-	// is not an error, only Released false.
+	// Released: the slot was held (live) and is now free. Releasing a
+	// missing or already expired slot is not an error, only Released false.
 	Released bool
 	// Degraded: Redis did not answer. The slot, if held, frees itself when
 	// its TTL runs out, so a release never fails for an outage.
@@ -39,9 +39,10 @@ func (l *Limiter) release(ctx context.Context, userID, streamID string) (Release
 		return ReleaseResult{}, err
 	}
 	var released bool
+	var pruned int
 	start := time.Now()
 	err = l.call(ctx, func(ctx context.Context, c rueidis.Client) error {
-		released, err = lua.Release(ctx, c, key, streamID)
+		released, pruned, err = lua.Release(ctx, c, key, streamID)
 		return err
 	})
 	l.observer.RedisCall(ctx, "release", time.Since(start), err)
@@ -52,11 +53,15 @@ func (l *Limiter) release(ctx context.Context, userID, streamID string) (Release
 		l.warnDegraded(ctx, "redis unavailable; release answered degraded, the slot will expire by itself", "err", err)
 		return ReleaseResult{Degraded: true}, nil
 	}
+	if pruned > 0 {
+		l.observer.Reclaimed(ctx, "", pruned)
+	}
 	return ReleaseResult{Released: released}, nil
 }
 
-// ReleaseAll frees every slot of userID and returns the released stream ids
-// (support's "unlock this account"). Errors: ErrInvalidUserID,
+// ReleaseAll frees every slot of userID and returns the stream ids of the
+// live slots it released (support's "unlock this account"); slots that had
+// already expired are counted as reclaimed, not returned. Errors: ErrInvalidUserID,
 // ErrUnavailable.
 func (l *Limiter) ReleaseAll(ctx context.Context, userID string) ([]string, error) {
 	ctx, span := l.tracer.Start(ctx, "limiter.release_all")
@@ -72,9 +77,10 @@ func (l *Limiter) releaseAll(ctx context.Context, userID string) ([]string, erro
 		return nil, err
 	}
 	var ids []string
+	var pruned int
 	start := time.Now()
 	err = l.call(ctx, func(ctx context.Context, c rueidis.Client) error {
-		ids, err = lua.ReleaseAll(ctx, c, key)
+		ids, pruned, err = lua.ReleaseAll(ctx, c, key)
 		return err
 	})
 	l.observer.RedisCall(ctx, "release_all", time.Since(start), err)
@@ -83,6 +89,9 @@ func (l *Limiter) releaseAll(ctx context.Context, userID string) ([]string, erro
 			return nil, ctx.Err()
 		}
 		return nil, fmt.Errorf("%w: release all: %w", ErrUnavailable, err)
+	}
+	if pruned > 0 {
+		l.observer.Reclaimed(ctx, "", pruned)
 	}
 	return ids, nil
 }

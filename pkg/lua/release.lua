@@ -2,5 +2,12 @@
 --
 -- KEYS[1] -> <prefix>{<user id>}  sorted set: member = stream id, score = expiry (Redis ms)
 -- ARGV[1] -> stream id
--- returns released (0|1)
-return redis.call('ZREM', KEYS[1], ARGV[1])
+-- returns {released (0|1), pruned}
+--   released 0: the slot was not held (never, already released, or expired)
+--   pruned: the user's slots that had expired unreleased, removed now
+local key = KEYS[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local pruned = redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+return {redis.call('ZREM', key, ARGV[1]), pruned}

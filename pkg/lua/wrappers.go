@@ -40,6 +40,7 @@ func Acquire(ctx context.Context, c rueidis.Client, key, streamID string, limit 
 type Beat struct {
 	Alive       bool
 	ExpiresAtMs int64 // Redis ms; 0 when lost
+	Pruned      int   // the user's expired slots removed by this call
 }
 
 // HeartbeatArgs names one slot to heartbeat.
@@ -99,28 +100,47 @@ func parseBeat(resp rueidis.RedisResult) (Beat, error) {
 	if err != nil {
 		return Beat{}, err
 	}
-	if len(vals) != 2 {
-		return Beat{}, fmt.Errorf("heartbeat script returned %d values, want 2", len(vals))
+	if len(vals) != 3 {
+		return Beat{}, fmt.Errorf("heartbeat script returned %d values, want 3", len(vals))
 	}
-	return Beat{Alive: vals[0] == 1, ExpiresAtMs: vals[1]}, nil
+	return Beat{Alive: vals[0] == 1, ExpiresAtMs: vals[1], Pruned: int(vals[2])}, nil
 }
 
-// Release runs the release script; it reports whether the slot existed.
-func Release(ctx context.Context, c rueidis.Client, key, streamID string) (bool, error) {
-	n, err := releaseScript.Exec(ctx, c, []string{key}, []string{streamID}).AsInt64()
-	return n == 1, err
-}
-
-// ReleaseAll runs the release_all script and returns the released ids.
-func ReleaseAll(ctx context.Context, c rueidis.Client, key string) ([]string, error) {
-	ids, err := releaseAllScript.Exec(ctx, c, []string{key}, nil).AsStrSlice()
+// Release runs the release script. It reports whether the slot was held
+// (live), and how many of the user's expired slots it removed.
+func Release(ctx context.Context, c rueidis.Client, key, streamID string) (released bool, pruned int, err error) {
+	vals, err := releaseScript.Exec(ctx, c, []string{key}, []string{streamID}).AsIntSlice()
 	if err != nil {
-		return nil, err
+		return false, 0, err
+	}
+	if len(vals) != 2 {
+		return false, 0, fmt.Errorf("release script returned %d values, want 2", len(vals))
+	}
+	return vals[0] == 1, int(vals[1]), nil
+}
+
+// ReleaseAll runs the release_all script. It returns the live slots'
+// stream ids it released, and how many expired slots it removed.
+func ReleaseAll(ctx context.Context, c rueidis.Client, key string) (ids []string, pruned int, err error) {
+	arr, err := releaseAllScript.Exec(ctx, c, []string{key}, nil).ToArray()
+	if err != nil {
+		return nil, 0, err
+	}
+	if len(arr) != 2 {
+		return nil, 0, fmt.Errorf("release_all script returned %d values, want 2", len(arr))
+	}
+	n, err := arr[0].AsInt64()
+	if err != nil {
+		return nil, 0, err
+	}
+	ids, err = arr[1].AsStrSlice()
+	if err != nil {
+		return nil, 0, err
 	}
 	if ids == nil {
 		ids = []string{}
 	}
-	return ids, nil
+	return ids, int(n), nil
 }
 
 // Slot is one live slot as stored.

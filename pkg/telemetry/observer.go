@@ -79,9 +79,10 @@ func (o *Observer) opLabels(op string) metric.MeasurementOption {
 // Fixed attribute sets.
 var (
 	beatLabels = map[string]metric.MeasurementOption{
-		outcomeAlive:    outcomeSet(outcomeAlive),
-		outcomeLost:     outcomeSet(outcomeLost),
-		outcomeDegraded: outcomeSet(outcomeDegraded),
+		outcomeAlive:       outcomeSet(outcomeAlive),
+		outcomeLost:        outcomeSet(outcomeLost),
+		outcomeDegraded:    outcomeSet(outcomeDegraded),
+		outcomeUnavailable: outcomeSet(outcomeUnavailable),
 	}
 	releasedLabels = map[bool]metric.MeasurementOption{
 		true:  metric.WithAttributeSet(attribute.NewSet(attribute.Bool("released", true))),
@@ -150,11 +151,13 @@ func (o *Observer) Acquired(ctx context.Context, tier tiers.Tier, res limiter.Ac
 	if outcome == outcomeGranted {
 		o.used.Record(ctx, int64(res.Used), labels.plan)
 	}
-	if outcome == outcomeGranted || outcome == outcomeLimited {
-		// Pruned is counted on denials too: the same acquire that finds
-		// the user at the limit may have cleared expired slots first.
-		o.reclaimed.Add(ctx, int64(res.Pruned), labels.plan)
-	}
+}
+
+// Reclaimed counts slots that expired instead of being released, whichever
+// operation found them: an acquire (granted or denied), a heartbeat, a
+// release or a support unlock (the last two carry no plan).
+func (o *Observer) Reclaimed(ctx context.Context, plan string, slots int) {
+	o.reclaimed.Add(ctx, int64(slots), o.planLabels(plan).plan)
 }
 
 // Heartbeated counts one heartbeat.
@@ -167,6 +170,8 @@ func (o *Observer) Heartbeated(ctx context.Context, res limiter.HeartbeatResult,
 		outcome = outcomeAlive
 	case errors.Is(err, limiter.ErrSlotLost):
 		outcome = outcomeLost
+	case errors.Is(err, limiter.ErrUnavailable):
+		outcome = outcomeUnavailable
 	default:
 		return
 	}
