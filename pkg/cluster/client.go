@@ -180,9 +180,6 @@ func (c *Client) Redis() (rueidis.Client, error) {
 	return *p, nil
 }
 
-// Connected is closed once the first connection succeeds.
-func (c *Client) Connected() <-chan struct{} { return c.connected }
-
 // WaitConnected blocks until connected or ctx ends.
 func (c *Client) WaitConnected(ctx context.Context) error {
 	select {

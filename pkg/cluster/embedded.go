@@ -23,6 +23,7 @@ type embeddedStore struct {
 // sweepAfter ago is deleted. Slot expiry never depends on this (scripts
 // compare scores with TIME); the sweep only bounds memory, and it is later
 // than Redis's own key expiry, so pruned slots are still counted first.
+// (Slots expired that long are removed one by one; an emptied key goes.)
 const (
 	sweepEvery = time.Minute
 	sweepAfter = 24 * time.Hour
@@ -62,12 +63,12 @@ func (s *embeddedStore) sweep(now time.Time) {
 		if err != nil {
 			continue
 		}
-		newest := 0.0
-		for _, score := range members {
-			newest = max(newest, score)
-		}
-		if newest < cutoff {
-			s.server.Del(key)
+		// Member by member, never the whole key: an acquire between the
+		// read and the delete must not lose the slot it just added.
+		for member, score := range members {
+			if score < cutoff {
+				_, _ = s.server.ZRem(key, member)
+			}
 		}
 	}
 }

@@ -25,6 +25,9 @@ func TestEmbeddedSweepDropsOnlyLongAbandonedKeys(t *testing.T) {
 	if store.server.Exists("abandoned") {
 		t.Error("a key whose newest slot expired 25h ago survived the sweep")
 	}
+	if members, _ := store.server.SortedSet("mixed"); len(members) != 1 || members["s2"] == 0 {
+		t.Errorf("mixed after the sweep = %v, want only the live slot s2", members)
+	}
 	for _, key := range []string{"expired-recently", "mixed", "not-a-zset"} {
 		if !store.server.Exists(key) {
 			t.Errorf("the sweep deleted %q", key)

@@ -92,6 +92,27 @@ func TestDenialCarriesRetryAfterOfEarliestSlot(t *testing.T) {
 	})
 }
 
+func TestRetryAfterAfterALoweredLimitWaitsForEnoughSlots(t *testing.T) {
+	eachBackend(t, true, func(t *testing.T, e *env) {
+		user := newUser(t)
+		var held []limiter.AcquireResult
+		for i := range 3 {
+			held = append(held, e.acquire(t, user, "three", fmt.Sprintf("s%d", i)))
+			time.Sleep(150 * time.Millisecond)
+		}
+		// The user's plan drops to one stream: all but one slot must expire
+		// before a new one fits, so the wait is until the latest expires.
+		denied := e.acquire(t, user, "one", "new")
+		want := time.Until(held[2].ExpiresAt)
+		if denied.Granted || denied.Used != 3 || denied.Limit != 1 {
+			t.Fatalf("acquire after the downgrade = %+v, want denied with used 3 of 1", denied)
+		}
+		if diff := denied.RetryAfter - want; diff < -50*time.Millisecond || diff > 50*time.Millisecond {
+			t.Errorf("RetryAfter = %v, want %v ± 50ms (until the third slot expires)", denied.RetryAfter, want)
+		}
+	})
+}
+
 func TestUnreleasedSlotsExpireAndArePruned(t *testing.T) {
 	eachBackend(t, true, func(t *testing.T, e *env) {
 		user := newUser(t)

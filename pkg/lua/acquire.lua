@@ -8,7 +8,8 @@
 --   used           slots held after this call (live slots only)
 --   expires_at_ms  the slot's expiry when granted, 0 when denied
 --   pruned         slots that had expired unreleased and were removed now
---   retry_after_ms when denied: ms until the earliest live slot expires
+--   retry_after_ms when denied: ms until enough slots expire for one to be
+--                  free (the earliest, unless the limit was lowered)
 --
 -- Idempotent on the stream id: acquiring a held stream extends it (never
 -- shortens it) and leaves used unchanged.
@@ -36,9 +37,11 @@ end
 local used = redis.call('ZCARD', key)
 if granted == 1 then
   expires = tonumber(redis.call('ZSCORE', key, member))
-elseif used > 0 then
-  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-  retry = tonumber(first[2]) - now
+elseif limit > 0 then
+  -- A slot frees when used-limit+1 slots have expired (more than one if
+  -- the plan's limit was lowered while the user held slots).
+  local nth = redis.call('ZRANGE', key, used - limit, used - limit, 'WITHSCORES')
+  retry = tonumber(nth[2]) - now
 else
   -- limit 0: nothing will free up; ask the caller to come back after a TTL.
   retry = ttl

@@ -43,8 +43,8 @@ func sha1Hex(src string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// Sources returns each script's source by name, for tools that load them
-// elsewhere (the benchmark runs acquire through redis-benchmark).
+// Sources returns each script's source by name, for code that must know
+// them elsewhere (telemetry names Redis spans after the script).
 func Sources() map[string]string {
 	return map[string]string{
 		"acquire":     acquireSource,

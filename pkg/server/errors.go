@@ -37,7 +37,9 @@ func apiError(err error) (int, httpapi.Error) {
 		e.Code = httpapi.CodeForbidden
 		return http.StatusForbidden, e
 	case errors.Is(err, limiter.ErrUnavailable), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		// The cause (a Redis error, node addresses) stays in the log.
 		e.Code = httpapi.CodeUnavailable
+		e.Message = "the limiter's Redis did not answer within its deadline and this plan fails closed; retry later"
 		return http.StatusServiceUnavailable, e
 	default:
 		e.Code, e.Message = httpapi.CodeInternal, "internal error"
