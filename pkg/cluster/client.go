@@ -126,6 +126,9 @@ func (c *Client) connect() {
 			c.redis.Store(&client)
 			close(c.connected)
 			c.opts.Logger.Info("connected to redis", "addrs", c.opts.Addrs, "mode", string(client.Mode()), "attempts", attempt)
+			if c.embedded == nil {
+				c.checkServers(client)
+			}
 			return
 		}
 		if attempt == 1 || attempt%20 == 0 {
