@@ -46,7 +46,12 @@ func (c *Client) heartbeatLoop() {
 			timer.Stop()
 		case <-timer.C:
 			last = time.Now()
-			c.tick(c.loopCtx)
+			// A round may take no longer than the interval: a request hung
+			// on a dead connection must not hold up the next round while
+			// the slots' TTLs run out.
+			tickCtx, cancel := context.WithTimeout(c.loopCtx, every)
+			c.tick(tickCtx)
+			cancel()
 		}
 	}
 }
@@ -84,7 +89,7 @@ func (c *Client) heartbeatBatch(ctx context.Context, batch []*Lease) (reacquire 
 	}
 	var out httpapi.HeartbeatsResponse
 	if err := c.post(ctx, httpapi.PathHeartbeats, req, &out); err != nil {
-		if ctx.Err() == nil {
+		if c.loopCtx.Err() == nil { // not closing
 			c.log.Warn("limiter: heartbeat batch failed; the slots keep their TTL, retrying next tick", "slots", len(batch), "err", err)
 		}
 		return nil
@@ -151,7 +156,7 @@ func (c *Client) reacquire(ctx context.Context, l *Lease) {
 		if c.lose(l, err) {
 			c.log.Info("limiter: degraded lease refused on re-acquire", "stream_id", l.streamID, "err", err)
 		}
-	case ctx.Err() == nil:
+	case c.loopCtx.Err() == nil: // not closing
 		c.log.Warn("limiter: re-acquiring a degraded lease failed; retrying next tick", "stream_id", l.streamID, "err", err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -284,4 +285,28 @@ func TestDegradedLease(t *testing.T) {
 			t.Errorf("got Err %v, want ErrLimitReached", lease.Err())
 		}
 	})
+}
+
+// TestAHungHeartbeatDoesNotDelayTheNext: a heartbeat request that never
+// answers is abandoned after one interval, not after the 5s request
+// timeout, so the next round still comes before the slots' TTLs run out.
+func TestAHungHeartbeatDoesNotDelayTheNext(t *testing.T) {
+	f := newFake(t)
+	var calls atomic.Int32
+	f.onHeartbeats = func(w http.ResponseWriter, r *http.Request) bool {
+		if calls.Add(1) == 1 {
+			hang(r)
+			return true
+		}
+		return false
+	}
+	c, err := client.New(f.URL(), client.WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	if _, err := c.Acquire(context.Background(), "u1", "paid"); err != nil { // 50ms interval
+		t.Fatal(err)
+	}
+	f.waitBatches(3, time.Second) // the first hangs; two more follow well within 1s
 }
