@@ -107,6 +107,12 @@ func TestEveryRouteThroughServe(t *testing.T) {
 						}
 					}},
 				{name: "an unknown field is invalid_request", method: "POST", path: httpapi.PathAcquire, body: `{"user_id":"u","plan":"one","x":1}`, invalid: true, status: 400, code: httpapi.CodeInvalidRequest},
+				{name: "a body over 64 KiB is invalid_request", method: "POST", path: httpapi.PathAcquire, body: `{"user_id":"` + strings.Repeat("a", 70<<10) + `","plan":"one"}`, invalid: true, status: 400, code: httpapi.CodeInvalidRequest},
+				{name: "a number for plan is invalid_request", method: "POST", path: httpapi.PathAcquire, body: `{"user_id":"u","plan":1}`, invalid: true, status: 400, code: httpapi.CodeInvalidRequest},
+				{name: "invalid UTF-8 is invalid_request", method: "POST", path: httpapi.PathAcquire, body: "{\"user_id\":\"u\xff\",\"plan\":\"one\"}", invalid: true, status: 400, code: httpapi.CodeInvalidRequest},
+				{name: "a heartbeat with an unknown field is invalid_request", method: "POST", path: httpapi.PathHeartbeat, body: `{"user_id":"u","plan":"one","stream_id":"s","x":1}`, invalid: true, status: 400, code: httpapi.CodeInvalidRequest},
+				{name: "a heartbeat with a bad stream id is invalid_stream_id", method: "POST", path: httpapi.PathHeartbeat, body: `{"user_id":"u","plan":"one","stream_id":"a b"}`, invalid: true, status: 400, code: httpapi.CodeInvalidStreamID},
+				{name: "a batch of 1001 slots is invalid_request", method: "POST", path: httpapi.PathHeartbeats, body: `{"slots":[` + strings.TrimSuffix(strings.Repeat(`{"user_id":"u","plan":"one","stream_id":"s"},`, 1001), ",") + `]}`, invalid: true, status: 400, code: httpapi.CodeInvalidRequest},
 				{name: "a brace in the user id is invalid_user_id", method: "POST", path: httpapi.PathAcquire, body: `{"user_id":"a}b","plan":"one"}`, invalid: true, status: 400, code: httpapi.CodeInvalidUserID},
 				{name: "a slash in the stream id is invalid_stream_id", method: "POST", path: httpapi.PathAcquire, body: `{"user_id":"u","plan":"one","stream_id":"a/b"}`, invalid: true, status: 400, code: httpapi.CodeInvalidStreamID},
 				{name: "an unknown plan is 422", method: "POST", path: httpapi.PathAcquire, body: `{"user_id":"u","plan":"gold"}`, status: 422, code: httpapi.CodeUnknownPlan},
@@ -160,6 +166,18 @@ func TestEveryRouteThroughServe(t *testing.T) {
 				check: func(t *testing.T, _ http.Header, body []byte) {
 					if !strings.Contains(string(body), `"degraded":true`) {
 						t.Errorf("acquire = %s, want degraded", body)
+					}
+				}},
+			{name: "an Open heartbeat answers degraded", method: "POST", path: httpapi.PathHeartbeat, body: `{"user_id":"u","plan":"one","stream_id":"s"}`, status: 200,
+				check: func(t *testing.T, _ http.Header, body []byte) {
+					if !strings.Contains(string(body), `"alive":true`) || !strings.Contains(string(body), `"degraded":true`) {
+						t.Errorf("heartbeat = %s, want alive and degraded", body)
+					}
+				}},
+			{name: "a release answers degraded", method: "POST", path: httpapi.PathRelease, body: `{"user_id":"u","stream_id":"s"}`, status: 200,
+				check: func(t *testing.T, _ http.Header, body []byte) {
+					if !strings.Contains(string(body), `"degraded":true`) {
+						t.Errorf("release = %s, want degraded", body)
 					}
 				}},
 			{name: "a Closed heartbeat is 503", method: "POST", path: httpapi.PathHeartbeat, body: `{"user_id":"u","plan":"closed","stream_id":"s"}`, status: 503, code: httpapi.CodeUnavailable},
