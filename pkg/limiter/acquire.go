@@ -84,8 +84,8 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	l.observer.RedisCall(ctx, "acquire", time.Since(start), err)
 	res := AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}
 	if err != nil {
-		if !outage(ctx, err) {
-			return AcquireResult{}, tier, ctx.Err()
+		if final := notOutage(ctx, err); final != nil {
+			return AcquireResult{}, tier, final
 		}
 		if tier.FailureMode == tiers.FailClosed {
 			return AcquireResult{}, tier, fmt.Errorf("%w: acquire for plan %q: %w", ErrUnavailable, tier.Plan, err)

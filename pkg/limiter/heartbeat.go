@@ -141,8 +141,8 @@ func (l *Limiter) beatResult(ctx context.Context, req HeartbeatRequest, tier tie
 		return res, nil
 	case err == nil:
 		return res, fmt.Errorf("%w: stream %q", ErrSlotLost, req.StreamID)
-	case !outage(ctx, err):
-		return res, ctx.Err()
+	case notOutage(ctx, err) != nil:
+		return res, notOutage(ctx, err)
 	case tier.FailureMode == tiers.FailClosed:
 		return res, fmt.Errorf("%w: heartbeat for plan %q: %w", ErrUnavailable, tier.Plan, err)
 	default:

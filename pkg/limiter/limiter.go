@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/joishi/limiter/pkg/cluster"
@@ -29,6 +30,11 @@ var (
 	// ErrSlotLost: a heartbeat found its slot missing or expired. The
 	// holder must stop the stream or acquire again.
 	ErrSlotLost = errors.New("slot lost")
+	// ErrRedisRefused: Redis answered with an error no retry will fix (an
+	// ACL without the needed commands, a key of the wrong type under the
+	// prefix). It is a misconfiguration, reported as such on every plan
+	// rather than hidden behind a failure mode.
+	ErrRedisRefused = errors.New("redis refused the call")
 	// ErrUnavailable: Redis did not answer in time and the tier fails
 	// closed (or the operation has no safe degraded answer).
 	ErrUnavailable = errors.New("limiter unavailable")
@@ -99,10 +105,31 @@ func (l *Limiter) call(ctx context.Context, fn func(context.Context, rueidis.Cli
 	return fn(ctx, client)
 }
 
-// outage decides whether err from Redis is an outage to apply a failure
-// mode to, or the caller giving up (its own context ended), which is not.
-func outage(ctx context.Context, err error) bool {
-	return err != nil && ctx.Err() == nil
+// notOutage returns the error to hand back as is when err from Redis is
+// not an outage to apply the tier's failure mode to: the caller's own
+// context ended, or Redis answered with an error that no retry will fix
+// (a missing ACL permission, a key of the wrong type). Failing open on
+// those would stop limiting for good and hide the misconfiguration.
+func notOutage(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if rerr, ok := rueidis.IsRedisErr(err); ok && !transientReply(rerr) {
+		return fmt.Errorf("%w: %w", ErrRedisRefused, err)
+	}
+	return nil
+}
+
+// transientReply reports whether a Redis error reply is a passing state of
+// the server or the cluster (loading, failing over, out of memory under
+// noeviction, busy with a script): an outage like a timeout.
+func transientReply(err *rueidis.RedisError) bool {
+	code, _, _ := strings.Cut(err.Error(), " ")
+	switch code {
+	case "LOADING", "READONLY", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "BUSY", "OOM", "NOREPLICAS", "MOVED", "ASK":
+		return true
+	}
+	return false
 }
 
 func msTime(ms int64) time.Time { return time.UnixMilli(ms).UTC() }

@@ -155,3 +155,25 @@ func TestOutageWarningsAreRateLimited(t *testing.T) {
 		t.Errorf("100 degraded acquires logged %d warnings, want 1 (rate-limited):\n%s", n, logs.String())
 	}
 }
+
+// TestARefusingRedisIsNotAnOutage: an error reply no retry will fix (here a
+// key of the wrong type under the prefix) is reported, on every plan,
+// instead of failing open forever and hiding the misconfiguration.
+func TestARefusingRedisIsNotAnOutage(t *testing.T) {
+	eachBackend(t, true, func(t *testing.T, e *env) {
+		user := newUser(t)
+		raw := e.raw(t)
+		if err := raw.Do(context.Background(), raw.B().Set().Key(e.key(t, user)).Value("not a sorted set").Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		for _, plan := range []string{"three", "closed"} {
+			res, err := e.lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: plan})
+			if !errors.Is(err, limiter.ErrRedisRefused) || res.Degraded {
+				t.Errorf("plan %s: Acquire on a key of the wrong type = %+v, %v; want ErrRedisRefused, not degraded", plan, res, err)
+			}
+		}
+		if _, err := e.lim.Heartbeat(context.Background(), limiter.HeartbeatRequest{UserID: user, Plan: "three", StreamID: "s"}); !errors.Is(err, limiter.ErrRedisRefused) {
+			t.Errorf("Heartbeat on a key of the wrong type = %v, want ErrRedisRefused", err)
+		}
+	})
+}

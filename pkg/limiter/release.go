@@ -47,8 +47,8 @@ func (l *Limiter) release(ctx context.Context, userID, streamID string) (Release
 	})
 	l.observer.RedisCall(ctx, "release", time.Since(start), err)
 	if err != nil {
-		if !outage(ctx, err) {
-			return ReleaseResult{}, ctx.Err()
+		if final := notOutage(ctx, err); final != nil {
+			return ReleaseResult{}, final
 		}
 		l.warnDegraded(ctx, "redis unavailable; release answered degraded, the slot will expire by itself", "err", err)
 		return ReleaseResult{Degraded: true}, nil
@@ -85,8 +85,8 @@ func (l *Limiter) releaseAll(ctx context.Context, userID string) ([]string, erro
 	})
 	l.observer.RedisCall(ctx, "release_all", time.Since(start), err)
 	if err != nil {
-		if !outage(ctx, err) {
-			return nil, ctx.Err()
+		if final := notOutage(ctx, err); final != nil {
+			return nil, final
 		}
 		return nil, fmt.Errorf("%w: release all: %w", ErrUnavailable, err)
 	}

@@ -46,8 +46,8 @@ func (l *Limiter) slots(ctx context.Context, userID string) (UserSlots, error) {
 	})
 	l.observer.RedisCall(ctx, "slots", time.Since(start), err)
 	if err != nil {
-		if !outage(ctx, err) {
-			return UserSlots{}, ctx.Err()
+		if final := notOutage(ctx, err); final != nil {
+			return UserSlots{}, final
 		}
 		return UserSlots{}, fmt.Errorf("%w: slots: %w", ErrUnavailable, err)
 	}

@@ -41,6 +41,9 @@ func apiError(err error) (int, httpapi.Error) {
 		e.Code = httpapi.CodeUnavailable
 		e.Message = "the limiter's Redis did not answer within its deadline and this plan fails closed; retry later"
 		return http.StatusServiceUnavailable, e
+	case errors.Is(err, limiter.ErrRedisRefused):
+		e.Code, e.Message = httpapi.CodeInternal, "the limiter's Redis refused the call (a misconfiguration); the limiter's log names it"
+		return http.StatusInternalServerError, e
 	default:
 		e.Code, e.Message = httpapi.CodeInternal, "internal error"
 		return http.StatusInternalServerError, e
@@ -49,7 +52,10 @@ func apiError(err error) (int, httpapi.Error) {
 
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	status, e := apiError(err)
-	if status >= 500 {
+	switch {
+	case status == http.StatusInternalServerError:
+		s.log.ErrorContext(r.Context(), "request failed", "path", r.URL.Path, "status", status, "err", err)
+	case status > 500:
 		s.log.WarnContext(r.Context(), "request failed", "path", r.URL.Path, "status", status, "err", err)
 	}
 	writeError(w, status, e)
