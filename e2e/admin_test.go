@@ -54,12 +54,7 @@ func startAdminServer(t *testing.T) *adminServer {
 	}
 	config := serveConfig([]string{testenv.Redis(t)}, "e2e-admin-"+randomID()+":", adminTiers) +
 		"admin:\n  tokensFile: " + tokens + "\n"
-	proc := servetest.Start(t, servetest.Options{Config: config})
-	// Ready does not wait for Redis (by design): wait here, or the test's
-	// first acquires would be granted degraded and not counted.
-	eventually(t, 10*time.Second, "serve connects to Redis", func() bool {
-		return strings.Contains(proc.Output(), `"msg":"connected to redis"`)
-	})
+	proc := servetest.Start(t, servetest.Options{Config: config, AwaitRedis: true})
 	return &adminServer{Process: proc, tokensFile: tokens}
 }
 
@@ -145,7 +140,8 @@ func TestAdminReleaseLosesLeases(t *testing.T) {
 
 // TestAdminTokensReloadInRunningServer: a token added to the file works
 // without a restart; a broken edit keeps the tokens in force and is logged
-// with its line number, never with the token.
+// with its line number, never with the token; removing the file revokes
+// every token.
 func TestAdminTokensReloadInRunningServer(t *testing.T) {
 	srv := startAdminServer(t)
 	const newToken = "e2e-new-operator-token-0123456789"
@@ -175,6 +171,18 @@ func TestAdminTokensReloadInRunningServer(t *testing.T) {
 	})
 	if status, _ := srv.admin(t, "GET", path, newToken, nil, nil); status != http.StatusOK {
 		t.Errorf("after a broken edit: got %d, want the last good tokens kept (200)", status)
+	}
+
+	// Removing the file (the Secret) revokes every token.
+	if err := os.Remove(srv.tokensFile); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "a removed tokens file revokes the tokens", func() bool {
+		status, _ := srv.admin(t, "GET", path, newToken, nil, nil)
+		return status == http.StatusUnauthorized
+	})
+	if !strings.Contains(srv.Output(), "admin tokens file removed") {
+		t.Errorf("serve log: want the removal logged")
 	}
 	for _, token := range []string{e2eViewerToken, e2eOperatorToken, newToken} {
 		if strings.Contains(srv.Output(), token) {

@@ -50,7 +50,7 @@ const telemetryTiers = `    - plan: team
 // asserts the exact values /metrics must show after each step.
 func TestTelemetryMetricsCountExactly(t *testing.T) {
 	redis := testenv.StartRedis(t)
-	proc := servetest.Start(t, servetest.Options{Config: serveConfig([]string{redis.Addr()}, "e2e-metrics:", telemetryTiers)})
+	proc := servetest.Start(t, servetest.Options{Config: serveConfig([]string{redis.Addr()}, "e2e-metrics:", telemetryTiers), AwaitRedis: true})
 
 	m := scrape(t, proc)
 	expectMetrics(t, "at start", m, map[string]float64{"limiter_tiers": 2})
@@ -170,6 +170,31 @@ func TestTelemetryMetricsCountExactly(t *testing.T) {
 	checkObservabilityQueries(t, final)
 }
 
+// TestTelemetryCountsFromTheFirstAcquire: serve is ready before it reaches
+// Redis (by design), so a test that counts awaits the connection
+// (servetest's AwaitRedis): then even with Redis unreachable at start, the
+// very first acquire is answered by Redis and counted granted, not
+// degraded.
+func TestTelemetryCountsFromTheFirstAcquire(t *testing.T) {
+	redis := testenv.StartProxy(t, testenv.Redis(t))
+	redis.BlackHole()
+	reachable := time.AfterFunc(time.Second, redis.Restore)
+	defer reachable.Stop()
+	proc := servetest.Start(t, servetest.Options{
+		Config:     serveConfig([]string{redis.Addr()}, "e2e-first:"+randomID()+":", telemetryTiers),
+		AwaitRedis: true,
+	})
+
+	status, res := acquire(t, proc.API, "first-"+randomID(), "team")
+	if status != http.StatusOK || res.Degraded || res.Used != 1 {
+		t.Fatalf("first acquire: %d %+v, want 200 with used 1, not degraded", status, res)
+	}
+	expectMetrics(t, "after the first acquire", scrape(t, proc), map[string]float64{
+		`limiter_acquire_total{outcome="granted",plan="team"}`:  1,
+		`limiter_acquire_total{outcome="degraded",plan="team"}`: 0,
+	})
+}
+
 // checkObservabilityQueries fails for each limiter_* series that a query of
 // the dashboard or the alert rules (config/observability) names but serve
 // does not export: they would chart or alert on nothing.
@@ -245,7 +270,8 @@ func readRepoFile(t *testing.T, path string) []byte {
 // trace arrives at the collector through the limiter into Redis, over gRPC
 // (the default, a bare host:port) and over HTTP (OTEL_EXPORTER_OTLP_PROTOCOL),
 // with the standard OTEL_* headers and resource attributes honoured, and
-// spans still buffered flushed on SIGTERM.
+// spans still buffered flushed on SIGTERM. The trace context is sent by the
+// client itself, and by otelhttp when it wraps the client's transport.
 func TestTelemetryOTLPExport(t *testing.T) {
 	redisAddr := testenv.Redis(t)
 	for _, tc := range []struct {
@@ -256,9 +282,12 @@ func TestTelemetryOTLPExport(t *testing.T) {
 		// sigterm: the batch delay is longer than the test, so only the
 		// flush at shutdown can deliver the spans.
 		sigterm bool
+		// otelhttp wraps the client's transport, which then sends its
+		// client span as the parent.
+		otelhttp bool
 	}{
 		{name: "grpc", start: startGRPCReceiver, env: []string{"OTEL_BSP_SCHEDULE_DELAY=100"}},
-		{name: "http", start: startHTTPReceiver, sigterm: true, env: []string{
+		{name: "http", start: startHTTPReceiver, sigterm: true, otelhttp: true, env: []string{
 			"OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf", "OTEL_BSP_SCHEDULE_DELAY=600000"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -268,12 +297,16 @@ func TestTelemetryOTLPExport(t *testing.T) {
 			proc := servetest.Start(t, servetest.Options{Config: config, Env: append([]string{
 				"OTEL_EXPORTER_OTLP_HEADERS=x-e2e-token=sesame",
 				"OTEL_RESOURCE_ATTRIBUTES=deployment.environment.name=e2e",
-			}, tc.env...)})
+			}, tc.env...), AwaitRedis: true})
 
 			app := sdktrace.NewTracerProvider()
-			c, err := client.New(proc.API, client.WithTransport(func(rt http.RoundTripper) http.RoundTripper {
-				return otelhttp.NewTransport(rt, otelhttp.WithTracerProvider(app), otelhttp.WithPropagators(propagation.TraceContext{}))
-			}))
+			var opts []client.Option
+			if tc.otelhttp {
+				opts = append(opts, client.WithTransport(func(rt http.RoundTripper) http.RoundTripper {
+					return otelhttp.NewTransport(rt, otelhttp.WithTracerProvider(app), otelhttp.WithPropagators(propagation.TraceContext{}))
+				}))
+			}
+			c, err := client.New(proc.API, opts...)
 			if err != nil {
 				t.Fatal(err)
 			}

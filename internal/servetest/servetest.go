@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -73,7 +74,15 @@ type Options struct {
 	Args []string
 	// NoWaitReady returns once /healthz answers instead of /readyz.
 	NoWaitReady bool
+	// AwaitRedis also waits until serve has connected to Redis. Readiness
+	// does not wait for Redis, by design, so without it a test's first
+	// acquires may be granted degraded and not counted. Default false.
+	AwaitRedis bool
 }
+
+// redisConnected is the end of serve's log message once it reaches Redis,
+// with the closing quote of both the JSON and the text format.
+const redisConnected = `connected to redis"`
 
 // Process is a running `limiter serve`.
 type Process struct {
@@ -88,7 +97,8 @@ type Process struct {
 }
 
 // Start runs `limiter serve` and waits until it is ready (or healthy with
-// NoWaitReady). The process is killed at the test's cleanup.
+// NoWaitReady, and connected to Redis with AwaitRedis). The process is
+// killed at the test's cleanup.
 func Start(t testing.TB, opts Options) *Process {
 	t.Helper()
 	bin := Binary(t)
@@ -121,7 +131,28 @@ func Start(t testing.TB, opts Options) *Process {
 		path = "/healthz"
 	}
 	p.await(path, 20*time.Second)
+	if opts.AwaitRedis {
+		p.AwaitLog(redisConnected, 20*time.Second)
+	}
 	return p
+}
+
+// AwaitLog waits up to within until the process's output contains substr,
+// and fails the test if it does not or if the process exits first.
+func (p *Process) AwaitLog(substr string, within time.Duration) {
+	p.t.Helper()
+	deadline := time.Now().Add(within)
+	for !strings.Contains(p.Output(), substr) {
+		select {
+		case <-p.done:
+			p.t.Fatalf("limiter serve exited before logging %q: %v\n%s", substr, p.err, p.Output())
+		default:
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("limiter serve: %q not logged within %v\n%s", substr, within, p.Output())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func (p *Process) await(path string, within time.Duration) {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/joishi/limiter/pkg/httpapi"
+	"go.opentelemetry.io/otel/propagation"
 )
 
 const (
@@ -24,9 +25,11 @@ const (
 	maxInFlight = 4
 )
 
-// post sends in as JSON to path and decodes a 2xx answer into out. A non-2xx
-// answer is an *Error. A transport failure or the request timeout matches
-// ErrUnavailable; the end of ctx itself is returned as ctx's error.
+// post sends in as JSON to path, with the W3C trace context of ctx's span
+// so that the caller's trace continues through the limiter into Redis, and
+// decodes a 2xx answer into out. A non-2xx answer is an *Error. A transport
+// failure or the request timeout matches ErrUnavailable; the end of ctx
+// itself is returned as ctx's error.
 func (c *Client) post(ctx context.Context, path string, in, out any) error {
 	body, err := json.Marshal(in)
 	if err != nil {
@@ -41,6 +44,9 @@ func (c *Client) post(ctx context.Context, path string, in, out any) error {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json")
 	req.Header.Set("User-Agent", userAgent)
+	// Not the global propagator: the application may never have set one.
+	// A transport wrapper (otelhttp) may replace it with its client span's.
+	propagation.TraceContext{}.Inject(ctx, propagation.HeaderCarrier(req.Header))
 
 	resp, err := c.http.Do(req)
 	if err != nil {

@@ -43,13 +43,16 @@ func WithHTTPClient(hc *http.Client) Option {
 }
 
 // WithTransport wraps the HTTP client's transport (http.DefaultTransport
-// when it has none), e.g. to inject W3C trace context or record metrics.
-// Several wrappers apply in order: the last one given is outermost.
+// when it has none), e.g. to record client spans or metrics. Several
+// wrappers apply in order: the last one given is outermost.
 //
-// To continue the application's traces through the limiter into Redis,
-// wrap it with otelhttp (go.opentelemetry.io/contrib/.../otelhttp), naming
-// the propagator: otelhttp's default is the global one, which injects
-// nothing unless the application set it.
+// No wrapper is needed to continue the application's traces through the
+// limiter into Redis: every request carries the W3C trace context
+// (traceparent) of its ctx's span. To also record a client span per
+// request, wrap it with otelhttp (go.opentelemetry.io/contrib/.../otelhttp),
+// naming the propagator so that the limiter's spans hang under that client
+// span: otelhttp's default is the global one, which injects nothing unless
+// the application set it.
 //
 //	client.WithTransport(func(rt http.RoundTripper) http.RoundTripper {
 //		return otelhttp.NewTransport(rt,

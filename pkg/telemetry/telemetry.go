@@ -12,8 +12,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"runtime"
+	"strings"
 
+	"go.opentelemetry.io/contrib/propagators/autoprop"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -32,13 +35,16 @@ type Options struct {
 	// (plaintext), or https://host:port (TLS). OTEL_EXPORTER_OTLP_PROTOCOL
 	// picks grpc (default) or http/protobuf, to which /v1/traces is added.
 	// Default "": the standard OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT if set,
-	// else traces are not recorded at all.
+	// else http://localhost:4317 (4318 for HTTP) if OTEL_TRACES_EXPORTER
+	// is otlp, else traces are not recorded at all. OTEL_TRACES_EXPORTER=none
+	// and OTEL_SDK_DISABLED=true turn traces off whatever the endpoint.
 	OTLPEndpoint string
 	// Version and Commit label limiter_build_info. Default "unknown".
 	Version string
 	Commit  string
 	// SpanExporter, when set, receives the spans instead of OTLP (tests,
-	// or another backend).
+	// or another backend), whatever OTEL_TRACES_EXPORTER says; only
+	// OTEL_SDK_DISABLED=true turns it off.
 	SpanExporter sdktrace.SpanExporter
 }
 
@@ -48,7 +54,10 @@ type Telemetry struct {
 	TracerProvider trace.TracerProvider
 	// MeterProvider feeds the Prometheus registry served by MetricsHandler.
 	MeterProvider metric.MeterProvider
-	// Propagator reads and writes W3C trace context.
+	// Propagator reads and writes the trace context of requests: the
+	// propagators OTEL_PROPAGATORS names (tracecontext, baggage, b3,
+	// b3multi, jaeger, xray, ottrace, none). Default W3C trace context
+	// and baggage.
 	Propagator propagation.TextMapPropagator
 
 	metrics  http.Handler
@@ -78,7 +87,11 @@ func New(ctx context.Context, opts Options) (*Telemetry, error) {
 	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
 		return nil, fmt.Errorf("telemetry resource: %w", err)
 	}
-	t := &Telemetry{Propagator: propagation.TraceContext{}, TracerProvider: noop.NewTracerProvider()}
+	prop, err := propagatorFromEnv()
+	if err != nil {
+		return nil, err
+	}
+	t := &Telemetry{Propagator: prop, TracerProvider: noop.NewTracerProvider()}
 
 	mp, handler, err := newMeterProvider(res)
 	if err != nil {
@@ -121,4 +134,24 @@ func (t *Telemetry) Shutdown(ctx context.Context) error {
 	}
 	t.shutdown = nil
 	return errors.Join(errs...)
+}
+
+// propagatorFromEnv returns the propagators OTEL_PROPAGATORS names, a
+// comma-separated list; unset, W3C trace context and baggage.
+func propagatorFromEnv() (propagation.TextMapPropagator, error) {
+	env := os.Getenv("OTEL_PROPAGATORS")
+	var names []string
+	for name := range strings.SplitSeq(env, ",") {
+		if name = strings.TrimSpace(name); name != "" {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}), nil
+	}
+	prop, err := autoprop.TextMapPropagator(names...)
+	if err != nil {
+		return nil, fmt.Errorf("OTEL_PROPAGATORS=%q: %w", env, err)
+	}
+	return prop, nil
 }

@@ -1,6 +1,7 @@
 package telemetry
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/url"
@@ -18,28 +19,52 @@ const (
 	protocolHTTP = "http/protobuf"
 )
 
-// spanExporter returns the exporter opts ask for and a description of it,
-// or nil when no endpoint is configured. The exporters themselves read the
-// rest of the standard environment (headers, certificates, timeout,
-// compression).
+// Where OTEL_TRACES_EXPORTER=otlp sends the spans when no endpoint is
+// named, as the OTLP specification says.
+const (
+	defaultGRPCEndpoint = "http://localhost:4317"
+	defaultHTTPEndpoint = "http://localhost:4318"
+)
+
+// spanExporter returns the exporter opts and the environment ask for and a
+// description of it, or nil when traces are off: OTEL_SDK_DISABLED=true,
+// OTEL_TRACES_EXPORTER=none, or no endpoint and OTEL_TRACES_EXPORTER
+// unset. The exporters themselves read the rest of the standard
+// environment (headers, certificates, timeout, compression).
 func spanExporter(ctx context.Context, opts Options) (sdktrace.SpanExporter, string, error) {
+	if strings.EqualFold(strings.TrimSpace(os.Getenv("OTEL_SDK_DISABLED")), "true") {
+		return nil, "", nil
+	}
 	if opts.SpanExporter != nil {
 		return opts.SpanExporter, fmt.Sprintf("%T", opts.SpanExporter), nil
 	}
-	endpoint := opts.OTLPEndpoint
-	if endpoint == "" {
-		endpoint = firstSet(os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT"))
-		if endpoint == "" {
-			return nil, "", nil
-		}
+	kind := strings.TrimSpace(os.Getenv("OTEL_TRACES_EXPORTER"))
+	switch kind {
+	case "", "otlp":
+	case "none":
+		return nil, "", nil
+	default:
+		return nil, "", fmt.Errorf("OTEL_TRACES_EXPORTER must be otlp or none, got %q", kind)
 	}
 	protocol := firstSet(os.Getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"), os.Getenv("OTEL_EXPORTER_OTLP_PROTOCOL"), protocolGRPC)
-	describe := "otlp " + protocol + " " + endpoint
+	// endpoint is given to the exporter; "" leaves it to the environment's.
+	endpoint := opts.OTLPEndpoint
+	envEndpoint := firstSet(os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT"))
+	if endpoint == "" && envEndpoint == "" {
+		if kind == "" {
+			return nil, "", nil
+		}
+		endpoint = defaultGRPCEndpoint
+		if protocol == protocolHTTP {
+			endpoint = defaultHTTPEndpoint
+		}
+	}
+	describe := "otlp " + protocol + " " + cmp.Or(endpoint, envEndpoint)
 	switch protocol {
 	case protocolGRPC:
 		var o []otlptracegrpc.Option
-		if opts.OTLPEndpoint != "" {
-			u, err := endpointURL(opts.OTLPEndpoint, "")
+		if endpoint != "" {
+			u, err := endpointURL(endpoint, "")
 			if err != nil {
 				return nil, "", err
 			}
@@ -49,8 +74,8 @@ func spanExporter(ctx context.Context, opts Options) (sdktrace.SpanExporter, str
 		return exp, describe, err
 	case protocolHTTP:
 		var o []otlptracehttp.Option
-		if opts.OTLPEndpoint != "" {
-			u, err := endpointURL(opts.OTLPEndpoint, "/v1/traces")
+		if endpoint != "" {
+			u, err := endpointURL(endpoint, "/v1/traces")
 			if err != nil {
 				return nil, "", err
 			}
