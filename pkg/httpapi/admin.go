@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"net/url"
+	"strings"
 	"time"
 )
 
@@ -59,12 +60,22 @@ const OutcomeOK = "ok"
 
 // AdminUserSlotsPath is PathAdminUserSlots for userID (escaped).
 func AdminUserSlotsPath(userID string) string {
-	return "/v1/admin/users/" + url.PathEscape(userID) + "/slots"
+	return "/v1/admin/users/" + userSegment(userID) + "/slots"
 }
 
 // AdminUserReleasePath is PathAdminUserRelease for userID (escaped).
 func AdminUserReleasePath(userID string) string {
-	return "/v1/admin/users/" + url.PathEscape(userID) + "/release"
+	return "/v1/admin/users/" + userSegment(userID) + "/release"
+}
+
+// userSegment escapes userID as one path segment. A dot-only id is written
+// %2E...: url.PathEscape leaves dots alone, and a "." or ".." segment would
+// be resolved away as "this" or "parent" directory.
+func userSegment(userID string) string {
+	if userID != "" && strings.Trim(userID, ".") == "" {
+		return strings.Repeat("%2E", len(userID))
+	}
+	return url.PathEscape(userID)
 }
 
 // AdminSlotsResponse is the 200 answer of GET /v1/admin/users/{user_id}/slots.

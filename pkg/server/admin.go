@@ -108,23 +108,35 @@ func NewAdmin(lim *limiter.Limiter, opts AdminOptions) (*Admin, error) {
 func (a *Admin) Tokens() int { return len(a.tokens.current().tokens) }
 
 // WatchTokens re-reads the tokens file when it changes, until ctx ends. A
-// file that cannot be read or parsed is logged and the tokens read before
-// stay in force.
+// removed file revokes every token; a file that cannot be read or parsed
+// is logged and the tokens read before stay in force.
 func (a *Admin) WatchTokens(ctx context.Context) { a.tokens.watch(ctx, a.poll) }
 
 // Routes adds the admin API and page to mux (for Options.Routes).
 func (a *Admin) Routes(mux *http.ServeMux) {
-	a.route(mux, http.MethodGet, httpapi.PathAdminUserSlots, a.call(httpapi.ActionListSlots, httpapi.RoleViewer, a.listSlots))
-	a.route(mux, http.MethodPost, httpapi.PathAdminUserRelease, a.call(httpapi.ActionReleaseAll, httpapi.RoleOperator, a.releaseAll))
-	a.route(mux, http.MethodGet, httpapi.PathAdminAudit, a.call(httpapi.ActionReadAudit, httpapi.RoleViewer, a.readAudit))
+	a.route(mux, http.MethodGet, httpapi.PathAdminUserSlots, httpapi.ActionListSlots, httpapi.RoleViewer, a.listSlots)
+	a.route(mux, http.MethodPost, httpapi.PathAdminUserRelease, httpapi.ActionReleaseAll, httpapi.RoleOperator, a.releaseAll)
+	a.route(mux, http.MethodGet, httpapi.PathAdminAudit, httpapi.ActionReadAudit, httpapi.RoleViewer, a.readAudit)
 	a.servePage(mux)
 }
 
-func (a *Admin) route(mux *http.ServeMux, method, path string, handler http.HandlerFunc) {
-	mux.HandleFunc(method+" "+path, handler)
+// route serves the admin call action (see call) for method on path, and
+// answers any other method on path 405, audited as action like every call.
+func (a *Admin) route(mux *http.ServeMux, method, path, action, role string, do adminHandler) {
+	mux.HandleFunc(method+" "+path, a.call(action, role, do))
 	mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+		rec := a.newRecord(w, r, action)
+		// Name a known caller in the record; a 405 needs no token, so a
+		// missing or unknown one is no reason to answer otherwise.
+		if token, ok := a.identify(r); ok {
+			rec.Actor, rec.Role = token.name, token.role
+			w.Header().Set(httpapi.HeaderAdminRole, token.role)
+		}
 		w.Header().Set("Allow", method)
-		writeError(w, http.StatusMethodNotAllowed, httpapi.Error{Code: httpapi.CodeMethodNotAllowed, Message: path + " accepts " + method + " only"})
+		a.refuse(w, r, rec, http.StatusMethodNotAllowed, httpapi.Error{
+			Code:    httpapi.CodeMethodNotAllowed,
+			Message: r.Method + " is not allowed: " + path + " accepts " + method + " only",
+		})
 	})
 }
 
@@ -137,16 +149,7 @@ type adminHandler func(w http.ResponseWriter, r *http.Request, rec *httpapi.Audi
 // before answering, so a caller who sees the answer can find the record.
 func (a *Admin) call(action, role string, do adminHandler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		rec := httpapi.AuditRecord{
-			AuditID:      newAuditID(),
-			Time:         time.Now().UTC(),
-			Action:       action,
-			UserID:       clean(r.PathValue("user_id"), maxAuditFieldBytes),
-			Remote:       clean(r.RemoteAddr, maxAuditFieldBytes),
-			ForwardedFor: clean(r.Header.Get("X-Forwarded-For"), maxAuditFieldBytes),
-		}
-		w.Header().Set(httpapi.HeaderAuditID, rec.AuditID)
-
+		rec := a.newRecord(w, r, action)
 		var body any
 		err := a.authorize(w, r, role, &rec)
 		switch {
@@ -161,9 +164,7 @@ func (a *Admin) call(action, role string, do adminHandler) http.HandlerFunc {
 			if status >= 500 {
 				a.audit.log.WarnContext(r.Context(), "admin call failed", "audit_id", rec.AuditID, "err", err)
 			}
-			rec.Outcome, rec.Status, rec.Detail = e.Code, status, clean(e.Message, maxAuditFieldBytes)
-			a.audit.write(r.Context(), rec)
-			writeError(w, status, e)
+			a.refuse(w, r, rec, status, e)
 			return
 		}
 		rec.Outcome, rec.Status = httpapi.OutcomeOK, http.StatusOK
@@ -172,14 +173,43 @@ func (a *Admin) call(action, role string, do adminHandler) http.HandlerFunc {
 	}
 }
 
-// authorize checks the bearer token and the role it carries.
-func (a *Admin) authorize(w http.ResponseWriter, r *http.Request, role string, rec *httpapi.AuditRecord) error {
+// newRecord starts the audit record of a call and names it in the answer.
+func (a *Admin) newRecord(w http.ResponseWriter, r *http.Request, action string) httpapi.AuditRecord {
+	rec := httpapi.AuditRecord{
+		AuditID:      newAuditID(),
+		Time:         time.Now().UTC(),
+		Action:       action,
+		UserID:       clean(r.PathValue("user_id"), maxAuditFieldBytes),
+		Remote:       clean(r.RemoteAddr, maxAuditFieldBytes),
+		ForwardedFor: clean(r.Header.Get("X-Forwarded-For"), maxAuditFieldBytes),
+	}
+	w.Header().Set(httpapi.HeaderAuditID, rec.AuditID)
+	return rec
+}
+
+// refuse writes the audit record of a refused or failed call, then answers e.
+func (a *Admin) refuse(w http.ResponseWriter, r *http.Request, rec httpapi.AuditRecord, status int, e httpapi.Error) {
+	rec.Outcome, rec.Status, rec.Detail = e.Code, status, clean(e.Message, maxAuditFieldBytes)
+	a.audit.write(r.Context(), rec)
+	writeError(w, status, e)
+}
+
+// identify returns the token the caller presents, if it is known.
+func (a *Admin) identify(r *http.Request) (adminToken, bool) {
 	presented, ok := bearerToken(r)
 	if !ok {
+		return adminToken{}, false
+	}
+	return a.tokens.current().lookup(presented)
+}
+
+// authorize checks the bearer token and the role it carries.
+func (a *Admin) authorize(w http.ResponseWriter, r *http.Request, role string, rec *httpapi.AuditRecord) error {
+	if _, ok := bearerToken(r); !ok {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="limiter admin"`)
 		return &authError{errUnauthorized, `no admin token: send it as "Authorization: Bearer <token>"`}
 	}
-	token, ok := a.tokens.current().lookup(presented)
+	token, ok := a.identify(r)
 	if !ok {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="limiter admin", error="invalid_token"`)
 		return &authError{errUnauthorized, "unknown token"}

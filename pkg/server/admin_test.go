@@ -364,12 +364,38 @@ func TestAdminSlots(t *testing.T) {
 			t.Errorf("record: got %+v, want outcome invalid_user_id for user a{b}", rec)
 		}
 	})
-	t.Run("a wrong method is 405 and not audited", func(t *testing.T) {
-		before := len(e.streamRecords(t))
+	t.Run("the users . and .. are listed and released, not their parent path", func(t *testing.T) {
+		for _, dots := range []string{".", ".."} {
+			held := e.hold(t, dots, 1)
+			got := decode[httpapi.AdminSlotsResponse](t, e.do(t, adminCall{method: "GET", path: httpapi.AdminUserSlotsPath(dots), token: viewerToken}), http.StatusOK)
+			if got.UserID != dots || got.Used != 1 {
+				t.Errorf("slots of %q: got %+v, want the user's 1 slot", dots, got)
+			}
+			r := e.do(t, adminCall{method: "POST", path: httpapi.AdminUserReleasePath(dots), token: operatorToken, body: `{"reason":"dots"}`})
+			if res := decode[httpapi.AdminReleaseResponse](t, r, http.StatusOK); !sameIDs(res.Released, held) {
+				t.Errorf("release of %q: got %v, want %v", dots, res.Released, held)
+			}
+		}
+	})
+	t.Run("a wrong method is 405, audited once", func(t *testing.T) {
+		logBefore, streamBefore := len(e.log.auditLines(t)), len(e.streamRecords(t))
 		r := e.do(t, adminCall{method: "DELETE", path: httpapi.AdminUserSlotsPath(user), token: operatorToken})
 		wantError(t, r, http.StatusMethodNotAllowed, httpapi.CodeMethodNotAllowed)
-		if after := len(e.streamRecords(t)); after != before {
-			t.Errorf("audit records: got %d new, want 0", after-before)
+		if got := r.header.Get("Allow"); got != http.MethodGet {
+			t.Errorf("Allow: got %q, want GET", got)
+		}
+		lines, stream := e.log.auditLines(t)[logBefore:], e.streamRecords(t)
+		if len(lines) != 1 || len(stream)-streamBefore != 1 {
+			t.Fatalf("audit records: got %d in the log and %d in the stream, want 1 and 1", len(lines), len(stream)-streamBefore)
+		}
+		rec := stream[0]
+		if rec.AuditID != r.header.Get(httpapi.HeaderAuditID) || rec.Outcome != httpapi.CodeMethodNotAllowed || rec.Status != http.StatusMethodNotAllowed ||
+			rec.Actor != "ola" || rec.Action != httpapi.ActionListSlots || rec.UserID != user || !strings.Contains(rec.Detail, "DELETE is not allowed") {
+			t.Errorf("record: got %+v, want audit id %s, outcome method_not_allowed 405, actor ola, action list_slots, user %s, detail naming DELETE",
+				rec, r.header.Get(httpapi.HeaderAuditID), user)
+		}
+		if lines[0]["level"] != "WARN" || lines[0]["outcome"] != httpapi.CodeMethodNotAllowed {
+			t.Errorf("log record: got %v, want a WARN with outcome method_not_allowed", lines[0])
 		}
 	})
 }

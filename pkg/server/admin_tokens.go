@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"sync/atomic"
@@ -150,9 +151,10 @@ type tokenFile struct {
 	set  atomic.Pointer[tokenSet]
 
 	// Touched by load and watch only (one goroutine after the first load).
-	stamp   fileStamp // of the version in force (or last reported bad)
-	pending fileStamp // of a change seen once, read when seen again unchanged
-	lastErr string
+	stamp       fileStamp // of the version in force (or last reported bad)
+	pending     fileStamp // of a change seen once, read when seen again unchanged
+	lastErr     string
+	warnedLoose bool // the file is readable by others and that was logged
 }
 
 // fileStamp tells whether a file changed since it was read.
@@ -161,43 +163,53 @@ type fileStamp struct {
 	size    int64
 }
 
+// removed is the stamp of a file that is gone.
+var removed = fileStamp{size: -1}
+
 // loadTokenFile reads path; an error names the path and the line.
 func loadTokenFile(path string, log *slog.Logger) (*tokenFile, error) {
 	f := &tokenFile{path: path, log: log}
-	set, stamp, err := readTokenFile(path)
+	set, fi, err := readTokenFile(path)
 	if err != nil {
 		return nil, err
 	}
 	f.set.Store(set)
-	f.stamp = stamp
+	f.stamp = stampOf(fi)
+	f.checkMode(fi)
 	return f, nil
 }
 
-func readTokenFile(path string) (*tokenSet, fileStamp, error) {
+// readTokenFile parses path and returns it with the file it read (the
+// symlink's target, as a Kubernetes Secret volume mounts it).
+func readTokenFile(path string) (*tokenSet, os.FileInfo, error) {
 	file, err := os.Open(path)
 	if err != nil {
-		return nil, fileStamp{}, err
+		return nil, nil, err
 	}
 	defer file.Close()
 	fi, err := file.Stat()
 	if err != nil {
-		return nil, fileStamp{}, err
+		return nil, nil, err
 	}
 	set, err := parseTokens(file)
 	if err != nil {
-		return nil, fileStamp{}, fmt.Errorf("%s: %w", path, err)
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
 	}
-	return set, fileStamp{modTime: fi.ModTime(), size: fi.Size()}, nil
+	return set, fi, nil
 }
+
+func stampOf(fi os.FileInfo) fileStamp { return fileStamp{modTime: fi.ModTime(), size: fi.Size()} }
 
 // current returns the tokens in force.
 func (f *tokenFile) current() *tokenSet { return f.set.Load() }
 
 // watch re-reads the file when its modification time or size changes
-// (within two intervals), checking every interval until ctx ends. A file that cannot be read or
-// parsed keeps the tokens in force: the error is logged once per change.
-// Polling (rather than inotify) also sees a Kubernetes Secret update,
-// which swaps a symlink rather than writing the file.
+// (within two intervals), checking every interval until ctx ends. A removed
+// file revokes every token: removing it (or the Secret) is how to shut the
+// admin API to everyone. A file that cannot be read or parsed keeps the
+// tokens in force, so a bad edit locks nobody out: the error is logged
+// once per change. Polling (rather than inotify) also sees a Kubernetes
+// Secret update, which swaps a symlink rather than writing the file.
 func (f *tokenFile) watch(ctx context.Context, interval time.Duration) {
 	ticker := time.NewTicker(interval)
 	defer ticker.Stop()
@@ -212,25 +224,36 @@ func (f *tokenFile) watch(ctx context.Context, interval time.Duration) {
 }
 
 func (f *tokenFile) reload() {
-	fi, err := os.Stat(f.path)
-	if err != nil {
+	seen := removed
+	fi, err := os.Stat(f.path) // follows symlinks: a dangling one is a removed file
+	switch {
+	case err == nil:
+		seen = stampOf(fi)
+		f.checkMode(fi)
+	case !errors.Is(err, fs.ErrNotExist):
 		f.failed(err)
 		return
 	}
-	seen := fileStamp{modTime: fi.ModTime(), size: fi.Size()}
 	if seen == f.stamp {
 		f.pending = fileStamp{}
 		return
 	}
-	// Read a changed file only once it has stayed unchanged for one poll:
-	// an editor that truncates then writes must not be caught half-way
-	// (an empty file would revoke every token until the next poll).
+	// Act on a change only once it has stayed for one poll: an editor that
+	// truncates then writes, or renames the old file away before writing
+	// the new one, must not be caught half-way (an empty or missing file
+	// would revoke every token until the next poll).
 	if seen != f.pending {
 		f.pending = seen
 		return
 	}
 	f.pending = fileStamp{}
-	set, stamp, err := readTokenFile(f.path)
+	if seen == removed {
+		f.set.Store(&tokenSet{})
+		f.stamp, f.lastErr = removed, ""
+		f.log.Warn("admin tokens file removed: every admin token is revoked until it is back", "file", f.path)
+		return
+	}
+	set, fi, err := readTokenFile(f.path)
 	if err != nil {
 		// Remember the bad version, so it is reported once, not every poll.
 		f.stamp = seen
@@ -239,7 +262,7 @@ func (f *tokenFile) reload() {
 		return
 	}
 	f.set.Store(set)
-	f.stamp, f.lastErr = stamp, ""
+	f.stamp, f.lastErr = stampOf(fi), ""
 	f.log.Info("admin tokens reloaded", "file", f.path, "tokens", len(set.tokens))
 }
 
@@ -249,4 +272,18 @@ func (f *tokenFile) failed(err error) {
 	}
 	f.lastErr = err.Error()
 	f.log.Error("admin tokens file unusable; keeping the tokens read before", "file", f.path, "tokens", len(f.current().tokens), "err", err)
+}
+
+// checkMode advises, once until it is fixed, when other users may read
+// the file. fi is the resolved file: a Kubernetes Secret volume's symlinks
+// are always 0777, its files 0644 unless the volume's defaultMode says
+// otherwise. Advice only: whether others can reach the file is the
+// deployment's call.
+func (f *tokenFile) checkMode(fi os.FileInfo) {
+	loose := fi.Mode().Perm()&0o077 != 0
+	if loose && !f.warnedLoose {
+		f.log.Warn("admin tokens file is readable by other users; consider chmod 600, or defaultMode: 0400 on its Secret volume",
+			"file", f.path, "mode", fmt.Sprintf("%04o", fi.Mode().Perm()))
+	}
+	f.warnedLoose = loose
 }

@@ -182,14 +182,103 @@ func TestTokenFileReload(t *testing.T) {
 		t.Errorf("alice's role: got %q, want operator", tok.role)
 	}
 
-	// A deleted file keeps the tokens in force.
+	// A deleted file (a removed Secret) revokes every token, logged once.
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
-	nextLog("admin tokens file unusable")
-	if !known(aliceToken) {
-		t.Errorf("after deleting the file: alice's token is unknown, want the last good set kept")
+	line = nextLog("admin tokens file removed")
+	if !strings.Contains(line, `"level":"WARN"`) {
+		t.Errorf("log of a removed file: got %s, want a WARN", line)
 	}
+	if known(aliceToken) {
+		t.Errorf("after deleting the file: alice's token is known, want every token revoked")
+	}
+	select {
+	case again := <-sink.ch:
+		t.Errorf("log: got %s, want the removal reported once", again)
+	case <-time.After(100 * time.Millisecond):
+	}
+
+	// The file back brings its tokens back.
+	write("alice viewer " + aliceToken + "\n")
+	nextLog("admin tokens reloaded")
+	if !known(aliceToken) {
+		t.Errorf("after restoring the file: alice's token is unknown")
+	}
+}
+
+// Other users able to read the tokens file is worth a word of advice, once,
+// judged on the file a symlink resolves to (a Kubernetes Secret volume's
+// links are 0777); it never stops the tokens from loading.
+func TestTokenFileModeAdvice(t *testing.T) {
+	const advice = "readable by other users"
+	for _, tc := range []struct {
+		name    string
+		mode    os.FileMode
+		symlink bool
+		want    int // advice lines after the load and two polls
+	}{
+		{name: "a 0600 file gets no advice", mode: 0o600},
+		{name: "a 0644 file gets advice once", mode: 0o644, want: 1},
+		{name: "a 0640 file gets advice once", mode: 0o640, want: 1},
+		{name: "a 0600 file behind a symlink gets no advice", mode: 0o600, symlink: true},
+		{name: "a 0644 file behind a symlink gets advice once", mode: 0o644, symlink: true, want: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "tokens")
+			target := path
+			if tc.symlink {
+				target = filepath.Join(dir, "..data")
+				if err := os.Symlink(target, path); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := os.WriteFile(target, []byte("alice viewer "+aliceToken+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(target, tc.mode); err != nil { // not subject to the umask
+				t.Fatal(err)
+			}
+			var log strings.Builder
+			f, err := loadTokenFile(path, slog.New(slog.NewJSONHandler(&log, nil)))
+			if err != nil {
+				t.Fatalf("load: got %v, want the tokens loaded whatever the mode", err)
+			}
+			f.reload()
+			f.reload()
+			if got := strings.Count(log.String(), advice); got != tc.want {
+				t.Errorf("advice lines: got %d, want %d; log:\n%s", got, tc.want, log.String())
+			}
+			if tc.want > 0 && !strings.Contains(log.String(), `"level":"WARN"`) {
+				t.Errorf("advice: got %s, want a WARN", log.String())
+			}
+			if _, ok := f.current().lookup(aliceToken); !ok {
+				t.Errorf("alice's token: unknown, want it in force whatever the mode")
+			}
+		})
+	}
+
+	t.Run("advice comes again after the mode was fixed then loosened", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "tokens")
+		if err := os.WriteFile(path, []byte("alice viewer "+aliceToken+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var log strings.Builder
+		f, err := loadTokenFile(path, slog.New(slog.NewJSONHandler(&log, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mode := range []os.FileMode{0o644, 0o644, 0o600, 0o604} {
+			if err := os.Chmod(path, mode); err != nil {
+				t.Fatal(err)
+			}
+			f.reload()
+		}
+		if got := strings.Count(log.String(), advice); got != 2 {
+			t.Errorf("advice lines: got %d, want 2 (0644, then 0604); log:\n%s", got, log.String())
+		}
+	})
 }
 
 func TestClean(t *testing.T) {

@@ -7,6 +7,12 @@
 
 (function () {
   const TOKEN_KEY = "limiter.admin.token";
+  // The recent actions are the calls that changed something (releases) and
+  // the refused ones. Reads are audited too, this page's own among them,
+  // but would crowd those out: more records are fetched than shown, so a
+  // run of reads does not empty the list.
+  const AUDIT_PATH = "/v1/admin/audit?limit=200";
+  const AUDIT_SHOWN = 50;
   // The API is served beside the page: /admin/ → /v1/admin/..., also
   // behind a proxy that adds a path prefix.
   const base = location.pathname.replace(/admin\/[^/]*$/, "");
@@ -95,7 +101,7 @@
   async function signIn(token) {
     sessionStorage.setItem(TOKEN_KEY, token);
     try {
-      const res = await api("GET", "/v1/admin/audit?limit=50");
+      const res = await api("GET", AUDIT_PATH);
       role = res.role;
       enter();
       renderAudit(res.data.records);
@@ -119,30 +125,49 @@
     sessionStorage.removeItem(TOKEN_KEY);
     signedIn = false;
     role = "";
-    shown = null;
-    clearInterval(ticker);
+    hideSlots();
     show($("who"), false);
     show($("app"), false);
-    show($("slots-card"), false);
     show($("signin"), true);
     $("token").value = "";
     setError($("signin-error"), message ? { message } : null);
-    if ($("confirm").open) $("confirm").close();
   }
 
   // --- slots ---
 
+  // userPath is the API path of one user's resource. A browser resolves a
+  // "." or ".." segment as "this" or "parent" directory even when written
+  // %2E (the URL standard decodes it first), so the page cannot ask about
+  // those two ids: it says so instead of calling another route.
+  function userPath(user, resource) {
+    if (user === "." || user === "..") {
+      throw new APIError(0, "", 'A browser cannot send the user id "' + user + '": it reads it as a path step. ' +
+        "Use the CLI instead: limiter admin slots " + user);
+    }
+    return "/v1/admin/users/" + encodeURIComponent(user) + "/" + resource;
+  }
+
   async function lookUp(user) {
     setError($("lookup-error"), null);
     try {
-      const res = await api("GET", "/v1/admin/users/" + encodeURIComponent(user) + "/slots");
+      const res = await api("GET", userPath(user, "slots"));
       role = res.role || role;
       shown = { user: res.data.user_id, slots: res.data.slots, used: res.data.used, fetchedAt: performance.now() };
       renderSlots();
     } catch (err) {
+      // No card of the user shown before: its "Release all slots" would
+      // act on them, not on the user just asked about.
+      hideSlots();
       setError($("lookup-error"), err);
     }
     refreshAudit();
+  }
+
+  function hideSlots() {
+    shown = null;
+    clearInterval(ticker);
+    show($("slots-card"), false);
+    if ($("confirm").open) $("confirm").close();
   }
 
   function renderSlots() {
@@ -208,7 +233,7 @@
     const user = shown.user;
     $("confirm-release").disabled = true;
     try {
-      const res = await api("POST", "/v1/admin/users/" + encodeURIComponent(user) + "/release", { reason });
+      const res = await api("POST", userPath(user, "release"), { reason });
       $("confirm").close();
       const ids = res.data.released;
       const notice = $("notice");
@@ -224,9 +249,13 @@
 
   // --- audit ---
 
+  function worthShowing(r) {
+    return r.action === "release_all" || r.outcome !== "ok";
+  }
+
   async function refreshAudit() {
     try {
-      const res = await api("GET", "/v1/admin/audit?limit=50");
+      const res = await api("GET", AUDIT_PATH);
       setError($("audit-error"), null);
       renderAudit(res.data.records);
     } catch (err) {
@@ -247,7 +276,7 @@
   function renderAudit(records) {
     const body = $("audit").tBodies[0];
     body.replaceChildren();
-    for (const r of records) {
+    for (const r of records.filter(worthShowing).slice(0, AUDIT_SHOWN)) {
       const tr = document.createElement("tr");
       tr.dataset.auditId = r.audit_id;
       const outcome = document.createElement("span");
