@@ -8,7 +8,9 @@
 # The builder runs on the build machine's platform and cross-compiles for the
 # target's (docker buildx build --platform linux/amd64,linux/arm64 ...).
 
-FROM --platform=$BUILDPLATFORM golang:1.26 AS build
+# The Go of go.mod's go line, exactly: an older image would refuse (or
+# download a toolchain), a floating tag would build differently each time.
+FROM --platform=$BUILDPLATFORM golang:1.26.8 AS build
 WORKDIR /src
 # Dependencies first: this layer is reused until go.mod or go.sum change.
 COPY go.mod go.sum ./

@@ -8,6 +8,9 @@
 #   config/rbac/role.yaml                   the Role, from the +kubebuilder:rbac
 #                                           markers in pkg/controller
 #
+# and then refreshes the Helm chart's copies of them (hack/sync-chart.sh), so
+# one `make generate` leaves nothing to sync by hand.
+#
 # controller-gen is installed once, at a pinned version, into a cache outside
 # the clone: ${LIMITER_CACHE:-$HOME/.cache/limiter}/bin.
 #
@@ -37,3 +40,8 @@ cd "$root"
 rm -f config/crd/bases/*.yaml config/rbac/role.yaml
 "$controller_gen" crd paths=./api/... output:crd:artifacts:config=config/crd/bases
 "$controller_gen" rbac:roleName=limiter paths=./pkg/controller/... output:rbac:artifacts:config=config/rbac
+# The chart's copies (crds/, files/rbac/). A scratch ROOT without the chart
+# (hack/verify-generated.sh) has none to refresh.
+if [[ -d "$root/charts/limiter" ]]; then
+	bash "$root/hack/sync-chart.sh"
+fi

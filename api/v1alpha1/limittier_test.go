@@ -82,8 +82,11 @@ func TestTheAPIServerAppliesDefaults(t *testing.T) {
 	if s.SlotTTL == nil || s.SlotTTL.Duration != 120*time.Second {
 		t.Errorf("slotTTL = %v, want the default 120s", s.SlotTTL)
 	}
-	if s.HeartbeatInterval == nil || s.HeartbeatInterval.Duration != 20*time.Second {
-		t.Errorf("heartbeatInterval = %v, want the default 20s", s.HeartbeatInterval)
+	// No server default for heartbeatInterval: the limiter defaults it to
+	// min(20s, slotTTL/3), as for a static tier, which the API server
+	// cannot express (a fixed 20s would make a 30s slotTTL invalid).
+	if s.HeartbeatInterval != nil {
+		t.Errorf("heartbeatInterval = %v, want it left unset", s.HeartbeatInterval)
 	}
 	if s.FailureMode != v1alpha1.FailOpen {
 		t.Errorf("failureMode = %q, want the default Open", s.FailureMode)

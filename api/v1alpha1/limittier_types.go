@@ -75,11 +75,12 @@ type LimitTierSpec struct {
 
 	// heartbeatInterval is how often a holder should heartbeat its slot;
 	// the acquire answer passes it on. It must be at most slotTTL/3, so
-	// that two lost heartbeats in a row do not lose the slot: with a
-	// slotTTL under 60s, set it explicitly. A duration such as 20s.
+	// that two lost heartbeats in a row do not lose the slot. A duration
+	// such as 20s. When absent, the limiter uses 20s, or slotTTL/3 when
+	// that is shorter (the same default as a tier of the static list); the
+	// API server stores no default, since it cannot relate the two fields.
 	//
 	// +optional
-	// +kubebuilder:default="20s"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$`
@@ -110,6 +111,14 @@ type LimitTierStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
+	// heartbeatInterval is the heartbeat interval the limiter uses for
+	// this tier: spec.heartbeatInterval, or its default, min(20s,
+	// slotTTL/3), when spec leaves it unset.
+	//
+	// +optional
+	// +kubebuilder:validation:Type=string
+	HeartbeatInterval *metav1.Duration `json:"heartbeatInterval,omitempty"`
+
 	// conditions hold one condition, Ready: True (reason Accepted) when
 	// the tier is in force, False with reason Invalid or Conflict and a
 	// message saying why when it is not.
@@ -130,7 +139,7 @@ type LimitTierStatus struct {
 // +kubebuilder:printcolumn:name="Plan",type=string,JSONPath=`.status.plan`
 // +kubebuilder:printcolumn:name="Max",type=integer,JSONPath=`.spec.maxConcurrentStreams`
 // +kubebuilder:printcolumn:name="TTL",type=string,JSONPath=`.spec.slotTTL`
-// +kubebuilder:printcolumn:name="Heartbeat",type=string,JSONPath=`.spec.heartbeatInterval`
+// +kubebuilder:printcolumn:name="Heartbeat",type=string,JSONPath=`.status.heartbeatInterval`
 // +kubebuilder:printcolumn:name="Failure",type=string,JSONPath=`.spec.failureMode`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1

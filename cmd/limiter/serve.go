@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -18,13 +19,16 @@ import (
 )
 
 // runServe runs one limiter replica with cfg until ctx ends, then drains
-// and returns nil. It logs to out.
+// and returns nil. It logs to out. Should the tier source fail for good
+// (the LimitTier watch ends), it drains too, and returns that error.
 func runServe(ctx context.Context, cfg config.Config, out io.Writer) error {
+	ctx, fail := context.WithCancelCause(ctx)
+	defer fail(nil)
 	logger := newLogger(cfg.Log, out)
 	b := currentBuild()
 	logger.Info("starting", "version", b.Version, "commit", b.Commit, "go", b.Go)
 
-	table, stopTiers, err := tierTable(ctx, cfg, logger)
+	table, stopTiers, err := tierTable(ctx, cfg, logger, fail)
 	if err != nil {
 		return err
 	}
@@ -83,12 +87,17 @@ func runServe(ctx context.Context, cfg config.Config, out io.Writer) error {
 	}
 	defer stopAdmin()
 	srv := server.New(lim, server.Options{Logger: logger, Metrics: tel.MetricsHandler(), Middleware: tel.Middleware, Routes: adminRoutes})
-	return srv.Run(ctx, server.Addrs{API: cfg.HTTP.Addr, Ops: cfg.Ops.Addr}, cfg.HTTP.ShutdownGrace)
+	err = srv.Run(ctx, server.Addrs{API: cfg.HTTP.Addr, Ops: cfg.Ops.Addr}, cfg.HTTP.ShutdownGrace)
+	if cause := context.Cause(ctx); errors.Is(cause, errTierWatchStopped) {
+		return cause
+	}
+	return err
 }
 
 // tierTable returns the table of the configured tier source, and stop,
-// which waits for the source's watch (if any) to end with ctx.
-func tierTable(ctx context.Context, cfg config.Config, logger *slog.Logger) (table *tiers.Table, stop func(), err error) {
+// which waits for the source's watch (if any) to end with ctx. A watch that
+// ends on its own calls fail.
+func tierTable(ctx context.Context, cfg config.Config, logger *slog.Logger, fail context.CancelCauseFunc) (table *tiers.Table, stop func(), err error) {
 	switch cfg.Tiers.Source {
 	case config.SourceStatic:
 		table = tiers.NewTable()
@@ -97,7 +106,7 @@ func tierTable(ctx context.Context, cfg config.Config, logger *slog.Logger) (tab
 		}
 		return table, func() {}, nil
 	case config.SourceKubernetes:
-		return startKubernetesTiers(ctx, cfg, logger)
+		return startKubernetesTiers(ctx, cfg, logger, fail)
 	default:
 		return nil, nil, fmt.Errorf("%w: tiers.source %q", config.ErrInvalid, cfg.Tiers.Source)
 	}

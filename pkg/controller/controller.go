@@ -36,11 +36,14 @@ import (
 )
 
 // What the controller needs, and nothing else: config/rbac/role.yaml is
-// generated from these markers (make generate).
+// generated from these markers (make generate). Leases: get and update of
+// its own (DefaultLeaseName) only; create cannot be limited by name, since
+// the object does not exist yet when it is authorized.
 //
 // +kubebuilder:rbac:groups=limiter.joishi.dev,namespace=limiter,resources=limittiers,verbs=get;list;watch
 // +kubebuilder:rbac:groups=limiter.joishi.dev,namespace=limiter,resources=limittiers/status,verbs=update
-// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=limiter,resources=leases,verbs=get;create;update
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=limiter,resources=leases,verbs=create
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=limiter,resources=leases,resourceNames=limiter-tiers,verbs=get;update
 
 // Defaults of Options.
 const (
@@ -66,7 +69,8 @@ type Options struct {
 	// even across restarts of one pod.
 	Identity string
 	// LeaseName is the coordination.k8s.io Lease electing the status
-	// writer. Default DefaultLeaseName.
+	// writer. Default DefaultLeaseName, the one name the generated Role
+	// (config/rbac) lets the controller get and update.
 	LeaseName string
 	// LeaseDuration is how long a leader that stops renewing (a crashed
 	// replica) keeps the status writer's role; the leader gives it up after

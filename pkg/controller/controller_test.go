@@ -14,6 +14,7 @@ import (
 
 	"github.com/joishi/limiter/api/v1alpha1"
 	"github.com/joishi/limiter/pkg/controller"
+	"github.com/joishi/limiter/pkg/tiers"
 )
 
 func newLimitTier(ns, name, plan string, limit int32) *v1alpha1.LimitTier {
@@ -149,7 +150,8 @@ func TestStatusConditions(t *testing.T) {
 	// creationTimestamp has a one-second resolution: make the age plain.
 	time.Sleep(1100 * time.Millisecond)
 	invalid := newLimitTier(ns, "short", "", 1)
-	invalid.Spec.SlotTTL = &metav1.Duration{Duration: 30 * time.Second} // heartbeat default 20s > 30s/3
+	invalid.Spec.SlotTTL = &metav1.Duration{Duration: 30 * time.Second}
+	invalid.Spec.HeartbeatInterval = &metav1.Duration{Duration: 15 * time.Second} // > 30s/3
 	newer := newLimitTier(ns, "paid-v2", "paid", 5)
 	for _, lt := range []*v1alpha1.LimitTier{invalid, newer} {
 		if err := env.Client.Create(ctx, lt); err != nil {
@@ -161,7 +163,7 @@ func TestStatusConditions(t *testing.T) {
 	if got.Status.Plan != "paid" {
 		t.Errorf("status.plan of paid = %q, want paid", got.Status.Plan)
 	}
-	wantStatus(t, env.Client, ns, "short", v1alpha1.ReasonInvalid, "heartbeatInterval must be <= slotTTL/3 (10s), got 20s")
+	wantStatus(t, env.Client, ns, "short", v1alpha1.ReasonInvalid, "heartbeatInterval must be <= slotTTL/3 (10s), got 15s")
 	wantStatus(t, env.Client, ns, "paid-v2", v1alpha1.ReasonConflict, `plan "paid" is already defined by the older LimitTier "paid"`)
 	if got := c.limitOf("paid"); got != 3 {
 		t.Errorf("limit of paid = %d, want 3 (the older object's)", got)
@@ -201,6 +203,41 @@ func TestStatusConditions(t *testing.T) {
 		if holder := ptrString(lease.Spec.HolderIdentity); holder != c.Identity() {
 			t.Errorf("Lease holder = %q, want this controller, %q", holder, c.Identity())
 		}
+	})
+}
+
+// A LimitTier without heartbeatInterval takes the static list's default,
+// min(20s, slotTTL/3): with slotTTL 30s it is valid, at 10s, as the same
+// tier in tiers.static is. (The API server must not default the field to a
+// fixed 20s, which a short slotTTL would make invalid.)
+func TestHeartbeatDefaultFollowsSlotTTL(t *testing.T) {
+	env := kube.Get(t)
+	ns := env.Namespace(t)
+	c := startController(t, env.Config, ns)
+
+	short := newLimitTier(ns, "short", "", 2)
+	short.Spec.SlotTTL = &metav1.Duration{Duration: 30 * time.Second}
+	if err := env.Client.Create(t.Context(), short); err != nil {
+		t.Fatal(err)
+	}
+	got := wantStatus(t, env.Client, ns, "short", v1alpha1.ReasonAccepted, `plan "short" is in force`)
+	if got.Spec.HeartbeatInterval != nil {
+		t.Errorf("stored spec.heartbeatInterval = %v, want it left unset", got.Spec.HeartbeatInterval)
+	}
+	// What kubectl's Heartbeat column shows: the interval in force.
+	if hb := got.Status.HeartbeatInterval; hb == nil || hb.Duration != 10*time.Second {
+		t.Errorf("status.heartbeatInterval = %v, want 10s", hb)
+	}
+	eventually(t, time.Second, func() string {
+		tier, ok := c.Table.Lookup("short")
+		if !ok {
+			return "plan short is not in the table"
+		}
+		static := tiers.Tier{Plan: "short", MaxConcurrentStreams: 2, SlotTTL: 30 * time.Second}.WithDefaults()
+		if tier != static || tier.HeartbeatInterval != 10*time.Second {
+			return fmt.Sprintf("tier = %+v, want %+v (heartbeat 10s, as in tiers.static)", tier, static)
+		}
+		return ""
 	})
 }
 

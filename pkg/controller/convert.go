@@ -19,9 +19,21 @@ func PlanOf(lt *v1alpha1.LimitTier) string {
 
 // ToTier converts lt into the tier the limiter enforces and validates it
 // with the same rules as a tier of the static list (tiers.Tier.Validate).
-// Fields the API server would have defaulted take the tier defaults when
-// absent. The error is one line, fit for a condition message.
+// Absent fields take the defaults of a static tier (tiers.Tier.WithDefaults),
+// so both sources agree: in particular heartbeatInterval, which the CRD
+// leaves unset, becomes min(20s, slotTTL/3). The error is one line, fit for
+// a condition message.
 func ToTier(lt *v1alpha1.LimitTier) (tiers.Tier, error) {
+	tier := defaultedTier(lt)
+	if err := tier.Validate(); err != nil {
+		return tiers.Tier{}, fmt.Errorf("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
+	}
+	return tier, nil
+}
+
+// defaultedTier is lt as a tier, with the defaults of a static tier
+// applied, not validated.
+func defaultedTier(lt *v1alpha1.LimitTier) tiers.Tier {
 	tier := tiers.Tier{
 		Plan:                 PlanOf(lt),
 		MaxConcurrentStreams: int(lt.Spec.MaxConcurrentStreams),
@@ -33,9 +45,5 @@ func ToTier(lt *v1alpha1.LimitTier) (tiers.Tier, error) {
 	if lt.Spec.HeartbeatInterval != nil {
 		tier.HeartbeatInterval = lt.Spec.HeartbeatInterval.Duration
 	}
-	tier = tier.WithDefaults()
-	if err := tier.Validate(); err != nil {
-		return tiers.Tier{}, fmt.Errorf("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
-	}
-	return tier, nil
+	return tier.WithDefaults()
 }

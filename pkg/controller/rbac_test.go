@@ -11,6 +11,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/rest"
@@ -141,5 +142,24 @@ func TestTheRoleIsEnough(t *testing.T) {
 		if err := sa.List(ctx, d.list, client.InNamespace(d.ns)); !apierrors.IsForbidden(err) {
 			t.Errorf("listing %s as the ServiceAccount = %v, want Forbidden", d.what, err)
 		}
+	}
+
+	// Leases: its own only (create cannot be limited by name; get and
+	// update can). Another component's Lease in the namespace is out of
+	// reach, so the limiter cannot take over or disturb its election.
+	other := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "someone-else"}}
+	if err := env.Client.Create(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	if err := sa.Get(ctx, client.ObjectKeyFromObject(other), &coordinationv1.Lease{}); !apierrors.IsForbidden(err) {
+		t.Errorf("getting another Lease as the ServiceAccount = %v, want Forbidden", err)
+	}
+	holder := "intruder"
+	other.Spec.HolderIdentity = &holder
+	if err := sa.Update(ctx, other); !apierrors.IsForbidden(err) {
+		t.Errorf("updating another Lease as the ServiceAccount = %v, want Forbidden", err)
+	}
+	if err := sa.List(ctx, &coordinationv1.LeaseList{}, client.InNamespace(ns)); !apierrors.IsForbidden(err) {
+		t.Errorf("listing Leases as the ServiceAccount = %v, want Forbidden", err)
 	}
 }

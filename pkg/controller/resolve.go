@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/joishi/limiter/api/v1alpha1"
 	"github.com/joishi/limiter/pkg/tiers"
@@ -17,6 +18,10 @@ type Verdict struct {
 	Reason string
 	// Message says why, in a sentence.
 	Message string
+	// HeartbeatInterval is the object's heartbeat interval with the
+	// default applied (spec.heartbeatInterval, else min(20s, slotTTL/3));
+	// 0 when not even that is above 0.
+	HeartbeatInterval time.Duration
 }
 
 // Accepted reports whether the object's tier is in force.
@@ -50,18 +55,21 @@ func Resolve(items []v1alpha1.LimitTier) Resolution {
 	owner := map[string]string{} // plan → name of the object in force
 	for _, lt := range ordered {
 		plan := PlanOf(lt)
+		heartbeat := max(defaultedTier(lt).HeartbeatInterval, 0)
 		tier, err := ToTier(lt)
 		switch {
 		case err != nil:
-			res.Verdicts[lt.Name] = Verdict{Plan: plan, Reason: v1alpha1.ReasonInvalid, Message: err.Error()}
+			res.Verdicts[lt.Name] = Verdict{Plan: plan, Reason: v1alpha1.ReasonInvalid, Message: err.Error(), HeartbeatInterval: heartbeat}
 		case owner[plan] != "":
 			res.Verdicts[lt.Name] = Verdict{Plan: plan, Reason: v1alpha1.ReasonConflict,
-				Message: fmt.Sprintf("plan %q is already defined by the older LimitTier %q, which is in force", plan, owner[plan])}
+				Message:           fmt.Sprintf("plan %q is already defined by the older LimitTier %q, which is in force", plan, owner[plan]),
+				HeartbeatInterval: heartbeat}
 		default:
 			owner[plan] = lt.Name
 			res.Tiers = append(res.Tiers, tier)
 			res.Verdicts[lt.Name] = Verdict{Plan: plan, Reason: v1alpha1.ReasonAccepted,
-				Message: fmt.Sprintf("plan %q is in force: %d concurrent streams per user", plan, tier.MaxConcurrentStreams)}
+				Message:           fmt.Sprintf("plan %q is in force: %d concurrent streams per user", plan, tier.MaxConcurrentStreams),
+				HeartbeatInterval: heartbeat}
 		}
 	}
 	slices.SortFunc(res.Tiers, func(a, b tiers.Tier) int { return strings.Compare(a.Plan, b.Plan) })

@@ -97,9 +97,16 @@ func (c *Controller) syncStatus(ctx context.Context, wroteFrom map[string]string
 // changed it.
 func setStatus(lt *v1alpha1.LimitTier, verdict Verdict) bool {
 	s := &lt.Status
-	changed := s.Plan != verdict.Plan || s.ObservedGeneration != lt.Generation
+	var heartbeat *metav1.Duration
+	if verdict.HeartbeatInterval > 0 {
+		heartbeat = &metav1.Duration{Duration: verdict.HeartbeatInterval}
+	}
+	changed := s.Plan != verdict.Plan || s.ObservedGeneration != lt.Generation ||
+		(s.HeartbeatInterval == nil) != (heartbeat == nil) ||
+		(heartbeat != nil && s.HeartbeatInterval.Duration != heartbeat.Duration)
 	s.Plan = verdict.Plan
 	s.ObservedGeneration = lt.Generation
+	s.HeartbeatInterval = heartbeat
 	ready := metav1.ConditionFalse
 	if verdict.Accepted() {
 		ready = metav1.ConditionTrue

@@ -83,8 +83,27 @@ terminationGracePeriodSeconds: the preStop delay, then the drain
 {{- define "limiter.adminDir" -}}/etc/limiter/admin{{- end }}
 
 {{/*
+A duration string (as values.schema.json lets through: number-unit pairs such
+as "90s", "1m30s", "1.5h") in nanoseconds, printed as an integer: turn it back
+into a number with `include "limiter.durationNs" $s | int64`. Go's units: ns,
+us (µs), ms, s, m, h.
+*/}}
+{{- define "limiter.durationNs" -}}
+{{- $units := dict "ns" 1 "us" 1000 "µs" 1000 "μs" 1000 "ms" 1000000 "s" 1000000000 "m" 60000000000 "h" 3600000000000 }}
+{{- $ns := 0.0 }}
+{{- range regexFindAll `[0-9]+(\.[0-9]+)?(ns|us|µs|μs|ms|s|m|h)` (toString .) -1 }}
+{{- $num := regexFind `^[0-9]+(\.[0-9]+)?` . }}
+{{- $ns = addf $ns (mulf $num (get $units (trimPrefix $num .))) }}
+{{- end }}
+{{- $ns | int64 }}
+{{- end }}
+
+{{/*
 Refuse values that render but cannot work. values.schema.json checks each
-value alone; these rules relate several.
+value alone (the form of a duration, not its range); these rules check
+ranges and relate several values, with the limiter's own bounds (pkg/tiers,
+pkg/config) and the LimitTier CRD's, so a bad value fails `helm install`
+rather than a pod or the API server later.
 */}}
 {{- define "limiter.validate" -}}
 {{- if and (empty .Values.redis.addrs) (gt (int .Values.replicaCount) 1) }}
@@ -102,9 +121,46 @@ value alone; these rules relate several.
 {{- if and .Values.redis.tls.existingSecret (empty .Values.redis.tls.caKey) (empty .Values.redis.tls.certKey) }}
 {{- fail "redis.tls.existingSecret is set but redis.tls.caKey and redis.tls.certKey are both empty: name the key(s) to mount, or unset the Secret" }}
 {{- end }}
+{{- $timeout := include "limiter.durationNs" .Values.redis.timeout | int64 }}
+{{- if or (le $timeout 0) (gt $timeout 10000000000) }}
+{{- fail (printf "redis.timeout %q: must be above 0s and at most 10s" (toString .Values.redis.timeout)) }}
+{{- end }}
+{{- if le (include "limiter.durationNs" .Values.redis.shardsRefreshInterval | int64) 0 }}
+{{- fail (printf "redis.shardsRefreshInterval %q: must be above 0s" (toString .Values.redis.shardsRefreshInterval)) }}
+{{- end }}
+{{- if include "limiter.kubernetesTiers" . }}
+{{- $lease := include "limiter.durationNs" .Values.tiers.leaseDuration | int64 }}
+{{- if or (lt $lease 1000000000) (gt $lease 300000000000) }}
+{{- fail (printf "tiers.leaseDuration %q: must be between 1s and 5m" (toString .Values.tiers.leaseDuration)) }}
+{{- end }}
+{{- end }}
 {{- $plans := dict }}
 {{- $names := dict }}
 {{- range $i, $t := .Values.tiers.items }}
+{{- $where := printf "tiers.items[%d] (%s)" $i $t.name }}
+{{- range $field := list "slotTTL" "heartbeatInterval" }}
+{{- $v := get $t $field | toString }}
+{{- if or (contains "µ" $v) (contains "μ" $v) }}
+{{- fail (printf "%s: %s %q: write microseconds as \"us\" (a LimitTier's durations take ns, us, ms, s, m or h)" $where $field $v) }}
+{{- end }}
+{{- end }}
+{{- /* The defaults of a tier (pkg/tiers WithDefaults): slotTTL 120s; heartbeatInterval min(20s, slotTTL/3), valid whenever slotTTL is. */}}
+{{- $ttl := 120000000000 }}
+{{- if hasKey $t "slotTTL" }}
+{{- $ttl = include "limiter.durationNs" $t.slotTTL | int64 }}
+{{- if or (lt $ttl 100000000) (gt $ttl 86400000000000) }}
+{{- fail (printf "%s: slotTTL %q: must be between 100ms and 24h" $where (toString $t.slotTTL)) }}
+{{- end }}
+{{- end }}
+{{- if hasKey $t "heartbeatInterval" }}
+{{- $hb := include "limiter.durationNs" $t.heartbeatInterval | int64 }}
+{{- if le $hb 0 }}
+{{- fail (printf "%s: heartbeatInterval %q: must be above 0s" $where (toString $t.heartbeatInterval)) }}
+{{- end }}
+{{- if gt (mul $hb 3) $ttl }}
+{{- fail (printf "%s: heartbeatInterval %q: must be at most a third of slotTTL (%s), so that two lost heartbeats do not lose a slot; leave it unset for min(20s, slotTTL/3)" $where (toString $t.heartbeatInterval) (toString ($t.slotTTL | default "120s, the default"))) }}
+{{- end }}
+{{- end }}
 {{- if hasKey $names $t.name }}
 {{- fail (printf "tiers.items[%d]: name %q is already used by tiers.items[%v]" $i $t.name (get $names $t.name)) }}
 {{- end }}

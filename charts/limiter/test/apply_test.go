@@ -49,7 +49,7 @@ func TestAppliedObjectsAreAccepted(t *testing.T) {
 		namespace string
 		files     []string
 	}{
-		{"default values", "limiter", nil},
+		{"default values", "limiter", []string{redisValues}},
 		{"cluster mode (ci/cluster-values.yaml)", "limiter-cluster", []string{clusterValues}},
 	} {
 		t.Run(vs.name, func(t *testing.T) {
@@ -91,15 +91,17 @@ func TestAppliedObjectsAreAccepted(t *testing.T) {
 			}
 			api.takeWarnings()
 
-			// The LimitTiers were stored with the CRD's defaults applied.
+			// The LimitTiers were stored with the CRD's defaults applied. None
+			// for heartbeatInterval: the limiter defaults it to min(20s,
+			// slotTTL/3), as for a static tier.
 			for _, lt := range ofKind(objs, "LimitTier") {
 				got := api.get(t, lt)
-				for field, want := range map[string]any{"failureMode": "Open", "slotTTL": "120s", "heartbeatInterval": "20s"} {
+				for field, want := range map[string]any{"failureMode": "Open", "slotTTL": "120s", "heartbeatInterval": nil} {
 					if _, set := lt.Object["spec"].(map[string]any)[field]; set {
 						continue
 					}
 					if v, _, _ := unstructured.NestedFieldNoCopy(got.Object, "spec", field); v != want {
-						t.Errorf("LimitTier %s spec.%s: got %v, want the CRD default %v", lt.GetName(), field, v, want)
+						t.Errorf("LimitTier %s spec.%s: got %v, want the CRD's default %v (<nil>: none)", lt.GetName(), field, v, want)
 					}
 				}
 			}

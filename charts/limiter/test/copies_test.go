@@ -2,7 +2,9 @@ package chart
 
 import (
 	"bytes"
+	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -49,7 +51,7 @@ func TestCopiesMatchConfig(t *testing.T) {
 // The rendered Role grants exactly config/rbac/role.yaml's rules, and the
 // rendered CRD is config/crd/bases' CRD.
 func TestRenderedRBACAndCRDMatchConfig(t *testing.T) {
-	objs := render(t, nil)
+	objs := render(t, []string{redisValues})
 
 	var role map[string]any
 	readYAML(t, filepath.Join(repoRoot, "config/rbac/role.yaml"), &role)
@@ -109,4 +111,69 @@ func readFile(t testing.TB, path string) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// `make generate` (hack/codegen.sh) refreshes the chart's copies itself:
+// run on a scratch copy of the sources whose chart copies are stale, it
+// leaves them equal to config/ again.
+func TestGenerateRefreshesChartCopies(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs controller-gen")
+	}
+	scratch := t.TempDir()
+	for _, path := range []string{"go.mod", "go.sum", "api", "pkg", "hack", "config", "charts/limiter/crds", "charts/limiter/files"} {
+		copyTree(t, filepath.Join(repoRoot, path), filepath.Join(scratch, path))
+	}
+	stale := []string{"charts/limiter/crds/limiter.joishi.dev_limittiers.yaml", "charts/limiter/files/rbac/role.yaml"}
+	for _, path := range stale {
+		if err := os.WriteFile(filepath.Join(scratch, path), []byte("# stale\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command("bash", filepath.Join(scratch, "hack", "codegen.sh"), scratch)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("hack/codegen.sh: %v\n%s", err, out)
+	}
+	for _, path := range stale {
+		got := readFile(t, filepath.Join(scratch, path))
+		if bytes.Equal(got, []byte("# stale\n")) {
+			t.Errorf("%s is still stale after hack/codegen.sh: it does not run hack/sync-chart.sh", path)
+		}
+	}
+	out, err := exec.Command("bash", filepath.Join(scratch, "hack", "sync-chart.sh"), "--check").CombinedOutput()
+	if err != nil {
+		t.Errorf("after hack/codegen.sh, hack/sync-chart.sh --check: %v\n%s", err, out)
+	}
+}
+
+// copyTree copies the file or directory src to dst.
+func copyTree(t testing.TB, src, dst string) {
+	t.Helper()
+	err := filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, path)
+		if err != nil {
+			return err
+		}
+		target := filepath.Join(dst, rel)
+		if d.IsDir() {
+			return os.MkdirAll(target, 0o755)
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+			return err
+		}
+		return os.WriteFile(target, data, 0o644)
+	})
+	if err != nil {
+		t.Fatalf("copying %s: %v", src, err)
+	}
 }

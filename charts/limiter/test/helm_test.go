@@ -30,6 +30,10 @@ const (
 	repoRoot = "../../.."
 	// clusterValues is the cluster-mode values file the chart's CI uses.
 	clusterValues = "../ci/cluster-values.yaml"
+	// redisValues sets redis.addrs, which the defaults leave empty (and so
+	// refuse with the default 3 replicas): values.yaml plus this file are
+	// what the tests call the default values.
+	redisValues = "testdata/redis-values.yaml"
 	// helmVersion is the helm hack/helm.sh installs.
 	helmVersion = "v3.22.0"
 	// release and namespace of every rendering.

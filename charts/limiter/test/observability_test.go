@@ -49,13 +49,13 @@ func ruleGroups(t testing.TB, yamls []string) []any {
 func TestDashboardConfigMap(t *testing.T) {
 	dashboards, _ := observability(t)
 	if len(dashboards) == 0 {
-		_, stderr, err := runHelm(t, templateArgs(nil, "--set", "dashboard.enabled=true")...)
+		_, stderr, err := runHelm(t, templateArgs([]string{redisValues}, "--set", "dashboard.enabled=true")...)
 		if err == nil || !strings.Contains(stderr, "the chart carries no dashboard") {
 			t.Errorf("dashboard.enabled without a dashboard: got %v, want a refusal saying so:\n%s", err, stderr)
 		}
 		return
 	}
-	cm := find(t, render(t, nil, "--set", "dashboard.enabled=true"), "ConfigMap", "limiter-dashboard")
+	cm := find(t, render(t, []string{redisValues}, "--set", "dashboard.enabled=true"), "ConfigMap", "limiter-dashboard")
 	if got := cm.GetLabels()["grafana_dashboard"]; got != "1" {
 		t.Errorf("label grafana_dashboard: got %q, want \"1\"", got)
 	}
@@ -75,13 +75,13 @@ func TestPrometheusRule(t *testing.T) {
 	_, yamls := observability(t)
 	groups := ruleGroups(t, yamls)
 	if len(groups) == 0 {
-		_, stderr, err := runHelm(t, templateArgs(nil, "--set", "prometheusRule.enabled=true")...)
+		_, stderr, err := runHelm(t, templateArgs([]string{redisValues}, "--set", "prometheusRule.enabled=true")...)
 		if err == nil || !strings.Contains(stderr, "the chart carries no alert rules") {
 			t.Errorf("prometheusRule.enabled without rules: got %v, want a refusal saying so:\n%s", err, stderr)
 		}
 		return
 	}
-	rule := find(t, render(t, nil, "--set", "prometheusRule.enabled=true", "--set", "prometheusRule.labels.release=prometheus"), "PrometheusRule", "")
+	rule := find(t, render(t, []string{redisValues}, "--set", "prometheusRule.enabled=true", "--set", "prometheusRule.labels.release=prometheus"), "PrometheusRule", "")
 	got, _, _ := unstructured.NestedSlice(rule.Object, "spec", "groups")
 	if len(got) != len(groups) {
 		t.Errorf("PrometheusRule holds %d groups, files/observability %d", len(got), len(groups))

@@ -14,7 +14,7 @@ var valueSets = []struct {
 	name  string
 	files []string
 }{
-	{"default values", nil},
+	{"default values", []string{redisValues}},
 	{"cluster mode (ci/cluster-values.yaml)", []string{clusterValues}},
 }
 
@@ -57,8 +57,45 @@ func TestTemplateRendersEveryObject(t *testing.T) {
 	}
 }
 
+// redis.addrs has no default: a guessed address that does not exist would
+// leave the pods ready while every plan fails open. So values.yaml alone,
+// with its 3 replicas, is refused with a message saying what to set; with
+// redis.addrs, or one replica on the embedded store, it renders.
+func TestDefaultValuesNeedRedis(t *testing.T) {
+	_, stderr, err := runHelm(t, templateArgs(nil)...)
+	if err == nil {
+		t.Fatal("helm template accepted the default values, whose redis.addrs is empty, with 3 replicas")
+	}
+	for _, want := range []string{"redis.addrs is empty", "replicaCount 3", "Set redis.addrs, or replicaCount: 1 for a trial"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("helm's error does not say %q:\n%s", want, stderr)
+		}
+	}
+
+	t.Run("with redis.addrs", func(t *testing.T) {
+		objs := render(t, nil, "--set", "redis.addrs={redis-cluster.redis.svc:6379}")
+		addrs := configFile(t, objs)["redis"].(map[string]any)["addrs"]
+		if !reflect.DeepEqual(addrs, []any{"redis-cluster.redis.svc:6379"}) {
+			t.Errorf("config redis.addrs: got %v, want the address set", addrs)
+		}
+		if got := find(t, objs, "Deployment", "").Object["spec"].(map[string]any)["replicas"]; got != int64(3) {
+			t.Errorf("replicas: got %v, want 3", got)
+		}
+	})
+	t.Run("one replica on the embedded store", func(t *testing.T) {
+		objs := render(t, nil, "--set", "replicaCount=1")
+		addrs := configFile(t, objs)["redis"].(map[string]any)["addrs"]
+		if !reflect.DeepEqual(addrs, []any{}) {
+			t.Errorf("config redis.addrs: got %v, want []", addrs)
+		}
+		if n := len(ofKind(objs, "PodDisruptionBudget")); n != 0 {
+			t.Errorf("rendered %d PodDisruptionBudgets for one replica, want 0", n)
+		}
+	})
+}
+
 func TestDefaultLimitTiers(t *testing.T) {
-	objs := render(t, nil)
+	objs := render(t, []string{redisValues})
 	got := map[string]int64{}
 	for _, lt := range ofKind(objs, "LimitTier") {
 		n, _, _ := unstructured.NestedInt64(lt.Object, "spec", "maxConcurrentStreams")
@@ -75,7 +112,7 @@ func TestDeploymentShape(t *testing.T) {
 		t.Run(vs.name, func(t *testing.T) {
 			dep := find(t, render(t, vs.files), "Deployment", "")
 			spec := dep.Object["spec"].(map[string]any)
-			if vs.files == nil {
+			if vs.name == "default values" {
 				if got := spec["replicas"]; got != int64(3) {
 					t.Errorf("replicas: got %v, want 3", got)
 				}
@@ -126,7 +163,7 @@ func TestTerminationGraceCoversDrain(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			objs := render(t, nil, tt.flags...)
+			objs := render(t, []string{redisValues}, tt.flags...)
 			pod := podSpec(t, find(t, objs, "Deployment", ""))
 			if got := pod["terminationGracePeriodSeconds"]; got != tt.wantGrace {
 				t.Errorf("terminationGracePeriodSeconds: got %v, want %d", got, tt.wantGrace)
@@ -145,7 +182,7 @@ func TestTerminationGraceCoversDrain(t *testing.T) {
 // A change of the config file changes the pod template, so pods roll.
 func TestConfigChangeRollsPods(t *testing.T) {
 	sum := func(flags ...string) string {
-		dep := find(t, render(t, nil, flags...), "Deployment", "")
+		dep := find(t, render(t, []string{redisValues}, flags...), "Deployment", "")
 		v, _, _ := unstructured.NestedString(dep.Object, "spec", "template", "metadata", "annotations", "checksum/config")
 		return v
 	}
@@ -219,7 +256,7 @@ func TestPodMeetsRestrictedProfile(t *testing.T) {
 }
 
 func TestRoleIsLeastPrivilege(t *testing.T) {
-	role := find(t, render(t, nil), "Role", "")
+	role := find(t, render(t, []string{redisValues}), "Role", "")
 	rules, _, _ := unstructured.NestedSlice(role.Object, "rules")
 	if len(rules) == 0 {
 		t.Fatal("the Role has no rules")
@@ -242,7 +279,7 @@ func TestRoleIsLeastPrivilege(t *testing.T) {
 			}
 		}
 	}
-	binding := find(t, render(t, nil), "RoleBinding", "")
+	binding := find(t, render(t, []string{redisValues}), "RoleBinding", "")
 	if ref, _, _ := unstructured.NestedString(binding.Object, "roleRef", "kind"); ref != "Role" {
 		t.Errorf("RoleBinding.roleRef.kind: got %s, want Role (never a ClusterRole)", ref)
 	}
@@ -251,7 +288,7 @@ func TestRoleIsLeastPrivilege(t *testing.T) {
 // With tiers.source static the plans go into the config file: no LimitTier,
 // no RBAC, no API token in the pods.
 func TestStaticSource(t *testing.T) {
-	objs := render(t, nil, "--set", "tiers.source=static")
+	objs := render(t, []string{redisValues}, "--set", "tiers.source=static")
 	for _, kind := range []string{"LimitTier", "Role", "RoleBinding"} {
 		if n := len(ofKind(objs, kind)); n != 0 {
 			t.Errorf("rendered %d %s with tiers.source static, want 0", n, kind)
@@ -273,7 +310,7 @@ func TestStaticSource(t *testing.T) {
 
 // The optional Prometheus Operator objects render only when asked for.
 func TestServiceMonitor(t *testing.T) {
-	if n := len(ofKind(render(t, nil), "ServiceMonitor")); n != 0 {
+	if n := len(ofKind(render(t, []string{redisValues}), "ServiceMonitor")); n != 0 {
 		t.Errorf("default values rendered %d ServiceMonitors, want 0", n)
 	}
 	objs := render(t, []string{clusterValues})

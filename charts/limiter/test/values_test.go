@@ -76,10 +76,57 @@ func TestBadValuesAreRefused(t *testing.T) {
 			values: "redis:\n  tls:\n    existingSecret: redis-tls\n",
 			want:   []string{"redis.tls.existingSecret is set but redis.tls.enabled is false"},
 		},
+		// Durations in range for the limiter (pkg/tiers, pkg/config) and the
+		// LimitTier CRD; the schema only checks their form.
+		{
+			name:   "a slotTTL above 24h",
+			values: "tiers:\n  items:\n    - name: free\n      maxConcurrentStreams: 1\n      slotTTL: 48h\n",
+			want:   []string{`tiers.items[0] (free): slotTTL "48h": must be between 100ms and 24h`},
+		},
+		{
+			name:   "a zero slotTTL",
+			values: "tiers:\n  items:\n    - name: free\n      maxConcurrentStreams: 1\n      slotTTL: 0s\n",
+			want:   []string{`tiers.items[0] (free): slotTTL "0s": must be between 100ms and 24h`},
+		},
+		{
+			name:   "a heartbeat above slotTTL/3",
+			values: "tiers:\n  items:\n    - name: free\n      maxConcurrentStreams: 1\n    - name: paid\n      maxConcurrentStreams: 3\n      slotTTL: 30s\n      heartbeatInterval: 15s\n",
+			want:   []string{`tiers.items[1] (paid): heartbeatInterval "15s": must be at most a third of slotTTL (30s)`},
+		},
+		{
+			name:   "a heartbeat above a third of the default slotTTL",
+			values: "tiers:\n  items:\n    - name: free\n      maxConcurrentStreams: 1\n      heartbeatInterval: 41s\n",
+			want:   []string{`tiers.items[0] (free): heartbeatInterval "41s": must be at most a third of slotTTL (120s, the default)`},
+		},
+		{
+			name:   "a zero heartbeat",
+			values: "tiers:\n  items:\n    - name: free\n      maxConcurrentStreams: 1\n      heartbeatInterval: 0s\n",
+			want:   []string{`tiers.items[0] (free): heartbeatInterval "0s": must be above 0s`},
+		},
+		{
+			name:   "microseconds written with the micro sign, which the CRD refuses",
+			values: "tiers:\n  items:\n    - name: free\n      maxConcurrentStreams: 1\n      slotTTL: 500000µs\n",
+			want:   []string{`tiers.items[0] (free): slotTTL "500000µs": write microseconds as "us"`},
+		},
+		{
+			name:   "a zero lease",
+			values: "tiers:\n  leaseDuration: 0s\n",
+			want:   []string{`tiers.leaseDuration "0s": must be between 1s and 5m`},
+		},
+		{
+			name:   "a lease above 5m",
+			values: "tiers:\n  leaseDuration: 10m\n",
+			want:   []string{`tiers.leaseDuration "10m": must be between 1s and 5m`},
+		},
+		{
+			name:   "a Redis timeout above 10s",
+			values: "redis:\n  timeout: 11s\n",
+			want:   []string{`redis.timeout "11s": must be above 0s and at most 10s`},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, stderr, err := runHelm(t, templateArgs([]string{writeValues(t, tt.values)})...)
+			_, stderr, err := runHelm(t, templateArgs([]string{redisValues, writeValues(t, tt.values)})...)
 			if err == nil {
 				t.Fatalf("helm template accepted %q", tt.values)
 			}
@@ -89,6 +136,27 @@ func TestBadValuesAreRefused(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The bounds are inclusive, fractions and compound durations are read, and
+// a short slotTTL without heartbeatInterval is fine: the limiter defaults
+// the heartbeat to min(20s, slotTTL/3).
+func TestDurationsInRangeAreAccepted(t *testing.T) {
+	for _, values := range []string{
+		"tiers:\n  items:\n    - name: free\n      maxConcurrentStreams: 1\n      slotTTL: 30s\n",
+		"tiers:\n  items:\n    - name: free\n      maxConcurrentStreams: 1\n      slotTTL: 30s\n      heartbeatInterval: 10s\n",
+		"tiers:\n  items:\n    - name: free\n      maxConcurrentStreams: 1\n      slotTTL: 1.5s\n      heartbeatInterval: 500ms\n",
+		"tiers:\n  items:\n    - name: free\n      maxConcurrentStreams: 1\n      slotTTL: 100ms\n",
+		"tiers:\n  items:\n    - name: free\n      maxConcurrentStreams: 1\n      slotTTL: 23h59m60s\n      heartbeatInterval: 8h\n",
+		"tiers:\n  items:\n    - name: free\n      maxConcurrentStreams: 1\n      heartbeatInterval: 40s\n",
+		"tiers:\n  leaseDuration: 1s\n",
+		"tiers:\n  leaseDuration: 5m\n",
+		"redis:\n  timeout: 10s\n",
+	} {
+		if _, stderr, err := runHelm(t, templateArgs([]string{redisValues, writeValues(t, values)})...); err != nil {
+			t.Errorf("helm template refused %q: %v\n%s", values, err, stderr)
+		}
 	}
 }
 
