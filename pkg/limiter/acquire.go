@@ -85,11 +85,9 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	res := AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}
 	if err != nil {
 		if final := notOutage(ctx, err); final != nil {
-			l.releaseUnanswered(key, req.StreamID, err)
 			return AcquireResult{}, tier, final
 		}
 		if tier.FailureMode == tiers.FailClosed {
-			l.releaseUnanswered(key, req.StreamID, err)
 			return AcquireResult{}, tier, fmt.Errorf("%w: acquire for plan %q: %w", ErrUnavailable, tier.Plan, err)
 		}
 		l.warnDegraded(ctx, "redis unavailable; granting acquire degraded (failureMode Open)", "plan", tier.Plan, "err", err)
