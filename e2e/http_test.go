@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/joishi/limiter/internal/servetest"
+	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/httpapi"
 )
 
@@ -114,4 +115,13 @@ func urls(procs []*servetest.Process) []string {
 		out[i] = p.API
 	}
 	return out
+}
+
+// redisBackends are the Redis deployments the end-to-end tests run on.
+var redisBackends = []struct {
+	name  string
+	redis func(t *testing.T) []string
+}{
+	{"standalone", func(t *testing.T) []string { return []string{testenv.Redis(t)} }},
+	{"cluster", func(t *testing.T) []string { return testenv.Cluster(t) }},
 }

@@ -75,13 +75,7 @@ func runRoutes(t *testing.T, base string, hc *http.Client, cases []routeCase) {
 // Redis and on Redis Cluster, validating each request and answer against
 // api/openapi.yaml.
 func TestEveryRouteThroughServe(t *testing.T) {
-	for _, backend := range []struct {
-		name  string
-		redis func(t *testing.T) []string
-	}{
-		{"standalone", func(t *testing.T) []string { return []string{testenv.Redis(t)} }},
-		{"cluster", func(t *testing.T) []string { return testenv.Cluster(t) }},
-	} {
+	for _, backend := range redisBackends {
 		t.Run(backend.name, func(t *testing.T) {
 			run := randomID()
 			proc := servetest.Start(t, servetest.Options{Config: serveConfig(backend.redis(t), "e2e-"+run+":", routeTiers)})

@@ -13,13 +13,7 @@ import (
 // TestKilledClientFreesSlotsAfterTTL: an application killed without
 // releasing frees its user's slots one TTL later, on its own.
 func TestKilledClientFreesSlotsAfterTTL(t *testing.T) {
-	for _, backend := range []struct {
-		name  string
-		redis func(t *testing.T) []string
-	}{
-		{"standalone", func(t *testing.T) []string { return []string{testenv.Redis(t)} }},
-		{"cluster", func(t *testing.T) []string { return testenv.Cluster(t) }},
-	} {
+	for _, backend := range redisBackends {
 		t.Run(backend.name, func(t *testing.T) {
 			t.Parallel()
 			run := randomID()

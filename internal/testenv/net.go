@@ -1,7 +1,9 @@
 package testenv
 
 import (
+	"math/rand/v2"
 	"net"
+	"strconv"
 	"sync"
 	"testing"
 )
@@ -44,17 +46,30 @@ func BlackHole(t testing.TB) string {
 	return ln.Addr().String()
 }
 
-// FreeAddr returns "127.0.0.1:PORT" of a currently free port. Nothing holds the
-// port afterwards, so another process may take it before the caller does.
+// FreeAddr returns "127.0.0.1:PORT" of a currently free port. Nothing holds
+// the port afterwards, so another process may take it before the caller
+// does. Ports come from 10000-19999: below the kernel's ephemeral range
+// (32768 and up here), which a port-0 listener would draw from and which
+// every outgoing connection of a parallel test also draws from, and apart
+// from the 20000-39999 the Redis servers use.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("free address: %v", err)
+	for range 100 {
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(freeAddrMin+rand.IntN(freeAddrSpan)))
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue
+		}
+		if err := ln.Close(); err != nil {
+			t.Fatalf("free address: %v", err)
+		}
+		return addr
 	}
-	addr := ln.Addr().String()
-	if err := ln.Close(); err != nil {
-		t.Fatalf("free address: %v", err)
-	}
-	return addr
+	t.Fatalf("free address: no free port in %d-%d", freeAddrMin, freeAddrMin+freeAddrSpan-1)
+	return ""
 }
+
+const (
+	freeAddrMin  = 10000
+	freeAddrSpan = 10000
+)
