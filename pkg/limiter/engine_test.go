@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/tiers"
 )
 
 func TestConcurrentAcquireGrantsExactlyTheLimit(t *testing.T) {
@@ -383,4 +384,27 @@ func TestHeartbeatBatchOfAThousandSlotsOnCluster(t *testing.T) {
 			t.Errorf("slot %d (never acquired) = %+v, %v; want ErrSlotLost", i, res, errs[i])
 		}
 	}
+}
+
+func TestSlotsOfADeletedPlanAreKept(t *testing.T) {
+	eachBackend(t, true, func(t *testing.T, e *env) {
+		user := newUser(t)
+		e.acquire(t, user, "one", "s")
+		var rest []tiers.Tier
+		for _, tier := range testTiers {
+			if tier.Plan != "one" {
+				rest = append(rest, tier)
+			}
+		}
+		if err := e.table.Replace(rest); err != nil {
+			t.Fatal(err)
+		}
+		res, err := e.lim.Heartbeat(context.Background(), limiter.HeartbeatRequest{UserID: user, Plan: "one", StreamID: "s"})
+		if err != nil || !res.Alive {
+			t.Errorf("heartbeat of a slot held under a deleted plan = %+v, %v; want alive (held slots are kept)", res, err)
+		}
+		if _, err := e.lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "one"}); !errors.Is(err, limiter.ErrUnknownPlan) {
+			t.Errorf("acquire under a deleted plan = %v, want ErrUnknownPlan", err)
+		}
+	})
 }

@@ -126,8 +126,13 @@ func (l *Limiter) heartbeatTarget(req HeartbeatRequest) (string, tiers.Tier, err
 	if err := cluster.ValidateStreamID(req.StreamID); err != nil {
 		return "", tiers.Tier{}, err
 	}
-	tier, err := l.tier(req.Plan)
-	return key, tier, err
+	// A plan removed since the slot was taken still governs the slot: limits
+	// apply at acquire time, and held slots are kept.
+	tier, ok := l.tiers.LookupHeld(req.Plan)
+	if !ok {
+		return "", tiers.Tier{}, fmt.Errorf("%w: %q", ErrUnknownPlan, req.Plan)
+	}
+	return key, tier, nil
 }
 
 func (l *Limiter) beatResult(ctx context.Context, req HeartbeatRequest, tier tiers.Tier, beat lua.Beat, err error) (HeartbeatResult, error) {

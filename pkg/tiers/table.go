@@ -13,15 +13,20 @@ import (
 // update.
 type Table struct {
 	snapshot atomic.Pointer[map[string]Tier]
-	synced   chan struct{}
-	once     sync.Once
+	// retired holds the last definition of every plan removed from the
+	// table, for the slots still held under it (see LookupHeld).
+	retired atomic.Pointer[map[string]Tier]
+	mu      sync.Mutex // serialises Replace
+	synced  chan struct{}
+	once    sync.Once
 }
 
 // NewTable returns an empty table that has not synced yet.
 func NewTable() *Table {
 	t := &Table{synced: make(chan struct{})}
-	empty := map[string]Tier{}
+	empty, none := map[string]Tier{}, map[string]Tier{}
 	t.snapshot.Store(&empty)
+	t.retired.Store(&none)
 	return t
 }
 
@@ -39,6 +44,20 @@ func (t *Table) Replace(tiers []Tier) error {
 		}
 		next[tier.Plan] = tier
 	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	retired := map[string]Tier{}
+	for plan, tier := range *t.retired.Load() {
+		if _, back := next[plan]; !back {
+			retired[plan] = tier
+		}
+	}
+	for plan, tier := range *t.snapshot.Load() {
+		if _, kept := next[plan]; !kept {
+			retired[plan] = tier
+		}
+	}
+	t.retired.Store(&retired)
 	t.snapshot.Store(&next)
 	t.once.Do(func() { close(t.synced) })
 	return nil
@@ -47,6 +66,18 @@ func (t *Table) Replace(tiers []Tier) error {
 // Lookup returns the tier of plan.
 func (t *Table) Lookup(plan string) (Tier, bool) {
 	tier, ok := (*t.snapshot.Load())[plan]
+	return tier, ok
+}
+
+// LookupHeld returns the tier that governs slots already held under plan:
+// the tier in force, or, for a plan since removed, its last definition.
+// Limits apply at acquire time; a slot taken under a plan that is later
+// deleted keeps its TTL and may be heartbeated until it is released.
+func (t *Table) LookupHeld(plan string) (Tier, bool) {
+	if tier, ok := t.Lookup(plan); ok {
+		return tier, true
+	}
+	tier, ok := (*t.retired.Load())[plan]
 	return tier, ok
 }
 

@@ -109,3 +109,30 @@ func TestTableConcurrentReadsDuringReplace(t *testing.T) {
 	close(stop)
 	wg.Wait()
 }
+
+func TestARemovedPlanStillGovernsHeldSlots(t *testing.T) {
+	table := NewTable()
+	gold := Tier{Plan: "gold", MaxConcurrentStreams: 5, SlotTTL: 30 * time.Second}.WithDefaults()
+	if err := table.Replace(append(Defaults(), gold)); err != nil {
+		t.Fatal(err)
+	}
+	if err := table.Replace(Defaults()); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := table.Lookup("gold"); ok {
+		t.Error("a removed plan is still accepted for new acquires")
+	}
+	if got, ok := table.LookupHeld("gold"); !ok || got != gold {
+		t.Errorf("LookupHeld(gold) after removal = %+v, %v; want its last definition", got, ok)
+	}
+	if _, ok := table.LookupHeld("never"); ok {
+		t.Error("LookupHeld found a plan that never existed")
+	}
+	gold.MaxConcurrentStreams = 7
+	if err := table.Replace(append(Defaults(), gold)); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := table.LookupHeld("gold"); got.MaxConcurrentStreams != 7 {
+		t.Errorf("LookupHeld(gold) after it came back = %+v, want the tier in force", got)
+	}
+}
