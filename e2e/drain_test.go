@@ -30,7 +30,7 @@ tiers:
       maxConcurrentStreams: 100
       failureMode: Closed
 `
-	proc := servetest.Start(t, servetest.Options{Config: config})
+	proc := servetest.Start(t, servetest.Options{Config: config, AwaitRedis: true})
 	user := "drain-" + randomID()
 	if status, res := acquire(t, proc.API, user, "paid"); status != http.StatusOK || res.Degraded {
 		t.Fatalf("warm-up acquire: %d %+v", status, res)

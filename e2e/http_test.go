@@ -104,7 +104,7 @@ func startServers(t *testing.T, n int, config string) []*servetest.Process {
 	t.Helper()
 	procs := make([]*servetest.Process, n)
 	for i := range procs {
-		procs[i] = servetest.Start(t, servetest.Options{Config: config})
+		procs[i] = servetest.Start(t, servetest.Options{Config: config, AwaitRedis: true})
 	}
 	return procs
 }

@@ -78,7 +78,7 @@ func TestEveryRouteThroughServe(t *testing.T) {
 	for _, backend := range redisBackends {
 		t.Run(backend.name, func(t *testing.T) {
 			run := randomID()
-			proc := servetest.Start(t, servetest.Options{Config: serveConfig(backend.redis(t), "e2e-"+run+":", routeTiers)})
+			proc := servetest.Start(t, servetest.Options{Config: serveConfig(backend.redis(t), "e2e-"+run+":", routeTiers), AwaitRedis: true})
 			hc := &http.Client{Transport: apitest.ValidatingTransport(t, http.DefaultTransport)}
 			user := "routes-" + run
 			slot := `{"user_id":"` + user + `","plan":"one","stream_id":"s1"}`

@@ -52,7 +52,7 @@ tiers:
   namespace: %q
   leaseDuration: %s
 `, k.redis, ns, ns, testLease)
-	return servetest.Start(t, servetest.Options{Config: cfg, Env: []string{"KUBECONFIG=" + kubeconfig}, NoWaitReady: noWaitReady})
+	return servetest.Start(t, servetest.Options{Config: cfg, Env: []string{"KUBECONFIG=" + kubeconfig}, NoWaitReady: noWaitReady, AwaitRedis: true})
 }
 
 func (k *kubeTiers) testCreateUpdateDelete(t *testing.T) {
