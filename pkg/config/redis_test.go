@@ -1,20 +1,15 @@
 package config
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
-	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/joishi/limiter/internal/testenv"
 )
 
 func TestClusterOptionsReadsThePasswordFile(t *testing.T) {
@@ -73,8 +68,8 @@ func TestClusterOptionsCopiesRedisKeys(t *testing.T) {
 }
 
 func TestClusterOptionsBuildsTLS(t *testing.T) {
-	certPEM, keyPEM := selfSigned(t)
-	ca := writeFile(t, "ca.crt", string(certPEM))
+	caPEM, certPEM, keyPEM := testenv.Certificates(t)
+	ca := writeFile(t, "ca.crt", string(caPEM))
 	cert := writeFile(t, "tls.crt", string(certPEM))
 	key := writeFile(t, "tls.key", string(keyPEM))
 	garbage := writeFile(t, "garbage", "not pem")
@@ -127,34 +122,4 @@ func writeFile(t *testing.T, name, content string) string {
 		t.Fatal(err)
 	}
 	return path
-}
-
-// selfSigned returns a PEM certificate and its key.
-func selfSigned(t *testing.T) (certPEM, keyPEM []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "redis.test"},
-		DNSNames:              []string{"redis.test"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
 }
