@@ -10,6 +10,7 @@ import (
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/config"
 	"github.com/joishi/limiter/pkg/httpapi"
+	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/server"
 )
@@ -26,7 +27,7 @@ func startAdmin(ctx context.Context, cfg config.Config, lim *limiter.Limiter, re
 	admin, err := server.NewAdmin(lim, server.AdminOptions{
 		TokensFile:  cfg.Admin.TokensFile,
 		Audit:       redis,
-		Keys:        cluster.Keys{Prefix: cfg.Redis.KeyPrefix},
+		Keys:        keys.Schema{Prefix: cfg.Redis.KeyPrefix},
 		AuditMaxLen: cfg.Admin.AuditMaxLen,
 		Logger:      logger.With("component", "admin"),
 	})

@@ -11,6 +11,7 @@ import (
 
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/config"
+	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/server"
 	"github.com/joishi/limiter/pkg/telemetry"
@@ -76,7 +77,7 @@ func runServe(ctx context.Context, cfg config.Config, out io.Writer) error {
 	}
 
 	lim := limiter.New(redis, table, limiter.Options{
-		Keys:           cluster.Keys{Prefix: cfg.Redis.KeyPrefix},
+		Keys:           keys.Schema{Prefix: cfg.Redis.KeyPrefix},
 		Logger:         logger,
 		Observer:       observer,
 		TracerProvider: tel.TracerProvider,

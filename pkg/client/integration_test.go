@@ -19,6 +19,7 @@ import (
 	"github.com/joishi/limiter/pkg/client"
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/httpapi"
+	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/server"
 	"github.com/joishi/limiter/pkg/tiers"
@@ -69,7 +70,7 @@ func newReal(t *testing.T) *realLimiter {
 	// A prefix of its own per test: the Redis is shared.
 	var nonce [6]byte
 	_, _ = rand.Read(nonce[:])
-	keys := cluster.Keys{Prefix: "limiter-clienttest:" + hex.EncodeToString(nonce[:]) + ":"}
+	keys := keys.Schema{Prefix: "limiter-clienttest:" + hex.EncodeToString(nonce[:]) + ":"}
 	r := &realLimiter{lim: limiter.New(redis, table, limiter.Options{Keys: keys, Logger: quiet})}
 	api := server.New(r.lim, server.Options{Logger: quiet}).Handler()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {

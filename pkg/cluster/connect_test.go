@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/joishi/limiter/internal/testenv"
+	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/lua"
 	"github.com/redis/rueidis"
 )
@@ -29,8 +30,8 @@ func grants(t *testing.T, c *Client) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key, _ := Keys{}.Slots("connect-test")
-	got, err := lua.Acquire(ctx, redis, key, NewStreamID(), 3, time.Minute)
+	key, _ := keys.Schema{}.UserKey("connect-test")
+	got, err := lua.Acquire(ctx, redis, key, keys.NewStreamID(), 3, time.Minute)
 	if err != nil || !got.Granted {
 		t.Fatalf("acquire = %+v, %v; want granted", got, err)
 	}

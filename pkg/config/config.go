@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/tiers"
 )
 
@@ -180,7 +181,7 @@ func Default() Config {
 			Addrs:                 []string{},
 			Timeout:               cluster.DefaultTimeout,
 			ShardsRefreshInterval: cluster.DefaultShardsRefreshInterval,
-			KeyPrefix:             cluster.DefaultKeyPrefix,
+			KeyPrefix:             keys.DefaultKeyPrefix,
 		},
 		Tiers:     Tiers{Source: SourceStatic, LeaseDuration: 15 * time.Second, Static: tiers.Defaults()},
 		Admin:     Admin{AuditMaxLen: 10000},

@@ -18,10 +18,10 @@ type key struct {
 	typ   reflect.Type
 }
 
-// keys lists every leaf of Config, in declaration order. Deriving them from
+// configKeys lists every leaf of Config, in declaration order. Deriving them from
 // the struct keeps the file schema, the environment and the flags from
 // drifting apart.
-func keys() []key {
+func configKeys() []key {
 	var out []key
 	var walk func(t reflect.Type, prefix string, index []int)
 	walk = func(t reflect.Type, prefix string, index []int) {
@@ -43,7 +43,7 @@ func keys() []key {
 // lookupKey returns the key named name, compared case-insensitively (viper
 // lower-cases file keys).
 func lookupKey(name string) (key, bool) {
-	for _, k := range keys() {
+	for _, k := range configKeys() {
 		if strings.EqualFold(k.name, name) {
 			return k, true
 		}

@@ -54,7 +54,7 @@ func Load(opts LoadOptions) (Config, error) {
 		}
 	}
 
-	all := keys()
+	all := configKeys()
 	for _, k := range all {
 		if err := v.BindEnv(k.name, EnvVar(k.name)); err != nil {
 			return cfg, err
@@ -112,8 +112,8 @@ func configFile(fs *pflag.FlagSet) string {
 // right after the file, before the environment and flags are bound, viper
 // holds only the file's keys.
 func checkFileKeys(v *viper.Viper, path string) error {
-	names := make([]string, 0, len(keys()))
-	for _, k := range keys() {
+	names := make([]string, 0, len(configKeys()))
+	for _, k := range configKeys() {
 		names = append(names, k.name)
 	}
 	var errs []error

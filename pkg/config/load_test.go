@@ -273,7 +273,7 @@ func TestExampleConfigIsValid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range keys() {
+	for _, k := range configKeys() {
 		if !strings.Contains(string(b), EnvVar(k.name)) {
 			t.Errorf("%s does not document %s (its env var %s is not mentioned)", path, k.name, EnvVar(k.name))
 		}

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/keys"
 )
 
 // Bounds of the validated values.
@@ -130,7 +130,7 @@ func (c Config) validateRedis(v *validator) {
 	}
 	if r.KeyPrefix == "" {
 		v.add("redis.keyPrefix", "must not be empty", "")
-	} else if err := cluster.ValidateKeyPrefix(r.KeyPrefix); err != nil {
+	} else if err := keys.ValidateKeyPrefix(r.KeyPrefix); err != nil {
 		v.errs = append(v.errs, &KeyError{Key: "redis.keyPrefix", Problem: err.Error(), Err: err})
 	}
 }

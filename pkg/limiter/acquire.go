@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/lua"
 	"github.com/joishi/limiter/pkg/tiers"
 	"github.com/redis/rueidis"
@@ -61,13 +61,13 @@ func (l *Limiter) Acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 }
 
 func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResult, tiers.Tier, error) {
-	key, err := l.keys.Slots(req.UserID)
+	key, err := l.keys.UserKey(req.UserID)
 	if err != nil {
 		return AcquireResult{}, tiers.Tier{}, err
 	}
 	if req.StreamID == "" {
-		req.StreamID = cluster.NewStreamID()
-	} else if err := cluster.ValidateStreamID(req.StreamID); err != nil {
+		req.StreamID = keys.NewStreamID()
+	} else if err := keys.ValidateStreamID(req.StreamID); err != nil {
 		return AcquireResult{}, tiers.Tier{}, err
 	}
 	tier, err := l.tier(req.Plan)

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/lua"
 	"github.com/joishi/limiter/pkg/tiers"
 	"github.com/redis/rueidis"
@@ -119,11 +119,11 @@ func (l *Limiter) HeartbeatBatch(ctx context.Context, reqs []HeartbeatRequest) (
 }
 
 func (l *Limiter) heartbeatTarget(req HeartbeatRequest) (string, tiers.Tier, error) {
-	key, err := l.keys.Slots(req.UserID)
+	key, err := l.keys.UserKey(req.UserID)
 	if err != nil {
 		return "", tiers.Tier{}, err
 	}
-	if err := cluster.ValidateStreamID(req.StreamID); err != nil {
+	if err := keys.ValidateStreamID(req.StreamID); err != nil {
 		return "", tiers.Tier{}, err
 	}
 	// A plan removed since the slot was taken still governs the slot: limits

@@ -9,6 +9,7 @@ import (
 
 	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/tiers"
 	"github.com/redis/rueidis"
@@ -52,7 +53,7 @@ type env struct {
 	redis *cluster.Client
 	lim   *limiter.Limiter
 	table *tiers.Table
-	keys  cluster.Keys
+	keys  keys.Schema
 }
 
 // Test tiers: short TTLs so expiry is observable in a test.
@@ -85,7 +86,7 @@ func newEnvNoWait(t testing.TB, opts cluster.Options) *env {
 	if err := table.Replace(testTiers); err != nil {
 		t.Fatal(err)
 	}
-	e := &env{redis: redis, table: table, keys: cluster.Keys{Prefix: "limitertest:"}}
+	e := &env{redis: redis, table: table, keys: keys.Schema{Prefix: "limitertest:"}}
 	e.lim = limiter.New(redis, table, limiter.Options{Keys: e.keys})
 	return e
 }
@@ -112,7 +113,7 @@ func (e *env) raw(t testing.TB) rueidis.Client {
 
 func (e *env) key(t testing.TB, user string) string {
 	t.Helper()
-	k, err := e.keys.Slots(user)
+	k, err := e.keys.UserKey(user)
 	if err != nil {
 		t.Fatal(err)
 	}

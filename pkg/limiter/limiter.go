@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/tiers"
 	"github.com/redis/rueidis"
 	"go.opentelemetry.io/otel/trace"
@@ -23,10 +24,10 @@ import (
 var (
 	// ErrUnknownPlan: the request names a plan the tier table does not hold.
 	ErrUnknownPlan = errors.New("unknown plan")
-	// ErrInvalidUserID: the user id cannot become a key (see cluster.ValidateUserID).
-	ErrInvalidUserID = cluster.ErrInvalidUserID
+	// ErrInvalidUserID: the user id cannot become a key (see keys.ValidateUserID).
+	ErrInvalidUserID = keys.ErrInvalidUserID
 	// ErrInvalidStreamID: the stream id is not 1-128 characters of [A-Za-z0-9._:-].
-	ErrInvalidStreamID = cluster.ErrInvalidStreamID
+	ErrInvalidStreamID = keys.ErrInvalidStreamID
 	// ErrSlotLost: a heartbeat found its slot missing or expired. The
 	// holder must stop the stream or acquire again.
 	ErrSlotLost = errors.New("slot lost")
@@ -42,8 +43,8 @@ var (
 
 // Options configure a Limiter.
 type Options struct {
-	// Keys builds key names. Default prefix cluster.DefaultKeyPrefix.
-	Keys cluster.Keys
+	// Keys builds key names. Default prefix keys.DefaultKeyPrefix.
+	Keys keys.Schema
 	// Logger receives degraded-mode warnings. Default slog.Default().
 	Logger *slog.Logger
 	// Observer is told the outcome of every operation (metrics).
@@ -59,7 +60,7 @@ type Options struct {
 type Limiter struct {
 	redis    *cluster.Client
 	tiers    *tiers.Table
-	keys     cluster.Keys
+	keys     keys.Schema
 	log      *slog.Logger
 	observer Observer
 	degraded degradedLog

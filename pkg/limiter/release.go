@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/lua"
 	"github.com/redis/rueidis"
 )
@@ -31,11 +31,11 @@ func (l *Limiter) Release(ctx context.Context, userID, streamID string) (Release
 }
 
 func (l *Limiter) release(ctx context.Context, userID, streamID string) (ReleaseResult, error) {
-	key, err := l.keys.Slots(userID)
+	key, err := l.keys.UserKey(userID)
 	if err != nil {
 		return ReleaseResult{}, err
 	}
-	if err := cluster.ValidateStreamID(streamID); err != nil {
+	if err := keys.ValidateStreamID(streamID); err != nil {
 		return ReleaseResult{}, err
 	}
 	var released bool
@@ -72,7 +72,7 @@ func (l *Limiter) ReleaseAll(ctx context.Context, userID string) ([]string, erro
 }
 
 func (l *Limiter) releaseAll(ctx context.Context, userID string) ([]string, error) {
-	key, err := l.keys.Slots(userID)
+	key, err := l.keys.UserKey(userID)
 	if err != nil {
 		return nil, err
 	}

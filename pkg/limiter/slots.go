@@ -34,7 +34,7 @@ func (l *Limiter) Slots(ctx context.Context, userID string) (UserSlots, error) {
 }
 
 func (l *Limiter) slots(ctx context.Context, userID string) (UserSlots, error) {
-	key, err := l.keys.Slots(userID)
+	key, err := l.keys.UserKey(userID)
 	if err != nil {
 		return UserSlots{}, err
 	}

@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/httpapi"
+	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/server/adminui"
 	"github.com/redis/rueidis"
@@ -52,8 +52,8 @@ type AdminOptions struct {
 	// Audit holds the audit stream. Required.
 	Audit AuditStore
 	// Keys names the audit stream (Keys.Audit()). Default prefix
-	// cluster.DefaultKeyPrefix.
-	Keys cluster.Keys
+	// keys.DefaultKeyPrefix.
+	Keys keys.Schema
 	// AuditMaxLen caps the audit stream, in entries (trimmed
 	// approximately: never below it). Default 10000.
 	AuditMaxLen int

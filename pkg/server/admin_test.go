@@ -22,6 +22,7 @@ import (
 	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/httpapi"
+	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/server"
 	"github.com/joishi/limiter/pkg/tiers"
@@ -77,7 +78,7 @@ type adminEnv struct {
 	client *http.Client // validates every exchange against api/openapi.yaml
 	lim    *limiter.Limiter
 	redis  *cluster.Client
-	keys   cluster.Keys
+	keys   keys.Schema
 	log    *logSink
 }
 
@@ -105,7 +106,7 @@ func newAdminEnvOn(t *testing.T, addrs []string, handler func(io.Writer) slog.Ha
 	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	keys := cluster.Keys{Prefix: "limiter-admintest-" + hex.EncodeToString(b[:]) + ":"}
+	keys := keys.Schema{Prefix: "limiter-admintest-" + hex.EncodeToString(b[:]) + ":"}
 	lim := limiter.New(redis, table, limiter.Options{Keys: keys})
 
 	tokens := filepath.Join(t.TempDir(), "tokens")

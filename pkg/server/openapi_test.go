@@ -19,6 +19,7 @@ import (
 	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/httpapi"
+	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/server"
 	"github.com/joishi/limiter/pkg/tiers"
@@ -52,7 +53,7 @@ func newLimiter(t *testing.T, addr string, wait bool) *limiter.Limiter {
 	if err := table.Replace(apiTiers); err != nil {
 		t.Fatal(err)
 	}
-	return limiter.New(redis, table, limiter.Options{Keys: cluster.Keys{Prefix: "limiter-apitest:"}})
+	return limiter.New(redis, table, limiter.Options{Keys: keys.Schema{Prefix: "limiter-apitest:"}})
 }
 
 // api is the API listener of a server, served in-process, and a client

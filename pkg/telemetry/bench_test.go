@@ -30,6 +30,7 @@ import (
 	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/httpapi"
+	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/server"
 	"github.com/joishi/limiter/pkg/telemetry"
@@ -109,7 +110,7 @@ func benchStack(b *testing.B, mode string) (*limiter.Limiter, http.Handler) {
 	b.Helper()
 	quiet := slog.New(slog.DiscardHandler)
 	redisOpts := cluster.Options{Addrs: []string{testenv.Redis(b)}, Timeout: 10 * time.Second, Logger: quiet}
-	limOpts := limiter.Options{Keys: cluster.Keys{Prefix: "telemetry-bench:" + randomID() + ":"}, Logger: quiet}
+	limOpts := limiter.Options{Keys: keys.Schema{Prefix: "telemetry-bench:" + randomID() + ":"}, Logger: quiet}
 	srvOpts := server.Options{Logger: quiet}
 	table := tiers.NewTable()
 	if err := table.Replace(testTiers); err != nil {

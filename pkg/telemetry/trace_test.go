@@ -13,6 +13,7 @@ import (
 	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/client"
 	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/server"
 	"github.com/joishi/limiter/pkg/telemetry"
@@ -58,7 +59,7 @@ func newStack(t testing.TB, tel *telemetry.Telemetry) *stack {
 		t.Fatal(err)
 	}
 	lim := limiter.New(redis, table, limiter.Options{
-		Keys:           cluster.Keys{Prefix: "telemetry-test:" + randomID() + ":"},
+		Keys:           keys.Schema{Prefix: "telemetry-test:" + randomID() + ":"},
 		Observer:       obs,
 		TracerProvider: tel.TracerProvider,
 	})

@@ -1,4 +1,7 @@
-package cluster
+// Package keys is the limiter's key schema: every Redis key name is built
+// here, and the user and stream ids that go into keys and members are
+// validated here.
+package keys
 
 import (
 	"crypto/rand"
@@ -91,16 +94,16 @@ func ValidateKeyPrefix(prefix string) error {
 	return nil
 }
 
-// Keys builds the Redis keys of the limiter. Every key name is built here.
-type Keys struct {
+// Schema builds the Redis keys of the limiter. Every key name is built here.
+type Schema struct {
 	// Prefix of every key. Default DefaultKeyPrefix.
 	Prefix string
 }
 
-// Slots returns the key of the sorted set holding userID's slots:
+// UserKey returns the key of the sorted set holding userID's slots:
 // <prefix>{<userID>}. The braces make the user id the cluster hash tag, so
 // all of one user's operations land in one cluster slot.
-func (k Keys) Slots(userID string) (string, error) {
+func (k Schema) UserKey(userID string) (string, error) {
 	if err := ValidateUserID(userID); err != nil {
 		return "", err
 	}
@@ -112,7 +115,7 @@ func (k Keys) Slots(userID string) (string, error) {
 }
 
 // Audit returns the key of the capped stream of admin audit records.
-func (k Keys) Audit() string {
+func (k Schema) Audit() string {
 	prefix := k.Prefix
 	if prefix == "" {
 		prefix = DefaultKeyPrefix

@@ -1,4 +1,4 @@
-package cluster
+package keys
 
 import (
 	"errors"
@@ -62,17 +62,17 @@ func TestNewStreamIDIsRandom128Bit(t *testing.T) {
 	}
 }
 
-func TestKeysSlots(t *testing.T) {
-	got, err := Keys{}.Slots("u1")
+func TestSchemaUserKey(t *testing.T) {
+	got, err := Schema{}.UserKey("u1")
 	if err != nil || got != "joishi:streams:{u1}" {
-		t.Fatalf("Slots(u1) = %q, %v; want joishi:streams:{u1}", got, err)
+		t.Fatalf("UserKey(u1) = %q, %v; want joishi:streams:{u1}", got, err)
 	}
-	got, _ = Keys{Prefix: "x:"}.Slots("u1")
+	got, _ = Schema{Prefix: "x:"}.UserKey("u1")
 	if got != "x:{u1}" {
-		t.Fatalf("Slots with prefix x: = %q, want x:{u1}", got)
+		t.Fatalf("UserKey with prefix x: = %q, want x:{u1}", got)
 	}
-	if _, err := (Keys{}).Slots("a}b"); !errors.Is(err, ErrInvalidUserID) {
-		t.Fatalf("Slots(a}b) error = %v, want ErrInvalidUserID", err)
+	if _, err := (Schema{}).UserKey("a}b"); !errors.Is(err, ErrInvalidUserID) {
+		t.Fatalf("UserKey(a}b) error = %v, want ErrInvalidUserID", err)
 	}
 	if err := ValidateKeyPrefix("bad{"); err == nil {
 		t.Fatal("ValidateKeyPrefix(bad{) = nil, want an error")
@@ -93,20 +93,20 @@ func hashTag(key string) string {
 	return key[open+1 : open+1+end]
 }
 
-func FuzzSlotsKeyHashTag(f *testing.F) {
+func FuzzUserKeyHashTag(f *testing.F) {
 	for _, seed := range []string{"u1", "a}b", "{x}", "", "a b", "a\nb", "\x00", "\xff", "ユーザー", strings.Repeat("a", 257), "}{", "{}"} {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, id string) {
-		key, err := Keys{}.Slots(id)
+		key, err := Schema{}.UserKey(id)
 		if err != nil {
 			if !errors.Is(err, ErrInvalidUserID) {
-				t.Fatalf("Slots(%q) error %v is not ErrInvalidUserID", id, err)
+				t.Fatalf("UserKey(%q) error %v is not ErrInvalidUserID", id, err)
 			}
 			return
 		}
 		if tag := hashTag(key); tag != id {
-			t.Fatalf("Slots(%q) = %q, whose hash tag is %q, not the id", id, key, tag)
+			t.Fatalf("UserKey(%q) = %q, whose hash tag is %q, not the id", id, key, tag)
 		}
 	})
 }
