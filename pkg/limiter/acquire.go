@@ -2,7 +2,6 @@ package limiter
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/joishi/limiter/pkg/keys"
@@ -76,24 +75,19 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	}
 
 	var got lua.Acquired
-	start := time.Now()
-	err = l.call(ctx, func(ctx context.Context, c rueidis.Client) error {
+	err = l.do(ctx, "acquire", func(ctx context.Context, c rueidis.Client) (err error) {
 		got, err = lua.Acquire(ctx, c, key, req.StreamID, tier.MaxConcurrentStreams, tier.SlotTTL)
 		return err
 	})
-	l.observer.RedisCall(ctx, "acquire", time.Since(start), err)
 	res := AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}
-	if err != nil {
-		if final := notOutage(ctx, err); final != nil {
-			return AcquireResult{}, tier, final
-		}
-		if tier.FailureMode == tiers.FailClosed {
-			return AcquireResult{}, tier, fmt.Errorf("%w: acquire for plan %q: %w", ErrUnavailable, tier.Plan, err)
-		}
+	if degrade(tier.FailureMode, err) {
 		l.warnDegraded(ctx, "redis unavailable; granting acquire degraded (failureMode Open)", "plan", tier.Plan, "err", err)
 		res.Granted, res.Degraded = true, true
 		res.ExpiresAt = time.Now().Add(tier.SlotTTL).UTC()
 		return res, tier, nil
+	}
+	if err != nil {
+		return AcquireResult{}, tier, err
 	}
 	res.Granted = got.Granted
 	res.Used = got.Used

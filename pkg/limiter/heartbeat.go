@@ -51,12 +51,10 @@ func (l *Limiter) heartbeat(ctx context.Context, req HeartbeatRequest) (Heartbea
 		return HeartbeatResult{StreamID: req.StreamID}, tier, err
 	}
 	var beat lua.Beat
-	start := time.Now()
-	err = l.call(ctx, func(ctx context.Context, c rueidis.Client) error {
+	err = l.do(ctx, "heartbeat", func(ctx context.Context, c rueidis.Client) (err error) {
 		beat, err = lua.Heartbeat(ctx, c, key, req.StreamID, tier.SlotTTL)
 		return err
 	})
-	l.observer.RedisCall(ctx, "heartbeat", time.Since(start), err)
 	res, err := l.beatResult(ctx, req, tier, beat, err)
 	return res, tier, err
 }
@@ -86,17 +84,15 @@ func (l *Limiter) HeartbeatBatch(ctx context.Context, reqs []HeartbeatRequest) (
 	if len(args) > 0 {
 		var beats []lua.Beat
 		var beatErrs []error
-		start := time.Now()
-		callErr := l.call(ctx, func(ctx context.Context, c rueidis.Client) error {
+		callErr := l.do(ctx, "heartbeat_batch", func(ctx context.Context, c rueidis.Client) error {
 			beats, beatErrs = lua.HeartbeatMulti(ctx, c, args)
 			return errors.Join(beatErrs...)
 		})
-		l.observer.RedisCall(ctx, "heartbeat_batch", time.Since(start), callErr)
 		for j, i := range index {
 			var beat lua.Beat
 			err := callErr // set alone when not connected
 			if beats != nil {
-				beat, err = beats[j], beatErrs[j]
+				beat, err = beats[j], classify(ctx, "heartbeat_batch", beatErrs[j])
 			}
 			results[i], errs[i] = l.beatResult(ctx, reqs[i], tiersOf[i], beat, err)
 		}
@@ -135,6 +131,8 @@ func (l *Limiter) heartbeatTarget(req HeartbeatRequest) (string, tiers.Tier, err
 	return key, tier, nil
 }
 
+// beatResult answers req from its beat, or from err, the classified error
+// of its Redis call.
 func (l *Limiter) beatResult(ctx context.Context, req HeartbeatRequest, tier tiers.Tier, beat lua.Beat, err error) (HeartbeatResult, error) {
 	res := HeartbeatResult{StreamID: req.StreamID}
 	if err == nil && beat.Pruned > 0 {
@@ -146,14 +144,12 @@ func (l *Limiter) beatResult(ctx context.Context, req HeartbeatRequest, tier tie
 		return res, nil
 	case err == nil:
 		return res, fmt.Errorf("%w: stream %q", ErrSlotLost, req.StreamID)
-	case notOutage(ctx, err) != nil:
-		return res, notOutage(ctx, err)
-	case tier.FailureMode == tiers.FailClosed:
-		return res, fmt.Errorf("%w: heartbeat for plan %q: %w", ErrUnavailable, tier.Plan, err)
-	default:
+	case degrade(tier.FailureMode, err):
 		l.warnDegraded(ctx, "redis unavailable; heartbeat answered degraded (failureMode Open)", "plan", tier.Plan, "err", err)
 		res.Alive, res.Degraded = true, true
 		res.ExpiresAt = time.Now().Add(tier.SlotTTL).UTC()
 		return res, nil
+	default:
+		return res, err
 	}
 }

@@ -4,17 +4,14 @@
 package limiter
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/tiers"
-	"github.com/redis/rueidis"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 )
@@ -93,44 +90,6 @@ func (l *Limiter) tier(plan string) (tiers.Tier, error) {
 		return tiers.Tier{}, fmt.Errorf("%w: %q", ErrUnknownPlan, plan)
 	}
 	return tier, nil
-}
-
-// call runs fn against Redis under the per-call deadline.
-func (l *Limiter) call(ctx context.Context, fn func(context.Context, rueidis.Client) error) error {
-	client, err := l.redis.Redis()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, l.redis.Timeout())
-	defer cancel()
-	return fn(ctx, client)
-}
-
-// notOutage returns the error to hand back as is when err from Redis is
-// not an outage to apply the tier's failure mode to: the caller's own
-// context ended, or Redis answered with an error that no retry will fix
-// (a missing ACL permission, a key of the wrong type). Failing open on
-// those would stop limiting for good and hide the misconfiguration.
-func notOutage(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	if rerr, ok := rueidis.IsRedisErr(err); ok && !transientReply(rerr) {
-		return fmt.Errorf("%w: %w", ErrRedisRefused, err)
-	}
-	return nil
-}
-
-// transientReply reports whether a Redis error reply is a passing state of
-// the server or the cluster (loading, failing over, out of memory under
-// noeviction, busy with a script): an outage like a timeout.
-func transientReply(err *rueidis.RedisError) bool {
-	code, _, _ := strings.Cut(err.Error(), " ")
-	switch code {
-	case "LOADING", "READONLY", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "BUSY", "OOM", "NOREPLICAS", "MOVED", "ASK":
-		return true
-	}
-	return false
 }
 
 func msTime(ms int64) time.Time { return time.UnixMilli(ms).UTC() }

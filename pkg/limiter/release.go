@@ -2,11 +2,10 @@ package limiter
 
 import (
 	"context"
-	"fmt"
-	"time"
 
 	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/lua"
+	"github.com/joishi/limiter/pkg/tiers"
 	"github.com/redis/rueidis"
 )
 
@@ -40,18 +39,18 @@ func (l *Limiter) release(ctx context.Context, userID, streamID string) (Release
 	}
 	var released bool
 	var pruned int
-	start := time.Now()
-	err = l.call(ctx, func(ctx context.Context, c rueidis.Client) error {
+	err = l.do(ctx, "release", func(ctx context.Context, c rueidis.Client) (err error) {
 		released, pruned, err = lua.Release(ctx, c, key, streamID)
 		return err
 	})
-	l.observer.RedisCall(ctx, "release", time.Since(start), err)
-	if err != nil {
-		if final := notOutage(ctx, err); final != nil {
-			return ReleaseResult{}, final
-		}
+	// Every plan's release fails open: a slot it misses frees itself when
+	// its TTL runs out.
+	if degrade(tiers.FailOpen, err) {
 		l.warnDegraded(ctx, "redis unavailable; release answered degraded, the slot will expire by itself", "err", err)
 		return ReleaseResult{Degraded: true}, nil
+	}
+	if err != nil {
+		return ReleaseResult{}, err
 	}
 	if pruned > 0 {
 		l.observer.Reclaimed(ctx, "", pruned)
@@ -78,17 +77,12 @@ func (l *Limiter) releaseAll(ctx context.Context, userID string) ([]string, erro
 	}
 	var ids []string
 	var pruned int
-	start := time.Now()
-	err = l.call(ctx, func(ctx context.Context, c rueidis.Client) error {
+	err = l.do(ctx, "release_all", func(ctx context.Context, c rueidis.Client) (err error) {
 		ids, pruned, err = lua.ReleaseAll(ctx, c, key)
 		return err
 	})
-	l.observer.RedisCall(ctx, "release_all", time.Since(start), err)
 	if err != nil {
-		if final := notOutage(ctx, err); final != nil {
-			return nil, final
-		}
-		return nil, fmt.Errorf("%w: release all: %w", ErrUnavailable, err)
+		return nil, err
 	}
 	if pruned > 0 {
 		l.observer.Reclaimed(ctx, "", pruned)

@@ -2,7 +2,6 @@ package limiter
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/joishi/limiter/pkg/lua"
@@ -39,17 +38,12 @@ func (l *Limiter) slots(ctx context.Context, userID string) (UserSlots, error) {
 		return UserSlots{}, err
 	}
 	var listing lua.Listing
-	start := time.Now()
-	err = l.call(ctx, func(ctx context.Context, c rueidis.Client) error {
+	err = l.do(ctx, "slots", func(ctx context.Context, c rueidis.Client) (err error) {
 		listing, err = lua.Slots(ctx, c, key)
 		return err
 	})
-	l.observer.RedisCall(ctx, "slots", time.Since(start), err)
 	if err != nil {
-		if final := notOutage(ctx, err); final != nil {
-			return UserSlots{}, final
-		}
-		return UserSlots{}, fmt.Errorf("%w: slots: %w", ErrUnavailable, err)
+		return UserSlots{}, err
 	}
 	out := UserSlots{UserID: userID, Used: len(listing.Slots), Slots: make([]Slot, len(listing.Slots))}
 	for i, s := range listing.Slots {
