@@ -7,10 +7,8 @@ import (
 	"net/http"
 	"sync"
 
-	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/config"
 	"github.com/joishi/limiter/pkg/httpapi"
-	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/server"
 )
@@ -19,15 +17,13 @@ import (
 // says at start whether they are on. It returns the routes for
 // server.Options.Routes (nil when off) and stop, which ends the tokens
 // file's watcher and waits for it.
-func startAdmin(ctx context.Context, cfg config.Config, lim *limiter.Limiter, redis *cluster.Client, logger *slog.Logger) (routes func(*http.ServeMux), stop func(), err error) {
+func startAdmin(ctx context.Context, cfg config.Config, lim *limiter.Limiter, logger *slog.Logger) (routes func(*http.ServeMux), stop func(), err error) {
 	if cfg.Admin.TokensFile == "" {
 		logger.Info("admin.tokensFile is not set: the admin API and page are off (404)")
 		return nil, func() {}, nil
 	}
 	admin, err := server.NewAdmin(lim, server.AdminOptions{
 		TokensFile:  cfg.Admin.TokensFile,
-		Audit:       redis,
-		Keys:        keys.Schema{Prefix: cfg.Redis.KeyPrefix},
 		AuditMaxLen: cfg.Admin.AuditMaxLen,
 		Logger:      logger.With("component", "admin"),
 	})

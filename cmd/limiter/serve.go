@@ -82,7 +82,7 @@ func runServe(ctx context.Context, cfg config.Config, out io.Writer) error {
 		Observer:       observer,
 		TracerProvider: tel.TracerProvider,
 	})
-	adminRoutes, stopAdmin, err := startAdmin(ctx, cfg, lim, redis, logger)
+	adminRoutes, stopAdmin, err := startAdmin(ctx, cfg, lim, logger)
 	if err != nil {
 		return err
 	}

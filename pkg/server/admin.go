@@ -12,10 +12,8 @@ import (
 	"time"
 
 	"github.com/joishi/limiter/pkg/httpapi"
-	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/server/adminui"
-	"github.com/redis/rueidis"
 )
 
 // Outcomes of admin authentication, mapped to 401 and 403 by apiError.
@@ -34,13 +32,6 @@ type authError struct {
 func (e *authError) Error() string { return e.msg }
 func (e *authError) Unwrap() error { return e.kind }
 
-// AuditStore is the Redis that holds the audit stream: the limiter's own
-// (*cluster.Client).
-type AuditStore interface {
-	Redis() (rueidis.Client, error)
-	Timeout() time.Duration
-}
-
 // AdminOptions configure the admin API and page.
 type AdminOptions struct {
 	// TokensFile holds one "name role token" per line (role viewer or
@@ -49,12 +40,7 @@ type AdminOptions struct {
 	// TokensPollInterval is how often WatchTokens checks the file for
 	// changes. Default 1s.
 	TokensPollInterval time.Duration
-	// Audit holds the audit stream. Required.
-	Audit AuditStore
-	// Keys names the audit stream (Keys.Audit()). Default prefix
-	// keys.DefaultKeyPrefix.
-	Keys keys.Schema
-	// AuditMaxLen caps the audit stream, in entries (trimmed
+	// AuditMaxLen caps the limiter's audit stream, in entries (trimmed
 	// approximately: never below it). Default 10000.
 	AuditMaxLen int
 	// Logger receives one "admin audit" record per admin call and token
@@ -84,9 +70,6 @@ func NewAdmin(lim *limiter.Limiter, opts AdminOptions) (*Admin, error) {
 	if opts.AuditMaxLen <= 0 {
 		opts.AuditMaxLen = 10000
 	}
-	if opts.Audit == nil {
-		return nil, errors.New("admin: no audit store")
-	}
 	tokens, err := loadTokenFile(opts.TokensFile, opts.Logger)
 	if err != nil {
 		return nil, err
@@ -99,7 +82,7 @@ func NewAdmin(lim *limiter.Limiter, opts AdminOptions) (*Admin, error) {
 		page:   page,
 		lim:    lim,
 		tokens: tokens,
-		audit:  &auditor{log: opts.Logger, store: opts.Audit, key: opts.Keys.Audit(), maxLen: opts.AuditMaxLen},
+		audit:  &auditor{log: opts.Logger, lim: lim, maxLen: opts.AuditMaxLen},
 		poll:   opts.TokensPollInterval,
 	}, nil
 }

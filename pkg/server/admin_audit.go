@@ -5,9 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -16,19 +14,16 @@ import (
 	"github.com/joishi/limiter/pkg/limiter"
 )
 
-// Bounds of what a caller can put into an audit record.
-const (
-	maxAuditFieldBytes = 512 // user ids are at most 256 bytes; a longer one is cut
-	auditStreamField   = "record"
-)
+// maxAuditFieldBytes bounds what a caller can put into one field of an
+// audit record: user ids are at most 256 bytes; a longer one is cut.
+const maxAuditFieldBytes = 512
 
 // auditor writes one record per admin call to the log, the record of
-// authority, and to a capped Redis stream, which the page reads for its
-// recent actions.
+// authority, and to the limiter's capped audit stream, which the page
+// reads for its recent actions.
 type auditor struct {
 	log    *slog.Logger
-	store  AuditStore
-	key    string
+	lim    *limiter.Limiter
 	maxLen int
 }
 
@@ -50,7 +45,7 @@ func (a *auditor) write(ctx context.Context, rec httpapi.AuditRecord) {
 
 	data, err := json.Marshal(rec)
 	if err == nil {
-		err = a.append(context.WithoutCancel(ctx), string(data))
+		err = a.lim.AppendAudit(context.WithoutCancel(ctx), string(data), a.maxLen)
 	}
 	if err != nil {
 		a.log.WarnContext(ctx, "admin audit record not added to the audit stream; the log line is the record", "audit_id", rec.AuditID, "err", err)
@@ -87,40 +82,17 @@ func nonNil(ids []string) []string {
 	return ids
 }
 
-func (a *auditor) append(ctx context.Context, record string) error {
-	client, err := a.store.Redis()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, a.store.Timeout())
-	defer cancel()
-	// MAXLEN ~ trims whole macro nodes only: cheap, and the stream stays
-	// at least maxLen long.
-	cmd := client.B().Xadd().Key(a.key).Maxlen().Almost().Threshold(strconv.Itoa(a.maxLen)).
-		Id("*").FieldValue().FieldValue(auditStreamField, record).Build()
-	return client.Do(ctx, cmd).Error()
-}
-
-// recent returns up to n records, newest first. Errors wrap
-// limiter.ErrUnavailable.
+// recent returns up to n records, newest first. Errors are those of
+// limiter.RecentAudit.
 func (a *auditor) recent(ctx context.Context, n int) ([]httpapi.AuditRecord, error) {
-	client, err := a.store.Redis()
+	entries, err := a.lim.RecentAudit(ctx, n)
 	if err != nil {
-		return nil, fmt.Errorf("%w: audit: %w", limiter.ErrUnavailable, err)
-	}
-	callCtx, cancel := context.WithTimeout(ctx, a.store.Timeout())
-	defer cancel()
-	entries, err := client.Do(callCtx, client.B().Xrevrange().Key(a.key).End("+").Start("-").Count(int64(n)).Build()).AsXRange()
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, fmt.Errorf("%w: audit: %w", limiter.ErrUnavailable, err)
+		return nil, err
 	}
 	out := make([]httpapi.AuditRecord, 0, len(entries))
 	for _, e := range entries {
 		var rec httpapi.AuditRecord
-		if err := json.Unmarshal([]byte(e.FieldValues[auditStreamField]), &rec); err != nil {
+		if err := json.Unmarshal([]byte(e.Record), &rec); err != nil {
 			a.log.WarnContext(ctx, "skipping an unreadable audit stream entry", "entry", e.ID, "err", err)
 			continue
 		}

@@ -117,7 +117,7 @@ func newAdminEnvOn(t *testing.T, addrs []string, handler func(io.Writer) slog.Ha
 	if handler == nil {
 		handler = func(w io.Writer) slog.Handler { return slog.NewJSONHandler(w, nil) }
 	}
-	admin, err := server.NewAdmin(lim, server.AdminOptions{TokensFile: tokens, Audit: redis, Keys: keys, AuditMaxLen: 100, Logger: slog.New(handler(sink))})
+	admin, err := server.NewAdmin(lim, server.AdminOptions{TokensFile: tokens, AuditMaxLen: 100, Logger: slog.New(handler(sink))})
 	if err != nil {
 		t.Fatal(err)
 	}
