@@ -3,8 +3,6 @@ package client_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,11 +13,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/joishi/limiter/internal/testenv"
+	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/pkg/client"
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/httpapi"
-	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/server"
 	"github.com/joishi/limiter/pkg/tiers"
@@ -48,30 +45,15 @@ type realLimiter struct {
 
 func newReal(t *testing.T) *realLimiter {
 	t.Helper()
-	addr := testenv.Redis(t)
-	redis, err := cluster.New(cluster.Options{Addrs: []string{addr}, Logger: quiet})
-	if err != nil {
-		t.Fatalf("cluster.New: %v", err)
-	}
-	t.Cleanup(redis.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := redis.WaitConnected(ctx); err != nil {
-		t.Fatalf("connecting to %s: %v", addr, err)
-	}
-	table := tiers.NewTable()
-	err = table.Replace([]tiers.Tier{
-		{Plan: "bulk", MaxConcurrentStreams: 1000, SlotTTL: bulkTTL, HeartbeatInterval: realInterval, FailureMode: tiers.FailClosed},
-		{Plan: "free", MaxConcurrentStreams: 1, SlotTTL: realTTL, HeartbeatInterval: realInterval, FailureMode: tiers.FailClosed},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A prefix of its own per test: the Redis is shared.
-	var nonce [6]byte
-	_, _ = rand.Read(nonce[:])
-	keys := keys.Schema{Prefix: "limiter-clienttest:" + hex.EncodeToString(nonce[:]) + ":"}
-	r := &realLimiter{lim: limiter.New(redis, table, limiter.Options{Keys: keys, Logger: quiet})}
+	lim := limitertest.New(t, limitertest.Options{
+		Redis: cluster.Options{Logger: quiet},
+		Tiers: []tiers.Tier{
+			{Plan: "bulk", MaxConcurrentStreams: 1000, SlotTTL: bulkTTL, HeartbeatInterval: realInterval, FailureMode: tiers.FailClosed},
+			{Plan: "free", MaxConcurrentStreams: 1, SlotTTL: realTTL, HeartbeatInterval: realInterval, FailureMode: tiers.FailClosed},
+		},
+		Limiter: limiter.Options{Logger: quiet},
+	}).Limiter
+	r := &realLimiter{lim: lim}
 	api := server.New(r.lim, server.Options{Logger: quiet}).Handler()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		switch req.URL.Path {

@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/joishi/limiter/internal/testenv"
+	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/limiter"
 )
@@ -42,24 +42,14 @@ const (
 	benchTimeout = 10 * time.Second
 )
 
-// benchBackends are the backends of eachBackend (standalone, redisCluster)
-// seen from a benchmark: backend.addrs takes a *testing.T.
-var benchBackends = []struct {
-	name  string
-	addrs func(tb testing.TB) []string
-}{
-	{standalone.name, func(tb testing.TB) []string { return []string{testenv.Redis(tb)} }},
-	{redisCluster.name, func(tb testing.TB) []string { return testenv.Cluster(tb) }},
-}
-
 // eachBenchBackend runs fn as a sub-benchmark per Redis backend, on a
 // connected limiter with the test tiers.
 func eachBenchBackend(b *testing.B, fn func(b *testing.B, e *env)) {
-	for _, be := range benchBackends {
-		b.Run(be.name, func(b *testing.B) {
+	for _, be := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
+		b.Run(be.String(), func(b *testing.B) {
 			// No connection logs: they would split the benchmark's result line.
-			opts := cluster.Options{Addrs: be.addrs(b), Timeout: benchTimeout, Logger: slog.New(slog.DiscardHandler)}
-			fn(b, newEnv(b, opts))
+			redis := cluster.Options{Timeout: benchTimeout, Logger: slog.New(slog.DiscardHandler)}
+			fn(b, newEnv(b, limitertest.Options{Backend: be, Redis: redis}))
 		})
 	}
 }

@@ -10,13 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/tiers"
 )
 
 func TestConcurrentAcquireGrantsExactlyTheLimit(t *testing.T) {
 	eachBackend(t, true, func(t *testing.T, e *env) {
-		e.waitConnected(t)
 		user := newUser(t)
 		var granted, maxUsed atomic.Int64
 		var wg sync.WaitGroup
@@ -391,7 +391,7 @@ func TestSlotsOfADeletedPlanAreKept(t *testing.T) {
 		user := newUser(t)
 		e.acquire(t, user, "one", "s")
 		var rest []tiers.Tier
-		for _, tier := range testTiers {
+		for _, tier := range limitertest.Tiers() {
 			if tier.Plan != "one" {
 				rest = append(rest, tier)
 			}

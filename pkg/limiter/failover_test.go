@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/limiter"
@@ -60,7 +61,7 @@ func (n node) dbsize(t *testing.T) int64 {
 func TestClusterFailoverMidRun(t *testing.T) {
 	t.Parallel()
 	addrs := testenv.StartCluster(t)
-	e := newEnv(t, cluster.Options{Addrs: addrs, ShardsRefreshInterval: time.Second})
+	e := newEnv(t, limitertest.Options{Redis: cluster.Options{Addrs: addrs, ShardsRefreshInterval: time.Second}})
 	ctx := context.Background()
 
 	reqs := make([]limiter.HeartbeatRequest, 1000)

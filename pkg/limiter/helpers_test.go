@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/joishi/limiter/internal/testenv"
+	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
@@ -15,35 +15,19 @@ import (
 	"github.com/redis/rueidis"
 )
 
-// backend is one place the slot engine runs.
-type backend struct {
-	name  string
-	addrs func(t *testing.T) []string // nil: embedded store
-}
-
-var (
-	standalone   = backend{"standalone", func(t *testing.T) []string { return []string{testenv.Redis(t)} }}
-	redisCluster = backend{"cluster", func(t *testing.T) []string { return testenv.Cluster(t) }}
-	embedded     = backend{"embedded", nil}
-)
-
 // eachBackend runs fn against standalone Redis, Redis Cluster and, when
 // withEmbedded, the embedded store.
 func eachBackend(t *testing.T, withEmbedded bool, fn func(t *testing.T, env *env)) {
-	backends := []backend{standalone, redisCluster}
+	backends := []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster}
 	if withEmbedded {
-		backends = append(backends, embedded)
+		backends = append(backends, limitertest.Embedded)
 	}
 	for _, b := range backends {
-		t.Run(b.name, func(t *testing.T) {
+		t.Run(b.String(), func(t *testing.T) {
 			t.Parallel()
-			var addrs []string
-			if b.addrs != nil {
-				addrs = b.addrs(t)
-			}
 			// These tests are about correctness, not latency: a generous
 			// deadline keeps a loaded machine from turning them degraded.
-			fn(t, newEnv(t, cluster.Options{Addrs: addrs, Timeout: 5 * time.Second}))
+			fn(t, newEnv(t, limitertest.Options{Backend: b, Redis: cluster.Options{Timeout: 5 * time.Second}}))
 		})
 	}
 }
@@ -56,54 +40,17 @@ type env struct {
 	keys  keys.Schema
 }
 
-// Test tiers: short TTLs so expiry is observable in a test.
-var testTiers = []tiers.Tier{
-	{Plan: "three", MaxConcurrentStreams: 3, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen},
-	{Plan: "one", MaxConcurrentStreams: 1, SlotTTL: 2 * time.Second, HeartbeatInterval: 500 * time.Millisecond, FailureMode: tiers.FailOpen},
-	{Plan: "short", MaxConcurrentStreams: 3, SlotTTL: 300 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, FailureMode: tiers.FailOpen},
-	{Plan: "short-one", MaxConcurrentStreams: 1, SlotTTL: 300 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, FailureMode: tiers.FailOpen},
-	{Plan: "closed", MaxConcurrentStreams: 3, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailClosed},
-	{Plan: "none", MaxConcurrentStreams: 0, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen},
-}
-
-// newEnv returns a limiter on opts' backend, connected.
-func newEnv(t testing.TB, opts cluster.Options) *env {
+// newEnv returns the limiter opts describe.
+func newEnv(t testing.TB, opts limitertest.Options) *env {
 	t.Helper()
-	e := newEnvNoWait(t, opts)
-	e.waitConnected(t)
-	return e
+	s := limitertest.New(t, opts)
+	return &env{redis: s.Redis, lim: s.Limiter, table: s.Table, keys: s.Keys}
 }
 
-// newEnvNoWait returns a limiter on opts' backend without waiting for Redis.
-func newEnvNoWait(t testing.TB, opts cluster.Options) *env {
-	t.Helper()
-	redis, err := cluster.New(opts)
-	if err != nil {
-		t.Fatalf("cluster.New: %v", err)
-	}
-	t.Cleanup(redis.Close)
-	table := tiers.NewTable()
-	if err := table.Replace(testTiers); err != nil {
-		t.Fatal(err)
-	}
-	e := &env{redis: redis, table: table, keys: keys.Schema{Prefix: "limitertest:"}}
-	e.lim = limiter.New(redis, table, limiter.Options{Keys: e.keys})
-	return e
-}
-
-// waitConnected waits for the first connection (tests that expect Redis up).
-func (e *env) waitConnected(t testing.TB) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := e.redis.WaitConnected(ctx); err != nil {
-		t.Fatal(err)
-	}
-}
-
+// raw returns the client of a connected env, for what a test checks in
+// Redis itself.
 func (e *env) raw(t testing.TB) rueidis.Client {
 	t.Helper()
-	e.waitConnected(t)
 	c, err := e.redis.Redis()
 	if err != nil {
 		t.Fatal(err)

@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/limiter"
-	"github.com/joishi/limiter/pkg/tiers"
 )
 
 // outageBound is how long an operation may take while Redis is out: the
@@ -80,7 +80,7 @@ func awaitRecovery(t *testing.T, e *env, within time.Duration) {
 func newUnconnected(t *testing.T, addrs ...string) *env {
 	t.Helper()
 	start := time.Now()
-	e := newEnvNoWait(t, cluster.Options{Addrs: addrs})
+	e := newEnv(t, limitertest.Options{Redis: cluster.Options{Addrs: addrs}, NoWait: true})
 	if took := time.Since(start); took > 100*time.Millisecond {
 		t.Errorf("creating the limiter took %v with Redis out; it must not block", took)
 	}
@@ -100,7 +100,7 @@ func TestRedisStoppedFromTheStart(t *testing.T) {
 func TestRedisStoppedWhileRunning(t *testing.T) {
 	t.Parallel()
 	srv := testenv.StartRedis(t)
-	e := newEnv(t, cluster.Options{Addrs: []string{srv.Addr()}})
+	e := newEnv(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{srv.Addr()}}})
 	e.acquire(t, newUser(t), "closed", "")
 	srv.Stop()
 	assertOutageAnswers(t, e)
@@ -118,7 +118,7 @@ func TestRedisBlackHoledWhileRunning(t *testing.T) {
 	t.Parallel()
 	srv := testenv.StartRedis(t)
 	proxy := testenv.StartProxy(t, srv.Addr())
-	e := newEnv(t, cluster.Options{Addrs: []string{proxy.Addr()}})
+	e := newEnv(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{proxy.Addr()}}})
 	e.acquire(t, newUser(t), "closed", "")
 	proxy.BlackHole()
 	assertOutageAnswers(t, e)
@@ -135,16 +135,11 @@ func TestClusterSeedsUnreachableFromTheStart(t *testing.T) {
 func TestOutageWarningsAreRateLimited(t *testing.T) {
 	t.Parallel()
 	var logs testenv.Buffer
-	redis, err := cluster.New(cluster.Options{Addrs: []string{testenv.FreeAddr(t)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(redis.Close)
-	table := tiers.NewTable()
-	if err := table.Replace(testTiers); err != nil {
-		t.Fatal(err)
-	}
-	lim := limiter.New(redis, table, limiter.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	lim := limitertest.New(t, limitertest.Options{
+		Redis:   cluster.Options{Addrs: []string{testenv.FreeAddr(t)}},
+		Limiter: limiter.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))},
+		NoWait:  true,
+	}).Limiter
 	for range 100 {
 		res, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: "u", Plan: "three"})
 		if err != nil || !res.Degraded {

@@ -3,8 +3,6 @@ package server_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -19,13 +17,12 @@ import (
 	"time"
 
 	"github.com/joishi/limiter/internal/apitest"
-	"github.com/joishi/limiter/internal/testenv"
+	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/httpapi"
 	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/server"
-	"github.com/joishi/limiter/pkg/tiers"
 )
 
 const (
@@ -84,30 +81,14 @@ type adminEnv struct {
 
 func newAdminEnv(t *testing.T, handler func(io.Writer) slog.Handler) *adminEnv {
 	t.Helper()
-	return newAdminEnvOn(t, []string{testenv.Redis(t)}, handler)
+	return newAdminEnvOn(t, limitertest.Standalone, handler)
 }
 
-// newAdminEnvOn is newAdminEnv on the Redis (or Redis Cluster) at addrs.
-func newAdminEnvOn(t *testing.T, addrs []string, handler func(io.Writer) slog.Handler) *adminEnv {
+// newAdminEnvOn is newAdminEnv on backend.
+func newAdminEnvOn(t *testing.T, backend limitertest.Backend, handler func(io.Writer) slog.Handler) *adminEnv {
 	t.Helper()
-	redis, err := cluster.New(cluster.Options{Addrs: addrs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(redis.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := redis.WaitConnected(ctx); err != nil {
-		t.Fatal(err)
-	}
-	table := tiers.NewTable()
-	if err := table.Replace(apiTiers); err != nil {
-		t.Fatal(err)
-	}
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	keys := keys.Schema{Prefix: "limiter-admintest-" + hex.EncodeToString(b[:]) + ":"}
-	lim := limiter.New(redis, table, limiter.Options{Keys: keys})
+	s := limitertest.New(t, limitertest.Options{Backend: backend})
+	lim, redis, keys := s.Limiter, s.Redis, s.Keys
 
 	tokens := filepath.Join(t.TempDir(), "tokens")
 	if err := os.WriteFile(tokens, []byte(adminTokens), 0o600); err != nil {
@@ -405,7 +386,7 @@ func TestAdminSlots(t *testing.T) {
 // audit work there too.
 func TestAdminOnCluster(t *testing.T) {
 	t.Parallel()
-	e := newAdminEnvOn(t, testenv.Cluster(t), nil)
+	e := newAdminEnvOn(t, limitertest.RedisCluster, nil)
 	user := newUser(t)
 	held := e.hold(t, user, 2)
 	r := e.do(t, adminCall{method: "POST", path: httpapi.AdminUserReleasePath(user), token: operatorToken, body: `{"reason":"cluster"}`})
@@ -528,7 +509,7 @@ func TestAdminPage(t *testing.T) {
 
 func TestAdminOffWithoutTokensFile(t *testing.T) {
 	t.Parallel()
-	a := newAPI(t, newLimiter(t, testenv.Redis(t), true))
+	a := newAPI(t, limitertest.New(t, limitertest.Options{}).Limiter)
 	for _, path := range []string{httpapi.AdminUserSlotsPath("u-1"), httpapi.PathAdminAudit} {
 		r := a.call(t, http.MethodGet, path, nil, false)
 		wantError(t, r, http.StatusNotFound, httpapi.CodeNotFound)

@@ -16,51 +16,26 @@ import (
 	"time"
 
 	"github.com/joishi/limiter/internal/apitest"
+	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/httpapi"
-	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/server"
 	"github.com/joishi/limiter/pkg/tiers"
 )
-
-// The tiers of the API tests.
-var apiTiers = []tiers.Tier{
-	{Plan: "three", MaxConcurrentStreams: 3, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen},
-	{Plan: "one", MaxConcurrentStreams: 1, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen},
-	{Plan: "none", MaxConcurrentStreams: 0, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen},
-	{Plan: "closed", MaxConcurrentStreams: 3, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailClosed},
-}
-
-// newLimiter returns a limiter on the Redis at addr with apiTiers; connected
-// when wait.
-func newLimiter(t *testing.T, addr string, wait bool) *limiter.Limiter {
-	t.Helper()
-	redis, err := cluster.New(cluster.Options{Addrs: []string{addr}})
-	if err != nil {
-		t.Fatalf("cluster.New: %v", err)
-	}
-	t.Cleanup(redis.Close)
-	if wait {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := redis.WaitConnected(ctx); err != nil {
-			t.Fatalf("connecting to %s: %v", addr, err)
-		}
-	}
-	table := tiers.NewTable()
-	if err := table.Replace(apiTiers); err != nil {
-		t.Fatal(err)
-	}
-	return limiter.New(redis, table, limiter.Options{Keys: keys.Schema{Prefix: "limiter-apitest:"}})
-}
 
 // api is the API listener of a server, served in-process, and a client
 // whose every exchange is validated against api/openapi.yaml.
 type api struct {
 	url    string
 	client *http.Client
+}
+
+// unreachable returns a limiter whose Redis never answers.
+func unreachable(t *testing.T) *limiter.Limiter {
+	t.Helper()
+	return limitertest.New(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{testenv.BlackHole(t)}}, NoWait: true}).Limiter
 }
 
 func newAPI(t *testing.T, lim *limiter.Limiter) *api {
@@ -178,7 +153,7 @@ func TestOpenAPISpecIsValid(t *testing.T) {
 
 func TestAPIAcquire(t *testing.T) {
 	t.Parallel()
-	a := newAPI(t, newLimiter(t, testenv.Redis(t), true))
+	a := newAPI(t, limitertest.New(t, limitertest.Options{}).Limiter)
 
 	t.Run("a new stream is granted with a generated stream id", func(t *testing.T) {
 		start := time.Now()
@@ -244,7 +219,7 @@ func checkLimitReached(t *testing.T, r reply, e httpapi.Error, used, limit int) 
 
 func TestAPISlotLifecycle(t *testing.T) {
 	t.Parallel()
-	a := newAPI(t, newLimiter(t, testenv.Redis(t), true))
+	a := newAPI(t, limitertest.New(t, limitertest.Options{}).Limiter)
 	user := newUser(t)
 	acq := decode[httpapi.AcquireResponse](t, a.post(t, httpapi.PathAcquire, httpapi.AcquireRequest{UserID: user, Plan: "three", StreamID: "s-1"}), http.StatusOK)
 
@@ -267,7 +242,7 @@ func TestAPISlotLifecycle(t *testing.T) {
 
 func TestAPIErrors(t *testing.T) {
 	t.Parallel()
-	a := newAPI(t, newLimiter(t, testenv.Redis(t), true))
+	a := newAPI(t, limitertest.New(t, limitertest.Options{}).Limiter)
 	user := newUser(t)
 	slot := func(user, plan, stream string) map[string]string {
 		return map[string]string{"user_id": user, "plan": plan, "stream_id": stream}
@@ -346,7 +321,7 @@ func TestAPIErrors(t *testing.T) {
 
 func TestAPIHeartbeats(t *testing.T) {
 	t.Parallel()
-	a := newAPI(t, newLimiter(t, testenv.Redis(t), true))
+	a := newAPI(t, limitertest.New(t, limitertest.Options{}).Limiter)
 	user := newUser(t)
 	held := decode[httpapi.AcquireResponse](t, a.post(t, httpapi.PathAcquire, httpapi.AcquireRequest{UserID: user, Plan: "three", StreamID: "held"}), http.StatusOK)
 
@@ -422,12 +397,14 @@ func TestAPIHeartbeats(t *testing.T) {
 
 func TestAPITiers(t *testing.T) {
 	t.Parallel()
-	a := newAPI(t, newLimiter(t, testenv.Redis(t), true))
+	a := newAPI(t, limitertest.New(t, limitertest.Options{}).Limiter)
 	got := decode[httpapi.TiersResponse](t, a.call(t, http.MethodGet, httpapi.PathTiers, nil, false), http.StatusOK)
 	want := []httpapi.Tier{
 		{Plan: "closed", MaxConcurrentStreams: 3, SlotTTLMs: 10_000, HeartbeatIntervalMs: 1_000, FailureMode: "Closed"},
 		{Plan: "none", MaxConcurrentStreams: 0, SlotTTLMs: 10_000, HeartbeatIntervalMs: 1_000, FailureMode: "Open"},
 		{Plan: "one", MaxConcurrentStreams: 1, SlotTTLMs: 10_000, HeartbeatIntervalMs: 1_000, FailureMode: "Open"},
+		{Plan: "short", MaxConcurrentStreams: 3, SlotTTLMs: 300, HeartbeatIntervalMs: 100, FailureMode: "Open"},
+		{Plan: "short-one", MaxConcurrentStreams: 1, SlotTTLMs: 300, HeartbeatIntervalMs: 100, FailureMode: "Open"},
 		{Plan: "three", MaxConcurrentStreams: 3, SlotTTLMs: 10_000, HeartbeatIntervalMs: 1_000, FailureMode: "Open"},
 	}
 	if fmt.Sprint(got.Tiers) != fmt.Sprint(want) {
@@ -437,7 +414,7 @@ func TestAPITiers(t *testing.T) {
 
 func TestAPIRedisUnreachable(t *testing.T) {
 	t.Parallel()
-	a := newAPI(t, newLimiter(t, testenv.BlackHole(t), false))
+	a := newAPI(t, unreachable(t))
 	user := newUser(t)
 	closedSlot := httpapi.HeartbeatRequest{UserID: user, Plan: "closed", StreamID: "c"}
 	openSlot := httpapi.HeartbeatRequest{UserID: user, Plan: "three", StreamID: "o"}
@@ -493,8 +470,8 @@ func TestAPIRedisUnreachable(t *testing.T) {
 	})
 	t.Run("the tiers are still listed", func(t *testing.T) {
 		got := decode[httpapi.TiersResponse](t, a.call(t, http.MethodGet, httpapi.PathTiers, nil, false), http.StatusOK)
-		if len(got.Tiers) != len(apiTiers) {
-			t.Errorf("tiers: got %d, want %d", len(got.Tiers), len(apiTiers))
+		if want := len(limitertest.Tiers()); len(got.Tiers) != want {
+			t.Errorf("tiers: got %d, want %d", len(got.Tiers), want)
 		}
 	})
 }
@@ -505,7 +482,7 @@ func TestOpsListener(t *testing.T) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 		fmt.Fprintln(w, "limiter_up 1")
 	})
-	lim := newLimiter(t, testenv.BlackHole(t), false) // readiness never depends on Redis
+	lim := unreachable(t) // readiness never depends on Redis
 	unsynced := limiter.New(nil, tiers.NewTable(), limiter.Options{})
 
 	for _, tc := range []struct {

@@ -27,14 +27,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/joishi/limiter/internal/testenv"
+	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/httpapi"
-	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/server"
 	"github.com/joishi/limiter/pkg/telemetry"
-	"github.com/joishi/limiter/pkg/tiers"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
@@ -87,14 +85,14 @@ func cpuTime() time.Duration {
 }
 
 func benchLimiter(b *testing.B, lim *limiter.Limiter, user string) {
-	res, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "paid"})
+	res, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "three"})
 	if err != nil || res.Degraded {
 		b.Errorf("Acquire: %+v, %v", res, err)
 	}
 }
 
 func benchHandler(b *testing.B, h http.Handler, user string) {
-	body, _ := json.Marshal(httpapi.AcquireRequest{UserID: user, Plan: "paid"})
+	body, _ := json.Marshal(httpapi.AcquireRequest{UserID: user, Plan: "three"})
 	req := httptest.NewRequest(http.MethodPost, httpapi.PathAcquire, bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	rec := httptest.NewRecorder()
@@ -109,41 +107,25 @@ func benchHandler(b *testing.B, h http.Handler, user string) {
 func benchStack(b *testing.B, mode string) (*limiter.Limiter, http.Handler) {
 	b.Helper()
 	quiet := slog.New(slog.DiscardHandler)
-	redisOpts := cluster.Options{Addrs: []string{testenv.Redis(b)}, Timeout: 10 * time.Second, Logger: quiet}
-	limOpts := limiter.Options{Keys: keys.Schema{Prefix: "telemetry-bench:" + randomID() + ":"}, Logger: quiet}
-	srvOpts := server.Options{Logger: quiet}
-	table := tiers.NewTable()
-	if err := table.Replace(testTiers); err != nil {
-		b.Fatal(err)
+	opts := limitertest.Options{
+		Redis:   cluster.Options{Timeout: 10 * time.Second, Logger: quiet},
+		Limiter: limiter.Options{Logger: quiet},
 	}
+	srvOpts := server.Options{Logger: quiet}
 	if mode != "off" {
-		var opts telemetry.Options
+		var telOpts telemetry.Options
 		if mode == "on" {
-			opts.SpanExporter = discard{}
+			telOpts.SpanExporter = discard{}
 		}
-		tel, err := telemetry.New(context.Background(), opts)
+		tel, err := telemetry.New(context.Background(), telOpts)
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
-		obs, err := telemetry.NewObserver(tel.MeterProvider, table)
-		if err != nil {
-			b.Fatal(err)
-		}
-		redisOpts.NewRedis = tel.NewRedisClient
-		limOpts.Observer, limOpts.TracerProvider = obs, tel.TracerProvider
+		opts.Redis.NewRedis = tel.NewRedisClient
+		opts.Limiter.TracerProvider, opts.NewObserver = tel.TracerProvider, observer(tel)
 		srvOpts.Middleware, srvOpts.Metrics = tel.Middleware, tel.MetricsHandler()
 	}
-	redis, err := cluster.New(redisOpts)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(redis.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := redis.WaitConnected(ctx); err != nil {
-		b.Fatal(err)
-	}
-	lim := limiter.New(redis, table, limOpts)
+	lim := limitertest.New(b, opts).Limiter
 	return lim, server.New(lim, srvOpts).Handler()
 }

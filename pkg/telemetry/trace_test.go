@@ -10,10 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/joishi/limiter/internal/testenv"
+	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/pkg/client"
 	"github.com/joishi/limiter/pkg/cluster"
-	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/server"
 	"github.com/joishi/limiter/pkg/telemetry"
@@ -26,10 +25,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-var testTiers = []tiers.Tier{
-	{Plan: "paid", MaxConcurrentStreams: 3, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen},
-}
-
 // stack is a limiter on the shared Redis with tel's providers wired in as
 // serve wires them, behind an httptest server.
 type stack struct {
@@ -40,33 +35,23 @@ type stack struct {
 
 func newStack(t testing.TB, tel *telemetry.Telemetry) *stack {
 	t.Helper()
-	redis, err := cluster.New(cluster.Options{Addrs: []string{testenv.Redis(t)}, NewRedis: tel.NewRedisClient, Timeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(redis.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := redis.WaitConnected(ctx); err != nil {
-		t.Fatal(err)
-	}
-	table := tiers.NewTable()
-	if err := table.Replace(testTiers); err != nil {
-		t.Fatal(err)
-	}
-	obs, err := telemetry.NewObserver(tel.MeterProvider, table)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim := limiter.New(redis, table, limiter.Options{
-		Keys:           keys.Schema{Prefix: "telemetry-test:" + randomID() + ":"},
-		Observer:       obs,
-		TracerProvider: tel.TracerProvider,
-	})
+	lim := limitertest.New(t, limitertest.Options{
+		Redis:       cluster.Options{NewRedis: tel.NewRedisClient, Timeout: 10 * time.Second},
+		Limiter:     limiter.Options{TracerProvider: tel.TracerProvider},
+		NewObserver: observer(tel),
+	}).Limiter
 	srv := server.New(lim, server.Options{Middleware: tel.Middleware, Metrics: tel.MetricsHandler()})
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
 	return &stack{tel: tel, lim: lim, url: ts.URL}
+}
+
+// observer builds the limiter's Observer on tel's meter provider, as serve
+// does.
+func observer(tel *telemetry.Telemetry) func(*tiers.Table) (limiter.Observer, error) {
+	return func(table *tiers.Table) (limiter.Observer, error) {
+		return telemetry.NewObserver(tel.MeterProvider, table)
+	}
 }
 
 func randomID() string {
@@ -100,7 +85,7 @@ func TestAcquireTrace(t *testing.T) {
 	}
 	user := "user-" + randomID()
 	appCtx, appSpan := app.Tracer("app").Start(ctx, "app.stream")
-	lease, err := c.Acquire(appCtx, user, "paid")
+	lease, err := c.Acquire(appCtx, user, "three")
 	appSpan.End()
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)
@@ -146,7 +131,7 @@ func TestAcquireTrace(t *testing.T) {
 	}
 
 	want := map[attribute.Key]attribute.Value{
-		"limiter.plan":         attribute.StringValue("paid"),
+		"limiter.plan":         attribute.StringValue("three"),
 		"limiter.failure_mode": attribute.StringValue("Open"),
 		"limiter.limit":        attribute.IntValue(3),
 		"limiter.granted":      attribute.BoolValue(true),
