@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What `make bench` runs: the limiter's benchmarks as ratios against the
-# physical limit measured in the same run (DESIGN.md §9, BENCHMARKS.md).
+# physical limit measured in the same run (BENCHMARKS.md).
 #
 # It starts its own Redis (hack/redis-cluster.sh; stopped again on exit),
 # loads the acquire script, measures redis-benchmark running EVALSHA of that

@@ -5,12 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
+	"net/http"
 	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/joishi/limiter/pkg/client"
 	"github.com/joishi/limiter/pkg/httpapi"
 	"github.com/spf13/cobra"
 )
@@ -61,9 +62,9 @@ Exit codes: 0 on success, 1 when the server refused or failed the call,
 				if err != nil {
 					return err
 				}
-				var out httpapi.AdminSlotsResponse
-				if err := c.do(cmd.Context(), "GET", httpapi.AdminUserSlotsPath(args[0]), nil, &out); err != nil {
-					return serveFailure{err}
+				out, err := c.Slots(cmd.Context(), args[0])
+				if err != nil {
+					return adminFailure(err)
 				}
 				return f.print(cmd.OutOrStdout(), out, func(w io.Writer) { printSlots(w, out) })
 			},
@@ -78,9 +79,9 @@ Exit codes: 0 on success, 1 when the server refused or failed the call,
 				if err != nil {
 					return err
 				}
-				var out httpapi.AuditResponse
-				if err := c.do(cmd.Context(), "GET", httpapi.PathAdminAudit, nil, &out); err != nil {
-					return serveFailure{err}
+				out, err := c.Audit(cmd.Context())
+				if err != nil {
+					return adminFailure(err)
 				}
 				return f.print(cmd.OutOrStdout(), out, func(w io.Writer) { printAudit(w, out.Records) })
 			},
@@ -109,9 +110,9 @@ recorded in the audit with your token's name.`,
 			if err != nil {
 				return err
 			}
-			var out httpapi.AdminReleaseResponse
-			if err := c.do(cmd.Context(), "POST", httpapi.AdminUserReleasePath(args[0]), httpapi.AdminReleaseRequest{Reason: reason}, &out); err != nil {
-				return serveFailure{err}
+			out, err := c.ReleaseAll(cmd.Context(), args[0], reason)
+			if err != nil {
+				return adminFailure(err)
 			}
 			return f.print(cmd.OutOrStdout(), out, func(w io.Writer) {
 				fmt.Fprintf(w, "released %d %s of user %s", len(out.Released), plural(len(out.Released), "slot", "slots"), args[0])
@@ -127,17 +128,13 @@ recorded in the audit with your token's name.`,
 }
 
 // client checks the flags and environment and returns a client.
-func (f *adminFlags) client() (*adminClient, error) {
-	raw := f.url
-	if raw == "" {
-		raw = os.Getenv(envAdminURL)
+func (f *adminFlags) client() (*client.Admin, error) {
+	base := f.url
+	if base == "" {
+		base = os.Getenv(envAdminURL)
 	}
-	if raw == "" {
-		raw = "http://127.0.0.1:8080"
-	}
-	u, err := url.Parse(raw)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("--url (env %s) must be http(s)://host[:port][/prefix], got %q", envAdminURL, raw)
+	if base == "" {
+		base = "http://127.0.0.1:8080"
 	}
 	token := f.token
 	if token == "" {
@@ -152,8 +149,36 @@ func (f *adminFlags) client() (*adminClient, error) {
 	if f.timeout <= 0 {
 		return nil, fmt.Errorf("--timeout must be > 0, got %s", f.timeout)
 	}
-	return newAdminClient(strings.TrimSuffix(u.String(), "/"), strings.TrimSpace(token), f.timeout), nil
+	c, err := client.NewAdmin(base, strings.TrimSpace(token), client.WithRequestTimeout(f.timeout))
+	if err != nil {
+		return nil, fmt.Errorf("--url (env %s): %w", envAdminURL, err)
+	}
+	return c, nil
 }
+
+// adminFailure marks err of an admin call as the server's failure, and
+// words an answer of the admin API for the command line.
+func adminFailure(err error) error {
+	var answer *client.Error
+	if errors.As(err, &answer) {
+		err = adminRefusal{answer}
+	}
+	return serveFailure{err}
+}
+
+// adminRefusal is a non-2xx answer of the admin API.
+type adminRefusal struct{ answer *client.Error }
+
+func (r adminRefusal) Error() string {
+	msg := r.answer.Message
+	if r.answer.Status == http.StatusNotFound {
+		// The admin routes exist only when the server has admin tokens.
+		msg += " (is admin.tokensFile set on the server?)"
+	}
+	return fmt.Sprintf("the admin API answered %d %s: %s", r.answer.Status, r.answer.Code, msg)
+}
+
+func (r adminRefusal) Unwrap() error { return r.answer }
 
 // print writes v as JSON with -o json, else as text.
 func (f *adminFlags) print(w io.Writer, v any, text func(io.Writer)) error {

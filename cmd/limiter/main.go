@@ -14,6 +14,7 @@ import (
 	"syscall"
 
 	"github.com/joishi/limiter/pkg/config"
+	"github.com/joishi/limiter/pkg/controller"
 	"github.com/spf13/cobra"
 )
 
@@ -38,7 +39,12 @@ func main() {
 // graceful drain, 1 when serving failed, 2 for a usage or configuration
 // error.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	root := newRootCommand(stderr)
+	root := newRootCommand(serveDeps{logs: stderr, watchTiers: (*controller.Controller).Start})
+	return execute(ctx, root, args, stdout, stderr)
+}
+
+// execute runs root with args and returns the exit code, as run does.
+func execute(ctx context.Context, root *cobra.Command, args []string, stdout, stderr io.Writer) int {
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -61,7 +67,7 @@ type serveFailure struct{ err error }
 func (e serveFailure) Error() string { return e.err.Error() }
 func (e serveFailure) Unwrap() error { return e.err }
 
-func newRootCommand(logs io.Writer) *cobra.Command {
+func newRootCommand(deps serveDeps) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "limiter",
 		Short: "Cap the concurrent AI streams each user may hold, on Redis",
@@ -74,11 +80,11 @@ Redis with their own expiry, so a crashed holder's slot frees itself.`,
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		return fmt.Errorf("%w (see %s --help)", err, cmd.CommandPath())
 	})
-	root.AddCommand(newServeCommand(logs), newVersionCommand(), newAdminCommand())
+	root.AddCommand(newServeCommand(deps), newVersionCommand(), newAdminCommand())
 	return root
 }
 
-func newServeCommand(logs io.Writer) *cobra.Command {
+func newServeCommand(deps serveDeps) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Serve the limiter API and the ops endpoints until SIGTERM",
@@ -104,7 +110,7 @@ usage or configuration error.`,
 			if err != nil {
 				return err
 			}
-			if err := runServe(cmd.Context(), cfg, logs); err != nil {
+			if err := runServe(cmd.Context(), cfg, deps); err != nil {
 				return serveFailure{err}
 			}
 			return nil

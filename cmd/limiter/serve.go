@@ -19,17 +19,26 @@ import (
 	"go.opentelemetry.io/otel"
 )
 
+// serveDeps is what `limiter serve` is given rather than configured with.
+type serveDeps struct {
+	// logs receives the service's log lines.
+	logs io.Writer
+	// watchTiers runs the LimitTier watch: (*controller.Controller).Start,
+	// or in tests a stand-in that dies on demand.
+	watchTiers tierWatch
+}
+
 // runServe runs one limiter replica with cfg until ctx ends, then drains
-// and returns nil. It logs to out. Should the tier source fail for good
-// (the LimitTier watch ends), it drains too, and returns that error.
-func runServe(ctx context.Context, cfg config.Config, out io.Writer) error {
+// and returns nil. It logs to deps.logs. Should the tier source fail for
+// good (the LimitTier watch ends), it drains too, and returns that error.
+func runServe(ctx context.Context, cfg config.Config, deps serveDeps) error {
 	ctx, fail := context.WithCancelCause(ctx)
 	defer fail(nil)
-	logger := newLogger(cfg.Log, out)
+	logger := newLogger(cfg.Log, deps.logs)
 	b := currentBuild()
 	logger.Info("starting", "version", b.Version, "commit", b.Commit, "go", b.Go)
 
-	table, stopTiers, err := tierTable(ctx, cfg, logger, fail)
+	table, stopTiers, err := tierTable(ctx, cfg, deps, logger, fail)
 	if err != nil {
 		return err
 	}
@@ -98,7 +107,7 @@ func runServe(ctx context.Context, cfg config.Config, out io.Writer) error {
 // tierTable returns the table of the configured tier source, and stop,
 // which waits for the source's watch (if any) to end with ctx. A watch that
 // ends on its own calls fail.
-func tierTable(ctx context.Context, cfg config.Config, logger *slog.Logger, fail context.CancelCauseFunc) (table *tiers.Table, stop func(), err error) {
+func tierTable(ctx context.Context, cfg config.Config, deps serveDeps, logger *slog.Logger, fail context.CancelCauseFunc) (table *tiers.Table, stop func(), err error) {
 	switch cfg.Tiers.Source {
 	case config.SourceStatic:
 		table = tiers.NewTable()
@@ -107,7 +116,7 @@ func tierTable(ctx context.Context, cfg config.Config, logger *slog.Logger, fail
 		}
 		return table, func() {}, nil
 	case config.SourceKubernetes:
-		return startKubernetesTiers(ctx, cfg, logger, fail)
+		return startKubernetesTiers(ctx, cfg, deps.watchTiers, logger, fail)
 	default:
 		return nil, nil, fmt.Errorf("%w: tiers.source %q", config.ErrInvalid, cfg.Tiers.Source)
 	}

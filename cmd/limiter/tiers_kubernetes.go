@@ -23,17 +23,19 @@ import (
 // watch ends on its own: runServe then drains and returns it.
 var errTierWatchStopped = errors.New("the LimitTier watch stopped, so the tier table no longer follows the namespace")
 
-// startWatch runs the LimitTier watch until ctx ends; tests replace it.
-var startWatch = (*controller.Controller).Start
+// tierWatch runs a LimitTier watch until ctx ends, as
+// (*controller.Controller).Start does.
+type tierWatch func(watch *controller.Controller, ctx context.Context) error
 
 // startKubernetesTiers starts watching the LimitTiers of tiers.namespace
-// and returns the table the watch keeps in step: empty, and unsynced (so
-// /readyz is false) until the first full list is in. The watch ends with
-// ctx; stop waits for it, so the Lease is given up before the process
-// exits. Should the watch end with an error instead, fail is called with
-// one wrapping errTierWatchStopped: serving on would enforce a frozen table
-// while /readyz stays true, whereas a restart brings a fresh watch.
-func startKubernetesTiers(ctx context.Context, cfg config.Config, logger *slog.Logger, fail context.CancelCauseFunc) (table *tiers.Table, stop func(), err error) {
+// (running the watch with watchTiers) and returns the table the watch
+// keeps in step: empty, and unsynced (so /readyz is false) until the first
+// full list is in. The watch ends with ctx; stop waits for it, so the
+// Lease is given up before the process exits. Should the watch end with an
+// error instead, fail is called with one wrapping errTierWatchStopped:
+// serving on would enforce a frozen table while /readyz stays true,
+// whereas a restart brings a fresh watch.
+func startKubernetesTiers(ctx context.Context, cfg config.Config, watchTiers tierWatch, logger *slog.Logger, fail context.CancelCauseFunc) (table *tiers.Table, stop func(), err error) {
 	kube, err := kubeConfig()
 	if err != nil {
 		return nil, nil, fmt.Errorf("tiers.source kubernetes: %w", err)
@@ -59,7 +61,7 @@ func startKubernetesTiers(ctx context.Context, cfg config.Config, logger *slog.L
 	watchCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		if err := startWatch(watch, watchCtx); err != nil {
+		if err := watchTiers(watch, watchCtx); err != nil {
 			logger.Error("the LimitTier watch stopped; the tier table no longer follows the namespace: stopping", "err", err)
 			fail(fmt.Errorf("tiers.source kubernetes: %w: %w", errTierWatchStopped, err))
 		}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,7 +15,7 @@ import (
 )
 
 // fakeKubeconfig points KUBECONFIG at an API server that is never called:
-// the watch is replaced (startWatch), and controller.New does not dial.
+// the watch is stood in for (fakeWatch), and controller.New does not dial.
 func fakeKubeconfig(t *testing.T) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "kubeconfig")
@@ -41,23 +42,24 @@ users:
 	t.Setenv("KUBECONFIG", path)
 }
 
-// fakeWatch replaces the LimitTier watch for one test with one that waits
-// until ctx ends (returning nil, as the real watch does) or until die
-// yields an error (a watch that cannot run on).
-func fakeWatch(t *testing.T) (die chan<- error) {
-	t.Helper()
+// fakeWatch is a stand-in for the LimitTier watch that waits until ctx
+// ends (returning nil, as the real watch does) or until die yields an
+// error (a watch that cannot run on).
+func fakeWatch() (watch tierWatch, die chan<- error) {
 	ch := make(chan error, 1)
-	old := startWatch
-	startWatch = func(_ *controller.Controller, ctx context.Context) error {
+	return func(_ *controller.Controller, ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
 		case err := <-ch:
 			return err
 		}
-	}
-	t.Cleanup(func() { startWatch = old })
-	return ch
+	}, ch
+}
+
+// runWithWatch is run with watch standing in for the LimitTier watch.
+func runWithWatch(ctx context.Context, watch tierWatch, args []string, stdout, stderr io.Writer) int {
+	return execute(ctx, newRootCommand(serveDeps{logs: stderr, watchTiers: watch}), args, stdout, stderr)
 }
 
 // A LimitTier watch that dies must not leave the replica serving a frozen
@@ -65,12 +67,12 @@ func fakeWatch(t *testing.T) (die chan<- error) {
 // restarts the container with a fresh watch.
 func TestServeFailsWhenTheTierWatchDies(t *testing.T) {
 	fakeKubeconfig(t)
-	die := fakeWatch(t)
+	watch, die := fakeWatch()
 
 	var stdout, stderr testenv.Buffer
 	done := make(chan int, 1)
 	go func() {
-		done <- run(t.Context(), append([]string{"serve", "--log-format", "text", "--tiers-source", "kubernetes", "--tiers-namespace", "limits"}, local...), &stdout, &stderr)
+		done <- runWithWatch(t.Context(), watch, append([]string{"serve", "--log-format", "text", "--tiers-source", "kubernetes", "--tiers-namespace", "limits"}, local...), &stdout, &stderr)
 	}()
 	waitFor(t, &stderr, "msg=listening", done)
 
@@ -98,14 +100,14 @@ func TestServeFailsWhenTheTierWatchDies(t *testing.T) {
 // failure.
 func TestServeWithKubernetesTiersDrainsAndExitsZero(t *testing.T) {
 	fakeKubeconfig(t)
-	fakeWatch(t)
+	watch, _ := fakeWatch()
 
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	var stdout, stderr testenv.Buffer
 	done := make(chan int, 1)
 	go func() {
-		done <- run(ctx, append([]string{"serve", "--log-format", "text", "--tiers-source", "kubernetes", "--tiers-namespace", "limits"}, local...), &stdout, &stderr)
+		done <- runWithWatch(ctx, watch, append([]string{"serve", "--log-format", "text", "--tiers-source", "kubernetes", "--tiers-namespace", "limits"}, local...), &stdout, &stderr)
 	}()
 	waitFor(t, &stderr, "msg=listening", done)
 	cancel()

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/joishi/limiter/pkg/httpapi"
@@ -64,7 +65,7 @@ func (c *Client) Acquire(ctx context.Context, userID, plan string, opts ...Acqui
 
 func (c *Client) acquire(ctx context.Context, req httpapi.AcquireRequest) (httpapi.AcquireResponse, error) {
 	var out httpapi.AcquireResponse
-	if err := c.post(ctx, httpapi.PathAcquire, req, &out); err != nil {
+	if err := c.api.do(ctx, http.MethodPost, httpapi.PathAcquire, req, &out); err != nil {
 		return out, err
 	}
 	if !out.Granted || out.StreamID == "" {

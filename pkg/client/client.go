@@ -8,15 +8,15 @@
 // 5xx, Redis unavailable) never marks a lease lost: the slot keeps its TTL
 // on the server and the next tick retries. Only the limiter's explicit
 // answer that the slot is gone closes Lost.
+//
+// Admin calls the admin API that support staff use: list a user's slots,
+// release them all, read the audit.
 package client
 
 import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/http"
-	"net/url"
-	"strings"
 	"sync"
 	"time"
 )
@@ -24,12 +24,10 @@ import (
 // Client talks to one limiter service. It is safe for concurrent use. Close
 // it to stop its heartbeat goroutine and release the leases it holds.
 type Client struct {
-	base       string
-	http       *http.Client
-	ownHTTP    bool
-	log        *slog.Logger
-	interval   time.Duration // fixed heartbeat interval; 0: from the leases
-	reqTimeout time.Duration
+	api      endpoint
+	ownHTTP  bool
+	log      *slog.Logger
+	interval time.Duration // fixed heartbeat interval; 0: from the leases
 
 	mu     sync.Mutex
 	leases map[leaseKey]*Lease
@@ -53,15 +51,9 @@ type leaseKey struct{ userID, streamID string }
 // heartbeat goroutine, which idles until a lease is held; it does not touch
 // the network.
 func New(baseURL string, opts ...Option) (*Client, error) {
-	u, err := url.Parse(baseURL)
+	base, err := parseBaseURL(baseURL)
 	if err != nil {
-		return nil, fmt.Errorf("limiter client: base URL %q: %w", baseURL, err)
-	}
-	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("limiter client: base URL must be http(s)://host[:port][/prefix], got %q", baseURL)
-	}
-	if u.RawQuery != "" || u.Fragment != "" {
-		return nil, fmt.Errorf("limiter client: base URL must have no query or fragment, got %q", baseURL)
+		return nil, fmt.Errorf("limiter client: %w", err)
 	}
 	var cfg config
 	for _, opt := range opts {
@@ -71,16 +63,14 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 	}
 	hc, owned := cfg.build()
 	c := &Client{
-		base:       strings.TrimSuffix(u.String(), "/"),
-		http:       hc,
-		ownHTTP:    owned,
-		log:        cfg.logger,
-		interval:   cfg.interval,
-		reqTimeout: cfg.requestTimeout,
-		leases:     make(map[leaseKey]*Lease),
-		intervals:  make(map[time.Duration]int),
-		wake:       make(chan struct{}, 1),
-		loopDone:   make(chan struct{}),
+		api:       endpoint{base: base, http: hc, timeout: cfg.requestTimeout, maxAnswer: maxAnswerBytes},
+		ownHTTP:   owned,
+		log:       cfg.logger,
+		interval:  cfg.interval,
+		leases:    make(map[leaseKey]*Lease),
+		intervals: make(map[time.Duration]int),
+		wake:      make(chan struct{}, 1),
+		loopDone:  make(chan struct{}),
 	}
 	c.loopCtx, c.stopLoop = context.WithCancel(context.Background())
 	go c.heartbeatLoop()
@@ -114,7 +104,7 @@ func (c *Client) Close(ctx context.Context) error {
 			held[i].markLost(ErrClosed)
 		})
 		if c.ownHTTP {
-			c.http.CloseIdleConnections()
+			c.api.http.CloseIdleConnections()
 		}
 		c.closeErr = summarize(errs)
 	})

@@ -88,7 +88,7 @@ func (c *Client) heartbeatBatch(ctx context.Context, batch []*Lease) (reacquire 
 		req.Slots[i] = httpapi.HeartbeatRequest{UserID: l.userID, Plan: l.plan, StreamID: l.streamID}
 	}
 	var out httpapi.HeartbeatsResponse
-	if err := c.post(ctx, httpapi.PathHeartbeats, req, &out); err != nil {
+	if err := c.api.do(ctx, http.MethodPost, httpapi.PathHeartbeats, req, &out); err != nil {
 		if c.loopCtx.Err() == nil { // not closing
 			c.log.Warn("limiter: heartbeat batch failed; the slots keep their TTL, retrying next tick", "slots", len(batch), "err", err)
 		}

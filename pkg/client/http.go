@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -17,64 +18,98 @@ import (
 
 const (
 	userAgent = "joishi-limiter-go-client"
-	// maxAnswerBytes bounds what is read of an answer: a full batch answer
-	// is about 100 KiB.
+	// maxAnswerBytes bounds what is read of a slot API answer: a full
+	// batch answer is about 100 KiB.
 	maxAnswerBytes = 4 << 20
 	// maxInFlight bounds the concurrent requests of one heartbeat tick or
 	// of Close.
 	maxInFlight = 4
 )
 
-// post sends in as JSON to path, with the W3C trace context of ctx's span
-// so that the caller's trace continues through the limiter into Redis, and
-// decodes a 2xx answer into out. A non-2xx answer is an *Error. A transport
-// failure or the request timeout matches ErrUnavailable; the end of ctx
-// itself is returned as ctx's error.
-func (c *Client) post(ctx context.Context, path string, in, out any) error {
-	body, err := json.Marshal(in)
+// endpoint is one limiter listener and how to call it; Client and Admin
+// each hold one.
+type endpoint struct {
+	base      string // no trailing slash
+	http      *http.Client
+	timeout   time.Duration // of each call
+	token     string        // sent as a bearer token; none when empty
+	maxAnswer int           // bytes of an answer read at the most
+}
+
+// parseBaseURL checks a base URL and returns it without a trailing slash.
+func parseBaseURL(raw string) (string, error) {
+	u, err := url.Parse(raw)
 	if err != nil {
-		return fmt.Errorf("limiter: POST %s: encoding request: %w", path, err)
+		return "", fmt.Errorf("base URL %q: %w", raw, err)
 	}
-	callCtx, cancel := context.WithTimeout(ctx, c.reqTimeout)
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", fmt.Errorf("base URL must be http(s)://host[:port][/prefix], got %q", raw)
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return "", fmt.Errorf("base URL must have no query or fragment, got %q", raw)
+	}
+	return strings.TrimSuffix(u.String(), "/"), nil
+}
+
+// do sends in as JSON (no body when in is nil) to path, with the W3C trace
+// context of ctx's span so that the caller's trace continues through the
+// limiter into Redis, and decodes a 2xx answer into out. A non-2xx answer
+// is an *Error. A transport failure or the request timeout matches
+// ErrUnavailable; the end of ctx itself is returned as ctx's error.
+func (e *endpoint) do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		data, err := json.Marshal(in)
+		if err != nil {
+			return fmt.Errorf("limiter: %s %s: encoding request: %w", method, path, err)
+		}
+		body = bytes.NewReader(data)
+	}
+	callCtx, cancel := context.WithTimeout(ctx, e.timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(callCtx, http.MethodPost, c.base+path, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(callCtx, method, e.base+path, body)
 	if err != nil {
-		return fmt.Errorf("limiter: POST %s: %w", path, err)
+		return fmt.Errorf("limiter: %s %s: %w", method, path, err)
 	}
-	req.Header.Set("Content-Type", "application/json")
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	req.Header.Set("Accept", "application/json")
 	req.Header.Set("User-Agent", userAgent)
+	if e.token != "" {
+		req.Header.Set("Authorization", "Bearer "+e.token)
+	}
 	// Not the global propagator: the application may never have set one.
 	// A transport wrapper (otelhttp) may replace it with its client span's.
 	propagation.TraceContext{}.Inject(ctx, propagation.HeaderCarrier(req.Header))
 
-	resp, err := c.http.Do(req)
+	resp, err := e.http.Do(req)
 	if err != nil {
-		return c.transportError(ctx, path, err)
+		return transportError(ctx, method, path, err)
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes+1))
+	data, err := io.ReadAll(io.LimitReader(resp.Body, int64(e.maxAnswer)+1))
 	if err != nil {
-		return c.transportError(ctx, path, err)
+		return transportError(ctx, method, path, err)
 	}
-	if len(data) > maxAnswerBytes {
-		return fmt.Errorf("limiter: POST %s: answer exceeds %d bytes", path, maxAnswerBytes)
+	if len(data) > e.maxAnswer {
+		return fmt.Errorf("limiter: %s %s: answer exceeds %d bytes", method, path, e.maxAnswer)
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return answerError(resp, data)
 	}
 	if err := json.Unmarshal(data, out); err != nil {
-		return fmt.Errorf("limiter: POST %s: decoding answer (HTTP %d): %w", path, resp.StatusCode, err)
+		return fmt.Errorf("limiter: %s %s: decoding answer (HTTP %d): %w", method, path, resp.StatusCode, err)
 	}
 	return nil
 }
 
-func (c *Client) transportError(ctx context.Context, path string, err error) error {
+func transportError(ctx context.Context, method, path string, err error) error {
 	if ctx.Err() != nil {
 		// The caller gave up; that says nothing about the limiter.
-		return fmt.Errorf("limiter: POST %s: %w", path, context.Cause(ctx))
+		return fmt.Errorf("limiter: %s %s: %w", method, path, context.Cause(ctx))
 	}
-	return fmt.Errorf("limiter: POST %s: %w: %w", path, ErrUnavailable, err)
+	return fmt.Errorf("limiter: %s %s: %w: %w", method, path, ErrUnavailable, err)
 }
 
 // answerError converts a non-2xx answer into an *Error.

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"net/http"
 	"sync"
 	"time"
 
@@ -86,7 +87,7 @@ func (l *Lease) release(ctx context.Context) error {
 		return nil
 	}
 	var out httpapi.ReleaseResponse
-	err := l.client.post(ctx, httpapi.PathRelease, httpapi.ReleaseRequest{UserID: l.userID, StreamID: l.streamID}, &out)
+	err := l.client.api.do(ctx, http.MethodPost, httpapi.PathRelease, httpapi.ReleaseRequest{UserID: l.userID, StreamID: l.streamID}, &out)
 	if err != nil {
 		return err
 	}

@@ -96,7 +96,7 @@ func WithHeartbeatInterval(d time.Duration) Option {
 }
 
 // WithRequestTimeout bounds each HTTP call (acquire, one heartbeat batch,
-// release). Default 5s. A call that times out fails with ErrUnavailable.
+// release, an Admin call). Default 5s. A call that times out fails with ErrUnavailable.
 func WithRequestTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {

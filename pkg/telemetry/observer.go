@@ -108,9 +108,9 @@ func NewObserver(mp metric.MeterProvider, table *tiers.Table) (*Observer, error)
 		metric.WithDescription("The user's live slots after each counted grant, by plan."),
 		metric.WithExplicitBucketBoundaries(usedBuckets...))
 	o.reclaimed, errs[2] = m.Int64Counter("limiter.slots.reclaimed", metric.WithUnit("{slot}"),
-		metric.WithDescription("Slots that expired instead of being released, found and removed by the user's next acquire: the leak and crash signal."))
+		metric.WithDescription("Slots that expired instead of being released, removed by whichever operation on the user finds them first: an acquire (granted or denied), a heartbeat, a release or a support unlock (the last two with plan=\"\"). The leak and crash signal."))
 	o.beats, errs[3] = m.Int64Counter("limiter.heartbeat", metric.WithUnit("{heartbeat}"),
-		metric.WithDescription("Heartbeats by outcome: alive, lost (410), degraded (Redis down, fail-open)."))
+		metric.WithDescription("Heartbeats by outcome, each slot of a batch counted: alive, lost (410), degraded (Redis down, fail-open), unavailable (Redis down, fail-closed: 503)."))
 	o.releases, errs[4] = m.Int64Counter("limiter.release", metric.WithUnit("{release}"),
 		metric.WithDescription("Releases answered by Redis: released true, or false when the slot was already gone."))
 	o.redis, errs[5] = m.Float64Histogram("limiter.redis.duration", metric.WithUnit("s"),

@@ -1,0 +1,82 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/joishi/limiter/pkg/httpapi"
+)
+
+// maxAdminAnswerBytes bounds what is read of an admin answer: a user may
+// hold 100,000 slots (the most a tier allows), over 10 MiB of JSON with
+// generated stream ids.
+const maxAdminAnswerBytes = 16 << 20
+
+// Admin calls the limiter's admin API (/v1/admin/...) with one token. The
+// API exists only when the service has admin.tokensFile set; otherwise
+// every call fails with a 404 *Error. Every call, refused ones included,
+// is audited by the service under the token's name. An Admin is safe for
+// concurrent use and holds no goroutine.
+//
+// A refused call is an *Error like those of Client: Code
+// httpapi.CodeUnauthorized (401, unknown or missing token),
+// httpapi.CodeForbidden (403, a viewer's token on an operator's call) or
+// httpapi.CodeInvalidRequest (400, matching ErrInvalid). A service that
+// cannot be reached matches ErrUnavailable.
+type Admin struct {
+	api endpoint
+}
+
+// NewAdmin returns an Admin of the limiter at baseURL (its API listener,
+// e.g. "http://limiter.default.svc:8080"; a path prefix is kept) that
+// sends token as a bearer token. Of the options, WithHTTPClient,
+// WithTransport and WithRequestTimeout apply; the heartbeat and logging
+// options have nothing to act on. It does not touch the network.
+func NewAdmin(baseURL, token string, opts ...Option) (*Admin, error) {
+	base, err := parseBaseURL(baseURL)
+	if err != nil {
+		return nil, fmt.Errorf("limiter admin client: %w", err)
+	}
+	if strings.TrimSpace(token) == "" {
+		return nil, errors.New("limiter admin client: token must not be empty")
+	}
+	var cfg config
+	for _, opt := range opts {
+		if err := opt(&cfg); err != nil {
+			return nil, fmt.Errorf("limiter admin client: %w", err)
+		}
+	}
+	hc, _ := cfg.build()
+	return &Admin{api: endpoint{base: base, http: hc, timeout: cfg.requestTimeout, token: token, maxAnswer: maxAdminAnswerBytes}}, nil
+}
+
+// Slots lists userID's live slots, earliest expiry first (GET
+// /v1/admin/users/{user_id}/slots; role viewer or operator).
+func (a *Admin) Slots(ctx context.Context, userID string) (httpapi.AdminSlotsResponse, error) {
+	var out httpapi.AdminSlotsResponse
+	err := a.api.do(ctx, http.MethodGet, httpapi.AdminUserSlotsPath(userID), nil, &out)
+	return out, err
+}
+
+// ReleaseAll releases every slot of userID (POST
+// /v1/admin/users/{user_id}/release; role operator): the holders' next
+// heartbeat is answered 410 slot_lost. reason is required (at most
+// httpapi.MaxReasonLength characters) and recorded in the audit; the
+// service refuses a missing or longer one with ErrInvalid.
+func (a *Admin) ReleaseAll(ctx context.Context, userID, reason string) (httpapi.AdminReleaseResponse, error) {
+	var out httpapi.AdminReleaseResponse
+	err := a.api.do(ctx, http.MethodPost, httpapi.AdminUserReleasePath(userID), httpapi.AdminReleaseRequest{Reason: reason}, &out)
+	return out, err
+}
+
+// Audit lists the most recent admin calls, newest first, as many as the
+// service returns by default (httpapi.DefaultAuditLimit) (GET
+// /v1/admin/audit; role viewer or operator).
+func (a *Admin) Audit(ctx context.Context) (httpapi.AuditResponse, error) {
+	var out httpapi.AuditResponse
+	err := a.api.do(ctx, http.MethodGet, httpapi.PathAdminAudit, nil, &out)
+	return out, err
+}
