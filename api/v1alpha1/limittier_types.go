@@ -24,8 +24,9 @@ const (
 	// ReasonAccepted: the tier is valid and the only one claiming its plan.
 	ReasonAccepted = "Accepted"
 	// ReasonInvalid: the tier breaks a rule the API server cannot check
-	// (heartbeatInterval above slotTTL/3, a metadata.name unfit as a plan);
-	// the message says which. Requests for its plan get unknown_plan
+	// (heartbeatInterval above slotTTL/3, a metadata.name unfit as a plan,
+	// a value stored before a bound was tightened); the message names each
+	// field at fault. Requests for its plan get unknown_plan
 	// unless another LimitTier defines it.
 	ReasonInvalid = "Invalid"
 	// ReasonConflict: an older LimitTier in the namespace already defines
@@ -52,13 +53,15 @@ type LimitTierSpec struct {
 	Plan string `json:"plan,omitempty"`
 
 	// maxConcurrentStreams is how many streams one user of the plan may
-	// hold at once. 0 means users of the plan may not stream at all.
-	// Lowering it does not end streams already held: it applies from the
-	// next acquire.
+	// hold at once, at most 1000. 0 means users of the plan may not stream
+	// at all. Lowering it does not end streams already held: it applies
+	// from the next acquire. The bound keeps the scripts that read all of a
+	// user's slots (the admin listing, releasing them all) short, since
+	// Redis serves nothing else on that shard while one runs.
 	//
 	// +required
 	// +kubebuilder:validation:Minimum=0
-	// +kubebuilder:validation:Maximum=100000
+	// +kubebuilder:validation:Maximum=1000
 	MaxConcurrentStreams int32 `json:"maxConcurrentStreams"`
 
 	// slotTTL is how long a slot stays counted without a heartbeat: the

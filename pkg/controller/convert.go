@@ -1,7 +1,7 @@
 package controller
 
 import (
-	"fmt"
+	"errors"
 	"strings"
 
 	"github.com/joishi/limiter/api/v1alpha1"
@@ -18,17 +18,27 @@ func PlanOf(lt *v1alpha1.LimitTier) string {
 }
 
 // ToTier converts lt into the tier the limiter enforces and validates it
-// with the same rules as a tier of the static list (tiers.Tier.Validate).
+// with the same rules as a tier of the static list (tiers.Tier.Problems).
 // Absent fields take the defaults of a static tier (tiers.Tier.WithDefaults),
 // so both sources agree: in particular heartbeatInterval, which the CRD
 // leaves unset, becomes min(20s, slotTTL/3). The error is one line, fit for
-// a condition message.
+// a condition message, and names each field at fault by its path in the
+// object: "spec.maxConcurrentStreams must be <= 1000, got 5000".
 func ToTier(lt *v1alpha1.LimitTier) (tiers.Tier, error) {
 	tier := defaultedTier(lt)
-	if err := tier.Validate(); err != nil {
-		return tiers.Tier{}, fmt.Errorf("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
+	problems := tier.Problems()
+	if len(problems) == 0 {
+		return tier, nil
 	}
-	return tier, nil
+	msgs := make([]string, len(problems))
+	for i, p := range problems {
+		field := "spec." + p.Field
+		if p.Field == "plan" && lt.Spec.Plan == "" {
+			field = "metadata.name" // the plan when spec.plan is empty
+		}
+		msgs[i] = (&tiers.FieldError{Field: field, Problem: p.Problem, Got: p.Got}).Error()
+	}
+	return tiers.Tier{}, errors.New(strings.Join(msgs, "; "))
 }
 
 // defaultedTier is lt as a tier, with the defaults of a static tier

@@ -70,14 +70,31 @@ func TestResolve(t *testing.T) {
 			})},
 			want:      []string{"paid:Invalid"},
 			wantTiers: "",
-			wantMsg:   map[string]string{"paid": "heartbeatInterval must be <= slotTTL/3 (10s), got 20s"},
+			wantMsg:   map[string]string{"paid": "spec.heartbeatInterval must be <= slotTTL/3 (10s), got 20s"},
 		},
 		{
 			name:      "a metadata.name unfit as a plan is invalid",
 			items:     []v1alpha1.LimitTier{limitTier(strings.Repeat("p", 64), "", 3, 0)},
 			want:      []string{strings.Repeat("p", 64) + ":Invalid"},
 			wantTiers: "",
-			wantMsg:   map[string]string{strings.Repeat("p", 64): "must be 1-63 characters"},
+			wantMsg:   map[string]string{strings.Repeat("p", 64): "metadata.name must be 1-63 characters"},
+		},
+		{
+			// The schema refuses it, but an object stored before the bound
+			// (or kept by validation ratcheting) still holds it.
+			name:      "a limit above 1000 is invalid",
+			items:     []v1alpha1.LimitTier{limitTier("bulk", "", 5000, 0), limitTier("free", "", 1, 0)},
+			want:      []string{"bulk:Invalid", "free:Accepted"},
+			wantTiers: "free=1",
+			wantMsg:   map[string]string{"bulk": "spec.maxConcurrentStreams must be <= 1000, got 5000"},
+		},
+		{
+			name: "every field at fault is named",
+			items: []v1alpha1.LimitTier{with(limitTier("bulk", "", -1, 0), func(lt *v1alpha1.LimitTier) {
+				lt.Spec.FailureMode = "Sometimes"
+			})},
+			want:    []string{"bulk:Invalid"},
+			wantMsg: map[string]string{"bulk": `spec.maxConcurrentStreams must be >= 0, got -1; spec.failureMode must be Open or Closed, got "Sometimes"`},
 		},
 		{
 			name:      "fields the API server did not default take the tier defaults",
