@@ -161,7 +161,7 @@ func (k *kubeTiers) testTwoReplicas(t *testing.T) {
 		}
 		return ""
 	}, nil)
-	waitReady(t, k.kube.Client, ns, "team", 2, "1 concurrent streams")
+	waitReady(t, k.kube.Client, ns, "team", 2, "1 concurrent stream per user")
 	if got, want := leaseHolder(t, k.kube.Client, ns), identityOf(t, follower); got != want {
 		t.Errorf("Lease holder after the leader's death = %q, want the survivor %q", got, want)
 	}

@@ -45,7 +45,7 @@ func TestTheAPIServerRefusesInvalidLimitTiers(t *testing.T) {
 		wantErr string // part of the API server's message
 	}{
 		{"a negative limit", map[string]any{"maxConcurrentStreams": -1}, "spec.maxConcurrentStreams: Invalid value: -1: spec.maxConcurrentStreams in body should be greater than or equal to 0"},
-		{"a limit above 100000", map[string]any{"maxConcurrentStreams": 100001}, "should be less than or equal to 100000"},
+		{"a limit above 1000", map[string]any{"maxConcurrentStreams": 1001}, "spec.maxConcurrentStreams: Invalid value: 1001: spec.maxConcurrentStreams in body should be less than or equal to 1000"},
 		{"no limit", map[string]any{"slotTTL": "60s"}, "spec.maxConcurrentStreams: Required value"},
 		{"an unknown failure mode", map[string]any{"maxConcurrentStreams": 1, "failureMode": "Sometimes"}, `spec.failureMode: Unsupported value: "Sometimes": supported values: "Open", "Closed"`},
 		{"a malformed slotTTL", map[string]any{"maxConcurrentStreams": 1, "slotTTL": "2 minutes"}, `spec.slotTTL: Invalid value: "2 minutes"`},

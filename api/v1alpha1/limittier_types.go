@@ -19,14 +19,18 @@ const (
 // The Ready condition and its reasons, written by the elected limiter
 // replica.
 const (
-	// ConditionReady is True when the tier is in force on every replica.
+	// ConditionReady is True when the current generation of the tier is
+	// in force on every replica.
 	ConditionReady = "Ready"
-	// ReasonAccepted: the tier is valid and the only one claiming its plan.
+	// ReasonAccepted: the tier is valid and the oldest claiming its plan.
 	ReasonAccepted = "Accepted"
 	// ReasonInvalid: the tier breaks a rule the API server cannot check
-	// (heartbeatInterval above slotTTL/3, a metadata.name unfit as a plan);
-	// the message says which. Requests for its plan get unknown_plan
-	// unless another LimitTier defines it.
+	// (heartbeatInterval above slotTTL/3, a metadata.name unfit as a plan,
+	// a value stored before a bound was tightened); the message names each
+	// field at fault. The last accepted generation (status.acceptedSpec)
+	// stays in force, and the message says which one; when no generation
+	// was ever accepted the object enforces nothing, and requests for its
+	// plan get unknown_plan unless another LimitTier defines it.
 	ReasonInvalid = "Invalid"
 	// ReasonConflict: an older LimitTier in the namespace already defines
 	// the same plan and is the one in force.
@@ -42,8 +46,9 @@ type LimitTierSpec struct {
 	// plan is the name API requests carry in their "plan" field. When
 	// empty, the object's metadata.name is the plan. Two LimitTiers of one
 	// namespace claiming the same plan conflict: the older one (by
-	// creationTimestamp, then name) is in force, the other reports
-	// Ready=False with reason Conflict.
+	// creationTimestamp, then name) with a generation in force keeps it,
+	// even while its current spec is invalid (see status.acceptedSpec), and
+	// the other reports Ready=False with reason Conflict.
 	//
 	// +optional
 	// +kubebuilder:validation:MinLength=1
@@ -52,13 +57,15 @@ type LimitTierSpec struct {
 	Plan string `json:"plan,omitempty"`
 
 	// maxConcurrentStreams is how many streams one user of the plan may
-	// hold at once. 0 means users of the plan may not stream at all.
-	// Lowering it does not end streams already held: it applies from the
-	// next acquire.
+	// hold at once, at most 1000. 0 means users of the plan may not stream
+	// at all. Lowering it does not end streams already held: it applies
+	// from the next acquire. The bound keeps the scripts that read all of a
+	// user's slots (the admin listing, releasing them all) short, since
+	// Redis serves nothing else on that shard while one runs.
 	//
 	// +required
 	// +kubebuilder:validation:Minimum=0
-	// +kubebuilder:validation:Maximum=100000
+	// +kubebuilder:validation:Maximum=1000
 	MaxConcurrentStreams int32 `json:"maxConcurrentStreams"`
 
 	// slotTTL is how long a slot stays counted without a heartbeat: the
@@ -98,10 +105,11 @@ type LimitTierSpec struct {
 }
 
 // LimitTierStatus is what the limiter made of a LimitTier. Only the
-// elected replica writes it.
+// elected replica writes it; every replica reads acceptedSpec from it.
 type LimitTierStatus struct {
-	// plan is the plan this object defines: spec.plan, or metadata.name
-	// when spec.plan is empty.
+	// plan is the plan this object defines: that of the generation in
+	// force (see acceptedSpec) when there is one, else that of spec
+	// (spec.plan, or metadata.name when spec.plan is empty).
 	//
 	// +optional
 	Plan string `json:"plan,omitempty"`
@@ -111,17 +119,42 @@ type LimitTierStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// heartbeatInterval is the heartbeat interval the limiter uses for
-	// this tier: spec.heartbeatInterval, or its default, min(20s,
-	// slotTTL/3), when spec leaves it unset.
+	// slotTTL is spec.slotTTL as the limiter reads it, written in whole
+	// seconds (120s), or in milliseconds or finer when it has a fraction of
+	// a second (1500ms), the same way as heartbeatInterval, so that
+	// kubectl's TTL and Heartbeat columns compare at a glance.
 	//
 	// +optional
-	// +kubebuilder:validation:Type=string
-	HeartbeatInterval *metav1.Duration `json:"heartbeatInterval,omitempty"`
+	SlotTTL string `json:"slotTTL,omitempty"`
+
+	// heartbeatInterval is spec.heartbeatInterval, or its default,
+	// min(20s, slotTTL/3), when spec leaves it unset; written as slotTTL
+	// is.
+	//
+	// +optional
+	HeartbeatInterval string `json:"heartbeatInterval,omitempty"`
+
+	// acceptedSpec is the last spec of this object that the limiter found
+	// valid; acceptedGeneration is its metadata.generation. While spec is valid they are spec and the
+	// current generation. When an update makes spec invalid, every replica
+	// (including one that starts later) goes on enforcing acceptedSpec, so
+	// that one bad edit does not take the plan away, and the object keeps
+	// its claim on the plan against younger LimitTiers; the Ready
+	// condition says which generation is in force. Absent when no
+	// generation of the object was valid: it then enforces nothing.
+	//
+	// +optional
+	AcceptedSpec *LimitTierSpec `json:"acceptedSpec,omitempty"`
+
+	// acceptedGeneration is the metadata.generation of acceptedSpec.
+	//
+	// +optional
+	AcceptedGeneration int64 `json:"acceptedGeneration,omitempty"`
 
 	// conditions hold one condition, Ready: True (reason Accepted) when
-	// the tier is in force, False with reason Invalid or Conflict and a
-	// message saying why when it is not.
+	// the current generation is in force, False with reason Invalid or
+	// Conflict and a message saying why, and which generation if any is
+	// in force instead, when it is not.
 	//
 	// +optional
 	// +listType=map
@@ -138,7 +171,7 @@ type LimitTierStatus struct {
 // +kubebuilder:resource:shortName=lt,categories=limiter
 // +kubebuilder:printcolumn:name="Plan",type=string,JSONPath=`.status.plan`
 // +kubebuilder:printcolumn:name="Max",type=integer,JSONPath=`.spec.maxConcurrentStreams`
-// +kubebuilder:printcolumn:name="TTL",type=string,JSONPath=`.spec.slotTTL`
+// +kubebuilder:printcolumn:name="TTL",type=string,JSONPath=`.status.slotTTL`
 // +kubebuilder:printcolumn:name="Heartbeat",type=string,JSONPath=`.status.heartbeatInterval`
 // +kubebuilder:printcolumn:name="Failure",type=string,JSONPath=`.spec.failureMode`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`

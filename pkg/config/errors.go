@@ -13,9 +13,13 @@ var ErrInvalid = errors.New("invalid configuration")
 // every place the key can be set, and what is allowed:
 //
 //	redis.timeout: must be > 0 (env LIMITER_REDIS_TIMEOUT, flag --redis-timeout), got -1s
+//	tiers.static[1].maxConcurrentStreams: must be <= 1000 (env LIMITER_TIERS_STATIC), got 5000
 type KeyError struct {
 	// Key is the dotted key, e.g. "redis.timeout".
 	Key string
+	// Field, for a key holding a list, names the part of the value at
+	// fault, e.g. "[1].maxConcurrentStreams"; empty when the whole value is.
+	Field string
 	// Problem says what is allowed, or what went wrong.
 	Problem string
 	// Got is the offending value, already formatted; empty to leave it out.
@@ -27,6 +31,7 @@ type KeyError struct {
 func (e *KeyError) Error() string {
 	var b strings.Builder
 	b.WriteString(e.Key)
+	b.WriteString(e.Field)
 	b.WriteString(": ")
 	b.WriteString(e.Problem)
 	b.WriteString(" (env ")

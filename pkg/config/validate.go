@@ -173,11 +173,12 @@ func (c Config) validateStaticTiers(v *validator) {
 	}
 	seen := map[string]int{}
 	for i, tier := range list {
-		if err := tier.Validate(); err != nil {
-			v.errs = append(v.errs, &KeyError{Key: "tiers.static", Problem: fmt.Sprintf("entry %d: %s", i, oneLine(err)), Err: err})
+		for _, p := range tier.Problems() {
+			v.errs = append(v.errs, &KeyError{Key: "tiers.static", Field: fmt.Sprintf("[%d].%s", i, p.Field), Problem: p.Problem, Got: p.Got, Err: p})
 		}
 		if first, dup := seen[tier.Plan]; dup && tier.Plan != "" {
-			v.add("tiers.static", fmt.Sprintf("entry %d: plan %q is already defined by entry %d", i, tier.Plan, first), "")
+			v.errs = append(v.errs, &KeyError{Key: "tiers.static", Field: fmt.Sprintf("[%d].plan", i),
+				Problem: fmt.Sprintf("%q is already defined by tiers.static[%d]", tier.Plan, first)})
 		} else {
 			seen[tier.Plan] = i
 		}
@@ -246,9 +247,4 @@ func validEndpoint(endpoint string) bool {
 		return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
 	}
 	return validDialAddr(endpoint)
-}
-
-// oneLine joins a multi-line (errors.Join) message with "; ".
-func oneLine(err error) string {
-	return strings.ReplaceAll(err.Error(), "\n", "; ")
 }

@@ -48,9 +48,12 @@ func TestInvalidValuesNameTheirKey(t *testing.T) {
 		{"the kubernetes source outside a pod with no namespace", "tiers.namespace", map[string]string{"LIMITER_TIERS_SOURCE": "kubernetes"}, "is required with tiers.source kubernetes"},
 		{"a tier list that does not parse", "tiers.static", map[string]string{"LIMITER_TIERS_STATIC": "[{"}, "want a JSON or YAML list of tiers"},
 		{"an empty tier list", "tiers.static", map[string]string{"LIMITER_TIERS_STATIC": "[]"}, "must hold at least one tier"},
-		{"a tier out of bounds", "tiers.static", map[string]string{"LIMITER_TIERS_STATIC": `[{"plan":"free","maxConcurrentStreams":1,"slotTTL":"30s","heartbeatInterval":"20s"}]`}, `entry 0: tier "free": heartbeatInterval must be <= slotTTL/3 (10s), got 20s`},
-		{"a tier with an unknown failure mode", "tiers.static", map[string]string{"LIMITER_TIERS_STATIC": `[{"plan":"free","maxConcurrentStreams":1,"failureMode":"open"}]`}, `failureMode must be Open or Closed, got "open"`},
-		{"a plan defined twice", "tiers.static", map[string]string{"LIMITER_TIERS_STATIC": `[{"plan":"a","maxConcurrentStreams":1},{"plan":"a","maxConcurrentStreams":2}]`}, `entry 1: plan "a" is already defined by entry 0`},
+		{"a tier out of bounds", "tiers.static[0].heartbeatInterval", map[string]string{"LIMITER_TIERS_STATIC": `[{"plan":"free","maxConcurrentStreams":1,"slotTTL":"30s","heartbeatInterval":"20s"}]`}, `tiers.static[0].heartbeatInterval: must be <= slotTTL/3 (10s) (env LIMITER_TIERS_STATIC), got 20s`},
+		{"a limit above 1000", "tiers.static[1].maxConcurrentStreams", map[string]string{"LIMITER_TIERS_STATIC": `[{"plan":"free","maxConcurrentStreams":1},{"plan":"bulk","maxConcurrentStreams":5000}]`}, `tiers.static[1].maxConcurrentStreams: must be <= 1000 (env LIMITER_TIERS_STATIC), got 5000`},
+		{"a negative limit", "tiers.static[0].maxConcurrentStreams", map[string]string{"LIMITER_TIERS_STATIC": `[{"plan":"free","maxConcurrentStreams":-1}]`}, "must be >= 0 (env LIMITER_TIERS_STATIC), got -1"},
+		{"a tier with an unknown failure mode", "tiers.static[0].failureMode", map[string]string{"LIMITER_TIERS_STATIC": `[{"plan":"free","maxConcurrentStreams":1,"failureMode":"open"}]`}, `must be Open or Closed (env LIMITER_TIERS_STATIC), got "open"`},
+		{"a tier without a plan", "tiers.static[0].plan", map[string]string{"LIMITER_TIERS_STATIC": `[{"maxConcurrentStreams":1}]`}, "is required"},
+		{"a plan defined twice", "tiers.static[1].plan", map[string]string{"LIMITER_TIERS_STATIC": `[{"plan":"a","maxConcurrentStreams":1},{"plan":"a","maxConcurrentStreams":2}]`}, `tiers.static[1].plan: "a" is already defined by tiers.static[0]`},
 		{"a tier with an unknown field", "tiers.static", map[string]string{"LIMITER_TIERS_STATIC": `[{"plan":"a","max":1}]`}, "invalid keys: max"},
 		{"a missing admin tokens file", "admin.tokensFile", map[string]string{"LIMITER_ADMIN_TOKENSFILE": absent}, "must name a readable file"},
 		{"an admin tokens directory", "admin.tokensFile", map[string]string{"LIMITER_ADMIN_TOKENSFILE": dir}, "must name a file, not a directory"},
@@ -68,7 +71,10 @@ func TestInvalidValuesNameTheirKey(t *testing.T) {
 				t.Fatal("Load() = nil, want an error")
 			}
 			msg := err.Error()
-			for _, w := range []string{tc.key + ": ", "env " + EnvVar(tc.key), tc.want} {
+			// An entry of a list (tiers.static[1].plan) is set by the
+			// list's key.
+			setting, _, _ := strings.Cut(tc.key, "[")
+			for _, w := range []string{tc.key + ": ", "env " + EnvVar(setting), tc.want} {
 				if !strings.Contains(msg, w) {
 					t.Errorf("Load() = %q, want it to contain %q", msg, w)
 				}

@@ -5,9 +5,11 @@
 // replaces its table on every change, so the request path reads memory
 // only and never calls the API server. One replica, elected with a Lease,
 // also writes each object's status: Ready=True (Accepted), or Ready=False
-// with reason Invalid or Conflict. The decision itself (Resolve) depends on
-// the objects alone, so every replica enforces the same tiers whether it
-// leads or not.
+// with reason Invalid or Conflict, and the last spec it found valid
+// (status.acceptedSpec), which stays in force when an edit makes the spec
+// invalid. The decision itself (Resolve) depends on the objects alone,
+// status included, so every replica enforces the same tiers whether it
+// leads or not, and one that restarts after the edit enforces them too.
 package controller
 
 import (

@@ -1,7 +1,7 @@
 package controller
 
 import (
-	"fmt"
+	"errors"
 	"strings"
 
 	"github.com/joishi/limiter/api/v1alpha1"
@@ -17,33 +17,53 @@ func PlanOf(lt *v1alpha1.LimitTier) string {
 	return lt.Name
 }
 
-// ToTier converts lt into the tier the limiter enforces and validates it
-// with the same rules as a tier of the static list (tiers.Tier.Validate).
-// Absent fields take the defaults of a static tier (tiers.Tier.WithDefaults),
-// so both sources agree: in particular heartbeatInterval, which the CRD
-// leaves unset, becomes min(20s, slotTTL/3). The error is one line, fit for
-// a condition message.
+// ToTier converts lt's spec into the tier the limiter enforces and
+// validates it with the same rules as a tier of the static list
+// (tiers.Tier.Problems). Absent fields take the defaults of a static tier
+// (tiers.Tier.WithDefaults), so both sources agree: in particular
+// heartbeatInterval, which the CRD leaves unset, becomes min(20s,
+// slotTTL/3). The error is one line, fit for a condition message, and
+// names each field at fault by its path in the object:
+// "spec.maxConcurrentStreams must be <= 1000, got 5000".
 func ToTier(lt *v1alpha1.LimitTier) (tiers.Tier, error) {
-	tier := defaultedTier(lt)
-	if err := tier.Validate(); err != nil {
-		return tiers.Tier{}, fmt.Errorf("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
-	}
-	return tier, nil
+	return specTier(lt.Name, &lt.Spec)
 }
 
-// defaultedTier is lt as a tier, with the defaults of a static tier
+// specTier is ToTier for spec, a spec of the object named name (its
+// current one or status.acceptedSpec).
+func specTier(name string, spec *v1alpha1.LimitTierSpec) (tiers.Tier, error) {
+	tier := defaultedTier(name, spec)
+	problems := tier.Problems()
+	if len(problems) == 0 {
+		return tier, nil
+	}
+	msgs := make([]string, len(problems))
+	for i, p := range problems {
+		field := "spec." + p.Field
+		if p.Field == "plan" && spec.Plan == "" {
+			field = "metadata.name" // the plan when spec.plan is empty
+		}
+		msgs[i] = (&tiers.FieldError{Field: field, Problem: p.Problem, Got: p.Got}).Error()
+	}
+	return tiers.Tier{}, errors.New(strings.Join(msgs, "; "))
+}
+
+// defaultedTier is spec as a tier, with the defaults of a static tier
 // applied, not validated.
-func defaultedTier(lt *v1alpha1.LimitTier) tiers.Tier {
+func defaultedTier(name string, spec *v1alpha1.LimitTierSpec) tiers.Tier {
 	tier := tiers.Tier{
-		Plan:                 PlanOf(lt),
-		MaxConcurrentStreams: int(lt.Spec.MaxConcurrentStreams),
-		FailureMode:          tiers.FailureMode(lt.Spec.FailureMode),
+		Plan:                 spec.Plan,
+		MaxConcurrentStreams: int(spec.MaxConcurrentStreams),
+		FailureMode:          tiers.FailureMode(spec.FailureMode),
 	}
-	if lt.Spec.SlotTTL != nil {
-		tier.SlotTTL = lt.Spec.SlotTTL.Duration
+	if tier.Plan == "" {
+		tier.Plan = name
 	}
-	if lt.Spec.HeartbeatInterval != nil {
-		tier.HeartbeatInterval = lt.Spec.HeartbeatInterval.Duration
+	if spec.SlotTTL != nil {
+		tier.SlotTTL = spec.SlotTTL.Duration
+	}
+	if spec.HeartbeatInterval != nil {
+		tier.HeartbeatInterval = spec.HeartbeatInterval.Duration
 	}
 	return tier.WithDefaults()
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -32,6 +33,9 @@ type started struct {
 	*controller.Controller
 	Table *tiers.Table
 	logs  *testenv.Buffer
+	// Stop stops the controller, as a replica's shutdown does, and waits
+	// for it; the test's cleanup calls it too.
+	Stop func()
 }
 
 // startController runs a controller on namespace ns as cfg's user until the
@@ -52,18 +56,24 @@ func startController(t *testing.T, cfg *rest.Config, ns string) *started {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Start() = %v after its context ended, want nil", err)
+	var once sync.Once
+	s.Stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Start() = %v after its context ended, want nil", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Errorf("the controller did not stop within 30s of its context ending")
 			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("the controller did not stop within 30s of its context ending")
-		}
+		})
+	}
+	t.Cleanup(func() {
+		s.Stop()
 		if t.Failed() {
-			t.Logf("controller logs:\n%s", s.logs.String())
+			t.Logf("controller %s logs:\n%s", c.Identity(), s.logs.String())
 		}
 	})
 	return s
@@ -83,5 +93,16 @@ func eventually(t *testing.T, within time.Duration, cond func() string) {
 			t.Fatalf("not within %v: %s", within, msg)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// consistently polls cond every 20ms for d, and fails as soon as it
+// returns anything but "".
+func consistently(t *testing.T, d time.Duration, cond func() string) {
+	t.Helper()
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if msg := cond(); msg != "" {
+			t.Fatalf("within %v: %s", d, msg)
+		}
 	}
 }

@@ -35,6 +35,16 @@ func with(lt v1alpha1.LimitTier, mutate func(*v1alpha1.LimitTier)) v1alpha1.Limi
 	return lt
 }
 
+// editedInvalid is lt at generation 2, its spec made invalid (heartbeat
+// above slotTTL/3), generation 1 (lt as given) recorded as accepted.
+func editedInvalid(lt v1alpha1.LimitTier) v1alpha1.LimitTier {
+	accepted := lt.Spec.DeepCopy()
+	lt.Generation = 2
+	lt.Spec.HeartbeatInterval = &metav1.Duration{Duration: time.Minute}
+	lt.Status.AcceptedSpec, lt.Status.AcceptedGeneration = accepted, 1
+	return lt
+}
+
 func TestResolve(t *testing.T) {
 	deleting := metav1.NewTime(epoch)
 	cases := []struct {
@@ -70,14 +80,31 @@ func TestResolve(t *testing.T) {
 			})},
 			want:      []string{"paid:Invalid"},
 			wantTiers: "",
-			wantMsg:   map[string]string{"paid": "heartbeatInterval must be <= slotTTL/3 (10s), got 20s"},
+			wantMsg:   map[string]string{"paid": "spec.heartbeatInterval must be <= slotTTL/3 (10s), got 20s"},
 		},
 		{
 			name:      "a metadata.name unfit as a plan is invalid",
 			items:     []v1alpha1.LimitTier{limitTier(strings.Repeat("p", 64), "", 3, 0)},
 			want:      []string{strings.Repeat("p", 64) + ":Invalid"},
 			wantTiers: "",
-			wantMsg:   map[string]string{strings.Repeat("p", 64): "must be 1-63 characters"},
+			wantMsg:   map[string]string{strings.Repeat("p", 64): "metadata.name must be 1-63 characters"},
+		},
+		{
+			// The schema refuses it, but an object stored before the bound
+			// (or kept by validation ratcheting) still holds it.
+			name:      "a limit above 1000 is invalid",
+			items:     []v1alpha1.LimitTier{limitTier("bulk", "", 5000, 0), limitTier("free", "", 1, 0)},
+			want:      []string{"bulk:Invalid", "free:Accepted"},
+			wantTiers: "free=1",
+			wantMsg:   map[string]string{"bulk": "spec.maxConcurrentStreams must be <= 1000, got 5000"},
+		},
+		{
+			name: "every field at fault is named",
+			items: []v1alpha1.LimitTier{with(limitTier("bulk", "", -1, 0), func(lt *v1alpha1.LimitTier) {
+				lt.Spec.FailureMode = "Sometimes"
+			})},
+			want:    []string{"bulk:Invalid"},
+			wantMsg: map[string]string{"bulk": `spec.maxConcurrentStreams must be >= 0, got -1; spec.failureMode must be Open or Closed, got "Sometimes"`},
 		},
 		{
 			name:      "fields the API server did not default take the tier defaults",
@@ -115,6 +142,59 @@ func TestResolve(t *testing.T) {
 			},
 			want:      []string{"paid-new:Accepted"},
 			wantTiers: "paid=5",
+		},
+		{
+			name:      "an invalid edit leaves the accepted generation in force",
+			items:     []v1alpha1.LimitTier{editedInvalid(limitTier("paid", "", 5, 0))},
+			want:      []string{"paid:Invalid"},
+			wantTiers: "paid=5",
+			wantMsg: map[string]string{"paid": `generation 2 is invalid: spec.heartbeatInterval must be <= slotTTL/3 (40s), got 1m0s; ` +
+				`generation 1 stays in force: plan "paid", 5 concurrent streams per user`},
+		},
+		{
+			name:      "the accepted generation of an older object keeps its plan against a younger claim",
+			items:     []v1alpha1.LimitTier{limitTier("paid-dup", "paid", 9, 10), editedInvalid(limitTier("paid", "", 5, 0))},
+			want:      []string{"paid-dup:Conflict", "paid:Invalid"},
+			wantTiers: "paid=5",
+			wantMsg:   map[string]string{"paid-dup": `already defined by the older LimitTier "paid"`},
+		},
+		{
+			name:      "the accepted generation of a younger claim is not in force either",
+			items:     []v1alpha1.LimitTier{limitTier("paid", "", 5, 0), editedInvalid(limitTier("paid-dup", "paid", 9, 10))},
+			want:      []string{"paid-dup:Invalid", "paid:Accepted"},
+			wantTiers: "paid=5",
+			wantMsg:   map[string]string{"paid-dup": `generation 1 is not in force either: plan "paid" is already defined by the older LimitTier "paid"`},
+		},
+		{
+			name: "the accepted generation decides the plan claimed",
+			items: []v1alpha1.LimitTier{with(editedInvalid(limitTier("tier-a", "paid", 5, 0)), func(lt *v1alpha1.LimitTier) {
+				lt.Spec.Plan = "gold"
+			})},
+			want:      []string{"tier-a:Invalid"},
+			wantTiers: "paid=5",
+		},
+		{
+			name: "an accepted generation no longer valid enforces nothing",
+			items: []v1alpha1.LimitTier{with(editedInvalid(limitTier("bulk", "", 5, 0)), func(lt *v1alpha1.LimitTier) {
+				lt.Status.AcceptedSpec.MaxConcurrentStreams = 5000
+			})},
+			want:      []string{"bulk:Invalid"},
+			wantTiers: "",
+			wantMsg:   map[string]string{"bulk": "the accepted generation 1 is no longer valid either (spec.maxConcurrentStreams must be <= 1000, got 5000), so this LimitTier enforces nothing"},
+		},
+		{
+			name:      "an invalid spec with nothing accepted enforces nothing",
+			items:     []v1alpha1.LimitTier{with(limitTier("paid", "", 5, 0), func(lt *v1alpha1.LimitTier) { lt.Spec.FailureMode = "Sometimes" })},
+			want:      []string{"paid:Invalid"},
+			wantTiers: "",
+			wantMsg:   map[string]string{"paid": "no generation of this LimitTier was accepted, so it enforces nothing"},
+		},
+		{
+			name:      "one stream is said in the singular",
+			items:     []v1alpha1.LimitTier{limitTier("free", "", 1, 0)},
+			want:      []string{"free:Accepted"},
+			wantTiers: "free=1",
+			wantMsg:   map[string]string{"free": `plan "free" is in force: 1 concurrent stream per user`},
 		},
 		{
 			name:      "no objects, no tiers",

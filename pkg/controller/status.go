@@ -3,8 +3,10 @@ package controller
 import (
 	"context"
 	"errors"
+	"strconv"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -97,28 +99,43 @@ func (c *Controller) syncStatus(ctx context.Context, wroteFrom map[string]string
 // changed it.
 func setStatus(lt *v1alpha1.LimitTier, verdict Verdict) bool {
 	s := &lt.Status
-	var heartbeat *metav1.Duration
-	if verdict.HeartbeatInterval > 0 {
-		heartbeat = &metav1.Duration{Duration: verdict.HeartbeatInterval}
-	}
-	changed := s.Plan != verdict.Plan || s.ObservedGeneration != lt.Generation ||
-		(s.HeartbeatInterval == nil) != (heartbeat == nil) ||
-		(heartbeat != nil && s.HeartbeatInterval.Duration != heartbeat.Duration)
+	before := s.DeepCopy()
 	s.Plan = verdict.Plan
 	s.ObservedGeneration = lt.Generation
-	s.HeartbeatInterval = heartbeat
+	s.SlotTTL = formatDuration(verdict.SlotTTL)
+	s.HeartbeatInterval = formatDuration(verdict.HeartbeatInterval)
+	if verdict.AcceptedGeneration == lt.Generation {
+		// The spec is valid: it is the one to fall back on from now on.
+		s.AcceptedSpec = lt.Spec.DeepCopy()
+		s.AcceptedGeneration = lt.Generation
+	}
 	ready := metav1.ConditionFalse
 	if verdict.Accepted() {
 		ready = metav1.ConditionTrue
 	}
-	if meta.SetStatusCondition(&s.Conditions, metav1.Condition{
+	meta.SetStatusCondition(&s.Conditions, metav1.Condition{
 		Type:               v1alpha1.ConditionReady,
 		Status:             ready,
 		Reason:             verdict.Reason,
 		Message:            verdict.Message,
 		ObservedGeneration: lt.Generation,
-	}) {
-		changed = true
+	})
+	return !equality.Semantic.DeepEqual(before, s)
+}
+
+// formatDuration writes d the way the CRD's slotTTL default is written:
+// in whole seconds (120s), in milliseconds below that (1500ms), else as Go
+// does (33.333333ms); "" for 0. Both duration columns of kubectl read
+// this, so they compare at a glance.
+func formatDuration(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return ""
+	case d%time.Second == 0:
+		return strconv.FormatInt(int64(d/time.Second), 10) + "s"
+	case d%time.Millisecond == 0:
+		return strconv.FormatInt(d.Milliseconds(), 10) + "ms"
+	default:
+		return d.String()
 	}
-	return changed
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"time"
 )
 
@@ -32,9 +33,14 @@ const (
 	// MaxSlotTTL is the longest slot TTL accepted: a crashed holder's slot
 	// stays counted this long, so a day is already generous.
 	MaxSlotTTL = 24 * time.Hour
-	// MaxConcurrentStreams is the largest per-user limit accepted. Each slot
-	// is a sorted-set member, so the bound keeps one user's key small.
-	MaxConcurrentStreams = 100_000
+	// MaxConcurrentStreams is the largest per-user limit accepted. It
+	// bounds the cost of one script: the slots listing and release_all
+	// read every member of a user's sorted set, and Redis runs nothing
+	// else on that shard meanwhile. Listing 100,000 live slots took 536 ms
+	// of Redis time, past every other user's deadline on the shard; 1000
+	// take under a millisecond (BenchmarkSlots, BenchmarkReleaseAll in
+	// pkg/lua).
+	MaxConcurrentStreams = 1000
 	// MaxPlanLength is the longest plan name accepted.
 	MaxPlanLength = 63
 )
@@ -77,32 +83,69 @@ func (t Tier) WithDefaults() Tier {
 	return t
 }
 
-// Validate reports every field of t that is out of bounds, naming the field,
-// the value and what is allowed.
-func (t Tier) Validate() error {
-	var errs []error
+// FieldError is one field of a tier out of bounds.
+type FieldError struct {
+	// Field is the field's name, the same in both tier sources:
+	// "maxConcurrentStreams".
+	Field string
+	// Problem says what is allowed: "must be <= 1000".
+	Problem string
+	// Got is the offending value, formatted; empty when the field is
+	// missing.
+	Got string
+}
+
+// Error is "maxConcurrentStreams must be <= 1000, got 5000".
+func (e *FieldError) Error() string {
+	if e.Got == "" {
+		return e.Field + " " + e.Problem
+	}
+	return e.Field + " " + e.Problem + ", got " + e.Got
+}
+
+// Problems returns every field of t that is out of bounds, in the order of
+// the fields; none when t is valid.
+func (t Tier) Problems() []*FieldError {
+	var out []*FieldError
+	add := func(field, problem, got string) {
+		out = append(out, &FieldError{Field: field, Problem: problem, Got: got})
+	}
 	switch {
 	case t.Plan == "":
-		errs = append(errs, errors.New("plan is required"))
+		add("plan", "is required", "")
 	case len(t.Plan) > MaxPlanLength || !planPattern.MatchString(t.Plan):
-		errs = append(errs, fmt.Errorf("plan %q must be 1-%d characters of [A-Za-z0-9._-], starting with a letter or digit", t.Plan, MaxPlanLength))
+		add("plan", fmt.Sprintf("must be 1-%d characters of [A-Za-z0-9._-], starting with a letter or digit", MaxPlanLength), strconv.Quote(t.Plan))
 	}
-	if t.MaxConcurrentStreams < 0 || t.MaxConcurrentStreams > MaxConcurrentStreams {
-		errs = append(errs, fmt.Errorf("maxConcurrentStreams must be between 0 and %d, got %d", MaxConcurrentStreams, t.MaxConcurrentStreams))
+	switch {
+	case t.MaxConcurrentStreams < 0:
+		add("maxConcurrentStreams", "must be >= 0", strconv.Itoa(t.MaxConcurrentStreams))
+	case t.MaxConcurrentStreams > MaxConcurrentStreams:
+		add("maxConcurrentStreams", fmt.Sprintf("must be <= %d", MaxConcurrentStreams), strconv.Itoa(t.MaxConcurrentStreams))
 	}
 	if t.SlotTTL < MinSlotTTL || t.SlotTTL > MaxSlotTTL {
-		errs = append(errs, fmt.Errorf("slotTTL must be between %s and %s, got %s", MinSlotTTL, MaxSlotTTL, t.SlotTTL))
+		add("slotTTL", fmt.Sprintf("must be between %s and %s", MinSlotTTL, MaxSlotTTL), t.SlotTTL.String())
 	}
 	if t.HeartbeatInterval <= 0 {
-		errs = append(errs, fmt.Errorf("heartbeatInterval must be > 0, got %s", t.HeartbeatInterval))
+		add("heartbeatInterval", "must be > 0", t.HeartbeatInterval.String())
 	} else if t.HeartbeatInterval > t.SlotTTL/3 {
-		errs = append(errs, fmt.Errorf("heartbeatInterval must be <= slotTTL/3 (%s), got %s", t.SlotTTL/3, t.HeartbeatInterval))
+		add("heartbeatInterval", fmt.Sprintf("must be <= slotTTL/3 (%s)", t.SlotTTL/3), t.HeartbeatInterval.String())
 	}
 	if t.FailureMode != FailOpen && t.FailureMode != FailClosed {
-		errs = append(errs, fmt.Errorf("failureMode must be Open or Closed, got %q", t.FailureMode))
+		add("failureMode", "must be Open or Closed", strconv.Quote(string(t.FailureMode)))
 	}
-	if len(errs) == 0 {
+	return out
+}
+
+// Validate reports every field of t that is out of bounds (Problems),
+// naming the field, the value and what is allowed.
+func (t Tier) Validate() error {
+	problems := t.Problems()
+	if len(problems) == 0 {
 		return nil
+	}
+	errs := make([]error, len(problems))
+	for i, p := range problems {
+		errs[i] = p
 	}
 	return fmt.Errorf("tier %q: %w", t.Plan, errors.Join(errs...))
 }

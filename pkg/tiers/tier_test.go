@@ -16,8 +16,10 @@ func TestValidate(t *testing.T) {
 	}{
 		{"the defaults are valid", func(*Tier) {}, ""},
 		{"zero streams is allowed", func(t *Tier) { t.MaxConcurrentStreams = 0 }, ""},
-		{"a negative limit is refused", func(t *Tier) { t.MaxConcurrentStreams = -1 }, "maxConcurrentStreams must be between 0 and 100000, got -1"},
-		{"a huge limit is refused", func(t *Tier) { t.MaxConcurrentStreams = MaxConcurrentStreams + 1 }, "maxConcurrentStreams must be between"},
+		{"a negative limit is refused", func(t *Tier) { t.MaxConcurrentStreams = -1 }, "maxConcurrentStreams must be >= 0, got -1"},
+		{"a limit of 1000 is allowed", func(t *Tier) { t.MaxConcurrentStreams = 1000 }, ""},
+		{"a limit above 1000 is refused", func(t *Tier) { t.MaxConcurrentStreams = 1001 }, "maxConcurrentStreams must be <= 1000, got 1001"},
+		{"a limit of 100000 is refused", func(t *Tier) { t.MaxConcurrentStreams = 100_000 }, "maxConcurrentStreams must be <= 1000, got 100000"},
 		{"an empty plan is refused", func(t *Tier) { t.Plan = "" }, "plan is required"},
 		{"a plan with a space is refused", func(t *Tier) { t.Plan = "pro plan" }, "must be 1-63 characters"},
 		{"heartbeat above ttl/3 is refused", func(t *Tier) { t.HeartbeatInterval = 41 * time.Second }, "heartbeatInterval must be <= slotTTL/3 (40s), got 41s"},

@@ -117,6 +117,7 @@ func TestAppliedObjectsAreAccepted(t *testing.T) {
 			want string
 		}{
 			{"negative limit", map[string]any{"maxConcurrentStreams": int64(-1)}, "spec.maxConcurrentStreams"},
+			{"limit above 1000", map[string]any{"maxConcurrentStreams": int64(1001)}, "spec.maxConcurrentStreams"},
 			{"unknown failure mode", map[string]any{"maxConcurrentStreams": int64(1), "failureMode": "Sometimes"}, "spec.failureMode"},
 			{"ttl out of range", map[string]any{"maxConcurrentStreams": int64(1), "slotTTL": "48h"}, "spec.slotTTL"},
 		} {

@@ -47,6 +47,11 @@ func TestBadValuesAreRefused(t *testing.T) {
 			want:   []string{"at '/tiers/items/0/maxConcurrentStreams': minimum: got -1, want 0"},
 		},
 		{
+			name:   "a limit above 1000",
+			values: "tiers:\n  items:\n    - name: bulk\n      maxConcurrentStreams: 1001\n",
+			want:   []string{"at '/tiers/items/0/maxConcurrentStreams': maximum: got 1,001, want 1,000"},
+		},
+		{
 			name:   "running as root",
 			values: "securityContext:\n  runAsUser: 0\n",
 			want:   []string{"at '/securityContext/runAsUser': minimum: got 0, want 1"},

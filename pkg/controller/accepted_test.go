@@ -1,0 +1,181 @@
+package controller_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/joishi/limiter/api/v1alpha1"
+)
+
+// limitsOf is a check that every replica's table holds plan with limit
+// want.
+func limitsOf(plan string, want int, replicas ...*started) func() string {
+	return func() string {
+		for _, r := range replicas {
+			if got := r.limitOf(plan); got != want {
+				return fmt.Sprintf("%s: limit of %s = %d, want %d", r.Identity(), plan, got, want)
+			}
+		}
+		return ""
+	}
+}
+
+// The sequence of the trial that found it. With paid in force (max 5) and
+// a younger paid-dup claiming the same plan (max 9), an edit that made paid
+// invalid handed the plan to paid-dup, and once paid-dup was deleted no
+// replica had a paid plan at all. An invalid edit must leave the last
+// accepted generation in force instead, on every replica, across restarts,
+// and the older object keeps its plan.
+func TestAnInvalidEditKeepsTheAcceptedSpecInForce(t *testing.T) {
+	env := kube.Get(t)
+	ns := env.Namespace(t)
+	ctx := t.Context()
+	replicas := []*started{startController(t, env.Config, ns), startController(t, env.Config, ns)}
+
+	paid := newLimitTier(ns, "paid", "", 5)
+	if err := env.Client.Create(ctx, paid); err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, env.Client, ns, "paid", v1alpha1.ReasonAccepted, `plan "paid" is in force: 5 concurrent streams per user`)
+	eventually(t, time.Second, limitsOf("paid", 5, replicas...))
+	time.Sleep(1100 * time.Millisecond) // creationTimestamp has a one-second resolution
+	dup := newLimitTier(ns, "paid-dup", "paid", 9)
+	if err := env.Client.Create(ctx, dup); err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, env.Client, ns, "paid-dup", v1alpha1.ReasonConflict, `already defined by the older LimitTier "paid"`)
+
+	// kubectl edit: heartbeatInterval 60s, above slotTTL/3 (40s).
+	patchSpec(t, env.Client, paid, func(lt *v1alpha1.LimitTier) {
+		lt.Spec.HeartbeatInterval = &metav1.Duration{Duration: time.Minute}
+	})
+	got := wantStatus(t, env.Client, ns, "paid", v1alpha1.ReasonInvalid,
+		`generation 2 is invalid: spec.heartbeatInterval must be <= slotTTL/3 (40s), got 1m0s; generation 1 stays in force: plan "paid", 5 concurrent streams per user`)
+	if s := got.Status; s.AcceptedGeneration != 1 || s.AcceptedSpec == nil || s.AcceptedSpec.MaxConcurrentStreams != 5 || s.AcceptedSpec.HeartbeatInterval != nil {
+		t.Errorf("status.acceptedGeneration = %d, acceptedSpec = %+v; want generation 1, its spec (max 5, no heartbeatInterval)", s.AcceptedGeneration, s.AcceptedSpec)
+	}
+	consistently(t, time.Second, limitsOf("paid", 5, replicas...))
+	wantStatus(t, env.Client, ns, "paid-dup", v1alpha1.ReasonConflict, `already defined by the older LimitTier "paid"`)
+
+	if err := env.Client.Delete(ctx, dup); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, func() string {
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(dup), &v1alpha1.LimitTier{}); !apierrors.IsNotFound(err) {
+			return fmt.Sprintf("get paid-dup after its deletion = %v, want NotFound", err)
+		}
+		return ""
+	})
+	consistently(t, 1500*time.Millisecond, limitsOf("paid", 5, replicas...))
+
+	// Every replica restarts: the one that starts after the edit knows it
+	// from the object alone.
+	for _, r := range replicas {
+		r.Stop()
+	}
+	fresh := startController(t, env.Config, ns)
+	select {
+	case <-fresh.Table.Synced():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the restarted replica's table did not sync within 10s")
+	}
+	if msg := limitsOf("paid", 5, fresh)(); msg != "" {
+		t.Fatalf("as soon as it synced: %s", msg)
+	}
+	consistently(t, time.Second, limitsOf("paid", 5, fresh))
+	wantStatus(t, env.Client, ns, "paid", v1alpha1.ReasonInvalid, "generation 1 stays in force")
+
+	// Reverting the edit puts the current spec back in force.
+	patchSpec(t, env.Client, paid, func(lt *v1alpha1.LimitTier) { lt.Spec.HeartbeatInterval = nil })
+	got = wantStatus(t, env.Client, ns, "paid", v1alpha1.ReasonAccepted, `plan "paid" is in force: 5 concurrent streams per user`)
+	if got.Status.AcceptedGeneration != 3 {
+		t.Errorf("status.acceptedGeneration after the revert = %d, want 3", got.Status.AcceptedGeneration)
+	}
+	eventually(t, time.Second, limitsOf("paid", 5, fresh))
+}
+
+// An invalid spec with no accepted generation before it enforces nothing,
+// and says so.
+func TestAnInvalidFirstSpecEnforcesNothing(t *testing.T) {
+	env := kube.Get(t)
+	ns := env.Namespace(t)
+	c := startController(t, env.Config, ns)
+	short := newLimitTier(ns, "short", "", 2)
+	short.Spec.SlotTTL = &metav1.Duration{Duration: 30 * time.Second}
+	short.Spec.HeartbeatInterval = &metav1.Duration{Duration: 15 * time.Second}
+	if err := env.Client.Create(t.Context(), short); err != nil {
+		t.Fatal(err)
+	}
+	got := wantStatus(t, env.Client, ns, "short", v1alpha1.ReasonInvalid, "no generation of this LimitTier was accepted, so it enforces nothing")
+	if got.Status.AcceptedSpec != nil || got.Status.AcceptedGeneration != 0 {
+		t.Errorf("status.acceptedSpec, acceptedGeneration = %+v, %d, want none", got.Status.AcceptedSpec, got.Status.AcceptedGeneration)
+	}
+	consistently(t, 500*time.Millisecond, limitsOf("short", -1, c))
+}
+
+// kubectl's TTL and Heartbeat columns show both durations in one format,
+// however the spec writes them.
+func TestPrinterColumnsFormatDurationsAlike(t *testing.T) {
+	env := kube.Get(t)
+	ns := env.Namespace(t)
+	startController(t, env.Config, ns)
+	// Untyped, so the strings reach the server as kubectl would send them.
+	lt := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": v1alpha1.GroupVersion.String(),
+		"kind":       "LimitTier",
+		"metadata":   map[string]any{"name": "team", "namespace": ns},
+		"spec":       map[string]any{"maxConcurrentStreams": int64(1), "slotTTL": "3m", "heartbeatInterval": "1m"},
+	}}
+	if err := env.Client.Create(t.Context(), lt); err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, env.Client, ns, "team", v1alpha1.ReasonAccepted, "")
+	got := printedColumns(t, env.Config, ns, "team")
+	if got["TTL"] != "180s" || got["Heartbeat"] != "60s" {
+		t.Errorf("TTL, Heartbeat columns = %q, %q, want 180s, 60s", got["TTL"], got["Heartbeat"])
+	}
+	if got["Plan"] != "team" || got["Max"] != "1" || got["Ready"] != "True" {
+		t.Errorf("columns = %v, want plan team, max 1, ready True", got)
+	}
+}
+
+// printedColumns returns the cells of the row `kubectl get` prints for the
+// LimitTier name (server-side printing), by column name.
+func printedColumns(t *testing.T, cfg *rest.Config, ns, name string) map[string]string {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := cs.CoreV1().RESTClient().Get().
+		AbsPath("/apis", v1alpha1.GroupVersion.Group, v1alpha1.GroupVersion.Version, "namespaces", ns, "limittiers", name).
+		SetHeader("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io").
+		DoRaw(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table metav1.Table
+	if err := json.Unmarshal(raw, &table); err != nil {
+		t.Fatal(err)
+	}
+	if len(table.Rows) != 1 {
+		t.Fatalf("table has %d rows, want 1: %s", len(table.Rows), raw)
+	}
+	out := map[string]string{}
+	for i, col := range table.ColumnDefinitions {
+		if i < len(table.Rows[0].Cells) {
+			out[col.Name] = strings.TrimSpace(fmt.Sprint(table.Rows[0].Cells[i]))
+		}
+	}
+	return out
+}
