@@ -19,6 +19,8 @@ type Proxy struct {
 	mu     sync.Mutex
 	conns  []net.Conn
 	wg     sync.WaitGroup
+
+	accepted atomic.Int64 // connections accepted from clients
 }
 
 // StartProxy listens on a free loopback port and forwards to target until
@@ -45,6 +47,10 @@ func (p *Proxy) BlackHole() { p.holed.Store(true) }
 // SetLatency delays every chunk forwarded in either direction by d.
 func (p *Proxy) SetLatency(d time.Duration) { p.delay.Store(int64(d)) }
 
+// Accepted returns how many connections clients have opened through the
+// proxy so far, black-holed ones included: a rise shows a client redialling.
+func (p *Proxy) Accepted() int { return int(p.accepted.Load()) }
+
 // Restore drops every connection (their data is lost, as after a network
 // partition) and forwards new ones again.
 func (p *Proxy) Restore() {
@@ -65,6 +71,7 @@ func (p *Proxy) accept() {
 			return
 		}
 		p.track(client)
+		p.accepted.Add(1)
 		if p.holed.Load() {
 			continue // accepted, never answered
 		}

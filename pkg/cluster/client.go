@@ -21,7 +21,6 @@ import (
 const (
 	DefaultTimeout               = 250 * time.Millisecond
 	DefaultShardsRefreshInterval = 5 * time.Second
-	DefaultDialTimeout           = time.Second
 	EmbeddedMinTimeout           = 2 * time.Second
 )
 
@@ -51,7 +50,11 @@ type Options struct {
 	// ShardsRefreshInterval is how often a cluster client rescans the
 	// topology, so a failover is followed even without a MOVED. Default 5s.
 	ShardsRefreshInterval time.Duration
-	// DialTimeout bounds connecting to one node. Default 1s.
+	// DialTimeout bounds connecting to one node: TCP, TLS and the HELLO
+	// handshake. Default Timeout: calls wait for a dial in progress (see
+	// pkg/limiter), and a dial that outlasts their deadline serves none of
+	// them, while a node that accepts connections and never answers (hung,
+	// black-holed) is redialled sooner.
 	DialTimeout time.Duration
 	// Logger receives connection state changes. Default slog.Default().
 	Logger *slog.Logger
@@ -67,9 +70,6 @@ func (o Options) withDefaults() Options {
 	}
 	if o.ShardsRefreshInterval == 0 {
 		o.ShardsRefreshInterval = DefaultShardsRefreshInterval
-	}
-	if o.DialTimeout == 0 {
-		o.DialTimeout = DefaultDialTimeout
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -111,6 +111,9 @@ func New(opts Options) (*Client, error) {
 		c.embedded = store
 		c.opts.Addrs = []string{store.addr()}
 		c.opts.Timeout = max(c.opts.Timeout, EmbeddedMinTimeout)
+	}
+	if c.opts.DialTimeout == 0 {
+		c.opts.DialTimeout = c.opts.Timeout
 	}
 	go c.connect()
 	return c, nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/joishi/limiter/pkg/tiers"
@@ -14,17 +15,66 @@ import (
 // do makes the Redis call of op (the op label of the Redis round-trip
 // metric): it runs fn under the per-call deadline, reports the round trip
 // to the observer, failures included, and returns the error classified
-// (see classify).
+// (see classify). fn's client returns by the deadline whatever rueidis
+// does (see deadlineClient).
 func (l *Limiter) do(ctx context.Context, op string, fn func(context.Context, rueidis.Client) error) error {
 	start := time.Now()
 	client, err := l.redis.Redis()
 	if err == nil {
 		callCtx, cancel := context.WithTimeout(ctx, l.redis.Timeout())
-		err = fn(callCtx, client)
+		err = fn(callCtx, deadlineClient{client})
 		cancel()
 	}
 	l.observer.RedisCall(ctx, op, time.Since(start), err)
 	return classify(ctx, op, err)
+}
+
+// deadlineClient is the rueidis client of fn: its Do and DoMulti return by
+// their context's deadline whatever rueidis does. rueidis makes a call wait,
+// its context aside, for a connection that another call is dialling: up to
+// the dial timeout, past the deadline of a call that came in meanwhile. So
+// the command runs in a goroutine of its own and the caller waits on its
+// deadline; a late result is dropped, and the call answers the context's
+// error, a timeout like any other. The goroutine ends when rueidis returns:
+// at once when the context is cancelled (do cancels it on return), at the
+// latest when the dial in progress times out. The other methods are
+// rueidis's own.
+type deadlineClient struct{ rueidis.Client }
+
+func (c deadlineClient) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+	if err := ctx.Err(); err != nil {
+		return rueidis.NewErrorResult(err)
+	}
+	done := resultChans.Get().(chan rueidis.RedisResult)
+	go func() { done <- c.Client.Do(ctx, cmd) }()
+	select {
+	case resp := <-done:
+		resultChans.Put(done) // empty, and its sender gone
+		return resp
+	case <-ctx.Done():
+		return rueidis.NewErrorResult(ctx.Err()) // done is left to its late sender
+	}
+}
+
+// resultChans recycles the channels that carry a result to Do, two
+// allocations per call saved on the hot path.
+var resultChans = sync.Pool{New: func() any { return make(chan rueidis.RedisResult, 1) }}
+
+func (c deadlineClient) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
+	if ctx.Err() == nil {
+		done := make(chan []rueidis.RedisResult, 1)
+		go func() { done <- c.Client.DoMulti(ctx, cmds...) }()
+		select {
+		case resps := <-done:
+			return resps
+		case <-ctx.Done():
+		}
+	}
+	resps := make([]rueidis.RedisResult, len(cmds))
+	for i := range resps {
+		resps[i] = rueidis.NewErrorResult(ctx.Err())
+	}
+	return resps
 }
 
 // classify sorts err, from the Redis call of op, into an outage or a final

@@ -1,9 +1,12 @@
 package lua
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -55,44 +58,93 @@ func Heartbeat(ctx context.Context, c rueidis.Client, key, streamID string, ttl 
 	return parseBeat(heartbeatScript.Exec(ctx, c, []string{key}, []string{streamID, ms(ttl)}))
 }
 
-// HeartbeatMulti heartbeats many slots in one pipelined round per node
-// (rueidis groups the calls by node). Results and errors are per slot, in
-// the order of slots: one unreachable shard does not fail the others.
+// HeartbeatMulti heartbeats many slots in one pipelined round per node.
+// Results and errors are per slot, in the order of slots: one unreachable
+// shard does not fail the others.
+//
+// Each node's slots are refreshed as that node answers, whatever the others
+// do. On a cluster the slots are grouped by hash slot, and each group's
+// EVALSHA, and its EVAL when the node lacks the script (NOSCRIPT: after a
+// failover, a restart, a SCRIPT FLUSH, a new script), runs on its own,
+// concurrently; rueidis pipelines concurrent calls to one node together, so
+// a batch still costs about one round trip per node. (One DoMulti for the
+// batch would hold every node's EVAL until the slowest node answered: with
+// one node hung, no slot anywhere would be refreshed before the deadline.)
 //
 // It pipelines EVALSHA itself rather than use rueidis.Lua.ExecMulti, which
 // first sends SCRIPT LOAD to every known node on every call: an extra round
-// trip, and one dead replica would fail the whole batch. Slots whose node
-// answers NOSCRIPT are sent again as EVAL, once.
+// trip, and one dead replica would fail the whole batch.
 func HeartbeatMulti(ctx context.Context, c rueidis.Client, slots []HeartbeatArgs) ([]Beat, []error) {
+	beats := make([]Beat, len(slots))
+	errs := make([]error, len(slots))
 	cmds := make(rueidis.Commands, len(slots))
+	order := make([]int, len(slots)) // indices of slots, grouped by hash slot
 	for i, s := range slots {
 		cmds[i] = c.B().Evalsha().Sha1(heartbeatSHA).Numkeys(1).Key(s.Key).Arg(s.StreamID, ms(s.TTL)).Build().ToRetryable()
+		order[i] = i
 	}
-	resps := c.DoMulti(ctx, cmds...)
+	if c.Mode() != rueidis.ClientModeCluster { // one node: one group
+		heartbeatGroup(ctx, c, slots, cmds, order, beats, errs)
+		return beats, errs
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(cmds[a].Slot(), cmds[b].Slot()) })
+	var wg sync.WaitGroup
+	for len(order) > 0 {
+		n := 1
+		for n < len(order) && cmds[order[n]].Slot() == cmds[order[0]].Slot() {
+			n++
+		}
+		group := order[:n]
+		wg.Go(func() { heartbeatGroup(ctx, c, slots, cmds, group, beats, errs) })
+		order = order[n:]
+	}
+	wg.Wait()
+	return beats, errs
+}
 
-	var missing []int // slots whose node lacks the script
-	for i, resp := range resps {
+// heartbeatGroup sends cmds[i] for each i of group (the slots of one hash
+// slot, or all of a client with one node), then EVAL for those whose node
+// answered NOSCRIPT, and fills beats[i] and errs[i].
+func heartbeatGroup(ctx context.Context, c rueidis.Client, slots []HeartbeatArgs, cmds rueidis.Commands, group []int, beats []Beat, errs []error) {
+	if len(group) == 1 { // the common case on a cluster; Do costs less than DoMulti
+		i := group[0]
+		resp := c.Do(ctx, cmds[i])
 		if rerr, ok := rueidis.IsRedisErr(resp.Error()); ok && rerr.IsNoScript() {
-			missing = append(missing, i)
+			resp = c.Do(ctx, heartbeatEval(c, slots[i]))
+		}
+		beats[i], errs[i] = parseBeat(resp)
+		return
+	}
+	sent := make(rueidis.Commands, len(group))
+	for j, i := range group {
+		sent[j] = cmds[i]
+	}
+	resps := c.DoMulti(ctx, sent...)
+
+	var missing []int // positions in group whose node lacks the script
+	for j, resp := range resps {
+		if rerr, ok := rueidis.IsRedisErr(resp.Error()); ok && rerr.IsNoScript() {
+			missing = append(missing, j)
 		}
 	}
 	if len(missing) > 0 {
 		evals := make(rueidis.Commands, len(missing))
-		for j, i := range missing {
-			s := slots[i]
-			evals[j] = c.B().Eval().Script(heartbeatSource).Numkeys(1).Key(s.Key).Arg(s.StreamID, ms(s.TTL)).Build().ToRetryable()
+		for k, j := range missing {
+			evals[k] = heartbeatEval(c, slots[group[j]])
 		}
-		for j, resp := range c.DoMulti(ctx, evals...) {
-			resps[missing[j]] = resp
+		for k, resp := range c.DoMulti(ctx, evals...) {
+			resps[missing[k]] = resp
 		}
 	}
+	for j, i := range group {
+		beats[i], errs[i] = parseBeat(resps[j])
+	}
+}
 
-	beats := make([]Beat, len(slots))
-	errs := make([]error, len(slots))
-	for i, resp := range resps {
-		beats[i], errs[i] = parseBeat(resp)
-	}
-	return beats, errs
+// heartbeatEval is the heartbeat of s sent as the script's source, for a
+// node that lacks the script.
+func heartbeatEval(c rueidis.Client, s HeartbeatArgs) rueidis.Completed {
+	return c.B().Eval().Script(heartbeatSource).Numkeys(1).Key(s.Key).Arg(s.StreamID, ms(s.TTL)).Build().ToRetryable()
 }
 
 func parseBeat(resp rueidis.RedisResult) (Beat, error) {
