@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/limiter"
@@ -31,7 +32,7 @@ const (
 func TestBlackHoleAtConcurrencyFromTheStart(t *testing.T) {
 	for _, plan := range []string{"three", "closed"} {
 		t.Run(plan, func(t *testing.T) {
-			e := newEnvNoWait(t, cluster.Options{Addrs: []string{testenv.BlackHole(t)}})
+			e := newEnv(t, limitertest.Options{NoWait: true, Redis: cluster.Options{Addrs: []string{testenv.BlackHole(t)}}})
 			burst(t, e, plan, nil)
 		})
 	}
@@ -45,7 +46,7 @@ func TestBlackHoleAtConcurrencyDuringRedial(t *testing.T) {
 	for _, plan := range []string{"three", "closed"} {
 		t.Run(plan, func(t *testing.T) {
 			proxy := testenv.StartProxy(t, testenv.Redis(t))
-			e := newEnv(t, cluster.Options{Addrs: []string{proxy.Addr()}})
+			e := newEnv(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{proxy.Addr()}}})
 			e.acquire(t, newUser(t), "closed", "")
 			connections := proxy.Accepted()
 			proxy.BlackHole()
@@ -67,7 +68,7 @@ func TestRedisDownAtConcurrencyDuringRedial(t *testing.T) {
 	for _, plan := range []string{"three", "closed"} {
 		t.Run(plan, func(t *testing.T) {
 			srv := testenv.StartRedis(t)
-			e := newEnv(t, cluster.Options{Addrs: []string{srv.Addr()}})
+			e := newEnv(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{srv.Addr()}}})
 			e.acquire(t, newUser(t), "closed", "")
 			srv.Kill()
 			burst(t, e, plan, nil)
