@@ -88,7 +88,7 @@ func runServe(ctx context.Context, cfg config.Config, out io.Writer) error {
 	}
 	defer stopAdmin()
 	srv := server.New(lim, server.Options{Logger: logger, Metrics: tel.MetricsHandler(), Middleware: tel.Middleware, Routes: adminRoutes})
-	err = srv.Run(ctx, server.Addrs{API: cfg.HTTP.Addr, Ops: cfg.Ops.Addr}, cfg.HTTP.ShutdownGrace)
+	err = srv.Run(ctx, server.Listeners{API: cfg.HTTP.Addr, Ops: cfg.Ops.Addr, Timeouts: cfg.HTTP.Timeouts()}, cfg.HTTP.ShutdownGrace)
 	if cause := context.Cause(ctx); errors.Is(cause, errTierWatchStopped) {
 		return cause
 	}

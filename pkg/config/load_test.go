@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/joishi/limiter/pkg/server"
 	"github.com/joishi/limiter/pkg/tiers"
 	"github.com/spf13/pflag"
 )
@@ -56,6 +57,7 @@ redis:
 			name: "the defaults apply when nothing is set",
 			check: func(t *testing.T, c Config) {
 				want(t, "http.addr", c.HTTP.Addr, ":8080")
+				want(t, "http timeouts", c.HTTP.Timeouts(), server.Timeouts{ReadHeader: 5 * time.Second, Read: 10 * time.Second, Write: 10 * time.Second, Idle: 2 * time.Minute})
 				want(t, "redis.timeout", c.Redis.Timeout, 250*time.Millisecond)
 				want(t, "redis.addrs", c.Redis.Addrs, []string{})
 				want(t, "tiers.static", c.Tiers.Static, tiers.Defaults())
@@ -106,6 +108,14 @@ redis:
 			env:  map[string]string{"LIMITER_HTTP_ADDR": ""},
 			check: func(t *testing.T, c Config) {
 				want(t, "http.addr", c.HTTP.Addr, ":1001")
+			},
+		},
+		{
+			name: "the listeners' timeouts come from the file and the environment",
+			file: "http:\n  readHeaderTimeout: 2s\n  readTimeout: 3s\n  idleTimeout: 1m\n",
+			env:  map[string]string{"LIMITER_HTTP_WRITETIMEOUT": "4s", "LIMITER_HTTP_READTIMEOUT": "5s"},
+			check: func(t *testing.T, c Config) {
+				want(t, "http timeouts", c.HTTP.Timeouts(), server.Timeouts{ReadHeader: 2 * time.Second, Read: 5 * time.Second, Write: 4 * time.Second, Idle: time.Minute})
 			},
 		},
 		{
