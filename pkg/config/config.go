@@ -85,6 +85,13 @@ type Redis struct {
 	ShardsRefreshInterval time.Duration `mapstructure:"shardsRefreshInterval"`
 	// KeyPrefix starts every key. Default "joishi:streams:".
 	KeyPrefix string `mapstructure:"keyPrefix"`
+	// RequiredForReadiness holds /readyz at 503 until Redis first answers,
+	// so a rollout with a wrong address or an unformed cluster stalls
+	// instead of replacing working replicas. Once Redis has answered,
+	// readiness never follows it again: an outage must leave the replicas
+	// in the load balancer to apply each tier's failureMode. Default false:
+	// readiness ignores Redis.
+	RequiredForReadiness bool `mapstructure:"requiredForReadiness"`
 }
 
 // TLS of the Redis connections.

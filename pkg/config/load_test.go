@@ -60,6 +60,7 @@ redis:
 				want(t, "http timeouts", c.HTTP.Timeouts(), server.Timeouts{ReadHeader: 5 * time.Second, Read: 10 * time.Second, Write: 10 * time.Second, Idle: 2 * time.Minute})
 				want(t, "redis.timeout", c.Redis.Timeout, 250*time.Millisecond)
 				want(t, "redis.addrs", c.Redis.Addrs, []string{})
+				want(t, "redis.requiredForReadiness", c.Redis.RequiredForReadiness, false)
 				want(t, "tiers.static", c.Tiers.Static, tiers.Defaults())
 			},
 		},
@@ -153,10 +154,11 @@ redis:
 		},
 		{
 			name: "booleans and numbers come from the environment as text",
-			env:  map[string]string{"LIMITER_ADMIN_AUDITMAXLEN": "42", "LIMITER_REDIS_ADDRS": "r:6379", "LIMITER_REDIS_TLS_ENABLED": "true"},
+			env:  map[string]string{"LIMITER_ADMIN_AUDITMAXLEN": "42", "LIMITER_REDIS_ADDRS": "r:6379", "LIMITER_REDIS_TLS_ENABLED": "true", "LIMITER_REDIS_REQUIREDFORREADINESS": "true"},
 			check: func(t *testing.T, c Config) {
 				want(t, "admin.auditMaxLen", c.Admin.AuditMaxLen, 42)
 				want(t, "redis.tls.enabled", c.Redis.TLS.Enabled, true)
+				want(t, "redis.requiredForReadiness", c.Redis.RequiredForReadiness, true)
 			},
 		},
 		{

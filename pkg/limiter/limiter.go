@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/joishi/limiter/pkg/cluster"
@@ -115,22 +114,10 @@ func notOutage(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	if rerr, ok := rueidis.IsRedisErr(err); ok && !transientReply(rerr) {
+	if rerr, ok := rueidis.IsRedisErr(err); ok && !cluster.TransientReply(rerr) {
 		return fmt.Errorf("%w: %w", ErrRedisRefused, err)
 	}
 	return nil
-}
-
-// transientReply reports whether a Redis error reply is a passing state of
-// the server or the cluster (loading, failing over, out of memory under
-// noeviction, busy with a script): an outage like a timeout.
-func transientReply(err *rueidis.RedisError) bool {
-	code, _, _ := strings.Cut(err.Error(), " ")
-	switch code {
-	case "LOADING", "READONLY", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "BUSY", "OOM", "NOREPLICAS", "MOVED", "ASK":
-		return true
-	}
-	return false
 }
 
 func msTime(ms int64) time.Time { return time.UnixMilli(ms).UTC() }

@@ -23,6 +23,11 @@ type Options struct {
 	Middleware func(http.Handler) http.Handler
 	// Routes, when set, may add routes to the API mux (the admin API).
 	Routes func(mux *http.ServeMux)
+	// RedisAnswered, when set, holds /readyz at 503 until it returns true
+	// (redis.requiredForReadiness: a replica whose Redis never answered is
+	// not ready). Once true it must stay true: readiness gates the start,
+	// it never follows Redis. Default nil: readiness ignores Redis.
+	RedisAnswered func() bool
 }
 
 // Server is the HTTP face of a Limiter.
