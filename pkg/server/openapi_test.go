@@ -65,7 +65,13 @@ type api struct {
 
 func newAPI(t *testing.T, lim *limiter.Limiter) *api {
 	t.Helper()
-	srv := httptest.NewServer(server.New(lim, server.Options{}).Handler())
+	return newAPIOf(t, server.New(lim, server.Options{}))
+}
+
+// newAPIOf is newAPI for a Server built by the test.
+func newAPIOf(t *testing.T, s *server.Server) *api {
+	t.Helper()
+	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(srv.Close)
 	return &api{url: srv.URL, client: &http.Client{Transport: apitest.ValidatingTransport(t, srv.Client().Transport), Timeout: 10 * time.Second}}
 }

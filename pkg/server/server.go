@@ -7,9 +7,11 @@ import (
 	"log/slog"
 	"net/http"
 	"sync/atomic"
+	"time"
 
 	"github.com/joishi/limiter/pkg/httpapi"
 	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/ratelog"
 )
 
 // Options configure a Server. Zero values take the documented defaults.
@@ -30,12 +32,21 @@ type Options struct {
 	RedisAnswered func() bool
 }
 
+// failureLogEvery bounds the "request failed" lines, as the limiter's
+// degraded warnings are bounded: during an outage every request of a
+// Closed plan fails alike.
+const failureLogEvery = 10 * time.Second
+
 // Server is the HTTP face of a Limiter.
 type Server struct {
 	lim      *limiter.Limiter
 	opts     Options
 	log      *slog.Logger
 	draining atomic.Bool
+	// Failed requests, rate-limited: 500s (a refusing Redis, a bug) apart
+	// from 503s (an outage), so a flood of the one never hides the other.
+	failedInternal    *ratelog.Logger
+	failedUnavailable *ratelog.Logger
 }
 
 // New returns a Server for lim.
@@ -43,7 +54,11 @@ func New(lim *limiter.Limiter, opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	return &Server{lim: lim, opts: opts, log: opts.Logger}
+	return &Server{
+		lim: lim, opts: opts, log: opts.Logger,
+		failedInternal:    ratelog.New(opts.Logger, failureLogEvery),
+		failedUnavailable: ratelog.New(opts.Logger, failureLogEvery),
+	}
 }
 
 // Handler returns the API: the routes of api/openapi.yaml.
