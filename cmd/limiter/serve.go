@@ -80,6 +80,9 @@ func runServe(ctx context.Context, cfg config.Config, deps serveDeps) error {
 		return fmt.Errorf("redis: %w", err)
 	}
 	defer redis.Close()
+	if err := telemetry.RegisterRedisUp(tel.MeterProvider, redis); err != nil {
+		return fmt.Errorf("telemetry: %w", err)
+	}
 	if redis.Embedded() {
 		logger.Warn("redis.addrs is empty: using the embedded store, which holds this replica's slots only; "+
 			"do not run more than one replica on it", "addr", redis.Addrs()[0])
@@ -96,8 +99,12 @@ func runServe(ctx context.Context, cfg config.Config, deps serveDeps) error {
 		return err
 	}
 	defer stopAdmin()
-	srv := server.New(lim, server.Options{Logger: logger, Metrics: tel.MetricsHandler(), Middleware: tel.Middleware, Routes: adminRoutes})
-	err = srv.Run(ctx, server.Addrs{API: cfg.HTTP.Addr, Ops: cfg.Ops.Addr}, cfg.HTTP.ShutdownGrace)
+	srvOpts := server.Options{Logger: logger, Metrics: tel.MetricsHandler(), Middleware: tel.Middleware, Routes: adminRoutes}
+	if cfg.Redis.RequiredForReadiness {
+		srvOpts.RedisAnswered = redis.Answered
+	}
+	srv := server.New(lim, srvOpts)
+	err = srv.Run(ctx, server.Listeners{API: cfg.HTTP.Addr, Ops: cfg.Ops.Addr, Timeouts: cfg.HTTP.Timeouts()}, cfg.HTTP.ShutdownGrace)
 	if cause := context.Cause(ctx); errors.Is(cause, errTierWatchStopped) {
 		return cause
 	}

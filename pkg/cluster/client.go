@@ -21,6 +21,8 @@ import (
 const (
 	DefaultTimeout               = 250 * time.Millisecond
 	DefaultShardsRefreshInterval = 5 * time.Second
+	DefaultProbeInterval         = 5 * time.Second
+	DefaultAnswerWithin          = 5 * time.Second
 	EmbeddedMinTimeout           = 2 * time.Second
 )
 
@@ -56,6 +58,12 @@ type Options struct {
 	// them, while a node that accepts connections and never answers (hung,
 	// black-holed) is redialled sooner.
 	DialTimeout time.Duration
+	// ProbeInterval is how often the client checks that Redis answers,
+	// whatever the traffic (see Client.Up). Default 5s.
+	ProbeInterval time.Duration
+	// AnswerWithin is how long after New Redis may take to first answer
+	// before an ERROR says it has not. Default 5s.
+	AnswerWithin time.Duration
 	// Logger receives connection state changes. Default slog.Default().
 	Logger *slog.Logger
 	// NewRedis builds the rueidis client from the options this package
@@ -71,6 +79,12 @@ func (o Options) withDefaults() Options {
 	if o.ShardsRefreshInterval == 0 {
 		o.ShardsRefreshInterval = DefaultShardsRefreshInterval
 	}
+	if o.ProbeInterval == 0 {
+		o.ProbeInterval = DefaultProbeInterval
+	}
+	if o.AnswerWithin == 0 {
+		o.AnswerWithin = DefaultAnswerWithin
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -83,15 +97,16 @@ func (o Options) withDefaults() Options {
 // Client is the limiter's handle on Redis. It is created without touching
 // the network: connecting happens in the background and is retried until
 // Redis answers, so the service starts (and fails open or closed per tier)
-// while Redis is down.
+// while Redis is down. Up says whether Redis answers.
 type Client struct {
 	opts      Options
 	redis     atomic.Pointer[rueidis.Client]
 	connected chan struct{}
 	embedded  *embeddedStore
+	health    *health
 
 	stop chan struct{}
-	done chan struct{}
+	wg   sync.WaitGroup
 	once sync.Once
 }
 
@@ -99,10 +114,10 @@ type Client struct {
 // because Redis is unreachable.
 func New(opts Options) (*Client, error) {
 	opts = opts.withDefaults()
-	if opts.Timeout < 0 || opts.ShardsRefreshInterval < 0 || opts.DialTimeout < 0 {
+	if opts.Timeout < 0 || opts.ShardsRefreshInterval < 0 || opts.DialTimeout < 0 || opts.ProbeInterval < 0 || opts.AnswerWithin < 0 {
 		return nil, errors.New("redis timeouts must not be negative")
 	}
-	c := &Client{opts: opts, connected: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
+	c := &Client{opts: opts, connected: make(chan struct{}), health: newHealth(), stop: make(chan struct{})}
 	if len(opts.Addrs) == 0 {
 		store, err := startEmbedded()
 		if err != nil {
@@ -115,31 +130,54 @@ func New(opts Options) (*Client, error) {
 	if c.opts.DialTimeout == 0 {
 		c.opts.DialTimeout = c.opts.Timeout
 	}
-	go c.connect()
+	start := time.Now()
+	c.wg.Go(c.run)
+	c.wg.Go(func() { c.watchFirstAnswer(start) })
 	return c, nil
 }
 
-// connect dials until Redis answers, then publishes the client.
-func (c *Client) connect() {
-	defer close(c.done)
+// run connects, then probes Redis every ProbeInterval until Close.
+func (c *Client) run() {
+	client, ok := c.connect()
+	if !ok {
+		return
+	}
+	c.probe(client)
+	if c.embedded == nil {
+		c.checkServers(client)
+	}
+	ticker := time.NewTicker(c.opts.ProbeInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-ticker.C:
+			c.probe(client)
+		}
+	}
+}
+
+// connect dials until Redis accepts a connection, then publishes the
+// client. It returns the unobserved client, or false when Close came first.
+func (c *Client) connect() (rueidis.Client, bool) {
 	backoff := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		client, err := c.opts.NewRedis(c.clientOption())
 		if err == nil {
-			c.redis.Store(&client)
+			var handed rueidis.Client = observed{Client: client, health: c.health}
+			c.redis.Store(&handed)
 			close(c.connected)
 			c.opts.Logger.Info("connected to redis", "addrs", c.opts.Addrs, "mode", string(client.Mode()), "attempts", attempt)
-			if c.embedded == nil {
-				c.checkServers(client)
-			}
-			return
+			return client, true
 		}
+		c.health.fail(err)
 		if attempt == 1 || attempt%20 == 0 {
 			c.opts.Logger.Warn("redis not reachable yet; retrying in the background", "addrs", c.opts.Addrs, "attempt", attempt, "err", err)
 		}
 		select {
 		case <-c.stop:
-			return
+			return nil, false
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, 2*time.Second)
@@ -209,7 +247,7 @@ func (c *Client) Addrs() []string { return c.opts.Addrs }
 func (c *Client) Close() {
 	c.once.Do(func() {
 		close(c.stop)
-		<-c.done
+		c.wg.Wait()
 		if p := c.redis.Load(); p != nil {
 			(*p).Close()
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/keys"
+	"github.com/joishi/limiter/pkg/server"
 	"github.com/joishi/limiter/pkg/tiers"
 )
 
@@ -36,6 +37,20 @@ type HTTP struct {
 	// before they are cut. Keep it below the pod's
 	// terminationGracePeriodSeconds. Default 15s.
 	ShutdownGrace time.Duration `mapstructure:"shutdownGrace"`
+	// ReadHeaderTimeout bounds reading a request's headers, on the API and
+	// ops listeners: a client sending them a byte at a time is cut after
+	// it. Default 5s.
+	ReadHeaderTimeout time.Duration `mapstructure:"readHeaderTimeout"`
+	// ReadTimeout bounds reading a whole request, body included, on both
+	// listeners. Default 10s.
+	ReadTimeout time.Duration `mapstructure:"readTimeout"`
+	// WriteTimeout bounds a request from the end of its headers to the end
+	// of its answer, on both listeners. No route streams; keep it above
+	// redis.timeout. Default 10s.
+	WriteTimeout time.Duration `mapstructure:"writeTimeout"`
+	// IdleTimeout is how long a kept-alive connection may wait for its next
+	// request, on both listeners. Default 2m.
+	IdleTimeout time.Duration `mapstructure:"idleTimeout"`
 }
 
 // Ops is the listener of /healthz, /readyz and /metrics.
@@ -70,6 +85,13 @@ type Redis struct {
 	ShardsRefreshInterval time.Duration `mapstructure:"shardsRefreshInterval"`
 	// KeyPrefix starts every key. Default "joishi:streams:".
 	KeyPrefix string `mapstructure:"keyPrefix"`
+	// RequiredForReadiness holds /readyz at 503 until Redis first answers,
+	// so a rollout with a wrong address or an unformed cluster stalls
+	// instead of replacing working replicas. Once Redis has answered,
+	// readiness never follows it again: an outage must leave the replicas
+	// in the load balancer to apply each tier's failureMode. Default false:
+	// readiness ignores Redis.
+	RequiredForReadiness bool `mapstructure:"requiredForReadiness"`
 }
 
 // TLS of the Redis connections.
@@ -175,8 +197,15 @@ func (l Log) SlogLevel() slog.Level {
 // Default returns the configuration used where nothing is set.
 func Default() Config {
 	return Config{
-		HTTP: HTTP{Addr: ":8080", ShutdownGrace: 15 * time.Second},
-		Ops:  Ops{Addr: ":9090"},
+		HTTP: HTTP{
+			Addr:              ":8080",
+			ShutdownGrace:     15 * time.Second,
+			ReadHeaderTimeout: server.DefaultReadHeaderTimeout,
+			ReadTimeout:       server.DefaultReadTimeout,
+			WriteTimeout:      server.DefaultWriteTimeout,
+			IdleTimeout:       server.DefaultIdleTimeout,
+		},
+		Ops: Ops{Addr: ":9090"},
 		Redis: Redis{
 			Addrs:                 []string{},
 			Timeout:               cluster.DefaultTimeout,
@@ -188,6 +217,11 @@ func Default() Config {
 		Telemetry: Telemetry{ServiceName: "limiter"},
 		Log:       Log{Level: LevelInfo, Format: FormatJSON},
 	}
+}
+
+// Timeouts returns the connection timeouts of the listeners.
+func (h HTTP) Timeouts() server.Timeouts {
+	return server.Timeouts{ReadHeader: h.ReadHeaderTimeout, Read: h.ReadTimeout, Write: h.WriteTimeout, Idle: h.IdleTimeout}
 }
 
 // StaticTiers returns tiers.static with each tier's defaults applied.

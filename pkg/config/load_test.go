@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/joishi/limiter/pkg/server"
 	"github.com/joishi/limiter/pkg/tiers"
 	"github.com/spf13/pflag"
 )
@@ -56,8 +57,10 @@ redis:
 			name: "the defaults apply when nothing is set",
 			check: func(t *testing.T, c Config) {
 				want(t, "http.addr", c.HTTP.Addr, ":8080")
+				want(t, "http timeouts", c.HTTP.Timeouts(), server.Timeouts{ReadHeader: 5 * time.Second, Read: 10 * time.Second, Write: 10 * time.Second, Idle: 2 * time.Minute})
 				want(t, "redis.timeout", c.Redis.Timeout, 250*time.Millisecond)
 				want(t, "redis.addrs", c.Redis.Addrs, []string{})
+				want(t, "redis.requiredForReadiness", c.Redis.RequiredForReadiness, false)
 				want(t, "tiers.static", c.Tiers.Static, tiers.Defaults())
 			},
 		},
@@ -109,6 +112,14 @@ redis:
 			},
 		},
 		{
+			name: "the listeners' timeouts come from the file and the environment",
+			file: "http:\n  readHeaderTimeout: 2s\n  readTimeout: 3s\n  idleTimeout: 1m\n",
+			env:  map[string]string{"LIMITER_HTTP_WRITETIMEOUT": "4s", "LIMITER_HTTP_READTIMEOUT": "5s"},
+			check: func(t *testing.T, c Config) {
+				want(t, "http timeouts", c.HTTP.Timeouts(), server.Timeouts{ReadHeader: 2 * time.Second, Read: 5 * time.Second, Write: 4 * time.Second, Idle: time.Minute})
+			},
+		},
+		{
 			name: "the file's tier list replaces the default list whole",
 			file: "tiers:\n  static:\n    - plan: gold\n      maxConcurrentStreams: 9\n      slotTTL: 30s\n",
 			check: func(t *testing.T, c Config) {
@@ -143,10 +154,11 @@ redis:
 		},
 		{
 			name: "booleans and numbers come from the environment as text",
-			env:  map[string]string{"LIMITER_ADMIN_AUDITMAXLEN": "42", "LIMITER_REDIS_ADDRS": "r:6379", "LIMITER_REDIS_TLS_ENABLED": "true"},
+			env:  map[string]string{"LIMITER_ADMIN_AUDITMAXLEN": "42", "LIMITER_REDIS_ADDRS": "r:6379", "LIMITER_REDIS_TLS_ENABLED": "true", "LIMITER_REDIS_REQUIREDFORREADINESS": "true"},
 			check: func(t *testing.T, c Config) {
 				want(t, "admin.auditMaxLen", c.Admin.AuditMaxLen, 42)
 				want(t, "redis.tls.enabled", c.Redis.TLS.Enabled, true)
+				want(t, "redis.requiredForReadiness", c.Redis.RequiredForReadiness, true)
 			},
 		},
 		{

@@ -50,6 +50,21 @@ func (c Config) Validate() error {
 	if c.HTTP.ShutdownGrace < 0 {
 		v.add("http.shutdownGrace", "must be >= 0s", c.HTTP.ShutdownGrace.String())
 	}
+	for _, d := range []struct {
+		key   string
+		value time.Duration
+	}{
+		{"http.readHeaderTimeout", c.HTTP.ReadHeaderTimeout},
+		{"http.readTimeout", c.HTTP.ReadTimeout},
+		{"http.writeTimeout", c.HTTP.WriteTimeout},
+		{"http.idleTimeout", c.HTTP.IdleTimeout},
+	} {
+		// 0 would mean no limit to net/http: the slow-client hole these
+		// close.
+		if d.value <= 0 {
+			v.add(d.key, "must be > 0", d.value.String())
+		}
+	}
 
 	c.validateRedis(&v)
 

@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
+	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/tiers"
 	"github.com/redis/rueidis"
 )
@@ -92,7 +92,7 @@ func classify(ctx context.Context, op string, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	if rerr, ok := rueidis.IsRedisErr(err); ok && !transientReply(rerr) {
+	if rerr, ok := rueidis.IsRedisErr(err); ok && !cluster.TransientReply(rerr) {
 		return fmt.Errorf("%w: %s: %w", ErrRedisRefused, op, err)
 	}
 	return fmt.Errorf("%w: %s: %w", ErrUnavailable, op, err)
@@ -103,16 +103,4 @@ func classify(ctx context.Context, op string, err error) error {
 // outage, and only when mode is Open. Closed returns err, ErrUnavailable.
 func degrade(mode tiers.FailureMode, err error) bool {
 	return mode != tiers.FailClosed && errors.Is(err, ErrUnavailable)
-}
-
-// transientReply reports whether a Redis error reply is a passing state of
-// the server or the cluster (loading, failing over, out of memory under
-// noeviction, busy with a script): an outage like a timeout.
-func transientReply(err *rueidis.RedisError) bool {
-	code, _, _ := strings.Cut(err.Error(), " ")
-	switch code {
-	case "LOADING", "READONLY", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "BUSY", "OOM", "NOREPLICAS", "MOVED", "ASK":
-		return true
-	}
-	return false
 }

@@ -2,7 +2,7 @@ package limiter
 
 import (
 	"context"
-	"sync/atomic"
+	"log/slog"
 	"time"
 )
 
@@ -11,23 +11,8 @@ import (
 // log. The metric counts each one; the log says it is happening.
 const degradedLogEvery = 10 * time.Second
 
-// degradedLog rate-limits the warning logged when Redis does not answer.
-type degradedLog struct {
-	last       atomic.Int64 // unix nanoseconds of the last line
-	suppressed atomic.Int64 // answers not logged since
-}
-
-// warn logs msg unless a line was logged less than degradedLogEvery ago;
-// the next line carries how many were left out.
+// warnDegraded logs msg at most once per degradedLogEvery; the next line
+// carries how many were left out.
 func (l *Limiter) warnDegraded(ctx context.Context, msg string, args ...any) {
-	now := time.Now().UnixNano()
-	last := l.degraded.last.Load()
-	if now-last < int64(degradedLogEvery) || !l.degraded.last.CompareAndSwap(last, now) {
-		l.degraded.suppressed.Add(1)
-		return
-	}
-	if n := l.degraded.suppressed.Swap(0); n > 0 {
-		args = append(args, "similar_since_last_line", n)
-	}
-	l.log.WarnContext(ctx, msg, args...)
+	l.degraded.Log(ctx, slog.LevelWarn, msg, args...)
 }

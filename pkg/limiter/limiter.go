@@ -11,6 +11,7 @@ import (
 
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/keys"
+	"github.com/joishi/limiter/pkg/ratelog"
 	"github.com/joishi/limiter/pkg/tiers"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -60,7 +61,7 @@ type Limiter struct {
 	keys     keys.Schema
 	log      *slog.Logger
 	observer Observer
-	degraded degradedLog
+	degraded *ratelog.Logger
 	tracer   trace.Tracer
 }
 
@@ -78,6 +79,7 @@ func New(redis *cluster.Client, table *tiers.Table, opts Options) *Limiter {
 	return &Limiter{
 		redis: redis, tiers: table, keys: opts.Keys, log: opts.Logger,
 		observer: opts.Observer, tracer: opts.TracerProvider.Tracer(tracerName),
+		degraded: ratelog.New(opts.Logger, degradedLogEvery),
 	}
 }
 

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 
 	"github.com/joishi/limiter/pkg/httpapi"
@@ -54,9 +55,9 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	status, e := apiError(err)
 	switch {
 	case status == http.StatusInternalServerError:
-		s.log.ErrorContext(r.Context(), "request failed", "path", r.URL.Path, "status", status, "err", err)
+		s.failedInternal.Log(r.Context(), slog.LevelError, "request failed", "path", r.URL.Path, "status", status, "err", err)
 	case status > 500:
-		s.log.WarnContext(r.Context(), "request failed", "path", r.URL.Path, "status", status, "err", err)
+		s.failedUnavailable.Log(r.Context(), slog.LevelWarn, "request failed", "path", r.URL.Path, "status", status, "err", err)
 	}
 	writeError(w, status, e)
 }

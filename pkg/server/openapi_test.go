@@ -40,7 +40,13 @@ func unreachable(t *testing.T) *limiter.Limiter {
 
 func newAPI(t *testing.T, lim *limiter.Limiter) *api {
 	t.Helper()
-	srv := httptest.NewServer(server.New(lim, server.Options{}).Handler())
+	return newAPIOf(t, server.New(lim, server.Options{}))
+}
+
+// newAPIOf is newAPI for a Server built by the test.
+func newAPIOf(t *testing.T, s *server.Server) *api {
+	t.Helper()
+	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(srv.Close)
 	return &api{url: srv.URL, client: &http.Client{Transport: apitest.ValidatingTransport(t, srv.Client().Transport), Timeout: 10 * time.Second}}
 }
@@ -485,31 +491,42 @@ func TestOpsListener(t *testing.T) {
 	lim := unreachable(t) // readiness never depends on Redis
 	unsynced := limiter.New(nil, tiers.NewTable(), limiter.Options{})
 
+	answered := func(v bool) func() bool { return func() bool { return v } }
+
 	for _, tc := range []struct {
-		name    string
-		lim     *limiter.Limiter
-		metrics http.Handler
-		path    string
-		status  int
+		name          string
+		lim           *limiter.Limiter
+		metrics       http.Handler
+		redisAnswered func() bool // Options.RedisAnswered
+		path          string
+		status        int
+		body          string
 	}{
-		{"healthz answers ok", lim, nil, "/healthz", 200},
-		{"readyz is ok once the tiers synced, Redis unreachable", lim, nil, "/readyz", 200},
-		{"readyz is 503 before the tiers synced", unsynced, nil, "/readyz", 503},
-		{"metrics are served when a handler is set", lim, metrics, "/metrics", 200},
-		{"metrics are 404 without a handler", lim, nil, "/metrics", 404},
-		{"an unknown ops path is 404", lim, nil, "/v1/tiers", 404},
+		{"healthz answers ok", lim, nil, nil, "/healthz", 200, "ok\n"},
+		{"readyz is ok once the tiers synced, Redis unreachable", lim, nil, nil, "/readyz", 200, "ok\n"},
+		{"readyz is 503 before the tiers synced", unsynced, nil, nil, "/readyz", 503, "tiers not synced yet\n"},
+		{"readyz requiring Redis is 503 until Redis answered", lim, nil, answered(false), "/readyz", 503, "redis has not answered yet\n"},
+		{"readyz requiring Redis is ok once Redis answered", lim, nil, answered(true), "/readyz", 200, "ok\n"},
+		{"readyz requiring Redis still waits for the tiers first", unsynced, nil, answered(true), "/readyz", 503, "tiers not synced yet\n"},
+		{"metrics are served when a handler is set", lim, metrics, nil, "/metrics", 200, "limiter_up 1\n"},
+		{"metrics are 404 without a handler", lim, nil, nil, "/metrics", 404, ""},
+		{"an unknown ops path is 404", lim, nil, nil, "/v1/tiers", 404, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			srv := httptest.NewServer(server.New(tc.lim, server.Options{Metrics: tc.metrics}).OpsHandler())
+			srv := httptest.NewServer(server.New(tc.lim, server.Options{Metrics: tc.metrics, RedisAnswered: tc.redisAnswered}).OpsHandler())
 			defer srv.Close()
 			client := &http.Client{Transport: apitest.ValidatingOpsTransport(t, srv.Client().Transport), Timeout: 10 * time.Second}
 			resp, err := client.Get(srv.URL + tc.path)
 			if err != nil {
 				t.Fatal(err)
 			}
+			body, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			if resp.StatusCode != tc.status {
 				t.Errorf("GET %s: got %d, want %d", tc.path, resp.StatusCode, tc.status)
+			}
+			if tc.body != "" && string(body) != tc.body {
+				t.Errorf("GET %s: body %q, want %q", tc.path, body, tc.body)
 			}
 		})
 	}

@@ -5,9 +5,10 @@ import (
 )
 
 // OpsHandler serves the ops listener: /healthz (the process answers),
-// /readyz (the tier table has synced and the server is not draining; never
+// /readyz (the tier table has synced and the server is not draining; not
 // tied to Redis, or a Redis outage would turn fail-open into fail-closed at
-// the load balancer) and /metrics.
+// the load balancer, except that Options.RedisAnswered may hold a starting
+// replica back until Redis first answers) and /metrics.
 func (s *Server) OpsHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -19,6 +20,8 @@ func (s *Server) OpsHandler() http.Handler {
 			writePlain(w, http.StatusServiceUnavailable, "draining\n")
 		case !s.lim.Tiers().IsSynced():
 			writePlain(w, http.StatusServiceUnavailable, "tiers not synced yet\n")
+		case s.opts.RedisAnswered != nil && !s.opts.RedisAnswered():
+			writePlain(w, http.StatusServiceUnavailable, "redis has not answered yet\n")
 		default:
 			writePlain(w, http.StatusOK, "ok\n")
 		}

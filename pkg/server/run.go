@@ -9,34 +9,87 @@ import (
 	"time"
 )
 
-// Addrs are the listen addresses of the two listeners.
-type Addrs struct {
+// Defaults of Timeouts.
+const (
+	DefaultReadHeaderTimeout = 5 * time.Second
+	DefaultReadTimeout       = 10 * time.Second
+	DefaultWriteTimeout      = 10 * time.Second
+	DefaultIdleTimeout       = 2 * time.Minute
+)
+
+// Listeners say where the two listeners listen and how long a connection
+// may take.
+type Listeners struct {
 	API string // default ":8080"
 	Ops string // default ":9090"
+	// Timeouts apply to both listeners.
+	Timeouts Timeouts
+}
+
+// Timeouts bound every connection, so that a client sending its request a
+// byte at a time (or not at all) cannot hold a connection, and the
+// goroutine serving it, for as long as it likes. Zero fields take the
+// defaults.
+type Timeouts struct {
+	// ReadHeader bounds reading a request's line and headers. Default 5s.
+	ReadHeader time.Duration
+	// Read bounds reading a whole request, headers and body. Default 10s.
+	Read time.Duration
+	// Write bounds a request from the end of its headers to the end of its
+	// answer, the handler's work included. Every route answers once (none
+	// streams), within redis.timeout of Redis work. Default 10s.
+	Write time.Duration
+	// Idle bounds how long a kept-alive connection waits for its next
+	// request. Default 2m: above the 90s after which Go's and most clients
+	// drop idle connections themselves, so the client closes first and never
+	// reuses a connection the server is closing.
+	Idle time.Duration
+}
+
+// WithDefaults returns t with its zero fields set to the defaults.
+func (t Timeouts) WithDefaults() Timeouts {
+	if t.ReadHeader == 0 {
+		t.ReadHeader = DefaultReadHeaderTimeout
+	}
+	if t.Read == 0 {
+		t.Read = DefaultReadTimeout
+	}
+	if t.Write == 0 {
+		t.Write = DefaultWriteTimeout
+	}
+	if t.Idle == 0 {
+		t.Idle = DefaultIdleTimeout
+	}
+	return t
+}
+
+func (t Timeouts) server(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: t.ReadHeader, ReadTimeout: t.Read, WriteTimeout: t.Write, IdleTimeout: t.Idle}
 }
 
 // Run serves the API and ops listeners until ctx ends, then drains: /readyz
 // turns false, the API listener stops accepting, in-flight requests get up
 // to grace to finish, and Run returns nil. It returns an error when a
 // listener cannot start or a drain overruns grace.
-func (s *Server) Run(ctx context.Context, addrs Addrs, grace time.Duration) error {
-	if addrs.API == "" {
-		addrs.API = ":8080"
+func (s *Server) Run(ctx context.Context, l Listeners, grace time.Duration) error {
+	if l.API == "" {
+		l.API = ":8080"
 	}
-	if addrs.Ops == "" {
-		addrs.Ops = ":9090"
+	if l.Ops == "" {
+		l.Ops = ":9090"
 	}
-	apiLn, err := net.Listen("tcp", addrs.API)
+	timeouts := l.Timeouts.WithDefaults()
+	apiLn, err := net.Listen("tcp", l.API)
 	if err != nil {
-		return fmt.Errorf("http.addr %s: %w", addrs.API, err)
+		return fmt.Errorf("http.addr %s: %w", l.API, err)
 	}
-	opsLn, err := net.Listen("tcp", addrs.Ops)
+	opsLn, err := net.Listen("tcp", l.Ops)
 	if err != nil {
 		apiLn.Close()
-		return fmt.Errorf("ops.addr %s: %w", addrs.Ops, err)
+		return fmt.Errorf("ops.addr %s: %w", l.Ops, err)
 	}
-	api := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
-	ops := &http.Server{Handler: s.OpsHandler(), ReadHeaderTimeout: 10 * time.Second}
+	api := timeouts.server(s.Handler())
+	ops := timeouts.server(s.OpsHandler())
 
 	errc := make(chan error, 2)
 	go func() { errc <- serve(api, apiLn) }()

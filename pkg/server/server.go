@@ -7,9 +7,11 @@ import (
 	"log/slog"
 	"net/http"
 	"sync/atomic"
+	"time"
 
 	"github.com/joishi/limiter/pkg/httpapi"
 	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/ratelog"
 )
 
 // Options configure a Server. Zero values take the documented defaults.
@@ -23,7 +25,17 @@ type Options struct {
 	Middleware func(http.Handler) http.Handler
 	// Routes, when set, may add routes to the API mux (the admin API).
 	Routes func(mux *http.ServeMux)
+	// RedisAnswered, when set, holds /readyz at 503 until it returns true
+	// (redis.requiredForReadiness: a replica whose Redis never answered is
+	// not ready). Once true it must stay true: readiness gates the start,
+	// it never follows Redis. Default nil: readiness ignores Redis.
+	RedisAnswered func() bool
 }
+
+// failureLogEvery bounds the "request failed" lines, as the limiter's
+// degraded warnings are bounded: during an outage every request of a
+// Closed plan fails alike.
+const failureLogEvery = 10 * time.Second
 
 // Server is the HTTP face of a Limiter.
 type Server struct {
@@ -31,6 +43,10 @@ type Server struct {
 	opts     Options
 	log      *slog.Logger
 	draining atomic.Bool
+	// Failed requests, rate-limited: 500s (a refusing Redis, a bug) apart
+	// from 503s (an outage), so a flood of the one never hides the other.
+	failedInternal    *ratelog.Logger
+	failedUnavailable *ratelog.Logger
 }
 
 // New returns a Server for lim.
@@ -38,7 +54,11 @@ func New(lim *limiter.Limiter, opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	return &Server{lim: lim, opts: opts, log: opts.Logger}
+	return &Server{
+		lim: lim, opts: opts, log: opts.Logger,
+		failedInternal:    ratelog.New(opts.Logger, failureLogEvery),
+		failedUnavailable: ratelog.New(opts.Logger, failureLogEvery),
+	}
 }
 
 // Handler returns the API: the routes of api/openapi.yaml.

@@ -53,3 +53,20 @@ func buildInfo(mp metric.MeterProvider, version, commit, goVersion string) error
 		}))
 	return err
 }
+
+// RegisterRedisUp registers limiter_redis_up: 1 while redis.Up() (Redis
+// answers this replica; cluster.Client.Up states the rule), else 0. It has
+// no label.
+func RegisterRedisUp(mp metric.MeterProvider, redis interface{ Up() bool }) error {
+	_, err := mp.Meter(meterName).Int64ObservableGauge("limiter.redis.up",
+		metric.WithDescription("1 while Redis answers this replica's calls and probes, 0 before it first answers and once calls have failed (timeouts, connection errors, cluster down) with none answered for a second."),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			if redis.Up() {
+				o.Observe(1)
+			} else {
+				o.Observe(0)
+			}
+			return nil
+		}))
+	return err
+}

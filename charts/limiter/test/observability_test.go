@@ -3,6 +3,7 @@ package chart
 import (
 	"encoding/json"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -86,7 +87,86 @@ func TestPrometheusRule(t *testing.T) {
 	if len(got) != len(groups) {
 		t.Errorf("PrometheusRule holds %d groups, files/observability %d", len(got), len(groups))
 	}
+	if want := toInt64(groups); !reflect.DeepEqual(toInt64(got), want) {
+		t.Errorf("PrometheusRule groups differ from files/observability:\n got %v\nwant %v", got, want)
+	}
 	if rule.GetLabels()["release"] != "prometheus" {
 		t.Errorf("PrometheusRule labels %v lack prometheusRule.labels", rule.GetLabels())
+	}
+}
+
+// alertRule is one alerting rule of a rules file.
+type alertRule struct {
+	Alert       string            `json:"alert"`
+	Expr        string            `json:"expr"`
+	For         string            `json:"for"`
+	Labels      map[string]string `json:"labels"`
+	Annotations map[string]string `json:"annotations"`
+}
+
+// alertRules returns the alerting rules of files/observability by name.
+func alertRules(t *testing.T) map[string]alertRule {
+	t.Helper()
+	_, yamls := observability(t)
+	rules := map[string]alertRule{}
+	for _, g := range ruleGroups(t, yamls) {
+		raw, err := json.Marshal(g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var group struct {
+			Name  string      `json:"name"`
+			Rules []alertRule `json:"rules"`
+		}
+		if err := json.Unmarshal(raw, &group); err != nil {
+			t.Fatalf("rule group %s: %v", raw, err)
+		}
+		for _, r := range group.Rules {
+			if r.Alert == "" {
+				continue // a recording rule
+			}
+			if _, dup := rules[r.Alert]; dup {
+				t.Errorf("alert %s is defined twice", r.Alert)
+			}
+			rules[r.Alert] = r
+		}
+	}
+	return rules
+}
+
+// Every alert is actionable: a limiter metric to watch, a severity the
+// routing knows, and a summary and description for whoever is paged.
+func TestAlertRulesAreComplete(t *testing.T) {
+	rules := alertRules(t)
+	if len(rules) == 0 {
+		t.Skip("the chart carries no alert rules")
+	}
+	for name, r := range rules {
+		if !strings.Contains(r.Expr, "limiter_") {
+			t.Errorf("%s: expr %q watches no limiter metric", name, r.Expr)
+		}
+		if s := r.Labels["severity"]; s != "warning" && s != "critical" {
+			t.Errorf("%s: severity %q, want warning or critical", name, s)
+		}
+		for _, a := range []string{"summary", "description"} {
+			if strings.TrimSpace(r.Annotations[a]) == "" {
+				t.Errorf("%s: no %s annotation", name, a)
+			}
+		}
+	}
+}
+
+// A Redis that never answered (or stopped answering) pages even while no
+// request arrives: the alert follows limiter_redis_up, not degraded grants.
+func TestRedisDownAlert(t *testing.T) {
+	r, ok := alertRules(t)["LimiterRedisDown"]
+	if !ok {
+		t.Fatal("no LimiterRedisDown alert in files/observability")
+	}
+	if strings.TrimSpace(r.Expr) != "limiter_redis_up == 0" {
+		t.Errorf("LimiterRedisDown expr %q, want limiter_redis_up == 0", r.Expr)
+	}
+	if r.For == "" || r.Labels["severity"] != "critical" {
+		t.Errorf("LimiterRedisDown: for %q, severity %q; want a for duration and critical", r.For, r.Labels["severity"])
 	}
 }

@@ -308,6 +308,26 @@ func TestStaticSource(t *testing.T) {
 	}
 }
 
+// redis.requiredForReadiness reaches the config file; off by default, as
+// readiness must not follow Redis unless asked to.
+func TestRequiredForReadiness(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  []string
+		want bool
+	}{
+		{"off by default", nil, false},
+		{"on when set", []string{"--set", "redis.requiredForReadiness=true"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := configFile(t, render(t, []string{redisValues}, tc.set...))["redis"].(map[string]any)["requiredForReadiness"]
+			if got != tc.want {
+				t.Errorf("redis.requiredForReadiness in the config file: got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
 // The optional Prometheus Operator objects render only when asked for.
 func TestServiceMonitor(t *testing.T) {
 	if n := len(ofKind(render(t, []string{redisValues}), "ServiceMonitor")); n != 0 {

@@ -1,0 +1,108 @@
+package server_test
+
+import (
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/internal/limitertest"
+	"github.com/joishi/limiter/internal/testenv"
+	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/httpapi"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/server"
+)
+
+// outageServer is a Server whose Redis never answers (50ms per call), with
+// its log in a sink, and the API served in-process.
+func outageServer(t *testing.T) (*server.Server, *logSink) {
+	t.Helper()
+	var sink logSink
+	logger := slog.New(slog.NewJSONHandler(&sink, nil))
+	lim := limitertest.New(t, limitertest.Options{
+		Redis:   cluster.Options{Addrs: []string{testenv.BlackHole(t)}, Timeout: 50 * time.Millisecond},
+		Limiter: limiter.Options{Logger: logger},
+		NoWait:  true,
+	}).Limiter
+	return server.New(lim, server.Options{Logger: logger}), &sink
+}
+
+// failClosed sends n acquires of the Closed plan at once; each must be 503.
+func failClosed(t *testing.T, a *api, n int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			r := a.post(t, httpapi.PathAcquire, httpapi.AcquireRequest{UserID: newUser(t), Plan: "closed"})
+			if r.status != http.StatusServiceUnavailable {
+				t.Errorf("acquire of a Closed plan during the outage: %d %s, want 503", r.status, r.body)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// linesOf returns the JSON log records whose msg is msg.
+func linesOf(t *testing.T, sink *logSink, msg string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(sink.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("log line %q is not JSON: %v", line, err)
+		}
+		if m["msg"] == msg {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// TestFailedRequestsLogBounded: during an outage every request of a Closed
+// plan fails the same way; the log says so once, not once per request.
+func TestFailedRequestsLogBounded(t *testing.T) {
+	t.Parallel()
+	srv, sink := outageServer(t)
+	a := newAPIOf(t, srv)
+	const n = 200
+	failClosed(t, a, n)
+	if got := linesOf(t, sink, "request failed"); len(got) > 1 {
+		t.Errorf("%d failed requests logged %d \"request failed\" lines, want at most 1", n, len(got))
+	}
+}
+
+// TestFailedRequestsLogTheSuppressedCount: the first line after the quiet
+// interval says how many failures were left out since the last one.
+func TestFailedRequestsLogTheSuppressedCount(t *testing.T) {
+	t.Parallel()
+	srv, sink := outageServer(t)
+	const every = 2 * time.Second
+	server.SetFailureLogEvery(srv, every)
+	a := newAPIOf(t, srv)
+	const n = 50
+	start := time.Now()
+	failClosed(t, a, n)
+	if took := time.Since(start); took >= every {
+		t.Skipf("the %d requests took %v, longer than the interval %v: the count would span two lines", n, took, every)
+	}
+	time.Sleep(every - time.Since(start) + 100*time.Millisecond)
+	failClosed(t, a, 1)
+
+	got := linesOf(t, sink, "request failed")
+	if len(got) != 2 {
+		t.Fatalf("%d failures over two intervals logged %d lines, want 2:\n%s", n+1, len(got), sink.String())
+	}
+	if _, ok := got[0]["similar_since_last_line"]; ok {
+		t.Errorf("first line %v carries a suppressed count, want none", got[0])
+	}
+	if c := got[1]["similar_since_last_line"]; c != float64(n-1) {
+		t.Errorf("second line: similar_since_last_line = %v, want %d", c, n-1)
+	}
+	if got[1]["level"] != "WARN" || got[1]["status"] != float64(http.StatusServiceUnavailable) {
+		t.Errorf("second line %v, want a WARN with status 503", got[1])
+	}
+}
