@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/joishi/limiter/internal/linearize"
 	"github.com/joishi/limiter/internal/servetest"
 	"github.com/joishi/limiter/internal/testenv"
 	"github.com/redis/rueidis"
@@ -37,8 +38,12 @@ const (
 // (their calls may still fail open for a moment: with Redis' default
 // cluster-require-full-coverage every node answers CLUSTERDOWN from the
 // moment the master is marked failed until its replica takes over); that calls
-// answer from Redis again within 15s of the kill; and that the degraded
-// grants counted on /metrics equal the degraded answers the clients saw.
+// answer from Redis again within 15s of the kill; that the recorded
+// histories are linearizable against the cap (internal/linearize), the
+// killed master's slots granted before the window's end allowed to vanish
+// and calls without an answer allowed to take effect or not; and that the
+// degraded grants counted on /metrics equal the degraded answers the
+// clients saw.
 func TestFaultHardFailoverUnderLoad(t *testing.T) {
 	f := runHardFailover(t)
 	f.log(t)
@@ -60,6 +65,10 @@ type failoverFigures struct {
 	users                  []loadUser
 	kill, windowEnd        time.Time
 	affected               map[int]bool
+	lin                    linearize.Verdict
+	linTook                time.Duration
+	slowest                opRecord
+	overDeadline           int // calls slower than redis.timeout + 100ms
 }
 
 func (f failoverFigures) log(t *testing.T) {
@@ -75,6 +84,10 @@ func (f failoverFigures) log(t *testing.T) {
 		f.degradedSeen, f.counted, f.lostEarly, f.lostExpired, f.lostDegraded)
 	t.Logf("users on the killed master: %d of %d; calls of the other users without an answer: %d",
 		f.affectedUsers, len(f.users), f.healthyUnanswered)
+	t.Logf("latency: slowest call %v (%s, status %d); %d calls over redis.timeout+100ms (350ms)",
+		f.slowest.ret.Sub(f.slowest.call).Round(time.Millisecond), f.slowest.kind, f.slowest.status, f.overDeadline)
+	t.Logf("linearizable against the cap: %v (%d users, %d calls, %d users needed their unanswered calls) in %v",
+		f.lin.OK(), f.lin.Users, f.lin.Ops, f.lin.Widened, f.linTook.Round(time.Millisecond))
 }
 
 func failoverConfig(addrs []string, prefix string) string {
@@ -144,7 +157,7 @@ func runHardFailover(t *testing.T, extraConfig ...string) failoverFigures {
 		}
 	}()
 
-	load := newLoadRun(urls(servers), users, failoverInterval)
+	load := newLoadRun(urls(servers), users, failoverTTL, failoverInterval)
 	loadCtx, stopLoad := context.WithCancel(context.Background())
 	loadDone := make(chan struct{})
 	go func() {
@@ -194,7 +207,22 @@ func runHardFailover(t *testing.T, extraConfig ...string) failoverFigures {
 		if !f.affected[o.user] && !o.answered() {
 			f.healthyUnanswered++
 		}
+		took := o.ret.Sub(o.call)
+		if took > f.slowest.ret.Sub(f.slowest.call) {
+			f.slowest = o
+		}
+		if took > 350*time.Millisecond {
+			f.overDeadline++
+		}
 	}
+	// Slots of the killed master's users granted before the window ended
+	// may vanish (lost acknowledged writes, expiry while away); every other
+	// slot must behave as the cap says.
+	linStart := time.Now()
+	f.lin = linearize.Check(load.history(func(o opRecord) bool {
+		return f.affected[o.user] && o.call.Before(f.windowEnd)
+	}), linearize.Options{})
+	f.linTook = time.Since(linStart)
 
 	// The checks.
 	if f.zcardOver > 0 {
@@ -227,6 +255,13 @@ func runHardFailover(t *testing.T, extraConfig ...string) failoverFigures {
 	}
 	if f.recovered > 15*time.Second {
 		t.Errorf("calls still went unanswered by Redis %v after the kill, want within 15s", f.recovered)
+	}
+	if !f.lin.OK() {
+		t.Errorf("histories not linearizable against the cap, fault window allowed for: illegal for %v, undecided for %v",
+			f.lin.Illegal, f.lin.Undecided)
+		if len(f.lin.Illegal) > 0 {
+			logUserHistory(t, load, f.lin.Illegal[0], f.kill)
+		}
 	}
 	if f.counted != f.degradedSeen {
 		t.Errorf("limiter_acquire_total{outcome=\"degraded\"} summed over the servers = %d, want %d (the degraded grants the clients saw)",

@@ -9,10 +9,12 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/joishi/limiter/internal/linearize"
 	"github.com/joishi/limiter/pkg/httpapi"
 )
 
@@ -114,28 +116,42 @@ type hold struct {
 type loadRun struct {
 	servers  []string // API base URLs
 	users    []loadUser
+	ttl      time.Duration // slot TTL of every plan
 	interval time.Duration // heartbeat interval
-	hc       *http.Client
+	// workers per user; 0: limit+1.
+	workers int
+	// holdMin and holdMax bound how long a worker streams. Default
+	// 0.5s-2.5s.
+	holdMin, holdMax time.Duration
+	hc               *http.Client
+	base             time.Time // the origin of linearize timestamps
 
 	mu    sync.Mutex
 	ops   []opRecord
 	holds []hold
 }
 
-func newLoadRun(servers []string, users []loadUser, interval time.Duration) *loadRun {
+func newLoadRun(servers []string, users []loadUser, ttl, interval time.Duration) *loadRun {
 	return &loadRun{
-		servers: servers, users: users, interval: interval,
-		hc: &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
+		servers: servers, users: users, ttl: ttl, interval: interval,
+		holdMin: 500 * time.Millisecond, holdMax: 2500 * time.Millisecond,
+		hc:   &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
+		base: time.Now(),
 	}
 }
 
-// run starts limit+1 workers per user (so users contend for their slots)
-// and returns once ctx ends and every worker has released what it held.
+// run starts the workers (by default limit+1 per user, so users contend
+// for their slots) and returns once ctx ends and every worker has released
+// what it held.
 func (r *loadRun) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	worker := 0
 	for u, user := range r.users {
-		for range user.limit + 1 {
+		n := r.workers
+		if n == 0 {
+			n = user.limit + 1
+		}
+		for range n {
 			wg.Add(1)
 			go func(w int) {
 				defer wg.Done()
@@ -149,7 +165,7 @@ func (r *loadRun) run(ctx context.Context) {
 }
 
 // work is one worker: acquire a fresh stream id; on a grant, stream for
-// 0.5-2.5s heartbeating every interval, then release (unless told
+// holdMin-holdMax heartbeating every interval, then release (unless told
 // slot_lost); on anything else, back off briefly and try again.
 func (r *loadRun) work(ctx context.Context, u, w int) {
 	for seq := 0; ctx.Err() == nil; seq++ {
@@ -161,7 +177,7 @@ func (r *loadRun) work(ctx context.Context, u, w int) {
 		}
 		h := hold{user: u, stream: stream, start: got.ret, degraded: got.degraded}
 		expires := got.expiresAt
-		end := time.Now().Add(500*time.Millisecond + rand.N(2*time.Second))
+		end := time.Now().Add(r.holdMin + rand.N(r.holdMax-r.holdMin))
 		for !h.lost {
 			next := time.Now().Add(r.interval)
 			if next.After(end) {
@@ -405,6 +421,44 @@ func (r *loadRun) records() []opRecord {
 	return append([]opRecord(nil), r.ops...)
 }
 
+// history returns the run's calls for linearize.Check; fragile marks the
+// calls that ran before the end of a fault window that may lose writes.
+func (r *loadRun) history(fragile func(opRecord) bool) []linearize.Op {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]linearize.Op, len(r.ops))
+	for i, o := range r.ops {
+		user := r.users[o.user]
+		op := linearize.Op{
+			User: user.id, Limit: user.limit, TTL: r.ttl.Nanoseconds(), Stream: o.stream,
+			Call: o.call.Sub(r.base).Nanoseconds(), Return: o.ret.Sub(r.base).Nanoseconds(),
+			Result: linearize.Unknown,
+		}
+		switch o.kind {
+		case opAcquire:
+			op.Kind = linearize.Acquire
+		case opHeartbeat:
+			op.Kind = linearize.Heartbeat
+		case opRelease:
+			op.Kind = linearize.Release
+		}
+		switch {
+		case o.status == http.StatusOK && !o.degraded:
+			op.Result = linearize.No
+			if o.ok {
+				op.Result = linearize.Yes
+			}
+		case o.status == http.StatusTooManyRequests, o.status == http.StatusGone:
+			op.Result = linearize.No
+		}
+		if fragile != nil {
+			op.Fragile = fragile(o)
+		}
+		out[i] = op
+	}
+	return out
+}
+
 // metricSum adds the samples of series over the servers' /metrics.
 func metricSum(t *testing.T, samples []map[string]float64, series func(string) bool) float64 {
 	t.Helper()
@@ -417,4 +471,20 @@ func metricSum(t *testing.T, samples []map[string]float64, series func(string) b
 		}
 	}
 	return sum
+}
+
+// logUserHistory logs every call of user, in call order, times relative to
+// at: what to read when a check fails.
+func logUserHistory(t *testing.T, r *loadRun, user string, at time.Time) {
+	t.Helper()
+	var lines []string
+	for _, o := range r.records() {
+		if r.users[o.user].id != user {
+			continue
+		}
+		lines = append(lines, fmt.Sprintf("%+8dms %+8dms w%-3d %-9s %-8s status %d ok %v degraded %v",
+			o.call.Sub(at).Milliseconds(), o.ret.Sub(at).Milliseconds(), o.worker, o.kind, o.stream, o.status, o.ok, o.degraded))
+	}
+	sort.Strings(lines)
+	t.Logf("calls of %s (ms from the fault):\n%s", user, strings.Join(lines, "\n"))
 }
