@@ -84,11 +84,18 @@ type opRecord struct {
 	ok        bool // granted, alive, released
 	degraded  bool
 	expiresAt time.Time // of a 200 acquire or heartbeat
+	err       string    // why status is 0
+	// cut: the call was cancelled because the run ended; it says nothing
+	// about Redis.
+	cut bool
 }
 
 // answered reports whether the call got a definite answer from Redis: a
-// 200 that is not degraded, a 429 or a 410.
+// 200 that is not degraded, a 429 or a 410 (or was cut by the run's end).
 func (o opRecord) answered() bool {
+	if o.cut {
+		return true
+	}
 	switch o.status {
 	case http.StatusOK:
 		return !o.degraded
@@ -230,7 +237,9 @@ func (r *loadRun) call(ctx context.Context, u, w int, kind opKind, stream string
 	req.Header.Set("Content-Type", "application/json")
 	rec.call = time.Now()
 	resp, err := r.hc.Do(req)
-	if err == nil {
+	if err != nil {
+		rec.err, rec.cut = err.Error(), ctx.Err() != nil
+	} else {
 		rec.status = resp.StatusCode
 		answer, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
@@ -242,8 +251,8 @@ func (r *loadRun) call(ctx context.Context, u, w int, kind opKind, stream string
 				Degraded  bool      `json:"degraded"`
 				ExpiresAt time.Time `json:"expires_at"`
 			}
-			if json.Unmarshal(answer, &out) != nil {
-				rec.status = 0
+			if err := json.Unmarshal(answer, &out); err != nil {
+				rec.status, rec.err = 0, fmt.Sprintf("200 %q: %v", answer, err)
 			}
 			rec.ok = out.Granted || out.Alive || out.Released
 			rec.degraded, rec.expiresAt = out.Degraded, out.ExpiresAt
@@ -369,7 +378,7 @@ func (r *loadRun) degradedAcquires() int {
 
 // callStats are counts of a run's calls by outcome.
 type callStats struct {
-	total, granted, denied, degraded, unavailable, lost, transport, other int
+	total, granted, denied, degraded, unavailable, lost, transport, cut, other int
 }
 
 func (r *loadRun) stats() callStats {
@@ -379,6 +388,8 @@ func (r *loadRun) stats() callStats {
 	for _, o := range r.ops {
 		s.total++
 		switch {
+		case o.cut:
+			s.cut++
 		case o.status == 0:
 			s.transport++
 		case o.status == http.StatusOK && o.degraded:
@@ -399,15 +410,15 @@ func (r *loadRun) stats() callStats {
 	return s
 }
 
-// lastUnanswered returns the return time of the latest call without a
-// definite answer from Redis (degraded, 503, transport error), or the zero
-// time.
-func (r *loadRun) lastUnanswered() time.Time {
+// lastUnanswered returns the return time of the latest call of a user
+// whose plan fails closed (or not) without a definite answer from Redis
+// (degraded, 503, transport error), or the zero time.
+func (r *loadRun) lastUnanswered(closed bool) time.Time {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var last time.Time
 	for _, o := range r.ops {
-		if !o.answered() && o.ret.After(last) {
+		if r.users[o.user].closed == closed && !o.answered() && o.ret.After(last) {
 			last = o.ret
 		}
 	}

@@ -81,6 +81,7 @@ func runServe(ctx context.Context, cfg config.Config, out io.Writer) error {
 		Logger:         logger,
 		Observer:       observer,
 		TracerProvider: tel.TracerProvider,
+		SyncReplicas:   cfg.Redis.SyncReplicas,
 	})
 	adminRoutes, stopAdmin, err := startAdmin(ctx, cfg, lim, logger)
 	if err != nil {

@@ -51,6 +51,9 @@ type Options struct {
 	// limiter.heartbeat, ...), the parent of the Redis client's spans.
 	// Default: no tracing.
 	TracerProvider trace.TracerProvider
+	// SyncReplicas, when > 0, makes each granted acquire wait until that
+	// many replicas have it (see replicaSync). Default 0: off.
+	SyncReplicas int
 }
 
 // Limiter enforces the tiers of a table on slots kept in Redis.
@@ -62,6 +65,8 @@ type Limiter struct {
 	observer Observer
 	degraded degradedLog
 	tracer   trace.Tracer
+
+	syncReplicas int
 }
 
 // New returns a Limiter. It does not touch Redis.
@@ -78,6 +83,7 @@ func New(redis *cluster.Client, table *tiers.Table, opts Options) *Limiter {
 	return &Limiter{
 		redis: redis, tiers: table, keys: opts.Keys, log: opts.Logger,
 		observer: opts.Observer, tracer: opts.TracerProvider.Tracer(tracerName),
+		syncReplicas: opts.SyncReplicas,
 	}
 }
 
