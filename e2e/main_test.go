@@ -44,6 +44,8 @@ func runChild(role string) error {
 	ctx := context.Background()
 	streams := 0
 	switch role {
+	case "holders":
+		return runHolders(ctx)
 	case "leases":
 		// Streams of one user go through different servers, as behind a
 		// load balancer.
@@ -112,6 +114,9 @@ func envInt(name string) int {
 // child is a running application process of the incident.
 type child struct {
 	cmd *exec.Cmd
+	// lines receives what the child prints after READY (buffered; lines
+	// beyond its capacity are dropped).
+	lines chan string
 }
 
 // startChild runs this test binary in role and waits for it to report its
@@ -129,7 +134,7 @@ func startChild(t *testing.T, role string, env ...string) (*child, int) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	c := &child{cmd: cmd}
+	c := &child{cmd: cmd, lines: make(chan string, 1024)}
 	t.Cleanup(c.kill)
 	ready := make(chan int, 1)
 	go func() {
@@ -138,6 +143,11 @@ func startChild(t *testing.T, role string, env ...string) (*child, int) {
 			var n int
 			if _, err := fmt.Sscanf(sc.Text(), "READY %d", &n); err == nil {
 				ready <- n
+				continue
+			}
+			select {
+			case c.lines <- sc.Text():
+			default:
 			}
 		}
 		close(ready)

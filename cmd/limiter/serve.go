@@ -93,6 +93,7 @@ func runServe(ctx context.Context, cfg config.Config, deps serveDeps) error {
 		Logger:         logger,
 		Observer:       observer,
 		TracerProvider: tel.TracerProvider,
+		SyncReplicas:   cfg.Redis.SyncReplicas,
 	})
 	adminRoutes, stopAdmin, err := startAdmin(ctx, cfg, lim, logger)
 	if err != nil {

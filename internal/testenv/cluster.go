@@ -23,6 +23,13 @@ const clusterStartTimeout = 2 * time.Minute
 // if Required, else the test is skipped.
 func StartCluster(t testing.TB) []string {
 	t.Helper()
+	return StartPrivateCluster(t).Addrs
+}
+
+// StartPrivateCluster is StartCluster returning a handle that can also find
+// a key's master and kill nodes (see PrivateCluster).
+func StartPrivateCluster(t testing.TB) *PrivateCluster {
+	t.Helper()
 	redisBinary(t, "redis-server")
 	redisBinary(t, "redis-cli")
 	script := filepath.Join(repoRoot(t), "hack", "redis-cluster.sh")
@@ -56,7 +63,7 @@ func StartCluster(t testing.TB) []string {
 	}
 	for _, line := range strings.Split(stdout.String(), "\n") {
 		if value, ok := strings.CutPrefix(line, "export "+envCluster+"="); ok {
-			return strings.Split(strings.TrimSpace(value), ",")
+			return &PrivateCluster{Addrs: strings.Split(strings.TrimSpace(value), ","), t: t, dir: dir}
 		}
 	}
 	t.Fatalf("%s start printed no %s:\n%s", script, envCluster, stdout.String())

@@ -154,3 +154,16 @@ func mustDo(t *testing.T, addr string, args ...string) string {
 	}
 	return s
 }
+
+func TestKeySlotMatchesRedis(t *testing.T) {
+	addr := Cluster(t)[0]
+	for _, key := range []string{"a", "joishi:streams:{user-1}", "{}x", "x{}{y}", "p:{a}b{c}", "no-tag", "{user 9}"} {
+		reply, err := do(addr, 2*time.Second, "CLUSTER", "KEYSLOT", key)
+		if err != nil {
+			t.Fatalf("CLUSTER KEYSLOT %q: %v", key, err)
+		}
+		if got, want := int64(KeySlot(key)), reply.(int64); got != want {
+			t.Errorf("KeySlot(%q) = %d, want %d (CLUSTER KEYSLOT)", key, got, want)
+		}
+	}
+}

@@ -92,6 +92,14 @@ type Redis struct {
 	// in the load balancer to apply each tier's failureMode. Default false:
 	// readiness ignores Redis.
 	RequiredForReadiness bool `mapstructure:"requiredForReadiness"`
+	// SyncReplicas, when > 0, makes every granted acquire wait (WAIT, on
+	// the connection that ran the script, within the per-call deadline)
+	// until that many replicas of the key's master have the slot, so a
+	// failover cannot lose it. A grant fewer replicas confirm is counted
+	// (limiter_acquire_unsynced_total); Closed plans refuse it (503) and
+	// release the slot, Open plans keep it. Costs a replication round trip
+	// per acquire (BENCHMARKS.md). Default 0: off.
+	SyncReplicas int `mapstructure:"syncReplicas"`
 }
 
 // TLS of the Redis connections.

@@ -143,6 +143,12 @@ func (c Config) validateRedis(v *validator) {
 	if r.ShardsRefreshInterval <= 0 {
 		v.add("redis.shardsRefreshInterval", "must be > 0", r.ShardsRefreshInterval.String())
 	}
+	switch {
+	case r.SyncReplicas < 0:
+		v.add("redis.syncReplicas", "must be >= 0 (0: acquires do not wait for replicas)", strconv.Itoa(r.SyncReplicas))
+	case r.SyncReplicas > 0 && len(r.Addrs) == 0:
+		v.add("redis.syncReplicas", "requires redis.addrs (the embedded store has no replicas)", strconv.Itoa(r.SyncReplicas))
+	}
 	if r.KeyPrefix == "" {
 		v.add("redis.keyPrefix", "must not be empty", "")
 	} else if err := keys.ValidateKeyPrefix(r.KeyPrefix); err != nil {

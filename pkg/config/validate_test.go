@@ -38,6 +38,8 @@ func TestInvalidValuesNameTheirKey(t *testing.T) {
 		{"a redis timeout that defeats failing open", "redis.timeout", map[string]string{"LIMITER_REDIS_TIMEOUT": "1m"}, "got 1m0s"},
 		{"a redis timeout that is not a duration", "redis.timeout", map[string]string{"LIMITER_REDIS_TIMEOUT": "fast"}, `"fast" is not a duration`},
 		{"a zero shards refresh interval", "redis.shardsRefreshInterval", map[string]string{"LIMITER_REDIS_SHARDSREFRESHINTERVAL": "0s"}, "must be > 0"},
+		{"a negative replica count to wait for", "redis.syncReplicas", map[string]string{"LIMITER_REDIS_ADDRS": "r:6379", "LIMITER_REDIS_SYNCREPLICAS": "-1"}, "redis.syncReplicas: must be >= 0 (0: acquires do not wait for replicas) (env LIMITER_REDIS_SYNCREPLICAS), got -1"},
+		{"replicas to wait for on the embedded store", "redis.syncReplicas", map[string]string{"LIMITER_REDIS_SYNCREPLICAS": "1"}, "requires redis.addrs"},
 		{"a key prefix with a brace", "redis.keyPrefix", map[string]string{"LIMITER_REDIS_KEYPREFIX": "a{b"}, "must not contain '{' or '}'"},
 		{"a missing password file", "redis.passwordFile", map[string]string{"LIMITER_REDIS_ADDRS": "r:6379", "LIMITER_REDIS_PASSWORDFILE": absent}, "must name a readable file"},
 		{"a password on the embedded store", "redis.passwordFile", map[string]string{"LIMITER_REDIS_PASSWORDFILE": absent}, "requires redis.addrs"},

@@ -40,6 +40,9 @@ type AcquireResult struct {
 	// Degraded: Redis did not answer and the tier fails open, so the slot
 	// was granted without being counted.
 	Degraded bool
+	// Unsynced: fewer replicas than Options.SyncReplicas confirmed the
+	// grant; it stands on Open plans and was refused on Closed ones.
+	Unsynced bool
 	// Tier is the tier the request was judged by.
 	Tier tiers.Tier
 }
@@ -75,7 +78,9 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	}
 
 	var got lua.Acquired
+	var replicas *replicaSync
 	err = l.do(ctx, "acquire", func(ctx context.Context, c rueidis.Client) (err error) {
+		c, replicas = l.synced(c)
 		got, err = lua.Acquire(ctx, c, key, req.StreamID, tier.MaxConcurrentStreams, tier.SlotTTL)
 		return err
 	})
@@ -97,6 +102,9 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	}
 	if got.Granted {
 		res.ExpiresAt = msTime(got.ExpiresAtMs)
+		if err := l.confirmGrant(ctx, replicas, tier, key, &res); err != nil {
+			return res, tier, err
+		}
 	} else {
 		res.RetryAfter = time.Duration(got.RetryAfterMs) * time.Millisecond
 	}

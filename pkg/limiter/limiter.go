@@ -52,6 +52,9 @@ type Options struct {
 	// limiter.heartbeat, ...), the parent of the Redis client's spans.
 	// Default: no tracing.
 	TracerProvider trace.TracerProvider
+	// SyncReplicas, when > 0, makes each granted acquire wait until that
+	// many replicas have it (see replicaSync). Default 0: off.
+	SyncReplicas int
 }
 
 // Limiter enforces the tiers of a table on slots kept in Redis.
@@ -63,6 +66,8 @@ type Limiter struct {
 	observer Observer
 	degraded *ratelog.Logger
 	tracer   trace.Tracer
+
+	syncReplicas int
 }
 
 // New returns a Limiter. It does not touch Redis.
@@ -79,7 +84,8 @@ func New(redis *cluster.Client, table *tiers.Table, opts Options) *Limiter {
 	return &Limiter{
 		redis: redis, tiers: table, keys: opts.Keys, log: opts.Logger,
 		observer: opts.Observer, tracer: opts.TracerProvider.Tracer(tracerName),
-		degraded: ratelog.New(opts.Logger, degradedLogEvery),
+		degraded:     ratelog.New(opts.Logger, degradedLogEvery),
+		syncReplicas: opts.SyncReplicas,
 	}
 }
 

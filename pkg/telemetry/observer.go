@@ -37,6 +37,7 @@ var (
 // operation; never a user id.
 type Observer struct {
 	acquires  metric.Int64Counter
+	unsynced  metric.Int64Counter
 	used      metric.Int64Histogram
 	reclaimed metric.Int64Counter
 	beats     metric.Int64Counter
@@ -101,7 +102,7 @@ var _ limiter.Observer = (*Observer)(nil)
 func NewObserver(mp metric.MeterProvider, table *tiers.Table) (*Observer, error) {
 	m := mp.Meter(meterName)
 	var o Observer
-	var errs [7]error
+	var errs [8]error
 	o.acquires, errs[0] = m.Int64Counter("limiter.acquire", metric.WithUnit("{acquire}"),
 		metric.WithDescription("Acquires by plan and outcome: granted, limited (429), degraded (granted uncounted: Redis down, fail-open), unavailable (503: Redis down, fail-closed)."))
 	o.used, errs[1] = m.Int64Histogram("limiter.slots.used", metric.WithUnit("{slot}"),
@@ -116,6 +117,8 @@ func NewObserver(mp metric.MeterProvider, table *tiers.Table) (*Observer, error)
 	o.redis, errs[5] = m.Float64Histogram("limiter.redis.duration", metric.WithUnit("s"),
 		metric.WithDescription("Round trips to Redis by limiter operation, failures and timeouts included."),
 		metric.WithExplicitBucketBoundaries(redisBuckets...))
+	o.unsynced, errs[7] = m.Int64Counter("limiter.acquire.unsynced", metric.WithUnit("{acquire}"),
+		metric.WithDescription("Grants fewer replicas than redis.syncReplicas confirmed in time, by plan: kept on Open plans, refused (503) and released on Closed ones."))
 	if table != nil {
 		_, errs[6] = m.Int64ObservableGauge("limiter.tiers", metric.WithUnit("{tier}"),
 			metric.WithDescription("Tiers in the table this replica enforces."),
@@ -133,6 +136,9 @@ func NewObserver(mp metric.MeterProvider, table *tiers.Table) (*Observer, error)
 // Acquired counts one acquire. Requests refused before they reached a tier
 // (invalid ids, unknown plan) and abandoned by their caller are not counted.
 func (o *Observer) Acquired(ctx context.Context, tier tiers.Tier, res limiter.AcquireResult, err error) {
+	if res.Unsynced {
+		o.unsynced.Add(ctx, 1, o.planLabels(tier.Plan).plan)
+	}
 	var outcome string
 	switch {
 	case errors.Is(err, limiter.ErrUnavailable):
