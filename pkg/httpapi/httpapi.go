@@ -124,6 +124,11 @@ type Error struct {
 	Used         *int   `json:"used,omitempty"`
 	Limit        *int   `json:"limit,omitempty"`
 	RetryAfterMs *int64 `json:"retry_after_ms,omitempty"`
+	// StreamID is set on an acquire's limiter_unavailable: the stream id
+	// the acquire was sent to Redis under (the caller's, or the one the
+	// server chose). Redis may have taken the slot with only its answer
+	// lost, so retry under this id, or release it.
+	StreamID string `json:"stream_id,omitempty"`
 }
 
 // Error codes.

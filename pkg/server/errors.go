@@ -52,6 +52,12 @@ func apiError(err error) (int, httpapi.Error) {
 
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	status, e := apiError(err)
+	s.answerError(w, r, err, status, e)
+}
+
+// answerError logs a failure of the service itself and answers e, the
+// mapping of err (see apiError), with status.
+func (s *Server) answerError(w http.ResponseWriter, r *http.Request, err error, status int, e httpapi.Error) {
 	switch {
 	case status == http.StatusInternalServerError:
 		s.log.ErrorContext(r.Context(), "request failed", "path", r.URL.Path, "status", status, "err", err)
