@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/joishi/limiter/pkg/keys"
 )
 
 // embeddedStore is an in-process Redis-compatible server. It runs the same
@@ -23,7 +24,8 @@ type embeddedStore struct {
 // sweepAfter ago is deleted. Slot expiry never depends on this (scripts
 // compare scores with TIME); the sweep only bounds memory, and it is later
 // than Redis's own key expiry, so pruned slots are still counted first.
-// (Slots expired that long are removed one by one; an emptied key goes.)
+// (Slots expired that long are removed one by one, with their records; an
+// emptied key goes.)
 const (
 	sweepEvery = time.Minute
 	sweepAfter = 24 * time.Hour
@@ -65,10 +67,16 @@ func (s *embeddedStore) sweep(now time.Time) {
 		}
 		// Member by member, never the whole key: an acquire between the
 		// read and the delete must not lose the slot it just added.
+		records := keys.SlotRecords(key)
 		for member, score := range members {
 			if score < cutoff {
 				_, _ = s.server.ZRem(key, member)
+				s.server.HDel(records, member)
 			}
+		}
+		// miniredis keeps a hash emptied field by field; Redis would not.
+		if fields, err := s.server.HKeys(records); err == nil && len(fields) == 0 {
+			s.server.Del(records)
 		}
 	}
 }

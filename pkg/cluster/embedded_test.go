@@ -3,6 +3,8 @@ package cluster
 import (
 	"testing"
 	"time"
+
+	"github.com/joishi/limiter/pkg/keys"
 )
 
 func TestEmbeddedSweepDropsOnlyLongAbandonedKeys(t *testing.T) {
@@ -19,6 +21,8 @@ func TestEmbeddedSweepDropsOnlyLongAbandonedKeys(t *testing.T) {
 	_, _ = store.server.ZAdd("mixed", old, "s1")
 	_, _ = store.server.ZAdd("mixed", float64(now.Add(time.Minute).UnixMilli()), "s2")
 	_ = store.server.Set("not-a-zset", "x")
+	store.server.HSet(keys.SlotRecords("abandoned"), "s1", "120000")
+	store.server.HSet(keys.SlotRecords("mixed"), "s1", "120000", "s2", "120000")
 
 	store.sweep(now)
 
@@ -27,6 +31,12 @@ func TestEmbeddedSweepDropsOnlyLongAbandonedKeys(t *testing.T) {
 	}
 	if members, _ := store.server.SortedSet("mixed"); len(members) != 1 || members["s2"] == 0 {
 		t.Errorf("mixed after the sweep = %v, want only the live slot s2", members)
+	}
+	if store.server.Exists(keys.SlotRecords("abandoned")) {
+		t.Error("the records of a swept key survived the sweep")
+	}
+	if fields, _ := store.server.HKeys(keys.SlotRecords("mixed")); len(fields) != 1 || fields[0] != "s2" {
+		t.Errorf("records of mixed after the sweep = %v, want only the live slot's s2", fields)
 	}
 	for _, key := range []string{"expired-recently", "mixed", "not-a-zset"} {
 		if !store.server.Exists(key) {

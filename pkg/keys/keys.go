@@ -114,6 +114,19 @@ func (k Schema) UserKey(userID string) (string, error) {
 	return prefix + "{" + userID + "}", nil
 }
 
+// slotRecordsSuffix follows a user key to name its slot records.
+const slotRecordsSuffix = ":meta"
+
+// SlotRecords returns the key of the hash holding the record of each slot
+// of userKey (a key UserKey returned): <prefix>{<userID>}:meta, under the
+// same hash tag, so one script reaches both in one cluster slot. Field:
+// the stream id. Value: the slot's record, which starts with the slot's
+// TTL in ms in decimal digits; any later fields follow a ';', and readers
+// that need only the TTL parse the leading digits. The scripts write a
+// record with its slot, remove it with its slot, and give the hash the
+// sorted set's expiry, so no record outlives its slot past that.
+func SlotRecords(userKey string) string { return userKey + slotRecordsSuffix }
+
 // Audit returns the key of the capped stream of admin audit records.
 func (k Schema) Audit() string {
 	prefix := k.Prefix

@@ -74,6 +74,9 @@ func TestSchemaUserKey(t *testing.T) {
 	if _, err := (Schema{}).UserKey("a}b"); !errors.Is(err, ErrInvalidUserID) {
 		t.Fatalf("UserKey(a}b) error = %v, want ErrInvalidUserID", err)
 	}
+	if got := SlotRecords("x:{u1}"); got != "x:{u1}:meta" || hashTag(got) != "u1" {
+		t.Fatalf("SlotRecords(x:{u1}) = %q, want x:{u1}:meta, hashed like u1", got)
+	}
 	if err := ValidateKeyPrefix("bad{"); err == nil {
 		t.Fatal("ValidateKeyPrefix(bad{) = nil, want an error")
 	}

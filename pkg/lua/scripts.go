@@ -1,8 +1,10 @@
 // Package lua holds the limiter's Redis scripts and their typed wrappers.
 // Each script is a .lua file with a contract header; each is built once as a
 // package-level rueidis.Lua (EVALSHA with a NOSCRIPT fallback to EVAL).
-// Every script touches exactly one key, so it never straddles cluster slots,
-// and is safe to run twice with the same arguments, so all are retryable.
+// Every script touches one user's keys only (the sorted set of slots and
+// the hash of their records, under the user's hash tag), so it never
+// straddles cluster slots, and is safe to run twice with the same
+// arguments, so all are retryable.
 package lua
 
 import (
