@@ -75,7 +75,7 @@ func newSlowReal(t *testing.T) *slowLimiter {
 	if _, err := s.lim.Acquire(ctx, limiter.AcquireRequest{UserID: "warm-up", Plan: "free"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.lim.ReleaseAll(ctx, "warm-up"); err != nil {
+	if _, err := s.lim.ReleaseAll(ctx, "warm-up", "warm-up"); err != nil {
 		t.Fatal(err)
 	}
 	return s

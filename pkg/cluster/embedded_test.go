@@ -44,3 +44,33 @@ func TestEmbeddedSweepDropsOnlyLongAbandonedKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestEmbeddedSweepDropsReleasedAnswers: release_all keeps each call's
+// answer for a minute, which miniredis would keep for ever; the sweep
+// drops an answer it already saw one sweep earlier.
+func TestEmbeddedSweepDropsReleasedAnswers(t *testing.T) {
+	store, err := startEmbedded()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.close()
+	answer, err := keys.ReleasedAnswer("p:{u}", "3f2a9c1e5b7d4a60")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = store.server.Set(answer, "0 a b")
+	_ = store.server.Set("p:{a:released:b}", "not an answer")
+	now := time.Now()
+
+	store.sweep(now)
+	if !store.server.Exists(answer) {
+		t.Fatal("the first sweep to see an answer dropped it; it may be less than a minute old")
+	}
+	store.sweep(now.Add(sweepEvery))
+	if store.server.Exists(answer) {
+		t.Error("an answer seen by the previous sweep survived the next")
+	}
+	if !store.server.Exists("p:{a:released:b}") {
+		t.Error("the sweep dropped a key that only looks like an answer inside its hash tag")
+	}
+}

@@ -140,6 +140,7 @@ const (
 	CodeStreamLimitReached = "stream_limit_reached" // 429, with Retry-After
 	CodeSlotLost           = "slot_lost"            // 410
 	CodeUnavailable        = "limiter_unavailable"  // 503
+	CodeOutcomeUnknown     = "outcome_unknown"      // 503 (admin release): sent to Redis, no answer came back
 	CodeNotFound           = "not_found"            // 404
 	CodeMethodNotAllowed   = "method_not_allowed"   // 405
 	CodeUnauthorized       = "unauthorized"         // 401

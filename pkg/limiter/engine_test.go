@@ -234,7 +234,7 @@ func TestReleaseIsIdempotentAndReleaseAllEmptiesTheSet(t *testing.T) {
 		for _, s := range []string{"x", "y", "z"} {
 			e.acquire(t, user, "three", s)
 		}
-		ids, err := e.lim.ReleaseAll(ctx, user)
+		ids, err := e.lim.ReleaseAll(ctx, user, newAuditID())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -249,7 +249,7 @@ func TestReleaseIsIdempotentAndReleaseAllEmptiesTheSet(t *testing.T) {
 		if err != nil || slots.Used != 0 {
 			t.Errorf("Slots after ReleaseAll = %+v, %v; want used 0", slots, err)
 		}
-		if again, err := e.lim.ReleaseAll(ctx, user); err != nil || len(again) != 0 {
+		if again, err := e.lim.ReleaseAll(ctx, user, newAuditID()); err != nil || len(again) != 0 {
 			t.Errorf("second ReleaseAll = %v, %v; want none and no error", again, err)
 		}
 	})

@@ -139,7 +139,7 @@ func TestNoRecordOutlivesItsSlot(t *testing.T) {
 				}
 			}},
 			{"a release_all", 0, func(user string) {
-				if ids, err := e.lim.ReleaseAll(ctx, user); err != nil || len(ids) != 2 {
+				if ids, err := e.lim.ReleaseAll(ctx, user, newAuditID()); err != nil || len(ids) != 2 {
 					t.Fatalf("ReleaseAll: got %v, %v; want 2 released", ids, err)
 				}
 			}},

@@ -127,10 +127,13 @@ func Release(ctx context.Context, c rueidis.Client, key, streamID string) (relea
 	return vals[0] == 1, int(vals[1]), nil
 }
 
-// ReleaseAll runs the release_all script. It returns the live slots'
-// stream ids it released, and how many expired slots it removed.
-func ReleaseAll(ctx context.Context, c rueidis.Client, key string) (ids []string, pruned int, err error) {
-	arr, err := releaseAllScript.Exec(ctx, c, userKeys(key), nil).ToArray()
+// ReleaseAll runs the release_all script on key (a keys.Schema.UserKey)
+// and its slot records. It returns the live slots' stream ids it
+// released, and how many expired slots it removed. answer (a
+// keys.ReleasedAnswer) keeps that answer for keep, and a run under the
+// same answer key within keep returns it again, releasing nothing more.
+func ReleaseAll(ctx context.Context, c rueidis.Client, key, answer string, keep time.Duration) (ids []string, pruned int, err error) {
+	arr, err := releaseAllScript.Exec(ctx, c, append(userKeys(key), answer), []string{ms(keep)}).ToArray()
 	if err != nil {
 		return nil, 0, err
 	}
