@@ -112,7 +112,8 @@ func TestEveryRouteThroughServe(t *testing.T) {
 				{name: "an unknown plan is 422", method: "POST", path: httpapi.PathAcquire, body: `{"user_id":"u","plan":"gold"}`, status: 422, code: httpapi.CodeUnknownPlan},
 				{name: "heartbeat keeps a held slot", method: "POST", path: httpapi.PathHeartbeat, body: slot, status: 200},
 				{name: "heartbeat on a missing slot is 410", method: "POST", path: httpapi.PathHeartbeat, body: `{"user_id":"` + user + `","plan":"one","stream_id":"nope"}`, status: 410, code: httpapi.CodeSlotLost},
-				{name: "heartbeat on an unknown plan is 422", method: "POST", path: httpapi.PathHeartbeat, body: `{"user_id":"u","plan":"gold","stream_id":"s"}`, status: 422, code: httpapi.CodeUnknownPlan},
+				{name: "heartbeat naming an unknown plan keeps a held slot by its own TTL", method: "POST", path: httpapi.PathHeartbeat, body: `{"user_id":"` + user + `","plan":"gold","stream_id":"s1"}`, status: 200},
+				{name: "heartbeat naming an unknown plan on a missing slot is 410", method: "POST", path: httpapi.PathHeartbeat, body: `{"user_id":"u","plan":"gold","stream_id":"s"}`, status: 410, code: httpapi.CodeSlotLost},
 				{name: "a batch answers each slot in order", method: "POST", path: httpapi.PathHeartbeats,
 					body: `{"slots":[` + slot + `,{"user_id":"` + user + `","plan":"one","stream_id":"nope"},{"user_id":"a b","plan":"one","stream_id":"s"}]}`, invalid: true, status: 200,
 					check: func(t *testing.T, _ http.Header, body []byte) {

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"bytes"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -16,11 +17,19 @@ type Proxy struct {
 	target string
 	holed  atomic.Bool
 	delay  atomic.Int64 // nanoseconds added before forwarding each read
+	drops  atomic.Int64 // script calls left whose reply is dropped (DropReplies)
 	mu     sync.Mutex
 	conns  []net.Conn
 	wg     sync.WaitGroup
 
 	accepted atomic.Int64 // connections accepted from clients
+}
+
+// link is one proxied connection: the client's and the target's ends.
+type link struct {
+	client, server net.Conn
+	// dropReply: a script call was forwarded whose reply must not be.
+	dropReply atomic.Bool
 }
 
 // StartProxy listens on a free loopback port and forwards to target until
@@ -50,6 +59,13 @@ func (p *Proxy) SetLatency(d time.Duration) { p.delay.Store(int64(d)) }
 // Accepted returns how many connections clients have opened through the
 // proxy so far, black-holed ones included: a rise shows a client redialling.
 func (p *Proxy) Accepted() int { return int(p.accepted.Load()) }
+
+// DropReplies makes the next n script calls (a chunk from a client holding
+// EVAL or EVALSHA, as Redis clients send them) reach the target, and then
+// closes both ends of that connection instead of relaying the reply: the
+// call ran, its answer is lost, and the client sees the connection drop.
+// Other traffic (handshakes, PINGs) passes.
+func (p *Proxy) DropReplies(n int) { p.drops.Store(int64(n)) }
 
 // Restore drops every connection (their data is lost, as after a network
 // partition) and forwards new ones again.
@@ -81,9 +97,10 @@ func (p *Proxy) accept() {
 			continue
 		}
 		p.track(server)
+		l := &link{client: client, server: server}
 		p.wg.Add(2)
-		go p.pipe(server, client)
-		go p.pipe(client, server)
+		go p.pipe(l, server, client)
+		go p.pipe(l, client, server)
 	}
 }
 
@@ -93,9 +110,10 @@ func (p *Proxy) track(c net.Conn) {
 	p.mu.Unlock()
 }
 
-// pipe copies src to dst until either closes. While the proxy is holed it
-// swallows what it reads: nothing reaches the other side, nothing answers.
-func (p *Proxy) pipe(dst, src net.Conn) {
+// pipe copies src to dst, one direction of l, until either closes. While
+// the proxy is holed it swallows what it reads: nothing reaches the other
+// side, nothing answers.
+func (p *Proxy) pipe(l *link, dst, src net.Conn) {
 	defer p.wg.Done()
 	defer dst.Close()
 	buf := make([]byte, 32<<10)
@@ -104,6 +122,14 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 		if d := time.Duration(p.delay.Load()); n > 0 && d > 0 {
 			time.Sleep(d)
 		}
+		if n > 0 && src == l.server && l.dropReply.Load() {
+			l.client.Close()
+			l.server.Close()
+			return
+		}
+		if n > 0 && src == l.client && p.takeDrop(buf[:n]) {
+			l.dropReply.Store(true)
+		}
 		if n > 0 && !p.holed.Load() {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
@@ -111,6 +137,23 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 		}
 		if err != nil {
 			return
+		}
+	}
+}
+
+// takeDrop reports whether chunk is a script call whose reply DropReplies
+// asked to drop, and counts it.
+func (p *Proxy) takeDrop(chunk []byte) bool {
+	if !bytes.Contains(chunk, []byte("EVAL")) {
+		return false
+	}
+	for {
+		left := p.drops.Load()
+		if left <= 0 {
+			return false
+		}
+		if p.drops.CompareAndSwap(left, left-1) {
+			return true
 		}
 	}
 }

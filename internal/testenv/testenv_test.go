@@ -167,3 +167,24 @@ func TestKeySlotMatchesRedis(t *testing.T) {
 		}
 	}
 }
+
+func TestProxyDropRepliesRunsTheCallAndLosesItsAnswer(t *testing.T) {
+	t.Parallel()
+	srv := StartRedis(t)
+	proxy := StartProxy(t, srv.Addr())
+	const incr = "return redis.call('INCR', KEYS[1])"
+	proxy.DropReplies(1)
+
+	if reply, err := do(proxy.Addr(), 2*time.Second, "PING"); err != nil || reply != "PONG" {
+		t.Fatalf("PING through the proxy while a drop is armed: got %v, %v; want PONG (only script calls drop)", reply, err)
+	}
+	if reply, err := do(proxy.Addr(), 2*time.Second, "EVAL", incr, "1", "k"); err == nil {
+		t.Fatalf("EVAL through the proxy: got reply %v, want the connection dropped", reply)
+	}
+	if got := mustDo(t, srv.Addr(), "GET", "k"); got != "1" {
+		t.Fatalf("GET k after the dropped EVAL: got %q, want 1 (the call ran)", got)
+	}
+	if reply, err := do(proxy.Addr(), 2*time.Second, "EVAL", incr, "1", "k"); err != nil || reply != int64(2) {
+		t.Fatalf("EVAL after the one drop: got %v, %v; want 2", reply, err)
+	}
+}

@@ -7,14 +7,16 @@ import (
 	"time"
 
 	"github.com/joishi/limiter/pkg/httpapi"
+	"github.com/joishi/limiter/pkg/keys"
 )
 
 // An AcquireOption adjusts one Acquire.
 type AcquireOption func(*httpapi.AcquireRequest)
 
 // WithStreamID names the slot (1-128 characters of [A-Za-z0-9._:-]).
-// Default: the limiter makes a random id. Naming it makes a retried Acquire
-// idempotent: the same slot is extended rather than a second one taken.
+// Default: the client makes a random 128-bit id. Naming it makes a
+// retried Acquire idempotent: the same slot is extended rather than a
+// second one taken.
 func WithStreamID(id string) AcquireOption {
 	return func(r *httpapi.AcquireRequest) { r.StreamID = id }
 }
@@ -23,7 +25,13 @@ func WithStreamID(id string) AcquireOption {
 // it is released or lost. Errors: an *Error matching ErrLimitReached (with
 // Used, Limit, RetryAfter), ErrUnknownPlan, ErrInvalid or ErrUnavailable;
 // ErrUnavailable also when the limiter cannot be reached; ErrClosed after
-// Close. Acquire does not retry; retry with WithStreamID to stay idempotent.
+// Close.
+//
+// Every acquire is sent under a stream id of the client's own (or the one
+// of WithStreamID), so that an attempt whose answer is lost can be told
+// apart: Acquire retries it under the same id and, when it gives up,
+// releases that id (see WithAcquireRetries). A refusal (429, 4xx) is never
+// retried.
 //
 // A grant made while the limiter could not reach Redis (a tier failing
 // open) is a Lease with Degraded true. Acquiring a stream id this Client
@@ -36,7 +44,10 @@ func (c *Client) Acquire(ctx context.Context, userID, plan string, opts ...Acqui
 	for _, opt := range opts {
 		opt(&req)
 	}
-	out, err := c.acquire(ctx, req)
+	if req.StreamID == "" {
+		req.StreamID = keys.NewStreamID()
+	}
+	out, err := c.acquireRetrying(ctx, req)
 	if err != nil {
 		return nil, err
 	}

@@ -28,6 +28,11 @@ type Client struct {
 	ownHTTP  bool
 	log      *slog.Logger
 	interval time.Duration // fixed heartbeat interval; 0: from the leases
+	retries  int           // of an unanswered acquire
+
+	// releasing counts the background releases of unanswered acquires
+	// (see releaseUnanswered); Close waits for them.
+	releasing sync.WaitGroup
 
 	mu     sync.Mutex
 	leases map[leaseKey]*Lease
@@ -71,6 +76,7 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 		intervals: make(map[time.Duration]int),
 		wake:      make(chan struct{}, 1),
 		loopDone:  make(chan struct{}),
+		retries:   *cfg.acquireRetries,
 	}
 	c.loopCtx, c.stopLoop = context.WithCancel(context.Background())
 	go c.heartbeatLoop()
@@ -80,9 +86,10 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 // Close stops the heartbeat goroutine and releases every lease the client
 // still holds, in parallel, as far as ctx allows (a lease it cannot release
 // expires on the server after its TTL). Those leases' Lost channels close
-// with Err ErrClosed. Acquire fails with ErrClosed afterwards. Close reports
-// how many releases failed, wrapping the first failure; calling it again
-// returns the same.
+// with Err ErrClosed. Acquire fails with ErrClosed afterwards. Close also
+// waits, as far as ctx allows, for the releases of acquires given up after
+// their ctx ended. It reports how many lease releases failed, wrapping the
+// first failure; calling it again returns the same.
 func (c *Client) Close(ctx context.Context) error {
 	c.closeOnce.Do(func() {
 		c.mu.Lock()
@@ -103,6 +110,7 @@ func (c *Client) Close(ctx context.Context) error {
 			errs[i] = held[i].release(ctx)
 			held[i].markLost(ErrClosed)
 		})
+		waitFor(ctx, &c.releasing)
 		if c.ownHTTP {
 			c.api.http.CloseIdleConnections()
 		}
@@ -211,6 +219,19 @@ func summarize(errs []error) error {
 		return nil
 	}
 	return fmt.Errorf("limiter client: releasing %d of %d leases failed (they expire after their TTL); first: %w", failed, len(errs), first)
+}
+
+// waitFor waits for wg until ctx ends.
+func waitFor(ctx context.Context, wg *sync.WaitGroup) {
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
 }
 
 // forEach runs fn(0..n-1) on at most limit goroutines and waits for them.

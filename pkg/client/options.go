@@ -12,6 +12,9 @@ import (
 const (
 	// DefaultRequestTimeout bounds each HTTP call the client makes.
 	DefaultRequestTimeout = 5 * time.Second
+	// DefaultAcquireRetries is how many times Acquire sends an unanswered
+	// acquire again (see WithAcquireRetries).
+	DefaultAcquireRetries = 2
 	// fallbackHeartbeatInterval applies when an acquire answer names
 	// neither a heartbeat interval nor a TTL (it always should).
 	fallbackHeartbeatInterval = 10 * time.Second
@@ -26,6 +29,7 @@ type config struct {
 	logger         *slog.Logger
 	interval       time.Duration
 	requestTimeout time.Duration
+	acquireRetries *int
 }
 
 // WithHTTPClient makes the client send its requests with hc. The client
@@ -107,6 +111,25 @@ func WithRequestTimeout(d time.Duration) Option {
 	}
 }
 
+// WithAcquireRetries sets how many times Acquire sends an acquire again,
+// under the same stream id, after an attempt went unanswered: a transport
+// failure, the request timeout, or 503 limiter_unavailable. Such an
+// attempt may have taken the slot in Redis with only its answer lost; the
+// retry is then granted that slot, not a second one. Between attempts it
+// waits the answer's Retry-After, else 200ms doubling up to 2s, with
+// jitter, and never past ctx. When Acquire gives up, it releases the
+// stream id so that a slot a lost attempt took does not count against the
+// user for a whole TTL. 0 disables retrying, not the release. Default 2.
+func WithAcquireRetries(n int) Option {
+	return func(c *config) error {
+		if n < 0 {
+			return fmt.Errorf("WithAcquireRetries: retries must be >= 0, got %d", n)
+		}
+		c.acquireRetries = &n
+		return nil
+	}
+}
+
 // build applies the defaults and the transport wrappers. owned reports
 // whether the HTTP client is the client's own (so Close may close its idle
 // connections).
@@ -116,6 +139,10 @@ func (c *config) build() (hc *http.Client, owned bool) {
 	}
 	if c.requestTimeout == 0 {
 		c.requestTimeout = DefaultRequestTimeout
+	}
+	if c.acquireRetries == nil {
+		n := DefaultAcquireRetries
+		c.acquireRetries = &n
 	}
 	hc, owned = c.httpClient, c.httpClient == nil
 	if owned {

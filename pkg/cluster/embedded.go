@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/joishi/limiter/pkg/keys"
 )
 
 // embeddedStore is an in-process Redis-compatible server. It runs the same
@@ -14,6 +15,9 @@ type embeddedStore struct {
 	server *miniredis.Miniredis
 	stop   chan struct{}
 	done   chan struct{}
+	// answers are the release_all answers the last sweep found; the next
+	// one drops them (the sweep goroutine's alone).
+	answers map[string]bool
 }
 
 // sweepEvery is how often the embedded store drops abandoned slot keys.
@@ -23,7 +27,9 @@ type embeddedStore struct {
 // sweepAfter ago is deleted. Slot expiry never depends on this (scripts
 // compare scores with TIME); the sweep only bounds memory, and it is later
 // than Redis's own key expiry, so pruned slots are still counted first.
-// (Slots expired that long are removed one by one; an emptied key goes.)
+// (Slots expired that long are removed one by one, with their records; an
+// emptied key goes.) The answers release_all keeps for a minute go at the
+// sweep after the one that first found them.
 const (
 	sweepEvery = time.Minute
 	sweepAfter = 24 * time.Hour
@@ -55,21 +61,43 @@ func (s *embeddedStore) sweepLoop() {
 
 func (s *embeddedStore) sweep(now time.Time) {
 	cutoff := float64(now.Add(-sweepAfter).UnixMilli())
+	answers := map[string]bool{}
 	for _, key := range s.server.Keys() {
-		if s.server.Type(key) != "zset" {
-			continue
-		}
-		members, err := s.server.SortedSet(key)
-		if err != nil {
-			continue
-		}
-		// Member by member, never the whole key: an acquire between the
-		// read and the delete must not lose the slot it just added.
-		for member, score := range members {
-			if score < cutoff {
-				_, _ = s.server.ZRem(key, member)
+		switch s.server.Type(key) {
+		case "zset":
+			s.sweepSlots(key, cutoff)
+		case "string":
+			switch {
+			case !keys.IsReleasedAnswer(key):
+			case s.answers[key]:
+				s.server.Del(key)
+			default:
+				answers[key] = true
 			}
 		}
+	}
+	s.answers = answers
+}
+
+// sweepSlots removes the slots of key that expired before cutoff, and
+// their records.
+func (s *embeddedStore) sweepSlots(key string, cutoff float64) {
+	members, err := s.server.SortedSet(key)
+	if err != nil {
+		return
+	}
+	// Member by member, never the whole key: an acquire between the read
+	// and the delete must not lose the slot it just added.
+	records := keys.SlotRecords(key)
+	for member, score := range members {
+		if score < cutoff {
+			_, _ = s.server.ZRem(key, member)
+			s.server.HDel(records, member)
+		}
+	}
+	// miniredis keeps a hash emptied field by field; Redis would not.
+	if fields, err := s.server.HKeys(records); err == nil && len(fields) == 0 {
+		s.server.Del(records)
 	}
 }
 

@@ -3,6 +3,8 @@ package cluster
 import (
 	"testing"
 	"time"
+
+	"github.com/joishi/limiter/pkg/keys"
 )
 
 func TestEmbeddedSweepDropsOnlyLongAbandonedKeys(t *testing.T) {
@@ -19,6 +21,8 @@ func TestEmbeddedSweepDropsOnlyLongAbandonedKeys(t *testing.T) {
 	_, _ = store.server.ZAdd("mixed", old, "s1")
 	_, _ = store.server.ZAdd("mixed", float64(now.Add(time.Minute).UnixMilli()), "s2")
 	_ = store.server.Set("not-a-zset", "x")
+	store.server.HSet(keys.SlotRecords("abandoned"), "s1", "120000")
+	store.server.HSet(keys.SlotRecords("mixed"), "s1", "120000", "s2", "120000")
 
 	store.sweep(now)
 
@@ -28,9 +32,45 @@ func TestEmbeddedSweepDropsOnlyLongAbandonedKeys(t *testing.T) {
 	if members, _ := store.server.SortedSet("mixed"); len(members) != 1 || members["s2"] == 0 {
 		t.Errorf("mixed after the sweep = %v, want only the live slot s2", members)
 	}
+	if store.server.Exists(keys.SlotRecords("abandoned")) {
+		t.Error("the records of a swept key survived the sweep")
+	}
+	if fields, _ := store.server.HKeys(keys.SlotRecords("mixed")); len(fields) != 1 || fields[0] != "s2" {
+		t.Errorf("records of mixed after the sweep = %v, want only the live slot's s2", fields)
+	}
 	for _, key := range []string{"expired-recently", "mixed", "not-a-zset"} {
 		if !store.server.Exists(key) {
 			t.Errorf("the sweep deleted %q", key)
 		}
+	}
+}
+
+// TestEmbeddedSweepDropsReleasedAnswers: release_all keeps each call's
+// answer for a minute, which miniredis would keep for ever; the sweep
+// drops an answer it already saw one sweep earlier.
+func TestEmbeddedSweepDropsReleasedAnswers(t *testing.T) {
+	store, err := startEmbedded()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.close()
+	answer, err := keys.ReleasedAnswer("p:{u}", "3f2a9c1e5b7d4a60")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = store.server.Set(answer, "0 a b")
+	_ = store.server.Set("p:{a:released:b}", "not an answer")
+	now := time.Now()
+
+	store.sweep(now)
+	if !store.server.Exists(answer) {
+		t.Fatal("the first sweep to see an answer dropped it; it may be less than a minute old")
+	}
+	store.sweep(now.Add(sweepEvery))
+	if store.server.Exists(answer) {
+		t.Error("an answer seen by the previous sweep survived the next")
+	}
+	if !store.server.Exists("p:{a:released:b}") {
+		t.Error("the sweep dropped a key that only looks like an answer inside its hash tag")
 	}
 }

@@ -124,6 +124,11 @@ type Error struct {
 	Used         *int   `json:"used,omitempty"`
 	Limit        *int   `json:"limit,omitempty"`
 	RetryAfterMs *int64 `json:"retry_after_ms,omitempty"`
+	// StreamID is set on an acquire's limiter_unavailable: the stream id
+	// the acquire was sent to Redis under (the caller's, or the one the
+	// server chose). Redis may have taken the slot with only its answer
+	// lost, so retry under this id, or release it.
+	StreamID string `json:"stream_id,omitempty"`
 }
 
 // Error codes.
@@ -135,6 +140,7 @@ const (
 	CodeStreamLimitReached = "stream_limit_reached" // 429, with Retry-After
 	CodeSlotLost           = "slot_lost"            // 410
 	CodeUnavailable        = "limiter_unavailable"  // 503
+	CodeOutcomeUnknown     = "outcome_unknown"      // 503 (admin release): sent to Redis, no answer came back
 	CodeNotFound           = "not_found"            // 404
 	CodeMethodNotAllowed   = "method_not_allowed"   // 405
 	CodeUnauthorized       = "unauthorized"         // 401

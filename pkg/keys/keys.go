@@ -114,6 +114,48 @@ func (k Schema) UserKey(userID string) (string, error) {
 	return prefix + "{" + userID + "}", nil
 }
 
+// slotRecordsSuffix follows a user key to name its slot records.
+const slotRecordsSuffix = ":meta"
+
+// SlotRecords returns the key of the hash holding the record of each slot
+// of userKey (a key UserKey returned): <prefix>{<userID>}:meta, under the
+// same hash tag, so one script reaches both in one cluster slot. Field:
+// the stream id. Value: the slot's record, which starts with the slot's
+// TTL in ms in decimal digits; any later fields follow a ';', and readers
+// that need only the TTL parse the leading digits. The scripts write a
+// record with its slot, remove it with its slot, and give the hash the
+// sorted set's expiry, so no record outlives its slot past that.
+func SlotRecords(userKey string) string { return userKey + slotRecordsSuffix }
+
+// releasedAnswerInfix follows a user key, then a call id, to name the
+// answer release_all keeps for that call.
+const releasedAnswerInfix = ":released:"
+
+// ReleasedAnswer returns the key under which release_all keeps, for a
+// short while, the answer of the call callID (the admin audit id) on
+// userKey (a key UserKey returned): <prefix>{<userID>}:released:<callID>,
+// under the user's hash tag. A Redis client that retries the call after
+// losing its reply then gets the same answer instead of "nothing left".
+// callID must be 1-128 characters of [A-Za-z0-9._:-].
+func ReleasedAnswer(userKey, callID string) (string, error) {
+	ok := callID != "" && len(callID) <= MaxStreamIDLength
+	for i := 0; ok && i < len(callID); i++ {
+		ok = streamIDByte(callID[i])
+	}
+	if !ok {
+		return "", fmt.Errorf("call id %q: must be 1-%d characters of [A-Za-z0-9._:-]", callID, MaxStreamIDLength)
+	}
+	return userKey + releasedAnswerInfix + callID, nil
+}
+
+// IsReleasedAnswer reports whether key is a name ReleasedAnswer builds. The
+// first '}' ends the user's hash tag: neither user ids nor the prefix may
+// hold one.
+func IsReleasedAnswer(key string) bool {
+	_, rest, ok := strings.Cut(key, "}")
+	return ok && strings.HasPrefix(rest, releasedAnswerInfix)
+}
+
 // Audit returns the key of the capped stream of admin audit records.
 func (k Schema) Audit() string {
 	prefix := k.Prefix

@@ -74,6 +74,20 @@ func TestSchemaUserKey(t *testing.T) {
 	if _, err := (Schema{}).UserKey("a}b"); !errors.Is(err, ErrInvalidUserID) {
 		t.Fatalf("UserKey(a}b) error = %v, want ErrInvalidUserID", err)
 	}
+	if got := SlotRecords("x:{u1}"); got != "x:{u1}:meta" || hashTag(got) != "u1" {
+		t.Fatalf("SlotRecords(x:{u1}) = %q, want x:{u1}:meta, hashed like u1", got)
+	}
+	if got, err := ReleasedAnswer("x:{u1}", "3f2a9c1e5b7d4a60"); err != nil || got != "x:{u1}:released:3f2a9c1e5b7d4a60" || hashTag(got) != "u1" {
+		t.Fatalf("ReleasedAnswer(x:{u1}, 3f2a...) = %q, %v; want x:{u1}:released:3f2a9c1e5b7d4a60, hashed like u1", got, err)
+	}
+	if answer, _ := ReleasedAnswer("x:{u1}", "c1"); !IsReleasedAnswer(answer) || IsReleasedAnswer("x:{u1}") || IsReleasedAnswer("x:{a:released:b}") || IsReleasedAnswer(SlotRecords("x:{u1}")) {
+		t.Fatalf("IsReleasedAnswer: want true only for a name ReleasedAnswer builds")
+	}
+	for _, id := range []string{"", "a}b", "a b", "é", strings.Repeat("a", 129)} {
+		if _, err := ReleasedAnswer("x:{u1}", id); err == nil {
+			t.Errorf("ReleasedAnswer(x:{u1}, %q) = nil error, want one", id)
+		}
+	}
 	if err := ValidateKeyPrefix("bad{"); err == nil {
 		t.Fatal("ValidateKeyPrefix(bad{) = nil, want an error")
 	}

@@ -30,10 +30,12 @@ type HeartbeatResult struct {
 	Degraded bool
 }
 
-// Heartbeat extends a held slot by the tier's TTL. Errors: ErrSlotLost when
+// Heartbeat extends a held slot by its own TTL, recorded when it was
+// acquired, so the plan need not exist any more. Errors: ErrSlotLost when
 // the slot is missing or expired (it is never re-added), the validation
-// errors, ErrUnknownPlan, and ErrUnavailable when Redis is down and the
-// tier fails closed.
+// errors, ErrUnknownPlan for a slot without a recorded TTL (one taken by a
+// version that recorded none) whose plan is unknown, and ErrUnavailable
+// when Redis is down and the tier fails closed.
 func (l *Limiter) Heartbeat(ctx context.Context, req HeartbeatRequest) (HeartbeatResult, error) {
 	ctx, span := l.tracer.Start(ctx, "limiter.heartbeat")
 	res, tier, err := l.heartbeat(ctx, req)
@@ -122,11 +124,19 @@ func (l *Limiter) heartbeatTarget(req HeartbeatRequest) (string, tiers.Tier, err
 	if err := keys.ValidateStreamID(req.StreamID); err != nil {
 		return "", tiers.Tier{}, err
 	}
-	// A plan removed since the slot was taken still governs the slot: limits
-	// apply at acquire time, and held slots are kept.
+	// Limits apply at acquire time, and held slots are kept: the slot's TTL
+	// is recorded with it, and the tier only gives the TTL of slots that
+	// have no record and the failure mode.
 	tier, ok := l.tiers.LookupHeld(req.Plan)
 	if !ok {
-		return "", tiers.Tier{}, fmt.Errorf("%w: %q", ErrUnknownPlan, req.Plan)
+		// A plan this replica never held (deleted before it started): no
+		// fallback TTL, and failure mode Open. The slot was granted and is
+		// held; during an outage a degraded "alive" only lets a running
+		// stream go on, it admits no new one, while Closed would end
+		// streams over the limiter's own outage by a rule no one
+		// configures any more. Plan stays empty: it labels metrics, and a
+		// request must not choose label values.
+		tier = tiers.Tier{FailureMode: tiers.FailOpen}
 	}
 	return key, tier, nil
 }
@@ -142,12 +152,20 @@ func (l *Limiter) beatResult(ctx context.Context, req HeartbeatRequest, tier tie
 	case err == nil && beat.Alive:
 		res.Alive, res.ExpiresAt = true, msTime(beat.ExpiresAtMs)
 		return res, nil
+	case err == nil && beat.NoTTL:
+		return res, fmt.Errorf("%w: %q, and stream %q has no recorded TTL", ErrUnknownPlan, req.Plan, req.StreamID)
 	case err == nil:
 		return res, fmt.Errorf("%w: stream %q", ErrSlotLost, req.StreamID)
 	case degrade(tier.FailureMode, err):
 		l.warnDegraded(ctx, "redis unavailable; heartbeat answered degraded (failureMode Open)", "plan", tier.Plan, "err", err)
 		res.Alive, res.Degraded = true, true
-		res.ExpiresAt = time.Now().Add(tier.SlotTTL).UTC()
+		// An estimate, as every degraded expiry: the slot's own TTL is in
+		// Redis, and an unknown plan gives none.
+		ttl := tier.SlotTTL
+		if ttl == 0 {
+			ttl = tiers.DefaultSlotTTL
+		}
+		res.ExpiresAt = time.Now().Add(ttl).UTC()
 		return res, nil
 	default:
 		return res, err

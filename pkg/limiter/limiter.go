@@ -37,6 +37,12 @@ var (
 	// ErrUnavailable: Redis did not answer in time and the tier fails
 	// closed (or the operation has no safe degraded answer).
 	ErrUnavailable = errors.New("limiter unavailable")
+	// ErrOutcomeUnknown: a call that changes slots was sent to Redis but
+	// no answer came back (a timeout, a dropped connection), so it may or
+	// may not have run. ReleaseAll returns it, wrapped with the outage
+	// error (ErrUnavailable or the caller's context error): its answer
+	// must say exactly what it released, or that this is not known.
+	ErrOutcomeUnknown = errors.New("outcome unknown")
 )
 
 // Options configure a Limiter.

@@ -71,7 +71,7 @@ func TestEveryOperationCountsExpiredSlots(t *testing.T) {
 		user = newUser(t)
 		e.acquire(t, user, "three", "live") // 10s TTL
 		expire(user, "old")
-		ids, err := lim.ReleaseAll(ctx, user)
+		ids, err := lim.ReleaseAll(ctx, user, newAuditID())
 		if err != nil || len(ids) != 1 || ids[0] != "live" {
 			t.Errorf("ReleaseAll = %v, %v; want only the live slot [live]", ids, err)
 		}

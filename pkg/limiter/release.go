@@ -2,6 +2,9 @@ package limiter
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"time"
 
 	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/lua"
@@ -14,8 +17,10 @@ type ReleaseResult struct {
 	// Released: the slot was held (live) and is now free. Releasing a
 	// missing or already expired slot is not an error, only Released false.
 	Released bool
-	// Degraded: Redis did not answer. The slot, if held, frees itself when
-	// its TTL runs out, so a release never fails for an outage.
+	// Degraded: Redis did not answer, so whether the slot was released is
+	// not known (the call may have run with only its answer lost). A slot
+	// still held frees itself when its TTL runs out, so a release never
+	// fails for an outage.
 	Degraded bool
 }
 
@@ -58,29 +63,50 @@ func (l *Limiter) release(ctx context.Context, userID, streamID string) (Release
 	return ReleaseResult{Released: released}, nil
 }
 
+// releasedAnswerKeep is how long release_all keeps its answer for a retry
+// of the same call: far longer than the Redis client retries one call
+// (within the per-call deadline), short enough to leave nothing behind.
+const releasedAnswerKeep = time.Minute
+
 // ReleaseAll frees every slot of userID and returns the stream ids of the
 // live slots it released (support's "unlock this account"); slots that had
-// already expired are counted as reclaimed, not returned. Errors: ErrInvalidUserID,
-// ErrUnavailable.
-func (l *Limiter) ReleaseAll(ctx context.Context, userID string) ([]string, error) {
+// already expired are counted as reclaimed, not returned. callID names the
+// call (the admin audit id; 1-128 characters of [A-Za-z0-9._:-]), a new one
+// per call: a retry after a lost reply answers what the call released, not
+// "nothing left". Errors: ErrInvalidUserID, ErrUnavailable (nothing was
+// released), ErrOutcomeUnknown (the call was sent but no answer came back:
+// it may have released some or all of the slots), ErrRedisRefused.
+func (l *Limiter) ReleaseAll(ctx context.Context, userID, callID string) ([]string, error) {
 	ctx, span := l.tracer.Start(ctx, "limiter.release_all")
-	ids, err := l.releaseAll(ctx, userID)
+	ids, err := l.releaseAll(ctx, userID, callID)
 	span.SetAttributes(attrReleasedSlots.Int(len(ids)))
 	endSpan(span, err)
 	return ids, err
 }
 
-func (l *Limiter) releaseAll(ctx context.Context, userID string) ([]string, error) {
+func (l *Limiter) releaseAll(ctx context.Context, userID, callID string) ([]string, error) {
 	key, err := l.keys.UserKey(userID)
+	if err != nil {
+		return nil, err
+	}
+	answer, err := keys.ReleasedAnswer(key, callID)
 	if err != nil {
 		return nil, err
 	}
 	var ids []string
 	var pruned int
+	sent := false
 	err = l.do(ctx, "release_all", func(ctx context.Context, c rueidis.Client) (err error) {
-		ids, pruned, err = lua.ReleaseAll(ctx, c, key)
+		sent = true
+		ids, pruned, err = lua.ReleaseAll(ctx, c, key, answer, releasedAnswerKeep)
 		return err
 	})
+	// Sent and not refused (a refusal is the same on every attempt): an
+	// attempt may have run with its reply lost, even when the last one
+	// ended in a passing error reply (LOADING, BUSY) of a retry.
+	if sent && err != nil && !errors.Is(err, ErrRedisRefused) {
+		return nil, fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -1,19 +1,28 @@
 -- acquire: take a slot for a stream, if the user has one free.
 --
--- KEYS[1] -> <prefix>{<user id>}  sorted set: member = stream id, score = expiry (Redis ms)
+-- KEYS[1] -> <prefix>{<user id>}       sorted set: member = stream id, score = expiry (Redis ms)
+-- KEYS[2] -> <prefix>{<user id>}:meta  hash: field = stream id, value = the slot's record
 -- ARGV[1] -> stream id
 -- ARGV[2] -> limit (max concurrent streams, >= 0)
--- ARGV[3] -> slot ttl (ms, > 0)
+-- ARGV[3] -> slot ttl (ms, > 0, decimal digits)
 -- returns {granted (0|1), used, expires_at_ms, pruned, retry_after_ms}
 --   used           slots held after this call (live slots only)
 --   expires_at_ms  the slot's expiry when granted, 0 when denied
---   pruned         slots that had expired unreleased and were removed now
+--   pruned         slots that had expired unreleased and were removed now,
+--                  with their records
 --   retry_after_ms when denied: ms until enough slots expire for one to be
 --                  free (the earliest, unless the limit was lowered)
 --
 -- Idempotent on the stream id: acquiring a held stream extends it (never
 -- shortens it) and leaves used unchanged.
+--
+-- The record of a slot starts with its TTL (ARGV[3]), so that heartbeats
+-- keep the slot by its own TTL whatever happens to its plan; later fields,
+-- if any, follow a ';'. A new slot's record is written with it; a held
+-- slot keeps the record it has (and gets one if it had none). Both keys
+-- expire together, one TTL after the longest slot.
 local key = KEYS[1]
+local meta = KEYS[2]
 local member = ARGV[1]
 local limit = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
@@ -21,16 +30,32 @@ local ttl = tonumber(ARGV[3])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local pruned = redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+-- Removes the slots expired by now and their records; returns how many.
+local function prune()
+  local expired = redis.call('ZRANGEBYSCORE', key, '-inf', now)
+  local n = #expired
+  if n > 0 then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+    -- In chunks: unpack is bounded by the Lua stack.
+    for i = 1, n, 1000 do
+      redis.call('HDEL', meta, unpack(expired, i, math.min(i + 999, n)))
+    end
+  end
+  return n
+end
+
+local pruned = prune()
 
 local granted = 0
 local expires = 0
 local retry = 0
 if redis.call('ZSCORE', key, member) then
   redis.call('ZADD', key, 'GT', now + ttl, member)
+  redis.call('HSETNX', meta, member, ARGV[3])
   granted = 1
 elseif redis.call('ZCARD', key) < limit then
   redis.call('ZADD', key, now + ttl, member)
+  redis.call('HSET', meta, member, ARGV[3])
   granted = 1
 end
 
@@ -51,7 +76,9 @@ if used > 0 then
   -- The key outlives its longest slot by one TTL, so slots that expire
   -- unreleased stay visible for the next acquire to prune and count.
   local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  redis.call('PEXPIREAT', key, tonumber(last[2]) + ttl)
+  local at = tonumber(last[2]) + ttl
+  redis.call('PEXPIREAT', key, at)
+  redis.call('PEXPIREAT', meta, at)
 end
 
 return {granted, used, expires, pruned, retry}

@@ -143,7 +143,7 @@ func BenchmarkSlots(b *testing.B) {
 func BenchmarkReleaseAll(b *testing.B) {
 	u := newFullUser(b)
 	ctx := context.Background()
-	if _, _, err := lua.ReleaseAll(ctx, u.c, u.key); err != nil {
+	if _, _, err := lua.ReleaseAll(ctx, u.c, u.key, u.key+":released:warm-up", time.Minute); err != nil {
 		b.Fatal(err)
 	}
 	before := u.scriptStats(b)
@@ -152,7 +152,7 @@ func BenchmarkReleaseAll(b *testing.B) {
 		b.StopTimer()
 		u.fill(b)
 		b.StartTimer()
-		ids, _, err := lua.ReleaseAll(ctx, u.c, u.key)
+		ids, _, err := lua.ReleaseAll(ctx, u.c, u.key, u.key+":released:"+strconv.Itoa(calls), time.Minute)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -1,8 +1,17 @@
 // Package lua holds the limiter's Redis scripts and their typed wrappers.
 // Each script is a .lua file with a contract header; each is built once as a
 // package-level rueidis.Lua (EVALSHA with a NOSCRIPT fallback to EVAL).
-// Every script touches exactly one key, so it never straddles cluster slots,
-// and is safe to run twice with the same arguments, so all are retryable.
+// Every script touches one user's keys only (the sorted set of slots, the
+// hash of their records, and release_all's kept answer, all under the
+// user's hash tag), so it never straddles cluster slots.
+//
+// A script is marked retryable, so that rueidis sends it again after a
+// connection dropped before the reply, only when a second run answers as
+// the first did: acquire and heartbeat (idempotent on the stream id),
+// slots (reads only), release_all (it keeps its answer for a retry).
+// Release is not: a second run would answer "not held" for the slot the
+// first run released, so a lost reply fails the call instead, and the
+// limiter answers it as unknown (degraded).
 package lua
 
 import (
@@ -29,7 +38,7 @@ var (
 var (
 	acquireScript    = rueidis.NewLuaScriptRetryable(acquireSource)
 	heartbeatScript  = rueidis.NewLuaScriptRetryable(heartbeatSource)
-	releaseScript    = rueidis.NewLuaScriptRetryable(releaseSource)
+	releaseScript    = rueidis.NewLuaScript(releaseSource)
 	releaseAllScript = rueidis.NewLuaScriptRetryable(releaseAllSource)
 	slotsScript      = rueidis.NewLuaScriptRetryable(slotsSource)
 )

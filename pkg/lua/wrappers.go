@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/joishi/limiter/pkg/keys"
 	"github.com/redis/rueidis"
 )
 
@@ -21,9 +22,10 @@ type Acquired struct {
 	RetryAfterMs int64 // when denied: until the earliest slot expires
 }
 
-// Acquire runs the acquire script on key for streamID.
+// Acquire runs the acquire script on key (a keys.Schema.UserKey) and its
+// slot records for streamID.
 func Acquire(ctx context.Context, c rueidis.Client, key, streamID string, limit int, ttl time.Duration) (Acquired, error) {
-	vals, err := acquireScript.Exec(ctx, c, []string{key}, []string{streamID, strconv.Itoa(limit), ms(ttl)}).AsIntSlice()
+	vals, err := acquireScript.Exec(ctx, c, userKeys(key), []string{streamID, strconv.Itoa(limit), ms(ttl)}).AsIntSlice()
 	if err != nil {
 		return Acquired{}, err
 	}
@@ -44,18 +46,24 @@ type Beat struct {
 	Alive       bool
 	ExpiresAtMs int64 // Redis ms; 0 when lost
 	Pruned      int   // the user's expired slots removed by this call
+	// NoTTL: the slot is held but has no record and no fallback TTL was
+	// given, so it was left as it is (Alive false, ExpiresAtMs its expiry).
+	NoTTL bool
 }
 
 // HeartbeatArgs names one slot to heartbeat.
 type HeartbeatArgs struct {
-	Key      string
+	Key      string // a keys.Schema.UserKey
 	StreamID string
-	TTL      time.Duration
+	// TTL keeps a slot that has no record of its own TTL (one taken by a
+	// version that wrote none); 0 when none is known.
+	TTL time.Duration
 }
 
-// Heartbeat runs the heartbeat script on key for streamID.
+// Heartbeat runs the heartbeat script on key (a keys.Schema.UserKey) and
+// its slot records for streamID; ttl as HeartbeatArgs.TTL.
 func Heartbeat(ctx context.Context, c rueidis.Client, key, streamID string, ttl time.Duration) (Beat, error) {
-	return parseBeat(heartbeatScript.Exec(ctx, c, []string{key}, []string{streamID, ms(ttl)}))
+	return parseBeat(heartbeatScript.Exec(ctx, c, userKeys(key), []string{streamID, ms(ttl)}))
 }
 
 // HeartbeatMulti heartbeats many slots in one pipelined round per node.
@@ -80,7 +88,7 @@ func HeartbeatMulti(ctx context.Context, c rueidis.Client, slots []HeartbeatArgs
 	cmds := make(rueidis.Commands, len(slots))
 	order := make([]int, len(slots)) // indices of slots, grouped by hash slot
 	for i, s := range slots {
-		cmds[i] = c.B().Evalsha().Sha1(heartbeatSHA).Numkeys(1).Key(s.Key).Arg(s.StreamID, ms(s.TTL)).Build().ToRetryable()
+		cmds[i] = c.B().Evalsha().Sha1(heartbeatSHA).Numkeys(2).Key(userKeys(s.Key)...).Arg(s.StreamID, ms(s.TTL)).Build().ToRetryable()
 		order[i] = i
 	}
 	if c.Mode() != rueidis.ClientModeCluster { // one node: one group
@@ -144,7 +152,7 @@ func heartbeatGroup(ctx context.Context, c rueidis.Client, slots []HeartbeatArgs
 // heartbeatEval is the heartbeat of s sent as the script's source, for a
 // node that lacks the script.
 func heartbeatEval(c rueidis.Client, s HeartbeatArgs) rueidis.Completed {
-	return c.B().Eval().Script(heartbeatSource).Numkeys(1).Key(s.Key).Arg(s.StreamID, ms(s.TTL)).Build().ToRetryable()
+	return c.B().Eval().Script(heartbeatSource).Numkeys(2).Key(userKeys(s.Key)...).Arg(s.StreamID, ms(s.TTL)).Build().ToRetryable()
 }
 
 func parseBeat(resp rueidis.RedisResult) (Beat, error) {
@@ -155,13 +163,13 @@ func parseBeat(resp rueidis.RedisResult) (Beat, error) {
 	if len(vals) != 3 {
 		return Beat{}, fmt.Errorf("heartbeat script returned %d values, want 3", len(vals))
 	}
-	return Beat{Alive: vals[0] == 1, ExpiresAtMs: vals[1], Pruned: int(vals[2])}, nil
+	return Beat{Alive: vals[0] == 1, NoTTL: vals[0] == -1, ExpiresAtMs: vals[1], Pruned: int(vals[2])}, nil
 }
 
 // Release runs the release script. It reports whether the slot was held
 // (live), and how many of the user's expired slots it removed.
 func Release(ctx context.Context, c rueidis.Client, key, streamID string) (released bool, pruned int, err error) {
-	vals, err := releaseScript.Exec(ctx, c, []string{key}, []string{streamID}).AsIntSlice()
+	vals, err := releaseScript.Exec(ctx, c, userKeys(key), []string{streamID}).AsIntSlice()
 	if err != nil {
 		return false, 0, err
 	}
@@ -171,10 +179,13 @@ func Release(ctx context.Context, c rueidis.Client, key, streamID string) (relea
 	return vals[0] == 1, int(vals[1]), nil
 }
 
-// ReleaseAll runs the release_all script. It returns the live slots'
-// stream ids it released, and how many expired slots it removed.
-func ReleaseAll(ctx context.Context, c rueidis.Client, key string) (ids []string, pruned int, err error) {
-	arr, err := releaseAllScript.Exec(ctx, c, []string{key}, nil).ToArray()
+// ReleaseAll runs the release_all script on key (a keys.Schema.UserKey)
+// and its slot records. It returns the live slots' stream ids it
+// released, and how many expired slots it removed. answer (a
+// keys.ReleasedAnswer) keeps that answer for keep, and a run under the
+// same answer key within keep returns it again, releasing nothing more.
+func ReleaseAll(ctx context.Context, c rueidis.Client, key, answer string, keep time.Duration) (ids []string, pruned int, err error) {
+	arr, err := releaseAllScript.Exec(ctx, c, append(userKeys(key), answer), []string{ms(keep)}).ToArray()
 	if err != nil {
 		return nil, 0, err
 	}
@@ -239,3 +250,7 @@ func Slots(ctx context.Context, c rueidis.Client, key string) (Listing, error) {
 }
 
 func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+
+// userKeys are the KEYS of a script that writes one user's slots: the
+// sorted set and the hash of its slot records, under one hash tag.
+func userKeys(key string) []string { return []string{key, keys.SlotRecords(key)} }

@@ -234,7 +234,7 @@ func (a *Admin) releaseAll(w http.ResponseWriter, r *http.Request, rec *httpapi.
 	if err != nil {
 		return nil, err
 	}
-	ids, err := a.lim.ReleaseAll(r.Context(), r.PathValue("user_id"))
+	ids, err := a.lim.ReleaseAll(r.Context(), r.PathValue("user_id"), rec.AuditID)
 	if err != nil {
 		return nil, err
 	}

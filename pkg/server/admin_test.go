@@ -81,13 +81,13 @@ type adminEnv struct {
 
 func newAdminEnv(t *testing.T, handler func(io.Writer) slog.Handler) *adminEnv {
 	t.Helper()
-	return newAdminEnvOn(t, limitertest.Standalone, handler)
+	return newAdminEnvOn(t, limitertest.Options{}, handler)
 }
 
-// newAdminEnvOn is newAdminEnv on backend.
-func newAdminEnvOn(t *testing.T, backend limitertest.Backend, handler func(io.Writer) slog.Handler) *adminEnv {
+// newAdminEnvOn is newAdminEnv on the stack opts describe.
+func newAdminEnvOn(t *testing.T, opts limitertest.Options, handler func(io.Writer) slog.Handler) *adminEnv {
 	t.Helper()
-	s := limitertest.New(t, limitertest.Options{Backend: backend})
+	s := limitertest.New(t, opts)
 	lim, redis, keys := s.Limiter, s.Redis, s.Keys
 
 	tokens := filepath.Join(t.TempDir(), "tokens")
@@ -386,7 +386,7 @@ func TestAdminSlots(t *testing.T) {
 // audit work there too.
 func TestAdminOnCluster(t *testing.T) {
 	t.Parallel()
-	e := newAdminEnvOn(t, limitertest.RedisCluster, nil)
+	e := newAdminEnvOn(t, limitertest.Options{Backend: limitertest.RedisCluster}, nil)
 	user := newUser(t)
 	held := e.hold(t, user, 2)
 	r := e.do(t, adminCall{method: "POST", path: httpapi.AdminUserReleasePath(user), token: operatorToken, body: `{"reason":"cluster"}`})

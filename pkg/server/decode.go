@@ -102,6 +102,15 @@ func writeJSON(w http.ResponseWriter, status int, body any) {
 	_ = json.NewEncoder(w).Encode(body)
 }
 
+// unavailableRetryAfter is the Retry-After, in seconds, of every 503.
+// Each call is judged anew under the per-call deadline (250ms by default),
+// so a second is long enough not to pile retries onto a struggling Redis
+// and short enough not to keep a caller waiting once it is back.
+const unavailableRetryAfter = "1"
+
 func writeError(w http.ResponseWriter, status int, e httpapi.Error) {
+	if status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", unavailableRetryAfter)
+	}
 	writeJSON(w, status, httpapi.ErrorResponse{Error: e})
 }

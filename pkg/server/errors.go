@@ -37,6 +37,10 @@ func apiError(err error) (int, httpapi.Error) {
 	case errors.Is(err, errForbidden):
 		e.Code = httpapi.CodeForbidden
 		return http.StatusForbidden, e
+	case errors.Is(err, limiter.ErrOutcomeUnknown): // before the outage it wraps
+		e.Code = httpapi.CodeOutcomeUnknown
+		e.Message = "the release reached the limiter's Redis but its answer was lost: some or all of the user's slots may have been released; list them to see what is held now"
+		return http.StatusServiceUnavailable, e
 	case errors.Is(err, limiter.ErrUnavailable), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		// The cause (a Redis error, node addresses) stays in the log.
 		e.Code = httpapi.CodeUnavailable
@@ -53,6 +57,12 @@ func apiError(err error) (int, httpapi.Error) {
 
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	status, e := apiError(err)
+	s.answerError(w, r, err, status, e)
+}
+
+// answerError logs a failure of the service itself and answers e, the
+// mapping of err (see apiError), with status.
+func (s *Server) answerError(w http.ResponseWriter, r *http.Request, err error, status int, e httpapi.Error) {
 	switch {
 	case status == http.StatusInternalServerError:
 		s.failedInternal.Log(r.Context(), slog.LevelError, "request failed", "path", r.URL.Path, "status", status, "err", err)

@@ -297,7 +297,7 @@ func TestAPIErrors(t *testing.T) {
 		{name: "a release without stream id is invalid_stream_id", method: "POST", path: httpapi.PathRelease, body: `{"user_id":"` + user + `"}`, invalid: true, status: 400, code: httpapi.CodeInvalidStreamID},
 		{name: "a plan in a release is an unknown field", method: "POST", path: httpapi.PathRelease, body: string(mustJSON(t, slot(user, "three", "s"))), invalid: true, status: 400, code: httpapi.CodeInvalidRequest},
 		{name: "an acquire for an unknown plan is 422 unknown_plan", method: "POST", path: httpapi.PathAcquire, body: `{"user_id":"` + user + `","plan":"gold"}`, status: 422, code: httpapi.CodeUnknownPlan},
-		{name: "a heartbeat for an unknown plan is 422 unknown_plan", method: "POST", path: httpapi.PathHeartbeat, body: string(mustJSON(t, slot(user, "gold", "s"))), status: 422, code: httpapi.CodeUnknownPlan},
+		{name: "a heartbeat naming an unknown plan is judged by its slot: 410 when never acquired", method: "POST", path: httpapi.PathHeartbeat, body: string(mustJSON(t, slot(user, "gold", "s"))), status: 410, code: httpapi.CodeSlotLost},
 		{name: "a heartbeat of a stream never acquired is 410 slot_lost", method: "POST", path: httpapi.PathHeartbeat, body: string(mustJSON(t, slot(user, "three", "never"))), status: 410, code: httpapi.CodeSlotLost},
 		{name: "a batch of 0 slots is invalid_request", method: "POST", path: httpapi.PathHeartbeats, body: `{"slots":[]}`, invalid: true, status: 400, code: httpapi.CodeInvalidRequest},
 		{name: "a batch without slots is invalid_request", method: "POST", path: httpapi.PathHeartbeats, body: `{}`, invalid: true, status: 400, code: httpapi.CodeInvalidRequest},
@@ -350,7 +350,7 @@ func TestAPIHeartbeats(t *testing.T) {
 			{"lost", false, ""},
 			{"held", false, httpapi.CodeInvalidUserID},
 			{"a/b", false, httpapi.CodeInvalidStreamID},
-			{"held", false, httpapi.CodeUnknownPlan},
+			{"held", true, ""}, // an unknown plan: the slot's own TTL keeps it
 		}
 		if len(got.Results) != len(want) {
 			t.Fatalf("results: got %d, want %d: %+v", len(got.Results), len(want), got.Results)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/joishi/limiter/pkg/httpapi"
+	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 )
 
@@ -21,9 +22,20 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, badRequest("plan is required"))
 		return
 	}
-	res, err := s.lim.Acquire(r.Context(), limiter.AcquireRequest{UserID: req.UserID, Plan: req.Plan, StreamID: req.StreamID})
+	// The id is fixed before Redis is called, so that a 503 can name it:
+	// the acquire may have run in Redis with only its answer lost, and
+	// only this id can then retry it (idempotently) or release the slot.
+	streamID := req.StreamID
+	if streamID == "" {
+		streamID = keys.NewStreamID()
+	}
+	res, err := s.lim.Acquire(r.Context(), limiter.AcquireRequest{UserID: req.UserID, Plan: req.Plan, StreamID: streamID})
 	if err != nil {
-		s.fail(w, r, err)
+		status, e := apiError(err)
+		if status == http.StatusServiceUnavailable {
+			e.StreamID = streamID
+		}
+		s.answerError(w, r, err, status, e)
 		return
 	}
 	if !res.Granted {

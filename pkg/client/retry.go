@@ -1,0 +1,116 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"net/http"
+	"time"
+
+	"github.com/joishi/limiter/pkg/httpapi"
+)
+
+// Waits between the attempts of an acquire whose answer carries no
+// Retry-After (a transport failure or a timeout): doubling from the first.
+const (
+	firstAcquireBackoff = 200 * time.Millisecond
+	maxAcquireBackoff   = 2 * time.Second
+)
+
+// acquireRetrying sends req (whose StreamID is set) until it is answered,
+// at most 1+c.retries times. An attempt that went unanswered (transport
+// failure, timeout, 503) may have taken the slot in Redis with only its
+// answer lost: the retry under the same stream id is then granted that
+// slot without taking a second, and when Acquire gives up without a
+// grant, it releases the id so that such a slot does not count against
+// the user until its TTL runs out.
+func (c *Client) acquireRetrying(ctx context.Context, req httpapi.AcquireRequest) (httpapi.AcquireResponse, error) {
+	unanswered := false
+	for attempt := 0; ; attempt++ {
+		out, err := c.acquire(ctx, req)
+		switch {
+		case err == nil:
+			return out, nil
+		case definite(err) && !unanswered:
+			return out, err // refused: no attempt can have taken a slot
+		case !definite(err):
+			unanswered = true
+			if attempt < c.retries && errors.Is(err, ErrUnavailable) && sleep(ctx, retryWait(err, attempt)) {
+				continue
+			}
+		}
+		c.releaseUnanswered(ctx, req)
+		return out, err
+	}
+}
+
+// retryWait is how long to wait after the attempt-th unanswered attempt
+// failed with err: the answer's Retry-After, else a doubling backoff,
+// each drawn from its upper half so that clients cut off by one outage
+// do not all come back at once.
+func retryWait(err error, attempt int) time.Duration {
+	wait := min(firstAcquireBackoff<<attempt, maxAcquireBackoff)
+	var e *Error
+	if errors.As(err, &e) && e.RetryAfter > 0 {
+		wait = e.RetryAfter
+	}
+	return wait/2 + rand.N(wait/2+1)
+}
+
+// sleep waits d unless ctx ends first (or would end before d passed:
+// waiting only to fail helps no one). It reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < d {
+		return false
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// releaseUnanswered frees the slot an unanswered acquire of req may have
+// taken. While ctx lives the release is sent before Acquire returns, so
+// that the caller's next acquire finds the slot free; once ctx has ended
+// it is sent in the background, bounded by the request timeout (Close
+// waits for it). A stream id this client holds a lease for is left alone:
+// the acquire was a re-acquire of a slot in use. The release is best
+// effort: if it fails, or overtakes the lost attempt on its way to Redis,
+// the slot frees itself after its TTL.
+func (c *Client) releaseUnanswered(ctx context.Context, req httpapi.AcquireRequest) {
+	c.mu.Lock()
+	if _, held := c.leases[leaseKey{req.UserID, req.StreamID}]; held {
+		c.mu.Unlock()
+		return
+	}
+	background := ctx.Err() != nil && !c.closed
+	if background {
+		c.releasing.Add(1)
+	}
+	c.mu.Unlock()
+
+	release := func(ctx context.Context) {
+		var out httpapi.ReleaseResponse
+		err := c.api.do(ctx, http.MethodPost, httpapi.PathRelease, httpapi.ReleaseRequest{UserID: req.UserID, StreamID: req.StreamID}, &out)
+		if err != nil {
+			c.log.Warn("limiter: releasing the stream id of an unanswered acquire failed; a slot it took expires after its TTL", "stream_id", req.StreamID, "err", err)
+		}
+	}
+	switch {
+	case ctx.Err() == nil:
+		release(ctx)
+	case background:
+		go func() {
+			defer c.releasing.Done()
+			release(context.WithoutCancel(ctx))
+		}()
+	default:
+		// Closed already, so nothing would wait for a background release;
+		// post bounds this one by the request timeout.
+		release(context.WithoutCancel(ctx))
+	}
+}

@@ -1,0 +1,237 @@
+package client_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/internal/testenv"
+	"github.com/joishi/limiter/pkg/client"
+	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/httpapi"
+	"github.com/joishi/limiter/pkg/keys"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/server"
+	"github.com/joishi/limiter/pkg/tiers"
+)
+
+// slowLimiter is pkg/server over a limiter that reaches a test Redis
+// through a proxy, whose latency pushes Redis's answers past the
+// limiter's 250ms per-call deadline while the commands still run. When an
+// acquire is answered 503, the server waits for that late acquire to land
+// in Redis and for the link to recover before the client hears the 503:
+// the answer was lost, the slot was taken, and what the client does next
+// travels a healthy link.
+type slowLimiter struct {
+	url    string
+	lim    *limiter.Limiter // through the proxy
+	direct *limiter.Limiter // same keys, straight to Redis
+	proxy  *testenv.Proxy
+}
+
+// lateTTL is long enough that a slot leaked by a late answer would
+// visibly lock the user out for the rest of the test.
+const lateTTL = 10 * time.Second
+
+func newSlowReal(t *testing.T) *slowLimiter {
+	t.Helper()
+	// A Redis of its own: a test flushing the shared one's scripts would
+	// make the late EVALSHA fail instead of run.
+	addr := testenv.StartRedis(t).Addr()
+	proxy := testenv.StartProxy(t, addr)
+	prefix := keys.Schema{Prefix: "limiter-clienttest:"}
+	s := &slowLimiter{proxy: proxy, lim: connectedLimiter(t, proxy.Addr(), prefix), direct: connectedLimiter(t, addr, prefix)}
+	api := server.New(s.lim, server.Options{Logger: quiet}).Handler()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var user httpapi.AcquireRequest
+		if r.URL.Path == httpapi.PathAcquire {
+			raw, _ := io.ReadAll(r.Body)
+			r.Body = io.NopCloser(bytes.NewReader(raw))
+			_ = json.Unmarshal(raw, &user)
+		}
+		rec := httptest.NewRecorder()
+		api.ServeHTTP(rec, r)
+		if r.URL.Path == httpapi.PathAcquire && rec.Code == http.StatusServiceUnavailable {
+			s.awaitLanded(t, user.UserID)
+			proxy.SetLatency(0)
+		}
+		for k, v := range rec.Header() {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(rec.Code)
+		_, _ = w.Write(rec.Body.Bytes())
+	}))
+	t.Cleanup(srv.Close)
+	s.url = srv.URL
+	// Load the scripts and open the connection while the link is fast.
+	ctx := context.Background()
+	if _, err := s.lim.Acquire(ctx, limiter.AcquireRequest{UserID: "warm-up", Plan: "free"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.lim.ReleaseAll(ctx, "warm-up", "warm-up"); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func connectedLimiter(t *testing.T, addr string, prefix keys.Schema) *limiter.Limiter {
+	t.Helper()
+	redis, err := cluster.New(cluster.Options{Addrs: []string{addr}, Logger: quiet})
+	if err != nil {
+		t.Fatalf("cluster.New: %v", err)
+	}
+	t.Cleanup(redis.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := redis.WaitConnected(ctx); err != nil {
+		t.Fatal(err)
+	}
+	table := tiers.NewTable()
+	if err := table.Replace([]tiers.Tier{{Plan: "free", MaxConcurrentStreams: 1, SlotTTL: lateTTL, HeartbeatInterval: time.Second, FailureMode: tiers.FailClosed}}); err != nil {
+		t.Fatal(err)
+	}
+	return limiter.New(redis, table, limiter.Options{Keys: prefix, Logger: quiet})
+}
+
+// awaitLanded waits until userID holds a slot in Redis.
+func (s *slowLimiter) awaitLanded(t *testing.T, userID string) {
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if got, err := s.direct.Slots(context.Background(), userID); err == nil && got.Used > 0 {
+			return
+		}
+	}
+	t.Errorf("the late acquire of %s never landed in Redis", userID)
+}
+
+func (s *slowLimiter) slots(t *testing.T, userID string) limiter.UserSlots {
+	t.Helper()
+	got, err := s.direct.Slots(context.Background(), userID)
+	if err != nil {
+		t.Fatalf("Slots(%s): %v", userID, err)
+	}
+	return got
+}
+
+// TestAcquireWhoseAnswerWasLostIsRetriedUnderItsStreamID: the first
+// attempt runs in Redis but its answer is late (503); the retry under the
+// same stream id is granted the slot that attempt took, so the user is not
+// refused for a whole TTL.
+func TestAcquireWhoseAnswerWasLostIsRetriedUnderItsStreamID(t *testing.T) {
+	s := newSlowReal(t)
+	c := newClient(t, s.url)
+	user := "late-" + newStreamID(t)
+
+	s.proxy.SetLatency(400 * time.Millisecond) // > the limiter's 250ms deadline
+	lease, err := c.Acquire(context.Background(), user, "free")
+	if err != nil {
+		t.Fatalf("Acquire whose first answer was late: got %v, want a lease granted on a retry", err)
+	}
+	got := s.slots(t, user)
+	if got.Used != 1 || got.Slots[0].StreamID != lease.StreamID() {
+		t.Errorf("slots of the user: got %+v, want one, the lease's %s", got.Slots, lease.StreamID())
+	}
+}
+
+// TestAcquireGivenUpReleasesItsStreamID: when no attempt is answered, the
+// client releases the stream id it sent, so the slot a late attempt took
+// is freed instead of counting against the user for a whole TTL.
+func TestAcquireGivenUpReleasesItsStreamID(t *testing.T) {
+	s := newSlowReal(t)
+	c := newClient(t, s.url, client.WithAcquireRetries(0))
+	user := "late-" + newStreamID(t)
+
+	s.proxy.SetLatency(400 * time.Millisecond)
+	_, err := c.Acquire(context.Background(), user, "free")
+	if !errors.Is(err, client.ErrUnavailable) {
+		t.Fatalf("Acquire with its answer late: got %v, want ErrUnavailable", err)
+	}
+	if got := s.slots(t, user); got.Used != 0 {
+		t.Fatalf("slots of the user after the acquire gave up: got %+v, want none (released)", got.Slots)
+	}
+	if _, err := c.Acquire(context.Background(), user, "free"); err != nil {
+		t.Errorf("next Acquire of the limit-1 user: got %v, want granted", err)
+	}
+}
+
+func newStreamID(t *testing.T) string {
+	t.Helper()
+	return keys.NewStreamID()[:12]
+}
+
+// TestAcquireRetriesUnderOneStreamID: every attempt of one Acquire carries
+// the same client-made stream id; unanswered attempts are retried within
+// WithAcquireRetries, and an Acquire that ends without a grant after an
+// unanswered attempt releases that id.
+func TestAcquireRetriesUnderOneStreamID(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		unanswered   int // attempts answered 503 before the fake answers
+		retries      int
+		userHolds    bool // the user already holds the plan's only slot
+		wantErr      error
+		wantAttempts int
+		wantReleases int
+	}{
+		{name: "a 503 then a grant is one lease", unanswered: 1, retries: 2, wantAttempts: 2},
+		{name: "503s past the retries are given up and released", unanswered: 5, retries: 2, wantErr: client.ErrUnavailable, wantAttempts: 3, wantReleases: 1},
+		{name: "without retries a 503 is released at once", unanswered: 5, retries: 0, wantErr: client.ErrUnavailable, wantAttempts: 1, wantReleases: 1},
+		{name: "a refusal after a 503 is released too", unanswered: 1, retries: 2, userHolds: true, wantErr: client.ErrLimitReached, wantAttempts: 2, wantReleases: 1},
+		{name: "a refusal alone is not released", retries: 2, userHolds: true, wantErr: client.ErrLimitReached, wantAttempts: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFake(t)
+			var mu sync.Mutex
+			var ids []string
+			f.set(func(f *fakeLimiter) {
+				if tc.userHolds {
+					f.slots["u"] = map[string]bool{"other": true}
+				}
+				f.onAcquire = func(w http.ResponseWriter, r *http.Request) bool {
+					raw, _ := io.ReadAll(r.Body)
+					r.Body = io.NopCloser(bytes.NewReader(raw))
+					var req httpapi.AcquireRequest
+					_ = json.Unmarshal(raw, &req)
+					mu.Lock()
+					defer mu.Unlock()
+					ids = append(ids, req.StreamID)
+					if len(ids) <= tc.unanswered {
+						writeError(w, http.StatusServiceUnavailable, httpapi.Error{Code: httpapi.CodeUnavailable, Message: "late"})
+						return true
+					}
+					return false
+				}
+			})
+			c := newClient(t, f.URL(), client.WithAcquireRetries(tc.retries))
+			lease, err := c.Acquire(context.Background(), "u", "free")
+			if !errors.Is(err, tc.wantErr) || (err == nil) != (tc.wantErr == nil) {
+				t.Fatalf("Acquire: got %v, want %v", err, tc.wantErr)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(ids) != tc.wantAttempts {
+				t.Errorf("attempts: got %d (%v), want %d", len(ids), ids, tc.wantAttempts)
+			}
+			for _, id := range ids {
+				if len(id) != 32 || id != ids[0] {
+					t.Errorf("stream ids sent: got %v, want one 32-character id in every attempt", ids)
+					break
+				}
+			}
+			if lease != nil && lease.StreamID() != ids[0] {
+				t.Errorf("lease stream id: got %s, want %s, the one sent", lease.StreamID(), ids[0])
+			}
+			f.set(func(f *fakeLimiter) {
+				if f.releases != tc.wantReleases {
+					t.Errorf("releases: got %d, want %d", f.releases, tc.wantReleases)
+				}
+			})
+		})
+	}
+}

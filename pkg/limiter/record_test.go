@@ -1,0 +1,176 @@
+package limiter_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/internal/limitertest"
+	"github.com/joishi/limiter/pkg/keys"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/tiers"
+)
+
+// retiring is a plan the test deletes while a slot is held under it. Its
+// TTL is unlike every test tier's, so an expiry shows whose TTL it follows.
+var retiring = tiers.Tier{Plan: "retiring", MaxConcurrentStreams: 1, SlotTTL: 7 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailClosed}
+
+// withTiers returns a limiter on e's Redis enforcing only list: a replica
+// that (re)started with that table.
+func withTiers(t *testing.T, e *env, list []tiers.Tier) *limiter.Limiter {
+	t.Helper()
+	table := tiers.NewTable()
+	if err := table.Replace(list); err != nil {
+		t.Fatal(err)
+	}
+	return limiter.New(e.redis, table, limiter.Options{Keys: e.keys})
+}
+
+// records returns the slot records of user: stream id → record.
+func (e *env) records(t *testing.T, user string) map[string]string {
+	t.Helper()
+	raw := e.raw(t)
+	got, err := raw.Do(context.Background(), raw.B().Hgetall().Key(keys.SlotRecords(e.key(t, user))).Build()).AsStrMap()
+	if err != nil {
+		t.Fatalf("HGETALL of the slot records: %v", err)
+	}
+	return got
+}
+
+// expiryMs returns the PEXPIRETIME of key.
+func (e *env) expiryMs(t *testing.T, key string) int64 {
+	t.Helper()
+	raw := e.raw(t)
+	at, err := raw.Do(context.Background(), raw.B().Pexpiretime().Key(key).Build()).AsInt64()
+	if err != nil {
+		t.Fatalf("PEXPIRETIME %s: %v", key, err)
+	}
+	return at
+}
+
+// TestAHeldSlotOutlivesItsPlanOnAReplicaThatNeverSawIt: the slot's TTL is
+// stored with it, so a replica whose table never held the plan (one that
+// restarted after the plan was deleted) keeps the slot alive by that TTL.
+func TestAHeldSlotOutlivesItsPlanOnAReplicaThatNeverSawIt(t *testing.T) {
+	eachBackend(t, true, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		user := newUser(t)
+		first := withTiers(t, e, append([]tiers.Tier{retiring}, limitertest.Tiers()...))
+		if res, err := first.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: retiring.Plan, StreamID: "s"}); err != nil || !res.Granted {
+			t.Fatalf("Acquire under %s: got %+v, %v; want granted", retiring.Plan, res, err)
+		}
+		if err := first.Tiers().Replace(limitertest.Tiers()); err != nil { // the plan is deleted
+			t.Fatal(err)
+		}
+
+		restarted := withTiers(t, e, limitertest.Tiers())
+		for _, plan := range []string{retiring.Plan, "short"} {
+			before := time.Now()
+			res, err := restarted.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: user, Plan: plan, StreamID: "s"})
+			if err != nil || !res.Alive || res.Degraded {
+				t.Fatalf("heartbeat naming plan %s on a replica without %s: got %+v, %v; want alive from Redis", plan, retiring.Plan, res, err)
+			}
+			if lo, hi := before.Add(retiring.SlotTTL-time.Second), time.Now().Add(retiring.SlotTTL+time.Second); res.ExpiresAt.Before(lo) || res.ExpiresAt.After(hi) {
+				t.Errorf("expiry after a heartbeat naming plan %s: got %v, want about now + %v (the slot's own TTL)", plan, res.ExpiresAt, retiring.SlotTTL)
+			}
+		}
+		if _, err := restarted.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: retiring.Plan}); !errors.Is(err, limiter.ErrUnknownPlan) {
+			t.Errorf("acquire under the deleted plan: got %v, want ErrUnknownPlan (limits apply at acquire)", err)
+		}
+		if got := e.records(t, user); len(got) != 1 || got["s"] != "7000" {
+			t.Errorf("slot records: got %v, want s → 7000 (its TTL in ms)", got)
+		}
+		// The same instant. The embedded store keeps a TTL relative to
+		// when it was set, so what it reads back drifts by a few ms.
+		slack := int64(0)
+		if e.redis.Embedded() {
+			slack = 100
+		}
+		key := e.key(t, user)
+		if slots, records := e.expiryMs(t, key), e.expiryMs(t, keys.SlotRecords(key)); slots <= 0 || records < slots-slack || records > slots+slack {
+			t.Errorf("PEXPIRETIME of the records %d, of the slots %d: want the same", records, slots)
+		}
+	})
+}
+
+// TestASlotWithoutARecordFallsBackToTheRequestTTL: slots taken before
+// records existed have none; a heartbeat keeps them by the request's tier
+// and records that TTL, and answers unknown_plan only when it has neither.
+func TestASlotWithoutARecordFallsBackToTheRequestTTL(t *testing.T) {
+	eachBackend(t, true, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		user := newUser(t)
+		held := e.acquire(t, user, "three", "s")
+		raw := e.raw(t)
+		if err := raw.Do(ctx, raw.B().Del().Key(keys.SlotRecords(e.key(t, user))).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+
+		_, err := e.lim.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: user, Plan: "gold", StreamID: "s"})
+		if !errors.Is(err, limiter.ErrUnknownPlan) {
+			t.Fatalf("heartbeat of a slot without a record under an unknown plan: got %v, want ErrUnknownPlan", err)
+		}
+		res, err := e.lim.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: user, Plan: "one", StreamID: "s"})
+		if err != nil || !res.Alive {
+			t.Fatalf("heartbeat of a slot without a record: got %+v, %v; want alive", res, err)
+		}
+		if !res.ExpiresAt.Equal(held.ExpiresAt) {
+			t.Errorf("expiry: got %v, want unchanged %v (the 2s TTL of plan one does not move it back)", res.ExpiresAt, held.ExpiresAt)
+		}
+		if got := e.records(t, user); got["s"] != "2000" {
+			t.Errorf("slot records: got %v, want s → 2000 (the TTL it is now kept by)", got)
+		}
+	})
+}
+
+// TestNoRecordOutlivesItsSlot: release, release_all and pruning remove a
+// slot's record in the script that removes the slot.
+func TestNoRecordOutlivesItsSlot(t *testing.T) {
+	eachBackend(t, true, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		cases := []struct {
+			name   string
+			left   int // records left of the slots s and t
+			remove func(user string)
+		}{
+			{"a release", 1, func(user string) {
+				if res, err := e.lim.Release(ctx, user, "s"); err != nil || !res.Released {
+					t.Fatalf("Release: got %+v, %v; want released", res, err)
+				}
+			}},
+			{"a release_all", 0, func(user string) {
+				if ids, err := e.lim.ReleaseAll(ctx, user, newAuditID()); err != nil || len(ids) != 2 {
+					t.Fatalf("ReleaseAll: got %v, %v; want 2 released", ids, err)
+				}
+			}},
+			{"expiry, pruned by an acquire", 0, func(user string) {
+				time.Sleep(400 * time.Millisecond)
+				e.acquire(t, user, "short", "later")
+				if _, err := e.lim.Release(ctx, user, "later"); err != nil {
+					t.Fatal(err)
+				}
+			}},
+			{"expiry, pruned by a heartbeat", 0, func(user string) {
+				time.Sleep(400 * time.Millisecond)
+				if _, err := e.lim.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: user, Plan: "short", StreamID: "s"}); !errors.Is(err, limiter.ErrSlotLost) {
+					t.Fatalf("Heartbeat of an expired slot: got %v, want ErrSlotLost", err)
+				}
+			}},
+		}
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				user := newUser(t)
+				e.acquire(t, user, "short", "s")
+				e.acquire(t, user, "short", "t")
+				if got := e.records(t, user); got["s"] != "300" || got["t"] != "300" {
+					t.Fatalf("slot records after acquiring s and t: got %v, want both → 300", got)
+				}
+				tc.remove(user)
+				if got := e.records(t, user); len(got) != tc.left || got["s"] != "" {
+					t.Errorf("slot records after %s of s: got %v, want %d and none for s", tc.name, got, tc.left)
+				}
+			})
+		}
+	})
+}

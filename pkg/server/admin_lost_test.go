@@ -1,0 +1,55 @@
+package server_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+
+	"github.com/joishi/limiter/internal/limitertest"
+	"github.com/joishi/limiter/internal/testenv"
+	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/httpapi"
+)
+
+// TestAdminReleaseWhoseReplyIsLost: the connection to Redis drops after
+// release_all ran and before its reply came back, and the Redis client
+// sends it again. The answer and its audit record must still name exactly
+// what was released, or say that this is not known.
+func TestAdminReleaseWhoseReplyIsLost(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	proxy := testenv.StartProxy(t, srv.Addr())
+	e := newAdminEnvOn(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{proxy.Addr()}}}, nil)
+	if _, err := e.lim.ReleaseAll(context.Background(), newUser(t), "warm-up"); err != nil { // loads the script
+		t.Fatal(err)
+	}
+	reason := `{"reason":"ticket 4812: locked out after a crash"}`
+
+	t.Run("one reply lost: the answer and the record name the released slots", func(t *testing.T) {
+		user := newUser(t)
+		held := e.hold(t, user, 2)
+		proxy.DropReplies(1)
+		r := e.do(t, adminCall{method: "POST", path: httpapi.AdminUserReleasePath(user), token: operatorToken, body: reason})
+		res := decode[httpapi.AdminReleaseResponse](t, r, http.StatusOK)
+		if !sameIDs(res.Released, held) {
+			t.Errorf("released: got %v, want %v", res.Released, held)
+		}
+		rec := e.streamRecords(t)[0]
+		if rec.AuditID != res.AuditID || rec.Outcome != httpapi.OutcomeOK || !sameIDs(rec.Released, held) {
+			t.Errorf("audit record: got id %s outcome %q released %v, want id %s outcome ok released %v", rec.AuditID, rec.Outcome, rec.Released, res.AuditID, held)
+		}
+	})
+
+	t.Run("every reply lost: 503 outcome_unknown, and the record says so", func(t *testing.T) {
+		user := newUser(t)
+		e.hold(t, user, 1)
+		proxy.DropReplies(1 << 20)
+		r := e.do(t, adminCall{method: "POST", path: httpapi.AdminUserReleasePath(user), token: operatorToken, body: reason})
+		proxy.DropReplies(0)
+		wantError(t, r, http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
+		rec := e.streamRecords(t)[0]
+		if rec.AuditID != r.header.Get(httpapi.HeaderAuditID) || rec.Outcome != httpapi.CodeOutcomeUnknown || rec.Status != http.StatusServiceUnavailable || len(rec.Released) != 0 {
+			t.Errorf("audit record: got %+v, want this call's, outcome %s, status 503, nothing named released", rec, httpapi.CodeOutcomeUnknown)
+		}
+	})
+}
