@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"strconv"
 
 	"github.com/redis/rueidis"
@@ -22,15 +23,28 @@ type AuditEntry struct {
 // (keys.Schema.Audit()), trimmed to about maxLen entries: never fewer.
 // The limiter does not read record; its caller decides the format.
 // Errors: ErrUnavailable, ErrRedisRefused, or ctx's error.
+//
+// An append that meets an outage is tried once more: a record matters more
+// than its latency, and the call that failed is often the one that met a
+// connection being redialled. The retry may store a record twice (when the
+// first append ran and only its answer was lost); records carry their own
+// audit id, so a reader can tell.
 func (l *Limiter) AppendAudit(ctx context.Context, record string, maxLen int) error {
 	key := l.keys.Audit()
-	return l.do(ctx, "append_audit", func(ctx context.Context, c rueidis.Client) error {
-		// MAXLEN ~ trims whole macro nodes only: cheap, and the stream
-		// stays at least maxLen long.
-		cmd := c.B().Xadd().Key(key).Maxlen().Almost().Threshold(strconv.Itoa(maxLen)).
-			Id("*").FieldValue().FieldValue(auditField, record).Build()
-		return c.Do(ctx, cmd).Error()
-	})
+	appendOnce := func() error {
+		return l.do(ctx, "append_audit", func(ctx context.Context, c rueidis.Client) error {
+			// MAXLEN ~ trims whole macro nodes only: cheap, and the stream
+			// stays at least maxLen long.
+			cmd := c.B().Xadd().Key(key).Maxlen().Almost().Threshold(strconv.Itoa(maxLen)).
+				Id("*").FieldValue().FieldValue(auditField, record).Build()
+			return c.Do(ctx, cmd).Error()
+		})
+	}
+	err := appendOnce()
+	if errors.Is(err, ErrUnavailable) {
+		err = appendOnce()
+	}
+	return err
 }
 
 // RecentAudit returns up to n entries of the audit stream, newest first.

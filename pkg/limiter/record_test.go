@@ -111,15 +111,15 @@ func TestASlotWithoutARecordFallsBackToTheRequestTTL(t *testing.T) {
 		if !errors.Is(err, limiter.ErrUnknownPlan) {
 			t.Fatalf("heartbeat of a slot without a record under an unknown plan: got %v, want ErrUnknownPlan", err)
 		}
-		res, err := e.lim.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: user, Plan: "one", StreamID: "s"})
+		res, err := e.lim.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: user, Plan: "short", StreamID: "s"})
 		if err != nil || !res.Alive {
 			t.Fatalf("heartbeat of a slot without a record: got %+v, %v; want alive", res, err)
 		}
 		if !res.ExpiresAt.Equal(held.ExpiresAt) {
-			t.Errorf("expiry: got %v, want unchanged %v (the 2s TTL of plan one does not move it back)", res.ExpiresAt, held.ExpiresAt)
+			t.Errorf("expiry: got %v, want unchanged %v (the 300ms TTL of plan short does not move it back)", res.ExpiresAt, held.ExpiresAt)
 		}
-		if got := e.records(t, user); got["s"] != "2000" {
-			t.Errorf("slot records: got %v, want s → 2000 (the TTL it is now kept by)", got)
+		if got := e.records(t, user); got["s"] != "300" {
+			t.Errorf("slot records: got %v, want s → 300 (the TTL it is now kept by)", got)
 		}
 	})
 }
