@@ -94,12 +94,17 @@ func runServe(ctx context.Context, cfg config.Config, deps serveDeps) error {
 		Observer:       observer,
 		TracerProvider: tel.TracerProvider,
 	})
+	callers, stopCallers, err := startCallers(ctx, cfg, logger)
+	if err != nil {
+		return err
+	}
+	defer stopCallers()
 	adminRoutes, stopAdmin, err := startAdmin(ctx, cfg, lim, logger)
 	if err != nil {
 		return err
 	}
 	defer stopAdmin()
-	srvOpts := server.Options{Logger: logger, Metrics: tel.MetricsHandler(), Middleware: tel.Middleware, Routes: adminRoutes}
+	srvOpts := server.Options{Logger: logger, Metrics: tel.MetricsHandler(), Middleware: tel.Middleware, Routes: adminRoutes, Callers: callers}
 	if cfg.Redis.RequiredForReadiness {
 		srvOpts.RedisAnswered = redis.Answered
 	}

@@ -17,6 +17,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
+	"strings"
 	"sync"
 	"time"
 )
@@ -47,7 +49,8 @@ type Client struct {
 type leaseKey struct{ userID, streamID string }
 
 // New returns a Client of the limiter at baseURL (e.g.
-// "http://limiter.default.svc:8080"; a path prefix is kept). It starts the
+// "http://limiter.default.svc:8080"; a path prefix is kept), as the caller
+// whose token WithToken or LIMITER_TOKEN gives. It starts the
 // heartbeat goroutine, which idles until a lease is held; it does not touch
 // the network.
 func New(baseURL string, opts ...Option) (*Client, error) {
@@ -62,8 +65,12 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 		}
 	}
 	hc, owned := cfg.build()
+	token := cfg.token
+	if !cfg.tokenSet {
+		token = strings.TrimSpace(os.Getenv(EnvToken))
+	}
 	c := &Client{
-		api:       endpoint{base: base, http: hc, timeout: cfg.requestTimeout, maxAnswer: maxAnswerBytes},
+		api:       endpoint{base: base, http: hc, timeout: cfg.requestTimeout, token: token, maxAnswer: maxAnswerBytes},
 		ownHTTP:   owned,
 		log:       cfg.logger,
 		interval:  cfg.interval,

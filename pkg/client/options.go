@@ -5,8 +5,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 )
+
+// EnvToken is the environment variable New reads the caller token from
+// when no WithToken option is given.
+const EnvToken = "LIMITER_TOKEN"
 
 // Defaults of the options.
 const (
@@ -26,6 +31,25 @@ type config struct {
 	logger         *slog.Logger
 	interval       time.Duration
 	requestTimeout time.Duration
+	token          string
+	tokenSet       bool
+}
+
+// WithToken makes the client send token as its bearer token on every call
+// of the slot API: a token of the service's api.tokensFile, which names
+// the caller and the plans it may use. Default: the LIMITER_TOKEN
+// environment variable; none when it is empty too (a service without
+// api.tokensFile needs none). NewAdmin takes its token as an argument and
+// ignores this option.
+func WithToken(token string) Option {
+	return func(c *config) error {
+		token = strings.TrimSpace(token)
+		if token == "" {
+			return fmt.Errorf("WithToken: token must not be empty")
+		}
+		c.token, c.tokenSet = token, true
+		return nil
+	}
 }
 
 // WithHTTPClient makes the client send its requests with hc. The client

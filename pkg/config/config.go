@@ -21,6 +21,7 @@ import (
 // every default.
 type Config struct {
 	HTTP      HTTP      `mapstructure:"http"`
+	API       API       `mapstructure:"api"`
 	Ops       Ops       `mapstructure:"ops"`
 	Redis     Redis     `mapstructure:"redis"`
 	Tiers     Tiers     `mapstructure:"tiers"`
@@ -51,6 +52,19 @@ type HTTP struct {
 	// IdleTimeout is how long a kept-alive connection may wait for its next
 	// request, on both listeners. Default 2m.
 	IdleTimeout time.Duration `mapstructure:"idleTimeout"`
+}
+
+// API is who may call the slot API (/v1/slots/*, /v1/tiers).
+type API struct {
+	// TokensFile holds one "name token plans" per line: the callers of the
+	// slot API, each with its bearer token (at least 16 characters; "-"
+	// for a caller that presents a client certificate only) and the plans
+	// it may use ("*" or a comma-separated list); '#' comments allowed.
+	// Re-read when it changes; a removed file refuses every caller. A call
+	// without a known token is 401, a plan outside the caller's 403.
+	// Default "": the slot API is open to anyone who reaches http.addr
+	// (logged at WARN).
+	TokensFile string `mapstructure:"tokensFile"`
 }
 
 // Ops is the listener of /healthz, /readyz and /metrics.

@@ -30,6 +30,7 @@ type flagSpec struct {
 var flagSpecs = []flagSpec{
 	{name: "http-addr", key: "http.addr", usage: "API listen address, host:port"},
 	{name: "http-shutdown-grace", key: "http.shutdownGrace", usage: "how long in-flight requests may finish after SIGTERM"},
+	{name: "api-tokens-file", key: "api.tokensFile", usage: `file of "name token plans" lines: the callers allowed on the slot API and their plans`, unset: "none: the slot API is open"},
 	{name: "ops-addr", key: "ops.addr", usage: "listen address of /healthz, /readyz and /metrics, host:port"},
 	{name: "redis-addrs", key: "redis.addrs", usage: "Redis seed addresses, host:port, comma-separated: a standalone server, cluster nodes, or Sentinels", unset: "none: the embedded store, for one replica only"},
 	{name: "redis-sentinel-master-set", key: "redis.sentinelMasterSet", usage: "Sentinel master set; makes --redis-addrs Sentinels", unset: "none: no Sentinel"},

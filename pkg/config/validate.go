@@ -66,6 +66,10 @@ func (c Config) Validate() error {
 		}
 	}
 
+	if c.API.TokensFile != "" {
+		v.readable("api.tokensFile", c.API.TokensFile)
+	}
+
 	c.validateRedis(&v)
 
 	switch c.Tiers.Source {

@@ -137,7 +137,9 @@ const (
 	CodeUnavailable        = "limiter_unavailable"  // 503
 	CodeNotFound           = "not_found"            // 404
 	CodeMethodNotAllowed   = "method_not_allowed"   // 405
-	CodeUnauthorized       = "unauthorized"         // 401
-	CodeForbidden          = "forbidden"            // 403
+	CodeUnauthenticated    = "unauthenticated"      // 401: slot API, no or unknown caller token
+	CodePlanNotAllowed     = "plan_not_allowed"     // 403: slot API, a plan outside the caller's
+	CodeUnauthorized       = "unauthorized"         // 401: admin API
+	CodeForbidden          = "forbidden"            // 403: admin API
 	CodeInternal           = "internal"             // 500
 )

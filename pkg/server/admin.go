@@ -53,7 +53,7 @@ type AdminOptions struct {
 // call, refused ones included, leaves one audit record.
 type Admin struct {
 	lim    *limiter.Limiter
-	tokens *tokenFile
+	tokens *tokensFile[tokenSet]
 	audit  *auditor
 	poll   time.Duration
 	page   fs.FS // the admin page's files
@@ -70,7 +70,7 @@ func NewAdmin(lim *limiter.Limiter, opts AdminOptions) (*Admin, error) {
 	if opts.AuditMaxLen <= 0 {
 		opts.AuditMaxLen = 10000
 	}
-	tokens, err := loadTokenFile(opts.TokensFile, opts.Logger)
+	tokens, err := loadAdminTokens(opts.TokensFile, opts.Logger)
 	if err != nil {
 		return nil, err
 	}

@@ -31,6 +31,12 @@ func apiError(err error) (int, httpapi.Error) {
 	case errors.Is(err, limiter.ErrSlotLost):
 		e.Code = httpapi.CodeSlotLost
 		return http.StatusGone, e
+	case errors.Is(err, errUnauthenticated): // slot API (auth.go)
+		e.Code = httpapi.CodeUnauthenticated
+		return http.StatusUnauthorized, e
+	case errors.Is(err, errPlanNotAllowed):
+		e.Code = httpapi.CodePlanNotAllowed
+		return http.StatusForbidden, e
 	case errors.Is(err, errUnauthorized): // admin API (admin.go)
 		e.Code = httpapi.CodeUnauthorized
 		return http.StatusUnauthorized, e
@@ -53,11 +59,15 @@ func apiError(err error) (int, httpapi.Error) {
 
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	status, e := apiError(err)
+	caller := ""
+	if info := infoOf(r.Context()); info != nil {
+		caller = info.caller
+	}
 	switch {
 	case status == http.StatusInternalServerError:
-		s.failedInternal.Log(r.Context(), slog.LevelError, "request failed", "path", r.URL.Path, "status", status, "err", err)
+		s.failedInternal.Log(r.Context(), slog.LevelError, "request failed", "path", r.URL.Path, "status", status, "caller", caller, "err", err)
 	case status > 500:
-		s.failedUnavailable.Log(r.Context(), slog.LevelWarn, "request failed", "path", r.URL.Path, "status", status, "err", err)
+		s.failedUnavailable.Log(r.Context(), slog.LevelWarn, "request failed", "path", r.URL.Path, "status", status, "caller", caller, "err", err)
 	}
 	writeError(w, status, e)
 }

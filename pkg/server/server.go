@@ -25,6 +25,10 @@ type Options struct {
 	Middleware func(http.Handler) http.Handler
 	// Routes, when set, may add routes to the API mux (the admin API).
 	Routes func(mux *http.ServeMux)
+	// Callers, when set, authenticates every call of the slot API
+	// (/v1/slots/*, /v1/tiers) and scopes it to the caller's plans.
+	// Default nil: the slot API is open to anyone who reaches it.
+	Callers *Callers
 	// RedisAnswered, when set, holds /readyz at 503 until it returns true
 	// (redis.requiredForReadiness: a replica whose Redis never answered is
 	// not ready). Once true it must stay true: readiness gates the start,
@@ -64,18 +68,18 @@ func New(lim *limiter.Limiter, opts Options) *Server {
 // Handler returns the API: the routes of api/openapi.yaml.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
-	s.route(mux, "POST", httpapi.PathAcquire, s.acquire)
-	s.route(mux, "POST", httpapi.PathHeartbeat, s.heartbeat)
-	s.route(mux, "POST", httpapi.PathHeartbeats, s.heartbeats)
-	s.route(mux, "POST", httpapi.PathRelease, s.release)
-	s.route(mux, "GET", httpapi.PathTiers, s.tiers)
+	s.route(mux, "POST", httpapi.PathAcquire, s.authenticate(s.acquire))
+	s.route(mux, "POST", httpapi.PathHeartbeat, s.authenticate(s.heartbeat))
+	s.route(mux, "POST", httpapi.PathHeartbeats, s.authenticate(s.heartbeats))
+	s.route(mux, "POST", httpapi.PathRelease, s.authenticate(s.release))
+	s.route(mux, "GET", httpapi.PathTiers, s.authenticate(s.tiers))
 	if s.opts.Routes != nil {
 		s.opts.Routes(mux)
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, httpapi.Error{Code: httpapi.CodeNotFound, Message: "no route " + r.Method + " " + r.URL.Path})
 	})
-	var h http.Handler = mux
+	h := s.logAccess(mux)
 	h = s.recoverPanics(h)
 	if s.opts.Middleware != nil {
 		h = s.opts.Middleware(h)

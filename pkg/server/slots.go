@@ -21,7 +21,11 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, badRequest("plan is required"))
 		return
 	}
-	res, err := s.lim.Acquire(r.Context(), limiter.AcquireRequest{UserID: req.UserID, Plan: req.Plan, StreamID: req.StreamID})
+	if err := allowPlan(r, req.Plan); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	res, err := s.lim.Acquire(r.Context(), limiter.AcquireRequest{UserID: req.UserID, Plan: req.Plan, StreamID: req.StreamID, Caller: callerOf(r).name})
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -67,6 +71,10 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, badRequest("plan is required"))
 		return
 	}
+	if err := allowPlan(r, req.Plan); err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	res, err := s.lim.Heartbeat(r.Context(), limiter.HeartbeatRequest(req))
 	if err != nil {
 		s.fail(w, r, err)
@@ -85,11 +93,7 @@ func (s *Server) heartbeats(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, badRequest("slots must hold 1 to %d entries, got %d", httpapi.MaxBatch, n))
 		return
 	}
-	reqs := make([]limiter.HeartbeatRequest, len(req.Slots))
-	for i, slot := range req.Slots {
-		reqs[i] = limiter.HeartbeatRequest(slot)
-	}
-	results, errs := s.lim.HeartbeatBatch(r.Context(), reqs)
+	results, errs := s.heartbeatBatch(r, req.Slots)
 	out := httpapi.HeartbeatsResponse{Results: make([]httpapi.HeartbeatResult, len(results))}
 	unavailable := 0
 	for i, res := range results {
