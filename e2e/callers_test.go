@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"net/http"
 	"os"
@@ -28,14 +30,14 @@ type callerServer struct {
 	tokensFile string
 }
 
-func startCallerServer(t *testing.T, extraConfig string) *callerServer {
+func startCallerServer(t *testing.T) *callerServer {
 	t.Helper()
 	tokens := filepath.Join(t.TempDir(), "api-tokens")
 	if err := os.WriteFile(tokens, []byte("# e2e callers\napp "+e2eAppToken+" paid\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	config := serveConfig([]string{testenv.Redis(t)}, "e2e-callers-"+randomID()+":", incidentTiers) +
-		"api:\n  tokensFile: " + tokens + "\n" + extraConfig
+		"api:\n  tokensFile: " + tokens + "\n"
 	return &callerServer{Process: servetest.Start(t, servetest.Options{Config: config, AwaitRedis: true}), tokensFile: tokens}
 }
 
@@ -44,7 +46,7 @@ func startCallerServer(t *testing.T, extraConfig string) *callerServer {
 // takes a rotated token without a restart; the Go client authenticates
 // with its token.
 func TestCallersAuthenticateThroughServe(t *testing.T) {
-	srv := startCallerServer(t, "")
+	srv := startCallerServer(t)
 	ctx := context.Background()
 	user := "callers-" + randomID()
 
@@ -102,5 +104,64 @@ func TestCallersAuthenticateThroughServe(t *testing.T) {
 		if strings.Contains(srv.Output(), token) {
 			t.Errorf("serve's log holds a token")
 		}
+	}
+}
+
+// TestCallersOverMutualTLS: serve with http.tls.* serves the API over TLS
+// only, and a client certificate of the client CA names a caller of
+// api.tokensFile (here one with no token at all), scoped to its plans.
+func TestCallersOverMutualTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca := testenv.NewCA(t)
+	certFile, keyFile := ca.IssueFiles(t, dir, "server", testenv.CertSpec{CommonName: "limiter", IPs: []string{"127.0.0.1"}})
+	tokens := filepath.Join(dir, "api-tokens")
+	if err := os.WriteFile(tokens, []byte("app "+e2eAppToken+" paid\nedge.example - free\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	config := serveConfig([]string{testenv.Redis(t)}, "e2e-mtls-"+randomID()+":", incidentTiers) +
+		"api:\n  tokensFile: " + tokens + "\n" +
+		"http:\n  tls:\n    certFile: " + certFile + "\n    keyFile: " + keyFile + "\n    clientCAFile: " + ca.File(t, dir) + "\n"
+	proc := servetest.Start(t, servetest.Options{Config: config, AwaitRedis: true})
+	base := "https://" + strings.TrimPrefix(proc.API, "http://")
+
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca.PEM)
+	certPEM, keyPEM := ca.Issue(t, testenv.CertSpec{CommonName: "edge", DNSNames: []string{"edge.example"}})
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	c, err := client.New(base, client.WithTLSConfig(&tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(ctx) })
+	lease, err := c.Acquire(ctx, "mtls-"+randomID(), "free")
+	if err != nil {
+		t.Fatalf("Acquire with a client certificate: %v", err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Errorf("Release: %v", err)
+	}
+	if _, err := c.Acquire(ctx, "mtls-"+randomID(), "paid"); !errors.Is(err, client.ErrPlanNotAllowed) {
+		t.Errorf("Acquire of paid as edge.example: got %v, want ErrPlanNotAllowed", err)
+	}
+
+	// A token still works over TLS, without a certificate.
+	withToken, err := client.New(base, client.WithToken(e2eAppToken), client.WithTLSConfig(&tls.Config{RootCAs: pool}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = withToken.Close(ctx) })
+	if _, err := withToken.Acquire(ctx, "mtls-"+randomID(), "paid"); err != nil {
+		t.Errorf("Acquire with a token over TLS: %v", err)
+	}
+	// Plain HTTP is not served on the API port.
+	if status, _ := servetest.Get(proc.API + httpapi.PathTiers); status == http.StatusOK {
+		t.Errorf("plain HTTP on the TLS API port: got 200, want it refused")
+	}
+	if !strings.Contains(proc.Output(), `"api":"https://`) {
+		t.Errorf("serve's listening line does not name an https API:\n%s", proc.Output())
 	}
 }

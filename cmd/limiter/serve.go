@@ -109,7 +109,7 @@ func runServe(ctx context.Context, cfg config.Config, deps serveDeps) error {
 		srvOpts.RedisAnswered = redis.Answered
 	}
 	srv := server.New(lim, srvOpts)
-	err = srv.Run(ctx, server.Listeners{API: cfg.HTTP.Addr, Ops: cfg.Ops.Addr, Timeouts: cfg.HTTP.Timeouts()}, cfg.HTTP.ShutdownGrace)
+	err = srv.Run(ctx, server.Listeners{API: cfg.HTTP.Addr, Ops: cfg.Ops.Addr, TLS: cfg.HTTP.TLS.Files(), Timeouts: cfg.HTTP.Timeouts()}, cfg.HTTP.ShutdownGrace)
 	if cause := context.Cause(ctx); errors.Is(cause, errTierWatchStopped) {
 		return cause
 	}

@@ -33,8 +33,9 @@ type Admin struct {
 // NewAdmin returns an Admin of the limiter at baseURL (its API listener,
 // e.g. "http://limiter.default.svc:8080"; a path prefix is kept) that
 // sends token as a bearer token. Of the options, WithHTTPClient,
-// WithTransport and WithRequestTimeout apply; the heartbeat and logging
-// options have nothing to act on. It does not touch the network.
+// WithTransport, WithTLSConfig and WithRequestTimeout apply; the token,
+// heartbeat and logging options have nothing to act on. It does not touch
+// the network.
 func NewAdmin(baseURL, token string, opts ...Option) (*Admin, error) {
 	base, err := parseBaseURL(baseURL)
 	if err != nil {
@@ -48,6 +49,9 @@ func NewAdmin(baseURL, token string, opts ...Option) (*Admin, error) {
 		if err := opt(&cfg); err != nil {
 			return nil, fmt.Errorf("limiter admin client: %w", err)
 		}
+	}
+	if err := cfg.check(); err != nil {
+		return nil, fmt.Errorf("limiter admin client: %w", err)
 	}
 	hc, _ := cfg.build()
 	return &Admin{api: endpoint{base: base, http: hc, timeout: cfg.requestTimeout, token: token, maxAnswer: maxAdminAnswerBytes}}, nil

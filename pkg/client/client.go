@@ -64,6 +64,9 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 			return nil, fmt.Errorf("limiter client: %w", err)
 		}
 	}
+	if err := cfg.check(); err != nil {
+		return nil, fmt.Errorf("limiter client: %w", err)
+	}
 	hc, owned := cfg.build()
 	token := cfg.token
 	if !cfg.tokenSet {

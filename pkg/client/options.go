@@ -1,6 +1,8 @@
 package client
 
 import (
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -33,6 +35,23 @@ type config struct {
 	requestTimeout time.Duration
 	token          string
 	tokenSet       bool
+	tlsConfig      *tls.Config
+}
+
+// WithTLSConfig makes the client's own transport use cfg (cloned) for an
+// https:// base URL: the CAs trusted for the service's certificate
+// (RootCAs) and, for mutual TLS, the client certificate that names the
+// caller (Certificates or GetClientCertificate). Default: the system
+// roots and no client certificate. It cannot be combined with
+// WithHTTPClient: set that client's transport's TLSClientConfig instead.
+func WithTLSConfig(cfg *tls.Config) Option {
+	return func(c *config) error {
+		if cfg == nil {
+			return fmt.Errorf("WithTLSConfig: config must not be nil")
+		}
+		c.tlsConfig = cfg.Clone()
+		return nil
+	}
 }
 
 // WithToken makes the client send token as its bearer token on every call
@@ -131,6 +150,14 @@ func WithRequestTimeout(d time.Duration) Option {
 	}
 }
 
+// check refuses options that contradict each other.
+func (c *config) check() error {
+	if c.tlsConfig != nil && c.httpClient != nil {
+		return errors.New("WithTLSConfig and WithHTTPClient: set the TLS configuration on the given client's transport instead")
+	}
+	return nil
+}
+
 // build applies the defaults and the transport wrappers. owned reports
 // whether the HTTP client is the client's own (so Close may close its idle
 // connections).
@@ -143,7 +170,7 @@ func (c *config) build() (hc *http.Client, owned bool) {
 	}
 	hc, owned = c.httpClient, c.httpClient == nil
 	if owned {
-		hc = defaultHTTPClient()
+		hc = defaultHTTPClient(c.tlsConfig)
 	}
 	if len(c.wrappers) > 0 {
 		copied := *hc
@@ -160,10 +187,11 @@ func (c *config) build() (hc *http.Client, owned bool) {
 	return hc, owned
 }
 
-func defaultHTTPClient() *http.Client {
+func defaultHTTPClient(tlsConfig *tls.Config) *http.Client {
 	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
 	return &http.Client{
 		Transport: &http.Transport{
+			TLSClientConfig:       tlsConfig,
 			Proxy:                 http.ProxyFromEnvironment,
 			DialContext:           dialer.DialContext,
 			ForceAttemptHTTP2:     true,

@@ -52,6 +52,28 @@ type HTTP struct {
 	// IdleTimeout is how long a kept-alive connection may wait for its next
 	// request, on both listeners. Default 2m.
 	IdleTimeout time.Duration `mapstructure:"idleTimeout"`
+	// TLS serves the API over TLS, and mutual TLS with a client CA.
+	TLS ListenerTLS `mapstructure:"tls"`
+}
+
+// ListenerTLS is the API listener's TLS. The ops listener stays plain.
+type ListenerTLS struct {
+	// CertFile and KeyFile are the server's PEM certificate and key; both
+	// or neither. Re-read when they change. Default "": plain HTTP.
+	CertFile string `mapstructure:"certFile"`
+	KeyFile  string `mapstructure:"keyFile"`
+	// ClientCAFile is a PEM bundle of the CAs whose client certificates
+	// identify callers: a certificate's first DNS name (else its common
+	// name) must name a line of api.tokensFile, which scopes it like a
+	// token (its token column may be "-"). A client without a certificate
+	// may still send a token. Requires certFile and api.tokensFile.
+	// Read at start. Default "": no client certificates.
+	ClientCAFile string `mapstructure:"clientCAFile"`
+}
+
+// Files returns the TLS files for server.Listeners.
+func (t ListenerTLS) Files() server.TLSFiles {
+	return server.TLSFiles{CertFile: t.CertFile, KeyFile: t.KeyFile, ClientCAFile: t.ClientCAFile}
 }
 
 // API is who may call the slot API (/v1/slots/*, /v1/tiers).

@@ -69,6 +69,7 @@ func (c Config) Validate() error {
 	if c.API.TokensFile != "" {
 		v.readable("api.tokensFile", c.API.TokensFile)
 	}
+	c.validateListenerTLS(&v)
 
 	c.validateRedis(&v)
 
@@ -177,6 +178,30 @@ func (c Config) validateTLS(v *validator) {
 		{"redis.tls.caFile", t.CAFile},
 		{"redis.tls.certFile", t.CertFile},
 		{"redis.tls.keyFile", t.KeyFile},
+	} {
+		if f.path != "" {
+			v.readable(f.key, f.path)
+		}
+	}
+}
+
+func (c Config) validateListenerTLS(v *validator) {
+	t := c.HTTP.TLS
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		v.add("http.tls.certFile", "and http.tls.keyFile must be set together", "")
+	}
+	if t.ClientCAFile != "" {
+		if t.CertFile == "" {
+			v.add("http.tls.clientCAFile", "requires http.tls.certFile and http.tls.keyFile: client certificates need TLS", "")
+		}
+		if c.API.TokensFile == "" {
+			v.add("http.tls.clientCAFile", `requires api.tokensFile: it scopes each certificate's name to its plans (a line "name - plans")`, "")
+		}
+	}
+	for _, f := range []struct{ key, path string }{
+		{"http.tls.certFile", t.CertFile},
+		{"http.tls.keyFile", t.KeyFile},
+		{"http.tls.clientCAFile", t.ClientCAFile},
 	} {
 		if f.path != "" {
 			v.readable(f.key, f.path)

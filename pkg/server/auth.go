@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -42,7 +43,9 @@ type CallersOptions struct {
 
 // Callers are who may call the slot API (/v1/slots/*, /v1/tiers): the API
 // tokens file, re-read when it changes. A caller presents its token as a
-// bearer token.
+// bearer token, or a client certificate (mutual TLS, TLSFiles.ClientCAFile)
+// whose name (certName) names a line of the file. A certificate, when
+// presented, decides: a token beside it is not looked at.
 type Callers struct {
 	file *tokensFile[callerSet]
 	poll time.Duration
@@ -72,9 +75,17 @@ func (c *Callers) Len() int { return c.file.current().len() }
 // is logged at ERROR and the callers read before stay in force.
 func (c *Callers) Watch(ctx context.Context) { c.file.watch(ctx, c.poll) }
 
-// identify returns the caller of r, by its bearer token.
+// identify returns the caller of r: by its client certificate if it
+// presented one (verified in the handshake), else by its bearer token.
 func (c *Callers) identify(r *http.Request) (caller, error) {
 	set := c.file.current()
+	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
+		name := certName(r.TLS.PeerCertificates[0])
+		if who, ok := set.byName(name); ok {
+			return who, nil
+		}
+		return caller{}, &authError{errUnauthenticated, fmt.Sprintf("the client certificate's name %q is not a caller of the API tokens file", name)}
+	}
 	presented, ok := bearerToken(r)
 	if !ok {
 		return caller{}, &authError{errUnauthenticated, `no caller token: send it as "Authorization: Bearer <token>"`}
@@ -84,6 +95,15 @@ func (c *Callers) identify(r *http.Request) (caller, error) {
 		return caller{}, &authError{errUnauthenticated, "unknown token"}
 	}
 	return who, nil
+}
+
+// certName is the caller name of a client certificate: its first DNS name,
+// else its subject's common name.
+func certName(cert *x509.Certificate) string {
+	if len(cert.DNSNames) > 0 {
+		return cert.DNSNames[0]
+	}
+	return cert.Subject.CommonName
 }
 
 type callerKey struct{}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -85,53 +86,59 @@ func (e *authEnv) used(t *testing.T, user string) int {
 	return got.Used
 }
 
-func TestAPIAuthMatrix(t *testing.T) {
-	t.Parallel()
-	e, _ := newAuthEnv(t, writeCallers(t, callerLines), 0)
+// matrixCaller is one kind of caller of the auth matrix.
+type matrixCaller struct {
+	name   string      // of the case
+	caller string      // its name in the tokens file; "" when unknown
+	plan   bool        // may use plan three
+	via    *api        // sends its calls (with its client certificate, if any)
+	header http.Header // its Authorization header, if any
+}
+
+func bearerHeader(token string) http.Header {
+	return http.Header{"Authorization": {"Bearer " + token}}
+}
+
+// runAuthMatrix calls every slot route as each caller, for a user holding
+// a slot of plan three, and checks the answer: 401 for an unknown caller,
+// 403 for a route naming a plan the caller may not use, else the route's
+// 200.
+func runAuthMatrix(t *testing.T, lim *limiter.Limiter, callers []matrixCaller) {
+	t.Helper()
 	user := newUser(t)
-	held, err := e.lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "three", StreamID: "held"})
+	held, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "three", StreamID: "held"})
 	if err != nil || !held.Granted {
 		t.Fatalf("acquire: %+v, %v", held, err)
 	}
 	slot := httpapi.HeartbeatRequest{UserID: user, Plan: "three", StreamID: "held"}
-
-	// Each route, as each kind of caller. "three" is the plan asked for:
-	// chat's and ops's, not batch's.
-	type route struct {
-		name   string
-		method string
-		path   string
-		body   func() any // a fresh body per call
-		// ok checks a 200.
-		ok func(t *testing.T, r reply, caller string)
-		// planned routes name a plan; a caller without it is refused.
-		planned bool
-	}
-	routes := []route{
+	routes := []struct {
+		name, method, path string
+		body               any
+		planned            bool // names a plan: refused for a caller without it
+		ok                 func(t *testing.T, r reply, c matrixCaller)
+	}{
 		{name: "acquire", method: "POST", path: httpapi.PathAcquire, planned: true,
-			body: func() any { return httpapi.AcquireRequest{UserID: user, Plan: "three", StreamID: "held"} },
-			ok: func(t *testing.T, r reply, _ string) {
+			body: httpapi.AcquireRequest{UserID: user, Plan: "three", StreamID: "held"},
+			ok: func(t *testing.T, r reply, _ matrixCaller) {
 				got := decode[httpapi.AcquireResponse](t, r, http.StatusOK)
 				if !got.Granted || got.Used != 1 {
 					t.Errorf("got %+v, want granted with used 1 (the held slot)", got)
 				}
 			}},
-		{name: "heartbeat", method: "POST", path: httpapi.PathHeartbeat, planned: true,
-			body: func() any { return slot },
-			ok: func(t *testing.T, r reply, _ string) {
+		{name: "heartbeat", method: "POST", path: httpapi.PathHeartbeat, planned: true, body: slot,
+			ok: func(t *testing.T, r reply, _ matrixCaller) {
 				if got := decode[httpapi.HeartbeatResponse](t, r, http.StatusOK); !got.Alive {
 					t.Errorf("got %+v, want alive", got)
 				}
 			}},
-		{name: "heartbeats", method: "POST", path: httpapi.PathHeartbeats,
-			body: func() any { return httpapi.HeartbeatsRequest{Slots: []httpapi.HeartbeatRequest{slot}} },
-			ok: func(t *testing.T, r reply, caller string) {
+		{name: "heartbeats", method: "POST", path: httpapi.PathHeartbeats, body: httpapi.HeartbeatsRequest{Slots: []httpapi.HeartbeatRequest{slot}},
+			ok: func(t *testing.T, r reply, c matrixCaller) {
 				got := decode[httpapi.HeartbeatsResponse](t, r, http.StatusOK)
 				if len(got.Results) != 1 {
 					t.Fatalf("results: got %+v, want 1", got.Results)
 				}
 				res := got.Results[0]
-				if caller == "batch" {
+				if !c.plan {
 					// A plan outside the caller's is refused per slot.
 					if res.Alive || res.Error == nil || res.Error.Code != httpapi.CodePlanNotAllowed {
 						t.Errorf("got %+v, want not alive with error plan_not_allowed", res)
@@ -142,56 +149,61 @@ func TestAPIAuthMatrix(t *testing.T) {
 					t.Errorf("got %+v, want alive", res)
 				}
 			}},
-		{name: "release", method: "POST", path: httpapi.PathRelease,
-			body: func() any { return httpapi.ReleaseRequest{UserID: user, StreamID: "never-held"} },
-			ok: func(t *testing.T, r reply, _ string) {
+		{name: "release", method: "POST", path: httpapi.PathRelease, body: httpapi.ReleaseRequest{UserID: user, StreamID: "never-held"},
+			ok: func(t *testing.T, r reply, _ matrixCaller) {
 				if got := decode[httpapi.ReleaseResponse](t, r, http.StatusOK); got.Released {
 					t.Errorf("got %+v, want released false (never held)", got)
 				}
 			}},
 		{name: "tiers", method: "GET", path: httpapi.PathTiers,
-			ok: func(t *testing.T, r reply, _ string) {
+			ok: func(t *testing.T, r reply, _ matrixCaller) {
 				if got := decode[httpapi.TiersResponse](t, r, http.StatusOK); len(got.Tiers) != len(limitertest.Tiers()) {
 					t.Errorf("tiers: got %d, want %d", len(got.Tiers), len(limitertest.Tiers()))
 				}
 			}},
 	}
-	callers := []struct {
-		name, caller, token string
-		known               bool
-		plan                bool // may use plan three
-	}{
-		{name: "no token", token: ""},
-		{name: "an unknown token", token: unknownTok},
-		{name: "a caller without the plan", caller: "batch", token: batchToken, known: true},
-		{name: "a caller with the plan", caller: "chat", token: chatToken, known: true, plan: true},
-		{name: "a caller with every plan (*)", caller: "ops", token: opsToken, known: true, plan: true},
-	}
 	for _, rt := range routes {
 		for _, c := range callers {
 			t.Run(rt.name+": "+c.name, func(t *testing.T) {
-				var body any
+				var body []byte
 				if rt.body != nil {
-					body = rt.body()
+					body = mustJSON(t, rt.body)
 				}
-				r := e.as(t, c.token, rt.method, rt.path, body)
+				r := c.via.callWith(t, rt.method, rt.path, body, false, c.header)
 				switch {
-				case !c.known:
+				case c.caller == "":
 					wantError(t, r, http.StatusUnauthorized, httpapi.CodeUnauthenticated)
 					challenge := r.header.Get("WWW-Authenticate")
-					if !strings.HasPrefix(challenge, "Bearer ") || strings.Contains(challenge, "invalid_token") != (c.token != "") {
+					if !strings.HasPrefix(challenge, "Bearer ") || strings.Contains(challenge, "invalid_token") != (c.header != nil) {
 						t.Errorf("WWW-Authenticate: got %q, want a Bearer challenge, with error=\"invalid_token\" only for a token sent", challenge)
 					}
 				case rt.planned && !c.plan:
 					e := wantError(t, r, http.StatusForbidden, httpapi.CodePlanNotAllowed)
-					if !strings.Contains(e.Message, `"three"`) || !strings.Contains(e.Message, `"batch"`) || strings.Contains(e.Message, c.token) {
+					if !strings.Contains(e.Message, `"three"`) || !strings.Contains(e.Message, strconv.Quote(c.caller)) || strings.Contains(e.Message, "token-") {
 						t.Errorf("message: got %q, want it to name the plan and the caller, not the token", e.Message)
 					}
 				default:
-					rt.ok(t, r, c.caller)
+					rt.ok(t, r, c)
 				}
 			})
 		}
+	}
+}
+
+func TestAPIAuthMatrix(t *testing.T) {
+	t.Parallel()
+	e, _ := newAuthEnv(t, writeCallers(t, callerLines), 0)
+	runAuthMatrix(t, e.lim, []matrixCaller{
+		{name: "no token", via: e.api},
+		{name: "an unknown token", via: e.api, header: bearerHeader(unknownTok)},
+		{name: "a caller without the plan", caller: "batch", via: e.api, header: bearerHeader(batchToken)},
+		{name: "a caller with the plan", caller: "chat", plan: true, via: e.api, header: bearerHeader(chatToken)},
+		{name: "a caller with every plan (*)", caller: "ops", plan: true, via: e.api, header: bearerHeader(opsToken)},
+	})
+	user := newUser(t)
+	slot := httpapi.HeartbeatRequest{UserID: user, Plan: "three", StreamID: "held"}
+	if _, err := e.lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "three", StreamID: "held"}); err != nil {
+		t.Fatal(err)
 	}
 
 	t.Run("a refused acquire takes no slot", func(t *testing.T) {

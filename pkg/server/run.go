@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -22,6 +23,10 @@ const (
 type Listeners struct {
 	API string // default ":8080"
 	Ops string // default ":9090"
+	// TLS, when its files are set, serves the API over TLS (and mutual
+	// TLS with a client CA). The ops listener stays plain HTTP: probes
+	// and scrapers reach it inside the cluster.
+	TLS TLSFiles
 	// Timeouts apply to both listeners.
 	Timeouts Timeouts
 }
@@ -79,6 +84,13 @@ func (s *Server) Run(ctx context.Context, l Listeners, grace time.Duration) erro
 		l.Ops = ":9090"
 	}
 	timeouts := l.Timeouts.WithDefaults()
+	var tlsConfig *tls.Config
+	if l.TLS.enabled() {
+		var err error
+		if tlsConfig, err = l.TLS.config(s.log); err != nil {
+			return err
+		}
+	}
 	apiLn, err := net.Listen("tcp", l.API)
 	if err != nil {
 		return fmt.Errorf("http.addr %s: %w", l.API, err)
@@ -89,12 +101,17 @@ func (s *Server) Run(ctx context.Context, l Listeners, grace time.Duration) erro
 		return fmt.Errorf("ops.addr %s: %w", l.Ops, err)
 	}
 	api := timeouts.server(s.Handler())
+	api.TLSConfig = tlsConfig
 	ops := timeouts.server(s.OpsHandler())
 
 	errc := make(chan error, 2)
 	go func() { errc <- serve(api, apiLn) }()
 	go func() { errc <- serve(ops, opsLn) }()
-	s.log.Info("listening", "api", "http://"+apiLn.Addr().String(), "ops", "http://"+opsLn.Addr().String())
+	scheme := "http://"
+	if tlsConfig != nil {
+		scheme = "https://"
+	}
+	s.log.Info("listening", "api", scheme+apiLn.Addr().String(), "ops", "http://"+opsLn.Addr().String(), "client_certificates", l.TLS.ClientCAFile != "")
 
 	select {
 	case err := <-errc:
@@ -121,8 +138,15 @@ func (s *Server) Run(ctx context.Context, l Listeners, grace time.Duration) erro
 	return errors.Join(drainErr, opsErr)
 }
 
+// serve serves srv on ln, over TLS when srv has a TLS configuration.
 func serve(srv *http.Server, ln net.Listener) error {
-	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+	var err error
+	if srv.TLSConfig != nil {
+		err = srv.ServeTLS(ln, "", "") // the certificate comes from TLSConfig.GetCertificate
+	} else {
+		err = srv.Serve(ln)
+	}
+	if !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil

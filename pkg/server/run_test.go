@@ -35,10 +35,17 @@ const slack = 1500 * time.Millisecond
 // API and ops addresses once both accept connections.
 func runServer(t *testing.T, srv *server.Server, timeouts server.Timeouts) (api, ops string) {
 	t.Helper()
+	return runServerOn(t, srv, server.Listeners{Timeouts: timeouts})
+}
+
+// runServerOn is runServer with l, whose addresses it fills in.
+func runServerOn(t *testing.T, srv *server.Server, l server.Listeners) (api, ops string) {
+	t.Helper()
 	api, ops = testenv.FreeAddr(t), testenv.FreeAddr(t)
+	l.API, l.Ops = api, ops
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx, server.Listeners{API: api, Ops: ops, Timeouts: timeouts}, time.Second) }()
+	go func() { done <- srv.Run(ctx, l, time.Second) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
