@@ -99,17 +99,17 @@ func runServe(ctx context.Context, cfg config.Config, deps serveDeps) error {
 		return err
 	}
 	defer stopCallers()
-	adminRoutes, stopAdmin, err := startAdmin(ctx, cfg, lim, logger)
+	admin, stopAdmin, err := startAdmin(ctx, cfg, lim, logger)
 	if err != nil {
 		return err
 	}
 	defer stopAdmin()
-	srvOpts := server.Options{Logger: logger, Metrics: tel.MetricsHandler(), Middleware: tel.Middleware, Routes: adminRoutes, Callers: callers}
+	srvOpts := server.Options{Logger: logger, Metrics: tel.MetricsHandler(), Middleware: tel.Middleware, Admin: admin, Callers: callers}
 	if cfg.Redis.RequiredForReadiness {
 		srvOpts.RedisAnswered = redis.Answered
 	}
 	srv := server.New(lim, srvOpts)
-	err = srv.Run(ctx, server.Listeners{API: cfg.HTTP.Addr, Ops: cfg.Ops.Addr, TLS: cfg.HTTP.TLS.Files(), Timeouts: cfg.HTTP.Timeouts()}, cfg.HTTP.ShutdownGrace)
+	err = srv.Run(ctx, server.Listeners{API: cfg.HTTP.Addr, Ops: cfg.Ops.Addr, Admin: cfg.Admin.Addr, TLS: cfg.HTTP.TLS.Files(), Timeouts: cfg.HTTP.Timeouts()}, cfg.HTTP.ShutdownGrace)
 	if cause := context.Cause(ctx); errors.Is(cause, errTierWatchStopped) {
 		return cause
 	}

@@ -177,8 +177,12 @@ type Tiers struct {
 	Static []tiers.Tier `mapstructure:"static"`
 }
 
-// Admin is the operators' API (/v1/admin/...).
+// Admin is the operators' API (/v1/admin/...) and page (/admin/).
 type Admin struct {
+	// Addr is the admin listener's address, host:port: the admin API and
+	// page are served there, never on http.addr. It listens only when
+	// TokensFile is set. Default ":8081".
+	Addr string `mapstructure:"addr"`
 	// TokensFile holds one "name role token" per line (role viewer or
 	// operator; '#' comments allowed), re-read when it changes; the name is
 	// recorded in the audit log. Default "": the admin API and page are off.
@@ -249,7 +253,7 @@ func Default() Config {
 			KeyPrefix:             keys.DefaultKeyPrefix,
 		},
 		Tiers:     Tiers{Source: SourceStatic, LeaseDuration: 15 * time.Second, Static: tiers.Defaults()},
-		Admin:     Admin{AuditMaxLen: 10000},
+		Admin:     Admin{Addr: ":8081", AuditMaxLen: 10000},
 		Telemetry: Telemetry{ServiceName: "limiter"},
 		Log:       Log{Level: LevelInfo, Format: FormatJSON},
 	}

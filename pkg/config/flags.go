@@ -41,6 +41,7 @@ var flagSpecs = []flagSpec{
 	{name: "redis-key-prefix", key: "redis.keyPrefix", usage: "prefix of every Redis key"},
 	{name: "tiers-source", key: "tiers.source", usage: "where limit tiers come from: static (tiers.static) or kubernetes (LimitTier objects)"},
 	{name: "tiers-namespace", key: "tiers.namespace", usage: "namespace of the LimitTier objects (tiers-source kubernetes)", unset: "the pod's own namespace"},
+	{name: "admin-addr", key: "admin.addr", usage: "listen address of the admin API and page (with --admin-tokens-file), host:port"},
 	{name: "admin-tokens-file", key: "admin.tokensFile", usage: `file of "name role token" lines (role viewer or operator) allowed on the admin API`, unset: "none: the admin API is off"},
 	{name: "otlp-endpoint", key: "telemetry.otlpEndpoint", usage: "OTLP receiver of traces (metrics are scraped from /metrics), host:port or http(s):// URL", unset: "none: no export"},
 	{name: "service-name", key: "telemetry.serviceName", usage: "service.name of traces and metrics"},

@@ -90,8 +90,15 @@ func (c Config) Validate() error {
 		v.add("tiers.leaseDuration", fmt.Sprintf("must be between %s and %s", MinLeaseDuration, MaxLeaseDuration), c.Tiers.LeaseDuration.String())
 	}
 
+	v.listenAddr("admin.addr", c.Admin.Addr)
 	if c.Admin.TokensFile != "" {
 		v.readable("admin.tokensFile", c.Admin.TokensFile)
+		// Only a listener that will open can collide.
+		for _, other := range []struct{ key, addr string }{{"http.addr", c.HTTP.Addr}, {"ops.addr", c.Ops.Addr}} {
+			if sameListener(c.Admin.Addr, other.addr) {
+				v.add("admin.addr", "must not be the address of "+other.key+" ("+other.addr+")", strconv.Quote(c.Admin.Addr))
+			}
+		}
 	}
 	if c.Admin.AuditMaxLen < 1 || c.Admin.AuditMaxLen > MaxAuditLen {
 		v.add("admin.auditMaxLen", fmt.Sprintf("must be between 1 and %d", MaxAuditLen), strconv.Itoa(c.Admin.AuditMaxLen))

@@ -95,7 +95,7 @@ func (a *Admin) Tokens() int { return len(a.tokens.current().tokens) }
 // is logged and the tokens read before stay in force.
 func (a *Admin) WatchTokens(ctx context.Context) { a.tokens.watch(ctx, a.poll) }
 
-// Routes adds the admin API and page to mux (for Options.Routes).
+// Routes adds the admin API and page to mux (Server.AdminHandler does).
 func (a *Admin) Routes(mux *http.ServeMux) {
 	a.route(mux, http.MethodGet, httpapi.PathAdminUserSlots, httpapi.ActionListSlots, httpapi.RoleViewer, a.listSlots)
 	a.route(mux, http.MethodPost, httpapi.PathAdminUserRelease, httpapi.ActionReleaseAll, httpapi.RoleOperator, a.releaseAll)

@@ -102,11 +102,11 @@ func newAdminEnvOn(t *testing.T, backend limitertest.Backend, handler func(io.Wr
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(server.New(lim, server.Options{Routes: admin.Routes}).Handler())
+	srv := httptest.NewServer(server.New(lim, server.Options{Admin: admin}).AdminHandler())
 	t.Cleanup(srv.Close)
 	return &adminEnv{
 		url:    srv.URL,
-		client: &http.Client{Transport: apitest.ValidatingTransport(t, srv.Client().Transport), Timeout: 10 * time.Second},
+		client: &http.Client{Transport: apitest.ValidatingAdminTransport(t, srv.Client().Transport), Timeout: 10 * time.Second},
 		lim:    lim, redis: redis, keys: keys, log: sink,
 	}
 }
@@ -507,23 +507,59 @@ func TestAdminPage(t *testing.T) {
 	})
 }
 
-func TestAdminOffWithoutTokensFile(t *testing.T) {
+// The admin API and page are served on the admin listener only: the API
+// listener answers their paths 404, with or without admin on.
+func TestAdminNotOnTheAPIListener(t *testing.T) {
 	t.Parallel()
-	a := newAPI(t, limitertest.New(t, limitertest.Options{}).Limiter)
-	for _, path := range []string{httpapi.AdminUserSlotsPath("u-1"), httpapi.PathAdminAudit} {
-		r := a.call(t, http.MethodGet, path, nil, false)
-		wantError(t, r, http.StatusNotFound, httpapi.CodeNotFound)
+	lim := limitertest.New(t, limitertest.Options{}).Limiter
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(tokens, []byte(adminTokens), 0o600); err != nil {
+		t.Fatal(err)
 	}
-	r := a.call(t, http.MethodPost, httpapi.AdminUserReleasePath("u-1"), []byte(`{"reason":"x"}`), false)
-	wantError(t, r, http.StatusNotFound, httpapi.CodeNotFound)
-	resp, err := http.Get(a.url + httpapi.PathAdminPage)
+	admin, err := server.NewAdmin(lim, server.AdminOptions{TokensFile: tokens})
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusNotFound {
-		t.Errorf("GET /admin/: got %d, want 404", resp.StatusCode)
+	for _, tc := range []struct {
+		name string
+		opts server.Options
+	}{
+		{"admin off", server.Options{}},
+		{"admin on", server.Options{Admin: admin}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := newAPIOf(t, server.New(lim, tc.opts))
+			header := http.Header{"Authorization": {"Bearer " + operatorToken}}
+			for _, path := range []string{httpapi.AdminUserSlotsPath("u-1"), httpapi.PathAdminAudit} {
+				wantError(t, a.callWith(t, http.MethodGet, path, nil, false, header), http.StatusNotFound, httpapi.CodeNotFound)
+			}
+			r := a.callWith(t, http.MethodPost, httpapi.AdminUserReleasePath("u-1"), []byte(`{"reason":"x"}`), false, header)
+			wantError(t, r, http.StatusNotFound, httpapi.CodeNotFound)
+			for _, path := range []string{httpapi.PathAdminPage, "/admin", "/admin/app.js"} {
+				resp, err := http.Get(a.url + path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusNotFound {
+					t.Errorf("GET %s on the API listener: got %d, want 404", path, resp.StatusCode)
+				}
+			}
+		})
 	}
+	t.Run("the admin listener serves no slot route", func(t *testing.T) {
+		srv := httptest.NewServer(server.New(lim, server.Options{Admin: admin}).AdminHandler())
+		defer srv.Close()
+		hc := &http.Client{Transport: apitest.ValidatingAdminTransport(t, srv.Client().Transport), Timeout: 10 * time.Second}
+		resp, err := hc.Get(srv.URL + httpapi.PathTiers)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound {
+			t.Errorf("GET %s on the admin listener: got %d, want 404", httpapi.PathTiers, resp.StatusCode)
+		}
+	})
 }
 
 func TestAdminSpecListsTheAdminRoutes(t *testing.T) {
