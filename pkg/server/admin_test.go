@@ -115,6 +115,7 @@ func newAdminEnvOn(t *testing.T, backend limitertest.Backend, handler func(io.Wr
 type adminCall struct {
 	method, path, token, body string
 	authScheme                string // default "Bearer"
+	contentType               string // of a body; default application/json
 	invalid                   bool   // deliberately outside the spec
 }
 
@@ -130,6 +131,9 @@ func (e *adminEnv) do(t *testing.T, c adminCall) reply {
 	}
 	if c.body != "" {
 		req.Header.Set("Content-Type", "application/json")
+		if c.contentType != "" {
+			req.Header.Set("Content-Type", c.contentType)
+		}
 	}
 	if c.token != "" {
 		scheme := c.authScheme
@@ -229,6 +233,8 @@ func TestAdminAuthMatrix(t *testing.T) {
 			status: 400, code: httpapi.CodeInvalidRequest, actor: "ola", role: "operator", action: httpapi.ActionReleaseAll, detail: "reason is required"},
 		{name: "an operator with a 501-character reason is 400", call: adminCall{method: "POST", path: releasePath, token: operatorToken, body: `{"reason":"` + strings.Repeat("r", 501) + `"}`, invalid: true},
 			status: 400, code: httpapi.CodeInvalidRequest, actor: "ola", role: "operator", action: httpapi.ActionReleaseAll, reason: strings.Repeat("r", 501), detail: "reason is 501 characters, the limit is 500"},
+		{name: "an operator's release sent as text/plain is 415", call: adminCall{method: "POST", path: releasePath, token: operatorToken, body: reason, contentType: "text/plain", invalid: true},
+			status: 415, code: httpapi.CodeUnsupportedMediaType, actor: "ola", role: "operator", action: httpapi.ActionReleaseAll, detail: "must be sent as application/json"},
 		{name: "an operator releases with a reason", call: adminCall{method: "POST", path: releasePath, token: operatorToken, body: `{"reason":"ticket 4812:\nlocked out   after a crash"}`},
 			status: 200, actor: "ola", role: "operator", action: httpapi.ActionReleaseAll, released: held, reason: "ticket 4812: locked out after a crash"},
 		{name: "an operator reads the audit", call: adminCall{method: "GET", path: httpapi.PathAdminAudit + "?limit=5", token: operatorToken},

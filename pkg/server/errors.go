@@ -15,10 +15,14 @@ import (
 func apiError(err error) (int, httpapi.Error) {
 	e := httpapi.Error{Message: err.Error()}
 	var reqErr *requestError
+	var typeErr *mediaTypeError
 	switch {
 	case errors.As(err, &reqErr):
 		e.Code = httpapi.CodeInvalidRequest
 		return http.StatusBadRequest, e
+	case errors.As(err, &typeErr):
+		e.Code = httpapi.CodeUnsupportedMediaType
+		return http.StatusUnsupportedMediaType, e
 	case errors.Is(err, limiter.ErrInvalidUserID):
 		e.Code = httpapi.CodeInvalidUserID
 		return http.StatusBadRequest, e

@@ -81,6 +81,10 @@ func (a *api) callWith(t *testing.T, method, path string, body []byte, invalid b
 		req.Header.Set("Content-Type", "application/json")
 	}
 	for k, v := range header {
+		if v == nil {
+			req.Header.Del(k)
+			continue
+		}
 		req.Header[k] = v
 	}
 	if invalid {
