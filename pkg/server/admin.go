@@ -13,6 +13,7 @@ import (
 
 	"github.com/joishi/limiter/pkg/httpapi"
 	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/ratelog"
 	"github.com/joishi/limiter/pkg/server/adminui"
 )
 
@@ -50,7 +51,9 @@ type AdminOptions struct {
 
 // Admin serves the support staff's API (/v1/admin/...) and page (/admin/):
 // inspect a user's slots, release them all, read the recent actions. Every
-// call, refused ones included, leaves one audit record.
+// call, refused ones included, leaves one audit record: in the log and the
+// audit stream, except a call without a known token, which is only logged
+// (rate-limited; see auditor).
 type Admin struct {
 	lim    *limiter.Limiter
 	tokens *tokensFile[tokenSet]
@@ -82,7 +85,7 @@ func NewAdmin(lim *limiter.Limiter, opts AdminOptions) (*Admin, error) {
 		page:   page,
 		lim:    lim,
 		tokens: tokens,
-		audit:  &auditor{log: opts.Logger, lim: lim, maxLen: opts.AuditMaxLen},
+		audit:  &auditor{log: opts.Logger, anonymous: ratelog.New(opts.Logger, anonymousLogEvery), lim: lim, maxLen: opts.AuditMaxLen},
 		poll:   opts.TokensPollInterval,
 	}, nil
 }
