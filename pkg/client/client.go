@@ -9,6 +9,13 @@
 // on the server and the next tick retries. Only the limiter's explicit
 // answer that the slot is gone closes Lost.
 //
+// A service with api.tokensFile set authenticates its callers: give the
+// client its token with WithToken (default: the LIMITER_TOKEN environment
+// variable), or, over mutual TLS, its client certificate with
+// WithTLSConfig. A call it refuses is an *Error matching
+// ErrUnauthenticated (no known token) or ErrPlanNotAllowed (a plan outside
+// the caller's).
+//
 // Admin calls the admin API that support staff use: list a user's slots,
 // release them all, read the audit.
 package client
