@@ -22,6 +22,7 @@ import (
 type Config struct {
 	HTTP      HTTP      `mapstructure:"http"`
 	Ops       Ops       `mapstructure:"ops"`
+	API       API       `mapstructure:"api"`
 	Redis     Redis     `mapstructure:"redis"`
 	Tiers     Tiers     `mapstructure:"tiers"`
 	Admin     Admin     `mapstructure:"admin"`
@@ -57,6 +58,15 @@ type HTTP struct {
 type Ops struct {
 	// Addr is the ops listen address, host:port. Default ":9090".
 	Addr string `mapstructure:"addr"`
+}
+
+// API is who may call the slot API (/v1/slots/..., /v1/tiers).
+type API struct {
+	// TokensFile holds one "name token plans" line per caller: the token
+	// (at least 16 characters) authenticates it as a bearer token, plans
+	// is a comma list of the plans it may use, or "*" for all. Default "":
+	// the slot API is open to anyone who reaches it (warned at start).
+	TokensFile string `mapstructure:"tokensFile"`
 }
 
 // Redis says where slots are kept.
@@ -141,8 +151,12 @@ type Tiers struct {
 	Static []tiers.Tier `mapstructure:"static"`
 }
 
-// Admin is the operators' API (/v1/admin/...).
+// Admin is the operators' API (/v1/admin/...) and page, on a listener of
+// their own.
 type Admin struct {
+	// Addr is the admin listen address, host:port; never the API's. Default
+	// ":8081".
+	Addr string `mapstructure:"addr"`
 	// TokensFile holds one "name role token" per line (role viewer or
 	// operator; '#' comments allowed), re-read when it changes; the name is
 	// recorded in the audit log. Default "": the admin API and page are off.
@@ -213,7 +227,7 @@ func Default() Config {
 			KeyPrefix:             keys.DefaultKeyPrefix,
 		},
 		Tiers:     Tiers{Source: SourceStatic, LeaseDuration: 15 * time.Second, Static: tiers.Defaults()},
-		Admin:     Admin{AuditMaxLen: 10000},
+		Admin:     Admin{Addr: ":8081", AuditMaxLen: 10000},
 		Telemetry: Telemetry{ServiceName: "limiter"},
 		Log:       Log{Level: LevelInfo, Format: FormatJSON},
 	}

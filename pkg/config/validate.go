@@ -44,8 +44,14 @@ func (c Config) Validate() error {
 
 	v.listenAddr("http.addr", c.HTTP.Addr)
 	v.listenAddr("ops.addr", c.Ops.Addr)
+	v.listenAddr("admin.addr", c.Admin.Addr)
 	if sameListener(c.HTTP.Addr, c.Ops.Addr) {
 		v.add("ops.addr", "must not be the address of http.addr ("+c.HTTP.Addr+")", strconv.Quote(c.Ops.Addr))
+	}
+	for _, other := range []struct{ key, addr string }{{"http.addr", c.HTTP.Addr}, {"ops.addr", c.Ops.Addr}} {
+		if sameListener(other.addr, c.Admin.Addr) {
+			v.add("admin.addr", "must not be the address of "+other.key+" ("+other.addr+")", strconv.Quote(c.Admin.Addr))
+		}
 	}
 	if c.HTTP.ShutdownGrace < 0 {
 		v.add("http.shutdownGrace", "must be >= 0s", c.HTTP.ShutdownGrace.String())
@@ -85,6 +91,9 @@ func (c Config) Validate() error {
 		v.add("tiers.leaseDuration", fmt.Sprintf("must be between %s and %s", MinLeaseDuration, MaxLeaseDuration), c.Tiers.LeaseDuration.String())
 	}
 
+	if c.API.TokensFile != "" {
+		v.readable("api.tokensFile", c.API.TokensFile)
+	}
 	if c.Admin.TokensFile != "" {
 		v.readable("admin.tokensFile", c.Admin.TokensFile)
 	}
