@@ -46,6 +46,8 @@ if [[ -f hack/envtest-assets.sh ]]; then
 	echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS"
 fi
 LIMITER_HELM=$(bash hack/helm.sh | tail -n 1); export LIMITER_HELM # helm for charts/limiter/test, built once
+# Redocly's OpenAPI lint of api/openapi.yaml (internal/apitest), cached like helm.
+LIMITER_REDOCLY=$(bash hack/redocly.sh | tail -n 1); export LIMITER_REDOCLY
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/limiter-test.XXXXXX")
 # Private clusters that testenv.StartCluster starts live here too, so a test
