@@ -51,7 +51,7 @@ BENCH_DURATION=${BENCH_DURATION:-3}
 BENCH_NPM_DIR=${BENCH_NPM_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/limiter/npm}
 readonly CLIENTS=50 USERS=1000000 PIPELINE=16 WARMUP_MS=500 ALLOC_REQUESTS=2000
 
-step() { printf '==> %s\n' "$*" >&2; }
+step() { printf '==> [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
 die() {
 	printf 'bench: error: %s\n' "$*" >&2
 	exit 1
@@ -106,6 +106,7 @@ trap 'exit 143' TERM
 source hack/bench/lib.sh
 
 start_time=$SECONDS
+started_at=$(date -u '+%Y-%m-%d %H:%M UTC')
 # Never benchmark against servers from the caller's environment.
 unset LIMITER_TEST_REDIS LIMITER_TEST_REDIS_CLUSTER
 what=standalone
