@@ -27,6 +27,9 @@ type Config struct {
 	Admin     Admin     `mapstructure:"admin"`
 	Telemetry Telemetry `mapstructure:"telemetry"`
 	Log       Log       `mapstructure:"log"`
+	// Proxy and Identity configure `limiter proxy` (see proxy.go).
+	Proxy    Proxy    `mapstructure:"proxy"`
+	Identity Identity `mapstructure:"identity"`
 }
 
 // HTTP is the API listener.
@@ -224,6 +227,8 @@ func Default() Config {
 		Admin:     Admin{AuditMaxLen: 10000},
 		Telemetry: Telemetry{ServiceName: "limiter"},
 		Log:       Log{Level: LevelInfo, Format: FormatJSON},
+		Proxy:     defaultProxy(),
+		Identity:  defaultIdentity(),
 	}
 }
 
