@@ -174,12 +174,8 @@ func (p *Proxy) limited(path string) bool {
 }
 
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
-	// The upstream may answer, and the answer be flushed, while the
-	// request body is still on its way up; without full duplex, net/http
-	// would close the body once the response headers are out.
-	_ = http.NewResponseController(w).EnableFullDuplex()
 	if !p.limited(r.URL.Path) {
-		p.rp.ServeHTTP(w, r)
+		p.forward(w, r)
 		return
 	}
 	ctx := r.Context()
@@ -232,8 +228,19 @@ func (p *Proxy) stream(w http.ResponseWriter, r *http.Request, st *hold.Stream, 
 	trace.SpanFromContext(ctx).SetAttributes(attribute.String("limiter.stream_id", st.ID()), attribute.Bool("limiter.degraded", res.Degraded))
 	p.log.InfoContext(ctx, "stream granted", "stream_id", st.ID(), "plan", st.Plan(), "path", r.URL.Path, "degraded", res.Degraded)
 	w.Header().Set(HeaderStreamID, st.ID())
-	p.rp.ServeHTTP(w, r.WithContext(ctx))
+	p.forward(w, r.WithContext(ctx))
 	end = p.endOf(r, st, state)
+}
+
+// forward proxies r. The upstream may answer, and the answer be flushed,
+// while the request body is still on its way up: full duplex keeps
+// net/http from closing the body once the response headers are out. (Only
+// here: a refusal must leave net/http to read what is left of the body,
+// or closing the connection over unread bytes resets it before the
+// client reads the answer.)
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {
+	_ = http.NewResponseController(w).EnableFullDuplex()
+	p.rp.ServeHTTP(w, r)
 }
 
 // endOf says how a stream's request ended.

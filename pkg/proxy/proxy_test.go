@@ -112,7 +112,9 @@ func TestBadRequestsTakeNoSlot(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			req := e.request(t, context.Background(), "POST", "/v1/chat/completions", tc.user, tc.plan, nil)
+			// With a body, as SDKs send it: the refusal must reach the client
+			// all the same (not a reset over unread bytes).
+			req := e.request(t, context.Background(), "POST", "/v1/chat/completions", tc.user, tc.plan, strings.NewReader(`{"model":"m","stream":true}`))
 			for k, v := range tc.header {
 				req.Header[k] = v
 			}
