@@ -63,8 +63,11 @@ func repoRoot() string {
 	}
 }
 
-// Options describe one serve process.
+// Options describe one serve (or proxy) process.
 type Options struct {
+	// Command is "serve" (the default) or "proxy". A proxy listens on
+	// --listen, and Process.API is its URL.
+	Command string
 	// Config is the YAML config file's content. The listen addresses are
 	// given as flags and need not be in it.
 	Config string
@@ -96,7 +99,7 @@ type Process struct {
 	err    error
 }
 
-// Start runs `limiter serve` and waits until it is ready (or healthy with
+// Start runs `limiter serve` (or proxy) and waits until it is ready (or healthy with
 // NoWaitReady, and connected to Redis with AwaitRedis). The process is
 // killed at the test's cleanup.
 func Start(t testing.TB, opts Options) *Process {
@@ -108,7 +111,11 @@ func Start(t testing.TB, opts Options) *Process {
 		t.Fatal(err)
 	}
 	api, ops := testenv.FreeAddr(t), testenv.FreeAddr(t)
-	args := append([]string{"serve", "--config", cfg, "--http-addr", api, "--ops-addr", ops}, opts.Args...)
+	command, listen := "serve", "--http-addr"
+	if opts.Command == "proxy" {
+		command, listen = "proxy", "--listen"
+	}
+	args := append([]string{command, "--config", cfg, listen, api, "--ops-addr", ops}, opts.Args...)
 	p := &Process{API: "http://" + api, Ops: "http://" + ops, t: t, output: &testenv.Buffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = append(os.Environ(), opts.Env...)
