@@ -34,6 +34,8 @@ const (
 	// refuse with the default 3 replicas): values.yaml plus this file are
 	// what the tests call the default values.
 	redisValues = "testdata/redis-values.yaml"
+	// proxyValues runs the pods in mode proxy, with a JWT.
+	proxyValues = "testdata/proxy-values.yaml"
 	// helmVersion is the helm hack/helm.sh installs.
 	helmVersion = "v3.22.0"
 	// release and namespace of every rendering.

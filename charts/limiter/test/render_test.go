@@ -16,6 +16,7 @@ var valueSets = []struct {
 }{
 	{"default values", []string{redisValues}},
 	{"cluster mode (ci/cluster-values.yaml)", []string{clusterValues}},
+	{"proxy mode (testdata/proxy-values.yaml)", []string{redisValues, proxyValues}},
 }
 
 func TestLint(t *testing.T) {
