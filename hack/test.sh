@@ -52,6 +52,25 @@ LIMITER_HELM=$(bash hack/helm.sh | tail -n 1); export LIMITER_HELM # helm for ch
 LIMITER_KUBE_SCORE=$(bash hack/kube-score.sh | tail -n 1); export LIMITER_KUBE_SCORE
 LIMITER_REDOCLY=$(bash hack/redocly.sh | tail -n 1); export LIMITER_REDOCLY
 
+# The official OpenAI Node SDK the proxy's e2e tests stream through, as
+# e2e/openai/package-lock.json pins it, installed into a cache outside the
+# clone (again only when the lock file changes).
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+	step "installing nodejs npm"
+	apt_install nodejs npm
+fi
+npm_dir=${LIMITER_E2E_NPM_DIR:-$HOME/.cache/limiter/npm-e2e-openai}
+npm_lock=$(sha1sum e2e/openai/package-lock.json | cut -d' ' -f1)
+if [[ "$(cat "$npm_dir/.installed" 2>/dev/null)" != "$npm_lock" || ! -f "$npm_dir/node_modules/openai/package.json" ]]; then
+	step "installing the OpenAI Node SDK (e2e/openai) into $npm_dir"
+	mkdir -p "$npm_dir"
+	rm -f "$npm_dir/.installed"
+	cp e2e/openai/package.json e2e/openai/package-lock.json "$npm_dir/"
+	npm ci --prefix "$npm_dir" --no-audit --no-fund --loglevel=error
+	echo "$npm_lock" >"$npm_dir/.installed"
+fi
+export LIMITER_TEST_NODE_MODULES=$npm_dir/node_modules
+
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/limiter-test.XXXXXX")
 # Private clusters that testenv.StartCluster starts live here too, so a test
 # binary that dies without its cleanups leaves no server behind.

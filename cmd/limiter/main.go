@@ -1,6 +1,7 @@
 // Command limiter serves the concurrent-stream limiter: `limiter serve`
-// runs a replica, `limiter version` says what was built. This file only
-// wires: flags and configuration to runServe, errors to exit codes.
+// runs a replica, `limiter proxy` caps streams in front of an existing
+// endpoint, `limiter version` says what was built. This file only wires:
+// flags and configuration to runServe and runProxy, errors to exit codes.
 package main
 
 import (
@@ -80,7 +81,7 @@ Redis with their own expiry, so a crashed holder's slot frees itself.`,
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		return fmt.Errorf("%w (see %s --help)", err, cmd.CommandPath())
 	})
-	root.AddCommand(newServeCommand(deps), newVersionCommand(), newAdminCommand())
+	root.AddCommand(newServeCommand(deps), newProxyCommand(deps), newVersionCommand(), newAdminCommand())
 	return root
 }
 

@@ -63,10 +63,14 @@ func repoRoot() string {
 	}
 }
 
-// Options describe one serve process.
+// Options describe one serve (or proxy) process.
 type Options struct {
+	// Command is "serve" (the default) or "proxy". A proxy listens on
+	// --listen, and Process.API is its URL.
+	Command string
 	// Config is the YAML config file's content. The listen addresses
-	// (API, ops and admin) are given as flags and need not be in it.
+	// (API, ops and, for serve, admin) are given as flags and need not be
+	// in it.
 	Config string
 	// Env is added to the process environment.
 	Env []string
@@ -97,7 +101,7 @@ type Process struct {
 	err    error
 }
 
-// Start runs `limiter serve` and waits until it is ready (or healthy with
+// Start runs `limiter serve` (or proxy) and waits until it is ready (or healthy with
 // NoWaitReady, and connected to Redis with AwaitRedis). The process is
 // killed at the test's cleanup.
 func Start(t testing.TB, opts Options) *Process {
@@ -109,8 +113,15 @@ func Start(t testing.TB, opts Options) *Process {
 		t.Fatal(err)
 	}
 	api, ops, admin := testenv.FreeAddr(t), testenv.FreeAddr(t), testenv.FreeAddr(t)
-	args := append([]string{"serve", "--config", cfg, "--http-addr", api, "--ops-addr", ops, "--admin-addr", admin}, opts.Args...)
-	p := &Process{API: "http://" + api, Ops: "http://" + ops, Admin: "http://" + admin, t: t, output: &testenv.Buffer{}, done: make(chan struct{})}
+	args := []string{"serve", "--config", cfg, "--http-addr", api, "--ops-addr", ops, "--admin-addr", admin}
+	if opts.Command == "proxy" {
+		args, admin = []string{"proxy", "--config", cfg, "--listen", api, "--ops-addr", ops}, ""
+	}
+	args = append(args, opts.Args...)
+	p := &Process{API: "http://" + api, Ops: "http://" + ops, t: t, output: &testenv.Buffer{}, done: make(chan struct{})}
+	if admin != "" {
+		p.Admin = "http://" + admin
+	}
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = append(os.Environ(), opts.Env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.output, p.output

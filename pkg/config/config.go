@@ -28,6 +28,9 @@ type Config struct {
 	Admin     Admin     `mapstructure:"admin"`
 	Telemetry Telemetry `mapstructure:"telemetry"`
 	Log       Log       `mapstructure:"log"`
+	// Proxy and Identity configure `limiter proxy` (see proxy.go).
+	Proxy    Proxy    `mapstructure:"proxy"`
+	Identity Identity `mapstructure:"identity"`
 }
 
 // HTTP is the API listener.
@@ -264,6 +267,8 @@ func Default() Config {
 		Admin:     Admin{Addr: ":8081", AuditMaxLen: 10000},
 		Telemetry: Telemetry{ServiceName: "limiter"},
 		Log:       Log{Level: LevelInfo, Format: FormatJSON},
+		Proxy:     defaultProxy(),
+		Identity:  defaultIdentity(),
 	}
 }
 

@@ -23,12 +23,21 @@ type flagSpec struct {
 	// unset says what the zero default means; pflag prints no default
 	// for zero values, and every flag's help must state its default.
 	unset string
+	// only, when set, is the one command that has the flag; otherwise
+	// every command does.
+	only string
 }
+
+// Commands whose flags differ.
+const (
+	CommandServe = "serve"
+	CommandProxy = "proxy"
+)
 
 // flagSpecs are the keys settable by flag: the ones an operator changes
 // per environment. The rest (tiers.static, TLS details) belong in the file.
 var flagSpecs = []flagSpec{
-	{name: "http-addr", key: "http.addr", usage: "API listen address, host:port"},
+	{name: "http-addr", key: "http.addr", usage: "API listen address, host:port", only: CommandServe},
 	{name: "http-shutdown-grace", key: "http.shutdownGrace", usage: "how long in-flight requests may finish after SIGTERM"},
 	{name: "api-tokens-file", key: "api.tokensFile", usage: `file of "name token plans" lines: the callers allowed on the slot API and their plans`, unset: "none: the slot API is open"},
 	{name: "ops-addr", key: "ops.addr", usage: "listen address of /healthz, /readyz and /metrics, host:port"},
@@ -41,12 +50,28 @@ var flagSpecs = []flagSpec{
 	{name: "redis-key-prefix", key: "redis.keyPrefix", usage: "prefix of every Redis key"},
 	{name: "tiers-source", key: "tiers.source", usage: "where limit tiers come from: static (tiers.static) or kubernetes (LimitTier objects)"},
 	{name: "tiers-namespace", key: "tiers.namespace", usage: "namespace of the LimitTier objects (tiers-source kubernetes)", unset: "the pod's own namespace"},
-	{name: "admin-addr", key: "admin.addr", usage: "listen address of the admin API and page (with --admin-tokens-file), host:port"},
-	{name: "admin-tokens-file", key: "admin.tokensFile", usage: `file of "name role token" lines (role viewer or operator) allowed on the admin API`, unset: "none: the admin API is off"},
+	{name: "admin-addr", key: "admin.addr", usage: "listen address of the admin API and page (with --admin-tokens-file), host:port", only: CommandServe},
+	{name: "admin-tokens-file", key: "admin.tokensFile", usage: `file of "name role token" lines (role viewer or operator) allowed on the admin API`, unset: "none: the admin API is off", only: CommandServe},
 	{name: "otlp-endpoint", key: "telemetry.otlpEndpoint", usage: "OTLP receiver of traces (metrics are scraped from /metrics), host:port or http(s):// URL", unset: "none: no export"},
 	{name: "service-name", key: "telemetry.serviceName", usage: "service.name of traces and metrics"},
 	{name: "log-level", key: "log.level", usage: "least severe level logged: debug, info, warn or error"},
 	{name: "log-format", key: "log.format", usage: "log format: json or text"},
+
+	{name: "listen", key: "proxy.listen", usage: "the proxy's listen address, host:port", only: CommandProxy},
+	{name: "upstream", key: "proxy.upstream", usage: "URL requests are forwarded to, http(s)://host:port[/prefix]", unset: "none: required", only: CommandProxy},
+	{name: "routes", key: "proxy.routes", usage: "path prefixes whose requests hold a slot, comma-separated; the rest pass through", unset: "none: every request", only: CommandProxy},
+	{name: "pass-authorization", key: "proxy.passAuthorization", usage: "pass the client's Authorization header upstream", only: CommandProxy},
+	{name: "upstream-ca-file", key: "proxy.upstreamCAFile", usage: "PEM bundle of the CAs trusted for an https upstream", unset: "none: the system roots", only: CommandProxy},
+	{name: "upstream-response-header-timeout", key: "proxy.responseHeaderTimeout", usage: "how long the upstream may take to send its response headers (the stream itself is not bounded)", only: CommandProxy},
+	{name: "user-header", key: "identity.userHeader", usage: "header naming the user when no JWT is configured; trust it only behind a hop that authenticates and sets it", only: CommandProxy},
+	{name: "plan-header", key: "identity.planHeader", usage: "header naming the plan when no JWT is configured", only: CommandProxy},
+	{name: "default-plan", key: "identity.defaultPlan", usage: "plan of a request that names none", unset: "none: such requests are refused", only: CommandProxy},
+	{name: "jwt-jwks-file", key: "identity.jwt.jwksFile", usage: "JSON Web Key Set file verifying bearer tokens, re-read when it changes; makes a verified JWT the only identity", unset: "none", only: CommandProxy},
+	{name: "jwt-jwks-url", key: "identity.jwt.jwksURL", usage: "JSON Web Key Set URL verifying bearer tokens, cached", unset: "none", only: CommandProxy},
+	{name: "jwt-issuer", key: "identity.jwt.issuer", usage: "iss every token must carry (required with a JWT)", unset: "none", only: CommandProxy},
+	{name: "jwt-audience", key: "identity.jwt.audience", usage: "aud every token must carry (required with a JWT)", unset: "none", only: CommandProxy},
+	{name: "jwt-user-claim", key: "identity.jwt.userClaim", usage: "claim holding the user id (dots reach into objects)", only: CommandProxy},
+	{name: "jwt-plan-claim", key: "identity.jwt.planClaim", usage: "claim holding the plan", unset: "none: the default plan", only: CommandProxy},
 }
 
 func flagOf(key string) (flagSpec, bool) {
@@ -58,13 +83,20 @@ func flagOf(key string) (flagSpec, bool) {
 	return flagSpec{}, false
 }
 
-// AddFlags defines --config and a flag for each main key on fs. Each flag's
-// help names its key's environment variable and its default. Pass the
-// parsed fs to Load as LoadOptions.Flags.
-func AddFlags(fs *pflag.FlagSet) {
+// AddFlags defines --config and a flag for each main key of `limiter
+// serve` on fs. Each flag's help names its key's environment variable and
+// its default. Pass the parsed fs to Load as LoadOptions.Flags.
+func AddFlags(fs *pflag.FlagSet) { AddCommandFlags(fs, CommandServe) }
+
+// AddCommandFlags defines --config and the flags of command (CommandServe
+// or CommandProxy) on fs.
+func AddCommandFlags(fs *pflag.FlagSet, command string) {
 	fs.String(FlagConfig, "", fmt.Sprintf("YAML configuration file; environment and flags override it (env %s) (default none)", EnvConfig))
 	def := Default()
 	for _, f := range flagSpecs {
+		if f.only != "" && f.only != command {
+			continue
+		}
 		k, ok := lookupKey(f.key)
 		if !ok {
 			continue // TestFlagsNameKeys keeps this from happening

@@ -21,11 +21,28 @@ func TestFlagsNameKeys(t *testing.T) {
 	}
 }
 
+// specsOf returns the flag specs of command.
+func specsOf(command string) []flagSpec {
+	var out []flagSpec
+	for _, f := range flagSpecs {
+		if f.only == "" || f.only == command {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
 func TestEveryFlagStatesItsEnvVarAndDefault(t *testing.T) {
-	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
-	AddFlags(fs)
-	if got, want := countFlags(fs), len(flagSpecs)+1; got != want {
-		t.Fatalf("AddFlags defined %d flags, want %d (every spec and --config)", got, want)
+	for _, command := range []string{CommandServe, CommandProxy} {
+		t.Run(command, func(t *testing.T) { testFlagHelp(t, command) })
+	}
+}
+
+func testFlagHelp(t *testing.T, command string) {
+	fs := pflag.NewFlagSet(command, pflag.ContinueOnError)
+	AddCommandFlags(fs, command)
+	if got, want := countFlags(fs), len(specsOf(command))+1; got != want {
+		t.Fatalf("AddCommandFlags(%s) defined %d flags, want %d (every spec of the command and --config)", command, got, want)
 	}
 	usages := fs.FlagUsages()
 	fs.VisitAll(func(f *pflag.Flag) {
@@ -44,10 +61,34 @@ func TestEveryFlagStatesItsEnvVarAndDefault(t *testing.T) {
 }
 
 func TestFlagDefaultsAreTheConfigDefaults(t *testing.T) {
-	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
-	AddFlags(fs)
+	for _, command := range []string{CommandServe, CommandProxy} {
+		fs := pflag.NewFlagSet(command, pflag.ContinueOnError)
+		AddCommandFlags(fs, command)
+		testFlagDefaults(t, fs, command)
+	}
+}
+
+// The flags of each command are its own: serve has no proxy flags, and
+// the proxy neither the API's address nor the admin API's tokens.
+func TestFlagsBelongToTheirCommand(t *testing.T) {
+	for command, absent := range map[string][]string{
+		CommandServe: {"upstream", "listen", "jwt-issuer"},
+		CommandProxy: {"http-addr", "admin-tokens-file"},
+	} {
+		fs := pflag.NewFlagSet(command, pflag.ContinueOnError)
+		AddCommandFlags(fs, command)
+		for _, name := range absent {
+			if fs.Lookup(name) != nil {
+				t.Errorf("%s has --%s", command, name)
+			}
+		}
+	}
+}
+
+func testFlagDefaults(t *testing.T, fs *pflag.FlagSet, command string) {
+	t.Helper()
 	def := Default()
-	for _, spec := range flagSpecs {
+	for _, spec := range specsOf(command) {
 		k, _ := lookupKey(spec.key)
 		got := fs.Lookup(spec.name).DefValue
 		wantVal := k.field(&def).Interface()

@@ -28,6 +28,10 @@ type LoadOptions struct {
 	// kubernetes, tiers.namespace is unset and POD_NAMESPACE is empty.
 	// Default ServiceAccountNamespaceFile.
 	NamespaceFile string
+	// Command is the command the configuration is for: CommandServe
+	// (default) or CommandProxy, which also requires proxy.upstream (see
+	// ValidateProxy).
+	Command string
 }
 
 // Load builds the configuration from, in increasing precedence, Default,
@@ -95,7 +99,11 @@ func Load(opts LoadOptions) (Config, error) {
 	if cfg.Tiers.Source == SourceKubernetes && cfg.Tiers.Namespace == "" {
 		cfg.Tiers.Namespace = podNamespace(opts.NamespaceFile)
 	}
-	return cfg, cfg.Validate()
+	err := cfg.Validate()
+	if opts.Command == CommandProxy {
+		err = errors.Join(err, cfg.ValidateProxy())
+	}
+	return cfg, err
 }
 
 // configFile returns the path given by --config, else by LIMITER_CONFIG.

@@ -104,6 +104,9 @@ func (c Config) Validate() error {
 		v.add("admin.auditMaxLen", fmt.Sprintf("must be between 1 and %d", MaxAuditLen), strconv.Itoa(c.Admin.AuditMaxLen))
 	}
 
+	c.validateProxy(&v)
+	c.validateIdentity(&v)
+
 	if c.Telemetry.OTLPEndpoint != "" && !validEndpoint(c.Telemetry.OTLPEndpoint) {
 		v.add("telemetry.otlpEndpoint", "must be host:port or an http:// or https:// URL", strconv.Quote(c.Telemetry.OTLPEndpoint))
 	}

@@ -95,12 +95,28 @@ terminationGracePeriodSeconds: the preStop delay, then the drain
 {{- add (int $s.preStopSleepSeconds) (int $s.shutdownGraceSeconds) (int $s.terminationGraceExtraSeconds) }}
 {{- end }}
 
+{{/* Whether the pods run `limiter proxy`. */}}
+{{- define "limiter.proxyMode" -}}
+{{- if eq .Values.mode "proxy" }}true{{ end }}
+{{- end }}
+
+{{/* The container port named http: the proxy's, or the API's. */}}
+{{- define "limiter.httpPort" -}}
+{{- if include "limiter.proxyMode" . }}{{ int .Values.proxy.port }}{{ else }}{{ int .Values.server.apiPort }}{{ end }}
+{{- end }}
+
+{{/* The mounted JWKS file, when mode proxy has one. */}}
+{{- define "limiter.jwksFile" -}}
+{{- if and (include "limiter.proxyMode" .) .Values.identity.jwt.jwks.existingConfigMap }}{{ include "limiter.jwksDir" . }}/jwks.json{{ end }}
+{{- end }}
+
 {{/* Where the pod mounts its files. */}}
 {{- define "limiter.configDir" -}}/etc/limiter/config{{- end }}
 {{- define "limiter.redisPasswordDir" -}}/etc/limiter/redis{{- end }}
 {{- define "limiter.redisTLSDir" -}}/etc/limiter/redis-tls{{- end }}
 {{- define "limiter.adminDir" -}}/etc/limiter/admin{{- end }}
 {{- define "limiter.apiDir" -}}/etc/limiter/api{{- end }}
+{{- define "limiter.jwksDir" -}}/etc/limiter/jwks{{- end }}
 
 {{/*
 A duration string (as values.schema.json lets through: number-unit pairs such
@@ -126,6 +142,25 @@ pkg/config) and the LimitTier CRD's, so a bad value fails `helm install`
 rather than a pod or the API server later.
 */}}
 {{- define "limiter.validate" -}}
+{{- if include "limiter.proxyMode" . }}
+{{- if empty .Values.proxy.upstream }}
+{{- fail "mode proxy needs proxy.upstream: the URL of the server to put the cap in front of, like http://vllm.inference.svc:8000" }}
+{{- end }}
+{{- if .Values.admin.existingSecret }}
+{{- fail "admin.existingSecret is set with mode proxy, which serves no admin API: run a release in mode serve for it, or unset admin.existingSecret" }}
+{{- end }}
+{{- $jwt := .Values.identity.jwt }}
+{{- if or $jwt.jwks.existingConfigMap $jwt.jwksURL }}
+{{- if or (empty $jwt.issuer) (empty $jwt.audience) }}
+{{- fail "identity.jwt needs identity.jwt.issuer and identity.jwt.audience with a key set (identity.jwt.jwks.existingConfigMap or identity.jwt.jwksURL): tokens of any issuer or audience would pass" }}
+{{- end }}
+{{- else if or $jwt.issuer $jwt.audience $jwt.planClaim }}
+{{- fail "identity.jwt.issuer, audience and planClaim need a key set: identity.jwt.jwks.existingConfigMap or identity.jwt.jwksURL" }}
+{{- end }}
+{{- if eq (int .Values.proxy.port) (int .Values.server.opsPort) }}
+{{- fail (printf "proxy.port %d is server.opsPort's: give them different ports" (int .Values.proxy.port)) }}
+{{- end }}
+{{- end }}
 {{- if and (empty .Values.redis.addrs) (gt (int .Values.replicaCount) 1) }}
 {{- fail (printf "redis.addrs is empty, which selects the embedded in-process store: it holds one replica's slots only, so with replicaCount %d every replica would enforce its own limit. Set redis.addrs, or replicaCount: 1 for a trial." (int .Values.replicaCount)) }}
 {{- end }}

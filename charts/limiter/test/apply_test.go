@@ -52,6 +52,7 @@ func TestAppliedObjectsAreAccepted(t *testing.T) {
 		{"default values", "limiter", []string{redisValues}},
 		{"cluster mode (ci/cluster-values.yaml)", "limiter-cluster", []string{clusterValues}},
 		{"restricted egress and custom peers", "limiter-netpol", []string{redisValues, networkPolicyValues}},
+		{"proxy mode (testdata/proxy-values.yaml)", "limiter-proxy", []string{redisValues, proxyValues}},
 	} {
 		t.Run(vs.name, func(t *testing.T) {
 			// The optional objects too, where the chart carries their files.

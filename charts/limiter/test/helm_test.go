@@ -37,6 +37,8 @@ const (
 	// networkPolicyValues narrows every peer and egress, as README.md's
 	// example does.
 	networkPolicyValues = "testdata/networkpolicy-values.yaml"
+	// proxyValues runs the pods in mode proxy, with a JWT.
+	proxyValues = "testdata/proxy-values.yaml"
 	// helmVersion is the helm hack/helm.sh installs.
 	helmVersion = "v3.22.0"
 	// release and namespace of every rendering.

@@ -17,6 +17,7 @@ var valueSets = []struct {
 	{"default values", []string{redisValues}},
 	{"cluster mode (ci/cluster-values.yaml)", []string{clusterValues}},
 	{"restricted egress and custom peers", []string{redisValues, networkPolicyValues}},
+	{"proxy mode (testdata/proxy-values.yaml)", []string{redisValues, proxyValues}},
 }
 
 func TestLint(t *testing.T) {

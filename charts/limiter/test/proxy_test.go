@@ -1,0 +1,97 @@
+package chart
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/joishi/limiter/pkg/config"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+// mode: proxy runs `limiter proxy` in the same pod: its port behind the
+// Service, its config (which the proxy command accepts), the JWKS
+// ConfigMap mounted as a directory.
+func TestProxyMode(t *testing.T) {
+	objs := render(t, []string{redisValues, proxyValues})
+	dep := find(t, objs, "Deployment", "")
+	pod := podSpec(t, dep)
+	c := container(t, pod)
+	args, _, _ := unstructured.NestedStringSlice(c, "args")
+	if len(args) == 0 || args[0] != "proxy" {
+		t.Errorf("container args %v, want proxy first", args)
+	}
+	ports, _, _ := unstructured.NestedSlice(c, "ports")
+	if p := ports[0].(map[string]any); p["name"] != "http" || p["containerPort"] != int64(8000) {
+		t.Errorf("first container port %v, want http 8000", p)
+	}
+	svc := find(t, objs, "Service", "limiter")
+	svcPorts, _, _ := unstructured.NestedSlice(svc.Object, "spec", "ports")
+	if p := svcPorts[0].(map[string]any); p["port"] != int64(8000) || p["targetPort"] != "http" {
+		t.Errorf("Service port %v, want 8000 to http", p)
+	}
+	var mounted bool
+	for _, m := range c["volumeMounts"].([]any) {
+		if m.(map[string]any)["mountPath"] == "/etc/limiter/jwks" {
+			mounted = true
+		}
+	}
+	var fromConfigMap bool
+	for _, v := range pod["volumes"].([]any) {
+		if cm, _ := v.(map[string]any)["configMap"].(map[string]any); cm != nil && cm["name"] == "llm-jwks" {
+			fromConfigMap = true
+		}
+	}
+	if !mounted || !fromConfigMap {
+		t.Errorf("JWKS: mounted %v, from ConfigMap llm-jwks %v; want both", mounted, fromConfigMap)
+	}
+
+	cm := find(t, objs, "ConfigMap", "limiter")
+	data, _, _ := unstructured.NestedString(cm.Object, "data", "limiter.yaml")
+	path := filepath.Join(t.TempDir(), "limiter.yaml")
+	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, env := range os.Environ() {
+		if name, _, _ := strings.Cut(env, "="); strings.HasPrefix(name, config.EnvPrefix) {
+			t.Setenv(name, "")
+		}
+	}
+	t.Setenv(config.EnvConfig, path)
+	cfg, err := config.Load(config.LoadOptions{Command: config.CommandProxy, NamespaceFile: filepath.Join(t.TempDir(), "none")})
+	for _, e := range leafErrors(err) {
+		var ke *config.KeyError
+		if errors.As(e, &ke) && strings.HasPrefix(ke.Problem, "must name a readable file") {
+			continue // the JWKS the pod mounts
+		}
+		t.Errorf("limiter proxy refuses the rendered config: %v\n%s", e, data)
+	}
+	if cfg.Proxy.Upstream != "http://vllm.inference.svc:8000" || cfg.Proxy.Listen != ":8000" ||
+		cfg.Identity.JWT.JWKSFile != "/etc/limiter/jwks/jwks.json" || cfg.Identity.JWT.Audience != "llm" {
+		t.Errorf("rendered proxy config %+v, identity %+v; want the values", cfg.Proxy, cfg.Identity)
+	}
+}
+
+func TestProxyModeRefusesWhatCannotWork(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		values string
+		want   string
+	}{
+		{"no upstream", "mode: proxy\n", "mode proxy needs proxy.upstream"},
+		{"an upstream that is no URL", "mode: proxy\nproxy:\n  upstream: vllm:8000\n", "/proxy/upstream"},
+		{"a key set without an issuer", "mode: proxy\nproxy:\n  upstream: http://v:8000\nidentity:\n  jwt:\n    jwksURL: https://auth/jwks\n    audience: llm\n", "identity.jwt needs identity.jwt.issuer"},
+		{"an issuer without a key set", "mode: proxy\nproxy:\n  upstream: http://v:8000\nidentity:\n  jwt:\n    issuer: https://auth\n", "need a key set"},
+		{"the admin API", "mode: proxy\nproxy:\n  upstream: http://v:8000\nadmin:\n  existingSecret: tokens\n", "serves no admin API"},
+		{"an unknown mode", "mode: gateway\n", "/mode"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, stderr, err := runHelm(t, templateArgs([]string{redisValues, writeValues(t, tc.values)})...)
+			if err == nil || !strings.Contains(stderr, tc.want) {
+				t.Errorf("helm template: %v, stderr %q; want a refusal saying %q", err, stderr, tc.want)
+			}
+		})
+	}
+}

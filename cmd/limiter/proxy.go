@@ -1,0 +1,169 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/config"
+	"github.com/joishi/limiter/pkg/hold"
+	"github.com/joishi/limiter/pkg/identity"
+	"github.com/joishi/limiter/pkg/keys"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/proxy"
+	"github.com/joishi/limiter/pkg/telemetry"
+	"github.com/spf13/cobra"
+	"go.opentelemetry.io/otel"
+)
+
+func newProxyCommand(deps serveDeps) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "proxy --upstream URL",
+		Short: "Cap each user's concurrent streams in front of an existing endpoint",
+		Long: `Proxy requests to --upstream (an OpenAI-compatible server, vLLM, any HTTP
+streaming endpoint), holding one of the user's slots for as long as each
+response streams, until SIGTERM or interrupt. The proxy talks to Redis
+itself: no limiter serve in between, no application change.
+
+For each request on a limited route (--routes; default every path):
+  - identity: a verified bearer JWT when --jwt-jwks-file or --jwt-jwks-url
+    is set, else the --user-header and --plan-header headers, trusted as
+    they come (run it only behind a hop that authenticates and sets them);
+    none, or a token that does not verify: 401, no slot
+  - acquire: the user at the plan's limit gets 429 with Retry-After and an
+    OpenAI-shaped body, code stream_limit_reached; a plan outside the tier
+    table 422; Redis not answering: the tier's failureMode (Open: proxied,
+    counted degraded; Closed: 503)
+  - proxy: flushed as the upstream writes (SSE, chunked, HTTP/2, WebSocket),
+    the stream id in X-Limiter-Stream-Id both ways, heartbeated in one batch
+    per interval for all streams, released when the response ends, the
+    client leaves, the upstream fails or the handler panics
+On SIGTERM it stops accepting, lets streams finish for up to
+http.shutdownGrace, cuts what remains and releases its slots, and exits.
+/healthz, /readyz and /metrics are on --ops-addr.
+
+Configuration: as for serve, the defaults, then --config's YAML file, then
+LIMITER_<KEY> environment variables, then these flags (config/limiter.yaml
+documents every key, proxy.* and identity.* included). With no Redis
+address, an embedded store holds this process's slots only.
+
+Exit codes: 0 after a graceful drain, 1 when proxying failed or streams
+had to be cut at the end of the grace, 2 for a usage or configuration
+error.`,
+		Example: `  limiter proxy --upstream http://my-llm:8000
+  limiter proxy --upstream http://vllm:8000 --redis-addrs redis:6379 --routes /v1/chat/completions,/v1/completions
+  limiter proxy --config limiter.yaml --jwt-jwks-file /etc/jwks.json --jwt-issuer https://auth --jwt-audience llm`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := config.Load(config.LoadOptions{Flags: cmd.Flags(), Command: config.CommandProxy})
+			if err != nil {
+				return err
+			}
+			if err := runProxy(cmd.Context(), cfg, deps); err != nil {
+				return serveFailure{err}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().SortFlags = false
+	config.AddCommandFlags(cmd.Flags(), config.CommandProxy)
+	return cmd
+}
+
+// runProxy runs `limiter proxy` with cfg until ctx ends, then drains and
+// returns nil, or the error of a drain that had to cut streams.
+func runProxy(ctx context.Context, cfg config.Config, deps serveDeps) error {
+	ctx, fail := context.WithCancelCause(ctx)
+	defer fail(nil)
+	logger := newLogger(cfg.Log, deps.logs)
+	b := currentBuild()
+	logger.Info("starting proxy", "version", b.Version, "commit", b.Commit, "go", b.Go)
+
+	table, stopTiers, err := tierTable(ctx, cfg, deps, logger, fail)
+	if err != nil {
+		return err
+	}
+	defer stopTiers()
+
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { logger.Warn("telemetry", "err", err) }))
+	tel, err := telemetry.New(ctx, telemetry.Options{ServiceName: cfg.Telemetry.ServiceName,
+		OTLPEndpoint: cfg.Telemetry.OTLPEndpoint, Version: b.Version, Commit: b.Commit})
+	if err != nil {
+		return fmt.Errorf("telemetry: %w", err)
+	}
+	defer func() {
+		flushCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tel.Shutdown(flushCtx); err != nil {
+			logger.Warn("flushing telemetry", "err", err)
+		}
+	}()
+	logger.Info("telemetry", "traces", cmp.Or(tel.Exporter(), "off"), "metrics", cfg.Ops.Addr+"/metrics")
+	observer, err := telemetry.NewObserver(tel.MeterProvider, table)
+	if err != nil {
+		return fmt.Errorf("telemetry: %w", err)
+	}
+
+	redisOpts, err := cfg.ClusterOptions()
+	if err != nil {
+		return err
+	}
+	redisOpts.Logger = logger.With("component", "redis")
+	redisOpts.NewRedis = tel.NewRedisClient
+	redis, err := cluster.New(redisOpts)
+	if err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	defer redis.Close()
+	if err := telemetry.RegisterRedisUp(tel.MeterProvider, redis); err != nil {
+		return fmt.Errorf("telemetry: %w", err)
+	}
+	if redis.Embedded() {
+		logger.Warn("redis.addrs is empty: using the embedded store, which holds this process's slots only; "+
+			"do not run more than one proxy on it", "addr", redis.Addrs()[0])
+	}
+	lim := limiter.New(redis, table, limiter.Options{
+		Keys: keys.Schema{Prefix: cfg.Redis.KeyPrefix}, Logger: logger, Observer: observer,
+		TracerProvider: tel.TracerProvider, SyncReplicas: cfg.Redis.SyncReplicas,
+	})
+
+	identOpts := cfg.IdentityOptions()
+	identOpts.Logger = logger
+	ident, err := identity.New(identOpts)
+	if err != nil {
+		return fmt.Errorf("%w: identity: %w", config.ErrInvalid, err)
+	}
+	if ident.UsesJWT() {
+		logger.Info("identity from verified JWTs", "issuer", cfg.Identity.JWT.Issuer, "audience", cfg.Identity.JWT.Audience,
+			"user_claim", cfg.Identity.JWT.UserClaim, "plan_claim", cfg.Identity.JWT.PlanClaim)
+	} else {
+		logger.Warn("identity from headers, trusted as they come: run only behind a hop that authenticates the caller and sets them",
+			"user_header", cfg.Identity.UserHeader, "plan_header", cfg.Identity.PlanHeader)
+	}
+	holder, err := hold.New(lim, hold.Options{Mode: "proxy", Logger: logger, MeterProvider: tel.MeterProvider})
+	if err != nil {
+		return err
+	}
+	defer holder.Close(context.Background())
+
+	opts, err := cfg.ProxyOptions()
+	if err != nil {
+		return err
+	}
+	opts.Tiers, opts.Logger = table, logger
+	opts.MeterProvider, opts.Propagator = tel.MeterProvider, tel.Propagator
+	opts.Middleware, opts.Metrics = tel.Middleware, tel.MetricsHandler()
+	p, err := proxy.New(holder, ident, opts)
+	if err != nil {
+		return fmt.Errorf("%w: %w", config.ErrInvalid, err)
+	}
+	err = p.Run(ctx, proxy.Listeners{Proxy: cfg.Proxy.Listen, Ops: cfg.Ops.Addr,
+		ReadHeaderTimeout: cfg.HTTP.ReadHeaderTimeout, IdleTimeout: cfg.HTTP.IdleTimeout}, cfg.HTTP.ShutdownGrace)
+	if cause := context.Cause(ctx); errors.Is(cause, errTierWatchStopped) {
+		return cause
+	}
+	return err
+}

@@ -1,0 +1,261 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/joishi/limiter/pkg/identity"
+	"github.com/joishi/limiter/pkg/proxy"
+)
+
+// Proxy is `limiter proxy`: the reverse proxy that holds a slot for each
+// stream it forwards.
+type Proxy struct {
+	// Listen is the proxy's listen address, host:port. Default ":8000".
+	Listen string `mapstructure:"listen"`
+	// Upstream is the URL requests are forwarded to: http(s)://host:port,
+	// with an optional path prefix. Required by `limiter proxy`.
+	Upstream string `mapstructure:"upstream"`
+	// Routes are the path prefixes whose requests hold a slot; the rest
+	// pass through with no identity needed. Default []: every request.
+	Routes []string `mapstructure:"routes"`
+	// PassAuthorization passes the client's Authorization header upstream.
+	// Default true.
+	PassAuthorization bool `mapstructure:"passAuthorization"`
+	// UpstreamCAFile is a PEM bundle of the CAs trusted for an https
+	// upstream. Default "": the system roots.
+	UpstreamCAFile string `mapstructure:"upstreamCAFile"`
+	// DialTimeout bounds connecting to the upstream (TLS handshake apart).
+	// Default 5s.
+	DialTimeout time.Duration `mapstructure:"dialTimeout"`
+	// TLSHandshakeTimeout bounds the TLS handshake with an https upstream.
+	// Default 5s.
+	TLSHandshakeTimeout time.Duration `mapstructure:"tlsHandshakeTimeout"`
+	// ResponseHeaderTimeout bounds the wait for the upstream's response
+	// headers; a non-streaming completion sends them only once it is
+	// done, so keep it above the longest one. The stream itself is never
+	// bounded. Default 5m.
+	ResponseHeaderTimeout time.Duration `mapstructure:"responseHeaderTimeout"`
+	// IdleConnTimeout is how long an idle upstream connection is kept.
+	// Default 90s.
+	IdleConnTimeout time.Duration `mapstructure:"idleConnTimeout"`
+	// MaxHeaderBytes bounds a request's headers; larger ones are refused
+	// with 431 and no slot. Default 32768.
+	MaxHeaderBytes int `mapstructure:"maxHeaderBytes"`
+}
+
+// Identity says whose stream a request is and under which plan (`limiter
+// proxy`, and the ext_proc server).
+type Identity struct {
+	// UserHeader names the user when no JWT is configured. Trusted as is:
+	// use it only behind a hop that authenticates the caller and sets
+	// it. Default "X-User-Id".
+	UserHeader string `mapstructure:"userHeader"`
+	// PlanHeader names the plan when no JWT is configured. Default
+	// "X-Plan".
+	PlanHeader string `mapstructure:"planHeader"`
+	// DefaultPlan is the plan of a request whose token or headers name
+	// none. Default "": such a request is refused (401).
+	DefaultPlan string `mapstructure:"defaultPlan"`
+	// JWT, when jwksFile or jwksURL is set, makes a verified bearer token
+	// the only source of identity.
+	JWT JWT `mapstructure:"jwt"`
+}
+
+// JWT is the verification of bearer tokens (RS256, ES256, EdDSA).
+type JWT struct {
+	// JWKSFile is a JSON Web Key Set file, re-read when it changes.
+	// Default "".
+	JWKSFile string `mapstructure:"jwksFile"`
+	// JWKSURL is a JSON Web Key Set URL (the issuer's jwks_uri), cached
+	// for CacheTTL. Default "".
+	JWKSURL string `mapstructure:"jwksURL"`
+	// Issuer must equal the token's iss. Required with a JWT.
+	Issuer string `mapstructure:"issuer"`
+	// Audience must be among the token's aud. Required with a JWT.
+	Audience string `mapstructure:"audience"`
+	// UserClaim holds the user id; dots reach into objects. Default "sub".
+	UserClaim string `mapstructure:"userClaim"`
+	// PlanClaim holds the plan. Default "": identity.defaultPlan.
+	PlanClaim string `mapstructure:"planClaim"`
+	// Leeway is the clock skew allowed on exp, nbf and iat (0-5m).
+	// Default 30s.
+	Leeway time.Duration `mapstructure:"leeway"`
+	// CacheTTL is how long a set fetched from JWKSURL is used. Default 5m.
+	CacheTTL time.Duration `mapstructure:"cacheTTL"`
+}
+
+// Enabled reports whether tokens are verified (a key source is set).
+func (j JWT) Enabled() bool { return j.JWKSFile != "" || j.JWKSURL != "" }
+
+func defaultProxy() Proxy {
+	return Proxy{
+		Listen: ":8000", Routes: []string{}, PassAuthorization: true,
+		DialTimeout: proxy.DefaultDialTimeout, TLSHandshakeTimeout: proxy.DefaultTLSHandshakeTimeout,
+		ResponseHeaderTimeout: proxy.DefaultResponseHeaderTimeout, IdleConnTimeout: proxy.DefaultIdleConnTimeout,
+		MaxHeaderBytes: proxy.DefaultMaxHeaderBytes,
+	}
+}
+
+func defaultIdentity() Identity {
+	return Identity{
+		UserHeader: identity.DefaultUserHeader, PlanHeader: identity.DefaultPlanHeader,
+		JWT: JWT{UserClaim: identity.DefaultUserClaim, Leeway: identity.DefaultLeeway, CacheTTL: identity.DefaultJWKSCacheTTL},
+	}
+}
+
+// planPattern is a plan name's form (pkg/tiers checks the same).
+var planPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// Bounds of the proxy's values.
+const (
+	MinMaxHeaderBytes = 1 << 10
+	MaxMaxHeaderBytes = 1 << 20
+	MaxJWTLeeway      = 5 * time.Minute
+)
+
+// IdentityOptions returns the options of identity.New.
+func (c Config) IdentityOptions() identity.Options {
+	i := c.Identity
+	opts := identity.Options{UserHeader: i.UserHeader, PlanHeader: i.PlanHeader, DefaultPlan: i.DefaultPlan}
+	if i.JWT.Enabled() {
+		j := i.JWT
+		opts.JWT = &identity.JWT{JWKSFile: j.JWKSFile, JWKSURL: j.JWKSURL, Issuer: j.Issuer, Audience: j.Audience,
+			UserClaim: j.UserClaim, PlanClaim: j.PlanClaim, Leeway: j.Leeway, CacheTTL: j.CacheTTL}
+	}
+	return opts
+}
+
+// ProxyOptions returns the options of proxy.New that come from the
+// configuration; the caller adds the tiers, logger and telemetry.
+func (c Config) ProxyOptions() (proxy.Options, error) {
+	p := c.Proxy
+	upstream, err := url.Parse(p.Upstream)
+	if err != nil {
+		return proxy.Options{}, &KeyError{Key: "proxy.upstream", Problem: "must be a URL", Err: err}
+	}
+	transport, err := proxy.NewTransport(proxy.TransportOptions{
+		DialTimeout: p.DialTimeout, TLSHandshakeTimeout: p.TLSHandshakeTimeout,
+		ResponseHeaderTimeout: p.ResponseHeaderTimeout, IdleConnTimeout: p.IdleConnTimeout, CAFile: p.UpstreamCAFile,
+	})
+	if err != nil {
+		return proxy.Options{}, &KeyError{Key: "proxy.upstreamCAFile", Problem: err.Error(), Err: err}
+	}
+	return proxy.Options{
+		Upstream: upstream, Routes: append([]string(nil), p.Routes...), StripAuthorization: !p.PassAuthorization,
+		MaxHeaderBytes: p.MaxHeaderBytes, Transport: transport,
+	}, nil
+}
+
+// ValidateProxy reports, beyond Validate, what `limiter proxy` needs:
+// proxy.upstream, and a listen address apart from ops.addr.
+func (c Config) ValidateProxy() error {
+	v := validator{}
+	if c.Proxy.Upstream == "" {
+		v.add("proxy.upstream", "is required: the URL of the server to put the cap in front of, like http://vllm:8000", "")
+	}
+	if sameListener(c.Proxy.Listen, c.Ops.Addr) {
+		v.add("ops.addr", "must not be the address of proxy.listen ("+c.Proxy.Listen+")", strconv.Quote(c.Ops.Addr))
+	}
+	return errors.Join(v.errs...)
+}
+
+func (c Config) validateProxy(v *validator) {
+	p := c.Proxy
+	v.listenAddr("proxy.listen", p.Listen)
+	if p.Upstream != "" {
+		u, err := url.Parse(p.Upstream)
+		switch {
+		case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
+			v.add("proxy.upstream", "must be an http:// or https:// URL with a host", strconv.Quote(p.Upstream))
+		case u.User != nil || u.RawQuery != "" || u.Fragment != "":
+			v.add("proxy.upstream", "must have no user info, query or fragment", strconv.Quote(u.Redacted()))
+		}
+	}
+	for _, r := range p.Routes {
+		if !strings.HasPrefix(r, "/") {
+			v.add("proxy.routes", "each route must be a path prefix starting with /", strconv.Quote(r))
+		}
+	}
+	if p.UpstreamCAFile != "" {
+		v.readable("proxy.upstreamCAFile", p.UpstreamCAFile)
+	}
+	for _, d := range []struct {
+		key   string
+		value time.Duration
+	}{
+		{"proxy.dialTimeout", p.DialTimeout},
+		{"proxy.tlsHandshakeTimeout", p.TLSHandshakeTimeout},
+		{"proxy.responseHeaderTimeout", p.ResponseHeaderTimeout},
+		{"proxy.idleConnTimeout", p.IdleConnTimeout},
+	} {
+		if d.value <= 0 {
+			v.add(d.key, "must be > 0", d.value.String())
+		}
+	}
+	if p.MaxHeaderBytes < MinMaxHeaderBytes || p.MaxHeaderBytes > MaxMaxHeaderBytes {
+		v.add("proxy.maxHeaderBytes", fmt.Sprintf("must be between %d and %d", MinMaxHeaderBytes, MaxMaxHeaderBytes), strconv.Itoa(p.MaxHeaderBytes))
+	}
+}
+
+func (c Config) validateIdentity(v *validator) {
+	i := c.Identity
+	for _, h := range []struct{ key, value string }{{"identity.userHeader", i.UserHeader}, {"identity.planHeader", i.PlanHeader}} {
+		if !validHeaderName(h.value) {
+			v.add(h.key, "must be an HTTP header name", strconv.Quote(h.value))
+		}
+	}
+	if i.DefaultPlan != "" && !planPattern.MatchString(i.DefaultPlan) {
+		v.add("identity.defaultPlan", "must be a plan name (1-63 of [A-Za-z0-9._-]) or empty", strconv.Quote(i.DefaultPlan))
+	}
+	j := i.JWT
+	if !j.Enabled() {
+		for _, s := range []setting{{"identity.jwt.issuer", j.Issuer != ""}, {"identity.jwt.audience", j.Audience != ""}, {"identity.jwt.planClaim", j.PlanClaim != ""}} {
+			if s.set {
+				v.add(s.key, "requires identity.jwt.jwksFile or identity.jwt.jwksURL (without a key source no token is verified)", "")
+			}
+		}
+		return
+	}
+	if j.JWKSFile != "" {
+		v.readable("identity.jwt.jwksFile", j.JWKSFile)
+	}
+	if j.JWKSURL != "" {
+		if u, err := url.Parse(j.JWKSURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			v.add("identity.jwt.jwksURL", "must be an http:// or https:// URL", strconv.Quote(j.JWKSURL))
+		}
+	}
+	if j.Issuer == "" {
+		v.add("identity.jwt.issuer", "is required with a JWT: the iss every token must carry", "")
+	}
+	if j.Audience == "" {
+		v.add("identity.jwt.audience", "is required with a JWT: the aud every token must carry (this service's name)", "")
+	}
+	if strings.TrimSpace(j.UserClaim) == "" {
+		v.add("identity.jwt.userClaim", "must not be empty", "")
+	}
+	if j.Leeway < 0 || j.Leeway > MaxJWTLeeway {
+		v.add("identity.jwt.leeway", fmt.Sprintf("must be between 0s and %s", MaxJWTLeeway), j.Leeway.String())
+	}
+	if j.CacheTTL <= 0 {
+		v.add("identity.jwt.cacheTTL", "must be > 0", j.CacheTTL.String())
+	}
+}
+
+func validHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for _, c := range []byte(name) {
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`()<>@,;:\"/[]?={}`, c) >= 0 {
+			return false
+		}
+	}
+	return http.CanonicalHeaderKey(name) != ""
+}

@@ -1,0 +1,99 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+func TestProxyAndIdentityValidation(t *testing.T) {
+	jwks := filepath.Join(t.TempDir(), "jwks.json")
+	if err := os.WriteFile(jwks, []byte(`{"keys":[]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		edit func(c *Config)
+		key  string
+		want string
+	}{
+		{"an upstream that is no http URL", func(c *Config) { c.Proxy.Upstream = "vllm:8000" }, "proxy.upstream", "http:// or https://"},
+		{"an upstream with credentials", func(c *Config) { c.Proxy.Upstream = "http://u:p@vllm:8000" }, "proxy.upstream", "no user info"},
+		{"a route that is no path", func(c *Config) { c.Proxy.Routes = []string{"v1/chat"} }, "proxy.routes", "starting with /"},
+		{"a bad listen address", func(c *Config) { c.Proxy.Listen = "8000" }, "proxy.listen", "host:port"},
+		{"no dial timeout", func(c *Config) { c.Proxy.DialTimeout = 0 }, "proxy.dialTimeout", "must be > 0"},
+		{"tiny header limit", func(c *Config) { c.Proxy.MaxHeaderBytes = 10 }, "proxy.maxHeaderBytes", "between 1024"},
+		{"a missing CA file", func(c *Config) { c.Proxy.UpstreamCAFile = "/nonexistent/ca.pem" }, "proxy.upstreamCAFile", "readable file"},
+		{"a header name with a space", func(c *Config) { c.Identity.UserHeader = "X User" }, "identity.userHeader", "HTTP header name"},
+		{"a default plan no tier could have", func(c *Config) { c.Identity.DefaultPlan = "free plan" }, "identity.defaultPlan", "plan name"},
+		{"an issuer without a key source", func(c *Config) { c.Identity.JWT.Issuer = "https://auth" }, "identity.jwt.issuer", "requires identity.jwt.jwksFile"},
+		{"a JWT without issuer", func(c *Config) { c.Identity.JWT.JWKSFile = jwks; c.Identity.JWT.Audience = "a" }, "identity.jwt.issuer", "is required"},
+		{"a JWT without audience", func(c *Config) { c.Identity.JWT.JWKSFile = jwks; c.Identity.JWT.Issuer = "i" }, "identity.jwt.audience", "is required"},
+		{"a JWKS URL that is no URL", func(c *Config) {
+			c.Identity.JWT.JWKSURL = "auth/jwks"
+			c.Identity.JWT.Issuer, c.Identity.JWT.Audience = "i", "a"
+		}, "identity.jwt.jwksURL", "http:// or https://"},
+		{"a leeway of an hour", func(c *Config) {
+			c.Identity.JWT.JWKSFile, c.Identity.JWT.Issuer, c.Identity.JWT.Audience = jwks, "i", "a"
+			c.Identity.JWT.Leeway = time.Hour
+		}, "identity.jwt.leeway", "between 0s and 5m"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Default()
+			tc.edit(&c)
+			err := c.Validate()
+			var ke *KeyError
+			if !errors.As(err, &ke) || ke.Key != tc.key || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), EnvVar(tc.key)) {
+				t.Fatalf("Validate() = %v; want a %s error saying %q and naming %s", err, tc.key, tc.want, EnvVar(tc.key))
+			}
+		})
+	}
+}
+
+func TestProxyCommandRequiresAnUpstream(t *testing.T) {
+	t.Setenv(EnvConfig, "")
+	parse := func(args ...string) (Config, error) {
+		fs := pflag.NewFlagSet("proxy", pflag.ContinueOnError)
+		AddCommandFlags(fs, CommandProxy)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		return Load(LoadOptions{Flags: fs, Command: CommandProxy})
+	}
+	if _, err := parse(); err == nil || !strings.Contains(err.Error(), "proxy.upstream: is required") || !strings.Contains(err.Error(), "--upstream") {
+		t.Errorf("proxy without an upstream: %v, want proxy.upstream required, naming --upstream", err)
+	}
+	c, err := parse("--upstream", "http://vllm:8000", "--routes", "/v1/chat/completions,/v1/completions", "--pass-authorization=false", "--default-plan", "free")
+	if err != nil {
+		t.Fatalf("proxy with an upstream: %v", err)
+	}
+	want(t, "proxy.listen", c.Proxy.Listen, ":8000")
+	want(t, "proxy.routes", c.Proxy.Routes, []string{"/v1/chat/completions", "/v1/completions"})
+	want(t, "proxy.passAuthorization", c.Proxy.PassAuthorization, false)
+	want(t, "identity.defaultPlan", c.Identity.DefaultPlan, "free")
+	// serve needs no upstream.
+	if err := Default().Validate(); err != nil {
+		t.Errorf("the defaults, for serve: %v", err)
+	}
+	if _, err := parse("--upstream", "http://vllm:8000", "--ops-addr", ":8000"); err == nil || !strings.Contains(err.Error(), "proxy.listen") {
+		t.Errorf("ops.addr on proxy.listen's port: %v, want an error", err)
+	}
+}
+
+func TestIdentityOptions(t *testing.T) {
+	c := Default()
+	if opts := c.IdentityOptions(); opts.JWT != nil || opts.UserHeader != "X-User-Id" || opts.PlanHeader != "X-Plan" {
+		t.Errorf("default identity options %+v, want trusted headers X-User-Id and X-Plan", opts)
+	}
+	c.Identity.JWT = JWT{JWKSURL: "https://auth/jwks", Issuer: "i", Audience: "a", UserClaim: "sub", PlanClaim: "plan", Leeway: time.Second, CacheTTL: time.Minute}
+	opts := c.IdentityOptions()
+	if opts.JWT == nil || opts.JWT.JWKSURL != "https://auth/jwks" || opts.JWT.PlanClaim != "plan" || opts.JWT.Leeway != time.Second {
+		t.Errorf("JWT identity options %+v, want the configured JWT", opts.JWT)
+	}
+}

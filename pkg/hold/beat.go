@@ -1,0 +1,177 @@
+package hold
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/joishi/limiter/pkg/limiter"
+)
+
+// loop is the Holder's one goroutine: for each heartbeat interval among the
+// held streams it sends one batch per interval (limiter.HeartbeatBatch)
+// for all the streams of that interval, and idles while none is held.
+// Close stops it.
+func (h *Holder) loop(ctx context.Context) {
+	defer close(h.loopDone)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		next, ok := h.nextBatch()
+		if !ok {
+			select {
+			case <-ctx.Done():
+				return
+			case <-h.wake:
+				continue
+			}
+		}
+		timer.Reset(time.Until(next))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case <-h.wake:
+			timer.Stop()
+			continue
+		case <-timer.C:
+		}
+		for _, batch := range h.dueBatches(time.Now()) {
+			h.beat(ctx, batch)
+		}
+	}
+}
+
+// nextBatch returns when the earliest group's batch is due; false when no
+// stream is heartbeated.
+func (h *Holder) nextBatch() (time.Time, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var next time.Time
+	for _, g := range h.groups {
+		if next.IsZero() || g.next.Before(next) {
+			next = g.next
+		}
+	}
+	return next, !next.IsZero()
+}
+
+// dueBatches returns the streams of every group due at now, and schedules
+// each group's next batch one interval on. A group whose batch ran late
+// (a slow round) is not sent twice to catch up.
+func (h *Holder) dueBatches(now time.Time) [][]*Stream {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out [][]*Stream
+	for _, g := range h.groups {
+		if g.next.After(now) {
+			continue
+		}
+		g.next = g.next.Add(g.interval)
+		if !g.next.After(now) {
+			g.next = now.Add(g.interval)
+		}
+		batch := make([]*Stream, 0, len(g.streams))
+		for s := range g.streams {
+			batch = append(batch, s)
+		}
+		out = append(out, batch)
+	}
+	return out
+}
+
+// beat heartbeats one group's streams, maxBatch slots per call, releases
+// the idle ones, and acquires again the degraded ones Redis does not hold.
+func (h *Holder) beat(ctx context.Context, streams []*Stream) {
+	if h.opts.IdleTimeout > 0 {
+		streams = h.releaseIdle(ctx, streams)
+	}
+	var reacquire []*Stream
+	for start := 0; start < len(streams); start += maxBatch {
+		batch := streams[start:min(start+maxBatch, len(streams))]
+		reqs := make([]limiter.HeartbeatRequest, len(batch))
+		for i, s := range batch {
+			reqs[i] = limiter.HeartbeatRequest{UserID: s.userID, Plan: s.plan, StreamID: s.id}
+		}
+		results, errs := h.lim.HeartbeatBatch(ctx, reqs)
+		var failed int
+		var failure error
+		for i, s := range batch {
+			switch res, err := results[i], errs[i]; {
+			case err == nil:
+				s.update(res.ExpiresAt, res.Degraded)
+			case errors.Is(err, limiter.ErrSlotLost) && s.Degraded():
+				// Granted or kept while Redis did not answer, so Redis
+				// never held it: count it again rather than cut a stream
+				// over the limiter's own outage.
+				reacquire = append(reacquire, s)
+			case fatal(err):
+				h.lose(ctx, s, err)
+			default:
+				// An outage on a Closed plan, or the loop stopping: the
+				// slot keeps its TTL; the next batch tries again.
+				failed++
+				failure = err
+			}
+		}
+		if failed > 0 && ctx.Err() == nil {
+			h.warn.Log(ctx, slog.LevelWarn, "heartbeats not confirmed; the slots keep their TTL, retrying next interval",
+				"mode", h.opts.Mode, "streams", failed, "err", failure)
+		}
+	}
+	for _, s := range reacquire {
+		h.reacquire(ctx, s)
+	}
+}
+
+// fatal reports whether a heartbeat error means the slot cannot be kept:
+// every later heartbeat would answer the same.
+func fatal(err error) bool {
+	return errors.Is(err, limiter.ErrSlotLost) || errors.Is(err, limiter.ErrUnknownPlan) ||
+		errors.Is(err, limiter.ErrInvalidUserID) || errors.Is(err, limiter.ErrInvalidStreamID)
+}
+
+// reacquire acquires a degraded stream's slot again under its stream id.
+func (h *Holder) reacquire(ctx context.Context, s *Stream) {
+	res, err := h.lim.Acquire(ctx, limiter.AcquireRequest{UserID: s.userID, Plan: s.plan, StreamID: s.id})
+	switch {
+	case err == nil && res.Granted:
+		s.update(res.ExpiresAt, res.Degraded)
+	case err == nil:
+		h.lose(ctx, s, fmt.Errorf("%w: acquired while Redis did not answer, and refused now that it does (%d of %d slots held)",
+			limiter.ErrSlotLost, res.Used, res.Limit))
+	case fatal(err):
+		h.lose(ctx, s, err)
+	}
+	// Any other error: still degraded, tried again at the next batch.
+}
+
+// lose marks s lost with err (the limiter no longer holds its slot) and
+// stops heartbeating it. Its holder still releases it.
+func (h *Holder) lose(ctx context.Context, s *Stream, err error) {
+	h.unbeat(s)
+	if s.lose(fmt.Errorf("%w: %w", ErrLost, err), true) {
+		h.metrics.lost(ctx)
+		h.log.Info("slot lost; cutting the stream", "mode", h.opts.Mode, "stream_id", s.id, "err", err)
+	}
+}
+
+// releaseIdle releases the streams of a batch not touched for
+// IdleTimeout, and returns the others.
+func (h *Holder) releaseIdle(ctx context.Context, streams []*Stream) []*Stream {
+	now := time.Now()
+	live := streams[:0:0]
+	for _, s := range streams {
+		if s.idleSince(now) < h.opts.IdleTimeout {
+			live = append(live, s)
+			continue
+		}
+		if s.lose(fmt.Errorf("%w: no activity for %s", ErrIdle, h.opts.IdleTimeout), false) {
+			h.log.Info("stream idle; releasing its slot", "mode", h.opts.Mode, "stream_id", s.id, "idle_timeout", h.opts.IdleTimeout.String())
+		}
+		s.Release(ctx, EndIdle)
+	}
+	return live
+}

@@ -1,0 +1,303 @@
+// Package hold keeps a slot for the life of a stream: it acquires the slot,
+// keeps it alive with one batched heartbeat per interval for every stream
+// of the process, tells the holder when the slot is lost, and releases it
+// however the stream ends. The proxy and the ext_proc server hold their
+// streams through it, so both count, heartbeat and release alike.
+//
+// A holder's life:
+//
+//	st, res, err := h.Acquire(ctx, limiter.AcquireRequest{UserID: u, Plan: p})
+//	// err: the limiter failed (unknown plan, outage of a Closed plan);
+//	// st == nil, err == nil: the limit is reached (res.RetryAfter).
+//	defer st.Release(ctx, hold.EndComplete) // idempotent: the first end wins
+//	ctx, cancel := st.Context(ctx)          // cancelled when the slot is lost
+//	defer cancel()
+//	... stream, calling st.Touch() on activity, watching st.Lost() ...
+//
+// Every method of Holder and Stream is safe for concurrent use, so a gRPC
+// stream's goroutine may acquire, touch and release while the heartbeat
+// loop and a shutdown run beside it.
+package hold
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/ratelog"
+	"github.com/joishi/limiter/pkg/tiers"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
+)
+
+// Errors a Stream's Err and its Context's cause report, and Acquire
+// returns.
+var (
+	// ErrLost: the limiter no longer holds the slot (it expired, support
+	// released it, a failover lost it, or its plan is gone). Wraps the
+	// limiter's error.
+	ErrLost = errors.New("slot lost")
+	// ErrShutdown: the holder closed (the process is stopping) and released
+	// the slot while the stream still ran.
+	ErrShutdown = errors.New("holder shut down")
+	// ErrIdle: the stream was not touched for Options.IdleTimeout and its
+	// slot was released.
+	ErrIdle = errors.New("stream idle")
+	// ErrClosed: Acquire was called on a closed holder. No slot is held.
+	ErrClosed = errors.New("holder closed")
+)
+
+// Defaults of Options.
+const (
+	DefaultReleaseConcurrency = 16
+	// maxBatch bounds the slots of one HeartbeatBatch call, as the HTTP
+	// batch is bounded: a process holding more sends several per interval.
+	maxBatch = 1000
+	// warnEvery bounds the heartbeat-failure warnings during an outage.
+	warnEvery = 10 * time.Second
+)
+
+// Options configure a Holder. Zero values take the documented defaults.
+type Options struct {
+	// Mode labels the stream metrics: "proxy" or "extproc". Required.
+	Mode string
+	// Logger receives lost slots and heartbeat failures. Default
+	// slog.Default().
+	Logger *slog.Logger
+	// MeterProvider receives the stream metrics (see NewMetrics). Default:
+	// none recorded.
+	MeterProvider metric.MeterProvider
+	// IdleTimeout, when > 0, releases a stream that has not been touched
+	// (Stream.Touch, or acquired) for that long, and marks it lost with
+	// ErrIdle: a holder that never learns its stream ended (a gRPC peer
+	// gone silent) cannot keep the slot forever. Checked at each heartbeat
+	// of the stream. Default 0: never.
+	IdleTimeout time.Duration
+	// ReleaseConcurrency bounds the releases Close runs at once. Default 16.
+	ReleaseConcurrency int
+}
+
+// Holder holds the slots of one process's streams. Create one per process
+// with New and Close it before exit.
+type Holder struct {
+	lim     *limiter.Limiter
+	opts    Options
+	log     *slog.Logger
+	warn    *ratelog.Logger
+	metrics *metrics
+
+	mu     sync.Mutex
+	held   map[*Stream]struct{}     // acquired and not yet released
+	groups map[time.Duration]*group // heartbeated streams by interval
+	closed bool
+	wake   chan struct{} // a group was added: recompute the next tick
+
+	stopLoop context.CancelFunc
+	loopDone chan struct{}
+}
+
+// group is the streams of one heartbeat interval: one batch per interval.
+type group struct {
+	interval time.Duration
+	streams  map[*Stream]struct{}
+	next     time.Time // when the group's next batch is due
+}
+
+// New returns a Holder on lim and starts its heartbeat loop, which Close
+// stops.
+func New(lim *limiter.Limiter, opts Options) (*Holder, error) {
+	if opts.Mode == "" {
+		return nil, errors.New("hold: Options.Mode is required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.MeterProvider == nil {
+		opts.MeterProvider = noop.NewMeterProvider()
+	}
+	if opts.ReleaseConcurrency <= 0 {
+		opts.ReleaseConcurrency = DefaultReleaseConcurrency
+	}
+	m, err := newMetrics(opts.MeterProvider, opts.Mode)
+	if err != nil {
+		return nil, err
+	}
+	loopCtx, stop := context.WithCancel(context.Background())
+	h := &Holder{
+		lim: lim, opts: opts, log: opts.Logger, warn: ratelog.New(opts.Logger, warnEvery), metrics: m,
+		held: map[*Stream]struct{}{}, groups: map[time.Duration]*group{},
+		wake: make(chan struct{}, 1), stopLoop: stop, loopDone: make(chan struct{}),
+	}
+	go h.loop(loopCtx)
+	return h, nil
+}
+
+// Acquire takes a slot for req and, when granted, returns the Stream that
+// holds it, heartbeated from now on. A limit reached is a result: the
+// Stream is nil, err nil, and res says when to retry (res.RetryAfter). err
+// is the limiter's (limiter.ErrUnknownPlan, ErrInvalidUserID,
+// ErrUnavailable for an outage on a Closed plan, ...) or ErrClosed. On an
+// outage of an Open plan the grant is degraded (res.Degraded): the stream
+// is held all the same, and its slot is acquired again, under the same
+// stream id, once Redis answers. Refusals are counted by reason.
+func (h *Holder) Acquire(ctx context.Context, req limiter.AcquireRequest) (*Stream, limiter.AcquireResult, error) {
+	if h.isClosed() {
+		return nil, limiter.AcquireResult{}, ErrClosed
+	}
+	res, err := h.lim.Acquire(ctx, req)
+	if err != nil {
+		if reason, ok := refusalOf(err); ok {
+			h.metrics.refuse(ctx, reason)
+		}
+		return nil, res, err
+	}
+	if !res.Granted {
+		h.metrics.refuse(ctx, ReasonLimit)
+		return nil, res, nil
+	}
+	s := newStream(h, req.UserID, req.Plan, res)
+	if !h.add(s) {
+		// Closed while the acquire was in flight: give the slot back.
+		_, _ = h.lim.Release(context.WithoutCancel(ctx), s.userID, s.id)
+		return nil, res, ErrClosed
+	}
+	h.metrics.started(ctx)
+	return s, res, nil
+}
+
+// Refused counts a refusal decided before Acquire (an unauthenticated
+// request: ReasonIdentity; a malformed one: ReasonInvalid), so that every
+// request refused a slot is in limiter_streams_refused_total.
+func (h *Holder) Refused(ctx context.Context, reason Reason) { h.metrics.refuse(ctx, reason) }
+
+// Held returns how many streams hold a slot (acquired, not yet released).
+func (h *Holder) Held() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.held)
+}
+
+// Drain waits until no stream holds a slot or ctx ends; it reports
+// whether none is left. It does not stop new acquires.
+func (h *Holder) Drain(ctx context.Context) bool {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for h.Held() > 0 {
+		select {
+		case <-ctx.Done():
+			return h.Held() == 0
+		case <-tick.C:
+		}
+	}
+	return true
+}
+
+// Close stops the heartbeats, refuses new acquires, and releases every
+// slot still held: each such stream is marked lost with ErrShutdown (its
+// Context is cancelled, so its holder cuts it) and released with
+// EndShutdown. It returns how many it released; ctx bounds the releases
+// (a slot not released expires after its TTL). Calling it again does
+// nothing.
+func (h *Holder) Close(ctx context.Context) int {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		<-h.loopDone
+		return 0
+	}
+	h.closed = true
+	left := make([]*Stream, 0, len(h.held))
+	for s := range h.held {
+		left = append(left, s)
+	}
+	h.mu.Unlock()
+	h.stopLoop()
+	<-h.loopDone
+
+	var released sync.WaitGroup
+	var n sync.Mutex
+	count := 0
+	sem := make(chan struct{}, h.opts.ReleaseConcurrency)
+	for _, s := range left {
+		sem <- struct{}{}
+		released.Go(func() {
+			defer func() { <-sem }()
+			s.lose(ErrShutdown, false)
+			if s.Release(ctx, EndShutdown) {
+				n.Lock()
+				count++
+				n.Unlock()
+			}
+		})
+	}
+	released.Wait()
+	if count > 0 {
+		h.log.Info("released the slots of streams still running at shutdown", "mode", h.opts.Mode, "streams", count)
+	}
+	return count
+}
+
+func (h *Holder) isClosed() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.closed
+}
+
+// add registers s as held and heartbeated; false when h is closed.
+func (h *Holder) add(s *Stream) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return false
+	}
+	h.held[s] = struct{}{}
+	g := h.groups[s.interval]
+	if g == nil {
+		// The group's first batch is due one interval from now; a stream
+		// joining a group later is heartbeated at the group's next batch,
+		// sooner than its interval, never later.
+		g = &group{interval: s.interval, streams: map[*Stream]struct{}{}, next: time.Now().Add(s.interval)}
+		h.groups[s.interval] = g
+		select {
+		case h.wake <- struct{}{}:
+		default:
+		}
+	}
+	g.streams[s] = struct{}{}
+	return true
+}
+
+// unbeat stops heartbeating s.
+func (h *Holder) unbeat(s *Stream) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.unbeatLocked(s)
+}
+
+func (h *Holder) unbeatLocked(s *Stream) {
+	if g := h.groups[s.interval]; g != nil {
+		delete(g.streams, s)
+		if len(g.streams) == 0 {
+			delete(h.groups, s.interval)
+		}
+	}
+}
+
+// remove forgets s: it is released.
+func (h *Holder) remove(s *Stream) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.held, s)
+	h.unbeatLocked(s)
+}
+
+// intervalOf is the heartbeat interval of a grant's tier.
+func intervalOf(t tiers.Tier) time.Duration {
+	if t.HeartbeatInterval > 0 {
+		return t.HeartbeatInterval
+	}
+	return tiers.DefaultHeartbeatInterval
+}

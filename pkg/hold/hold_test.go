@@ -1,0 +1,404 @@
+package hold_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/internal/limitertest"
+	"github.com/joishi/limiter/internal/testenv"
+	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/hold"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/telemetry"
+	"github.com/joishi/limiter/pkg/tiers"
+)
+
+// env is a Holder on a limiter on the shared standalone Redis, with its
+// metrics served as /metrics would serve them and its Redis calls counted.
+type env struct {
+	stack  *limitertest.Stack
+	holder *hold.Holder
+	tel    *telemetry.Telemetry
+	calls  *callCounter
+}
+
+func newEnv(t *testing.T, opts hold.Options, stackOpts limitertest.Options) *env {
+	t.Helper()
+	tel, err := telemetry.New(context.Background(), telemetry.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
+	calls := &callCounter{ops: map[string]int{}}
+	stackOpts.Limiter.Observer = calls
+	if stackOpts.Redis.Timeout == 0 {
+		// Correctness, not latency: a loaded machine must not turn these
+		// tests degraded.
+		stackOpts.Redis.Timeout = 5 * time.Second
+	}
+	stack := limitertest.New(t, stackOpts)
+	if opts.Mode == "" {
+		opts.Mode = "test"
+	}
+	opts.MeterProvider = tel.MeterProvider
+	h, err := hold.New(stack.Limiter, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close(context.Background()) })
+	return &env{stack: stack, holder: h, tel: tel, calls: calls}
+}
+
+func (e *env) acquire(t *testing.T, user, plan string) *hold.Stream {
+	t.Helper()
+	st, res, err := e.holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: plan})
+	if err != nil || st == nil {
+		t.Fatalf("Acquire(%s, %s) = %v, %+v, %v; want a stream", user, plan, st, res, err)
+	}
+	return st
+}
+
+// used returns how many live slots Redis holds for user.
+func (e *env) used(t *testing.T, user string) int {
+	t.Helper()
+	slots, err := e.stack.Limiter.Slots(context.Background(), user)
+	if err != nil {
+		t.Fatalf("Slots(%s): %v", user, err)
+	}
+	return slots.Used
+}
+
+// metric returns the value of the /metrics line that starts with series,
+// "" when there is none.
+func (e *env) metric(t *testing.T, series string) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	e.tel.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body, _ := io.ReadAll(rec.Body)
+	for line := range strings.SplitSeq(string(body), "\n") {
+		if strings.HasPrefix(line, series+" ") {
+			return strings.TrimPrefix(line, series+" ")
+		}
+	}
+	return ""
+}
+
+func newUser() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "hold-" + hex.EncodeToString(b[:])
+}
+
+// callCounter is a limiter.Observer that counts Redis round trips by op.
+type callCounter struct {
+	mu  sync.Mutex
+	ops map[string]int
+}
+
+func (c *callCounter) Acquired(context.Context, tiers.Tier, limiter.AcquireResult, error) {}
+func (c *callCounter) Heartbeated(context.Context, limiter.HeartbeatResult, error)        {}
+func (c *callCounter) Released(context.Context, limiter.ReleaseResult, error)             {}
+func (c *callCounter) Reclaimed(context.Context, string, int)                             {}
+func (c *callCounter) RedisCall(_ context.Context, op string, _ time.Duration, _ error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ops[op]++
+}
+
+func (c *callCounter) count(op string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ops[op]
+}
+
+func (c *callCounter) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	clear(c.ops)
+}
+
+func TestReleaseOnEveryEnd(t *testing.T) {
+	e := newEnv(t, hold.Options{}, limitertest.Options{})
+	for _, end := range []hold.End{hold.EndComplete, hold.EndClientGone, hold.EndUpstreamError, hold.EndPanic, hold.EndShutdown, hold.EndLost} {
+		t.Run(string(end), func(t *testing.T) {
+			user := newUser()
+			st := e.acquire(t, user, "one")
+			if got := e.used(t, user); got != 1 {
+				t.Fatalf("after Acquire: %d slots held, want 1", got)
+			}
+			// The end path's own context is often gone already (a client
+			// that disconnected): the release must happen all the same.
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			if !st.Release(ctx, end) {
+				t.Fatalf("Release(%s) = false on the first call", end)
+			}
+			if st.Release(context.Background(), hold.EndComplete) {
+				t.Errorf("a second Release = true, want false (idempotent)")
+			}
+			if got := e.used(t, user); got != 0 {
+				t.Errorf("after Release(%s): %d slots held, want 0", end, got)
+			}
+			if got := e.metric(t, `limiter_streams_held_total{end="`+string(end)+`",mode="test"}`); got != "1" {
+				t.Errorf("limiter_streams_held_total{end=%q}: got %q, want 1", end, got)
+			}
+		})
+	}
+	if got := e.metric(t, `limiter_streams_active{mode="test"}`); got != "0" {
+		t.Errorf("limiter_streams_active after every release: got %q, want 0", got)
+	}
+	if got := e.holder.Held(); got != 0 {
+		t.Errorf("Held() = %d, want 0", got)
+	}
+}
+
+// Releases race from every end path at once: exactly one of them releases.
+func TestConcurrentReleasesReleaseOnce(t *testing.T) {
+	e := newEnv(t, hold.Options{}, limitertest.Options{})
+	user := newUser()
+	st := e.acquire(t, user, "one")
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	wins := 0
+	for _, end := range []hold.End{hold.EndComplete, hold.EndClientGone, hold.EndUpstreamError, hold.EndPanic} {
+		wg.Go(func() {
+			if st.Release(context.Background(), end) {
+				mu.Lock()
+				wins++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if wins != 1 {
+		t.Errorf("%d releases reported true, want exactly 1", wins)
+	}
+	if got := e.used(t, user); got != 0 {
+		t.Errorf("%d slots held after the releases, want 0", got)
+	}
+}
+
+func TestLimitIsAResultNotAnError(t *testing.T) {
+	e := newEnv(t, hold.Options{}, limitertest.Options{})
+	user := newUser()
+	first := e.acquire(t, user, "one")
+	defer first.Release(context.Background(), hold.EndComplete)
+	st, res, err := e.holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "one"})
+	if st != nil || err != nil || res.Granted || res.RetryAfter <= 0 {
+		t.Fatalf("second Acquire on a plan of 1 = %v, %+v, %v; want no stream, no error, a RetryAfter", st, res, err)
+	}
+	if got := e.metric(t, `limiter_streams_refused_total{mode="test",reason="limit"}`); got != "1" {
+		t.Errorf("refused{reason=limit}: got %q, want 1", got)
+	}
+	_, _, err = e.holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "nope"})
+	if !errors.Is(err, limiter.ErrUnknownPlan) {
+		t.Errorf("Acquire on an unknown plan: err %v, want ErrUnknownPlan", err)
+	}
+	if got := e.metric(t, `limiter_streams_refused_total{mode="test",reason="unknown_plan"}`); got != "1" {
+		t.Errorf("refused{reason=unknown_plan}: got %q, want 1", got)
+	}
+}
+
+// Many streams of one interval share one HeartbeatBatch call per interval,
+// and their slots live on far past their TTL.
+func TestOneBatchPerIntervalForAllStreams(t *testing.T) {
+	e := newEnv(t, hold.Options{}, limitertest.Options{})
+	const users, perUser = 40, 3 // plan "short": 3 slots, TTL 300ms, heartbeat 100ms
+	var streams []*hold.Stream
+	var ids []string
+	for range users {
+		user := newUser()
+		ids = append(ids, user)
+		for range perUser {
+			streams = append(streams, e.acquire(t, user, "short"))
+		}
+	}
+	e.calls.reset()
+	const window = 1200 * time.Millisecond // 4x the TTL
+	time.Sleep(window)
+	batches, singles := e.calls.count("heartbeat_batch"), e.calls.count("heartbeat")
+	// 12 intervals in the window; a loaded machine may run late.
+	if batches < 6 || batches > 13 || singles != 0 {
+		t.Errorf("%d streams over %v of 100ms heartbeats: %d batch calls and %d single heartbeats, want about 12 batches and no single one",
+			len(streams), window, batches, singles)
+	}
+	for _, user := range ids {
+		if got := e.used(t, user); got != perUser {
+			t.Fatalf("user %s holds %d slots after 4x the TTL, want %d (kept alive)", user, got, perUser)
+		}
+	}
+	for _, st := range streams {
+		select {
+		case <-st.Lost():
+			t.Fatalf("stream %s lost: %v", st.ID(), st.Err())
+		default:
+		}
+		st.Release(context.Background(), hold.EndComplete)
+	}
+}
+
+// Streams of two intervals are heartbeated in two groups, each at its own
+// interval.
+func TestBatchesGroupedByInterval(t *testing.T) {
+	e := newEnv(t, hold.Options{}, limitertest.Options{})
+	fast := e.acquire(t, newUser(), "short") // 100ms
+	slow := e.acquire(t, newUser(), "one")   // 1s
+	defer fast.Release(context.Background(), hold.EndComplete)
+	defer slow.Release(context.Background(), hold.EndComplete)
+	e.calls.reset()
+	time.Sleep(2100 * time.Millisecond)
+	// 21 fast batches and 2 slow ones.
+	if got := e.calls.count("heartbeat_batch"); got < 14 || got > 24 {
+		t.Errorf("%d batch calls in 2.1s for a 100ms and a 1s stream, want about 23", got)
+	}
+}
+
+func TestLostWhenTheSlotIsRemovedBehindItsBack(t *testing.T) {
+	e := newEnv(t, hold.Options{}, limitertest.Options{})
+	user := newUser()
+	st := e.acquire(t, user, "short")
+	ctx, cancel := st.Context(context.Background())
+	defer cancel()
+	// Support unlocks the account.
+	if _, err := e.stack.Limiter.ReleaseAll(context.Background(), user, "audit-"+user); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-st.Lost():
+	case <-time.After(time.Second):
+		t.Fatal("Lost did not close within 1s of the slot's removal (heartbeat 100ms)")
+	}
+	if err := st.Err(); !errors.Is(err, hold.ErrLost) || !errors.Is(err, limiter.ErrSlotLost) {
+		t.Errorf("Err() = %v, want ErrLost wrapping limiter.ErrSlotLost", err)
+	}
+	select {
+	case <-ctx.Done():
+		if !errors.Is(context.Cause(ctx), hold.ErrLost) {
+			t.Errorf("the stream context's cause is %v, want ErrLost", context.Cause(ctx))
+		}
+	default:
+		t.Error("the stream's context was not cancelled when its slot was lost")
+	}
+	if got := e.metric(t, `limiter_streams_lost_total{mode="test"}`); got != "1" {
+		t.Errorf("limiter_streams_lost_total: got %q, want 1", got)
+	}
+	if !st.Release(context.Background(), hold.EndLost) {
+		t.Error("Release after a loss = false, want true (the holder's end is still recorded)")
+	}
+	// A context asked for after the loss is born cancelled.
+	late, cancelLate := st.Context(context.Background())
+	defer cancelLate()
+	if late.Err() == nil {
+		t.Error("a Context taken after the loss is not cancelled")
+	}
+}
+
+func TestCloseReleasesEveryStreamStillHeld(t *testing.T) {
+	e := newEnv(t, hold.Options{}, limitertest.Options{})
+	user := newUser()
+	var streams []*hold.Stream
+	for range 3 {
+		streams = append(streams, e.acquire(t, user, "three"))
+	}
+	streams[0].Release(context.Background(), hold.EndComplete)
+	if got := e.holder.Close(context.Background()); got != 2 {
+		t.Errorf("Close released %d streams, want the 2 still held", got)
+	}
+	if got := e.used(t, user); got != 0 {
+		t.Errorf("%d slots held after Close, want 0", got)
+	}
+	for _, st := range streams[1:] {
+		select {
+		case <-st.Lost():
+			if !errors.Is(st.Err(), hold.ErrShutdown) {
+				t.Errorf("Err() = %v, want ErrShutdown", st.Err())
+			}
+		default:
+			t.Error("a stream released by Close was not told (Lost open)")
+		}
+		if st.Release(context.Background(), hold.EndComplete) {
+			t.Error("the holder's own Release after Close = true, want false")
+		}
+	}
+	if _, _, err := e.holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "three"}); !errors.Is(err, hold.ErrClosed) {
+		t.Errorf("Acquire after Close: %v, want ErrClosed", err)
+	}
+	if got := e.used(t, user); got != 0 {
+		t.Errorf("Acquire after Close left %d slots, want 0", got)
+	}
+	if got := e.metric(t, `limiter_streams_held_total{end="shutdown",mode="test"}`); got != "2" {
+		t.Errorf("held_total{end=shutdown}: got %q, want 2", got)
+	}
+}
+
+func TestIdleStreamsAreReleased(t *testing.T) {
+	e := newEnv(t, hold.Options{IdleTimeout: 300 * time.Millisecond}, limitertest.Options{})
+	idleUser, busyUser := newUser(), newUser()
+	idle := e.acquire(t, idleUser, "short")
+	busy := e.acquire(t, busyUser, "short")
+	defer busy.Release(context.Background(), hold.EndComplete)
+	deadline := time.Now().Add(800 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		busy.Touch()
+		time.Sleep(20 * time.Millisecond)
+	}
+	select {
+	case <-idle.Lost():
+		if !errors.Is(idle.Err(), hold.ErrIdle) {
+			t.Errorf("idle stream Err() = %v, want ErrIdle", idle.Err())
+		}
+	default:
+		t.Fatal("a stream untouched for 800ms (IdleTimeout 300ms) is still held")
+	}
+	if got := e.used(t, idleUser); got != 0 {
+		t.Errorf("idle stream's user holds %d slots, want 0", got)
+	}
+	select {
+	case <-busy.Lost():
+		t.Fatalf("a touched stream was lost: %v", busy.Err())
+	default:
+	}
+	if got := e.used(t, busyUser); got != 1 {
+		t.Errorf("touched stream's user holds %d slots, want 1", got)
+	}
+}
+
+// A stream granted degraded while Redis did not answer is acquired again,
+// under its own stream id, once Redis answers: it counts from then on.
+func TestDegradedStreamIsCountedOnceRedisAnswers(t *testing.T) {
+	path := testenv.StartProxy(t, testenv.Redis(t))
+	e := newEnv(t, hold.Options{}, limitertest.Options{Redis: cluster.Options{Addrs: []string{path.Addr()}, Timeout: 200 * time.Millisecond}})
+	user := newUser()
+	path.BlackHole()
+	st := e.acquire(t, user, "short")
+	if !st.Degraded() {
+		t.Fatal("Acquire while Redis is black-holed was not degraded")
+	}
+	defer st.Release(context.Background(), hold.EndComplete)
+	time.Sleep(300 * time.Millisecond) // degraded heartbeats meanwhile
+	path.Restore()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		slots, err := e.stack.Limiter.Slots(context.Background(), user)
+		if err == nil && slots.Used == 1 && slots.Slots[0].StreamID == st.ID() && !st.Degraded() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("5s after Redis came back: slots %+v (err %v), degraded %v; want the stream's own slot counted", slots, err, st.Degraded())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	select {
+	case <-st.Lost():
+		t.Fatalf("the degraded stream was lost: %v", st.Err())
+	default:
+	}
+}

@@ -1,0 +1,126 @@
+package hold
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/joishi/limiter/pkg/limiter"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// meterName is the instrumentation scope of the stream metrics.
+const meterName = "github.com/joishi/limiter/pkg/hold"
+
+// Reason says why a stream was refused a slot: the reason label of
+// limiter_streams_refused_total.
+type Reason string
+
+// Reasons of a refusal.
+const (
+	// ReasonLimit: the user holds the plan's limit (429).
+	ReasonLimit Reason = "limit"
+	// ReasonUnavailable: Redis did not answer and the plan fails closed (503).
+	ReasonUnavailable Reason = "unavailable"
+	// ReasonUnknownPlan: the plan is not in the tier table.
+	ReasonUnknownPlan Reason = "unknown_plan"
+	// ReasonIdentity: no identity, or one that did not verify (401).
+	ReasonIdentity Reason = "identity"
+	// ReasonInvalid: a malformed request (a bad user id, oversized headers).
+	ReasonInvalid Reason = "invalid"
+	// ReasonError: the limiter failed otherwise (Redis refused the call).
+	ReasonError Reason = "error"
+)
+
+var (
+	allEnds    = []End{EndComplete, EndClientGone, EndUpstreamError, EndPanic, EndShutdown, EndLost, EndIdle}
+	allReasons = []Reason{ReasonLimit, ReasonUnavailable, ReasonUnknownPlan, ReasonIdentity, ReasonInvalid, ReasonError}
+	// durationBuckets span a short completion to an hour-long session.
+	durationBuckets = []float64{0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600}
+)
+
+// refusalOf maps an error of Acquire to its refusal reason; false for the
+// caller's own context ending, which refuses nothing.
+func refusalOf(err error) (Reason, bool) {
+	switch {
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return "", false
+	case errors.Is(err, limiter.ErrUnavailable):
+		return ReasonUnavailable, true
+	case errors.Is(err, limiter.ErrUnknownPlan):
+		return ReasonUnknownPlan, true
+	case errors.Is(err, limiter.ErrInvalidUserID), errors.Is(err, limiter.ErrInvalidStreamID):
+		return ReasonInvalid, true
+	default:
+		return ReasonError, true
+	}
+}
+
+// metrics are the stream metrics, the same names for every mode; labels
+// are the mode, the end and the reason, never a user or a plan from a
+// request.
+type metrics struct {
+	active   metric.Int64UpDownCounter
+	held     metric.Int64Counter
+	duration metric.Float64Histogram
+	refused  metric.Int64Counter
+	lostN    metric.Int64Counter
+
+	mode    metric.MeasurementOption
+	ends    map[End]metric.MeasurementOption
+	reasons map[Reason]metric.MeasurementOption
+}
+
+func newMetrics(mp metric.MeterProvider, mode string) (*metrics, error) {
+	m := mp.Meter(meterName)
+	var o metrics
+	var errs [5]error
+	o.active, errs[0] = m.Int64UpDownCounter("limiter.streams.active", metric.WithUnit("{stream}"),
+		metric.WithDescription("Streams holding a slot now, by mode (proxy, extproc)."))
+	o.held, errs[1] = m.Int64Counter("limiter.streams.held", metric.WithUnit("{stream}"),
+		metric.WithDescription("Streams that held a slot, counted when they end, by mode and end: complete, client_gone, upstream_error, panic, shutdown, lost, idle."))
+	o.duration, errs[2] = m.Float64Histogram("limiter.streams.duration", metric.WithUnit("s"),
+		metric.WithDescription("How long streams held their slot, by mode and end."),
+		metric.WithExplicitBucketBoundaries(durationBuckets...))
+	o.refused, errs[3] = m.Int64Counter("limiter.streams.refused", metric.WithUnit("{stream}"),
+		metric.WithDescription("Streams refused a slot, by mode and reason: limit (429), unavailable (503), unknown_plan, identity (401), invalid, error."))
+	o.lostN, errs[4] = m.Int64Counter("limiter.streams.lost", metric.WithUnit("{stream}"),
+		metric.WithDescription("Streams whose slot the limiter no longer held (expired, released by support, lost in a failover), by mode: each was cut."))
+	if err := errors.Join(errs[:]...); err != nil {
+		return nil, err
+	}
+	modeAttr := attribute.String("mode", mode)
+	o.mode = metric.WithAttributeSet(attribute.NewSet(modeAttr))
+	o.ends = map[End]metric.MeasurementOption{}
+	for _, e := range allEnds {
+		o.ends[e] = metric.WithAttributeSet(attribute.NewSet(modeAttr, attribute.String("end", string(e))))
+	}
+	o.reasons = map[Reason]metric.MeasurementOption{}
+	for _, r := range allReasons {
+		o.reasons[r] = metric.WithAttributeSet(attribute.NewSet(modeAttr, attribute.String("reason", string(r))))
+	}
+	return &o, nil
+}
+
+func (m *metrics) started(ctx context.Context) { m.active.Add(ctx, 1, m.mode) }
+
+func (m *metrics) ended(ctx context.Context, end End, took time.Duration) {
+	labels, ok := m.ends[end]
+	if !ok {
+		labels = m.ends[EndComplete]
+	}
+	m.active.Add(ctx, -1, m.mode)
+	m.held.Add(ctx, 1, labels)
+	m.duration.Record(ctx, took.Seconds(), labels)
+}
+
+func (m *metrics) refuse(ctx context.Context, reason Reason) {
+	labels, ok := m.reasons[reason]
+	if !ok {
+		labels = m.reasons[ReasonError]
+	}
+	m.refused.Add(ctx, 1, labels)
+}
+
+func (m *metrics) lost(ctx context.Context) { m.lostN.Add(ctx, 1, m.mode) }

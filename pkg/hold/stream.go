@@ -1,0 +1,203 @@
+package hold
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/joishi/limiter/pkg/limiter"
+)
+
+// End says how a stream ended: the end label of limiter_streams_held_total
+// and limiter_streams_duration_seconds.
+type End string
+
+// Ends of a stream.
+const (
+	// EndComplete: the stream finished (the response ended, end of stream).
+	EndComplete End = "complete"
+	// EndClientGone: the client went away (disconnect, abort, RST).
+	EndClientGone End = "client_gone"
+	// EndUpstreamError: the upstream failed (refused, timed out, broke off).
+	EndUpstreamError End = "upstream_error"
+	// EndPanic: the handler serving the stream panicked.
+	EndPanic End = "panic"
+	// EndShutdown: the process stopped while the stream ran (Close).
+	EndShutdown End = "shutdown"
+	// EndLost: the slot was lost (Err is ErrLost) and the stream cut.
+	EndLost End = "lost"
+	// EndIdle: the stream was not touched for Options.IdleTimeout.
+	EndIdle End = "idle"
+)
+
+// errReleased is the cause of a Stream Context cancelled by Release.
+var errReleased = errors.New("stream released")
+
+// Stream is one held slot. Release it exactly once per stream, from
+// whichever end path comes first; later calls do nothing.
+type Stream struct {
+	h        *Holder
+	userID   string
+	plan     string
+	id       string
+	interval time.Duration
+	started  time.Time
+	touched  atomic.Int64 // unix nanoseconds of the latest Touch
+
+	mu        sync.Mutex
+	degraded  bool
+	expiresAt time.Time
+	err       error // why the slot was lost; nil while held
+	slotGone  bool  // the limiter no longer holds the slot: nothing to release
+	lost      chan struct{}
+	cancels   []context.CancelCauseFunc
+	released  bool
+}
+
+func newStream(h *Holder, userID, plan string, res limiter.AcquireResult) *Stream {
+	now := time.Now()
+	s := &Stream{
+		h: h, userID: userID, plan: plan, id: res.StreamID, interval: intervalOf(res.Tier), started: now,
+		degraded: res.Degraded, expiresAt: res.ExpiresAt, lost: make(chan struct{}),
+	}
+	s.touched.Store(now.UnixNano())
+	return s
+}
+
+// ID returns the slot's stream id: log it and pass it on, so the logs of
+// both sides join.
+func (s *Stream) ID() string { return s.id }
+
+// UserID returns the user the slot counts against.
+func (s *Stream) UserID() string { return s.userID }
+
+// Plan returns the plan the slot was acquired under.
+func (s *Stream) Plan() string { return s.plan }
+
+// Started returns when the slot was acquired.
+func (s *Stream) Started() time.Time { return s.started }
+
+// Degraded reports whether the latest answer about the slot was degraded:
+// Redis did not answer and the tier fails open, so the slot is not counted
+// until it is acquired again.
+func (s *Stream) Degraded() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.degraded
+}
+
+// ExpiresAt returns when the slot stops counting unless heartbeated, as of
+// the latest answer.
+func (s *Stream) ExpiresAt() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.expiresAt
+}
+
+// Lost is closed when the slot is lost (ErrLost), released by a shutdown
+// (ErrShutdown) or by the idle timeout (ErrIdle): the holder should cut
+// the stream. Release does not close it.
+func (s *Stream) Lost() <-chan struct{} { return s.lost }
+
+// Err returns why Lost closed, nil while it is open.
+func (s *Stream) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// Context returns a context derived from parent that is cancelled, with
+// Err as its cause, when the slot is lost, and with a cause of its own
+// when the stream is released. Pass it to the work the stream does (the
+// upstream request) so that losing the slot cuts it. cancel releases the
+// context's resources; it does not release the slot.
+func (s *Stream) Context(parent context.Context) (ctx context.Context, cancel context.CancelFunc) {
+	ctx, cancelCause := context.WithCancelCause(parent)
+	s.mu.Lock()
+	err, released := s.err, s.released
+	if err == nil && !released {
+		s.cancels = append(s.cancels, cancelCause)
+	}
+	s.mu.Unlock()
+	switch {
+	case err != nil:
+		cancelCause(err)
+	case released:
+		cancelCause(errReleased)
+	}
+	return ctx, func() { cancelCause(context.Canceled) }
+}
+
+// Touch records activity on the stream (a body chunk): see
+// Options.IdleTimeout. It is cheap: one atomic store.
+func (s *Stream) Touch() { s.touched.Store(time.Now().UnixNano()) }
+
+func (s *Stream) idleSince(now time.Time) time.Duration {
+	return now.Sub(time.Unix(0, s.touched.Load()))
+}
+
+// Release frees the slot, stops its heartbeats and records the stream's
+// end and duration. It is idempotent and safe from any end path and any
+// goroutine: the first call releases and reports true, later ones do
+// nothing. The call to Redis ignores ctx's cancellation (a client that
+// went away must still free its slot) and is bounded by the limiter's
+// per-call deadline; a slot it cannot free expires after its TTL.
+func (s *Stream) Release(ctx context.Context, end End) bool {
+	s.mu.Lock()
+	if s.released {
+		s.mu.Unlock()
+		return false
+	}
+	s.released = true
+	gone := s.slotGone
+	cancels := s.cancels
+	s.cancels = nil
+	s.mu.Unlock()
+	for _, cancel := range cancels {
+		cancel(errReleased)
+	}
+
+	s.h.remove(s)
+	ctx = context.WithoutCancel(ctx)
+	s.h.metrics.ended(ctx, end, time.Since(s.started))
+	if gone {
+		return true
+	}
+	if _, err := s.h.lim.Release(ctx, s.userID, s.id); err != nil {
+		s.h.log.Warn("releasing a stream's slot failed; it expires after its TTL", "mode", s.h.opts.Mode, "stream_id", s.id, "err", err)
+	}
+	return true
+}
+
+// lose marks the slot lost with err, closes Lost and cancels the stream's
+// contexts, once; slotGone says the limiter no longer holds the slot. It
+// reports whether this call marked it.
+func (s *Stream) lose(err error, slotGone bool) bool {
+	s.mu.Lock()
+	if s.err != nil || s.released {
+		s.mu.Unlock()
+		return false
+	}
+	s.err = err
+	s.slotGone = slotGone
+	close(s.lost)
+	cancels := s.cancels
+	s.cancels = nil
+	s.mu.Unlock()
+	for _, cancel := range cancels {
+		cancel(err)
+	}
+	return true
+}
+
+// update records a heartbeat's or re-acquire's answer.
+func (s *Stream) update(expiresAt time.Time, degraded bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !expiresAt.IsZero() {
+		s.expiresAt = expiresAt
+	}
+	s.degraded = degraded
+}

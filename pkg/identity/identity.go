@@ -1,0 +1,167 @@
+// Package identity decides whose stream a request is, and under which
+// plan: from a verified JWT (JWKS from a file, re-read when it changes,
+// and/or from a URL, cached), or, when no JWT is configured, from headers
+// that a hop in front has set after authenticating the caller. The proxy
+// and the ext_proc server resolve identities through it.
+package identity
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Defaults of Options.
+const (
+	DefaultUserHeader = "X-User-Id"
+	DefaultPlanHeader = "X-Plan"
+	DefaultUserClaim  = "sub"
+	// DefaultLeeway absorbs clock skew between the issuer and this host
+	// when checking exp, nbf and iat.
+	DefaultLeeway = 30 * time.Second
+	// DefaultJWKSCacheTTL is how long a JWKS fetched from a URL is used
+	// before it is fetched again.
+	DefaultJWKSCacheTTL = 5 * time.Minute
+)
+
+// Errors of Resolve. Each wraps ErrUnauthenticated: answer 401, and never
+// take a slot.
+var (
+	// ErrUnauthenticated is wrapped by every error of Resolve.
+	ErrUnauthenticated = errors.New("unauthenticated")
+	// ErrMissing: the request carries no credentials (no bearer token, no
+	// user header).
+	ErrMissing = fmt.Errorf("%w: no credentials", ErrUnauthenticated)
+	// ErrInvalidToken: the token did not verify (signature, algorithm,
+	// issuer, audience, expiry) or lacks the user claim.
+	ErrInvalidToken = fmt.Errorf("%w: invalid token", ErrUnauthenticated)
+	// ErrNoPlan: neither the token nor the headers name a plan, and there
+	// is no default plan.
+	ErrNoPlan = fmt.Errorf("%w: no plan", ErrUnauthenticated)
+)
+
+// Sources of an Identity.
+const (
+	SourceJWT    = "jwt"
+	SourceHeader = "header"
+)
+
+// Identity is who a request is for.
+type Identity struct {
+	UserID string
+	Plan   string
+	// Source is SourceJWT or SourceHeader.
+	Source string
+}
+
+// Options configure a Resolver. Zero values take the documented defaults.
+type Options struct {
+	// UserHeader names the user when no JWT is configured. Default
+	// "X-User-Id". Trust it only behind a hop that authenticates the
+	// caller and sets it (and strips any the caller sent).
+	UserHeader string
+	// PlanHeader names the plan when no JWT is configured. Default
+	// "X-Plan".
+	PlanHeader string
+	// DefaultPlan is the plan of a request whose token or headers name
+	// none. Default "": such a request is refused (ErrNoPlan).
+	DefaultPlan string
+	// JWT, when set, makes a verified bearer token the only source of
+	// identity; the headers are then ignored.
+	JWT *JWT
+	// Logger receives JWKS reload failures. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Headers is what Resolve reads: an http.Header, or the request headers of
+// an ext_proc message behind the same method.
+type Headers interface {
+	Get(name string) string
+}
+
+// Resolver resolves the identity of requests. It is safe for concurrent
+// use.
+type Resolver struct {
+	opts     Options
+	verifier *verifier // nil: trusted headers
+}
+
+// New returns a Resolver. With a JWT, it loads the JWKS file (an error
+// when it holds no usable key); a JWKS URL is first fetched on demand.
+func New(opts Options) (*Resolver, error) {
+	if opts.UserHeader == "" {
+		opts.UserHeader = DefaultUserHeader
+	}
+	if opts.PlanHeader == "" {
+		opts.PlanHeader = DefaultPlanHeader
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	r := &Resolver{opts: opts}
+	if opts.JWT != nil {
+		v, err := newVerifier(*opts.JWT, opts.Logger)
+		if err != nil {
+			return nil, err
+		}
+		r.verifier = v
+	}
+	return r, nil
+}
+
+// UsesJWT reports whether identities come from verified tokens.
+func (r *Resolver) UsesJWT() bool { return r.verifier != nil }
+
+// Resolve returns the identity of a request from its headers. Errors wrap
+// ErrUnauthenticated (ErrMissing, ErrInvalidToken, ErrNoPlan); their
+// messages say what was wrong and never quote the token.
+func (r *Resolver) Resolve(h Headers) (Identity, error) {
+	if r.verifier != nil {
+		return r.fromToken(h)
+	}
+	user := strings.TrimSpace(h.Get(r.opts.UserHeader))
+	if user == "" {
+		return Identity{}, fmt.Errorf("%w: header %s is missing", ErrMissing, r.opts.UserHeader)
+	}
+	plan := strings.TrimSpace(h.Get(r.opts.PlanHeader))
+	if plan == "" {
+		plan = r.opts.DefaultPlan
+	}
+	if plan == "" {
+		return Identity{}, fmt.Errorf("%w: header %s is missing and there is no default plan", ErrNoPlan, r.opts.PlanHeader)
+	}
+	return Identity{UserID: user, Plan: plan, Source: SourceHeader}, nil
+}
+
+func (r *Resolver) fromToken(h Headers) (Identity, error) {
+	token, ok := bearer(h.Get("Authorization"))
+	if !ok {
+		return Identity{}, fmt.Errorf("%w: no bearer token in the Authorization header", ErrMissing)
+	}
+	user, plan, err := r.verifier.verify(token)
+	if err != nil {
+		return Identity{}, err
+	}
+	if plan == "" {
+		plan = r.opts.DefaultPlan
+	}
+	if plan == "" {
+		return Identity{}, fmt.Errorf("%w: the token has no %q claim and there is no default plan", ErrNoPlan, r.verifier.opts.PlanClaim)
+	}
+	return Identity{UserID: user, Plan: plan, Source: SourceJWT}, nil
+}
+
+// bearer returns the token of an "Authorization: Bearer <token>" value.
+func bearer(value string) (string, bool) {
+	scheme, token, ok := strings.Cut(strings.TrimSpace(value), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	token = strings.TrimSpace(token)
+	return token, token != ""
+}
+
+var _ Headers = http.Header(nil)

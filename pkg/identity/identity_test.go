@@ -1,0 +1,348 @@
+package identity_test
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"math/big"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/joishi/limiter/pkg/identity"
+)
+
+const (
+	issuer   = "https://issuer.test"
+	audience = "limiter-proxy"
+)
+
+// signer is a private key and the JWK of its public half.
+type signer struct {
+	kid    string
+	method jwt.SigningMethod
+	key    crypto.Signer
+}
+
+func newSigner(t testing.TB, kid, alg string) signer {
+	t.Helper()
+	var key crypto.Signer
+	var err error
+	var method jwt.SigningMethod
+	switch alg {
+	case "RS256":
+		key, err = rsa.GenerateKey(rand.Reader, 2048)
+		method = jwt.SigningMethodRS256
+	case "ES256":
+		key, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		method = jwt.SigningMethodES256
+	case "EdDSA":
+		_, key, err = ed25519.GenerateKey(rand.Reader)
+		method = jwt.SigningMethodEdDSA
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return signer{kid: kid, method: method, key: key}
+}
+
+func (s signer) jwk() map[string]any {
+	enc := base64.RawURLEncoding.EncodeToString
+	switch pub := s.key.Public().(type) {
+	case *rsa.PublicKey:
+		return map[string]any{"kty": "RSA", "kid": s.kid, "use": "sig", "alg": "RS256", "n": enc(pub.N.Bytes()), "e": enc(big.NewInt(int64(pub.E)).Bytes())}
+	case *ecdsa.PublicKey:
+		b, _ := pub.Bytes()
+		return map[string]any{"kty": "EC", "kid": s.kid, "crv": "P-256", "x": enc(b[1:33]), "y": enc(b[33:])}
+	case ed25519.PublicKey:
+		return map[string]any{"kty": "OKP", "kid": s.kid, "crv": "Ed25519", "x": enc(pub)}
+	}
+	return nil
+}
+
+func jwks(signers ...signer) []byte {
+	keys := []any{}
+	for _, s := range signers {
+		keys = append(keys, s.jwk())
+	}
+	b, _ := json.Marshal(map[string]any{"keys": keys})
+	return b
+}
+
+// claims returns valid claims for user, changed by edit.
+func claims(user string, edit func(jwt.MapClaims)) jwt.MapClaims {
+	now := time.Now()
+	c := jwt.MapClaims{"iss": issuer, "aud": audience, "sub": user, "plan": "paid",
+		"iat": now.Unix(), "nbf": now.Unix(), "exp": now.Add(time.Hour).Unix()}
+	if edit != nil {
+		edit(c)
+	}
+	return c
+}
+
+func (s signer) sign(t testing.TB, c jwt.MapClaims) string {
+	t.Helper()
+	tok := jwt.NewWithClaims(s.method, c)
+	tok.Header["kid"] = s.kid
+	out, err := tok.SignedString(s.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func writeFile(t testing.TB, path string, data []byte) {
+	t.Helper()
+	// Write and rename, as a Secret volume swaps its files.
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func jwtResolver(t testing.TB, file string, edit func(*identity.JWT)) *identity.Resolver {
+	t.Helper()
+	opts := identity.JWT{JWKSFile: file, Issuer: issuer, Audience: audience, PlanClaim: "plan", Leeway: 5 * time.Second}
+	if edit != nil {
+		edit(&opts)
+	}
+	r, err := identity.New(identity.Options{JWT: &opts, DefaultPlan: "free"})
+	if err != nil {
+		t.Fatalf("identity.New: %v", err)
+	}
+	return r
+}
+
+func bearer(token string) http.Header {
+	return http.Header{"Authorization": {"Bearer " + token}}
+}
+
+func TestJWT(t *testing.T) {
+	rs, es, ed := newSigner(t, "rs", "RS256"), newSigner(t, "es", "ES256"), newSigner(t, "ed", "EdDSA")
+	stranger := newSigner(t, "rs", "RS256") // same kid, another key
+	file := filepath.Join(t.TempDir(), "jwks.json")
+	writeFile(t, file, jwks(rs, es, ed))
+	r := jwtResolver(t, file, nil)
+
+	none := func() string {
+		tok := jwt.NewWithClaims(jwt.SigningMethodNone, claims("mallory", nil))
+		s, err := tok.SignedString(jwt.UnsafeAllowNoneSignatureType)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}()
+	// HS256 keyed with the RSA public key's bytes: the classic confusion.
+	hmac := func() string {
+		pub := rs.jwk()["n"].(string)
+		tok := jwt.NewWithClaims(jwt.SigningMethodHS256, claims("mallory", nil))
+		tok.Header["kid"] = "rs"
+		s, err := tok.SignedString([]byte(pub))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}()
+
+	cases := []struct {
+		name     string
+		header   http.Header
+		wantErr  error
+		wantUser string
+		wantPlan string
+	}{
+		{"RS256 token", bearer(rs.sign(t, claims("alice", nil))), nil, "alice", "paid"},
+		{"ES256 token", bearer(es.sign(t, claims("bob", nil))), nil, "bob", "paid"},
+		{"EdDSA token", bearer(ed.sign(t, claims("carol", nil))), nil, "carol", "paid"},
+		{"no plan claim takes the default plan", bearer(rs.sign(t, claims("dave", func(c jwt.MapClaims) { delete(c, "plan") }))), nil, "dave", "free"},
+		{"expired a minute ago", bearer(rs.sign(t, claims("alice", func(c jwt.MapClaims) { c["exp"] = time.Now().Add(-time.Minute).Unix() }))), identity.ErrInvalidToken, "", ""},
+		{"expired within the leeway", bearer(rs.sign(t, claims("alice", func(c jwt.MapClaims) { c["exp"] = time.Now().Add(-2 * time.Second).Unix() }))), nil, "alice", "paid"},
+		{"no exp", bearer(rs.sign(t, claims("alice", func(c jwt.MapClaims) { delete(c, "exp") }))), identity.ErrInvalidToken, "", ""},
+		{"not valid before a minute from now", bearer(rs.sign(t, claims("alice", func(c jwt.MapClaims) { c["nbf"] = time.Now().Add(time.Minute).Unix() }))), identity.ErrInvalidToken, "", ""},
+		{"wrong audience", bearer(rs.sign(t, claims("alice", func(c jwt.MapClaims) { c["aud"] = "another-service" }))), identity.ErrInvalidToken, "", ""},
+		{"audience among several", bearer(rs.sign(t, claims("alice", func(c jwt.MapClaims) { c["aud"] = []string{"x", audience} }))), nil, "alice", "paid"},
+		{"wrong issuer", bearer(rs.sign(t, claims("alice", func(c jwt.MapClaims) { c["iss"] = "https://evil.test" }))), identity.ErrInvalidToken, "", ""},
+		{"signed by a key not in the set", bearer(stranger.sign(t, claims("mallory", nil))), identity.ErrInvalidToken, "", ""},
+		{"alg none", bearer(none), identity.ErrInvalidToken, "", ""},
+		{"HS256 keyed with the public key", bearer(hmac), identity.ErrInvalidToken, "", ""},
+		{"tampered payload", bearer(tamper(rs.sign(t, claims("alice", nil)))), identity.ErrInvalidToken, "", ""},
+		{"no user claim", bearer(rs.sign(t, claims("", func(c jwt.MapClaims) { delete(c, "sub") }))), identity.ErrInvalidToken, "", ""},
+		{"plan claim not a string", bearer(rs.sign(t, claims("alice", func(c jwt.MapClaims) { c["plan"] = 3 }))), identity.ErrInvalidToken, "", ""},
+		{"no Authorization header", http.Header{}, identity.ErrMissing, "", ""},
+		{"Basic credentials", http.Header{"Authorization": {"Basic YTpi"}}, identity.ErrMissing, "", ""},
+		{"headers are ignored when a JWT is configured", http.Header{"X-User-Id": {"alice"}, "X-Plan": {"paid"}}, identity.ErrMissing, "", ""},
+		{"garbage token", bearer("not.a.token"), identity.ErrInvalidToken, "", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := r.Resolve(tc.header)
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) || !errors.Is(err, identity.ErrUnauthenticated) {
+					t.Fatalf("Resolve = %+v, %v; want %v (an ErrUnauthenticated)", got, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || got.UserID != tc.wantUser || got.Plan != tc.wantPlan || got.Source != identity.SourceJWT {
+				t.Fatalf("Resolve = %+v, %v; want user %s, plan %s from the JWT", got, err, tc.wantUser, tc.wantPlan)
+			}
+		})
+	}
+}
+
+// tamper changes the payload of a signed token, keeping its signature.
+func tamper(token string) string {
+	parts := strings.Split(token, ".")
+	payload, _ := base64.RawURLEncoding.DecodeString(parts[1])
+	payload = []byte(strings.Replace(string(payload), `"alice"`, `"admin"`, 1))
+	parts[1] = base64.RawURLEncoding.EncodeToString(payload)
+	return strings.Join(parts, ".")
+}
+
+func TestJWKSFileRotation(t *testing.T) {
+	old, next := newSigner(t, "2024", "RS256"), newSigner(t, "2025", "ES256")
+	file := filepath.Join(t.TempDir(), "jwks.json")
+	writeFile(t, file, jwks(old))
+	r := jwtResolver(t, file, nil)
+	oldToken, nextToken := old.sign(t, claims("alice", nil)), next.sign(t, claims("alice", nil))
+	if _, err := r.Resolve(bearer(oldToken)); err != nil {
+		t.Fatalf("the old key's token before the rotation: %v", err)
+	}
+	if _, err := r.Resolve(bearer(nextToken)); !errors.Is(err, identity.ErrInvalidToken) {
+		t.Fatalf("the next key's token before the rotation: %v, want ErrInvalidToken", err)
+	}
+
+	// The new key is published beside the old one, then the old removed.
+	writeFile(t, file, jwks(old, next))
+	waitFor(t, func() bool { _, err := r.Resolve(bearer(nextToken)); return err == nil }, "the next key's token accepted after it was added")
+	if _, err := r.Resolve(bearer(oldToken)); err != nil {
+		t.Fatalf("the old key's token while both are published: %v", err)
+	}
+	writeFile(t, file, jwks(next))
+	waitFor(t, func() bool { _, err := r.Resolve(bearer(oldToken)); return err != nil }, "the old key's token refused after it was removed")
+
+	// A file caught half-written keeps the keys in force.
+	writeFile(t, file, []byte(`{"keys": [`))
+	time.Sleep(1100 * time.Millisecond)
+	if _, err := r.Resolve(bearer(nextToken)); err != nil {
+		t.Fatalf("a token of the key in force while the file does not parse: %v", err)
+	}
+}
+
+func waitFor(t *testing.T, ok func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within 3s: %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestJWKSURLIsCachedAndRefetchedForANewKid(t *testing.T) {
+	first, second := newSigner(t, "a", "EdDSA"), newSigner(t, "b", "EdDSA")
+	var served atomic.Value
+	served.Store(jwks(first))
+	var fetches atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fetches.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(served.Load().([]byte))
+	}))
+	defer srv.Close()
+	r := jwtResolver(t, "", func(j *identity.JWT) { j.JWKSURL = srv.URL })
+	for range 5 {
+		if _, err := r.Resolve(bearer(first.sign(t, claims("alice", nil)))); err != nil {
+			t.Fatalf("token of the served key: %v", err)
+		}
+	}
+	if got := fetches.Load(); got != 1 {
+		t.Errorf("5 tokens fetched the JWKS %d times, want once (cached)", got)
+	}
+	// A key published since: its kid is unknown, so the set is fetched
+	// again at once.
+	served.Store(jwks(first, second))
+	if _, err := r.Resolve(bearer(second.sign(t, claims("bob", nil)))); err != nil {
+		t.Fatalf("token of a key published since the fetch: %v", err)
+	}
+	// Unknown kids do not make a fetch each.
+	for range 5 {
+		_, _ = r.Resolve(bearer(newSigner(t, "zz", "EdDSA").sign(t, claims("mallory", nil))))
+	}
+	if got := fetches.Load(); got != 2 {
+		t.Errorf("fetches: got %d, want 2 (one more for the new kid, none for a flood of unknown ones)", got)
+	}
+}
+
+func TestJWTOptionsAreRequired(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "jwks.json")
+	writeFile(t, file, jwks(newSigner(t, "a", "RS256")))
+	for _, tc := range []struct {
+		name string
+		jwt  identity.JWT
+	}{
+		{"no key source", identity.JWT{Issuer: issuer, Audience: audience}},
+		{"no issuer", identity.JWT{JWKSFile: file, Audience: audience}},
+		{"no audience", identity.JWT{JWKSFile: file, Issuer: issuer}},
+		{"a JWKS file that is missing", identity.JWT{JWKSFile: file + ".missing", Issuer: issuer, Audience: audience}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := identity.New(identity.Options{JWT: &tc.jwt}); err == nil {
+				t.Error("New accepted it")
+			}
+		})
+	}
+	empty := filepath.Join(t.TempDir(), "empty.json")
+	writeFile(t, empty, []byte(`{"keys":[{"kty":"oct","k":"c2VjcmV0"}]}`))
+	if _, err := identity.New(identity.Options{JWT: &identity.JWT{JWKSFile: empty, Issuer: issuer, Audience: audience}}); err == nil || !strings.Contains(err.Error(), "no usable key") {
+		t.Errorf("a JWKS with only a shared secret: %v, want no usable key", err)
+	}
+}
+
+func TestTrustedHeaders(t *testing.T) {
+	r, err := identity.New(identity.Options{UserHeader: "X-Auth-User", DefaultPlan: "free"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	noDefault, err := identity.New(identity.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name     string
+		r        *identity.Resolver
+		header   http.Header
+		want     identity.Identity
+		wantErrr error
+	}{
+		{"user and plan", r, http.Header{"X-Auth-User": {"alice"}, "X-Plan": {"paid"}}, identity.Identity{UserID: "alice", Plan: "paid", Source: identity.SourceHeader}, nil},
+		{"no plan takes the default", r, http.Header{"X-Auth-User": {"alice"}}, identity.Identity{UserID: "alice", Plan: "free", Source: identity.SourceHeader}, nil},
+		{"no user", r, http.Header{"X-Plan": {"paid"}}, identity.Identity{}, identity.ErrMissing},
+		{"a blank user", r, http.Header{"X-Auth-User": {"  "}}, identity.Identity{}, identity.ErrMissing},
+		{"default header names", noDefault, http.Header{"X-User-Id": {"bob"}, "X-Plan": {"free"}}, identity.Identity{UserID: "bob", Plan: "free", Source: identity.SourceHeader}, nil},
+		{"no plan and no default", noDefault, http.Header{"X-User-Id": {"bob"}}, identity.Identity{}, identity.ErrNoPlan},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := tc.r.Resolve(tc.header)
+			if !errors.Is(err, tc.wantErrr) || got != tc.want {
+				t.Errorf("Resolve = %+v, %v; want %+v, %v", got, err, tc.want, tc.wantErrr)
+			}
+		})
+	}
+}

@@ -1,0 +1,297 @@
+// Package proxy is `limiter proxy`: a reverse proxy that caps the
+// concurrent streams of each user in front of any HTTP streaming endpoint
+// (an OpenAI-compatible server, vLLM, an internal gateway). Each request
+// on a limited route resolves its identity (pkg/identity), holds a slot
+// for as long as its response streams (pkg/hold), and is proxied with
+// immediate flushing; everything else passes through untouched.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/joishi/limiter/pkg/hold"
+	"github.com/joishi/limiter/pkg/identity"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/tiers"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// HeaderStreamID carries the slot's stream id to the upstream and back to
+// the client, so that the logs of every side join on it.
+const HeaderStreamID = "X-Limiter-Stream-Id"
+
+// Defaults of Options.
+const (
+	DefaultMaxHeaderBytes        = 32 << 10
+	DefaultDialTimeout           = 5 * time.Second
+	DefaultTLSHandshakeTimeout   = 5 * time.Second
+	DefaultResponseHeaderTimeout = 5 * time.Minute
+	DefaultIdleConnTimeout       = 90 * time.Second
+)
+
+// Options configure a Proxy. Zero values take the documented defaults.
+type Options struct {
+	// Upstream is where requests go: scheme, host and an optional path
+	// prefix (http://vllm:8000, https://gateway.internal/openai).
+	// Required.
+	Upstream *url.URL
+	// Routes are the path prefixes whose requests hold a slot ("/v1/chat/completions").
+	// A prefix matches the path itself and anything under it after a "/".
+	// Default none: every request holds one.
+	Routes []string
+	// StripAuthorization removes the client's Authorization header before
+	// the request goes upstream (set it when the token is for the proxy
+	// only). Default false: it is passed on.
+	StripAuthorization bool
+	// MaxHeaderBytes bounds a request's header lines; a request over it is
+	// refused with 431 and a JSON error, before any slot. Default 32 KiB.
+	MaxHeaderBytes int
+	// Transport sends requests upstream. Default: NewTransport with the
+	// timeouts below.
+	Transport http.RoundTripper
+	// Timeouts of the default Transport: dialling, the TLS handshake, the
+	// wait for the response headers (a non-streaming completion sends them
+	// only once it is done), and how long an idle upstream connection is
+	// kept. Defaults 5s, 5s, 5m, 90s.
+	DialTimeout           time.Duration
+	TLSHandshakeTimeout   time.Duration
+	ResponseHeaderTimeout time.Duration
+	IdleConnTimeout       time.Duration
+	// Tiers is the table the limiter enforces; /readyz waits for it to
+	// sync. Required.
+	Tiers *tiers.Table
+	// Logger receives stream grants, ends and upstream failures. Default
+	// slog.Default().
+	Logger *slog.Logger
+	// MeterProvider receives limiter_proxy_upstream_errors_total. Default:
+	// none recorded.
+	MeterProvider metric.MeterProvider
+	// Propagator writes the trace context into the upstream request.
+	// Default: W3C trace context.
+	Propagator propagation.TextMapPropagator
+	// Middleware wraps the proxy's handler (tracing and HTTP metrics).
+	// Default none.
+	Middleware func(http.Handler) http.Handler
+	// Metrics serves GET /metrics on the ops listener. Default: 404.
+	Metrics http.Handler
+}
+
+// Proxy is the handler of `limiter proxy`.
+type Proxy struct {
+	holder   *hold.Holder
+	ident    *identity.Resolver
+	opts     Options
+	log      *slog.Logger
+	rp       *httputil.ReverseProxy
+	upErrors metric.Int64Counter
+	phases   map[string]metric.MeasurementOption
+	draining atomic.Bool
+}
+
+// New returns a Proxy that holds its streams' slots with h and resolves
+// identities with ident.
+func New(h *hold.Holder, ident *identity.Resolver, opts Options) (*Proxy, error) {
+	if opts.Upstream == nil || opts.Upstream.Host == "" || (opts.Upstream.Scheme != "http" && opts.Upstream.Scheme != "https") {
+		return nil, fmt.Errorf("proxy: the upstream must be an http:// or https:// URL with a host, got %v", opts.Upstream)
+	}
+	if opts.Tiers == nil {
+		return nil, errors.New("proxy: Options.Tiers is required")
+	}
+	if opts.MaxHeaderBytes <= 0 {
+		opts.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.MeterProvider == nil {
+		opts.MeterProvider = noop.NewMeterProvider()
+	}
+	if opts.Propagator == nil {
+		opts.Propagator = propagation.TraceContext{}
+	}
+	if opts.Transport == nil {
+		t, err := NewTransport(TransportOptions{
+			DialTimeout: opts.DialTimeout, TLSHandshakeTimeout: opts.TLSHandshakeTimeout,
+			ResponseHeaderTimeout: opts.ResponseHeaderTimeout, IdleConnTimeout: opts.IdleConnTimeout,
+		})
+		if err != nil {
+			return nil, err
+		}
+		opts.Transport = t
+	}
+	p := &Proxy{holder: h, ident: ident, opts: opts, log: opts.Logger}
+	var err error
+	p.upErrors, err = opts.MeterProvider.Meter(meterName).Int64Counter("limiter.proxy.upstream.errors", metric.WithUnit("{error}"),
+		metric.WithDescription("Requests the upstream failed, by phase: response (no response: refused, timed out; answered 502 or 504) or body (the response broke off mid-stream)."))
+	if err != nil {
+		return nil, err
+	}
+	p.phases = map[string]metric.MeasurementOption{}
+	for _, phase := range []string{phaseResponse, phaseBody} {
+		p.phases[phase] = metric.WithAttributeSet(attribute.NewSet(attribute.String("phase", phase)))
+	}
+	p.rp = p.reverseProxy()
+	return p, nil
+}
+
+// meterName is the instrumentation scope of the proxy's own metrics.
+const meterName = "github.com/joishi/limiter/pkg/proxy"
+
+// Handler returns the proxy's handler, wrapped in Options.Middleware.
+func (p *Proxy) Handler() http.Handler {
+	var h http.Handler = http.HandlerFunc(p.serve)
+	if p.opts.Middleware != nil {
+		h = p.opts.Middleware(h)
+	}
+	return h
+}
+
+// limited reports whether path holds a slot.
+func (p *Proxy) limited(path string) bool {
+	if len(p.opts.Routes) == 0 {
+		return true
+	}
+	for _, prefix := range p.opts.Routes {
+		prefix = strings.TrimSuffix(prefix, "/")
+		if path == prefix || strings.HasPrefix(path, prefix+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
+	if !p.limited(r.URL.Path) {
+		p.forward(w, r)
+		return
+	}
+	ctx := r.Context()
+	if n := headerBytes(r); n > p.opts.MaxHeaderBytes {
+		p.holder.Refused(ctx, hold.ReasonInvalid)
+		writeError(w, http.StatusRequestHeaderFieldsTooLarge, apiError{Type: typeInvalidRequest, Code: codeHeadersTooLarge,
+			Message: fmt.Sprintf("the request's headers are %d bytes, over the %d allowed", n, p.opts.MaxHeaderBytes)})
+		return
+	}
+	id, err := p.ident.Resolve(r.Header)
+	if err != nil {
+		p.holder.Refused(ctx, hold.ReasonIdentity)
+		writeError(w, http.StatusUnauthorized, apiError{Type: typeInvalidRequest, Code: codeUnauthenticated, Message: err.Error()})
+		return
+	}
+	st, res, err := p.holder.Acquire(ctx, limiter.AcquireRequest{UserID: id.UserID, Plan: id.Plan})
+	switch {
+	case err != nil:
+		p.refuse(w, r, err)
+	case st == nil:
+		writeLimited(w, res)
+	default:
+		p.stream(w, r, st, res)
+	}
+}
+
+// stream proxies a request that holds st, and releases st however the
+// request ends.
+func (p *Proxy) stream(w http.ResponseWriter, r *http.Request, st *hold.Stream, res limiter.AcquireResult) {
+	state := &exchange{stream: st}
+	ctx, cancel := st.Context(context.WithValue(r.Context(), exchangeKey{}, state))
+	defer cancel()
+	end := hold.EndComplete
+	defer func() {
+		v := recover()
+		switch {
+		case v == nil:
+		case v == http.ErrAbortHandler: // the response broke off mid-body
+			end = p.endOf(r, st, state)
+		default:
+			end = hold.EndPanic
+			p.log.ErrorContext(r.Context(), "proxy handler panicked; slot released", "stream_id", st.ID(), "path", r.URL.Path, "panic", v)
+		}
+		st.Release(r.Context(), end)
+		p.log.InfoContext(r.Context(), "stream ended", "stream_id", st.ID(), "end", end, "took", time.Since(st.Started()).Round(time.Millisecond).String())
+		if v != nil {
+			panic(v) // net/http aborts the connection: the client sees the stream cut
+		}
+	}()
+	trace.SpanFromContext(ctx).SetAttributes(attribute.String("limiter.stream_id", st.ID()), attribute.Bool("limiter.degraded", res.Degraded))
+	p.log.InfoContext(ctx, "stream granted", "stream_id", st.ID(), "plan", st.Plan(), "path", r.URL.Path, "degraded", res.Degraded)
+	w.Header().Set(HeaderStreamID, st.ID())
+	p.forward(w, r.WithContext(ctx))
+	end = p.endOf(r, st, state)
+}
+
+// forward proxies r. The upstream may answer, and the answer be flushed,
+// while the request body is still on its way up: full duplex keeps
+// net/http from closing the body once the response headers are out. (Only
+// here: a refusal must leave net/http to read what is left of the body,
+// or closing the connection over unread bytes resets it before the
+// client reads the answer.)
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {
+	_ = http.NewResponseController(w).EnableFullDuplex()
+	p.rp.ServeHTTP(w, r)
+}
+
+// endOf says how a stream's request ended.
+func (p *Proxy) endOf(r *http.Request, st *hold.Stream, state *exchange) hold.End {
+	switch err := st.Err(); {
+	case errors.Is(err, hold.ErrShutdown):
+		return hold.EndShutdown
+	case err != nil:
+		return hold.EndLost
+	case r.Context().Err() != nil:
+		return hold.EndClientGone
+	case state.failed.Load():
+		return hold.EndUpstreamError
+	case state.aborted.Load():
+		// The copy to the client failed with the upstream still
+		// answering: the client went away.
+		return hold.EndClientGone
+	}
+	return hold.EndComplete
+}
+
+// refuse answers an acquire that failed: the plan is unknown, the user id
+// cannot be used, or Redis is down on a Closed plan.
+func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, err error) {
+	switch {
+	case errors.Is(err, limiter.ErrUnknownPlan):
+		writeError(w, http.StatusUnprocessableEntity, apiError{Type: typeInvalidRequest, Code: codeUnknownPlan,
+			Message: "the plan of this request is not one the limiter knows"})
+	case errors.Is(err, limiter.ErrInvalidUserID):
+		writeError(w, http.StatusBadRequest, apiError{Type: typeInvalidRequest, Code: codeInvalidUserID, Message: err.Error()})
+	case errors.Is(err, limiter.ErrUnavailable), errors.Is(err, hold.ErrClosed):
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, apiError{Type: typeServer, Code: codeUnavailable,
+			Message: "the stream limiter cannot reach its store and this plan fails closed; retry shortly"})
+	case r.Context().Err() != nil:
+		// The client left while the acquire was in flight; nobody reads
+		// an answer.
+	default:
+		p.log.ErrorContext(r.Context(), "acquire failed", "path", r.URL.Path, "err", err)
+		writeError(w, http.StatusInternalServerError, apiError{Type: typeServer, Code: codeInternal, Message: "the stream limiter failed; its log says why"})
+	}
+}
+
+// headerBytes is the size of r's header lines, as net/http counts them
+// against http.Server.MaxHeaderBytes.
+func headerBytes(r *http.Request) int {
+	n := len(r.Method) + len(r.RequestURI) + len(r.Proto) + 4 + len(r.Host) + len("Host: \r\n")
+	for name, values := range r.Header {
+		for _, v := range values {
+			n += len(name) + len(v) + 4
+		}
+	}
+	return n
+}

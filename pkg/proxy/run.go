@@ -1,0 +1,138 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+)
+
+// Listeners say where the proxy and its ops endpoints listen, and bound
+// the client connections.
+type Listeners struct {
+	// Proxy is the proxy's listen address. Default ":8000".
+	Proxy string
+	// Ops serves /healthz, /readyz and /metrics. Default ":9090".
+	Ops string
+	// ReadHeaderTimeout bounds reading a request's headers. Default 5s.
+	// Nothing else bounds a request: streams last as long as they last.
+	ReadHeaderTimeout time.Duration
+	// IdleTimeout bounds a kept-alive connection's wait for its next
+	// request. Default 2m.
+	IdleTimeout time.Duration
+}
+
+// Run serves until ctx ends, then drains: /readyz turns false, the
+// listener stops accepting, streams in flight (upgraded connections
+// included) get up to grace to finish, what is still open is cut, and
+// every slot still held is released before Run returns. Run closes the
+// proxy's hold.Holder when it returns. It returns an error when a listener
+// cannot start, or when streams had to be cut.
+func (p *Proxy) Run(ctx context.Context, l Listeners, grace time.Duration) error {
+	if l.Proxy == "" {
+		l.Proxy = ":8000"
+	}
+	if l.Ops == "" {
+		l.Ops = ":9090"
+	}
+	if l.ReadHeaderTimeout == 0 {
+		l.ReadHeaderTimeout = 5 * time.Second
+	}
+	if l.IdleTimeout == 0 {
+		l.IdleTimeout = 2 * time.Minute
+	}
+	proxyLn, err := net.Listen("tcp", l.Proxy)
+	if err != nil {
+		return fmt.Errorf("proxy.listen %s: %w", l.Proxy, err)
+	}
+	opsLn, err := net.Listen("tcp", l.Ops)
+	if err != nil {
+		proxyLn.Close()
+		return fmt.Errorf("ops.addr %s: %w", l.Ops, err)
+	}
+	srv := &http.Server{
+		Handler:           p.Handler(),
+		ReadHeaderTimeout: l.ReadHeaderTimeout,
+		IdleTimeout:       l.IdleTimeout,
+		// The hard limit, past which net/http answers 431 itself in plain
+		// text; up to it, the handler answers a JSON 431 past
+		// MaxHeaderBytes.
+		MaxHeaderBytes: 2 * p.opts.MaxHeaderBytes,
+	}
+	ops := &http.Server{Handler: p.OpsHandler(), ReadHeaderTimeout: l.ReadHeaderTimeout, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 10 * time.Second, IdleTimeout: l.IdleTimeout}
+
+	errc := make(chan error, 2)
+	go func() { errc <- serve(srv, proxyLn) }()
+	go func() { errc <- serve(ops, opsLn) }()
+	p.log.Info("proxying", "listen", "http://"+proxyLn.Addr().String(), "upstream", p.opts.Upstream.Redacted(),
+		"ops", "http://"+opsLn.Addr().String(), "routes", p.opts.Routes)
+
+	select {
+	case err := <-errc:
+		srv.Close()
+		ops.Close()
+		p.holder.Close(context.Background())
+		return err
+	case <-ctx.Done():
+	}
+
+	p.draining.Store(true)
+	p.log.Info("draining", "grace", grace.String(), "streams", p.holder.Held())
+	drainCtx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	// Shutdown waits for the requests in flight; upgraded connections
+	// are the holder's to wait for.
+	shutdownErr := srv.Shutdown(drainCtx)
+	drained := p.holder.Drain(drainCtx)
+	// Whatever still streams is told (its slot marked lost, its upstream
+	// request cancelled) and released, then its connection closed.
+	releaseCtx, cancelRelease := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancelRelease()
+	var drainErr error
+	if n := p.holder.Close(releaseCtx); n > 0 || shutdownErr != nil || !drained {
+		drainErr = fmt.Errorf("%d streams still open after the grace (%s) were cut and their slots released", n, grace)
+		srv.Close()
+	}
+	_ = ops.Shutdown(releaseCtx)
+	p.log.Info("stopped")
+	return drainErr
+}
+
+func serve(srv *http.Server, ln net.Listener) error {
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// OpsHandler serves /healthz (the process answers), /readyz (the tier
+// table has synced and the proxy is not draining; never tied to Redis, so
+// an outage leaves the proxy in the load balancer to apply each tier's
+// failure mode) and /metrics.
+func (p *Proxy) OpsHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { plain(w, http.StatusOK, "ok\n") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		switch {
+		case p.draining.Load():
+			plain(w, http.StatusServiceUnavailable, "draining\n")
+		case !p.opts.Tiers.IsSynced():
+			plain(w, http.StatusServiceUnavailable, "tiers not synced yet\n")
+		default:
+			plain(w, http.StatusOK, "ok\n")
+		}
+	})
+	if p.opts.Metrics != nil {
+		mux.Handle("GET /metrics", p.opts.Metrics)
+	}
+	return mux
+}
+
+func plain(w http.ResponseWriter, status int, body string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(body))
+}

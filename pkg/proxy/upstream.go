@@ -1,0 +1,180 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/joishi/limiter/pkg/hold"
+	"go.opentelemetry.io/otel/propagation"
+)
+
+// Phases of limiter_proxy_upstream_errors_total.
+const (
+	phaseResponse = "response"
+	phaseBody     = "body"
+)
+
+// exchange is what the proxy learns about one limited request while the
+// reverse proxy runs it.
+type exchange struct {
+	stream *hold.Stream
+	// failed: the upstream failed (no response, or its body broke off
+	// while the client was still there).
+	failed atomic.Bool
+	// aborted: copying the response to the client stopped short.
+	aborted atomic.Bool
+}
+
+type exchangeKey struct{}
+
+func exchangeOf(ctx context.Context) *exchange {
+	x, _ := ctx.Value(exchangeKey{}).(*exchange)
+	return x
+}
+
+// reverseProxy streams: every write is flushed at once (SSE, chunked
+// tokens), upgrades (WebSocket) are tunnelled for the connection's life,
+// hop-by-hop headers are dropped both ways, and nothing is buffered whole.
+func (p *Proxy) reverseProxy() *httputil.ReverseProxy {
+	return &httputil.ReverseProxy{
+		Rewrite:        p.rewrite,
+		Transport:      p.opts.Transport,
+		FlushInterval:  -1,
+		ModifyResponse: p.modifyResponse,
+		ErrorHandler:   p.upstreamFailed,
+		// Body copy errors: the handler classifies and logs them.
+		ErrorLog: slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
+	}
+}
+
+func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
+	pr.SetURL(p.opts.Upstream)
+	// Append to the X-Forwarded-For of the hops in front, as a proxy in a
+	// chain should; Host and Proto are this hop's.
+	if xff := pr.In.Header.Values("X-Forwarded-For"); len(xff) > 0 {
+		pr.Out.Header["X-Forwarded-For"] = append([]string(nil), xff...)
+	}
+	pr.SetXForwarded()
+	if p.opts.StripAuthorization {
+		pr.Out.Header.Del("Authorization")
+	}
+	pr.Out.Header.Del(HeaderStreamID) // never the client's own
+	if x := exchangeOf(pr.In.Context()); x != nil {
+		pr.Out.Header.Set(HeaderStreamID, x.stream.ID())
+	}
+	p.opts.Propagator.Inject(pr.In.Context(), propagation.HeaderCarrier(pr.Out.Header))
+}
+
+// modifyResponse watches the body of a limited request's response, to
+// tell an upstream that broke off from a client that went away.
+func (p *Proxy) modifyResponse(resp *http.Response) error {
+	x := exchangeOf(resp.Request.Context())
+	if x == nil || resp.StatusCode == http.StatusSwitchingProtocols {
+		return nil // an upgraded body must stay the io.ReadWriteCloser it is
+	}
+	resp.Body = &watchedBody{ReadCloser: resp.Body, p: p, x: x, ctx: resp.Request.Context()}
+	return nil
+}
+
+// watchedBody records a read error of the upstream's response body.
+type watchedBody struct {
+	io.ReadCloser
+	p   *Proxy
+	x   *exchange
+	ctx context.Context
+}
+
+func (b *watchedBody) Read(buf []byte) (int, error) {
+	n, err := b.ReadCloser.Read(buf)
+	if err != nil && err != io.EOF {
+		b.x.aborted.Store(true)
+		// A read that failed because the request was cancelled is the
+		// client's doing (or the slot's loss), not the upstream's.
+		if b.ctx.Err() == nil && b.x.failed.CompareAndSwap(false, true) {
+			b.p.upErrors.Add(b.ctx, 1, b.p.phases[phaseBody])
+			b.p.log.WarnContext(b.ctx, "upstream broke off the response", "stream_id", b.x.stream.ID(), "err", err)
+		}
+	}
+	return n, err
+}
+
+// upstreamFailed answers a request the upstream did not answer: 504 for a
+// timeout, 502 otherwise, as JSON; nothing when the client is gone.
+func (p *Proxy) upstreamFailed(w http.ResponseWriter, r *http.Request, err error) {
+	if x := exchangeOf(r.Context()); x != nil && x.stream.Err() != nil {
+		return // the slot was lost or released by a shutdown: cut
+	}
+	if r.Context().Err() != nil {
+		return // the client went away
+	}
+	if x := exchangeOf(r.Context()); x != nil {
+		x.failed.Store(true)
+	}
+	p.upErrors.Add(r.Context(), 1, p.phases[phaseResponse])
+	p.log.WarnContext(r.Context(), "upstream request failed", "path", r.URL.Path, "err", err)
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+		writeError(w, http.StatusGatewayTimeout, apiError{Type: typeServer, Code: codeUpstreamTimeout, Message: "the upstream did not answer in time"})
+		return
+	}
+	writeError(w, http.StatusBadGateway, apiError{Type: typeServer, Code: codeUpstreamUnavailable, Message: "the upstream could not be reached"})
+}
+
+// TransportOptions configure NewTransport. Zero durations take the
+// defaults of Options.
+type TransportOptions struct {
+	DialTimeout           time.Duration
+	TLSHandshakeTimeout   time.Duration
+	ResponseHeaderTimeout time.Duration
+	IdleConnTimeout       time.Duration
+	// CAFile is a PEM bundle of the CAs trusted for an https upstream.
+	// Default "": the system roots.
+	CAFile string
+}
+
+// NewTransport returns the transport to the upstream: HTTP/2 over TLS
+// when the upstream offers it, HTTP/1.1 otherwise; no transparent
+// compression (bytes pass as the upstream sent them); many idle
+// connections per host (one host takes every request).
+func NewTransport(o TransportOptions) (*http.Transport, error) {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.Proxy = nil // the upstream is reached directly, whatever HTTP_PROXY says
+	t.DialContext = (&net.Dialer{Timeout: orDefault(o.DialTimeout, DefaultDialTimeout), KeepAlive: 30 * time.Second}).DialContext
+	t.TLSHandshakeTimeout = orDefault(o.TLSHandshakeTimeout, DefaultTLSHandshakeTimeout)
+	t.ResponseHeaderTimeout = orDefault(o.ResponseHeaderTimeout, DefaultResponseHeaderTimeout)
+	t.IdleConnTimeout = orDefault(o.IdleConnTimeout, DefaultIdleConnTimeout)
+	t.MaxIdleConns = 1024
+	t.MaxIdleConnsPerHost = 1024
+	t.DisableCompression = true
+	t.ForceAttemptHTTP2 = true
+	if o.CAFile != "" {
+		pem, err := os.ReadFile(o.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("proxy.upstreamCAFile: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("proxy.upstreamCAFile %s: no PEM certificate in it", o.CAFile)
+		}
+		t.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
+	return t, nil
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
