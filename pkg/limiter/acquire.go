@@ -51,7 +51,7 @@ type AcquireResult struct {
 // plan's limit. Errors: ErrInvalidUserID, ErrInvalidStreamID,
 // ErrUnknownPlan, ErrUnavailable (Redis down and the tier fails closed).
 func (l *Limiter) Acquire(ctx context.Context, req AcquireRequest) (AcquireResult, error) {
-	ctx, span := l.tracer.Start(ctx, "limiter.acquire")
+	ctx, span := l.startSpan(ctx, "limiter.acquire")
 	res, tier, err := l.acquire(ctx, req)
 	if span.IsRecording() {
 		span.SetAttributes(tierAttrs(tier, attrGranted.Bool(res.Granted), attrUsed.Int(res.Used),

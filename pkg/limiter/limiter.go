@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/joishi/limiter/pkg/cluster"
@@ -72,6 +73,12 @@ type Limiter struct {
 	observer Observer
 	degraded *ratelog.Logger
 	tracer   trace.Tracer
+	// tracing: a TracerProvider was given; without one no span is started.
+	tracing bool
+
+	deadlines deadlines
+	wrapped   atomic.Pointer[wrappedClient]
+	direct    atomic.Int64 // see deadlineClient
 
 	syncReplicas int
 }
@@ -84,13 +91,15 @@ func New(redis *cluster.Client, table *tiers.Table, opts Options) *Limiter {
 	if opts.Observer == nil {
 		opts.Observer = nopObserver{}
 	}
-	if opts.TracerProvider == nil {
+	tracing := opts.TracerProvider != nil
+	if !tracing {
 		opts.TracerProvider = noop.NewTracerProvider()
 	}
 	return &Limiter{
 		redis: redis, tiers: table, keys: opts.Keys, log: opts.Logger,
-		observer: opts.Observer, tracer: opts.TracerProvider.Tracer(tracerName),
+		observer: opts.Observer, tracer: opts.TracerProvider.Tracer(tracerName), tracing: tracing,
 		degraded:     ratelog.New(opts.Logger, degradedLogEvery),
+		deadlines:    deadlines{timeout: redis.Timeout()},
 		syncReplicas: opts.SyncReplicas,
 	}
 }
