@@ -181,13 +181,17 @@ func (o observed) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []ruei
 var errClusterState = errors.New("the cluster does not serve every slot")
 
 // probe sends one health probe on client, the unobserved rueidis client,
-// and records its outcome.
+// and records its outcome. On a cluster it also rereads the slot map (see
+// NodeOf).
 func (c *Client) probe(client rueidis.Client) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.opts.Timeout)
 	defer cancel()
 	if client.Mode() != rueidis.ClientModeCluster {
 		c.health.record(client.Do(ctx, client.B().Ping().Build()).Error())
 		return
+	}
+	if m, err := ReadSlotMap(ctx, client); err == nil {
+		c.slots.Store(m)
 	}
 	info, err := client.Do(ctx, client.B().ClusterInfo().Build()).ToString()
 	if err == nil && !strings.Contains(info, "cluster_state:ok") {

@@ -87,7 +87,7 @@ func (l *Limiter) HeartbeatBatch(ctx context.Context, reqs []HeartbeatRequest) (
 		var beats []lua.Beat
 		var beatErrs []error
 		callErr := l.do(ctx, "heartbeat_batch", func(ctx context.Context, c rueidis.Client) error {
-			beats, beatErrs = lua.HeartbeatMulti(ctx, c, args)
+			beats, beatErrs = lua.HeartbeatMulti(ctx, c, args, l.redis.NodeOf)
 			return errors.Join(beatErrs...)
 		})
 		for j, i := range index {

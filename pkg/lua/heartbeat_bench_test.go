@@ -97,7 +97,7 @@ func benchRefresh(b *testing.B, addrs []string) {
 		batch func()
 	}{
 		{"heartbeat", "evalsha", func() {
-			beats, errs := lua.HeartbeatMulti(ctx, c, slots)
+			beats, errs := lua.HeartbeatMulti(ctx, c, slots, nil)
 			for i, err := range errs {
 				if err != nil || !beats[i].Alive {
 					b.Fatalf("heartbeat %s: %+v, %v", slots[i].Key, beats[i], err)

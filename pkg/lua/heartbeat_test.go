@@ -87,7 +87,7 @@ func TestHeartbeatMultiRefreshesAUsersSlotsInOneCall(t *testing.T) {
 			{Key: user, StreamID: "b"},
 		}
 		before := time.Now()
-		beats, errs := lua.HeartbeatMulti(ctx, c, slots)
+		beats, errs := lua.HeartbeatMulti(ctx, c, slots, nil)
 		wantAlive := []bool{true, true, false, true, false, true}
 		for i, beat := range beats {
 			if errs[i] != nil {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/joishi/limiter/pkg/keys"
@@ -68,6 +67,10 @@ func Heartbeat(ctx context.Context, c rueidis.Client, key, streamID string, ttl 
 	return beat[0], err
 }
 
+// NodeOf names the node (any string; "" for unknown) that serves a hash
+// slot, for grouping a cluster's commands by node: cluster.Client.NodeOf.
+type NodeOf func(hashSlot uint16) string
+
 // HeartbeatMulti heartbeats many slots in one pipelined round per node.
 // Results and errors are per slot, in the order of slots: one unreachable
 // shard does not fail the others.
@@ -75,18 +78,20 @@ func Heartbeat(ctx context.Context, c rueidis.Client, key, streamID string, ttl 
 // The slots of one user are refreshed by one script call (its first slot's
 // Beat counts the user's pruned slots). Each node's slots are refreshed as
 // that node answers, whatever the others do. On a cluster the calls are
-// grouped by hash slot, and each group's EVALSHA, and its EVAL when the
-// node lacks the script (NOSCRIPT: after a failover, a restart, a SCRIPT
-// FLUSH, a new script), runs on its own, concurrently; rueidis pipelines
-// concurrent calls to one node together, so a batch still costs about one
-// round trip per node. (One DoMulti for the batch would hold every node's
-// EVAL until the slowest node answered: with one node hung, no slot
-// anywhere would be refreshed before the deadline.)
+// grouped by node (nodeOf; by hash slot where it says "" or is nil), and
+// each group's EVALSHAs, and their EVALs where the node lacks the script
+// (NOSCRIPT: after a failover, a restart, a SCRIPT FLUSH, a new script),
+// go as one pipeline of their own, concurrently. (One DoMulti for the
+// batch would hold every node's EVAL until the slowest node answered: with
+// one node hung, no slot anywhere would be refreshed before the deadline.)
+// Grouped by hash slot alone, a batch of 1000 users is about 1000 calls
+// of one command: rueidis still writes the concurrent calls to a node
+// together, but the client pays for each call.
 //
 // It pipelines EVALSHA itself rather than use rueidis.Lua.ExecMulti, which
 // first sends SCRIPT LOAD to every known node on every call: an extra round
 // trip, and one dead replica would fail the whole batch.
-func HeartbeatMulti(ctx context.Context, c rueidis.Client, slots []HeartbeatArgs) ([]Beat, []error) {
+func HeartbeatMulti(ctx context.Context, c rueidis.Client, slots []HeartbeatArgs, nodeOf NodeOf) ([]Beat, []error) {
 	beats := make([]Beat, len(slots))
 	errs := make([]error, len(slots))
 	calls := byUser(slots)
@@ -97,21 +102,68 @@ func HeartbeatMulti(ctx context.Context, c rueidis.Client, slots []HeartbeatArgs
 		order[i] = i
 	}
 	if c.Mode() != rueidis.ClientModeCluster { // one node: one group
-		heartbeatGroup(ctx, c, calls, cmds, order, beats, errs)
+		for j, resp := range heartbeatGroup(ctx, c, calls, cmds, order) {
+			calls[order[j]].fill(resp, beats, errs)
+		}
 		return beats, errs
 	}
-	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(cmds[a].Slot(), cmds[b].Slot()) })
-	var wg sync.WaitGroup
+	// Group by node, then by hash slot where the node is not known.
+	node := make([]string, len(cmds))
+	for i, cmd := range cmds {
+		if nodeOf != nil {
+			node[i] = nodeOf(cmd.Slot())
+		}
+	}
+	sameGroup := func(a, b int) bool {
+		return node[a] == node[b] && (node[a] != "" || cmds[a].Slot() == cmds[b].Slot())
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		return cmp.Or(cmp.Compare(node[a], node[b]), cmp.Compare(cmds[a].Slot(), cmds[b].Slot()))
+	})
+	// Each group runs in a goroutine of its own, and its answers are used
+	// only if they come by ctx's deadline: on a cluster rueidis may make a
+	// call wait past it (for a dial of a hung node that a topology refresh
+	// started). A late group writes nothing but its own answers.
+	var groups [][]int
 	for len(order) > 0 {
 		n := 1
-		for n < len(order) && cmds[order[n]].Slot() == cmds[order[0]].Slot() {
+		for n < len(order) && sameGroup(order[n], order[0]) {
 			n++
 		}
-		group := order[:n]
-		wg.Go(func() { heartbeatGroup(ctx, c, calls, cmds, group, beats, errs) })
+		groups = append(groups, order[:n])
 		order = order[n:]
 	}
-	wg.Wait()
+	type answer struct {
+		group int // index in groups
+		resps []rueidis.RedisResult
+	}
+	done := make(chan answer, len(groups))
+	for g, group := range groups {
+		go func() { done <- answer{g, heartbeatGroup(ctx, c, calls, cmds, group)} }()
+	}
+	left := make([]bool, len(groups)) // left[g]: group g did not answer
+	for g := range left {
+		left[g] = true
+	}
+	for range groups {
+		select {
+		case a := <-done:
+			left[a.group] = false
+			for j, resp := range a.resps {
+				calls[groups[a.group][j]].fill(resp, beats, errs)
+			}
+		case <-ctx.Done():
+			timeout := rueidis.NewErrorResult(ctx.Err())
+			for g, group := range groups {
+				for _, i := range group {
+					if left[g] {
+						calls[i].fill(timeout, beats, errs)
+					}
+				}
+			}
+			return beats, errs
+		}
+	}
 	return beats, errs
 }
 
@@ -163,18 +215,18 @@ func byUser(slots []HeartbeatArgs) []userBeat {
 	return calls
 }
 
-// heartbeatGroup sends cmds[i] for each i of group (the calls of one hash
-// slot, or all of a client with one node), then EVAL for those whose node
-// answered NOSCRIPT, and fills beats and errs at the calls' slots.
-func heartbeatGroup(ctx context.Context, c rueidis.Client, calls []userBeat, cmds rueidis.Commands, group []int, beats []Beat, errs []error) {
-	if len(group) == 1 { // the common case on a cluster; Do costs less than DoMulti
+// heartbeatGroup sends cmds[i] for each i of group (the calls of one node
+// or hash slot, or all of a client with one node), then EVAL for those
+// whose node answered NOSCRIPT, and returns the answers in the order of
+// group.
+func heartbeatGroup(ctx context.Context, c rueidis.Client, calls []userBeat, cmds rueidis.Commands, group []int) []rueidis.RedisResult {
+	if len(group) == 1 { // Do costs less than DoMulti
 		i := group[0]
 		resp := c.Do(ctx, cmds[i])
 		if rerr, ok := rueidis.IsRedisErr(resp.Error()); ok && rerr.IsNoScript() {
 			resp = c.Do(ctx, heartbeatEval(c, calls[i]))
 		}
-		calls[i].fill(resp, beats, errs)
-		return
+		return []rueidis.RedisResult{resp}
 	}
 	sent := make(rueidis.Commands, len(group))
 	for j, i := range group {
@@ -197,9 +249,7 @@ func heartbeatGroup(ctx context.Context, c rueidis.Client, calls []userBeat, cmd
 			resps[missing[k]] = resp
 		}
 	}
-	for j, i := range group {
-		calls[i].fill(resps[j], beats, errs)
-	}
+	return resps
 }
 
 // fill parses resp, the answer to call, into beats and errs at the call's
