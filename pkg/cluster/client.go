@@ -114,6 +114,7 @@ type Client struct {
 	connected chan struct{}
 	embedded  *embeddedStore
 	health    *health
+	slots     atomic.Pointer[SlotMap] // a cluster's, nil until read
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -255,15 +256,19 @@ func (c *Client) connWriteTimeout() time.Duration { return max(4*c.opts.Timeout,
 // HonorsDeadlines reports whether rueidis itself returns a call made now
 // on client (one Redis returned) by the call's context deadline, given
 // that every call's deadline is at most Timeout after it starts (the
-// limiter's are) and that fewer than MaxDirectCalls such calls are in
-// flight. rueidis honors a call's context everywhere but in two places:
+// limiter's are), that the call reaches rueidis once, when it starts (a
+// command rueidis does not retry), and that fewer than MaxDirectCalls such
+// calls are in flight. rueidis honors a call's context everywhere but in
+// two places:
 //
 //   - A call that needs a connection another call is dialling waits for
 //     that dial. A dial is bounded by the context of the call that started
 //     it (connection and handshake alike) and by DialTimeout, so with
 //     DialTimeout <= Timeout the wait ends before the waiter's own
 //     deadline, as long as every dial is started by a call whose deadline
-//     came no later. That holds for a standalone client (or the embedded
+//     came no later: one that started earlier (a retry, later in its call,
+//     can wait on a dial of a call that started after it; hence once). That
+//     holds for a standalone client (or the embedded
 //     store's): its only other dial is the first, before the client is
 //     handed out. A cluster client also dials from its topology
 //     refreshes, and a call that finds a slot without a node runs a

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -89,13 +91,40 @@ func (c deadlineClient) enter() bool {
 
 func (c deadlineClient) leave() { c.direct.Add(-1) }
 
+// once returns cmd in a form that reaches rueidis once, when its call
+// starts, or false if it has none: only then does a dial it waits for
+// belong to a call that started before it, whose deadline comes first
+// (see cluster.Client.HonorsDeadlines). rueidis sends a retryable command
+// again after an error, later in the call, so an EVALSHA is sent as a
+// copy that is not retryable (the caller retries it, bounded, if its
+// connection fails); an EVAL follows an EVALSHA that met NOSCRIPT, later
+// in the call too.
+func (c deadlineClient) once(cmd rueidis.Completed) (rueidis.Completed, bool) {
+	if !cmd.IsRetryable() {
+		return cmd, cmd.Commands()[0] != "EVAL"
+	}
+	words := cmd.Commands()
+	if len(words) < 3 || words[0] != "EVALSHA" {
+		return cmd, false
+	}
+	n, err := strconv.Atoi(words[2])
+	if err != nil || n < 0 || 3+n > len(words) {
+		return cmd, false
+	}
+	return c.B().Evalsha().Sha1(words[1]).Numkeys(int64(n)).Key(words[3 : 3+n]...).Arg(words[3+n:]...).Build(), true
+}
+
 func (c deadlineClient) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
 	if err := ctx.Err(); err != nil {
 		return rueidis.NewErrorResult(err)
 	}
-	if c.enter() {
-		defer c.leave()
-		return c.Client.Do(ctx, cmd)
+	if once, ok := c.once(cmd); ok && c.enter() {
+		resp := c.Client.Do(ctx, once)
+		c.leave()
+		if resp.NonRedisError() == nil || !cmd.IsRetryable() || ctx.Err() != nil {
+			return resp
+		}
+		// Its connection failed: again with rueidis's retries, bounded.
 	}
 	done := resultChans.Get().(chan rueidis.RedisResult)
 	go c.do(ctx, cmd, done)
@@ -118,7 +147,9 @@ func (c deadlineClient) do(ctx context.Context, cmd rueidis.Completed, done chan
 var resultChans = sync.Pool{New: func() any { return make(chan rueidis.RedisResult, 1) }}
 
 func (c deadlineClient) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
-	if ctx.Err() == nil && c.enter() { // a pipeline takes one place in the queue
+	if ctx.Err() == nil && !slices.ContainsFunc(cmds, func(cmd rueidis.Completed) bool { return cmd.IsRetryable() }) && c.enter() {
+		// Not retried, so it reaches rueidis once (see once); a pipeline
+		// takes one place in the queue.
 		defer c.leave()
 		return c.Client.DoMulti(ctx, cmds...)
 	}
