@@ -115,6 +115,7 @@ type Client struct {
 	embedded  *embeddedStore
 	health    *health
 	slots     atomic.Pointer[SlotMap] // a cluster's, nil until read
+	lastDial  atomic.Int64            // unix ns when the latest dial started; 0: none
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -209,6 +210,7 @@ func (c *Client) clientOption() rueidis.ClientOption {
 		ClusterOption:    rueidis.ClusterOption{ShardsRefreshInterval: c.opts.ShardsRefreshInterval},
 		ClientName:       "limiter",
 		MaxFlushDelay:    max(c.opts.MaxFlushDelay, 0),
+		DialCtxFn:        c.dial,
 	}
 	if c.opts.SentinelMasterSet != "" {
 		o.Sentinel = rueidis.SentinelOption{
@@ -249,6 +251,16 @@ func (c *Client) WaitConnected(ctx context.Context) error {
 // Timeout is the per-call deadline.
 func (c *Client) Timeout() time.Duration { return c.opts.Timeout }
 
+// dial connects to dst as rueidis does by default, and notes when it
+// started (see HonorsDeadlines).
+func (c *Client) dial(ctx context.Context, dst string, dialer *net.Dialer, config *tls.Config) (net.Conn, error) {
+	c.lastDial.Store(time.Now().UnixNano())
+	if config != nil {
+		return (&tls.Dialer{NetDialer: dialer, Config: config}).DialContext(ctx, "tcp", dst)
+	}
+	return dialer.DialContext(ctx, "tcp", dst)
+}
+
 // connWriteTimeout is how long a connection may go unanswered before the
 // client drops it (and with it every command still waiting on it).
 func (c *Client) connWriteTimeout() time.Duration { return max(4*c.opts.Timeout, 2*time.Second) }
@@ -267,7 +279,10 @@ func (c *Client) connWriteTimeout() time.Duration { return max(4*c.opts.Timeout,
 //     DialTimeout <= Timeout the wait ends before the waiter's own
 //     deadline, as long as every dial is started by a call whose deadline
 //     came no later: one that started earlier (a retry, later in its call,
-//     can wait on a dial of a call that started after it; hence once). That
+//     can wait on a dial of a call that started after it; hence once; and
+//     so can a call that its goroutine reached rueidis well after it
+//     started, on a loaded machine: hence false while a dial may still be
+//     in progress, 2 DialTimeouts after the latest started). That
 //     holds for a standalone client (or the embedded
 //     store's): its only other dial is the first, before the client is
 //     handed out. A cluster client also dials from its topology
@@ -282,6 +297,9 @@ func (c *Client) connWriteTimeout() time.Duration { return max(4*c.opts.Timeout,
 //     calls in flight (fewer than MaxDirectCalls) hold every place taken.
 func (c *Client) HonorsDeadlines(client rueidis.Client, now time.Time) bool {
 	if client.Mode() != rueidis.ClientModeStandalone || c.opts.DialTimeout > c.opts.Timeout {
+		return false
+	}
+	if dial := c.lastDial.Load(); dial != 0 && now.UnixNano()-dial <= int64(2*c.opts.DialTimeout) {
 		return false
 	}
 	last := c.health.lastOutage.Load()
