@@ -229,7 +229,8 @@ func (c *Client) clientOption() rueidis.ClientOption {
 }
 
 // Redis returns the connected rueidis client, or ErrNotConnected while the
-// first connection is still being retried.
+// first connection is still being retried. Once connected it is always the
+// same client (it reconnects by itself).
 func (c *Client) Redis() (rueidis.Client, error) {
 	p := c.redis.Load()
 	if p == nil {

@@ -32,25 +32,20 @@ func (l *Limiter) do(ctx context.Context, op string, fn func(context.Context, ru
 	return classify(ctx, op, err)
 }
 
-// client returns the connected client as a deadlineClient, made once per
-// connection rather than once per call.
+// client returns the connected client as a deadlineClient, made once
+// rather than once per call: cluster.Client.Redis hands out one client
+// from the first connection on.
 func (l *Limiter) client() (rueidis.Client, error) {
+	if c := l.wrapped.Load(); c != nil {
+		return *c, nil
+	}
 	client, err := l.redis.Redis()
 	if err != nil {
 		return nil, err
 	}
-	if c := l.wrapped.Load(); c != nil && c.of == client {
-		return c.client, nil
-	}
-	c := &wrappedClient{of: client, client: deadlineClient{Client: client, redis: l.redis, direct: &l.direct}}
-	l.wrapped.Store(c)
-	return c.client, nil
-}
-
-// wrappedClient is the deadlineClient of the rueidis client of.
-type wrappedClient struct {
-	of     rueidis.Client
-	client rueidis.Client
+	var c rueidis.Client = deadlineClient{Client: client, redis: l.redis, direct: &l.direct}
+	l.wrapped.Store(&c)
+	return c, nil
 }
 
 // deadlineClient is the rueidis client of fn: its Do and DoMulti return by

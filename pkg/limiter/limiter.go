@@ -14,6 +14,7 @@ import (
 	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/ratelog"
 	"github.com/joishi/limiter/pkg/tiers"
+	"github.com/redis/rueidis"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 )
@@ -77,8 +78,8 @@ type Limiter struct {
 	tracing bool
 
 	deadlines deadlines
-	wrapped   atomic.Pointer[wrappedClient]
-	direct    atomic.Int64 // see deadlineClient
+	wrapped   atomic.Pointer[rueidis.Client] // the deadlineClient, once connected
+	direct    atomic.Int64                   // see deadlineClient
 
 	syncReplicas int
 }
