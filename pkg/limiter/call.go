@@ -24,7 +24,7 @@ func (l *Limiter) do(ctx context.Context, op string, fn func(context.Context, ru
 	start := time.Now()
 	client, err := l.client()
 	if err == nil {
-		callCtx, cancel := l.deadlines.after(ctx, start)
+		callCtx, cancel := l.deadlines.after(ctx, start, l.redis.Timeout())
 		err = fn(callCtx, client)
 		cancel()
 	}

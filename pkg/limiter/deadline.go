@@ -15,8 +15,7 @@ const deadlineStep = time.Millisecond
 
 // deadlines hands out the per-call deadline contexts of a Limiter.
 type deadlines struct {
-	timeout time.Duration
-	latest  atomic.Pointer[deadline] // the deadline of the latest step
+	latest atomic.Pointer[deadline] // the deadline of the latest step
 }
 
 // deadline is a context that ends at its deadline, shared by the calls of
@@ -35,7 +34,7 @@ func newDeadline(at time.Time) *deadline {
 }
 
 // after returns a context for a call that starts now under parent: it ends
-// at most deadlineStep after now + the timeout, or at parent's deadline if
+// at most deadlineStep after now + timeout, or at parent's deadline if
 // that is sooner, and holds parent's values. The second result releases
 // it (a no-op for a shared deadline).
 //
@@ -43,8 +42,8 @@ func newDeadline(at time.Time) *deadline {
 // runs on until Redis answers or the deadline passes, at most the timeout.
 // Callers wait on parent themselves (see deadlineClient), so they return
 // at once.
-func (d *deadlines) after(parent context.Context, now time.Time) (context.Context, context.CancelFunc) {
-	at := now.Add(d.timeout).Truncate(deadlineStep).Add(deadlineStep)
+func (d *deadlines) after(parent context.Context, now time.Time, timeout time.Duration) (context.Context, context.CancelFunc) {
+	at := now.Add(timeout).Truncate(deadlineStep).Add(deadlineStep)
 	if pd, ok := parent.Deadline(); ok && pd.Before(at) {
 		return context.WithDeadline(parent, pd)
 	}

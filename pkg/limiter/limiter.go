@@ -100,7 +100,6 @@ func New(redis *cluster.Client, table *tiers.Table, opts Options) *Limiter {
 		redis: redis, tiers: table, keys: opts.Keys, log: opts.Logger,
 		observer: opts.Observer, tracer: opts.TracerProvider.Tracer(tracerName), tracing: tracing,
 		degraded:     ratelog.New(opts.Logger, degradedLogEvery),
-		deadlines:    deadlines{timeout: redis.Timeout()},
 		syncReplicas: opts.SyncReplicas,
 	}
 }
