@@ -4,7 +4,6 @@ import (
 	"context"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/redis/rueidis"
 )
@@ -18,11 +17,16 @@ const minRedisMajor = 7
 // evicting policy, which would drop live slots (every slot key carries an
 // expiry, so volatile-* policies pick exactly them). It never stops the
 // limiter: the operator must hear it, not lose the service over it.
+//
+// Each node's read has the per-call deadline, as the limiter's calls do:
+// it may dial (a second connection of a standalone client), and a call of
+// the limiter waiting on that dial must still end by its own deadline (see
+// HonorsDeadlines).
 func (c *Client) checkServers(client rueidis.Client) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
 	for addr, node := range client.Nodes() {
+		ctx, cancel := context.WithTimeout(context.Background(), c.opts.Timeout)
 		info, err := node.Do(ctx, node.B().Info().Section("server", "memory").Build()).ToString()
+		cancel()
 		if err != nil {
 			c.opts.Logger.Warn("could not read the Redis settings the limiter depends on", "node", addr, "err", err)
 			continue

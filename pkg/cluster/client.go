@@ -23,6 +23,7 @@ const (
 	DefaultShardsRefreshInterval = 5 * time.Second
 	DefaultProbeInterval         = 5 * time.Second
 	DefaultAnswerWithin          = 5 * time.Second
+	DefaultMaxFlushDelay         = 20 * time.Microsecond
 	EmbeddedMinTimeout           = 2 * time.Second
 )
 
@@ -64,6 +65,12 @@ type Options struct {
 	// AnswerWithin is how long after New Redis may take to first answer
 	// before an ERROR says it has not. Default 5s.
 	AnswerWithin time.Duration
+	// MaxFlushDelay is how long the client's writer may wait after writing
+	// to a connection, gathering the commands that callers issue meanwhile
+	// into its next write: fewer system calls per command, on the client
+	// and on Redis, for at most that much latency. Default 20µs; negative:
+	// none (every write goes out as soon as a command is queued).
+	MaxFlushDelay time.Duration
 	// Logger receives connection state changes. Default slog.Default().
 	Logger *slog.Logger
 	// NewRedis builds the rueidis client from the options this package
@@ -85,6 +92,9 @@ func (o Options) withDefaults() Options {
 	if o.AnswerWithin == 0 {
 		o.AnswerWithin = DefaultAnswerWithin
 	}
+	if o.MaxFlushDelay == 0 {
+		o.MaxFlushDelay = DefaultMaxFlushDelay
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -104,6 +114,8 @@ type Client struct {
 	connected chan struct{}
 	embedded  *embeddedStore
 	health    *health
+	slots     atomic.Pointer[SlotMap] // a cluster's, nil until read
+	lastDial  atomic.Int64            // unix ns when the latest dial started; 0: none
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -194,9 +206,11 @@ func (c *Client) clientOption() rueidis.ClientOption {
 		Dialer:       net.Dialer{Timeout: c.opts.DialTimeout, KeepAlive: time.Second},
 		// A connection that stops answering is dropped after this and
 		// redialled; calls themselves are bounded by Timeout.
-		ConnWriteTimeout: max(4*c.opts.Timeout, 2*time.Second),
+		ConnWriteTimeout: c.connWriteTimeout(),
 		ClusterOption:    rueidis.ClusterOption{ShardsRefreshInterval: c.opts.ShardsRefreshInterval},
 		ClientName:       "limiter",
+		MaxFlushDelay:    max(c.opts.MaxFlushDelay, 0),
+		DialCtxFn:        c.dial,
 	}
 	if c.opts.SentinelMasterSet != "" {
 		o.Sentinel = rueidis.SentinelOption{
@@ -215,7 +229,8 @@ func (c *Client) clientOption() rueidis.ClientOption {
 }
 
 // Redis returns the connected rueidis client, or ErrNotConnected while the
-// first connection is still being retried.
+// first connection is still being retried. Once connected it is always the
+// same client (it reconnects by itself).
 func (c *Client) Redis() (rueidis.Client, error) {
 	p := c.redis.Load()
 	if p == nil {
@@ -236,6 +251,65 @@ func (c *Client) WaitConnected(ctx context.Context) error {
 
 // Timeout is the per-call deadline.
 func (c *Client) Timeout() time.Duration { return c.opts.Timeout }
+
+// dial connects to dst as rueidis does by default, and notes when it
+// started (see HonorsDeadlines).
+func (c *Client) dial(ctx context.Context, dst string, dialer *net.Dialer, config *tls.Config) (net.Conn, error) {
+	c.lastDial.Store(time.Now().UnixNano())
+	if config != nil {
+		return (&tls.Dialer{NetDialer: dialer, Config: config}).DialContext(ctx, "tcp", dst)
+	}
+	return dialer.DialContext(ctx, "tcp", dst)
+}
+
+// connWriteTimeout is how long a connection may go unanswered before the
+// client drops it (and with it every command still waiting on it).
+func (c *Client) connWriteTimeout() time.Duration { return max(4*c.opts.Timeout, 2*time.Second) }
+
+// HonorsDeadlines reports whether rueidis itself returns a call made now
+// on client (one Redis returned) by the call's context deadline, given
+// that every call's deadline is at most Timeout after it starts (the
+// limiter's are), that the call reaches rueidis once, when it starts (a
+// command rueidis does not retry), and that fewer than MaxDirectCalls such
+// calls are in flight. rueidis honors a call's context everywhere but in
+// two places:
+//
+//   - A call that needs a connection another call is dialling waits for
+//     that dial. A dial is bounded by the context of the call that started
+//     it (connection and handshake alike) and by DialTimeout, so with
+//     DialTimeout <= Timeout the wait ends before the waiter's own
+//     deadline, as long as every dial is started by a call whose deadline
+//     came no later: one that started earlier (a retry, later in its call,
+//     can wait on a dial of a call that started after it; hence once; and
+//     so can a call that its goroutine reached rueidis well after it
+//     started, on a loaded machine: hence false while a dial may still be
+//     in progress, 2 DialTimeouts after the latest started). That
+//     holds for a standalone client (or the embedded
+//     store's): its only other dial is the first, before the client is
+//     handed out. A cluster client also dials from its topology
+//     refreshes, and a call that finds a slot without a node runs a
+//     refresh itself; a Sentinel client follows its master in the
+//     background: for those it is false.
+//   - A call waits for room in its connection's queue of commands sent
+//     and not yet answered (1024 by default), and a command whose caller
+//     gave up keeps its place until Redis answers it or the connection is
+//     dropped, ConnWriteTimeout after it stopped answering. So it is false
+//     for that long after any call failed as an outage; before that, the
+//     calls in flight (fewer than MaxDirectCalls) hold every place taken.
+func (c *Client) HonorsDeadlines(client rueidis.Client, now time.Time) bool {
+	if client.Mode() != rueidis.ClientModeStandalone || c.opts.DialTimeout > c.opts.Timeout {
+		return false
+	}
+	if dial := c.lastDial.Load(); dial != 0 && now.UnixNano()-dial <= int64(2*c.opts.DialTimeout) {
+		return false
+	}
+	last := c.health.lastOutage.Load()
+	return last == 0 || now.UnixNano()-last > int64(c.connWriteTimeout())
+}
+
+// MaxDirectCalls bounds the calls in flight for which HonorsDeadlines
+// holds: well below the 1024 commands rueidis queues per connection.
+const MaxDirectCalls = 256
 
 // Embedded reports whether the client runs on the in-process store.
 func (c *Client) Embedded() bool { return c.embedded != nil }

@@ -86,6 +86,10 @@ func TransientReply(err *rueidis.RedisError) bool {
 	return false
 }
 
+// answerStep is how much later than the stored one an answer must be to
+// be stored while Redis answers (see health.record).
+const answerStep = time.Millisecond
+
 // health records the outcomes of calls.
 type health struct {
 	lastAnswer atomic.Int64          // unix nanoseconds of the latest answer; 0: none yet
@@ -100,7 +104,13 @@ func newHealth() *health { return &health{answered: make(chan struct{})} }
 func (h *health) record(err error) {
 	switch outcomeOf(err) {
 	case answered:
-		h.lastAnswer.Store(time.Now().UnixNano())
+		// Stored at most once per answerStep while no outage came since:
+		// every call storing it would make the callers' CPUs pass its
+		// cache line around, and Up reads it in seconds.
+		now := time.Now().UnixNano()
+		if last := h.lastAnswer.Load(); now-last >= int64(answerStep) || h.lastOutage.Load() >= last {
+			h.lastAnswer.Store(now)
+		}
 		h.once.Do(func() { close(h.answered) })
 	case outage:
 		h.fail(err)
@@ -171,13 +181,17 @@ func (o observed) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []ruei
 var errClusterState = errors.New("the cluster does not serve every slot")
 
 // probe sends one health probe on client, the unobserved rueidis client,
-// and records its outcome.
+// and records its outcome. On a cluster it also rereads the slot map (see
+// NodeOf).
 func (c *Client) probe(client rueidis.Client) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.opts.Timeout)
 	defer cancel()
 	if client.Mode() != rueidis.ClientModeCluster {
 		c.health.record(client.Do(ctx, client.B().Ping().Build()).Error())
 		return
+	}
+	if m, err := ReadSlotMap(ctx, client); err == nil {
+		c.slots.Store(m)
 	}
 	info, err := client.Do(ctx, client.B().ClusterInfo().Build()).ToString()
 	if err == nil && !strings.Contains(info, "cluster_state:ok") {

@@ -54,8 +54,8 @@ type AcquireResult struct {
 // plan's limit. Errors: ErrInvalidUserID, ErrInvalidStreamID,
 // ErrUnknownPlan, ErrUnavailable (Redis down and the tier fails closed).
 func (l *Limiter) Acquire(ctx context.Context, req AcquireRequest) (AcquireResult, error) {
-	ctx, span := l.tracer.Start(ctx, "limiter.acquire")
-	if req.Caller != "" {
+	ctx, span := l.startSpan(ctx, "limiter.acquire")
+	if req.Caller != "" && span.IsRecording() {
 		span.SetAttributes(attrCaller.String(req.Caller))
 	}
 	res, tier, err := l.acquire(ctx, req)

@@ -43,7 +43,9 @@ func TestBlackHoleAtConcurrencyFromTheStart(t *testing.T) {
 // into the black hole, where every dial hangs until its own timeout. The
 // burst goes on until it has run through redials.
 func TestBlackHoleAtConcurrencyDuringRedial(t *testing.T) {
-	for _, plan := range []string{"three", "closed"} {
+	// "release": releases, which are not retried, so they may run in the
+	// caller's goroutine (see deadlineClient); acquires never do.
+	for _, plan := range []string{"three", "closed", "release"} {
 		t.Run(plan, func(t *testing.T) {
 			proxy := testenv.StartProxy(t, testenv.Redis(t))
 			e := newEnv(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{proxy.Addr()}}})
@@ -79,7 +81,8 @@ func TestRedisDownAtConcurrencyDuringRedial(t *testing.T) {
 // burst makes burstCalls acquires of plan, burstInFlight at a time, on a
 // limiter whose Redis is out, and more until enough (nil: none) reports
 // true. Each must be answered by the plan's failure mode within
-// outageBound; it logs the latencies.
+// outageBound; it logs the latencies. Plan "release" makes releases
+// instead, which must be answered degraded.
 func burst(t *testing.T, e *env, plan string, enough func() bool) {
 	t.Helper()
 	open := plan != "closed"
@@ -101,6 +104,17 @@ func burst(t *testing.T, e *env, plan string, enough func() bool) {
 					return
 				}
 				start := time.Now()
+				if plan == "release" {
+					res, err := e.lim.Release(context.Background(), user, "s")
+					took := time.Since(start)
+					mu.Lock()
+					latencies = append(latencies, took)
+					if err != nil || !res.Degraded {
+						wrong = append(wrong, fmt.Sprintf("release = %+v, %v; want degraded", res, err))
+					}
+					mu.Unlock()
+					continue
+				}
 				res, err := e.lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: plan})
 				took := time.Since(start)
 				var bad string

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/joishi/limiter/pkg/cluster"
@@ -13,47 +16,125 @@ import (
 )
 
 // do makes the Redis call of op (the op label of the Redis round-trip
-// metric): it runs fn under the per-call deadline, reports the round trip
-// to the observer, failures included, and returns the error classified
-// (see classify). fn's client returns by the deadline whatever rueidis
-// does (see deadlineClient).
+// metric): it runs fn under the per-call deadline (see deadlines), reports
+// the round trip to the observer, failures included, and returns the error
+// classified (see classify). fn's client returns by the deadline whatever
+// rueidis does (see deadlineClient).
 func (l *Limiter) do(ctx context.Context, op string, fn func(context.Context, rueidis.Client) error) error {
 	start := time.Now()
-	client, err := l.redis.Redis()
+	client, err := l.client()
 	if err == nil {
-		callCtx, cancel := context.WithTimeout(ctx, l.redis.Timeout())
-		err = fn(callCtx, deadlineClient{client})
+		callCtx, cancel := l.deadlines.after(ctx, start, l.redis.Timeout())
+		err = fn(callCtx, client)
 		cancel()
 	}
 	l.observer.RedisCall(ctx, op, time.Since(start), err)
 	return classify(ctx, op, err)
 }
 
+// client returns the connected client as a deadlineClient, made once
+// rather than once per call: cluster.Client.Redis hands out one client
+// from the first connection on.
+func (l *Limiter) client() (rueidis.Client, error) {
+	if c := l.wrapped.Load(); c != nil {
+		return *c, nil
+	}
+	client, err := l.redis.Redis()
+	if err != nil {
+		return nil, err
+	}
+	var c rueidis.Client = deadlineClient{Client: client, redis: l.redis, direct: &l.direct}
+	l.wrapped.Store(&c)
+	return c, nil
+}
+
 // deadlineClient is the rueidis client of fn: its Do and DoMulti return by
-// their context's deadline whatever rueidis does. rueidis makes a call wait,
-// its context aside, for a connection that another call is dialling: up to
-// the dial timeout, past the deadline of a call that came in meanwhile. So
-// the command runs in a goroutine of its own and the caller waits on its
-// deadline; a late result is dropped, and the call answers the context's
-// error, a timeout like any other. The goroutine ends when rueidis returns:
-// at once when the context is cancelled (do cancels it on return), at the
-// latest when the dial in progress times out. The other methods are
-// rueidis's own.
-type deadlineClient struct{ rueidis.Client }
+// their context's deadline whatever rueidis does. rueidis makes a call
+// wait, its context aside, for a connection that another call is dialling
+// (on a cluster up to the dial timeout, or a topology refresh: past the
+// deadline of a call that came in meanwhile), and for room in a
+// connection's queue that unanswered calls have filled. So unless rueidis
+// is known to bound the call by its deadline itself (see
+// cluster.Client.HonorsDeadlines), the command runs in a goroutine of its
+// own and the caller waits on its deadline, and on its own context; a late
+// result is dropped, and the call answers the context's error, a timeout
+// like any other. The goroutine ends when rueidis returns: at the deadline
+// at the latest once a connection is there, or when the dial in progress
+// times out. When rueidis does bound it (a standalone client with no
+// outage lately, and fewer than cluster.MaxDirectCalls such calls in
+// flight), the command runs in the caller's goroutine: a goroutine per
+// call and its scheduling cost about as much client CPU as the library's
+// own work. The other methods are rueidis's own.
+type deadlineClient struct {
+	rueidis.Client
+	redis  *cluster.Client
+	direct *atomic.Int64 // calls in flight in the callers' goroutines
+}
+
+// enter reports whether a call may run in its caller's goroutine, and if
+// so counts it in flight until leave.
+func (c deadlineClient) enter() bool {
+	if c.direct.Load() >= cluster.MaxDirectCalls || !c.redis.HonorsDeadlines(c.Client, time.Now()) {
+		return false
+	}
+	if c.direct.Add(1) > cluster.MaxDirectCalls {
+		c.direct.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (c deadlineClient) leave() { c.direct.Add(-1) }
+
+// once returns cmd in a form that reaches rueidis once, when its call
+// starts, or false if it has none: only then does a dial it waits for
+// belong to a call that started before it, whose deadline comes first
+// (see cluster.Client.HonorsDeadlines). rueidis sends a retryable command
+// again after an error, later in the call, so an EVALSHA is sent as a
+// copy that is not retryable (the caller retries it, bounded, if its
+// connection fails); an EVAL follows an EVALSHA that met NOSCRIPT, later
+// in the call too.
+func (c deadlineClient) once(cmd rueidis.Completed) (rueidis.Completed, bool) {
+	if !cmd.IsRetryable() {
+		return cmd, cmd.Commands()[0] != "EVAL"
+	}
+	words := cmd.Commands()
+	if len(words) < 3 || words[0] != "EVALSHA" {
+		return cmd, false
+	}
+	n, err := strconv.Atoi(words[2])
+	if err != nil || n < 0 || 3+n > len(words) {
+		return cmd, false
+	}
+	return c.B().Evalsha().Sha1(words[1]).Numkeys(int64(n)).Key(words[3 : 3+n]...).Arg(words[3+n:]...).Build(), true
+}
 
 func (c deadlineClient) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
 	if err := ctx.Err(); err != nil {
 		return rueidis.NewErrorResult(err)
 	}
+	if once, ok := c.once(cmd); ok && c.enter() {
+		resp := c.Client.Do(ctx, once)
+		c.leave()
+		if resp.NonRedisError() == nil || !cmd.IsRetryable() || ctx.Err() != nil {
+			return resp
+		}
+		// Its connection failed: again with rueidis's retries, bounded.
+	}
 	done := resultChans.Get().(chan rueidis.RedisResult)
-	go func() { done <- c.Client.Do(ctx, cmd) }()
+	go c.do(ctx, cmd, done)
 	select {
 	case resp := <-done:
 		resultChans.Put(done) // empty, and its sender gone
 		return resp
-	case <-ctx.Done():
-		return rueidis.NewErrorResult(ctx.Err()) // done is left to its late sender
+	case <-ctx.Done(): // done is left to its late sender
+	case <-callerDone(ctx):
 	}
+	return rueidis.NewErrorResult(ctx.Err())
+}
+
+func (c deadlineClient) do(ctx context.Context, cmd rueidis.Completed, done chan<- rueidis.RedisResult) {
+	done <- c.Client.Do(ctx, cmd)
 }
 
 // resultChans recycles the channels that carry a result to Do, two
@@ -61,6 +142,12 @@ func (c deadlineClient) Do(ctx context.Context, cmd rueidis.Completed) rueidis.R
 var resultChans = sync.Pool{New: func() any { return make(chan rueidis.RedisResult, 1) }}
 
 func (c deadlineClient) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
+	if ctx.Err() == nil && !slices.ContainsFunc(cmds, func(cmd rueidis.Completed) bool { return cmd.IsRetryable() }) && c.enter() {
+		// Not retried, so it reaches rueidis once (see once); a pipeline
+		// takes one place in the queue.
+		defer c.leave()
+		return c.Client.DoMulti(ctx, cmds...)
+	}
 	if ctx.Err() == nil {
 		done := make(chan []rueidis.RedisResult, 1)
 		go func() { done <- c.Client.DoMulti(ctx, cmds...) }()
@@ -68,6 +155,7 @@ func (c deadlineClient) DoMulti(ctx context.Context, cmds ...rueidis.Completed) 
 		case resps := <-done:
 			return resps
 		case <-ctx.Done():
+		case <-callerDone(ctx):
 		}
 	}
 	resps := make([]rueidis.RedisResult, len(cmds))

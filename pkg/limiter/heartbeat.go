@@ -37,7 +37,7 @@ type HeartbeatResult struct {
 // version that recorded none) whose plan is unknown, and ErrUnavailable
 // when Redis is down and the tier fails closed.
 func (l *Limiter) Heartbeat(ctx context.Context, req HeartbeatRequest) (HeartbeatResult, error) {
-	ctx, span := l.tracer.Start(ctx, "limiter.heartbeat")
+	ctx, span := l.startSpan(ctx, "limiter.heartbeat")
 	res, tier, err := l.heartbeat(ctx, req)
 	if span.IsRecording() {
 		span.SetAttributes(tierAttrs(tier, attrAlive.Bool(res.Alive), attrDegraded.Bool(res.Degraded))...)
@@ -66,7 +66,7 @@ func (l *Limiter) heartbeat(ctx context.Context, req HeartbeatRequest) (Heartbea
 // per-slot errors are those of Heartbeat. The call fails as a whole only
 // when ctx ends.
 func (l *Limiter) HeartbeatBatch(ctx context.Context, reqs []HeartbeatRequest) ([]HeartbeatResult, []error) {
-	ctx, span := l.tracer.Start(ctx, "limiter.heartbeat_batch")
+	ctx, span := l.startSpan(ctx, "limiter.heartbeat_batch")
 	defer span.End()
 	results := make([]HeartbeatResult, len(reqs))
 	errs := make([]error, len(reqs))
@@ -87,7 +87,7 @@ func (l *Limiter) HeartbeatBatch(ctx context.Context, reqs []HeartbeatRequest) (
 		var beats []lua.Beat
 		var beatErrs []error
 		callErr := l.do(ctx, "heartbeat_batch", func(ctx context.Context, c rueidis.Client) error {
-			beats, beatErrs = lua.HeartbeatMulti(ctx, c, args)
+			beats, beatErrs = lua.HeartbeatMulti(ctx, c, args, l.redis.NodeOf)
 			return errors.Join(beatErrs...)
 		})
 		for j, i := range index {

@@ -7,12 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/ratelog"
 	"github.com/joishi/limiter/pkg/tiers"
+	"github.com/redis/rueidis"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 )
@@ -72,6 +74,12 @@ type Limiter struct {
 	observer Observer
 	degraded *ratelog.Logger
 	tracer   trace.Tracer
+	// tracing: a TracerProvider was given; without one no span is started.
+	tracing bool
+
+	deadlines deadlines
+	wrapped   atomic.Pointer[rueidis.Client] // the deadlineClient, once connected
+	direct    atomic.Int64                   // see deadlineClient
 
 	syncReplicas int
 }
@@ -84,12 +92,13 @@ func New(redis *cluster.Client, table *tiers.Table, opts Options) *Limiter {
 	if opts.Observer == nil {
 		opts.Observer = nopObserver{}
 	}
-	if opts.TracerProvider == nil {
+	tracing := opts.TracerProvider != nil
+	if !tracing {
 		opts.TracerProvider = noop.NewTracerProvider()
 	}
 	return &Limiter{
 		redis: redis, tiers: table, keys: opts.Keys, log: opts.Logger,
-		observer: opts.Observer, tracer: opts.TracerProvider.Tracer(tracerName),
+		observer: opts.Observer, tracer: opts.TracerProvider.Tracer(tracerName), tracing: tracing,
 		degraded:     ratelog.New(opts.Logger, degradedLogEvery),
 		syncReplicas: opts.SyncReplicas,
 	}

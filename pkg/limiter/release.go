@@ -26,9 +26,11 @@ type ReleaseResult struct {
 
 // Release frees one slot. Errors: ErrInvalidUserID, ErrInvalidStreamID.
 func (l *Limiter) Release(ctx context.Context, userID, streamID string) (ReleaseResult, error) {
-	ctx, span := l.tracer.Start(ctx, "limiter.release")
+	ctx, span := l.startSpan(ctx, "limiter.release")
 	res, err := l.release(ctx, userID, streamID)
-	span.SetAttributes(attrReleased.Bool(res.Released), attrDegraded.Bool(res.Degraded))
+	if span.IsRecording() {
+		span.SetAttributes(attrReleased.Bool(res.Released), attrDegraded.Bool(res.Degraded))
+	}
 	endSpan(span, err)
 	l.observer.Released(ctx, res, err)
 	return res, err
@@ -77,7 +79,7 @@ const releasedAnswerKeep = time.Minute
 // released), ErrOutcomeUnknown (the call was sent but no answer came back:
 // it may have released some or all of the slots), ErrRedisRefused.
 func (l *Limiter) ReleaseAll(ctx context.Context, userID, callID string) ([]string, error) {
-	ctx, span := l.tracer.Start(ctx, "limiter.release_all")
+	ctx, span := l.startSpan(ctx, "limiter.release_all")
 	ids, err := l.releaseAll(ctx, userID, callID)
 	span.SetAttributes(attrReleasedSlots.Int(len(ids)))
 	endSpan(span, err)

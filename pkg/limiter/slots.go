@@ -25,7 +25,7 @@ type UserSlots struct {
 
 // Slots lists userID's live slots. Errors: ErrInvalidUserID, ErrUnavailable.
 func (l *Limiter) Slots(ctx context.Context, userID string) (UserSlots, error) {
-	ctx, span := l.tracer.Start(ctx, "limiter.slots")
+	ctx, span := l.startSpan(ctx, "limiter.slots")
 	out, err := l.slots(ctx, userID)
 	span.SetAttributes(attrUsed.Int(out.Used))
 	endSpan(span, err)

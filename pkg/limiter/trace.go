@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"context"
 	"errors"
 
 	"github.com/joishi/limiter/pkg/tiers"
@@ -31,6 +32,19 @@ const (
 	attrBatchDegraded = attribute.Key("limiter.batch.degraded")
 	attrReleasedSlots = attribute.Key("limiter.released_slots")
 )
+
+// startSpan starts the span name and returns ctx holding it. Without a
+// TracerProvider it starts none and returns ctx as it is: a no-op span in
+// the context would cost an allocation per operation and parent nothing.
+func (l *Limiter) startSpan(ctx context.Context, name string) (context.Context, trace.Span) {
+	if !l.tracing {
+		return ctx, noSpan
+	}
+	return l.tracer.Start(ctx, name)
+}
+
+// noSpan is a span that records nothing.
+var noSpan = trace.SpanFromContext(context.Background())
 
 // tierAttrs describe the tier a request was judged by; none when the
 // request failed before a tier was found.

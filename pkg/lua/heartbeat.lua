@@ -1,35 +1,46 @@
--- heartbeat: extend a held slot by its own TTL; never re-add a lost one.
+-- heartbeat: extend held slots of one user by their own TTLs; never re-add
+-- a lost one.
 --
 -- KEYS[1] -> <prefix>{<user id>}       sorted set: member = stream id, score = expiry (Redis ms)
 -- KEYS[2] -> <prefix>{<user id>}:meta  hash: field = stream id, value = the slot's record
--- ARGV[1] -> stream id
--- ARGV[2] -> fallback slot ttl (ms, >= 0, decimal digits): for a slot that
---            has no record (taken by a version that wrote none); 0: none known
--- returns {alive (1|0|-1), expires_at_ms, pruned}
+-- ARGV[2i-1] -> stream id of the i-th slot (i = 1..n, n >= 1)
+-- ARGV[2i]   -> its fallback slot ttl (ms, >= 0, decimal digits): for a
+--               slot that has no record (taken by a version that wrote
+--               none); 0: none known
+-- returns {pruned, alive_1, expires_at_ms_1, ..., alive_n, expires_at_ms_n}
+--   pruned: the user's slots that had expired unreleased (these included),
+--   removed now with their records.
 --   alive 1: held; the expiry moves to now + the slot's TTL, only forward.
 --   alive 0: the slot is missing or had expired; the caller lost it and
 --   must stop or acquire again. expires_at_ms is then 0.
 --   alive -1: held, but with neither a record nor a fallback ttl: left as
 --   it is, expires_at_ms its current expiry.
---   pruned: the user's slots that had expired unreleased (this one
---   included), removed now with their records.
 --
 -- The TTL is the record's leading digits (see acquire), so a slot keeps
 -- heartbeating after its plan is deleted, on any replica. A slot without
 -- a record is kept by the fallback ttl, which is then recorded.
+--
+-- Both keys expire at least one TTL after the latest slot, as acquire
+-- leaves them, so slots that expire unreleased stay visible for the next
+-- call to prune and count. A heartbeat moves their expiry only when a
+-- slot's new expiry + TTL passes it, and then to that slot's expiry + 2
+-- TTLs: a slot heartbeating every TTL/3 (or more often) moves it about
+-- every third beat, not on every beat, and a beat that does not move it
+-- writes (and replicates) the ZADD alone.
 local key = KEYS[1]
 local meta = KEYS[2]
-local member = ARGV[1]
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 -- Removes the slots expired by now and their records; returns how many.
+-- They must go before the ZADD XX below, which would extend them.
 local function prune()
-  local expired = redis.call('ZRANGEBYSCORE', key, '-inf', now)
+  local nowms = string.format('%d', now)
+  local expired = redis.call('ZRANGEBYSCORE', key, '-inf', nowms)
   local n = #expired
   if n > 0 then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', nowms)
     -- In chunks: unpack is bounded by the Lua stack.
     for i = 1, n, 1000 do
       redis.call('HDEL', meta, unpack(expired, i, math.min(i + 999, n)))
@@ -38,30 +49,63 @@ local function prune()
   return n
 end
 
-local pruned = prune()
-local score = redis.call('ZSCORE', key, member)
-if not score then
-  return {0, 0, pruned}
-end
-score = tonumber(score)
+local out = {prune()}
 
-local record = redis.call('HGET', meta, member)
-local digits = record and string.match(record, '^%d+')
-local ttl = digits and tonumber(digits)
-if not ttl or ttl <= 0 then
-  ttl = tonumber(ARGV[2])
-  if ttl <= 0 then
-    return {-1, score, pruned}
+local members = {}
+for i = 1, #ARGV, 2 do
+  members[#members + 1] = ARGV[i]
+end
+local records = redis.call('HMGET', meta, unpack(members))
+
+local need, at = 0, 0 -- the key's expiry must reach need; it is set to at
+local recorded = false -- a record was written: the hash may be new
+for i, member in ipairs(members) do
+  local digits = records[i] and string.match(records[i], '^%d+')
+  local ttl = digits and tonumber(digits)
+  local fallback = not ttl or ttl <= 0
+  if fallback then
+    ttl = tonumber(ARGV[2 * i])
   end
-  redis.call('HSET', meta, member, ARGV[2])
+  local alive, expires = 0, 0
+  if ttl > 0 then
+    expires = now + ttl
+    -- CH: 1 when the expiry moved. 0: missing (pruned above, or never
+    -- held), or already later (the same ms, or a longer TTL before).
+    if redis.call('ZADD', key, 'XX', 'GT', 'CH', string.format('%d', expires), member) == 1 then
+      alive = 1
+    else
+      local score = redis.call('ZSCORE', key, member)
+      if score then
+        alive, expires = 1, tonumber(score)
+      end
+    end
+    if alive == 1 then
+      if fallback then
+        redis.call('HSET', meta, member, ARGV[2 * i])
+        recorded = true
+      end
+      need = math.max(need, expires + ttl)
+      at = math.max(at, expires + 2 * ttl)
+    else
+      expires = 0
+    end
+  else
+    local score = redis.call('ZSCORE', key, member)
+    if score then
+      alive, expires = -1, tonumber(score)
+    end
+  end
+  out[#out + 1] = alive
+  out[#out + 1] = expires
 end
 
-local expires = math.max(score, now + ttl)
-redis.call('ZADD', key, 'XX', 'GT', expires, member)
+if need > 0 then
+  local current = redis.call('PEXPIRETIME', key) -- -1: none, which must not stay
+  if current < need or recorded then
+    at = string.format('%d', math.max(current, at))
+    redis.call('PEXPIREAT', key, at)
+    redis.call('PEXPIREAT', meta, at)
+  end
+end
 
-local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-local at = tonumber(last[2]) + ttl
-redis.call('PEXPIREAT', key, at)
-redis.call('PEXPIREAT', meta, at)
-
-return {1, expires, pruned}
+return out

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/joishi/limiter/internal/testenv"
+	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/lua"
 	"github.com/redis/rueidis"
 )
@@ -18,6 +19,8 @@ const callTimeout = 250 * time.Millisecond
 // heartbeat script (SCRIPT FLUSH, as after a failover, a restart or a
 // deploy) and one master is hung. Every slot on the healthy masters must
 // still be refreshed, in every round; only the hung master's slots fail.
+// Rounds alternate between calls grouped by node (a slot map read before
+// the fault) and by hash slot (no map).
 func TestHeartbeatMultiRefreshesHealthyNodesWhileOneHangs(t *testing.T) {
 	t.Parallel()
 	addrs := testenv.StartCluster(t)
@@ -36,7 +39,11 @@ func TestHeartbeatMultiRefreshesHealthyNodesWhileOneHangs(t *testing.T) {
 		}
 	}
 	// One healthy round loads the script everywhere; the flush drops it.
-	for i, err := range heartbeatRound(t, c, slots) {
+	slotMap, err := cluster.ReadSlotMap(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, err := range heartbeatRound(t, c, slots, slotMap.NodeOf, "before the fault") {
 		if err != nil {
 			t.Fatalf("heartbeat %s before the fault: %v", slots[i].Key, err)
 		}
@@ -89,7 +96,11 @@ func TestHeartbeatMultiRefreshesHealthyNodesWhileOneHangs(t *testing.T) {
 
 	for round := 1; round <= 4; round++ {
 		start := time.Now()
-		errs := heartbeatRound(t, c, slots)
+		nodeOf, grouped := lua.NodeOf(slotMap.NodeOf), "by node"
+		if round%2 == 0 {
+			nodeOf, grouped = nil, "by hash slot"
+		}
+		errs := heartbeatRound(t, c, slots, nodeOf, grouped)
 		took := time.Since(start)
 		var refreshed, failed int
 		var firstErr error
@@ -103,8 +114,8 @@ func TestHeartbeatMultiRefreshesHealthyNodesWhileOneHangs(t *testing.T) {
 				failed++
 			}
 		}
-		t.Logf("round %d (%v): healthy-node slots refreshed: %d of %d; hung-node slots failed: %d of %d",
-			round, took.Round(time.Millisecond), refreshed, len(slots)-onHung, failed, onHung)
+		t.Logf("round %d (%s, %v): healthy-node slots refreshed: %d of %d; hung-node slots failed: %d of %d",
+			round, grouped, took.Round(time.Millisecond), refreshed, len(slots)-onHung, failed, onHung)
 		if refreshed != len(slots)-onHung {
 			t.Errorf("round %d: %d of %d slots on healthy masters refreshed, want all; first failure: %v",
 				round, refreshed, len(slots)-onHung, firstErr)
@@ -118,13 +129,13 @@ func TestHeartbeatMultiRefreshesHealthyNodesWhileOneHangs(t *testing.T) {
 // heartbeatRound heartbeats slots under the per-call deadline and returns
 // the per-slot errors (nil: the slot was refreshed). It fails the test if
 // HeartbeatMulti overruns the deadline by far.
-func heartbeatRound(t *testing.T, c rueidis.Client, slots []lua.HeartbeatArgs) []error {
+func heartbeatRound(t *testing.T, c rueidis.Client, slots []lua.HeartbeatArgs, nodeOf lua.NodeOf, what string) []error {
 	t.Helper()
 	done := make(chan []error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 		defer cancel()
-		beats, errs := lua.HeartbeatMulti(ctx, c, slots)
+		beats, errs := lua.HeartbeatMulti(ctx, c, slots, nodeOf)
 		for i, beat := range beats {
 			if errs[i] == nil && !beat.Alive {
 				errs[i] = fmt.Errorf("slot lost")
@@ -136,7 +147,7 @@ func heartbeatRound(t *testing.T, c rueidis.Client, slots []lua.HeartbeatArgs) [
 	case errs := <-done:
 		return errs
 	case <-time.After(10 * callTimeout):
-		t.Fatalf("HeartbeatMulti did not return within %v of a %v deadline", 10*callTimeout, callTimeout)
+		t.Fatalf("HeartbeatMulti (%s) did not return within %v of a %v deadline", what, 10*callTimeout, callTimeout)
 		return nil
 	}
 }

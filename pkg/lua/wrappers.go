@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/joishi/limiter/pkg/keys"
@@ -83,65 +82,171 @@ type HeartbeatArgs struct {
 // Heartbeat runs the heartbeat script on key (a keys.Schema.UserKey) and
 // its slot records for streamID; ttl as HeartbeatArgs.TTL.
 func Heartbeat(ctx context.Context, c rueidis.Client, key, streamID string, ttl time.Duration) (Beat, error) {
-	return parseBeat(heartbeatScript.Exec(ctx, c, userKeys(key), []string{streamID, ms(ttl)}))
+	var beat [1]Beat
+	err := parseBeats(heartbeatScript.Exec(ctx, c, userKeys(key), []string{streamID, ms(ttl)}), []int{0}, beat[:])
+	return beat[0], err
 }
+
+// NodeOf names the node (any string; "" for unknown) that serves a hash
+// slot, for grouping a cluster's commands by node: cluster.Client.NodeOf.
+type NodeOf func(hashSlot uint16) string
 
 // HeartbeatMulti heartbeats many slots in one pipelined round per node.
 // Results and errors are per slot, in the order of slots: one unreachable
 // shard does not fail the others.
 //
-// Each node's slots are refreshed as that node answers, whatever the others
-// do. On a cluster the slots are grouped by hash slot, and each group's
-// EVALSHA, and its EVAL when the node lacks the script (NOSCRIPT: after a
-// failover, a restart, a SCRIPT FLUSH, a new script), runs on its own,
-// concurrently; rueidis pipelines concurrent calls to one node together, so
-// a batch still costs about one round trip per node. (One DoMulti for the
+// The slots of one user are refreshed by one script call (its first slot's
+// Beat counts the user's pruned slots). Each node's slots are refreshed as
+// that node answers, whatever the others do. On a cluster the calls are
+// grouped by node (nodeOf; by hash slot where it says "" or is nil), and
+// each group's EVALSHAs, and their EVALs where the node lacks the script
+// (NOSCRIPT: after a failover, a restart, a SCRIPT FLUSH, a new script),
+// go as one pipeline of their own, concurrently. (One DoMulti for the
 // batch would hold every node's EVAL until the slowest node answered: with
 // one node hung, no slot anywhere would be refreshed before the deadline.)
+// Grouped by hash slot alone, a batch of 1000 users is about 1000 calls
+// of one command: rueidis still writes the concurrent calls to a node
+// together, but the client pays for each call.
 //
 // It pipelines EVALSHA itself rather than use rueidis.Lua.ExecMulti, which
 // first sends SCRIPT LOAD to every known node on every call: an extra round
 // trip, and one dead replica would fail the whole batch.
-func HeartbeatMulti(ctx context.Context, c rueidis.Client, slots []HeartbeatArgs) ([]Beat, []error) {
+func HeartbeatMulti(ctx context.Context, c rueidis.Client, slots []HeartbeatArgs, nodeOf NodeOf) ([]Beat, []error) {
 	beats := make([]Beat, len(slots))
 	errs := make([]error, len(slots))
-	cmds := make(rueidis.Commands, len(slots))
-	order := make([]int, len(slots)) // indices of slots, grouped by hash slot
-	for i, s := range slots {
-		cmds[i] = c.B().Evalsha().Sha1(heartbeatSHA).Numkeys(2).Key(userKeys(s.Key)...).Arg(s.StreamID, ms(s.TTL)).Build().ToRetryable()
+	calls := byUser(slots)
+	cmds := make(rueidis.Commands, len(calls))
+	order := make([]int, len(calls)) // indices of calls, grouped by hash slot
+	for i, call := range calls {
+		cmds[i] = c.B().Evalsha().Sha1(heartbeatSHA).Numkeys(2).Key(userKeys(call.key)...).Arg(call.args...).Build().ToRetryable()
 		order[i] = i
 	}
 	if c.Mode() != rueidis.ClientModeCluster { // one node: one group
-		heartbeatGroup(ctx, c, slots, cmds, order, beats, errs)
+		for j, resp := range heartbeatGroup(ctx, c, calls, cmds, order) {
+			calls[order[j]].fill(resp, beats, errs)
+		}
 		return beats, errs
 	}
-	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(cmds[a].Slot(), cmds[b].Slot()) })
-	var wg sync.WaitGroup
+	// Group by node, then by hash slot where the node is not known.
+	node := make([]string, len(cmds))
+	for i, cmd := range cmds {
+		if nodeOf != nil {
+			node[i] = nodeOf(cmd.Slot())
+		}
+	}
+	sameGroup := func(a, b int) bool {
+		return node[a] == node[b] && (node[a] != "" || cmds[a].Slot() == cmds[b].Slot())
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		return cmp.Or(cmp.Compare(node[a], node[b]), cmp.Compare(cmds[a].Slot(), cmds[b].Slot()))
+	})
+	// Each group runs in a goroutine of its own, and its answers are used
+	// only if they come by ctx's deadline: on a cluster rueidis may make a
+	// call wait past it (for a dial of a hung node that a topology refresh
+	// started). A late group writes nothing but its own answers.
+	var groups [][]int
 	for len(order) > 0 {
 		n := 1
-		for n < len(order) && cmds[order[n]].Slot() == cmds[order[0]].Slot() {
+		for n < len(order) && sameGroup(order[n], order[0]) {
 			n++
 		}
-		group := order[:n]
-		wg.Go(func() { heartbeatGroup(ctx, c, slots, cmds, group, beats, errs) })
+		groups = append(groups, order[:n])
 		order = order[n:]
 	}
-	wg.Wait()
+	type answer struct {
+		group int // index in groups
+		resps []rueidis.RedisResult
+	}
+	done := make(chan answer, len(groups))
+	for g, group := range groups {
+		go func() { done <- answer{g, heartbeatGroup(ctx, c, calls, cmds, group)} }()
+	}
+	left := make([]bool, len(groups)) // left[g]: group g did not answer
+	for g := range left {
+		left[g] = true
+	}
+	for range groups {
+		select {
+		case a := <-done:
+			left[a.group] = false
+			for j, resp := range a.resps {
+				calls[groups[a.group][j]].fill(resp, beats, errs)
+			}
+		case <-ctx.Done():
+			timeout := rueidis.NewErrorResult(ctx.Err())
+			for g, group := range groups {
+				for _, i := range group {
+					if left[g] {
+						calls[i].fill(timeout, beats, errs)
+					}
+				}
+			}
+			return beats, errs
+		}
+	}
 	return beats, errs
 }
 
-// heartbeatGroup sends cmds[i] for each i of group (the slots of one hash
-// slot, or all of a client with one node), then EVAL for those whose node
-// answered NOSCRIPT, and fills beats[i] and errs[i].
-func heartbeatGroup(ctx context.Context, c rueidis.Client, slots []HeartbeatArgs, cmds rueidis.Commands, group []int, beats []Beat, errs []error) {
-	if len(group) == 1 { // the common case on a cluster; Do costs less than DoMulti
+// userBeat is one heartbeat script call: slots[at[0]], slots[at[1]], ...,
+// all of one user, in the order of slots.
+type userBeat struct {
+	key  string
+	args []string // stream id, fallback ttl, ... as the script takes them
+	at   []int    // indices in slots
+}
+
+// byUser groups slots into one call per user key, in the order in which
+// each key first appears. The calls share two backing arrays, so a batch
+// allocates the same whatever the number of users.
+func byUser(slots []HeartbeatArgs) []userBeat {
+	index := make([]int, len(slots)) // slots[i] goes to calls[index[i]]
+	count := make([]int, 0, len(slots))
+	seen := make(map[string]int, len(slots)) // key → index in calls
+	for i, s := range slots {
+		j, ok := seen[s.Key]
+		if !ok {
+			j = len(count)
+			seen[s.Key] = j
+			count = append(count, 0)
+		}
+		index[i] = j
+		count[j]++
+	}
+	calls := make([]userBeat, len(count))
+	args := make([]string, 2*len(slots))
+	at := make([]int, len(slots))
+	off := 0
+	for j, n := range count {
+		calls[j].args = args[2*off : 2*off : 2*(off+n)]
+		calls[j].at = at[off : off : off+n]
+		off += n
+	}
+	var ttl time.Duration
+	ttlMs := "0"
+	for i, s := range slots {
+		if s.TTL != ttl { // a batch's slots mostly share one TTL
+			ttl, ttlMs = s.TTL, ms(s.TTL)
+		}
+		call := &calls[index[i]]
+		call.key = s.Key
+		call.args = append(call.args, s.StreamID, ttlMs)
+		call.at = append(call.at, i)
+	}
+	return calls
+}
+
+// heartbeatGroup sends cmds[i] for each i of group (the calls of one node
+// or hash slot, or all of a client with one node), then EVAL for those
+// whose node answered NOSCRIPT, and returns the answers in the order of
+// group.
+func heartbeatGroup(ctx context.Context, c rueidis.Client, calls []userBeat, cmds rueidis.Commands, group []int) []rueidis.RedisResult {
+	if len(group) == 1 { // Do costs less than DoMulti
 		i := group[0]
 		resp := c.Do(ctx, cmds[i])
 		if rerr, ok := rueidis.IsRedisErr(resp.Error()); ok && rerr.IsNoScript() {
-			resp = c.Do(ctx, heartbeatEval(c, slots[i]))
+			resp = c.Do(ctx, heartbeatEval(c, calls[i]))
 		}
-		beats[i], errs[i] = parseBeat(resp)
-		return
+		return []rueidis.RedisResult{resp}
 	}
 	sent := make(rueidis.Commands, len(group))
 	for j, i := range group {
@@ -158,32 +263,47 @@ func heartbeatGroup(ctx context.Context, c rueidis.Client, slots []HeartbeatArgs
 	if len(missing) > 0 {
 		evals := make(rueidis.Commands, len(missing))
 		for k, j := range missing {
-			evals[k] = heartbeatEval(c, slots[group[j]])
+			evals[k] = heartbeatEval(c, calls[group[j]])
 		}
 		for k, resp := range c.DoMulti(ctx, evals...) {
 			resps[missing[k]] = resp
 		}
 	}
-	for j, i := range group {
-		beats[i], errs[i] = parseBeat(resps[j])
+	return resps
+}
+
+// fill parses resp, the answer to call, into beats and errs at the call's
+// slots.
+func (call userBeat) fill(resp rueidis.RedisResult, beats []Beat, errs []error) {
+	err := parseBeats(resp, call.at, beats)
+	for _, i := range call.at {
+		errs[i] = err
 	}
 }
 
-// heartbeatEval is the heartbeat of s sent as the script's source, for a
-// node that lacks the script.
-func heartbeatEval(c rueidis.Client, s HeartbeatArgs) rueidis.Completed {
-	return c.B().Eval().Script(heartbeatSource).Numkeys(2).Key(userKeys(s.Key)...).Arg(s.StreamID, ms(s.TTL)).Build().ToRetryable()
+// heartbeatEval is call sent as the script's source, for a node that lacks
+// the script.
+func heartbeatEval(c rueidis.Client, call userBeat) rueidis.Completed {
+	return c.B().Eval().Script(heartbeatSource).Numkeys(2).Key(userKeys(call.key)...).Arg(call.args...).Build().ToRetryable()
 }
 
-func parseBeat(resp rueidis.RedisResult) (Beat, error) {
+// parseBeats parses the heartbeat script's answer for the slots at into
+// beats[at[0]], beats[at[1]], ...; the first counts the user's pruned
+// slots.
+func parseBeats(resp rueidis.RedisResult, at []int, beats []Beat) error {
 	vals, err := resp.AsIntSlice()
 	if err != nil {
-		return Beat{}, err
+		return err
 	}
-	if len(vals) != 3 {
-		return Beat{}, fmt.Errorf("heartbeat script returned %d values, want 3", len(vals))
+	if len(vals) != 1+2*len(at) {
+		return fmt.Errorf("heartbeat script returned %d values, want %d", len(vals), 1+2*len(at))
 	}
-	return Beat{Alive: vals[0] == 1, NoTTL: vals[0] == -1, ExpiresAtMs: vals[1], Pruned: int(vals[2])}, nil
+	for k, i := range at {
+		alive := vals[1+2*k]
+		beats[i] = Beat{Alive: alive == 1, NoTTL: alive == -1, ExpiresAtMs: vals[2+2*k]}
+	}
+	beats[at[0]].Pruned = int(vals[0])
+	return nil
 }
 
 // Release runs the release script. It reports whether the slot was held

@@ -1,0 +1,341 @@
+package limiter_test
+
+import (
+	"context"
+	"crypto/sha1"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/internal/limitertest"
+	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/keys"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/lua"
+	"github.com/joishi/limiter/pkg/tiers"
+	"github.com/redis/rueidis"
+)
+
+// Environment of BenchmarkScale.
+const (
+	envScale            = "LIMITER_BENCH_SCALE"             // "1": run it
+	envScaleSlots       = "LIMITER_BENCH_SCALE_SLOTS"       // comma list of N, default 900,45000,900000
+	envScaleConcurrency = "LIMITER_BENCH_SCALE_CONCURRENCY" // batches in flight, default 4
+	envScaleRounds      = "LIMITER_BENCH_SCALE_ROUNDS"      // refresh rounds per N, default 3
+)
+
+// scaleTier is a production tier: slots live 120s and heartbeat every 20s.
+var scaleTier = tiers.Tier{Plan: "scale", MaxConcurrentStreams: 3, SlotTTL: 2 * time.Minute, HeartbeatInterval: 20 * time.Second, FailureMode: tiers.FailOpen}
+
+// BenchmarkScale answers "what at N live streams": for each N it holds N
+// slots (one per user, as N users streaming) and refreshes all of them,
+// round after round, with Limiter.HeartbeatBatch in batches of 1000, a few
+// batches in flight, as the limiter replicas of a deployment heartbeating
+// their streams would. Per N it reports the wall time of one full round,
+// Redis CPU µs per refresh (masters, and replicas on a cluster), the
+// client's CPU µs per refresh, the share of one core each master spends
+// when every slot beats every 20s, and the bytes of Redis memory per live
+// slot (used_memory on the masters before loading and after, divided by
+// N; a replica holds as much again). Each figure is the median of the
+// rounds.
+//
+// It is not a test and `make test` never runs it: it runs only with
+// LIMITER_BENCH_SCALE=1, and it needs servers of its own, empty (it checks
+// DBSIZE) because it FLUSHALLs them between sizes and at the end.
+//
+//	LIMITER_BENCH_SCALE=1 LIMITER_TEST_REDIS=host:port LIMITER_TEST_REDIS_CLUSTER=h1:p1,... \
+//	  go test -run '^$' -bench Scale -benchtime 1x -timeout 60m ./pkg/limiter
+func BenchmarkScale(b *testing.B) {
+	if os.Getenv(envScale) != "1" {
+		b.Skipf("set %s=1 to run it (it empties the servers it is given)", envScale)
+	}
+	sizes := scaleEnvInts(b, envScaleSlots, []int{900, 45_000, 900_000})
+	concurrency := scaleEnvInts(b, envScaleConcurrency, []int{4})[0]
+	rounds := scaleEnvInts(b, envScaleRounds, []int{3})[0]
+	for _, be := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
+		b.Run(be.String(), func(b *testing.B) {
+			redis := cluster.Options{Timeout: benchTimeout, Logger: slog.New(slog.DiscardHandler)}
+			e := newEnv(b, limitertest.Options{Backend: be, Redis: redis, Tiers: []tiers.Tier{scaleTier}})
+			raw := e.raw(b)
+			servers := scaleServers(b, raw)
+			servers.requireEmpty(b)
+			b.Cleanup(func() { servers.flush(b) })
+			for _, n := range sizes {
+				b.Run(fmt.Sprintf("slots=%d", n), func(b *testing.B) {
+					for b.Loop() {
+						scaleRun(b, e, servers, n, concurrency, rounds)
+					}
+				})
+			}
+		})
+	}
+}
+
+func scaleRun(b *testing.B, e *env, servers *scaleNodes, n, concurrency, rounds int) {
+	ctx := context.Background()
+	servers.flush(b)
+	memBefore := servers.usedMemory(b)
+	servers.load(b, lua.Sources()["acquire"])
+	reqs := scaleLoad(b, e, n, concurrency)
+	memAfter := servers.usedMemory(b)
+
+	var walls, masterCPU, replicaCPU, clientCPU []float64
+	for range rounds {
+		cpu0, client0, start := servers.cpu(b), processCPU(), time.Now()
+		scaleRound(b, ctx, e.lim, reqs, concurrency)
+		wall, client1, cpu1 := time.Since(start), processCPU(), servers.cpu(b)
+		walls = append(walls, wall.Seconds())
+		masterCPU = append(masterCPU, (cpu1.masters-cpu0.masters)/float64(n))
+		replicaCPU = append(replicaCPU, (cpu1.replicas-cpu0.replicas)/float64(n))
+		clientCPU = append(clientCPU, float64((client1-client0).Microseconds())/float64(n))
+	}
+	perMaster := median(masterCPU) * float64(n) / float64(len(servers.masters)) // µs per round
+	b.ReportMetric(median(walls), "round-s")
+	b.ReportMetric(median(masterCPU), "redis-µs/refresh")
+	if len(servers.replicas) > 0 {
+		b.ReportMetric(median(replicaCPU), "replica-µs/refresh")
+	}
+	b.ReportMetric(median(clientCPU), "client-µs/refresh")
+	b.ReportMetric(100*perMaster/float64(scaleTier.HeartbeatInterval.Microseconds()), "%core/master@20s")
+	b.ReportMetric(float64(memAfter-memBefore)/float64(n), "B/slot")
+	b.Logf("N=%d, %d masters, %d batches of %d in flight: rounds %.2fs, redis µs/refresh %.2f (masters) %.2f (replicas), client µs/refresh %.2f",
+		n, len(servers.masters), concurrency, benchBatch, walls, masterCPU, replicaCPU, clientCPU)
+}
+
+// scaleLoad acquires n slots, one per user, with the acquire script in
+// pipelines of 1000, concurrency at a time, and returns the heartbeat
+// requests for them.
+func scaleLoad(b *testing.B, e *env, n, concurrency int) []limiter.HeartbeatRequest {
+	b.Helper()
+	raw := e.raw(b)
+	src := lua.Sources()["acquire"]
+	sha := fmt.Sprintf("%x", sha1.Sum([]byte(src)))
+	run := newUser(b)
+	reqs := make([]limiter.HeartbeatRequest, n)
+	for i := range reqs {
+		reqs[i] = limiter.HeartbeatRequest{UserID: run + "-" + strconv.Itoa(i), Plan: scaleTier.Plan, StreamID: "s" + strconv.Itoa(i)}
+	}
+	var next atomic.Int64
+	var failed atomic.Pointer[error]
+	var wg sync.WaitGroup
+	limit, ttl := strconv.Itoa(scaleTier.MaxConcurrentStreams), strconv.FormatInt(scaleTier.SlotTTL.Milliseconds(), 10)
+	for range concurrency {
+		wg.Go(func() {
+			for {
+				from := int(next.Add(benchBatch)) - benchBatch
+				if from >= n || failed.Load() != nil {
+					return
+				}
+				batch := reqs[from:min(from+benchBatch, n)]
+				cmds := make(rueidis.Commands, len(batch))
+				for i, r := range batch {
+					key, _ := e.keys.UserKey(r.UserID)
+					cmds[i] = raw.B().Evalsha().Sha1(sha).Numkeys(2).Key(key, keys.SlotRecords(key)).Arg(r.StreamID, limit, ttl).Build()
+				}
+				for i, resp := range raw.DoMulti(context.Background(), cmds...) {
+					got, err := resp.AsIntSlice()
+					if err == nil && (len(got) != 5 || got[0] != 1) {
+						err = fmt.Errorf("acquire %s: %v, want granted", batch[i].UserID, got)
+					}
+					if err != nil {
+						failed.CompareAndSwap(nil, &err)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := failed.Load(); err != nil {
+		b.Fatalf("loading %d slots: %v", n, *err)
+	}
+	return reqs
+}
+
+// scaleRound heartbeats every slot of reqs once, in batches of benchBatch,
+// concurrency batches at a time; every slot must come back alive.
+func scaleRound(b *testing.B, ctx context.Context, lim *limiter.Limiter, reqs []limiter.HeartbeatRequest, concurrency int) {
+	b.Helper()
+	var next atomic.Int64
+	var failed atomic.Pointer[error]
+	var wg sync.WaitGroup
+	for range concurrency {
+		wg.Go(func() {
+			for {
+				from := int(next.Add(benchBatch)) - benchBatch
+				if from >= len(reqs) || failed.Load() != nil {
+					return
+				}
+				batch := reqs[from:min(from+benchBatch, len(reqs))]
+				results, errs := lim.HeartbeatBatch(ctx, batch)
+				for i, err := range errs {
+					if err == nil && (!results[i].Alive || results[i].Degraded) {
+						err = fmt.Errorf("%+v, want alive and not degraded", results[i])
+					}
+					if err != nil {
+						err = fmt.Errorf("heartbeat %s: %w", batch[i].UserID, err)
+						failed.CompareAndSwap(nil, &err)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := failed.Load(); err != nil {
+		b.Fatal(*err)
+	}
+}
+
+func scaleEnvInts(b *testing.B, name string, def []int) []int {
+	b.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	var out []int
+	for f := range strings.SplitSeq(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			b.Fatalf("%s=%q: want positive integers, comma separated", name, v)
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// scaleNodes are direct connections to every node of a deployment.
+type scaleNodes struct{ masters, replicas []rueidis.Client }
+
+func scaleServers(b *testing.B, c rueidis.Client) *scaleNodes {
+	b.Helper()
+	s := &scaleNodes{}
+	for addr := range c.Nodes() {
+		node, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, ForceSingleClient: true, DisableCache: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(node.Close)
+		role, err := node.Do(context.Background(), node.B().Role().Build()).ToArray()
+		if err != nil || len(role) == 0 {
+			b.Fatalf("ROLE on %s: %v", addr, err)
+		}
+		if kind, _ := role[0].ToString(); kind == "slave" {
+			s.replicas = append(s.replicas, node)
+		} else {
+			s.masters = append(s.masters, node)
+		}
+	}
+	return s
+}
+
+func (s *scaleNodes) requireEmpty(b *testing.B) {
+	b.Helper()
+	for _, m := range s.masters {
+		n, err := m.Do(context.Background(), m.B().Dbsize().Build()).AsInt64()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if n != 0 {
+			b.Fatalf("a server holds %d keys: BenchmarkScale empties its servers, so it runs on empty ones only", n)
+		}
+	}
+}
+
+func (s *scaleNodes) flush(b *testing.B) {
+	b.Helper()
+	for _, m := range s.masters {
+		if err := m.Do(context.Background(), m.B().Flushall().Build()).Error(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	// The replicas must have dropped their copies before memory is read.
+	for _, r := range s.replicas {
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			n, err := r.Do(context.Background(), r.B().Dbsize().Build()).AsInt64()
+			if err == nil && n == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("a replica still holds %d keys (%v) 30s after FLUSHALL", n, err)
+			}
+		}
+	}
+}
+
+// load loads a script on every master.
+func (s *scaleNodes) load(b *testing.B, src string) {
+	b.Helper()
+	for _, m := range s.masters {
+		if err := m.Do(context.Background(), m.B().ScriptLoad().Script(src).Build()).Error(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func (s *scaleNodes) usedMemory(b *testing.B) int64 {
+	b.Helper()
+	var total int64
+	for _, m := range s.masters {
+		total += infoInt(b, m, "memory", "used_memory")
+	}
+	return total
+}
+
+type scaleCPU struct{ masters, replicas float64 } // µs
+
+func (s *scaleNodes) cpu(b *testing.B) scaleCPU {
+	b.Helper()
+	var out scaleCPU
+	for _, m := range s.masters {
+		out.masters += infoCPU(b, m)
+	}
+	for _, r := range s.replicas {
+		out.replicas += infoCPU(b, r)
+	}
+	return out
+}
+
+func infoCPU(b *testing.B, node rueidis.Client) float64 {
+	b.Helper()
+	return infoFloat(b, node, "cpu", "used_cpu_user")*1e6 + infoFloat(b, node, "cpu", "used_cpu_sys")*1e6
+}
+
+func infoInt(b *testing.B, node rueidis.Client, section, field string) int64 {
+	b.Helper()
+	v, err := strconv.ParseInt(infoField(b, node, section, field), 10, 64)
+	if err != nil {
+		b.Fatalf("INFO %s %s: %v", section, field, err)
+	}
+	return v
+}
+
+func infoFloat(b *testing.B, node rueidis.Client, section, field string) float64 {
+	b.Helper()
+	v, err := strconv.ParseFloat(infoField(b, node, section, field), 64)
+	if err != nil {
+		b.Fatalf("INFO %s %s: %v", section, field, err)
+	}
+	return v
+}
+
+func infoField(b *testing.B, node rueidis.Client, section, field string) string {
+	b.Helper()
+	info, err := node.Do(context.Background(), node.B().Info().Section(section).Build()).ToString()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			return v
+		}
+	}
+	b.Fatalf("INFO %s has no %s", section, field)
+	return ""
+}
