@@ -2,7 +2,6 @@ package server
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"mime"
@@ -223,24 +222,4 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *bod
 			return nil, nil, badRequest("reading the request body: %v", err)
 		}
 	}
-}
-
-func writeJSON(w http.ResponseWriter, status int, body any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(body)
-}
-
-// unavailableRetryAfter is the Retry-After, in seconds, of every 503.
-// Each call is judged anew under the per-call deadline (250ms by default),
-// so a second is long enough not to pile retries onto a struggling Redis
-// and short enough not to keep a caller waiting once it is back.
-const unavailableRetryAfter = "1"
-
-func writeError(w http.ResponseWriter, status int, e httpapi.Error) {
-	if status == http.StatusServiceUnavailable {
-		w.Header().Set("Retry-After", unavailableRetryAfter)
-	}
-	writeJSON(w, status, httpapi.ErrorResponse{Error: e})
 }
