@@ -18,11 +18,11 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -56,12 +56,15 @@ func BenchmarkAcquireTelemetry(b *testing.B) {
 			b.Run(level+"/"+mode, func(b *testing.B) {
 				lim, handler := benchStack(b, mode)
 				run := randomID()
+				// A user of its own per acquire: users drawn at random would
+				// reach the limit of 3 once b.N grows to a fair share of the pool.
+				var next atomic.Int64
 				b.SetParallelism((benchClients + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
 				cpu := cpuTime()
 				b.ResetTimer()
 				b.RunParallel(func(pb *testing.PB) {
 					for pb.Next() {
-						user := run + "-" + strconv.Itoa(rand.IntN(1_000_000))
+						user := run + "-" + strconv.FormatInt(next.Add(1), 10)
 						if level == "Limiter" {
 							benchLimiter(b, lim, user)
 						} else {
@@ -90,8 +93,8 @@ func BenchmarkHandlerAllocs(b *testing.B) {
 	run := randomID()
 	var before, after runtime.MemStats
 	var allocs, allocBytes uint64
-	for b.Loop() {
-		body, _ := json.Marshal(httpapi.AcquireRequest{UserID: run + "-" + strconv.Itoa(rand.IntN(1_000_000)), Plan: "three"})
+	for i := 0; b.Loop(); i++ {
+		body, _ := json.Marshal(httpapi.AcquireRequest{UserID: run + "-" + strconv.Itoa(i), Plan: "three"})
 		req := httptest.NewRequest(http.MethodPost, httpapi.PathAcquire, bytes.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		rec := httptest.NewRecorder()
