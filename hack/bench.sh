@@ -20,7 +20,9 @@
 #                   (hack/bench/semaphore/semaphore.js); Redis' cost of a
 #                   heartbeat refresh against a plain ZADD+PEXPIREAT
 #                   (BenchmarkHeartbeatRefresh); allocations per HTTP acquire
-#                   (BenchmarkHandlerAllocs); serve and the trivial handler
+#                   (BenchmarkHandlerAllocs); batched heartbeats over HTTP
+#                   against the library's (BenchmarkHeartbeatBatchHTTP, both
+#                   sides inside); serve, with a tokens file, and the trivial handler
 #                   at full load, then both paced at half of serve's
 #                   pairs/s of that round, for latency (hack/bench/load)
 #
@@ -141,6 +143,7 @@ for ((round = 1; round <= BENCH_ROUNDS; round++)); do
 	in_order "$round" "go_bench $round S standalone limiter BenchmarkAcquireRelease" "semaphore_bench $round"
 	go_bench "$round" R standalone limiter BenchmarkHeartbeatRefresh
 	go_bench "$round" M "" telemetry BenchmarkHandlerAllocs
+	go_bench "$round" B "" telemetry BenchmarkHeartbeatBatchHTTP
 	in_order "$round" "http_bench $round max serve" "http_bench $round max trivial"
 	rate=$(awk -v p="${H[$round/max/serve/pairs/s]}" 'BEGIN { printf "%.0f", p / 2 }')
 	in_order "$round" "http_bench $round lat serve $rate" "http_bench $round lat trivial $rate"

@@ -148,7 +148,7 @@ go_bench() {
 	))\$"
 	[[ -n "$d" ]] && pattern+="/^$d\$"
 	# Allocation counts need a fixed number of calls, not a time.
-	[[ "$pkg" == telemetry ]] && benchtime=${ALLOC_REQUESTS}x
+	[[ "$*" == BenchmarkHandlerAllocs ]] && benchtime=${ALLOC_REQUESTS}x
 	flush "${d:-standalone}"
 	step "go test -bench '$pattern' ./pkg/$pkg (benchtime $benchtime)"
 	# LIMITER_TEST_REQUIRE: a missing server fails the benchmark instead of skipping it.
@@ -217,8 +217,12 @@ semaphore_bench() { # semaphore_bench ROUND
 }
 
 # start_http_servers starts `limiter serve` and the trivial handler on the
-# standalone Redis and fills URL and PID.
+# standalone Redis and fills URL and PID. serve authenticates its callers
+# (api.tokensFile), as in production, and the load generator sends the
+# token to both.
 start_http_servers() {
+	api_token=bench-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+	printf 'bench %s *\n' "$api_token" >"$tmp/api-tokens"
 	cat >"$tmp/limiter.yaml" <<-EOF
 		redis:
 		  addrs: ["$LIMITER_TEST_REDIS"]
@@ -228,6 +232,8 @@ start_http_servers() {
 		  keyPrefix: "bench:serve:"
 		http:
 		  shutdownGrace: 1s
+		api:
+		  tokensFile: "$tmp/api-tokens"
 		tiers:
 		  source: static
 		  static:
@@ -267,7 +273,7 @@ http_bench() {
 	kill -0 "${PID[$target]}" 2>/dev/null || die "$target is no longer running: $(tail -n 20 "$tmp/$target.log")"
 	flush standalone
 	step "load $target: $CLIENTS connections, ${BENCH_DURATION}s$( ((rate)) && echo ", paced at $rate pairs/s")"
-	"$tmp/load" -url "${URL[$target]}" -pid "${PID[$target]}" -conns "$CLIENTS" -rate "$rate" \
+	"$tmp/load" -url "${URL[$target]}" -pid "${PID[$target]}" -token "$api_token" -conns "$CLIENTS" -rate "$rate" \
 		-warmup "${WARMUP_MS}ms" -duration "${BENCH_DURATION}s" >"$tmp/load.txt" 2>&1 ||
 		die "load against $target failed: $(cat "$tmp/load.txt")"
 	sed 's/^/    /' "$tmp/load.txt" >&2

@@ -89,6 +89,8 @@ report() {
 	ratio_line "  server CPU per pair / trivial" H 'max/serve/server-cpu-us/pair' H 'max/trivial/server-cpu-us/pair'
 	ratio_line "  acquire p50 at half of serve's max pairs/s / trivial" H 'lat/serve/acquire-p50-us' H 'lat/trivial/acquire-p50-us'
 	ratio_line "  acquire p99 at half of serve's max pairs/s / trivial" H 'lat/serve/acquire-p99-us' H 'lat/trivial/acquire-p99-us'
+	echo "batched heartbeats, 1000 slots: POST /v1/slots/heartbeats through the handler / HeartbeatBatch"
+	ratio_line "  process CPU per refreshed slot" GO 'B/BenchmarkHeartbeatBatchHTTP/http-cpu-us/slot' GO 'B/BenchmarkHeartbeatBatchHTTP/library-cpu-us/slot'
 	echo "heartbeat refresh, Redis' own cost: script (batched) / ZADD XX GT + PEXPIREAT"
 	ratio_line "  time in commands (INFO commandstats)" GO 'R/BenchmarkHeartbeatRefresh/%d/script-redis-us/refresh' GO 'R/BenchmarkHeartbeatRefresh/%d/plain-redis-us/refresh'
 	ratio_line "  server CPU (INFO cpu)" GO 'R/BenchmarkHeartbeatRefresh/%d/script-cpu-us/refresh' GO 'R/BenchmarkHeartbeatRefresh/%d/plain-cpu-us/refresh'
@@ -119,6 +121,8 @@ report() {
 	figure_line "HTTP serve acquire p99 us (paced)" %.0f H 'lat/serve/acquire-p99-us'
 	figure_line "HTTP trivial acquire p50 us (paced)" %.0f H 'lat/trivial/acquire-p50-us'
 	figure_line "HTTP trivial acquire p99 us (paced)" %.0f H 'lat/trivial/acquire-p99-us'
+	figure_line "CPU us per slot, POST /v1/slots/heartbeats (handler)" %.2f GO 'B/BenchmarkHeartbeatBatchHTTP/http-cpu-us/slot'
+	figure_line "  Limiter.HeartbeatBatch" %.2f GO 'B/BenchmarkHeartbeatBatchHTTP/library-cpu-us/slot'
 	figure_line "Redis us in commands per refresh: script" %.2f GO 'R/BenchmarkHeartbeatRefresh/%d/script-redis-us/refresh'
 	figure_line "  plain ZADD XX GT + PEXPIREAT" %.2f GO 'R/BenchmarkHeartbeatRefresh/%d/plain-redis-us/refresh'
 	figure_line "Redis CPU us per refresh: script" %.2f GO 'R/BenchmarkHeartbeatRefresh/%d/script-cpu-us/refresh'

@@ -7,13 +7,30 @@ import (
 	"time"
 )
 
-// requestInfo is what a request's handlers learn that the access log
-// reports: who called.
+// requestInfo is what a request's handlers learn that the access log and
+// the failure log report: who called.
 type requestInfo struct {
-	caller string // the API caller's name; "" when the API is open
+	// who is the API caller authenticate found: zero (allowed no plan)
+	// before it and outside the slot API; its name is "" when the API is
+	// open.
+	who caller
 }
 
 type infoKey struct{}
+
+// infoContext carries a request's requestInfo: a context and its value in
+// one allocation, where context.WithValue would make two.
+type infoContext struct {
+	context.Context
+	info requestInfo
+}
+
+func (c *infoContext) Value(key any) any {
+	if key == (infoKey{}) {
+		return &c.info
+	}
+	return c.Context.Value(key)
+}
 
 func infoOf(ctx context.Context) *requestInfo {
 	info, _ := ctx.Value(infoKey{}).(*requestInfo)
@@ -25,8 +42,8 @@ func infoOf(ctx context.Context) *requestInfo {
 // only carries the requestInfo for the failure log.
 func (s *Server) logAccess(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		info := &requestInfo{}
-		ctx := context.WithValue(r.Context(), infoKey{}, info)
+		ctx := &infoContext{Context: r.Context()}
+		info := &ctx.info
 		inner := r.WithContext(ctx)
 		// The mux sets the route's pattern on the request it is given: hand
 		// it back to the layers outside, whose spans and metrics name the
@@ -45,7 +62,7 @@ func (s *Server) logAccess(next http.Handler) http.Handler {
 			slog.String("route", inner.Pattern),
 			slog.Int("status", rec.status),
 			slog.Duration("duration", time.Since(start)),
-			slog.String("caller", info.caller),
+			slog.String("caller", info.who.name),
 			slog.String("remote", r.RemoteAddr),
 		)
 	})

@@ -106,8 +106,6 @@ func certName(cert *x509.Certificate) string {
 	return cert.Subject.CommonName
 }
 
-type callerKey struct{}
-
 // authenticate runs next for the request's caller, and refuses a request
 // without one 401 unauthenticated. Without Options.Callers every request
 // is the open caller, allowed every plan.
@@ -125,20 +123,27 @@ func (s *Server) authenticate(next http.HandlerFunc) http.HandlerFunc {
 				s.fail(w, r, err)
 				return
 			}
-			trace.SpanFromContext(r.Context()).SetAttributes(attrCaller.String(who.name))
-			if info := infoOf(r.Context()); info != nil {
-				info.caller = who.name
+			if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
+				span.SetAttributes(attrCaller.String(who.name))
 			}
 		}
-		next(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, who)))
+		info := infoOf(r.Context())
+		if info == nil { // not served through logAccess
+			ctx := &infoContext{Context: r.Context()}
+			r, info = r.WithContext(ctx), &ctx.info
+		}
+		info.who = who
+		next(w, r)
 	}
 }
 
 // callerOf returns the caller authenticate found for the request; none
 // (allowed no plan) outside authenticate.
 func callerOf(r *http.Request) caller {
-	who, _ := r.Context().Value(callerKey{}).(caller)
-	return who
+	if info := infoOf(r.Context()); info != nil {
+		return info.who
+	}
+	return caller{}
 }
 
 // allowPlan refuses plan 403 plan_not_allowed unless the request's caller

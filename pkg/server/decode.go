@@ -2,14 +2,13 @@ package server
 
 import (
 	"bytes"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"mime"
 	"net/http"
-	"reflect"
+	"strconv"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"github.com/joishi/limiter/pkg/httpapi"
@@ -41,6 +40,9 @@ func (e *mediaTypeError) Error() string { return e.msg }
 // grants (it sends no CORS header).
 func checkContentType(r *http.Request) error {
 	header := r.Header.Get("Content-Type")
+	if header == "application/json" { // what clients send: no need to parse
+		return nil
+	}
 	mediaType, params, err := mime.ParseMediaType(header)
 	switch {
 	case header == "":
@@ -53,95 +55,171 @@ func checkContentType(r *http.Request) error {
 	return nil
 }
 
-// decode reads r's body into dst strictly: declared application/json
-// (checkContentType), at most limit bytes, valid UTF-8 (decoders would
-// silently replace bad bytes, letting two different ids collide), one JSON
-// object, no unknown fields, right types.
+// decode reads r's body into dst, one of the API's request types,
+// strictly: declared application/json (checkContentType), at most limit
+// bytes, valid UTF-8 (decoders would silently replace bad bytes, letting
+// two different ids collide), one JSON object, no unknown, repeated or
+// case-folded fields, right types (jsonReader). The body is read once, into
+// a pooled buffer, and parsed once; the strings of dst share one copy of
+// it.
 func decode(w http.ResponseWriter, r *http.Request, limit int64, dst any) error {
 	if err := checkContentType(r); err != nil {
 		return err
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	body, buf, err := readBody(w, r, limit)
 	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			return badRequest("request body exceeds the limit of %d bytes", limit)
-		}
-		return badRequest("reading the request body: %v", err)
+		return err
 	}
-	if len(bytes.TrimSpace(body)) == 0 {
-		return badRequest("request body is empty; a JSON object is required")
-	}
-	if !utf8.Valid(body) {
-		return badRequest("request body is not valid UTF-8")
-	}
-	if trimmed := bytes.TrimSpace(body); trimmed[0] != '{' {
-		return badRequest("request body must be a JSON object")
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(dst); err != nil {
-		return badRequest("%s", describeJSONError(err))
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return badRequest("request body holds data after the JSON object")
-	}
-	if err := checkFields(body, reflect.TypeOf(dst).Elem()); err != nil {
-		return badRequest("request body: %v", err)
-	}
-	return nil
-}
-
-func describeJSONError(err error) string {
-	var typeErr *json.UnmarshalTypeError
-	var syntaxErr *json.SyntaxError
+	trimmed := bytes.TrimSpace(body)
 	switch {
-	case errors.As(err, &typeErr):
-		if typeErr.Field == "" {
-			return fmt.Sprintf("request body must be a JSON object, got %s", typeErr.Value)
+	case len(trimmed) == 0:
+		err = badRequest("request body is empty; a JSON object is required")
+	case !utf8.Valid(body):
+		err = badRequest("request body is not valid UTF-8")
+	case trimmed[0] != '{':
+		err = badRequest("request body must be a JSON object")
+	}
+	d := jsonReader{}
+	if err == nil {
+		d.s = string(body)
+	}
+	buf.release(body)
+	if err != nil {
+		return err
+	}
+	// Whitespace that TrimSpace knows and JSON does not (U+00A0) is left.
+	if d.skipSpace(); d.peek() != '{' {
+		return d.syntaxError("looking for beginning of value")
+	}
+	switch v := dst.(type) {
+	case *httpapi.AcquireRequest:
+		err = d.stringObject(acquireFields, []*string{&v.UserID, &v.Plan, &v.StreamID}, -1)
+	case *httpapi.HeartbeatRequest:
+		err = d.stringObject(heartbeatFields, []*string{&v.UserID, &v.Plan, &v.StreamID}, -1)
+	case *httpapi.ReleaseRequest:
+		err = d.stringObject(releaseFields, []*string{&v.UserID, &v.StreamID}, -1)
+	case *httpapi.AdminReleaseRequest:
+		err = d.stringObject(adminReleaseFields, []*string{&v.Reason}, -1)
+	case *httpapi.HeartbeatsRequest:
+		err = d.heartbeats(v)
+	default:
+		panic("server: decode of a type that is not a request body")
+	}
+	if err != nil {
+		return err
+	}
+	return d.end()
+}
+
+// The fields of each request type, as their json tags name them.
+var (
+	acquireFields      = stringFields{"user_id", "plan", "stream_id"}
+	heartbeatFields    = stringFields{"user_id", "plan", "stream_id"}
+	releaseFields      = stringFields{"user_id", "stream_id"}
+	adminReleaseFields = stringFields{"reason"}
+	heartbeatsFields   = stringFields{"slots"}
+)
+
+// heartbeats reads a POST /v1/slots/heartbeats body: {"slots": [slot...]},
+// each slot a heartbeatFields object or null (an empty slot, which the
+// limiter refuses by its ids); slots null or absent is no slots.
+func (d *jsonReader) heartbeats(v *httpapi.HeartbeatsRequest) error {
+	return d.fields(heartbeatsFields, -1, func(int, string) error {
+		if isNull, err := d.null(); isNull || err != nil {
+			return err
 		}
-		return fmt.Sprintf("field %q must be %s, got %s", typeErr.Field, jsonType(typeErr.Type.Kind().String()), typeErr.Value)
-	case errors.As(err, &syntaxErr):
-		return fmt.Sprintf("request body is not valid JSON at byte %d: %v", syntaxErr.Offset, err)
-	case errors.Is(err, io.ErrUnexpectedEOF):
-		return "request body is truncated JSON"
-	default:
-		// DisallowUnknownFields reports `json: unknown field "x"`.
-		return fmt.Sprintf("request body: %v", err)
-	}
+		if d.peek() != '[' {
+			return d.typeError("slots", "an array")
+		}
+		d.pos++
+		// Every slot is an object: their count bounds the array.
+		v.Slots = make([]httpapi.HeartbeatRequest, 0, min(strings.Count(d.s[d.pos:], "{"), httpapi.MaxBatch+1))
+		d.skipSpace()
+		if d.peek() == ']' {
+			d.pos++
+			return nil
+		}
+		for {
+			d.skipSpace()
+			at := len(v.Slots)
+			v.Slots = append(v.Slots, httpapi.HeartbeatRequest{})
+			slot := &v.Slots[at]
+			switch isNull, err := d.null(); {
+			case err != nil:
+				return err
+			case isNull:
+			case d.peek() == '{':
+				if err := d.stringObject(heartbeatFields, []*string{&slot.UserID, &slot.Plan, &slot.StreamID}, at); err != nil {
+					return err
+				}
+			default:
+				return d.typeError("slots["+strconv.Itoa(at)+"]", "an object")
+			}
+			d.skipSpace()
+			switch d.peek() {
+			case ',':
+				d.pos++
+			case ']':
+				d.pos++
+				return nil
+			default:
+				return d.syntaxError("after array element")
+			}
+		}
+	})
 }
 
-func jsonType(kind string) string {
-	switch kind {
-	case "string":
-		return "a string"
-	case "slice":
-		return "an array"
-	case "struct", "map":
-		return "an object"
-	case "bool":
-		return "a boolean"
-	default:
-		return "a number"
+// bodyBuffer is a pooled buffer request bodies are read into.
+type bodyBuffer struct{ b []byte }
+
+var bodyPool = sync.Pool{New: func() any { return &bodyBuffer{b: make([]byte, 0, 1024)} }}
+
+// maxPooledBody bounds the buffers kept for reuse, so that a rare batch
+// does not keep its megabyte.
+const maxPooledBody = 256 << 10
+
+// release puts buf back, with body, its contents, when body grew from it
+// and is not too large to keep.
+func (buf *bodyBuffer) release(body []byte) {
+	if cap(body) <= maxPooledBody {
+		buf.b = body[:0]
 	}
+	bodyPool.Put(buf)
 }
 
-func writeJSON(w http.ResponseWriter, status int, body any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(body)
-}
-
-// unavailableRetryAfter is the Retry-After, in seconds, of every 503.
-// Each call is judged anew under the per-call deadline (250ms by default),
-// so a second is long enough not to pile retries onto a struggling Redis
-// and short enough not to keep a caller waiting once it is back.
-const unavailableRetryAfter = "1"
-
-func writeError(w http.ResponseWriter, status int, e httpapi.Error) {
-	if status == http.StatusServiceUnavailable {
-		w.Header().Set("Retry-After", unavailableRetryAfter)
+// readBody reads r's body, at most limit bytes, into a pooled buffer; the
+// caller releases it. A longer body is refused and, as
+// http.MaxBytesReader has it, the connection is closed after the answer
+// rather than the rest read.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *bodyBuffer, error) {
+	if r.ContentLength > limit {
+		w.Header().Set("Connection", "close")
+		return nil, nil, badRequest("request body exceeds the limit of %d bytes", limit)
 	}
-	writeJSON(w, status, httpapi.ErrorResponse{Error: e})
+	buf := bodyPool.Get().(*bodyBuffer)
+	b := buf.b[:0]
+	if n := r.ContentLength; n >= 0 && int64(cap(b)) <= n {
+		b = make([]byte, 0, n+1) // +1: room to read the end
+	}
+	if r.Body == nil {
+		return b, buf, nil
+	}
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := r.Body.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		switch {
+		case int64(len(b)) > limit:
+			buf.release(b)
+			w.Header().Set("Connection", "close")
+			return nil, nil, badRequest("request body exceeds the limit of %d bytes", limit)
+		case err == io.EOF:
+			return b, buf, nil
+		case err != nil:
+			buf.release(b)
+			return nil, nil, badRequest("reading the request body: %v", err)
+		}
+	}
 }

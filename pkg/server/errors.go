@@ -75,7 +75,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 func (s *Server) answerError(w http.ResponseWriter, r *http.Request, err error, status int, e httpapi.Error) {
 	caller := ""
 	if info := infoOf(r.Context()); info != nil {
-		caller = info.caller
+		caller = info.who.name
 	}
 	switch {
 	case status == http.StatusInternalServerError:

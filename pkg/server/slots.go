@@ -54,7 +54,8 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		})
 		return
 	}
-	writeJSON(w, http.StatusOK, httpapi.AcquireResponse{
+	a := newAnswer()
+	a.b = appendAcquireResponse(a.b, httpapi.AcquireResponse{
 		Granted:             true,
 		StreamID:            res.StreamID,
 		Used:                res.Used,
@@ -65,6 +66,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		Pruned:              res.Pruned,
 		Degraded:            res.Degraded,
 	})
+	a.send(w, http.StatusOK)
 }
 
 // retryAfterSeconds rounds up to whole seconds, at least 1: a Retry-After
@@ -92,7 +94,9 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, httpapi.HeartbeatResponse{Alive: res.Alive, ExpiresAt: res.ExpiresAt, Degraded: res.Degraded})
+	a := newAnswer()
+	a.b = appendHeartbeatResponse(a.b, httpapi.HeartbeatResponse{Alive: res.Alive, ExpiresAt: res.ExpiresAt, Degraded: res.Degraded})
+	a.send(w, http.StatusOK)
 }
 
 func (s *Server) heartbeats(w http.ResponseWriter, r *http.Request) {
@@ -107,12 +111,13 @@ func (s *Server) heartbeats(w http.ResponseWriter, r *http.Request) {
 	}
 	results, errs := s.heartbeatBatch(r, req.Slots)
 	out := httpapi.HeartbeatsResponse{Results: make([]httpapi.HeartbeatResult, len(results))}
+	expires := make([]time.Time, len(results)) // what the alive results point to
 	unavailable := 0
 	for i, res := range results {
 		item := httpapi.HeartbeatResult{StreamID: req.Slots[i].StreamID, Alive: res.Alive, Degraded: res.Degraded}
 		if res.Alive {
-			expires := res.ExpiresAt
-			item.ExpiresAt = &expires
+			expires[i] = res.ExpiresAt
+			item.ExpiresAt = &expires[i]
 		}
 		if err := errs[i]; err != nil && !errors.Is(err, limiter.ErrSlotLost) {
 			_, e := apiError(err)
@@ -127,7 +132,9 @@ func (s *Server) heartbeats(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, fmt.Errorf("%w: no slot of the batch could be heartbeated", limiter.ErrUnavailable))
 		return
 	}
-	writeJSON(w, http.StatusOK, out)
+	a := newAnswer()
+	a.b = appendHeartbeatsResponse(a.b, out)
+	a.send(w, http.StatusOK)
 }
 
 func (s *Server) release(w http.ResponseWriter, r *http.Request) {
@@ -141,7 +148,9 @@ func (s *Server) release(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, httpapi.ReleaseResponse{Released: res.Released, Degraded: res.Degraded})
+	a := newAnswer()
+	a.b = appendReleaseResponse(a.b, httpapi.ReleaseResponse{Released: res.Released, Degraded: res.Degraded})
+	a.send(w, http.StatusOK)
 }
 
 func (s *Server) tiers(w http.ResponseWriter, r *http.Request) {
@@ -156,5 +165,7 @@ func (s *Server) tiers(w http.ResponseWriter, r *http.Request) {
 			FailureMode:          string(t.FailureMode),
 		}
 	}
-	writeJSON(w, http.StatusOK, out)
+	a := newAnswer()
+	a.b = appendTiersResponse(a.b, out)
+	a.send(w, http.StatusOK)
 }

@@ -18,11 +18,13 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -56,12 +58,15 @@ func BenchmarkAcquireTelemetry(b *testing.B) {
 			b.Run(level+"/"+mode, func(b *testing.B) {
 				lim, handler := benchStack(b, mode)
 				run := randomID()
+				// A user of its own per acquire: users drawn at random would
+				// reach the limit of 3 once b.N grows to a fair share of the pool.
+				var next atomic.Int64
 				b.SetParallelism((benchClients + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
 				cpu := cpuTime()
 				b.ResetTimer()
 				b.RunParallel(func(pb *testing.PB) {
 					for pb.Next() {
-						user := run + "-" + strconv.Itoa(rand.IntN(1_000_000))
+						user := run + "-" + strconv.FormatInt(next.Add(1), 10)
 						if level == "Limiter" {
 							benchLimiter(b, lim, user)
 						} else {
@@ -90,10 +95,9 @@ func BenchmarkHandlerAllocs(b *testing.B) {
 	run := randomID()
 	var before, after runtime.MemStats
 	var allocs, allocBytes uint64
-	for b.Loop() {
-		body, _ := json.Marshal(httpapi.AcquireRequest{UserID: run + "-" + strconv.Itoa(rand.IntN(1_000_000)), Plan: "three"})
-		req := httptest.NewRequest(http.MethodPost, httpapi.PathAcquire, bytes.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
+	for i := 0; b.Loop(); i++ {
+		body, _ := json.Marshal(httpapi.AcquireRequest{UserID: run + "-" + strconv.Itoa(i), Plan: "three"})
+		req := benchRequest(httpapi.PathAcquire, body)
 		rec := httptest.NewRecorder()
 		runtime.ReadMemStats(&before)
 		handler.ServeHTTP(rec, req)
@@ -106,6 +110,66 @@ func BenchmarkHandlerAllocs(b *testing.B) {
 	}
 	b.ReportMetric(float64(allocs)/float64(b.N), "handler-allocs/op")
 	b.ReportMetric(float64(allocBytes)/float64(b.N), "handler-B/op")
+}
+
+// BenchmarkHeartbeatBatchHTTP: one heartbeat of 1000 held slots of 1000
+// users, by the library (Limiter.HeartbeatBatch) and as a
+// POST /v1/slots/heartbeats through the server's handler in process
+// (reading and decoding the body, caller authentication, the middleware,
+// encoding the answer; no sockets), on the same limiter with metrics on
+// as serve runs, on the standalone Redis. Each op runs both, in an order
+// that alternates, and times each with this process's CPU (Redis runs in
+// another): library-cpu-us/slot, http-cpu-us/slot and their ratio,
+// http/library.
+func BenchmarkHeartbeatBatchHTTP(b *testing.B) {
+	lim, handler := benchStack(b, "metrics")
+	ctx := context.Background()
+	run := randomID()
+	slots := make([]httpapi.HeartbeatRequest, httpapi.MaxBatch)
+	reqs := make([]limiter.HeartbeatRequest, len(slots))
+	for i := range slots {
+		slots[i] = httpapi.HeartbeatRequest{UserID: run + "-" + strconv.Itoa(i), Plan: "three", StreamID: "s" + strconv.Itoa(i)}
+		reqs[i] = limiter.HeartbeatRequest(slots[i])
+		if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: slots[i].UserID, Plan: "three", StreamID: slots[i].StreamID}); err != nil || !res.Granted || res.Degraded {
+			b.Fatalf("Acquire: %+v, %v", res, err)
+		}
+	}
+	body, _ := json.Marshal(httpapi.HeartbeatsRequest{Slots: slots})
+	library := func() {
+		results, errs := lim.HeartbeatBatch(ctx, reqs)
+		for i := range results {
+			if errs[i] != nil || !results[i].Alive || results[i].Degraded {
+				b.Fatalf("HeartbeatBatch: slot %d: %+v, %v", i, results[i], errs[i])
+			}
+		}
+	}
+	overHTTP := func() {
+		rec := httptest.NewRecorder()
+		handler.ServeHTTP(rec, benchRequest(httpapi.PathHeartbeats, body))
+		if rec.Code != http.StatusOK || bytes.Contains(rec.Body.Bytes(), []byte(`"alive":false`)) || bytes.Contains(rec.Body.Bytes(), []byte(`"degraded":true`)) {
+			b.Fatalf("heartbeats: %d %.300s", rec.Code, rec.Body)
+		}
+	}
+	// Once each untimed: the first batch fills the pools and connections.
+	library()
+	overHTTP()
+	var spent [2]time.Duration // library, http
+	for i := 0; b.Loop(); i++ {
+		for j := range 2 {
+			side := (i + j) % 2
+			start := cpuTime()
+			if side == 0 {
+				library()
+			} else {
+				overHTTP()
+			}
+			spent[side] += cpuTime() - start
+		}
+	}
+	perSlot := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(b.N*len(slots)) }
+	b.ReportMetric(perSlot(spent[0]), "library-cpu-us/slot")
+	b.ReportMetric(perSlot(spent[1]), "http-cpu-us/slot")
+	b.ReportMetric(perSlot(spent[1])/perSlot(spent[0]), "http/library")
 }
 
 // cpuTime is the CPU time this process has used so far.
@@ -124,8 +188,7 @@ func benchLimiter(b *testing.B, lim *limiter.Limiter, user string) {
 
 func benchHandler(b *testing.B, h http.Handler, user string) {
 	body, _ := json.Marshal(httpapi.AcquireRequest{UserID: user, Plan: "three"})
-	req := httptest.NewRequest(http.MethodPost, httpapi.PathAcquire, bytes.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
+	req := benchRequest(httpapi.PathAcquire, body)
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
 	if rec.Code != http.StatusOK {
@@ -133,8 +196,21 @@ func benchHandler(b *testing.B, h http.Handler, user string) {
 	}
 }
 
+// benchToken is the caller token of every benchmark request: the API
+// authenticates its callers (api.tokensFile), as serve runs in production.
+const benchToken = "bench-token-0123456789abcdef"
+
+// benchRequest is a POST of body to path as a caller sends it.
+func benchRequest(path string, body []byte) *http.Request {
+	req := httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+benchToken)
+	return req
+}
+
 // benchStack returns a limiter on the shared Redis and its API handler,
-// with every telemetry hook serve uses wired in unless mode is "off".
+// with every telemetry hook serve uses wired in unless mode is "off", and
+// caller authentication by a tokens file that holds benchToken.
 func benchStack(b *testing.B, mode string) (*limiter.Limiter, http.Handler) {
 	b.Helper()
 	quiet := slog.New(slog.DiscardHandler)
@@ -142,7 +218,15 @@ func benchStack(b *testing.B, mode string) (*limiter.Limiter, http.Handler) {
 		Redis:   cluster.Options{Timeout: 10 * time.Second, Logger: quiet},
 		Limiter: limiter.Options{Logger: quiet},
 	}
-	srvOpts := server.Options{Logger: quiet}
+	tokens := filepath.Join(b.TempDir(), "tokens")
+	if err := os.WriteFile(tokens, []byte("bench "+benchToken+" *\n"), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	callers, err := server.LoadCallers(server.CallersOptions{TokensFile: tokens, Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	srvOpts := server.Options{Logger: quiet, Callers: callers}
 	if mode != "off" {
 		var telOpts telemetry.Options
 		if mode == "on" {

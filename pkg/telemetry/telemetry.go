@@ -60,9 +60,10 @@ type Telemetry struct {
 	// and baggage.
 	Propagator propagation.TextMapPropagator
 
-	metrics  http.Handler
-	exporter string
-	shutdown []func(context.Context) error
+	metrics     http.Handler
+	httpMetrics *httpMetrics
+	exporter    string
+	shutdown    []func(context.Context) error
 }
 
 // New builds the providers. It does not touch the network: exporters
@@ -100,6 +101,9 @@ func New(ctx context.Context, opts Options) (*Telemetry, error) {
 	t.MeterProvider, t.metrics = mp, handler
 	t.shutdown = append(t.shutdown, mp.Shutdown)
 	if err := buildInfo(mp, opts.Version, opts.Commit, runtime.Version()); err != nil {
+		return nil, err
+	}
+	if t.httpMetrics, err = newHTTPMetrics(mp); err != nil {
 		return nil, err
 	}
 

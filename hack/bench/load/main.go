@@ -4,7 +4,8 @@
 // share of -conns kept-alive connections, sends pairs: POST
 // /v1/slots/acquire for a random user of -users with a stream id of its
 // own, then, when granted (200), POST /v1/slots/release of that slot; a
-// 429 is a denial and ends the pair.
+// 429 is a denial and ends the pair. With -token every request carries
+// it as a bearer token (the caller of serve's api.tokensFile).
 //
 // Closed loop (-rate 0): every worker sends its next pair as soon as the
 // last one is answered; the figure is the most pairs/s the target serves.
@@ -19,7 +20,7 @@
 // /proc/PID/stat). Any other answer than 200 or 429, an acquire answered
 // degraded (not counted in Redis) or a transport error fails the run.
 //
-//	go run ./hack/bench/load -url http://127.0.0.1:8080 -pid 1234
+//	go run ./hack/bench/load -url http://127.0.0.1:8080 -pid 1234 [-token TOKEN]
 package main
 
 import (
@@ -54,6 +55,7 @@ type options struct {
 	pid      int
 	plan     string
 	users    int
+	token    string
 }
 
 func run() error {
@@ -66,6 +68,7 @@ func run() error {
 	flag.IntVar(&o.pid, "pid", 0, "process whose CPU time per pair to report (the server); 0: none")
 	flag.StringVar(&o.plan, "plan", "three", "plan of every acquire")
 	flag.IntVar(&o.users, "users", 1_000_000, "size of the random user pool")
+	flag.StringVar(&o.token, "token", "", "bearer token every request carries; empty: none")
 	flag.Parse()
 	switch {
 	case o.url == "":

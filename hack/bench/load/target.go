@@ -20,10 +20,15 @@ import (
 type target struct {
 	o      options
 	client *http.Client
+	auth   string // the Authorization header; "" for none
 }
 
 func newTarget(o options) *target {
-	return &target{o: o, client: newClient(o.conns)}
+	t := &target{o: o, client: newClient(o.conns)}
+	if o.token != "" {
+		t.auth = "Bearer " + o.token
+	}
+	return t
 }
 
 func (t *target) close() { t.client.CloseIdleConnections() }
@@ -90,6 +95,9 @@ func (p *pairer) post(ctx context.Context, path string) (int, error) {
 		return 0, err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if p.t.auth != "" {
+		req.Header.Set("Authorization", p.t.auth)
+	}
 	resp, err := p.t.client.Do(req)
 	if err != nil {
 		return 0, err

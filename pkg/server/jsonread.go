@@ -1,0 +1,336 @@
+package server
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// jsonReader reads the request bodies of the API in one pass, strictly.
+// Every body is an object whose fields are strings (or null), or, for a
+// batch, an array of such objects, so it knows just that much JSON. It
+// refuses what encoding/json refuses with DisallowUnknownFields, and what
+// encoding/json lets through silently: a field name that matches only
+// case-insensitively ("USER_ID") and a field given twice (the last would
+// win). Either would let two different bodies mean the same request.
+//
+// Strings come back as substrings of s (no copy) unless they hold
+// escapes; unescaping follows encoding/json, a lone surrogate included
+// (it becomes U+FFFD).
+type jsonReader struct {
+	s   string // the whole body, valid UTF-8
+	pos int    // the next byte to read
+}
+
+// stringFields names the string fields of one object type, in the order
+// its destinations are given. At most 64.
+type stringFields []string
+
+// index returns the field named exactly name, or -1.
+func (f stringFields) index(name string) int {
+	for i, n := range f {
+		if n == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// fieldPath names a field in messages: name at the top level (at < 0),
+// "slots[3].name" in the at'th object of the slots array.
+func fieldPath(at int, name string) string {
+	if at < 0 {
+		return name
+	}
+	return "slots[" + strconv.Itoa(at) + "]." + name
+}
+
+func (d *jsonReader) skipSpace() {
+	for d.pos < len(d.s) {
+		switch d.s[d.pos] {
+		case ' ', '\t', '\n', '\r':
+			d.pos++
+		default:
+			return
+		}
+	}
+}
+
+// peek returns the next byte, 0 at the end.
+func (d *jsonReader) peek() byte {
+	if d.pos < len(d.s) {
+		return d.s[d.pos]
+	}
+	return 0
+}
+
+// syntaxError describes the byte at pos, found where context says.
+func (d *jsonReader) syntaxError(context string) error {
+	if d.pos >= len(d.s) {
+		return badRequest("request body is truncated JSON")
+	}
+	r, _ := utf8.DecodeRuneInString(d.s[d.pos:])
+	return badRequest("request body is not valid JSON at byte %d: invalid character %s %s", d.pos+1, quoteChar(r), context)
+}
+
+// quoteChar formats a character as encoding/json's syntax errors do.
+func quoteChar(r rune) string {
+	switch r {
+	case '\'':
+		return `'\''`
+	case '"':
+		return `'"'`
+	}
+	s := strconv.Quote(string(r))
+	return "'" + s[1:len(s)-1] + "'"
+}
+
+// expect consumes c (after optional whitespace), or fails naming context.
+func (d *jsonReader) expect(c byte, context string) error {
+	d.skipSpace()
+	if d.peek() != c {
+		return d.syntaxError(context)
+	}
+	d.pos++
+	return nil
+}
+
+// typeError refuses the value at pos, given for path where want was due;
+// null is never refused.
+func (d *jsonReader) typeError(path, want string) error {
+	got := ""
+	rest := d.s[d.pos:]
+	switch c := d.peek(); {
+	case c == '"':
+		got = "string"
+	case c == '{':
+		got = "object"
+	case c == '[':
+		got = "array"
+	case strings.HasPrefix(rest, "true"), strings.HasPrefix(rest, "false"):
+		got = "bool"
+	case c == '-' || (c >= '0' && c <= '9'):
+		got = "number"
+	default:
+		return d.syntaxError("looking for beginning of value")
+	}
+	return badRequest("field %q must be %s, got %s", path, want, got)
+}
+
+// null consumes the literal null, if that is what comes next.
+func (d *jsonReader) null() (bool, error) {
+	if d.peek() != 'n' {
+		return false, nil
+	}
+	if !strings.HasPrefix(d.s[d.pos:], "null") {
+		for i := 1; i < 4; i++ {
+			if d.pos+i >= len(d.s) {
+				d.pos = len(d.s)
+				return false, d.syntaxError("")
+			}
+			if d.s[d.pos+i] != "null"[i] {
+				d.pos += i
+				return false, d.syntaxError(fmt.Sprintf("in literal null (expecting %s)", quoteChar(rune("null"[i]))))
+			}
+		}
+	}
+	d.pos += 4
+	return true, nil
+}
+
+// str reads the string at pos (its opening quote).
+func (d *jsonReader) str() (string, error) {
+	start := d.pos + 1
+	for i := start; i < len(d.s); i++ {
+		switch c := d.s[i]; {
+		case c == '"':
+			d.pos = i + 1
+			return d.s[start:i], nil
+		case c == '\\':
+			return d.unescape(start, i)
+		case c < 0x20:
+			d.pos = i
+			return "", d.syntaxError("in string literal")
+		}
+	}
+	d.pos = len(d.s)
+	return "", d.syntaxError("")
+}
+
+// unescape reads the rest of a string that opened at start and holds an
+// escape at esc, as encoding/json unquotes it.
+func (d *jsonReader) unescape(start, esc int) (string, error) {
+	b := make([]byte, 0, esc-start+16)
+	b = append(b, d.s[start:esc]...)
+	i := esc
+	for i < len(d.s) {
+		c := d.s[i]
+		switch {
+		case c == '"':
+			d.pos = i + 1
+			return string(b), nil
+		case c < 0x20:
+			d.pos = i
+			return "", d.syntaxError("in string literal")
+		case c != '\\':
+			b = append(b, c)
+			i++
+			continue
+		}
+		if i+1 >= len(d.s) {
+			d.pos = len(d.s)
+			return "", d.syntaxError("")
+		}
+		switch e := d.s[i+1]; e {
+		case '"', '\\', '/':
+			b = append(b, e)
+		case 'b':
+			b = append(b, '\b')
+		case 'f':
+			b = append(b, '\f')
+		case 'n':
+			b = append(b, '\n')
+		case 'r':
+			b = append(b, '\r')
+		case 't':
+			b = append(b, '\t')
+		case 'u':
+			r, ok := d.hex4(i + 2)
+			if !ok {
+				return "", d.syntaxError("in \\u hexadecimal character escape")
+			}
+			i += 6
+			if utf16.IsSurrogate(r) {
+				// A high surrogate followed by a low one is one character;
+				// anything else, U+FFFD in its place.
+				if r2, ok := d.hex4(i + 2); ok && i+1 < len(d.s) && d.s[i] == '\\' && d.s[i+1] == 'u' {
+					if dec := utf16.DecodeRune(r, r2); dec != utf8.RuneError {
+						i += 6
+						b = utf8.AppendRune(b, dec)
+						continue
+					}
+				}
+				r = utf8.RuneError
+			}
+			b = utf8.AppendRune(b, r)
+			continue
+		default:
+			d.pos = i + 1
+			return "", d.syntaxError("in string escape code")
+		}
+		i += 2
+	}
+	d.pos = len(d.s)
+	return "", d.syntaxError("")
+}
+
+// hex4 reads the 4 hex digits at i, setting pos to the first bad one when
+// they are not.
+func (d *jsonReader) hex4(i int) (rune, bool) {
+	var r rune
+	for j := i; j < i+4; j++ {
+		if j >= len(d.s) {
+			d.pos = len(d.s)
+			return 0, false
+		}
+		c := d.s[j]
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c = c - 'a' + 10
+		case c >= 'A' && c <= 'F':
+			c = c - 'A' + 10
+		default:
+			d.pos = j
+			return 0, false
+		}
+		r = r<<4 | rune(c)
+	}
+	return r, true
+}
+
+// key reads an object's next field name and the colon after it.
+func (d *jsonReader) key() (string, error) {
+	d.skipSpace()
+	if d.peek() != '"' {
+		return "", d.syntaxError("looking for beginning of object key string")
+	}
+	name, err := d.str()
+	if err != nil {
+		return "", err
+	}
+	if err := d.expect(':', "after object key"); err != nil {
+		return "", err
+	}
+	d.skipSpace()
+	return name, nil
+}
+
+// fields reads the object at pos (its '{'), calling field for each field
+// with its index in names, once the name and colon are read; field reads
+// the value. Unknown and repeated names are refused; at places the object
+// for messages (fieldPath).
+func (d *jsonReader) fields(names stringFields, at int, field func(i int, name string) error) error {
+	d.pos++ // '{'
+	d.skipSpace()
+	if d.peek() == '}' {
+		d.pos++
+		return nil
+	}
+	var seen uint64
+	for {
+		name, err := d.key()
+		if err != nil {
+			return err
+		}
+		i := names.index(name)
+		switch {
+		case i < 0:
+			return badRequest("request body: unknown field %q", fieldPath(at, name))
+		case seen&(1<<i) != 0:
+			return badRequest("request body: field %q is given twice", fieldPath(at, name))
+		}
+		seen |= 1 << i
+		if err := field(i, name); err != nil {
+			return err
+		}
+		d.skipSpace()
+		switch d.peek() {
+		case ',':
+			d.pos++
+		case '}':
+			d.pos++
+			return nil
+		default:
+			return d.syntaxError("after object key:value pair")
+		}
+	}
+}
+
+// stringObject reads an object of string fields: the value of names[i]
+// into *dst[i]. A null leaves it empty.
+func (d *jsonReader) stringObject(names stringFields, dst []*string, at int) error {
+	return d.fields(names, at, func(i int, name string) error {
+		if d.peek() == '"' {
+			s, err := d.str()
+			*dst[i] = s
+			return err
+		}
+		if isNull, err := d.null(); isNull || err != nil {
+			return err
+		}
+		return d.typeError(fieldPath(at, name), "a string")
+	})
+}
+
+// end refuses anything but whitespace after the top-level value.
+func (d *jsonReader) end() error {
+	d.skipSpace()
+	if d.pos < len(d.s) {
+		return badRequest("request body holds data after the JSON object")
+	}
+	return nil
+}
