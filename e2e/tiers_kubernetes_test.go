@@ -232,14 +232,14 @@ func (k *kubeTiers) testKubectlColumns(t *testing.T) {
 		want []string // lines, fields separated by single spaces; AGE left out
 	}{
 		{"the default columns", []string{"get", "lt"}, []string{
-			"NAME PLAN MAX TTL HEARTBEAT FAILURE READY AGE",
-			"free free 1 120s 20s Open True",
-			"paid paid 3 120s 20s Open True",
+			"NAME PLAN MAX TTL HEARTBEAT FAILURE WAIT READY AGE",
+			"free free 1 120s 20s Open 0s True",
+			"paid paid 3 120s 20s Open 10s True",
 		}},
 		{"-o wide adds the reason", []string{"get", "limittiers", "-o", "wide"}, []string{
-			"NAME PLAN MAX TTL HEARTBEAT FAILURE READY REASON AGE",
-			"free free 1 120s 20s Open True Accepted",
-			"paid paid 3 120s 20s Open True Accepted",
+			"NAME PLAN MAX TTL HEARTBEAT FAILURE WAIT READY REASON AGE",
+			"free free 1 120s 20s Open 0s True Accepted",
+			"paid paid 3 120s 20s Open 10s True Accepted",
 		}},
 	}
 	for _, tc := range cases {

@@ -55,6 +55,8 @@ func TestTheAPIServerRefusesInvalidLimitTiers(t *testing.T) {
 		{"a slotTTL above 24h", map[string]any{"maxConcurrentStreams": 1, "slotTTL": "25h"}, "must be between 100ms and 24h"},
 		{"a zero heartbeat", map[string]any{"maxConcurrentStreams": 1, "heartbeatInterval": "0s"}, `spec.heartbeatInterval: Invalid value: "0s": must be above 0s and at most 8h`},
 		{"a malformed heartbeat", map[string]any{"maxConcurrentStreams": 1, "heartbeatInterval": "soon"}, `spec.heartbeatInterval: Invalid value: "soon"`},
+		{"a maxWait above 60s", map[string]any{"maxConcurrentStreams": 1, "maxWait": "61s"}, `spec.maxWait: Invalid value: "61s": must be between 0s and 60s`},
+		{"a malformed maxWait", map[string]any{"maxConcurrentStreams": 1, "maxWait": "forever"}, `spec.maxWait: Invalid value: "forever"`},
 		{"a plan with a space", map[string]any{"maxConcurrentStreams": 1, "plan": "pro plan"}, `spec.plan: Invalid value: "pro plan"`},
 		{"a plan of 64 characters", map[string]any{"maxConcurrentStreams": 1, "plan": strings.Repeat("p", 64)}, "spec.plan: Too long"},
 	}
@@ -90,6 +92,9 @@ func TestTheAPIServerAppliesDefaults(t *testing.T) {
 	}
 	if s.FailureMode != v1alpha1.FailOpen {
 		t.Errorf("failureMode = %q, want the default Open", s.FailureMode)
+	}
+	if s.MaxWait == nil || s.MaxWait.Duration != 0 {
+		t.Errorf("maxWait = %v, want the default 0s (no waiting)", s.MaxWait)
 	}
 	if s.Plan != "" || s.MaxConcurrentStreams != 0 {
 		t.Errorf("plan, maxConcurrentStreams = %q, %d, want them as sent: empty (metadata.name applies) and 0", s.Plan, s.MaxConcurrentStreams)

@@ -102,6 +102,22 @@ type LimitTierSpec struct {
 	// +optional
 	// +kubebuilder:default=Open
 	FailureMode FailureMode `json:"failureMode,omitempty"`
+
+	// maxWait is how long an acquire of the plan may wait for one of the
+	// user's slots to free up, first come first served across every
+	// replica, instead of being refused with 429 at once. A request asks
+	// to wait with wait_ms, which this caps; one that is still waiting
+	// when its wait runs out gets the usual 429 with Retry-After. A
+	// duration such as 10s, between 0s and 60s; 0s (the default) means
+	// no waiting: every request is answered at once, as without the field.
+	//
+	// +optional
+	// +kubebuilder:default="0s"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s') && duration(self) <= duration('60s')",message="must be between 0s and 60s"
+	MaxWait *metav1.Duration `json:"maxWait,omitempty"`
 }
 
 // LimitTierStatus is what the limiter made of a LimitTier. Only the
@@ -133,6 +149,12 @@ type LimitTierStatus struct {
 	//
 	// +optional
 	HeartbeatInterval string `json:"heartbeatInterval,omitempty"`
+
+	// maxWait is spec.maxWait, written as slotTTL is (0s: no waiting),
+	// for kubectl's Wait column.
+	//
+	// +optional
+	MaxWait string `json:"maxWait,omitempty"`
 
 	// acceptedSpec is the last spec of this object that the limiter found
 	// valid; acceptedGeneration is its metadata.generation. While spec is valid they are spec and the
@@ -174,6 +196,7 @@ type LimitTierStatus struct {
 // +kubebuilder:printcolumn:name="TTL",type=string,JSONPath=`.status.slotTTL`
 // +kubebuilder:printcolumn:name="Heartbeat",type=string,JSONPath=`.status.heartbeatInterval`
 // +kubebuilder:printcolumn:name="Failure",type=string,JSONPath=`.spec.failureMode`
+// +kubebuilder:printcolumn:name="Wait",type=string,JSONPath=`.status.maxWait`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

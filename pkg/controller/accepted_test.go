@@ -123,7 +123,7 @@ func TestAnInvalidFirstSpecEnforcesNothing(t *testing.T) {
 	consistently(t, 500*time.Millisecond, limitsOf("short", -1, c))
 }
 
-// kubectl's TTL and Heartbeat columns show both durations in one format,
+// kubectl's TTL, Heartbeat and Wait columns show the durations in one format,
 // however the spec writes them.
 func TestPrinterColumnsFormatDurationsAlike(t *testing.T) {
 	env := kube.Get(t)
@@ -134,15 +134,15 @@ func TestPrinterColumnsFormatDurationsAlike(t *testing.T) {
 		"apiVersion": v1alpha1.GroupVersion.String(),
 		"kind":       "LimitTier",
 		"metadata":   map[string]any{"name": "team", "namespace": ns},
-		"spec":       map[string]any{"maxConcurrentStreams": int64(1), "slotTTL": "3m", "heartbeatInterval": "1m"},
+		"spec":       map[string]any{"maxConcurrentStreams": int64(1), "slotTTL": "3m", "heartbeatInterval": "1m", "maxWait": "1m"},
 	}}
 	if err := env.Client.Create(t.Context(), lt); err != nil {
 		t.Fatal(err)
 	}
 	wantStatus(t, env.Client, ns, "team", v1alpha1.ReasonAccepted, "")
 	got := printedColumns(t, env.Config, ns, "team")
-	if got["TTL"] != "180s" || got["Heartbeat"] != "60s" {
-		t.Errorf("TTL, Heartbeat columns = %q, %q, want 180s, 60s", got["TTL"], got["Heartbeat"])
+	if got["TTL"] != "180s" || got["Heartbeat"] != "60s" || got["Wait"] != "60s" {
+		t.Errorf("TTL, Heartbeat, Wait columns = %q, %q, %q, want 180s, 60s, 60s", got["TTL"], got["Heartbeat"], got["Wait"])
 	}
 	if got["Plan"] != "team" || got["Max"] != "1" || got["Ready"] != "True" {
 		t.Errorf("columns = %v, want plan team, max 1, ready True", got)

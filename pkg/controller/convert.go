@@ -65,5 +65,8 @@ func defaultedTier(name string, spec *v1alpha1.LimitTierSpec) tiers.Tier {
 	if spec.HeartbeatInterval != nil {
 		tier.HeartbeatInterval = spec.HeartbeatInterval.Duration
 	}
+	if spec.MaxWait != nil {
+		tier.MaxWait = spec.MaxWait.Duration
+	}
 	return tier.WithDefaults()
 }

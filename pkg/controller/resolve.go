@@ -23,6 +23,8 @@ type Verdict struct {
 	// the defaults applied (heartbeatInterval: else min(20s, slotTTL/3));
 	// 0 when not even that is above 0.
 	SlotTTL, HeartbeatInterval time.Duration
+	// MaxWait is the object's spec.maxWait (0 when absent or below 0).
+	MaxWait time.Duration
 	// AcceptedGeneration is the generation to record as accepted
 	// (status.acceptedGeneration): the current one when the spec is valid,
 	// else the one recorded before; 0 when none.
@@ -65,7 +67,7 @@ func Resolve(items []v1alpha1.LimitTier) Resolution {
 	owner := map[string]string{} // plan → name of the object in force
 	for _, lt := range ordered {
 		asked := defaultedTier(lt.Name, &lt.Spec)
-		v := Verdict{Plan: PlanOf(lt), SlotTTL: max(asked.SlotTTL, 0), HeartbeatInterval: max(asked.HeartbeatInterval, 0)}
+		v := Verdict{Plan: PlanOf(lt), SlotTTL: max(asked.SlotTTL, 0), HeartbeatInterval: max(asked.HeartbeatInterval, 0), MaxWait: max(asked.MaxWait, 0)}
 		def := definitionOf(lt)
 		if def.ok {
 			v.Plan = def.tier.Plan

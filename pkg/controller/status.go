@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"strconv"
@@ -104,6 +105,7 @@ func setStatus(lt *v1alpha1.LimitTier, verdict Verdict) bool {
 	s.ObservedGeneration = lt.Generation
 	s.SlotTTL = formatDuration(verdict.SlotTTL)
 	s.HeartbeatInterval = formatDuration(verdict.HeartbeatInterval)
+	s.MaxWait = cmp.Or(formatDuration(verdict.MaxWait), "0s")
 	if verdict.AcceptedGeneration == lt.Generation {
 		// The spec is valid: it is the one to fall back on from now on.
 		s.AcceptedSpec = lt.Spec.DeepCopy()

@@ -43,6 +43,11 @@ const (
 	MaxConcurrentStreams = 1000
 	// MaxPlanLength is the longest plan name accepted.
 	MaxPlanLength = 63
+	// MaxMaxWait is the longest maxWait accepted. A waiting acquire holds
+	// its HTTP request (and a connection of every hop in front) open for
+	// up to that long; past a minute a caller is better told 429 and
+	// Retry-After.
+	MaxMaxWait = 60 * time.Second
 )
 
 var planPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
@@ -70,6 +75,12 @@ type Tier struct {
 	HeartbeatInterval time.Duration
 	// FailureMode applies when Redis is unreachable or slow. Default Open.
 	FailureMode FailureMode
+	// MaxWait is how long an acquire of the plan may wait for one of the
+	// user's slots to free up, first come first served, instead of being
+	// refused at once: the request's wait (wait_ms) is capped by it.
+	// Default 0: no waiting, a full user is refused at once. At most
+	// MaxMaxWait.
+	MaxWait time.Duration
 }
 
 // WithDefaults returns t with its zero-valued optional fields set to their
@@ -139,6 +150,9 @@ func (t Tier) Problems() []*FieldError {
 	}
 	if t.FailureMode != FailOpen && t.FailureMode != FailClosed {
 		add("failureMode", "must be Open or Closed", strconv.Quote(string(t.FailureMode)))
+	}
+	if t.MaxWait < 0 || t.MaxWait > MaxMaxWait {
+		add("maxWait", "must be between 0s (no waiting) and 60s", t.MaxWait.String())
 	}
 	return out
 }

@@ -27,6 +27,10 @@ func TestValidate(t *testing.T) {
 		{"a zero heartbeat is refused", func(t *Tier) { t.HeartbeatInterval = 0 }, "heartbeatInterval must be > 0"},
 		{"a tiny ttl is refused", func(t *Tier) { t.SlotTTL = time.Millisecond }, "slotTTL must be between 100ms and 24h0m0s, got 1ms"},
 		{"an unknown failure mode is refused", func(t *Tier) { t.FailureMode = "Sometimes" }, `failureMode must be Open or Closed, got "Sometimes"`},
+		{"no wait is the default", func(t *Tier) { t.MaxWait = 0 }, ""},
+		{"a wait of 60s is allowed", func(t *Tier) { t.MaxWait = 60 * time.Second }, ""},
+		{"a wait above 60s is refused", func(t *Tier) { t.MaxWait = 61 * time.Second }, "maxWait must be between 0s (no waiting) and 60s, got 1m1s"},
+		{"a negative wait is refused", func(t *Tier) { t.MaxWait = -time.Second }, "maxWait must be between 0s (no waiting) and 60s, got -1s"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
