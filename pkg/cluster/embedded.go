@@ -65,7 +65,9 @@ func (s *embeddedStore) sweep(now time.Time) {
 	for _, key := range s.server.Keys() {
 		switch s.server.Type(key) {
 		case "zset":
-			s.sweepSlots(key, cutoff)
+			if !keys.IsQueue(key) { // a queue's tickets are no slots
+				s.sweepSlots(key, cutoff)
+			}
 		case "string":
 			switch {
 			case !keys.IsReleasedAnswer(key):

@@ -21,6 +21,9 @@ func TestEmbeddedSweepDropsOnlyLongAbandonedKeys(t *testing.T) {
 	_, _ = store.server.ZAdd("mixed", old, "s1")
 	_, _ = store.server.ZAdd("mixed", float64(now.Add(time.Minute).UnixMilli()), "s2")
 	_ = store.server.Set("not-a-zset", "x")
+	// A queue's scores are arrival times, no expiries: the sweep leaves
+	// it to the scripts.
+	_, _ = store.server.ZAdd(keys.Queue("p:{u}"), old, "t1")
 	store.server.HSet(keys.SlotRecords("abandoned"), "s1", "120000")
 	store.server.HSet(keys.SlotRecords("mixed"), "s1", "120000", "s2", "120000")
 
@@ -38,7 +41,7 @@ func TestEmbeddedSweepDropsOnlyLongAbandonedKeys(t *testing.T) {
 	if fields, _ := store.server.HKeys(keys.SlotRecords("mixed")); len(fields) != 1 || fields[0] != "s2" {
 		t.Errorf("records of mixed after the sweep = %v, want only the live slot's s2", fields)
 	}
-	for _, key := range []string{"expired-recently", "mixed", "not-a-zset"} {
+	for _, key := range []string{"expired-recently", "mixed", "not-a-zset", keys.Queue("p:{u}")} {
 		if !store.server.Exists(key) {
 			t.Errorf("the sweep deleted %q", key)
 		}

@@ -107,6 +107,9 @@ func (c *callCounter) Acquired(context.Context, tiers.Tier, limiter.AcquireResul
 func (c *callCounter) Heartbeated(context.Context, limiter.HeartbeatResult, error)        {}
 func (c *callCounter) Released(context.Context, limiter.ReleaseResult, error)             {}
 func (c *callCounter) Reclaimed(context.Context, string, int)                             {}
+func (c *callCounter) Waiting(context.Context, tiers.Tier, int)                           {}
+func (c *callCounter) Waited(context.Context, tiers.Tier, limiter.WaitOutcome, time.Duration) {
+}
 func (c *callCounter) RedisCall(_ context.Context, op string, _ time.Duration, _ error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

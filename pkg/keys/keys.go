@@ -127,6 +127,41 @@ const slotRecordsSuffix = ":meta"
 // sorted set's expiry, so no record outlives its slot past that.
 func SlotRecords(userKey string) string { return userKey + slotRecordsSuffix }
 
+// Suffixes of a user key that name its wait queue and its wake channel.
+const (
+	queueSuffix       = ":q"
+	queueExpirySuffix = ":q:expiry"
+	wakeSuffix        = ":wake"
+)
+
+// Queue returns the key of the sorted set of userKey's waiting acquires
+// (a key UserKey returned): <prefix>{<userID>}:q, under the user's hash
+// tag. Member: a waiting acquire's stream id (its ticket). Score: its
+// place in arrival order, the Redis-server time in microseconds when it
+// was queued, raised past the last ticket's when the clock did not move.
+func Queue(userKey string) string { return userKey + queueSuffix }
+
+// QueueExpiry returns the key of the sorted set of the expiries of
+// userKey's tickets: <prefix>{<userID>}:q:expiry. Member: the stream id,
+// as in Queue. Score: the Redis-server millisecond at which the ticket
+// stops counting unless its server refreshes it, so that the waiter of a
+// server that died is skipped.
+func QueueExpiry(userKey string) string { return userKey + queueExpirySuffix }
+
+// WakeChannel returns the sharded pub/sub channel (SPUBLISH, SSUBSCRIBE)
+// on which the servers waiting for userKey's slots are woken:
+// <prefix>{<userID>}:wake. It hashes like the user's keys, so a wake-up
+// goes through the shard that holds them.
+func WakeChannel(userKey string) string { return userKey + wakeSuffix }
+
+// IsQueue reports whether key is a name Queue or QueueExpiry builds. The
+// first '}' ends the user's hash tag: neither user ids nor the prefix may
+// hold one.
+func IsQueue(key string) bool {
+	_, rest, ok := strings.Cut(key, "}")
+	return ok && (rest == queueSuffix || rest == queueExpirySuffix)
+}
+
 // releasedAnswerInfix follows a user key, then a call id, to name the
 // answer release_all keeps for that call.
 const releasedAnswerInfix = ":released:"

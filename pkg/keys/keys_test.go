@@ -83,6 +83,18 @@ func TestSchemaUserKey(t *testing.T) {
 	if answer, _ := ReleasedAnswer("x:{u1}", "c1"); !IsReleasedAnswer(answer) || IsReleasedAnswer("x:{u1}") || IsReleasedAnswer("x:{a:released:b}") || IsReleasedAnswer(SlotRecords("x:{u1}")) {
 		t.Fatalf("IsReleasedAnswer: want true only for a name ReleasedAnswer builds")
 	}
+	for _, tc := range []struct{ got, want string }{
+		{Queue("x:{u1}"), "x:{u1}:q"},
+		{QueueExpiry("x:{u1}"), "x:{u1}:q:expiry"},
+		{WakeChannel("x:{u1}"), "x:{u1}:wake"},
+	} {
+		if tc.got != tc.want || hashTag(tc.got) != "u1" {
+			t.Errorf("got %q, want %q, hashed like u1", tc.got, tc.want)
+		}
+	}
+	if !IsQueue(Queue("x:{u1}")) || !IsQueue(QueueExpiry("x:{u1}")) || IsQueue("x:{u1}") || IsQueue("x:{a:q}") || IsQueue(SlotRecords("x:{u1}")) {
+		t.Errorf("IsQueue: want true only for a name Queue or QueueExpiry builds")
+	}
 	for _, id := range []string{"", "a}b", "a b", "é", strings.Repeat("a", 129)} {
 		if _, err := ReleasedAnswer("x:{u1}", id); err == nil {
 			t.Errorf("ReleasedAnswer(x:{u1}, %q) = nil error, want one", id)

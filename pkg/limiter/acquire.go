@@ -20,6 +20,12 @@ type AcquireRequest struct {
 	// Caller names who asked: the API caller of the tokens file or client
 	// certificate, recorded on the span. Empty when the API is open.
 	Caller string
+	// Wait, when > 0, lets the acquire wait that long, capped by the
+	// tier's MaxWait, for one of the user's slots when all are held:
+	// it queues, and the user's slots go to the queue first come first
+	// served, across every server (see wait.go). Default 0: the acquire
+	// answers at once.
+	Wait time.Duration
 }
 
 // AcquireResult is the answer to an acquire. A denial is a result
@@ -48,11 +54,18 @@ type AcquireResult struct {
 	Unsynced bool
 	// Tier is the tier the request was judged by.
 	Tier tiers.Tier
+	// Waited is how long the acquire waited in the user's queue (see
+	// AcquireRequest.Wait): before it was granted, or, when it was not,
+	// before its wait ran out. 0 when it did not wait.
+	Waited time.Duration
 }
 
 // Acquire takes a slot for req.UserID if the user holds fewer than the
-// plan's limit. Errors: ErrInvalidUserID, ErrInvalidStreamID,
-// ErrUnknownPlan, ErrUnavailable (Redis down and the tier fails closed).
+// plan's limit (and no earlier acquire waits for the free ones). With
+// req.Wait it may wait for one (see AcquireRequest.Wait); a wait that runs
+// out is a denial (Granted false, Waited > 0). Errors: ErrInvalidUserID,
+// ErrInvalidStreamID, ErrUnknownPlan, ErrUnavailable (Redis down and the
+// tier fails closed), ctx's error when the caller gave up while waiting.
 func (l *Limiter) Acquire(ctx context.Context, req AcquireRequest) (AcquireResult, error) {
 	ctx, span := l.startSpan(ctx, "limiter.acquire")
 	if req.Caller != "" && span.IsRecording() {
@@ -62,6 +75,9 @@ func (l *Limiter) Acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	if span.IsRecording() {
 		span.SetAttributes(tierAttrs(tier, attrGranted.Bool(res.Granted), attrUsed.Int(res.Used),
 			attrPruned.Int(res.Pruned), attrDegraded.Bool(res.Degraded))...)
+		if res.Waited > 0 {
+			span.SetAttributes(attrWaitedMs.Int64(res.Waited.Milliseconds()))
+		}
 	}
 	endSpan(span, err)
 	l.observer.Acquired(ctx, tier, res, err)
@@ -106,13 +122,19 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	if got.Pruned > 0 {
 		l.observer.Reclaimed(ctx, tier.Plan, got.Pruned)
 	}
+	if len(got.Wake) > 0 {
+		l.wake(ctx, key, got.Wake...)
+	}
 	if got.Granted {
 		res.ExpiresAt = msTime(got.ExpiresAtMs)
 		if err := l.confirmGrant(ctx, replicas, tier, key, &res); err != nil {
 			return res, tier, err
 		}
-	} else {
-		res.RetryAfter = time.Duration(got.RetryAfterMs) * time.Millisecond
+		return res, tier, nil
 	}
-	return res, tier, nil
+	res.RetryAfter = time.Duration(got.RetryAfterMs) * time.Millisecond
+	if wait := min(req.Wait, tier.MaxWait); wait > 0 && tier.MaxConcurrentStreams > 0 {
+		res, err = l.await(ctx, key, req, tier, wait, res)
+	}
+	return res, tier, err
 }

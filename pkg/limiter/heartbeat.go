@@ -57,6 +57,9 @@ func (l *Limiter) heartbeat(ctx context.Context, req HeartbeatRequest) (Heartbea
 		beat, err = lua.Heartbeat(ctx, c, key, req.StreamID, tier.SlotTTL)
 		return err
 	})
+	if err == nil && beat.Pruned > 0 {
+		l.wake(ctx, key) // slots freed: whoever waits for them looks
+	}
 	res, err := l.beatResult(ctx, req, tier, beat, err)
 	return res, tier, err
 }
@@ -95,6 +98,9 @@ func (l *Limiter) HeartbeatBatch(ctx context.Context, reqs []HeartbeatRequest) (
 			err := callErr // set alone when not connected
 			if beats != nil {
 				beat, err = beats[j], classify(ctx, "heartbeat_batch", beatErrs[j])
+			}
+			if err == nil && beat.Pruned > 0 {
+				l.wake(ctx, args[j].Key) // slots freed: whoever waits for them looks
 			}
 			results[i], errs[i] = l.beatResult(ctx, reqs[i], tiersOf[i], beat, err)
 		}

@@ -63,7 +63,26 @@ type Options struct {
 	// SyncReplicas, when > 0, makes each granted acquire wait until that
 	// many replicas have it (see replicaSync). Default 0: off.
 	SyncReplicas int
+	// TicketTTL is how long a waiting acquire's place in its user's queue
+	// (its ticket) lasts unless its server refreshes it, which it does
+	// every TicketTTL/3 while the acquire waits: the waiters of a server
+	// that died are skipped at most this long after. Default 3s.
+	TicketTTL time.Duration
+	// WaitPoll is how often a waiting acquire that could be served next
+	// looks for a free slot by itself, in case the wake-up of a release
+	// was lost; jittered by up to a fifth either way. Default 250ms.
+	WaitPoll time.Duration
+	// MaxQueue bounds the acquires waiting in one user's queue; one more
+	// is refused at once, as if it did not wait. Default 1000.
+	MaxQueue int
 }
+
+// Defaults of Options.
+const (
+	DefaultTicketTTL = 3 * time.Second
+	DefaultWaitPoll  = 250 * time.Millisecond
+	DefaultMaxQueue  = 1000
+)
 
 // Limiter enforces the tiers of a table on slots kept in Redis.
 type Limiter struct {
@@ -82,6 +101,13 @@ type Limiter struct {
 	direct    atomic.Int64                   // see deadlineClient
 
 	syncReplicas int
+
+	// Waiting acquires (see wait.go).
+	bus       wakeBus
+	queues    queues
+	ticketTTL time.Duration
+	waitPoll  time.Duration
+	maxQueue  int
 }
 
 // New returns a Limiter. It does not touch Redis.
@@ -96,12 +122,29 @@ func New(redis *cluster.Client, table *tiers.Table, opts Options) *Limiter {
 	if !tracing {
 		opts.TracerProvider = noop.NewTracerProvider()
 	}
-	return &Limiter{
+	if opts.TicketTTL <= 0 {
+		opts.TicketTTL = DefaultTicketTTL
+	}
+	if opts.WaitPoll <= 0 {
+		opts.WaitPoll = DefaultWaitPoll
+	}
+	if opts.MaxQueue <= 0 {
+		opts.MaxQueue = DefaultMaxQueue
+	}
+	l := &Limiter{
 		redis: redis, tiers: table, keys: opts.Keys, log: opts.Logger,
 		observer: opts.Observer, tracer: opts.TracerProvider.Tracer(tracerName), tracing: tracing,
 		degraded:     ratelog.New(opts.Logger, degradedLogEvery),
 		syncReplicas: opts.SyncReplicas,
+		queues:       queues{m: map[queueKey]*userQueue{}},
+		ticketTTL:    opts.TicketTTL, waitPoll: opts.WaitPoll, maxQueue: opts.MaxQueue,
 	}
+	if redis == nil || redis.Embedded() { // one process: wake-ups are calls
+		l.bus = newLocalBus()
+	} else {
+		l.bus = newShardBus(l)
+	}
+	return l
 }
 
 // Tiers returns the table the limiter enforces.

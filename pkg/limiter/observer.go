@@ -22,12 +22,19 @@ type Observer interface {
 	Reclaimed(ctx context.Context, plan string, slots int)
 	// RedisCall reports one round trip to Redis for op.
 	RedisCall(ctx context.Context, op string, took time.Duration, err error)
+	// Waiting reports an acquire that starts (delta 1) or stops (-1)
+	// waiting in its user's queue (AcquireRequest.Wait).
+	Waiting(ctx context.Context, tier tiers.Tier, delta int)
+	// Waited reports how a wait in the queue ended, and how long it took.
+	Waited(ctx context.Context, tier tiers.Tier, outcome WaitOutcome, took time.Duration)
 }
 
 type nopObserver struct{}
 
-func (nopObserver) Acquired(context.Context, tiers.Tier, AcquireResult, error) {}
-func (nopObserver) Heartbeated(context.Context, HeartbeatResult, error)        {}
-func (nopObserver) Released(context.Context, ReleaseResult, error)             {}
-func (nopObserver) Reclaimed(context.Context, string, int)                     {}
-func (nopObserver) RedisCall(context.Context, string, time.Duration, error)    {}
+func (nopObserver) Acquired(context.Context, tiers.Tier, AcquireResult, error)     {}
+func (nopObserver) Heartbeated(context.Context, HeartbeatResult, error)            {}
+func (nopObserver) Released(context.Context, ReleaseResult, error)                 {}
+func (nopObserver) Reclaimed(context.Context, string, int)                         {}
+func (nopObserver) RedisCall(context.Context, string, time.Duration, error)        {}
+func (nopObserver) Waiting(context.Context, tiers.Tier, int)                       {}
+func (nopObserver) Waited(context.Context, tiers.Tier, WaitOutcome, time.Duration) {}

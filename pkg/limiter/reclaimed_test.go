@@ -20,6 +20,9 @@ func (r *reclaimLog) Acquired(context.Context, tiers.Tier, limiter.AcquireResult
 func (r *reclaimLog) Heartbeated(context.Context, limiter.HeartbeatResult, error)        {}
 func (r *reclaimLog) Released(context.Context, limiter.ReleaseResult, error)             {}
 func (r *reclaimLog) RedisCall(context.Context, string, time.Duration, error)            {}
+func (r *reclaimLog) Waiting(context.Context, tiers.Tier, int)                           {}
+func (r *reclaimLog) Waited(context.Context, tiers.Tier, limiter.WaitOutcome, time.Duration) {
+}
 func (r *reclaimLog) Reclaimed(_ context.Context, plan string, slots int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -44,10 +44,9 @@ func (l *Limiter) release(ctx context.Context, userID, streamID string) (Release
 	if err := keys.ValidateStreamID(streamID); err != nil {
 		return ReleaseResult{}, err
 	}
-	var released bool
-	var pruned int
+	var got lua.Released
 	err = l.do(ctx, "release", func(ctx context.Context, c rueidis.Client) (err error) {
-		released, pruned, err = lua.Release(ctx, c, key, streamID)
+		got, err = lua.Release(ctx, c, key, streamID)
 		return err
 	})
 	// Every plan's release fails open: a slot it misses frees itself when
@@ -59,10 +58,13 @@ func (l *Limiter) release(ctx context.Context, userID, streamID string) (Release
 	if err != nil {
 		return ReleaseResult{}, err
 	}
-	if pruned > 0 {
-		l.observer.Reclaimed(ctx, "", pruned)
+	if got.Pruned > 0 {
+		l.observer.Reclaimed(ctx, "", got.Pruned)
 	}
-	return ReleaseResult{Released: released}, nil
+	if got.Head != "" {
+		l.wake(ctx, key, got.Head)
+	}
+	return ReleaseResult{Released: got.Released}, nil
 }
 
 // releasedAnswerKeep is how long release_all keeps its answer for a retry
@@ -95,12 +97,11 @@ func (l *Limiter) releaseAll(ctx context.Context, userID, callID string) ([]stri
 	if err != nil {
 		return nil, err
 	}
-	var ids []string
-	var pruned int
+	var got lua.ReleasedAll
 	sent := false
 	err = l.do(ctx, "release_all", func(ctx context.Context, c rueidis.Client) (err error) {
 		sent = true
-		ids, pruned, err = lua.ReleaseAll(ctx, c, key, answer, releasedAnswerKeep)
+		got, err = lua.ReleaseAll(ctx, c, key, answer, releasedAnswerKeep)
 		return err
 	})
 	// Sent and not refused (a refusal is the same on every attempt): an
@@ -112,8 +113,11 @@ func (l *Limiter) releaseAll(ctx context.Context, userID, callID string) ([]stri
 	if err != nil {
 		return nil, err
 	}
-	if pruned > 0 {
-		l.observer.Reclaimed(ctx, "", pruned)
+	if got.Pruned > 0 {
+		l.observer.Reclaimed(ctx, "", got.Pruned)
 	}
-	return ids, nil
+	if got.Head != "" {
+		l.wake(ctx, key, got.Head)
+	}
+	return got.IDs, nil
 }

@@ -16,14 +16,29 @@ type Slot struct {
 	TTL time.Duration
 }
 
-// UserSlots is a user's live slots, earliest expiry first.
+// Ticket is one acquire waiting in a user's queue.
+type Ticket struct {
+	StreamID string
+	// Place is its place in the queue: 1 is served next.
+	Place int
+	// Since is when it was queued (Redis time).
+	Since time.Time
+	// ExpiresAt is when its place lapses unless its server, still waiting
+	// for it, refreshes it.
+	ExpiresAt time.Time
+}
+
+// UserSlots is a user's live slots, earliest expiry first, and the
+// acquires waiting for them, first served first.
 type UserSlots struct {
 	UserID string
 	Used   int
 	Slots  []Slot
+	Queue  []Ticket
 }
 
-// Slots lists userID's live slots. Errors: ErrInvalidUserID, ErrUnavailable.
+// Slots lists userID's live slots and waiting acquires. Errors:
+// ErrInvalidUserID, ErrUnavailable.
 func (l *Limiter) Slots(ctx context.Context, userID string) (UserSlots, error) {
 	ctx, span := l.startSpan(ctx, "limiter.slots")
 	out, err := l.slots(ctx, userID)
@@ -52,6 +67,10 @@ func (l *Limiter) slots(ctx context.Context, userID string) (UserSlots, error) {
 			ExpiresAt: msTime(s.ExpiresAtMs),
 			TTL:       time.Duration(s.ExpiresAtMs-listing.NowMs) * time.Millisecond,
 		}
+	}
+	out.Queue = make([]Ticket, len(listing.Queue))
+	for i, t := range listing.Queue {
+		out.Queue[i] = Ticket{StreamID: t.StreamID, Place: i + 1, Since: time.UnixMicro(t.ArrivalUs).UTC(), ExpiresAt: msTime(t.ExpiresAtMs)}
 	}
 	return out, nil
 }

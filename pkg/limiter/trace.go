@@ -25,6 +25,7 @@ const (
 	attrAlive       = attribute.Key("limiter.alive")
 	attrReleased    = attribute.Key("limiter.released")
 	attrCaller      = attribute.Key("limiter.caller")
+	attrWaitedMs    = attribute.Key("limiter.waited_ms")
 	// Counts of a heartbeat batch, and of a release_all.
 	attrBatchSize     = attribute.Key("limiter.batch.size")
 	attrBatchAlive    = attribute.Key("limiter.batch.alive")

@@ -1,22 +1,32 @@
 -- acquire: take a slot for a stream, if the user has one free.
 --
--- KEYS[1] -> <prefix>{<user id>}       sorted set: member = stream id, score = expiry (Redis ms)
--- KEYS[2] -> <prefix>{<user id>}:meta  hash: field = stream id, value = the slot's record
+-- KEYS[1] -> <prefix>{<user id>}           sorted set: member = stream id, score = expiry (Redis ms)
+-- KEYS[2] -> <prefix>{<user id>}:meta      hash: field = stream id, value = the slot's record
+-- KEYS[3] -> <prefix>{<user id>}:q         sorted set of waiting acquires' tickets (see wait)
+-- KEYS[4] -> <prefix>{<user id>}:q:expiry  sorted set: member = stream id, score = ticket expiry (Redis ms)
 -- ARGV[1] -> stream id
 -- ARGV[2] -> limit (max concurrent streams, >= 0)
 -- ARGV[3] -> slot ttl (ms, > 0, decimal digits)
 -- ARGV[4] -> the rest of a new slot's record: '' or ';name=value' fields
 --            (optional: absent is '')
--- returns {granted (0|1), used, expires_at_ms, pruned, retry_after_ms}
+-- returns {granted (0|1), used, expires_at_ms, pruned, retry_after_ms, {wake ids}}
 --   used           slots held after this call (live slots only)
 --   expires_at_ms  the slot's expiry when granted, 0 when denied
 --   pruned         slots that had expired unreleased and were removed now,
 --                  with their records
 --   retry_after_ms when denied: ms until enough slots expire for one to be
---                  free (the earliest, unless the limit was lowered)
+--                  free (the earliest, unless the limit was lowered); when
+--                  slots are free but owed to waiting acquires: until the
+--                  earliest slot expires, 1000 when none is held
+--   wake ids       when this call pruned slots: the waiting acquires owed
+--                  the slots now free; the caller wakes them (see wait)
 --
 -- Idempotent on the stream id: acquiring a held stream extends it (never
 -- shortens it) and leaves used unchanged.
+--
+-- First come, first served: while acquires wait in the user's queue (live
+-- tickets, see wait), the free slots are theirs, and a new stream is
+-- granted only if one is left over. Expired tickets are removed.
 --
 -- The record of a slot starts with its TTL (ARGV[3]), so that heartbeats
 -- keep the slot by its own TTL whatever happens to its plan; the fields of
@@ -26,6 +36,8 @@
 -- expire together, one TTL after the longest slot.
 local key = KEYS[1]
 local meta = KEYS[2]
+local queue = KEYS[3]
+local expiry = KEYS[4]
 local member = ARGV[1]
 local limit = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
@@ -50,6 +62,16 @@ end
 
 local pruned = prune()
 
+-- Tickets expired by now go: their servers stopped refreshing them.
+local dead = redis.call('ZRANGEBYSCORE', expiry, '-inf', now)
+if #dead > 0 then
+  redis.call('ZREMRANGEBYSCORE', expiry, '-inf', now)
+  for i = 1, #dead, 1000 do
+    redis.call('ZREM', queue, unpack(dead, i, math.min(i + 999, #dead)))
+  end
+end
+local waiting = redis.call('ZCARD', expiry)
+
 local granted = 0
 local expires = 0
 local retry = 0
@@ -57,7 +79,7 @@ if redis.call('ZSCORE', key, member) then
   redis.call('ZADD', key, 'GT', now + ttl, member)
   redis.call('HSETNX', meta, member, record)
   granted = 1
-elseif redis.call('ZCARD', key) < limit then
+elseif redis.call('ZCARD', key) + waiting < limit then
   redis.call('ZADD', key, now + ttl, member)
   redis.call('HSET', meta, member, record)
   granted = 1
@@ -66,11 +88,18 @@ end
 local used = redis.call('ZCARD', key)
 if granted == 1 then
   expires = tonumber(redis.call('ZSCORE', key, member))
-elseif limit > 0 then
+elseif limit > 0 and used >= limit then
   -- A slot frees when used-limit+1 slots have expired (more than one if
   -- the plan's limit was lowered while the user held slots).
   local nth = redis.call('ZRANGE', key, used - limit, used - limit, 'WITHSCORES')
   retry = tonumber(nth[2]) - now
+elseif limit > 0 then
+  -- Free slots, owed to the acquires waiting for them.
+  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  retry = 1000
+  if first[2] then
+    retry = tonumber(first[2]) - now
+  end
 else
   -- limit 0: nothing will free up; ask the caller to come back after a TTL.
   retry = ttl
@@ -85,4 +114,11 @@ if used > 0 then
   redis.call('PEXPIREAT', meta, at)
 end
 
-return {granted, used, expires, pruned, retry}
+-- Slots this call freed (pruned) with acquires waiting: wake those owed
+-- them.
+local wake = {}
+if pruned > 0 and waiting > 0 and used < limit then
+  wake = redis.call('ZRANGE', queue, 0, limit - used - 1)
+end
+
+return {granted, used, expires, pruned, retry, wake}

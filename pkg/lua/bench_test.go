@@ -143,7 +143,7 @@ func BenchmarkSlots(b *testing.B) {
 func BenchmarkReleaseAll(b *testing.B) {
 	u := newFullUser(b)
 	ctx := context.Background()
-	if _, _, err := lua.ReleaseAll(ctx, u.c, u.key, u.key+":released:warm-up", time.Minute); err != nil {
+	if _, err := lua.ReleaseAll(ctx, u.c, u.key, u.key+":released:warm-up", time.Minute); err != nil {
 		b.Fatal(err)
 	}
 	before := u.scriptStats(b)
@@ -152,12 +152,12 @@ func BenchmarkReleaseAll(b *testing.B) {
 		b.StopTimer()
 		u.fill(b)
 		b.StartTimer()
-		ids, _, err := lua.ReleaseAll(ctx, u.c, u.key, u.key+":released:"+strconv.Itoa(calls), time.Minute)
+		got, err := lua.ReleaseAll(ctx, u.c, u.key, u.key+":released:"+strconv.Itoa(calls), time.Minute)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if len(ids) != tiers.MaxConcurrentStreams {
-			b.Fatalf("released %d slots, want %d", len(ids), tiers.MaxConcurrentStreams)
+		if len(got.IDs) != tiers.MaxConcurrentStreams {
+			b.Fatalf("released %d slots, want %d", len(got.IDs), tiers.MaxConcurrentStreams)
 		}
 		calls++
 	}

@@ -2,13 +2,14 @@
 // Each script is a .lua file with a contract header; each is built once as a
 // package-level rueidis.Lua (EVALSHA with a NOSCRIPT fallback to EVAL).
 // Every script touches one user's keys only (the sorted set of slots, the
-// hash of their records, and release_all's kept answer, all under the
-// user's hash tag), so it never straddles cluster slots.
+// hash of their records, the two sorted sets of the user's wait queue, and
+// release_all's kept answer, all under the user's hash tag), so it never
+// straddles cluster slots.
 //
 // A script is marked retryable, so that rueidis sends it again after a
 // connection dropped before the reply, only when a second run answers as
-// the first did: acquire and heartbeat (idempotent on the stream id),
-// slots (reads only), release_all (it keeps its answer for a retry).
+// the first did: acquire, heartbeat and wait (idempotent on the stream
+// id), slots (reads only), release_all (it keeps its answer for a retry).
 // Release is not: a second run would answer "not held" for the slot the
 // first run released, so a lost reply fails the call instead, and the
 // limiter answers it as unknown (degraded).
@@ -33,6 +34,8 @@ var (
 	releaseAllSource string
 	//go:embed slots.lua
 	slotsSource string
+	//go:embed wait.lua
+	waitSource string
 )
 
 var (
@@ -41,6 +44,7 @@ var (
 	releaseScript    = rueidis.NewLuaScript(releaseSource)
 	releaseAllScript = rueidis.NewLuaScriptRetryable(releaseAllSource)
 	slotsScript      = rueidis.NewLuaScriptRetryable(slotsSource)
+	waitScript       = rueidis.NewLuaScriptRetryable(waitSource)
 )
 
 // heartbeatSHA is the SHA1 of the heartbeat script, for HeartbeatMulti's
@@ -61,5 +65,6 @@ func Sources() map[string]string {
 		"release":     releaseSource,
 		"release_all": releaseAllSource,
 		"slots":       slotsSource,
+		"wait":        waitSource,
 	}
 }

@@ -19,19 +19,30 @@ type Acquired struct {
 	ExpiresAtMs  int64 // Redis ms; 0 when denied
 	Pruned       int   // expired slots removed by this call
 	RetryAfterMs int64 // when denied: until the earliest slot expires
+	// Wake are the waiting acquires owed the slots this call's pruning
+	// freed: the caller wakes them.
+	Wake []string
 }
 
-// Acquire runs the acquire script on key (a keys.Schema.UserKey) and its
-// slot records for streamID.
+// Acquire runs the acquire script on key (a keys.Schema.UserKey), its
+// slot records and its queue for streamID.
 //
 // rec is written as the new slot's record, after its TTL.
 func Acquire(ctx context.Context, c rueidis.Client, key, streamID string, limit int, ttl time.Duration, rec Record) (Acquired, error) {
-	vals, err := acquireScript.Exec(ctx, c, userKeys(key), []string{streamID, strconv.Itoa(limit), ms(ttl), rec.encode()}).AsIntSlice()
+	arr, err := acquireScript.Exec(ctx, c, queueKeys(key), []string{streamID, strconv.Itoa(limit), ms(ttl), rec.encode()}).ToArray()
 	if err != nil {
 		return Acquired{}, err
 	}
-	if len(vals) != 5 {
-		return Acquired{}, fmt.Errorf("acquire script returned %d values, want 5", len(vals))
+	if len(arr) != 6 {
+		return Acquired{}, fmt.Errorf("acquire script returned %d values, want 6", len(arr))
+	}
+	vals, err := int64s(arr[:5])
+	if err != nil {
+		return Acquired{}, fmt.Errorf("acquire script: %w", err)
+	}
+	wake, err := arr[5].AsStrSlice()
+	if err != nil {
+		return Acquired{}, fmt.Errorf("acquire script: wake ids: %w", err)
 	}
 	return Acquired{
 		Granted:      vals[0] == 1,
@@ -39,7 +50,21 @@ func Acquire(ctx context.Context, c rueidis.Client, key, streamID string, limit 
 		ExpiresAtMs:  vals[2],
 		Pruned:       int(vals[3]),
 		RetryAfterMs: vals[4],
+		Wake:         wake,
 	}, nil
+}
+
+// int64s reads msgs as integers.
+func int64s(msgs []rueidis.RedisMessage) ([]int64, error) {
+	out := make([]int64, len(msgs))
+	for i, m := range msgs {
+		n, err := m.AsInt64()
+		if err != nil {
+			return nil, fmt.Errorf("value %d: %w", i+1, err)
+		}
+		out[i] = n
+	}
+	return out, nil
 }
 
 // Record is what a slot's record holds besides its TTL, which the scripts
@@ -306,44 +331,79 @@ func parseBeats(resp rueidis.RedisResult, at []int, beats []Beat) error {
 	return nil
 }
 
-// Release runs the release script. It reports whether the slot was held
-// (live), and how many of the user's expired slots it removed.
-func Release(ctx context.Context, c rueidis.Client, key, streamID string) (released bool, pruned int, err error) {
-	vals, err := releaseScript.Exec(ctx, c, userKeys(key), []string{streamID}).AsIntSlice()
-	if err != nil {
-		return false, 0, err
-	}
-	if len(vals) != 2 {
-		return false, 0, fmt.Errorf("release script returned %d values, want 2", len(vals))
-	}
-	return vals[0] == 1, int(vals[1]), nil
+// Released is the result of the release script.
+type Released struct {
+	// Released: the slot was held (live), and is free now.
+	Released bool
+	// Pruned counts the user's expired slots the call removed.
+	Pruned int
+	// Head is the stream id of the acquire at the head of the user's
+	// queue, when the call freed a slot and one waits: the caller wakes
+	// it. "" otherwise.
+	Head string
 }
 
-// ReleaseAll runs the release_all script on key (a keys.Schema.UserKey)
-// and its slot records. It returns the live slots' stream ids it
-// released, and how many expired slots it removed. answer (a
-// keys.ReleasedAnswer) keeps that answer for keep, and a run under the
-// same answer key within keep returns it again, releasing nothing more.
-func ReleaseAll(ctx context.Context, c rueidis.Client, key, answer string, keep time.Duration) (ids []string, pruned int, err error) {
-	arr, err := releaseAllScript.Exec(ctx, c, append(userKeys(key), answer), []string{ms(keep)}).ToArray()
+// Release runs the release script on key (a keys.Schema.UserKey), its
+// slot records and its queue.
+func Release(ctx context.Context, c rueidis.Client, key, streamID string) (Released, error) {
+	arr, err := releaseScript.Exec(ctx, c, queueKeys(key), []string{streamID}).ToArray()
 	if err != nil {
-		return nil, 0, err
+		return Released{}, err
 	}
-	if len(arr) != 2 {
-		return nil, 0, fmt.Errorf("release_all script returned %d values, want 2", len(arr))
+	if len(arr) != 3 {
+		return Released{}, fmt.Errorf("release script returned %d values, want 3", len(arr))
+	}
+	vals, err := int64s(arr[:2])
+	if err != nil {
+		return Released{}, fmt.Errorf("release script: %w", err)
+	}
+	head, err := arr[2].ToString()
+	if err != nil {
+		return Released{}, fmt.Errorf("release script: head: %w", err)
+	}
+	return Released{Released: vals[0] == 1, Pruned: int(vals[1]), Head: head}, nil
+}
+
+// ReleasedAll is the result of the release_all script.
+type ReleasedAll struct {
+	// IDs are the stream ids of the live slots released, in expiry order.
+	IDs []string
+	// Pruned counts the expired slots removed.
+	Pruned int
+	// Head is the stream id of the acquire at the head of the user's
+	// queue, "" when none waits: the caller wakes it.
+	Head string
+}
+
+// ReleaseAll runs the release_all script on key (a keys.Schema.UserKey),
+// its slot records and its queue. answer (a keys.ReleasedAnswer) keeps
+// the answer for keep, and a run under the same answer key within keep
+// returns it again, releasing nothing more.
+func ReleaseAll(ctx context.Context, c rueidis.Client, key, answer string, keep time.Duration) (ReleasedAll, error) {
+	ks := []string{key, keys.SlotRecords(key), answer, keys.Queue(key), keys.QueueExpiry(key)}
+	arr, err := releaseAllScript.Exec(ctx, c, ks, []string{ms(keep)}).ToArray()
+	if err != nil {
+		return ReleasedAll{}, err
+	}
+	if len(arr) != 3 {
+		return ReleasedAll{}, fmt.Errorf("release_all script returned %d values, want 3", len(arr))
 	}
 	n, err := arr[0].AsInt64()
 	if err != nil {
-		return nil, 0, err
+		return ReleasedAll{}, err
 	}
-	ids, err = arr[1].AsStrSlice()
+	ids, err := arr[1].AsStrSlice()
 	if err != nil {
-		return nil, 0, err
+		return ReleasedAll{}, err
 	}
 	if ids == nil {
 		ids = []string{}
 	}
-	return ids, int(n), nil
+	head, err := arr[2].ToString()
+	if err != nil {
+		return ReleasedAll{}, fmt.Errorf("release_all script: head: %w", err)
+	}
+	return ReleasedAll{IDs: ids, Pruned: int(n), Head: head}, nil
 }
 
 // Slot is one live slot as stored.
@@ -352,20 +412,30 @@ type Slot struct {
 	ExpiresAtMs int64 // Redis ms
 }
 
+// Ticket is one waiting acquire as stored.
+type Ticket struct {
+	StreamID    string
+	ArrivalUs   int64 // Redis µs when it was queued (its order)
+	ExpiresAtMs int64 // Redis ms; its server refreshes it while it waits
+}
+
 // Listing is the result of the slots script.
 type Listing struct {
 	NowMs int64 // Redis ms when read
 	Slots []Slot
+	// Queue holds the live tickets, first served first.
+	Queue []Ticket
 }
 
-// Slots runs the slots script: the live slots of key, in expiry order.
+// Slots runs the slots script: the live slots of key, in expiry order,
+// and its live tickets, in queue order.
 func Slots(ctx context.Context, c rueidis.Client, key string) (Listing, error) {
-	arr, err := slotsScript.Exec(ctx, c, []string{key}, nil).ToArray()
+	arr, err := slotsScript.Exec(ctx, c, []string{key, keys.Queue(key), keys.QueueExpiry(key)}, nil).ToArray()
 	if err != nil {
 		return Listing{}, err
 	}
-	if len(arr) != 2 {
-		return Listing{}, fmt.Errorf("slots script returned %d values, want 2", len(arr))
+	if len(arr) != 3 {
+		return Listing{}, fmt.Errorf("slots script returned %d values, want 3", len(arr))
 	}
 	now, err := arr[0].AsInt64()
 	if err != nil {
@@ -386,6 +456,22 @@ func Slots(ctx context.Context, c rueidis.Client, key string) (Listing, error) {
 		}
 		out.Slots = append(out.Slots, Slot{StreamID: flat[i], ExpiresAtMs: int64(score)})
 	}
+	tickets, err := arr[2].AsStrSlice()
+	if err != nil {
+		return Listing{}, err
+	}
+	if len(tickets)%3 != 0 {
+		return Listing{}, fmt.Errorf("slots script returned %d ticket fields, want triples", len(tickets))
+	}
+	out.Queue = make([]Ticket, 0, len(tickets)/3)
+	for i := 0; i < len(tickets); i += 3 {
+		arrival, err1 := strconv.ParseFloat(tickets[i+1], 64)
+		expires, err2 := strconv.ParseFloat(tickets[i+2], 64)
+		if err := cmp.Or(err1, err2); err != nil {
+			return Listing{}, fmt.Errorf("ticket %q: %w", tickets[i], err)
+		}
+		out.Queue = append(out.Queue, Ticket{StreamID: tickets[i], ArrivalUs: int64(arrival), ExpiresAtMs: int64(expires)})
+	}
 	return out, nil
 }
 
@@ -394,3 +480,10 @@ func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10)
 // userKeys are the KEYS of a script that writes one user's slots: the
 // sorted set and the hash of its slot records, under one hash tag.
 func userKeys(key string) []string { return []string{key, keys.SlotRecords(key)} }
+
+// queueKeys are the KEYS of a script that writes one user's slots and
+// reads or writes the user's queue: userKeys, then the queue's two sorted
+// sets, under the same hash tag.
+func queueKeys(key string) []string {
+	return []string{key, keys.SlotRecords(key), keys.Queue(key), keys.QueueExpiry(key)}
+}

@@ -30,6 +30,10 @@ var (
 	// redisBuckets bracket the default 250ms per-call deadline, so its
 	// p99 alert can tell timeouts from slow answers.
 	redisBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}
+	// waitBuckets span a slot freed at once to the longest maxWait (60s).
+	waitBuckets = []float64{0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60}
+	// waitOutcomes label the wait metrics.
+	waitOutcomes = []limiter.WaitOutcome{limiter.WaitGranted, limiter.WaitTimeout, limiter.WaitCancelled, limiter.WaitFull, limiter.WaitFailed}
 )
 
 // Observer records the limiter's metrics. Labels are the plan (bounded by
@@ -43,6 +47,9 @@ type Observer struct {
 	beats     metric.Int64Counter
 	releases  metric.Int64Counter
 	redis     metric.Float64Histogram
+	waiting   metric.Int64UpDownCounter
+	waits     metric.Int64Counter
+	waited    metric.Float64Histogram
 
 	// Attribute sets, built once per label value so that recording does
 	// not allocate: plans by name (*planLabels), ops by name.
@@ -52,8 +59,9 @@ type Observer struct {
 
 // planLabels are the attribute sets of one plan.
 type planLabels struct {
-	plan     metric.MeasurementOption            // {plan}
-	outcomes map[string]metric.MeasurementOption // {plan, outcome}
+	plan     metric.MeasurementOption                         // {plan}
+	outcomes map[string]metric.MeasurementOption              // {plan, outcome}
+	waits    map[limiter.WaitOutcome]metric.MeasurementOption // {plan, outcome}
 }
 
 func (o *Observer) planLabels(plan string) *planLabels {
@@ -61,9 +69,13 @@ func (o *Observer) planLabels(plan string) *planLabels {
 		return l.(*planLabels)
 	}
 	p := attribute.String("plan", plan)
-	l := &planLabels{plan: metric.WithAttributeSet(attribute.NewSet(p)), outcomes: map[string]metric.MeasurementOption{}}
+	l := &planLabels{plan: metric.WithAttributeSet(attribute.NewSet(p)), outcomes: map[string]metric.MeasurementOption{},
+		waits: map[limiter.WaitOutcome]metric.MeasurementOption{}}
 	for _, outcome := range []string{outcomeGranted, outcomeLimited, outcomeDegraded, outcomeUnavailable} {
 		l.outcomes[outcome] = metric.WithAttributeSet(attribute.NewSet(p, attribute.String("outcome", outcome)))
+	}
+	for _, outcome := range waitOutcomes {
+		l.waits[outcome] = metric.WithAttributeSet(attribute.NewSet(p, attribute.String("outcome", string(outcome))))
 	}
 	got, _ := o.plans.LoadOrStore(plan, l)
 	return got.(*planLabels)
@@ -102,7 +114,7 @@ var _ limiter.Observer = (*Observer)(nil)
 func NewObserver(mp metric.MeterProvider, table *tiers.Table) (*Observer, error) {
 	m := mp.Meter(meterName)
 	var o Observer
-	var errs [8]error
+	var errs [11]error
 	o.acquires, errs[0] = m.Int64Counter("limiter.acquire", metric.WithUnit("{acquire}"),
 		metric.WithDescription("Acquires by plan and outcome: granted, limited (429), degraded (granted uncounted: Redis down, fail-open), unavailable (503: Redis down, fail-closed)."))
 	o.used, errs[1] = m.Int64Histogram("limiter.slots.used", metric.WithUnit("{slot}"),
@@ -119,6 +131,13 @@ func NewObserver(mp metric.MeterProvider, table *tiers.Table) (*Observer, error)
 		metric.WithExplicitBucketBoundaries(redisBuckets...))
 	o.unsynced, errs[7] = m.Int64Counter("limiter.acquire.unsynced", metric.WithUnit("{acquire}"),
 		metric.WithDescription("Grants fewer replicas than redis.syncReplicas confirmed in time, by plan: kept on Open plans, refused (503) and released on Closed ones."))
+	o.waiting, errs[8] = m.Int64UpDownCounter("limiter.acquire.waiting", metric.WithUnit("{acquire}"),
+		metric.WithDescription("Acquires waiting in their user's queue for a slot now (wait_ms), by plan."))
+	o.waits, errs[9] = m.Int64Counter("limiter.acquire.wait", metric.WithUnit("{acquire}"),
+		metric.WithDescription("Waits in a user's queue by plan and outcome: granted, timeout (429 once wait_ms ran out), cancelled (the caller left), full (the queue held its most, refused at once), failed (Redis stopped answering: the failure mode answered)."))
+	o.waited, errs[10] = m.Float64Histogram("limiter.acquire.wait.duration", metric.WithUnit("s"),
+		metric.WithDescription("How long acquires waited in their user's queue, by plan and outcome."),
+		metric.WithExplicitBucketBoundaries(waitBuckets...))
 	if table != nil {
 		_, errs[6] = m.Int64ObservableGauge("limiter.tiers", metric.WithUnit("{tier}"),
 			metric.WithDescription("Tiers in the table this replica enforces."),
@@ -199,4 +218,19 @@ func (o *Observer) RedisCall(ctx context.Context, op string, took time.Duration,
 		return
 	}
 	o.redis.Record(ctx, took.Seconds(), o.opLabels(op))
+}
+
+// Waiting counts an acquire that starts (delta 1) or stops (-1) waiting.
+func (o *Observer) Waiting(ctx context.Context, tier tiers.Tier, delta int) {
+	o.waiting.Add(ctx, int64(delta), o.planLabels(tier.Plan).plan)
+}
+
+// Waited counts how one wait ended, and records how long it took.
+func (o *Observer) Waited(ctx context.Context, tier tiers.Tier, outcome limiter.WaitOutcome, took time.Duration) {
+	labels, ok := o.planLabels(tier.Plan).waits[outcome]
+	if !ok {
+		return
+	}
+	o.waits.Add(ctx, 1, labels)
+	o.waited.Record(ctx, took.Seconds(), labels)
 }

@@ -100,8 +100,14 @@ func (h *handler) serveAcquire(w http.ResponseWriter, r *http.Request) {
 	if !readJSON(w, r, &req) {
 		return
 	}
-	vals, err := h.acquire.Exec(r.Context(), h.redis, userKeys(h.prefix+"{"+req.UserID+"}"), []string{req.StreamID, h.limit, h.ttl}).AsIntSlice()
-	if err != nil || len(vals) != 5 {
+	arr, err := h.acquire.Exec(r.Context(), h.redis, userKeys(h.prefix+"{"+req.UserID+"}"), []string{req.StreamID, h.limit, h.ttl}).ToArray()
+	vals := make([]int64, 0, 5)
+	for i := 0; err == nil && i < min(len(arr), 5); i++ {
+		var v int64
+		v, err = arr[i].AsInt64()
+		vals = append(vals, v)
+	}
+	if err != nil || len(arr) != 6 {
 		http.Error(w, fmt.Sprintf("acquire script: %v %v", vals, err), http.StatusInternalServerError)
 		return
 	}
@@ -118,12 +124,16 @@ func (h *handler) serveRelease(w http.ResponseWriter, r *http.Request) {
 	if !readJSON(w, r, &req) {
 		return
 	}
-	vals, err := h.release.Exec(r.Context(), h.redis, userKeys(h.prefix+"{"+req.UserID+"}"), []string{req.StreamID}).AsIntSlice()
-	if err != nil || len(vals) != 2 {
-		http.Error(w, fmt.Sprintf("release script: %v %v", vals, err), http.StatusInternalServerError)
+	arr, err := h.release.Exec(r.Context(), h.redis, userKeys(h.prefix+"{"+req.UserID+"}"), []string{req.StreamID}).ToArray()
+	var released int64
+	if err == nil && len(arr) == 3 {
+		released, err = arr[0].AsInt64()
+	}
+	if err != nil || len(arr) != 3 {
+		http.Error(w, fmt.Sprintf("release script: %v %v", arr, err), http.StatusInternalServerError)
 		return
 	}
-	writeJSON(w, http.StatusOK, httpapi.ReleaseResponse{Released: vals[0] == 1})
+	writeJSON(w, http.StatusOK, httpapi.ReleaseResponse{Released: released == 1})
 }
 
 func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
@@ -144,6 +154,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// userKeys are the two keys the scripts take: the user's slots and their
-// records (keys.SlotRecords).
-func userKeys(key string) []string { return []string{key, keys.SlotRecords(key)} }
+// userKeys are the keys the acquire and release scripts take: the user's
+// slots, their records (keys.SlotRecords) and the user's wait queue
+// (keys.Queue, keys.QueueExpiry).
+func userKeys(key string) []string {
+	return []string{key, keys.SlotRecords(key), keys.Queue(key), keys.QueueExpiry(key)}
+}

@@ -1,0 +1,150 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/joishi/limiter/pkg/lua"
+	"github.com/joishi/limiter/pkg/tiers"
+)
+
+// Waiting for a slot (DESIGN §14). An acquire that finds the user's slots
+// held, and may wait (AcquireRequest.Wait, capped by the tier's MaxWait),
+// takes a ticket in the user's queue: a second sorted set under the
+// user's hash tag, ordered by arrival (Redis time). One script (wait.lua)
+// decides, atomically, which tickets get the free slots: those at the
+// head, in order, whichever server holds them. A ticket expires unless
+// its server refreshes it, so a server that dies leaves no one stuck
+// behind its waiters.
+//
+// Each server runs one loop per user (and plan) it has waiters of, not
+// one per waiter: the loop's every call to the script refreshes, queues,
+// grants and withdraws all of the server's tickets for that user at once,
+// and one subscription per user and server carries the wake-ups. A
+// release that frees a slot while tickets wait publishes the head's
+// stream id on the user's shard (SPUBLISH); the server holding it calls
+// the script at once, which grants the slot or, when the head's server is
+// gone, names the tickets owed it next. Without a wake-up a loop calls
+// the script every WaitPoll when one of its tickets could be served next,
+// else every TicketTTL/3 to refresh them, and at the moment a slot or a
+// ticket is due to expire. So the cost of waiting grows with the users
+// that have waiters, not with the waiters.
+
+// WaitOutcome says how a wait in the queue ended: the outcome label of the
+// wait metrics.
+type WaitOutcome string
+
+// Outcomes of a wait.
+const (
+	// WaitGranted: a slot freed up and went to the acquire.
+	WaitGranted WaitOutcome = "granted"
+	// WaitTimeout: the wait ran out first; the acquire is denied.
+	WaitTimeout WaitOutcome = "timeout"
+	// WaitCancelled: the caller gave up (disconnected) while waiting; its
+	// ticket is removed at once.
+	WaitCancelled WaitOutcome = "cancelled"
+	// WaitFull: the user's queue held Options.MaxQueue tickets, so the
+	// acquire was denied without waiting.
+	WaitFull WaitOutcome = "full"
+	// WaitFailed: Redis stopped answering (the tier's failure mode
+	// answered: degraded grants on Open plans, 503 on Closed ones), or
+	// refused the call, or the plan went away.
+	WaitFailed WaitOutcome = "failed"
+)
+
+// waiter is one acquire waiting in its user's queue on this server.
+type waiter struct {
+	streamID string
+	record   lua.Record
+	ctx      context.Context
+	deadline time.Time
+	// done receives the outcome, once, from the user's loop.
+	done chan waitResult
+}
+
+// waitResult is how a waiter's wait ended.
+type waitResult struct {
+	outcome WaitOutcome
+	// granted
+	expiresAtMs int64
+	degraded    bool
+	replicas    *replicaSync
+	// granted, timeout
+	used  int
+	retry time.Duration
+	// failed
+	err error
+}
+
+// await waits for a slot for req, denied at once with res, for up to
+// wait. It returns the grant, or res with Waited set when the wait ran
+// out, or an error: the caller's context error when it gave up, the
+// failure mode's when Redis stopped answering.
+func (l *Limiter) await(ctx context.Context, key string, req AcquireRequest, tier tiers.Tier, wait time.Duration, res AcquireResult) (AcquireResult, error) {
+	start := time.Now()
+	w := &waiter{
+		streamID: req.StreamID, record: lua.Record{Caller: req.Caller},
+		ctx: ctx, deadline: start.Add(wait), done: make(chan waitResult, 1),
+	}
+	l.observer.Waiting(ctx, tier, 1)
+	stop := l.join(key, req.UserID, tier.Plan, w)
+	r := <-w.done
+	stop()
+	l.observer.Waiting(ctx, tier, -1)
+	took := time.Since(start)
+	res.Waited = took
+	outcome := r.outcome
+	defer func() { l.observer.Waited(ctx, tier, outcome, took) }()
+
+	switch r.outcome {
+	case WaitGranted:
+		res.Granted, res.RetryAfter, res.Used = true, 0, r.used
+		res.ExpiresAt = msTime(r.expiresAtMs)
+		if r.degraded {
+			res.Degraded, res.Used = true, 0
+			res.ExpiresAt = time.Now().Add(tier.SlotTTL).UTC()
+		}
+		if err := l.confirmGrant(ctx, r.replicas, tier, key, &res); err != nil {
+			outcome = WaitFailed
+			return res, err
+		}
+		if ctx.Err() != nil {
+			// Granted as the caller left: nobody will hold it.
+			_, _ = l.release(context.WithoutCancel(ctx), req.UserID, req.StreamID)
+			outcome = WaitCancelled
+			return AcquireResult{StreamID: req.StreamID, Limit: res.Limit, Tier: tier, Waited: took}, ctx.Err()
+		}
+		return res, nil
+	case WaitTimeout:
+		res.Used, res.RetryAfter = r.used, r.retry
+		return res, nil
+	case WaitFull:
+		res.Waited = 0
+		return res, nil
+	case WaitCancelled:
+		return AcquireResult{StreamID: req.StreamID, Limit: res.Limit, Tier: tier, Waited: took}, ctx.Err()
+	default:
+		return AcquireResult{StreamID: req.StreamID, Limit: res.Limit, Tier: tier, Waited: took}, r.err
+	}
+}
+
+// answer sends w its outcome; the loop calls it once per waiter.
+func (w *waiter) answer(r waitResult) { w.done <- r }
+
+// gone reports whether w's caller left, or its wait ran out, at now:
+// its ticket is to leave the queue.
+func (w *waiter) gone(now time.Time) (WaitOutcome, bool) {
+	switch {
+	case w.ctx.Err() != nil:
+		return WaitCancelled, true
+	case !now.Before(w.deadline):
+		return WaitTimeout, true
+	}
+	return "", false
+}
+
+// errPlanGone answers the waiters of a plan removed while they waited.
+func errPlanGone(plan string) error {
+	return fmt.Errorf("%w: %q was removed while acquires waited for it", ErrUnknownPlan, plan)
+}

@@ -1,0 +1,290 @@
+package limiter_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/internal/limitertest"
+	"github.com/joishi/limiter/internal/testenv"
+	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/keys"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/lua"
+	"github.com/joishi/limiter/pkg/tiers"
+)
+
+// waitTiers are the plans of the wait tests: one slot per user, waits of
+// up to 5s (Open and Closed), and one slot with no waiting.
+func waitTiers() []tiers.Tier {
+	return []tiers.Tier{
+		{Plan: "wait", MaxConcurrentStreams: 1, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen, MaxWait: 5 * time.Second},
+		{Plan: "wait-closed", MaxConcurrentStreams: 1, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailClosed, MaxWait: 5 * time.Second},
+		{Plan: "short-wait", MaxConcurrentStreams: 1, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen, MaxWait: 300 * time.Millisecond},
+		{Plan: "no-wait", MaxConcurrentStreams: 1, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen},
+	}
+}
+
+// replicas returns n limiters on one backend sharing one key prefix, as n
+// replicas of the service share Redis; the embedded store gets one (it is
+// one process's). poll is every limiter's WaitPoll.
+func replicas(t *testing.T, b limitertest.Backend, n int, poll time.Duration) []*limiter.Limiter {
+	t.Helper()
+	var out []*limiter.Limiter
+	for _, s := range replicaStacks(t, b, n, poll) {
+		out = append(out, s.Limiter)
+	}
+	return out
+}
+
+func replicaStacks(t *testing.T, b limitertest.Backend, n int, poll time.Duration) []*limitertest.Stack {
+	t.Helper()
+	if b == limitertest.Embedded {
+		n = 1
+	}
+	prefix := keys.Schema{Prefix: "limitertest:" + keys.NewStreamID()[:12] + ":"}
+	var out []*limitertest.Stack
+	var addrs []string
+	for range n {
+		s := limitertest.New(t, limitertest.Options{Backend: b, Redis: cluster.Options{Addrs: addrs, Timeout: 5 * time.Second}, Tiers: waitTiers(),
+			Limiter: limiter.Options{Keys: prefix, WaitPoll: poll}})
+		addrs = s.Redis.Addrs()
+		out = append(out, s)
+	}
+	return out
+}
+
+// queueByHand queues a ticket for user as a server would, with ttl, and
+// never refreshes it: a waiter whose server died.
+func queueByHand(t *testing.T, s *limitertest.Stack, user, stream string, ttl time.Duration) {
+	t.Helper()
+	key, err := s.Keys.UserKey(user)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Redis.Redis()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := lua.Wait(context.Background(), c, key, lua.WaitArgs{Limit: 1, SlotTTL: 10 * time.Second, TicketTTL: ttl, MaxQueue: 100,
+		Tickets: []lua.TicketArgs{{StreamID: stream}}})
+	if err != nil || got.Tickets[0].State != lua.TicketQueued {
+		t.Fatalf("queueing %s by hand: %+v, %v", stream, got, err)
+	}
+}
+
+// eachWaitBackend runs fn on standalone Redis, Redis Cluster and the
+// embedded store.
+func eachWaitBackend(t *testing.T, fn func(t *testing.T, b limitertest.Backend)) {
+	for _, b := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster, limitertest.Embedded} {
+		t.Run(b.String(), func(t *testing.T) {
+			t.Parallel()
+			fn(t, b)
+		})
+	}
+}
+
+// waitResult is what one waiting Acquire returned.
+type waitResult struct {
+	res limiter.AcquireResult
+	err error
+	at  time.Time
+}
+
+// startWaiting runs a waiting Acquire of stream for user on lim, and
+// returns once the stream holds place in the user's queue.
+func startWaiting(t *testing.T, ctx context.Context, lim *limiter.Limiter, user, plan, stream string, wait time.Duration, place int) <-chan waitResult {
+	t.Helper()
+	done := make(chan waitResult, 1)
+	go func() {
+		res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: plan, StreamID: stream, Wait: wait})
+		done <- waitResult{res, err, time.Now()}
+	}()
+	awaitQueue(t, lim, user, func(q []limiter.Ticket) bool { return len(q) >= place && q[place-1].StreamID == stream },
+		fmt.Sprintf("%s at place %d", stream, place))
+	return done
+}
+
+// awaitQueue waits up to 5s until the user's queue satisfies ok.
+func awaitQueue(t *testing.T, lim *limiter.Limiter, user string, ok func([]limiter.Ticket) bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got, err := lim.Slots(context.Background(), user)
+		if err == nil && ok(got.Queue) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("queue of %s: want %s, got %+v (%v)", user, what, got.Queue, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func hold(t *testing.T, lim *limiter.Limiter, user, plan, stream string) {
+	t.Helper()
+	res, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: plan, StreamID: stream})
+	if err != nil || !res.Granted {
+		t.Fatalf("Acquire %s: %+v, %v; want granted", stream, res, err)
+	}
+}
+
+func release(t *testing.T, lim *limiter.Limiter, user, stream string) {
+	t.Helper()
+	if res, err := lim.Release(context.Background(), user, stream); err != nil || !res.Released {
+		t.Fatalf("Release %s: %+v, %v; want released", stream, res, err)
+	}
+}
+
+func within(t *testing.T, ch <-chan waitResult, d time.Duration, what string) waitResult {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(d):
+		t.Fatalf("%s: no answer within %v", what, d)
+		return waitResult{}
+	}
+}
+
+// TestWaitingAcquiresAreServedInArrivalOrder: six acquires of one user
+// queued through three limiters (replicas) get the one slot in the order
+// they came, each as the one before it releases. The poll is an hour:
+// only wake-ups can serve them in time.
+func TestWaitingAcquiresAreServedInArrivalOrder(t *testing.T) {
+	eachWaitBackend(t, func(t *testing.T, b limitertest.Backend) {
+		lims := replicas(t, b, 3, time.Hour)
+		user := newUser(t)
+		hold(t, lims[0], user, "wait", "holder")
+		var waiting []<-chan waitResult
+		for i := range 6 {
+			waiting = append(waiting, startWaiting(t, context.Background(), lims[i%len(lims)], user, "wait", fmt.Sprintf("w%d", i), 5*time.Second, i+1))
+		}
+		prev, prevLim := "holder", lims[0]
+		for i, ch := range waiting {
+			release(t, prevLim, user, prev)
+			r := within(t, ch, 2*time.Second, fmt.Sprintf("w%d after %s released", i, prev))
+			if r.err != nil || !r.res.Granted || r.res.Degraded || r.res.StreamID != fmt.Sprintf("w%d", i) || r.res.Waited <= 0 || r.res.Used != 1 {
+				t.Fatalf("w%d: %+v, %v; want granted, counted, after a wait", i, r.res, r.err)
+			}
+			for _, later := range waiting[i+1:] {
+				select {
+				case r := <-later:
+					t.Fatalf("%s answered before its turn: %+v, %v", r.res.StreamID, r.res, r.err)
+				default:
+				}
+			}
+			prev, prevLim = r.res.StreamID, lims[i%len(lims)]
+		}
+	})
+}
+
+// TestAWaitThatRunsOutIsADenial: the request's wait, capped by the
+// plan's maxWait, runs out as a denial with the usual Retry-After, and the
+// ticket leaves the queue.
+func TestAWaitThatRunsOutIsADenial(t *testing.T) {
+	eachWaitBackend(t, func(t *testing.T, b limitertest.Backend) {
+		lim := replicas(t, b, 1, 0)[0]
+		user := newUser(t)
+		hold(t, lim, user, "short-wait", "holder")
+		start := time.Now()
+		// 30s asked, 300ms allowed.
+		res, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "short-wait", Wait: 30 * time.Second})
+		took := time.Since(start)
+		if err != nil || res.Granted || res.Used != 1 || res.RetryAfter <= 0 {
+			t.Fatalf("Acquire = %+v, %v; want denied with used 1 and a retry-after", res, err)
+		}
+		if res.Waited < 300*time.Millisecond || took > 5*time.Second {
+			t.Errorf("waited %v (returned after %v), want the plan's 300ms, not the 30s asked", res.Waited, took)
+		}
+		awaitQueue(t, lim, user, func(q []limiter.Ticket) bool { return len(q) == 0 }, "empty")
+	})
+}
+
+// TestNoWaitPlansAnswerAtOnce: on a plan without maxWait, an acquire that
+// asks to wait is denied at once and queues nothing.
+func TestNoWaitPlansAnswerAtOnce(t *testing.T) {
+	eachWaitBackend(t, func(t *testing.T, b limitertest.Backend) {
+		lim := replicas(t, b, 1, 0)[0]
+		user := newUser(t)
+		hold(t, lim, user, "no-wait", "holder")
+		res, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "no-wait", Wait: 5 * time.Second})
+		if err != nil || res.Granted || res.Waited != 0 {
+			t.Fatalf("Acquire = %+v, %v; want denied without waiting", res, err)
+		}
+		got, err := lim.Slots(context.Background(), user)
+		if err != nil || len(got.Queue) != 0 {
+			t.Errorf("queue = %+v, %v; want empty", got.Queue, err)
+		}
+	})
+}
+
+// TestAWaiterThatLeavesLeavesTheQueueAtOnce: the caller's context ends
+// while it waits; the acquire returns its error and the ticket is gone,
+// so the next waiter moves up at once.
+func TestAWaiterThatLeavesLeavesTheQueueAtOnce(t *testing.T) {
+	eachWaitBackend(t, func(t *testing.T, b limitertest.Backend) {
+		lims := replicas(t, b, 2, time.Hour)
+		user := newUser(t)
+		hold(t, lims[0], user, "wait", "holder")
+		ctx, cancel := context.WithCancel(context.Background())
+		first := startWaiting(t, ctx, lims[0], user, "wait", "first", 5*time.Second, 1)
+		second := startWaiting(t, context.Background(), lims[1%len(lims)], user, "wait", "second", 5*time.Second, 2)
+		cancel()
+		r := within(t, first, time.Second, "the waiter that left")
+		if !errors.Is(r.err, context.Canceled) || r.res.Granted {
+			t.Fatalf("the waiter that left: %+v, %v; want context.Canceled", r.res, r.err)
+		}
+		awaitQueue(t, lims[0], user, func(q []limiter.Ticket) bool { return len(q) == 1 && q[0].StreamID == "second" }, "second alone, first")
+		release(t, lims[0], user, "holder")
+		if r := within(t, second, 2*time.Second, "second"); r.err != nil || !r.res.Granted {
+			t.Fatalf("second: %+v, %v; want granted", r.res, r.err)
+		}
+	})
+}
+
+// TestAWaiterWhoseServerDiedIsSkipped: a ticket nobody refreshes (its
+// server died) stops counting at its expiry, and the acquire behind it is
+// served then, with no wake-up and no poll.
+func TestAWaiterWhoseServerDiedIsSkipped(t *testing.T) {
+	eachWaitBackend(t, func(t *testing.T, b limitertest.Backend) {
+		s := replicaStacks(t, b, 1, time.Hour)[0]
+		user := newUser(t)
+		hold(t, s.Limiter, user, "wait", "holder")
+		dead := time.Now()
+		queueByHand(t, s, user, "dead", time.Second)
+		alive := startWaiting(t, context.Background(), s.Limiter, user, "wait", "alive", 5*time.Second, 2)
+		release(t, s.Limiter, user, "holder")
+		r := within(t, alive, 3*time.Second, "the waiter behind the dead one")
+		if r.err != nil || !r.res.Granted {
+			t.Fatalf("alive: %+v, %v; want granted", r.res, r.err)
+		}
+		if after := r.at.Sub(dead); after < time.Second || after > 2*time.Second {
+			t.Errorf("alive granted %v after the dead ticket was queued, want once its 1s ran out", after)
+		}
+	})
+}
+
+// TestAnOutageWhileWaitingAppliesTheFailureMode: Redis stops answering
+// while acquires wait: an Open plan grants them degraded, a Closed plan
+// refuses them with ErrUnavailable.
+func TestAnOutageWhileWaitingAppliesTheFailureMode(t *testing.T) {
+	t.Parallel()
+	proxy := testenv.StartProxy(t, testenv.Redis(t))
+	s := limitertest.New(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{proxy.Addr()}}, Tiers: waitTiers()})
+	user := newUser(t)
+	hold(t, s.Limiter, user, "wait", "open-holder")
+	other := newUser(t)
+	hold(t, s.Limiter, other, "wait-closed", "closed-holder")
+	open := startWaiting(t, context.Background(), s.Limiter, user, "wait", "open", 5*time.Second, 1)
+	closed := startWaiting(t, context.Background(), s.Limiter, other, "wait-closed", "closed", 5*time.Second, 1)
+	proxy.BlackHole()
+	if r := within(t, open, 3*time.Second, "the Open waiter"); r.err != nil || !r.res.Granted || !r.res.Degraded {
+		t.Errorf("Open waiter during the outage: %+v, %v; want granted degraded", r.res, r.err)
+	}
+	if r := within(t, closed, 3*time.Second, "the Closed waiter"); !errors.Is(r.err, limiter.ErrUnavailable) {
+		t.Errorf("Closed waiter during the outage: %+v, %v; want ErrUnavailable", r.res, r.err)
+	}
+}

@@ -1,0 +1,126 @@
+package lua
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// WaitArgs are the arguments of one run of the wait script: one server's
+// tickets for one user, under one plan.
+type WaitArgs struct {
+	Limit     int
+	SlotTTL   time.Duration
+	TicketTTL time.Duration
+	// MaxQueue is the most tickets the user's queue may hold; a new
+	// ticket past it is not queued (TicketFull).
+	MaxQueue int
+	// Tickets are this call's tickets, in the order their acquires came
+	// to the server. At least one.
+	Tickets []TicketArgs
+}
+
+// TicketArgs is one ticket of a WaitArgs.
+type TicketArgs struct {
+	StreamID string
+	// Leave takes the ticket out of the queue: its acquire gave up.
+	Leave bool
+	// Record is written as the slot's record if the ticket is granted.
+	Record Record
+}
+
+// TicketState is what the wait script did with a ticket.
+type TicketState int
+
+// States of a ticket.
+const (
+	// TicketGranted: the stream holds a slot now.
+	TicketGranted TicketState = 1
+	// TicketQueued: the ticket waits; Place says where.
+	TicketQueued TicketState = 0
+	// TicketLeft: the ticket is not in the queue (it left).
+	TicketLeft TicketState = -1
+	// TicketFull: not queued, the queue holds MaxQueue tickets.
+	TicketFull TicketState = -2
+)
+
+// TicketResult is the wait script's answer for one ticket.
+type TicketResult struct {
+	State TicketState
+	// ExpiresAtMs is the granted slot's expiry (Redis ms).
+	ExpiresAtMs int64
+	// Place is a queued ticket's place in the queue: 1 is next.
+	Place int
+}
+
+// Waited is the result of the wait script.
+type Waited struct {
+	Used   int // the user's live slots after the call
+	Pruned int // expired slots removed by the call
+	// Next is how long until the answer may change by time alone (a slot
+	// or a ticket expiring), when a ticket still waits; -1 otherwise.
+	Next time.Duration
+	// RetryAfter is what a denial would answer: until enough slots expire
+	// for one to be free.
+	RetryAfter time.Duration
+	// Wake are other servers' tickets owed a free slot: the caller wakes
+	// them.
+	Wake []string
+	// Tickets answer WaitArgs.Tickets, in order.
+	Tickets []TicketResult
+}
+
+// Wait runs the wait script on key (a keys.Schema.UserKey), its slot
+// records and its queue.
+func Wait(ctx context.Context, c rueidis.Client, key string, a WaitArgs) (Waited, error) {
+	if len(a.Tickets) == 0 {
+		return Waited{}, fmt.Errorf("wait script: no tickets")
+	}
+	args := make([]string, 0, 5+3*len(a.Tickets))
+	args = append(args, strconv.Itoa(a.Limit), ms(a.SlotTTL), ms(a.TicketTTL), strconv.Itoa(a.MaxQueue), strconv.Itoa(len(a.Tickets)))
+	for _, t := range a.Tickets {
+		action := "w"
+		if t.Leave {
+			action = "l"
+		}
+		args = append(args, t.StreamID, action, t.Record.encode())
+	}
+	arr, err := waitScript.Exec(ctx, c, queueKeys(key), args).ToArray()
+	if err != nil {
+		return Waited{}, err
+	}
+	if len(arr) != 5+2*len(a.Tickets) {
+		return Waited{}, fmt.Errorf("wait script returned %d values, want %d", len(arr), 5+2*len(a.Tickets))
+	}
+	head, err := int64s(arr[:4])
+	if err != nil {
+		return Waited{}, fmt.Errorf("wait script: %w", err)
+	}
+	wake, err := arr[4].AsStrSlice()
+	if err != nil {
+		return Waited{}, fmt.Errorf("wait script: wake ids: %w", err)
+	}
+	states, err := int64s(arr[5:])
+	if err != nil {
+		return Waited{}, fmt.Errorf("wait script: tickets: %w", err)
+	}
+	out := Waited{Used: int(head[0]), Pruned: int(head[1]), Next: -1, RetryAfter: time.Duration(head[3]) * time.Millisecond,
+		Wake: wake, Tickets: make([]TicketResult, len(a.Tickets))}
+	if head[2] >= 0 {
+		out.Next = time.Duration(head[2]) * time.Millisecond
+	}
+	for i := range out.Tickets {
+		r := TicketResult{State: TicketState(states[2*i])}
+		switch r.State {
+		case TicketGranted:
+			r.ExpiresAtMs = states[2*i+1]
+		case TicketQueued:
+			r.Place = int(states[2*i+1])
+		}
+		out.Tickets[i] = r
+	}
+	return out, nil
+}

@@ -1,0 +1,200 @@
+-- wait: one server's turn at one user's queue. It grants the waiting
+-- acquires the server holds that have reached the head of the queue while
+-- a slot is free, queues the others (a new one at the tail) and refreshes
+-- their tickets, and drops those that gave up.
+--
+-- KEYS[1] -> <prefix>{<user id>}           sorted set: member = stream id, score = slot expiry (Redis ms)
+-- KEYS[2] -> <prefix>{<user id>}:meta      hash: field = stream id, value = the slot's record
+-- KEYS[3] -> <prefix>{<user id>}:q         sorted set of tickets: member = stream id, score = arrival (Redis µs)
+-- KEYS[4] -> <prefix>{<user id>}:q:expiry  sorted set: member = stream id, score = ticket expiry (Redis ms)
+-- ARGV[1] -> limit (max concurrent streams, >= 0)
+-- ARGV[2] -> slot ttl (ms, > 0, decimal digits)
+-- ARGV[3] -> ticket ttl (ms, > 0)
+-- ARGV[4] -> the most tickets the queue may hold (> 0)
+-- ARGV[5] -> n, the number of tickets that follow (>= 1)
+-- ARGV[3+3i], ARGV[4+3i], ARGV[5+3i] (i = 1..n) -> the i-th ticket:
+--            stream id; 'w' (waits on) or 'l' (leaves the queue); the
+--            rest of its slot's record ('' or ';name=value' fields)
+-- returns {used, pruned, next_ms, retry_after_ms, {wake ids}, state_1, value_1, ..., state_n, value_n}
+--   used       slots held after the call
+--   pruned     slots that had expired unreleased, removed now with their
+--              records
+--   next_ms    ms until the answer may change by time alone (the earliest
+--              slot or ticket expiry), when a ticket of the call still
+--              waits; -1 otherwise
+--   retry_after_ms  as acquire's for a denial: until enough slots expire
+--              for one to be free; until the earliest slot expires when
+--              slots are free but owed to the queue; the ticket ttl when
+--              no slot is held
+--   wake ids   tickets of other callers now owed a free slot: the caller
+--              wakes them (their servers call this script for them)
+--   state 1    granted: the stream holds a slot; value = its expires_at_ms
+--   state 0    queued; value = its place in the queue (1 = next)
+--   state -1   left the queue (or was not in it); value 0
+--   state -2   not queued: the queue holds its most tickets; value 0
+--
+-- The order is the queue's alone: a slot goes to the ticket at the head,
+-- whichever server holds it, so tickets are granted in arrival order
+-- across servers. A ticket stops counting at its expiry unless its server
+-- refreshes it (a server that died), and is removed by the first call to
+-- see it expired. Arrival is the Redis time, raised above the last
+-- ticket's score when the clock did not move (or went back, after a
+-- failover), so arrival order is total. Idempotent: a ticket already
+-- queued keeps its place (a retry under the same stream id), one already
+-- granted is granted again and its slot extended, and a ticket that
+-- left is not queued.
+local slots, meta, queue, expiry = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local limit = tonumber(ARGV[1])
+local ttl = tonumber(ARGV[2])
+local ticketTTL = tonumber(ARGV[3])
+local maxQueue = tonumber(ARGV[4])
+local n = tonumber(ARGV[5])
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local nowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+-- Scores above 10^14 need all their digits: tostring keeps 14.
+local function digits(x) return string.format('%.0f', x) end
+
+-- Slots expired by now go, with their records.
+local expired = redis.call('ZRANGEBYSCORE', slots, '-inf', now)
+local pruned = #expired
+if pruned > 0 then
+  redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)
+  for i = 1, pruned, 1000 do -- unpack is bounded by the Lua stack
+    redis.call('HDEL', meta, unpack(expired, i, math.min(i + 999, pruned)))
+  end
+end
+
+-- So do tickets expired by now: their servers stopped refreshing them.
+local dead = redis.call('ZRANGEBYSCORE', expiry, '-inf', now)
+if #dead > 0 then
+  redis.call('ZREMRANGEBYSCORE', expiry, '-inf', now)
+  for i = 1, #dead, 1000 do
+    redis.call('ZREM', queue, unpack(dead, i, math.min(i + 999, #dead)))
+  end
+end
+
+local ids, records, waiting = {}, {}, {}
+local states, values = {}, {}
+for i = 1, n do
+  local id, action = ARGV[3 + 3 * i], ARGV[4 + 3 * i]
+  ids[i], records[i] = id, ARGV[2] .. ARGV[5 + 3 * i]
+  states[i], values[i] = -1, 0
+  if action == 'l' then
+    redis.call('ZREM', queue, id)
+    redis.call('ZREM', expiry, id)
+  elseif redis.call('ZSCORE', slots, id) then
+    -- Held already (granted to a call whose answer was lost): extend it.
+    redis.call('ZADD', slots, 'GT', now + ttl, id)
+    redis.call('HSETNX', meta, id, records[i])
+    redis.call('ZREM', queue, id)
+    redis.call('ZREM', expiry, id)
+    states[i], values[i] = 1, tonumber(redis.call('ZSCORE', slots, id))
+  else
+    local queued = redis.call('ZSCORE', queue, id)
+    if not queued and redis.call('ZCARD', queue) >= maxQueue then
+      states[i] = -2
+    else
+      if not queued then
+        local arrival = nowUs
+        local last = redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')
+        if last[2] then
+          arrival = math.max(arrival, tonumber(last[2]) + 1)
+        end
+        redis.call('ZADD', queue, digits(arrival), id)
+      end
+      redis.call('ZADD', expiry, 'GT', now + ticketTTL, id)
+      waiting[id] = i
+      states[i] = 0
+    end
+  end
+end
+
+-- The free slots go to the head of the queue, in order: this call's
+-- tickets are granted, the others' servers are woken.
+local used = redis.call('ZCARD', slots)
+local wake = {}
+local free = limit - used
+local at = 0
+while free > 0 do
+  local head = redis.call('ZRANGE', queue, at, at)[1]
+  if not head then
+    break
+  end
+  if not redis.call('ZSCORE', expiry, head) then
+    redis.call('ZREM', queue, head) -- no expiry: not a live ticket
+  else
+    local i = waiting[head]
+    if i then
+      redis.call('ZREM', queue, head)
+      redis.call('ZREM', expiry, head)
+      redis.call('ZADD', slots, now + ttl, head)
+      redis.call('HSET', meta, head, records[i])
+      waiting[head] = nil
+      states[i], values[i] = 1, now + ttl
+      used = used + 1
+    else
+      wake[#wake + 1] = head
+      at = at + 1
+    end
+    free = free - 1
+  end
+end
+
+local nextMs = -1
+for id, i in pairs(waiting) do
+  local rank = redis.call('ZRANK', queue, id)
+  if rank then
+    values[i] = rank + 1
+    nextMs = 0
+  else
+    states[i] = -1
+  end
+end
+if nextMs == 0 then
+  -- The earliest a slot or a ticket may expire: the answer may change
+  -- then without anyone calling.
+  local first = redis.call('ZRANGE', slots, 0, 0, 'WITHSCORES')
+  local ticket = redis.call('ZRANGE', expiry, 0, 0, 'WITHSCORES')
+  nextMs = ticketTTL
+  if first[2] then
+    nextMs = math.min(nextMs, tonumber(first[2]) - now)
+  end
+  if ticket[2] then
+    nextMs = math.min(nextMs, tonumber(ticket[2]) - now)
+  end
+  nextMs = math.max(nextMs, 1)
+end
+
+local retry = ticketTTL
+if limit > 0 and used >= limit then
+  local nth = redis.call('ZRANGE', slots, used - limit, used - limit, 'WITHSCORES')
+  retry = tonumber(nth[2]) - now
+elseif used > 0 then
+  local first = redis.call('ZRANGE', slots, 0, 0, 'WITHSCORES')
+  retry = tonumber(first[2]) - now
+end
+
+-- Each key outlives its longest entry by one of its TTLs, as acquire
+-- leaves the slots.
+if used > 0 then
+  local last = redis.call('ZRANGE', slots, -1, -1, 'WITHSCORES')
+  local keep = tonumber(last[2]) + ttl
+  redis.call('PEXPIREAT', slots, keep)
+  redis.call('PEXPIREAT', meta, keep)
+end
+local latest = redis.call('ZRANGE', expiry, -1, -1, 'WITHSCORES')
+if latest[2] then
+  local keep = digits(tonumber(latest[2]) + ticketTTL)
+  redis.call('PEXPIREAT', queue, keep)
+  redis.call('PEXPIREAT', expiry, keep)
+end
+
+local out = {used, pruned, nextMs, retry, wake}
+for i = 1, n do
+  out[#out + 1] = states[i]
+  out[#out + 1] = values[i]
+end
+return out

@@ -1,0 +1,270 @@
+package lua_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/pkg/keys"
+	"github.com/joishi/limiter/pkg/lua"
+	"github.com/redis/rueidis"
+)
+
+// waitArgs are one server's tickets for a limit-1 user with a 10s slot TTL
+// and a 10s ticket TTL; leave names the tickets that leave.
+func waitArgs(limit int, ids []string, leave ...string) lua.WaitArgs {
+	a := lua.WaitArgs{Limit: limit, SlotTTL: 10 * time.Second, TicketTTL: 10 * time.Second, MaxQueue: 100}
+	for _, id := range ids {
+		a.Tickets = append(a.Tickets, lua.TicketArgs{StreamID: id, Leave: slices.Contains(leave, id)})
+	}
+	return a
+}
+
+func mustWait(t *testing.T, c rueidis.Client, key string, a lua.WaitArgs) lua.Waited {
+	t.Helper()
+	got, err := lua.Wait(context.Background(), c, key, a)
+	if err != nil {
+		t.Fatalf("Wait(%+v): %v", a.Tickets, err)
+	}
+	return got
+}
+
+func mustAcquire(t *testing.T, c rueidis.Client, key, id string, limit int) lua.Acquired {
+	t.Helper()
+	got, err := lua.Acquire(context.Background(), c, key, id, limit, 10*time.Second, lua.Record{})
+	if err != nil {
+		t.Fatalf("Acquire %s: %v", id, err)
+	}
+	return got
+}
+
+func mustRelease(t *testing.T, c rueidis.Client, key, id string) lua.Released {
+	t.Helper()
+	got, err := lua.Release(context.Background(), c, key, id)
+	if err != nil {
+		t.Fatalf("Release %s: %v", id, err)
+	}
+	return got
+}
+
+func wantTicket(t *testing.T, what string, got lua.TicketResult, state lua.TicketState, place int) {
+	t.Helper()
+	if got.State != state || (state == lua.TicketQueued && got.Place != place) {
+		t.Errorf("%s: got state %d place %d, want state %d place %d", what, got.State, got.Place, state, place)
+	}
+}
+
+// TestWaitServesTheQueueInArrivalOrder: tickets of two servers for one
+// user are served in the order they came, whichever server calls first;
+// a server whose ticket is not at the head gets the head's id to wake.
+func TestWaitServesTheQueueInArrivalOrder(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		key := newKey(t)
+		if !mustAcquire(t, c, key, "holder", 1).Granted {
+			t.Fatal("the holder was not granted")
+		}
+		// Server A queues a1, server B b1, server A a2.
+		wantTicket(t, "a1 queued", mustWait(t, c, key, waitArgs(1, []string{"a1"})).Tickets[0], lua.TicketQueued, 1)
+		wantTicket(t, "b1 queued", mustWait(t, c, key, waitArgs(1, []string{"b1"})).Tickets[0], lua.TicketQueued, 2)
+		got := mustWait(t, c, key, waitArgs(1, []string{"a1", "a2"}))
+		wantTicket(t, "a1 refreshed", got.Tickets[0], lua.TicketQueued, 1)
+		wantTicket(t, "a2 queued", got.Tickets[1], lua.TicketQueued, 3)
+		if got.Next <= 0 || got.Next > 10*time.Second {
+			t.Errorf("Next = %v, want the earliest expiry, within the 10s TTLs", got.Next)
+		}
+
+		// A non-waiting acquire does not jump the queue.
+		if a := mustAcquire(t, c, key, "barger", 1); a.Granted {
+			t.Fatal("a non-waiting acquire was granted past three waiting ones")
+		}
+		rel := mustRelease(t, c, key, "holder")
+		if !rel.Released || rel.Head != "a1" {
+			t.Fatalf("release = %+v, want released with head a1 to wake", rel)
+		}
+		if a := mustAcquire(t, c, key, "barger", 1); a.Granted || a.Used != 0 {
+			t.Fatalf("acquire with the free slot owed to a1 = %+v, want denied with used 0", a)
+		}
+
+		// B calls first: b1 is not the head, a1 is owed the slot.
+		got = mustWait(t, c, key, waitArgs(1, []string{"b1"}))
+		wantTicket(t, "b1 behind a1", got.Tickets[0], lua.TicketQueued, 2)
+		if !slices.Equal(got.Wake, []string{"a1"}) {
+			t.Errorf("wake = %v, want [a1], owed the free slot", got.Wake)
+		}
+		got = mustWait(t, c, key, waitArgs(1, []string{"a1", "a2"}))
+		wantTicket(t, "a1 granted", got.Tickets[0], lua.TicketGranted, 0)
+		wantTicket(t, "a2 second", got.Tickets[1], lua.TicketQueued, 2)
+		if got.Used != 1 || got.Tickets[0].ExpiresAtMs == 0 || len(got.Wake) != 0 {
+			t.Errorf("after a1's grant: used %d, expiry %d, wake %v; want 1, set, none", got.Used, got.Tickets[0].ExpiresAtMs, got.Wake)
+		}
+
+		mustRelease(t, c, key, "a1")
+		wantTicket(t, "b1 granted", mustWait(t, c, key, waitArgs(1, []string{"b1"})).Tickets[0], lua.TicketGranted, 0)
+		mustRelease(t, c, key, "b1")
+		got = mustWait(t, c, key, waitArgs(1, []string{"a2"}))
+		wantTicket(t, "a2 granted", got.Tickets[0], lua.TicketGranted, 0)
+		if got.Next != -1 {
+			t.Errorf("Next = %v with no ticket waiting, want -1", got.Next)
+		}
+		if n := zcard(t, c, keys.Queue(key)) + zcard(t, c, keys.QueueExpiry(key)); n != 0 {
+			t.Errorf("%d entries left in the queue keys, want none", n)
+		}
+	})
+}
+
+// TestWaitIsIdempotent: a ticket queued again keeps its place, one
+// granted is granted again with the same slot, and a leave is final.
+func TestWaitIsIdempotent(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		key := newKey(t)
+		mustAcquire(t, c, key, "holder", 1)
+		mustWait(t, c, key, waitArgs(1, []string{"first"}))
+		mustWait(t, c, key, waitArgs(1, []string{"second"}))
+		for range 3 {
+			wantTicket(t, "first again", mustWait(t, c, key, waitArgs(1, []string{"first"})).Tickets[0], lua.TicketQueued, 1)
+		}
+		mustRelease(t, c, key, "holder")
+		a := mustWait(t, c, key, waitArgs(1, []string{"first"})).Tickets[0]
+		b := mustWait(t, c, key, waitArgs(1, []string{"first"})).Tickets[0]
+		wantTicket(t, "first granted", a, lua.TicketGranted, 0)
+		wantTicket(t, "first granted again", b, lua.TicketGranted, 0)
+		if b.ExpiresAtMs < a.ExpiresAtMs || zcard(t, c, key) != 1 {
+			t.Errorf("granted again: expiry %d after %d, %d slots; want no earlier, one slot", b.ExpiresAtMs, a.ExpiresAtMs, zcard(t, c, key))
+		}
+		got := mustWait(t, c, key, waitArgs(1, []string{"second"}, "second"))
+		wantTicket(t, "second left", got.Tickets[0], lua.TicketLeft, 0)
+		if n := zcard(t, c, keys.Queue(key)); n != 0 {
+			t.Errorf("queue holds %d after second left, want 0", n)
+		}
+	})
+}
+
+// TestWaitSkipsExpiredTickets: a ticket whose server stopped refreshing
+// it stops counting at its expiry; the one behind it is served, and Next
+// pointed at that expiry.
+func TestWaitSkipsExpiredTickets(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		key := newKey(t)
+		mustAcquire(t, c, key, "holder", 1)
+		dead := waitArgs(1, []string{"dead"})
+		dead.TicketTTL = 200 * time.Millisecond
+		mustWait(t, c, key, dead)
+		got := mustWait(t, c, key, waitArgs(1, []string{"alive"}))
+		wantTicket(t, "alive behind dead", got.Tickets[0], lua.TicketQueued, 2)
+		if got.Next > 200*time.Millisecond {
+			t.Errorf("Next = %v, want at most the dead ticket's 200ms", got.Next)
+		}
+		mustRelease(t, c, key, "holder")
+		wantTicket(t, "alive while dead lives", mustWait(t, c, key, waitArgs(1, []string{"alive"})).Tickets[0], lua.TicketQueued, 2)
+		time.Sleep(250 * time.Millisecond)
+		wantTicket(t, "alive once dead expired", mustWait(t, c, key, waitArgs(1, []string{"alive"})).Tickets[0], lua.TicketGranted, 0)
+	})
+}
+
+// TestWaitLeavingHeadWakesTheNext: a head that leaves while a slot is free
+// names the next ticket to wake; several free slots go to as many
+// tickets, in order.
+func TestWaitLeavingHeadWakesTheNext(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		key := newKey(t)
+		for _, id := range []string{"h1", "h2", "h3"} {
+			mustAcquire(t, c, key, id, 3)
+		}
+		for _, id := range []string{"w1", "w2", "w3", "w4"} {
+			mustWait(t, c, key, waitArgs(3, []string{id}))
+		}
+		mustRelease(t, c, key, "h1")
+		mustRelease(t, c, key, "h2")
+		got := mustWait(t, c, key, waitArgs(3, []string{"w1"}, "w1"))
+		if !slices.Equal(got.Wake, []string{"w2", "w3"}) {
+			t.Errorf("w1 left with 2 free slots: wake %v, want [w2 w3]", got.Wake)
+		}
+		got = mustWait(t, c, key, waitArgs(3, []string{"w4", "w3", "w2"}))
+		wantTicket(t, "w4", got.Tickets[0], lua.TicketQueued, 1)
+		wantTicket(t, "w3", got.Tickets[1], lua.TicketGranted, 0)
+		wantTicket(t, "w2", got.Tickets[2], lua.TicketGranted, 0)
+		if got.Used != 3 || got.RetryAfter <= 0 {
+			t.Errorf("used %d, retry after %v; want 3 and the earliest expiry", got.Used, got.RetryAfter)
+		}
+	})
+}
+
+// TestWaitBoundsTheQueue: past MaxQueue tickets a new one is not queued;
+// one already queued is kept.
+func TestWaitBoundsTheQueue(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		key := newKey(t)
+		mustAcquire(t, c, key, "holder", 1)
+		a := waitArgs(1, []string{"q1", "q2", "q3"})
+		a.MaxQueue = 2
+		got := mustWait(t, c, key, a)
+		wantTicket(t, "q1", got.Tickets[0], lua.TicketQueued, 1)
+		wantTicket(t, "q2", got.Tickets[1], lua.TicketQueued, 2)
+		wantTicket(t, "q3", got.Tickets[2], lua.TicketFull, 0)
+		wantTicket(t, "q2 again", mustWait(t, c, key, lua.WaitArgs{Limit: 1, SlotTTL: time.Second, TicketTTL: time.Second, MaxQueue: 2,
+			Tickets: []lua.TicketArgs{{StreamID: "q2"}}}).Tickets[0], lua.TicketQueued, 2)
+	})
+}
+
+// TestReleaseNamesTheHeadOnlyWhenItFreesASlot, and release_all and a
+// pruning acquire name whom to wake; the listing shows the queue in order.
+func TestReleaseNamesTheHeadOnlyWhenItFreesASlot(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		key := newKey(t)
+		if rel := mustRelease(t, c, key, "nothing"); rel.Head != "" {
+			t.Errorf("release of nothing, no queue: head %q, want none", rel.Head)
+		}
+		mustAcquire(t, c, key, "holder", 1)
+		mustWait(t, c, key, waitArgs(1, []string{"w1"}))
+		mustWait(t, c, key, waitArgs(1, []string{"w2"}))
+		if rel := mustRelease(t, c, key, "not-held"); rel.Released || rel.Head != "" {
+			t.Errorf("release of a slot not held = %+v, want nothing released and no one woken", rel)
+		}
+		listing, err := lua.Slots(context.Background(), c, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(listing.Queue) != 2 || listing.Queue[0].StreamID != "w1" || listing.Queue[1].StreamID != "w2" ||
+			listing.Queue[0].ArrivalUs >= listing.Queue[1].ArrivalUs || listing.Queue[0].ExpiresAtMs <= listing.NowMs {
+			t.Errorf("queue listed %+v, want w1 then w2, in arrival order, live", listing.Queue)
+		}
+		all, err := lua.ReleaseAll(context.Background(), c, key, key+":released:c1", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(all.IDs, []string{"holder"}) || all.Head != "w1" {
+			t.Errorf("release_all = %+v, want holder released and w1 to wake", all)
+		}
+
+		// An acquire that prunes an expired slot wakes those owed it.
+		other := newKey(t)
+		if _, err := lua.Acquire(context.Background(), c, other, "short", 1, 100*time.Millisecond, lua.Record{}); err != nil {
+			t.Fatal(err)
+		}
+		mustWait(t, c, other, waitArgs(1, []string{"w"}))
+		time.Sleep(150 * time.Millisecond)
+		got := mustAcquire(t, c, other, "late", 1)
+		if got.Granted || got.Pruned != 1 || !slices.Equal(got.Wake, []string{"w"}) {
+			t.Errorf("acquire after the slot expired = %+v, want denied, 1 pruned, w woken", got)
+		}
+	})
+}
+
+func zcard(t *testing.T, c rueidis.Client, key string) int64 {
+	t.Helper()
+	n, err := c.Do(context.Background(), c.B().Zcard().Key(key).Build()).AsInt64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// newKey returns a user key of the test's own.
+func newKey(t *testing.T) string {
+	key, err := keys.Schema{Prefix: "lua-wait:" + keys.NewStreamID()[:12] + ":"}.UserKey("user")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key
+}
