@@ -28,8 +28,14 @@ type AcquireRequest struct {
 	UserID string `json:"user_id"`
 	Plan   string `json:"plan"`
 	// StreamID is optional; a random one is made when empty. Giving one
-	// makes retries idempotent.
+	// makes retries idempotent: a waiting acquire retried under its stream
+	// id keeps its place in the queue.
 	StreamID string `json:"stream_id,omitempty"`
+	// WaitMs, when > 0, asks to wait up to that many milliseconds for one
+	// of the user's slots when all are held, first come first served,
+	// instead of a 429 at once. It is capped by the plan's maxWait
+	// (max_wait_ms of GET /v1/tiers); 0 or absent: no waiting.
+	WaitMs int64 `json:"wait_ms,omitempty"`
 }
 
 // AcquireResponse is the 200 answer of POST /v1/slots/acquire.
@@ -45,6 +51,9 @@ type AcquireResponse struct {
 	// reclaimed by this acquire.
 	Pruned   int  `json:"pruned"`
 	Degraded bool `json:"degraded"`
+	// WaitedMs is how long the acquire waited in the queue before it was
+	// granted; absent when it was granted at once.
+	WaitedMs int64 `json:"waited_ms,omitempty"`
 }
 
 // HeartbeatRequest is the body of POST /v1/slots/heartbeat, and one slot of
@@ -109,6 +118,9 @@ type Tier struct {
 	SlotTTLMs            int64  `json:"slot_ttl_ms"`
 	HeartbeatIntervalMs  int64  `json:"heartbeat_interval_ms"`
 	FailureMode          string `json:"failure_mode"`
+	// MaxWaitMs caps the wait_ms of the plan's acquires; 0: they never
+	// wait.
+	MaxWaitMs int64 `json:"max_wait_ms"`
 }
 
 // ErrorResponse is the body of every error answer.
@@ -129,6 +141,9 @@ type Error struct {
 	// server chose). Redis may have taken the slot with only its answer
 	// lost, so retry under this id, or release it.
 	StreamID string `json:"stream_id,omitempty"`
+	// WaitedMs is set on a stream_limit_reached that waited in the queue
+	// (wait_ms) and timed out: how long it waited.
+	WaitedMs *int64 `json:"waited_ms,omitempty"`
 }
 
 // Error codes.

@@ -93,7 +93,7 @@ func decode(w http.ResponseWriter, r *http.Request, limit int64, dst any) error 
 	}
 	switch v := dst.(type) {
 	case *httpapi.AcquireRequest:
-		err = d.stringObject(acquireFields, []*string{&v.UserID, &v.Plan, &v.StreamID}, -1)
+		err = d.acquire(v)
 	case *httpapi.HeartbeatRequest:
 		err = d.stringObject(heartbeatFields, []*string{&v.UserID, &v.Plan, &v.StreamID}, -1)
 	case *httpapi.ReleaseRequest:
@@ -113,12 +113,24 @@ func decode(w http.ResponseWriter, r *http.Request, limit int64, dst any) error 
 
 // The fields of each request type, as their json tags name them.
 var (
-	acquireFields      = stringFields{"user_id", "plan", "stream_id"}
+	acquireFields      = stringFields{"user_id", "plan", "stream_id", "wait_ms"}
 	heartbeatFields    = stringFields{"user_id", "plan", "stream_id"}
 	releaseFields      = stringFields{"user_id", "stream_id"}
 	adminReleaseFields = stringFields{"reason"}
 	heartbeatsFields   = stringFields{"slots"}
 )
+
+// acquire reads a POST /v1/slots/acquire body: acquireFields, wait_ms a
+// number, the others strings.
+func (d *jsonReader) acquire(v *httpapi.AcquireRequest) error {
+	strs := [...]*string{&v.UserID, &v.Plan, &v.StreamID}
+	return d.fields(acquireFields, -1, func(i int, name string) error {
+		if i == len(strs) {
+			return d.intValue(name, &v.WaitMs)
+		}
+		return d.stringValue(name, strs[i])
+	})
+}
 
 // heartbeats reads a POST /v1/slots/heartbeats body: {"slots": [slot...]},
 // each slot a heartbeatFields object or null (an empty slot, which the

@@ -51,6 +51,12 @@ var decodeSeeds = []string{
 	`{"slots":[{"user_id":"u","user_id":"v"}]}`, `{"slots":[{"ttl":1}]}`, `{"slots":[{}],}`, `{"slots":[{},]}`,
 	`{"slots":[{}}`, `{"slots":[`, `{"slots":[{}`, `{"slots":[{} {}]}`, `{"slots":[` + strings.Repeat("[", 100) + `]}`,
 	`{"reason":"ticket 4812"}`, `{"reason":" \n\t "}`, `{"reason":"x","bogus":1}`,
+	`{"user_id":"u","plan":"p","wait_ms":5000}`, `{"wait_ms":0}`, `{"wait_ms":-0}`, `{"wait_ms":-5}`, `{"wait_ms":null}`,
+	`{"wait_ms":1.5}`, `{"wait_ms":1.0}`, `{"wait_ms":1e3}`, `{"wait_ms":1E+3}`, `{"wait_ms":2e-1}`, `{"wait_ms":01}`,
+	`{"wait_ms":00}`, `{"wait_ms":-}`, `{"wait_ms":-a}`, `{"wait_ms":1.}`, `{"wait_ms":1e}`, `{"wait_ms":.5}`, `{"wait_ms":+1}`,
+	`{"wait_ms":9223372036854775807}`, `{"wait_ms":9223372036854775808}`, `{"wait_ms":-9223372036854775809}`,
+	`{"wait_ms":"5000"}`, `{"wait_ms":true}`, `{"wait_ms":[]}`, `{"wait_ms":{}}`, `{"wait_ms":1,"wait_ms":2}`,
+	`{"wait_ms":5 }`, `{"wait_ms":5,}`, `{"wait_ms":5`, `{"wait_ms":12x}`,
 }
 
 // FuzzDecode holds decode to the decoder it replaced (legacyDecode): for
@@ -98,6 +104,11 @@ func TestDecodeRefusals(t *testing.T) {
 		{"an unknown field in a batch slot is named by its place", `{"slots":[{},{"ttl":1}]}`, requestTypes[3], `unknown field "slots[1].ttl"`},
 		{"a field given twice in a batch slot is named by its place", `{"slots":[{"plan":"a","plan":"a"}]}`, requestTypes[3], `field "slots[0].plan" is given twice`},
 		{"a number for a string is a wrong type", `{"user_id":42}`, requestTypes[0], `field "user_id" must be a string, got number`},
+		{"a string for wait_ms is a wrong type", `{"wait_ms":"5s"}`, requestTypes[0], `field "wait_ms" must be a number, got string`},
+		{"a fraction of a millisecond is refused", `{"wait_ms":1.5}`, requestTypes[0], `field "wait_ms" must be a whole number that fits in 64 bits, got 1.5`},
+		{"an exponent is refused", `{"wait_ms":1e3}`, requestTypes[0], `field "wait_ms" must be a whole number that fits in 64 bits, got 1e3`},
+		{"a wait past 64 bits is refused", `{"wait_ms":9223372036854775808}`, requestTypes[0], `got 9223372036854775808`},
+		{"wait_ms on a heartbeat is an unknown field", `{"wait_ms":1}`, requestTypes[1], `unknown field "wait_ms"`},
 		{"an object for a string is a wrong type", `{"slots":[{"plan":{}}]}`, requestTypes[3], `field "slots[0].plan" must be a string, got object`},
 		{"a string for slots is a wrong type", `{"slots":"all"}`, requestTypes[3], `field "slots" must be an array, got string`},
 		{"a number for a slot is a wrong type", `{"slots":[1]}`, requestTypes[3], `field "slots[0]" must be an object, got number`},
@@ -175,8 +186,10 @@ func TestDecodeAccepts(t *testing.T) {
 		dst  any
 		want any
 	}{
-		{"every field", `{"user_id":"u","plan":"three","stream_id":"s"}`, &httpapi.AcquireRequest{},
-			&httpapi.AcquireRequest{UserID: "u", Plan: "three", StreamID: "s"}},
+		{"every field", `{"user_id":"u","plan":"three","stream_id":"s","wait_ms":5000}`, &httpapi.AcquireRequest{},
+			&httpapi.AcquireRequest{UserID: "u", Plan: "three", StreamID: "s", WaitMs: 5000}},
+		{"wait_ms null is no wait", `{"wait_ms":null}`, &httpapi.AcquireRequest{}, &httpapi.AcquireRequest{}},
+		{"a negative wait_ms is decoded, for the handler to refuse", `{"wait_ms":-1}`, &httpapi.AcquireRequest{}, &httpapi.AcquireRequest{WaitMs: -1}},
 		{"JSON whitespace anywhere", " {\n\"user_id\" :\t\"u\" ,\r\"plan\":\"p\" } \n", &httpapi.AcquireRequest{},
 			&httpapi.AcquireRequest{UserID: "u", Plan: "p"}},
 		{"null leaves a field empty", `{"user_id":null,"stream_id":"s"}`, &httpapi.ReleaseRequest{},

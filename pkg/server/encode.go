@@ -86,6 +86,9 @@ func appendAcquireResponse(b []byte, v httpapi.AcquireResponse) []byte {
 	b = strconv.AppendInt(append(b, `,"heartbeat_interval_ms":`...), v.HeartbeatIntervalMs, 10)
 	b = strconv.AppendInt(append(b, `,"pruned":`...), int64(v.Pruned), 10)
 	b = appendBool(append(b, `,"degraded":`...), v.Degraded)
+	if v.WaitedMs != 0 {
+		b = strconv.AppendInt(append(b, `,"waited_ms":`...), v.WaitedMs, 10)
+	}
 	return append(b, '}')
 }
 
@@ -141,6 +144,7 @@ func appendTiersResponse(b []byte, v httpapi.TiersResponse) []byte {
 		b = strconv.AppendInt(append(b, `,"slot_ttl_ms":`...), t.SlotTTLMs, 10)
 		b = strconv.AppendInt(append(b, `,"heartbeat_interval_ms":`...), t.HeartbeatIntervalMs, 10)
 		b = appendString(append(b, `,"failure_mode":`...), t.FailureMode)
+		b = strconv.AppendInt(append(b, `,"max_wait_ms":`...), t.MaxWaitMs, 10)
 		b = append(b, '}')
 	}
 	return append(b, "]}"...)
@@ -165,6 +169,9 @@ func appendError(b []byte, e httpapi.Error) []byte {
 	}
 	if e.StreamID != "" {
 		b = appendString(append(b, `,"stream_id":`...), e.StreamID)
+	}
+	if e.WaitedMs != nil {
+		b = strconv.AppendInt(append(b, `,"waited_ms":`...), *e.WaitedMs, 10)
 	}
 	return append(b, '}')
 }

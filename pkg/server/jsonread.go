@@ -314,16 +314,80 @@ func (d *jsonReader) fields(names stringFields, at int, field func(i int, name s
 // into *dst[i]. A null leaves it empty.
 func (d *jsonReader) stringObject(names stringFields, dst []*string, at int) error {
 	return d.fields(names, at, func(i int, name string) error {
-		if d.peek() == '"' {
-			s, err := d.str()
-			*dst[i] = s
-			return err
-		}
-		if isNull, err := d.null(); isNull || err != nil {
-			return err
-		}
-		return d.typeError(fieldPath(at, name), "a string")
+		return d.stringValue(fieldPath(at, name), dst[i])
 	})
+}
+
+// stringValue reads the string value at pos, of the field at path, into
+// *dst. A null leaves it empty.
+func (d *jsonReader) stringValue(path string, dst *string) error {
+	if d.peek() == '"' {
+		s, err := d.str()
+		*dst = s
+		return err
+	}
+	if isNull, err := d.null(); isNull || err != nil {
+		return err
+	}
+	return d.typeError(path, "a string")
+}
+
+// intValue reads the number at pos, of the field at path, into *dst, as
+// encoding/json decodes a JSON number into an int64: an integer that fits
+// (a fraction or an exponent is refused, even in 1.0 or 1e3). A null
+// leaves it 0.
+func (d *jsonReader) intValue(path string, dst *int64) error {
+	if isNull, err := d.null(); isNull || err != nil {
+		return err
+	}
+	if c := d.peek(); c != '-' && (c < '0' || c > '9') {
+		return d.typeError(path, "a number")
+	}
+	start := d.pos
+	whole := true
+	if d.peek() == '-' {
+		d.pos++
+	}
+	switch c := d.peek(); {
+	case c == '0': // JSON's integer part: 0, or digits not starting with 0
+		d.pos++
+	case !d.digits():
+		return d.syntaxError("in numeric literal")
+	}
+	if d.peek() == '.' {
+		whole = false
+		d.pos++
+		if !d.digits() {
+			return d.syntaxError("after decimal point in numeric literal")
+		}
+	}
+	if c := d.peek(); c == 'e' || c == 'E' {
+		whole = false
+		d.pos++
+		if c := d.peek(); c == '+' || c == '-' {
+			d.pos++
+		}
+		if !d.digits() {
+			return d.syntaxError("in exponent of numeric literal")
+		}
+	}
+	literal := d.s[start:d.pos]
+	n, err := strconv.ParseInt(literal, 10, 64)
+	if !whole || err != nil {
+		return badRequest("field %q must be a whole number that fits in 64 bits, got %s", path, literal)
+	}
+	*dst = n
+	return nil
+}
+
+// digits consumes a run of decimal digits and reports whether there was
+// at least one.
+func (d *jsonReader) digits() bool {
+	start := d.pos
+	for d.pos < len(d.s) && d.s[d.pos] >= '0' && d.s[d.pos] <= '9' {
+		d.pos++
+	}
+	return d.pos > start
 }
 
 // end refuses anything but whitespace after the top-level value.

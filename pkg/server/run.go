@@ -45,7 +45,9 @@ type Timeouts struct {
 	Read time.Duration
 	// Write bounds a request from the end of its headers to the end of its
 	// answer, the handler's work included. Every route answers once (none
-	// streams), within redis.timeout of Redis work. Default 10s.
+	// streams), within redis.timeout of Redis work; an acquire that waits
+	// for a slot (wait_ms) gets its wait on top of this, and of Read.
+	// Default 10s.
 	Write time.Duration
 	// Idle bounds how long a kept-alive connection waits for its next
 	// request. Default 2m: above the 90s after which Go's and most clients
@@ -91,6 +93,7 @@ func (s *Server) Run(ctx context.Context, l Listeners, grace time.Duration) erro
 		l.Admin = ":8081"
 	}
 	timeouts := l.Timeouts.WithDefaults()
+	s.listening.Store(&timeouts)
 	var tlsConfig *tls.Config
 	if l.TLS.enabled() {
 		var err error

@@ -50,6 +50,9 @@ type Server struct {
 	opts     Options
 	log      *slog.Logger
 	draining atomic.Bool
+	// listening holds the Timeouts Run serves with; before Run, the
+	// defaults.
+	listening atomic.Pointer[Timeouts]
 	// Failed requests, rate-limited: 500s (a refusing Redis, a bug) apart
 	// from 503s (an outage), so a flood of the one never hides the other.
 	failedInternal    *ratelog.Logger
@@ -66,6 +69,14 @@ func New(lim *limiter.Limiter, opts Options) *Server {
 		failedInternal:    ratelog.New(opts.Logger, failureLogEvery),
 		failedUnavailable: ratelog.New(opts.Logger, failureLogEvery),
 	}
+}
+
+// timeouts returns the listeners' timeouts.
+func (s *Server) timeouts() Timeouts {
+	if t := s.listening.Load(); t != nil {
+		return *t
+	}
+	return Timeouts{}.WithDefaults()
 }
 
 // Handler returns the API listener's routes: the slot API of

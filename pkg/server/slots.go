@@ -10,6 +10,7 @@ import (
 	"github.com/joishi/limiter/pkg/httpapi"
 	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/tiers"
 )
 
 func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
@@ -26,6 +27,14 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	if req.WaitMs < 0 {
+		s.fail(w, r, badRequest("wait_ms must be 0 (no waiting) or more milliseconds, got %d", req.WaitMs))
+		return
+	}
+	wait := waitOf(req.WaitMs)
+	if wait > 0 {
+		s.allowWait(w, req.Plan, wait)
+	}
 	// The id is fixed before Redis is called, so that a 503 can name it:
 	// the acquire may have run in Redis with only its answer lost, and
 	// only this id can then retry it (idempotently) or release the slot.
@@ -33,7 +42,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	if streamID == "" {
 		streamID = keys.NewStreamID()
 	}
-	res, err := s.lim.Acquire(r.Context(), limiter.AcquireRequest{UserID: req.UserID, Plan: req.Plan, StreamID: streamID, Caller: callerOf(r).name})
+	res, err := s.lim.Acquire(r.Context(), limiter.AcquireRequest{UserID: req.UserID, Plan: req.Plan, StreamID: streamID, Caller: callerOf(r).name, Wait: wait})
 	if err != nil {
 		status, e := apiError(err)
 		if status == http.StatusServiceUnavailable {
@@ -45,13 +54,19 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	if !res.Granted {
 		retryMs := res.RetryAfter.Milliseconds()
 		w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(res.RetryAfter), 10))
-		writeError(w, http.StatusTooManyRequests, httpapi.Error{
+		e := httpapi.Error{
 			Code:         httpapi.CodeStreamLimitReached,
 			Message:      fmt.Sprintf("user holds %d of %d concurrent streams allowed by plan %q", res.Used, res.Limit, req.Plan),
 			Used:         &res.Used,
 			Limit:        &res.Limit,
 			RetryAfterMs: &retryMs,
-		})
+		}
+		if res.Waited > 0 {
+			waited := res.Waited.Milliseconds()
+			e.WaitedMs = &waited
+			e.Message += fmt.Sprintf("; waited %dms in the queue (wait_ms, capped by the plan's maxWait of %s) without a slot freeing up", waited, res.Tier.MaxWait)
+		}
+		writeError(w, http.StatusTooManyRequests, e)
 		return
 	}
 	a := newAnswer()
@@ -65,8 +80,37 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		HeartbeatIntervalMs: res.Tier.HeartbeatInterval.Milliseconds(),
 		Pruned:              res.Pruned,
 		Degraded:            res.Degraded,
+		WaitedMs:            res.Waited.Milliseconds(),
 	})
 	a.send(w, http.StatusOK)
+}
+
+// waitOf is wait_ms as a duration, at most tiers.MaxMaxWait: no plan
+// waits longer, and a larger number would overflow.
+func waitOf(ms int64) time.Duration {
+	return time.Duration(min(ms, tiers.MaxMaxWait.Milliseconds())) * time.Millisecond
+}
+
+// allowWait extends the connection's deadlines for an acquire that may
+// wait up to wait (capped by plan's maxWait) before it answers: past the
+// listener's read and write timeouts, which bound requests that answer at
+// once. (net/http reads the connection in the background while a handler
+// runs, to notice a client that goes away; that read failing on the read
+// timeout would look like one.) The next request on the connection gets
+// the listener's own deadlines again.
+func (s *Server) allowWait(w http.ResponseWriter, plan string, wait time.Duration) {
+	tier, ok := s.lim.Tiers().Lookup(plan)
+	if !ok || tier.MaxWait <= 0 {
+		return
+	}
+	wait = min(wait, tier.MaxWait)
+	t := s.timeouts()
+	rc := http.NewResponseController(w)
+	now := time.Now()
+	// Unsupported (a recorder in tests): the listener has no deadline to
+	// extend either.
+	_ = rc.SetReadDeadline(now.Add(wait + t.Read))
+	_ = rc.SetWriteDeadline(now.Add(wait + t.Write))
 }
 
 // retryAfterSeconds rounds up to whole seconds, at least 1: a Retry-After
@@ -163,6 +207,7 @@ func (s *Server) tiers(w http.ResponseWriter, r *http.Request) {
 			SlotTTLMs:            t.SlotTTL.Milliseconds(),
 			HeartbeatIntervalMs:  t.HeartbeatInterval.Milliseconds(),
 			FailureMode:          string(t.FailureMode),
+			MaxWaitMs:            t.MaxWait.Milliseconds(),
 		}
 	}
 	a := newAnswer()
