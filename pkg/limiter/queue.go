@@ -2,15 +2,11 @@ package limiter
 
 import (
 	"context"
-	"math/rand/v2"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/joishi/limiter/pkg/keys"
-	"github.com/joishi/limiter/pkg/lua"
-	"github.com/joishi/limiter/pkg/tiers"
-	"github.com/redis/rueidis"
 )
 
 // queueKey names one loop: a user's waiting acquires on this server under
@@ -40,8 +36,12 @@ type userQueue struct {
 	wokenAll bool      // a wake-up named no one: every waiter looks
 
 	// The loop's own.
-	waiters []*waiter      // in the order they came
-	places  map[string]int // the latest place of each stream id in the queue
+	waiters   []*waiter            // in the order they came
+	places    map[string]int       // each stream id's latest place in the queue; 0: none yet
+	refreshed map[string]time.Time // when each stream id's ticket was last refreshed
+	named     map[string]bool      // stream ids wake-ups named, for the next call
+	namedAll  bool                 // a wake-up named no one: every ticket goes
+	expiresAt time.Time            // when a slot or ticket may expire next, as last read
 }
 
 // join adds w to the loop of key and plan, starting it if none runs. stop
@@ -51,7 +51,8 @@ func (l *Limiter) join(key, userID, plan string, w *waiter) (stop func()) {
 	l.queues.mu.Lock()
 	q := l.queues.m[k]
 	if q == nil {
-		q = &userQueue{l: l, key: key, userID: userID, plan: plan, poke: make(chan struct{}, 1), places: map[string]int{}}
+		q = &userQueue{l: l, key: key, userID: userID, plan: plan, poke: make(chan struct{}, 1),
+			places: map[string]int{}, refreshed: map[string]time.Time{}, named: map[string]bool{}}
 		l.queues.m[k] = q
 		go q.run()
 	}
@@ -150,13 +151,21 @@ func (q *userQueue) sleep(timer *time.Timer) {
 }
 
 // due reports whether a call should be made now: a waiter joined or is to
-// leave, or a wake-up named one of the loop's tickets (or no one).
+// leave, or a wake-up named one of the loop's tickets (or no one). The
+// tickets named are kept for the call.
 func (q *userQueue) due(now time.Time) bool {
 	q.mu.Lock()
 	woken, all, joined := q.woken, q.wokenAll, len(q.incoming) > 0
 	q.woken, q.wokenAll = nil, false
 	q.mu.Unlock()
-	if joined || all {
+	named := false
+	for _, id := range woken {
+		if _, ok := q.places[id]; ok {
+			q.named[id], named = true, true
+		}
+	}
+	q.namedAll = q.namedAll || all
+	if joined || all || named {
 		return true
 	}
 	for _, w := range q.waiters {
@@ -164,130 +173,5 @@ func (q *userQueue) due(now time.Time) bool {
 			return true
 		}
 	}
-	for _, id := range woken {
-		if _, ok := q.places[id]; ok {
-			return true
-		}
-	}
 	return false
-}
-
-// round makes one call to the wait script for every waiter of the loop
-// and answers those it decides; it returns when the next call is due if
-// nothing happens meanwhile.
-func (q *userQueue) round() time.Time {
-	l := q.l
-	now := time.Now()
-	tier, ok := l.tiers.Lookup(q.plan)
-	if !ok {
-		q.fail(tiers.Tier{Plan: q.plan}, errPlanGone(q.plan), now)
-		return now
-	}
-
-	// One ticket per stream id: it waits on while one of its waiters does.
-	// Whether a waiter leaves is decided once, here: a caller that leaves
-	// during the call is withdrawn at the next.
-	args := lua.WaitArgs{Limit: tier.MaxConcurrentStreams, SlotTTL: tier.SlotTTL, TicketTTL: l.ticketTTL, MaxQueue: l.maxQueue}
-	index := map[string]int{} // stream id → its ticket in args
-	leaves := make([]WaitOutcome, len(q.waiters))
-	for j, w := range q.waiters {
-		outcome, leaving := w.gone(now)
-		leaves[j] = outcome
-		i, seen := index[w.streamID]
-		if !seen {
-			index[w.streamID] = len(args.Tickets)
-			args.Tickets = append(args.Tickets, lua.TicketArgs{StreamID: w.streamID, Leave: leaving, Record: w.record})
-		} else if !leaving {
-			args.Tickets[i].Leave = false
-		}
-	}
-
-	var got lua.Waited
-	var replicas *replicaSync
-	ctx := context.Background()
-	err := l.do(ctx, "wait", func(ctx context.Context, c rueidis.Client) (err error) {
-		c, replicas = l.synced(c)
-		got, err = lua.Wait(ctx, c, q.key, args)
-		return err
-	})
-	if err != nil {
-		q.fail(tier, err, now)
-		return now.Add(q.pollEvery(false))
-	}
-	if got.Pruned > 0 {
-		l.observer.Reclaimed(ctx, tier.Plan, got.Pruned)
-	}
-	if len(got.Wake) > 0 {
-		l.wake(ctx, q.key, got.Wake...)
-	}
-
-	headZone := false
-	kept := q.waiters[:0]
-	clear(q.places)
-	for j, w := range q.waiters {
-		t := got.Tickets[index[w.streamID]]
-		outcome, leaving := leaves[j], leaves[j] != ""
-		switch {
-		case t.State == lua.TicketGranted:
-			w.answer(waitResult{outcome: WaitGranted, expiresAtMs: t.ExpiresAtMs, replicas: replicas, used: got.Used})
-		case leaving:
-			w.answer(waitResult{outcome: outcome, used: got.Used, retry: got.RetryAfter})
-		case t.State == lua.TicketFull:
-			w.answer(waitResult{outcome: WaitFull, used: got.Used, retry: got.RetryAfter})
-		default:
-			// Queued; or, withdrawn while another waiter of its stream id
-			// left, queued again at the next call.
-			kept = append(kept, w)
-			q.places[w.streamID] = t.Place
-			headZone = headZone || (t.State == lua.TicketQueued && t.Place <= tier.MaxConcurrentStreams)
-		}
-	}
-	clear(q.waiters[len(kept):])
-	q.waiters = kept
-
-	wait := q.pollEvery(headZone)
-	if got.Next >= 0 {
-		wait = min(wait, got.Next)
-	}
-	next := now.Add(wait)
-	for _, w := range q.waiters {
-		if w.deadline.Before(next) {
-			next = w.deadline
-		}
-	}
-	return next
-}
-
-// pollEvery is how long until the loop calls the script again unasked:
-// soon, jittered, when a ticket could be served next (a wake-up may have
-// been lost), else in time to refresh the tickets.
-func (q *userQueue) pollEvery(headZone bool) time.Duration {
-	if !headZone {
-		return q.l.ticketTTL / 3
-	}
-	p := q.l.waitPoll
-	return p*4/5 + rand.N(p*2/5+1)
-}
-
-// fail answers the waiters of a call that failed with err: the tier's
-// failure mode decides for an outage, as for any acquire; a caller that
-// left is answered as cancelled. The tickets not withdrawn expire.
-func (q *userQueue) fail(tier tiers.Tier, err error, now time.Time) {
-	open := degrade(tier.FailureMode, err)
-	if open {
-		q.l.warnDegraded(context.Background(), "redis unavailable; granting waiting acquires degraded (failureMode Open)", "plan", tier.Plan, "err", err)
-	}
-	for _, w := range q.waiters {
-		switch outcome, _ := w.gone(now); {
-		case outcome == WaitCancelled:
-			w.answer(waitResult{outcome: WaitCancelled})
-		case open:
-			w.answer(waitResult{outcome: WaitGranted, degraded: true})
-		default:
-			w.answer(waitResult{outcome: WaitFailed, err: err})
-		}
-	}
-	clear(q.waiters)
-	q.waiters = q.waiters[:0]
-	clear(q.places)
 }

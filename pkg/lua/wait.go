@@ -63,8 +63,9 @@ type Waited struct {
 	// Next is how long until the answer may change by time alone (a slot
 	// or a ticket expiring), when a ticket still waits; -1 otherwise.
 	Next time.Duration
-	// RetryAfter is what a denial would answer: until enough slots expire
-	// for one to be free.
+	// RetryAfter is what a denial answers (until enough slots expire for
+	// one to be free), when a ticket of the call left or was not queued;
+	// 0 otherwise.
 	RetryAfter time.Duration
 	// Wake are other servers' tickets owed a free slot: the caller wakes
 	// them.

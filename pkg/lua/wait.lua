@@ -22,10 +22,11 @@
 --   next_ms    ms until the answer may change by time alone (the earliest
 --              slot or ticket expiry), when a ticket of the call still
 --              waits; -1 otherwise
---   retry_after_ms  as acquire's for a denial: until enough slots expire
---              for one to be free; until the earliest slot expires when
---              slots are free but owed to the queue; the ticket ttl when
---              no slot is held
+--   retry_after_ms  when a ticket of the call left or was not queued,
+--              what a denial answers (as acquire's): until enough slots
+--              expire for one to be free; until the earliest slot expires
+--              when slots are free but owed to the queue; the ticket ttl
+--              when no slot is held. 0 otherwise.
 --   wake ids   tickets of other callers now owed a free slot: the caller
 --              wakes them (their servers call this script for them)
 --   state 1    granted: the stream holds a slot; value = its expires_at_ms
@@ -78,6 +79,8 @@ end
 
 local ids, records, waiting = {}, {}, {}
 local states, values = {}, {}
+local granted = false -- a slot was granted or extended
+local denied = false  -- a ticket left or was not queued: retry_after_ms is due
 for i = 1, n do
   local id, action = ARGV[3 + 3 * i], ARGV[4 + 3 * i]
   ids[i], records[i] = id, ARGV[2] .. ARGV[5 + 3 * i]
@@ -85,17 +88,19 @@ for i = 1, n do
   if action == 'l' then
     redis.call('ZREM', queue, id)
     redis.call('ZREM', expiry, id)
-  elseif redis.call('ZSCORE', slots, id) then
-    -- Held already (granted to a call whose answer was lost): extend it.
-    redis.call('ZADD', slots, 'GT', now + ttl, id)
-    redis.call('HSETNX', meta, id, records[i])
-    redis.call('ZREM', queue, id)
-    redis.call('ZREM', expiry, id)
-    states[i], values[i] = 1, tonumber(redis.call('ZSCORE', slots, id))
+    denied = true
   else
     local queued = redis.call('ZSCORE', queue, id)
-    if not queued and redis.call('ZCARD', queue) >= maxQueue then
+    if not queued and redis.call('ZSCORE', slots, id) then
+      -- Held already (granted to a call whose answer was lost): extend it.
+      redis.call('ZADD', slots, 'GT', now + ttl, id)
+      redis.call('HSETNX', meta, id, records[i])
+      redis.call('ZREM', expiry, id)
+      states[i], values[i] = 1, tonumber(redis.call('ZSCORE', slots, id))
+      granted = true
+    elseif not queued and redis.call('ZCARD', queue) >= maxQueue then
       states[i] = -2
+      denied = true
     else
       if not queued then
         local arrival = nowUs
@@ -135,6 +140,7 @@ while free > 0 do
       waiting[head] = nil
       states[i], values[i] = 1, now + ttl
       used = used + 1
+      granted = true
     else
       wake[#wake + 1] = head
       at = at + 1
@@ -168,28 +174,36 @@ if nextMs == 0 then
   nextMs = math.max(nextMs, 1)
 end
 
-local retry = ticketTTL
-if limit > 0 and used >= limit then
-  local nth = redis.call('ZRANGE', slots, used - limit, used - limit, 'WITHSCORES')
-  retry = tonumber(nth[2]) - now
-elseif used > 0 then
-  local first = redis.call('ZRANGE', slots, 0, 0, 'WITHSCORES')
-  retry = tonumber(first[2]) - now
+local retry = 0
+if denied then
+  retry = ticketTTL
+  if limit > 0 and used >= limit then
+    local nth = redis.call('ZRANGE', slots, used - limit, used - limit, 'WITHSCORES')
+    retry = tonumber(nth[2]) - now
+  elseif used > 0 then
+    local first = redis.call('ZRANGE', slots, 0, 0, 'WITHSCORES')
+    retry = tonumber(first[2]) - now
+  end
 end
 
--- Each key outlives its longest entry by one of its TTLs, as acquire
--- leaves the slots.
-if used > 0 then
+-- The slots outlive their longest one by one TTL, as acquire leaves them.
+if granted then
   local last = redis.call('ZRANGE', slots, -1, -1, 'WITHSCORES')
   local keep = tonumber(last[2]) + ttl
   redis.call('PEXPIREAT', slots, keep)
   redis.call('PEXPIREAT', meta, keep)
 end
+-- The queue's keys outlive its latest ticket by at least one ticket TTL:
+-- moved, two TTLs on, only when a refresh took a ticket past that, so
+-- most calls write the tickets alone.
 local latest = redis.call('ZRANGE', expiry, -1, -1, 'WITHSCORES')
 if latest[2] then
-  local keep = digits(tonumber(latest[2]) + ticketTTL)
-  redis.call('PEXPIREAT', queue, keep)
-  redis.call('PEXPIREAT', expiry, keep)
+  local need = tonumber(latest[2]) + ticketTTL
+  if redis.call('PEXPIRETIME', queue) < need then
+    local keep = digits(need + ticketTTL)
+    redis.call('PEXPIREAT', queue, keep)
+    redis.call('PEXPIREAT', expiry, keep)
+  end
 end
 
 local out = {used, pruned, nextMs, retry, wake}

@@ -1,0 +1,203 @@
+package limiter
+
+import (
+	"context"
+	"math/rand/v2"
+	"time"
+
+	"github.com/joishi/limiter/pkg/lua"
+	"github.com/joishi/limiter/pkg/tiers"
+	"github.com/redis/rueidis"
+)
+
+// ticketCall is one stream id's ticket in a call: whether to send it, and
+// whether it leaves.
+type ticketCall struct {
+	send, leave bool
+	at          int // index in WaitArgs.Tickets when sent
+}
+
+// round makes one call to the wait script, for the tickets that need one,
+// and answers the waiters it decides; it returns when the next call is
+// due if nothing happens meanwhile.
+//
+// A ticket goes into the call when its waiter is new or leaves, when it
+// could be served next (its place is within the limit), when a wake-up
+// named it, when its refresh is half due (so the refreshes of tickets
+// that joined at different times fall into the same calls), and every
+// ticket does when a slot or a ticket may have expired. So a user with a
+// thousand waiters on this server costs one call per poll for the head
+// of the queue and one with all its tickets per TicketTTL/3.
+func (q *userQueue) round() time.Time {
+	l := q.l
+	now := time.Now()
+	tier, ok := l.tiers.Lookup(q.plan)
+	if !ok {
+		q.fail(tiers.Tier{Plan: q.plan}, errPlanGone(q.plan), now)
+		return now
+	}
+	refreshBy := l.ticketTTL / 3
+	all := q.namedAll || !now.Before(q.expiresAt)
+
+	// Whether a waiter leaves is decided once, here: a caller that leaves
+	// during the call is withdrawn at the next. A stream id's ticket
+	// leaves when all of its waiters do.
+	calls := map[string]*ticketCall{}
+	leaves := make([]WaitOutcome, len(q.waiters))
+	for j, w := range q.waiters {
+		outcome, leaving := w.gone(now)
+		leaves[j] = outcome
+		c := calls[w.streamID]
+		if c == nil {
+			c = &ticketCall{leave: true}
+			calls[w.streamID] = c
+		}
+		c.leave = c.leave && leaving
+		place := q.places[w.streamID]
+		c.send = c.send || all || leaving || q.named[w.streamID] || place == 0 || place <= tier.MaxConcurrentStreams ||
+			now.Sub(q.refreshed[w.streamID]) >= refreshBy/2
+	}
+	clear(q.named)
+	q.namedAll = false
+	args := lua.WaitArgs{Limit: tier.MaxConcurrentStreams, SlotTTL: tier.SlotTTL, TicketTTL: l.ticketTTL, MaxQueue: l.maxQueue}
+	for _, w := range q.waiters {
+		if c := calls[w.streamID]; c.send && c.at == 0 {
+			args.Tickets = append(args.Tickets, lua.TicketArgs{StreamID: w.streamID, Leave: c.leave, Record: w.record})
+			c.at = len(args.Tickets) // 1-based, 0: not yet
+		}
+	}
+	if len(args.Tickets) == 0 {
+		return q.next(now, tier)
+	}
+
+	var got lua.Waited
+	var replicas *replicaSync
+	ctx := context.Background()
+	err := l.do(ctx, "wait", func(ctx context.Context, c rueidis.Client) (err error) {
+		c, replicas = l.synced(c)
+		got, err = lua.Wait(ctx, c, q.key, args)
+		return err
+	})
+	if err != nil {
+		q.fail(tier, err, now)
+		return now.Add(refreshBy)
+	}
+	if got.Pruned > 0 {
+		l.observer.Reclaimed(ctx, tier.Plan, got.Pruned)
+	}
+	// Of the tickets owed a slot, those of this loop left out of the call
+	// are served by the next one, at once; the others' servers are woken.
+	again := false
+	wake := got.Wake[:0:0]
+	for _, id := range got.Wake {
+		if _, mine := calls[id]; mine {
+			q.named[id], again = true, true
+		} else {
+			wake = append(wake, id)
+		}
+	}
+	if len(wake) > 0 {
+		l.wake(ctx, q.key, wake...)
+	}
+	if got.Next >= 0 {
+		q.expiresAt = now.Add(got.Next)
+	}
+
+	kept := q.waiters[:0]
+	for j, w := range q.waiters {
+		c := calls[w.streamID]
+		if !c.send {
+			kept = append(kept, w)
+			continue
+		}
+		t := got.Tickets[c.at-1]
+		outcome, leaving := leaves[j], leaves[j] != ""
+		switch {
+		case t.State == lua.TicketGranted:
+			w.answer(waitResult{outcome: WaitGranted, expiresAtMs: t.ExpiresAtMs, replicas: replicas, used: got.Used})
+		case leaving:
+			w.answer(waitResult{outcome: outcome, used: got.Used, retry: got.RetryAfter})
+		case t.State == lua.TicketFull:
+			w.answer(waitResult{outcome: WaitFull, used: got.Used, retry: got.RetryAfter})
+		default:
+			// Queued; or, withdrawn while another waiter of its stream id
+			// left, queued again at the next call (place 0).
+			kept = append(kept, w)
+			q.places[w.streamID] = t.Place
+			q.refreshed[w.streamID] = now
+		}
+	}
+	clear(q.waiters[len(kept):])
+	q.waiters = kept
+	waiting := make(map[string]bool, len(kept))
+	for _, w := range kept {
+		waiting[w.streamID] = true
+	}
+	for id := range q.places {
+		if !waiting[id] {
+			delete(q.places, id)
+			delete(q.refreshed, id)
+		}
+	}
+	if again {
+		return now
+	}
+	return q.next(now, tier)
+}
+
+// next is when the loop's next call is due unasked: a poll while one of
+// its tickets could be served next, each ticket's refresh, the next
+// expiry of a slot or ticket, the end of a wait.
+func (q *userQueue) next(now time.Time, tier tiers.Tier) time.Time {
+	refreshBy := q.l.ticketTTL / 3
+	next := q.expiresAt
+	for _, w := range q.waiters {
+		place := q.places[w.streamID]
+		if place > 0 && place <= tier.MaxConcurrentStreams {
+			next = minTime(next, now.Add(q.pollEvery()))
+		}
+		next = minTime(next, q.refreshed[w.streamID].Add(refreshBy), w.deadline)
+	}
+	return next
+}
+
+func minTime(t time.Time, others ...time.Time) time.Time {
+	for _, o := range others {
+		if o.Before(t) {
+			t = o
+		}
+	}
+	return t
+}
+
+// pollEvery is how long after a call one for a ticket that could be
+// served next is due (a wake-up may have been lost): WaitPoll, jittered by
+// up to a fifth either way.
+func (q *userQueue) pollEvery() time.Duration {
+	p := q.l.waitPoll
+	return p*4/5 + rand.N(p*2/5+1)
+}
+
+// fail answers the waiters of a call that failed with err: the tier's
+// failure mode decides for an outage, as for any acquire; a caller that
+// left is answered as cancelled. The tickets not withdrawn expire.
+func (q *userQueue) fail(tier tiers.Tier, err error, now time.Time) {
+	open := degrade(tier.FailureMode, err)
+	if open {
+		q.l.warnDegraded(context.Background(), "redis unavailable; granting waiting acquires degraded (failureMode Open)", "plan", tier.Plan, "err", err)
+	}
+	for _, w := range q.waiters {
+		switch outcome, _ := w.gone(now); {
+		case outcome == WaitCancelled:
+			w.answer(waitResult{outcome: WaitCancelled})
+		case open:
+			w.answer(waitResult{outcome: WaitGranted, degraded: true})
+		default:
+			w.answer(waitResult{outcome: WaitFailed, err: err})
+		}
+	}
+	clear(q.waiters)
+	q.waiters = q.waiters[:0]
+	clear(q.places)
+	clear(q.refreshed)
+}
