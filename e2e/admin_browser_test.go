@@ -23,18 +23,27 @@ import (
 const screenshotDirEnv = "LIMITER_TEST_SCREENSHOTS"
 
 // TestAdminPageInChromium drives the admin page in real headless Chromium,
-// on the admin listener (admin.addr, not the API's port): sign in, look up a user holding 2 slots, see failed look-ups hide them,
-// release them with a reason, see 0 slots and the release in the recent
-// actions. The page must raise no console error (a CSP violation is one).
+// on the admin listener (admin.addr, not the API's port): sign in, look up
+// a user holding 2 slots with a third acquire waiting for one, see failed
+// look-ups hide them, release them with a reason, see the waiting acquire
+// take a slot and the release in the recent actions. The page must raise
+// no console error (a CSP violation is one).
 func TestAdminPageInChromium(t *testing.T) {
 	chromium := testenv.Chromium(t)
 	srv := startAdminServer(t)
 	user := "page-" + randomID()
 	for range 2 {
-		if status, res := acquire(t, srv.API, user, "long"); status != http.StatusOK || res.Degraded {
+		if status, res := acquire(t, srv.API, user, "queued"); status != http.StatusOK || res.Degraded {
 			t.Fatalf("acquire: got %d %+v, want granted, not degraded", status, res)
 		}
 	}
+	const waiter = "page-waiter"
+	waited := waitFor(context.Background(), srv.API, user, "queued", waiter, 60_000)
+	eventually(t, 10*time.Second, "the third acquire waits in the queue", func() bool {
+		var slots httpapi.AdminSlotsResponse
+		status, _ := srv.admin(t, "GET", httpapi.AdminUserSlotsPath(user), e2eViewerToken, nil, &slots)
+		return status == http.StatusOK && len(slots.Queue) == 1 && slots.Queue[0].StreamID == waiter
+	})
 
 	dir := t.TempDir()
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
@@ -145,14 +154,22 @@ func TestAdminPageInChromium(t *testing.T) {
 		chromedp.WaitVisible(chromedp.ID("slots-card")),
 	)
 	poll("the user's 2 slots are listed", `document.querySelectorAll("#slots tbody tr").length === 2 && document.getElementById("used").textContent === "2"`)
+	poll("the waiting acquire is listed", `document.querySelectorAll("#queue tbody tr").length === 1 && !document.getElementById("queue").hidden && document.getElementById("no-queue").hidden`)
+	if got := text("#queue tbody tr td:nth-child(2)"); got != waiter {
+		t.Errorf("waiting acquire listed: got %q, want %s", got, waiter)
+	}
 
-	// The countdowns run: a TTL cell shows m:ss and goes down.
+	// The countdowns run: a TTL cell shows m:ss and goes down, the time a
+	// waiting acquire has waited goes up.
 	countdown := regexp.MustCompile(`^\d+:\d\d$`)
-	first := text("#slots tbody tr td.ttl")
+	first, waitedFirst := text("#slots tbody tr td.ttl"), text("#queue tbody tr td:nth-child(4)")
 	step("wait", chromedp.Sleep(1500*time.Millisecond))
-	second := text("#slots tbody tr td.ttl")
+	second, waitedSecond := text("#slots tbody tr td.ttl"), text("#queue tbody tr td:nth-child(4)")
 	if !countdown.MatchString(first) || !countdown.MatchString(second) || second >= first {
 		t.Errorf("countdown: got %q then %q 1.5s later, want m:ss going down", first, second)
+	}
+	if !countdown.MatchString(waitedFirst) || !countdown.MatchString(waitedSecond) || waitedSecond <= waitedFirst {
+		t.Errorf("waited: got %q then %q 1.5s later, want m:ss going up", waitedFirst, waitedSecond)
 	}
 	shot("admin-before-release.png")
 
@@ -197,7 +214,17 @@ func TestAdminPageInChromium(t *testing.T) {
 		chromedp.Click(chromedp.ID("confirm-release")),
 		chromedp.WaitVisible(chromedp.ID("notice")),
 	)
-	poll("the user holds 0 slots", `document.getElementById("used").textContent === "0" && !document.getElementById("no-slots").hidden`)
+	// The waiting acquire takes one of the slots released.
+	poll("the user holds the waiter's slot alone", `document.getElementById("used").textContent === "1" && document.querySelector("#slots tbody tr").dataset.stream === `+jsString(waiter)+
+		` && !document.getElementById("no-queue").hidden`)
+	select {
+	case a := <-waited:
+		if a.status != http.StatusOK {
+			t.Errorf("the waiting acquire: got %d %s (%v), want 200 once support released the slots", a.status, a.body, a.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("the waiting acquire got no answer after support released the slots")
+	}
 
 	notice := text("#notice")
 	auditID := regexp.MustCompile(`audit id ([0-9a-f]{16})`).FindStringSubmatch(notice)
@@ -220,10 +247,10 @@ func TestAdminPageInChromium(t *testing.T) {
 	}
 	shot("admin-after-release.png")
 
-	// Server side: the slots are gone.
+	// Server side: the released slots are gone, the waiter holds one.
 	var slots httpapi.AdminSlotsResponse
-	if status, body := srv.admin(t, "GET", httpapi.AdminUserSlotsPath(user), e2eViewerToken, nil, &slots); status != http.StatusOK || slots.Used != 0 {
-		t.Errorf("slots after the release: got %d %s, want 200 with used 0", status, body)
+	if status, body := srv.admin(t, "GET", httpapi.AdminUserSlotsPath(user), e2eViewerToken, nil, &slots); status != http.StatusOK || slots.Used != 1 || len(slots.Queue) != 0 {
+		t.Errorf("slots after the release: got %d %s, want 200 with the waiter's slot and no queue", status, body)
 	}
 
 	step("sign out, then in as a viewer, who may not release",

@@ -26,7 +26,7 @@ const (
 
 // adminTiers: paid=3 with a short heartbeat, so a lost lease shows fast;
 // long=3 with a TTL no slow test machine outlasts, for slots held without
-// heartbeats.
+// heartbeats; queued=2 like long, whose acquires may wait a minute.
 const adminTiers = `    - plan: paid
       maxConcurrentStreams: 3
       slotTTL: 3s
@@ -35,6 +35,11 @@ const adminTiers = `    - plan: paid
       maxConcurrentStreams: 3
       slotTTL: 120s
       heartbeatInterval: 20s
+    - plan: queued
+      maxConcurrentStreams: 2
+      slotTTL: 120s
+      heartbeatInterval: 20s
+      maxWait: 60s
 `
 
 // adminServer is a `limiter serve` process with the admin API on.

@@ -84,6 +84,23 @@ type AdminSlotsResponse struct {
 	UserID string      `json:"user_id"`
 	Used   int         `json:"used"`
 	Slots  []AdminSlot `json:"slots"`
+	// Queue are the acquires waiting for one of the user's slots
+	// (wait_ms), first served first.
+	Queue []AdminTicket `json:"queue"`
+}
+
+// AdminTicket is one acquire waiting in a user's queue.
+type AdminTicket struct {
+	StreamID string `json:"stream_id"`
+	// Place is 1 for the acquire served next.
+	Place int `json:"place"`
+	// WaitingSince is when it joined the queue (Redis time).
+	WaitingSince time.Time `json:"waiting_since"`
+	// WaitedMs is how long it had waited when Redis answered.
+	WaitedMs int64 `json:"waited_ms"`
+	// ExpiresAt is when its place lapses unless the server it waits on
+	// refreshes it (every few seconds while it waits).
+	ExpiresAt time.Time `json:"expires_at"`
 }
 
 // AdminSlot is one live slot, earliest expiry first.

@@ -23,6 +23,8 @@ type Ticket struct {
 	Place int
 	// Since is when it was queued (Redis time).
 	Since time.Time
+	// Waited is how long it had waited when Redis was read.
+	Waited time.Duration
 	// ExpiresAt is when its place lapses unless its server, still waiting
 	// for it, refreshes it.
 	ExpiresAt time.Time
@@ -70,7 +72,8 @@ func (l *Limiter) slots(ctx context.Context, userID string) (UserSlots, error) {
 	}
 	out.Queue = make([]Ticket, len(listing.Queue))
 	for i, t := range listing.Queue {
-		out.Queue[i] = Ticket{StreamID: t.StreamID, Place: i + 1, Since: time.UnixMicro(t.ArrivalUs).UTC(), ExpiresAt: msTime(t.ExpiresAtMs)}
+		out.Queue[i] = Ticket{StreamID: t.StreamID, Place: i + 1, Since: time.UnixMicro(t.ArrivalUs).UTC(),
+			Waited: time.Duration(listing.NowMs*1000-t.ArrivalUs) * time.Microsecond, ExpiresAt: msTime(t.ExpiresAtMs)}
 	}
 	return out, nil
 }

@@ -224,9 +224,13 @@ func (a *Admin) listSlots(_ http.ResponseWriter, r *http.Request, _ *httpapi.Aud
 	if err != nil {
 		return nil, err
 	}
-	out := httpapi.AdminSlotsResponse{UserID: slots.UserID, Used: slots.Used, Slots: make([]httpapi.AdminSlot, len(slots.Slots))}
+	out := httpapi.AdminSlotsResponse{UserID: slots.UserID, Used: slots.Used, Slots: make([]httpapi.AdminSlot, len(slots.Slots)),
+		Queue: make([]httpapi.AdminTicket, len(slots.Queue))}
 	for i, s := range slots.Slots {
 		out.Slots[i] = httpapi.AdminSlot{StreamID: s.StreamID, ExpiresAt: s.ExpiresAt, TTLMs: s.TTL.Milliseconds()}
+	}
+	for i, t := range slots.Queue {
+		out.Queue[i] = httpapi.AdminTicket{StreamID: t.StreamID, Place: t.Place, WaitingSince: t.Since, WaitedMs: t.Waited.Milliseconds(), ExpiresAt: t.ExpiresAt}
 	}
 	return out, nil
 }

@@ -152,7 +152,7 @@
     try {
       const res = await api("GET", userPath(user, "slots"));
       role = res.role || role;
-      shown = { user: res.data.user_id, slots: res.data.slots, used: res.data.used, fetchedAt: performance.now() };
+      shown = { user: res.data.user_id, slots: res.data.slots, used: res.data.used, queue: res.data.queue || [], fetchedAt: performance.now() };
       renderSlots();
     } catch (err) {
       // No card of the user shown before: its "Release all slots" would
@@ -184,6 +184,16 @@
     }
     show($("slots"), shown.slots.length > 0);
     show($("no-slots"), shown.slots.length === 0);
+    const queue = $("queue").tBodies[0];
+    queue.replaceChildren();
+    for (const q of shown.queue) {
+      const tr = document.createElement("tr");
+      tr.dataset.stream = q.stream_id;
+      tr.append(cell(String(q.place)), cell(q.stream_id, "mono"), cell(formatTime(q.waiting_since)), cell(""));
+      queue.append(tr);
+    }
+    show($("queue"), shown.queue.length > 0);
+    show($("no-queue"), shown.queue.length === 0);
     const operator = role === "operator";
     $("release").disabled = !operator || shown.slots.length === 0;
     show($("release-note"), !operator);
@@ -205,6 +215,13 @@
       const left = s.ttl_ms - elapsed;
       td.textContent = formatLeft(left);
       td.classList.toggle("expired", left <= 0);
+    });
+    // And how long each waiting acquire has waited, from what Redis
+    // reported, counting on.
+    const qrows = $("queue").tBodies[0].rows;
+    shown.queue.forEach((q, i) => {
+      const td = qrows[i] && qrows[i].cells[3];
+      if (td) td.textContent = formatLeft(q.waited_ms + elapsed);
     });
   }
 
