@@ -13,6 +13,29 @@ import (
 // An AcquireOption adjusts one Acquire.
 type AcquireOption func(*httpapi.AcquireRequest)
 
+// MaxWait bounds WithWait: no plan waits longer (tiers.MaxMaxWait).
+const MaxWait = 60 * time.Second
+
+// WithWait lets the Acquire wait up to d for one of the user's slots when
+// all are held, instead of failing with ErrLimitReached at once: it takes
+// a place in the user's queue, and the slots go to the queue first come,
+// first served, whichever replica each request reached. The plan's
+// maxWait caps d (0: the plan never waits); a wait that runs out is the
+// usual ErrLimitReached, with Error.Waited set. The request's timeout is
+// extended by d, and a retry of an unanswered attempt keeps its place
+// and waits only what is left of d. Cancelling ctx leaves the queue at
+// once. d is rounded down to whole milliseconds and bounded by MaxWait;
+// d <= 0: no waiting (the default).
+func WithWait(d time.Duration) AcquireOption {
+	return func(r *httpapi.AcquireRequest) { r.WaitMs = min(d, MaxWait).Milliseconds() }
+}
+
+// AcquireWait is Acquire with WithWait(wait): it waits up to wait (capped
+// by the plan's maxWait) for one of the user's slots to free up.
+func (c *Client) AcquireWait(ctx context.Context, userID, plan string, wait time.Duration, opts ...AcquireOption) (*Lease, error) {
+	return c.Acquire(ctx, userID, plan, append(opts, WithWait(wait))...)
+}
+
 // WithStreamID names the slot (1-128 characters of [A-Za-z0-9._:-]).
 // Default: the client makes a random 128-bit id. Naming it makes a
 // retried Acquire idempotent: the same slot is extended rather than a
@@ -35,7 +58,8 @@ func WithStreamID(id string) AcquireOption {
 //
 // A grant made while the limiter could not reach Redis (a tier failing
 // open) is a Lease with Degraded true. Acquiring a stream id this Client
-// already holds returns the held Lease.
+// already holds returns the held Lease. With WithWait, Acquire may wait
+// for a slot (see AcquireWait).
 func (c *Client) Acquire(ctx context.Context, userID, plan string, opts ...AcquireOption) (*Lease, error) {
 	if c.isClosed() {
 		return nil, ErrClosed
@@ -47,6 +71,9 @@ func (c *Client) Acquire(ctx context.Context, userID, plan string, opts ...Acqui
 	if req.StreamID == "" {
 		req.StreamID = keys.NewStreamID()
 	}
+	if req.WaitMs < 0 {
+		req.WaitMs = 0
+	}
 	out, err := c.acquireRetrying(ctx, req)
 	if err != nil {
 		return nil, err
@@ -57,6 +84,7 @@ func (c *Client) Acquire(ctx context.Context, userID, plan string, opts ...Acqui
 		plan:      plan,
 		streamID:  out.StreamID,
 		interval:  heartbeatInterval(out),
+		waited:    time.Duration(out.WaitedMs) * time.Millisecond,
 		expiresAt: out.ExpiresAt,
 		degraded:  out.Degraded,
 		lost:      make(chan struct{}),
@@ -76,7 +104,8 @@ func (c *Client) Acquire(ctx context.Context, userID, plan string, opts ...Acqui
 
 func (c *Client) acquire(ctx context.Context, req httpapi.AcquireRequest) (httpapi.AcquireResponse, error) {
 	var out httpapi.AcquireResponse
-	if err := c.api.do(ctx, http.MethodPost, httpapi.PathAcquire, req, &out); err != nil {
+	wait := time.Duration(req.WaitMs) * time.Millisecond
+	if err := c.api.doWithin(ctx, c.api.timeout+wait, http.MethodPost, httpapi.PathAcquire, req, &out); err != nil {
 		return out, err
 	}
 	if !out.Granted || out.StreamID == "" {

@@ -66,6 +66,9 @@ type Error struct {
 	// RetryAfter is when a slot may free up at the earliest: retry_after_ms
 	// of the body, else the Retry-After header. Zero when neither is given.
 	RetryAfter time.Duration
+	// Waited is how long an acquire that asked to wait (WithWait) waited
+	// in the queue before its wait ran out; set on stream_limit_reached.
+	Waited time.Duration
 }
 
 func (e *Error) Error() string {
@@ -78,7 +81,11 @@ func (e *Error) Error() string {
 		fmt.Fprintf(&b, ": %s", e.Message)
 	}
 	if e.Code == httpapi.CodeStreamLimitReached {
-		fmt.Fprintf(&b, " (used %d of %d, retry after %s)", e.Used, e.Limit, e.RetryAfter)
+		fmt.Fprintf(&b, " (used %d of %d, retry after %s", e.Used, e.Limit, e.RetryAfter)
+		if e.Waited > 0 {
+			fmt.Fprintf(&b, ", waited %s", e.Waited)
+		}
+		b.WriteString(")")
 	}
 	return b.String()
 }
@@ -123,6 +130,9 @@ func fromWire(status int, we httpapi.Error) *Error {
 	}
 	if we.RetryAfterMs != nil {
 		e.RetryAfter = time.Duration(*we.RetryAfterMs) * time.Millisecond
+	}
+	if we.WaitedMs != nil {
+		e.Waited = time.Duration(*we.WaitedMs) * time.Millisecond
 	}
 	return e
 }

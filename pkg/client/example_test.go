@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log"
+	"time"
 
 	"github.com/joishi/limiter/pkg/client"
 )
@@ -36,4 +37,28 @@ func Example() {
 		}
 	}()
 	_ = stream // ... stream the model's answer under this context ...
+}
+
+// A caller that would rather wait a few seconds than handle a 429 and
+// poll: the acquire takes a place in the user's queue and gets the first
+// slot that frees up, in turn, or ErrLimitReached when the wait (capped
+// by the plan's maxWait) runs out.
+func ExampleClient_AcquireWait() {
+	ctx := context.Background()
+	limits, err := client.New("http://limiter.default.svc:8080")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer limits.Close(ctx)
+
+	lease, err := limits.AcquireWait(ctx, "user-42", "paid", 10*time.Second)
+	var limitErr *client.Error
+	if errors.As(err, &limitErr) && client.IsLimited(err) {
+		log.Printf("no slot freed up within %s; retry in %s", limitErr.Waited, limitErr.RetryAfter)
+		return
+	} else if err != nil {
+		log.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	log.Printf("granted after waiting %s", lease.Waited())
 }

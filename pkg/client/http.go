@@ -57,6 +57,12 @@ func parseBaseURL(raw string) (string, error) {
 // is an *Error. A transport failure or the request timeout matches
 // ErrUnavailable; the end of ctx itself is returned as ctx's error.
 func (e *endpoint) do(ctx context.Context, method, path string, in, out any) error {
+	return e.doWithin(ctx, e.timeout, method, path, in, out)
+}
+
+// doWithin is do with the call bounded by timeout instead of the
+// endpoint's: an acquire that may wait has its wait on top.
+func (e *endpoint) doWithin(ctx context.Context, timeout time.Duration, method, path string, in, out any) error {
 	var body io.Reader
 	if in != nil {
 		data, err := json.Marshal(in)
@@ -65,7 +71,7 @@ func (e *endpoint) do(ctx context.Context, method, path string, in, out any) err
 		}
 		body = bytes.NewReader(data)
 	}
-	callCtx, cancel := context.WithTimeout(ctx, e.timeout)
+	callCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(callCtx, method, e.base+path, body)
 	if err != nil {

@@ -17,6 +17,7 @@ type Lease struct {
 	plan     string
 	streamID string
 	interval time.Duration // guarded by client.mu
+	waited   time.Duration
 
 	mu        sync.Mutex
 	expiresAt time.Time
@@ -35,6 +36,10 @@ func (l *Lease) UserID() string { return l.userID }
 
 // Plan returns the plan the slot was acquired under.
 func (l *Lease) Plan() string { return l.plan }
+
+// Waited returns how long the acquire waited in the user's queue before
+// the slot was granted (WithWait); 0 when it was granted at once.
+func (l *Lease) Waited() time.Duration { return l.waited }
 
 // ExpiresAt returns when the slot stops counting unless heartbeated, as of
 // the latest answer (acquire or heartbeat). Heartbeats move it forward.

@@ -24,9 +24,17 @@ const (
 // slot without taking a second, and when Acquire gives up without a
 // grant, it releases the id so that such a slot does not count against
 // the user until its TTL runs out.
+//
+// A waiting acquire (WaitMs) waits in all for WaitMs: a retry, which keeps
+// the first attempt's place in the queue while its ticket lives, asks for
+// what is left.
 func (c *Client) acquireRetrying(ctx context.Context, req httpapi.AcquireRequest) (httpapi.AcquireResponse, error) {
 	unanswered := false
+	waitUntil := time.Now().Add(time.Duration(req.WaitMs) * time.Millisecond)
 	for attempt := 0; ; attempt++ {
+		if attempt > 0 && req.WaitMs > 0 {
+			req.WaitMs = max(time.Until(waitUntil).Milliseconds(), 0)
+		}
 		out, err := c.acquire(ctx, req)
 		switch {
 		case err == nil:
