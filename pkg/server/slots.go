@@ -62,7 +62,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 			RetryAfterMs: &retryMs,
 		}
 		if res.Waited > 0 {
-			waited := res.Waited.Milliseconds()
+			waited := waitedMs(res.Waited)
 			e.WaitedMs = &waited
 			e.Message += fmt.Sprintf("; waited %dms in the queue (wait_ms, capped by the plan's maxWait of %s) without a slot freeing up", waited, res.Tier.MaxWait)
 		}
@@ -80,9 +80,15 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		HeartbeatIntervalMs: res.Tier.HeartbeatInterval.Milliseconds(),
 		Pruned:              res.Pruned,
 		Degraded:            res.Degraded,
-		WaitedMs:            res.Waited.Milliseconds(),
+		WaitedMs:            waitedMs(res.Waited),
 	})
 	a.send(w, http.StatusOK)
+}
+
+// waitedMs is how long an acquire waited, in whole milliseconds rounded
+// up: a wait of a few microseconds was still one, and 0 would read as none.
+func waitedMs(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
 // waitOf is wait_ms as a duration, at most tiers.MaxMaxWait: no plan
