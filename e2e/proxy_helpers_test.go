@@ -26,10 +26,14 @@ import (
 
 // proxyTiers are the plans of the proxy tests: free holds one stream with
 // a 1s TTL (so a crash frees it fast), paid three with a 30s TTL (so a
-// slot gone within seconds was released, not expired).
+// slot gone within seconds was released, not expired), queued one whose
+// requests may wait 10s for it (with proxy.wait), queued-short one that
+// may be waited for 1s.
 var proxyTiers = []tiers.Tier{
 	{Plan: "free", MaxConcurrentStreams: 1, SlotTTL: time.Second, HeartbeatInterval: 300 * time.Millisecond, FailureMode: tiers.FailOpen},
 	{Plan: "paid", MaxConcurrentStreams: 3, SlotTTL: 30 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen},
+	{Plan: "queued", MaxConcurrentStreams: 1, SlotTTL: 30 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen, MaxWait: 10 * time.Second},
+	{Plan: "queued-short", MaxConcurrentStreams: 1, SlotTTL: 30 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen, MaxWait: time.Second},
 }
 
 const proxyTiersYAML = `tiers:
@@ -42,6 +46,16 @@ const proxyTiersYAML = `tiers:
       maxConcurrentStreams: 3
       slotTTL: 30s
       heartbeatInterval: 1s
+    - plan: queued
+      maxConcurrentStreams: 1
+      slotTTL: 30s
+      heartbeatInterval: 1s
+      maxWait: 10s
+    - plan: queued-short
+      maxConcurrentStreams: 1
+      slotTTL: 30s
+      heartbeatInterval: 1s
+      maxWait: 1s
 `
 
 // llm is a test upstream speaking OpenAI's chat completion SSE. The

@@ -143,7 +143,7 @@ func runProxy(ctx context.Context, cfg config.Config, deps serveDeps) error {
 		logger.Warn("identity from headers, trusted as they come: run only behind a hop that authenticates the caller and sets them",
 			"user_header", cfg.Identity.UserHeader, "plan_header", cfg.Identity.PlanHeader)
 	}
-	holder, err := hold.New(lim, hold.Options{Mode: "proxy", Logger: logger, MeterProvider: tel.MeterProvider})
+	holder, err := hold.New(lim, hold.Options{Mode: "proxy", Logger: logger, MeterProvider: tel.MeterProvider, Wait: cfg.Proxy.Wait})
 	if err != nil {
 		return err
 	}

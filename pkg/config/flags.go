@@ -63,6 +63,7 @@ var flagSpecs = []flagSpec{
 	{name: "pass-authorization", key: "proxy.passAuthorization", usage: "pass the client's Authorization header upstream", only: CommandProxy},
 	{name: "upstream-ca-file", key: "proxy.upstreamCAFile", usage: "PEM bundle of the CAs trusted for an https upstream", unset: "none: the system roots", only: CommandProxy},
 	{name: "upstream-response-header-timeout", key: "proxy.responseHeaderTimeout", usage: "how long the upstream may take to send its response headers (the stream itself is not bounded)", only: CommandProxy},
+	{name: "wait", key: "proxy.wait", usage: "how long a request of a user holding every slot may wait for one, first come first served, before a 429 (0s-60s, capped by the plan's maxWait)", unset: "0s: refused at once", only: CommandProxy},
 	{name: "user-header", key: "identity.userHeader", usage: "header naming the user when no JWT is configured; trust it only behind a hop that authenticates and sets it", only: CommandProxy},
 	{name: "plan-header", key: "identity.planHeader", usage: "header naming the plan when no JWT is configured", only: CommandProxy},
 	{name: "default-plan", key: "identity.defaultPlan", usage: "plan of a request that names none", unset: "none: such requests are refused", only: CommandProxy},

@@ -12,6 +12,7 @@ import (
 
 	"github.com/joishi/limiter/pkg/identity"
 	"github.com/joishi/limiter/pkg/proxy"
+	"github.com/joishi/limiter/pkg/tiers"
 )
 
 // Proxy is `limiter proxy`: the reverse proxy that holds a slot for each
@@ -48,6 +49,12 @@ type Proxy struct {
 	// MaxHeaderBytes bounds a request's headers; larger ones are refused
 	// with 431 and no slot. Default 32768.
 	MaxHeaderBytes int `mapstructure:"maxHeaderBytes"`
+	// Wait is how long a request whose user holds every slot of its plan
+	// may wait for one to free up, first come first served across the
+	// proxy's replicas, before it is refused with 429; the plan's maxWait
+	// caps it, and a client that goes away leaves the queue at once.
+	// 0s-60s. Default 0s: refused at once.
+	Wait time.Duration `mapstructure:"wait"`
 }
 
 // Identity says whose stream a request is and under which plan (`limiter
@@ -198,6 +205,9 @@ func (c Config) validateProxy(v *validator) {
 		if d.value <= 0 {
 			v.add(d.key, "must be > 0", d.value.String())
 		}
+	}
+	if p.Wait < 0 || p.Wait > tiers.MaxMaxWait {
+		v.add("proxy.wait", "must be between 0s (no waiting) and 60s (the plan's maxWait caps it)", p.Wait.String())
 	}
 	if p.MaxHeaderBytes < MinMaxHeaderBytes || p.MaxHeaderBytes > MaxMaxHeaderBytes {
 		v.add("proxy.maxHeaderBytes", fmt.Sprintf("must be between %d and %d", MinMaxHeaderBytes, MaxMaxHeaderBytes), strconv.Itoa(p.MaxHeaderBytes))

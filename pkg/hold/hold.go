@@ -14,6 +14,12 @@
 //	defer cancel()
 //	... stream, calling st.Touch() on activity, watching st.Lost() ...
 //
+// A holder may let its requests wait for a slot (Options.Wait, or the
+// request's own limiter.AcquireRequest.Wait): Acquire then returns once a
+// slot freed up and went to the request, first come first served across
+// every replica, or the wait ran out (a denial like any other), or the
+// request's context ended (its place is given up at once).
+//
 // Every method of Holder and Stream is safe for concurrent use, so a gRPC
 // stream's goroutine may acquire, touch and release while the heartbeat
 // loop and a shutdown run beside it.
@@ -78,6 +84,12 @@ type Options struct {
 	IdleTimeout time.Duration
 	// ReleaseConcurrency bounds the releases Close runs at once. Default 16.
 	ReleaseConcurrency int
+	// Wait is how long Acquire may wait for one of the user's slots to
+	// free up when all are held, first come first served, for a request
+	// that sets no wait of its own (limiter.AcquireRequest.Wait); the
+	// tier's maxWait caps it. Close ends the waits in progress (ErrClosed).
+	// Default 0: a request is refused at once.
+	Wait time.Duration
 }
 
 // Holder holds the slots of one process's streams. Create one per process
@@ -97,6 +109,8 @@ type Holder struct {
 
 	stopLoop context.CancelFunc
 	loopDone chan struct{}
+	// closing ends with Close: waiting acquires stop waiting.
+	closing context.Context
 }
 
 // group is the streams of one heartbeat interval: one batch per interval.
@@ -129,7 +143,7 @@ func New(lim *limiter.Limiter, opts Options) (*Holder, error) {
 	h := &Holder{
 		lim: lim, opts: opts, log: opts.Logger, warn: ratelog.New(opts.Logger, warnEvery), metrics: m,
 		held: map[*Stream]struct{}{}, groups: map[time.Duration]*group{},
-		wake: make(chan struct{}, 1), stopLoop: stop, loopDone: make(chan struct{}),
+		wake: make(chan struct{}, 1), stopLoop: stop, loopDone: make(chan struct{}), closing: loopCtx,
 	}
 	go h.loop(loopCtx)
 	return h, nil
@@ -143,11 +157,31 @@ func New(lim *limiter.Limiter, opts Options) (*Holder, error) {
 // outage of an Open plan the grant is degraded (res.Degraded): the stream
 // is held all the same, and its slot is acquired again, under the same
 // stream id, once Redis answers. Refusals are counted by reason.
+//
+// With a wait (req.Wait, else Options.Wait) the acquire may wait in the
+// user's queue for a slot, until the wait (capped by the tier's maxWait)
+// runs out (a denial, res.Waited set), ctx ends (the request's client
+// left: its place is given up at once) or the holder closes (ErrClosed).
 func (h *Holder) Acquire(ctx context.Context, req limiter.AcquireRequest) (*Stream, limiter.AcquireResult, error) {
 	if h.isClosed() {
 		return nil, limiter.AcquireResult{}, ErrClosed
 	}
+	if req.Wait == 0 {
+		req.Wait = h.opts.Wait
+	}
+	if req.Wait > 0 {
+		waitCtx, cancel := context.WithCancelCause(ctx)
+		stop := context.AfterFunc(h.closing, func() { cancel(ErrClosed) })
+		defer func() {
+			stop()
+			cancel(nil)
+		}()
+		ctx = waitCtx
+	}
 	res, err := h.lim.Acquire(ctx, req)
+	if err != nil && errors.Is(context.Cause(ctx), ErrClosed) {
+		return nil, res, ErrClosed
+	}
 	if err != nil {
 		if reason, ok := refusalOf(err); ok {
 			h.metrics.refuse(ctx, reason)

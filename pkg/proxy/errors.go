@@ -5,6 +5,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/joishi/limiter/pkg/limiter"
 )
@@ -68,9 +69,14 @@ func writeLimited(w http.ResponseWriter, res limiter.AcquireResult) {
 	w.Header().Set("Retry-After", strconv.FormatInt(max(1, int64(math.Ceil(res.RetryAfter.Seconds()))), 10))
 	w.Header().Set("X-Should-Retry", "false")
 	used, limit := res.Used, res.Limit
+	msg := "this account already has " + strconv.Itoa(res.Used) + " of its " + strconv.Itoa(res.Limit) + " concurrent streams open; wait for one to finish"
+	if res.Waited > 0 {
+		msg = "this account already has " + strconv.Itoa(res.Used) + " of its " + strconv.Itoa(res.Limit) + " concurrent streams open, and none finished in the " +
+			res.Waited.Round(time.Millisecond).String() + " this request waited in line"
+	}
 	writeError(w, http.StatusTooManyRequests, apiError{
 		Type: typeRateLimit, Code: codeLimitReached,
-		Message:      "this account already has " + strconv.Itoa(res.Used) + " of its " + strconv.Itoa(res.Limit) + " concurrent streams open; wait for one to finish",
+		Message:      msg,
 		RetryAfterMs: &ms, Used: &used, Limit: &limit,
 	})
 }

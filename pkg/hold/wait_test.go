@@ -1,0 +1,90 @@
+package hold_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/internal/limitertest"
+	"github.com/joishi/limiter/pkg/hold"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/tiers"
+)
+
+// waitTiers: one slot per user, waited for up to 10s.
+var waitTiers = []tiers.Tier{
+	{Plan: "queued", MaxConcurrentStreams: 1, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen, MaxWait: 10 * time.Second},
+}
+
+type acquired struct {
+	st  *hold.Stream
+	res limiter.AcquireResult
+	err error
+}
+
+// acquireAsync runs e.holder.Acquire in a goroutine and returns once the
+// user's queue holds queued acquires.
+func (e *env) acquireAsync(t *testing.T, ctx context.Context, user string, queued int) <-chan acquired {
+	t.Helper()
+	done := make(chan acquired, 1)
+	go func() {
+		st, res, err := e.holder.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "queued"})
+		done <- acquired{st, res, err}
+	}()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		got, err := e.stack.Limiter.Slots(context.Background(), user)
+		if err == nil && len(got.Queue) == queued {
+			return done
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("queue of %s: %+v, %v; want %d waiting", user, got.Queue, err, queued)
+		}
+	}
+}
+
+// The holder's Wait lets a stream wait for the slot another one releases,
+// and holds it like any other.
+func TestHolderWaitsForASlot(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, hold.Options{Wait: 5 * time.Second}, limitertest.Options{Tiers: waitTiers})
+	user := newUser()
+	first := e.acquire(t, user, "queued")
+	second := e.acquireAsync(t, context.Background(), user, 1)
+	first.Release(context.Background(), hold.EndComplete)
+	var a acquired
+	select {
+	case a = <-second:
+	case <-time.After(3 * time.Second):
+		t.Fatal("the waiting stream was not granted the slot released")
+	}
+	if a.err != nil || a.st == nil || a.res.Waited <= 0 {
+		t.Fatalf("waiting Acquire = %v, %+v, %v; want a stream, after a wait", a.st, a.res, a.err)
+	}
+	if n := e.holder.Held(); n != 1 {
+		t.Errorf("holder holds %d streams, want the waiter's 1", n)
+	}
+	a.st.Release(context.Background(), hold.EndComplete)
+}
+
+// Closing the holder (the process stopping) ends the waits in progress
+// with ErrClosed, and their places in the queue with them.
+func TestClosingTheHolderEndsWaits(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, hold.Options{Wait: 10 * time.Second}, limitertest.Options{Tiers: waitTiers})
+	user := newUser()
+	e.acquire(t, user, "queued")
+	waiting := e.acquireAsync(t, context.Background(), user, 1)
+	e.holder.Close(context.Background())
+	select {
+	case a := <-waiting:
+		if !errors.Is(a.err, hold.ErrClosed) || a.st != nil {
+			t.Fatalf("waiting Acquire after Close = %v, %v; want ErrClosed", a.st, a.err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("a waiting Acquire outlived Close")
+	}
+	if got, err := e.stack.Limiter.Slots(context.Background(), user); err != nil || len(got.Queue) != 0 {
+		t.Errorf("queue after Close: %+v, %v; want empty", got.Queue, err)
+	}
+}
