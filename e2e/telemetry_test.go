@@ -43,6 +43,9 @@ const telemetryTiers = `    - plan: team
     - plan: strict
       maxConcurrentStreams: 1
       failureMode: Closed
+    - plan: queue
+      maxConcurrentStreams: 1
+      maxWait: 300ms
 `
 
 // TestTelemetryMetricsCountExactly drives a scripted sequence through a
@@ -54,7 +57,7 @@ func TestTelemetryMetricsCountExactly(t *testing.T) {
 	proc := servetest.Start(t, servetest.Options{Config: serveConfig([]string{redis.Addr()}, "e2e-metrics:", telemetryTiers), AwaitRedis: true})
 
 	m := scrape(t, proc)
-	expectMetrics(t, "at start", m, map[string]float64{"limiter_tiers": 2})
+	expectMetrics(t, "at start", m, map[string]float64{"limiter_tiers": 3})
 	if !hasPrefix(m, `limiter_build_info{commit="`) {
 		t.Errorf("no limiter_build_info on /metrics")
 	}
@@ -127,6 +130,26 @@ func TestTelemetryMetricsCountExactly(t *testing.T) {
 		t.Fatalf("strict acquire: %d, want 200", status)
 	}
 
+	// A wait that runs out: the plan's 300ms, not the 5s asked.
+	waiter := "queue-" + randomID()
+	if status, _ := acquire(t, proc.API, waiter, "queue"); status != http.StatusOK {
+		t.Fatalf("queue acquire: %d, want 200", status)
+	}
+	if status, _, body := call(t, httpClient, "POST", proc.API+httpapi.PathAcquire, httpapi.AcquireRequest{UserID: waiter, Plan: "queue", WaitMs: 5000}, nil); status != http.StatusTooManyRequests {
+		t.Fatalf("waiting acquire: %d %s, want 429 once its wait ran out", status, body)
+	}
+	waited := scrape(t, proc)
+	expectMetrics(t, "after a wait ran out", waited, map[string]float64{
+		`limiter_acquire_waiting{plan="queue"}`:                                       0,
+		`limiter_acquire_wait_total{outcome="timeout",plan="queue"}`:                  1,
+		`limiter_acquire_wait_duration_seconds_count{outcome="timeout",plan="queue"}`: 1,
+		`limiter_acquire_total{outcome="granted",plan="queue"}`:                       1,
+		`limiter_acquire_total{outcome="limited",plan="queue"}`:                       1,
+	})
+	if n := waited[`limiter_redis_duration_seconds_count{op="wait"}`]; n < 2 {
+		t.Errorf(`limiter_redis_duration_seconds_count{op="wait"} = %v, want at least 2 (queued, then left)`, n)
+	}
+
 	// Redis stops: team grants degraded, strict answers 503, a team
 	// heartbeat is degraded, a release degraded (not counted).
 	redis.Stop()
@@ -162,11 +185,11 @@ func TestTelemetryMetricsCountExactly(t *testing.T) {
 		`limiter_release_total{released="true"}`:                     1,
 		`limiter_release_total{released="false"}`:                    1,
 		// Every round trip tried once connected, the failed ones included.
-		`limiter_redis_duration_seconds_count{op="acquire"}`:         3 + 1 + 1 + 1 + 2,
+		`limiter_redis_duration_seconds_count{op="acquire"}`:         3 + 1 + 1 + 1 + 2 + 2,
 		`limiter_redis_duration_seconds_count{op="heartbeat"}`:       2 + 1,
 		`limiter_redis_duration_seconds_count{op="heartbeat_batch"}`: 1,
 		`limiter_redis_duration_seconds_count{op="release"}`:         2 + 1,
-		`limiter_tiers`: 2,
+		`limiter_tiers`: 3,
 	})
 	checkObservabilityQueries(t, final)
 }
