@@ -103,7 +103,11 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	var replicas *replicaSync
 	err = l.do(ctx, "acquire", func(ctx context.Context, c rueidis.Client) (err error) {
 		c, replicas = l.synced(c)
-		got, err = lua.Acquire(ctx, c, key, req.StreamID, tier.MaxConcurrentStreams, tier.SlotTTL, lua.Record{Caller: req.Caller})
+		if tier.MaxWait > 0 { // acquires of the plan may wait: none takes their slots
+			got, err = lua.AcquireQueued(ctx, c, key, req.StreamID, tier.MaxConcurrentStreams, tier.SlotTTL, lua.Record{Caller: req.Caller})
+		} else {
+			got, err = lua.Acquire(ctx, c, key, req.StreamID, tier.MaxConcurrentStreams, tier.SlotTTL, lua.Record{Caller: req.Caller})
+		}
 		return err
 	})
 	res := AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}

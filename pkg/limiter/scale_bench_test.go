@@ -136,7 +136,7 @@ func scaleLoad(b *testing.B, e *env, n, concurrency int) []limiter.HeartbeatRequ
 				cmds := make(rueidis.Commands, len(batch))
 				for i, r := range batch {
 					key, _ := e.keys.UserKey(r.UserID)
-					cmds[i] = raw.B().Evalsha().Sha1(sha).Numkeys(4).Key(key, keys.SlotRecords(key), keys.Queue(key), keys.QueueExpiry(key)).Arg(r.StreamID, limit, ttl).Build()
+					cmds[i] = raw.B().Evalsha().Sha1(sha).Numkeys(2).Key(key, keys.SlotRecords(key)).Arg(r.StreamID, limit, ttl).Build()
 				}
 				for i, resp := range raw.DoMulti(context.Background(), cmds...) {
 					got, err := scriptInts(resp)

@@ -4,6 +4,9 @@
 -- KEYS[2] -> <prefix>{<user id>}:meta      hash: field = stream id, value = the slot's record
 -- KEYS[3] -> <prefix>{<user id>}:q         sorted set of waiting acquires' tickets (see wait)
 -- KEYS[4] -> <prefix>{<user id>}:q:expiry  sorted set: member = stream id, score = ticket expiry (Redis ms)
+--            KEYS[3] and KEYS[4] are optional: absent for a plan whose
+--            acquires never wait (maxWait 0), which then ignores the queue
+--            and costs what it did before there was one
 -- ARGV[1] -> stream id
 -- ARGV[2] -> limit (max concurrent streams, >= 0)
 -- ARGV[3] -> slot ttl (ms, > 0, decimal digits)
@@ -62,15 +65,22 @@ end
 
 local pruned = prune()
 
--- Tickets expired by now go: their servers stopped refreshing them.
-local dead = redis.call('ZRANGEBYSCORE', expiry, '-inf', now)
-if #dead > 0 then
-  redis.call('ZREMRANGEBYSCORE', expiry, '-inf', now)
-  for i = 1, #dead, 1000 do
-    redis.call('ZREM', queue, unpack(dead, i, math.min(i + 999, #dead)))
+-- Tickets expired by now go: their servers stopped refreshing them. (A
+-- user nobody waits for costs one ZCARD of a missing key.)
+local waiting = 0
+if expiry then
+  waiting = redis.call('ZCARD', expiry)
+end
+if waiting > 0 then
+  local dead = redis.call('ZRANGEBYSCORE', expiry, '-inf', now)
+  if #dead > 0 then
+    redis.call('ZREMRANGEBYSCORE', expiry, '-inf', now)
+    for i = 1, #dead, 1000 do
+      redis.call('ZREM', queue, unpack(dead, i, math.min(i + 999, #dead)))
+    end
+    waiting = waiting - #dead
   end
 end
-local waiting = redis.call('ZCARD', expiry)
 
 local granted = 0
 local expires = 0

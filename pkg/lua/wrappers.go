@@ -24,12 +24,24 @@ type Acquired struct {
 	Wake []string
 }
 
-// Acquire runs the acquire script on key (a keys.Schema.UserKey), its
-// slot records and its queue for streamID.
+// Acquire runs the acquire script on key (a keys.Schema.UserKey) and its
+// slot records for streamID, for a plan whose acquires never wait: the
+// user's queue is not read (see AcquireQueued).
 //
 // rec is written as the new slot's record, after its TTL.
 func Acquire(ctx context.Context, c rueidis.Client, key, streamID string, limit int, ttl time.Duration, rec Record) (Acquired, error) {
-	arr, err := acquireScript.Exec(ctx, c, queueKeys(key), []string{streamID, strconv.Itoa(limit), ms(ttl), rec.encode()}).ToArray()
+	return acquire(ctx, c, userKeys(key), streamID, limit, ttl, rec)
+}
+
+// AcquireQueued is Acquire for a plan whose acquires may wait: the user's
+// queue is read too, and slots owed to the acquires waiting in it are not
+// taken.
+func AcquireQueued(ctx context.Context, c rueidis.Client, key, streamID string, limit int, ttl time.Duration, rec Record) (Acquired, error) {
+	return acquire(ctx, c, queueKeys(key), streamID, limit, ttl, rec)
+}
+
+func acquire(ctx context.Context, c rueidis.Client, keys []string, streamID string, limit int, ttl time.Duration, rec Record) (Acquired, error) {
+	arr, err := acquireScript.Exec(ctx, c, keys, []string{streamID, strconv.Itoa(limit), ms(ttl), rec.encode()}).ToArray()
 	if err != nil {
 		return Acquired{}, err
 	}

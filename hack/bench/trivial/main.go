@@ -100,7 +100,7 @@ func (h *handler) serveAcquire(w http.ResponseWriter, r *http.Request) {
 	if !readJSON(w, r, &req) {
 		return
 	}
-	arr, err := h.acquire.Exec(r.Context(), h.redis, userKeys(h.prefix+"{"+req.UserID+"}"), []string{req.StreamID, h.limit, h.ttl}).ToArray()
+	arr, err := h.acquire.Exec(r.Context(), h.redis, slotKeys(h.prefix+"{"+req.UserID+"}"), []string{req.StreamID, h.limit, h.ttl}).ToArray()
 	vals := make([]int64, 0, 5)
 	for i := 0; err == nil && i < min(len(arr), 5); i++ {
 		var v int64
@@ -124,7 +124,7 @@ func (h *handler) serveRelease(w http.ResponseWriter, r *http.Request) {
 	if !readJSON(w, r, &req) {
 		return
 	}
-	arr, err := h.release.Exec(r.Context(), h.redis, userKeys(h.prefix+"{"+req.UserID+"}"), []string{req.StreamID}).ToArray()
+	arr, err := h.release.Exec(r.Context(), h.redis, queueKeys(h.prefix+"{"+req.UserID+"}"), []string{req.StreamID}).ToArray()
 	var released int64
 	if err == nil && len(arr) == 3 {
 		released, err = arr[0].AsInt64()
@@ -154,9 +154,14 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// userKeys are the keys the acquire and release scripts take: the user's
-// slots, their records (keys.SlotRecords) and the user's wait queue
-// (keys.Queue, keys.QueueExpiry).
-func userKeys(key string) []string {
-	return []string{key, keys.SlotRecords(key), keys.Queue(key), keys.QueueExpiry(key)}
+// slotKeys are the keys the acquire script takes for a plan whose
+// acquires never wait, as the limiter passes them: the user's slots and
+// their records (keys.SlotRecords).
+func slotKeys(key string) []string { return []string{key, keys.SlotRecords(key)} }
+
+// queueKeys are the keys the release script takes: slotKeys and the
+// user's wait queue (keys.Queue, keys.QueueExpiry), whose head a release
+// names.
+func queueKeys(key string) []string {
+	return append(slotKeys(key), keys.Queue(key), keys.QueueExpiry(key))
 }
