@@ -15,7 +15,9 @@
 #   per deployment  redis-benchmark EVALSHA of the acquire script
 #                   (unpipelined and -P 16), the library (BenchmarkAcquire,
 #                   BenchmarkAcquireRelease, BenchmarkHeartbeatBatch), raw
-#                   rueidis (BenchmarkRawAcquireRelease)
+#                   rueidis (BenchmarkRawAcquireRelease); a waiter's grant
+#                   after a release against the release's round trip
+#                   (BenchmarkWakeUp)
 #   standalone      the library's Acquire+Release, redis-semaphore
 #                   (hack/bench/semaphore/semaphore.js); Redis' cost of a
 #                   heartbeat refresh against a plain ZADD+PEXPIREAT
@@ -24,7 +26,10 @@
 #                   against the library's (BenchmarkHeartbeatBatchHTTP, both
 #                   sides inside); serve, with a tokens file, and the trivial handler
 #                   at full load, then both paced at half of serve's
-#                   pairs/s of that round, for latency (hack/bench/load)
+#                   pairs/s of that round, for latency (hack/bench/load);
+#                   1,000 waiting acquires against 1,000 clients polling
+#                   once a second, in Redis commands and CPU
+#                   (BenchmarkWaitCost)
 #
 # The table, on stdout, gives each ratio's median over the rounds with the
 # lowest and highest; progress and the raw benchmark lines go to stderr.
@@ -139,7 +144,9 @@ for ((round = 1; round <= BENCH_ROUNDS; round++)); do
 	for d in "${deployments[@]}"; do
 		in_order "$round" "rb_bench $round $d" "go_bench $round A $d limiter BenchmarkAcquire BenchmarkAcquireRelease BenchmarkHeartbeatBatch" \
 			"go_bench $round A $d limiter BenchmarkRawAcquireRelease"
+		go_bench "$round" W "$d" limiter BenchmarkWakeUp
 	done
+	go_bench "$round" C "" limiter BenchmarkWaitCost
 	in_order "$round" "go_bench $round S standalone limiter BenchmarkAcquireRelease" "semaphore_bench $round"
 	go_bench "$round" R standalone limiter BenchmarkHeartbeatRefresh
 	go_bench "$round" M "" telemetry BenchmarkHandlerAllocs

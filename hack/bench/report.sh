@@ -63,6 +63,16 @@ figure_line() {
 	line "$1" "$(per_round "$3" "${4//%d/standalone}" | median "$2")" "$cluster"
 }
 
+# spread_line LABEL FORMAT ARRAY KEY [both]: a row of a figure that is a
+# ratio already (the benchmark divides): its spread over the rounds.
+spread_line() {
+	local cluster=-
+	if [[ "${5:-}" == both ]] && has_cluster; then
+		cluster=$(per_round "$3" "${4//%d/cluster}" | spread "$2")
+	fi
+	line "$1" "$(per_round "$3" "${4//%d/standalone}" | spread "$2")" "$cluster"
+}
+
 report() {
 	local redis_version
 	redis_version=$(redis-server --version | sed -n 's/.* v=\([^ ]*\) .*/\1/p')
@@ -94,6 +104,11 @@ report() {
 	echo "heartbeat refresh, Redis' own cost: script (batched) / ZADD XX GT + PEXPIREAT"
 	ratio_line "  time in commands (INFO commandstats)" GO 'R/BenchmarkHeartbeatRefresh/%d/script-redis-us/refresh' GO 'R/BenchmarkHeartbeatRefresh/%d/plain-redis-us/refresh'
 	ratio_line "  server CPU (INFO cpu)" GO 'R/BenchmarkHeartbeatRefresh/%d/script-cpu-us/refresh' GO 'R/BenchmarkHeartbeatRefresh/%d/plain-cpu-us/refresh'
+	echo "waiting for a slot: the head's grant after a release / the release's own round trip (BenchmarkWakeUp)"
+	spread_line "  grant p50 / release round trip" %.2f GO 'W/BenchmarkWakeUp/%d/p50/release' both
+	spread_line "  grant p99 / release round trip" %.2f GO 'W/BenchmarkWakeUp/%d/p99/release' both
+	echo "waiting for a slot: 1,000 waiters of 100 users / 1,000 clients polling once a second (BenchmarkWaitCost)"
+	spread_line "  Redis CPU" %.2f GO 'C/BenchmarkWaitCost/wait/poll-redis-cpu'
 	echo "allocations per HTTP acquire through the handler, metrics on (counts, not ratios)"
 	line "  allocs (handler only)" "$(per_round GO 'M/BenchmarkHandlerAllocs/handler-allocs/op' | spread %.0f)"
 	line "  bytes (handler only)" "$(per_round GO 'M/BenchmarkHandlerAllocs/handler-B/op' | spread %.0f)"
@@ -128,4 +143,11 @@ report() {
 	figure_line "Redis CPU us per refresh: script" %.2f GO 'R/BenchmarkHeartbeatRefresh/%d/script-cpu-us/refresh'
 	figure_line "  plain ZADD XX GT + PEXPIREAT" %.2f GO 'R/BenchmarkHeartbeatRefresh/%d/plain-cpu-us/refresh'
 	figure_line "allocs per HTTP acquire, request and recorder included" %.0f GO 'M/BenchmarkHandlerAllocs/allocs/op'
+	figure_line "grant after a release, p50 us (BenchmarkWakeUp)" %.0f GO 'W/BenchmarkWakeUp/%d/p50-us' both
+	figure_line "  p99 us" %.0f GO 'W/BenchmarkWakeUp/%d/p99-us' both
+	figure_line "  the release's round trip, p50 us" %.0f GO 'W/BenchmarkWakeUp/%d/release-us' both
+	figure_line "Redis commands per waiter-second (BenchmarkWaitCost)" %.2f GO 'C/BenchmarkWaitCost/cmds/waiter-s'
+	figure_line "  Redis CPU us per waiter-second" %.1f GO 'C/BenchmarkWaitCost/redis-cpu-us/waiter-s'
+	figure_line "  polling once a second: commands per client-second" %.2f GO 'C/BenchmarkWaitCost/poll-cmds/client-s'
+	figure_line "  polling once a second: Redis CPU us per client-second" %.1f GO 'C/BenchmarkWaitCost/poll-redis-cpu-us/client-s'
 }
