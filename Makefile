@@ -17,7 +17,7 @@ fmt: ## Format all Go files in place.
 build: ## Build bin/limiter.
 	go build -o bin/limiter ./cmd/limiter
 
-bench: ## Run the benchmarks (hack/bench.sh).
+bench: ## Run every benchmark and print one table of ratios (hack/bench.sh, BENCHMARKS.md).
 	@if [ -f hack/bench.sh ]; then bash hack/bench.sh; else echo "hack/bench.sh does not exist yet"; fi
 
 generate: ## Regenerate code and manifests (hack/codegen.sh).

@@ -22,8 +22,8 @@ import (
 // keeps its screenshots (t.TempDir() is removed after the test).
 const screenshotDirEnv = "LIMITER_TEST_SCREENSHOTS"
 
-// TestAdminPageInChromium drives the admin page in real headless Chromium:
-// sign in, look up a user holding 2 slots, see failed look-ups hide them,
+// TestAdminPageInChromium drives the admin page in real headless Chromium,
+// on the admin listener (admin.addr, not the API's port): sign in, look up a user holding 2 slots, see failed look-ups hide them,
 // release them with a reason, see 0 slots and the release in the recent
 // actions. The page must raise no console error (a CSP violation is one).
 func TestAdminPageInChromium(t *testing.T) {
@@ -123,7 +123,7 @@ func TestAdminPageInChromium(t *testing.T) {
 	}
 
 	step("open the page and sign in as the operator",
-		chromedp.Navigate(srv.API+httpapi.PathAdminPage),
+		chromedp.Navigate(srv.Admin+httpapi.PathAdminPage),
 		chromedp.WaitVisible(chromedp.ID("token")),
 		chromedp.SendKeys(chromedp.ID("token"), e2eOperatorToken),
 		chromedp.Click(chromedp.ID("sign-in")),

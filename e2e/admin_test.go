@@ -62,7 +62,7 @@ func startAdminServer(t *testing.T) *adminServer {
 func (s *adminServer) admin(t *testing.T, method, path, token string, body, out any) (int, []byte) {
 	t.Helper()
 	hc := &http.Client{Timeout: 10 * time.Second, Transport: bearer(token)}
-	status, _, data := call(t, hc, method, s.API+path, body, nil)
+	status, _, data := call(t, hc, method, s.Admin+path, body, nil)
 	if status == http.StatusOK && out != nil {
 		if err := json.Unmarshal(data, out); err != nil {
 			t.Fatal(err)
@@ -217,6 +217,28 @@ func TestAdminServeStartup(t *testing.T) {
 		if !strings.Contains(proc.Output(), "the admin API and page are off") {
 			t.Errorf("serve log: want it to say the admin API is off:\n%s", proc.Output())
 		}
+		if status, _ := servetest.Get(proc.Admin + httpapi.PathAdminPage); status != 0 {
+			t.Errorf("admin listener: got %d, want no listener at all", status)
+		}
+	})
+	t.Run("with a tokens file the admin API is on its own listener, not the API's", func(t *testing.T) {
+		srv := startAdminServer(t)
+		if status, _ := srv.admin(t, "GET", httpapi.AdminUserSlotsPath("u-1"), e2eViewerToken, nil, nil); status != http.StatusOK {
+			t.Errorf("admin API on the admin listener: got %d, want 200", status)
+		}
+		if status, _ := servetest.Get(srv.Admin + httpapi.PathAdminPage); status != http.StatusOK {
+			t.Errorf("admin page on the admin listener: got %d, want 200", status)
+		}
+		hc := &http.Client{Timeout: 10 * time.Second, Transport: bearer(e2eViewerToken)}
+		if status, _, _ := call(t, hc, "GET", srv.API+httpapi.AdminUserSlotsPath("u-1"), nil, nil); status != http.StatusNotFound {
+			t.Errorf("admin API on the API listener: got %d, want 404", status)
+		}
+		if status, _ := servetest.Get(srv.API + httpapi.PathAdminPage); status != http.StatusNotFound {
+			t.Errorf("admin page on the API listener: got %d, want 404", status)
+		}
+		if !strings.Contains(srv.Output(), `"admin":"`+srv.Admin) {
+			t.Errorf("serve log: want the listening line to name the admin listener %s:\n%s", srv.Admin, srv.Output())
+		}
 	})
 	t.Run("a malformed tokens file is a configuration error naming the line", func(t *testing.T) {
 		tokens := filepath.Join(t.TempDir(), "tokens")
@@ -267,8 +289,8 @@ func TestAdminCLI(t *testing.T) {
 		}
 		return code, stdout.String(), stderr.String()
 	}
-	viewer := []string{"LIMITER_ADMIN_URL=" + srv.API, "LIMITER_ADMIN_TOKEN=" + e2eViewerToken}
-	operator := []string{"LIMITER_ADMIN_URL=" + srv.API, "LIMITER_ADMIN_TOKEN=" + e2eOperatorToken}
+	viewer := []string{"LIMITER_ADMIN_URL=" + srv.Admin, "LIMITER_ADMIN_TOKEN=" + e2eViewerToken}
+	operator := []string{"LIMITER_ADMIN_URL=" + srv.Admin, "LIMITER_ADMIN_TOKEN=" + e2eOperatorToken}
 
 	for _, tc := range []struct {
 		name       string
@@ -281,9 +303,9 @@ func TestAdminCLI(t *testing.T) {
 		{"slots lists the user's slots", viewer, []string{"slots", user}, 0, fmt.Sprintf("user %s: 2 live slots\nSTREAM ID", user), ""},
 		{"a viewer may not release", viewer, []string{"release", user, "--reason", "cli test"}, 1, "", "403 forbidden: role viewer may not release all"},
 		{"release requires a reason", operator, []string{"release", user}, 2, "", "--reason is required"},
-		{"no token is a usage error naming the env var", []string{"LIMITER_ADMIN_URL=" + srv.API, "LIMITER_ADMIN_TOKEN="}, []string{"slots", user}, 2, "", "set LIMITER_ADMIN_TOKEN"},
-		{"a wrong token is refused", nil, []string{"slots", user, "--url", srv.API, "--token", "wrong-token-0123456789"}, 1, "", "401 unauthorized: unknown token"},
-		{"flags win over the environment", []string{"LIMITER_ADMIN_URL=http://127.0.0.1:1", "LIMITER_ADMIN_TOKEN=x"}, []string{"slots", user, "--url", srv.API, "--token", e2eViewerToken}, 0, "2 live slots", ""},
+		{"no token is a usage error naming the env var", []string{"LIMITER_ADMIN_URL=" + srv.Admin, "LIMITER_ADMIN_TOKEN="}, []string{"slots", user}, 2, "", "set LIMITER_ADMIN_TOKEN"},
+		{"a wrong token is refused", nil, []string{"slots", user, "--url", srv.Admin, "--token", "wrong-token-0123456789"}, 1, "", "401 unauthorized: unknown token"},
+		{"flags win over the environment", []string{"LIMITER_ADMIN_URL=http://127.0.0.1:1", "LIMITER_ADMIN_TOKEN=x"}, []string{"slots", user, "--url", srv.Admin, "--token", e2eViewerToken}, 0, "2 live slots", ""},
 		{"an operator releases with a reason", operator, []string{"release", user, "--reason", "ticket 7: locked out"}, 0, "released 2 slots of user " + user, ""},
 		{"the user holds no slot after", viewer, []string{"slots", user}, 0, fmt.Sprintf("user %s: 0 live slots", user), ""},
 		{"audit lists the release with its reason", viewer, []string{"audit"}, 0, "ticket 7: locked out", ""},

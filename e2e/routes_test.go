@@ -27,7 +27,8 @@ type routeCase struct {
 	name         string
 	method, path string
 	body         string
-	invalid      bool // deliberately outside the spec's request schema
+	contentType  string // of the body; default application/json
+	invalid      bool   // deliberately outside the spec's request schema
 	status       int
 	code         string // error code, for error answers
 	check        func(t *testing.T, header http.Header, body []byte)
@@ -43,6 +44,9 @@ func runRoutes(t *testing.T, base string, hc *http.Client, cases []routeCase) {
 			}
 			if tc.body != "" {
 				req.Header.Set("Content-Type", "application/json")
+				if tc.contentType != "" {
+					req.Header.Set("Content-Type", tc.contentType)
+				}
 			}
 			if tc.invalid {
 				req = apitest.Invalid(req)
@@ -125,6 +129,8 @@ func TestEveryRouteThroughServe(t *testing.T) {
 						}
 					}},
 				{name: "an empty batch is invalid_request", method: "POST", path: httpapi.PathHeartbeats, body: `{"slots":[]}`, invalid: true, status: 400, code: httpapi.CodeInvalidRequest},
+				{name: "a cross-site text/plain release is 415 and frees nothing", method: "POST", path: httpapi.PathRelease, body: `{"user_id":"` + user + `","stream_id":"s1"}`,
+					contentType: "text/plain;charset=UTF-8", invalid: true, status: 415, code: httpapi.CodeUnsupportedMediaType},
 				{name: "release frees a held slot", method: "POST", path: httpapi.PathRelease, body: `{"user_id":"` + user + `","stream_id":"s1"}`, status: 200,
 					check: func(t *testing.T, _ http.Header, body []byte) {
 						if !strings.Contains(string(body), `"released":true`) {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -487,4 +488,49 @@ func hasPrefix(samples map[string]float64, prefix string) bool {
 		}
 	}
 	return false
+}
+
+// TestTelemetryNoLabelFromRequestHeaders: 100 requests to a running serve,
+// each with its own Host and User-Agent, make no new /metrics series.
+func TestTelemetryNoLabelFromRequestHeaders(t *testing.T) {
+	proc := servetest.Start(t, servetest.Options{Config: serveConfig([]string{testenv.Redis(t)}, "e2e-hosts:"+randomID()+":", telemetryTiers)})
+	get := func(host string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", proc.API+httpapi.PathTiers, nil)
+		req.Host = host
+		req.Header.Set("User-Agent", "agent-for-"+host)
+		resp, err := httpClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	// The HTTP server's series only: Redis's come and go with the
+	// background connection.
+	httpSeries := func() []string {
+		var out []string
+		for series := range scrape(t, proc) {
+			if strings.HasPrefix(series, "http_server_") {
+				out = append(out, series)
+			}
+		}
+		return out
+	}
+	get("limiter")
+	before := len(httpSeries())
+	if before == 0 {
+		t.Fatal("no http_server_ series on /metrics after a request")
+	}
+	for i := range 100 {
+		get(fmt.Sprintf("host-%d.example", i))
+	}
+	after := httpSeries()
+	if len(after) != before {
+		t.Errorf("http_server_ series: got %d after 100 distinct Host headers, want %d as before", len(after), before)
+	}
+	for _, series := range after {
+		if strings.Contains(series, "host-") || strings.Contains(series, "server_address") {
+			t.Errorf("series %s: want no label from a request header", series)
+		}
+	}
 }

@@ -46,6 +46,11 @@ if [[ -f hack/envtest-assets.sh ]]; then
 	echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS"
 fi
 LIMITER_HELM=$(bash hack/helm.sh | tail -n 1); export LIMITER_HELM # helm for charts/limiter/test, built once
+# The analysers a platform team runs, cached like helm: kube-score on the
+# rendered chart (charts/limiter/test), Redocly's OpenAPI lint on
+# api/openapi.yaml (internal/apitest).
+LIMITER_KUBE_SCORE=$(bash hack/kube-score.sh | tail -n 1); export LIMITER_KUBE_SCORE
+LIMITER_REDOCLY=$(bash hack/redocly.sh | tail -n 1); export LIMITER_REDOCLY
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/limiter-test.XXXXXX")
 # Private clusters that testenv.StartCluster starts live here too, so a test

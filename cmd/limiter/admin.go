@@ -22,6 +22,10 @@ const (
 	envAdminToken = "LIMITER_ADMIN_TOKEN"
 )
 
+// defaultAdminURL is the admin listener of a limiter on this machine, at
+// admin.addr's default.
+const defaultAdminURL = "http://127.0.0.1:8081"
+
 // adminFlags are the flags every admin command shares.
 type adminFlags struct {
 	url     string
@@ -39,7 +43,8 @@ func newAdminCommand() *cobra.Command {
 limiter (the service must have admin.tokensFile set). Every call is
 audited under the name of the token used.
 
-The server comes from --url, else ` + envAdminURL + `, else http://127.0.0.1:8080;
+The server comes from --url, else ` + envAdminURL + `, else http://127.0.0.1:8081
+(the admin listener, admin.addr; not the API's port);
 the token from --token, else ` + envAdminToken + `. Prefer the environment for the
 token: a flag is visible to every user of the machine in the process list.
 
@@ -47,7 +52,7 @@ Exit codes: 0 on success, 1 when the server refused or failed the call,
 2 for a usage error.`,
 	}
 	flags := cmd.PersistentFlags()
-	flags.StringVar(&f.url, "url", "", "base URL of the limiter's API listener (env "+envAdminURL+") (default http://127.0.0.1:8080)")
+	flags.StringVar(&f.url, "url", "", "base URL of the limiter's admin listener, admin.addr (env "+envAdminURL+") (default "+defaultAdminURL+")")
 	flags.StringVar(&f.token, "token", "", "admin token (env "+envAdminToken+"; prefer it: flags show in the process list)")
 	flags.DurationVar(&f.timeout, "timeout", 10*time.Second, "deadline of the call")
 	flags.StringVarP(&f.output, "output", "o", "text", "output format: text or json")
@@ -134,7 +139,7 @@ func (f *adminFlags) client() (*client.Admin, error) {
 		base = os.Getenv(envAdminURL)
 	}
 	if base == "" {
-		base = "http://127.0.0.1:8080"
+		base = defaultAdminURL
 	}
 	token := f.token
 	if token == "" {
@@ -172,8 +177,9 @@ type adminRefusal struct{ answer *client.Error }
 func (r adminRefusal) Error() string {
 	msg := r.answer.Message
 	if r.answer.Status == http.StatusNotFound {
-		// The admin routes exist only when the server has admin tokens.
-		msg += " (is admin.tokensFile set on the server?)"
+		// The admin routes exist only on the admin listener of a server
+		// with admin tokens.
+		msg += " (is --url the admin listener, admin.addr, and admin.tokensFile set on the server?)"
 	}
 	return fmt.Sprintf("the admin API answered %d %s: %s", r.answer.Status, r.answer.Code, msg)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"sync"
 
 	"github.com/joishi/limiter/pkg/config"
@@ -14,15 +13,15 @@ import (
 )
 
 // startAdmin builds the admin API and page when admin.tokensFile is set and
-// says at start whether they are on. It returns the routes for
-// server.Options.Routes (nil when off) and stop, which ends the tokens
+// says at start whether they are on. It returns them for
+// server.Options.Admin (nil when off) and stop, which ends the tokens
 // file's watcher and waits for it.
-func startAdmin(ctx context.Context, cfg config.Config, lim *limiter.Limiter, logger *slog.Logger) (routes func(*http.ServeMux), stop func(), err error) {
+func startAdmin(ctx context.Context, cfg config.Config, lim *limiter.Limiter, logger *slog.Logger) (admin *server.Admin, stop func(), err error) {
 	if cfg.Admin.TokensFile == "" {
-		logger.Info("admin.tokensFile is not set: the admin API and page are off (404)")
+		logger.Info("admin.tokensFile is not set: the admin API and page are off (no admin listener)")
 		return nil, func() {}, nil
 	}
-	admin, err := server.NewAdmin(lim, server.AdminOptions{
+	admin, err = server.NewAdmin(lim, server.AdminOptions{
 		TokensFile:  cfg.Admin.TokensFile,
 		AuditMaxLen: cfg.Admin.AuditMaxLen,
 		Logger:      logger.With("component", "admin"),
@@ -33,11 +32,11 @@ func startAdmin(ctx context.Context, cfg config.Config, lim *limiter.Limiter, lo
 	if admin.Tokens() == 0 {
 		logger.Warn("admin.tokensFile holds no token: every admin call is refused until one is added", "file", cfg.Admin.TokensFile)
 	}
-	logger.Info("admin API and page on", "page", httpapi.PathAdminPage, "tokens", admin.Tokens(),
+	logger.Info("admin API and page on", "addr", cfg.Admin.Addr, "page", httpapi.PathAdminPage, "tokens", admin.Tokens(),
 		"file", cfg.Admin.TokensFile, "auditMaxLen", cfg.Admin.AuditMaxLen)
 
 	watchCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { admin.WatchTokens(watchCtx) })
-	return admin.Routes, func() { cancel(); wg.Wait() }, nil
+	return admin, func() { cancel(); wg.Wait() }, nil
 }

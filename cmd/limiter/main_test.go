@@ -45,6 +45,11 @@ func TestRunExitCodes(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	badTokens := filepath.Join(t.TempDir(), "api-tokens")
+	if err := os.WriteFile(badTokens, []byte("# callers\nchat s3cr3t-short free\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
 	cases := []struct {
 		name       string
 		args       []string
@@ -59,6 +64,8 @@ func TestRunExitCodes(t *testing.T) {
 		{"an argument to serve is a usage error", []string{"serve", "now"}, exitUsage, "", `unknown command "now"`},
 		{"an invalid value is a configuration error naming its key", []string{"serve", "--redis-timeout", "-1s"}, exitUsage, "", "redis.timeout: must be > 0 and <= 10s (env LIMITER_REDIS_TIMEOUT, flag --redis-timeout), got -1s"},
 		{"an unknown key in the file is a configuration error", []string{"serve", "--config", badFile}, exitUsage, "", `unknown key "redis.adrs" (did you mean redis.addrs?)`},
+		{"a bad API tokens file is a configuration error naming the file and the line", append([]string{"serve", "--api-tokens-file", badTokens}, local...), exitUsage, "",
+			"api.tokensFile (env LIMITER_API_TOKENSFILE): " + badTokens + ": line 2: the token (field 2) is 12 characters"},
 		{"the kubernetes tier source without an API server is a failure", append([]string{"serve", "--tiers-source", "kubernetes", "--tiers-namespace", "limits"}, local...), exitFailure, "", "limiter: tiers.source kubernetes: no Kubernetes API server"},
 		{"a listener that cannot start is a failure", []string{"serve", "--http-addr", busy.Addr().String(), "--ops-addr", "127.0.0.1:0"}, exitFailure, "", "http.addr " + busy.Addr().String()},
 	}
@@ -74,6 +81,9 @@ func TestRunExitCodes(t *testing.T) {
 			}
 			if !strings.Contains(stderr.String(), tc.wantStderr) {
 				t.Errorf("stderr = %q, want it to contain %q", stderr.String(), tc.wantStderr)
+			}
+			if strings.Contains(stderr.String(), "s3cr3t") {
+				t.Errorf("stderr = %q, want no token in it", stderr.String())
 			}
 		})
 	}
@@ -104,6 +114,9 @@ func TestServeDrainsAndWarnsOnceAboutTheEmbeddedStore(t *testing.T) {
 	}
 	if !strings.Contains(logs, "level=WARN msg=\"redis.addrs is empty: using the embedded store") {
 		t.Errorf("the embedded-store warning is not at WARN; logs:\n%s", logs)
+	}
+	if !strings.Contains(logs, "level=WARN msg=\"api.tokensFile is not set: the slot API is open") {
+		t.Errorf("no WARN that the slot API is open; logs:\n%s", logs)
 	}
 }
 

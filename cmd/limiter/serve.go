@@ -95,17 +95,22 @@ func runServe(ctx context.Context, cfg config.Config, deps serveDeps) error {
 		TracerProvider: tel.TracerProvider,
 		SyncReplicas:   cfg.Redis.SyncReplicas,
 	})
-	adminRoutes, stopAdmin, err := startAdmin(ctx, cfg, lim, logger)
+	callers, stopCallers, err := startCallers(ctx, cfg, logger)
+	if err != nil {
+		return err
+	}
+	defer stopCallers()
+	admin, stopAdmin, err := startAdmin(ctx, cfg, lim, logger)
 	if err != nil {
 		return err
 	}
 	defer stopAdmin()
-	srvOpts := server.Options{Logger: logger, Metrics: tel.MetricsHandler(), Middleware: tel.Middleware, Routes: adminRoutes}
+	srvOpts := server.Options{Logger: logger, Metrics: tel.MetricsHandler(), Middleware: tel.Middleware, Admin: admin, Callers: callers}
 	if cfg.Redis.RequiredForReadiness {
 		srvOpts.RedisAnswered = redis.Answered
 	}
 	srv := server.New(lim, srvOpts)
-	err = srv.Run(ctx, server.Listeners{API: cfg.HTTP.Addr, Ops: cfg.Ops.Addr, Timeouts: cfg.HTTP.Timeouts()}, cfg.HTTP.ShutdownGrace)
+	err = srv.Run(ctx, server.Listeners{API: cfg.HTTP.Addr, Ops: cfg.Ops.Addr, Admin: cfg.Admin.Addr, TLS: cfg.HTTP.TLS.Files(), Timeouts: cfg.HTTP.Timeouts()}, cfg.HTTP.ShutdownGrace)
 	if cause := context.Cause(ctx); errors.Is(cause, errTierWatchStopped) {
 		return cause
 	}

@@ -31,8 +31,21 @@ const SpecPath = "api/openapi.yaml"
 // Set it with Invalid.
 const InvalidHeader = "X-Apitest-Invalid"
 
-// OpsTag tags the operations of the ops listener in the spec.
-const OpsTag = "ops"
+// Tags of the operations of the ops and admin listeners in the spec; the
+// other operations are the API listener's.
+const (
+	OpsTag   = "ops"
+	AdminTag = "admin"
+)
+
+// listener is the part of the spec one listener serves.
+type listener int
+
+const (
+	apiListener listener = iota
+	opsListener
+	adminListener
+)
 
 // Invalid marks req as deliberately invalid (see InvalidHeader) and returns it.
 func Invalid(req *http.Request) *http.Request {
@@ -92,7 +105,8 @@ func RepoRoot() (string, error) {
 
 // ValidatingTransport returns a RoundTripper that sends each request through
 // next (http.DefaultTransport when nil) and validates it against the API
-// listener's part of the spec (every operation not tagged "ops"): the request
+// listener's part of the spec (every operation not tagged "ops" or
+// "admin"): the request
 // (unless marked Invalid) and the response, whatever the status. A status the
 // operation does not list is a mismatch. A path the spec does not list must
 // answer the generic 404 (#/components/responses/NotFound), and a listed
@@ -101,7 +115,15 @@ func RepoRoot() (string, error) {
 // t.Errorf; transport errors are returned as they are.
 func ValidatingTransport(t testing.TB, next http.RoundTripper) http.RoundTripper {
 	t.Helper()
-	return newTransport(t, next, false)
+	return newTransport(t, next, apiListener)
+}
+
+// ValidatingAdminTransport is ValidatingTransport for the admin listener:
+// it validates against the operations tagged "admin". A path the spec does
+// not list must answer the generic 404.
+func ValidatingAdminTransport(t testing.TB, next http.RoundTripper) http.RoundTripper {
+	t.Helper()
+	return newTransport(t, next, adminListener)
 }
 
 // ValidatingOpsTransport is ValidatingTransport for the ops listener: it
@@ -109,7 +131,7 @@ func ValidatingTransport(t testing.TB, next http.RoundTripper) http.RoundTripper
 // list must answer 404.
 func ValidatingOpsTransport(t testing.TB, next http.RoundTripper) http.RoundTripper {
 	t.Helper()
-	return newTransport(t, next, true)
+	return newTransport(t, next, opsListener)
 }
 
 type transport struct {
@@ -117,17 +139,17 @@ type transport struct {
 	next   http.RoundTripper
 	doc    *openapi3.T
 	router routers.Router
-	ops    bool
+	ops    bool // the ops listener, whose 404 and 405 are net/http's text
 	opts   *openapi3filter.Options
 }
 
-func newTransport(t testing.TB, next http.RoundTripper, ops bool) *transport {
+func newTransport(t testing.TB, next http.RoundTripper, l listener) *transport {
 	t.Helper()
 	if next == nil {
 		next = http.DefaultTransport
 	}
 	doc := Spec(t)
-	listenerView(doc, ops)
+	listenerView(doc, l)
 	router, err := gorillamux.NewRouter(doc)
 	if err != nil {
 		t.Fatalf("apitest: building the router of %s: %v", SpecPath, err)
@@ -137,7 +159,7 @@ func newTransport(t testing.TB, next http.RoundTripper, ops bool) *transport {
 		next:   next,
 		doc:    doc,
 		router: router,
-		ops:    ops,
+		ops:    l == opsListener,
 		opts: &openapi3filter.Options{
 			// A status the operation does not list is a mismatch.
 			IncludeResponseStatus: true,
@@ -150,13 +172,13 @@ func newTransport(t testing.TB, next http.RoundTripper, ops bool) *transport {
 	}
 }
 
-// listenerView keeps the paths of one listener (ops or API) and drops every
-// servers entry, so that routes match requests to any host and port (the
-// httptest server's).
-func listenerView(doc *openapi3.T, ops bool) {
+// listenerView keeps the paths of one listener and drops every servers
+// entry, so that routes match requests to any host and port (the httptest
+// server's).
+func listenerView(doc *openapi3.T, l listener) {
 	doc.Servers = nil
 	for path, item := range doc.Paths.Map() {
-		if isOps(item) != ops {
+		if listenerOf(item) != l {
 			doc.Paths.Delete(path)
 			continue
 		}
@@ -167,15 +189,18 @@ func listenerView(doc *openapi3.T, ops bool) {
 	}
 }
 
-func isOps(item *openapi3.PathItem) bool {
+func listenerOf(item *openapi3.PathItem) listener {
 	for _, op := range item.Operations() {
 		for _, tag := range op.Tags {
-			if tag == OpsTag {
-				return true
+			switch tag {
+			case OpsTag:
+				return opsListener
+			case AdminTag:
+				return adminListener
 			}
 		}
 	}
-	return false
+	return apiListener
 }
 
 func (tr *transport) RoundTrip(req *http.Request) (*http.Response, error) {

@@ -65,8 +65,8 @@ func repoRoot() string {
 
 // Options describe one serve process.
 type Options struct {
-	// Config is the YAML config file's content. The listen addresses are
-	// given as flags and need not be in it.
+	// Config is the YAML config file's content. The listen addresses
+	// (API, ops and admin) are given as flags and need not be in it.
 	Config string
 	// Env is added to the process environment.
 	Env []string
@@ -86,8 +86,9 @@ const redisConnected = `connected to redis"`
 
 // Process is a running `limiter serve`.
 type Process struct {
-	API string // base URL of the API listener, http://127.0.0.1:PORT
-	Ops string // base URL of the ops listener
+	API   string // base URL of the API listener, http://127.0.0.1:PORT
+	Ops   string // base URL of the ops listener
+	Admin string // base URL of the admin listener (listening with admin.tokensFile)
 
 	t      testing.TB
 	cmd    *exec.Cmd
@@ -107,9 +108,9 @@ func Start(t testing.TB, opts Options) *Process {
 	if err := os.WriteFile(cfg, []byte(opts.Config), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	api, ops := testenv.FreeAddr(t), testenv.FreeAddr(t)
-	args := append([]string{"serve", "--config", cfg, "--http-addr", api, "--ops-addr", ops}, opts.Args...)
-	p := &Process{API: "http://" + api, Ops: "http://" + ops, t: t, output: &testenv.Buffer{}, done: make(chan struct{})}
+	api, ops, admin := testenv.FreeAddr(t), testenv.FreeAddr(t), testenv.FreeAddr(t)
+	args := append([]string{"serve", "--config", cfg, "--http-addr", api, "--ops-addr", ops, "--admin-addr", admin}, opts.Args...)
+	p := &Process{API: "http://" + api, Ops: "http://" + ops, Admin: "http://" + admin, t: t, output: &testenv.Buffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = append(os.Environ(), opts.Env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.output, p.output

@@ -17,6 +17,8 @@ const (
 	envTmpDir       = "LIMITER_TEST_TMPDIR"        // where private clusters live, so hack/test.sh can reap them
 	envKubebuilder  = "KUBEBUILDER_ASSETS"         // directory of etcd and kube-apiserver
 	envChromium     = "CHROMIUM"                   // path of a chromium binary
+	envRedocly      = "LIMITER_REDOCLY"            // path of the Redocly CLI (hack/redocly.sh)
+	envKubeScore    = "LIMITER_KUBE_SCORE"         // path of kube-score (hack/kube-score.sh)
 	defaultChromium = "/usr/bin/chromium"
 )
 
@@ -98,6 +100,37 @@ func Chromium(t testing.TB) string {
 		return path
 	}
 	missing(t, "chromium is not installed", "installs it")
+	return ""
+}
+
+// Redocly returns the path of the Redocly CLI, the OpenAPI linter:
+// $LIMITER_REDOCLY if set, else redocly on $PATH. Absent: fatal if
+// Required, else skip.
+func Redocly(t testing.TB) string {
+	t.Helper()
+	return tool(t, envRedocly, "redocly", "installs it with hack/redocly.sh")
+}
+
+// KubeScore returns the path of kube-score: $LIMITER_KUBE_SCORE if set,
+// else kube-score on $PATH. Absent: fatal if Required, else skip.
+func KubeScore(t testing.TB) string {
+	t.Helper()
+	return tool(t, envKubeScore, "kube-score", "installs it with hack/kube-score.sh")
+}
+
+// tool returns the executable that env names, else name on $PATH.
+func tool(t testing.TB, env, name, provides string) string {
+	t.Helper()
+	if path := os.Getenv(env); path != "" {
+		if !isExecutable(path) {
+			missing(t, fmt.Sprintf("%s=%s is not an executable", env, path), provides)
+		}
+		return path
+	}
+	if path, err := exec.LookPath(name); err == nil {
+		return path
+	}
+	missing(t, name+" is not installed", provides)
 	return ""
 }
 

@@ -16,8 +16,8 @@ import (
 const maxAdminAnswerBytes = 16 << 20
 
 // Admin calls the limiter's admin API (/v1/admin/...) with one token. The
-// API exists only when the service has admin.tokensFile set; otherwise
-// every call fails with a 404 *Error. Every call, refused ones included,
+// API is served on the admin listener (admin.addr) when the service has
+// admin.tokensFile set; elsewhere every call fails with a 404 *Error. Every call, refused ones included,
 // is audited by the service under the token's name. An Admin is safe for
 // concurrent use and holds no goroutine.
 //
@@ -30,11 +30,12 @@ type Admin struct {
 	api endpoint
 }
 
-// NewAdmin returns an Admin of the limiter at baseURL (its API listener,
-// e.g. "http://limiter.default.svc:8080"; a path prefix is kept) that
+// NewAdmin returns an Admin of the limiter at baseURL (its admin listener,
+// e.g. "http://limiter-admin.default.svc:8081"; a path prefix is kept) that
 // sends token as a bearer token. Of the options, WithHTTPClient,
-// WithTransport and WithRequestTimeout apply; the heartbeat and logging
-// options have nothing to act on. It does not touch the network.
+// WithTransport, WithTLSConfig and WithRequestTimeout apply; the token,
+// heartbeat and logging options have nothing to act on. It does not touch
+// the network.
 func NewAdmin(baseURL, token string, opts ...Option) (*Admin, error) {
 	base, err := parseBaseURL(baseURL)
 	if err != nil {
@@ -48,6 +49,9 @@ func NewAdmin(baseURL, token string, opts ...Option) (*Admin, error) {
 		if err := opt(&cfg); err != nil {
 			return nil, fmt.Errorf("limiter admin client: %w", err)
 		}
+	}
+	if err := cfg.check(); err != nil {
+		return nil, fmt.Errorf("limiter admin client: %w", err)
 	}
 	hc, _ := cfg.build()
 	return &Admin{api: endpoint{base: base, http: hc, timeout: cfg.requestTimeout, token: token, maxAnswer: maxAdminAnswerBytes}}, nil

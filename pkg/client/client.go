@@ -9,6 +9,13 @@
 // on the server and the next tick retries. Only the limiter's explicit
 // answer that the slot is gone closes Lost.
 //
+// A service with api.tokensFile set authenticates its callers: give the
+// client its token with WithToken (default: the LIMITER_TOKEN environment
+// variable), or, over mutual TLS, its client certificate with
+// WithTLSConfig. A call it refuses is an *Error matching
+// ErrUnauthenticated (no known token) or ErrPlanNotAllowed (a plan outside
+// the caller's).
+//
 // Admin calls the admin API that support staff use: list a user's slots,
 // release them all, read the audit.
 package client
@@ -17,6 +24,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
+	"strings"
 	"sync"
 	"time"
 )
@@ -52,7 +61,8 @@ type Client struct {
 type leaseKey struct{ userID, streamID string }
 
 // New returns a Client of the limiter at baseURL (e.g.
-// "http://limiter.default.svc:8080"; a path prefix is kept). It starts the
+// "http://limiter.default.svc:8080"; a path prefix is kept), as the caller
+// whose token WithToken or LIMITER_TOKEN gives. It starts the
 // heartbeat goroutine, which idles until a lease is held; it does not touch
 // the network.
 func New(baseURL string, opts ...Option) (*Client, error) {
@@ -66,9 +76,16 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 			return nil, fmt.Errorf("limiter client: %w", err)
 		}
 	}
+	if err := cfg.check(); err != nil {
+		return nil, fmt.Errorf("limiter client: %w", err)
+	}
 	hc, owned := cfg.build()
+	token := cfg.token
+	if !cfg.tokenSet {
+		token = strings.TrimSpace(os.Getenv(EnvToken))
+	}
 	c := &Client{
-		api:       endpoint{base: base, http: hc, timeout: cfg.requestTimeout, maxAnswer: maxAnswerBytes},
+		api:       endpoint{base: base, http: hc, timeout: cfg.requestTimeout, token: token, maxAnswer: maxAnswerBytes},
 		ownHTTP:   owned,
 		log:       cfg.logger,
 		interval:  cfg.interval,

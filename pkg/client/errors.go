@@ -28,6 +28,14 @@ var (
 	ErrUnavailable = errors.New("limiter unavailable")
 	// ErrUnknownPlan: the plan is not in the limiter's tier table (422).
 	ErrUnknownPlan = errors.New("unknown plan")
+	// ErrUnauthenticated: the service authenticates callers
+	// (api.tokensFile) and the client sent no token it knows (401
+	// unauthenticated; WithToken, LIMITER_TOKEN).
+	ErrUnauthenticated = errors.New("unauthenticated")
+	// ErrPlanNotAllowed: the caller may not use the plan asked for (403
+	// plan_not_allowed): the service's api.tokensFile lists the caller's
+	// plans. A lease whose heartbeat is refused so is lost with it.
+	ErrPlanNotAllowed = errors.New("plan not allowed")
 	// ErrInvalid: the request was refused as malformed (400
 	// invalid_request, invalid_user_id, invalid_stream_id).
 	ErrInvalid = errors.New("invalid request")
@@ -86,6 +94,10 @@ func (e *Error) Is(target error) bool {
 		return e.Code == httpapi.CodeUnavailable
 	case ErrUnknownPlan:
 		return e.Code == httpapi.CodeUnknownPlan
+	case ErrUnauthenticated:
+		return e.Code == httpapi.CodeUnauthenticated
+	case ErrPlanNotAllowed:
+		return e.Code == httpapi.CodePlanNotAllowed
 	case ErrInvalid:
 		return invalidCode(e.Code)
 	}
@@ -123,6 +135,8 @@ func statusOf(code string) int {
 		return http.StatusGone
 	case httpapi.CodeUnknownPlan:
 		return http.StatusUnprocessableEntity
+	case httpapi.CodePlanNotAllowed:
+		return http.StatusForbidden
 	case httpapi.CodeUnavailable:
 		return http.StatusServiceUnavailable
 	case httpapi.CodeInternal:

@@ -182,7 +182,7 @@ func (c *Client) holds(l *Lease) bool {
 // kept: the limiter will answer the same on every later heartbeat.
 func slotFatal(code string) bool {
 	switch code {
-	case httpapi.CodeSlotLost, httpapi.CodeUnknownPlan:
+	case httpapi.CodeSlotLost, httpapi.CodeUnknownPlan, httpapi.CodePlanNotAllowed:
 		return true
 	}
 	return invalidCode(code)

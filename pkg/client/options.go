@@ -1,12 +1,19 @@
 package client
 
 import (
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 )
+
+// EnvToken is the environment variable New reads the caller token from
+// when no WithToken option is given.
+const EnvToken = "LIMITER_TOKEN"
 
 // Defaults of the options.
 const (
@@ -30,6 +37,42 @@ type config struct {
 	interval       time.Duration
 	requestTimeout time.Duration
 	acquireRetries *int
+	token          string
+	tokenSet       bool
+	tlsConfig      *tls.Config
+}
+
+// WithTLSConfig makes the client's own transport use cfg (cloned) for an
+// https:// base URL: the CAs trusted for the service's certificate
+// (RootCAs) and, for mutual TLS, the client certificate that names the
+// caller (Certificates or GetClientCertificate). Default: the system
+// roots and no client certificate. It cannot be combined with
+// WithHTTPClient: set that client's transport's TLSClientConfig instead.
+func WithTLSConfig(cfg *tls.Config) Option {
+	return func(c *config) error {
+		if cfg == nil {
+			return fmt.Errorf("WithTLSConfig: config must not be nil")
+		}
+		c.tlsConfig = cfg.Clone()
+		return nil
+	}
+}
+
+// WithToken makes the client send token as its bearer token on every call
+// of the slot API: a token of the service's api.tokensFile, which names
+// the caller and the plans it may use. Default: the LIMITER_TOKEN
+// environment variable; none when it is empty too (a service without
+// api.tokensFile needs none). NewAdmin takes its token as an argument and
+// ignores this option.
+func WithToken(token string) Option {
+	return func(c *config) error {
+		token = strings.TrimSpace(token)
+		if token == "" {
+			return fmt.Errorf("WithToken: token must not be empty")
+		}
+		c.token, c.tokenSet = token, true
+		return nil
+	}
 }
 
 // WithHTTPClient makes the client send its requests with hc. The client
@@ -130,6 +173,14 @@ func WithAcquireRetries(n int) Option {
 	}
 }
 
+// check refuses options that contradict each other.
+func (c *config) check() error {
+	if c.tlsConfig != nil && c.httpClient != nil {
+		return errors.New("WithTLSConfig and WithHTTPClient: set the TLS configuration on the given client's transport instead")
+	}
+	return nil
+}
+
 // build applies the defaults and the transport wrappers. owned reports
 // whether the HTTP client is the client's own (so Close may close its idle
 // connections).
@@ -146,7 +197,7 @@ func (c *config) build() (hc *http.Client, owned bool) {
 	}
 	hc, owned = c.httpClient, c.httpClient == nil
 	if owned {
-		hc = defaultHTTPClient()
+		hc = defaultHTTPClient(c.tlsConfig)
 	}
 	if len(c.wrappers) > 0 {
 		copied := *hc
@@ -163,10 +214,11 @@ func (c *config) build() (hc *http.Client, owned bool) {
 	return hc, owned
 }
 
-func defaultHTTPClient() *http.Client {
+func defaultHTTPClient(tlsConfig *tls.Config) *http.Client {
 	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
 	return &http.Client{
 		Transport: &http.Transport{
+			TLSClientConfig:       tlsConfig,
 			Proxy:                 http.ProxyFromEnvironment,
 			DialContext:           dialer.DialContext,
 			ForceAttemptHTTP2:     true,

@@ -31,7 +31,7 @@ func grants(t *testing.T, c *Client) {
 		t.Fatal(err)
 	}
 	key, _ := keys.Schema{}.UserKey("connect-test")
-	got, err := lua.Acquire(ctx, redis, key, keys.NewStreamID(), 3, time.Minute)
+	got, err := lua.Acquire(ctx, redis, key, keys.NewStreamID(), 3, time.Minute, lua.Record{})
 	if err != nil || !got.Granted {
 		t.Fatalf("acquire = %+v, %v; want granted", got, err)
 	}

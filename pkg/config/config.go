@@ -21,6 +21,7 @@ import (
 // every default.
 type Config struct {
 	HTTP      HTTP      `mapstructure:"http"`
+	API       API       `mapstructure:"api"`
 	Ops       Ops       `mapstructure:"ops"`
 	Redis     Redis     `mapstructure:"redis"`
 	Tiers     Tiers     `mapstructure:"tiers"`
@@ -54,6 +55,41 @@ type HTTP struct {
 	// IdleTimeout is how long a kept-alive connection may wait for its next
 	// request, on both listeners. Default 2m.
 	IdleTimeout time.Duration `mapstructure:"idleTimeout"`
+	// TLS serves the API over TLS, and mutual TLS with a client CA.
+	TLS ListenerTLS `mapstructure:"tls"`
+}
+
+// ListenerTLS is the API listener's TLS. The ops listener stays plain.
+type ListenerTLS struct {
+	// CertFile and KeyFile are the server's PEM certificate and key; both
+	// or neither. Re-read when they change. Default "": plain HTTP.
+	CertFile string `mapstructure:"certFile"`
+	KeyFile  string `mapstructure:"keyFile"`
+	// ClientCAFile is a PEM bundle of the CAs whose client certificates
+	// identify callers: a certificate's first DNS name (else its common
+	// name) must name a line of api.tokensFile, which scopes it like a
+	// token (its token column may be "-"). A client without a certificate
+	// may still send a token. Requires certFile and api.tokensFile.
+	// Read at start. Default "": no client certificates.
+	ClientCAFile string `mapstructure:"clientCAFile"`
+}
+
+// Files returns the TLS files for server.Listeners.
+func (t ListenerTLS) Files() server.TLSFiles {
+	return server.TLSFiles{CertFile: t.CertFile, KeyFile: t.KeyFile, ClientCAFile: t.ClientCAFile}
+}
+
+// API is who may call the slot API (/v1/slots/*, /v1/tiers).
+type API struct {
+	// TokensFile holds one "name token plans" per line: the callers of the
+	// slot API, each with its bearer token (at least 16 characters; "-"
+	// for a caller that presents a client certificate only) and the plans
+	// it may use ("*" or a comma-separated list); '#' comments allowed.
+	// Re-read when it changes; a removed file refuses every caller. A call
+	// without a known token is 401, a plan outside the caller's 403.
+	// Default "": the slot API is open to anyone who reaches http.addr
+	// (logged at WARN).
+	TokensFile string `mapstructure:"tokensFile"`
 }
 
 // Ops is the listener of /healthz, /readyz and /metrics.
@@ -152,8 +188,12 @@ type Tiers struct {
 	Static []tiers.Tier `mapstructure:"static"`
 }
 
-// Admin is the operators' API (/v1/admin/...).
+// Admin is the operators' API (/v1/admin/...) and page (/admin/).
 type Admin struct {
+	// Addr is the admin listener's address, host:port: the admin API and
+	// page are served there, never on http.addr. It listens only when
+	// TokensFile is set. Default ":8081".
+	Addr string `mapstructure:"addr"`
 	// TokensFile holds one "name role token" per line (role viewer or
 	// operator; '#' comments allowed), re-read when it changes; the name is
 	// recorded in the audit log. Default "": the admin API and page are off.
@@ -224,7 +264,7 @@ func Default() Config {
 			KeyPrefix:             keys.DefaultKeyPrefix,
 		},
 		Tiers:     Tiers{Source: SourceStatic, LeaseDuration: 15 * time.Second, Static: tiers.Defaults()},
-		Admin:     Admin{AuditMaxLen: 10000},
+		Admin:     Admin{Addr: ":8081", AuditMaxLen: 10000},
 		Telemetry: Telemetry{ServiceName: "limiter"},
 		Log:       Log{Level: LevelInfo, Format: FormatJSON},
 		Proxy:     defaultProxy(),

@@ -66,6 +66,11 @@ func (c Config) Validate() error {
 		}
 	}
 
+	if c.API.TokensFile != "" {
+		v.readable("api.tokensFile", c.API.TokensFile)
+	}
+	c.validateListenerTLS(&v)
+
 	c.validateRedis(&v)
 
 	switch c.Tiers.Source {
@@ -85,8 +90,15 @@ func (c Config) Validate() error {
 		v.add("tiers.leaseDuration", fmt.Sprintf("must be between %s and %s", MinLeaseDuration, MaxLeaseDuration), c.Tiers.LeaseDuration.String())
 	}
 
+	v.listenAddr("admin.addr", c.Admin.Addr)
 	if c.Admin.TokensFile != "" {
 		v.readable("admin.tokensFile", c.Admin.TokensFile)
+		// Only a listener that will open can collide.
+		for _, other := range []struct{ key, addr string }{{"http.addr", c.HTTP.Addr}, {"ops.addr", c.Ops.Addr}} {
+			if sameListener(c.Admin.Addr, other.addr) {
+				v.add("admin.addr", "must not be the address of "+other.key+" ("+other.addr+")", strconv.Quote(c.Admin.Addr))
+			}
+		}
 	}
 	if c.Admin.AuditMaxLen < 1 || c.Admin.AuditMaxLen > MaxAuditLen {
 		v.add("admin.auditMaxLen", fmt.Sprintf("must be between 1 and %d", MaxAuditLen), strconv.Itoa(c.Admin.AuditMaxLen))
@@ -182,6 +194,30 @@ func (c Config) validateTLS(v *validator) {
 		{"redis.tls.caFile", t.CAFile},
 		{"redis.tls.certFile", t.CertFile},
 		{"redis.tls.keyFile", t.KeyFile},
+	} {
+		if f.path != "" {
+			v.readable(f.key, f.path)
+		}
+	}
+}
+
+func (c Config) validateListenerTLS(v *validator) {
+	t := c.HTTP.TLS
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		v.add("http.tls.certFile", "and http.tls.keyFile must be set together", "")
+	}
+	if t.ClientCAFile != "" {
+		if t.CertFile == "" {
+			v.add("http.tls.clientCAFile", "requires http.tls.certFile and http.tls.keyFile: client certificates need TLS", "")
+		}
+		if c.API.TokensFile == "" {
+			v.add("http.tls.clientCAFile", `requires api.tokensFile: it scopes each certificate's name to its plans (a line "name - plans")`, "")
+		}
+	}
+	for _, f := range []struct{ key, path string }{
+		{"http.tls.certFile", t.CertFile},
+		{"http.tls.keyFile", t.KeyFile},
+		{"http.tls.clientCAFile", t.ClientCAFile},
 	} {
 		if f.path != "" {
 			v.readable(f.key, f.path)

@@ -17,6 +17,10 @@ func TestDefaultIsValid(t *testing.T) {
 func TestInvalidValuesNameTheirKey(t *testing.T) {
 	dir := t.TempDir()
 	absent := filepath.Join(dir, "absent")
+	present := filepath.Join(dir, "present")
+	if err := os.WriteFile(present, []byte("x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		name string
 		key  string // named by the error, with its env var
@@ -62,6 +66,15 @@ func TestInvalidValuesNameTheirKey(t *testing.T) {
 		{"a tier without a plan", "tiers.static[0].plan", map[string]string{"LIMITER_TIERS_STATIC": `[{"maxConcurrentStreams":1}]`}, "is required"},
 		{"a plan defined twice", "tiers.static[1].plan", map[string]string{"LIMITER_TIERS_STATIC": `[{"plan":"a","maxConcurrentStreams":1},{"plan":"a","maxConcurrentStreams":2}]`}, `tiers.static[1].plan: "a" is already defined by tiers.static[0]`},
 		{"a tier with an unknown field", "tiers.static", map[string]string{"LIMITER_TIERS_STATIC": `[{"plan":"a","max":1}]`}, "invalid keys: max"},
+		{"a missing API tokens file", "api.tokensFile", map[string]string{"LIMITER_API_TOKENSFILE": absent}, "must name a readable file"},
+		{"an API certificate without its key", "http.tls.certFile", map[string]string{"LIMITER_HTTP_TLS_CERTFILE": present}, "and http.tls.keyFile must be set together"},
+		{"a missing API key file", "http.tls.keyFile", map[string]string{"LIMITER_HTTP_TLS_CERTFILE": present, "LIMITER_HTTP_TLS_KEYFILE": absent}, "must name a readable file"},
+		{"a client CA without TLS", "http.tls.clientCAFile", map[string]string{"LIMITER_HTTP_TLS_CLIENTCAFILE": present, "LIMITER_API_TOKENSFILE": present}, "requires http.tls.certFile and http.tls.keyFile"},
+		{"a client CA without an API tokens file", "http.tls.clientCAFile", map[string]string{"LIMITER_HTTP_TLS_CERTFILE": present, "LIMITER_HTTP_TLS_KEYFILE": present, "LIMITER_HTTP_TLS_CLIENTCAFILE": present},
+			`requires api.tokensFile: it scopes each certificate's name to its plans`},
+		{"an admin listen address without a port", "admin.addr", map[string]string{"LIMITER_ADMIN_ADDR": "localhost"}, `must be host:port or :port with a port 0-65535 (env LIMITER_ADMIN_ADDR, flag --admin-addr), got "localhost"`},
+		{"the admin listener on the API's port", "admin.addr", map[string]string{"LIMITER_ADMIN_ADDR": ":8080", "LIMITER_ADMIN_TOKENSFILE": present}, "must not be the address of http.addr (:8080)"},
+		{"the admin listener on the ops port", "admin.addr", map[string]string{"LIMITER_ADMIN_ADDR": "127.0.0.1:9090", "LIMITER_ADMIN_TOKENSFILE": present}, "must not be the address of ops.addr (:9090)"},
 		{"a missing admin tokens file", "admin.tokensFile", map[string]string{"LIMITER_ADMIN_TOKENSFILE": absent}, "must name a readable file"},
 		{"an admin tokens directory", "admin.tokensFile", map[string]string{"LIMITER_ADMIN_TOKENSFILE": dir}, "must name a file, not a directory"},
 		{"a zero audit length", "admin.auditMaxLen", map[string]string{"LIMITER_ADMIN_AUDITMAXLEN": "0"}, "admin.auditMaxLen: must be between 1 and 10000000 (env LIMITER_ADMIN_AUDITMAXLEN), got 0"},

@@ -6,8 +6,9 @@ import (
 	"time"
 )
 
-// Routes of the admin API and page. They exist only when admin.tokensFile
-// is set; otherwise they answer 404 like any unknown path.
+// Routes of the admin API and page, served on the admin listener
+// (admin.addr) only when admin.tokensFile is set; the API listener answers
+// them 404 like any unknown path.
 const (
 	// PathAdminUserSlots lists one user's live slots (role viewer or operator).
 	PathAdminUserSlots = "/v1/admin/users/{user_id}/slots"
@@ -15,7 +16,7 @@ const (
 	PathAdminUserRelease = "/v1/admin/users/{user_id}/release"
 	// PathAdminAudit lists the most recent admin calls (role viewer or operator).
 	PathAdminAudit = "/v1/admin/audit"
-	// PathAdminPage is the admin page, served on the API listener.
+	// PathAdminPage is the admin page, served on the admin listener.
 	PathAdminPage = "/admin/"
 )
 

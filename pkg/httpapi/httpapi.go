@@ -133,17 +133,20 @@ type Error struct {
 
 // Error codes.
 const (
-	CodeInvalidRequest     = "invalid_request"      // 400: malformed body, unknown field, wrong type, too large
-	CodeInvalidUserID      = "invalid_user_id"      // 400
-	CodeInvalidStreamID    = "invalid_stream_id"    // 400
-	CodeUnknownPlan        = "unknown_plan"         // 422
-	CodeStreamLimitReached = "stream_limit_reached" // 429, with Retry-After
-	CodeSlotLost           = "slot_lost"            // 410
-	CodeUnavailable        = "limiter_unavailable"  // 503
-	CodeOutcomeUnknown     = "outcome_unknown"      // 503 (admin release): sent to Redis, no answer came back
-	CodeNotFound           = "not_found"            // 404
-	CodeMethodNotAllowed   = "method_not_allowed"   // 405
-	CodeUnauthorized       = "unauthorized"         // 401
-	CodeForbidden          = "forbidden"            // 403
-	CodeInternal           = "internal"             // 500
+	CodeInvalidRequest       = "invalid_request"        // 400: malformed body, unknown field, wrong type, too large
+	CodeUnsupportedMediaType = "unsupported_media_type" // 415: a POST body not sent as application/json
+	CodeInvalidUserID        = "invalid_user_id"        // 400
+	CodeInvalidStreamID      = "invalid_stream_id"      // 400
+	CodeUnknownPlan          = "unknown_plan"           // 422
+	CodeStreamLimitReached   = "stream_limit_reached"   // 429, with Retry-After
+	CodeSlotLost             = "slot_lost"              // 410
+	CodeUnavailable          = "limiter_unavailable"    // 503
+	CodeOutcomeUnknown       = "outcome_unknown"        // 503 (admin release): sent to Redis, no answer came back
+	CodeNotFound             = "not_found"              // 404
+	CodeMethodNotAllowed     = "method_not_allowed"     // 405
+	CodeUnauthenticated      = "unauthenticated"        // 401: slot API, no or unknown caller token
+	CodePlanNotAllowed       = "plan_not_allowed"       // 403: slot API, a plan outside the caller's
+	CodeUnauthorized         = "unauthorized"           // 401: admin API
+	CodeForbidden            = "forbidden"              // 403: admin API
+	CodeInternal             = "internal"               // 500
 )

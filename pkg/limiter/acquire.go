@@ -17,6 +17,9 @@ type AcquireRequest struct {
 	// StreamID identifies the slot. Empty: a random 128-bit id is made.
 	// Giving one makes retries idempotent.
 	StreamID string
+	// Caller names who asked: the API caller of the tokens file or client
+	// certificate, recorded on the span. Empty when the API is open.
+	Caller string
 }
 
 // AcquireResult is the answer to an acquire. A denial is a result
@@ -52,6 +55,9 @@ type AcquireResult struct {
 // ErrUnknownPlan, ErrUnavailable (Redis down and the tier fails closed).
 func (l *Limiter) Acquire(ctx context.Context, req AcquireRequest) (AcquireResult, error) {
 	ctx, span := l.tracer.Start(ctx, "limiter.acquire")
+	if req.Caller != "" {
+		span.SetAttributes(attrCaller.String(req.Caller))
+	}
 	res, tier, err := l.acquire(ctx, req)
 	if span.IsRecording() {
 		span.SetAttributes(tierAttrs(tier, attrGranted.Bool(res.Granted), attrUsed.Int(res.Used),
@@ -81,7 +87,7 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	var replicas *replicaSync
 	err = l.do(ctx, "acquire", func(ctx context.Context, c rueidis.Client) (err error) {
 		c, replicas = l.synced(c)
-		got, err = lua.Acquire(ctx, c, key, req.StreamID, tier.MaxConcurrentStreams, tier.SlotTTL)
+		got, err = lua.Acquire(ctx, c, key, req.StreamID, tier.MaxConcurrentStreams, tier.SlotTTL, lua.Record{Caller: req.Caller})
 		return err
 	})
 	res := AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}

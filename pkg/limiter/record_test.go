@@ -174,3 +174,24 @@ func TestNoRecordOutlivesItsSlot(t *testing.T) {
 		}
 	})
 }
+
+// TestASlotRecordsItsCaller: the caller named by the API goes into the
+// slot's record after its TTL, and the heartbeat still reads the TTL.
+func TestASlotRecordsItsCaller(t *testing.T) {
+	eachBackend(t, true, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		user := newUser(t)
+		if res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three", StreamID: "s", Caller: "chat-api"}); err != nil || !res.Granted {
+			t.Fatalf("Acquire: got %+v, %v; want granted", res, err)
+		}
+		e.acquire(t, user, "three", "anonymous")
+		if got := e.records(t, user); got["s"] != "10000;caller=chat-api" || got["anonymous"] != "10000" {
+			t.Errorf("slot records: got %v, want s → 10000;caller=chat-api and anonymous → 10000", got)
+		}
+		if res, err := e.lim.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: user, Plan: "short", StreamID: "s"}); err != nil || !res.Alive {
+			t.Fatalf("heartbeat of a slot whose record names its caller: got %+v, %v; want alive", res, err)
+		} else if left := time.Until(res.ExpiresAt); left < 5*time.Second {
+			t.Errorf("expiry after the heartbeat: %v left, want about 10s (the TTL before the record's fields)", left)
+		}
+	})
+}

@@ -23,6 +23,7 @@ const (
 	attrDegraded    = attribute.Key("limiter.degraded")
 	attrAlive       = attribute.Key("limiter.alive")
 	attrReleased    = attribute.Key("limiter.released")
+	attrCaller      = attribute.Key("limiter.caller")
 	// Counts of a heartbeat batch, and of a release_all.
 	attrBatchSize     = attribute.Key("limiter.batch.size")
 	attrBatchAlive    = attribute.Key("limiter.batch.alive")

@@ -5,6 +5,8 @@
 -- ARGV[1] -> stream id
 -- ARGV[2] -> limit (max concurrent streams, >= 0)
 -- ARGV[3] -> slot ttl (ms, > 0, decimal digits)
+-- ARGV[4] -> the rest of a new slot's record: '' or ';name=value' fields
+--            (optional: absent is '')
 -- returns {granted (0|1), used, expires_at_ms, pruned, retry_after_ms}
 --   used           slots held after this call (live slots only)
 --   expires_at_ms  the slot's expiry when granted, 0 when denied
@@ -17,15 +19,17 @@
 -- shortens it) and leaves used unchanged.
 --
 -- The record of a slot starts with its TTL (ARGV[3]), so that heartbeats
--- keep the slot by its own TTL whatever happens to its plan; later fields,
--- if any, follow a ';'. A new slot's record is written with it; a held
--- slot keeps the record it has (and gets one if it had none). Both keys
+-- keep the slot by its own TTL whatever happens to its plan; the fields of
+-- ARGV[4] (who took it) follow, each after a ';'. A new slot's record is
+-- written with it; a held slot keeps the record it has (and gets one if it
+-- had none). Both keys
 -- expire together, one TTL after the longest slot.
 local key = KEYS[1]
 local meta = KEYS[2]
 local member = ARGV[1]
 local limit = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
+local record = ARGV[3] .. (ARGV[4] or '')
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -51,11 +55,11 @@ local expires = 0
 local retry = 0
 if redis.call('ZSCORE', key, member) then
   redis.call('ZADD', key, 'GT', now + ttl, member)
-  redis.call('HSETNX', meta, member, ARGV[3])
+  redis.call('HSETNX', meta, member, record)
   granted = 1
 elseif redis.call('ZCARD', key) < limit then
   redis.call('ZADD', key, now + ttl, member)
-  redis.call('HSET', meta, member, ARGV[3])
+  redis.call('HSET', meta, member, record)
   granted = 1
 end
 

@@ -24,8 +24,10 @@ type Acquired struct {
 
 // Acquire runs the acquire script on key (a keys.Schema.UserKey) and its
 // slot records for streamID.
-func Acquire(ctx context.Context, c rueidis.Client, key, streamID string, limit int, ttl time.Duration) (Acquired, error) {
-	vals, err := acquireScript.Exec(ctx, c, userKeys(key), []string{streamID, strconv.Itoa(limit), ms(ttl)}).AsIntSlice()
+//
+// rec is written as the new slot's record, after its TTL.
+func Acquire(ctx context.Context, c rueidis.Client, key, streamID string, limit int, ttl time.Duration, rec Record) (Acquired, error) {
+	vals, err := acquireScript.Exec(ctx, c, userKeys(key), []string{streamID, strconv.Itoa(limit), ms(ttl), rec.encode()}).AsIntSlice()
 	if err != nil {
 		return Acquired{}, err
 	}
@@ -39,6 +41,24 @@ func Acquire(ctx context.Context, c rueidis.Client, key, streamID string, limit 
 		Pruned:       int(vals[3]),
 		RetryAfterMs: vals[4],
 	}, nil
+}
+
+// Record is what a slot's record holds besides its TTL, which the scripts
+// write first: "<ttl ms>;caller=<name>". Fields are ';'-separated
+// name=value pairs; the values are validated identifiers (caller names are
+// [A-Za-z0-9._@-]), so they hold neither ';' nor '='.
+type Record struct {
+	// Caller names who took the slot: the API caller of the tokens file or
+	// the client certificate. Empty: not recorded (an open API).
+	Caller string
+}
+
+// encode returns the fields after the TTL, each with its leading ';'.
+func (r Record) encode() string {
+	if r.Caller == "" {
+		return ""
+	}
+	return ";caller=" + r.Caller
 }
 
 // Beat is the result of the heartbeat script.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/joishi/limiter/pkg/httpapi"
 	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/ratelog"
 	"github.com/joishi/limiter/pkg/server/adminui"
 )
 
@@ -50,10 +51,12 @@ type AdminOptions struct {
 
 // Admin serves the support staff's API (/v1/admin/...) and page (/admin/):
 // inspect a user's slots, release them all, read the recent actions. Every
-// call, refused ones included, leaves one audit record.
+// call, refused ones included, leaves one audit record: in the log and the
+// audit stream, except a call without a known token, which is only logged
+// (rate-limited; see auditor).
 type Admin struct {
 	lim    *limiter.Limiter
-	tokens *tokenFile
+	tokens *tokensFile[tokenSet]
 	audit  *auditor
 	poll   time.Duration
 	page   fs.FS // the admin page's files
@@ -70,7 +73,7 @@ func NewAdmin(lim *limiter.Limiter, opts AdminOptions) (*Admin, error) {
 	if opts.AuditMaxLen <= 0 {
 		opts.AuditMaxLen = 10000
 	}
-	tokens, err := loadTokenFile(opts.TokensFile, opts.Logger)
+	tokens, err := loadAdminTokens(opts.TokensFile, opts.Logger)
 	if err != nil {
 		return nil, err
 	}
@@ -82,7 +85,7 @@ func NewAdmin(lim *limiter.Limiter, opts AdminOptions) (*Admin, error) {
 		page:   page,
 		lim:    lim,
 		tokens: tokens,
-		audit:  &auditor{log: opts.Logger, lim: lim, maxLen: opts.AuditMaxLen},
+		audit:  &auditor{log: opts.Logger, anonymous: ratelog.New(opts.Logger, anonymousLogEvery), lim: lim, maxLen: opts.AuditMaxLen},
 		poll:   opts.TokensPollInterval,
 	}, nil
 }
@@ -95,7 +98,7 @@ func (a *Admin) Tokens() int { return len(a.tokens.current().tokens) }
 // is logged and the tokens read before stay in force.
 func (a *Admin) WatchTokens(ctx context.Context) { a.tokens.watch(ctx, a.poll) }
 
-// Routes adds the admin API and page to mux (for Options.Routes).
+// Routes adds the admin API and page to mux (Server.AdminHandler does).
 func (a *Admin) Routes(mux *http.ServeMux) {
 	a.route(mux, http.MethodGet, httpapi.PathAdminUserSlots, httpapi.ActionListSlots, httpapi.RoleViewer, a.listSlots)
 	a.route(mux, http.MethodPost, httpapi.PathAdminUserRelease, httpapi.ActionReleaseAll, httpapi.RoleOperator, a.releaseAll)

@@ -7,24 +7,37 @@ import (
 	"encoding/json"
 	"log/slog"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
 	"github.com/joishi/limiter/pkg/httpapi"
 	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/ratelog"
 )
 
 // maxAuditFieldBytes bounds what a caller can put into one field of an
 // audit record: user ids are at most 256 bytes; a longer one is cut.
 const maxAuditFieldBytes = 512
 
+// anonymousLogEvery bounds the log lines of refused calls without a known
+// token: one per interval, the next carrying how many were left out.
+const anonymousLogEvery = time.Second
+
 // auditor writes one record per admin call to the log, the record of
 // authority, and to the limiter's capped audit stream, which the page
 // reads for its recent actions.
+//
+// A call refused for want of a known token (no actor) is only logged, and
+// at most once per anonymousLogEvery: the stream is capped, so a flood of
+// such calls, which anyone who reaches the port can send, would push the
+// records of what operators did out of it. Only a known token can add to
+// the stream.
 type auditor struct {
-	log    *slog.Logger
-	lim    *limiter.Limiter
-	maxLen int
+	log       *slog.Logger
+	anonymous *ratelog.Logger
+	lim       *limiter.Limiter
+	maxLen    int
 }
 
 // newAuditID returns a random 64-bit id in hex.
@@ -34,12 +47,22 @@ func newAuditID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// write logs rec and appends it to the stream. The stream write outlives
-// the request's context: a caller hanging up must not skip its audit.
+// write logs rec and appends it to the stream; a record without an actor
+// is only logged, rate-limited. The stream write outlives the request's
+// context: a caller hanging up must not skip its audit.
 func (a *auditor) write(ctx context.Context, rec httpapi.AuditRecord) {
 	level := slog.LevelInfo
 	if rec.Outcome != httpapi.OutcomeOK {
 		level = slog.LevelWarn
+	}
+	if rec.Actor == "" {
+		attrs := auditAttrs(rec)
+		args := make([]any, len(attrs))
+		for i, attr := range attrs {
+			args[i] = attr
+		}
+		a.anonymous.Log(ctx, level, "admin audit", args...)
+		return
 	}
 	a.log.LogAttrs(ctx, level, "admin audit", auditAttrs(rec)...)
 

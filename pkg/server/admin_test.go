@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -77,6 +78,7 @@ type adminEnv struct {
 	redis  *cluster.Client
 	keys   keys.Schema
 	log    *logSink
+	admin  *server.Admin
 }
 
 func newAdminEnv(t *testing.T, handler func(io.Writer) slog.Handler) *adminEnv {
@@ -102,12 +104,13 @@ func newAdminEnvOn(t *testing.T, opts limitertest.Options, handler func(io.Write
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(server.New(lim, server.Options{Routes: admin.Routes}).Handler())
+	server.SetAnonymousAuditLogEvery(admin, 0) // log every refused anonymous call
+	srv := httptest.NewServer(server.New(lim, server.Options{Admin: admin}).AdminHandler())
 	t.Cleanup(srv.Close)
 	return &adminEnv{
 		url:    srv.URL,
-		client: &http.Client{Transport: apitest.ValidatingTransport(t, srv.Client().Transport), Timeout: 10 * time.Second},
-		lim:    lim, redis: redis, keys: keys, log: sink,
+		client: &http.Client{Transport: apitest.ValidatingAdminTransport(t, srv.Client().Transport), Timeout: 10 * time.Second},
+		lim:    lim, redis: redis, keys: keys, log: sink, admin: admin,
 	}
 }
 
@@ -115,6 +118,7 @@ func newAdminEnvOn(t *testing.T, opts limitertest.Options, handler func(io.Write
 type adminCall struct {
 	method, path, token, body string
 	authScheme                string // default "Bearer"
+	contentType               string // of a body; default application/json
 	invalid                   bool   // deliberately outside the spec
 }
 
@@ -130,6 +134,9 @@ func (e *adminEnv) do(t *testing.T, c adminCall) reply {
 	}
 	if c.body != "" {
 		req.Header.Set("Content-Type", "application/json")
+		if c.contentType != "" {
+			req.Header.Set("Content-Type", c.contentType)
+		}
 	}
 	if c.token != "" {
 		scheme := c.authScheme
@@ -229,6 +236,8 @@ func TestAdminAuthMatrix(t *testing.T) {
 			status: 400, code: httpapi.CodeInvalidRequest, actor: "ola", role: "operator", action: httpapi.ActionReleaseAll, detail: "reason is required"},
 		{name: "an operator with a 501-character reason is 400", call: adminCall{method: "POST", path: releasePath, token: operatorToken, body: `{"reason":"` + strings.Repeat("r", 501) + `"}`, invalid: true},
 			status: 400, code: httpapi.CodeInvalidRequest, actor: "ola", role: "operator", action: httpapi.ActionReleaseAll, reason: strings.Repeat("r", 501), detail: "reason is 501 characters, the limit is 500"},
+		{name: "an operator's release sent as text/plain is 415", call: adminCall{method: "POST", path: releasePath, token: operatorToken, body: reason, contentType: "text/plain", invalid: true},
+			status: 415, code: httpapi.CodeUnsupportedMediaType, actor: "ola", role: "operator", action: httpapi.ActionReleaseAll, detail: "must be sent as application/json"},
 		{name: "an operator releases with a reason", call: adminCall{method: "POST", path: releasePath, token: operatorToken, body: `{"reason":"ticket 4812:\nlocked out   after a crash"}`},
 			status: 200, actor: "ola", role: "operator", action: httpapi.ActionReleaseAll, released: held, reason: "ticket 4812: locked out after a crash"},
 		{name: "an operator reads the audit", call: adminCall{method: "GET", path: httpapi.PathAdminAudit + "?limit=5", token: operatorToken},
@@ -249,13 +258,29 @@ func TestAdminAuthMatrix(t *testing.T) {
 				t.Errorf("WWW-Authenticate: got %q, want a Bearer challenge", r.header.Get("WWW-Authenticate"))
 			}
 
-			// Exactly one record, in the log and in the stream, with the right fields.
+			// Exactly one record, in the log and, for a known token, in the
+			// stream, with the right fields.
 			lines := e.log.auditLines(t)[logBefore:]
 			stream := e.streamRecords(t)
-			if len(lines) != 1 || len(stream)-streamBefore != 1 {
-				t.Fatalf("audit records: got %d in the log and %d in the stream, want 1 and 1", len(lines), len(stream)-streamBefore)
+			wantStream := 1
+			if tc.actor == "" {
+				wantStream = 0 // an anonymous call cannot push records out of the stream
 			}
-			got := stream[0]
+			if len(lines) != 1 || len(stream)-streamBefore != wantStream {
+				t.Fatalf("audit records: got %d in the log and %d in the stream, want 1 and %d", len(lines), len(stream)-streamBefore, wantStream)
+			}
+			var got httpapi.AuditRecord
+			if wantStream == 1 {
+				got = stream[0]
+			} else {
+				// The log line is the record.
+				data, _ := json.Marshal(lines[0])
+				if err := json.Unmarshal(data, &got); err != nil {
+					t.Fatal(err)
+				}
+				got.AuditID, got.Time = lines[0]["audit_id"].(string), time.Now()
+				got.Detail, _ = lines[0]["detail"].(string)
+			}
 			if got.AuditID != auditID || lines[0]["audit_id"] != auditID {
 				t.Errorf("audit_id: got stream %q, log %v, want the %s header %q", got.AuditID, lines[0]["audit_id"], httpapi.HeaderAuditID, auditID)
 			}
@@ -314,10 +339,88 @@ func TestAdminAuthMatrix(t *testing.T) {
 	})
 	t.Run("the audit lists the calls newest first", func(t *testing.T) {
 		got := decode[httpapi.AuditResponse](t, e.do(t, adminCall{method: "GET", path: httpapi.PathAdminAudit, token: viewerToken}), http.StatusOK)
-		if len(got.Records) < 10 || got.Records[0].Action != httpapi.ActionListSlots || got.Records[0].Time.Before(got.Records[len(got.Records)-1].Time) {
-			t.Errorf("records: got %d, first %+v, want at least 10, newest (the slot listing) first", len(got.Records), got.Records[0])
+		if len(got.Records) < 9 || got.Records[0].Action != httpapi.ActionListSlots || got.Records[0].Time.Before(got.Records[len(got.Records)-1].Time) {
+			t.Errorf("records: got %d, first %+v, want at least 9, newest (the slot listing) first", len(got.Records), got.Records[0])
 		}
 	})
+}
+
+// A flood of calls without a known token, which anyone who reaches the
+// admin port can send, is logged at a bounded rate and leaves the audit
+// stream alone: the record of what an operator did stays in it.
+func TestAdminAuditFloodKeepsOperatorRecords(t *testing.T) {
+	t.Parallel()
+	e := newAdminEnv(t, nil) // the stream keeps 100 records
+	server.SetAnonymousAuditLogEvery(e.admin, time.Second)
+	user := newUser(t)
+	e.hold(t, user, 2)
+	r := e.do(t, adminCall{method: "POST", path: httpapi.AdminUserReleasePath(user), token: operatorToken, body: `{"reason":"ticket 4812"}`})
+	release := decode[httpapi.AdminReleaseResponse](t, r, http.StatusOK)
+	streamBefore := len(e.streamRecords(t))
+
+	hc := &http.Client{Timeout: 10 * time.Second}
+	send := func(method, path, token, body string) {
+		req, _ := http.NewRequest(method, e.url+path, strings.NewReader(body))
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized && resp.StatusCode != http.StatusMethodNotAllowed {
+			t.Fatalf("%s %s: got %d, want 401 or 405", method, path, resp.StatusCode)
+		}
+	}
+	start := time.Now()
+	for i := range 1000 {
+		switch i % 4 {
+		case 0:
+			send("GET", httpapi.PathAdminAudit, "", "")
+		case 1:
+			send("POST", httpapi.AdminUserReleasePath(user), "guessed-token-0123456789-"+strconv.Itoa(i), `{"reason":"flood"}`)
+		case 2:
+			send("GET", httpapi.AdminUserSlotsPath(newUser(t)), "", "")
+		case 3:
+			send("DELETE", httpapi.AdminUserSlotsPath(user), "", "") // a 405 of no known caller
+		}
+	}
+	elapsed := time.Since(start)
+
+	stream := e.streamRecords(t)
+	if len(stream) != streamBefore {
+		t.Errorf("audit stream: got %d records after the flood, want %d (none added)", len(stream), streamBefore)
+	}
+	if !slices.ContainsFunc(stream, func(rec httpapi.AuditRecord) bool { return rec.AuditID == release.AuditID }) {
+		t.Errorf("the operator's release %s is no longer in the audit stream", release.AuditID)
+	}
+	got := decode[httpapi.AuditResponse](t, e.do(t, adminCall{method: "GET", path: httpapi.PathAdminAudit, token: viewerToken}), http.StatusOK)
+	if !slices.ContainsFunc(got.Records, func(rec httpapi.AuditRecord) bool { return rec.AuditID == release.AuditID }) {
+		t.Errorf("GET %s: got %+v, want the operator's release among the records", httpapi.PathAdminAudit, got.Records)
+	}
+
+	// Logged, but rate-limited: one line per second, the next carrying the
+	// count of those left out.
+	var anonymous, counted int
+	for _, line := range e.log.auditLines(t) {
+		if line["actor"] == "" {
+			anonymous++
+			if n, ok := line["similar_since_last_line"].(float64); ok {
+				counted += int(n)
+			}
+		}
+	}
+	if maxLines := int(elapsed/time.Second) + 2; anonymous < 1 || anonymous > maxLines {
+		t.Errorf("log: got %d anonymous audit lines for 1000 calls in %v, want 1 to %d", anonymous, elapsed.Round(time.Millisecond), maxLines)
+	}
+	if anonymous+counted > 1000 {
+		t.Errorf("log: %d lines and %d counted as left out, want at most 1000", anonymous, counted)
+	}
 }
 
 func TestAdminSlots(t *testing.T) {
@@ -507,23 +610,59 @@ func TestAdminPage(t *testing.T) {
 	})
 }
 
-func TestAdminOffWithoutTokensFile(t *testing.T) {
+// The admin API and page are served on the admin listener only: the API
+// listener answers their paths 404, with or without admin on.
+func TestAdminNotOnTheAPIListener(t *testing.T) {
 	t.Parallel()
-	a := newAPI(t, limitertest.New(t, limitertest.Options{}).Limiter)
-	for _, path := range []string{httpapi.AdminUserSlotsPath("u-1"), httpapi.PathAdminAudit} {
-		r := a.call(t, http.MethodGet, path, nil, false)
-		wantError(t, r, http.StatusNotFound, httpapi.CodeNotFound)
+	lim := limitertest.New(t, limitertest.Options{}).Limiter
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(tokens, []byte(adminTokens), 0o600); err != nil {
+		t.Fatal(err)
 	}
-	r := a.call(t, http.MethodPost, httpapi.AdminUserReleasePath("u-1"), []byte(`{"reason":"x"}`), false)
-	wantError(t, r, http.StatusNotFound, httpapi.CodeNotFound)
-	resp, err := http.Get(a.url + httpapi.PathAdminPage)
+	admin, err := server.NewAdmin(lim, server.AdminOptions{TokensFile: tokens})
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusNotFound {
-		t.Errorf("GET /admin/: got %d, want 404", resp.StatusCode)
+	for _, tc := range []struct {
+		name string
+		opts server.Options
+	}{
+		{"admin off", server.Options{}},
+		{"admin on", server.Options{Admin: admin}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := newAPIOf(t, server.New(lim, tc.opts))
+			header := http.Header{"Authorization": {"Bearer " + operatorToken}}
+			for _, path := range []string{httpapi.AdminUserSlotsPath("u-1"), httpapi.PathAdminAudit} {
+				wantError(t, a.callWith(t, http.MethodGet, path, nil, false, header), http.StatusNotFound, httpapi.CodeNotFound)
+			}
+			r := a.callWith(t, http.MethodPost, httpapi.AdminUserReleasePath("u-1"), []byte(`{"reason":"x"}`), false, header)
+			wantError(t, r, http.StatusNotFound, httpapi.CodeNotFound)
+			for _, path := range []string{httpapi.PathAdminPage, "/admin", "/admin/app.js"} {
+				resp, err := http.Get(a.url + path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusNotFound {
+					t.Errorf("GET %s on the API listener: got %d, want 404", path, resp.StatusCode)
+				}
+			}
+		})
 	}
+	t.Run("the admin listener serves no slot route", func(t *testing.T) {
+		srv := httptest.NewServer(server.New(lim, server.Options{Admin: admin}).AdminHandler())
+		defer srv.Close()
+		hc := &http.Client{Transport: apitest.ValidatingAdminTransport(t, srv.Client().Transport), Timeout: 10 * time.Second}
+		resp, err := hc.Get(srv.URL + httpapi.PathTiers)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound {
+			t.Errorf("GET %s on the admin listener: got %d, want 404", httpapi.PathTiers, resp.StatusCode)
+		}
+	})
 }
 
 func TestAdminSpecListsTheAdminRoutes(t *testing.T) {

@@ -126,7 +126,7 @@ func TestTokenFileReload(t *testing.T) {
 	}
 	write("alice viewer " + aliceToken + "\n")
 	sink := &syncLog{ch: make(chan string, 16)}
-	f, err := loadTokenFile(path, slog.New(slog.NewJSONHandler(sink, nil)))
+	f, err := loadAdminTokens(path, slog.New(slog.NewJSONHandler(sink, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +241,7 @@ func TestTokenFileModeAdvice(t *testing.T) {
 				t.Fatal(err)
 			}
 			var log strings.Builder
-			f, err := loadTokenFile(path, slog.New(slog.NewJSONHandler(&log, nil)))
+			f, err := loadAdminTokens(path, slog.New(slog.NewJSONHandler(&log, nil)))
 			if err != nil {
 				t.Fatalf("load: got %v, want the tokens loaded whatever the mode", err)
 			}
@@ -265,7 +265,7 @@ func TestTokenFileModeAdvice(t *testing.T) {
 			t.Fatal(err)
 		}
 		var log strings.Builder
-		f, err := loadTokenFile(path, slog.New(slog.NewJSONHandler(&log, nil)))
+		f, err := loadAdminTokens(path, slog.New(slog.NewJSONHandler(&log, nil)))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"reflect"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/joishi/limiter/pkg/httpapi"
@@ -26,10 +28,39 @@ func badRequest(format string, args ...any) error {
 	return &requestError{msg: fmt.Sprintf(format, args...)}
 }
 
-// decode reads r's body into dst strictly: at most limit bytes, valid
-// UTF-8 (decoders would silently replace bad bytes, letting two different
-// ids collide), one JSON object, no unknown fields, right types.
+// mediaTypeError is a body not declared as JSON: 415 unsupported_media_type.
+type mediaTypeError struct{ msg string }
+
+func (e *mediaTypeError) Error() string { return e.msg }
+
+// checkContentType refuses a body whose Content-Type is not
+// application/json (parameters allowed; a charset, if given, must be
+// utf-8). It is what keeps a web page off the API: a browser sends a
+// cross-site POST without asking first only as text/plain, a form or
+// multipart; application/json needs a CORS preflight, which the API never
+// grants (it sends no CORS header).
+func checkContentType(r *http.Request) error {
+	header := r.Header.Get("Content-Type")
+	mediaType, params, err := mime.ParseMediaType(header)
+	switch {
+	case header == "":
+		return &mediaTypeError{msg: "no Content-Type: the body must be sent as application/json"}
+	case err != nil || mediaType != "application/json":
+		return &mediaTypeError{msg: fmt.Sprintf("Content-Type %q is not accepted: the body must be sent as application/json", clean(header, 100))}
+	case params["charset"] != "" && !strings.EqualFold(params["charset"], "utf-8"):
+		return &mediaTypeError{msg: fmt.Sprintf("charset %q is not accepted: JSON bodies are UTF-8", clean(params["charset"], 100))}
+	}
+	return nil
+}
+
+// decode reads r's body into dst strictly: declared application/json
+// (checkContentType), at most limit bytes, valid UTF-8 (decoders would
+// silently replace bad bytes, letting two different ids collide), one JSON
+// object, no unknown fields, right types.
 func decode(w http.ResponseWriter, r *http.Request, limit int64, dst any) error {
+	if err := checkContentType(r); err != nil {
+		return err
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		var tooLarge *http.MaxBytesError

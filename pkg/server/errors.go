@@ -15,10 +15,14 @@ import (
 func apiError(err error) (int, httpapi.Error) {
 	e := httpapi.Error{Message: err.Error()}
 	var reqErr *requestError
+	var typeErr *mediaTypeError
 	switch {
 	case errors.As(err, &reqErr):
 		e.Code = httpapi.CodeInvalidRequest
 		return http.StatusBadRequest, e
+	case errors.As(err, &typeErr):
+		e.Code = httpapi.CodeUnsupportedMediaType
+		return http.StatusUnsupportedMediaType, e
 	case errors.Is(err, limiter.ErrInvalidUserID):
 		e.Code = httpapi.CodeInvalidUserID
 		return http.StatusBadRequest, e
@@ -31,6 +35,12 @@ func apiError(err error) (int, httpapi.Error) {
 	case errors.Is(err, limiter.ErrSlotLost):
 		e.Code = httpapi.CodeSlotLost
 		return http.StatusGone, e
+	case errors.Is(err, errUnauthenticated): // slot API (auth.go)
+		e.Code = httpapi.CodeUnauthenticated
+		return http.StatusUnauthorized, e
+	case errors.Is(err, errPlanNotAllowed):
+		e.Code = httpapi.CodePlanNotAllowed
+		return http.StatusForbidden, e
 	case errors.Is(err, errUnauthorized): // admin API (admin.go)
 		e.Code = httpapi.CodeUnauthorized
 		return http.StatusUnauthorized, e
@@ -63,11 +73,15 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 // answerError logs a failure of the service itself and answers e, the
 // mapping of err (see apiError), with status.
 func (s *Server) answerError(w http.ResponseWriter, r *http.Request, err error, status int, e httpapi.Error) {
+	caller := ""
+	if info := infoOf(r.Context()); info != nil {
+		caller = info.caller
+	}
 	switch {
 	case status == http.StatusInternalServerError:
-		s.failedInternal.Log(r.Context(), slog.LevelError, "request failed", "path", r.URL.Path, "status", status, "err", err)
+		s.failedInternal.Log(r.Context(), slog.LevelError, "request failed", "path", r.URL.Path, "status", status, "caller", caller, "err", err)
 	case status > 500:
-		s.failedUnavailable.Log(r.Context(), slog.LevelWarn, "request failed", "path", r.URL.Path, "status", status, "err", err)
+		s.failedUnavailable.Log(r.Context(), slog.LevelWarn, "request failed", "path", r.URL.Path, "status", status, "caller", caller, "err", err)
 	}
 	writeError(w, status, e)
 }

@@ -63,6 +63,12 @@ type reply struct {
 // validated).
 func (a *api) call(t *testing.T, method, path string, body []byte, invalid bool) reply {
 	t.Helper()
+	return a.callWith(t, method, path, body, invalid, nil)
+}
+
+// callWith is call with header added to the request.
+func (a *api) callWith(t *testing.T, method, path string, body []byte, invalid bool, header http.Header) reply {
+	t.Helper()
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
@@ -73,6 +79,13 @@ func (a *api) call(t *testing.T, method, path string, body []byte, invalid bool)
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range header {
+		if v == nil {
+			req.Header.Del(k)
+			continue
+		}
+		req.Header[k] = v
 	}
 	if invalid {
 		apitest.Invalid(req)

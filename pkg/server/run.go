@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -17,12 +18,19 @@ const (
 	DefaultIdleTimeout       = 2 * time.Minute
 )
 
-// Listeners say where the two listeners listen and how long a connection
-// may take.
+// Listeners say where the listeners listen and how long a connection may
+// take.
 type Listeners struct {
 	API string // default ":8080"
 	Ops string // default ":9090"
-	// Timeouts apply to both listeners.
+	// Admin is where the admin API and page listen, when Options.Admin is
+	// set. Default ":8081".
+	Admin string
+	// TLS, when its files are set, serves the API over TLS (and mutual
+	// TLS with a client CA). The ops listener stays plain HTTP: probes
+	// and scrapers reach it inside the cluster.
+	TLS TLSFiles
+	// Timeouts apply to every listener.
 	Timeouts Timeouts
 }
 
@@ -67,9 +75,10 @@ func (t Timeouts) server(h http.Handler) *http.Server {
 	return &http.Server{Handler: h, ReadHeaderTimeout: t.ReadHeader, ReadTimeout: t.Read, WriteTimeout: t.Write, IdleTimeout: t.Idle}
 }
 
-// Run serves the API and ops listeners until ctx ends, then drains: /readyz
-// turns false, the API listener stops accepting, in-flight requests get up
-// to grace to finish, and Run returns nil. It returns an error when a
+// Run serves the API and ops listeners, and the admin listener when
+// Options.Admin is set, until ctx ends, then drains: /readyz turns false,
+// the API and admin listeners stop accepting, in-flight requests get up to
+// grace to finish, and Run returns nil. It returns an error when a
 // listener cannot start or a drain overruns grace.
 func (s *Server) Run(ctx context.Context, l Listeners, grace time.Duration) error {
 	if l.API == "" {
@@ -78,7 +87,17 @@ func (s *Server) Run(ctx context.Context, l Listeners, grace time.Duration) erro
 	if l.Ops == "" {
 		l.Ops = ":9090"
 	}
+	if l.Admin == "" {
+		l.Admin = ":8081"
+	}
 	timeouts := l.Timeouts.WithDefaults()
+	var tlsConfig *tls.Config
+	if l.TLS.enabled() {
+		var err error
+		if tlsConfig, err = l.TLS.config(s.log); err != nil {
+			return err
+		}
+	}
 	apiLn, err := net.Listen("tcp", l.API)
 	if err != nil {
 		return fmt.Errorf("http.addr %s: %w", l.API, err)
@@ -88,18 +107,42 @@ func (s *Server) Run(ctx context.Context, l Listeners, grace time.Duration) erro
 		apiLn.Close()
 		return fmt.Errorf("ops.addr %s: %w", l.Ops, err)
 	}
+	var adminLn net.Listener
+	if s.opts.Admin != nil {
+		if adminLn, err = net.Listen("tcp", l.Admin); err != nil {
+			apiLn.Close()
+			opsLn.Close()
+			return fmt.Errorf("admin.addr %s: %w", l.Admin, err)
+		}
+	}
 	api := timeouts.server(s.Handler())
+	api.TLSConfig = tlsConfig
 	ops := timeouts.server(s.OpsHandler())
+	// Drained in this order: the API first, while the ops listener still
+	// answers /readyz (draining) to the probes.
+	servers := []*http.Server{api, ops}
 
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	go func() { errc <- serve(api, apiLn) }()
 	go func() { errc <- serve(ops, opsLn) }()
-	s.log.Info("listening", "api", "http://"+apiLn.Addr().String(), "ops", "http://"+opsLn.Addr().String())
+	scheme := "http://"
+	if tlsConfig != nil {
+		scheme = "https://"
+	}
+	attrs := []any{"api", scheme + apiLn.Addr().String(), "ops", "http://" + opsLn.Addr().String(), "client_certificates", l.TLS.ClientCAFile != ""}
+	if adminLn != nil {
+		admin := timeouts.server(s.AdminHandler())
+		servers = append(servers, admin)
+		go func() { errc <- serve(admin, adminLn) }()
+		attrs = append(attrs, "admin", "http://"+adminLn.Addr().String())
+	}
+	s.log.Info("listening", attrs...)
 
 	select {
 	case err := <-errc:
-		api.Close()
-		ops.Close()
+		for _, srv := range servers {
+			srv.Close()
+		}
 		return err
 	case <-ctx.Done():
 	}
@@ -108,21 +151,29 @@ func (s *Server) Run(ctx context.Context, l Listeners, grace time.Duration) erro
 	s.log.Info("draining", "grace", grace.String())
 	drainCtx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
-	drainErr := api.Shutdown(drainCtx)
-	if drainErr != nil {
-		drainErr = fmt.Errorf("draining in-flight requests: %w (grace %s)", drainErr, grace)
-		api.Close()
-	}
-	opsErr := ops.Shutdown(drainCtx)
-	if opsErr != nil {
-		ops.Close()
+	var errs []error
+	for _, srv := range servers {
+		if err := srv.Shutdown(drainCtx); err != nil {
+			if srv == api {
+				err = fmt.Errorf("draining in-flight requests: %w (grace %s)", err, grace)
+			}
+			errs = append(errs, err)
+			srv.Close()
+		}
 	}
 	s.log.Info("stopped")
-	return errors.Join(drainErr, opsErr)
+	return errors.Join(errs...)
 }
 
+// serve serves srv on ln, over TLS when srv has a TLS configuration.
 func serve(srv *http.Server, ln net.Listener) error {
-	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+	var err error
+	if srv.TLSConfig != nil {
+		err = srv.ServeTLS(ln, "", "") // the certificate comes from TLSConfig.GetCertificate
+	} else {
+		err = srv.Serve(ln)
+	}
+	if !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -35,10 +37,17 @@ const slack = 1500 * time.Millisecond
 // API and ops addresses once both accept connections.
 func runServer(t *testing.T, srv *server.Server, timeouts server.Timeouts) (api, ops string) {
 	t.Helper()
+	return runServerOn(t, srv, server.Listeners{Timeouts: timeouts})
+}
+
+// runServerOn is runServer with l, whose addresses it fills in.
+func runServerOn(t *testing.T, srv *server.Server, l server.Listeners) (api, ops string) {
+	t.Helper()
 	api, ops = testenv.FreeAddr(t), testenv.FreeAddr(t)
+	l.API, l.Ops = api, ops
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx, server.Listeners{API: api, Ops: ops, Timeouts: timeouts}, time.Second) }()
+	go func() { done <- srv.Run(ctx, l, time.Second) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -67,8 +76,12 @@ func slowServer(t *testing.T, pause time.Duration) *server.Server {
 	if err := table.Replace(limitertest.Tiers()); err != nil {
 		t.Fatal(err)
 	}
-	return server.New(limiter.New(nil, table, limiter.Options{}), server.Options{Routes: func(mux *http.ServeMux) {
-		mux.HandleFunc("GET /slow", func(w http.ResponseWriter, r *http.Request) {
+	return server.New(limiter.New(nil, table, limiter.Options{}), server.Options{Middleware: func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path != "/slow" {
+				next.ServeHTTP(w, r)
+				return
+			}
 			time.Sleep(pause)
 			fmt.Fprintln(w, "late")
 		})
@@ -158,5 +171,46 @@ func TestRunDefaultTimeouts(t *testing.T) {
 	want := server.Timeouts{ReadHeader: 5 * time.Second, Read: 10 * time.Second, Write: 10 * time.Second, Idle: 2 * time.Minute}
 	if got := (server.Timeouts{}).WithDefaults(); got != want {
 		t.Errorf("Timeouts{}.WithDefaults() = %+v, want %+v", got, want)
+	}
+}
+
+// With Options.Admin, Run serves the admin API and page on a listener of
+// their own; the API listener does not serve them.
+func TestRunServesTheAdminListener(t *testing.T) {
+	t.Parallel()
+	lim := limitertest.New(t, limitertest.Options{}).Limiter
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(tokens, []byte(adminTokens), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := server.NewAdmin(lim, server.AdminOptions{TokensFile: tokens})
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminAddr := testenv.FreeAddr(t)
+	api, _ := runServerOn(t, server.New(lim, server.Options{Admin: admin}), server.Listeners{Admin: adminAddr})
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if conn, err := net.Dial("tcp", adminAddr); err == nil {
+			conn.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the admin listener %s does not accept connections within 10s", adminAddr)
+		}
+	}
+	get := func(url string) int {
+		t.Helper()
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := get("http://" + adminAddr + httpapi.PathAdminPage); got != http.StatusOK {
+		t.Errorf("the admin page on the admin listener: got %d, want 200", got)
+	}
+	if got := get("http://" + api + httpapi.PathAdminPage); got != http.StatusNotFound {
+		t.Errorf("the admin page on the API listener: got %d, want 404", got)
 	}
 }

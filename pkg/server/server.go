@@ -21,10 +21,17 @@ type Options struct {
 	Logger *slog.Logger
 	// Metrics serves GET /metrics on the ops listener. Default: 404.
 	Metrics http.Handler
-	// Middleware wraps the API handler (tracing, for one). Default none.
+	// Middleware wraps the API and admin handlers (tracing, for one).
+	// Default none.
 	Middleware func(http.Handler) http.Handler
-	// Routes, when set, may add routes to the API mux (the admin API).
-	Routes func(mux *http.ServeMux)
+	// Admin, when set, is served on the admin listener (AdminHandler):
+	// the admin API and page, never on the API listener. Default nil: no
+	// admin listener.
+	Admin *Admin
+	// Callers, when set, authenticates every call of the slot API
+	// (/v1/slots/*, /v1/tiers) and scopes it to the caller's plans.
+	// Default nil: the slot API is open to anyone who reaches it.
+	Callers *Callers
 	// RedisAnswered, when set, holds /readyz at 503 until it returns true
 	// (redis.requiredForReadiness: a replica whose Redis never answered is
 	// not ready). Once true it must stay true: readiness gates the start,
@@ -61,21 +68,35 @@ func New(lim *limiter.Limiter, opts Options) *Server {
 	}
 }
 
-// Handler returns the API: the routes of api/openapi.yaml.
+// Handler returns the API listener's routes: the slot API of
+// api/openapi.yaml.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
-	s.route(mux, "POST", httpapi.PathAcquire, s.acquire)
-	s.route(mux, "POST", httpapi.PathHeartbeat, s.heartbeat)
-	s.route(mux, "POST", httpapi.PathHeartbeats, s.heartbeats)
-	s.route(mux, "POST", httpapi.PathRelease, s.release)
-	s.route(mux, "GET", httpapi.PathTiers, s.tiers)
-	if s.opts.Routes != nil {
-		s.opts.Routes(mux)
+	s.route(mux, "POST", httpapi.PathAcquire, s.authenticate(s.acquire))
+	s.route(mux, "POST", httpapi.PathHeartbeat, s.authenticate(s.heartbeat))
+	s.route(mux, "POST", httpapi.PathHeartbeats, s.authenticate(s.heartbeats))
+	s.route(mux, "POST", httpapi.PathRelease, s.authenticate(s.release))
+	s.route(mux, "GET", httpapi.PathTiers, s.authenticate(s.tiers))
+	return s.wrap(mux)
+}
+
+// AdminHandler returns the admin listener's routes: the admin API and page
+// of Options.Admin (none without it).
+func (s *Server) AdminHandler() http.Handler {
+	mux := http.NewServeMux()
+	if s.opts.Admin != nil {
+		s.opts.Admin.Routes(mux)
 	}
+	return s.wrap(mux)
+}
+
+// wrap answers mux's unknown paths 404 and adds the access log, panic
+// recovery and Options.Middleware.
+func (s *Server) wrap(mux *http.ServeMux) http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, httpapi.Error{Code: httpapi.CodeNotFound, Message: "no route " + r.Method + " " + r.URL.Path})
 	})
-	var h http.Handler = mux
+	h := s.logAccess(mux)
 	h = s.recoverPanics(h)
 	if s.opts.Middleware != nil {
 		h = s.opts.Middleware(h)

@@ -22,6 +22,10 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, badRequest("plan is required"))
 		return
 	}
+	if err := allowPlan(r, req.Plan); err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	// The id is fixed before Redis is called, so that a 503 can name it:
 	// the acquire may have run in Redis with only its answer lost, and
 	// only this id can then retry it (idempotently) or release the slot.
@@ -29,7 +33,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	if streamID == "" {
 		streamID = keys.NewStreamID()
 	}
-	res, err := s.lim.Acquire(r.Context(), limiter.AcquireRequest{UserID: req.UserID, Plan: req.Plan, StreamID: streamID})
+	res, err := s.lim.Acquire(r.Context(), limiter.AcquireRequest{UserID: req.UserID, Plan: req.Plan, StreamID: streamID, Caller: callerOf(r).name})
 	if err != nil {
 		status, e := apiError(err)
 		if status == http.StatusServiceUnavailable {
@@ -79,6 +83,10 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, badRequest("plan is required"))
 		return
 	}
+	if err := allowPlan(r, req.Plan); err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	res, err := s.lim.Heartbeat(r.Context(), limiter.HeartbeatRequest(req))
 	if err != nil {
 		s.fail(w, r, err)
@@ -97,11 +105,7 @@ func (s *Server) heartbeats(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, badRequest("slots must hold 1 to %d entries, got %d", httpapi.MaxBatch, n))
 		return
 	}
-	reqs := make([]limiter.HeartbeatRequest, len(req.Slots))
-	for i, slot := range req.Slots {
-		reqs[i] = limiter.HeartbeatRequest(slot)
-	}
-	results, errs := s.lim.HeartbeatBatch(r.Context(), reqs)
+	results, errs := s.heartbeatBatch(r, req.Slots)
 	out := httpapi.HeartbeatsResponse{Results: make([]httpapi.HeartbeatResult, len(results))}
 	unavailable := 0
 	for i, res := range results {

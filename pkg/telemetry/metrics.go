@@ -9,11 +9,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/otlptranslator"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/attribute"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/sdk/instrumentation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/resource"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 )
 
 // meterName is the instrumentation scope of the limiter's own metrics.
@@ -34,8 +37,29 @@ func newMeterProvider(res *resource.Resource) (*sdkmetric.MeterProvider, http.Ha
 	if err != nil {
 		return nil, nil, fmt.Errorf("prometheus exporter: %w", err)
 	}
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp), sdkmetric.WithResource(res))
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp), sdkmetric.WithResource(res), sdkmetric.WithView(httpServerView()))
 	return mp, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), nil
+}
+
+// httpServerView keeps only these attributes on every metric of otelhttp,
+// each of which takes a handful of values whatever the requests say.
+// otelhttp also records server.address and server.port, taken from the
+// Host header: every distinct Host a client sends would make new series,
+// an unbounded cardinality anyone who reaches a listener controls. No
+// label comes from a request header.
+func httpServerView() sdkmetric.View {
+	return sdkmetric.NewView(
+		sdkmetric.Instrument{Scope: instrumentation.Scope{Name: otelhttp.ScopeName}},
+		sdkmetric.Stream{AttributeFilter: attribute.NewAllowKeysFilter(
+			semconv.HTTPRequestMethodKey, // standardized: unknown methods are _OTHER
+			semconv.HTTPResponseStatusCodeKey,
+			semconv.HTTPRouteKey, // the route's pattern, not the path
+			semconv.URLSchemeKey,
+			semconv.NetworkProtocolNameKey,
+			semconv.NetworkProtocolVersionKey,
+			semconv.ErrorTypeKey,
+		)},
+	)
 }
 
 // buildInfo registers limiter_build_info{version, commit, go_version} 1.

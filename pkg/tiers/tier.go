@@ -47,6 +47,13 @@ const (
 
 var planPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
+// ValidPlan reports whether plan is a plan name a tier may have: 1 to
+// MaxPlanLength characters of [A-Za-z0-9._-], starting with a letter or
+// digit.
+func ValidPlan(plan string) bool {
+	return len(plan) <= MaxPlanLength && planPattern.MatchString(plan)
+}
+
 // Tier is one plan's limit: how many streams a user of the plan may hold at
 // once, and how slots of the plan expire.
 type Tier struct {
@@ -113,7 +120,7 @@ func (t Tier) Problems() []*FieldError {
 	switch {
 	case t.Plan == "":
 		add("plan", "is required", "")
-	case len(t.Plan) > MaxPlanLength || !planPattern.MatchString(t.Plan):
+	case !ValidPlan(t.Plan):
 		add("plan", fmt.Sprintf("must be 1-%d characters of [A-Za-z0-9._-], starting with a letter or digit", MaxPlanLength), strconv.Quote(t.Plan))
 	}
 	switch {

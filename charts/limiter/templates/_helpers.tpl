@@ -26,6 +26,25 @@ else the release name when it already contains the name. 63 characters at most
 {{- printf "%s-metrics" (include "limiter.fullname" . | trunc 55 | trimSuffix "-") }}
 {{- end }}
 
+{{/* The admin Service's name: the full name, shortened to leave room for "-admin". */}}
+{{- define "limiter.adminName" -}}
+{{- printf "%s-admin" (include "limiter.fullname" . | trunc 57 | trimSuffix "-") }}
+{{- end }}
+
+{{/* The Secret of the callers' tokens file: api.existingSecret, else the one the chart generates. */}}
+{{- define "limiter.apiTokensSecret" -}}
+{{- if .Values.api.existingSecret }}
+{{- .Values.api.existingSecret }}
+{{- else }}
+{{- printf "%s-api-tokens" (include "limiter.fullname" . | trunc 52 | trimSuffix "-") }}
+{{- end }}
+{{- end }}
+
+{{/* Whether the admin API (and so its port and Service) is on: it needs a tokens file. */}}
+{{- define "limiter.adminEnabled" -}}
+{{- if .Values.admin.existingSecret }}true{{ end }}
+{{- end }}
+
 {{/* Labels every object carries. */}}
 {{- define "limiter.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
@@ -81,6 +100,7 @@ terminationGracePeriodSeconds: the preStop delay, then the drain
 {{- define "limiter.redisPasswordDir" -}}/etc/limiter/redis{{- end }}
 {{- define "limiter.redisTLSDir" -}}/etc/limiter/redis-tls{{- end }}
 {{- define "limiter.adminDir" -}}/etc/limiter/admin{{- end }}
+{{- define "limiter.apiDir" -}}/etc/limiter/api{{- end }}
 
 {{/*
 A duration string (as values.schema.json lets through: number-unit pairs such

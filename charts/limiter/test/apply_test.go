@@ -3,6 +3,8 @@ package chart
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -30,9 +32,7 @@ import (
 // passes the API server's PodSecurity admission, and the LimitTier objects
 // pass the CRD's validation.
 func TestAppliedObjectsAreAccepted(t *testing.T) {
-	assets := testenv.KubebuilderAssets(t)
-	helmPath(t) // fail or skip before starting an API server for nothing
-	api := startAPIServer(t, assets)
+	api := sharedAPIServer(t)
 
 	// The Prometheus Operator kinds the optional objects use: minimal CRDs
 	// that store anything, enough for the API server to accept them.
@@ -51,6 +51,7 @@ func TestAppliedObjectsAreAccepted(t *testing.T) {
 	}{
 		{"default values", "limiter", []string{redisValues}},
 		{"cluster mode (ci/cluster-values.yaml)", "limiter-cluster", []string{clusterValues}},
+		{"restricted egress and custom peers", "limiter-netpol", []string{redisValues, networkPolicyValues}},
 	} {
 		t.Run(vs.name, func(t *testing.T) {
 			// The optional objects too, where the chart carries their files.
@@ -75,6 +76,11 @@ func TestAppliedObjectsAreAccepted(t *testing.T) {
 			}
 			for _, o := range rest {
 				api.apply(t, o, false)
+			}
+			// The NetworkPolicy was among them, so the API server's
+			// validation accepted it.
+			if n := len(ofKind(rest, "NetworkPolicy")); n != 1 {
+				t.Errorf("applied %d NetworkPolicies, want 1", n)
 			}
 
 			// The pod the ReplicaSet would create, judged by PodSecurity
@@ -108,6 +114,21 @@ func TestAppliedObjectsAreAccepted(t *testing.T) {
 		})
 	}
 
+	// NetworkPolicy validation is in force too: one the API server
+	// forbids is refused (so the rendered ones above passed it).
+	t.Run("invalid NetworkPolicy refused", func(t *testing.T) {
+		np := find(t, render(t, []string{redisValues}), "NetworkPolicy", "")
+		ingress, _, _ := unstructured.NestedSlice(np.Object, "spec", "ingress")
+		from := ingress[0].(map[string]any)["from"].([]any)
+		ingress[0].(map[string]any)["from"] = append(from, map[string]any{"ipBlock": map[string]any{"cidr": "not-a-cidr"}})
+		if err := unstructured.SetNestedSlice(np.Object, ingress, "spec", "ingress"); err != nil {
+			t.Fatal(err)
+		}
+		if err := api.tryApply(t, np, true); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "cidr") {
+			t.Errorf("a NetworkPolicy with a bad CIDR: got %v, want an Invalid error naming the cidr", err)
+		}
+	})
+
 	// The CRD's validation is in force: a LimitTier the schema forbids is
 	// refused (so the accepted ones above passed it).
 	t.Run("invalid LimitTier refused", func(t *testing.T) {
@@ -135,17 +156,56 @@ func TestAppliedObjectsAreAccepted(t *testing.T) {
 	})
 }
 
-// apiServer is a running envtest kube-apiserver and a dynamic client.
+// apiServer is a running envtest kube-apiserver, a dynamic client, and a
+// kubeconfig file for helm.
 type apiServer struct {
-	dyn    dynamic.Interface
-	mapper *restmapper.DeferredDiscoveryRESTMapper
+	dyn        dynamic.Interface
+	mapper     *restmapper.DeferredDiscoveryRESTMapper
+	kubeconfig string
 
 	mu       sync.Mutex
 	warnings []string
 }
 
-func startAPIServer(t *testing.T, assets string) *apiServer {
+// shared is the one API server of the package's tests, started by the
+// first test that needs it and stopped by TestMain.
+var shared struct {
+	once sync.Once
+	env  *envtest.Environment
+	dir  string
+	api  *apiServer
+	err  error
+}
+
+// sharedAPIServer returns the package's API server, starting it on first
+// use. It fails or skips (as helm and the envtest binaries are missing)
+// before starting anything.
+func sharedAPIServer(t *testing.T) *apiServer {
 	t.Helper()
+	assets := testenv.KubebuilderAssets(t)
+	helmPath(t)
+	shared.once.Do(func() { shared.api, shared.err = startAPIServer(assets) })
+	if shared.err != nil {
+		t.Fatal(shared.err)
+	}
+	return shared.api
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if shared.env != nil {
+		if err := shared.env.Stop(); err != nil {
+			fmt.Fprintf(os.Stderr, "stopping envtest: %v\n", err)
+			code = 1
+		}
+	}
+	if shared.dir != "" {
+		os.RemoveAll(shared.dir)
+	}
+	os.Exit(code)
+}
+
+func startAPIServer(assets string) (*apiServer, error) {
 	env := &envtest.Environment{
 		BinaryAssetsDirectory:    assets,
 		ControlPlaneStartTimeout: 2 * time.Minute, // two cores, maybe busy
@@ -154,26 +214,28 @@ func startAPIServer(t *testing.T, assets string) *apiServer {
 	cfg, err := env.Start()
 	if err != nil {
 		_ = env.Stop()
-		t.Fatalf("starting envtest (KUBEBUILDER_ASSETS=%s): %v", assets, err)
+		return nil, fmt.Errorf("starting envtest (KUBEBUILDER_ASSETS=%s): %w", assets, err)
 	}
-	t.Cleanup(func() {
-		if err := env.Stop(); err != nil {
-			t.Errorf("stopping envtest: %v", err)
-		}
-	})
-	api := &apiServer{}
+	shared.env = env
+	if shared.dir, err = os.MkdirTemp("", "chart-test-"); err != nil {
+		return nil, err
+	}
+	api := &apiServer{kubeconfig: filepath.Join(shared.dir, "kubeconfig")}
+	if err := os.WriteFile(api.kubeconfig, env.KubeConfig, 0o600); err != nil {
+		return nil, err
+	}
 	cfg = rest.CopyConfig(cfg)
 	// Warnings (PodSecurity "would violate", deprecated APIs) fail the test.
 	cfg.WarningHandler = api
 	if api.dyn, err = dynamic.NewForConfig(cfg); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	disco, err := discovery.NewDiscoveryClientForConfig(cfg)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	api.mapper = restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disco))
-	return api
+	return api, nil
 }
 
 // HandleWarningHeader records the API server's warnings.

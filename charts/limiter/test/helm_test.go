@@ -34,6 +34,9 @@ const (
 	// refuse with the default 3 replicas): values.yaml plus this file are
 	// what the tests call the default values.
 	redisValues = "testdata/redis-values.yaml"
+	// networkPolicyValues narrows every peer and egress, as README.md's
+	// example does.
+	networkPolicyValues = "testdata/networkpolicy-values.yaml"
 	// helmVersion is the helm hack/helm.sh installs.
 	helmVersion = "v3.22.0"
 	// release and namespace of every rendering.

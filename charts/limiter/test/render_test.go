@@ -16,6 +16,7 @@ var valueSets = []struct {
 }{
 	{"default values", []string{redisValues}},
 	{"cluster mode (ci/cluster-values.yaml)", []string{clusterValues}},
+	{"restricted egress and custom peers", []string{redisValues, networkPolicyValues}},
 }
 
 func TestLint(t *testing.T) {
@@ -40,6 +41,7 @@ func TestTemplateRendersEveryObject(t *testing.T) {
 			for _, kind := range []string{
 				"CustomResourceDefinition", "Deployment", "ConfigMap", "Service",
 				"ServiceAccount", "Role", "RoleBinding", "PodDisruptionBudget", "LimitTier",
+				"Secret", "NetworkPolicy",
 			} {
 				if len(ofKind(objs, kind)) == 0 {
 					t.Errorf("no %s rendered", kind)
@@ -135,7 +137,7 @@ func TestDeploymentShape(t *testing.T) {
 				}
 			}
 			for _, field := range []string{"requests", "limits"} {
-				for _, res := range []string{"cpu", "memory"} {
+				for _, res := range []string{"cpu", "memory", "ephemeral-storage"} {
 					if v, _, _ := unstructured.NestedFieldNoCopy(c, "resources", field, res); v == nil {
 						t.Errorf("resources.%s.%s is not set", field, res)
 					}

@@ -77,6 +77,16 @@ func TestBadValuesAreRefused(t *testing.T) {
 			want:   []string{`tiers.items[1]: plan "free" is already defined by tiers.items[0]`},
 		},
 		{
+			name:   "a NetworkPolicy peer with a typo",
+			values: "networkPolicy:\n  api:\n    from:\n      - podSelector:\n          matchLabel: {app: gateway}\n",
+			want:   []string{"at '/networkPolicy/api/from/0/podSelector': additional properties 'matchLabel' not allowed"},
+		},
+		{
+			name:   "an empty NetworkPolicy peer",
+			values: "networkPolicy:\n  ops:\n    from:\n      - {}\n",
+			want:   []string{"at '/networkPolicy/ops/from/0'"},
+		},
+		{
 			name:   "a TLS Secret with TLS off",
 			values: "redis:\n  tls:\n    existingSecret: redis-tls\n",
 			want:   []string{"redis.tls.existingSecret is set but redis.tls.enabled is false"},

@@ -1,0 +1,278 @@
+# shellcheck shell=bash disable=SC2034,SC2153,SC2154
+# (SC2034, SC2153, SC2154: the arrays are read, and tmp and the constants set,
+# by hack/bench.sh and hack/bench/report.sh.)
+# The measurements of hack/bench.sh, which sources this file. Each one
+# records its figures in an associative array keyed by round:
+#
+#   RPS[<round>/<deployment>/p<pipeline>]    redis-benchmark rps
+#   GO[<round>/<tag>/<benchmark>/<unit>]     a go test -bench figure; the tag
+#                                            tells apart the runs of one
+#                                            benchmark in a round
+#   SEM[<round>/<field>]                     hack/bench/semaphore/semaphore.js
+#   H[<round>/<max|lat>/<target>/<field>]    hack/bench/load against serve or
+#                                            trivial
+#
+# It uses tmp, CLIENTS, USERS, BENCH_* and the LIMITER_TEST_REDIS* variables
+# of hack/bench.sh.
+
+declare -A PORTS=() MASTERS=() RPS=() GO=() SEM=() H=() URL=() PID=()
+deployments=(standalone)
+
+port_of() { echo "${1##*:}"; }
+rcli() { # rcli PORT ARGS...
+	local port=$1
+	shift
+	redis-cli -h 127.0.0.1 -p "$port" "$@" | tr -d '\r'
+}
+
+# find_masters fills PORTS and MASTERS (where EVALSHA runs) per deployment.
+find_masters() {
+	local addrs addr port
+	PORTS[standalone]=$(port_of "$LIMITER_TEST_REDIS")
+	MASTERS[standalone]=${PORTS[standalone]}
+	[[ -n "${LIMITER_TEST_REDIS_CLUSTER:-}" ]] || return 0
+	PORTS[cluster]="" MASTERS[cluster]=""
+	IFS=, read -ra addrs <<<"$LIMITER_TEST_REDIS_CLUSTER"
+	for addr in "${addrs[@]}"; do
+		port=$(port_of "$addr")
+		PORTS[cluster]+="$port "
+		if [[ "$(rcli "$port" role | head -n 1)" == master ]]; then
+			MASTERS[cluster]+="$port "
+		fi
+	done
+	[[ $(wc -w <<<"${MASTERS[cluster]}") -eq 3 ]] || die "expected 3 cluster masters, found: ${MASTERS[cluster]}"
+	deployments=(standalone cluster)
+}
+
+# load_acquire_script loads pkg/lua/acquire.lua on every server and sets sha.
+load_acquire_script() {
+	local d port got
+	step "loading pkg/lua/acquire.lua"
+	sha=""
+	for d in "${deployments[@]}"; do
+		for port in ${PORTS[$d]}; do
+			# -x: the file's exact bytes (a "$(cat ...)" argument would lose the
+			# trailing newline and so hash differently from the embedded source).
+			got=$(rcli "$port" -x SCRIPT LOAD <pkg/lua/acquire.lua)
+			[[ "$got" =~ ^[0-9a-f]{40}$ ]] || die "SCRIPT LOAD on port $port answered: $got"
+			[[ -z "$sha" || "$got" == "$sha" ]] || die "SCRIPT LOAD answered $got on port $port, $sha elsewhere"
+			sha=$got
+		done
+	done
+	# The limiter runs the script by the same SHA1 (rueidis hashes the embedded source).
+	[[ "$(sha1sum pkg/lua/acquire.lua | cut -d' ' -f1)" == "$sha" ]] || die "SCRIPT LOAD answered $sha, not the SHA1 of pkg/lua/acquire.lua"
+}
+
+flush() { # flush DEPLOYMENT: empty the masters and reset their command stats
+	local port
+	for port in ${MASTERS[$1]}; do
+		[[ "$(rcli "$port" FLUSHALL)" == OK ]] || die "FLUSHALL on port $port failed"
+		rcli "$port" CONFIG RESETSTAT >/dev/null
+	done
+}
+
+# in_order ROUND COMMAND...: runs the commands (each a string of words) in
+# the order given in odd rounds, in reverse in even ones.
+in_order() {
+	local round=$1 i
+	shift
+	local cmds=("$@")
+	if ((round % 2)); then
+		for ((i = 0; i < ${#cmds[@]}; i++)); do ${cmds[i]}; done
+	else
+		for ((i = ${#cmds[@]} - 1; i >= 0; i--)); do ${cmds[i]}; done
+	fi
+}
+
+# evalsha_stats DEPLOYMENT: prints "calls failed" of EVALSHA summed over the
+# masters since the last flush.
+evalsha_stats() {
+	local port
+	for port in ${MASTERS[$1]}; do
+		rcli "$port" INFO commandstats
+	done | awk -F'[:,=]' '
+		$1 == "cmdstat_evalsha" {
+			for (i = 2; i < NF; i += 2) {
+				if ($i == "calls") calls += $(i + 1)
+				if ($i == "failed_calls" || $i == "rejected_calls") failed += $(i + 1)
+			}
+		}
+		END { printf "%d %d\n", calls, failed }'
+}
+
+# redis_bench ROUND DEPLOYMENT PIPELINE REQUESTS: runs redis-benchmark on the
+# deployment's first master and records its rps.
+redis_bench() {
+	local round=$1 d=$2 pipeline=$3 n=$4 key='joishi:streams:{u__rand_int__}' extra=() first calls failed rps
+	if [[ "$d" == cluster ]]; then
+		# In cluster mode redis-benchmark replaces "{tag}" with a hash tag of
+		# the node each client talks to; the user number follows it.
+		key='joishi:streams:{tag}:u__rand_int__'
+		extra=(--cluster)
+	fi
+	read -r first _ <<<"${MASTERS[$d]}"
+	flush "$d"
+	step "redis-benchmark $d: EVALSHA acquire, -c $CLIENTS -n $n -P $pipeline -r $USERS"
+	# -r: every __rand_int__ becomes its own random 12-digit number below
+	# $USERS on every request, so users (and stream ids) vary and almost
+	# every acquire finds its user below the limit of 3. The records key
+	# draws its own number too (the same work; in cluster mode "{tag}"
+	# still puts both keys in the client's node's slot).
+	redis-benchmark -h 127.0.0.1 -p "$first" "${extra[@]}" -c "$CLIENTS" -n "$n" -P "$pipeline" -r "$USERS" --csv \
+		EVALSHA "$sha" 2 "$key" "$key:meta" 's__rand_int__' 3 120000 >"$tmp/rb.csv" 2>"$tmp/rb.err" ||
+		die "redis-benchmark failed: $(cat "$tmp/rb.err" "$tmp/rb.csv")"
+	rps=$(awk -F'","' 'NF > 1 && $2 ~ /^[0-9.]+$/ { v = $2 } END { print v }' "$tmp/rb.csv")
+	[[ -n "$rps" ]] || die "no rps in redis-benchmark output: $(cat "$tmp/rb.csv" "$tmp/rb.err")"
+	read -r calls failed <<<"$(evalsha_stats "$d")"
+	((calls >= n && failed == 0)) || die "EVALSHA on $d: $calls calls ($failed failed), want >= $n and none failed: $(cat "$tmp/rb.err")"
+	RPS[$round/$d/p$pipeline]=$rps
+	printf '    %s rps\n' "$rps" >&2
+}
+
+rb_bench() { # rb_bench ROUND DEPLOYMENT: redis-benchmark unpipelined and -P 16
+	redis_bench "$1" "$2" 1 "$BENCH_N"
+	redis_bench "$1" "$2" "$PIPELINE" $((2 * BENCH_N))
+}
+
+# go_bench ROUND TAG DEPLOYMENT PACKAGE BENCHMARK...: runs the benchmarks of
+# pkg/PACKAGE (the binary go test -bench would run), on the deployment's
+# sub-benchmark (none: the benchmark itself, on the standalone Redis), and
+# records every figure they print.
+go_bench() {
+	local round=$1 tag=$2 d=$3 pkg=$4 name unit value b benchtime=$BENCH_TIME
+	shift 4
+	local pattern
+	pattern="^($(
+		IFS='|'
+		echo "$*"
+	))\$"
+	[[ -n "$d" ]] && pattern+="/^$d\$"
+	# Allocation counts need a fixed number of calls, not a time.
+	[[ "$pkg" == telemetry ]] && benchtime=${ALLOC_REQUESTS}x
+	flush "${d:-standalone}"
+	step "go test -bench '$pattern' ./pkg/$pkg (benchtime $benchtime)"
+	# LIMITER_TEST_REQUIRE: a missing server fails the benchmark instead of skipping it.
+	(cd "pkg/$pkg" && LIMITER_TEST_REQUIRE=1 "$tmp/$pkg.test" -test.run '^$' -test.bench "$pattern" \
+		-test.benchtime "$benchtime" -test.benchmem) >"$tmp/go.txt" 2>&1 ||
+		die "go test -bench failed: $(cat "$tmp/go.txt")"
+	grep '^Benchmark' "$tmp/go.txt" | sed 's/^/    /' >&2 || true
+	while read -r name unit value; do
+		GO[$round/$tag/$name/$unit]=$value
+	done < <(awk '/^Benchmark[^ ]*-[0-9]+[ \t]/ {
+		name = $1; sub(/-[0-9]+$/, "", name)
+		for (i = 3; i < NF; i += 2) print name, $(i + 1), $i
+	}' "$tmp/go.txt")
+	for b in "$@"; do
+		name=$b${d:+/$d}
+		[[ "${GO[$round/$tag/$name/ns/op]:-}" =~ ^[0-9.e+]+$ ]] || die "go test printed no $name: $(cat "$tmp/go.txt")"
+		value=${GO[$round/$tag/$name/granted/op]:-}
+		if [[ -n "$value" ]]; then
+			awk -v g="$value" 'BEGIN { exit !(g >= 0.99) }' || die "$name granted only $value of its acquires"
+		fi
+	done
+}
+
+# install_semaphore installs redis-semaphore and ioredis, as
+# hack/bench/semaphore/package-lock.json pins them, into BENCH_NPM_DIR,
+# unless that lock file is what is installed there already.
+install_semaphore() {
+	local lock=hack/bench/semaphore/package-lock.json want
+	want=$(sha1sum "$lock" | cut -d' ' -f1)
+	if [[ "$(cat "$BENCH_NPM_DIR/.installed" 2>/dev/null)" != "$want" || ! -d "$BENCH_NPM_DIR/node_modules" ]]; then
+		step "installing redis-semaphore and ioredis ($lock) into $BENCH_NPM_DIR"
+		mkdir -p "$BENCH_NPM_DIR"
+		rm -f "$BENCH_NPM_DIR/.installed"
+		cp hack/bench/semaphore/package.json "$lock" "$BENCH_NPM_DIR/"
+		npm ci --prefix "$BENCH_NPM_DIR" --no-audit --no-fund --loglevel=error >&2 ||
+			die "npm ci in $BENCH_NPM_DIR failed"
+		echo "$want" >"$BENCH_NPM_DIR/.installed"
+	fi
+	if ! semaphore_version=$(node -p 'require("redis-semaphore/package.json").version' 2>/dev/null) ||
+		! ioredis_version=$(node -p 'require("ioredis/package.json").version' 2>/dev/null); then
+		die "redis-semaphore or ioredis missing from $BENCH_NPM_DIR/node_modules; remove $BENCH_NPM_DIR to reinstall"
+	fi
+}
+export NODE_PATH=$BENCH_NPM_DIR/node_modules
+
+# parse_fields ARRAY PREFIX FILE: ARRAY[PREFIX/<name>]=<value> for each
+# name=value word of FILE's last line.
+parse_fields() {
+	local -n into=$1
+	local field
+	for field in $(tail -n 1 "$3"); do
+		[[ "$field" == *=* ]] && into[$2/${field%%=*}]=${field#*=}
+	done
+}
+
+semaphore_bench() { # semaphore_bench ROUND
+	local round=$1
+	flush standalone
+	step "redis-semaphore $semaphore_version (ioredis $ioredis_version): tryAcquire+release, $CLIENTS workers, ${BENCH_DURATION}s"
+	node hack/bench/semaphore/semaphore.js "$LIMITER_TEST_REDIS" "$CLIENTS" "$WARMUP_MS" "$DURATION_MS" >"$tmp/sem.txt" 2>&1 ||
+		die "semaphore.js failed: $(cat "$tmp/sem.txt")"
+	sed 's/^/    /' "$tmp/sem.txt" >&2
+	parse_fields SEM "$round" "$tmp/sem.txt"
+	[[ "${SEM[$round/pairs/s]:-}" =~ ^[0-9.]+$ ]] || die "semaphore.js printed no pairs/s: $(cat "$tmp/sem.txt")"
+	awk -v g="${SEM[$round/granted/pair]}" 'BEGIN { exit !(g >= 0.99) }' || die "redis-semaphore granted only ${SEM[$round/granted/pair]} of its acquires"
+}
+
+# start_http_servers starts `limiter serve` and the trivial handler on the
+# standalone Redis and fills URL and PID.
+start_http_servers() {
+	cat >"$tmp/limiter.yaml" <<-EOF
+		redis:
+		  addrs: ["$LIMITER_TEST_REDIS"]
+		  # As the Go benchmarks: a call that waits on a saturated machine
+		  # must not be answered degraded (the load generator refuses those).
+		  timeout: 10s
+		  keyPrefix: "bench:serve:"
+		http:
+		  shutdownGrace: 1s
+		tiers:
+		  source: static
+		  static:
+		    - plan: three
+		      maxConcurrentStreams: 3
+	EOF
+	step "starting limiter serve and hack/bench/trivial on the standalone Redis"
+	"$tmp/limiter" serve --config "$tmp/limiter.yaml" --http-addr 127.0.0.1:0 --ops-addr 127.0.0.1:0 >"$tmp/serve.log" 2>&1 &
+	PID[serve]=$!
+	started+=("${PID[serve]}")
+	"$tmp/trivial" -redis "$LIMITER_TEST_REDIS" -limit 3 -ttl 120s >"$tmp/trivial.log" 2>&1 &
+	PID[trivial]=$!
+	started+=("${PID[trivial]}")
+	await_log serve '"msg":"connected to redis"'
+	URL[serve]=$(sed -n 's/.*"msg":"listening","api":"\([^"]*\)".*/\1/p' "$tmp/serve.log")
+	await_log trivial '^listening http://'
+	URL[trivial]=$(sed -n 's/^listening //p' "$tmp/trivial.log")
+	[[ -n "${URL[serve]}" && -n "${URL[trivial]}" ]] || die "no listen address in $(cat "$tmp/serve.log" "$tmp/trivial.log")"
+	printf '    serve %s (pid %s), trivial %s (pid %s)\n' "${URL[serve]}" "${PID[serve]}" "${URL[trivial]}" "${PID[trivial]}" >&2
+}
+
+await_log() { # await_log SERVER PATTERN: waits up to 10s for PATTERN in its log
+	local i
+	for ((i = 0; i < 100; i++)); do
+		grep -q -- "$2" "$tmp/$1.log" && return 0
+		kill -0 "${PID[$1]}" 2>/dev/null || die "$1 exited: $(cat "$tmp/$1.log")"
+		sleep 0.1
+	done
+	die "$1 did not log '$2' within 10s: $(cat "$tmp/$1.log")"
+}
+
+# http_bench ROUND KIND TARGET [RATE]: hack/bench/load against TARGET (serve
+# or trivial), as fast as it answers (KIND max) or paced at RATE pairs/s
+# (KIND lat).
+http_bench() {
+	local round=$1 kind=$2 target=$3 rate=${4:-0}
+	kill -0 "${PID[$target]}" 2>/dev/null || die "$target is no longer running: $(tail -n 20 "$tmp/$target.log")"
+	flush standalone
+	step "load $target: $CLIENTS connections, ${BENCH_DURATION}s$( ((rate)) && echo ", paced at $rate pairs/s")"
+	"$tmp/load" -url "${URL[$target]}" -pid "${PID[$target]}" -conns "$CLIENTS" -rate "$rate" \
+		-warmup "${WARMUP_MS}ms" -duration "${BENCH_DURATION}s" >"$tmp/load.txt" 2>&1 ||
+		die "load against $target failed: $(cat "$tmp/load.txt")"
+	sed 's/^/    /' "$tmp/load.txt" >&2
+	parse_fields H "$round/$kind/$target" "$tmp/load.txt"
+	[[ "${H[$round/$kind/$target/pairs/s]:-}" =~ ^[0-9.]+$ ]] || die "load printed no pairs/s: $(cat "$tmp/load.txt")"
+	awk -v g="${H[$round/$kind/$target/granted/pair]}" 'BEGIN { exit !(g >= 0.99) }' ||
+		die "$target granted only ${H[$round/$kind/$target/granted/pair]} of its acquires"
+}

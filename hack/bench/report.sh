@@ -1,0 +1,127 @@
+# shellcheck shell=bash disable=SC2154
+# (SC2154: the figures, versions and times are set by hack/bench.sh and
+# hack/bench/lib.sh.)
+# The table of hack/bench.sh, which sources this file after the rounds:
+# report prints it from the arrays hack/bench/lib.sh fills.
+
+# per_round ARRAY KEY: ARRAY[<round>/KEY] of every round, one per line.
+per_round() {
+	local -n arr=$1
+	local round
+	for ((round = 1; round <= BENCH_ROUNDS; round++)); do
+		echo "${arr[$round/$2]}"
+	done
+}
+
+# ratios NUM-ARRAY NUM-KEY DEN-ARRAY DEN-KEY: each round's NUM / DEN.
+ratios() {
+	paste <(per_round "$1" "$2") <(per_round "$3" "$4") | awk '{ printf "%.6g\n", $1 / $2 }'
+}
+
+# spread FORMAT: "median [lowest-highest]" of the numbers on stdin.
+spread() {
+	sort -g | awk -v f="$1" '{ v[NR] = $1 } END {
+		m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+		printf f " [" f "-" f "]", m, v[1], v[NR]
+	}'
+}
+
+# median FORMAT: the median of the numbers on stdin.
+median() {
+	sort -g | awk -v f="$1" '{ v[NR] = $1 } END { printf f, NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+has_cluster() { [[ " ${deployments[*]} " == *" cluster "* ]]; }
+
+# line LABEL STANDALONE [CLUSTER]: one row; "-" where the cluster was
+# measured but not this row.
+line() {
+	if has_cluster; then
+		printf '%-62s%22s%22s\n' "$1" "$2" "${3:--}"
+	else
+		printf '%-62s%22s\n' "$1" "$2"
+	fi
+}
+
+# ratio_line LABEL NUM-ARRAY NUM-KEY DEN-ARRAY DEN-KEY [both]: a ratio row;
+# the keys hold a literal "%d", replaced by the deployment. With "both" the
+# cluster column is measured too.
+ratio_line() {
+	local cluster=-
+	if [[ "${6:-}" == both ]] && has_cluster; then
+		cluster=$(ratios "$2" "${3//%d/cluster}" "$4" "${5//%d/cluster}" | spread %.2f)
+	fi
+	line "$1" "$(ratios "$2" "${3//%d/standalone}" "$4" "${5//%d/standalone}" | spread %.2f)" "$cluster"
+}
+
+# figure_line LABEL FORMAT ARRAY KEY [both]: the median of a raw figure.
+figure_line() {
+	local cluster=-
+	if [[ "${5:-}" == both ]] && has_cluster; then
+		cluster=$(per_round "$3" "${4//%d/cluster}" | median "$2")
+	fi
+	line "$1" "$(per_round "$3" "${4//%d/standalone}" | median "$2")" "$cluster"
+}
+
+report() {
+	local redis_version
+	redis_version=$(redis-server --version | sed -n 's/.* v=\([^ ]*\) .*/\1/p')
+	echo
+	echo "limiter benchmarks: ratios against references measured on the same servers, same run (BENCHMARKS.md)"
+	echo "$started_at, $(nproc) cores shared by clients and servers, Redis $redis_version, $(go env GOVERSION), node $(node --version), redis-semaphore $semaphore_version, ioredis $ioredis_version"
+	echo "1-minute load average $load_start at the start, $load_end at the end (the run itself keeps about 2 busy); the run took $((elapsed / 60))m$((elapsed % 60))s"
+	echo "$CLIENTS clients everywhere; redis-benchmark -r $USERS -n $BENCH_N (-P $PIPELINE: $((2 * BENCH_N))); go benchtime $BENCH_TIME; load and redis-semaphore ${BENCH_DURATION}s each"
+	echo "median of $BENCH_ROUNDS rounds [lowest-highest]; in each round both sides of a ratio run back to back"
+	echo
+	line "ratio" standalone "$(has_cluster && echo cluster)"
+	echo "redis-benchmark EVALSHA of pkg/lua/acquire.lua (the ceiling)"
+	ratio_line "  Acquire ops/s / EVALSHA rps" GO 'A/BenchmarkAcquire/%d/ops/s' RPS '%d/p1' both
+	ratio_line "  Acquire ops/s / EVALSHA rps -P $PIPELINE" GO 'A/BenchmarkAcquire/%d/ops/s' RPS "%d/p$PIPELINE" both
+	ratio_line "  Acquire+Release pairs/s / EVALSHA rps" GO 'A/BenchmarkAcquireRelease/%d/ops/s' RPS '%d/p1' both
+	ratio_line "  HeartbeatBatch slots/s / EVALSHA rps -P $PIPELINE" GO 'A/BenchmarkHeartbeatBatch/%d/slots/s' RPS "%d/p$PIPELINE" both
+	echo "raw rueidis: the same scripts as bare EVALSHA (BenchmarkRawAcquireRelease)"
+	ratio_line "  Acquire+Release pairs/s / raw pairs/s" GO 'A/BenchmarkAcquireRelease/%d/ops/s' GO 'A/BenchmarkRawAcquireRelease/%d/ops/s' both
+	ratio_line "  client CPU per pair / raw" GO 'A/BenchmarkAcquireRelease/%d/cpu-us/op' GO 'A/BenchmarkRawAcquireRelease/%d/cpu-us/op' both
+	echo "redis-semaphore tryAcquire+release (node, ioredis)"
+	ratio_line "  Acquire+Release pairs/s / redis-semaphore pairs/s" GO 'S/BenchmarkAcquireRelease/%d/ops/s' SEM 'pairs/s'
+	echo "HTTP: limiter serve vs a net/http handler doing one EVALSHA per request"
+	ratio_line "  acquire+release pairs/s / trivial" H 'max/serve/pairs/s' H 'max/trivial/pairs/s'
+	ratio_line "  server CPU per pair / trivial" H 'max/serve/server-cpu-us/pair' H 'max/trivial/server-cpu-us/pair'
+	ratio_line "  acquire p50 at half of serve's max pairs/s / trivial" H 'lat/serve/acquire-p50-us' H 'lat/trivial/acquire-p50-us'
+	ratio_line "  acquire p99 at half of serve's max pairs/s / trivial" H 'lat/serve/acquire-p99-us' H 'lat/trivial/acquire-p99-us'
+	echo "heartbeat refresh, Redis' own cost: script (batched) / ZADD XX GT + PEXPIREAT"
+	ratio_line "  time in commands (INFO commandstats)" GO 'R/BenchmarkHeartbeatRefresh/%d/script-redis-us/refresh' GO 'R/BenchmarkHeartbeatRefresh/%d/plain-redis-us/refresh'
+	ratio_line "  server CPU (INFO cpu)" GO 'R/BenchmarkHeartbeatRefresh/%d/script-cpu-us/refresh' GO 'R/BenchmarkHeartbeatRefresh/%d/plain-cpu-us/refresh'
+	echo "allocations per HTTP acquire through the handler, metrics on (counts, not ratios)"
+	line "  allocs (handler only)" "$(per_round GO 'M/BenchmarkHandlerAllocs/handler-allocs/op' | spread %.0f)"
+	line "  bytes (handler only)" "$(per_round GO 'M/BenchmarkHandlerAllocs/handler-B/op' | spread %.0f)"
+
+	echo
+	echo "medians of the $BENCH_ROUNDS rounds (this machine, this run only)"
+	line "" standalone "$(has_cluster && echo cluster)"
+	figure_line "redis-benchmark EVALSHA rps" %.0f RPS '%d/p1' both
+	figure_line "redis-benchmark EVALSHA rps -P $PIPELINE" %.0f RPS "%d/p$PIPELINE" both
+	figure_line "library Acquire ops/s" %.0f GO 'A/BenchmarkAcquire/%d/ops/s' both
+	figure_line "library Acquire+Release pairs/s" %.0f GO 'A/BenchmarkAcquireRelease/%d/ops/s' both
+	figure_line "library HeartbeatBatch slots/s (1000 per batch)" %.0f GO 'A/BenchmarkHeartbeatBatch/%d/slots/s' both
+	figure_line "raw rueidis Acquire+Release pairs/s" %.0f GO 'A/BenchmarkRawAcquireRelease/%d/ops/s' both
+	figure_line "library client CPU us per pair" %.1f GO 'A/BenchmarkAcquireRelease/%d/cpu-us/op' both
+	figure_line "raw rueidis client CPU us per pair" %.1f GO 'A/BenchmarkRawAcquireRelease/%d/cpu-us/op' both
+	figure_line "library Acquire+Release pairs/s (next to redis-semaphore)" %.0f GO 'S/BenchmarkAcquireRelease/%d/ops/s'
+	figure_line "redis-semaphore pairs/s" %.0f SEM 'pairs/s'
+	figure_line "redis-semaphore client CPU us per pair (node)" %.1f SEM 'cpu-us/pair'
+	figure_line "HTTP serve pairs/s" %.0f H 'max/serve/pairs/s'
+	figure_line "HTTP trivial pairs/s" %.0f H 'max/trivial/pairs/s'
+	figure_line "HTTP serve server CPU us per pair" %.1f H 'max/serve/server-cpu-us/pair'
+	figure_line "HTTP trivial server CPU us per pair" %.1f H 'max/trivial/server-cpu-us/pair'
+	figure_line "paced load, pairs/s (half of serve's max)" %.0f H 'lat/serve/offered-pairs/s'
+	figure_line "HTTP serve acquire p50 us (paced)" %.0f H 'lat/serve/acquire-p50-us'
+	figure_line "HTTP serve acquire p99 us (paced)" %.0f H 'lat/serve/acquire-p99-us'
+	figure_line "HTTP trivial acquire p50 us (paced)" %.0f H 'lat/trivial/acquire-p50-us'
+	figure_line "HTTP trivial acquire p99 us (paced)" %.0f H 'lat/trivial/acquire-p99-us'
+	figure_line "Redis us in commands per refresh: script" %.2f GO 'R/BenchmarkHeartbeatRefresh/%d/script-redis-us/refresh'
+	figure_line "  plain ZADD XX GT + PEXPIREAT" %.2f GO 'R/BenchmarkHeartbeatRefresh/%d/plain-redis-us/refresh'
+	figure_line "Redis CPU us per refresh: script" %.2f GO 'R/BenchmarkHeartbeatRefresh/%d/script-cpu-us/refresh'
+	figure_line "  plain ZADD XX GT + PEXPIREAT" %.2f GO 'R/BenchmarkHeartbeatRefresh/%d/plain-cpu-us/refresh'
+	figure_line "allocs per HTTP acquire, request and recorder included" %.0f GO 'M/BenchmarkHandlerAllocs/allocs/op'
+}

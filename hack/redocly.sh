@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Install (once) the pinned Redocly CLI, the OpenAPI linter the tests run on
+# api/openapi.yaml, and print its path as the LAST line on stdout (progress
+# goes to stderr), so callers can do:
+#
+#   export LIMITER_REDOCLY=$(bash hack/redocly.sh | tail -1)
+#
+# It comes from the npm registry, installed with the machine's node and npm
+# into a cache outside the clone:
+# ${LIMITER_CACHE:-$HOME/.cache/limiter}/npm/redocly-cli-<version>. With a
+# warm cache the script returns immediately.
+set -euo pipefail
+
+REDOCLY_VERSION="2.77.0" # needs node >= 20.19
+
+cache="${LIMITER_CACHE:-$HOME/.cache/limiter}"
+prefix="$cache/npm/redocly-cli-$REDOCLY_VERSION"
+redocly="$prefix/node_modules/.bin/redocly"
+
+# No usage telemetry and no update check: the tests run offline.
+export REDOCLY_TELEMETRY=off REDOCLY_SUPPRESS_UPDATE_NOTICE=true
+
+if [[ ! -x "$redocly" ]]; then
+	for tool in node npm; do
+		command -v "$tool" >/dev/null 2>&1 || {
+			echo "redocly.sh: $tool not found in PATH" >&2
+			exit 1
+		}
+	done
+	mkdir -p "$prefix"
+	# Serialise concurrent cold runs so it is installed once.
+	if command -v flock >/dev/null 2>&1; then
+		exec 9>"$prefix/.lock"
+		flock 9
+	fi
+	if [[ ! -x "$redocly" ]]; then
+		echo "redocly.sh: installing @redocly/cli $REDOCLY_VERSION into $prefix" >&2
+		# A package.json of its own, so npm never walks up into the clone.
+		[[ -f "$prefix/package.json" ]] || printf '{"private":true}\n' >"$prefix/package.json"
+		npm install --prefix "$prefix" --no-audit --no-fund --no-save --loglevel=error \
+			"@redocly/cli@$REDOCLY_VERSION" >&2
+	fi
+fi
+
+# On node 20 every run prints a banner about node 20's end of life on
+# stderr (the releases after this one need node 22).
+printf 'redocly %s\n' "$("$redocly" --version 2>/dev/null)" >&2
+printf '%s\n' "$redocly"

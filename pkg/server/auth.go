@@ -1,0 +1,177 @@
+package server
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/joishi/limiter/pkg/httpapi"
+	"github.com/joishi/limiter/pkg/limiter"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Outcomes of the slot API's authentication, mapped to 401 and 403 by
+// apiError.
+var (
+	errUnauthenticated = errors.New("unauthenticated")
+	errPlanNotAllowed  = errors.New("plan not allowed")
+)
+
+// attrCaller names the caller on the request's span. Never a metric label:
+// callers come and go with the tokens file.
+const attrCaller = attribute.Key("limiter.caller")
+
+// CallersOptions configure LoadCallers. Zero values take the documented
+// defaults.
+type CallersOptions struct {
+	// TokensFile holds one "name token plans" per line (token "-" for a
+	// caller with a client certificate only; plans "*" or a comma list;
+	// '#' comments and blank lines allowed). Required.
+	TokensFile string
+	// PollInterval is how often Watch checks the file for changes.
+	// Default 1s.
+	PollInterval time.Duration
+	// Logger receives reloads and unusable versions of the file. Default
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// Callers are who may call the slot API (/v1/slots/*, /v1/tiers): the API
+// tokens file, re-read when it changes. A caller presents its token as a
+// bearer token, or a client certificate (mutual TLS, TLSFiles.ClientCAFile)
+// whose name (certName) names a line of the file. A certificate, when
+// presented, decides: a token beside it is not looked at.
+type Callers struct {
+	file *tokensFile[callerSet]
+	poll time.Duration
+}
+
+// LoadCallers reads the API tokens file; an error names the file and the
+// line, never a token.
+func LoadCallers(opts CallersOptions) (*Callers, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.PollInterval <= 0 {
+		opts.PollInterval = time.Second
+	}
+	file, err := loadTokensFile(opts.TokensFile, "API tokens", parseCallers, (*callerSet).len, opts.Logger)
+	if err != nil {
+		return nil, err
+	}
+	return &Callers{file: file, poll: opts.PollInterval}, nil
+}
+
+// Len returns how many callers are in force.
+func (c *Callers) Len() int { return c.file.current().len() }
+
+// Watch re-reads the tokens file when it changes, until ctx ends. A
+// removed file revokes every caller; a file that cannot be read or parsed
+// is logged at ERROR and the callers read before stay in force.
+func (c *Callers) Watch(ctx context.Context) { c.file.watch(ctx, c.poll) }
+
+// identify returns the caller of r: by its client certificate if it
+// presented one (verified in the handshake), else by its bearer token.
+func (c *Callers) identify(r *http.Request) (caller, error) {
+	set := c.file.current()
+	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
+		name := certName(r.TLS.PeerCertificates[0])
+		if who, ok := set.byName(name); ok {
+			return who, nil
+		}
+		return caller{}, &authError{errUnauthenticated, fmt.Sprintf("the client certificate's name %q is not a caller of the API tokens file", name)}
+	}
+	presented, ok := bearerToken(r)
+	if !ok {
+		return caller{}, &authError{errUnauthenticated, `no caller token: send it as "Authorization: Bearer <token>"`}
+	}
+	who, ok := set.byToken(presented)
+	if !ok {
+		return caller{}, &authError{errUnauthenticated, "unknown token"}
+	}
+	return who, nil
+}
+
+// certName is the caller name of a client certificate: its first DNS name,
+// else its subject's common name.
+func certName(cert *x509.Certificate) string {
+	if len(cert.DNSNames) > 0 {
+		return cert.DNSNames[0]
+	}
+	return cert.Subject.CommonName
+}
+
+type callerKey struct{}
+
+// authenticate runs next for the request's caller, and refuses a request
+// without one 401 unauthenticated. Without Options.Callers every request
+// is the open caller, allowed every plan.
+func (s *Server) authenticate(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		who := openCaller
+		if s.opts.Callers != nil {
+			var err error
+			if who, err = s.opts.Callers.identify(r); err != nil {
+				challenge := `Bearer realm="limiter"`
+				if _, presented := bearerToken(r); presented {
+					challenge += `, error="invalid_token"`
+				}
+				w.Header().Set("WWW-Authenticate", challenge)
+				s.fail(w, r, err)
+				return
+			}
+			trace.SpanFromContext(r.Context()).SetAttributes(attrCaller.String(who.name))
+			if info := infoOf(r.Context()); info != nil {
+				info.caller = who.name
+			}
+		}
+		next(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, who)))
+	}
+}
+
+// callerOf returns the caller authenticate found for the request; none
+// (allowed no plan) outside authenticate.
+func callerOf(r *http.Request) caller {
+	who, _ := r.Context().Value(callerKey{}).(caller)
+	return who
+}
+
+// allowPlan refuses plan 403 plan_not_allowed unless the request's caller
+// may use it. The message names the plan and the caller, never a token.
+func allowPlan(r *http.Request, plan string) error {
+	who := callerOf(r)
+	if who.allows(plan) {
+		return nil
+	}
+	return &authError{errPlanNotAllowed, fmt.Sprintf("caller %q may not use plan %q", who.name, plan)}
+}
+
+// heartbeatBatch heartbeats the slots whose plans the caller may use and
+// answers the others plan_not_allowed, each result in its slot's place.
+func (s *Server) heartbeatBatch(r *http.Request, slots []httpapi.HeartbeatRequest) ([]limiter.HeartbeatResult, []error) {
+	results := make([]limiter.HeartbeatResult, len(slots))
+	errs := make([]error, len(slots))
+	allowed := make([]limiter.HeartbeatRequest, 0, len(slots))
+	at := make([]int, 0, len(slots)) // index in slots of each allowed one
+	for i, slot := range slots {
+		if err := allowPlan(r, slot.Plan); err != nil {
+			results[i], errs[i] = limiter.HeartbeatResult{StreamID: slot.StreamID}, err
+			continue
+		}
+		allowed = append(allowed, limiter.HeartbeatRequest(slot))
+		at = append(at, i)
+	}
+	if len(allowed) == 0 {
+		return results, errs
+	}
+	got, gotErrs := s.lim.HeartbeatBatch(r.Context(), allowed)
+	for j, i := range at {
+		results[i], errs[i] = got[j], gotErrs[j]
+	}
+	return results, errs
+}
