@@ -78,6 +78,9 @@ type Options struct {
 	// does not wait for Redis, by design, so without it a test's first
 	// acquires may be granted degraded and not counted. Default false.
 	AwaitRedis bool
+	// ExtProc serves the ext_proc server too, on a free port given as
+	// --extproc-addr (Process.ExtProc). Default false.
+	ExtProc bool
 }
 
 // redisConnected is the end of serve's log message once it reaches Redis,
@@ -89,6 +92,8 @@ type Process struct {
 	API   string // base URL of the API listener, http://127.0.0.1:PORT
 	Ops   string // base URL of the ops listener
 	Admin string // base URL of the admin listener (listening with admin.tokensFile)
+	// ExtProc is the ext_proc server's host:port (with Options.ExtProc).
+	ExtProc string
 
 	t      testing.TB
 	cmd    *exec.Cmd
@@ -111,6 +116,10 @@ func Start(t testing.TB, opts Options) *Process {
 	api, ops, admin := testenv.FreeAddr(t), testenv.FreeAddr(t), testenv.FreeAddr(t)
 	args := append([]string{"serve", "--config", cfg, "--http-addr", api, "--ops-addr", ops, "--admin-addr", admin}, opts.Args...)
 	p := &Process{API: "http://" + api, Ops: "http://" + ops, Admin: "http://" + admin, t: t, output: &testenv.Buffer{}, done: make(chan struct{})}
+	if opts.ExtProc {
+		p.ExtProc = testenv.FreeAddr(t)
+		args = append(args, "--extproc-addr", p.ExtProc)
+	}
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = append(os.Environ(), opts.Env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.output, p.output
