@@ -117,8 +117,8 @@ func TestGatewayManifestsAreAccepted(t *testing.T) {
 		t.Errorf("messageTimeout %v, want at least redis.timeout + 100ms", ext["messageTimeout"])
 	}
 	ref := ext["backendRefs"].([]any)[0].(map[string]any)
-	if ref["name"] != "limiter" || fmt.Sprint(ref["port"]) != "9091" {
-		t.Errorf("the policy's backendRef %v, want the chart's Service limiter, port 9091 (extproc.port)", ref)
+	if ref["name"] != "limiter-extproc" || fmt.Sprint(ref["port"]) != "9091" {
+		t.Errorf("the policy's backendRef %v, want the chart's Service limiter-extproc, port 9091 (extprocService.port)", ref)
 	}
 
 	// Broken copies are refused: the schemas are in force.

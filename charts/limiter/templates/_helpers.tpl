@@ -31,6 +31,11 @@ else the release name when it already contains the name. 63 characters at most
 {{- printf "%s-admin" (include "limiter.fullname" . | trunc 57 | trimSuffix "-") }}
 {{- end }}
 
+{{/* The ext_proc Service's name: the full name, shortened to leave room for "-extproc". */}}
+{{- define "limiter.extprocName" -}}
+{{- printf "%s-extproc" (include "limiter.fullname" . | trunc 55 | trimSuffix "-") }}
+{{- end }}
+
 {{/* The Secret of the callers' tokens file: api.existingSecret, else the one the chart generates. */}}
 {{- define "limiter.apiTokensSecret" -}}
 {{- if .Values.api.existingSecret }}

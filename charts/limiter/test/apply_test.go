@@ -52,6 +52,7 @@ func TestAppliedObjectsAreAccepted(t *testing.T) {
 		{"default values", "limiter", []string{redisValues}},
 		{"cluster mode (ci/cluster-values.yaml)", "limiter-cluster", []string{clusterValues}},
 		{"restricted egress and custom peers", "limiter-netpol", []string{redisValues, networkPolicyValues}},
+		{"the ext_proc server on", "limiter-extproc", []string{redisValues, extprocValues}},
 	} {
 		t.Run(vs.name, func(t *testing.T) {
 			// The optional objects too, where the chart carries their files.

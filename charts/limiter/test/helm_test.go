@@ -37,6 +37,7 @@ const (
 	// networkPolicyValues narrows every peer and egress, as README.md's
 	// example does.
 	networkPolicyValues = "testdata/networkpolicy-values.yaml"
+	extprocValues       = "testdata/extproc-values.yaml"
 	// helmVersion is the helm hack/helm.sh installs.
 	helmVersion = "v3.22.0"
 	// release and namespace of every rendering.

@@ -17,6 +17,7 @@ var valueSets = []struct {
 	{"default values", []string{redisValues}},
 	{"cluster mode (ci/cluster-values.yaml)", []string{clusterValues}},
 	{"restricted egress and custom peers", []string{redisValues, networkPolicyValues}},
+	{"the ext_proc server on", []string{redisValues, extprocValues}},
 }
 
 func TestLint(t *testing.T) {
