@@ -102,3 +102,35 @@ func TestShippedEnvoyConfigTargetsTheChart(t *testing.T) {
 		t.Errorf("config/envoy/envoy.yaml does not reach the limiter at %q", want)
 	}
 }
+
+// server.tls.existingSecret puts the API and ext_proc listeners on TLS
+// (http.tls.*) from the Secret, mounted as a directory; clientCA adds its
+// ca.crt as the client CA, and needs the Secret.
+func TestListenerTLS(t *testing.T) {
+	plain := configFile(t, render(t, []string{redisValues}))["http"].(map[string]any)
+	if _, ok := plain["tls"]; ok {
+		t.Errorf("default values: http.tls %v, want none", plain["tls"])
+	}
+	objs := render(t, []string{redisValues, extprocValues})
+	tls, _ := configFile(t, objs)["http"].(map[string]any)["tls"].(map[string]any)
+	want := map[string]any{"certFile": "/etc/limiter/tls/tls.crt", "keyFile": "/etc/limiter/tls/tls.key", "clientCAFile": "/etc/limiter/tls/ca.crt"}
+	for k, v := range want {
+		if tls[k] != v {
+			t.Errorf("http.tls.%s = %v, want %v", k, tls[k], v)
+		}
+	}
+	pod := podSpec(t, find(t, objs, "Deployment", ""))
+	var secret string
+	for _, v := range pod["volumes"].([]any) {
+		if m := v.(map[string]any); m["name"] == "tls" {
+			secret, _, _ = unstructured.NestedString(m, "secret", "secretName")
+		}
+	}
+	if secret != "limiter-tls" {
+		t.Errorf("volume tls from Secret %q, want limiter-tls", secret)
+	}
+	_, stderr, err := runHelm(t, templateArgs([]string{redisValues}, "--set", "server.tls.clientCA=true")...)
+	if err == nil || !strings.Contains(stderr, "server.tls.clientCA needs server.tls.existingSecret") {
+		t.Errorf("clientCA without a Secret: %v %s, want the render refused", err, stderr)
+	}
+}
