@@ -5,8 +5,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,6 +19,9 @@ import (
 	"github.com/joishi/limiter/pkg/hold"
 	"github.com/joishi/limiter/pkg/identity"
 	"github.com/joishi/limiter/pkg/server"
+	"github.com/joishi/limiter/pkg/telemetry"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
 
 // envoyToken is the Envoy caller's token in the tests' API tokens file.
@@ -27,6 +32,8 @@ const envoyToken = "envoy-token-0123456789abcdef"
 type env struct {
 	stack  *limitertest.Stack
 	holder *hold.Holder
+	tel    *telemetry.Telemetry
+	spans  *tracetest.SpanRecorder
 	addr   string
 	envoy  *envoytest.Envoy
 	stop   context.CancelFunc
@@ -50,7 +57,14 @@ func newEnv(t *testing.T, o envOptions) *env {
 		o.stack.Redis.Timeout = 5 * time.Second // correctness, not latency
 	}
 	stack := limitertest.New(t, o.stack)
-	h, err := hold.New(stack.Limiter, hold.Options{Mode: "extproc"})
+	tel, err := telemetry.New(context.Background(), telemetry.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
+	spans := tracetest.NewSpanRecorder()
+	o.extproc.TracerProvider = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	h, err := hold.New(stack.Limiter, hold.Options{Mode: "extproc", MeterProvider: tel.MeterProvider})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +98,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 		o.grace = 5 * time.Second
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	e := &env{stack: stack, holder: h, addr: ln.Addr().String(), stop: stop, done: make(chan error, 1)}
+	e := &env{stack: stack, holder: h, tel: tel, spans: spans, addr: ln.Addr().String(), stop: stop, done: make(chan error, 1)}
 	go func() { e.done <- srv.Run(ctx, ln, nil, o.grace) }()
 	t.Cleanup(func() {
 		stop()
@@ -108,6 +122,20 @@ func (e *env) open(t *testing.T) *envoytest.Stream {
 	}
 	t.Cleanup(st.Close)
 	return st
+}
+
+// metric returns the value of the /metrics line that starts with series,
+// "" when there is none.
+func (e *env) metric(t *testing.T, series string) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	e.tel.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	for line := range strings.SplitSeq(rec.Body.String(), "\n") {
+		if value, ok := strings.CutPrefix(line, series+" "); ok {
+			return value
+		}
+	}
+	return ""
 }
 
 // used returns how many live slots Redis holds for user.
