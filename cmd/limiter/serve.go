@@ -110,7 +110,29 @@ func runServe(ctx context.Context, cfg config.Config, deps serveDeps) error {
 		srvOpts.RedisAnswered = redis.Answered
 	}
 	srv := server.New(lim, srvOpts)
-	err = srv.Run(ctx, server.Listeners{API: cfg.HTTP.Addr, Ops: cfg.Ops.Addr, Admin: cfg.Admin.Addr, TLS: cfg.HTTP.TLS.Files(), Timeouts: cfg.HTTP.Timeouts()}, cfg.HTTP.ShutdownGrace)
+	runExtProc, err := startExtProc(cfg, lim, table, callers, tel, logger)
+	if err != nil {
+		return err
+	}
+	// The ext_proc server runs beside the HTTP listeners, and drains with
+	// them when ctx ends; should either stop on its own, so does the other.
+	runCtx, stopRun := context.WithCancelCause(ctx)
+	defer stopRun(nil)
+	extErr := make(chan error, 1)
+	if runExtProc != nil {
+		go func() {
+			err := runExtProc(runCtx)
+			if runCtx.Err() == nil {
+				fail(fmt.Errorf("ext_proc server: %w", err))
+			}
+			extErr <- err
+		}()
+	} else {
+		extErr <- nil
+	}
+	err = srv.Run(runCtx, server.Listeners{API: cfg.HTTP.Addr, Ops: cfg.Ops.Addr, Admin: cfg.Admin.Addr, TLS: cfg.HTTP.TLS.Files(), Timeouts: cfg.HTTP.Timeouts()}, cfg.HTTP.ShutdownGrace)
+	stopRun(nil)
+	err = errors.Join(err, <-extErr)
 	if cause := context.Cause(ctx); errors.Is(cause, errTierWatchStopped) {
 		return cause
 	}

@@ -28,9 +28,12 @@ type Config struct {
 	Admin     Admin     `mapstructure:"admin"`
 	Telemetry Telemetry `mapstructure:"telemetry"`
 	Log       Log       `mapstructure:"log"`
-	// Proxy and Identity configure `limiter proxy` (see proxy.go).
+	// Proxy and Identity configure `limiter proxy` (see proxy.go);
+	// Identity and ExtProc the ext_proc server of `limiter serve`
+	// (extproc.go).
 	Proxy    Proxy    `mapstructure:"proxy"`
 	Identity Identity `mapstructure:"identity"`
+	ExtProc  ExtProc  `mapstructure:"extproc"`
 }
 
 // HTTP is the API listener.
@@ -269,6 +272,7 @@ func Default() Config {
 		Log:       Log{Level: LevelInfo, Format: FormatJSON},
 		Proxy:     defaultProxy(),
 		Identity:  defaultIdentity(),
+		ExtProc:   defaultExtProc(),
 	}
 }
 

@@ -39,7 +39,7 @@ const (
 var flagSpecs = []flagSpec{
 	{name: "http-addr", key: "http.addr", usage: "API listen address, host:port", only: CommandServe},
 	{name: "http-shutdown-grace", key: "http.shutdownGrace", usage: "how long in-flight requests may finish after SIGTERM"},
-	{name: "api-tokens-file", key: "api.tokensFile", usage: `file of "name token plans" lines: the callers allowed on the slot API and their plans`, unset: "none: the slot API is open"},
+	{name: "api-tokens-file", key: "api.tokensFile", usage: `file of "name token plans" lines: the callers allowed on the slot API and their plans`, unset: "none: the slot API is open", only: CommandServe},
 	{name: "ops-addr", key: "ops.addr", usage: "listen address of /healthz, /readyz and /metrics, host:port"},
 	{name: "redis-addrs", key: "redis.addrs", usage: "Redis seed addresses, host:port, comma-separated: a standalone server, cluster nodes, or Sentinels", unset: "none: the embedded store, for one replica only"},
 	{name: "redis-sentinel-master-set", key: "redis.sentinelMasterSet", usage: "Sentinel master set; makes --redis-addrs Sentinels", unset: "none: no Sentinel"},
@@ -50,6 +50,7 @@ var flagSpecs = []flagSpec{
 	{name: "redis-key-prefix", key: "redis.keyPrefix", usage: "prefix of every Redis key"},
 	{name: "tiers-source", key: "tiers.source", usage: "where limit tiers come from: static (tiers.static) or kubernetes (LimitTier objects)"},
 	{name: "tiers-namespace", key: "tiers.namespace", usage: "namespace of the LimitTier objects (tiers-source kubernetes)", unset: "the pod's own namespace"},
+	{name: "extproc-addr", key: "extproc.addr", usage: "gRPC listen address of the Envoy ext_proc server and its gRPC health, host:port", unset: "none: no ext_proc server", only: CommandServe},
 	{name: "admin-addr", key: "admin.addr", usage: "listen address of the admin API and page (with --admin-tokens-file), host:port", only: CommandServe},
 	{name: "admin-tokens-file", key: "admin.tokensFile", usage: `file of "name role token" lines (role viewer or operator) allowed on the admin API`, unset: "none: the admin API is off", only: CommandServe},
 	{name: "otlp-endpoint", key: "telemetry.otlpEndpoint", usage: "OTLP receiver of traces (metrics are scraped from /metrics), host:port or http(s):// URL", unset: "none: no export"},

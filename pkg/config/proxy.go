@@ -66,6 +66,10 @@ type Identity struct {
 	// JWT, when jwksFile or jwksURL is set, makes a verified bearer token
 	// the only source of identity.
 	JWT JWT `mapstructure:"jwt"`
+	// JWTPayload, when its header or metadataKey is set, makes a JWT
+	// payload that Envoy's jwt_authn verified the only source (see
+	// extproc.go).
+	JWTPayload JWTPayload `mapstructure:"jwtPayload"`
 }
 
 // JWT is the verification of bearer tokens (RS256, ES256, EdDSA).
@@ -106,7 +110,8 @@ func defaultProxy() Proxy {
 func defaultIdentity() Identity {
 	return Identity{
 		UserHeader: identity.DefaultUserHeader, PlanHeader: identity.DefaultPlanHeader,
-		JWT: JWT{UserClaim: identity.DefaultUserClaim, Leeway: identity.DefaultLeeway, CacheTTL: identity.DefaultJWKSCacheTTL},
+		JWT:        JWT{UserClaim: identity.DefaultUserClaim, Leeway: identity.DefaultLeeway, CacheTTL: identity.DefaultJWKSCacheTTL},
+		JWTPayload: defaultJWTPayload(),
 	}
 }
 
@@ -129,6 +134,7 @@ func (c Config) IdentityOptions() identity.Options {
 		opts.JWT = &identity.JWT{JWKSFile: j.JWKSFile, JWKSURL: j.JWKSURL, Issuer: j.Issuer, Audience: j.Audience,
 			UserClaim: j.UserClaim, PlanClaim: j.PlanClaim, Leeway: j.Leeway, CacheTTL: j.CacheTTL}
 	}
+	opts.Payload = i.JWTPayload.payloadOptions()
 	return opts
 }
 
@@ -162,6 +168,9 @@ func (c Config) ValidateProxy() error {
 	}
 	if sameListener(c.Proxy.Listen, c.Ops.Addr) {
 		v.add("ops.addr", "must not be the address of proxy.listen ("+c.Proxy.Listen+")", strconv.Quote(c.Ops.Addr))
+	}
+	if p := c.Identity.JWTPayload; p.MetadataKey != "" && p.Header == "" {
+		v.add("identity.jwtPayload.metadataKey", "is read by the ext_proc server only: the proxy receives no Envoy metadata; set identity.jwtPayload.header", strconv.Quote(p.MetadataKey))
 	}
 	return errors.Join(v.errs...)
 }

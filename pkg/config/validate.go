@@ -106,6 +106,7 @@ func (c Config) Validate() error {
 
 	c.validateProxy(&v)
 	c.validateIdentity(&v)
+	c.validateExtProc(&v)
 
 	if c.Telemetry.OTLPEndpoint != "" && !validEndpoint(c.Telemetry.OTLPEndpoint) {
 		v.add("telemetry.otlpEndpoint", "must be host:port or an http:// or https:// URL", strconv.Quote(c.Telemetry.OTLPEndpoint))

@@ -210,8 +210,11 @@ func (a *Admin) authorize(w http.ResponseWriter, r *http.Request, role string, r
 
 // bearerToken returns the token of an "Authorization: Bearer <token>"
 // header (scheme case-insensitive, RFC 9110).
-func bearerToken(r *http.Request) (string, bool) {
-	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+func bearerToken(r *http.Request) (string, bool) { return bearerValue(r.Header.Get("Authorization")) }
+
+// bearerValue returns the token of a "Bearer <token>" value.
+func bearerValue(value string) (string, bool) {
+	scheme, token, ok := strings.Cut(value, " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
 		return "", false
 	}

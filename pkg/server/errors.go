@@ -35,10 +35,10 @@ func apiError(err error) (int, httpapi.Error) {
 	case errors.Is(err, limiter.ErrSlotLost):
 		e.Code = httpapi.CodeSlotLost
 		return http.StatusGone, e
-	case errors.Is(err, errUnauthenticated): // slot API (auth.go)
+	case errors.Is(err, ErrUnauthenticated): // slot API (auth.go)
 		e.Code = httpapi.CodeUnauthenticated
 		return http.StatusUnauthorized, e
-	case errors.Is(err, errPlanNotAllowed):
+	case errors.Is(err, ErrPlanNotAllowed):
 		e.Code = httpapi.CodePlanNotAllowed
 		return http.StatusForbidden, e
 	case errors.Is(err, errUnauthorized): // admin API (admin.go)
