@@ -50,7 +50,7 @@ func (s *Server) Process(grpcStream extprocv3.ExternalProcessor_ProcessServer) e
 		if err != nil {
 			s.authWarn.Log(ctx, slog.LevelError, "ext_proc stream refused: its caller is not in api.tokensFile; "+
 				"Envoy fails these requests, or passes them uncapped with failure_mode_allow", "err", err)
-			span.SetAttributes(attrRefused.String(codeUnauthenticated))
+			span.SetAttributes(attrRefused.String(hold.CodeUnauthenticated))
 			return status.Error(codes.Unauthenticated, err.Error())
 		}
 		x.caller = &who
@@ -198,14 +198,14 @@ func (x *exchange) requestHeaders(ctx context.Context, req *extprocv3.Processing
 	id, err := x.identify(req, h)
 	if err != nil {
 		s.holder.Refused(ctx, hold.ReasonIdentity)
-		return x.refuse(refused(http.StatusUnauthorized, typeInvalidRequest, codeUnauthenticated, err.Error()))
+		return x.refuse(hold.Refused(http.StatusUnauthorized, hold.TypeInvalidRequest, hold.CodeUnauthenticated, err.Error()))
 	}
 	callerName := ""
 	if x.caller != nil {
 		callerName = x.caller.Name()
 		if err := x.caller.Allow(id.Plan); err != nil {
 			s.holder.Refused(ctx, hold.ReasonPlanNotAllowed)
-			return x.refuse(refused(http.StatusForbidden, typeInvalidRequest, codePlanNotAllowed, err.Error()))
+			return x.refuse(hold.Refused(http.StatusForbidden, hold.TypeInvalidRequest, hold.CodePlanNotAllowed, err.Error()))
 		}
 	}
 	st, res, err := s.holder.Acquire(ctx, limiter.AcquireRequest{UserID: id.UserID, Plan: id.Plan, Caller: callerName})
@@ -213,7 +213,7 @@ func (x *exchange) requestHeaders(ctx context.Context, req *extprocv3.Processing
 	case err != nil:
 		return x.refuseAcquire(ctx, err)
 	case st == nil:
-		return x.refuse(limited(res))
+		return x.refuse(hold.Limited(res))
 	}
 	x.st = st
 	x.span.SetAttributes(attrStreamID.String(st.ID()), attrDegraded.Bool(res.Degraded))
@@ -238,26 +238,19 @@ func (x *exchange) identify(req *extprocv3.ProcessingRequest, h *extprocv3.HttpH
 // refuseAcquire answers an acquire that failed: the plan is unknown, the
 // user id cannot be used, or Redis is down on a Closed plan.
 func (x *exchange) refuseAcquire(ctx context.Context, err error) *extprocv3.ProcessingResponse {
-	switch {
-	case errors.Is(err, limiter.ErrUnknownPlan):
-		return x.refuse(refused(http.StatusUnprocessableEntity, typeInvalidRequest, codeUnknownPlan,
-			"the plan of this request is not one the limiter knows"))
-	case errors.Is(err, limiter.ErrInvalidUserID):
-		return x.refuse(refused(http.StatusBadRequest, typeInvalidRequest, codeInvalidUserID, err.Error()))
-	case errors.Is(err, limiter.ErrUnavailable), errors.Is(err, hold.ErrClosed):
-		return x.refuse(refused(http.StatusServiceUnavailable, typeServer, codeUnavailable,
-			"the stream limiter cannot reach its store and this plan fails closed; retry shortly"))
-	case ctx.Err() != nil:
-		return nil // Envoy is gone; nobody reads an answer
-	default:
+	refusal, known := hold.AcquireRefusal(err)
+	if !known {
+		if ctx.Err() != nil {
+			return nil // Envoy is gone; nobody reads an answer
+		}
 		x.s.log.ErrorContext(ctx, "acquire failed", "mode", "extproc", "err", err)
-		return x.refuse(refused(http.StatusInternalServerError, typeServer, codeInternal, "the stream limiter failed; its log says why"))
 	}
+	return x.refuse(refusal)
 }
 
-func (x *exchange) refuse(r refusal) *extprocv3.ProcessingResponse {
-	x.span.SetAttributes(attrRefused.String(r.err.Code))
-	return r.immediate()
+func (x *exchange) refuse(r hold.Refusal) *extprocv3.ProcessingResponse {
+	x.span.SetAttributes(attrRefused.String(r.Error.Code))
+	return immediate(r)
 }
 
 // cutIfLost answers the first message after the slot was lost (expired,
@@ -269,7 +262,7 @@ func (x *exchange) cutIfLost(ctx context.Context) *extprocv3.ProcessingResponse 
 		return nil
 	}
 	x.release(ctx, hold.EndLost)
-	return x.refuse(refused(http.StatusServiceUnavailable, typeServer, codeSlotLost,
+	return x.refuse(hold.Refused(http.StatusServiceUnavailable, hold.TypeServer, hold.CodeSlotLost,
 		"this stream's slot was released while it ran (by support, by expiry or in a failover)"))
 }
 

@@ -181,14 +181,14 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	if n := headerBytes(r); n > p.opts.MaxHeaderBytes {
 		p.holder.Refused(ctx, hold.ReasonInvalid)
-		writeError(w, http.StatusRequestHeaderFieldsTooLarge, apiError{Type: typeInvalidRequest, Code: codeHeadersTooLarge,
-			Message: fmt.Sprintf("the request's headers are %d bytes, over the %d allowed", n, p.opts.MaxHeaderBytes)})
+		hold.Refused(http.StatusRequestHeaderFieldsTooLarge, hold.TypeInvalidRequest, hold.CodeHeadersTooLarge,
+			fmt.Sprintf("the request's headers are %d bytes, over the %d allowed", n, p.opts.MaxHeaderBytes)).Write(w)
 		return
 	}
 	id, err := p.ident.Resolve(r.Header)
 	if err != nil {
 		p.holder.Refused(ctx, hold.ReasonIdentity)
-		writeError(w, http.StatusUnauthorized, apiError{Type: typeInvalidRequest, Code: codeUnauthenticated, Message: err.Error()})
+		hold.Refused(http.StatusUnauthorized, hold.TypeInvalidRequest, hold.CodeUnauthenticated, err.Error()).Write(w)
 		return
 	}
 	st, res, err := p.holder.Acquire(ctx, limiter.AcquireRequest{UserID: id.UserID, Plan: id.Plan})
@@ -196,7 +196,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		p.refuse(w, r, err)
 	case st == nil:
-		writeLimited(w, res)
+		hold.Limited(res).Write(w)
 	default:
 		p.stream(w, r, st, res)
 	}
@@ -265,23 +265,14 @@ func (p *Proxy) endOf(r *http.Request, st *hold.Stream, state *exchange) hold.En
 // refuse answers an acquire that failed: the plan is unknown, the user id
 // cannot be used, or Redis is down on a Closed plan.
 func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, err error) {
-	switch {
-	case errors.Is(err, limiter.ErrUnknownPlan):
-		writeError(w, http.StatusUnprocessableEntity, apiError{Type: typeInvalidRequest, Code: codeUnknownPlan,
-			Message: "the plan of this request is not one the limiter knows"})
-	case errors.Is(err, limiter.ErrInvalidUserID):
-		writeError(w, http.StatusBadRequest, apiError{Type: typeInvalidRequest, Code: codeInvalidUserID, Message: err.Error()})
-	case errors.Is(err, limiter.ErrUnavailable), errors.Is(err, hold.ErrClosed):
-		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusServiceUnavailable, apiError{Type: typeServer, Code: codeUnavailable,
-			Message: "the stream limiter cannot reach its store and this plan fails closed; retry shortly"})
-	case r.Context().Err() != nil:
-		// The client left while the acquire was in flight; nobody reads
-		// an answer.
-	default:
+	refusal, known := hold.AcquireRefusal(err)
+	if !known {
+		if r.Context().Err() != nil {
+			return // the client left while the acquire was in flight; nobody reads an answer
+		}
 		p.log.ErrorContext(r.Context(), "acquire failed", "path", r.URL.Path, "err", err)
-		writeError(w, http.StatusInternalServerError, apiError{Type: typeServer, Code: codeInternal, Message: "the stream limiter failed; its log says why"})
 	}
+	refusal.Write(w)
 }
 
 // headerBytes is the size of r's header lines, as net/http counts them
