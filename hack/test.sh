@@ -52,6 +52,13 @@ LIMITER_HELM=$(bash hack/helm.sh | tail -n 1); export LIMITER_HELM # helm for ch
 LIMITER_KUBE_SCORE=$(bash hack/kube-score.sh | tail -n 1); export LIMITER_KUBE_SCORE
 LIMITER_REDOCLY=$(bash hack/redocly.sh | tail -n 1); export LIMITER_REDOCLY
 
+# The Python client's suite (e2e/clients_test.go) runs on the distribution's
+# python3; its client needs nothing beyond the standard library.
+if ! command -v python3 >/dev/null; then
+	step "installing python3"
+	apt_install python3
+fi
+
 # The official OpenAI Node SDK the proxy's e2e tests stream through, as
 # e2e/openai/package-lock.json pins it, installed into a cache outside the
 # clone (again only when the lock file changes).
