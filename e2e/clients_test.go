@@ -127,3 +127,69 @@ func TestPythonClient(t *testing.T) {
 		}
 	}
 }
+
+// TestTypeScriptClient type-checks and compiles the TypeScript client and
+// its tests with tsc (strict), then runs them with node --test against real
+// serve processes on real Redis.
+func TestTypeScriptClient(t *testing.T) {
+	t.Parallel()
+	node := testenv.Node(t, 20)
+	modules := testenv.TypeScriptModules(t)
+	env := startClientServers(t)
+	var caFile string
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "LIMITER_TEST_TLS_CA="); ok {
+			caFile = v
+		}
+	}
+	// The global fetch trusts the CA only through this, read at start.
+	env = append(env, "NODE_EXTRA_CA_CERTS="+caFile)
+
+	src, err := filepath.Abs(filepath.Join("..", "clients", "typescript"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "dist")
+	runSuite(t, src, nil, node, filepath.Join(modules, "typescript", "bin", "tsc"), "-p", src,
+		"--outDir", out, "--typeRoots", filepath.Join(modules, "@types"))
+	// The compiled modules are ES modules, as the package says.
+	if err := os.WriteFile(filepath.Join(out, "package.json"), []byte(`{"type": "module"}`+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	files, err := filepath.Glob(filepath.Join(out, "test", "*.test.js"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("tsc wrote no test files to %s/test (%v)", out, err)
+	}
+	tap := runSuite(t, out, env, node, append([]string{"--test", "--test-reporter=tap"}, files...)...)
+
+	// node's closing lines; a skipped suite is counted in none of them,
+	// hence the check for SKIP.
+	for _, want := range []string{"# fail 0", "# cancelled 0", "# skipped 0", "# todo 0"} {
+		if !regexp.MustCompile(`(?m)^` + want + `$`).MatchString(tap) {
+			t.Errorf("node --test did not close with %q:\n%s", want, tap)
+		}
+	}
+	if strings.Contains(tap, "# SKIP") {
+		t.Errorf("node --test skipped tests:\n%s", tap)
+	}
+	if m := regexp.MustCompile(`(?m)^# pass (\d+)$`).FindStringSubmatch(tap); m != nil {
+		t.Logf("node --test passed %s tests", m[1])
+	}
+	for _, name := range []string{
+		"acquire up to the limit, then stream_limit_reached with its fields",
+		"release frees the slot and is idempotent",
+		"close releases every lease and marks it lost",
+		"heartbeats batch every lease in one request per interval",
+		"an admin release marks the lease lost",
+		"an unanswered acquire is retried under the same stream id (503)",
+		"an unanswered acquire is retried under the same stream id (drop)",
+		"an acquire that gives up releases its stream id",
+		"callers authenticate with their token",
+		"TLS: the global fetch trusting the service's CA, and mutual TLS through the fetch option",
+		"acquire sends label only when set",
+	} {
+		if !regexp.MustCompile(`(?m)^\s*ok \d+ - ` + regexp.QuoteMeta(name) + `$`).MatchString(tap) {
+			t.Errorf("node --test did not pass %q:\n%s", name, tap)
+		}
+	}
+}

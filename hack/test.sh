@@ -78,6 +78,21 @@ if [[ "$(cat "$npm_dir/.installed" 2>/dev/null)" != "$npm_lock" || ! -f "$npm_di
 fi
 export LIMITER_TEST_NODE_MODULES=$npm_dir/node_modules
 
+# The TypeScript compiler and Node's type definitions the TypeScript client
+# is checked and built with (e2e/clients_test.go), as
+# clients/typescript/package-lock.json pins them; the same cache rule.
+ts_dir=${LIMITER_TS_NPM_DIR:-$HOME/.cache/limiter/npm-clients-typescript}
+ts_lock=$(sha1sum clients/typescript/package-lock.json | cut -d' ' -f1)
+if [[ "$(cat "$ts_dir/.installed" 2>/dev/null)" != "$ts_lock" || ! -f "$ts_dir/node_modules/typescript/package.json" ]]; then
+	step "installing the TypeScript compiler (clients/typescript) into $ts_dir"
+	mkdir -p "$ts_dir"
+	rm -f "$ts_dir/.installed"
+	cp clients/typescript/package.json clients/typescript/package-lock.json "$ts_dir/"
+	npm ci --prefix "$ts_dir" --no-audit --no-fund --loglevel=error
+	echo "$ts_lock" >"$ts_dir/.installed"
+fi
+export LIMITER_TEST_TS_NODE_MODULES=$ts_dir/node_modules
+
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/limiter-test.XXXXXX")
 # Private clusters that testenv.StartCluster starts live here too, so a test
 # binary that dies without its cleanups leaves no server behind.
