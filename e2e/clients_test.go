@@ -97,7 +97,6 @@ func runSuite(t *testing.T, dir string, env []string, name string, args ...strin
 // TestPythonClient runs the Python client's unittest suite
 // (clients/python/tests) against real serve processes on real Redis.
 func TestPythonClient(t *testing.T) {
-	t.Parallel()
 	python := testenv.Python(t)
 	// No __pycache__ in the source tree.
 	env := append(startClientServers(t), "PYTHONDONTWRITEBYTECODE=1")
@@ -132,7 +131,6 @@ func TestPythonClient(t *testing.T) {
 // its tests with tsc (strict), then runs them with node --test against real
 // serve processes on real Redis.
 func TestTypeScriptClient(t *testing.T) {
-	t.Parallel()
 	node := testenv.Node(t, 20)
 	modules := testenv.TypeScriptModules(t)
 	env := startClientServers(t)

@@ -170,7 +170,10 @@ class Keeper:
             # A round may take no longer than the interval: a request hung on
             # a dead connection must not hold up the next round while the
             # slots' TTLs run out.
-            self._round(leases, min(every, self._api.timeout))
+            try:
+                self._round(leases, min(every, self._api.timeout))
+            except Exception:  # a bug must not stop the heartbeats of every lease
+                log.exception("limiter: heartbeat round failed; retrying next round")
 
     def _round(self, leases: List[Lease], timeout: float) -> None:
         batches = [leases[i : i + MAX_BATCH] for i in range(0, len(leases), MAX_BATCH)]

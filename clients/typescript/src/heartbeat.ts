@@ -177,7 +177,12 @@ export class Keeper {
       // A round may take no longer than the interval: a request hung on a
       // dead connection must not hold up the next round while the slots'
       // TTLs run out.
-      await this.round([...this.leases.values()], Math.min(every, this.api.timeoutMs));
+      try {
+        await this.round([...this.leases.values()], Math.min(every, this.api.timeoutMs));
+      } catch (err) {
+        // A bug must not stop the heartbeats of every lease.
+        this.log.error("limiter: heartbeat round failed; retrying next round", { err: String(err) });
+      }
     }
   }
 
