@@ -102,7 +102,7 @@ func runProxy(ctx context.Context, cfg config.Config, deps serveDeps) error {
 		}
 	}()
 	logger.Info("telemetry", "traces", cmp.Or(tel.Exporter(), "off"), "metrics", cfg.Ops.Addr+"/metrics")
-	observer, err := telemetry.NewObserver(tel.MeterProvider, table)
+	observer, err := telemetry.NewObserver(tel.MeterProvider, table, telemetry.ObserverOptions{UsedMaxWindow: cfg.Telemetry.SlotsUsedMaxWindow})
 	if err != nil {
 		return fmt.Errorf("telemetry: %w", err)
 	}
@@ -129,6 +129,9 @@ func runProxy(ctx context.Context, cfg config.Config, deps serveDeps) error {
 		Keys: keys.Schema{Prefix: cfg.Redis.KeyPrefix}, Logger: logger, Observer: observer,
 		TracerProvider: tel.TracerProvider, SyncReplicas: cfg.Redis.SyncReplicas,
 	})
+	if err := telemetry.RegisterOverridesActive(tel.MeterProvider, lim); err != nil {
+		return fmt.Errorf("telemetry: %w", err)
+	}
 
 	identOpts := cfg.IdentityOptions()
 	identOpts.Logger = logger

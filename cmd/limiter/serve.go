@@ -64,7 +64,7 @@ func runServe(ctx context.Context, cfg config.Config, deps serveDeps) error {
 		}
 	}()
 	logger.Info("telemetry", "traces", cmp.Or(tel.Exporter(), "off"), "metrics", cfg.Ops.Addr+"/metrics")
-	observer, err := telemetry.NewObserver(tel.MeterProvider, table)
+	observer, err := telemetry.NewObserver(tel.MeterProvider, table, telemetry.ObserverOptions{UsedMaxWindow: cfg.Telemetry.SlotsUsedMaxWindow})
 	if err != nil {
 		return fmt.Errorf("telemetry: %w", err)
 	}
@@ -95,6 +95,9 @@ func runServe(ctx context.Context, cfg config.Config, deps serveDeps) error {
 		TracerProvider: tel.TracerProvider,
 		SyncReplicas:   cfg.Redis.SyncReplicas,
 	})
+	if err := telemetry.RegisterOverridesActive(tel.MeterProvider, lim); err != nil {
+		return fmt.Errorf("telemetry: %w", err)
+	}
 	callers, stopCallers, err := startCallers(ctx, cfg, logger)
 	if err != nil {
 		return err

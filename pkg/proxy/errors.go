@@ -23,6 +23,7 @@ const (
 	codeUnauthenticated     = "unauthenticated"
 	codeUnknownPlan         = "unknown_plan"
 	codeInvalidUserID       = "invalid_user_id"
+	codeInvalidLabel        = "invalid_label"
 	codeHeadersTooLarge     = "headers_too_large"
 	codeUnavailable         = "limiter_unavailable"
 	codeUpstreamUnavailable = "upstream_unavailable"

@@ -35,6 +35,8 @@ const HeaderStreamID = "X-Limiter-Stream-Id"
 
 // Defaults of Options.
 const (
+	// DefaultLabelHeader is the header whose value labels the slot.
+	DefaultLabelHeader           = "X-Limiter-Label"
 	DefaultMaxHeaderBytes        = 32 << 10
 	DefaultDialTimeout           = 5 * time.Second
 	DefaultTLSHandshakeTimeout   = 5 * time.Second
@@ -52,6 +54,16 @@ type Options struct {
 	// A prefix matches the path itself and anything under it after a "/".
 	// Default none: every request holds one.
 	Routes []string
+	// LabelHeader names the request header whose value becomes the
+	// slot's label (limiter.AcquireRequest.Label): what support sees
+	// beside the stream, e.g. the model or the calling pod. A value the
+	// limiter refuses as a label (over 128 bytes, whitespace or control
+	// characters) is answered 400 invalid_label, before any slot. The
+	// proxy never reads request bodies (they stream upstream as they
+	// come), so it cannot take the model from an OpenAI request's JSON: a
+	// gateway in front that knows it can set this header. Default "": no
+	// label (config's proxy.labelHeader defaults to DefaultLabelHeader).
+	LabelHeader string
 	// StripAuthorization removes the client's Authorization header before
 	// the request goes upstream (set it when the token is for the proxy
 	// only). Default false: it is passed on.
@@ -191,7 +203,11 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusUnauthorized, apiError{Type: typeInvalidRequest, Code: codeUnauthenticated, Message: err.Error()})
 		return
 	}
-	st, res, err := p.holder.Acquire(ctx, limiter.AcquireRequest{UserID: id.UserID, Plan: id.Plan})
+	var label string
+	if p.opts.LabelHeader != "" {
+		label = r.Header.Get(p.opts.LabelHeader)
+	}
+	st, res, err := p.holder.Acquire(ctx, limiter.AcquireRequest{UserID: id.UserID, Plan: id.Plan, Label: label})
 	switch {
 	case err != nil:
 		p.refuse(w, r, err)
@@ -271,6 +287,9 @@ func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, err error) {
 			Message: "the plan of this request is not one the limiter knows"})
 	case errors.Is(err, limiter.ErrInvalidUserID):
 		writeError(w, http.StatusBadRequest, apiError{Type: typeInvalidRequest, Code: codeInvalidUserID, Message: err.Error()})
+	case errors.Is(err, limiter.ErrInvalidLabel):
+		writeError(w, http.StatusBadRequest, apiError{Type: typeInvalidRequest, Code: codeInvalidLabel,
+			Message: "header " + p.opts.LabelHeader + ": " + err.Error()})
 	case errors.Is(err, limiter.ErrUnavailable), errors.Is(err, hold.ErrClosed):
 		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusServiceUnavailable, apiError{Type: typeServer, Code: codeUnavailable,
