@@ -44,8 +44,9 @@ type adminServer struct {
 }
 
 // startAdminServer writes a tokens file (a viewer and an operator) and
-// starts a serve process using it, on its own key prefix.
-func startAdminServer(t *testing.T) *adminServer {
+// starts a serve process using it, on its own key prefix; extra is added
+// to its config file.
+func startAdminServer(t *testing.T, extra ...string) *adminServer {
 	t.Helper()
 	tokens := filepath.Join(t.TempDir(), "admin-tokens")
 	content := "# e2e\nvic viewer " + e2eViewerToken + "\nopal operator " + e2eOperatorToken + "\n"
@@ -53,7 +54,7 @@ func startAdminServer(t *testing.T) *adminServer {
 		t.Fatal(err)
 	}
 	config := serveConfig([]string{testenv.Redis(t)}, "e2e-admin-"+randomID()+":", adminTiers) +
-		"admin:\n  tokensFile: " + tokens + "\n"
+		"admin:\n  tokensFile: " + tokens + "\n" + strings.Join(extra, "")
 	proc := servetest.Start(t, servetest.Options{Config: config, AwaitRedis: true})
 	return &adminServer{Process: proc, tokensFile: tokens}
 }
