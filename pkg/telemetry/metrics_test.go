@@ -191,3 +191,34 @@ func TestOverridesActiveGauge(t *testing.T) {
 		t.Errorf("with Redis down: got %q, want no sample", got)
 	}
 }
+
+// The counters the alerts rate start at 0 for every plan of the table, so
+// that a new replica's first increase (slots reclaimed after a deploy) is
+// counted: a series that first appears at its first value is not.
+func TestCountersStartAtZero(t *testing.T) {
+	tel, err := New(context.Background(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tel.Shutdown(context.Background())
+	table := tiers.NewTable()
+	if err := table.Replace([]tiers.Tier{tiers.Tier{Plan: "free", MaxConcurrentStreams: 1}.WithDefaults()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewObserver(tel.MeterProvider, table, ObserverOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`limiter_slots_reclaimed_total{plan="free"} 0`,
+		`limiter_slots_reclaimed_total{plan=""} 0`,
+		`limiter_acquire_total{outcome="granted",plan="free"} 0`,
+		`limiter_acquire_total{outcome="limited",plan="free"} 0`,
+		`limiter_heartbeat_total{outcome="alive"} 0`,
+		`limiter_release_total{released="true"} 0`,
+	} {
+		name, _, _ := strings.Cut(want, "{")
+		if got := scrapeLines(t, tel, name); !slices.Contains(got, want) {
+			t.Errorf("/metrics at start: got %q, want %s", got, want)
+		}
+	}
+}

@@ -67,8 +67,24 @@ func (o *Observer) planLabels(plan string) *planLabels {
 	for _, outcome := range []string{outcomeGranted, outcomeLimited, outcomeDegraded, outcomeUnavailable} {
 		l.outcomes[outcome] = metric.WithAttributeSet(attribute.NewSet(p, attribute.String("outcome", outcome)))
 	}
-	got, _ := o.plans.LoadOrStore(plan, l)
+	got, loaded := o.plans.LoadOrStore(plan, l)
+	if !loaded {
+		o.zero(l)
+	}
 	return got.(*planLabels)
+}
+
+// zero starts a plan's acquire and reclaimed counters at 0, as soon as
+// the plan is first seen (or at start for the table's plans): a counter
+// that first appears at the value of its first increase (a wave of slots
+// reclaimed after a deploy, on a new replica) is one that rate() and
+// increase() cannot count.
+func (o *Observer) zero(l *planLabels) {
+	ctx := context.Background()
+	o.reclaimed.Add(ctx, 0, l.plan)
+	for _, set := range l.outcomes {
+		o.acquires.Add(ctx, 0, set)
+	}
 }
 
 func (o *Observer) opLabels(op string) metric.MeasurementOption {
@@ -149,6 +165,20 @@ func NewObserver(mp metric.MeterProvider, table *tiers.Table, opts ObserverOptio
 	}
 	if err := errors.Join(errs[:]...); err != nil {
 		return nil, err
+	}
+	// The plan "" counts releases and support unlocks, which carry none.
+	o.planLabels("")
+	if table != nil {
+		for _, t := range table.List() {
+			o.planLabels(t.Plan)
+		}
+	}
+	ctx := context.Background()
+	for _, set := range beatLabels {
+		o.beats.Add(ctx, 0, set)
+	}
+	for _, set := range releasedLabels {
+		o.releases.Add(ctx, 0, set)
 	}
 	return &o, nil
 }
