@@ -51,8 +51,8 @@ const drillTiers = `    - plan: free
 // drill finds:
 //   - the lockout: users refused at their limit while nobody is granted
 //     (limiter_slots_used_max at the limit), for one slot TTL;
-//   - LimiterSlotsReclaimedRising firing for both plans, 5 scrapes
-//     ("minutes") after the reclaims, and nothing else firing;
+//   - LimiterSlotsReclaimedRising firing for both plans 5 scrapes
+//     ("minutes") after the reclaims, not before, and nothing else firing;
 //   - the floor: limiter_slots_used_max of the healthy plan back to 0 once
 //     its streams end, that of the hung worker's plan staying up, and
 //     LimiterSlotsUsedFloor firing for it (30 "minutes" without a grant);
@@ -201,9 +201,9 @@ func TestIncidentDrill(t *testing.T) {
 	// The rules, on the samples, by Prometheus's own tester.
 	checks := []promtoolCheck{
 		{at: crash - 1},     // steady: nothing fires
-		{at: reclaimed + 3}, // "for: 5m" has not passed yet
-		{at: reclaimed + 6, want: firing{"LimiterSlotsReclaimedRising": {"free", "paid"}}},
-		{at: reclaimed + drillFloorFor + 1, want: firing{"LimiterSlotsUsedFloor": {"paid"}}},
+		{at: reclaimed + 4}, // "for: 5m" has not passed yet
+		{at: reclaimedAll + 5, want: firing{"LimiterSlotsReclaimedRising": {"free", "paid"}}},
+		{at: floorTick, want: firing{"LimiterSlotsUsedFloor": {"paid"}}},
 		{at: freed + 3}, // released: the floor is back to 0
 	}
 	out, ok := runPromtool(t, promtool, samples, checks)
