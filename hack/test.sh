@@ -48,9 +48,11 @@ fi
 LIMITER_HELM=$(bash hack/helm.sh | tail -n 1); export LIMITER_HELM # helm for charts/limiter/test, built once
 # The analysers a platform team runs, cached like helm: kube-score on the
 # rendered chart (charts/limiter/test), Redocly's OpenAPI lint on
-# api/openapi.yaml (internal/apitest).
+# api/openapi.yaml (internal/apitest), and Prometheus's own rule tester,
+# promtool, which the incident drill (e2e) runs on the shipped alert rules.
 LIMITER_KUBE_SCORE=$(bash hack/kube-score.sh | tail -n 1); export LIMITER_KUBE_SCORE
 LIMITER_REDOCLY=$(bash hack/redocly.sh | tail -n 1); export LIMITER_REDOCLY
+LIMITER_PROMTOOL=$(bash hack/promtool.sh | tail -n 1); export LIMITER_PROMTOOL
 
 # The Python client's suite (e2e/clients_test.go) runs on the distribution's
 # python3; its client needs nothing beyond the standard library.

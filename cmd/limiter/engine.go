@@ -58,7 +58,7 @@ func startEngine(ctx context.Context, cfg config.Config, table *tiers.Table, log
 		}
 	})
 	logger.Info("telemetry", "traces", cmp.Or(e.tel.Exporter(), "off"), "metrics", cfg.Ops.Addr+"/metrics")
-	observer, err := telemetry.NewObserver(e.tel.MeterProvider, table)
+	observer, err := telemetry.NewObserver(e.tel.MeterProvider, table, telemetry.ObserverOptions{UsedMaxWindow: cfg.Telemetry.SlotsUsedMaxWindow})
 	if err != nil {
 		return e, stop, fmt.Errorf("telemetry: %w", err)
 	}
@@ -89,5 +89,8 @@ func startEngine(ctx context.Context, cfg config.Config, table *tiers.Table, log
 		TracerProvider: e.tel.TracerProvider,
 		SyncReplicas:   cfg.Redis.SyncReplicas,
 	})
+	if err := telemetry.RegisterOverridesActive(e.tel.MeterProvider, e.lim); err != nil {
+		return e, stop, fmt.Errorf("telemetry: %w", err)
+	}
 	return e, stop, nil
 }

@@ -26,6 +26,9 @@ For each request on a limited route (--routes; default every path):
     is set, else the --user-header and --plan-header headers, trusted as
     they come (run it only behind a hop that authenticates and sets them);
     none, or a token that does not verify: 401, no slot
+  - label: the value of --label-header (default X-Limiter-Label) labels the
+    slot, shown to support beside its age and caller; over 128 bytes or with
+    whitespace: 400 invalid_label, no slot
   - acquire: the user at the plan's limit gets 429 with Retry-After and an
     OpenAI-shaped body, code stream_limit_reached; a plan outside the tier
     table 422; Redis not answering: the tier's failureMode (Open: proxied,

@@ -55,6 +55,7 @@ var flagSpecs = []flagSpec{
 	{name: "admin-tokens-file", key: "admin.tokensFile", usage: `file of "name role token" lines (role viewer or operator) allowed on the admin API`, unset: "none: the admin API is off", only: CommandServe},
 	{name: "otlp-endpoint", key: "telemetry.otlpEndpoint", usage: "OTLP receiver of traces (metrics are scraped from /metrics), host:port or http(s):// URL", unset: "none: no export"},
 	{name: "service-name", key: "telemetry.serviceName", usage: "service.name of traces and metrics"},
+	{name: "slots-used-max-window", key: "telemetry.slotsUsedMaxWindow", usage: "window of limiter_slots_used_max, the most live slots one user of a plan held; at least the scrape interval"},
 	{name: "log-level", key: "log.level", usage: "least severe level logged: debug, info, warn or error"},
 	{name: "log-format", key: "log.format", usage: "log format: json or text"},
 
@@ -63,6 +64,7 @@ var flagSpecs = []flagSpec{
 	{name: "routes", key: "proxy.routes", usage: "path prefixes whose requests hold a slot, comma-separated; the rest pass through", unset: "none: every request", only: CommandProxy},
 	{name: "pass-authorization", key: "proxy.passAuthorization", usage: "pass the client's Authorization header upstream", only: CommandProxy},
 	{name: "upstream-ca-file", key: "proxy.upstreamCAFile", usage: "PEM bundle of the CAs trusted for an https upstream", unset: "none: the system roots", only: CommandProxy},
+	{name: "label-header", key: "proxy.labelHeader", usage: "request header whose value becomes the slot's label (a model, a pod, a request id), shown to support; empty: no label", only: CommandProxy},
 	{name: "upstream-response-header-timeout", key: "proxy.responseHeaderTimeout", usage: "how long the upstream may take to send its response headers (the stream itself is not bounded)", only: CommandProxy},
 	{name: "user-header", key: "identity.userHeader", usage: "header naming the user when no JWT is configured; trust it only behind a hop that authenticates and sets it", only: CommandProxy},
 	{name: "plan-header", key: "identity.planHeader", usage: "header naming the plan when no JWT is configured", only: CommandProxy},

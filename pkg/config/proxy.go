@@ -48,6 +48,12 @@ type Proxy struct {
 	// MaxHeaderBytes bounds a request's headers; larger ones are refused
 	// with 431 and no slot. Default 32768.
 	MaxHeaderBytes int `mapstructure:"maxHeaderBytes"`
+	// LabelHeader names the request header whose value becomes the slot's
+	// label, shown to support beside the stream (a model, a pod, a
+	// request id). The proxy never reads request bodies, so for the model
+	// name a gateway in front puts it in a header. Default
+	// "X-Limiter-Label"; "" records no label.
+	LabelHeader string `mapstructure:"labelHeader"`
 }
 
 // Identity says whose stream a request is and under which plan (`limiter
@@ -103,7 +109,7 @@ func defaultProxy() Proxy {
 		Listen: ":8000", Routes: []string{}, PassAuthorization: true,
 		DialTimeout: proxy.DefaultDialTimeout, TLSHandshakeTimeout: proxy.DefaultTLSHandshakeTimeout,
 		ResponseHeaderTimeout: proxy.DefaultResponseHeaderTimeout, IdleConnTimeout: proxy.DefaultIdleConnTimeout,
-		MaxHeaderBytes: proxy.DefaultMaxHeaderBytes,
+		MaxHeaderBytes: proxy.DefaultMaxHeaderBytes, LabelHeader: proxy.DefaultLabelHeader,
 	}
 }
 
@@ -155,7 +161,7 @@ func (c Config) ProxyOptions() (proxy.Options, error) {
 	}
 	return proxy.Options{
 		Upstream: upstream, Routes: append([]string(nil), p.Routes...), StripAuthorization: !p.PassAuthorization,
-		MaxHeaderBytes: p.MaxHeaderBytes, Transport: transport,
+		MaxHeaderBytes: p.MaxHeaderBytes, Transport: transport, LabelHeader: p.LabelHeader,
 	}, nil
 }
 
@@ -207,6 +213,9 @@ func (c Config) validateProxy(v *validator) {
 		if d.value <= 0 {
 			v.add(d.key, "must be > 0", d.value.String())
 		}
+	}
+	if p.LabelHeader != "" && !validHeaderName(p.LabelHeader) {
+		v.add("proxy.labelHeader", "must be an HTTP header name, or empty for no label", strconv.Quote(p.LabelHeader))
 	}
 	if p.MaxHeaderBytes < MinMaxHeaderBytes || p.MaxHeaderBytes > MaxMaxHeaderBytes {
 		v.add("proxy.maxHeaderBytes", fmt.Sprintf("must be between %d and %d", MinMaxHeaderBytes, MaxMaxHeaderBytes), strconv.Itoa(p.MaxHeaderBytes))

@@ -25,6 +25,10 @@ const (
 	MaxLeaseDuration = 5 * time.Minute
 	// MaxAuditLen bounds admin.auditMaxLen.
 	MaxAuditLen = 10_000_000
+	// MinSlotsUsedMaxWindow and MaxSlotsUsedMaxWindow bound
+	// telemetry.slotsUsedMaxWindow.
+	MinSlotsUsedMaxWindow = time.Second
+	MaxSlotsUsedMaxWindow = time.Hour
 )
 
 var namespacePattern = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
@@ -113,6 +117,9 @@ func (c Config) Validate() error {
 	}
 	if strings.TrimSpace(c.Telemetry.ServiceName) == "" {
 		v.add("telemetry.serviceName", "must not be empty", "")
+	}
+	if w := c.Telemetry.SlotsUsedMaxWindow; w < MinSlotsUsedMaxWindow || w > MaxSlotsUsedMaxWindow {
+		v.add("telemetry.slotsUsedMaxWindow", fmt.Sprintf("must be between %s and %s", MinSlotsUsedMaxWindow, MaxSlotsUsedMaxWindow), w.String())
 	}
 
 	switch c.Log.Level {

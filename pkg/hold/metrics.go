@@ -54,7 +54,7 @@ func refusalOf(err error) (Reason, bool) {
 		return ReasonUnavailable, true
 	case errors.Is(err, limiter.ErrUnknownPlan):
 		return ReasonUnknownPlan, true
-	case errors.Is(err, limiter.ErrInvalidUserID), errors.Is(err, limiter.ErrInvalidStreamID):
+	case errors.Is(err, limiter.ErrInvalidUserID), errors.Is(err, limiter.ErrInvalidStreamID), errors.Is(err, limiter.ErrInvalidLabel):
 		return ReasonInvalid, true
 	default:
 		return ReasonError, true

@@ -26,6 +26,7 @@ const (
 	CodePlanNotAllowed      = "plan_not_allowed"
 	CodeUnknownPlan         = "unknown_plan"
 	CodeInvalidUserID       = "invalid_user_id"
+	CodeInvalidLabel        = "invalid_label"
 	CodeHeadersTooLarge     = "headers_too_large"
 	CodeUnavailable         = "limiter_unavailable"
 	CodeSlotLost            = "slot_lost"
@@ -95,7 +96,7 @@ func Limited(res limiter.AcquireResult) Refusal {
 }
 
 // AcquireRefusal is the refusal of an acquire that failed with err: the
-// plan is unknown, the user id cannot be used, or the store is down on a
+// plan is unknown, the user id or label cannot be used, or the store is down on a
 // Closed plan (or the holder is closing). known is false for any other
 // error, answered as internal_error: the caller logs it (unless its
 // request is gone, and nobody reads the answer).
@@ -106,6 +107,8 @@ func AcquireRefusal(err error) (r Refusal, known bool) {
 			"the plan of this request is not one the limiter knows"), true
 	case errors.Is(err, limiter.ErrInvalidUserID):
 		return Refused(http.StatusBadRequest, TypeInvalidRequest, CodeInvalidUserID, err.Error()), true
+	case errors.Is(err, limiter.ErrInvalidLabel):
+		return Refused(http.StatusBadRequest, TypeInvalidRequest, CodeInvalidLabel, err.Error()), true
 	case errors.Is(err, limiter.ErrUnavailable), errors.Is(err, ErrClosed):
 		return Refused(http.StatusServiceUnavailable, TypeServer, CodeUnavailable,
 			"the stream limiter cannot reach its store and this plan fails closed; retry shortly"), true

@@ -18,8 +18,14 @@ type AcquireRequest struct {
 	// Giving one makes retries idempotent.
 	StreamID string
 	// Caller names who asked: the API caller of the tokens file or client
-	// certificate, recorded on the span. Empty when the API is open.
+	// certificate, recorded on the span and in the slot's record. Empty
+	// when the API is open.
 	Caller string
+	// Label is what the caller says the stream is (a pod, a model, a
+	// request id), kept in the slot's record for support to see: at most
+	// 128 bytes, no whitespace or control characters
+	// (keys.ValidateLabel). Default "": none.
+	Label string
 }
 
 // AcquireResult is the answer to an acquire. A denial is a result
@@ -30,8 +36,11 @@ type AcquireResult struct {
 	// Used is the number of the user's live slots after the call (0 when
 	// degraded: unknown).
 	Used int
-	// Limit is the tier's maxConcurrentStreams.
+	// Limit is the limit the request was judged by: the tier's
+	// maxConcurrentStreams, or the user's override (Overridden).
 	Limit int
+	// Overridden: a support override in force replaced the tier's limit.
+	Overridden bool
 	// ExpiresAt is when the slot expires without a heartbeat (granted only).
 	ExpiresAt time.Time
 	// RetryAfter is, when denied, how long until the user's earliest slot
@@ -51,8 +60,9 @@ type AcquireResult struct {
 }
 
 // Acquire takes a slot for req.UserID if the user holds fewer than the
-// plan's limit. Errors: ErrInvalidUserID, ErrInvalidStreamID,
-// ErrUnknownPlan, ErrUnavailable (Redis down and the tier fails closed).
+// plan's limit, or the limit of the user's override in force. Errors:
+// ErrInvalidUserID, ErrInvalidStreamID, ErrInvalidLabel, ErrUnknownPlan,
+// ErrUnavailable (Redis down and the tier fails closed).
 func (l *Limiter) Acquire(ctx context.Context, req AcquireRequest) (AcquireResult, error) {
 	ctx, span := l.startSpan(ctx, "limiter.acquire")
 	if req.Caller != "" && span.IsRecording() {
@@ -78,6 +88,9 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	} else if err := keys.ValidateStreamID(req.StreamID); err != nil {
 		return AcquireResult{}, tiers.Tier{}, err
 	}
+	if err := keys.ValidateLabel(req.Label); err != nil {
+		return AcquireResult{}, tiers.Tier{}, err
+	}
 	tier, err := l.tier(req.Plan)
 	if err != nil {
 		return AcquireResult{}, tiers.Tier{}, err
@@ -87,7 +100,7 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	var replicas *replicaSync
 	err = l.do(ctx, "acquire", func(ctx context.Context, c rueidis.Client) (err error) {
 		c, replicas = l.synced(c)
-		got, err = lua.Acquire(ctx, c, key, req.StreamID, tier.MaxConcurrentStreams, tier.SlotTTL, lua.Record{Caller: req.Caller})
+		got, err = lua.Acquire(ctx, c, key, req.StreamID, tier.MaxConcurrentStreams, tier.SlotTTL, lua.Record{Caller: req.Caller, Plan: tier.Plan, Label: req.Label})
 		return err
 	})
 	res := AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}
@@ -102,6 +115,9 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	}
 	res.Granted = got.Granted
 	res.Used = got.Used
+	if got.Override >= 0 {
+		res.Limit, res.Overridden = got.Override, true
+	}
 	res.Pruned = got.Pruned
 	if got.Pruned > 0 {
 		l.observer.Reclaimed(ctx, tier.Plan, got.Pruned)

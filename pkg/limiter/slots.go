@@ -8,22 +8,38 @@ import (
 	"github.com/redis/rueidis"
 )
 
-// Slot is one live slot of a user.
+// Slot is one live slot of a user, with its record: who took it, when,
+// under which plan, for what.
 type Slot struct {
 	StreamID  string
 	ExpiresAt time.Time
 	// TTL is the time left before the slot expires, as seen by Redis.
 	TTL time.Duration
+	// StartedAt is when the slot was taken, by Redis time; zero when its
+	// record holds none (a slot taken by a version that recorded none).
+	StartedAt time.Time
+	// Age is how long the slot has been held, as seen by Redis; 0 when
+	// StartedAt is unknown.
+	Age time.Duration
+	// Caller, Plan and Label are those of the acquire that took the slot;
+	// empty when not recorded.
+	Caller string
+	Plan   string
+	Label  string
 }
 
-// UserSlots is a user's live slots, earliest expiry first.
+// UserSlots is a user's live slots, earliest expiry first, and the
+// override of the user's limit in force.
 type UserSlots struct {
 	UserID string
 	Used   int
 	Slots  []Slot
+	// Override is the user's support override in force; nil when none.
+	Override *Override
 }
 
-// Slots lists userID's live slots. Errors: ErrInvalidUserID, ErrUnavailable.
+// Slots lists userID's live slots and override. Errors: ErrInvalidUserID,
+// ErrUnavailable.
 func (l *Limiter) Slots(ctx context.Context, userID string) (UserSlots, error) {
 	ctx, span := l.startSpan(ctx, "limiter.slots")
 	out, err := l.slots(ctx, userID)
@@ -47,11 +63,24 @@ func (l *Limiter) slots(ctx context.Context, userID string) (UserSlots, error) {
 	}
 	out := UserSlots{UserID: userID, Used: len(listing.Slots), Slots: make([]Slot, len(listing.Slots))}
 	for i, s := range listing.Slots {
-		out.Slots[i] = Slot{
+		rec := s.Record
+		slot := Slot{
 			StreamID:  s.StreamID,
 			ExpiresAt: msTime(s.ExpiresAtMs),
-			TTL:       time.Duration(s.ExpiresAtMs-listing.NowMs) * time.Millisecond,
+			TTL:       msDuration(s.ExpiresAtMs - listing.NowMs),
+			Caller:    rec.Caller,
+			Plan:      rec.Plan,
+			Label:     rec.Label,
 		}
+		if rec.StartedAtMs > 0 {
+			slot.StartedAt, slot.Age = msTime(rec.StartedAtMs), msDuration(max(0, listing.NowMs-rec.StartedAtMs))
+		}
+		out.Slots[i] = slot
+	}
+	if o := listing.Override; o != nil {
+		out.Override = overrideOf(*o, listing.NowMs)
 	}
 	return out, nil
 }
+
+func msDuration(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }

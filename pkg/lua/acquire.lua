@@ -2,37 +2,51 @@
 --
 -- KEYS[1] -> <prefix>{<user id>}       sorted set: member = stream id, score = expiry (Redis ms)
 -- KEYS[2] -> <prefix>{<user id>}:meta  hash: field = stream id, value = the slot's record
+-- KEYS[3] -> <prefix>{<user id>}:override  hash: support's override of the limit
+--            (fields limit, expires_at in Redis ms; see set_override)
 -- ARGV[1] -> stream id
--- ARGV[2] -> limit (max concurrent streams, >= 0)
+-- ARGV[2] -> limit (max concurrent streams, >= 0): the plan's; an override
+--            in force replaces it
 -- ARGV[3] -> slot ttl (ms, > 0, decimal digits)
 -- ARGV[4] -> the rest of a new slot's record: '' or ';name=value' fields
 --            (optional: absent is '')
--- returns {granted (0|1), used, expires_at_ms, pruned, retry_after_ms}
+-- returns {granted (0|1), used, expires_at_ms, pruned, retry_after_ms, override}
 --   used           slots held after this call (live slots only)
 --   expires_at_ms  the slot's expiry when granted, 0 when denied
 --   pruned         slots that had expired unreleased and were removed now,
 --                  with their records
 --   retry_after_ms when denied: ms until enough slots expire for one to be
 --                  free (the earliest, unless the limit was lowered)
+--   override       the override's limit when one was in force (and so
+--                  applied), else -1
 --
 -- Idempotent on the stream id: acquiring a held stream extends it (never
 -- shortens it) and leaves used unchanged.
 --
 -- The record of a slot starts with its TTL (ARGV[3]), so that heartbeats
--- keep the slot by its own TTL whatever happens to its plan; the fields of
--- ARGV[4] (who took it) follow, each after a ';'. A new slot's record is
--- written with it; a held slot keeps the record it has (and gets one if it
--- had none). Both keys
--- expire together, one TTL after the longest slot.
+-- keep the slot by its own TTL whatever happens to its plan; then
+-- ';started=<now>' (Redis ms) and the fields of ARGV[4] (who took it, for
+-- what), each after a ';'. A new slot's record is written with it; a held
+-- slot keeps the record it has (and gets one if it had none). Both keys
+-- expire together, one TTL after the longest slot. The override is only
+-- read: it has its own expiry.
 local key = KEYS[1]
 local meta = KEYS[2]
 local member = ARGV[1]
 local limit = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
-local record = ARGV[3] .. (ARGV[4] or '')
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local record = ARGV[3] .. ';started=' .. string.format('%d', now) .. (ARGV[4] or '')
+
+-- A support override in force replaces the plan's limit.
+local override = -1
+local o = redis.call('HMGET', KEYS[3], 'limit', 'expires_at')
+if o[1] and o[2] and tonumber(o[2]) > now then
+  override = tonumber(o[1])
+  limit = override
+end
 
 -- Removes the slots expired by now and their records; returns how many.
 local function prune()
@@ -85,4 +99,4 @@ if used > 0 then
   redis.call('PEXPIREAT', meta, at)
 end
 
-return {granted, used, expires, pruned, retry}
+return {granted, used, expires, pruned, retry, override}

@@ -19,19 +19,23 @@ type Acquired struct {
 	ExpiresAtMs  int64 // Redis ms; 0 when denied
 	Pruned       int   // expired slots removed by this call
 	RetryAfterMs int64 // when denied: until the earliest slot expires
+	// Override is the limit of the user's support override, which the
+	// call applied instead of the plan's; -1 when none was in force.
+	Override int
 }
 
-// Acquire runs the acquire script on key (a keys.Schema.UserKey) and its
-// slot records for streamID.
+// Acquire runs the acquire script on key (a keys.Schema.UserKey), its
+// slot records and its override for streamID. limit is the plan's; an
+// override in force replaces it.
 //
-// rec is written as the new slot's record, after its TTL.
+// rec is written as the new slot's record, after its TTL and start.
 func Acquire(ctx context.Context, c rueidis.Client, key, streamID string, limit int, ttl time.Duration, rec Record) (Acquired, error) {
-	vals, err := acquireScript.Exec(ctx, c, userKeys(key), []string{streamID, strconv.Itoa(limit), ms(ttl), rec.encode()}).AsIntSlice()
+	vals, err := acquireScript.Exec(ctx, c, append(userKeys(key), keys.Override(key)), []string{streamID, strconv.Itoa(limit), ms(ttl), rec.encode()}).AsIntSlice()
 	if err != nil {
 		return Acquired{}, err
 	}
-	if len(vals) != 5 {
-		return Acquired{}, fmt.Errorf("acquire script returned %d values, want 5", len(vals))
+	if len(vals) != 6 {
+		return Acquired{}, fmt.Errorf("acquire script returned %d values, want 6", len(vals))
 	}
 	return Acquired{
 		Granted:      vals[0] == 1,
@@ -39,25 +43,8 @@ func Acquire(ctx context.Context, c rueidis.Client, key, streamID string, limit 
 		ExpiresAtMs:  vals[2],
 		Pruned:       int(vals[3]),
 		RetryAfterMs: vals[4],
+		Override:     int(vals[5]),
 	}, nil
-}
-
-// Record is what a slot's record holds besides its TTL, which the scripts
-// write first: "<ttl ms>;caller=<name>". Fields are ';'-separated
-// name=value pairs; the values are validated identifiers (caller names are
-// [A-Za-z0-9._@-]), so they hold neither ';' nor '='.
-type Record struct {
-	// Caller names who took the slot: the API caller of the tokens file or
-	// the client certificate. Empty: not recorded (an open API).
-	Caller string
-}
-
-// encode returns the fields after the TTL, each with its leading ';'.
-func (r Record) encode() string {
-	if r.Caller == "" {
-		return ""
-	}
-	return ";caller=" + r.Caller
 }
 
 // Beat is the result of the heartbeat script.
@@ -65,6 +52,8 @@ type Beat struct {
 	Alive       bool
 	ExpiresAtMs int64 // Redis ms; 0 when lost
 	Pruned      int   // the user's expired slots removed by this call
+	// Used is the user's live slots after the call.
+	Used int
 	// NoTTL: the slot is held but has no record and no fallback TTL was
 	// given, so it was left as it is (Alive false, ExpiresAtMs its expiry).
 	NoTTL bool
@@ -289,18 +278,18 @@ func heartbeatEval(c rueidis.Client, call userBeat) rueidis.Completed {
 
 // parseBeats parses the heartbeat script's answer for the slots at into
 // beats[at[0]], beats[at[1]], ...; the first counts the user's pruned
-// slots.
+// slots, and each says how many the user holds.
 func parseBeats(resp rueidis.RedisResult, at []int, beats []Beat) error {
 	vals, err := resp.AsIntSlice()
 	if err != nil {
 		return err
 	}
-	if len(vals) != 1+2*len(at) {
-		return fmt.Errorf("heartbeat script returned %d values, want %d", len(vals), 1+2*len(at))
+	if len(vals) != 2+2*len(at) {
+		return fmt.Errorf("heartbeat script returned %d values, want %d", len(vals), 2+2*len(at))
 	}
 	for k, i := range at {
-		alive := vals[1+2*k]
-		beats[i] = Beat{Alive: alive == 1, NoTTL: alive == -1, ExpiresAtMs: vals[2+2*k]}
+		alive := vals[2+2*k]
+		beats[i] = Beat{Alive: alive == 1, NoTTL: alive == -1, ExpiresAtMs: vals[3+2*k], Used: int(vals[1])}
 	}
 	beats[at[0]].Pruned = int(vals[0])
 	return nil
@@ -344,49 +333,6 @@ func ReleaseAll(ctx context.Context, c rueidis.Client, key, answer string, keep 
 		ids = []string{}
 	}
 	return ids, int(n), nil
-}
-
-// Slot is one live slot as stored.
-type Slot struct {
-	StreamID    string
-	ExpiresAtMs int64 // Redis ms
-}
-
-// Listing is the result of the slots script.
-type Listing struct {
-	NowMs int64 // Redis ms when read
-	Slots []Slot
-}
-
-// Slots runs the slots script: the live slots of key, in expiry order.
-func Slots(ctx context.Context, c rueidis.Client, key string) (Listing, error) {
-	arr, err := slotsScript.Exec(ctx, c, []string{key}, nil).ToArray()
-	if err != nil {
-		return Listing{}, err
-	}
-	if len(arr) != 2 {
-		return Listing{}, fmt.Errorf("slots script returned %d values, want 2", len(arr))
-	}
-	now, err := arr[0].AsInt64()
-	if err != nil {
-		return Listing{}, err
-	}
-	flat, err := arr[1].AsStrSlice()
-	if err != nil {
-		return Listing{}, err
-	}
-	if len(flat)%2 != 0 {
-		return Listing{}, fmt.Errorf("slots script returned %d members and scores, want pairs", len(flat))
-	}
-	out := Listing{NowMs: now, Slots: make([]Slot, 0, len(flat)/2)}
-	for i := 0; i < len(flat); i += 2 {
-		score, err := strconv.ParseFloat(flat[i+1], 64)
-		if err != nil {
-			return Listing{}, fmt.Errorf("slot %q has score %q: %w", flat[i], flat[i+1], err)
-		}
-		out.Slots = append(out.Slots, Slot{StreamID: flat[i], ExpiresAtMs: int64(score)})
-	}
-	return out, nil
 }
 
 func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }

@@ -35,6 +35,8 @@ const HeaderStreamID = "X-Limiter-Stream-Id"
 
 // Defaults of Options.
 const (
+	// DefaultLabelHeader is the header whose value labels the slot.
+	DefaultLabelHeader           = "X-Limiter-Label"
 	DefaultMaxHeaderBytes        = 32 << 10
 	DefaultDialTimeout           = 5 * time.Second
 	DefaultTLSHandshakeTimeout   = 5 * time.Second
@@ -52,6 +54,16 @@ type Options struct {
 	// A prefix matches the path itself and anything under it after a "/".
 	// Default none: every request holds one.
 	Routes []string
+	// LabelHeader names the request header whose value becomes the
+	// slot's label (limiter.AcquireRequest.Label): what support sees
+	// beside the stream, e.g. the model or the calling pod. A value the
+	// limiter refuses as a label (over 128 bytes, whitespace or control
+	// characters) is answered 400 invalid_label, before any slot. The
+	// proxy never reads request bodies (they stream upstream as they
+	// come), so it cannot take the model from an OpenAI request's JSON: a
+	// gateway in front that knows it can set this header. Default "": no
+	// label (config's proxy.labelHeader defaults to DefaultLabelHeader).
+	LabelHeader string
 	// StripAuthorization removes the client's Authorization header before
 	// the request goes upstream (set it when the token is for the proxy
 	// only). Default false: it is passed on.
@@ -191,7 +203,11 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 		hold.Refused(http.StatusUnauthorized, hold.TypeInvalidRequest, hold.CodeUnauthenticated, err.Error()).Write(w)
 		return
 	}
-	st, res, err := p.holder.Acquire(ctx, limiter.AcquireRequest{UserID: id.UserID, Plan: id.Plan})
+	var label string
+	if p.opts.LabelHeader != "" {
+		label = r.Header.Get(p.opts.LabelHeader)
+	}
+	st, res, err := p.holder.Acquire(ctx, limiter.AcquireRequest{UserID: id.UserID, Plan: id.Plan, Label: label})
 	switch {
 	case err != nil:
 		p.refuse(w, r, err)
@@ -265,6 +281,11 @@ func (p *Proxy) endOf(r *http.Request, st *hold.Stream, state *exchange) hold.En
 // refuse answers an acquire that failed: the plan is unknown, the user id
 // cannot be used, or Redis is down on a Closed plan.
 func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, limiter.ErrInvalidLabel) {
+		hold.Refused(http.StatusBadRequest, hold.TypeInvalidRequest, hold.CodeInvalidLabel,
+			"header "+p.opts.LabelHeader+": "+err.Error()).Write(w)
+		return
+	}
 	refusal, known := hold.AcquireRefusal(err)
 	if !known {
 		if r.Context().Err() != nil {

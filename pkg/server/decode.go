@@ -93,13 +93,17 @@ func decode(w http.ResponseWriter, r *http.Request, limit int64, dst any) error 
 	}
 	switch v := dst.(type) {
 	case *httpapi.AcquireRequest:
-		err = d.stringObject(acquireFields, []*string{&v.UserID, &v.Plan, &v.StreamID}, -1)
+		err = d.stringObject(acquireFields, []*string{&v.UserID, &v.Plan, &v.StreamID, &v.Label}, -1)
 	case *httpapi.HeartbeatRequest:
 		err = d.stringObject(heartbeatFields, []*string{&v.UserID, &v.Plan, &v.StreamID}, -1)
 	case *httpapi.ReleaseRequest:
 		err = d.stringObject(releaseFields, []*string{&v.UserID, &v.StreamID}, -1)
 	case *httpapi.AdminReleaseRequest:
 		err = d.stringObject(adminReleaseFields, []*string{&v.Reason}, -1)
+	case *httpapi.AdminOverrideRemoveRequest:
+		err = d.stringObject(adminReleaseFields, []*string{&v.Reason}, -1)
+	case *httpapi.AdminOverrideRequest:
+		err = d.overrideRequest(v)
 	case *httpapi.HeartbeatsRequest:
 		err = d.heartbeats(v)
 	default:
@@ -113,12 +117,46 @@ func decode(w http.ResponseWriter, r *http.Request, limit int64, dst any) error 
 
 // The fields of each request type, as their json tags name them.
 var (
-	acquireFields      = stringFields{"user_id", "plan", "stream_id"}
+	acquireFields      = stringFields{"user_id", "plan", "stream_id", "label"}
 	heartbeatFields    = stringFields{"user_id", "plan", "stream_id"}
 	releaseFields      = stringFields{"user_id", "stream_id"}
 	adminReleaseFields = stringFields{"reason"}
 	heartbeatsFields   = stringFields{"slots"}
+	overrideFields     = stringFields{"max_concurrent_streams", "expires_in", "reason"}
 )
+
+// overrideRequest reads a POST /v1/admin/users/{user_id}/override body:
+// two whole numbers and a string, each may be null or absent (the handler
+// requires them and checks their bounds).
+func (d *jsonReader) overrideRequest(v *httpapi.AdminOverrideRequest) error {
+	return d.fields(overrideFields, -1, func(i int, name string) error {
+		if isNull, err := d.null(); isNull || err != nil {
+			return err
+		}
+		if i == 2 {
+			if d.peek() != '"' {
+				return d.typeError(name, "a string")
+			}
+			s, err := d.str()
+			v.Reason = s
+			return err
+		}
+		if c := d.peek(); c != '-' && (c < '0' || c > '9') {
+			return d.typeError(name, "a whole number")
+		}
+		n, err := d.integer(name)
+		if err != nil {
+			return err
+		}
+		if i == 0 {
+			m := int(n) // int is 64 bits wherever the limiter is built
+			v.MaxConcurrentStreams = &m
+		} else {
+			v.ExpiresIn = &n
+		}
+		return nil
+	})
+}
 
 // heartbeats reads a POST /v1/slots/heartbeats body: {"slots": [slot...]},
 // each slot a heartbeatFields object or null (an empty slot, which the

@@ -20,6 +20,8 @@ var requestTypes = []func() any{
 	func() any { return &httpapi.ReleaseRequest{} },
 	func() any { return &httpapi.HeartbeatsRequest{} },
 	func() any { return &httpapi.AdminReleaseRequest{} },
+	func() any { return &httpapi.AdminOverrideRequest{} },
+	func() any { return &httpapi.AdminOverrideRemoveRequest{} },
 }
 
 func jsonRequest(body string) (*httptest.ResponseRecorder, *http.Request) {
@@ -51,6 +53,15 @@ var decodeSeeds = []string{
 	`{"slots":[{"user_id":"u","user_id":"v"}]}`, `{"slots":[{"ttl":1}]}`, `{"slots":[{}],}`, `{"slots":[{},]}`,
 	`{"slots":[{}}`, `{"slots":[`, `{"slots":[{}`, `{"slots":[{} {}]}`, `{"slots":[` + strings.Repeat("[", 100) + `]}`,
 	`{"reason":"ticket 4812"}`, `{"reason":" \n\t "}`, `{"reason":"x","bogus":1}`,
+	`{"max_concurrent_streams":5,"expires_in":86400,"reason":"r"}`, `{"max_concurrent_streams":0,"expires_in":-1}`,
+	`{"max_concurrent_streams":null,"expires_in":null,"reason":null}`, `{"max_concurrent_streams":-0}`,
+	`{"max_concurrent_streams":2.5}`, `{"max_concurrent_streams":1e3}`, `{"max_concurrent_streams":1E3}`, `{"expires_in":1.}`,
+	`{"max_concurrent_streams":05}`, `{"max_concurrent_streams":-}`, `{"max_concurrent_streams":--1}`, `{"expires_in":+1}`,
+	`{"max_concurrent_streams":9223372036854775807}`, `{"max_concurrent_streams":9223372036854775808}`,
+	`{"expires_in":-9223372036854775808}`, `{"expires_in":-9223372036854775809}`, `{"expires_in":99999999999999999999}`,
+	`{"max_concurrent_streams":"5"}`, `{"max_concurrent_streams":true}`, `{"max_concurrent_streams":[]}`, `{"expires_in":{}}`,
+	`{"max_concurrent_streams":5,"max_concurrent_streams":6}`, `{"max_concurrent_streams":5 ,"reason":"r" }`,
+	`{"max_concurrent_streams":5`, `{"max_concurrent_streams":5x}`, `{"max_concurrent_streams":1 2}`, `{"reason":5}`,
 }
 
 // FuzzDecode holds decode to the decoder it replaced (legacyDecode): for
@@ -155,6 +166,8 @@ func TestDecodeFieldsAreTheJSONTags(t *testing.T) {
 		{httpapi.ReleaseRequest{}, releaseFields},
 		{httpapi.AdminReleaseRequest{}, adminReleaseFields},
 		{httpapi.HeartbeatsRequest{}, heartbeatsFields},
+		{httpapi.AdminOverrideRequest{}, overrideFields},
+		{httpapi.AdminOverrideRemoveRequest{}, adminReleaseFields},
 	} {
 		typ := reflect.TypeOf(tc.typ)
 		var tags []string

@@ -326,6 +326,38 @@ func (d *jsonReader) stringObject(names stringFields, dst []*string, at int) err
 	})
 }
 
+// integer reads the number at pos as a whole number for the field at
+// path, as encoding/json reads one into an int64: a fraction or an
+// exponent is refused, as is a value past int64.
+func (d *jsonReader) integer(path string) (int64, error) {
+	start := d.pos
+	i := start
+	if i < len(d.s) && d.s[i] == '-' {
+		i++
+	}
+	digits := i
+	for i < len(d.s) && d.s[i] >= '0' && d.s[i] <= '9' {
+		i++
+	}
+	switch {
+	case i == digits:
+		d.pos = i
+		return 0, d.syntaxError("in numeric literal")
+	case d.s[digits] == '0' && i-digits > 1:
+		d.pos = digits + 1
+		return 0, d.syntaxError("after object key:value pair")
+	}
+	if i < len(d.s) && (d.s[i] == '.' || d.s[i] == 'e' || d.s[i] == 'E') {
+		return 0, badRequest("field %q must be a whole number", path)
+	}
+	d.pos = i
+	n, err := strconv.ParseInt(d.s[start:i], 10, 64)
+	if err != nil {
+		return 0, badRequest("field %q is out of range", path)
+	}
+	return n, nil
+}
+
 // end refuses anything but whitespace after the top-level value.
 func (d *jsonReader) end() error {
 	d.skipSpace()

@@ -100,8 +100,9 @@ func (h *handler) serveAcquire(w http.ResponseWriter, r *http.Request) {
 	if !readJSON(w, r, &req) {
 		return
 	}
-	vals, err := h.acquire.Exec(r.Context(), h.redis, userKeys(h.prefix+"{"+req.UserID+"}"), []string{req.StreamID, h.limit, h.ttl}).AsIntSlice()
-	if err != nil || len(vals) != 5 {
+	key := h.prefix + "{" + req.UserID + "}"
+	vals, err := h.acquire.Exec(r.Context(), h.redis, append(userKeys(key), keys.Override(key)), []string{req.StreamID, h.limit, h.ttl}).AsIntSlice()
+	if err != nil || len(vals) != 6 {
 		http.Error(w, fmt.Sprintf("acquire script: %v %v", vals, err), http.StatusInternalServerError)
 		return
 	}
@@ -144,6 +145,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// userKeys are the two keys the scripts take: the user's slots and their
-// records (keys.SlotRecords).
+// userKeys are the two keys the scripts take first: the user's slots and
+// their records (keys.SlotRecords); acquire also takes the user's override
+// (keys.Override).
 func userKeys(key string) []string { return []string{key, keys.SlotRecords(key)} }
