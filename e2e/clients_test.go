@@ -120,6 +120,7 @@ func TestPythonClient(t *testing.T) {
 		"test_callers_authenticate_with_their_token",
 		"test_mutual_tls",
 		"test_acquire_sends_label_only_when_set",
+		"test_label_is_recorded_with_the_slot",
 	} {
 		if !regexp.MustCompile(`(?m)^` + name + ` \(.*\) \.\.\. ok$`).MatchString(out) {
 			t.Errorf("the suite did not pass %s:\n%s", name, out)
@@ -185,6 +186,7 @@ func TestTypeScriptClient(t *testing.T) {
 		"callers authenticate with their token",
 		"TLS: the global fetch trusting the service's CA, and mutual TLS through the fetch option",
 		"acquire sends label only when set",
+		"the label is recorded with the slot",
 	} {
 		if !regexp.MustCompile(`(?m)^\s*ok \d+ - ` + regexp.QuoteMeta(name) + `$`).MatchString(tap) {
 			t.Errorf("node --test did not pass %q:\n%s", name, tap)

@@ -76,10 +76,10 @@ func TestGenerateFollowsTheContract(t *testing.T) {
 	changed := editSchema(t, spec, "AcquireRequest", func(s *yaml.Node) {
 		props := mapValue(t, s, "properties")
 		props.Content = append(props.Content,
-			&yaml.Node{Kind: yaml.ScalarNode, Value: "label"},
+			&yaml.Node{Kind: yaml.ScalarNode, Value: "priority"},
 			&yaml.Node{Kind: yaml.MappingNode, Content: []*yaml.Node{
 				{Kind: yaml.ScalarNode, Value: "type"}, {Kind: yaml.ScalarNode, Value: "string"},
-				{Kind: yaml.ScalarNode, Value: "description"}, {Kind: yaml.ScalarNode, Value: "Who holds the slot."},
+				{Kind: yaml.ScalarNode, Value: "description"}, {Kind: yaml.ScalarNode, Value: "How urgent the stream is."},
 			}})
 	})
 	after, err := Generate(changed)
@@ -87,15 +87,15 @@ func TestGenerateFollowsTheContract(t *testing.T) {
 		t.Fatal(err)
 	}
 	for path, want := range map[string][]string{
-		PythonFile:     {"    label: Optional[str] = None\n", `("label", "string", False),`},
-		TypeScriptFile: {"  label?: string;\n", `["label", "string", false],`},
+		PythonFile:     {"    priority: Optional[str] = None\n", `("priority", "string", False),`},
+		TypeScriptFile: {"  priority?: string;\n", `["priority", "string", false],`},
 	} {
 		if bytes.Equal(before[path], after[path]) {
-			t.Errorf("%s: adding AcquireRequest.label to the contract changed nothing", path)
+			t.Errorf("%s: adding AcquireRequest.priority to the contract changed nothing", path)
 		}
 		for _, w := range want {
 			if !strings.Contains(string(after[path]), w) || strings.Contains(string(before[path]), w) {
-				t.Errorf("%s: %q appears %t before and %t after adding AcquireRequest.label, want only after",
+				t.Errorf("%s: %q appears %t before and %t after adding AcquireRequest.priority, want only after",
 					path, w, strings.Contains(string(before[path]), w), strings.Contains(string(after[path]), w))
 			}
 		}

@@ -121,7 +121,7 @@ class Client:
             size = len(label.encode("utf-8"))
             if size > MAX_LABEL_BYTES:
                 raise ValueError("label must be at most %d bytes of UTF-8, got %d" % (MAX_LABEL_BYTES, size))
-            body["label"] = label  # not in the contract's AcquireRequest yet
+            body["label"] = label
         out = self._acquire_retrying(body)
         lease = Lease(
             self,

@@ -27,6 +27,8 @@ class Paths:
     TIERS = "/v1/tiers"  # GET
     ADMIN_LIST_SLOTS = "/v1/admin/users/{user_id}/slots"  # GET
     ADMIN_RELEASE_ALL = "/v1/admin/users/{user_id}/release"  # POST
+    ADMIN_SET_OVERRIDE = "/v1/admin/users/{user_id}/override"  # POST
+    ADMIN_REMOVE_OVERRIDE = "/v1/admin/users/{user_id}/override"  # DELETE
     ADMIN_READ_AUDIT = "/v1/admin/audit"  # GET
     HEALTHZ = "/healthz"  # GET
     READYZ = "/readyz"  # GET
@@ -66,6 +68,18 @@ class AcquireRequest:
     Giving one makes retries idempotent.
     """
 
+    label: Optional[Label] = None
+
+
+Label = str
+"""Optional: what the caller says the stream is (a pod, a model, a
+request id), kept with the slot for support to see. At most 128
+**bytes** of valid UTF-8 (the byte bound is the server's), no
+whitespace, control or format characters; otherwise `400
+invalid_label`. Omitted or empty: no label. A re-acquire of a held
+stream id keeps the slot's first label.
+"""
+
 
 @dataclasses.dataclass(frozen=True)
 class AcquireResponse:
@@ -79,7 +93,7 @@ class AcquireResponse:
     """The user's live slots after this acquire (0 when degraded, not known)."""
 
     limit: int
-    """The plan's max_concurrent_streams."""
+    """The limit the acquire was judged by - the plan's max_concurrent_streams, or the user's override while one is in force."""
 
     expires_at: datetime
     """When the slot expires without a heartbeat (RFC 3339, UTC)."""
@@ -204,13 +218,14 @@ class ErrorCode:
     """Stable error codes (pkg/httpapi):
     - `invalid_request` (400): malformed body, unknown field, wrong type, too large, not UTF-8.
     - `unsupported_media_type` (415): a request body not sent as `application/json`.
-    - `invalid_user_id` (400), `invalid_stream_id` (400).
+    - `invalid_user_id` (400), `invalid_stream_id` (400), `invalid_label` (400).
     - `unknown_plan` (422).
     - `stream_limit_reached` (429, with `Retry-After`).
     - `slot_lost` (410).
     - `limiter_unavailable` (503): Redis unreachable and the tier fails closed.
-    - `outcome_unknown` (503): admin release only - the release reached
-      Redis but its answer was lost, so what it released is not known.
+    - `outcome_unknown` (503): admin release and override removal only -
+      the call reached Redis but its answer was lost, so what it did is
+      not known.
     - `not_found` (404), `method_not_allowed` (405).
     - `unauthenticated` (401), `plan_not_allowed` (403): slot API, with `api.tokensFile`.
     - `unauthorized` (401), `forbidden` (403): admin API.
@@ -223,6 +238,7 @@ class ErrorCode:
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     INVALID_USER_ID = "invalid_user_id"
     INVALID_STREAM_ID = "invalid_stream_id"
+    INVALID_LABEL = "invalid_label"
     UNKNOWN_PLAN = "unknown_plan"
     STREAM_LIMIT_REACHED = "stream_limit_reached"
     SLOT_LOST = "slot_lost"
@@ -235,7 +251,7 @@ class ErrorCode:
     UNAUTHORIZED = "unauthorized"
     FORBIDDEN = "forbidden"
     INTERNAL = "internal"
-    VALUES = frozenset((INVALID_REQUEST, UNSUPPORTED_MEDIA_TYPE, INVALID_USER_ID, INVALID_STREAM_ID, UNKNOWN_PLAN, STREAM_LIMIT_REACHED, SLOT_LOST, LIMITER_UNAVAILABLE, OUTCOME_UNKNOWN, NOT_FOUND, METHOD_NOT_ALLOWED, UNAUTHENTICATED, PLAN_NOT_ALLOWED, UNAUTHORIZED, FORBIDDEN, INTERNAL,))
+    VALUES = frozenset((INVALID_REQUEST, UNSUPPORTED_MEDIA_TYPE, INVALID_USER_ID, INVALID_STREAM_ID, INVALID_LABEL, UNKNOWN_PLAN, STREAM_LIMIT_REACHED, SLOT_LOST, LIMITER_UNAVAILABLE, OUTCOME_UNKNOWN, NOT_FOUND, METHOD_NOT_ALLOWED, UNAUTHENTICATED, PLAN_NOT_ALLOWED, UNAUTHORIZED, FORBIDDEN, INTERNAL,))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,7 +266,7 @@ class Error:
     """stream_limit_reached only - the user's live slots."""
 
     limit: Optional[int] = None
-    """stream_limit_reached only - the plan's max_concurrent_streams."""
+    """stream_limit_reached only - the limit judged by (the plan's max_concurrent_streams, or the user's override)."""
 
     retry_after_ms: Optional[int] = None
     """stream_limit_reached only - until the user's earliest slot expires."""
@@ -293,7 +309,7 @@ class StreamLimitReachedResponseError:
     """The user's live slots."""
 
     limit: int
-    """The plan's max_concurrent_streams."""
+    """The limit judged by - the plan's max_concurrent_streams, or the user's override in force."""
 
     retry_after_ms: int
     """Until the user's earliest slot expires."""
@@ -310,6 +326,9 @@ class AdminSlotsResponse:
     slots: List[AdminSlot]
     """Earliest expiry first."""
 
+    override: Optional[AdminOverride] = None
+    """The user's override of the limit in force; absent when none."""
+
 
 @dataclasses.dataclass(frozen=True)
 class AdminSlot:
@@ -319,6 +338,87 @@ class AdminSlot:
     expires_at: datetime
     ttl_ms: int
     """Time left before the slot expires, as Redis saw it."""
+
+    started_at: Optional[datetime] = None
+    """When the slot was taken, by Redis time. Absent for a slot taken by an older version, which recorded no start."""
+
+    age_ms: Optional[int] = None
+    """How long the slot has been held, as Redis saw it; absent with started_at."""
+
+    caller: Optional[str] = None
+    """The API caller that took it (the name of its token or certificate); absent when the slot API is open."""
+
+    plan: Optional[Plan] = None
+    label: Optional[Label] = None
+    """What the caller said the stream is; absent when it said nothing."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AdminOverride:
+    """A temporary override of one user's limit: while in force, every
+    acquire of the user, on any plan, is judged by
+    `max_concurrent_streams` instead of the plan's limit. Slots already
+    held are kept. It lapses by itself at `expires_at`.
+    """
+
+    max_concurrent_streams: int
+    """The user's limit while in force; 0 lets the user hold none."""
+
+    set_at: datetime
+    """When it was set, by Redis time."""
+
+    expires_at: datetime
+    """When it lapses, by Redis time."""
+
+    ttl_ms: int
+    """Time left before it lapses, as Redis saw it."""
+
+    actor: str
+    """The name of the admin token that set it."""
+
+    reason: str
+    """Why it was set, as recorded in the audit."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AdminOverrideRequest:
+    """Schema AdminOverrideRequest of the contract."""
+
+    max_concurrent_streams: int
+    """The user's limit while in force, bounded as a tier's is (0-1000); 0 lets the user hold none."""
+
+    expires_in: int
+    """How long it stays in force, in seconds - a minute to 30 days."""
+
+    reason: str
+    """Why; recorded with the override and in the audit."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AdminOverrideResponse:
+    """Schema AdminOverrideResponse of the contract."""
+
+    user_id: UserID
+    override: AdminOverride
+    audit_id: AuditID
+
+
+@dataclasses.dataclass(frozen=True)
+class AdminOverrideRemoveRequest:
+    """Schema AdminOverrideRemoveRequest of the contract."""
+
+    reason: str
+    """Why the override is removed; recorded in the audit."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AdminOverrideRemoveResponse:
+    """Schema AdminOverrideRemoveResponse of the contract."""
+
+    removed: bool
+    """An override was in force and is gone; false when there was none (never set, removed, or expired)."""
+
+    audit_id: AuditID
 
 
 @dataclasses.dataclass(frozen=True)
@@ -367,20 +467,26 @@ class AuditRecord:
     """Known values: "", "viewer", "operator"."""
 
     action: str
-    """Known values: "list_slots", "release_all", "read_audit"."""
+    """Known values: "list_slots", "release_all", "read_audit", "set_override", "remove_override"."""
 
     remote: str
     """The TCP peer's address."""
 
     outcome: str
     """`ok`, or the error code answered. `outcome_unknown`: a release
-    reached Redis but its answer was lost, so `released` is empty
-    and what it released is not known.
+    (or an override's removal) reached Redis but its answer was
+    lost, so `released` is empty and what it did is not known.
     """
 
     status: int
     user_id: Optional[str] = None
     released: Optional[List[str]] = None
+    override: Optional[AuditRecordOverride] = None
+    """set_override only - the override the call put in force."""
+
+    override_removed: Optional[bool] = None
+    """remove_override only - whether an override was in force."""
+
     reason: Optional[str] = None
     forwarded_for: Optional[str] = None
     """The X-Forwarded-For header as received (unverified)."""
@@ -389,11 +495,20 @@ class AuditRecord:
     """Why the call was refused or failed."""
 
 
+@dataclasses.dataclass(frozen=True)
+class AuditRecordOverride:
+    """set_override only - the override the call put in force."""
+
+    max_concurrent_streams: int
+    expires_at: datetime
+
+
 _FIELDS: Dict[type, Tuple[Tuple[str, Any, bool], ...]] = {
     AcquireRequest: (
         ("user_id", "string", True),
         ("plan", "string", True),
         ("stream_id", "string", False),
+        ("label", "string", False),
     ),
     AcquireResponse: (
         ("granted", "boolean", True),
@@ -472,11 +587,42 @@ _FIELDS: Dict[type, Tuple[Tuple[str, Any, bool], ...]] = {
         ("user_id", "string", True),
         ("used", "integer", True),
         ("slots", ("array", AdminSlot), True),
+        ("override", AdminOverride, False),
     ),
     AdminSlot: (
         ("stream_id", "string", True),
         ("expires_at", "date-time", True),
         ("ttl_ms", "integer", True),
+        ("started_at", "date-time", False),
+        ("age_ms", "integer", False),
+        ("caller", "string", False),
+        ("plan", "string", False),
+        ("label", "string", False),
+    ),
+    AdminOverride: (
+        ("max_concurrent_streams", "integer", True),
+        ("set_at", "date-time", True),
+        ("expires_at", "date-time", True),
+        ("ttl_ms", "integer", True),
+        ("actor", "string", True),
+        ("reason", "string", True),
+    ),
+    AdminOverrideRequest: (
+        ("max_concurrent_streams", "integer", True),
+        ("expires_in", "integer", True),
+        ("reason", "string", True),
+    ),
+    AdminOverrideResponse: (
+        ("user_id", "string", True),
+        ("override", AdminOverride, True),
+        ("audit_id", "string", True),
+    ),
+    AdminOverrideRemoveRequest: (
+        ("reason", "string", True),
+    ),
+    AdminOverrideRemoveResponse: (
+        ("removed", "boolean", True),
+        ("audit_id", "string", True),
     ),
     AdminReleaseRequest: (
         ("reason", "string", True),
@@ -496,12 +642,18 @@ _FIELDS: Dict[type, Tuple[Tuple[str, Any, bool], ...]] = {
         ("action", "string", True),
         ("user_id", "string", False),
         ("released", ("array", "string"), False),
+        ("override", AuditRecordOverride, False),
+        ("override_removed", "boolean", False),
         ("reason", "string", False),
         ("remote", "string", True),
         ("forwarded_for", "string", False),
         ("outcome", "string", True),
         ("status", "integer", True),
         ("detail", "string", False),
+    ),
+    AuditRecordOverride: (
+        ("max_concurrent_streams", "integer", True),
+        ("expires_at", "date-time", True),
     ),
 }
 

@@ -66,6 +66,16 @@ class ServeTest(unittest.TestCase):
         self.assertEqual(slots.used, 3)
         self.assertEqual(sorted(s.stream_id for s in slots.slots), sorted(l.stream_id for l in leases))
 
+    def test_label_is_recorded_with_the_slot(self) -> None:
+        u = user()
+        lease = self.client.acquire(u, "paid", label="pod-7/model-x")
+        slots = self.admin.slots(u).slots
+        self.assertEqual([(s.stream_id, s.label) for s in slots], [(lease.stream_id, "pod-7/model-x")])
+        self.assertEqual(slots[0].plan, "paid")
+        with self.assertRaises(ValueError):
+            self.client.acquire(u, "paid", label="x" * 129)
+        self.assertEqual(self.used(u), 1, "a refused label must take no slot")
+
     def test_release_frees_the_slot_and_is_idempotent(self) -> None:
         u = user()
         lease = self.client.acquire(u, "free")

@@ -138,13 +138,13 @@ export class Client {
       throw closedError();
     }
     options.signal?.throwIfAborted();
-    const body: AcquireRequest & { label?: string } = { user_id: userId, plan, stream_id: options.streamId || newStreamID() };
+    const body: AcquireRequest = { user_id: userId, plan, stream_id: options.streamId || newStreamID() };
     if (options.label) {
       const size = Buffer.byteLength(options.label, "utf8");
       if (size > MAX_LABEL_BYTES) {
         throw new RangeError(`label must be at most ${MAX_LABEL_BYTES} bytes of UTF-8, got ${size}`);
       }
-      body.label = options.label; // not in the contract's AcquireRequest yet
+      body.label = options.label;
     }
     const answer = await this.acquireRetrying(body, options.signal);
     const lease = new Lease(
@@ -311,7 +311,7 @@ export class Client {
   }
 
   private reacquire(lease: Lease, signal: AbortSignal): Promise<AcquireResponse> {
-    const body: AcquireRequest & { label?: string } = { user_id: lease.userId, plan: lease.plan, stream_id: lease.streamId };
+    const body: AcquireRequest = { user_id: lease.userId, plan: lease.plan, stream_id: lease.streamId };
     if (lease.label) {
       body.label = lease.label;
     }

@@ -23,6 +23,8 @@ export const Paths = {
   tiers: "/v1/tiers", // GET
   adminListSlots: "/v1/admin/users/{user_id}/slots", // GET
   adminReleaseAll: "/v1/admin/users/{user_id}/release", // POST
+  adminSetOverride: "/v1/admin/users/{user_id}/override", // POST
+  adminRemoveOverride: "/v1/admin/users/{user_id}/override", // DELETE
   adminReadAudit: "/v1/admin/audit", // GET
   healthz: "/healthz", // GET
   readyz: "/readyz", // GET
@@ -61,7 +63,19 @@ export interface AcquireRequest {
    * Giving one makes retries idempotent.
    */
   stream_id?: StreamID;
+
+  label?: Label;
 }
+
+/**
+ * Optional: what the caller says the stream is (a pod, a model, a
+ * request id), kept with the slot for support to see. At most 128
+ * **bytes** of valid UTF-8 (the byte bound is the server's), no
+ * whitespace, control or format characters; otherwise `400
+ * invalid_label`. Omitted or empty: no label. A re-acquire of a held
+ * stream id keeps the slot's first label.
+ */
+export type Label = string;
 
 /** Schema AcquireResponse of the contract. */
 export interface AcquireResponse {
@@ -73,7 +87,7 @@ export interface AcquireResponse {
   /** The user's live slots after this acquire (0 when degraded, not known). */
   used: number;
 
-  /** The plan's max_concurrent_streams. */
+  /** The limit the acquire was judged by - the plan's max_concurrent_streams, or the user's override while one is in force. */
   limit: number;
 
   /** When the slot expires without a heartbeat (RFC 3339, UTC). */
@@ -186,13 +200,14 @@ export interface Tier {
  * Stable error codes (pkg/httpapi):
  * - `invalid_request` (400): malformed body, unknown field, wrong type, too large, not UTF-8.
  * - `unsupported_media_type` (415): a request body not sent as `application/json`.
- * - `invalid_user_id` (400), `invalid_stream_id` (400).
+ * - `invalid_user_id` (400), `invalid_stream_id` (400), `invalid_label` (400).
  * - `unknown_plan` (422).
  * - `stream_limit_reached` (429, with `Retry-After`).
  * - `slot_lost` (410).
  * - `limiter_unavailable` (503): Redis unreachable and the tier fails closed.
- * - `outcome_unknown` (503): admin release only - the release reached
- *   Redis but its answer was lost, so what it released is not known.
+ * - `outcome_unknown` (503): admin release and override removal only -
+ *   the call reached Redis but its answer was lost, so what it did is
+ *   not known.
  * - `not_found` (404), `method_not_allowed` (405).
  * - `unauthenticated` (401), `plan_not_allowed` (403): slot API, with `api.tokensFile`.
  * - `unauthorized` (401), `forbidden` (403): admin API.
@@ -205,6 +220,7 @@ export const ErrorCode = {
   UnsupportedMediaType: "unsupported_media_type",
   InvalidUserId: "invalid_user_id",
   InvalidStreamId: "invalid_stream_id",
+  InvalidLabel: "invalid_label",
   UnknownPlan: "unknown_plan",
   StreamLimitReached: "stream_limit_reached",
   SlotLost: "slot_lost",
@@ -231,7 +247,7 @@ export interface ApiError {
   /** stream_limit_reached only - the user's live slots. */
   used?: number;
 
-  /** stream_limit_reached only - the plan's max_concurrent_streams. */
+  /** stream_limit_reached only - the limit judged by (the plan's max_concurrent_streams, or the user's override). */
   limit?: number;
 
   /** stream_limit_reached only - until the user's earliest slot expires. */
@@ -270,7 +286,7 @@ export interface StreamLimitReachedResponseError {
   /** The user's live slots. */
   used: number;
 
-  /** The plan's max_concurrent_streams. */
+  /** The limit judged by - the plan's max_concurrent_streams, or the user's override in force. */
   limit: number;
 
   /** Until the user's earliest slot expires. */
@@ -286,6 +302,9 @@ export interface AdminSlotsResponse {
 
   /** Earliest expiry first. */
   slots: AdminSlot[];
+
+  /** The user's override of the limit in force; absent when none. */
+  override?: AdminOverride;
 }
 
 /** Schema AdminSlot of the contract. */
@@ -295,6 +314,79 @@ export interface AdminSlot {
 
   /** Time left before the slot expires, as Redis saw it. */
   ttl_ms: number;
+
+  /** When the slot was taken, by Redis time. Absent for a slot taken by an older version, which recorded no start. */
+  started_at?: Date;
+
+  /** How long the slot has been held, as Redis saw it; absent with started_at. */
+  age_ms?: number;
+
+  /** The API caller that took it (the name of its token or certificate); absent when the slot API is open. */
+  caller?: string;
+
+  plan?: Plan;
+
+  /** What the caller said the stream is; absent when it said nothing. */
+  label?: Label;
+}
+
+/**
+ * A temporary override of one user's limit: while in force, every
+ * acquire of the user, on any plan, is judged by
+ * `max_concurrent_streams` instead of the plan's limit. Slots already
+ * held are kept. It lapses by itself at `expires_at`.
+ */
+export interface AdminOverride {
+  /** The user's limit while in force; 0 lets the user hold none. */
+  max_concurrent_streams: number;
+
+  /** When it was set, by Redis time. */
+  set_at: Date;
+
+  /** When it lapses, by Redis time. */
+  expires_at: Date;
+
+  /** Time left before it lapses, as Redis saw it. */
+  ttl_ms: number;
+
+  /** The name of the admin token that set it. */
+  actor: string;
+
+  /** Why it was set, as recorded in the audit. */
+  reason: string;
+}
+
+/** Schema AdminOverrideRequest of the contract. */
+export interface AdminOverrideRequest {
+  /** The user's limit while in force, bounded as a tier's is (0-1000); 0 lets the user hold none. */
+  max_concurrent_streams: number;
+
+  /** How long it stays in force, in seconds - a minute to 30 days. */
+  expires_in: number;
+
+  /** Why; recorded with the override and in the audit. */
+  reason: string;
+}
+
+/** Schema AdminOverrideResponse of the contract. */
+export interface AdminOverrideResponse {
+  user_id: UserID;
+  override: AdminOverride;
+  audit_id: AuditID;
+}
+
+/** Schema AdminOverrideRemoveRequest of the contract. */
+export interface AdminOverrideRemoveRequest {
+  /** Why the override is removed; recorded in the audit. */
+  reason: string;
+}
+
+/** Schema AdminOverrideRemoveResponse of the contract. */
+export interface AdminOverrideRemoveResponse {
+  /** An override was in force and is gone; false when there was none (never set, removed, or expired). */
+  removed: boolean;
+
+  audit_id: AuditID;
 }
 
 /** Schema AdminReleaseRequest of the contract. */
@@ -335,11 +427,18 @@ export interface AuditRecord {
   /** Known values: "", "viewer", "operator". */
   role: Open<"" | "viewer" | "operator">;
 
-  /** Known values: "list_slots", "release_all", "read_audit". */
-  action: Open<"list_slots" | "release_all" | "read_audit">;
+  /** Known values: "list_slots", "release_all", "read_audit", "set_override", "remove_override". */
+  action: Open<"list_slots" | "release_all" | "read_audit" | "set_override" | "remove_override">;
 
   user_id?: string;
   released?: string[];
+
+  /** set_override only - the override the call put in force. */
+  override?: AuditRecordOverride;
+
+  /** remove_override only - whether an override was in force. */
+  override_removed?: boolean;
+
   reason?: string;
 
   /** The TCP peer's address. */
@@ -350,8 +449,8 @@ export interface AuditRecord {
 
   /**
    * `ok`, or the error code answered. `outcome_unknown`: a release
-   * reached Redis but its answer was lost, so `released` is empty
-   * and what it released is not known.
+   * (or an override's removal) reached Redis but its answer was
+   * lost, so `released` is empty and what it did is not known.
    */
   outcome: string;
 
@@ -359,6 +458,12 @@ export interface AuditRecord {
 
   /** Why the call was refused or failed. */
   detail?: string;
+}
+
+/** set_override only - the override the call put in force. */
+export interface AuditRecordOverride {
+  max_concurrent_streams: number;
+  expires_at: Date;
 }
 
 /** Every object schema, by its name in api/openapi.yaml. */
@@ -380,10 +485,16 @@ export interface Schemas {
   StreamLimitReachedResponseError: StreamLimitReachedResponseError;
   AdminSlotsResponse: AdminSlotsResponse;
   AdminSlot: AdminSlot;
+  AdminOverride: AdminOverride;
+  AdminOverrideRequest: AdminOverrideRequest;
+  AdminOverrideResponse: AdminOverrideResponse;
+  AdminOverrideRemoveRequest: AdminOverrideRemoveRequest;
+  AdminOverrideRemoveResponse: AdminOverrideRemoveResponse;
   AdminReleaseRequest: AdminReleaseRequest;
   AdminReleaseResponse: AdminReleaseResponse;
   AuditResponse: AuditResponse;
   AuditRecord: AuditRecord;
+  AuditRecordOverride: AuditRecordOverride;
 }
 
 type Kind =
@@ -401,6 +512,7 @@ const FIELDS: { readonly [K in keyof Schemas]: readonly Field[] } = {
     ["user_id", "string", true],
     ["plan", "string", true],
     ["stream_id", "string", false],
+    ["label", "string", false],
   ],
   AcquireResponse: [
     ["granted", "boolean", true],
@@ -479,11 +591,42 @@ const FIELDS: { readonly [K in keyof Schemas]: readonly Field[] } = {
     ["user_id", "string", true],
     ["used", "integer", true],
     ["slots", { array: { object: "AdminSlot" } }, true],
+    ["override", { object: "AdminOverride" }, false],
   ],
   AdminSlot: [
     ["stream_id", "string", true],
     ["expires_at", "date-time", true],
     ["ttl_ms", "integer", true],
+    ["started_at", "date-time", false],
+    ["age_ms", "integer", false],
+    ["caller", "string", false],
+    ["plan", "string", false],
+    ["label", "string", false],
+  ],
+  AdminOverride: [
+    ["max_concurrent_streams", "integer", true],
+    ["set_at", "date-time", true],
+    ["expires_at", "date-time", true],
+    ["ttl_ms", "integer", true],
+    ["actor", "string", true],
+    ["reason", "string", true],
+  ],
+  AdminOverrideRequest: [
+    ["max_concurrent_streams", "integer", true],
+    ["expires_in", "integer", true],
+    ["reason", "string", true],
+  ],
+  AdminOverrideResponse: [
+    ["user_id", "string", true],
+    ["override", { object: "AdminOverride" }, true],
+    ["audit_id", "string", true],
+  ],
+  AdminOverrideRemoveRequest: [
+    ["reason", "string", true],
+  ],
+  AdminOverrideRemoveResponse: [
+    ["removed", "boolean", true],
+    ["audit_id", "string", true],
   ],
   AdminReleaseRequest: [
     ["reason", "string", true],
@@ -503,12 +646,18 @@ const FIELDS: { readonly [K in keyof Schemas]: readonly Field[] } = {
     ["action", "string", true],
     ["user_id", "string", false],
     ["released", { array: "string" }, false],
+    ["override", { object: "AuditRecordOverride" }, false],
+    ["override_removed", "boolean", false],
     ["reason", "string", false],
     ["remote", "string", true],
     ["forwarded_for", "string", false],
     ["outcome", "string", true],
     ["status", "integer", true],
     ["detail", "string", false],
+  ],
+  AuditRecordOverride: [
+    ["max_concurrent_streams", "integer", true],
+    ["expires_at", "date-time", true],
   ],
 };
 

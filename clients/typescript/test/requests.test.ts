@@ -1,7 +1,7 @@
 // What the client sends and how it reads answers, against a local server
 // that records requests and answers as the contract allows, including what
 // a real serve cannot be made to answer on demand (degraded grants, answers
-// that break the contract, label support, which serve gains separately).
+// that break the contract, and the label as sent; serve records it, see serve.test.ts).
 
 import assert from "node:assert/strict";
 import { afterEach, beforeEach, describe, test } from "node:test";

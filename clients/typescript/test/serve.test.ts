@@ -77,6 +77,16 @@ describe("against a real serve", { skip }, () => {
     assert.deepEqual(slots.slots.map((s) => s.stream_id).sort(), leases.map((l) => l.streamId).sort());
   });
 
+  test("the label is recorded with the slot", async () => {
+    const c = newClient();
+    const u = user();
+    const lease = await c.acquire(u, "paid", { label: "pod-7/model-x" });
+    const slots = (await admin.slots(u)).slots;
+    assert.deepEqual(slots.map((s) => [s.stream_id, s.label, s.plan]), [[lease.streamId, "pod-7/model-x", "paid"]]);
+    await assert.rejects(c.acquire(u, "paid", { label: "x".repeat(129) }), RangeError);
+    assert.equal(await used(u), 1, "a refused label must take no slot");
+  });
+
   test("release frees the slot and is idempotent", async () => {
     const c = newClient();
     const u = user();
