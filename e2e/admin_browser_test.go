@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -24,26 +25,38 @@ const screenshotDirEnv = "LIMITER_TEST_SCREENSHOTS"
 
 // TestAdminPageInChromium drives the admin page in real headless Chromium,
 // on the admin listener (admin.addr, not the API's port): sign in, look up
-// a user holding 2 slots with a third acquire waiting for one, see failed
-// look-ups hide them, release them with a reason, see the waiting acquire
-// take a slot and the release in the recent actions. The page must raise
-// no console error (a CSP violation is one).
+// a user holding 2 slots and see who holds them since when (age, caller,
+// label, plan, time left), see failed look-ups hide them, set an override
+// of the user's limit and see it judge the user's acquires, remove it, see
+// an acquire wait in the user's queue, release the slots with a reason, see
+// the waiting acquire take a slot and the changes in the recent actions.
+// The page must raise no console error (a CSP violation is one).
 func TestAdminPageInChromium(t *testing.T) {
 	chromium := testenv.Chromium(t)
-	srv := startAdminServer(t)
+	apiTokens := filepath.Join(t.TempDir(), "api-tokens")
+	if err := os.WriteFile(apiTokens, []byte("chat-api "+e2eAppToken+" *\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := startAdminServer(t, "api:\n  tokensFile: "+apiTokens+"\n")
+	app := &http.Client{Timeout: 10 * time.Second, Transport: bearer(e2eAppToken)}
 	user := "page-" + randomID()
-	for range 2 {
-		if status, res := acquire(t, srv.API, user, "queued"); status != http.StatusOK || res.Degraded {
-			t.Fatalf("acquire: got %d %+v, want granted, not degraded", status, res)
+	labels := []string{"pod-7/gpt-4o", "pod-9/llama-3.1-8b"}
+	acquireAs := func(label string) int {
+		t.Helper()
+		var res httpapi.AcquireResponse
+		status, _, body := call(t, app, "POST", srv.API+httpapi.PathAcquire, httpapi.AcquireRequest{UserID: user, Plan: "long", Label: label}, nil)
+		if status == http.StatusOK {
+			if err := json.Unmarshal(body, &res); err != nil || res.Degraded {
+				t.Fatalf("acquire: %s, %v; want granted, not degraded", body, err)
+			}
+		}
+		return status
+	}
+	for _, label := range labels {
+		if status := acquireAs(label); status != http.StatusOK {
+			t.Fatalf("acquire labelled %s: got %d, want 200", label, status)
 		}
 	}
-	const waiter = "page-waiter"
-	waited := waitFor(context.Background(), srv.API, user, "queued", waiter, 60_000)
-	eventually(t, 10*time.Second, "the third acquire waits in the queue", func() bool {
-		var slots httpapi.AdminSlotsResponse
-		status, _ := srv.admin(t, "GET", httpapi.AdminUserSlotsPath(user), e2eViewerToken, nil, &slots)
-		return status == http.StatusOK && len(slots.Queue) == 1 && slots.Queue[0].StreamID == waiter
-	})
 
 	dir := t.TempDir()
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
@@ -154,22 +167,22 @@ func TestAdminPageInChromium(t *testing.T) {
 		chromedp.WaitVisible(chromedp.ID("slots-card")),
 	)
 	poll("the user's 2 slots are listed", `document.querySelectorAll("#slots tbody tr").length === 2 && document.getElementById("used").textContent === "2"`)
-	poll("the waiting acquire is listed", `document.querySelectorAll("#queue tbody tr").length === 1 && !document.getElementById("queue").hidden && document.getElementById("no-queue").hidden`)
-	if got := text("#queue tbody tr td:nth-child(2)"); got != waiter {
-		t.Errorf("waiting acquire listed: got %q, want %s", got, waiter)
-	}
 
-	// The countdowns run: a TTL cell shows m:ss and goes down, the time a
-	// waiting acquire has waited goes up.
+	// Who holds each slot, since when: caller, label, plan; the age counts
+	// up and the time left down, both m:ss.
+	rows := eval(`[...document.querySelectorAll("#slots tbody tr")].map(tr => [...tr.cells].slice(1, 4).map(td => td.textContent).join("|")).sort().join("\n")`)
+	if want := "chat-api|" + labels[0] + "|long\nchat-api|" + labels[1] + "|long"; rows != want {
+		t.Errorf("slot rows (caller|label|plan): got\n%s\nwant\n%s", rows, want)
+	}
 	countdown := regexp.MustCompile(`^\d+:\d\d$`)
-	first, waitedFirst := text("#slots tbody tr td.ttl"), text("#queue tbody tr td:nth-child(4)")
+	first, firstAge := text("#slots tbody tr td.ttl"), text("#slots tbody tr td.age")
 	step("wait", chromedp.Sleep(1500*time.Millisecond))
-	second, waitedSecond := text("#slots tbody tr td.ttl"), text("#queue tbody tr td:nth-child(4)")
+	second, secondAge := text("#slots tbody tr td.ttl"), text("#slots tbody tr td.age")
 	if !countdown.MatchString(first) || !countdown.MatchString(second) || second >= first {
 		t.Errorf("countdown: got %q then %q 1.5s later, want m:ss going down", first, second)
 	}
-	if !countdown.MatchString(waitedFirst) || !countdown.MatchString(waitedSecond) || waitedSecond <= waitedFirst {
-		t.Errorf("waited: got %q then %q 1.5s later, want m:ss going up", waitedFirst, waitedSecond)
+	if !countdown.MatchString(firstAge) || !countdown.MatchString(secondAge) || secondAge <= firstAge {
+		t.Errorf("age: got %q then %q 1.5s later, want m:ss going up", firstAge, secondAge)
 	}
 	shot("admin-before-release.png")
 
@@ -200,6 +213,84 @@ func TestAdminPageInChromium(t *testing.T) {
 	poll("the user's 2 slots are listed again", `!document.getElementById("slots-card").hidden && document.getElementById("slots-user").textContent === `+jsString(user)+
 		` && document.querySelectorAll("#slots tbody tr").length === 2 && document.getElementById("lookup-error").hidden`)
 
+	// Support overrides the limit: 5 streams for a day, set from the page.
+	const overrideReason = "ticket 4813: 5 streams for the launch"
+	step("open the override dialog",
+		chromedp.Click(chromedp.ID("set-override")),
+		chromedp.WaitVisible(chromedp.ID("override-why")),
+	)
+	if got := eval(`String(document.getElementById("confirm-override").disabled)`); got != "true" {
+		t.Errorf("set-override button without a reason: disabled %s, want true", got)
+	}
+	step("fill in 5 streams for 1 day and a reason",
+		chromedp.SetValue(chromedp.ID("override-streams"), "5"),
+		chromedp.SetValue(chromedp.ID("override-for"), "1"),
+		chromedp.SetValue(chromedp.ID("override-unit"), "86400"),
+		chromedp.SendKeys(chromedp.ID("override-why"), overrideReason),
+		chromedp.Click(chromedp.ID("confirm-override")),
+	)
+	poll("the override is shown", `!document.getElementById("override").hidden && document.getElementById("override-limit").textContent === "5 streams"`)
+	if got := text("#override"); !strings.Contains(got, "set by opal: "+overrideReason) {
+		t.Errorf("override shown: got %q, want it set by opal with the reason", got)
+	}
+	if left := text("#override-left"); !regexp.MustCompile(`^1 day 0:00:\d\d$|^23:59:\d\d$`).MatchString(left) {
+		t.Errorf("override time left: got %q, want about a day (1 day 0:00:ss or 23:59:ss)", left)
+	}
+	if notice := text("#notice"); !strings.HasPrefix(notice, "Override set for "+user+": 5 streams until") {
+		t.Errorf("notice: got %q, want the override confirmed", notice)
+	}
+	shot("admin-override.png")
+	var listed httpapi.AdminSlotsResponse
+	if status, body := srv.admin(t, "GET", httpapi.AdminUserSlotsPath(user), e2eViewerToken, nil, &listed); status != http.StatusOK ||
+		listed.Override == nil || listed.Override.MaxConcurrentStreams != 5 || listed.Override.Actor != "opal" || listed.Override.Reason != overrideReason {
+		t.Fatalf("the override set from the page: got %d %s, want 5 streams by opal", status, body)
+	}
+	// Plan long allows 3: the override lets the user hold 5, and no more.
+	for i := range 3 {
+		if status := acquireAs(fmt.Sprintf("extra-%d", i)); status != http.StatusOK {
+			t.Fatalf("acquire %d of plan long (3) under an override of 5: got %d, want 200", i+3, status)
+		}
+	}
+	if status := acquireAs("extra-3"); status != http.StatusTooManyRequests {
+		t.Fatalf("6th acquire under an override of 5: got %d, want 429", status)
+	}
+	step("refresh the slots", chromedp.Click(chromedp.ID("refresh-slots")))
+	poll("the user's 5 slots are listed", `document.getElementById("used").textContent === "5"`)
+
+	step("open the removal dialog",
+		chromedp.Click(chromedp.ID("remove-override")),
+		chromedp.WaitVisible(chromedp.ID("remove-why")),
+		chromedp.SendKeys(chromedp.ID("remove-why"), "ticket 4813: launch over"),
+		chromedp.Click(chromedp.ID("confirm-remove")),
+	)
+	poll("the override is gone", `document.getElementById("override").hidden && document.getElementById("notice").textContent.startsWith("Removed the override of ")`)
+	if status := acquireAs("after-removal"); status != http.StatusTooManyRequests {
+		t.Errorf("acquire after the override was removed (5 held, plan long allows 3): got %d, want 429", status)
+	}
+
+	// An acquire of plan queued (2 streams, waits up to a minute) waits in
+	// the user's queue: the page lists it, and the time it has waited goes
+	// up.
+	const waiter = "page-waiter"
+	waited := waitingAcquireAs(context.Background(), e2eAppToken, srv.API, user, "queued", waiter, 60_000)
+	eventually(t, 10*time.Second, "the waiting acquire is in the queue", func() bool {
+		var slots httpapi.AdminSlotsResponse
+		status, _ := srv.admin(t, "GET", httpapi.AdminUserSlotsPath(user), e2eViewerToken, nil, &slots)
+		return status == http.StatusOK && len(slots.Queue) == 1 && slots.Queue[0].StreamID == waiter
+	})
+	step("refresh the slots", chromedp.Click(chromedp.ID("refresh-slots")))
+	poll("the waiting acquire is listed", `document.querySelectorAll("#queue tbody tr").length === 1 && !document.getElementById("queue").hidden && document.getElementById("no-queue").hidden`)
+	if got := text("#queue tbody tr td:nth-child(2)"); got != waiter {
+		t.Errorf("waiting acquire listed: got %q, want %s", got, waiter)
+	}
+	waitedFirst := text("#queue tbody tr td:nth-child(4)")
+	step("wait", chromedp.Sleep(1500*time.Millisecond))
+	waitedSecond := text("#queue tbody tr td:nth-child(4)")
+	if !countdown.MatchString(waitedFirst) || !countdown.MatchString(waitedSecond) || waitedSecond <= waitedFirst {
+		t.Errorf("waited: got %q then %q 1.5s later, want m:ss going up", waitedFirst, waitedSecond)
+	}
+	shot("admin-queue.png")
+
 	const reason = "ticket 4812: locked out after a crash"
 	step("open the confirmation",
 		chromedp.Click(chromedp.ID("release")),
@@ -228,13 +319,15 @@ func TestAdminPageInChromium(t *testing.T) {
 
 	notice := text("#notice")
 	auditID := regexp.MustCompile(`audit id ([0-9a-f]{16})`).FindStringSubmatch(notice)
-	if !strings.HasPrefix(notice, "Released 2 slots of "+user) || auditID == nil {
-		t.Fatalf("notice: got %q, want 2 slots released and an audit id", notice)
+	if !strings.HasPrefix(notice, "Released 5 slots of "+user) || auditID == nil {
+		t.Fatalf("notice: got %q, want 5 slots released and an audit id", notice)
 	}
 	row := `#audit tr[data-audit-id="` + auditID[1] + `"]`
 	poll("the release is in the recent actions", `document.querySelector('`+row+`') !== null`)
+	poll("the override's changes are in the recent actions", `[...document.querySelectorAll("#audit tbody tr")].some(tr => tr.cells[2].textContent === "set override" && tr.cells[5].textContent.startsWith("5 streams until")) &&
+		[...document.querySelectorAll("#audit tbody tr")].some(tr => tr.cells[2].textContent === "remove override" && tr.cells[5].textContent === "removed")`)
 	entry := text(row)
-	for _, want := range []string{"opal (operator)", "release all", user, "ok", "2 slots", reason} {
+	for _, want := range []string{"opal (operator)", "release all", user, "ok", "5 slots", reason} {
 		if !strings.Contains(entry, want) {
 			t.Errorf("audit entry: got %q, want it to hold %q", entry, want)
 		}
@@ -242,8 +335,8 @@ func TestAdminPageInChromium(t *testing.T) {
 	// The recent actions are releases and refused calls, not the reads
 	// (this page's own look-ups and audit reads among them).
 	poll("the refused look-up is in the recent actions", `[...document.querySelectorAll("#audit tbody tr")].some(tr => tr.cells[3].textContent === "a b" && tr.cells[4].textContent.includes("invalid_user_id"))`)
-	if got := eval(`[...document.querySelectorAll("#audit tbody tr")].filter(tr => tr.cells[2].textContent !== "release all" && tr.querySelector(".badge.ok")).map(tr => tr.textContent).join("\n")`); got != "" {
-		t.Errorf("recent actions: got successful reads\n%s\nwant only releases and refused calls", got)
+	if got := eval(`[...document.querySelectorAll("#audit tbody tr")].filter(tr => !["release all", "set override", "remove override"].includes(tr.cells[2].textContent) && tr.querySelector(".badge.ok")).map(tr => tr.textContent).join("\n")`); got != "" {
+		t.Errorf("recent actions: got successful reads\n%s\nwant only changes and refused calls", got)
 	}
 	shot("admin-after-release.png")
 
@@ -263,8 +356,10 @@ func TestAdminPageInChromium(t *testing.T) {
 		chromedp.Click(chromedp.ID("lookup")),
 		chromedp.WaitVisible(chromedp.ID("release-note")),
 	)
-	if got := eval(`String(document.getElementById("release").disabled)`); got != "true" {
-		t.Errorf("release button for a viewer: disabled %s, want true", got)
+	for _, button := range []string{"release", "set-override"} {
+		if got := eval(`String(document.getElementById("` + button + `").disabled)`); got != "true" {
+			t.Errorf("%s button for a viewer: disabled %s, want true", button, got)
+		}
 	}
 
 	mu.Lock()

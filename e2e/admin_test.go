@@ -49,8 +49,9 @@ type adminServer struct {
 }
 
 // startAdminServer writes a tokens file (a viewer and an operator) and
-// starts a serve process using it, on its own key prefix.
-func startAdminServer(t *testing.T) *adminServer {
+// starts a serve process using it, on its own key prefix; extra is added
+// to its config file.
+func startAdminServer(t *testing.T, extra ...string) *adminServer {
 	t.Helper()
 	tokens := filepath.Join(t.TempDir(), "admin-tokens")
 	content := "# e2e\nvic viewer " + e2eViewerToken + "\nopal operator " + e2eOperatorToken + "\n"
@@ -58,7 +59,7 @@ func startAdminServer(t *testing.T) *adminServer {
 		t.Fatal(err)
 	}
 	config := serveConfig([]string{testenv.Redis(t)}, "e2e-admin-"+randomID()+":", adminTiers) +
-		"admin:\n  tokensFile: " + tokens + "\n"
+		"admin:\n  tokensFile: " + tokens + "\n" + strings.Join(extra, "")
 	proc := servetest.Start(t, servetest.Options{Config: config, AwaitRedis: true})
 	return &adminServer{Process: proc, tokensFile: tokens}
 }
@@ -311,6 +312,14 @@ func TestAdminCLI(t *testing.T) {
 		{"no token is a usage error naming the env var", []string{"LIMITER_ADMIN_URL=" + srv.Admin, "LIMITER_ADMIN_TOKEN="}, []string{"slots", user}, 2, "", "set LIMITER_ADMIN_TOKEN"},
 		{"a wrong token is refused", nil, []string{"slots", user, "--url", srv.Admin, "--token", "wrong-token-0123456789"}, 1, "", "401 unauthorized: unknown token"},
 		{"flags win over the environment", []string{"LIMITER_ADMIN_URL=http://127.0.0.1:1", "LIMITER_ADMIN_TOKEN=x"}, []string{"slots", user, "--url", srv.Admin, "--token", e2eViewerToken}, 0, "2 live slots", ""},
+		{"slots shows each slot's age, plan and time left", viewer, []string{"slots", user}, 0, "CALLER  PLAN  LABEL  TIME LEFT  EXPIRES AT", ""},
+		{"a viewer may not set an override", viewer, []string{"override", "set", user, "--max-streams", "5", "--expires-in", "1h", "--reason", "cli test"}, 1, "", "403 forbidden: role viewer may not set override"},
+		{"an override needs --expires-in", operator, []string{"override", "set", user, "--max-streams", "5", "--reason", "cli test"}, 2, "", "--expires-in is required"},
+		{"an override's limit is bounded like a tier's", operator, []string{"override", "set", user, "--max-streams", "1001", "--expires-in", "1h", "--reason", "cli test"}, 2, "", "--max-streams must be 0 to 1000, got 1001"},
+		{"an operator sets an override", operator, []string{"override", "set", user, "--max-streams", "5", "--expires-in", "24h", "--reason", "ticket 8: launch"}, 0, "override: 5 streams until", ""},
+		{"slots shows the override", viewer, []string{"slots", user}, 0, "override: 5 streams until", ""},
+		{"an operator removes the override", operator, []string{"override", "remove", user, "--reason", "ticket 8: done"}, 0, "removed the override of user " + user, ""},
+		{"a second removal finds none", operator, []string{"override", "remove", user, "--reason", "ticket 8: done"}, 0, "had no override in force", ""},
 		{"an operator releases with a reason", operator, []string{"release", user, "--reason", "ticket 7: locked out"}, 0, "released 2 slots of user " + user, ""},
 		{"the user holds no slot after", viewer, []string{"slots", user}, 0, fmt.Sprintf("user %s: 0 live slots", user), ""},
 		{"audit lists the release with its reason", viewer, []string{"audit"}, 0, "ticket 7: locked out", ""},

@@ -46,6 +46,8 @@ func runChild(role string) error {
 	switch role {
 	case "holders":
 		return runHolders(ctx)
+	case "drill":
+		return runDrillApp(ctx)
 	case "leases":
 		// Streams of one user go through different servers, as behind a
 		// load balancer.

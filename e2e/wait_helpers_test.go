@@ -63,6 +63,11 @@ func (a answer) granted(t *testing.T) httpapi.AcquireResponse {
 // post sends body as JSON to url with ctx and returns the answer; it
 // does not fail any test, so it may run in a goroutine of its own.
 func post(ctx context.Context, url string, body any) answer {
+	return postAs(ctx, "", url, body)
+}
+
+// postAs is post by the caller of token ("": none).
+func postAs(ctx context.Context, token, url string, body any) answer {
 	data, err := json.Marshal(body)
 	if err != nil {
 		return answer{err: err}
@@ -72,6 +77,9 @@ func post(ctx context.Context, url string, body any) answer {
 		return answer{err: err}
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
 	resp, err := waitClient.Do(req)
 	if err != nil {
 		return answer{err: err, at: time.Now()}
@@ -81,12 +89,17 @@ func post(ctx context.Context, url string, body any) answer {
 	return answer{status: resp.StatusCode, body: b, err: err, at: time.Now()}
 }
 
-// waitFor sends a waiting acquire of stream for user to server, and
+// waitingAcquire sends a waiting acquire of stream for user to server, and
 // returns where its answer arrives.
-func waitFor(ctx context.Context, server, user, plan, stream string, waitMs int64) <-chan answer {
+func waitingAcquire(ctx context.Context, server, user, plan, stream string, waitMs int64) <-chan answer {
+	return waitingAcquireAs(ctx, "", server, user, plan, stream, waitMs)
+}
+
+// waitingAcquireAs is waitingAcquire by the caller of token.
+func waitingAcquireAs(ctx context.Context, token, server, user, plan, stream string, waitMs int64) <-chan answer {
 	out := make(chan answer, 1)
 	go func() {
-		out <- post(ctx, server+httpapi.PathAcquire, httpapi.AcquireRequest{UserID: user, Plan: plan, StreamID: stream, WaitMs: waitMs})
+		out <- postAs(ctx, token, server+httpapi.PathAcquire, httpapi.AcquireRequest{UserID: user, Plan: plan, StreamID: stream, WaitMs: waitMs})
 	}()
 	return out
 }

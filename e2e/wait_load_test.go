@@ -101,7 +101,7 @@ func TestAThousandWaitersCostLikeAThousandPollers(t *testing.T) {
 		ctx, hangUp := context.WithCancel(context.Background())
 		var answers []<-chan answer
 		for i := range loadUsersN * perUser {
-			answers = append(answers, waitFor(ctx, servers[i%3], users[i%loadUsersN], "solo", fmt.Sprintf("w%d", i), 30_000))
+			answers = append(answers, waitingAcquire(ctx, servers[i%3], users[i%loadUsersN], "solo", fmt.Sprintf("w%d", i), 30_000))
 		}
 		for _, user := range users {
 			queues.await(t, user, 20*time.Second, fmt.Sprintf("%d waiting", perUser), func(q []string) bool { return len(q) == perUser })

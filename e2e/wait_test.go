@@ -73,7 +73,7 @@ func TestWaitersAreServedFirstComeFirstServedAcrossReplicas(t *testing.T) {
 	var answers []<-chan answer
 	for i := range 10 {
 		stream := fmt.Sprintf("w%d", i)
-		answers = append(answers, waitFor(context.Background(), e.servers[i%3].API, user, "solo", stream, 30_000))
+		answers = append(answers, waitingAcquire(context.Background(), e.servers[i%3].API, user, "solo", stream, 30_000))
 		e.queues.await(t, user, 5*time.Second, stream+" at place "+fmt.Sprint(i+1), func(q []string) bool { return len(q) == i+1 && q[i] == stream })
 	}
 
@@ -119,10 +119,10 @@ func TestTheWaitersOfAKilledReplicaAreSkipped(t *testing.T) {
 	user := "killed-" + randomID()
 	e.hold(t, 0, user, "solo", "holder")
 	for i, stream := range []string{"doomed-1", "doomed-2"} {
-		waitFor(context.Background(), e.servers[1].API, user, "solo", stream, 30_000)
+		waitingAcquire(context.Background(), e.servers[1].API, user, "solo", stream, 30_000)
 		e.queues.await(t, user, 5*time.Second, stream+" queued", func(q []string) bool { return len(q) == i+1 })
 	}
-	survivor := waitFor(context.Background(), e.servers[2].API, user, "solo", "survivor", 30_000)
+	survivor := waitingAcquire(context.Background(), e.servers[2].API, user, "solo", "survivor", 30_000)
 	e.queues.await(t, user, 5*time.Second, "survivor third", func(q []string) bool { return len(q) == 3 && q[2] == "survivor" })
 
 	e.servers[1].Kill()
@@ -156,9 +156,9 @@ func TestAClientThatDisconnectsLeavesTheQueueAtOnce(t *testing.T) {
 	user := "gone-" + randomID()
 	e.hold(t, 0, user, "solo", "holder")
 	ctx, hangUp := context.WithCancel(context.Background())
-	gone := waitFor(ctx, e.servers[1].API, user, "solo", "goes-away", 30_000)
+	gone := waitingAcquire(ctx, e.servers[1].API, user, "solo", "goes-away", 30_000)
 	e.queues.await(t, user, 5*time.Second, "goes-away queued", func(q []string) bool { return len(q) == 1 })
-	next := waitFor(context.Background(), e.servers[2].API, user, "solo", "next", 30_000)
+	next := waitingAcquire(context.Background(), e.servers[2].API, user, "solo", "next", 30_000)
 	e.queues.await(t, user, 5*time.Second, "next queued", func(q []string) bool { return len(q) == 2 })
 
 	hungUp := time.Now()

@@ -5,7 +5,7 @@
 #
 # It starts its own standalone Redis and 6-node Redis Cluster (3 masters;
 # hack/redis-cluster.sh), builds what it runs (the Go benchmark binaries of
-# pkg/limiter and pkg/telemetry, `limiter`, hack/bench/trivial and
+# pkg/limiter, pkg/telemetry and pkg/proxy, `limiter`, hack/bench/trivial and
 # hack/bench/load), installs redis-semaphore and ioredis at the versions
 # hack/bench/semaphore/package-lock.json pins into a cache outside the
 # clone, starts `limiter serve` and the trivial handler on the standalone
@@ -27,9 +27,11 @@
 #                   sides inside); serve, with a tokens file, and the trivial handler
 #                   at full load, then both paced at half of serve's
 #                   pairs/s of that round, for latency (hack/bench/load);
-#                   1,000 waiting acquires against 1,000 clients polling
-#                   once a second, in Redis commands and CPU
-#                   (BenchmarkWaitCost)
+#                   SSE streams through `limiter proxy`'s handler against the
+#                   same streams straight from the upstream (BenchmarkProxySSE,
+#                   both sides inside); 1,000 waiting acquires against
+#                   1,000 clients polling once a second, in Redis commands
+#                   and CPU (BenchmarkWaitCost)
 #
 # The table, on stdout, gives each ratio's median over the rounds with the
 # lowest and highest; progress and the raw benchmark lines go to stderr.
@@ -129,6 +131,7 @@ load_acquire_script
 step "building the benchmarks, limiter, hack/bench/trivial and hack/bench/load"
 go test -c -o "$tmp/limiter.test" ./pkg/limiter
 go test -c -o "$tmp/telemetry.test" ./pkg/telemetry
+go test -c -o "$tmp/proxy.test" ./pkg/proxy
 go build -o "$tmp/limiter" ./cmd/limiter
 go build -o "$tmp/trivial" ./hack/bench/trivial
 go build -o "$tmp/load" ./hack/bench/load
@@ -151,6 +154,7 @@ for ((round = 1; round <= BENCH_ROUNDS; round++)); do
 	go_bench "$round" R standalone limiter BenchmarkHeartbeatRefresh
 	go_bench "$round" M "" telemetry BenchmarkHandlerAllocs
 	go_bench "$round" B "" telemetry BenchmarkHeartbeatBatchHTTP
+	go_bench "$round" P "" proxy BenchmarkProxySSE
 	in_order "$round" "http_bench $round max serve" "http_bench $round max trivial"
 	rate=$(awk -v p="${H[$round/max/serve/pairs/s]}" 'BEGIN { printf "%.0f", p / 2 }')
 	in_order "$round" "http_bench $round lat serve $rate" "http_bench $round lat trivial $rate"

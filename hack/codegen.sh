@@ -8,7 +8,9 @@
 #   config/rbac/role.yaml                   the Role, from the +kubebuilder:rbac
 #                                           markers in pkg/controller
 #
-# and then refreshes the Helm chart's copies of them (hack/sync-chart.sh), so
+# then the Python and TypeScript clients' request and response types from
+# api/openapi.yaml (hack/clientgen; its test is the drift check),
+# and refreshes the Helm chart's copies of the CRD and Role (hack/sync-chart.sh), so
 # one `make generate` leaves nothing to sync by hand.
 #
 # controller-gen is installed once, at a pinned version, into a cache outside
@@ -44,4 +46,8 @@ rm -f config/crd/bases/*.yaml config/rbac/role.yaml
 # (hack/verify-generated.sh) has none to refresh.
 if [[ -d "$root/charts/limiter" ]]; then
 	bash "$root/hack/sync-chart.sh"
+fi
+# The clients' types. A scratch ROOT without the clients has none to refresh.
+if [[ -d "$root/clients" ]]; then
+	go run ./hack/clientgen -root "$root"
 fi

@@ -48,9 +48,18 @@ fi
 LIMITER_HELM=$(bash hack/helm.sh | tail -n 1); export LIMITER_HELM # helm for charts/limiter/test, built once
 # The analysers a platform team runs, cached like helm: kube-score on the
 # rendered chart (charts/limiter/test), Redocly's OpenAPI lint on
-# api/openapi.yaml (internal/apitest).
+# api/openapi.yaml (internal/apitest), and Prometheus's own rule tester,
+# promtool, which the incident drill (e2e) runs on the shipped alert rules.
 LIMITER_KUBE_SCORE=$(bash hack/kube-score.sh | tail -n 1); export LIMITER_KUBE_SCORE
 LIMITER_REDOCLY=$(bash hack/redocly.sh | tail -n 1); export LIMITER_REDOCLY
+LIMITER_PROMTOOL=$(bash hack/promtool.sh | tail -n 1); export LIMITER_PROMTOOL
+
+# The Python client's suite (e2e/clients_test.go) runs on the distribution's
+# python3; its client needs nothing beyond the standard library.
+if ! command -v python3 >/dev/null; then
+	step "installing python3"
+	apt_install python3
+fi
 
 # The official OpenAI Node SDK the proxy's e2e tests stream through, as
 # e2e/openai/package-lock.json pins it, installed into a cache outside the
@@ -70,6 +79,21 @@ if [[ "$(cat "$npm_dir/.installed" 2>/dev/null)" != "$npm_lock" || ! -f "$npm_di
 	echo "$npm_lock" >"$npm_dir/.installed"
 fi
 export LIMITER_TEST_NODE_MODULES=$npm_dir/node_modules
+
+# The TypeScript compiler and Node's type definitions the TypeScript client
+# is checked and built with (e2e/clients_test.go), as
+# clients/typescript/package-lock.json pins them; the same cache rule.
+ts_dir=${LIMITER_TS_NPM_DIR:-$HOME/.cache/limiter/npm-clients-typescript}
+ts_lock=$(sha1sum clients/typescript/package-lock.json | cut -d' ' -f1)
+if [[ "$(cat "$ts_dir/.installed" 2>/dev/null)" != "$ts_lock" || ! -f "$ts_dir/node_modules/typescript/package.json" ]]; then
+	step "installing the TypeScript compiler (clients/typescript) into $ts_dir"
+	mkdir -p "$ts_dir"
+	rm -f "$ts_dir/.installed"
+	cp clients/typescript/package.json clients/typescript/package-lock.json "$ts_dir/"
+	npm ci --prefix "$ts_dir" --no-audit --no-fund --loglevel=error
+	echo "$ts_lock" >"$ts_dir/.installed"
+fi
+export LIMITER_TEST_TS_NODE_MODULES=$ts_dir/node_modules
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/limiter-test.XXXXXX")
 # Private clusters that testenv.StartCluster starts live here too, so a test

@@ -38,10 +38,11 @@ func newAdminCommand() *cobra.Command {
 	var f adminFlags
 	cmd := &cobra.Command{
 		Use:   "admin",
-		Short: "Inspect and release a user's slots through a running limiter's admin API",
-		Long: `Inspect and release a user's slots through the admin API of a running
-limiter (the service must have admin.tokensFile set). Every call is
-audited under the name of the token used.
+		Short: "Inspect and release a user's slots, and override their limit, through a running limiter's admin API",
+		Long: `Inspect and release a user's slots, and override their limit for a while,
+through the admin API of a running limiter (the service must have
+admin.tokensFile set). Every call is audited under the name of the token
+used.
 
 The server comes from --url, else ` + envAdminURL + `, else http://127.0.0.1:8081
 (the admin listener, admin.addr; not the API's port);
@@ -60,7 +61,7 @@ Exit codes: 0 on success, 1 when the server refused or failed the call,
 	cmd.AddCommand(
 		&cobra.Command{
 			Use:   "slots USER",
-			Short: "List a user's live slots (role viewer or operator)",
+			Short: "List a user's live slots, who holds them since when, and the user's override (role viewer or operator)",
 			Args:  cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
 				c, err := f.client()
@@ -75,6 +76,7 @@ Exit codes: 0 on success, 1 when the server refused or failed the call,
 			},
 		},
 		newAdminReleaseCommand(&f),
+		newAdminOverrideCommand(&f),
 		&cobra.Command{
 			Use:   "audit",
 			Short: "List the most recent admin calls, newest first (role viewer or operator)",
@@ -105,11 +107,8 @@ is answered 410 slot_lost, so their streams stop. --reason is required and
 recorded in the audit with your token's name.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if strings.TrimSpace(reason) == "" {
-				return errors.New(`--reason is required: say why, e.g. --reason "ticket 4812: locked out after a crash"`)
-			}
-			if n := len([]rune(reason)); n > httpapi.MaxReasonLength {
-				return fmt.Errorf("--reason is %d characters, the limit is %d", n, httpapi.MaxReasonLength)
+			if err := checkReasonFlag(reason, `--reason "ticket 4812: locked out after a crash"`); err != nil {
+				return err
 			}
 			c, err := f.client()
 			if err != nil {
@@ -199,13 +198,21 @@ func (f *adminFlags) print(w io.Writer, v any, text func(io.Writer)) error {
 
 func printSlots(w io.Writer, s httpapi.AdminSlotsResponse) {
 	fmt.Fprintf(w, "user %s: %d live %s\n", s.UserID, s.Used, plural(s.Used, "slot", "slots"))
+	if o := s.Override; o != nil {
+		printOverride(w, *o)
+	}
 	if len(s.Slots) == 0 {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "STREAM ID\tEXPIRES AT\tTIME LEFT")
+	fmt.Fprintln(tw, "STREAM ID\tAGE\tCALLER\tPLAN\tLABEL\tTIME LEFT\tEXPIRES AT")
 	for _, slot := range s.Slots {
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", slot.StreamID, slot.ExpiresAt.UTC().Format(time.RFC3339), (time.Duration(slot.TTLMs) * time.Millisecond).Round(time.Second))
+		age := "-"
+		if slot.AgeMs != nil {
+			age = (time.Duration(*slot.AgeMs) * time.Millisecond).Round(time.Second).String()
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", slot.StreamID, age, dash(slot.Caller), dash(slot.Plan), dash(slot.Label),
+			(time.Duration(slot.TTLMs) * time.Millisecond).Round(time.Second), slot.ExpiresAt.UTC().Format(time.RFC3339))
 	}
 	tw.Flush()
 }

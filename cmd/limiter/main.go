@@ -89,10 +89,11 @@ func newServeCommand(deps serveDeps) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Serve the limiter API and the ops endpoints until SIGTERM",
-		Long: `Serve the HTTP API (http.addr), /healthz, /readyz, /metrics (ops.addr) and,
-with admin.tokensFile, the admin API and page (admin.addr) until SIGTERM or
-interrupt, then drain in-flight requests for up to http.shutdownGrace and
-exit 0.
+		Long: `Serve the HTTP API (http.addr), /healthz, /readyz, /metrics (ops.addr),
+with admin.tokensFile the admin API and page (admin.addr), and with
+extproc.addr the Envoy ext_proc gRPC service that holds a slot for each
+stream Envoy sends through its ext_proc filter, until SIGTERM or interrupt,
+then drain in-flight requests for up to http.shutdownGrace and exit 0.
 
 Configuration comes from, in increasing precedence: the defaults, the YAML
 file named by --config, the environment, and these flags. Every key of the

@@ -1,22 +1,15 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
-	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/config"
 	"github.com/joishi/limiter/pkg/hold"
 	"github.com/joishi/limiter/pkg/identity"
-	"github.com/joishi/limiter/pkg/keys"
-	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/proxy"
-	"github.com/joishi/limiter/pkg/telemetry"
 	"github.com/spf13/cobra"
-	"go.opentelemetry.io/otel"
 )
 
 func newProxyCommand(deps serveDeps) *cobra.Command {
@@ -33,6 +26,9 @@ For each request on a limited route (--routes; default every path):
     is set, else the --user-header and --plan-header headers, trusted as
     they come (run it only behind a hop that authenticates and sets them);
     none, or a token that does not verify: 401, no slot
+  - label: the value of --label-header (default X-Limiter-Label) labels the
+    slot, shown to support beside its age and caller; over 128 bytes or with
+    whitespace: 400 invalid_label, no slot
   - acquire: the user at the plan's limit gets 429 with Retry-After and an
     OpenAI-shaped body, code stream_limit_reached; a plan outside the tier
     table 422; Redis not answering: the tier's failureMode (Open: proxied,
@@ -88,47 +84,12 @@ func runProxy(ctx context.Context, cfg config.Config, deps serveDeps) error {
 	}
 	defer stopTiers()
 
-	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { logger.Warn("telemetry", "err", err) }))
-	tel, err := telemetry.New(ctx, telemetry.Options{ServiceName: cfg.Telemetry.ServiceName,
-		OTLPEndpoint: cfg.Telemetry.OTLPEndpoint, Version: b.Version, Commit: b.Commit})
-	if err != nil {
-		return fmt.Errorf("telemetry: %w", err)
-	}
-	defer func() {
-		flushCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := tel.Shutdown(flushCtx); err != nil {
-			logger.Warn("flushing telemetry", "err", err)
-		}
-	}()
-	logger.Info("telemetry", "traces", cmp.Or(tel.Exporter(), "off"), "metrics", cfg.Ops.Addr+"/metrics")
-	observer, err := telemetry.NewObserver(tel.MeterProvider, table)
-	if err != nil {
-		return fmt.Errorf("telemetry: %w", err)
-	}
-
-	redisOpts, err := cfg.ClusterOptions()
+	eng, stopEngine, err := startEngine(ctx, cfg, table, logger, "proxy")
 	if err != nil {
 		return err
 	}
-	redisOpts.Logger = logger.With("component", "redis")
-	redisOpts.NewRedis = tel.NewRedisClient
-	redis, err := cluster.New(redisOpts)
-	if err != nil {
-		return fmt.Errorf("redis: %w", err)
-	}
-	defer redis.Close()
-	if err := telemetry.RegisterRedisUp(tel.MeterProvider, redis); err != nil {
-		return fmt.Errorf("telemetry: %w", err)
-	}
-	if redis.Embedded() {
-		logger.Warn("redis.addrs is empty: using the embedded store, which holds this process's slots only; "+
-			"do not run more than one proxy on it", "addr", redis.Addrs()[0])
-	}
-	lim := limiter.New(redis, table, limiter.Options{
-		Keys: keys.Schema{Prefix: cfg.Redis.KeyPrefix}, Logger: logger, Observer: observer,
-		TracerProvider: tel.TracerProvider, SyncReplicas: cfg.Redis.SyncReplicas,
-	})
+	defer stopEngine() // after the drain: flush the last spans
+	tel, lim := eng.tel, eng.lim
 
 	identOpts := cfg.IdentityOptions()
 	identOpts.Logger = logger

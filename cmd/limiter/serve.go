@@ -1,22 +1,15 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"time"
 
-	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/config"
-	"github.com/joishi/limiter/pkg/keys"
-	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/server"
-	"github.com/joishi/limiter/pkg/telemetry"
 	"github.com/joishi/limiter/pkg/tiers"
-	"go.opentelemetry.io/otel"
 )
 
 // serveDeps is what `limiter serve` is given rather than configured with.
@@ -49,52 +42,12 @@ func runServe(ctx context.Context, cfg config.Config, deps serveDeps) error {
 		logger.Info("watching LimitTier objects; ready once the first list is in", "namespace", cfg.Tiers.Namespace)
 	}
 
-	// Telemetry: the only place the OpenTelemetry globals are touched.
-	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { logger.Warn("telemetry", "err", err) }))
-	tel, err := telemetry.New(ctx, telemetry.Options{ServiceName: cfg.Telemetry.ServiceName,
-		OTLPEndpoint: cfg.Telemetry.OTLPEndpoint, Version: b.Version, Commit: b.Commit})
-	if err != nil {
-		return fmt.Errorf("telemetry: %w", err)
-	}
-	defer func() { // after the drain: flush the last spans
-		flushCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := tel.Shutdown(flushCtx); err != nil {
-			logger.Warn("flushing telemetry", "err", err)
-		}
-	}()
-	logger.Info("telemetry", "traces", cmp.Or(tel.Exporter(), "off"), "metrics", cfg.Ops.Addr+"/metrics")
-	observer, err := telemetry.NewObserver(tel.MeterProvider, table)
-	if err != nil {
-		return fmt.Errorf("telemetry: %w", err)
-	}
-
-	redisOpts, err := cfg.ClusterOptions()
+	eng, stopEngine, err := startEngine(ctx, cfg, table, logger, "replica")
 	if err != nil {
 		return err
 	}
-	redisOpts.Logger = logger.With("component", "redis")
-	redisOpts.NewRedis = tel.NewRedisClient
-	redis, err := cluster.New(redisOpts)
-	if err != nil {
-		return fmt.Errorf("redis: %w", err)
-	}
-	defer redis.Close()
-	if err := telemetry.RegisterRedisUp(tel.MeterProvider, redis); err != nil {
-		return fmt.Errorf("telemetry: %w", err)
-	}
-	if redis.Embedded() {
-		logger.Warn("redis.addrs is empty: using the embedded store, which holds this replica's slots only; "+
-			"do not run more than one replica on it", "addr", redis.Addrs()[0])
-	}
-
-	lim := limiter.New(redis, table, limiter.Options{
-		Keys:           keys.Schema{Prefix: cfg.Redis.KeyPrefix},
-		Logger:         logger,
-		Observer:       observer,
-		TracerProvider: tel.TracerProvider,
-		SyncReplicas:   cfg.Redis.SyncReplicas,
-	})
+	defer stopEngine() // after the drain: flush the last spans
+	tel, redis, lim := eng.tel, eng.redis, eng.lim
 	callers, stopCallers, err := startCallers(ctx, cfg, logger)
 	if err != nil {
 		return err
@@ -110,7 +63,29 @@ func runServe(ctx context.Context, cfg config.Config, deps serveDeps) error {
 		srvOpts.RedisAnswered = redis.Answered
 	}
 	srv := server.New(lim, srvOpts)
-	err = srv.Run(ctx, server.Listeners{API: cfg.HTTP.Addr, Ops: cfg.Ops.Addr, Admin: cfg.Admin.Addr, TLS: cfg.HTTP.TLS.Files(), Timeouts: cfg.HTTP.Timeouts()}, cfg.HTTP.ShutdownGrace)
+	runExtProc, err := startExtProc(cfg, lim, table, callers, tel, logger)
+	if err != nil {
+		return err
+	}
+	// The ext_proc server runs beside the HTTP listeners, and drains with
+	// them when ctx ends; should either stop on its own, so does the other.
+	runCtx, stopRun := context.WithCancelCause(ctx)
+	defer stopRun(nil)
+	extErr := make(chan error, 1)
+	if runExtProc != nil {
+		go func() {
+			err := runExtProc(runCtx)
+			if runCtx.Err() == nil {
+				fail(fmt.Errorf("ext_proc server: %w", err))
+			}
+			extErr <- err
+		}()
+	} else {
+		extErr <- nil
+	}
+	err = srv.Run(runCtx, server.Listeners{API: cfg.HTTP.Addr, Ops: cfg.Ops.Addr, Admin: cfg.Admin.Addr, TLS: cfg.HTTP.TLS.Files(), Timeouts: cfg.HTTP.Timeouts()}, cfg.HTTP.ShutdownGrace)
+	stopRun(nil)
+	err = errors.Join(err, <-extErr)
 	if cause := context.Cause(ctx); errors.Is(cause, errTierWatchStopped) {
 		return cause
 	}

@@ -115,13 +115,13 @@ redis_bench() {
 	step "redis-benchmark $d: EVALSHA acquire, -c $CLIENTS -n $n -P $pipeline -r $USERS"
 	# -r: every __rand_int__ becomes its own random 12-digit number below
 	# $USERS on every request, so users (and stream ids) vary and almost
-	# every acquire finds its user below the limit of 3. The records key
-	# draws its own number too (the same work; in cluster mode "{tag}"
-	# still puts both keys in the client's node's slot). The plan's acquires
-	# never wait, so the user's queue keys are not passed, as the limiter
-	# passes none for such a plan.
+	# every acquire finds its user below the limit of 3. The records and
+	# override keys draw their own numbers too (the same work; in cluster
+	# mode "{tag}" still puts all three keys in the client's node's slot).
+	# The plan's acquires never wait, so the user's queue keys are not
+	# passed, as the limiter passes none for such a plan.
 	redis-benchmark -h 127.0.0.1 -p "$first" "${extra[@]}" -c "$CLIENTS" -n "$n" -P "$pipeline" -r "$USERS" --csv \
-		EVALSHA "$sha" 2 "$key" "$key:meta" 's__rand_int__' 3 120000 >"$tmp/rb.csv" 2>"$tmp/rb.err" ||
+		EVALSHA "$sha" 3 "$key" "$key:meta" "$key:override" 's__rand_int__' 3 120000 >"$tmp/rb.csv" 2>"$tmp/rb.err" ||
 		die "redis-benchmark failed: $(cat "$tmp/rb.err" "$tmp/rb.csv")"
 	rps=$(awk -F'","' 'NF > 1 && $2 ~ /^[0-9.]+$/ { v = $2 } END { print v }' "$tmp/rb.csv")
 	[[ -n "$rps" ]] || die "no rps in redis-benchmark output: $(cat "$tmp/rb.csv" "$tmp/rb.err")"

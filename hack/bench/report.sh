@@ -101,6 +101,9 @@ report() {
 	ratio_line "  acquire p99 at half of serve's max pairs/s / trivial" H 'lat/serve/acquire-p99-us' H 'lat/trivial/acquire-p99-us'
 	echo "batched heartbeats, 1000 slots: POST /v1/slots/heartbeats through the handler / HeartbeatBatch"
 	ratio_line "  process CPU per refreshed slot" GO 'B/BenchmarkHeartbeatBatchHTTP/http-cpu-us/slot' GO 'B/BenchmarkHeartbeatBatchHTTP/library-cpu-us/slot'
+	echo "proxy: SSE chat completions (8 chunks) through limiter proxy / straight from the upstream (BenchmarkProxySSE)"
+	line "  streams/s through the proxy / direct" "$(per_round GO 'P/BenchmarkProxySSE/throughput_ratio' | spread %.2f)"
+	line "  time to first chunk through the proxy / direct" "$(per_round GO 'P/BenchmarkProxySSE/ttfb_ratio' | spread %.2f)"
 	echo "heartbeat refresh, Redis' own cost: script (batched) / ZADD XX GT + PEXPIREAT"
 	ratio_line "  time in commands (INFO commandstats)" GO 'R/BenchmarkHeartbeatRefresh/%d/script-redis-us/refresh' GO 'R/BenchmarkHeartbeatRefresh/%d/plain-redis-us/refresh'
 	ratio_line "  server CPU (INFO cpu)" GO 'R/BenchmarkHeartbeatRefresh/%d/script-cpu-us/refresh' GO 'R/BenchmarkHeartbeatRefresh/%d/plain-cpu-us/refresh'
@@ -142,6 +145,9 @@ report() {
 	figure_line "  plain ZADD XX GT + PEXPIREAT" %.2f GO 'R/BenchmarkHeartbeatRefresh/%d/plain-redis-us/refresh'
 	figure_line "Redis CPU us per refresh: script" %.2f GO 'R/BenchmarkHeartbeatRefresh/%d/script-cpu-us/refresh'
 	figure_line "  plain ZADD XX GT + PEXPIREAT" %.2f GO 'R/BenchmarkHeartbeatRefresh/%d/plain-cpu-us/refresh'
+	figure_line "proxy: time to first chunk added by the proxy, us" %.0f GO 'P/BenchmarkProxySSE/added_ttfb_us'
+	figure_line "proxy: us per stream, direct" %.0f GO 'P/BenchmarkProxySSE/direct_us/stream'
+	figure_line "  through the proxy" %.0f GO 'P/BenchmarkProxySSE/proxied_us/stream'
 	figure_line "allocs per HTTP acquire, request and recorder included" %.0f GO 'M/BenchmarkHandlerAllocs/allocs/op'
 	figure_line "grant after a release, p50 us (BenchmarkWakeUp)" %.0f GO 'W/BenchmarkWakeUp/%d/p50-us' both
 	figure_line "  p99 us" %.0f GO 'W/BenchmarkWakeUp/%d/p99-us' both

@@ -82,6 +82,9 @@ type Options struct {
 	// does not wait for Redis, by design, so without it a test's first
 	// acquires may be granted degraded and not counted. Default false.
 	AwaitRedis bool
+	// ExtProc serves the ext_proc server too, on a free port given as
+	// --extproc-addr (Process.ExtProc). Default false.
+	ExtProc bool
 }
 
 // redisConnected is the end of serve's log message once it reaches Redis,
@@ -93,6 +96,8 @@ type Process struct {
 	API   string // base URL of the API listener, http://127.0.0.1:PORT
 	Ops   string // base URL of the ops listener
 	Admin string // base URL of the admin listener (listening with admin.tokensFile)
+	// ExtProc is the ext_proc server's host:port (with Options.ExtProc).
+	ExtProc string
 
 	t      testing.TB
 	cmd    *exec.Cmd
@@ -117,11 +122,15 @@ func Start(t testing.TB, opts Options) *Process {
 	if opts.Command == "proxy" {
 		args, admin = []string{"proxy", "--config", cfg, "--listen", api, "--ops-addr", ops}, ""
 	}
-	args = append(args, opts.Args...)
 	p := &Process{API: "http://" + api, Ops: "http://" + ops, t: t, output: &testenv.Buffer{}, done: make(chan struct{})}
 	if admin != "" {
 		p.Admin = "http://" + admin
 	}
+	if opts.ExtProc {
+		p.ExtProc = testenv.FreeAddr(t)
+		args = append(args, "--extproc-addr", p.ExtProc)
+	}
+	args = append(args, opts.Args...)
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = append(os.Environ(), opts.Env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.output, p.output

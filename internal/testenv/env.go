@@ -19,6 +19,7 @@ const (
 	envChromium     = "CHROMIUM"                   // path of a chromium binary
 	envRedocly      = "LIMITER_REDOCLY"            // path of the Redocly CLI (hack/redocly.sh)
 	envKubeScore    = "LIMITER_KUBE_SCORE"         // path of kube-score (hack/kube-score.sh)
+	envPromtool     = "LIMITER_PROMTOOL"           // path of promtool (hack/promtool.sh)
 	defaultChromium = "/usr/bin/chromium"
 )
 
@@ -116,6 +117,14 @@ func Redocly(t testing.TB) string {
 func KubeScore(t testing.TB) string {
 	t.Helper()
 	return tool(t, envKubeScore, "kube-score", "installs it with hack/kube-score.sh")
+}
+
+// Promtool returns the path of promtool, Prometheus's rule tester:
+// $LIMITER_PROMTOOL if set, else promtool on $PATH. Absent: fatal if
+// Required, else skip.
+func Promtool(t testing.TB) string {
+	t.Helper()
+	return tool(t, envPromtool, "promtool", "installs it with hack/promtool.sh")
 }
 
 // tool returns the executable that env names, else name on $PATH.

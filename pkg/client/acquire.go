@@ -44,6 +44,16 @@ func WithStreamID(id string) AcquireOption {
 	return func(r *httpapi.AcquireRequest) { r.StreamID = id }
 }
 
+// WithLabel says what the stream is (a pod, a model, a request id): the
+// limiter keeps it with the slot, and support sees it beside the slot's
+// age and caller (the admin page, limiter admin slots). At most
+// httpapi.MaxLabelBytes bytes, no whitespace or control characters; the
+// limiter refuses anything else with ErrInvalid (code invalid_label).
+// Default: none.
+func WithLabel(label string) AcquireOption {
+	return func(r *httpapi.AcquireRequest) { r.Label = label }
+}
+
 // Acquire takes a stream slot for userID under plan and heartbeats it until
 // it is released or lost. Errors: an *Error matching ErrLimitReached (with
 // Used, Limit, RetryAfter), ErrUnknownPlan, ErrInvalid or ErrUnavailable;

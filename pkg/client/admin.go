@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/joishi/limiter/pkg/httpapi"
 )
@@ -73,6 +74,36 @@ func (a *Admin) Slots(ctx context.Context, userID string) (httpapi.AdminSlotsRes
 func (a *Admin) ReleaseAll(ctx context.Context, userID, reason string) (httpapi.AdminReleaseResponse, error) {
 	var out httpapi.AdminReleaseResponse
 	err := a.api.do(ctx, http.MethodPost, httpapi.AdminUserReleasePath(userID), httpapi.AdminReleaseRequest{Reason: reason}, &out)
+	return out, err
+}
+
+// SetOverride overrides userID's limit (POST
+// /v1/admin/users/{user_id}/override; role operator): until expiresIn from
+// now, every acquire of the user, on any plan, is judged by maxStreams
+// instead of the plan's limit. It replaces any override before it and
+// lapses by itself. maxStreams is 0 to httpapi.MaxOverrideStreams,
+// expiresIn a whole number of seconds from httpapi.MinOverrideExpiresIn to
+// httpapi.MaxOverrideExpiresIn, and reason is required (at most
+// httpapi.MaxReasonLength characters); the service refuses anything else
+// with ErrInvalid, naming the field and its bound.
+func (a *Admin) SetOverride(ctx context.Context, userID string, maxStreams int, expiresIn time.Duration, reason string) (httpapi.AdminOverrideResponse, error) {
+	if expiresIn%time.Second != 0 {
+		return httpapi.AdminOverrideResponse{}, fmt.Errorf("limiter admin client: the override's duration must be whole seconds, got %s", expiresIn)
+	}
+	var out httpapi.AdminOverrideResponse
+	seconds := int64(expiresIn / time.Second)
+	req := httpapi.AdminOverrideRequest{MaxConcurrentStreams: &maxStreams, ExpiresIn: &seconds, Reason: reason}
+	err := a.api.do(ctx, http.MethodPost, httpapi.AdminUserOverridePath(userID), req, &out)
+	return out, err
+}
+
+// RemoveOverride ends userID's override now (DELETE
+// /v1/admin/users/{user_id}/override; role operator): the plan's limit
+// applies again from the user's next acquire. Removed in the answer says
+// whether one was in force. reason is required, as for ReleaseAll.
+func (a *Admin) RemoveOverride(ctx context.Context, userID, reason string) (httpapi.AdminOverrideRemoveResponse, error) {
+	var out httpapi.AdminOverrideRemoveResponse
+	err := a.api.do(ctx, http.MethodDelete, httpapi.AdminUserOverridePath(userID), httpapi.AdminOverrideRemoveRequest{Reason: reason}, &out)
 	return out, err
 }
 

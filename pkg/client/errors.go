@@ -37,7 +37,7 @@ var (
 	// plans. A lease whose heartbeat is refused so is lost with it.
 	ErrPlanNotAllowed = errors.New("plan not allowed")
 	// ErrInvalid: the request was refused as malformed (400
-	// invalid_request, invalid_user_id, invalid_stream_id).
+	// invalid_request, invalid_user_id, invalid_stream_id, invalid_label).
 	ErrInvalid = errors.New("invalid request")
 	// ErrClosed: the Client was closed. Acquire returns it after Close, and
 	// Lease.Err returns it for leases the Client still held at Close.
@@ -113,7 +113,7 @@ func (e *Error) Is(target error) bool {
 
 func invalidCode(code string) bool {
 	switch code {
-	case httpapi.CodeInvalidRequest, httpapi.CodeInvalidUserID, httpapi.CodeInvalidStreamID:
+	case httpapi.CodeInvalidRequest, httpapi.CodeInvalidUserID, httpapi.CodeInvalidStreamID, httpapi.CodeInvalidLabel:
 		return true
 	}
 	return false

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -29,7 +30,9 @@ type embeddedStore struct {
 // than Redis's own key expiry, so pruned slots are still counted first.
 // (Slots expired that long are removed one by one, with their records; an
 // emptied key goes.) The answers release_all keeps for a minute go at the
-// sweep after the one that first found them.
+// sweep after the one that first found them, and a support override at
+// the first sweep after its expiry (the scripts stop applying it at the
+// expiry itself).
 const (
 	sweepEvery = time.Minute
 	sweepAfter = 24 * time.Hour
@@ -68,6 +71,10 @@ func (s *embeddedStore) sweep(now time.Time) {
 			if !keys.IsQueue(key) { // a queue's tickets are no slots
 				s.sweepSlots(key, cutoff)
 			}
+		case "hash":
+			if keys.IsOverride(key) {
+				s.sweepOverride(key, now)
+			}
 		case "string":
 			switch {
 			case !keys.IsReleasedAnswer(key):
@@ -100,6 +107,13 @@ func (s *embeddedStore) sweepSlots(key string, cutoff float64) {
 	// miniredis keeps a hash emptied field by field; Redis would not.
 	if fields, err := s.server.HKeys(records); err == nil && len(fields) == 0 {
 		s.server.Del(records)
+	}
+}
+
+// sweepOverride deletes the override key when it has expired.
+func (s *embeddedStore) sweepOverride(key string, now time.Time) {
+	if at, err := strconv.ParseInt(s.server.HGet(key, "expires_at"), 10, 64); err != nil || at <= now.UnixMilli() {
+		s.server.Del(key)
 	}
 }
 

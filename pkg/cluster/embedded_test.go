@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
@@ -75,5 +76,31 @@ func TestEmbeddedSweepDropsReleasedAnswers(t *testing.T) {
 	}
 	if !store.server.Exists("p:{a:released:b}") {
 		t.Error("the sweep dropped a key that only looks like an answer inside its hash tag")
+	}
+}
+
+// TestEmbeddedSweepDropsExpiredOverrides: miniredis keeps an override's
+// key past its expiry; the sweep deletes it once expired, and leaves one
+// in force and other hashes alone.
+func TestEmbeddedSweepDropsExpiredOverrides(t *testing.T) {
+	store, err := startEmbedded()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.close()
+	now := time.Now()
+	expired, live := keys.Override("p:{a}"), keys.Override("p:{b}")
+	store.server.HSet(expired, "limit", "5", "expires_at", strconv.FormatInt(now.Add(-time.Second).UnixMilli(), 10))
+	store.server.HSet(live, "limit", "5", "expires_at", strconv.FormatInt(now.Add(time.Hour).UnixMilli(), 10))
+	store.server.HSet("p:{c:override}", "expires_at", "1")
+
+	store.sweep(now)
+	if store.server.Exists(expired) {
+		t.Error("an expired override survived the sweep")
+	}
+	for _, key := range []string{live, "p:{c:override}"} {
+		if !store.server.Exists(key) {
+			t.Errorf("the sweep deleted %q", key)
+		}
 	}
 }

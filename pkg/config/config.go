@@ -13,6 +13,7 @@ import (
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/server"
+	"github.com/joishi/limiter/pkg/telemetry"
 	"github.com/joishi/limiter/pkg/tiers"
 )
 
@@ -28,9 +29,12 @@ type Config struct {
 	Admin     Admin     `mapstructure:"admin"`
 	Telemetry Telemetry `mapstructure:"telemetry"`
 	Log       Log       `mapstructure:"log"`
-	// Proxy and Identity configure `limiter proxy` (see proxy.go).
+	// Proxy and Identity configure `limiter proxy` (see proxy.go);
+	// Identity and ExtProc the ext_proc server of `limiter serve`
+	// (extproc.go).
 	Proxy    Proxy    `mapstructure:"proxy"`
 	Identity Identity `mapstructure:"identity"`
+	ExtProc  ExtProc  `mapstructure:"extproc"`
 }
 
 // HTTP is the API listener.
@@ -209,6 +213,10 @@ type Telemetry struct {
 	OTLPEndpoint string `mapstructure:"otlpEndpoint"`
 	// ServiceName is the service.name resource attribute. Default "limiter".
 	ServiceName string `mapstructure:"serviceName"`
+	// SlotsUsedMaxWindow is the window of limiter_slots_used_max, the most
+	// live slots one user of a plan held: 1s to 1h, at least the scrape
+	// interval. Default 1m.
+	SlotsUsedMaxWindow time.Duration `mapstructure:"slotsUsedMaxWindow"`
 }
 
 // Log levels and formats.
@@ -265,10 +273,11 @@ func Default() Config {
 		},
 		Tiers:     Tiers{Source: SourceStatic, LeaseDuration: 15 * time.Second, Static: tiers.Defaults()},
 		Admin:     Admin{Addr: ":8081", AuditMaxLen: 10000},
-		Telemetry: Telemetry{ServiceName: "limiter"},
+		Telemetry: Telemetry{ServiceName: "limiter", SlotsUsedMaxWindow: telemetry.DefaultUsedMaxWindow},
 		Log:       Log{Level: LevelInfo, Format: FormatJSON},
 		Proxy:     defaultProxy(),
 		Identity:  defaultIdentity(),
+		ExtProc:   defaultExtProc(),
 	}
 }
 

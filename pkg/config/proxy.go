@@ -49,6 +49,12 @@ type Proxy struct {
 	// MaxHeaderBytes bounds a request's headers; larger ones are refused
 	// with 431 and no slot. Default 32768.
 	MaxHeaderBytes int `mapstructure:"maxHeaderBytes"`
+	// LabelHeader names the request header whose value becomes the slot's
+	// label, shown to support beside the stream (a model, a pod, a
+	// request id). The proxy never reads request bodies, so for the model
+	// name a gateway in front puts it in a header. Default
+	// "X-Limiter-Label"; "" records no label.
+	LabelHeader string `mapstructure:"labelHeader"`
 	// Wait is how long a request whose user holds every slot of its plan
 	// may wait for one to free up, first come first served across the
 	// proxy's replicas, before it is refused with 429; the plan's maxWait
@@ -73,6 +79,10 @@ type Identity struct {
 	// JWT, when jwksFile or jwksURL is set, makes a verified bearer token
 	// the only source of identity.
 	JWT JWT `mapstructure:"jwt"`
+	// JWTPayload, when its header or metadataKey is set, makes a JWT
+	// payload that Envoy's jwt_authn verified the only source (see
+	// extproc.go).
+	JWTPayload JWTPayload `mapstructure:"jwtPayload"`
 }
 
 // JWT is the verification of bearer tokens (RS256, ES256, EdDSA).
@@ -106,14 +116,15 @@ func defaultProxy() Proxy {
 		Listen: ":8000", Routes: []string{}, PassAuthorization: true,
 		DialTimeout: proxy.DefaultDialTimeout, TLSHandshakeTimeout: proxy.DefaultTLSHandshakeTimeout,
 		ResponseHeaderTimeout: proxy.DefaultResponseHeaderTimeout, IdleConnTimeout: proxy.DefaultIdleConnTimeout,
-		MaxHeaderBytes: proxy.DefaultMaxHeaderBytes,
+		MaxHeaderBytes: proxy.DefaultMaxHeaderBytes, LabelHeader: proxy.DefaultLabelHeader,
 	}
 }
 
 func defaultIdentity() Identity {
 	return Identity{
 		UserHeader: identity.DefaultUserHeader, PlanHeader: identity.DefaultPlanHeader,
-		JWT: JWT{UserClaim: identity.DefaultUserClaim, Leeway: identity.DefaultLeeway, CacheTTL: identity.DefaultJWKSCacheTTL},
+		JWT:        JWT{UserClaim: identity.DefaultUserClaim, Leeway: identity.DefaultLeeway, CacheTTL: identity.DefaultJWKSCacheTTL},
+		JWTPayload: defaultJWTPayload(),
 	}
 }
 
@@ -136,6 +147,7 @@ func (c Config) IdentityOptions() identity.Options {
 		opts.JWT = &identity.JWT{JWKSFile: j.JWKSFile, JWKSURL: j.JWKSURL, Issuer: j.Issuer, Audience: j.Audience,
 			UserClaim: j.UserClaim, PlanClaim: j.PlanClaim, Leeway: j.Leeway, CacheTTL: j.CacheTTL}
 	}
+	opts.Payload = i.JWTPayload.payloadOptions()
 	return opts
 }
 
@@ -156,7 +168,7 @@ func (c Config) ProxyOptions() (proxy.Options, error) {
 	}
 	return proxy.Options{
 		Upstream: upstream, Routes: append([]string(nil), p.Routes...), StripAuthorization: !p.PassAuthorization,
-		MaxHeaderBytes: p.MaxHeaderBytes, Transport: transport,
+		MaxHeaderBytes: p.MaxHeaderBytes, Transport: transport, LabelHeader: p.LabelHeader,
 	}, nil
 }
 
@@ -169,6 +181,9 @@ func (c Config) ValidateProxy() error {
 	}
 	if sameListener(c.Proxy.Listen, c.Ops.Addr) {
 		v.add("ops.addr", "must not be the address of proxy.listen ("+c.Proxy.Listen+")", strconv.Quote(c.Ops.Addr))
+	}
+	if p := c.Identity.JWTPayload; p.MetadataKey != "" && p.Header == "" {
+		v.add("identity.jwtPayload.metadataKey", "is read by the ext_proc server only: the proxy receives no Envoy metadata; set identity.jwtPayload.header", strconv.Quote(p.MetadataKey))
 	}
 	return errors.Join(v.errs...)
 }
@@ -205,6 +220,9 @@ func (c Config) validateProxy(v *validator) {
 		if d.value <= 0 {
 			v.add(d.key, "must be > 0", d.value.String())
 		}
+	}
+	if p.LabelHeader != "" && !validHeaderName(p.LabelHeader) {
+		v.add("proxy.labelHeader", "must be an HTTP header name, or empty for no label", strconv.Quote(p.LabelHeader))
 	}
 	if p.Wait < 0 || p.Wait > tiers.MaxMaxWait {
 		v.add("proxy.wait", "must be between 0s (no waiting) and 60s (the plan's maxWait caps it)", p.Wait.String())

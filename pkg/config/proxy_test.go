@@ -28,6 +28,7 @@ func TestProxyAndIdentityValidation(t *testing.T) {
 		{"a bad listen address", func(c *Config) { c.Proxy.Listen = "8000" }, "proxy.listen", "host:port"},
 		{"no dial timeout", func(c *Config) { c.Proxy.DialTimeout = 0 }, "proxy.dialTimeout", "must be > 0"},
 		{"tiny header limit", func(c *Config) { c.Proxy.MaxHeaderBytes = 10 }, "proxy.maxHeaderBytes", "between 1024"},
+		{"a label header with a colon", func(c *Config) { c.Proxy.LabelHeader = "X-Model:" }, "proxy.labelHeader", "HTTP header name, or empty for no label"},
 		{"a missing CA file", func(c *Config) { c.Proxy.UpstreamCAFile = "/nonexistent/ca.pem" }, "proxy.upstreamCAFile", "readable file"},
 		{"a header name with a space", func(c *Config) { c.Identity.UserHeader = "X User" }, "identity.userHeader", "HTTP header name"},
 		{"a default plan no tier could have", func(c *Config) { c.Identity.DefaultPlan = "free plan" }, "identity.defaultPlan", "plan name"},

@@ -25,6 +25,10 @@ const (
 	MaxLeaseDuration = 5 * time.Minute
 	// MaxAuditLen bounds admin.auditMaxLen.
 	MaxAuditLen = 10_000_000
+	// MinSlotsUsedMaxWindow and MaxSlotsUsedMaxWindow bound
+	// telemetry.slotsUsedMaxWindow.
+	MinSlotsUsedMaxWindow = time.Second
+	MaxSlotsUsedMaxWindow = time.Hour
 )
 
 var namespacePattern = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
@@ -106,12 +110,16 @@ func (c Config) Validate() error {
 
 	c.validateProxy(&v)
 	c.validateIdentity(&v)
+	c.validateExtProc(&v)
 
 	if c.Telemetry.OTLPEndpoint != "" && !validEndpoint(c.Telemetry.OTLPEndpoint) {
 		v.add("telemetry.otlpEndpoint", "must be host:port or an http:// or https:// URL", strconv.Quote(c.Telemetry.OTLPEndpoint))
 	}
 	if strings.TrimSpace(c.Telemetry.ServiceName) == "" {
 		v.add("telemetry.serviceName", "must not be empty", "")
+	}
+	if w := c.Telemetry.SlotsUsedMaxWindow; w < MinSlotsUsedMaxWindow || w > MaxSlotsUsedMaxWindow {
+		v.add("telemetry.slotsUsedMaxWindow", fmt.Sprintf("must be between %s and %s", MinSlotsUsedMaxWindow, MaxSlotsUsedMaxWindow), w.String())
 	}
 
 	switch c.Log.Level {

@@ -84,6 +84,8 @@ func TestInvalidValuesNameTheirKey(t *testing.T) {
 		{"an audit length that is not a number", "admin.auditMaxLen", map[string]string{"LIMITER_ADMIN_AUDITMAXLEN": "many"}, "cannot be read"},
 		{"an OTLP endpoint of another scheme", "telemetry.otlpEndpoint", map[string]string{"LIMITER_TELEMETRY_OTLPENDPOINT": "ftp://collector"}, `got "ftp://collector"`},
 		{"a blank service name", "telemetry.serviceName", map[string]string{"LIMITER_TELEMETRY_SERVICENAME": " "}, "must not be empty"},
+		{"a used-max window under a second", "telemetry.slotsUsedMaxWindow", map[string]string{"LIMITER_TELEMETRY_SLOTSUSEDMAXWINDOW": "500ms"},
+			"must be between 1s and 1h0m0s (env LIMITER_TELEMETRY_SLOTSUSEDMAXWINDOW, flag --slots-used-max-window), got 500ms"},
 		{"an unknown log level", "log.level", map[string]string{"LIMITER_LOG_LEVEL": "verbose"}, `must be debug, info, warn or error (env LIMITER_LOG_LEVEL, flag --log-level), got "verbose"`},
 		{"an unknown log format", "log.format", map[string]string{"LIMITER_LOG_FORMAT": "xml"}, `got "xml"`},
 	}

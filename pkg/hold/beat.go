@@ -135,7 +135,7 @@ func fatal(err error) bool {
 
 // reacquire acquires a degraded stream's slot again under its stream id.
 func (h *Holder) reacquire(ctx context.Context, s *Stream) {
-	res, err := h.lim.Acquire(ctx, limiter.AcquireRequest{UserID: s.userID, Plan: s.plan, StreamID: s.id})
+	res, err := h.lim.Acquire(ctx, limiter.AcquireRequest{UserID: s.userID, Plan: s.plan, StreamID: s.id, Label: s.label})
 	switch {
 	case err == nil && res.Granted:
 		s.update(res.ExpiresAt, res.Degraded)

@@ -192,7 +192,7 @@ func (h *Holder) Acquire(ctx context.Context, req limiter.AcquireRequest) (*Stre
 		h.metrics.refuse(ctx, ReasonLimit)
 		return nil, res, nil
 	}
-	s := newStream(h, req.UserID, req.Plan, res)
+	s := newStream(h, req, res)
 	if !h.add(s) {
 		// Closed while the acquire was in flight: give the slot back.
 		_, _ = h.lim.Release(context.WithoutCancel(ctx), s.userID, s.id)

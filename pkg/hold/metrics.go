@@ -27,6 +27,10 @@ const (
 	ReasonUnknownPlan Reason = "unknown_plan"
 	// ReasonIdentity: no identity, or one that did not verify (401).
 	ReasonIdentity Reason = "identity"
+	// ReasonPlanNotAllowed: the identity's plan is outside the plans of
+	// the caller asking (the ext_proc server's Envoy, scoped by the API
+	// tokens file: 403).
+	ReasonPlanNotAllowed Reason = "plan_not_allowed"
 	// ReasonInvalid: a malformed request (a bad user id, oversized headers).
 	ReasonInvalid Reason = "invalid"
 	// ReasonError: the limiter failed otherwise (Redis refused the call).
@@ -35,7 +39,7 @@ const (
 
 var (
 	allEnds    = []End{EndComplete, EndClientGone, EndUpstreamError, EndPanic, EndShutdown, EndLost, EndIdle}
-	allReasons = []Reason{ReasonLimit, ReasonUnavailable, ReasonUnknownPlan, ReasonIdentity, ReasonInvalid, ReasonError}
+	allReasons = []Reason{ReasonLimit, ReasonUnavailable, ReasonUnknownPlan, ReasonIdentity, ReasonPlanNotAllowed, ReasonInvalid, ReasonError}
 	// durationBuckets span a short completion to an hour-long session.
 	durationBuckets = []float64{0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600}
 )
@@ -50,7 +54,7 @@ func refusalOf(err error) (Reason, bool) {
 		return ReasonUnavailable, true
 	case errors.Is(err, limiter.ErrUnknownPlan):
 		return ReasonUnknownPlan, true
-	case errors.Is(err, limiter.ErrInvalidUserID), errors.Is(err, limiter.ErrInvalidStreamID):
+	case errors.Is(err, limiter.ErrInvalidUserID), errors.Is(err, limiter.ErrInvalidStreamID), errors.Is(err, limiter.ErrInvalidLabel):
 		return ReasonInvalid, true
 	default:
 		return ReasonError, true
@@ -84,7 +88,7 @@ func newMetrics(mp metric.MeterProvider, mode string) (*metrics, error) {
 		metric.WithDescription("How long streams held their slot, by mode and end."),
 		metric.WithExplicitBucketBoundaries(durationBuckets...))
 	o.refused, errs[3] = m.Int64Counter("limiter.streams.refused", metric.WithUnit("{stream}"),
-		metric.WithDescription("Streams refused a slot, by mode and reason: limit (429), unavailable (503), unknown_plan, identity (401), invalid, error."))
+		metric.WithDescription("Streams refused a slot, by mode and reason: limit (429), unavailable (503), unknown_plan, identity (401), plan_not_allowed (403), invalid, error."))
 	o.lostN, errs[4] = m.Int64Counter("limiter.streams.lost", metric.WithUnit("{stream}"),
 		metric.WithDescription("Streams whose slot the limiter no longer held (expired, released by support, lost in a failover), by mode: each was cut."))
 	if err := errors.Join(errs[:]...); err != nil {

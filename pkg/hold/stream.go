@@ -41,6 +41,7 @@ type Stream struct {
 	h        *Holder
 	userID   string
 	plan     string
+	label    string // the acquire's, for a re-acquire
 	id       string
 	interval time.Duration
 	started  time.Time
@@ -56,10 +57,10 @@ type Stream struct {
 	released  bool
 }
 
-func newStream(h *Holder, userID, plan string, res limiter.AcquireResult) *Stream {
+func newStream(h *Holder, req limiter.AcquireRequest, res limiter.AcquireResult) *Stream {
 	now := time.Now()
 	s := &Stream{
-		h: h, userID: userID, plan: plan, id: res.StreamID, interval: intervalOf(res.Tier), started: now,
+		h: h, userID: req.UserID, plan: req.Plan, label: req.Label, id: res.StreamID, interval: intervalOf(res.Tier), started: now,
 		degraded: res.Degraded, expiresAt: res.ExpiresAt, lost: make(chan struct{}),
 	}
 	s.touched.Store(now.UnixNano())

@@ -14,6 +14,9 @@ const (
 	PathAdminUserSlots = "/v1/admin/users/{user_id}/slots"
 	// PathAdminUserRelease releases every slot of one user (role operator).
 	PathAdminUserRelease = "/v1/admin/users/{user_id}/release"
+	// PathAdminUserOverride sets (POST) or removes (DELETE) one user's
+	// temporary override of the limit (role operator).
+	PathAdminUserOverride = "/v1/admin/users/{user_id}/override"
 	// PathAdminAudit lists the most recent admin calls (role viewer or operator).
 	PathAdminAudit = "/v1/admin/audit"
 	// PathAdminPage is the admin page, served on the admin listener.
@@ -28,6 +31,13 @@ const (
 	// when no limit is asked; MaxAuditLimit the most it returns.
 	DefaultAuditLimit = 50
 	MaxAuditLimit     = 1000
+	// MaxOverrideStreams bounds an override's max_concurrent_streams, as
+	// a tier's maxConcurrentStreams is bounded.
+	MaxOverrideStreams = 1000
+	// MinOverrideExpiresIn and MaxOverrideExpiresIn bound an override's
+	// expires_in, in seconds: a minute to 30 days.
+	MinOverrideExpiresIn = 60
+	MaxOverrideExpiresIn = 30 * 24 * 3600
 )
 
 // Headers of admin answers.
@@ -44,7 +54,8 @@ const (
 const (
 	// RoleViewer may list slots and read the audit.
 	RoleViewer = "viewer"
-	// RoleOperator may also release a user's slots.
+	// RoleOperator may also release a user's slots and set or remove an
+	// override.
 	RoleOperator = "operator"
 )
 
@@ -53,6 +64,9 @@ const (
 	ActionListSlots  = "list_slots"
 	ActionReleaseAll = "release_all"
 	ActionReadAudit  = "read_audit"
+
+	ActionSetOverride    = "set_override"
+	ActionRemoveOverride = "remove_override"
 )
 
 // OutcomeOK is the audit outcome of a call that succeeded; a refused or
@@ -67,6 +81,11 @@ func AdminUserSlotsPath(userID string) string {
 // AdminUserReleasePath is PathAdminUserRelease for userID (escaped).
 func AdminUserReleasePath(userID string) string {
 	return "/v1/admin/users/" + userSegment(userID) + "/release"
+}
+
+// AdminUserOverridePath is PathAdminUserOverride for userID (escaped).
+func AdminUserOverridePath(userID string) string {
+	return "/v1/admin/users/" + userSegment(userID) + "/override"
 }
 
 // userSegment escapes userID as one path segment. A dot-only id is written
@@ -84,6 +103,9 @@ type AdminSlotsResponse struct {
 	UserID string      `json:"user_id"`
 	Used   int         `json:"used"`
 	Slots  []AdminSlot `json:"slots"`
+	// Override is the user's override of the limit in force; absent when
+	// none.
+	Override *AdminOverride `json:"override,omitempty"`
 	// Queue are the acquires waiting for one of the user's slots
 	// (wait_ms), first served first.
 	Queue []AdminTicket `json:"queue"`
@@ -103,12 +125,74 @@ type AdminTicket struct {
 	ExpiresAt time.Time `json:"expires_at"`
 }
 
-// AdminSlot is one live slot, earliest expiry first.
+// AdminSlot is one live slot, earliest expiry first, with what its
+// acquire recorded.
 type AdminSlot struct {
 	StreamID  string    `json:"stream_id"`
 	ExpiresAt time.Time `json:"expires_at"`
 	// TTLMs is the time left before the slot expires, as Redis saw it.
 	TTLMs int64 `json:"ttl_ms"`
+	// StartedAt is when the slot was taken (Redis time), and AgeMs how
+	// long ago, as Redis saw it; absent for a slot whose record holds no
+	// start (taken by an older version).
+	StartedAt *time.Time `json:"started_at,omitempty"`
+	AgeMs     *int64     `json:"age_ms,omitempty"`
+	// Caller names the API caller that took it (absent on an open API),
+	// Plan the plan it was granted under, Label what the caller said it
+	// is; each absent when not recorded.
+	Caller string `json:"caller,omitempty"`
+	Plan   string `json:"plan,omitempty"`
+	Label  string `json:"label,omitempty"`
+}
+
+// AdminOverride is a user's temporary override of the limit: while in
+// force, every acquire of the user is judged by MaxConcurrentStreams
+// instead of the plan's limit.
+type AdminOverride struct {
+	MaxConcurrentStreams int       `json:"max_concurrent_streams"`
+	SetAt                time.Time `json:"set_at"`
+	ExpiresAt            time.Time `json:"expires_at"`
+	// TTLMs is the time left before it expires, as Redis saw it.
+	TTLMs int64 `json:"ttl_ms"`
+	// Actor is the name of the admin token that set it.
+	Actor  string `json:"actor"`
+	Reason string `json:"reason"`
+}
+
+// AdminOverrideRequest is the body of POST /v1/admin/users/{user_id}/override.
+// Every field is required (the numbers are pointers so that a missing one
+// is told from 0).
+type AdminOverrideRequest struct {
+	// MaxConcurrentStreams is the user's limit while in force: 0 to
+	// MaxOverrideStreams (0: the user may not stream).
+	MaxConcurrentStreams *int `json:"max_concurrent_streams"`
+	// ExpiresIn is how long it stays in force, in seconds:
+	// MinOverrideExpiresIn to MaxOverrideExpiresIn.
+	ExpiresIn *int64 `json:"expires_in"`
+	// Reason: 1 to MaxReasonLength characters, recorded with the override
+	// and in the audit.
+	Reason string `json:"reason"`
+}
+
+// AdminOverrideResponse is the 200 answer of POST /v1/admin/users/{user_id}/override.
+type AdminOverrideResponse struct {
+	UserID   string        `json:"user_id"`
+	Override AdminOverride `json:"override"`
+	AuditID  string        `json:"audit_id"`
+}
+
+// AdminOverrideRemoveRequest is the body of DELETE /v1/admin/users/{user_id}/override.
+type AdminOverrideRemoveRequest struct {
+	// Reason is required, as for a release.
+	Reason string `json:"reason"`
+}
+
+// AdminOverrideRemoveResponse is the 200 answer of DELETE /v1/admin/users/{user_id}/override.
+type AdminOverrideRemoveResponse struct {
+	// Removed: an override was in force and is gone; false when there was
+	// none (never set, removed, or expired).
+	Removed bool   `json:"removed"`
+	AuditID string `json:"audit_id"`
 }
 
 // AdminReleaseRequest is the body of POST /v1/admin/users/{user_id}/release.
@@ -144,8 +228,13 @@ type AuditRecord struct {
 	UserID string `json:"user_id,omitempty"`
 	// Released are the stream ids a release freed.
 	Released []string `json:"released,omitempty"`
-	Reason   string   `json:"reason,omitempty"`
-	Remote   string   `json:"remote"`
+	// Override is the override a set_override call put in force.
+	Override *AuditOverride `json:"override,omitempty"`
+	// OverrideRemoved says whether a remove_override call found one in
+	// force.
+	OverrideRemoved *bool  `json:"override_removed,omitempty"`
+	Reason          string `json:"reason,omitempty"`
+	Remote          string `json:"remote"`
 	// ForwardedFor is the X-Forwarded-For header as received: unverified.
 	ForwardedFor string `json:"forwarded_for,omitempty"`
 	// Outcome is OutcomeOK or the error code answered.
@@ -153,4 +242,10 @@ type AuditRecord struct {
 	Status  int    `json:"status"`
 	// Detail says why a call was refused or failed.
 	Detail string `json:"detail,omitempty"`
+}
+
+// AuditOverride is what the audit keeps of an override set.
+type AuditOverride struct {
+	MaxConcurrentStreams int       `json:"max_concurrent_streams"`
+	ExpiresAt            time.Time `json:"expires_at"`
 }

@@ -21,6 +21,8 @@ const (
 	MaxBodyBytes = 64 << 10
 	// MaxBatch bounds the slots of one POST /v1/slots/heartbeats.
 	MaxBatch = 1000
+	// MaxLabelBytes bounds an acquire's label.
+	MaxLabelBytes = 128
 )
 
 // AcquireRequest is the body of POST /v1/slots/acquire.
@@ -31,6 +33,10 @@ type AcquireRequest struct {
 	// makes retries idempotent: a waiting acquire retried under its stream
 	// id keeps its place in the queue.
 	StreamID string `json:"stream_id,omitempty"`
+	// Label is optional: what the caller says the stream is (a pod, a
+	// model, a request id), kept with the slot for support to see. At
+	// most MaxLabelBytes bytes, no whitespace or control characters.
+	Label string `json:"label,omitempty"`
 	// WaitMs, when > 0, asks to wait up to that many milliseconds for one
 	// of the user's slots when all are held, first come first served,
 	// instead of a 429 at once. It is capped by the plan's maxWait
@@ -152,11 +158,12 @@ const (
 	CodeUnsupportedMediaType = "unsupported_media_type" // 415: a POST body not sent as application/json
 	CodeInvalidUserID        = "invalid_user_id"        // 400
 	CodeInvalidStreamID      = "invalid_stream_id"      // 400
+	CodeInvalidLabel         = "invalid_label"          // 400
 	CodeUnknownPlan          = "unknown_plan"           // 422
 	CodeStreamLimitReached   = "stream_limit_reached"   // 429, with Retry-After
 	CodeSlotLost             = "slot_lost"              // 410
 	CodeUnavailable          = "limiter_unavailable"    // 503
-	CodeOutcomeUnknown       = "outcome_unknown"        // 503 (admin release): sent to Redis, no answer came back
+	CodeOutcomeUnknown       = "outcome_unknown"        // 503 (admin release, override removal): sent to Redis, no answer came back
 	CodeNotFound             = "not_found"              // 404
 	CodeMethodNotAllowed     = "method_not_allowed"     // 405
 	CodeUnauthenticated      = "unauthenticated"        // 401: slot API, no or unknown caller token

@@ -72,6 +72,11 @@ type Options struct {
 	// JWT, when set, makes a verified bearer token the only source of
 	// identity; the headers are then ignored.
 	JWT *JWT
+	// Payload, when set (and JWT is not), makes a JWT payload that a hop
+	// in front verified the only source of identity: its header (Resolve)
+	// or dynamic metadata (FromClaims). The user and plan headers are then
+	// ignored.
+	Payload *Payload
 	// Logger receives JWKS reload failures. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -101,6 +106,13 @@ func New(opts Options) (*Resolver, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.JWT != nil && opts.Payload != nil {
+		return nil, errors.New("identity: a JWT and a verified JWT payload are two sources of identity; configure one")
+	}
+	if opts.Payload != nil {
+		p := opts.Payload.withDefaults()
+		opts.Payload = &p
+	}
 	r := &Resolver{opts: opts}
 	if opts.JWT != nil {
 		v, err := newVerifier(*opts.JWT, opts.Logger)
@@ -115,12 +127,19 @@ func New(opts Options) (*Resolver, error) {
 // UsesJWT reports whether identities come from verified tokens.
 func (r *Resolver) UsesJWT() bool { return r.verifier != nil }
 
+// UsesPayload reports whether identities come from a JWT payload verified
+// in front (Options.Payload).
+func (r *Resolver) UsesPayload() bool { return r.opts.Payload != nil }
+
 // Resolve returns the identity of a request from its headers. Errors wrap
 // ErrUnauthenticated (ErrMissing, ErrInvalidToken, ErrNoPlan); their
 // messages say what was wrong and never quote the token.
 func (r *Resolver) Resolve(h Headers) (Identity, error) {
 	if r.verifier != nil {
 		return r.fromToken(h)
+	}
+	if r.opts.Payload != nil {
+		return r.fromPayloadHeader(h)
 	}
 	user := strings.TrimSpace(h.Get(r.opts.UserHeader))
 	if user == "" {

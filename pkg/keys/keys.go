@@ -21,6 +21,7 @@ const (
 	MaxUserIDBytes      = 256
 	MaxStreamIDLength   = 128
 	MaxKeyPrefixLength  = 128
+	MaxLabelBytes       = 128
 	generatedStreamSize = 16 // bytes of randomness in a generated stream id (128 bits)
 )
 
@@ -31,6 +32,9 @@ var (
 	// ErrInvalidStreamID is returned by ValidateStreamID for a stream id
 	// outside 1-128 characters of [A-Za-z0-9._:-].
 	ErrInvalidStreamID = errors.New("invalid stream id")
+	// ErrInvalidLabel is returned by ValidateLabel for a slot label that
+	// is too long or holds whitespace, control characters or bad UTF-8.
+	ErrInvalidLabel = errors.New("invalid label")
 )
 
 // ValidateUserID accepts 1-256 bytes of valid UTF-8 with no whitespace, no
@@ -66,6 +70,27 @@ func ValidateStreamID(id string) error {
 	for i := 0; i < len(id); i++ {
 		if !streamIDByte(id[i]) {
 			return fmt.Errorf("%w: character %q at %d is not one of [A-Za-z0-9._:-]", ErrInvalidStreamID, id[i], i)
+		}
+	}
+	return nil
+}
+
+// ValidateLabel accepts a slot's label, what its caller says the stream is
+// (a pod, a model, a request id): empty (no label), or up to 128 bytes of
+// valid UTF-8 with no whitespace, control or format characters, so that it
+// reads the same in a table, a terminal and a log line. It is checked like
+// a user id, braces allowed: a label goes into a slot's record, never into
+// a key.
+func ValidateLabel(label string) error {
+	switch {
+	case len(label) > MaxLabelBytes:
+		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrInvalidLabel, len(label), MaxLabelBytes)
+	case !utf8.ValidString(label):
+		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidLabel)
+	}
+	for _, r := range label {
+		if unicode.IsSpace(r) || unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == utf8.RuneError {
+			return fmt.Errorf("%w: must not contain whitespace, control or format characters (found %U)", ErrInvalidLabel, r)
 		}
 	}
 	return nil
@@ -162,6 +187,25 @@ func IsQueue(key string) bool {
 	return ok && (rest == queueSuffix || rest == queueExpirySuffix)
 }
 
+// overrideSuffix follows a user key to name its support override.
+const overrideSuffix = ":override"
+
+// Override returns the key of the hash holding userKey's support override
+// (a key UserKey returned): <prefix>{<userID>}:override, under the same
+// hash tag, so the acquire script reads it in the call that counts the
+// slots. Fields: limit, expires_at (Redis ms), set_at (Redis ms), actor,
+// reason. The key expires with the override; the scripts also compare
+// expires_at with Redis time, so an override the store keeps past its
+// expiry is not applied.
+func Override(userKey string) string { return userKey + overrideSuffix }
+
+// IsOverride reports whether key is a name Override builds (the first '}'
+// ends the user's hash tag, as in IsReleasedAnswer).
+func IsOverride(key string) bool {
+	_, rest, ok := strings.Cut(key, "}")
+	return ok && rest == overrideSuffix
+}
+
 // releasedAnswerInfix follows a user key, then a call id, to name the
 // answer release_all keeps for that call.
 const releasedAnswerInfix = ":released:"
@@ -198,4 +242,16 @@ func (k Schema) Audit() string {
 		prefix = DefaultKeyPrefix
 	}
 	return prefix + "audit"
+}
+
+// Overrides returns the key of the sorted set that counts the support
+// overrides in force, for the metric: member = user id, score = the
+// override's expiry (Redis ms). It is an index, not the override: the
+// acquire script reads only the user's own Override key.
+func (k Schema) Overrides() string {
+	prefix := k.Prefix
+	if prefix == "" {
+		prefix = DefaultKeyPrefix
+	}
+	return prefix + "overrides"
 }

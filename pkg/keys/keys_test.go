@@ -103,6 +103,47 @@ func TestSchemaUserKey(t *testing.T) {
 	if err := ValidateKeyPrefix("bad{"); err == nil {
 		t.Fatal("ValidateKeyPrefix(bad{) = nil, want an error")
 	}
+	if got := Override("x:{u1}"); got != "x:{u1}:override" || hashTag(got) != "u1" {
+		t.Fatalf("Override(x:{u1}) = %q, want x:{u1}:override, hashed like u1", got)
+	}
+	if got := (Schema{Prefix: "x:"}).Overrides(); got != "x:overrides" {
+		t.Fatalf("Overrides() = %q, want x:overrides", got)
+	}
+	if IsReleasedAnswer(Override("x:{u1}")) || !IsOverride(Override("x:{u1}")) || IsOverride("x:{u1}") || IsOverride(SlotRecords("x:{u1}")) || IsOverride("x:{a:override}") {
+		t.Fatal("IsOverride: want true only for a name Override builds")
+	}
+}
+
+func TestValidateLabel(t *testing.T) {
+	cases := []struct {
+		name  string
+		label string
+		want  string // "" accepted, else a part of the error
+	}{
+		{"empty: no label", "", ""},
+		{"a pod name", "chat-api-7d9f8-x2k4q", ""},
+		{"a model with a slash and an at", "meta-llama/Llama-3.1-8B@v2", ""},
+		{"braces and separators, which never reach a key", "{a};b=c", ""},
+		{"unicode letters", "モデル", ""},
+		{"exactly 128 bytes", strings.Repeat("l", 128), ""},
+		{"129 bytes names the limit", strings.Repeat("l", 129), "129 bytes, the limit is 128"},
+		{"a space", "a b", "whitespace"},
+		{"a newline", "a\nb", "whitespace"},
+		{"a terminal escape", "a\x1b[2Jb", "control"},
+		{"a bidirectional override", "a\u202eb", "format"},
+		{"invalid UTF-8", "a\xffb", "UTF-8"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := ValidateLabel(tc.label)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("ValidateLabel(%q) = %v, want nil", tc.label, err)
+			case tc.want != "" && (!errors.Is(err, ErrInvalidLabel) || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("ValidateLabel(%q) = %v, want ErrInvalidLabel saying %q", tc.label, err, tc.want)
+			}
+		})
+	}
 }
 
 // hashTag returns the part of key Redis Cluster hashes: the contents of the

@@ -18,8 +18,14 @@ type AcquireRequest struct {
 	// Giving one makes retries idempotent.
 	StreamID string
 	// Caller names who asked: the API caller of the tokens file or client
-	// certificate, recorded on the span. Empty when the API is open.
+	// certificate, recorded on the span and in the slot's record. Empty
+	// when the API is open.
 	Caller string
+	// Label is what the caller says the stream is (a pod, a model, a
+	// request id), kept in the slot's record for support to see: at most
+	// 128 bytes, no whitespace or control characters
+	// (keys.ValidateLabel). Default "": none.
+	Label string
 	// Wait, when > 0, lets the acquire wait that long, capped by the
 	// tier's MaxWait, for one of the user's slots when all are held:
 	// it queues, and the user's slots go to the queue first come first
@@ -36,8 +42,11 @@ type AcquireResult struct {
 	// Used is the number of the user's live slots after the call (0 when
 	// degraded: unknown).
 	Used int
-	// Limit is the tier's maxConcurrentStreams.
+	// Limit is the limit the request was judged by: the tier's
+	// maxConcurrentStreams, or the user's override (Overridden).
 	Limit int
+	// Overridden: a support override in force replaced the tier's limit.
+	Overridden bool
 	// ExpiresAt is when the slot expires without a heartbeat (granted only).
 	ExpiresAt time.Time
 	// RetryAfter is, when denied, how long until the user's earliest slot
@@ -61,11 +70,12 @@ type AcquireResult struct {
 }
 
 // Acquire takes a slot for req.UserID if the user holds fewer than the
-// plan's limit (and no earlier acquire waits for the free ones). With
-// req.Wait it may wait for one (see AcquireRequest.Wait); a wait that runs
-// out is a denial (Granted false, Waited > 0). Errors: ErrInvalidUserID,
-// ErrInvalidStreamID, ErrUnknownPlan, ErrUnavailable (Redis down and the
-// tier fails closed), ctx's error when the caller gave up while waiting.
+// plan's limit, or the limit of the user's override in force (and no
+// earlier acquire waits for the free ones). With req.Wait it may wait for
+// one (see AcquireRequest.Wait); a wait that runs out is a denial (Granted
+// false, Waited > 0). Errors: ErrInvalidUserID, ErrInvalidStreamID,
+// ErrInvalidLabel, ErrUnknownPlan, ErrUnavailable (Redis down and the tier
+// fails closed), ctx's error when the caller gave up while waiting.
 func (l *Limiter) Acquire(ctx context.Context, req AcquireRequest) (AcquireResult, error) {
 	ctx, span := l.startSpan(ctx, "limiter.acquire")
 	if req.Caller != "" && span.IsRecording() {
@@ -94,6 +104,9 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	} else if err := keys.ValidateStreamID(req.StreamID); err != nil {
 		return AcquireResult{}, tiers.Tier{}, err
 	}
+	if err := keys.ValidateLabel(req.Label); err != nil {
+		return AcquireResult{}, tiers.Tier{}, err
+	}
 	tier, err := l.tier(req.Plan)
 	if err != nil {
 		return AcquireResult{}, tiers.Tier{}, err
@@ -103,10 +116,11 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	var replicas *replicaSync
 	err = l.do(ctx, "acquire", func(ctx context.Context, c rueidis.Client) (err error) {
 		c, replicas = l.synced(c)
+		rec := lua.Record{Caller: req.Caller, Plan: tier.Plan, Label: req.Label}
 		if tier.MaxWait > 0 { // acquires of the plan may wait: none takes their slots
-			got, err = lua.AcquireQueued(ctx, c, key, req.StreamID, tier.MaxConcurrentStreams, tier.SlotTTL, lua.Record{Caller: req.Caller})
+			got, err = lua.AcquireQueued(ctx, c, key, req.StreamID, tier.MaxConcurrentStreams, tier.SlotTTL, rec)
 		} else {
-			got, err = lua.Acquire(ctx, c, key, req.StreamID, tier.MaxConcurrentStreams, tier.SlotTTL, lua.Record{Caller: req.Caller})
+			got, err = lua.Acquire(ctx, c, key, req.StreamID, tier.MaxConcurrentStreams, tier.SlotTTL, rec)
 		}
 		return err
 	})
@@ -122,6 +136,9 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	}
 	res.Granted = got.Granted
 	res.Used = got.Used
+	if got.Override >= 0 {
+		res.Limit, res.Overridden = got.Override, true
+	}
 	res.Pruned = got.Pruned
 	if got.Pruned > 0 {
 		l.observer.Reclaimed(ctx, tier.Plan, got.Pruned)
@@ -137,7 +154,7 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		return res, tier, nil
 	}
 	res.RetryAfter = time.Duration(got.RetryAfterMs) * time.Millisecond
-	if wait := min(req.Wait, tier.MaxWait); wait > 0 && tier.MaxConcurrentStreams > 0 {
+	if wait := min(req.Wait, tier.MaxWait); wait > 0 && res.Limit > 0 {
 		res, err = l.await(ctx, key, req, tier, wait, res)
 	}
 	return res, tier, err

@@ -43,8 +43,8 @@ func BenchmarkRawAcquireRelease(b *testing.B) {
 			for pb.Next() {
 				key := prefix + strconv.Itoa(rand.IntN(benchUsers)) + "}"
 				stream := benchStream()
-				got, err := scriptInts(c.Do(ctx, c.B().Evalsha().Sha1(acquireSHA).Numkeys(2).Key(key, keys.SlotRecords(key)).Arg(stream, limit, ttl).Build()))
-				if err != nil || len(got) != 6 {
+				got, err := scriptInts(c.Do(ctx, c.B().Evalsha().Sha1(acquireSHA).Numkeys(3).Key(key, keys.SlotRecords(key), keys.Override(key)).Arg(stream, limit, ttl).Build()))
+				if err != nil || len(got) != 7 {
 					b.Errorf("EVALSHA acquire: %v, %v", got, err)
 					return
 				}

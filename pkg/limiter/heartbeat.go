@@ -28,6 +28,13 @@ type HeartbeatResult struct {
 	// Degraded: Redis did not answer and the tier fails open; the slot is
 	// assumed alive.
 	Degraded bool
+	// Used is the user's live slots after the heartbeat, as Redis counted
+	// them; 0 when Redis did not answer.
+	Used int
+	// Plan is the plan the heartbeat was judged by: the request's, when
+	// this replica's tier table holds (or held) it, else "" (it labels
+	// metrics, and a request must not choose label values).
+	Plan string
 }
 
 // Heartbeat extends a held slot by its own TTL, recorded when it was
@@ -150,7 +157,10 @@ func (l *Limiter) heartbeatTarget(req HeartbeatRequest) (string, tiers.Tier, err
 // beatResult answers req from its beat, or from err, the classified error
 // of its Redis call.
 func (l *Limiter) beatResult(ctx context.Context, req HeartbeatRequest, tier tiers.Tier, beat lua.Beat, err error) (HeartbeatResult, error) {
-	res := HeartbeatResult{StreamID: req.StreamID}
+	res := HeartbeatResult{StreamID: req.StreamID, Plan: tier.Plan}
+	if err == nil {
+		res.Used = beat.Used
+	}
 	if err == nil && beat.Pruned > 0 {
 		l.observer.Reclaimed(ctx, tier.Plan, beat.Pruned)
 	}

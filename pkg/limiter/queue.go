@@ -42,6 +42,7 @@ type userQueue struct {
 	named     map[string]bool      // stream ids wake-ups named, for the next call
 	namedAll  bool                 // a wake-up named no one: every ticket goes
 	expiresAt time.Time            // when a slot or ticket may expire next, as last read
+	override  int                  // the user's override as last read; -1: none
 }
 
 // join adds w to the loop of key and plan, starting it if none runs. stop
@@ -52,7 +53,7 @@ func (l *Limiter) join(key, userID, plan string, w *waiter) (stop func()) {
 	q := l.queues.m[k]
 	if q == nil {
 		q = &userQueue{l: l, key: key, userID: userID, plan: plan, poke: make(chan struct{}, 1),
-			places: map[string]int{}, refreshed: map[string]time.Time{}, named: map[string]bool{}}
+			places: map[string]int{}, refreshed: map[string]time.Time{}, named: map[string]bool{}, override: -1}
 		l.queues.m[k] = q
 		go q.run()
 	}

@@ -78,7 +78,7 @@ func benchVsRaw(b *testing.B, e *env) {
 		bare := func(ctx context.Context, user, stream string) error {
 			key, _ := e.keys.UserKey(user)
 			userKeys := []string{key, keys.SlotRecords(key)}
-			got, err := acquire.Exec(ctx, raw, userKeys, []string{stream, limit, ttl}).AsIntSlice()
+			got, err := acquire.Exec(ctx, raw, append(userKeys, keys.Override(key)), []string{stream, limit, ttl}).AsIntSlice()
 			if err != nil || got[0] != 1 {
 				return err
 			}

@@ -3,12 +3,14 @@ package limiter_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/lua"
 	"github.com/joishi/limiter/pkg/tiers"
 )
 
@@ -78,8 +80,8 @@ func TestAHeldSlotOutlivesItsPlanOnAReplicaThatNeverSawIt(t *testing.T) {
 		if _, err := restarted.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: retiring.Plan}); !errors.Is(err, limiter.ErrUnknownPlan) {
 			t.Errorf("acquire under the deleted plan: got %v, want ErrUnknownPlan (limits apply at acquire)", err)
 		}
-		if got := e.records(t, user); len(got) != 1 || got["s"] != "7000" {
-			t.Errorf("slot records: got %v, want s → 7000 (its TTL in ms)", got)
+		if got := e.records(t, user); len(got) != 1 || lua.ParseRecord(got["s"]).TTL != retiring.SlotTTL || lua.ParseRecord(got["s"]).Plan != retiring.Plan {
+			t.Errorf("slot records: got %v, want s → 7000 (its TTL in ms) of plan %s", got, retiring.Plan)
 		}
 		// The same instant. The embedded store keeps a TTL relative to
 		// when it was set, so what it reads back drifts by a few ms.
@@ -163,8 +165,8 @@ func TestNoRecordOutlivesItsSlot(t *testing.T) {
 				user := newUser(t)
 				e.acquire(t, user, "short", "s")
 				e.acquire(t, user, "short", "t")
-				if got := e.records(t, user); got["s"] != "300" || got["t"] != "300" {
-					t.Fatalf("slot records after acquiring s and t: got %v, want both → 300", got)
+				if got := e.records(t, user); lua.ParseRecord(got["s"]).TTL != 300*time.Millisecond || lua.ParseRecord(got["t"]).TTL != 300*time.Millisecond {
+					t.Fatalf("slot records after acquiring s and t: got %v, want both with a TTL of 300ms", got)
 				}
 				tc.remove(user)
 				if got := e.records(t, user); len(got) != tc.left || got["s"] != "" {
@@ -175,18 +177,24 @@ func TestNoRecordOutlivesItsSlot(t *testing.T) {
 	})
 }
 
-// TestASlotRecordsItsCaller: the caller named by the API goes into the
-// slot's record after its TTL, and the heartbeat still reads the TTL.
+// TestASlotRecordsItsCaller: the caller named by the API, the plan and the
+// label go into the slot's record after its TTL and start, and the
+// heartbeat still reads the TTL.
 func TestASlotRecordsItsCaller(t *testing.T) {
 	eachBackend(t, true, func(t *testing.T, e *env) {
 		ctx := context.Background()
 		user := newUser(t)
-		if res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three", StreamID: "s", Caller: "chat-api"}); err != nil || !res.Granted {
+		if res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three", StreamID: "s", Caller: "chat-api", Label: "pod-7"}); err != nil || !res.Granted {
 			t.Fatalf("Acquire: got %+v, %v; want granted", res, err)
 		}
 		e.acquire(t, user, "three", "anonymous")
-		if got := e.records(t, user); got["s"] != "10000;caller=chat-api" || got["anonymous"] != "10000" {
-			t.Errorf("slot records: got %v, want s → 10000;caller=chat-api and anonymous → 10000", got)
+		got := e.records(t, user)
+		if s, a := lua.ParseRecord(got["s"]), lua.ParseRecord(got["anonymous"]); s.TTL != 10*time.Second || s.Record != (lua.Record{Caller: "chat-api", Plan: "three", Label: "pod-7"}) ||
+			a.TTL != 10*time.Second || a.Record != (lua.Record{Plan: "three"}) || s.StartedAtMs == 0 || a.StartedAtMs < s.StartedAtMs {
+			t.Errorf("slot records: got %v, want s → 10s, started, caller chat-api, plan three, label pod-7, and anonymous → 10s, started, plan three", got)
+		}
+		if !strings.HasPrefix(got["s"], "10000;started=") {
+			t.Errorf("record of s: got %q, want its TTL first, then its start (heartbeats read the leading digits)", got["s"])
 		}
 		if res, err := e.lim.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: user, Plan: "short", StreamID: "s"}); err != nil || !res.Alive {
 			t.Fatalf("heartbeat of a slot whose record names its caller: got %+v, %v; want alive", res, err)

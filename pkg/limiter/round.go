@@ -54,7 +54,7 @@ func (q *userQueue) round() time.Time {
 		}
 		c.leave = c.leave && leaving
 		place := q.places[w.streamID]
-		c.send = c.send || all || leaving || q.named[w.streamID] || place == 0 || place <= tier.MaxConcurrentStreams ||
+		c.send = c.send || all || leaving || q.named[w.streamID] || place == 0 || place <= q.limitOf(tier) ||
 			now.Sub(q.refreshed[w.streamID]) >= refreshBy/2
 	}
 	clear(q.named)
@@ -102,6 +102,7 @@ func (q *userQueue) round() time.Time {
 	if got.Next >= 0 {
 		q.expiresAt = now.Add(got.Next)
 	}
+	q.override = got.Override
 
 	kept := q.waiters[:0]
 	for j, w := range q.waiters {
@@ -114,11 +115,11 @@ func (q *userQueue) round() time.Time {
 		outcome, leaving := leaves[j], leaves[j] != ""
 		switch {
 		case t.State == lua.TicketGranted:
-			w.answer(waitResult{outcome: WaitGranted, expiresAtMs: t.ExpiresAtMs, replicas: replicas, used: got.Used})
+			w.answer(waitResult{outcome: WaitGranted, expiresAtMs: t.ExpiresAtMs, replicas: replicas, used: got.Used, override: got.Override})
 		case leaving:
-			w.answer(waitResult{outcome: outcome, used: got.Used, retry: got.RetryAfter})
+			w.answer(waitResult{outcome: outcome, used: got.Used, override: got.Override, retry: got.RetryAfter})
 		case t.State == lua.TicketFull:
-			w.answer(waitResult{outcome: WaitFull, used: got.Used, retry: got.RetryAfter})
+			w.answer(waitResult{outcome: WaitFull, used: got.Used, override: got.Override, retry: got.RetryAfter})
 		default:
 			// Queued; or, withdrawn while another waiter of its stream id
 			// left, queued again at the next call (place 0).
@@ -153,7 +154,7 @@ func (q *userQueue) next(now time.Time, tier tiers.Tier) time.Time {
 	next := q.expiresAt
 	for _, w := range q.waiters {
 		place := q.places[w.streamID]
-		if place > 0 && place <= tier.MaxConcurrentStreams {
+		if place > 0 && place <= q.limitOf(tier) {
 			next = minTime(next, now.Add(q.pollEvery()))
 		}
 		next = minTime(next, q.refreshed[w.streamID].Add(refreshBy), w.deadline)
@@ -168,6 +169,15 @@ func minTime(t time.Time, others ...time.Time) time.Time {
 		}
 	}
 	return t
+}
+
+// limitOf is the limit the queue is served by: the user's override as
+// the latest call found it, else tier's.
+func (q *userQueue) limitOf(tier tiers.Tier) int {
+	if q.override >= 0 {
+		return q.override
+	}
+	return tier.MaxConcurrentStreams
 }
 
 // pollEvery is how long after a call one for a ticket that could be

@@ -136,11 +136,11 @@ func scaleLoad(b *testing.B, e *env, n, concurrency int) []limiter.HeartbeatRequ
 				cmds := make(rueidis.Commands, len(batch))
 				for i, r := range batch {
 					key, _ := e.keys.UserKey(r.UserID)
-					cmds[i] = raw.B().Evalsha().Sha1(sha).Numkeys(2).Key(key, keys.SlotRecords(key)).Arg(r.StreamID, limit, ttl).Build()
+					cmds[i] = raw.B().Evalsha().Sha1(sha).Numkeys(3).Key(key, keys.SlotRecords(key), keys.Override(key)).Arg(r.StreamID, limit, ttl).Build()
 				}
 				for i, resp := range raw.DoMulti(context.Background(), cmds...) {
 					got, err := scriptInts(resp)
-					if err == nil && (len(got) != 6 || got[0] != 1) {
+					if err == nil && (len(got) != 7 || got[0] != 1) {
 						err = fmt.Errorf("acquire %s: %v, want granted", batch[i].UserID, got)
 					}
 					if err != nil {

@@ -8,12 +8,24 @@ import (
 	"github.com/redis/rueidis"
 )
 
-// Slot is one live slot of a user.
+// Slot is one live slot of a user, with its record: who took it, when,
+// under which plan, for what.
 type Slot struct {
 	StreamID  string
 	ExpiresAt time.Time
 	// TTL is the time left before the slot expires, as seen by Redis.
 	TTL time.Duration
+	// StartedAt is when the slot was taken, by Redis time; zero when its
+	// record holds none (a slot taken by a version that recorded none).
+	StartedAt time.Time
+	// Age is how long the slot has been held, as seen by Redis; 0 when
+	// StartedAt is unknown.
+	Age time.Duration
+	// Caller, Plan and Label are those of the acquire that took the slot;
+	// empty when not recorded.
+	Caller string
+	Plan   string
+	Label  string
 }
 
 // Ticket is one acquire waiting in a user's queue.
@@ -30,16 +42,19 @@ type Ticket struct {
 	ExpiresAt time.Time
 }
 
-// UserSlots is a user's live slots, earliest expiry first, and the
-// acquires waiting for them, first served first.
+// UserSlots is a user's live slots, earliest expiry first, the override
+// of the user's limit in force, and the acquires waiting for the slots,
+// first served first.
 type UserSlots struct {
 	UserID string
 	Used   int
 	Slots  []Slot
-	Queue  []Ticket
+	// Override is the user's support override in force; nil when none.
+	Override *Override
+	Queue    []Ticket
 }
 
-// Slots lists userID's live slots and waiting acquires. Errors:
+// Slots lists userID's live slots, override and waiting acquires. Errors:
 // ErrInvalidUserID, ErrUnavailable.
 func (l *Limiter) Slots(ctx context.Context, userID string) (UserSlots, error) {
 	ctx, span := l.startSpan(ctx, "limiter.slots")
@@ -64,11 +79,22 @@ func (l *Limiter) slots(ctx context.Context, userID string) (UserSlots, error) {
 	}
 	out := UserSlots{UserID: userID, Used: len(listing.Slots), Slots: make([]Slot, len(listing.Slots))}
 	for i, s := range listing.Slots {
-		out.Slots[i] = Slot{
+		rec := s.Record
+		slot := Slot{
 			StreamID:  s.StreamID,
 			ExpiresAt: msTime(s.ExpiresAtMs),
-			TTL:       time.Duration(s.ExpiresAtMs-listing.NowMs) * time.Millisecond,
+			TTL:       msDuration(s.ExpiresAtMs - listing.NowMs),
+			Caller:    rec.Caller,
+			Plan:      rec.Plan,
+			Label:     rec.Label,
 		}
+		if rec.StartedAtMs > 0 {
+			slot.StartedAt, slot.Age = msTime(rec.StartedAtMs), msDuration(max(0, listing.NowMs-rec.StartedAtMs))
+		}
+		out.Slots[i] = slot
+	}
+	if o := listing.Override; o != nil {
+		out.Override = overrideOf(*o, listing.NowMs)
 	}
 	out.Queue = make([]Ticket, len(listing.Queue))
 	for i, t := range listing.Queue {
@@ -77,3 +103,5 @@ func (l *Limiter) slots(ctx context.Context, userID string) (UserSlots, error) {
 	}
 	return out, nil
 }
+
+func msDuration(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }

@@ -70,9 +70,11 @@ type waitResult struct {
 	expiresAtMs int64
 	degraded    bool
 	replicas    *replicaSync
-	// granted, timeout
-	used  int
-	retry time.Duration
+	// granted, timeout: the user's slots, and the limit of the user's
+	// override when one applied (-1: the plan's)
+	used     int
+	override int
+	retry    time.Duration
 	// failed
 	err error
 }
@@ -84,7 +86,7 @@ type waitResult struct {
 func (l *Limiter) await(ctx context.Context, key string, req AcquireRequest, tier tiers.Tier, wait time.Duration, res AcquireResult) (AcquireResult, error) {
 	start := time.Now()
 	w := &waiter{
-		streamID: req.StreamID, record: lua.Record{Caller: req.Caller},
+		streamID: req.StreamID, record: lua.Record{Caller: req.Caller, Plan: tier.Plan, Label: req.Label},
 		ctx: ctx, deadline: start.Add(wait), done: make(chan waitResult, 1),
 	}
 	l.observer.Waiting(ctx, tier, 1)
@@ -97,6 +99,12 @@ func (l *Limiter) await(ctx context.Context, key string, req AcquireRequest, tie
 	outcome := r.outcome
 	defer func() { l.observer.Waited(ctx, tier, outcome, took) }()
 
+	if (r.outcome == WaitGranted || r.outcome == WaitTimeout) && !r.degraded {
+		res.Limit, res.Overridden = tier.MaxConcurrentStreams, r.override >= 0
+		if r.override >= 0 {
+			res.Limit = r.override
+		}
+	}
 	switch r.outcome {
 	case WaitGranted:
 		res.Granted, res.RetryAfter, res.Used = true, 0, r.used

@@ -2,17 +2,20 @@
 --
 -- KEYS[1] -> <prefix>{<user id>}           sorted set: member = stream id, score = expiry (Redis ms)
 -- KEYS[2] -> <prefix>{<user id>}:meta      hash: field = stream id, value = the slot's record
--- KEYS[3] -> <prefix>{<user id>}:q         sorted set of waiting acquires' tickets (see wait)
--- KEYS[4] -> <prefix>{<user id>}:q:expiry  sorted set: member = stream id, score = ticket expiry (Redis ms)
---            KEYS[3] and KEYS[4] are optional: absent for a plan whose
+-- KEYS[3] -> <prefix>{<user id>}:override  hash: support's override of the limit
+--            (fields limit, expires_at in Redis ms; see set_override)
+-- KEYS[4] -> <prefix>{<user id>}:q         sorted set of waiting acquires' tickets (see wait)
+-- KEYS[5] -> <prefix>{<user id>}:q:expiry  sorted set: member = stream id, score = ticket expiry (Redis ms)
+--            KEYS[4] and KEYS[5] are optional: absent for a plan whose
 --            acquires never wait (maxWait 0), which then ignores the queue
 --            and costs what it did before there was one
 -- ARGV[1] -> stream id
--- ARGV[2] -> limit (max concurrent streams, >= 0)
+-- ARGV[2] -> limit (max concurrent streams, >= 0): the plan's; an override
+--            in force replaces it
 -- ARGV[3] -> slot ttl (ms, > 0, decimal digits)
 -- ARGV[4] -> the rest of a new slot's record: '' or ';name=value' fields
 --            (optional: absent is '')
--- returns {granted (0|1), used, expires_at_ms, pruned, retry_after_ms, {wake ids}}
+-- returns {granted (0|1), used, expires_at_ms, pruned, retry_after_ms, override, {wake ids}}
 --   used           slots held after this call (live slots only)
 --   expires_at_ms  the slot's expiry when granted, 0 when denied
 --   pruned         slots that had expired unreleased and were removed now,
@@ -21,6 +24,8 @@
 --                  free (the earliest, unless the limit was lowered); when
 --                  slots are free but owed to waiting acquires: until the
 --                  earliest slot expires, 1000 when none is held
+--   override       the override's limit when one was in force (and so
+--                  applied), else -1
 --   wake ids       when this call pruned slots: the waiting acquires owed
 --                  the slots now free; the caller wakes them (see wait)
 --
@@ -32,22 +37,31 @@
 -- granted only if one is left over. Expired tickets are removed.
 --
 -- The record of a slot starts with its TTL (ARGV[3]), so that heartbeats
--- keep the slot by its own TTL whatever happens to its plan; the fields of
--- ARGV[4] (who took it) follow, each after a ';'. A new slot's record is
--- written with it; a held slot keeps the record it has (and gets one if it
--- had none). Both keys
--- expire together, one TTL after the longest slot.
+-- keep the slot by its own TTL whatever happens to its plan; then
+-- ';started=<now>' (Redis ms) and the fields of ARGV[4] (who took it, for
+-- what), each after a ';'. A new slot's record is written with it; a held
+-- slot keeps the record it has (and gets one if it had none). Both keys
+-- expire together, one TTL after the longest slot. The override is only
+-- read: it has its own expiry.
 local key = KEYS[1]
 local meta = KEYS[2]
-local queue = KEYS[3]
-local expiry = KEYS[4]
+local queue = KEYS[4]
+local expiry = KEYS[5]
 local member = ARGV[1]
 local limit = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
-local record = ARGV[3] .. (ARGV[4] or '')
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local record = ARGV[3] .. ';started=' .. string.format('%d', now) .. (ARGV[4] or '')
+
+-- A support override in force replaces the plan's limit.
+local override = -1
+local o = redis.call('HMGET', KEYS[3], 'limit', 'expires_at')
+if o[1] and o[2] and tonumber(o[2]) > now then
+  override = tonumber(o[1])
+  limit = override
+end
 
 -- Removes the slots expired by now and their records; returns how many.
 local function prune()
@@ -131,4 +145,4 @@ if pruned > 0 and waiting > 0 and used < limit then
   wake = redis.call('ZRANGE', queue, 0, limit - used - 1)
 end
 
-return {granted, used, expires, pruned, retry, wake}
+return {granted, used, expires, pruned, retry, override, wake}

@@ -7,9 +7,10 @@
 -- ARGV[2i]   -> its fallback slot ttl (ms, >= 0, decimal digits): for a
 --               slot that has no record (taken by a version that wrote
 --               none); 0: none known
--- returns {pruned, alive_1, expires_at_ms_1, ..., alive_n, expires_at_ms_n}
+-- returns {pruned, used, alive_1, expires_at_ms_1, ..., alive_n, expires_at_ms_n}
 --   pruned: the user's slots that had expired unreleased (these included),
 --   removed now with their records.
+--   used: the user's live slots after the call (the live-streams metric).
 --   alive 1: held; the expiry moves to now + the slot's TTL, only forward.
 --   alive 0: the slot is missing or had expired; the caller lost it and
 --   must stop or acquire again. expires_at_ms is then 0.
@@ -49,7 +50,7 @@ local function prune()
   return n
 end
 
-local out = {prune()}
+local out = {prune(), 0}
 
 local members = {}
 for i = 1, #ARGV, 2 do
@@ -108,4 +109,5 @@ if need > 0 then
   end
 end
 
+out[2] = redis.call('ZCARD', key)
 return out

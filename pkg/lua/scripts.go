@@ -2,17 +2,18 @@
 // Each script is a .lua file with a contract header; each is built once as a
 // package-level rueidis.Lua (EVALSHA with a NOSCRIPT fallback to EVAL).
 // Every script touches one user's keys only (the sorted set of slots, the
-// hash of their records, the two sorted sets of the user's wait queue, and
-// release_all's kept answer, all under the user's hash tag), so it never
-// straddles cluster slots.
+// hash of their records, the user's override, the two sorted sets of the
+// user's wait queue, and release_all's kept answer, all under the user's
+// hash tag), so it never straddles cluster slots.
 //
 // A script is marked retryable, so that rueidis sends it again after a
 // connection dropped before the reply, only when a second run answers as
 // the first did: acquire, heartbeat and wait (idempotent on the stream
-// id), slots (reads only), release_all (it keeps its answer for a retry).
-// Release is not: a second run would answer "not held" for the slot the
-// first run released, so a lost reply fails the call instead, and the
-// limiter answers it as unknown (degraded).
+// id), slots (reads only), release_all (it keeps its answer for a retry),
+// set_override (a second run sets the same override). Release and
+// remove_override are not: a second run would answer "not held" for the
+// slot (or "none" for the override) the first run removed, so a lost
+// reply fails the call instead, and the limiter answers it as unknown.
 package lua
 
 import (
@@ -36,6 +37,10 @@ var (
 	slotsSource string
 	//go:embed wait.lua
 	waitSource string
+	//go:embed set_override.lua
+	setOverrideSource string
+	//go:embed remove_override.lua
+	removeOverrideSource string
 )
 
 var (
@@ -45,6 +50,9 @@ var (
 	releaseAllScript = rueidis.NewLuaScriptRetryable(releaseAllSource)
 	slotsScript      = rueidis.NewLuaScriptRetryable(slotsSource)
 	waitScript       = rueidis.NewLuaScriptRetryable(waitSource)
+
+	setOverrideScript    = rueidis.NewLuaScriptRetryable(setOverrideSource)
+	removeOverrideScript = rueidis.NewLuaScript(removeOverrideSource)
 )
 
 // heartbeatSHA is the SHA1 of the heartbeat script, for HeartbeatMulti's
@@ -60,11 +68,13 @@ func sha1Hex(src string) string {
 // them elsewhere (telemetry names Redis spans after the script).
 func Sources() map[string]string {
 	return map[string]string{
-		"acquire":     acquireSource,
-		"heartbeat":   heartbeatSource,
-		"release":     releaseSource,
-		"release_all": releaseAllSource,
-		"slots":       slotsSource,
-		"wait":        waitSource,
+		"acquire":         acquireSource,
+		"heartbeat":       heartbeatSource,
+		"release":         releaseSource,
+		"release_all":     releaseAllSource,
+		"slots":           slotsSource,
+		"wait":            waitSource,
+		"set_override":    setOverrideSource,
+		"remove_override": removeOverrideSource,
 	}
 }

@@ -1,23 +1,51 @@
--- slots: list one user's live slots and waiting acquires. Reads only.
+-- slots: list one user's live slots, their records, the user's override
+-- and the acquires waiting in the user's queue. Reads only.
 --
 -- KEYS[1] -> <prefix>{<user id>}           sorted set: member = stream id, score = expiry (Redis ms)
--- KEYS[2] -> <prefix>{<user id>}:q         sorted set of waiting acquires' tickets (see wait)
--- KEYS[3] -> <prefix>{<user id>}:q:expiry  sorted set: member = stream id, score = ticket expiry (Redis ms)
--- returns {now_ms, {stream_id_1, expires_at_ms_1, ...}, {stream_id_1, arrival_us_1, ticket_expires_at_ms_1, ...}}
---   only slots whose expiry is after now, in expiry order; only tickets
---   whose expiry is after now, in queue order (first = next served)
+-- KEYS[2] -> <prefix>{<user id>}:meta      hash: field = stream id, value = the slot's record
+-- KEYS[3] -> <prefix>{<user id>}:override  hash: support's override (see set_override)
+-- KEYS[4] -> <prefix>{<user id>}:q         sorted set of waiting acquires' tickets (see wait)
+-- KEYS[5] -> <prefix>{<user id>}:q:expiry  sorted set: member = stream id, score = ticket expiry (Redis ms)
+-- returns {now_ms, {stream_id_1, expires_at_ms_1, ...}, {record_1, ...}, override,
+--          {stream_id_1, arrival_us_1, ticket_expires_at_ms_1, ...}}
+--   only slots whose expiry is after now, in expiry order
+--   record_i: the i-th slot's record, '' when it has none
+--   override: {limit, expires_at_ms, set_at_ms, actor, reason} when one is
+--   in force, else {}
+--   tickets: only those whose expiry is after now, in queue order (first
+--   = next served)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local tickets = {}
-if KEYS[2] then
-  local queued = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
-  for i = 1, #queued, 2 do
-    local at = redis.call('ZSCORE', KEYS[3], queued[i])
-    if at and tonumber(at) > now then
-      tickets[#tickets + 1] = queued[i]
-      tickets[#tickets + 1] = queued[i + 1]
-      tickets[#tickets + 1] = at
-    end
+local slots = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
+
+local records = {}
+local n = #slots / 2
+-- In chunks: unpack is bounded by the Lua stack.
+for i = 1, n, 1000 do
+  local ids = {}
+  for j = i, math.min(i + 999, n) do
+    ids[#ids + 1] = slots[2 * j - 1]
+  end
+  for _, r in ipairs(redis.call('HMGET', KEYS[2], unpack(ids))) do
+    records[#records + 1] = r or ''
   end
 end
-return {now, redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES'), tickets}
+
+local override = {}
+local o = redis.call('HMGET', KEYS[3], 'limit', 'expires_at', 'set_at', 'actor', 'reason')
+if o[1] and o[2] and tonumber(o[2]) > now then
+  override = {o[1], o[2], o[3] or '0', o[4] or '', o[5] or ''}
+end
+
+local tickets = {}
+local queued = redis.call('ZRANGE', KEYS[4], 0, -1, 'WITHSCORES')
+for i = 1, #queued, 2 do
+  local at = redis.call('ZSCORE', KEYS[5], queued[i])
+  if at and tonumber(at) > now then
+    tickets[#tickets + 1] = queued[i]
+    tickets[#tickets + 1] = queued[i + 1]
+    tickets[#tickets + 1] = at
+  end
+end
+
+return {now, slots, records, override, tickets}

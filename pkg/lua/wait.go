@@ -12,6 +12,7 @@ import (
 // WaitArgs are the arguments of one run of the wait script: one server's
 // tickets for one user, under one plan.
 type WaitArgs struct {
+	// Limit is the plan's; an override in force replaces it.
 	Limit     int
 	SlotTTL   time.Duration
 	TicketTTL time.Duration
@@ -58,8 +59,11 @@ type TicketResult struct {
 
 // Waited is the result of the wait script.
 type Waited struct {
-	Used   int // the user's live slots after the call
-	Pruned int // expired slots removed by the call
+	Used int // the user's live slots after the call
+	// Override is the limit of the user's support override, which the
+	// call applied instead of WaitArgs.Limit; -1 when none was in force.
+	Override int
+	Pruned   int // expired slots removed by the call
 	// Next is how long until the answer may change by time alone (a slot
 	// or a ticket expiring), when a ticket still waits; -1 otherwise.
 	Next time.Duration
@@ -93,25 +97,25 @@ func Wait(ctx context.Context, c rueidis.Client, key string, a WaitArgs) (Waited
 	if err != nil {
 		return Waited{}, err
 	}
-	if len(arr) != 5+2*len(a.Tickets) {
-		return Waited{}, fmt.Errorf("wait script returned %d values, want %d", len(arr), 5+2*len(a.Tickets))
+	if len(arr) != 6+2*len(a.Tickets) {
+		return Waited{}, fmt.Errorf("wait script returned %d values, want %d", len(arr), 6+2*len(a.Tickets))
 	}
-	head, err := int64s(arr[:4])
+	head, err := int64s(arr[:5])
 	if err != nil {
 		return Waited{}, fmt.Errorf("wait script: %w", err)
 	}
-	wake, err := arr[4].AsStrSlice()
+	wake, err := arr[5].AsStrSlice()
 	if err != nil {
 		return Waited{}, fmt.Errorf("wait script: wake ids: %w", err)
 	}
-	states, err := int64s(arr[5:])
+	states, err := int64s(arr[6:])
 	if err != nil {
 		return Waited{}, fmt.Errorf("wait script: tickets: %w", err)
 	}
-	out := Waited{Used: int(head[0]), Pruned: int(head[1]), Next: -1, RetryAfter: time.Duration(head[3]) * time.Millisecond,
+	out := Waited{Used: int(head[0]), Override: int(head[1]), Pruned: int(head[2]), Next: -1, RetryAfter: time.Duration(head[4]) * time.Millisecond,
 		Wake: wake, Tickets: make([]TicketResult, len(a.Tickets))}
-	if head[2] >= 0 {
-		out.Next = time.Duration(head[2]) * time.Millisecond
+	if head[3] >= 0 {
+		out.Next = time.Duration(head[3]) * time.Millisecond
 	}
 	for i := range out.Tickets {
 		r := TicketResult{State: TicketState(states[2*i])}

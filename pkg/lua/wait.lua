@@ -5,9 +5,11 @@
 --
 -- KEYS[1] -> <prefix>{<user id>}           sorted set: member = stream id, score = slot expiry (Redis ms)
 -- KEYS[2] -> <prefix>{<user id>}:meta      hash: field = stream id, value = the slot's record
--- KEYS[3] -> <prefix>{<user id>}:q         sorted set of tickets: member = stream id, score = arrival (Redis µs)
--- KEYS[4] -> <prefix>{<user id>}:q:expiry  sorted set: member = stream id, score = ticket expiry (Redis ms)
--- ARGV[1] -> limit (max concurrent streams, >= 0)
+-- KEYS[3] -> <prefix>{<user id>}:override  hash: support's override of the limit (see set_override)
+-- KEYS[4] -> <prefix>{<user id>}:q         sorted set of tickets: member = stream id, score = arrival (Redis µs)
+-- KEYS[5] -> <prefix>{<user id>}:q:expiry  sorted set: member = stream id, score = ticket expiry (Redis ms)
+-- ARGV[1] -> limit (max concurrent streams, >= 0): the plan's; an override
+--            in force replaces it
 -- ARGV[2] -> slot ttl (ms, > 0, decimal digits)
 -- ARGV[3] -> ticket ttl (ms, > 0)
 -- ARGV[4] -> the most tickets the queue may hold (> 0)
@@ -15,8 +17,10 @@
 -- ARGV[3+3i], ARGV[4+3i], ARGV[5+3i] (i = 1..n) -> the i-th ticket:
 --            stream id; 'w' (waits on) or 'l' (leaves the queue); the
 --            rest of its slot's record ('' or ';name=value' fields)
--- returns {used, pruned, next_ms, retry_after_ms, {wake ids}, state_1, value_1, ..., state_n, value_n}
+-- returns {used, override, pruned, next_ms, retry_after_ms, {wake ids}, state_1, value_1, ..., state_n, value_n}
 --   used       slots held after the call
+--   override   the override's limit when one was in force (and so
+--              applied instead of ARGV[1]), else -1
 --   pruned     slots that had expired unreleased, removed now with their
 --              records
 --   next_ms    ms until the answer may change by time alone (the earliest
@@ -44,7 +48,7 @@
 -- queued keeps its place (a retry under the same stream id), one already
 -- granted is granted again and its slot extended, and a ticket that
 -- left is not queued.
-local slots, meta, queue, expiry = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local slots, meta, queue, expiry = KEYS[1], KEYS[2], KEYS[4], KEYS[5]
 local limit = tonumber(ARGV[1])
 local ttl = tonumber(ARGV[2])
 local ticketTTL = tonumber(ARGV[3])
@@ -54,6 +58,14 @@ local n = tonumber(ARGV[5])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local nowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+-- A support override in force replaces the plan's limit.
+local override = -1
+local o = redis.call('HMGET', KEYS[3], 'limit', 'expires_at')
+if o[1] and o[2] and tonumber(o[2]) > now then
+  override = tonumber(o[1])
+  limit = override
+end
 
 -- Scores above 10^14 need all their digits: tostring keeps 14.
 local function digits(x) return string.format('%.0f', x) end
@@ -83,7 +95,7 @@ local granted = false -- a slot was granted or extended
 local denied = false  -- a ticket left or was not queued: retry_after_ms is due
 for i = 1, n do
   local id, action = ARGV[3 + 3 * i], ARGV[4 + 3 * i]
-  ids[i], records[i] = id, ARGV[2] .. ARGV[5 + 3 * i]
+  ids[i], records[i] = id, ARGV[2] .. ';started=' .. string.format('%d', now) .. ARGV[5 + 3 * i]
   states[i], values[i] = -1, 0
   if action == 'l' then
     redis.call('ZREM', queue, id)
@@ -206,7 +218,7 @@ if latest[2] then
   end
 end
 
-local out = {used, pruned, nextMs, retry, wake}
+local out = {used, override, pruned, nextMs, retry, wake}
 for i = 1, n do
   out[#out + 1] = states[i]
   out[#out + 1] = values[i]

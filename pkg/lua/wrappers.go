@@ -19,18 +19,22 @@ type Acquired struct {
 	ExpiresAtMs  int64 // Redis ms; 0 when denied
 	Pruned       int   // expired slots removed by this call
 	RetryAfterMs int64 // when denied: until the earliest slot expires
+	// Override is the limit of the user's support override, which the
+	// call applied instead of the plan's; -1 when none was in force.
+	Override int
 	// Wake are the waiting acquires owed the slots this call's pruning
 	// freed: the caller wakes them.
 	Wake []string
 }
 
-// Acquire runs the acquire script on key (a keys.Schema.UserKey) and its
-// slot records for streamID, for a plan whose acquires never wait: the
-// user's queue is not read (see AcquireQueued).
+// Acquire runs the acquire script on key (a keys.Schema.UserKey), its
+// slot records and its override for streamID, for a plan whose acquires
+// never wait: the user's queue is not read (see AcquireQueued). limit is
+// the plan's; an override in force replaces it.
 //
-// rec is written as the new slot's record, after its TTL.
+// rec is written as the new slot's record, after its TTL and start.
 func Acquire(ctx context.Context, c rueidis.Client, key, streamID string, limit int, ttl time.Duration, rec Record) (Acquired, error) {
-	return acquire(ctx, c, userKeys(key), streamID, limit, ttl, rec)
+	return acquire(ctx, c, append(userKeys(key), keys.Override(key)), streamID, limit, ttl, rec)
 }
 
 // AcquireQueued is Acquire for a plan whose acquires may wait: the user's
@@ -45,14 +49,14 @@ func acquire(ctx context.Context, c rueidis.Client, keys []string, streamID stri
 	if err != nil {
 		return Acquired{}, err
 	}
-	if len(arr) != 6 {
-		return Acquired{}, fmt.Errorf("acquire script returned %d values, want 6", len(arr))
+	if len(arr) != 7 {
+		return Acquired{}, fmt.Errorf("acquire script returned %d values, want 7", len(arr))
 	}
-	vals, err := int64s(arr[:5])
+	vals, err := int64s(arr[:6])
 	if err != nil {
 		return Acquired{}, fmt.Errorf("acquire script: %w", err)
 	}
-	wake, err := arr[5].AsStrSlice()
+	wake, err := arr[6].AsStrSlice()
 	if err != nil {
 		return Acquired{}, fmt.Errorf("acquire script: wake ids: %w", err)
 	}
@@ -62,6 +66,7 @@ func acquire(ctx context.Context, c rueidis.Client, keys []string, streamID stri
 		ExpiresAtMs:  vals[2],
 		Pruned:       int(vals[3]),
 		RetryAfterMs: vals[4],
+		Override:     int(vals[5]),
 		Wake:         wake,
 	}, nil
 }
@@ -79,29 +84,13 @@ func int64s(msgs []rueidis.RedisMessage) ([]int64, error) {
 	return out, nil
 }
 
-// Record is what a slot's record holds besides its TTL, which the scripts
-// write first: "<ttl ms>;caller=<name>". Fields are ';'-separated
-// name=value pairs; the values are validated identifiers (caller names are
-// [A-Za-z0-9._@-]), so they hold neither ';' nor '='.
-type Record struct {
-	// Caller names who took the slot: the API caller of the tokens file or
-	// the client certificate. Empty: not recorded (an open API).
-	Caller string
-}
-
-// encode returns the fields after the TTL, each with its leading ';'.
-func (r Record) encode() string {
-	if r.Caller == "" {
-		return ""
-	}
-	return ";caller=" + r.Caller
-}
-
 // Beat is the result of the heartbeat script.
 type Beat struct {
 	Alive       bool
 	ExpiresAtMs int64 // Redis ms; 0 when lost
 	Pruned      int   // the user's expired slots removed by this call
+	// Used is the user's live slots after the call.
+	Used int
 	// NoTTL: the slot is held but has no record and no fallback TTL was
 	// given, so it was left as it is (Alive false, ExpiresAtMs its expiry).
 	NoTTL bool
@@ -326,18 +315,18 @@ func heartbeatEval(c rueidis.Client, call userBeat) rueidis.Completed {
 
 // parseBeats parses the heartbeat script's answer for the slots at into
 // beats[at[0]], beats[at[1]], ...; the first counts the user's pruned
-// slots.
+// slots, and each says how many the user holds.
 func parseBeats(resp rueidis.RedisResult, at []int, beats []Beat) error {
 	vals, err := resp.AsIntSlice()
 	if err != nil {
 		return err
 	}
-	if len(vals) != 1+2*len(at) {
-		return fmt.Errorf("heartbeat script returned %d values, want %d", len(vals), 1+2*len(at))
+	if len(vals) != 2+2*len(at) {
+		return fmt.Errorf("heartbeat script returned %d values, want %d", len(vals), 2+2*len(at))
 	}
 	for k, i := range at {
-		alive := vals[1+2*k]
-		beats[i] = Beat{Alive: alive == 1, NoTTL: alive == -1, ExpiresAtMs: vals[2+2*k]}
+		alive := vals[2+2*k]
+		beats[i] = Beat{Alive: alive == 1, NoTTL: alive == -1, ExpiresAtMs: vals[3+2*k], Used: int(vals[1])}
 	}
 	beats[at[0]].Pruned = int(vals[0])
 	return nil
@@ -358,7 +347,7 @@ type Released struct {
 // Release runs the release script on key (a keys.Schema.UserKey), its
 // slot records and its queue.
 func Release(ctx context.Context, c rueidis.Client, key, streamID string) (Released, error) {
-	arr, err := releaseScript.Exec(ctx, c, queueKeys(key), []string{streamID}).ToArray()
+	arr, err := releaseScript.Exec(ctx, c, releaseKeys(key), []string{streamID}).ToArray()
 	if err != nil {
 		return Released{}, err
 	}
@@ -418,84 +407,22 @@ func ReleaseAll(ctx context.Context, c rueidis.Client, key, answer string, keep 
 	return ReleasedAll{IDs: ids, Pruned: int(n), Head: head}, nil
 }
 
-// Slot is one live slot as stored.
-type Slot struct {
-	StreamID    string
-	ExpiresAtMs int64 // Redis ms
-}
-
-// Ticket is one waiting acquire as stored.
-type Ticket struct {
-	StreamID    string
-	ArrivalUs   int64 // Redis µs when it was queued (its order)
-	ExpiresAtMs int64 // Redis ms; its server refreshes it while it waits
-}
-
-// Listing is the result of the slots script.
-type Listing struct {
-	NowMs int64 // Redis ms when read
-	Slots []Slot
-	// Queue holds the live tickets, first served first.
-	Queue []Ticket
-}
-
-// Slots runs the slots script: the live slots of key, in expiry order,
-// and its live tickets, in queue order.
-func Slots(ctx context.Context, c rueidis.Client, key string) (Listing, error) {
-	arr, err := slotsScript.Exec(ctx, c, []string{key, keys.Queue(key), keys.QueueExpiry(key)}, nil).ToArray()
-	if err != nil {
-		return Listing{}, err
-	}
-	if len(arr) != 3 {
-		return Listing{}, fmt.Errorf("slots script returned %d values, want 3", len(arr))
-	}
-	now, err := arr[0].AsInt64()
-	if err != nil {
-		return Listing{}, err
-	}
-	flat, err := arr[1].AsStrSlice()
-	if err != nil {
-		return Listing{}, err
-	}
-	if len(flat)%2 != 0 {
-		return Listing{}, fmt.Errorf("slots script returned %d members and scores, want pairs", len(flat))
-	}
-	out := Listing{NowMs: now, Slots: make([]Slot, 0, len(flat)/2)}
-	for i := 0; i < len(flat); i += 2 {
-		score, err := strconv.ParseFloat(flat[i+1], 64)
-		if err != nil {
-			return Listing{}, fmt.Errorf("slot %q has score %q: %w", flat[i], flat[i+1], err)
-		}
-		out.Slots = append(out.Slots, Slot{StreamID: flat[i], ExpiresAtMs: int64(score)})
-	}
-	tickets, err := arr[2].AsStrSlice()
-	if err != nil {
-		return Listing{}, err
-	}
-	if len(tickets)%3 != 0 {
-		return Listing{}, fmt.Errorf("slots script returned %d ticket fields, want triples", len(tickets))
-	}
-	out.Queue = make([]Ticket, 0, len(tickets)/3)
-	for i := 0; i < len(tickets); i += 3 {
-		arrival, err1 := strconv.ParseFloat(tickets[i+1], 64)
-		expires, err2 := strconv.ParseFloat(tickets[i+2], 64)
-		if err := cmp.Or(err1, err2); err != nil {
-			return Listing{}, fmt.Errorf("ticket %q: %w", tickets[i], err)
-		}
-		out.Queue = append(out.Queue, Ticket{StreamID: tickets[i], ArrivalUs: int64(arrival), ExpiresAtMs: int64(expires)})
-	}
-	return out, nil
-}
-
 func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
 
 // userKeys are the KEYS of a script that writes one user's slots: the
 // sorted set and the hash of its slot records, under one hash tag.
 func userKeys(key string) []string { return []string{key, keys.SlotRecords(key)} }
 
-// queueKeys are the KEYS of a script that writes one user's slots and
-// reads or writes the user's queue: userKeys, then the queue's two sorted
-// sets, under the same hash tag.
+// queueKeys are the KEYS of a script that grants slots to one user's
+// queue or past it (acquire, wait): userKeys, the user's override (its
+// limit replaces the plan's), then the queue's two sorted sets, under the
+// same hash tag.
 func queueKeys(key string) []string {
+	return []string{key, keys.SlotRecords(key), keys.Override(key), keys.Queue(key), keys.QueueExpiry(key)}
+}
+
+// releaseKeys are the KEYS of the release script: userKeys, then the
+// queue's two sorted sets, whose head a release names.
+func releaseKeys(key string) []string {
 	return []string{key, keys.SlotRecords(key), keys.Queue(key), keys.QueueExpiry(key)}
 }

@@ -35,6 +35,8 @@ const HeaderStreamID = "X-Limiter-Stream-Id"
 
 // Defaults of Options.
 const (
+	// DefaultLabelHeader is the header whose value labels the slot.
+	DefaultLabelHeader           = "X-Limiter-Label"
 	DefaultMaxHeaderBytes        = 32 << 10
 	DefaultDialTimeout           = 5 * time.Second
 	DefaultTLSHandshakeTimeout   = 5 * time.Second
@@ -52,6 +54,16 @@ type Options struct {
 	// A prefix matches the path itself and anything under it after a "/".
 	// Default none: every request holds one.
 	Routes []string
+	// LabelHeader names the request header whose value becomes the
+	// slot's label (limiter.AcquireRequest.Label): what support sees
+	// beside the stream, e.g. the model or the calling pod. A value the
+	// limiter refuses as a label (over 128 bytes, whitespace or control
+	// characters) is answered 400 invalid_label, before any slot. The
+	// proxy never reads request bodies (they stream upstream as they
+	// come), so it cannot take the model from an OpenAI request's JSON: a
+	// gateway in front that knows it can set this header. Default "": no
+	// label (config's proxy.labelHeader defaults to DefaultLabelHeader).
+	LabelHeader string
 	// StripAuthorization removes the client's Authorization header before
 	// the request goes upstream (set it when the token is for the proxy
 	// only). Default false: it is passed on.
@@ -181,22 +193,26 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	if n := headerBytes(r); n > p.opts.MaxHeaderBytes {
 		p.holder.Refused(ctx, hold.ReasonInvalid)
-		writeError(w, http.StatusRequestHeaderFieldsTooLarge, apiError{Type: typeInvalidRequest, Code: codeHeadersTooLarge,
-			Message: fmt.Sprintf("the request's headers are %d bytes, over the %d allowed", n, p.opts.MaxHeaderBytes)})
+		hold.Refused(http.StatusRequestHeaderFieldsTooLarge, hold.TypeInvalidRequest, hold.CodeHeadersTooLarge,
+			fmt.Sprintf("the request's headers are %d bytes, over the %d allowed", n, p.opts.MaxHeaderBytes)).Write(w)
 		return
 	}
 	id, err := p.ident.Resolve(r.Header)
 	if err != nil {
 		p.holder.Refused(ctx, hold.ReasonIdentity)
-		writeError(w, http.StatusUnauthorized, apiError{Type: typeInvalidRequest, Code: codeUnauthenticated, Message: err.Error()})
+		hold.Refused(http.StatusUnauthorized, hold.TypeInvalidRequest, hold.CodeUnauthenticated, err.Error()).Write(w)
 		return
 	}
-	st, res, err := p.holder.Acquire(ctx, limiter.AcquireRequest{UserID: id.UserID, Plan: id.Plan})
+	var label string
+	if p.opts.LabelHeader != "" {
+		label = r.Header.Get(p.opts.LabelHeader)
+	}
+	st, res, err := p.holder.Acquire(ctx, limiter.AcquireRequest{UserID: id.UserID, Plan: id.Plan, Label: label})
 	switch {
 	case err != nil:
 		p.refuse(w, r, err)
 	case st == nil:
-		writeLimited(w, res)
+		hold.Limited(res).Write(w)
 	default:
 		p.stream(w, r, st, res)
 	}
@@ -265,23 +281,19 @@ func (p *Proxy) endOf(r *http.Request, st *hold.Stream, state *exchange) hold.En
 // refuse answers an acquire that failed: the plan is unknown, the user id
 // cannot be used, or Redis is down on a Closed plan.
 func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, err error) {
-	switch {
-	case errors.Is(err, limiter.ErrUnknownPlan):
-		writeError(w, http.StatusUnprocessableEntity, apiError{Type: typeInvalidRequest, Code: codeUnknownPlan,
-			Message: "the plan of this request is not one the limiter knows"})
-	case errors.Is(err, limiter.ErrInvalidUserID):
-		writeError(w, http.StatusBadRequest, apiError{Type: typeInvalidRequest, Code: codeInvalidUserID, Message: err.Error()})
-	case errors.Is(err, limiter.ErrUnavailable), errors.Is(err, hold.ErrClosed):
-		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusServiceUnavailable, apiError{Type: typeServer, Code: codeUnavailable,
-			Message: "the stream limiter cannot reach its store and this plan fails closed; retry shortly"})
-	case r.Context().Err() != nil:
-		// The client left while the acquire was in flight; nobody reads
-		// an answer.
-	default:
-		p.log.ErrorContext(r.Context(), "acquire failed", "path", r.URL.Path, "err", err)
-		writeError(w, http.StatusInternalServerError, apiError{Type: typeServer, Code: codeInternal, Message: "the stream limiter failed; its log says why"})
+	if errors.Is(err, limiter.ErrInvalidLabel) {
+		hold.Refused(http.StatusBadRequest, hold.TypeInvalidRequest, hold.CodeInvalidLabel,
+			"header "+p.opts.LabelHeader+": "+err.Error()).Write(w)
+		return
 	}
+	refusal, known := hold.AcquireRefusal(err)
+	if !known {
+		if r.Context().Err() != nil {
+			return // the client left while the acquire was in flight; nobody reads an answer
+		}
+		p.log.ErrorContext(r.Context(), "acquire failed", "path", r.URL.Path, "err", err)
+	}
+	refusal.Write(w)
 }
 
 // headerBytes is the size of r's header lines, as net/http counts them

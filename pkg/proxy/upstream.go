@@ -125,10 +125,10 @@ func (p *Proxy) upstreamFailed(w http.ResponseWriter, r *http.Request, err error
 	p.log.WarnContext(r.Context(), "upstream request failed", "path", r.URL.Path, "err", err)
 	var ne net.Error
 	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
-		writeError(w, http.StatusGatewayTimeout, apiError{Type: typeServer, Code: codeUpstreamTimeout, Message: "the upstream did not answer in time"})
+		hold.Refused(http.StatusGatewayTimeout, hold.TypeServer, hold.CodeUpstreamTimeout, "the upstream did not answer in time").Write(w)
 		return
 	}
-	writeError(w, http.StatusBadGateway, apiError{Type: typeServer, Code: codeUpstreamUnavailable, Message: "the upstream could not be reached"})
+	hold.Refused(http.StatusBadGateway, hold.TypeServer, hold.CodeUpstreamUnavailable, "the upstream could not be reached").Write(w)
 }
 
 // TransportOptions configure NewTransport. Zero durations take the

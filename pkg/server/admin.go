@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -50,7 +51,8 @@ type AdminOptions struct {
 }
 
 // Admin serves the support staff's API (/v1/admin/...) and page (/admin/):
-// inspect a user's slots, release them all, read the recent actions. Every
+// inspect a user's slots, release them all, set or remove a temporary
+// override of the user's limit, read the recent actions. Every
 // call, refused ones included, leaves one audit record: in the log and the
 // audit stream, except a call without a known token, which is only logged
 // (rate-limited; see auditor).
@@ -100,28 +102,48 @@ func (a *Admin) WatchTokens(ctx context.Context) { a.tokens.watch(ctx, a.poll) }
 
 // Routes adds the admin API and page to mux (Server.AdminHandler does).
 func (a *Admin) Routes(mux *http.ServeMux) {
-	a.route(mux, http.MethodGet, httpapi.PathAdminUserSlots, httpapi.ActionListSlots, httpapi.RoleViewer, a.listSlots)
-	a.route(mux, http.MethodPost, httpapi.PathAdminUserRelease, httpapi.ActionReleaseAll, httpapi.RoleOperator, a.releaseAll)
-	a.route(mux, http.MethodGet, httpapi.PathAdminAudit, httpapi.ActionReadAudit, httpapi.RoleViewer, a.readAudit)
+	a.route(mux, httpapi.PathAdminUserSlots, adminRoute{method: http.MethodGet, action: httpapi.ActionListSlots, role: httpapi.RoleViewer, do: a.listSlots})
+	a.route(mux, httpapi.PathAdminUserRelease, adminRoute{method: http.MethodPost, action: httpapi.ActionReleaseAll, role: httpapi.RoleOperator,
+		do: a.releaseAll, reason: releaseReason})
+	a.route(mux, httpapi.PathAdminUserOverride,
+		adminRoute{method: http.MethodPost, action: httpapi.ActionSetOverride, role: httpapi.RoleOperator, do: a.setOverride, reason: overrideReason},
+		adminRoute{method: http.MethodDelete, action: httpapi.ActionRemoveOverride, role: httpapi.RoleOperator, do: a.removeOverride, reason: removalReason})
+	a.route(mux, httpapi.PathAdminAudit, adminRoute{method: http.MethodGet, action: httpapi.ActionReadAudit, role: httpapi.RoleViewer, do: a.readAudit})
 	a.servePage(mux)
 }
 
-// route serves the admin call action (see call) for method on path, and
-// answers any other method on path 405, audited as action like every call.
-func (a *Admin) route(mux *http.ServeMux, method, path, action, role string, do adminHandler) {
-	mux.HandleFunc(method+" "+path, a.call(action, role, do))
+// adminRoute is one admin call: action served for method to callers of
+// role (operator includes viewer).
+type adminRoute struct {
+	method, action, role string
+	do                   adminHandler
+	// reason, for a call that changes something, reads the reason of its
+	// body: a known caller refused for its role is recorded with what it
+	// tried to do, and why.
+	reason func(http.ResponseWriter, *http.Request) (string, error)
+}
+
+// route serves each of routes on path, and answers any other method on
+// path 405, audited as the first route's action like every call.
+func (a *Admin) route(mux *http.ServeMux, path string, routes ...adminRoute) {
+	methods := make([]string, len(routes))
+	for i, rt := range routes {
+		mux.HandleFunc(rt.method+" "+path, a.call(rt))
+		methods[i] = rt.method
+	}
+	allow := strings.Join(methods, ", ")
 	mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
-		rec := a.newRecord(w, r, action)
+		rec := a.newRecord(w, r, routes[0].action)
 		// Name a known caller in the record; a 405 needs no token, so a
 		// missing or unknown one is no reason to answer otherwise.
 		if token, ok := a.identify(r); ok {
 			rec.Actor, rec.Role = token.name, token.role
 			w.Header().Set(httpapi.HeaderAdminRole, token.role)
 		}
-		w.Header().Set("Allow", method)
+		w.Header().Set("Allow", allow)
 		a.refuse(w, r, rec, http.StatusMethodNotAllowed, httpapi.Error{
 			Code:    httpapi.CodeMethodNotAllowed,
-			Message: r.Method + " is not allowed: " + path + " accepts " + method + " only",
+			Message: r.Method + " is not allowed: " + path + " accepts " + strings.Join(methods, " or ") + " only",
 		})
 	})
 }
@@ -130,20 +152,20 @@ func (a *Admin) route(mux *http.ServeMux, method, path, action, role string, do 
 // ids) and returns the 200 body.
 type adminHandler func(w http.ResponseWriter, r *http.Request, rec *httpapi.AuditRecord) (any, error)
 
-// call authenticates the caller, requires role (operator includes
-// viewer), runs do, answers, and writes the one audit record of the call
-// before answering, so a caller who sees the answer can find the record.
-func (a *Admin) call(action, role string, do adminHandler) http.HandlerFunc {
+// call authenticates the caller, requires rt's role, runs rt's handler,
+// answers, and writes the one audit record of the call before answering,
+// so a caller who sees the answer can find the record.
+func (a *Admin) call(rt adminRoute) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		rec := a.newRecord(w, r, action)
+		rec := a.newRecord(w, r, rt.action)
 		var body any
-		err := a.authorize(w, r, role, &rec)
+		err := a.authorize(w, r, rt.role, &rec)
 		switch {
 		case err == nil:
-			body, err = do(w, r, &rec)
-		case errors.Is(err, errForbidden) && action == httpapi.ActionReleaseAll:
-			// Record what a known caller tried to do, and why.
-			rec.Reason, _ = releaseReason(w, r)
+			body, err = rt.do(w, r, &rec)
+		case errors.Is(err, errForbidden) && rt.reason != nil:
+			// Record what a known caller tried to change, and why.
+			rec.Reason, _ = rt.reason(w, r)
 		}
 		if err != nil {
 			status, e := apiError(err)
@@ -210,8 +232,11 @@ func (a *Admin) authorize(w http.ResponseWriter, r *http.Request, role string, r
 
 // bearerToken returns the token of an "Authorization: Bearer <token>"
 // header (scheme case-insensitive, RFC 9110).
-func bearerToken(r *http.Request) (string, bool) {
-	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+func bearerToken(r *http.Request) (string, bool) { return bearerValue(r.Header.Get("Authorization")) }
+
+// bearerValue returns the token of a "Bearer <token>" value.
+func bearerValue(value string) (string, bool) {
+	scheme, token, ok := strings.Cut(value, " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
 		return "", false
 	}
@@ -227,7 +252,17 @@ func (a *Admin) listSlots(_ http.ResponseWriter, r *http.Request, _ *httpapi.Aud
 	out := httpapi.AdminSlotsResponse{UserID: slots.UserID, Used: slots.Used, Slots: make([]httpapi.AdminSlot, len(slots.Slots)),
 		Queue: make([]httpapi.AdminTicket, len(slots.Queue))}
 	for i, s := range slots.Slots {
-		out.Slots[i] = httpapi.AdminSlot{StreamID: s.StreamID, ExpiresAt: s.ExpiresAt, TTLMs: s.TTL.Milliseconds()}
+		slot := httpapi.AdminSlot{StreamID: s.StreamID, ExpiresAt: s.ExpiresAt, TTLMs: s.TTL.Milliseconds(),
+			Caller: s.Caller, Plan: s.Plan, Label: s.Label}
+		if !s.StartedAt.IsZero() {
+			started, age := s.StartedAt, s.Age.Milliseconds()
+			slot.StartedAt, slot.AgeMs = &started, &age
+		}
+		out.Slots[i] = slot
+	}
+	if o := slots.Override; o != nil {
+		view := adminOverride(*o)
+		out.Override = &view
 	}
 	for i, t := range slots.Queue {
 		out.Queue[i] = httpapi.AdminTicket{StreamID: t.StreamID, Place: t.Place, WaitingSince: t.Since, WaitedMs: t.Waited.Milliseconds(), ExpiresAt: t.ExpiresAt}
@@ -249,23 +284,28 @@ func (a *Admin) releaseAll(w http.ResponseWriter, r *http.Request, rec *httpapi.
 	return httpapi.AdminReleaseResponse{Released: rec.Released, AuditID: rec.AuditID}, nil
 }
 
-// releaseReason decodes a release's body and returns its reason, runs of
-// whitespace collapsed and cleaned for the audit, with an error when the
-// body is malformed or the reason empty or too long.
+// releaseReason decodes a release's body and returns its reason (see
+// checkReason).
 func releaseReason(w http.ResponseWriter, r *http.Request) (string, error) {
 	var req httpapi.AdminReleaseRequest
 	err := decode(w, r, httpapi.MaxBodyBytes, &req)
-	collapsed := strings.Join(strings.Fields(req.Reason), " ")
-	reason := normalizeReason(collapsed)
+	reason, rerr := checkReason(req.Reason, "every slot of this user is released")
+	return reason, cmp.Or(err, rerr)
+}
+
+// checkReason returns reason with runs of whitespace collapsed and cleaned
+// for the audit, with an error when it is empty or too long; why ends the
+// message asking for one ("say why <why>").
+func checkReason(reason, why string) (string, error) {
+	collapsed := strings.Join(strings.Fields(reason), " ")
+	cleaned := normalizeReason(collapsed)
 	switch n := len([]rune(collapsed)); {
-	case err != nil:
-		return reason, err
 	case n == 0:
-		return reason, badRequest("reason is required: say why every slot of this user is released (it is recorded in the audit)")
+		return cleaned, badRequest("reason is required: say why %s (it is recorded in the audit)", why)
 	case n > httpapi.MaxReasonLength:
-		return reason, badRequest("reason is %d characters, the limit is %d", n, httpapi.MaxReasonLength)
+		return cleaned, badRequest("reason is %d characters, the limit is %d", n, httpapi.MaxReasonLength)
 	}
-	return reason, nil
+	return cleaned, nil
 }
 
 func (a *Admin) readAudit(_ http.ResponseWriter, r *http.Request, _ *httpapi.AuditRecord) (any, error) {

@@ -89,6 +89,12 @@ func auditAttrs(rec httpapi.AuditRecord) []slog.Attr {
 		slog.String("outcome", rec.Outcome),
 		slog.Int("status", rec.Status),
 	}
+	if o := rec.Override; o != nil {
+		attrs = append(attrs, slog.Group("override", slog.Int("max_concurrent_streams", o.MaxConcurrentStreams), slog.Time("expires_at", o.ExpiresAt)))
+	}
+	if rec.OverrideRemoved != nil {
+		attrs = append(attrs, slog.Bool("override_removed", *rec.OverrideRemoved))
+	}
 	if rec.ForwardedFor != "" {
 		attrs = append(attrs, slog.String("forwarded_for", rec.ForwardedFor))
 	}

@@ -4,11 +4,13 @@ import (
 	"context"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/httpapi"
+	"github.com/joishi/limiter/pkg/limiter"
 )
 
 // TestAdminReleaseWhoseReplyIsLost: the connection to Redis drops after
@@ -50,6 +52,30 @@ func TestAdminReleaseWhoseReplyIsLost(t *testing.T) {
 		rec := e.streamRecords(t)[0]
 		if rec.AuditID != r.header.Get(httpapi.HeaderAuditID) || rec.Outcome != httpapi.CodeOutcomeUnknown || rec.Status != http.StatusServiceUnavailable || len(rec.Released) != 0 {
 			t.Errorf("audit record: got %+v, want this call's, outcome %s, status 503, nothing named released", rec, httpapi.CodeOutcomeUnknown)
+		}
+	})
+
+	// A removal sent again after a lost reply would answer "none in
+	// force" for the override the first run removed: it is never sent
+	// again, and a lost reply is answered as not known.
+	t.Run("an override's removal with its reply lost: 503 outcome_unknown, not \"none\"", func(t *testing.T) {
+		if _, err := e.lim.RemoveOverride(context.Background(), newUser(t)); err != nil { // loads the script
+			t.Fatal(err)
+		}
+		user := newUser(t)
+		if _, err := e.lim.SetOverride(context.Background(), user, limiter.OverrideRequest{MaxConcurrentStreams: 5, For: time.Hour, Actor: "ola", Reason: "r"}); err != nil {
+			t.Fatal(err)
+		}
+		proxy.DropReplies(1 << 20)
+		r := e.do(t, adminCall{method: "DELETE", path: httpapi.AdminUserOverridePath(user), token: operatorToken, body: reason})
+		proxy.DropReplies(0)
+		wantError(t, r, http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
+		rec := e.streamRecords(t)[0]
+		if rec.AuditID != r.header.Get(httpapi.HeaderAuditID) || rec.Action != httpapi.ActionRemoveOverride || rec.Outcome != httpapi.CodeOutcomeUnknown || rec.OverrideRemoved != nil {
+			t.Errorf("audit record: got %+v, want this call's remove_override, outcome %s, no removed said", rec, httpapi.CodeOutcomeUnknown)
+		}
+		if listed, err := e.lim.Slots(context.Background(), user); err != nil || listed.Override != nil {
+			t.Errorf("override after the lost reply: got %+v, %v; want it gone (the script ran)", listed.Override, err)
 		}
 	})
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -16,10 +17,14 @@ import (
 )
 
 // Outcomes of the slot API's authentication, mapped to 401 and 403 by
-// apiError.
+// apiError. The ext_proc server answers them too (Callers.Authenticate,
+// Caller.Allow).
 var (
-	errUnauthenticated = errors.New("unauthenticated")
-	errPlanNotAllowed  = errors.New("plan not allowed")
+	// ErrUnauthenticated: no caller credentials, or ones no caller of the
+	// API tokens file holds.
+	ErrUnauthenticated = errors.New("unauthenticated")
+	// ErrPlanNotAllowed: the caller may not use the plan.
+	ErrPlanNotAllowed = errors.New("plan not allowed")
 )
 
 // attrCaller names the caller on the request's span. Never a metric label:
@@ -78,23 +83,50 @@ func (c *Callers) Watch(ctx context.Context) { c.file.watch(ctx, c.poll) }
 // identify returns the caller of r: by its client certificate if it
 // presented one (verified in the handshake), else by its bearer token.
 func (c *Callers) identify(r *http.Request) (caller, error) {
-	set := c.file.current()
-	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
-		name := certName(r.TLS.PeerCertificates[0])
-		if who, ok := set.byName(name); ok {
-			return who, nil
-		}
-		return caller{}, &authError{errUnauthenticated, fmt.Sprintf("the client certificate's name %q is not a caller of the API tokens file", name)}
+	who, err := c.Authenticate(r.TLS, r.Header.Get("Authorization"))
+	return who.c, err
+}
+
+// Caller is a caller Callers.Authenticate found: a line of the API tokens
+// file.
+type Caller struct{ c caller }
+
+// Name is the caller's name (field 1 of its line), for logs and spans.
+func (c Caller) Name() string { return c.c.name }
+
+// Allow returns nil when the caller may acquire and heartbeat slots of
+// plan, else an error wrapping ErrPlanNotAllowed that names the caller and
+// the plan.
+func (c Caller) Allow(plan string) error {
+	if c.c.allows(plan) {
+		return nil
 	}
-	presented, ok := bearerToken(r)
+	return &authError{ErrPlanNotAllowed, fmt.Sprintf("caller %q may not use plan %q", c.c.name, plan)}
+}
+
+// Authenticate returns the caller of a connection or a call: by the client
+// certificate of state when one was presented and verified in the
+// handshake, else by the bearer token of authorization (an Authorization
+// header's or gRPC metadata's value, "Bearer <token>"). Errors wrap
+// ErrUnauthenticated and never quote a token.
+func (c *Callers) Authenticate(state *tls.ConnectionState, authorization string) (Caller, error) {
+	set := c.file.current()
+	if state != nil && len(state.VerifiedChains) > 0 {
+		name := certName(state.PeerCertificates[0])
+		if who, ok := set.byName(name); ok {
+			return Caller{who}, nil
+		}
+		return Caller{}, &authError{ErrUnauthenticated, fmt.Sprintf("the client certificate's name %q is not a caller of the API tokens file", name)}
+	}
+	presented, ok := bearerValue(authorization)
 	if !ok {
-		return caller{}, &authError{errUnauthenticated, `no caller token: send it as "Authorization: Bearer <token>"`}
+		return Caller{}, &authError{ErrUnauthenticated, `no caller token: send it as "Authorization: Bearer <token>"`}
 	}
 	who, ok := set.byToken(presented)
 	if !ok {
-		return caller{}, &authError{errUnauthenticated, "unknown token"}
+		return Caller{}, &authError{ErrUnauthenticated, "unknown token"}
 	}
-	return who, nil
+	return Caller{who}, nil
 }
 
 // certName is the caller name of a client certificate: its first DNS name,
@@ -149,11 +181,7 @@ func callerOf(r *http.Request) caller {
 // allowPlan refuses plan 403 plan_not_allowed unless the request's caller
 // may use it. The message names the plan and the caller, never a token.
 func allowPlan(r *http.Request, plan string) error {
-	who := callerOf(r)
-	if who.allows(plan) {
-		return nil
-	}
-	return &authError{errPlanNotAllowed, fmt.Sprintf("caller %q may not use plan %q", who.name, plan)}
+	return Caller{callerOf(r)}.Allow(plan)
 }
 
 // heartbeatBatch heartbeats the slots whose plans the caller may use and

@@ -100,6 +100,10 @@ func decode(w http.ResponseWriter, r *http.Request, limit int64, dst any) error 
 		err = d.stringObject(releaseFields, []*string{&v.UserID, &v.StreamID}, -1)
 	case *httpapi.AdminReleaseRequest:
 		err = d.stringObject(adminReleaseFields, []*string{&v.Reason}, -1)
+	case *httpapi.AdminOverrideRemoveRequest:
+		err = d.stringObject(adminReleaseFields, []*string{&v.Reason}, -1)
+	case *httpapi.AdminOverrideRequest:
+		err = d.overrideRequest(v)
 	case *httpapi.HeartbeatsRequest:
 		err = d.heartbeats(v)
 	default:
@@ -113,22 +117,56 @@ func decode(w http.ResponseWriter, r *http.Request, limit int64, dst any) error 
 
 // The fields of each request type, as their json tags name them.
 var (
-	acquireFields      = stringFields{"user_id", "plan", "stream_id", "wait_ms"}
+	acquireFields      = stringFields{"user_id", "plan", "stream_id", "label", "wait_ms"}
 	heartbeatFields    = stringFields{"user_id", "plan", "stream_id"}
 	releaseFields      = stringFields{"user_id", "stream_id"}
 	adminReleaseFields = stringFields{"reason"}
 	heartbeatsFields   = stringFields{"slots"}
+	overrideFields     = stringFields{"max_concurrent_streams", "expires_in", "reason"}
 )
 
 // acquire reads a POST /v1/slots/acquire body: acquireFields, wait_ms a
-// number, the others strings.
+// whole number, the others strings.
 func (d *jsonReader) acquire(v *httpapi.AcquireRequest) error {
-	strs := [...]*string{&v.UserID, &v.Plan, &v.StreamID}
+	strs := [...]*string{&v.UserID, &v.Plan, &v.StreamID, &v.Label}
 	return d.fields(acquireFields, -1, func(i int, name string) error {
 		if i == len(strs) {
 			return d.intValue(name, &v.WaitMs)
 		}
 		return d.stringValue(name, strs[i])
+	})
+}
+
+// overrideRequest reads a POST /v1/admin/users/{user_id}/override body:
+// two whole numbers and a string, each may be null or absent (the handler
+// requires them and checks their bounds).
+func (d *jsonReader) overrideRequest(v *httpapi.AdminOverrideRequest) error {
+	return d.fields(overrideFields, -1, func(i int, name string) error {
+		if isNull, err := d.null(); isNull || err != nil {
+			return err
+		}
+		if i == 2 {
+			if d.peek() != '"' {
+				return d.typeError(name, "a string")
+			}
+			s, err := d.str()
+			v.Reason = s
+			return err
+		}
+		if c := d.peek(); c != '-' && (c < '0' || c > '9') {
+			return d.typeError(name, "a whole number")
+		}
+		n, err := d.integer(name)
+		if err != nil {
+			return err
+		}
+		if i == 0 {
+			m := int(n) // int is 64 bits wherever the limiter is built
+			v.MaxConcurrentStreams = &m
+		} else {
+			v.ExpiresIn = &n
+		}
+		return nil
 	})
 }
 

@@ -20,6 +20,8 @@ var requestTypes = []func() any{
 	func() any { return &httpapi.ReleaseRequest{} },
 	func() any { return &httpapi.HeartbeatsRequest{} },
 	func() any { return &httpapi.AdminReleaseRequest{} },
+	func() any { return &httpapi.AdminOverrideRequest{} },
+	func() any { return &httpapi.AdminOverrideRemoveRequest{} },
 }
 
 func jsonRequest(body string) (*httptest.ResponseRecorder, *http.Request) {
@@ -57,6 +59,15 @@ var decodeSeeds = []string{
 	`{"wait_ms":9223372036854775807}`, `{"wait_ms":9223372036854775808}`, `{"wait_ms":-9223372036854775809}`,
 	`{"wait_ms":"5000"}`, `{"wait_ms":true}`, `{"wait_ms":[]}`, `{"wait_ms":{}}`, `{"wait_ms":1,"wait_ms":2}`,
 	`{"wait_ms":5 }`, `{"wait_ms":5,}`, `{"wait_ms":5`, `{"wait_ms":12x}`,
+	`{"max_concurrent_streams":5,"expires_in":86400,"reason":"r"}`, `{"max_concurrent_streams":0,"expires_in":-1}`,
+	`{"max_concurrent_streams":null,"expires_in":null,"reason":null}`, `{"max_concurrent_streams":-0}`,
+	`{"max_concurrent_streams":2.5}`, `{"max_concurrent_streams":1e3}`, `{"max_concurrent_streams":1E3}`, `{"expires_in":1.}`,
+	`{"max_concurrent_streams":05}`, `{"max_concurrent_streams":-}`, `{"max_concurrent_streams":--1}`, `{"expires_in":+1}`,
+	`{"max_concurrent_streams":9223372036854775807}`, `{"max_concurrent_streams":9223372036854775808}`,
+	`{"expires_in":-9223372036854775808}`, `{"expires_in":-9223372036854775809}`, `{"expires_in":99999999999999999999}`,
+	`{"max_concurrent_streams":"5"}`, `{"max_concurrent_streams":true}`, `{"max_concurrent_streams":[]}`, `{"expires_in":{}}`,
+	`{"max_concurrent_streams":5,"max_concurrent_streams":6}`, `{"max_concurrent_streams":5 ,"reason":"r" }`,
+	`{"max_concurrent_streams":5`, `{"max_concurrent_streams":5x}`, `{"max_concurrent_streams":1 2}`, `{"reason":5}`,
 }
 
 // FuzzDecode holds decode to the decoder it replaced (legacyDecode): for
@@ -104,10 +115,10 @@ func TestDecodeRefusals(t *testing.T) {
 		{"an unknown field in a batch slot is named by its place", `{"slots":[{},{"ttl":1}]}`, requestTypes[3], `unknown field "slots[1].ttl"`},
 		{"a field given twice in a batch slot is named by its place", `{"slots":[{"plan":"a","plan":"a"}]}`, requestTypes[3], `field "slots[0].plan" is given twice`},
 		{"a number for a string is a wrong type", `{"user_id":42}`, requestTypes[0], `field "user_id" must be a string, got number`},
-		{"a string for wait_ms is a wrong type", `{"wait_ms":"5s"}`, requestTypes[0], `field "wait_ms" must be a number, got string`},
-		{"a fraction of a millisecond is refused", `{"wait_ms":1.5}`, requestTypes[0], `field "wait_ms" must be a whole number that fits in 64 bits, got 1.5`},
-		{"an exponent is refused", `{"wait_ms":1e3}`, requestTypes[0], `field "wait_ms" must be a whole number that fits in 64 bits, got 1e3`},
-		{"a wait past 64 bits is refused", `{"wait_ms":9223372036854775808}`, requestTypes[0], `got 9223372036854775808`},
+		{"a string for wait_ms is a wrong type", `{"wait_ms":"5s"}`, requestTypes[0], `field "wait_ms" must be a whole number, got string`},
+		{"a fraction of a millisecond is refused", `{"wait_ms":1.5}`, requestTypes[0], `field "wait_ms" must be a whole number`},
+		{"an exponent is refused", `{"wait_ms":1e3}`, requestTypes[0], `field "wait_ms" must be a whole number`},
+		{"a wait past 64 bits is refused", `{"wait_ms":9223372036854775808}`, requestTypes[0], `field "wait_ms" is out of range`},
 		{"wait_ms on a heartbeat is an unknown field", `{"wait_ms":1}`, requestTypes[1], `unknown field "wait_ms"`},
 		{"an object for a string is a wrong type", `{"slots":[{"plan":{}}]}`, requestTypes[3], `field "slots[0].plan" must be a string, got object`},
 		{"a string for slots is a wrong type", `{"slots":"all"}`, requestTypes[3], `field "slots" must be an array, got string`},
@@ -166,6 +177,8 @@ func TestDecodeFieldsAreTheJSONTags(t *testing.T) {
 		{httpapi.ReleaseRequest{}, releaseFields},
 		{httpapi.AdminReleaseRequest{}, adminReleaseFields},
 		{httpapi.HeartbeatsRequest{}, heartbeatsFields},
+		{httpapi.AdminOverrideRequest{}, overrideFields},
+		{httpapi.AdminOverrideRemoveRequest{}, adminReleaseFields},
 	} {
 		typ := reflect.TypeOf(tc.typ)
 		var tags []string

@@ -29,16 +29,22 @@ func apiError(err error) (int, httpapi.Error) {
 	case errors.Is(err, limiter.ErrInvalidStreamID):
 		e.Code = httpapi.CodeInvalidStreamID
 		return http.StatusBadRequest, e
+	case errors.Is(err, limiter.ErrInvalidLabel):
+		e.Code = httpapi.CodeInvalidLabel
+		return http.StatusBadRequest, e
+	case errors.Is(err, limiter.ErrInvalidOverride):
+		e.Code = httpapi.CodeInvalidRequest
+		return http.StatusBadRequest, e
 	case errors.Is(err, limiter.ErrUnknownPlan):
 		e.Code = httpapi.CodeUnknownPlan
 		return http.StatusUnprocessableEntity, e
 	case errors.Is(err, limiter.ErrSlotLost):
 		e.Code = httpapi.CodeSlotLost
 		return http.StatusGone, e
-	case errors.Is(err, errUnauthenticated): // slot API (auth.go)
+	case errors.Is(err, ErrUnauthenticated): // slot API (auth.go)
 		e.Code = httpapi.CodeUnauthenticated
 		return http.StatusUnauthorized, e
-	case errors.Is(err, errPlanNotAllowed):
+	case errors.Is(err, ErrPlanNotAllowed):
 		e.Code = httpapi.CodePlanNotAllowed
 		return http.StatusForbidden, e
 	case errors.Is(err, errUnauthorized): // admin API (admin.go)
@@ -49,7 +55,7 @@ func apiError(err error) (int, httpapi.Error) {
 		return http.StatusForbidden, e
 	case errors.Is(err, limiter.ErrOutcomeUnknown): // before the outage it wraps
 		e.Code = httpapi.CodeOutcomeUnknown
-		e.Message = "the release reached the limiter's Redis but its answer was lost: some or all of the user's slots may have been released; list them to see what is held now"
+		e.Message = "the call reached the limiter's Redis but its answer was lost: it may or may not have taken effect (a release: some or all of the user's slots; a removal: the override); list the user's slots to see what holds now"
 		return http.StatusServiceUnavailable, e
 	case errors.Is(err, limiter.ErrUnavailable), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		// The cause (a Redis error, node addresses) stays in the log.

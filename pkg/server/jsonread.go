@@ -332,62 +332,53 @@ func (d *jsonReader) stringValue(path string, dst *string) error {
 	return d.typeError(path, "a string")
 }
 
-// intValue reads the number at pos, of the field at path, into *dst, as
-// encoding/json decodes a JSON number into an int64: an integer that fits
-// (a fraction or an exponent is refused, even in 1.0 or 1e3). A null
-// leaves it 0.
+// intValue reads the whole number at pos, of the field at path, into
+// *dst (see integer). A null leaves it 0.
 func (d *jsonReader) intValue(path string, dst *int64) error {
 	if isNull, err := d.null(); isNull || err != nil {
 		return err
 	}
 	if c := d.peek(); c != '-' && (c < '0' || c > '9') {
-		return d.typeError(path, "a number")
+		return d.typeError(path, "a whole number")
 	}
-	start := d.pos
-	whole := true
-	if d.peek() == '-' {
-		d.pos++
-	}
-	switch c := d.peek(); {
-	case c == '0': // JSON's integer part: 0, or digits not starting with 0
-		d.pos++
-	case !d.digits():
-		return d.syntaxError("in numeric literal")
-	}
-	if d.peek() == '.' {
-		whole = false
-		d.pos++
-		if !d.digits() {
-			return d.syntaxError("after decimal point in numeric literal")
-		}
-	}
-	if c := d.peek(); c == 'e' || c == 'E' {
-		whole = false
-		d.pos++
-		if c := d.peek(); c == '+' || c == '-' {
-			d.pos++
-		}
-		if !d.digits() {
-			return d.syntaxError("in exponent of numeric literal")
-		}
-	}
-	literal := d.s[start:d.pos]
-	n, err := strconv.ParseInt(literal, 10, 64)
-	if !whole || err != nil {
-		return badRequest("field %q must be a whole number that fits in 64 bits, got %s", path, literal)
+	n, err := d.integer(path)
+	if err != nil {
+		return err
 	}
 	*dst = n
 	return nil
 }
 
-// digits consumes a run of decimal digits and reports whether there was
-// at least one.
-func (d *jsonReader) digits() bool {
+// integer reads the number at pos as a whole number for the field at
+// path, as encoding/json reads one into an int64: a fraction or an
+// exponent is refused, as is a value past int64.
+func (d *jsonReader) integer(path string) (int64, error) {
 	start := d.pos
-	for d.pos < len(d.s) && d.s[d.pos] >= '0' && d.s[d.pos] <= '9' {
-		d.pos++
+	i := start
+	if i < len(d.s) && d.s[i] == '-' {
+		i++
 	}
-	return d.pos > start
+	digits := i
+	for i < len(d.s) && d.s[i] >= '0' && d.s[i] <= '9' {
+		i++
+	}
+	switch {
+	case i == digits:
+		d.pos = i
+		return 0, d.syntaxError("in numeric literal")
+	case d.s[digits] == '0' && i-digits > 1:
+		d.pos = digits + 1
+		return 0, d.syntaxError("after object key:value pair")
+	}
+	if i < len(d.s) && (d.s[i] == '.' || d.s[i] == 'e' || d.s[i] == 'E') {
+		return 0, badRequest("field %q must be a whole number", path)
+	}
+	d.pos = i
+	n, err := strconv.ParseInt(d.s[start:i], 10, 64)
+	if err != nil {
+		return 0, badRequest("field %q is out of range", path)
+	}
+	return n, nil
 }
 
 // end refuses anything but whitespace after the top-level value.

@@ -97,7 +97,7 @@ func (s *Server) Run(ctx context.Context, l Listeners, grace time.Duration) erro
 	var tlsConfig *tls.Config
 	if l.TLS.enabled() {
 		var err error
-		if tlsConfig, err = l.TLS.config(s.log); err != nil {
+		if tlsConfig, err = l.TLS.Config(s.log); err != nil {
 			return err
 		}
 	}

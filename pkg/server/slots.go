@@ -42,7 +42,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	if streamID == "" {
 		streamID = keys.NewStreamID()
 	}
-	res, err := s.lim.Acquire(r.Context(), limiter.AcquireRequest{UserID: req.UserID, Plan: req.Plan, StreamID: streamID, Caller: callerOf(r).name, Wait: wait})
+	res, err := s.lim.Acquire(r.Context(), limiter.AcquireRequest{UserID: req.UserID, Plan: req.Plan, StreamID: streamID, Caller: callerOf(r).name, Label: req.Label, Wait: wait})
 	if err != nil {
 		status, e := apiError(err)
 		if status == http.StatusServiceUnavailable {
@@ -54,9 +54,13 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	if !res.Granted {
 		retryMs := res.RetryAfter.Milliseconds()
 		w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(res.RetryAfter), 10))
+		allowed := fmt.Sprintf("plan %q", req.Plan)
+		if res.Overridden {
+			allowed = fmt.Sprintf("a support override of plan %q", req.Plan)
+		}
 		e := httpapi.Error{
 			Code:         httpapi.CodeStreamLimitReached,
-			Message:      fmt.Sprintf("user holds %d of %d concurrent streams allowed by plan %q", res.Used, res.Limit, req.Plan),
+			Message:      fmt.Sprintf("user holds %d of %d concurrent streams allowed by %s", res.Used, res.Limit, allowed),
 			Used:         &res.Used,
 			Limit:        &res.Limit,
 			RetryAfterMs: &retryMs,

@@ -26,9 +26,10 @@ type TLSFiles struct {
 
 func (f TLSFiles) enabled() bool { return f.CertFile != "" }
 
-// config returns the TLS configuration of the API listener; errors name
-// the file.
-func (f TLSFiles) config(log *slog.Logger) (*tls.Config, error) {
+// Config returns the TLS configuration of a listener serving f: the API
+// listener, and the ext_proc listener beside it, which takes the same
+// certificate and client CA. Errors name the file.
+func (f TLSFiles) Config(log *slog.Logger) (*tls.Config, error) {
 	if f.CertFile == "" || f.KeyFile == "" {
 		return nil, errors.New("http.tls.certFile and http.tls.keyFile must be set together")
 	}

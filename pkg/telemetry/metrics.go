@@ -70,3 +70,24 @@ func RegisterRedisUp(mp metric.MeterProvider, redis interface{ Up() bool }) erro
 		}))
 	return err
 }
+
+// RegisterOverridesActive registers limiter_overrides_active: the support
+// overrides in force, as counter counts them (limiter.ActiveOverrides: one
+// Redis read per scrape, bounded by the limiter's per-call deadline). It
+// has no label: never a user. When Redis does not answer, the scrape has
+// no sample rather than a wrong one.
+func RegisterOverridesActive(mp metric.MeterProvider, counter interface {
+	ActiveOverrides(context.Context) (int, error)
+}) error {
+	_, err := mp.Meter(meterName).Int64ObservableGauge("limiter.overrides.active", metric.WithUnit("{override}"),
+		metric.WithDescription("Support overrides of a user's limit in force (POST /v1/admin/users/{user_id}/override), counted across all replicas: read from Redis at each scrape."),
+		metric.WithInt64Callback(func(ctx context.Context, o metric.Int64Observer) error {
+			n, err := counter.ActiveOverrides(ctx)
+			if err != nil {
+				return nil // no sample: unknown, not 0
+			}
+			o.Observe(int64(n))
+			return nil
+		}))
+	return err
+}

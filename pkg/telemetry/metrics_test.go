@@ -2,13 +2,18 @@ package telemetry
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/tiers"
 )
 
 // redisState is a Redis client whose Up the test sets.
@@ -107,6 +112,113 @@ func TestHTTPServerMetricsIgnoreRequestHeaders(t *testing.T) {
 	for _, want := range []string{`http_route="/v1/slots/acquire"`, `http_request_method="POST"`, `http_response_status_code="200"`} {
 		if !strings.Contains(strings.Join(after, "\n"), want) {
 			t.Errorf("http_server_ series: none has %s:\n%s", want, strings.Join(after, "\n"))
+		}
+	}
+}
+
+// scrapeLines returns the lines of tel's /metrics that start with prefix.
+func scrapeLines(t *testing.T, tel *Telemetry, prefix string) []string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	tel.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	var out []string
+	for _, line := range strings.Split(rec.Body.String(), "\n") {
+		if strings.HasPrefix(line, prefix) {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// limiter_slots_used_max reports, for every plan of the table, the most
+// live slots one user held, from acquires (granted or refused) and alive
+// heartbeats of known plans; never a plan a request chose.
+func TestSlotsUsedMaxGauge(t *testing.T) {
+	tel, err := New(context.Background(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tel.Shutdown(context.Background())
+	table := tiers.NewTable()
+	if err := table.Replace([]tiers.Tier{tiers.Tier{Plan: "free", MaxConcurrentStreams: 1}.WithDefaults(), tiers.Tier{Plan: "paid", MaxConcurrentStreams: 3}.WithDefaults()}); err != nil {
+		t.Fatal(err)
+	}
+	o, err := NewObserver(tel.MeterProvider, table, ObserverOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	free, _ := table.Lookup("free")
+	paid, _ := table.Lookup("paid")
+	o.Acquired(ctx, free, limiter.AcquireResult{Granted: true, Used: 1}, nil)
+	o.Acquired(ctx, paid, limiter.AcquireResult{Granted: true, Used: 2}, nil)
+	o.Acquired(ctx, paid, limiter.AcquireResult{Granted: false, Used: 3}, nil)                // refused at the limit
+	o.Acquired(ctx, paid, limiter.AcquireResult{Granted: true, Degraded: true, Used: 0}, nil) // not counted by Redis
+	o.Heartbeated(ctx, limiter.HeartbeatResult{Alive: true, Used: 7, Plan: "gold"}, nil)      // not in the table
+	o.Heartbeated(ctx, limiter.HeartbeatResult{Alive: true, Used: 2, Plan: "free"}, nil)      // above its limit: a lowered plan
+	got := scrapeLines(t, tel, "limiter_slots_used_max")
+	want := []string{`limiter_slots_used_max{plan="free"} 2`, `limiter_slots_used_max{plan="paid"} 3`}
+	if !slices.Equal(got, want) {
+		t.Errorf("/metrics: got %q, want %q", got, want)
+	}
+}
+
+// overrideCount is an ActiveOverrides whose answer the test sets.
+type overrideCount struct {
+	n   int
+	err error
+}
+
+func (c *overrideCount) ActiveOverrides(context.Context) (int, error) { return c.n, c.err }
+
+// limiter_overrides_active has no label, and no sample when Redis does
+// not answer: unknown is not 0.
+func TestOverridesActiveGauge(t *testing.T) {
+	tel, err := New(context.Background(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tel.Shutdown(context.Background())
+	count := &overrideCount{n: 2}
+	if err := RegisterOverridesActive(tel.MeterProvider, count); err != nil {
+		t.Fatal(err)
+	}
+	if got := scrapeLines(t, tel, "limiter_overrides_active"); !slices.Equal(got, []string{"limiter_overrides_active 2"}) {
+		t.Errorf("with 2 overrides: got %q, want exactly limiter_overrides_active 2", got)
+	}
+	count.err = errors.New("redis down")
+	if got := scrapeLines(t, tel, "limiter_overrides_active"); len(got) != 0 {
+		t.Errorf("with Redis down: got %q, want no sample", got)
+	}
+}
+
+// The counters the alerts rate start at 0 for every plan of the table, so
+// that a new replica's first increase (slots reclaimed after a deploy) is
+// counted: a series that first appears at its first value is not.
+func TestCountersStartAtZero(t *testing.T) {
+	tel, err := New(context.Background(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tel.Shutdown(context.Background())
+	table := tiers.NewTable()
+	if err := table.Replace([]tiers.Tier{tiers.Tier{Plan: "free", MaxConcurrentStreams: 1}.WithDefaults()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewObserver(tel.MeterProvider, table, ObserverOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`limiter_slots_reclaimed_total{plan="free"} 0`,
+		`limiter_slots_reclaimed_total{plan=""} 0`,
+		`limiter_acquire_total{outcome="granted",plan="free"} 0`,
+		`limiter_acquire_total{outcome="limited",plan="free"} 0`,
+		`limiter_heartbeat_total{outcome="alive"} 0`,
+		`limiter_release_total{released="true"} 0`,
+	} {
+		name, _, _ := strings.Cut(want, "{")
+		if got := scrapeLines(t, tel, name); !slices.Contains(got, want) {
+			t.Errorf("/metrics at start: got %q, want %s", got, want)
 		}
 	}
 }

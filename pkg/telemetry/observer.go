@@ -50,6 +50,8 @@ type Observer struct {
 	waiting   metric.Int64UpDownCounter
 	waits     metric.Int64Counter
 	waited    metric.Float64Histogram
+	usedMax   *usedMax
+	table     *tiers.Table // bounds the plans the used max is recorded for
 
 	// Attribute sets, built once per label value so that recording does
 	// not allocate: plans by name (*planLabels), ops by name.
@@ -77,8 +79,28 @@ func (o *Observer) planLabels(plan string) *planLabels {
 	for _, outcome := range waitOutcomes {
 		l.waits[outcome] = metric.WithAttributeSet(attribute.NewSet(p, attribute.String("outcome", string(outcome))))
 	}
-	got, _ := o.plans.LoadOrStore(plan, l)
+	got, loaded := o.plans.LoadOrStore(plan, l)
+	if !loaded {
+		o.zero(l)
+	}
 	return got.(*planLabels)
+}
+
+// zero starts a plan's acquire and reclaimed counters at 0, as soon as
+// the plan is first seen (or at start for the table's plans): a counter
+// that first appears at the value of its first increase (a wave of slots
+// reclaimed after a deploy, on a new replica) is one that rate() and
+// increase() cannot count.
+func (o *Observer) zero(l *planLabels) {
+	ctx := context.Background()
+	o.reclaimed.Add(ctx, 0, l.plan)
+	for _, set := range l.outcomes {
+		o.acquires.Add(ctx, 0, set)
+	}
+	o.waiting.Add(ctx, 0, l.plan)
+	for _, set := range l.waits {
+		o.waits.Add(ctx, 0, set)
+	}
 }
 
 func (o *Observer) opLabels(op string) metric.MeasurementOption {
@@ -109,12 +131,22 @@ func outcomeSet(outcome string) metric.MeasurementOption {
 
 var _ limiter.Observer = (*Observer)(nil)
 
+// ObserverOptions configure an Observer.
+type ObserverOptions struct {
+	// UsedMaxWindow is the window of limiter_slots_used_max: it reports
+	// the largest value seen over the last UsedMaxWindow (in six steps, so
+	// over the last 5/6 to 6/6 of it). Keep it at least the scrape
+	// interval, or maxima between scrapes are missed. Default 1m.
+	UsedMaxWindow time.Duration
+}
+
 // NewObserver creates the limiter's instruments on mp. With table, it also
-// reports limiter_tiers, the number of tiers in force.
-func NewObserver(mp metric.MeterProvider, table *tiers.Table) (*Observer, error) {
+// reports limiter_tiers, the number of tiers in force, and
+// limiter_slots_used_max for each of its plans.
+func NewObserver(mp metric.MeterProvider, table *tiers.Table, opts ObserverOptions) (*Observer, error) {
 	m := mp.Meter(meterName)
-	var o Observer
-	var errs [11]error
+	o := Observer{usedMax: newUsedMax(opts.UsedMaxWindow, time.Now), table: table}
+	var errs [12]error
 	o.acquires, errs[0] = m.Int64Counter("limiter.acquire", metric.WithUnit("{acquire}"),
 		metric.WithDescription("Acquires by plan and outcome: granted, limited (429), degraded (granted uncounted: Redis down, fail-open), unavailable (503: Redis down, fail-closed)."))
 	o.used, errs[1] = m.Int64Histogram("limiter.slots.used", metric.WithUnit("{slot}"),
@@ -131,11 +163,11 @@ func NewObserver(mp metric.MeterProvider, table *tiers.Table) (*Observer, error)
 		metric.WithExplicitBucketBoundaries(redisBuckets...))
 	o.unsynced, errs[7] = m.Int64Counter("limiter.acquire.unsynced", metric.WithUnit("{acquire}"),
 		metric.WithDescription("Grants fewer replicas than redis.syncReplicas confirmed in time, by plan: kept on Open plans, refused (503) and released on Closed ones."))
-	o.waiting, errs[8] = m.Int64UpDownCounter("limiter.acquire.waiting", metric.WithUnit("{acquire}"),
+	o.waiting, errs[9] = m.Int64UpDownCounter("limiter.acquire.waiting", metric.WithUnit("{acquire}"),
 		metric.WithDescription("Acquires waiting in their user's queue for a slot now (wait_ms), by plan."))
-	o.waits, errs[9] = m.Int64Counter("limiter.acquire.wait", metric.WithUnit("{acquire}"),
+	o.waits, errs[10] = m.Int64Counter("limiter.acquire.wait", metric.WithUnit("{acquire}"),
 		metric.WithDescription("Waits in a user's queue by plan and outcome: granted, timeout (429 once wait_ms ran out), cancelled (the caller left), full (the queue held its most, refused at once), failed (Redis stopped answering: the failure mode answered)."))
-	o.waited, errs[10] = m.Float64Histogram("limiter.acquire.wait.duration", metric.WithUnit("s"),
+	o.waited, errs[11] = m.Float64Histogram("limiter.acquire.wait.duration", metric.WithUnit("s"),
 		metric.WithDescription("How long acquires waited in their user's queue, by plan and outcome."),
 		metric.WithExplicitBucketBoundaries(waitBuckets...))
 	if table != nil {
@@ -145,9 +177,31 @@ func NewObserver(mp metric.MeterProvider, table *tiers.Table) (*Observer, error)
 				obs.Observe(int64(table.Len()))
 				return nil
 			}))
+		_, errs[8] = m.Int64ObservableGauge("limiter.slots.used.max", metric.WithUnit("{slot}"),
+			metric.WithDescription("By plan: the most live slots one user of the plan held over the last minute (telemetry.slotsUsedMaxWindow), as Redis counted them at that user's acquires (granted or refused) and heartbeats; 0 when none was seen. It returns to 0 when streams stop: a floor that stays up is slots held with no stream behind them."),
+			metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
+				for _, t := range table.List() {
+					obs.Observe(int64(o.usedMax.max(t.Plan)), o.planLabels(t.Plan).plan)
+				}
+				return nil
+			}))
 	}
 	if err := errors.Join(errs[:]...); err != nil {
 		return nil, err
+	}
+	// The plan "" counts releases and support unlocks, which carry none.
+	o.planLabels("")
+	if table != nil {
+		for _, t := range table.List() {
+			o.planLabels(t.Plan)
+		}
+	}
+	ctx := context.Background()
+	for _, set := range beatLabels {
+		o.beats.Add(ctx, 0, set)
+	}
+	for _, set := range releasedLabels {
+		o.releases.Add(ctx, 0, set)
 	}
 	return &o, nil
 }
@@ -176,6 +230,9 @@ func (o *Observer) Acquired(ctx context.Context, tier tiers.Tier, res limiter.Ac
 	if outcome == outcomeGranted {
 		o.used.Record(ctx, int64(res.Used), labels.plan)
 	}
+	if outcome == outcomeGranted || outcome == outcomeLimited {
+		o.usedMax.record(tier.Plan, res.Used)
+	}
 }
 
 // Reclaimed counts slots that expired instead of being released, whichever
@@ -201,6 +258,9 @@ func (o *Observer) Heartbeated(ctx context.Context, res limiter.HeartbeatResult,
 		return
 	}
 	o.beats.Add(ctx, 1, beatLabels[outcome])
+	if outcome == outcomeAlive && res.Plan != "" {
+		o.usedMax.record(res.Plan, res.Used)
+	}
 }
 
 // Released counts one release that Redis answered.

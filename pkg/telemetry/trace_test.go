@@ -50,7 +50,7 @@ func newStack(t testing.TB, tel *telemetry.Telemetry) *stack {
 // does.
 func observer(tel *telemetry.Telemetry) func(*tiers.Table) (limiter.Observer, error) {
 	return func(table *tiers.Table) (limiter.Observer, error) {
-		return telemetry.NewObserver(tel.MeterProvider, table)
+		return telemetry.NewObserver(tel.MeterProvider, table, telemetry.ObserverOptions{})
 	}
 }
 

@@ -19,7 +19,7 @@ func TestWaitMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tel.Shutdown(context.Background())
-	o, err := NewObserver(tel.MeterProvider, nil)
+	o, err := NewObserver(tel.MeterProvider, nil, ObserverOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,6 +31,11 @@ else the release name when it already contains the name. 63 characters at most
 {{- printf "%s-admin" (include "limiter.fullname" . | trunc 57 | trimSuffix "-") }}
 {{- end }}
 
+{{/* The ext_proc Service's name: the full name, shortened to leave room for "-extproc". */}}
+{{- define "limiter.extprocName" -}}
+{{- printf "%s-extproc" (include "limiter.fullname" . | trunc 55 | trimSuffix "-") }}
+{{- end }}
+
 {{/* The Secret of the callers' tokens file: api.existingSecret, else the one the chart generates. */}}
 {{- define "limiter.apiTokensSecret" -}}
 {{- if .Values.api.existingSecret }}
@@ -117,6 +122,7 @@ terminationGracePeriodSeconds: the preStop delay, then the drain
 {{- define "limiter.adminDir" -}}/etc/limiter/admin{{- end }}
 {{- define "limiter.apiDir" -}}/etc/limiter/api{{- end }}
 {{- define "limiter.jwksDir" -}}/etc/limiter/jwks{{- end }}
+{{- define "limiter.tlsDir" -}}/etc/limiter/tls{{- end }}
 
 {{/*
 A duration string (as values.schema.json lets through: number-unit pairs such
@@ -166,6 +172,9 @@ rather than a pod or the API server later.
 {{- end }}
 {{- if and (empty .Values.redis.addrs) (or .Values.redis.password.existingSecret .Values.redis.username .Values.redis.tls.enabled .Values.redis.sentinelMasterSet) }}
 {{- fail "redis.username, redis.password, redis.tls and redis.sentinelMasterSet need redis.addrs (the embedded store takes no authentication, TLS or Sentinel)" }}
+{{- end }}
+{{- if and .Values.server.tls.clientCA (not .Values.server.tls.existingSecret) }}
+{{- fail "server.tls.clientCA needs server.tls.existingSecret: client certificates need TLS (and the Secret's ca.crt)" }}
 {{- end }}
 {{- if and .Values.redis.tls.existingSecret (not .Values.redis.tls.enabled) }}
 {{- fail "redis.tls.existingSecret is set but redis.tls.enabled is false: set redis.tls.enabled: true (refused rather than silently connecting in plain text)" }}

@@ -53,6 +53,7 @@ func TestAppliedObjectsAreAccepted(t *testing.T) {
 		{"cluster mode (ci/cluster-values.yaml)", "limiter-cluster", []string{clusterValues}},
 		{"restricted egress and custom peers", "limiter-netpol", []string{redisValues, networkPolicyValues}},
 		{"proxy mode (testdata/proxy-values.yaml)", "limiter-proxy", []string{redisValues, proxyValues}},
+		{"the ext_proc server on", "limiter-extproc", []string{redisValues, extprocValues}},
 	} {
 		t.Run(vs.name, func(t *testing.T) {
 			// The optional objects too, where the chart carries their files.

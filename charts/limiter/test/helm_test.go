@@ -39,6 +39,8 @@ const (
 	networkPolicyValues = "testdata/networkpolicy-values.yaml"
 	// proxyValues runs the pods in mode proxy, with a JWT.
 	proxyValues = "testdata/proxy-values.yaml"
+	// extprocValues turns the ext_proc server on.
+	extprocValues = "testdata/extproc-values.yaml"
 	// helmVersion is the helm hack/helm.sh installs.
 	helmVersion = "v3.22.0"
 	// release and namespace of every rendering.

@@ -18,6 +18,7 @@ var valueSets = []struct {
 	{"cluster mode (ci/cluster-values.yaml)", []string{clusterValues}},
 	{"restricted egress and custom peers", []string{redisValues, networkPolicyValues}},
 	{"proxy mode (testdata/proxy-values.yaml)", []string{redisValues, proxyValues}},
+	{"the ext_proc server on", []string{redisValues, extprocValues}},
 }
 
 func TestLint(t *testing.T) {

@@ -100,14 +100,15 @@ func (h *handler) serveAcquire(w http.ResponseWriter, r *http.Request) {
 	if !readJSON(w, r, &req) {
 		return
 	}
-	arr, err := h.acquire.Exec(r.Context(), h.redis, slotKeys(h.prefix+"{"+req.UserID+"}"), []string{req.StreamID, h.limit, h.ttl}).ToArray()
-	vals := make([]int64, 0, 5)
-	for i := 0; err == nil && i < min(len(arr), 5); i++ {
+	key := h.prefix + "{" + req.UserID + "}"
+	arr, err := h.acquire.Exec(r.Context(), h.redis, append(slotKeys(key), keys.Override(key)), []string{req.StreamID, h.limit, h.ttl}).ToArray()
+	vals := make([]int64, 0, 6)
+	for i := 0; err == nil && i < min(len(arr), 6); i++ {
 		var v int64
 		v, err = arr[i].AsInt64()
 		vals = append(vals, v)
 	}
-	if err != nil || len(arr) != 6 {
+	if err != nil || len(arr) != 7 {
 		http.Error(w, fmt.Sprintf("acquire script: %v %v", vals, err), http.StatusInternalServerError)
 		return
 	}
@@ -154,9 +155,10 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// slotKeys are the keys the acquire script takes for a plan whose
-// acquires never wait, as the limiter passes them: the user's slots and
-// their records (keys.SlotRecords).
+// slotKeys are the two keys the scripts take first: the user's slots and
+// their records (keys.SlotRecords). Acquire also takes the user's override
+// (keys.Override), and, as the limiter passes them for a plan whose
+// acquires never wait, no queue keys.
 func slotKeys(key string) []string { return []string{key, keys.SlotRecords(key)} }
 
 // queueKeys are the keys the release script takes: slotKeys and the

@@ -20,7 +20,7 @@
   const $ = (id) => document.getElementById(id);
   let role = "";
   let signedIn = false;
-  let shown = null; // {user, slots, fetchedAt}
+  let shown = null; // {user, slots, used, override, fetchedAt}
   let ticker = 0;
 
   class APIError extends Error {
@@ -86,14 +86,25 @@
       pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds());
   }
 
-  function formatLeft(ms) {
-    if (ms <= 0) return "expired";
-    const total = Math.ceil(ms / 1000);
-    const h = Math.floor(total / 3600);
+  // formatClock shows whole seconds as [d day(s) ]h:mm:ss, or m:ss under
+  // an hour.
+  function formatClock(total) {
+    const d = Math.floor(total / 86400);
+    const h = Math.floor((total % 86400) / 3600);
     const m = Math.floor((total % 3600) / 60);
     const s = total % 60;
     const pad = (n) => String(n).padStart(2, "0");
-    return (h > 0 ? h + ":" + pad(m) : String(m)) + ":" + pad(s);
+    const clock = (d > 0 || h > 0 ? h + ":" + pad(m) : String(m)) + ":" + pad(s);
+    return d > 0 ? d + (d === 1 ? " day " : " days ") + clock : clock;
+  }
+
+  function formatLeft(ms) {
+    if (ms <= 0) return "expired";
+    return formatClock(Math.ceil(ms / 1000));
+  }
+
+  function formatAge(ms) {
+    return formatClock(Math.max(0, Math.floor(ms / 1000)));
   }
 
   // --- sign in / out ---
@@ -152,7 +163,10 @@
     try {
       const res = await api("GET", userPath(user, "slots"));
       role = res.role || role;
-      shown = { user: res.data.user_id, slots: res.data.slots, used: res.data.used, queue: res.data.queue || [], fetchedAt: performance.now() };
+      shown = {
+        user: res.data.user_id, slots: res.data.slots, used: res.data.used,
+        queue: res.data.queue || [], override: res.data.override || null, fetchedAt: performance.now(),
+      };
       renderSlots();
     } catch (err) {
       // No card of the user shown before: its "Release all slots" would
@@ -167,7 +181,9 @@
     shown = null;
     clearInterval(ticker);
     show($("slots-card"), false);
-    if ($("confirm").open) $("confirm").close();
+    for (const id of ["confirm", "override-dialog", "remove-dialog"]) {
+      if ($(id).open) $(id).close();
+    }
   }
 
   function renderSlots() {
@@ -179,7 +195,12 @@
     for (const s of shown.slots) {
       const tr = document.createElement("tr");
       tr.dataset.stream = s.stream_id;
-      tr.append(cell(s.stream_id, "mono"), cell(formatTime(s.expires_at)), cell("", "ttl"));
+      const left = cell("", "ttl");
+      left.title = "expires at " + formatTime(s.expires_at);
+      const age = cell(s.age_ms === undefined ? "—" : "", "age");
+      if (s.started_at) age.title = "since " + formatTime(s.started_at);
+      tr.append(cell(s.stream_id, "mono"), cell(s.caller || "—", "nowrap"), cell(s.label || "—", "mono label"),
+        cell(s.plan || "—", "nowrap"), age, left);
       body.append(tr);
     }
     show($("slots"), shown.slots.length > 0);
@@ -196,25 +217,39 @@
     show($("no-queue"), shown.queue.length === 0);
     const operator = role === "operator";
     $("release").disabled = !operator || shown.slots.length === 0;
+    $("set-override").disabled = !operator;
+    $("remove-override").disabled = !operator;
     show($("release-note"), !operator);
+    renderOverride();
     show($("slots-card"), true);
     tick();
     clearInterval(ticker);
     ticker = setInterval(tick, 250);
   }
 
-  // tick updates the countdowns from the TTL Redis reported, so they do
-  // not depend on this machine's clock agreeing with Redis's.
+  function renderOverride() {
+    const o = shown.override;
+    show($("override"), !!o);
+    if (!o) return;
+    $("override-limit").textContent = o.max_concurrent_streams + (o.max_concurrent_streams === 1 ? " stream" : " streams");
+    $("override-until").textContent = formatTime(o.expires_at);
+    $("override-actor").textContent = o.actor || "—";
+    $("override-reason").textContent = o.reason;
+  }
+
+  // tick updates the countdowns and ages from the times Redis reported, so
+  // they do not depend on this machine's clock agreeing with Redis's.
   function tick() {
     if (!shown) return;
     const elapsed = performance.now() - shown.fetchedAt;
     const rows = $("slots").tBodies[0].rows;
     shown.slots.forEach((s, i) => {
-      const td = rows[i] && rows[i].cells[2];
-      if (!td) return;
+      const row = rows[i];
+      if (!row) return;
       const left = s.ttl_ms - elapsed;
-      td.textContent = formatLeft(left);
-      td.classList.toggle("expired", left <= 0);
+      row.cells[5].textContent = formatLeft(left);
+      row.cells[5].classList.toggle("expired", left <= 0);
+      if (s.age_ms !== undefined) row.cells[4].textContent = formatAge(s.age_ms + elapsed);
     });
     // And how long each waiting acquire has waited, from what Redis
     // reported, counting on.
@@ -223,6 +258,11 @@
       const td = qrows[i] && qrows[i].cells[3];
       if (td) td.textContent = formatLeft(q.waited_ms + elapsed);
     });
+    if (shown.override) {
+      const left = shown.override.ttl_ms - elapsed;
+      $("override-left").textContent = formatLeft(left);
+      $("override-left").classList.toggle("expired", left <= 0);
+    }
   }
 
   // --- release ---
@@ -248,26 +288,101 @@
     const reason = $("reason").value.trim();
     if (!reason || !shown) return;
     const user = shown.user;
+    const waiting = shown.queue.length > 0;
     $("confirm-release").disabled = true;
     try {
       const res = await api("POST", userPath(user, "release"), { reason });
       $("confirm").close();
       const ids = res.data.released;
-      const notice = $("notice");
-      notice.textContent = "Released " + ids.length + (ids.length === 1 ? " slot" : " slots") + " of " + user +
-        (ids.length ? ": " + ids.join(", ") : "") + " · audit id " + res.data.audit_id;
-      show(notice, true);
+      note("Released " + ids.length + (ids.length === 1 ? " slot" : " slots") + " of " + user +
+        (ids.length ? ": " + ids.join(", ") : "") + " · audit id " + res.data.audit_id);
       await lookUp(user);
+      // The waiting acquires take the released slots a moment after the
+      // release answered: look again to show them served.
+      if (waiting) setTimeout(() => { if (shown && shown.user === user) lookUp(user); }, 500);
     } catch (err) {
       setError($("confirm-error"), err);
       updateReason();
     }
   }
 
+  // --- override ---
+
+  function openOverride() {
+    if (!shown) return;
+    $("override-user").textContent = shown.user;
+    $("override-why").value = "";
+    updateOverride();
+    setError($("override-error"), null);
+    $("override-dialog").showModal();
+    $("override-streams").focus();
+  }
+
+  function updateOverride() {
+    const ok = $("override-why").value.trim().length > 0 && $("override-streams").value !== "" && $("override-for").value !== "";
+    $("confirm-override").disabled = !ok;
+  }
+
+  async function setOverride() {
+    if (!shown) return;
+    const user = shown.user;
+    const body = {
+      max_concurrent_streams: Number($("override-streams").value),
+      expires_in: Number($("override-for").value) * Number($("override-unit").value),
+      reason: $("override-why").value.trim(),
+    };
+    $("confirm-override").disabled = true;
+    try {
+      const res = await api("POST", userPath(user, "override"), body);
+      $("override-dialog").close();
+      const o = res.data.override;
+      note("Override set for " + user + ": " + o.max_concurrent_streams + (o.max_concurrent_streams === 1 ? " stream" : " streams") +
+        " until " + formatTime(o.expires_at) + " · audit id " + res.data.audit_id);
+      await lookUp(user);
+    } catch (err) {
+      setError($("override-error"), err);
+      updateOverride();
+    }
+  }
+
+  function openRemove() {
+    if (!shown) return;
+    $("remove-user").textContent = shown.user;
+    $("remove-why").value = "";
+    $("confirm-remove").disabled = true;
+    setError($("remove-error"), null);
+    $("remove-dialog").showModal();
+    $("remove-why").focus();
+  }
+
+  async function removeOverride() {
+    const reason = $("remove-why").value.trim();
+    if (!reason || !shown) return;
+    const user = shown.user;
+    $("confirm-remove").disabled = true;
+    try {
+      const res = await api("DELETE", userPath(user, "override"), { reason });
+      $("remove-dialog").close();
+      note((res.data.removed ? "Removed the override of " + user : user + " had no override in force") + " · audit id " + res.data.audit_id);
+      await lookUp(user);
+    } catch (err) {
+      setError($("remove-error"), err);
+      $("confirm-remove").disabled = false;
+    }
+  }
+
+  function note(text) {
+    const notice = $("notice");
+    notice.textContent = text;
+    show(notice, true);
+  }
+
   // --- audit ---
 
+  const changes = ["release_all", "set_override", "remove_override"];
+
   function worthShowing(r) {
-    return r.action === "release_all" || r.outcome !== "ok";
+    return changes.includes(r.action) || r.outcome !== "ok";
   }
 
   async function refreshAudit() {
@@ -280,15 +395,26 @@
     }
   }
 
-  // released shows how many slots a release freed; the ids are in its tooltip.
-  function released(ids) {
-    if (!ids) return cell("");
-    const td = cell(ids.length + (ids.length === 1 ? " slot" : " slots"), "nowrap");
-    td.title = ids.join("\n");
-    return td;
+  // result shows what a call changed: how many slots a release freed (the
+  // ids are in its tooltip), the override set, or whether one was removed.
+  function result(r) {
+    if (r.released) {
+      const td = cell(r.released.length + (r.released.length === 1 ? " slot" : " slots"), "nowrap");
+      td.title = r.released.join("\n");
+      return td;
+    }
+    if (r.override) {
+      const n = r.override.max_concurrent_streams;
+      return cell(n + (n === 1 ? " stream" : " streams") + " until " + formatTime(r.override.expires_at), "wrap");
+    }
+    if (r.override_removed !== undefined) return cell(r.override_removed ? "removed" : "none in force", "nowrap");
+    return cell("");
   }
 
-  const actionNames = { list_slots: "list slots", release_all: "release all", read_audit: "read audit" };
+  const actionNames = {
+    list_slots: "list slots", release_all: "release all", read_audit: "read audit",
+    set_override: "set override", remove_override: "remove override",
+  };
 
   function renderAudit(records) {
     const body = $("audit").tBodies[0];
@@ -308,7 +434,7 @@
         cell(actionNames[r.action] || r.action, "nowrap"),
         cell(r.user_id || "—", "mono wrap"),
         outcomeCell,
-        released(r.released),
+        result(r),
         cell(r.reason || "", "wrap"),
         cell(r.audit_id, "mono"),
       );
@@ -343,6 +469,24 @@
     $("confirm-form").addEventListener("submit", (ev) => {
       ev.preventDefault();
       release();
+    });
+    $("set-override").addEventListener("click", openOverride);
+    for (const id of ["override-streams", "override-for", "override-why"]) {
+      $(id).addEventListener("input", updateOverride);
+    }
+    $("cancel-override").addEventListener("click", () => $("override-dialog").close());
+    $("override-form").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      setOverride();
+    });
+    $("remove-override").addEventListener("click", openRemove);
+    $("remove-why").addEventListener("input", () => {
+      $("confirm-remove").disabled = $("remove-why").value.trim().length === 0;
+    });
+    $("cancel-remove").addEventListener("click", () => $("remove-dialog").close());
+    $("remove-form").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      removeOverride();
     });
 
     if (sessionStorage.getItem(TOKEN_KEY)) {

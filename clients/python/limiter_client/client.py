@@ -1,0 +1,280 @@
+"""Client: acquire stream slots as Leases, kept alive together."""
+
+from __future__ import annotations
+
+import logging
+import random
+import secrets
+import ssl
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Dict, List, Optional
+
+from ._heartbeat import MAX_IN_FLIGHT, Keeper
+from ._http import Endpoint, caller_token
+from .errors import ClientClosed, LimiterError, ProtocolError, Unavailable, definite
+from .lease import Lease
+from .schemas import AcquireRequest, AcquireResponse, Paths, ReleaseRequest, ReleaseResponse, encode
+
+log = logging.getLogger("limiter_client")
+
+DEFAULT_REQUEST_TIMEOUT = 5.0  # seconds
+DEFAULT_ACQUIRE_RETRIES = 2
+# The most bytes of UTF-8 a label may take.
+MAX_LABEL_BYTES = 128
+# Waits between the attempts of an unanswered acquire whose answer carries
+# no Retry-After: doubling from the first, in seconds.
+FIRST_ACQUIRE_BACKOFF = 0.2
+MAX_ACQUIRE_BACKOFF = 2.0
+# Applies when an acquire answer names neither a heartbeat interval nor a
+# TTL (it always should).
+FALLBACK_HEARTBEAT_INTERVAL = 10.0
+
+
+class Client:
+    """A client of one limiter service; safe for use from many threads.
+
+    All leases of one Client are kept alive together, by one thread: one
+    POST /v1/slots/heartbeats per interval for up to 1000 leases, so 10,000
+    streams in a process cost ten requests per interval, not 10,000.
+
+    base_url: the API listener, e.g. "http://limiter.default.svc:8080" (a
+      path prefix is kept).
+    token: the caller's bearer token (a token of the service's
+      api.tokensFile). Default: the LIMITER_TOKEN environment variable; none
+      when that is empty too (a service without api.tokensFile needs none).
+    ssl_context: for an https:// base URL, the CAs trusted for the service's
+      certificate and, for mutual TLS, the client certificate that names the
+      caller (ssl.create_default_context(cafile=...) then
+      load_cert_chain(...)). Default: the system's roots, no certificate.
+    request_timeout: seconds each call may wait on the service (to connect,
+      and for each read). Default 5.
+    heartbeat_interval: seconds between heartbeat rounds. Default: the
+      smallest heartbeat_interval_ms among held leases, as the limiter
+      answered at acquire. An interval longer than a tier's TTL loses its
+      slots.
+    acquire_retries: how many times acquire sends an acquire again, under the
+      same stream id, after an attempt went unanswered (no answer, 503
+      limiter_unavailable): such an attempt may have taken the slot with
+      only its answer lost, and the retry is then granted that slot, not a
+      second one. Between attempts it waits the answer's Retry-After, else
+      0.2s doubling up to 2s, with jitter. When it gives up it releases the
+      stream id, so that a slot a lost attempt took does not count against
+      the user for a whole TTL. 0 disables retrying, not the release.
+      Default 2.
+
+    Close it (or use it as a context manager) to stop its thread and
+    release the leases it still holds.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: Optional[str] = None,
+        ssl_context: Optional[ssl.SSLContext] = None,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        heartbeat_interval: Optional[float] = None,
+        acquire_retries: int = DEFAULT_ACQUIRE_RETRIES,
+    ) -> None:
+        if heartbeat_interval is not None and heartbeat_interval <= 0:
+            raise ValueError("heartbeat_interval must be > 0 seconds, got %r" % heartbeat_interval)
+        if acquire_retries < 0:
+            raise ValueError("acquire_retries must be >= 0, got %r" % acquire_retries)
+        self._api = Endpoint(base_url, caller_token(token), ssl_context, request_timeout)
+        self._retries = acquire_retries
+        self._closing = threading.Event()  # cuts retry waits short at close
+        self._close_lock = threading.Lock()
+        self._close_failures: Optional[int] = None
+        self._keeper = Keeper(self._api, heartbeat_interval, self._reacquire, heartbeat_interval_of)
+
+    def acquire(
+        self,
+        user_id: str,
+        plan: str,
+        *,
+        stream_id: Optional[str] = None,
+        label: Optional[str] = None,
+    ) -> Lease:
+        """Takes a stream slot for user_id under plan and heartbeats it until
+        it is released or lost.
+
+        stream_id names the slot (1-128 characters of [A-Za-z0-9._:-]);
+        default: a random 128-bit id of the client's own. Every acquire is
+        sent under a stream id, so that an attempt whose answer is lost can
+        be retried without taking a second slot.
+        label is recorded with the slot for support (a pod, a model, a
+        request id; at most 128 bytes of UTF-8); sent only when given.
+
+        Raises LimitReached (with used, limit, retry_after), UnknownPlan,
+        PlanNotAllowed, Unauthenticated, InvalidRequest, Unavailable (also
+        when the limiter cannot be reached), ClientClosed after close, and
+        ValueError for a label over 128 bytes. Acquiring a stream id this
+        client already holds returns the held Lease. A grant made while the
+        limiter could not reach Redis (a tier failing open) is a Lease with
+        degraded True.
+        """
+        if self._keeper.closed:
+            raise ClientClosed("client_closed", "the limiter client is closed")
+        body = encode(AcquireRequest(user_id=user_id, plan=plan, stream_id=stream_id or new_stream_id()))
+        if label:
+            size = len(label.encode("utf-8"))
+            if size > MAX_LABEL_BYTES:
+                raise ValueError("label must be at most %d bytes of UTF-8, got %d" % (MAX_LABEL_BYTES, size))
+            body["label"] = label
+        out = self._acquire_retrying(body)
+        lease = Lease(
+            self,
+            user_id,
+            plan,
+            out.stream_id,
+            label or None,
+            heartbeat_interval_of(out),
+            out.expires_at,
+            out.degraded,
+        )
+        held = self._keeper.add(lease)
+        if held is None:
+            # Closed while the request was in flight: give the slot back.
+            try:
+                lease._release()
+            except LimiterError:
+                pass
+            raise ClientClosed("client_closed", "the limiter client is closed")
+        if held is not lease:
+            held._update(out.expires_at, out.degraded)
+            self._keeper.set_interval(held, lease.interval)
+        return held
+
+    def close(self) -> int:
+        """Stops the heartbeat thread and releases every lease still held,
+        in parallel (a lease it cannot release expires after its TTL); their
+        ``lost`` is set with ClientClosed. acquire raises ClientClosed
+        afterwards. Returns how many releases failed (each is logged);
+        calling it again returns the same."""
+        with self._close_lock:
+            if self._close_failures is not None:
+                return self._close_failures
+            held = self._keeper.stop()
+            self._closing.set()
+
+            def release(lease: Lease) -> Optional[LimiterError]:
+                try:
+                    lease._release()
+                    return None
+                except LimiterError as err:
+                    return err
+                finally:
+                    lease._mark_lost(ClientClosed("client_closed", "the limiter client was closed"))
+
+            errors: List[LimiterError] = []
+            if held:
+                with ThreadPoolExecutor(max_workers=MAX_IN_FLIGHT, thread_name_prefix="limiter-close") as pool:
+                    errors = [err for err in pool.map(release, held) if err is not None]
+            self._keeper.join()
+            if errors:
+                log.warning(
+                    "limiter: releasing %d of %d leases failed (they expire after their TTL); first: %s",
+                    len(errors),
+                    len(held),
+                    errors[0],
+                )
+            self._close_failures = len(errors)
+            return self._close_failures
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # Internals used by Lease.
+
+    def _forget(self, lease: Lease) -> None:
+        self._keeper.remove(lease)
+
+    # Acquiring.
+
+    def _acquire_once(self, body: Dict[str, Any]) -> AcquireResponse:
+        out = self._api.call("POST", Paths.ACQUIRE, body, AcquireResponse)
+        if not out.granted or not out.stream_id:
+            # The contract refuses with 429; a 200 without a grant is a server bug.
+            raise ProtocolError(
+                "invalid_answer", "POST %s: answer 200 without a granted stream_id" % Paths.ACQUIRE, status=200
+            )
+        return out
+
+    def _acquire_retrying(self, body: Dict[str, Any]) -> AcquireResponse:
+        """Sends body (whose stream_id is set) until it is answered, at most
+        1 + acquire_retries times; releases the stream id when it gives up
+        after an unanswered attempt."""
+        unanswered = False
+        attempt = 0
+        while True:
+            try:
+                return self._acquire_once(body)
+            except LimiterError as err:
+                if definite(err) and not unanswered:
+                    raise  # refused: no attempt can have taken a slot
+                if not definite(err):
+                    unanswered = True
+                    if attempt < self._retries and isinstance(err, Unavailable) and self._pause(retry_wait(err, attempt)):
+                        attempt += 1
+                        continue
+                self._release_unanswered(body)
+                raise
+
+    def _pause(self, seconds: float) -> bool:
+        """Waits seconds unless the client closes first; whether it waited."""
+        return not self._closing.wait(seconds)
+
+    def _release_unanswered(self, body: Dict[str, Any]) -> None:
+        """Frees the slot an unanswered acquire of body may have taken,
+        unless this client holds a lease of that stream id (the acquire was
+        a re-acquire of a slot in use). Best effort: if it fails, or
+        overtakes the lost attempt on its way to Redis, the slot frees itself
+        after its TTL."""
+        user_id, stream_id = body["user_id"], body["stream_id"]
+        if self._keeper.holds_key(user_id, stream_id):
+            return
+        try:
+            self._api.call(
+                "POST", Paths.RELEASE, encode(ReleaseRequest(user_id=user_id, stream_id=stream_id)), ReleaseResponse
+            )
+        except LimiterError as err:
+            log.warning(
+                "limiter: releasing stream %s of an unanswered acquire failed; a slot it took expires after its TTL: %s",
+                stream_id,
+                err,
+            )
+
+    def _reacquire(self, lease: Lease) -> AcquireResponse:
+        body = encode(AcquireRequest(user_id=lease.user_id, plan=lease.plan, stream_id=lease.stream_id))
+        if lease.label:
+            body["label"] = lease.label
+        return self._acquire_once(body)
+
+
+def new_stream_id() -> str:
+    """A random 128-bit stream id, as hex."""
+    return secrets.token_hex(16)
+
+
+def heartbeat_interval_of(out: AcquireResponse) -> float:
+    """The heartbeat interval an acquire answer asks for, in seconds."""
+    if out.heartbeat_interval_ms > 0:
+        return out.heartbeat_interval_ms / 1000.0
+    if out.ttl_ms > 0:
+        return out.ttl_ms / 3000.0
+    return FALLBACK_HEARTBEAT_INTERVAL
+
+
+def retry_wait(err: LimiterError, attempt: int) -> float:
+    """How long to wait after the attempt-th unanswered attempt failed with
+    err: the answer's Retry-After, else a doubling backoff; drawn from its
+    upper half, so that clients cut off by one outage do not all come back
+    at once."""
+    wait = min(FIRST_ACQUIRE_BACKOFF * (2**attempt), MAX_ACQUIRE_BACKOFF)
+    if err.retry_after:
+        wait = err.retry_after
+    return wait / 2 + random.uniform(0, wait / 2)

@@ -1,0 +1,196 @@
+"""What the client sends and how it reads answers, against a local server
+that records requests and answers as the contract allows, including what a
+real serve cannot be made to answer on demand (degraded grants, answers
+that break the contract, and the label as sent; serve records it, see test_serve)."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import unittest
+from typing import Dict, List
+
+from limiter_client import Client, LimiterError, LimitReached, ProtocolError, SlotLost, Unavailable
+from limiter_client.schemas import Paths
+
+from .support import Answer, Recorded, RecordingServer, json_answer
+
+STREAM_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+def granted(rec: Recorded, *, degraded: bool = False, interval_ms: int = 50) -> Answer:
+    return json_answer(
+        200,
+        {
+            "granted": True,
+            "stream_id": rec.json["stream_id"],
+            "used": 0 if degraded else 1,
+            "limit": 3,
+            "expires_at": "2030-01-02T03:04:05.678901234Z",
+            "ttl_ms": 3 * interval_ms,
+            "heartbeat_interval_ms": interval_ms,
+            "pruned": 0,
+            "degraded": degraded,
+        },
+    )
+
+
+class Fake:
+    """Answers acquires with grants, releases with released, and heartbeat
+    batches with results[stream_id] (alive by default)."""
+
+    def __init__(self) -> None:
+        self.results: Dict[str, Dict] = {}
+        self.degraded = False
+        self.acquire_answer = None
+        self.batches: List[Recorded] = []
+        self.batch_seen = threading.Event()
+
+    def answer(self, rec: Recorded) -> Answer:
+        if rec.path == Paths.ACQUIRE:
+            if self.acquire_answer is not None:
+                return self.acquire_answer
+            return granted(rec, degraded=self.degraded)
+        if rec.path == Paths.RELEASE:
+            return json_answer(200, {"released": True, "degraded": False})
+        if rec.path == Paths.HEARTBEATS:
+            self.batches.append(rec)
+            self.batch_seen.set()
+            results = []
+            for slot in rec.json["slots"]:
+                res = {"stream_id": slot["stream_id"], "alive": True, "degraded": False, "expires_at": "2030-01-02T03:04:06Z"}
+                res.update(self.results.get(slot["stream_id"], {}))
+                results.append(res)
+            return json_answer(200, {"results": results})
+        return json_answer(404, {"error": {"code": "not_found", "message": "no route"}})
+
+
+class RequestTest(unittest.TestCase):
+    def setUp(self) -> None:
+        self.fake = Fake()
+        self.server = RecordingServer(self.fake.answer)
+        self.addCleanup(self.server.close)
+
+    def client(self, **options) -> Client:
+        options.setdefault("token", "caller-token")
+        client = Client(self.server.url, **options)
+        self.addCleanup(client.close)
+        return client
+
+    def test_acquire_sends_label_only_when_set(self) -> None:
+        client = self.client()
+        client.acquire("user-1", "paid")
+        client.acquire("user-1", "paid", label="pod-7/model-x")
+        client.acquire("user-1", "paid", label="é" * 64)  # 128 bytes of UTF-8
+        bodies = [r.json for r in self.server.received(Paths.ACQUIRE)]
+        self.assertEqual(sorted(bodies[0]), ["plan", "stream_id", "user_id"])
+        self.assertEqual((bodies[0]["user_id"], bodies[0]["plan"]), ("user-1", "paid"))
+        self.assertRegex(bodies[0]["stream_id"], STREAM_ID)
+        self.assertEqual(bodies[1]["label"], "pod-7/model-x")
+        self.assertEqual(bodies[2]["label"], "é" * 64)
+
+    def test_label_over_128_bytes_is_refused_before_sending(self) -> None:
+        client = self.client()
+        with self.assertRaisesRegex(ValueError, "at most 128 bytes of UTF-8, got 130"):
+            client.acquire("user-1", "paid", label="é" * 65)
+        self.assertEqual(self.server.received(Paths.ACQUIRE), [])
+
+    def test_requests_carry_json_and_the_bearer_token(self) -> None:
+        self.client().acquire("user-1", "paid", stream_id="chat-1")
+        rec = self.server.received(Paths.ACQUIRE)[0]
+        self.assertEqual(rec.json["stream_id"], "chat-1")
+        self.assertEqual(rec.headers["Content-Type"], "application/json")
+        self.assertEqual(rec.headers["Authorization"], "Bearer caller-token")
+        self.assertEqual(rec.headers["User-Agent"], "joishi-limiter-python-client")
+
+    def test_one_batch_per_round_for_every_lease(self) -> None:
+        # The first round is due one interval after the first lease: long
+        # enough for all five acquires.
+        client = self.client(heartbeat_interval=0.3)
+        leases = [client.acquire("user-%d" % i, "paid") for i in range(5)]
+        self.assertTrue(self.fake.batch_seen.wait(2))
+        first = self.fake.batches[0].json["slots"]
+        self.assertEqual(
+            sorted((s["user_id"], s["plan"], s["stream_id"]) for s in first),
+            sorted((l.user_id, "paid", l.stream_id) for l in leases),
+        )
+        deadline = time.time() + 2
+        while leases[0].expires_at.second != 6 and time.time() < deadline:
+            time.sleep(0.01)
+        self.assertEqual(leases[0].expires_at.second, 6, "a heartbeat's expires_at should update the lease")
+
+    def test_batch_results_lose_only_the_lost_slots(self) -> None:
+        client = self.client()
+        lost, unavailable, alive = (client.acquire("user-1", "paid") for _ in range(3))
+        self.fake.results[lost.stream_id] = {"alive": False, "expires_at": None}
+        self.fake.results[unavailable.stream_id] = {
+            "alive": False,
+            "expires_at": None,
+            "error": {"code": "limiter_unavailable", "message": "redis down"},
+        }
+        with self.assertLogs("limiter_client", "WARNING") as logged:
+            self.assertTrue(lost.lost.wait(2))
+            time.sleep(0.2)  # a few more rounds
+        self.assertIn("heartbeats not confirmed; the slots keep their TTL", "\n".join(logged.output))
+        self.assertIsInstance(lost.error, SlotLost)
+        self.assertEqual(lost.error.status, 410)
+        self.assertFalse(unavailable.lost.is_set(), "limiter_unavailable must not lose a slot: it keeps its TTL")
+        self.assertFalse(alive.lost.is_set())
+        beaten = [s["stream_id"] for s in self.fake.batches[-1].json["slots"]]
+        self.assertNotIn(lost.stream_id, beaten, "a lost lease is heartbeated no more")
+
+    def test_degraded_lease_not_held_is_acquired_again(self) -> None:
+        client = self.client()
+        self.fake.degraded = True
+        lease = client.acquire("user-1", "paid", label="pod-7")
+        self.assertTrue(lease.degraded)
+        self.fake.degraded = False
+        self.fake.results[lease.stream_id] = {"alive": False, "expires_at": None}
+        deadline = time.time() + 2
+        while len(self.server.received(Paths.ACQUIRE)) < 2 and time.time() < deadline:
+            time.sleep(0.01)
+        again = self.server.received(Paths.ACQUIRE)[1].json
+        self.assertEqual((again["stream_id"], again["label"]), (lease.stream_id, "pod-7"))
+        self.assertFalse(lease.lost.is_set())
+
+    def test_error_answers_become_typed_errors(self) -> None:
+        cases = [
+            (
+                "429 with the limit's fields",
+                json_answer(429, {"error": {"code": "stream_limit_reached", "message": "3 of 3", "used": 3, "limit": 3, "retry_after_ms": 1500}}),
+                LimitReached,
+                {"status": 429, "used": 3, "limit": 3, "retry_after": 1.5},
+            ),
+            (
+                "a proxy's 502 page",
+                (502, {"Content-Type": "text/html", "Retry-After": "3"}, b"<html>bad gateway</html>"),
+                Unavailable,
+                {"status": 502, "code": "limiter_unavailable", "retry_after": 3.0},
+            ),
+            (
+                "a code this client does not know",
+                json_answer(400, {"error": {"code": "invalid_label", "message": "label has a space"}}),
+                LimiterError,
+                {"status": 400, "code": "invalid_label", "message": "label has a space"},
+            ),
+            ("a status without a body", (418, {}, b""), LimiterError, {"status": 418, "code": "http_418"}),
+        ]
+        for name, answer, cls, fields in cases:
+            with self.subTest(name):
+                self.fake.acquire_answer = answer
+                with self.assertRaises(cls) as caught:
+                    self.client(acquire_retries=0).acquire("user-1", "paid")
+                for key, want in fields.items():
+                    self.assertEqual(getattr(caught.exception, key), want, key)
+
+    def test_answer_breaking_the_contract_is_refused_and_released(self) -> None:
+        self.fake.acquire_answer = json_answer(200, {"granted": True, "stream_id": "s", "used": 1})
+        with self.assertRaisesRegex(ProtocolError, r"AcquireResponse\.limit: required"):
+            self.client().acquire("user-1", "paid", stream_id="s")
+        self.assertEqual([r.json["stream_id"] for r in self.server.received(Paths.RELEASE)], ["s"])
+        self.assertEqual(len(self.server.received(Paths.ACQUIRE)), 1, "an answer not of the contract is not retried")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,245 @@
+"""The client against a real `limiter serve` on real Redis, started by
+e2e/clients_test.go (which passes the URLs and tokens in LIMITER_TEST_*).
+
+The server's tiers: free 1 stream, paid 3, both with a 2s slot TTL and a
+500ms heartbeat interval. Callers: LIMITER_TOKEN may use every plan,
+LIMITER_TEST_SCOPED_TOKEN only paid, and the TLS server's client
+certificate names a caller that may use only free.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+import time
+import unittest
+from unittest import mock
+
+from limiter_client import (
+    Admin,
+    Client,
+    ClientClosed,
+    InvalidRequest,
+    LimitReached,
+    PlanNotAllowed,
+    SlotLost,
+    Unauthenticated,
+    Unavailable,
+    UnknownPlan,
+)
+from limiter_client.schemas import Paths
+
+from .support import FaultProxy, env, scrape, total, user
+
+TTL = 2.0
+INTERVAL = 0.5
+
+
+class ServeTest(unittest.TestCase):
+    def setUp(self) -> None:
+        self.url = env("LIMITER_TEST_URL")
+        self.ops = env("LIMITER_TEST_OPS_URL")
+        self.admin = Admin(env("LIMITER_TEST_ADMIN_URL"), env("LIMITER_TEST_ADMIN_TOKEN"))
+        env("LIMITER_TOKEN")  # the default caller of every Client below
+        self.client = self.new_client(self.url)
+
+    def new_client(self, url: str, **options) -> Client:
+        client = Client(url, **options)
+        self.addCleanup(client.close)
+        return client
+
+    def used(self, user_id: str) -> int:
+        return self.admin.slots(user_id).used
+
+    def test_acquire_up_to_the_limit_then_limit_reached(self) -> None:
+        u = user()
+        leases = [self.client.acquire(u, "paid") for _ in range(3)]
+        self.assertEqual(len({l.stream_id for l in leases}), 3, "each acquire should take a slot of its own")
+        with self.assertRaises(LimitReached) as caught:
+            self.client.acquire(u, "paid")
+        err = caught.exception
+        self.assertEqual((err.status, err.code, err.used, err.limit), (429, "stream_limit_reached", 3, 3))
+        self.assertIsNotNone(err.retry_after)
+        self.assertGreater(err.retry_after, 0)
+        self.assertLessEqual(err.retry_after, TTL)
+        slots = self.admin.slots(u)
+        self.assertEqual(slots.used, 3)
+        self.assertEqual(sorted(s.stream_id for s in slots.slots), sorted(l.stream_id for l in leases))
+
+    def test_label_is_recorded_with_the_slot(self) -> None:
+        u = user()
+        lease = self.client.acquire(u, "paid", label="pod-7/model-x")
+        slots = self.admin.slots(u).slots
+        self.assertEqual([(s.stream_id, s.label) for s in slots], [(lease.stream_id, "pod-7/model-x")])
+        self.assertEqual(slots[0].plan, "paid")
+        with self.assertRaises(ValueError):
+            self.client.acquire(u, "paid", label="x" * 129)
+        self.assertEqual(self.used(u), 1, "a refused label must take no slot")
+
+    def test_release_frees_the_slot_and_is_idempotent(self) -> None:
+        u = user()
+        lease = self.client.acquire(u, "free")
+        with self.assertRaises(LimitReached):
+            self.client.acquire(u, "free")
+        lease.release()
+        lease.release()
+        self.assertEqual(self.used(u), 0)
+        self.assertFalse(lease.lost.is_set(), "a release is not a loss")
+        self.client.acquire(u, "free").release()
+
+    def test_with_block_releases_when_the_stream_fails(self) -> None:
+        u = user()
+        with self.assertRaises(RuntimeError):
+            with self.client.acquire(u, "free") as lease:
+                self.assertEqual(self.used(u), 1)
+                raise RuntimeError("upstream failed mid-stream")
+        self.assertEqual(self.used(u), 0, "the with block should have released %s" % lease.stream_id)
+
+    def test_close_releases_every_lease_and_marks_it_lost(self) -> None:
+        u = user()
+        client = self.new_client(self.url)
+        leases = [client.acquire(u, "paid") for _ in range(3)]
+        self.assertEqual(client.close(), 0)
+        self.assertEqual(self.used(u), 0)
+        for lease in leases:
+            self.assertTrue(lease.lost.is_set())
+            self.assertIsInstance(lease.error, ClientClosed)
+        with self.assertRaises(ClientClosed):
+            client.acquire(u, "paid")
+
+    def test_heartbeats_batch_every_lease_in_one_request_per_interval(self) -> None:
+        users = [user() for _ in range(10)]
+        before = scrape(self.ops)
+        start = time.monotonic()
+        client = self.new_client(self.url)
+        leases = [client.acquire(u, "paid") for u in users for _ in range(3)]
+        time.sleep(1.5 * TTL)  # every slot would have expired without heartbeats
+        for u in users:
+            self.assertEqual(self.used(u), 3, "user %s's slots outlived their TTL only if heartbeated" % u)
+        client.close()
+        held = time.monotonic() - start
+
+        # Once serve has counted every round's request (it counts after
+        # answering), rounds * leases bounds the heartbeats.
+        deadline = time.monotonic() + 5
+        while True:
+            after = scrape(self.ops)
+            rounds = total(after, "http_server_request_duration_seconds_count", http_route=Paths.HEARTBEATS) - total(
+                before, "http_server_request_duration_seconds_count", http_route=Paths.HEARTBEATS
+            )
+            beats = total(after, "limiter_heartbeat_total", outcome="alive") - total(
+                before, "limiter_heartbeat_total", outcome="alive"
+            )
+            if beats <= rounds * len(leases) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        singles = total(after, "http_server_request_duration_seconds_count", http_route=Paths.HEARTBEAT) - total(
+            before, "http_server_request_duration_seconds_count", http_route=Paths.HEARTBEAT
+        )
+        self.assertEqual(singles, 0, "no lease should be heartbeated on its own")
+        self.assertGreaterEqual(rounds, 2)
+        self.assertLessEqual(rounds, held / INTERVAL + 1, "%d batch requests in %.1fs: more than one per interval" % (rounds, held))
+        # Every round carried every lease, but the first may have caught
+        # the acquires before they were all done.
+        self.assertLessEqual(beats, rounds * len(leases))
+        self.assertGreaterEqual(beats, (rounds - 1) * len(leases), "%d heartbeats in %d rounds of %d leases" % (beats, rounds, len(leases)))
+
+    def test_admin_release_marks_the_lease_lost(self) -> None:
+        u, other = user(), user()
+        lease = self.client.acquire(u, "free")
+        kept = self.client.acquire(other, "free")
+        answer = self.admin.release_all(u, "ticket 1: locked out after a crash")
+        self.assertEqual(answer.released, [lease.stream_id])
+        self.assertTrue(lease.lost.wait(5 * INTERVAL), "lost not set within five heartbeat intervals")
+        self.assertIsInstance(lease.error, SlotLost)
+        self.assertEqual((lease.error.status, lease.error.code), (410, "slot_lost"))
+        time.sleep(2 * INTERVAL)
+        self.assertFalse(kept.lost.is_set(), "another user's lease was lost too: %s" % kept.error)
+        self.assertEqual(self.used(other), 1)
+        records = self.admin.audit(limit=10).records
+        self.assertIn((u, "release_all", [lease.stream_id]), [(r.user_id, r.action, r.released) for r in records])
+
+    def test_unanswered_acquire_is_retried_under_the_same_stream_id(self) -> None:
+        for fault in ("503", "drop"):
+            with self.subTest(fault=fault), FaultProxy(self.url) as proxy:
+                u = user()
+                proxy.fail(Paths.ACQUIRE, fault)
+                lease = self.new_client(proxy.url).acquire(u, "free")
+                sent = [r.json["stream_id"] for r in proxy.received(Paths.ACQUIRE)]
+                self.assertEqual(sent, [lease.stream_id, lease.stream_id])
+                # free allows one stream: the retry was granted the slot the
+                # lost attempt took, not a second one.
+                self.assertEqual(self.used(u), 1)
+                self.assertEqual(proxy.received(Paths.RELEASE), [])
+
+    def test_acquire_that_gives_up_releases_its_stream_id(self) -> None:
+        with FaultProxy(self.url) as proxy:
+            u = user()
+            proxy.fail(Paths.ACQUIRE, "503", "503")
+            with self.assertRaises(Unavailable) as caught:
+                self.new_client(proxy.url, acquire_retries=1).acquire(u, "free")
+            self.assertEqual(caught.exception.status, 503)
+            acquired = [r.json["stream_id"] for r in proxy.received(Paths.ACQUIRE)]
+            released = [r.json["stream_id"] for r in proxy.received(Paths.RELEASE)]
+            self.assertEqual(len(acquired), 2)
+            self.assertEqual(acquired[0], acquired[1])
+            self.assertEqual(released, acquired[:1])
+            self.assertEqual(self.used(u), 0, "the slot the lost attempts took should have been released")
+
+    def test_refusal_is_not_retried(self) -> None:
+        with FaultProxy(self.url) as proxy:
+            u = user()
+            client = self.new_client(proxy.url)
+            client.acquire(u, "free")
+            with self.assertRaises(LimitReached):
+                client.acquire(u, "free")
+            self.assertEqual(len(proxy.received(Paths.ACQUIRE)), 2)
+            self.assertEqual(proxy.received(Paths.RELEASE), [])
+
+    def test_callers_authenticate_with_their_token(self) -> None:
+        u = user()
+        with mock.patch.dict(os.environ, {"LIMITER_TOKEN": ""}):
+            with self.assertRaises(Unauthenticated) as caught:
+                self.new_client(self.url).acquire(u, "paid")
+            self.assertEqual(caught.exception.status, 401)
+        with self.assertRaises(Unauthenticated):
+            self.new_client(self.url, token="not-a-known-token").acquire(u, "paid")
+        scoped = self.new_client(self.url, token=env("LIMITER_TEST_SCOPED_TOKEN"))
+        with self.assertRaises(PlanNotAllowed) as caught:
+            scoped.acquire(u, "free")
+        self.assertEqual(caught.exception.status, 403)
+        scoped.acquire(u, "paid").release()
+
+    def test_refusals_of_bad_input(self) -> None:
+        with self.assertRaises(UnknownPlan) as caught:
+            self.client.acquire(user(), "no-such-plan")
+        self.assertEqual(caught.exception.status, 422)
+        with self.assertRaises(InvalidRequest) as caught:
+            self.client.acquire("a}b", "free")
+        self.assertEqual(caught.exception.code, "invalid_user_id")
+        with self.assertRaises(InvalidRequest) as caught:
+            self.client.acquire(user(), "free", stream_id="not a stream id")
+        self.assertEqual(caught.exception.code, "invalid_stream_id")
+
+    def test_mutual_tls(self) -> None:
+        url, ca = env("LIMITER_TEST_TLS_URL"), env("LIMITER_TEST_TLS_CA")
+        context = ssl.create_default_context(cafile=ca)
+        context.load_cert_chain(env("LIMITER_TEST_TLS_CERT"), env("LIMITER_TEST_TLS_KEY"))
+        u = user()
+        with mock.patch.dict(os.environ, {"LIMITER_TOKEN": ""}):
+            by_certificate = self.new_client(url, ssl_context=context)
+            by_certificate.acquire(u, "free").release()
+            # The certificate's caller may use free only.
+            with self.assertRaises(PlanNotAllowed):
+                by_certificate.acquire(u, "paid")
+        # Without a client certificate, the token names the caller.
+        by_token = self.new_client(url, ssl_context=ssl.create_default_context(cafile=ca))
+        by_token.acquire(u, "paid").release()
+        # Without the CA, the server's certificate is not trusted.
+        with self.assertRaises(Unavailable) as caught:
+            self.new_client(url, acquire_retries=0).acquire(u, "paid")
+        self.assertIn("CERTIFICATE_VERIFY_FAILED", str(caught.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,156 @@
+import { DecodeError, ErrorCode, decode, type ApiError } from "./schemas.gen.js";
+
+/**
+ * Codes the client itself gives errors that did not come from the limiter.
+ * A transport failure is `limiter_unavailable` with status 0.
+ */
+export const ClientCode = {
+  /** The Client was closed: acquire refuses afterwards, and it is the error of the leases it still held. */
+  ClientClosed: "client_closed",
+  /** An answer that does not match the contract (not JSON, a field missing or of the wrong type). */
+  InvalidAnswer: "invalid_answer",
+} as const;
+
+/** What a LimiterError carries besides its code and message. */
+export interface LimiterErrorFields {
+  /** The HTTP status; 0 when there was no answer. */
+  status?: number;
+  used?: number;
+  limit?: number;
+  retryAfterMs?: number;
+  streamId?: string;
+  cause?: unknown;
+}
+
+/**
+ * A refusal or failure of the limiter. `code` is stable: an ErrorCode, a
+ * ClientCode, or `http_<status>` when an answer was not the limiter's JSON
+ * (a proxy's page). `used`, `limit` and `retryAfterMs` are set on
+ * `stream_limit_reached`; `retryAfterMs` also from a Retry-After header.
+ * `streamId` names the stream id of an acquire answered
+ * `limiter_unavailable`.
+ */
+export class LimiterError extends Error {
+  readonly code: string;
+  readonly status: number;
+  readonly used?: number;
+  readonly limit?: number;
+  readonly retryAfterMs?: number;
+  readonly streamId?: string;
+
+  constructor(code: string, message: string, fields: LimiterErrorFields = {}) {
+    super(describe(code, message, fields), fields.cause === undefined ? undefined : { cause: fields.cause });
+    this.name = "LimiterError";
+    this.code = code;
+    this.status = fields.status ?? 0;
+    this.used = fields.used;
+    this.limit = fields.limit;
+    this.retryAfterMs = fields.retryAfterMs;
+    this.streamId = fields.streamId;
+  }
+}
+
+function describe(code: string, message: string, f: LimiterErrorFields): string {
+  let text = "limiter: " + code;
+  if (f.status) {
+    text += ` (HTTP ${f.status})`;
+  }
+  if (message) {
+    text += ": " + message;
+  }
+  if (code === ErrorCode.StreamLimitReached) {
+    text += ` (used ${f.used} of ${f.limit}, retry after ${f.retryAfterMs}ms)`;
+  }
+  return text;
+}
+
+/** Whether err says the user's stream limit is reached (429 stream_limit_reached). */
+export function isLimited(err: unknown): err is LimiterError {
+  return err instanceof LimiterError && err.code === ErrorCode.StreamLimitReached;
+}
+
+const INVALID: ReadonlySet<string> = new Set([ErrorCode.InvalidRequest, ErrorCode.InvalidUserId, ErrorCode.InvalidStreamId]);
+
+// The status a single-slot call answers for a code, so that a batch's
+// per-slot error reads like the single call's.
+const STATUS: Readonly<Record<string, number>> = {
+  [ErrorCode.SlotLost]: 410,
+  [ErrorCode.UnknownPlan]: 422,
+  [ErrorCode.PlanNotAllowed]: 403,
+  [ErrorCode.LimiterUnavailable]: 503,
+  [ErrorCode.Internal]: 500,
+  [ErrorCode.InvalidRequest]: 400,
+  [ErrorCode.InvalidUserId]: 400,
+  [ErrorCode.InvalidStreamId]: 400,
+};
+
+/** The LimiterError of a wire error; status defaults to the one the single-slot call answers for its code. */
+export function fromWire(err: ApiError, status?: number): LimiterError {
+  return new LimiterError(err.code, err.message, {
+    status: status ?? STATUS[err.code] ?? 0,
+    used: err.used,
+    limit: err.limit,
+    retryAfterMs: err.retry_after_ms,
+    streamId: err.stream_id,
+  });
+}
+
+/** The LimiterError of a non-2xx answer. */
+export function fromAnswer(status: number, body: string, retryAfterHeader: string | null): LimiterError {
+  let wire: ApiError;
+  try {
+    wire = decode("ErrorResponse", JSON.parse(body)).error;
+  } catch (e) {
+    if (!(e instanceof SyntaxError || e instanceof DecodeError)) {
+      throw e;
+    }
+    // Not the limiter's JSON: a proxy's page.
+    let message = body.trim();
+    if (message.length > 200) {
+      message = message.slice(0, 200) + "…";
+    }
+    const code = status === 502 || status === 503 || status === 504 ? ErrorCode.LimiterUnavailable : `http_${status}`;
+    wire = { code, message: message || `HTTP ${status}` };
+  }
+  if (wire.retry_after_ms === undefined) {
+    wire = { ...wire, retry_after_ms: parseRetryAfter(retryAfterHeader) };
+  }
+  return fromWire(wire, status);
+}
+
+/** Milliseconds of a Retry-After header (delay seconds or an HTTP date). */
+export function parseRetryAfter(value: string | null, now = Date.now()): number | undefined {
+  if (!value) {
+    return undefined;
+  }
+  const text = value.trim();
+  if (/^\d+$/.test(text)) {
+    return Number(text) * 1000;
+  }
+  const at = Date.parse(text);
+  return Number.isNaN(at) || at <= now ? undefined : at - now;
+}
+
+/**
+ * Whether err is the limiter's answer about the request itself, as opposed
+ * to a failure to get one (no answer, 5xx, an answer not of the contract),
+ * after which the same request may well succeed.
+ */
+export function definite(err: unknown): boolean {
+  if (!(err instanceof LimiterError)) {
+    return false;
+  }
+  if (err.code === ErrorCode.LimiterUnavailable || err.code === ClientCode.InvalidAnswer || err.code === ClientCode.ClientClosed) {
+    return false;
+  }
+  return err.status > 0 && err.status < 500;
+}
+
+/** Whether a per-slot batch error means the slot cannot be kept: every later heartbeat would answer the same. */
+export function slotFatal(code: string): boolean {
+  return code === ErrorCode.SlotLost || code === ErrorCode.UnknownPlan || code === ErrorCode.PlanNotAllowed || INVALID.has(code);
+}
+
+export function closedError(): LimiterError {
+  return new LimiterError(ClientCode.ClientClosed, "the limiter client is closed");
+}

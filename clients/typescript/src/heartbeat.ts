@@ -1,0 +1,297 @@
+import { LimiterError, definite, fromWire, slotFatal } from "./errors.js";
+import type { Endpoint } from "./http.js";
+import type { Lease } from "./lease.js";
+import { ErrorCode, HeartbeatsRequestSlotsMaxItems, Paths, type AcquireResponse, type HeartbeatsRequest } from "./schemas.gen.js";
+
+/** Where a Client logs heartbeat failures and lost leases. */
+export interface Logger {
+  info(message: string, fields?: Record<string, unknown>): void;
+  warn(message: string, fields?: Record<string, unknown>): void;
+  error(message: string, fields?: Record<string, unknown>): void;
+}
+
+/** The most concurrent requests of one heartbeat round, or of a close. */
+export const MAX_IN_FLIGHT = 4;
+
+/** What the keeper needs of its Client to acquire a degraded lease again. */
+export interface Reacquirer {
+  reacquire(lease: Lease, signal: AbortSignal): Promise<AcquireResponse>;
+  intervalOf(answer: AcquireResponse): number;
+}
+
+/**
+ * Holds a Client's leases and heartbeats them: one round per interval, the
+ * smallest among held leases (or the fixed one), one POST
+ * /v1/slots/heartbeats per 1000 leases, idle while none is held. A failed
+ * round (no answer, 5xx) never loses a lease: the slots keep their TTL and
+ * the next round retries. Only the limiter's answer that a slot is gone
+ * loses it.
+ */
+export class Keeper {
+  private readonly leases = new Map<string, Lease>();
+  // Held leases by interval, so that the smallest is found in O(tiers).
+  private readonly intervals = new Map<number, number>();
+  private closed = false;
+  private readonly stopping = new AbortController();
+  private wake: (() => void) | undefined;
+  private readonly done: Promise<void>;
+
+  constructor(
+    private readonly api: Endpoint,
+    private readonly fixedInterval: number | undefined,
+    private readonly owner: Reacquirer,
+    private readonly log: Logger,
+  ) {
+    this.done = this.run();
+  }
+
+  get isClosed(): boolean {
+    return this.closed;
+  }
+
+  /** Starts heartbeating lease, or returns the lease already held for the same user and stream; undefined once closed. */
+  add(lease: Lease): Lease | undefined {
+    if (this.closed) {
+      return undefined;
+    }
+    const key = keyOf(lease.userId, lease.streamId);
+    const held = this.leases.get(key);
+    if (held !== undefined) {
+      return held;
+    }
+    this.leases.set(key, lease);
+    this.count(lease.interval, 1);
+    this.nudge();
+    return lease;
+  }
+
+  /** Stops heartbeating lease; whether it was held. */
+  remove(lease: Lease): boolean {
+    const key = keyOf(lease.userId, lease.streamId);
+    if (this.leases.get(key) !== lease) {
+      return false;
+    }
+    this.leases.delete(key);
+    this.count(lease.interval, -1);
+    this.nudge();
+    return true;
+  }
+
+  holds(lease: Lease): boolean {
+    return this.leases.get(keyOf(lease.userId, lease.streamId)) === lease;
+  }
+
+  holdsKey(userId: string, streamId: string): boolean {
+    return this.leases.has(keyOf(userId, streamId));
+  }
+
+  setInterval(lease: Lease, interval: number): void {
+    if (!this.holds(lease) || lease.interval === interval) {
+      return;
+    }
+    this.count(lease.interval, -1);
+    lease.interval = interval;
+    this.count(interval, 1);
+    this.nudge();
+  }
+
+  /** Stops heartbeating lease and marks it lost with err, unless it was released meanwhile; whether it was lost. */
+  lose(lease: Lease, err: LimiterError): boolean {
+    if (!this.remove(lease)) {
+      return false;
+    }
+    lease.markLost(err);
+    return true;
+  }
+
+  /** Stops the loop, cancelling its round in flight, and returns the leases still held, forgetting them. */
+  stop(): Lease[] {
+    this.closed = true;
+    const held = [...this.leases.values()];
+    this.leases.clear();
+    this.intervals.clear();
+    this.stopping.abort(new LimiterError("client_closed", "the limiter client is closed"));
+    this.nudge();
+    return held;
+  }
+
+  /** Resolves once the loop has stopped. */
+  stopped(): Promise<void> {
+    return this.done;
+  }
+
+  private count(interval: number, delta: number): void {
+    const n = (this.intervals.get(interval) ?? 0) + delta;
+    if (n > 0) {
+      this.intervals.set(interval, n);
+    } else {
+      this.intervals.delete(interval);
+    }
+  }
+
+  /** The interval rounds run at; 0 while no lease is held. */
+  private every(): number {
+    if (this.leases.size === 0) {
+      return 0;
+    }
+    return this.fixedInterval ?? Math.min(...this.intervals.keys());
+  }
+
+  private nudge(): void {
+    const wake = this.wake;
+    this.wake = undefined;
+    wake?.();
+  }
+
+  /** Waits ms (forever when undefined) or until nudged. The timer does not keep the process alive. */
+  private pause(ms?: number): Promise<void> {
+    return new Promise((resolve) => {
+      const timer = ms === undefined ? undefined : setTimeout(() => this.nudge(), ms);
+      timer?.unref();
+      this.wake = () => {
+        clearTimeout(timer);
+        resolve();
+      };
+    });
+  }
+
+  private async run(): Promise<void> {
+    let last: number | undefined; // start of the latest round, or when leases appeared
+    while (!this.closed) {
+      const every = this.every();
+      if (every === 0) {
+        // The first heartbeat of new leases is due one interval after they appear.
+        last = undefined;
+        await this.pause();
+        continue;
+      }
+      const now = performance.now();
+      last ??= now;
+      // Measured from the latest round, so that leases coming and going
+      // (each nudges) never postpone a round.
+      if (now < last + every) {
+        await this.pause(last + every - now);
+        continue;
+      }
+      last = now;
+      // A round may take no longer than the interval: a request hung on a
+      // dead connection must not hold up the next round while the slots'
+      // TTLs run out.
+      try {
+        await this.round([...this.leases.values()], Math.min(every, this.api.timeoutMs));
+      } catch (err) {
+        // A bug must not stop the heartbeats of every lease.
+        this.log.error("limiter: heartbeat round failed; retrying next round", { err: String(err) });
+      }
+    }
+  }
+
+  private async round(leases: Lease[], timeoutMs: number): Promise<void> {
+    const batches: Lease[][] = [];
+    for (let i = 0; i < leases.length; i += HeartbeatsRequestSlotsMaxItems) {
+      batches.push(leases.slice(i, i + HeartbeatsRequestSlotsMaxItems));
+    }
+    const again: Lease[] = [];
+    await forEach(batches, MAX_IN_FLIGHT, async (batch) => {
+      again.push(...(await this.beat(batch, timeoutMs)));
+    });
+    await forEach(again, MAX_IN_FLIGHT, (lease) => this.reacquire(lease));
+  }
+
+  /** Sends one batch and applies its results; returns the degraded leases the limiter no longer holds, to acquire again. */
+  private async beat(batch: Lease[], timeoutMs: number): Promise<Lease[]> {
+    const body: HeartbeatsRequest = {
+      slots: batch.map((l) => ({ user_id: l.userId, plan: l.plan, stream_id: l.streamId })),
+    };
+    let results;
+    try {
+      ({ results } = await this.api.call("POST", Paths.heartbeats, body, "HeartbeatsResponse", {
+        signal: this.stopping.signal,
+        timeoutMs,
+      }));
+    } catch (err) {
+      if (!this.closed) {
+        this.log.warn("limiter: heartbeat batch failed; the slots keep their TTL, retrying next round", { slots: batch.length, err: String(err) });
+      }
+      return [];
+    }
+    if (results.length !== batch.length) {
+      this.log.error("limiter: heartbeat batch answered the wrong number of results; retrying next round", {
+        slots: batch.length,
+        results: results.length,
+      });
+      return [];
+    }
+    const again: Lease[] = [];
+    let lost = 0;
+    let unconfirmed = 0;
+    batch.forEach((lease, i) => {
+      const result = results[i]!;
+      if (result.stream_id !== lease.streamId) {
+        unconfirmed++;
+      } else if (result.error !== undefined) {
+        if (!slotFatal(result.error.code)) {
+          unconfirmed++; // e.g. limiter_unavailable: the slot keeps its TTL
+        } else if (this.lose(lease, fromWire(result.error))) {
+          lost++;
+        }
+      } else if (result.alive) {
+        lease.update(result.expires_at, result.degraded);
+      } else if (lease.degraded) {
+        // Granted or kept while Redis was unreachable, so Redis never held
+        // it: count it again rather than end the stream over the limiter's
+        // own outage.
+        again.push(lease);
+      } else if (this.lose(lease, new LimiterError(ErrorCode.SlotLost, "the limiter no longer holds this slot", { status: 410 }))) {
+        lost++;
+      }
+    });
+    if (unconfirmed > 0) {
+      this.log.warn("limiter: heartbeats not confirmed; the slots keep their TTL, retrying next round", { slots: unconfirmed });
+    }
+    if (lost > 0) {
+      this.log.info("limiter: leases lost", { leases: lost });
+    }
+    return again;
+  }
+
+  private async reacquire(lease: Lease): Promise<void> {
+    if (!this.holds(lease)) {
+      return;
+    }
+    let answer: AcquireResponse;
+    try {
+      answer = await this.owner.reacquire(lease, this.stopping.signal);
+    } catch (err) {
+      if (definite(err)) {
+        if (this.lose(lease, err as LimiterError)) {
+          this.log.info("limiter: degraded lease refused on re-acquire", { stream_id: lease.streamId, err: String(err) });
+        }
+      } else if (!this.closed) {
+        this.log.warn("limiter: re-acquiring a degraded lease failed; retrying next round", { stream_id: lease.streamId, err: String(err) });
+      }
+      return;
+    }
+    lease.update(answer.expires_at, answer.degraded);
+    this.setInterval(lease, this.owner.intervalOf(answer));
+    if (!this.holds(lease)) {
+      // Released while the acquire was in flight: give it back.
+      await lease.releaseSlot().catch(() => undefined);
+    }
+  }
+}
+
+function keyOf(userId: string, streamId: string): string {
+  return JSON.stringify([userId, streamId]);
+}
+
+/** Runs fn over items, at most limit at a time. */
+export async function forEach<T>(items: readonly T[], limit: number, fn: (item: T) => Promise<void>): Promise<void> {
+  let next = 0;
+  const worker = async () => {
+    while (next < items.length) {
+      await fn(items[next++]!);
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, worker));
+}

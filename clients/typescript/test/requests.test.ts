@@ -1,0 +1,208 @@
+// What the client sends and how it reads answers, against a local server
+// that records requests and answers as the contract allows, including what
+// a real serve cannot be made to answer on demand (degraded grants, answers
+// that break the contract, and the label as sent; serve records it, see serve.test.ts).
+
+import assert from "node:assert/strict";
+import { afterEach, beforeEach, describe, test } from "node:test";
+
+import { Client, ErrorCode, LimiterError, Paths, type ClientOptions, type Lease } from "../src/index.js";
+import { MemoryLogger, TestServer, eventually, jsonAnswer, type Answer, type Recorded } from "./support.js";
+
+const STREAM_ID = /^[0-9a-f]{32}$/;
+
+function granted(rec: Recorded, degraded = false, intervalMs = 50): Answer {
+  return jsonAnswer(200, {
+    granted: true,
+    stream_id: rec.json.stream_id,
+    used: degraded ? 0 : 1,
+    limit: 3,
+    expires_at: "2030-01-02T03:04:05.678901234Z",
+    ttl_ms: 3 * intervalMs,
+    heartbeat_interval_ms: intervalMs,
+    pruned: 0,
+    degraded,
+  });
+}
+
+/** Answers acquires with grants, releases with released, and batches with results[stream_id] (alive by default). */
+class Fake {
+  results = new Map<string, Record<string, unknown>>();
+  degraded = false;
+  acquireAnswer: Answer | undefined;
+  batches: Recorded[] = [];
+
+  answer(rec: Recorded): Answer {
+    switch (rec.path) {
+      case Paths.acquire:
+        return this.acquireAnswer ?? granted(rec, this.degraded);
+      case Paths.release:
+        return jsonAnswer(200, { released: true, degraded: false });
+      case Paths.heartbeats:
+        this.batches.push(rec);
+        return jsonAnswer(200, {
+          results: rec.json.slots.map((slot: { stream_id: string }) => ({
+            stream_id: slot.stream_id,
+            alive: true,
+            degraded: false,
+            expires_at: "2030-01-02T03:04:06Z",
+            ...this.results.get(slot.stream_id),
+          })),
+        });
+    }
+    return jsonAnswer(404, { error: { code: "not_found", message: "no route" } });
+  }
+}
+
+describe("requests and answers", () => {
+  let fake: Fake;
+  let server: TestServer;
+  const clients: Client[] = [];
+  const newClient = (options: ClientOptions = {}) => {
+    const c = new Client(server.url, { token: "caller-token", logger: new MemoryLogger(), ...options });
+    clients.push(c);
+    return c;
+  };
+  beforeEach(async () => {
+    fake = new Fake();
+    server = await TestServer.start((rec) => fake.answer(rec));
+  });
+  afterEach(async () => {
+    await Promise.all(clients.splice(0).map((c) => c.close()));
+    await server.close();
+  });
+
+  test("acquire sends label only when set", async () => {
+    const c = newClient();
+    await c.acquire("user-1", "paid");
+    await c.acquire("user-1", "paid", { label: "pod-7/model-x" });
+    await c.acquire("user-1", "paid", { label: "é".repeat(64) }); // 128 bytes of UTF-8
+    const bodies = server.received(Paths.acquire).map((r) => r.json);
+    assert.deepEqual(Object.keys(bodies[0]).sort(), ["plan", "stream_id", "user_id"]);
+    assert.deepEqual([bodies[0].user_id, bodies[0].plan], ["user-1", "paid"]);
+    assert.match(bodies[0].stream_id, STREAM_ID);
+    assert.equal(bodies[1].label, "pod-7/model-x");
+    assert.equal(bodies[2].label, "é".repeat(64));
+  });
+
+  test("a label over 128 bytes is refused before sending", async () => {
+    await assert.rejects(newClient().acquire("user-1", "paid", { label: "é".repeat(65) }), {
+      name: "RangeError",
+      message: "label must be at most 128 bytes of UTF-8, got 130",
+    });
+    assert.deepEqual(server.received(Paths.acquire), []);
+  });
+
+  test("requests carry JSON and the bearer token", async () => {
+    await newClient().acquire("user-1", "paid", { streamId: "chat-1" });
+    const rec = server.received(Paths.acquire)[0]!;
+    assert.equal(rec.json.stream_id, "chat-1");
+    assert.equal(rec.headers["content-type"], "application/json");
+    assert.equal(rec.headers.authorization, "Bearer caller-token");
+    assert.equal(rec.headers["user-agent"], "joishi-limiter-typescript-client");
+  });
+
+  test("one batch per round for every lease", async () => {
+    // The first round is due one interval after the first lease: long
+    // enough for all five acquires.
+    const c = newClient({ heartbeatIntervalMs: 300 });
+    const leases: Lease[] = [];
+    for (let i = 0; i < 5; i++) {
+      leases.push(await c.acquire(`user-${i}`, "paid"));
+    }
+    assert.ok(await eventually(() => fake.batches.length > 0));
+    assert.deepEqual(
+      fake.batches[0]!.json.slots.map((s: { user_id: string; plan: string; stream_id: string }) => [s.user_id, s.plan, s.stream_id]).sort(),
+      leases.map((l) => [l.userId, "paid", l.streamId]).sort(),
+    );
+    assert.ok(await eventually(() => leases[0]!.expiresAt.getUTCSeconds() === 6), "a heartbeat's expires_at should update the lease");
+  });
+
+  test("batch results lose only the lost slots", async () => {
+    const logger = new MemoryLogger();
+    const c = newClient({ logger });
+    const [lost, unavailable, alive] = [await c.acquire("user-1", "paid"), await c.acquire("user-1", "paid"), await c.acquire("user-1", "paid")];
+    fake.results.set(lost.streamId, { alive: false, expires_at: null });
+    fake.results.set(unavailable.streamId, { alive: false, expires_at: null, error: { code: "limiter_unavailable", message: "redis down" } });
+    const err = await lost.lost;
+    assert.deepEqual([err.code, err.status], [ErrorCode.SlotLost, 410]);
+    await new Promise((r) => setTimeout(r, 200)); // a few more rounds
+    assert.equal(unavailable.error, undefined, "limiter_unavailable must not lose a slot: it keeps its TTL");
+    assert.equal(alive.error, undefined);
+    assert.ok(logger.lines.some((l) => l.includes("heartbeats not confirmed; the slots keep their TTL")), logger.lines.join("\n"));
+    const beaten = fake.batches.at(-1)!.json.slots.map((s: { stream_id: string }) => s.stream_id);
+    assert.ok(!beaten.includes(lost.streamId), "a lost lease is heartbeated no more");
+  });
+
+  test("a degraded lease the limiter does not hold is acquired again", async () => {
+    const c = newClient();
+    fake.degraded = true;
+    const lease = await c.acquire("user-1", "paid", { label: "pod-7" });
+    assert.equal(lease.degraded, true);
+    fake.degraded = false;
+    fake.results.set(lease.streamId, { alive: false, expires_at: null });
+    assert.ok(await eventually(() => server.received(Paths.acquire).length >= 2));
+    const again = server.received(Paths.acquire)[1]!.json;
+    assert.deepEqual([again.stream_id, again.label], [lease.streamId, "pod-7"]);
+    assert.equal(lease.error, undefined);
+  });
+
+  test("error answers become typed errors", async () => {
+    const cases: [string, Answer, Partial<LimiterError>][] = [
+      [
+        "429 with the limit's fields",
+        jsonAnswer(429, { error: { code: "stream_limit_reached", message: "3 of 3", used: 3, limit: 3, retry_after_ms: 1500 } }),
+        { code: ErrorCode.StreamLimitReached, status: 429, used: 3, limit: 3, retryAfterMs: 1500 },
+      ],
+      [
+        "a proxy's 502 page",
+        { status: 502, headers: { "Content-Type": "text/html", "Retry-After": "3" }, body: "<html>bad gateway</html>" },
+        { code: ErrorCode.LimiterUnavailable, status: 502, retryAfterMs: 3000 },
+      ],
+      [
+        "a code this client does not know",
+        jsonAnswer(400, { error: { code: "invalid_label", message: "label has a space" } }),
+        { code: "invalid_label", status: 400 },
+      ],
+      ["a status without a body", { status: 418, body: "" }, { code: "http_418", status: 418 }],
+    ];
+    for (const [name, answer, want] of cases) {
+      fake.acquireAnswer = answer;
+      const err = await newClient({ acquireRetries: 0 })
+        .acquire("user-1", "paid")
+        .then(() => assert.fail(`${name}: resolved`), (e: unknown) => e);
+      assert.ok(err instanceof LimiterError, `${name}: ${String(err)}`);
+      for (const [key, value] of Object.entries(want)) {
+        assert.equal(err[key as keyof LimiterError], value, `${name}: ${key}`);
+      }
+    }
+  });
+
+  test("an answer breaking the contract is refused and its stream id released", async () => {
+    fake.acquireAnswer = jsonAnswer(200, { granted: true, stream_id: "s", used: 1 });
+    await assert.rejects(newClient().acquire("user-1", "paid", { streamId: "s" }), (err: unknown) => {
+      assert.ok(err instanceof LimiterError);
+      assert.equal(err.code, "invalid_answer");
+      assert.match(err.message, /AcquireResponse\.limit: required/);
+      return true;
+    });
+    assert.deepEqual(server.received(Paths.release).map((r) => r.json.stream_id), ["s"]);
+    assert.equal(server.received(Paths.acquire).length, 1, "an answer not of the contract is not retried");
+  });
+
+  test("a request that gets no answer in time is limiter_unavailable", async () => {
+    const slow = await TestServer.start(() => new Promise<Answer>(() => undefined)); // never answers
+    try {
+      const c = new Client(slow.url, { requestTimeoutMs: 100, acquireRetries: 0, logger: new MemoryLogger() });
+      clients.push(c);
+      await assert.rejects(c.acquire("user-1", "paid"), (err: unknown) => {
+        assert.ok(err instanceof LimiterError);
+        assert.deepEqual([err.code, err.status], [ErrorCode.LimiterUnavailable, 0]);
+        assert.match(err.message, /no answer within 100ms/);
+        return true;
+      });
+    } finally {
+      await slow.close();
+    }
+  });
+});

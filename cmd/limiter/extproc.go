@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+
+	"github.com/joishi/limiter/pkg/config"
+	"github.com/joishi/limiter/pkg/extproc"
+	"github.com/joishi/limiter/pkg/hold"
+	"github.com/joishi/limiter/pkg/identity"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/server"
+	"github.com/joishi/limiter/pkg/telemetry"
+	"github.com/joishi/limiter/pkg/tiers"
+)
+
+// startExtProc opens the ext_proc listener of extproc.addr and returns
+// run, which serves it until ctx ends, drains it within
+// http.shutdownGrace, and releases what its streams still hold; nil run
+// when extproc.addr is not set.
+func startExtProc(cfg config.Config, lim *limiter.Limiter, table *tiers.Table, callers *server.Callers,
+	tel *telemetry.Telemetry, logger *slog.Logger) (run func(context.Context) error, err error) {
+	if cfg.ExtProc.Addr == "" {
+		return nil, nil
+	}
+	identOpts := cfg.IdentityOptions()
+	identOpts.Logger = logger
+	ident, err := identity.New(identOpts)
+	if err != nil {
+		return nil, fmt.Errorf("%w: identity: %w", config.ErrInvalid, err)
+	}
+	logIdentity(cfg, ident, logger)
+	var tlsConfig *tls.Config
+	if files := cfg.HTTP.TLS.Files(); files.CertFile != "" {
+		if tlsConfig, err = files.Config(logger); err != nil {
+			return nil, err
+		}
+	}
+	holder, err := hold.New(lim, hold.Options{Mode: "extproc", Logger: logger, MeterProvider: tel.MeterProvider})
+	if err != nil {
+		return nil, err
+	}
+	opts := cfg.ExtProcOptions()
+	opts.Tiers, opts.Callers, opts.Logger = table, callers, logger
+	opts.TracerProvider, opts.Propagator = tel.TracerProvider, tel.Propagator
+	srv, err := extproc.New(holder, ident, opts)
+	if err != nil {
+		holder.Close(context.Background())
+		return nil, fmt.Errorf("%w: %w", config.ErrInvalid, err)
+	}
+	ln, err := extproc.Listen(cfg.ExtProc.Addr)
+	if err != nil {
+		holder.Close(context.Background())
+		return nil, err
+	}
+	return func(ctx context.Context) error {
+		defer holder.Close(context.Background())
+		return srv.Run(ctx, ln, tlsConfig, cfg.HTTP.ShutdownGrace)
+	}, nil
+}
+
+// logIdentity says where identities come from, and warns when they are
+// trusted as they come.
+func logIdentity(cfg config.Config, ident *identity.Resolver, logger *slog.Logger) {
+	switch i := cfg.Identity; {
+	case ident.UsesJWT():
+		logger.Info("ext_proc identity from verified JWTs", "issuer", i.JWT.Issuer, "audience", i.JWT.Audience,
+			"user_claim", i.JWT.UserClaim, "plan_claim", i.JWT.PlanClaim)
+	case ident.UsesPayload():
+		logger.Info("ext_proc identity from JWT payloads verified by Envoy's jwt_authn", "header", i.JWTPayload.Header,
+			"metadata", i.JWTPayload.MetadataNamespace+"/"+i.JWTPayload.MetadataKey, "user_claim", i.JWTPayload.UserClaim, "plan_claim", i.JWTPayload.PlanClaim)
+	default:
+		logger.Warn("ext_proc identity from headers, trusted as they come: Envoy must authenticate the caller and set them",
+			"user_header", i.UserHeader, "plan_header", i.PlanHeader)
+	}
+}

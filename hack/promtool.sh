@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Install (once) the pinned promtool, Prometheus's own rule tester, which the
+# incident drill (e2e) runs on config/observability/alerts.yaml, and print its
+# path as the LAST line on stdout (progress goes to stderr), so callers can do:
+#
+#   export LIMITER_PROMTOOL=$(bash hack/promtool.sh | tail -1)
+#
+# promtool is built from its Go module (no binary downloads) into a cache
+# outside the clone: ${LIMITER_CACHE:-$HOME/.cache/limiter}/bin/promtool-<version>/promtool.
+# A cold build takes several minutes; with a warm cache the script returns
+# immediately. Where the module cannot be built, Debian's prometheus package
+# (which ships promtool) is installed instead.
+set -euo pipefail
+
+# The Go module version of Prometheus (v0.316.0 is Prometheus 3.16.0).
+PROMTOOL_VERSION="v0.316.0"
+
+cache="${LIMITER_CACHE:-$HOME/.cache/limiter}"
+bin_dir="$cache/bin/promtool-$PROMTOOL_VERSION"
+promtool="$bin_dir/promtool"
+
+build() {
+	command -v go >/dev/null 2>&1 || {
+		echo "promtool.sh: go not found in PATH" >&2
+		return 1
+	}
+	echo "promtool.sh: installing promtool $PROMTOOL_VERSION into $bin_dir (takes several minutes)" >&2
+	# Outside any module and workspace, so the clone's go.mod is left alone.
+	(cd "$bin_dir" && GOWORK=off GOFLAGS=-mod=mod CGO_ENABLED=0 GOBIN="$bin_dir" \
+		go install -trimpath -ldflags "-s -w -X github.com/prometheus/common/version.Version=${PROMTOOL_VERSION#v}" \
+		"github.com/prometheus/prometheus/cmd/promtool@$PROMTOOL_VERSION" >&2)
+}
+
+debian() {
+	local sudo=()
+	if [[ $(id -u) -ne 0 ]]; then
+		sudo=(sudo)
+	fi
+	echo "promtool.sh: building promtool failed; installing Debian's prometheus package for its promtool" >&2
+	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq >&2
+	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 \
+		install -y -qq --no-install-recommends prometheus >&2
+	ln -sf "$(command -v promtool)" "$promtool"
+}
+
+if [[ ! -x "$promtool" ]]; then
+	mkdir -p "$bin_dir"
+	# Serialise concurrent cold runs so promtool is built once.
+	if command -v flock >/dev/null 2>&1; then
+		exec 9>"$bin_dir/.lock"
+		flock 9
+	fi
+	if [[ ! -x "$promtool" ]]; then
+		build || debian
+	fi
+fi
+
+"$promtool" --version >&2
+printf '%s\n' "$promtool"

@@ -1,0 +1,64 @@
+package config
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestExtProcValidation(t *testing.T) {
+	cases := []struct {
+		name string
+		edit func(c *Config)
+		key  string
+		want string
+	}{
+		{"an address that is no host:port", func(c *Config) { c.ExtProc.Addr = "9091" }, "extproc.addr", "host:port"},
+		{"the API's address", func(c *Config) { c.ExtProc.Addr = ":8080" }, "extproc.addr", "http.addr"},
+		{"the ops address", func(c *Config) { c.ExtProc.Addr = ":9090" }, "extproc.addr", "ops.addr"},
+		{"a stream id header with a space", func(c *Config) { c.ExtProc.StreamIDHeader = "x stream" }, "extproc.streamIdHeader", "HTTP header name"},
+		{"no keepalive", func(c *Config) { c.ExtProc.KeepaliveTime = 0 }, "extproc.keepaliveTime", "must be > 0"},
+		{"no ping interval", func(c *Config) { c.ExtProc.MinPingInterval = -time.Second }, "extproc.minPingInterval", "must be > 0"},
+		{"a payload beside a JWT", func(c *Config) {
+			c.Identity.JWT.JWKSURL, c.Identity.JWT.Issuer, c.Identity.JWT.Audience = "https://auth/jwks", "i", "a"
+			c.Identity.JWTPayload.Header = "x-jwt-payload"
+		}, "identity.jwtPayload", "second source"},
+		{"a payload header with a colon", func(c *Config) { c.Identity.JWTPayload.Header = "x:payload" }, "identity.jwtPayload.header", "HTTP header name"},
+		{"a metadata key without a namespace", func(c *Config) {
+			c.Identity.JWTPayload.MetadataKey, c.Identity.JWTPayload.MetadataNamespace = "jwt_payload", " "
+		}, "identity.jwtPayload.metadataNamespace", "must not be empty"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Default()
+			tc.edit(&c)
+			err := c.Validate()
+			var ke *KeyError
+			if !errors.As(err, &ke) || ke.Key != tc.key || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Validate() = %v; want a %s error saying %q", err, tc.key, tc.want)
+			}
+		})
+	}
+}
+
+func TestExtProcOptions(t *testing.T) {
+	c, err := load(t, "extproc:\n  addr: \":9091\"\n  streamIdHeader: X-Stream\nidentity:\n  jwtPayload:\n    metadataKey: jwt_payload\n    planClaim: plan\n", nil, "--extproc-addr", "127.0.0.1:9191")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want(t, "extproc.addr", c.ExtProc.Addr, "127.0.0.1:9191")
+	opts := c.ExtProcOptions()
+	want(t, "StreamIDHeader", opts.StreamIDHeader, "x-stream")
+	want(t, "PayloadKey", opts.PayloadKey, "jwt_payload")
+	want(t, "PayloadNamespace", opts.PayloadNamespace, "envoy.filters.http.jwt_authn")
+	want(t, "KeepaliveTime", opts.KeepaliveTime, 30*time.Second)
+	p := c.IdentityOptions().Payload
+	if p == nil || p.Header != "" || p.UserClaim != "sub" || p.PlanClaim != "plan" {
+		t.Errorf("identity payload options %+v, want claims sub and plan from metadata", p)
+	}
+	// The proxy receives no metadata: a payload it could never read is refused.
+	if err := c.ValidateProxy(); err == nil || !strings.Contains(err.Error(), "identity.jwtPayload.metadataKey") {
+		t.Errorf("ValidateProxy with a metadata-only payload: %v, want an error naming identity.jwtPayload.metadataKey", err)
+	}
+}

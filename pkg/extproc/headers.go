@@ -1,0 +1,82 @@
+package extproc
+
+import (
+	"context"
+	"crypto/tls"
+	"strings"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+
+	"github.com/joishi/limiter/pkg/server"
+)
+
+// headerMap reads the headers of an ext_proc message as identity.Headers:
+// Envoy lower-cases their names and puts each value in raw_value (older
+// versions in value). A repeated header's first value is returned, as
+// http.Header.Get does.
+type headerMap struct{ m *corev3.HeaderMap }
+
+func (h headerMap) Get(name string) string {
+	name = strings.ToLower(name)
+	for _, hv := range h.m.GetHeaders() {
+		if hv.GetKey() == name {
+			if raw := hv.GetRawValue(); len(raw) > 0 {
+				return string(raw)
+			}
+			return hv.GetValue()
+		}
+	}
+	return ""
+}
+
+// payloadClaims returns the verified JWT payload in md's filter metadata
+// under namespace and key, as jwt_authn's payload_in_metadata puts it.
+func payloadClaims(md *corev3.Metadata, namespace, key string) (map[string]any, bool) {
+	v, ok := md.GetFilterMetadata()[namespace].GetFields()[key]
+	if !ok || v.GetStructValue() == nil {
+		return nil, false
+	}
+	return v.GetStructValue().AsMap(), true
+}
+
+// metadataCarrier reads a trace context from gRPC metadata.
+type metadataCarrier metadata.MD
+
+func (c metadataCarrier) Get(key string) string {
+	if v := metadata.MD(c).Get(key); len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+func (c metadataCarrier) Set(key, value string) { metadata.MD(c).Set(key, value) }
+
+func (c metadataCarrier) Keys() []string {
+	keys := make([]string, 0, len(c))
+	for k := range c {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// authenticate returns the caller of a gRPC stream: by its client
+// certificate over mutual TLS, else by the bearer token of its
+// authorization metadata (Envoy's grpc_service.initial_metadata).
+func (s *Server) authenticate(ctx context.Context) (server.Caller, error) {
+	var state *tls.ConnectionState
+	if p, ok := peer.FromContext(ctx); ok {
+		if info, ok := p.AuthInfo.(credentials.TLSInfo); ok {
+			state = &info.State
+		}
+	}
+	var authorization string
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if v := md.Get("authorization"); len(v) > 0 {
+			authorization = v[0]
+		}
+	}
+	return s.opts.Callers.Authenticate(state, authorization)
+}

@@ -1,0 +1,312 @@
+package extproc
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/joishi/limiter/pkg/hold"
+	"github.com/joishi/limiter/pkg/identity"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/server"
+)
+
+// Span attributes of an Envoy stream. Never metric labels.
+const (
+	attrStreamID = attribute.Key("limiter.stream_id")
+	attrDegraded = attribute.Key("limiter.degraded")
+	attrEnd      = attribute.Key("limiter.end")
+	attrRefused  = attribute.Key("limiter.refused")
+	attrCaller   = attribute.Key("limiter.caller")
+)
+
+// Process serves one Envoy stream, that is one HTTP stream through the
+// ext_proc filter, until Envoy ends it. It answers every message Envoy
+// waits for with exactly one response, holds a slot from a granted
+// request_headers on, and releases it at the response's end of stream or
+// when the gRPC stream ends, whichever comes first.
+func (s *Server) Process(grpcStream extprocv3.ExternalProcessor_ProcessServer) error {
+	ctx := grpcStream.Context()
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		ctx = s.opts.Propagator.Extract(ctx, metadataCarrier(md))
+	}
+	ctx, span := s.tracer.Start(ctx, "extproc.stream", trace.WithSpanKind(trace.SpanKindServer))
+	defer span.End()
+
+	x := &exchange{s: s, span: span}
+	if s.opts.Callers != nil {
+		who, err := s.authenticate(ctx)
+		if err != nil {
+			s.authWarn.Log(ctx, slog.LevelError, "ext_proc stream refused: its caller is not in api.tokensFile; "+
+				"Envoy fails these requests, or passes them uncapped with failure_mode_allow", "err", err)
+			span.SetAttributes(attrRefused.String(hold.CodeUnauthenticated))
+			return status.Error(codes.Unauthenticated, err.Error())
+		}
+		x.caller = &who
+		span.SetAttributes(attrCaller.String(who.Name()))
+	}
+	defer x.release(ctx, hold.EndClientGone) // whatever ended the stream first
+
+	msgs := make(chan received)
+	done := make(chan struct{})
+	defer close(done)
+	go receive(grpcStream, msgs, done)
+	for {
+		var lost <-chan struct{}
+		if x.st != nil && !x.released && !x.lostSeen {
+			lost = x.st.Lost()
+		}
+		select {
+		case m := <-msgs:
+			if m.err != nil {
+				x.release(ctx, x.endOnClose(m.err))
+				return nil
+			}
+			resp := x.handle(ctx, m.req)
+			if resp == nil || m.req.GetObservabilityMode() {
+				continue // nothing to answer, or Envoy ignores answers
+			}
+			if err := grpcStream.Send(resp); err != nil {
+				x.release(ctx, hold.EndClientGone)
+				return err
+			}
+		case <-lost:
+			x.lostSeen = true
+			if errors.Is(x.st.Err(), hold.ErrShutdown) {
+				// Closed with OK, Envoy carries on with the HTTP stream
+				// without the filter instead of failing it.
+				x.release(ctx, hold.EndShutdown)
+				return nil
+			}
+			// Cut at the next message Envoy sends (see cutIfLost).
+		case <-s.stopping:
+			x.release(ctx, hold.EndShutdown)
+			return nil
+		}
+	}
+}
+
+// received is one Recv's result.
+type received struct {
+	req *extprocv3.ProcessingRequest
+	err error
+}
+
+// receive feeds msgs with the stream's messages until Recv fails or done
+// closes.
+func receive(grpcStream extprocv3.ExternalProcessor_ProcessServer, msgs chan<- received, done <-chan struct{}) {
+	for {
+		req, err := grpcStream.Recv()
+		select {
+		case msgs <- received{req, err}:
+		case <-done:
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// exchange is the state of one Envoy stream. Only Process's goroutine
+// touches it.
+type exchange struct {
+	s      *Server
+	span   trace.Span
+	caller *server.Caller // nil: the API is open
+
+	st             *hold.Stream // the slot, once granted
+	released       bool
+	lostSeen       bool
+	sawHeaders     bool // request_headers arrived
+	started        bool // response_headers arrived
+	duplexRequest  bool // request body in FULL_DUPLEX_STREAMED mode
+	duplexResponse bool // response body in FULL_DUPLEX_STREAMED mode
+}
+
+// handle answers one message: nil when it needs no answer.
+func (x *exchange) handle(ctx context.Context, req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+	if pc := req.GetProtocolConfig(); pc != nil { // on the first message only
+		x.duplexRequest = pc.GetRequestBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+		x.duplexResponse = pc.GetResponseBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	}
+	switch r := req.GetRequest().(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		return x.requestHeaders(ctx, req, r.RequestHeaders)
+	case *extprocv3.ProcessingRequest_RequestBody:
+		if cut := x.cutIfLost(ctx); cut != nil {
+			return cut
+		}
+		return bodyContinue(r.RequestBody, x.duplexRequest, false)
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		return trailersContinue(false)
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		x.noRequestHeaders(ctx)
+		if cut := x.cutIfLost(ctx); cut != nil {
+			return cut
+		}
+		x.started = true
+		var resp *extprocv3.ProcessingResponse
+		if x.st != nil {
+			resp = responseHeadersContinue(header(x.s.opts.StreamIDHeader, x.st.ID()))
+		} else {
+			resp = responseHeadersContinue()
+		}
+		if r.ResponseHeaders.GetEndOfStream() {
+			x.release(ctx, hold.EndComplete)
+		}
+		return resp
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		x.noRequestHeaders(ctx)
+		if cut := x.cutIfLost(ctx); cut != nil {
+			return cut
+		}
+		if x.st != nil {
+			x.st.Touch()
+		}
+		resp := bodyContinue(r.ResponseBody, x.duplexResponse, true)
+		if r.ResponseBody.GetEndOfStream() {
+			x.release(ctx, hold.EndComplete)
+		}
+		return resp
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		// Trailers come last: the response is complete.
+		x.release(ctx, hold.EndComplete)
+		return trailersContinue(true)
+	}
+	return nil // flow control only: no answer expected
+}
+
+// requestHeaders decides the stream: identity, then a slot.
+func (x *exchange) requestHeaders(ctx context.Context, req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
+	s := x.s
+	if x.sawHeaders {
+		return requestHeadersContinue() // never twice per stream
+	}
+	x.sawHeaders = true
+	id, err := x.identify(req, h)
+	if err != nil {
+		s.holder.Refused(ctx, hold.ReasonIdentity)
+		return x.refuse(hold.Refused(http.StatusUnauthorized, hold.TypeInvalidRequest, hold.CodeUnauthenticated, err.Error()))
+	}
+	callerName := ""
+	if x.caller != nil {
+		callerName = x.caller.Name()
+		if err := x.caller.Allow(id.Plan); err != nil {
+			s.holder.Refused(ctx, hold.ReasonPlanNotAllowed)
+			return x.refuse(hold.Refused(http.StatusForbidden, hold.TypeInvalidRequest, hold.CodePlanNotAllowed, err.Error()))
+		}
+	}
+	st, res, err := s.holder.Acquire(ctx, limiter.AcquireRequest{UserID: id.UserID, Plan: id.Plan, Caller: callerName})
+	switch {
+	case err != nil:
+		return x.refuseAcquire(ctx, err)
+	case st == nil:
+		return x.refuse(hold.Limited(res))
+	}
+	x.st = st
+	x.span.SetAttributes(attrStreamID.String(st.ID()), attrDegraded.Bool(res.Degraded))
+	s.log.InfoContext(ctx, "stream granted", "mode", "extproc", "stream_id", st.ID(), "plan", st.Plan(),
+		"degraded", res.Degraded, "caller", callerName)
+	return requestHeadersContinue(header(s.opts.StreamIDHeader, st.ID()))
+}
+
+// identify resolves the request's identity: from the verified JWT
+// payload in the dynamic metadata when configured and present, else from
+// the headers.
+func (x *exchange) identify(req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) (identity.Identity, error) {
+	s := x.s
+	if s.opts.PayloadKey != "" {
+		if claims, ok := payloadClaims(req.GetMetadataContext(), s.opts.PayloadNamespace, s.opts.PayloadKey); ok {
+			return s.ident.FromClaims(claims)
+		}
+	}
+	return s.ident.Resolve(headerMap{h.GetHeaders()})
+}
+
+// refuseAcquire answers an acquire that failed: the plan is unknown, the
+// user id cannot be used, or Redis is down on a Closed plan.
+func (x *exchange) refuseAcquire(ctx context.Context, err error) *extprocv3.ProcessingResponse {
+	refusal, known := hold.AcquireRefusal(err)
+	if !known {
+		if ctx.Err() != nil {
+			return nil // Envoy is gone; nobody reads an answer
+		}
+		x.s.log.ErrorContext(ctx, "acquire failed", "mode", "extproc", "err", err)
+	}
+	return x.refuse(refusal)
+}
+
+func (x *exchange) refuse(r hold.Refusal) *extprocv3.ProcessingResponse {
+	x.span.SetAttributes(attrRefused.String(r.Error.Code))
+	return immediate(r)
+}
+
+// cutIfLost answers the first message after the slot was lost (expired,
+// released by support, lost in a failover) with an ImmediateResponse,
+// which ends the HTTP stream (Envoy resets it if the response has
+// started), as the proxy cuts such a stream. nil while the slot holds.
+func (x *exchange) cutIfLost(ctx context.Context) *extprocv3.ProcessingResponse {
+	if x.st == nil || x.released || x.st.Err() == nil {
+		return nil
+	}
+	x.release(ctx, hold.EndLost)
+	return x.refuse(hold.Refused(http.StatusServiceUnavailable, hold.TypeServer, hold.CodeSlotLost,
+		"this stream's slot was released while it ran (by support, by expiry or in a failover)"))
+}
+
+// noRequestHeaders warns, rate-limited, when a response arrives on a
+// stream that never sent its request headers: the filter is not
+// configured to send them, and nothing is limited.
+func (x *exchange) noRequestHeaders(ctx context.Context) {
+	if !x.sawHeaders {
+		x.s.modeWarn.Log(ctx, slog.LevelWarn, "ext_proc stream without request headers: nothing is limited; "+
+			"set the filter's processing_mode.request_header_mode to SEND")
+		x.sawHeaders = true // once per stream
+	}
+}
+
+// endOnClose says how the stream ended when the gRPC stream closed before
+// the response's end was seen: io.EOF is Envoy closing its side (the HTTP
+// stream is over: complete once the response had started, as Envoy sends
+// nothing more when it streams no body), anything else a reset, a broken
+// connection or a cancelled call.
+func (x *exchange) endOnClose(err error) hold.End {
+	if x.st != nil {
+		switch serr := x.st.Err(); {
+		case errors.Is(serr, hold.ErrShutdown):
+			return hold.EndShutdown
+		case errors.Is(serr, hold.ErrIdle):
+			return hold.EndIdle
+		case serr != nil:
+			return hold.EndLost
+		}
+	}
+	if errors.Is(err, io.EOF) && x.started {
+		return hold.EndComplete
+	}
+	return hold.EndClientGone
+}
+
+// release frees the slot, once, recording end.
+func (x *exchange) release(ctx context.Context, end hold.End) {
+	if x.st == nil || x.released {
+		return
+	}
+	x.released = true
+	x.st.Release(ctx, end)
+	x.span.SetAttributes(attrEnd.String(string(end)))
+	x.s.log.InfoContext(ctx, "stream ended", "mode", "extproc", "stream_id", x.st.ID(), "end", end,
+		"took", time.Since(x.st.Started()).Round(time.Millisecond).String())
+}

@@ -1,0 +1,220 @@
+package extproc_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/joishi/limiter/internal/envoytest"
+	"github.com/joishi/limiter/pkg/extproc"
+)
+
+// Each way an Envoy stream ends releases its slot, and the slot is held
+// until then: the sequences are those Envoy sends for each processing
+// mode and each end.
+func TestSlotReleasedOnEveryEnd(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	for _, tt := range []struct {
+		name string
+		// run plays the stream after a granted request_headers; it
+		// returns whether the slot must already be free before Envoy
+		// closes the gRPC stream (the response's end was seen).
+		run func(t *testing.T, st *envoytest.Stream) (endSeen bool)
+		end func(st *envoytest.Stream)
+	}{
+		{
+			name: "headers only: Envoy closes the stream when the HTTP stream is done",
+			run: func(t *testing.T, st *envoytest.Stream) bool {
+				mustContinue(t)(st.ResponseHeaders(envoytest.Headers(":status", "200", "content-type", "text/event-stream"), false))
+				return false
+			},
+			end: (*envoytest.Stream).Close,
+		},
+		{
+			name: "response headers with end of stream (no body)",
+			run: func(t *testing.T, st *envoytest.Stream) bool {
+				mustContinue(t)(st.ResponseHeaders(envoytest.Headers(":status", "204"), true))
+				return true
+			},
+			end: (*envoytest.Stream).Close,
+		},
+		{
+			name: "streamed response body to its end of stream",
+			run: func(t *testing.T, st *envoytest.Stream) bool {
+				mustContinue(t)(st.ResponseHeaders(envoytest.Headers(":status", "200"), false))
+				for range 3 {
+					mustContinue(t)(st.ResponseBody([]byte("data: {}\n\n"), false))
+				}
+				mustContinue(t)(st.ResponseBody([]byte("data: [DONE]\n\n"), true))
+				return true
+			},
+			end: (*envoytest.Stream).Close,
+		},
+		{
+			name: "streamed body then trailers",
+			run: func(t *testing.T, st *envoytest.Stream) bool {
+				mustContinue(t)(st.ResponseHeaders(envoytest.Headers(":status", "200", "content-type", "application/grpc"), false))
+				mustContinue(t)(st.ResponseBody([]byte{0, 0, 0, 0, 2, 8, 1}, false))
+				mustContinue(t)(st.ResponseTrailers(envoytest.Headers("grpc-status", "0")))
+				return true
+			},
+			end: (*envoytest.Stream).Close,
+		},
+		{
+			name: "client cancels mid-body: Envoy resets the stream",
+			run: func(t *testing.T, st *envoytest.Stream) bool {
+				mustContinue(t)(st.ResponseHeaders(envoytest.Headers(":status", "200"), false))
+				mustContinue(t)(st.ResponseBody([]byte("data: {}\n\n"), false))
+				return false
+			},
+			end: (*envoytest.Stream).Reset,
+		},
+		{
+			name: "Envoy closes the stream before any response (message timeout, upstream reset)",
+			run:  func(t *testing.T, st *envoytest.Stream) bool { return false },
+			end:  (*envoytest.Stream).Close,
+		},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			user := newUser()
+			st := e.open(t)
+			grant(t, st, user, "one")
+			if got := e.used(t, user); got != 1 {
+				t.Fatalf("after the grant the user holds %d slots, want 1", got)
+			}
+			if tt.run(t, st) {
+				e.awaitUsed(t, user, 0, time.Second)
+			} else if got := e.used(t, user); got != 1 {
+				t.Fatalf("before the stream ended the user holds %d slots, want 1", got)
+			}
+			tt.end(st)
+			e.awaitUsed(t, user, 0, time.Second)
+			// The slot is free for the user's next stream.
+			next := e.open(t)
+			grant(t, next, user, "one")
+			next.Close()
+			e.awaitUsed(t, user, 0, time.Second)
+		})
+	}
+}
+
+// mustContinue fails the test unless an answer is a CONTINUE:
+// mustContinue(t)(st.ResponseHeaders(...)).
+func mustContinue(t *testing.T) func(*extprocv3.ProcessingResponse, error) *extprocv3.ProcessingResponse {
+	return func(resp *extprocv3.ProcessingResponse, err error) *extprocv3.ProcessingResponse {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetImmediateResponse() != nil {
+			t.Fatalf("answered an ImmediateResponse %v, want CONTINUE", resp.GetImmediateResponse())
+		}
+		return resp
+	}
+}
+
+// The stream id goes upstream on the request and back to the client on
+// the response, replacing one the client sent.
+func TestStreamIDHeaderBothWays(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	st := e.open(t)
+	resp, err := st.RequestHeaders(envoytest.RequestHeaders("/v1/chat/completions",
+		"x-user-id", newUser(), "x-plan", "one", extproc.DefaultStreamIDHeader, "forged"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders()
+	if len(set) != 1 || set[0].GetAppendAction().String() != "OVERWRITE_IF_EXISTS_OR_ADD" {
+		t.Fatalf("request_headers mutation %v, want one header overwriting the client's", set)
+	}
+	upstream := string(set[0].GetHeader().GetRawValue())
+	if upstream == "forged" || upstream == "" {
+		t.Fatalf("stream id sent upstream %q, want the slot's own", upstream)
+	}
+	resp = mustContinue(t)(st.ResponseHeaders(envoytest.Headers(":status", "200"), false))
+	if got, _ := envoytest.HeaderValue(resp.GetResponseHeaders().GetResponse().GetHeaderMutation(), extproc.DefaultStreamIDHeader); got != upstream {
+		t.Errorf("stream id sent to the client %q, want %q as upstream", got, upstream)
+	}
+}
+
+// A slot is kept alive past its TTL while the response streams, by the
+// holder's heartbeat whether or not body chunks arrive.
+func TestSlotOutlivesItsTTLWhileStreaming(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	user := newUser()
+	st := e.open(t)
+	grant(t, st, user, "short-one") // TTL 300ms, heartbeat 100ms
+	mustContinue(t)(st.ResponseHeaders(envoytest.Headers(":status", "200"), false))
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) {
+		mustContinue(t)(st.ResponseBody([]byte("data: {}\n\n"), false))
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond) // no chunk for longer than the TTL
+	if got := e.used(t, user); got != 1 {
+		t.Fatalf("after 1.5s (TTL 300ms) the streaming user holds %d slots, want 1", got)
+	}
+	// And the limit holds all along.
+	other := e.open(t)
+	resp, err := other.RequestHeaders(envoytest.RequestHeaders("/v1/chat/completions", "x-user-id", user, "x-plan", "short-one"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ir, _ := immediate(t, resp); ir.GetStatus().GetCode() != 429 {
+		t.Errorf("a second stream got %d, want 429", ir.GetStatus().GetCode())
+	}
+	st.Close()
+	e.awaitUsed(t, user, 0, time.Second)
+}
+
+// Observability mode: Envoy expects no answers; the slot is held all the
+// same.
+func TestObservabilityModeSendsNoAnswer(t *testing.T) {
+	e := newEnv(t, envOptions{envoy: envoytest.Options{MessageTimeout: 300 * time.Millisecond}})
+	user := newUser()
+	st := e.open(t)
+	_, err := st.Send(&extprocv3.ProcessingRequest{ObservabilityMode: true, Request: &extprocv3.ProcessingRequest_RequestHeaders{
+		RequestHeaders: &extprocv3.HttpHeaders{Headers: envoytest.RequestHeaders("/v1/chat/completions", "x-user-id", user, "x-plan", "one")}}})
+	if err == nil {
+		t.Fatal("the server answered a message in observability mode")
+	}
+	e.awaitUsed(t, user, 1, time.Second)
+	st.Close()
+	e.awaitUsed(t, user, 0, time.Second)
+}
+
+// A slot lost while its stream runs (support released it) cuts the
+// stream at the next message Envoy sends, as the proxy cuts it.
+func TestLostSlotCutsAtTheNextMessage(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	user := newUser()
+	st := e.open(t)
+	grant(t, st, user, "short-one") // heartbeat every 100ms
+	mustContinue(t)(st.ResponseHeaders(envoytest.Headers(":status", "200"), false))
+	if _, err := e.stack.Limiter.ReleaseAll(context.Background(), user, "test-call"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		resp, err := st.ResponseBody([]byte("data: {}\n\n"), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetImmediateResponse() != nil {
+			_, body := immediate(t, resp)
+			if body.Error.Code != "slot_lost" {
+				t.Errorf("cut with code %q, want slot_lost", body.Error.Code)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the stream was not cut 2s after its slot was released (heartbeat 100ms)")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	st.Close()
+	if got := e.used(t, user); got != 0 {
+		t.Errorf("the user holds %d slots, want 0", got)
+	}
+}

@@ -1,0 +1,143 @@
+package hold
+
+import (
+	"encoding/json"
+	"errors"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/joishi/limiter/pkg/limiter"
+)
+
+// Error types, as OpenAI's API names them: the SDKs raise their errors
+// from the status, and show type, code and message.
+const (
+	TypeRateLimit      = "rate_limit_error"
+	TypeInvalidRequest = "invalid_request_error"
+	TypeServer         = "server_error"
+)
+
+// Codes of the refusals that the front ends holding streams (the proxy,
+// the ext_proc server) answer themselves.
+const (
+	CodeLimitReached        = "stream_limit_reached"
+	CodeUnauthenticated     = "unauthenticated"
+	CodePlanNotAllowed      = "plan_not_allowed"
+	CodeUnknownPlan         = "unknown_plan"
+	CodeInvalidUserID       = "invalid_user_id"
+	CodeInvalidLabel        = "invalid_label"
+	CodeHeadersTooLarge     = "headers_too_large"
+	CodeUnavailable         = "limiter_unavailable"
+	CodeSlotLost            = "slot_lost"
+	CodeUpstreamUnavailable = "upstream_unavailable"
+	CodeUpstreamTimeout     = "upstream_timeout"
+	CodeInternal            = "internal_error"
+)
+
+// ErrorBody is the error of a Refusal, in the shape of OpenAI's errors
+// ({"error": {"message", "type", "param", "code"}}), plus the limiter's
+// own figures on stream_limit_reached.
+type ErrorBody struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    string  `json:"code"`
+	// On stream_limit_reached: when the user's earliest slot expires, and
+	// the slots used of the limit.
+	RetryAfterMs *int64 `json:"retry_after_ms,omitempty"`
+	Used         *int   `json:"used,omitempty"`
+	Limit        *int   `json:"limit,omitempty"`
+}
+
+// Refusal is an answer that ends a request before it reaches the
+// upstream: a status, headers and a JSON error body (DESIGN §12).
+type Refusal struct {
+	Status int
+	// Headers are set beside content-type: application/json and
+	// cache-control: no-store; names are lower case.
+	Headers [][2]string
+	Error   ErrorBody
+}
+
+// Refused is a refusal of status; a 503 says Retry-After: 1.
+func Refused(status int, typ, code, message string) Refusal {
+	r := Refusal{Status: status, Error: ErrorBody{Type: typ, Code: code, Message: message}}
+	if status == http.StatusServiceUnavailable {
+		r.Headers = [][2]string{{"retry-after", "1"}}
+	}
+	return r
+}
+
+// Limited is the refusal of a user who holds the plan's limit: 429,
+// Retry-After (seconds, rounded up), and x-should-retry: false. The
+// official OpenAI SDKs retry a 429 by themselves (twice by default),
+// sleeping for as long as Retry-After says: here that is when the user's
+// earliest slot expires, about a slot TTL (2 minutes by default) away
+// while that stream is alive, so the retries would hold the caller's
+// request for minutes and then fail the same. The header makes them
+// raise RateLimitError at once; the application decides what to tell the
+// user.
+func Limited(res limiter.AcquireResult) Refusal {
+	ms := res.RetryAfter.Milliseconds()
+	used, limit := res.Used, res.Limit
+	msg := "this account already has " + strconv.Itoa(used) + " of its " + strconv.Itoa(limit) + " concurrent streams open; wait for one to finish"
+	if res.Waited > 0 {
+		msg = "this account already has " + strconv.Itoa(used) + " of its " + strconv.Itoa(limit) + " concurrent streams open, and none finished in the " +
+			res.Waited.Round(time.Millisecond).String() + " this request waited in line"
+	}
+	return Refusal{
+		Status: http.StatusTooManyRequests,
+		Headers: [][2]string{
+			{"retry-after", strconv.FormatInt(max(1, int64(math.Ceil(res.RetryAfter.Seconds()))), 10)},
+			{"x-should-retry", "false"},
+		},
+		Error: ErrorBody{
+			Type: TypeRateLimit, Code: CodeLimitReached,
+			Message:      msg,
+			RetryAfterMs: &ms, Used: &used, Limit: &limit,
+		},
+	}
+}
+
+// AcquireRefusal is the refusal of an acquire that failed with err: the
+// plan is unknown, the user id or label cannot be used, or the store is down on a
+// Closed plan (or the holder is closing). known is false for any other
+// error, answered as internal_error: the caller logs it (unless its
+// request is gone, and nobody reads the answer).
+func AcquireRefusal(err error) (r Refusal, known bool) {
+	switch {
+	case errors.Is(err, limiter.ErrUnknownPlan):
+		return Refused(http.StatusUnprocessableEntity, TypeInvalidRequest, CodeUnknownPlan,
+			"the plan of this request is not one the limiter knows"), true
+	case errors.Is(err, limiter.ErrInvalidUserID):
+		return Refused(http.StatusBadRequest, TypeInvalidRequest, CodeInvalidUserID, err.Error()), true
+	case errors.Is(err, limiter.ErrInvalidLabel):
+		return Refused(http.StatusBadRequest, TypeInvalidRequest, CodeInvalidLabel, err.Error()), true
+	case errors.Is(err, limiter.ErrUnavailable), errors.Is(err, ErrClosed):
+		return Refused(http.StatusServiceUnavailable, TypeServer, CodeUnavailable,
+			"the stream limiter cannot reach its store and this plan fails closed; retry shortly"), true
+	}
+	return Refused(http.StatusInternalServerError, TypeServer, CodeInternal, "the stream limiter failed; its log says why"), false
+}
+
+// Body is r's JSON body, newline-terminated.
+func (r Refusal) Body() []byte {
+	body, _ := json.Marshal(struct {
+		Error ErrorBody `json:"error"`
+	}{r.Error})
+	return append(body, '\n')
+}
+
+// Write answers r on w.
+func (r Refusal) Write(w http.ResponseWriter) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	for _, kv := range r.Headers {
+		h.Set(kv[0], kv[1])
+	}
+	w.WriteHeader(r.Status)
+	_, _ = w.Write(r.Body())
+}

@@ -1,0 +1,184 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/joishi/limiter/pkg/lua"
+	"github.com/joishi/limiter/pkg/tiers"
+	"github.com/redis/rueidis"
+)
+
+// Bounds of an override.
+const (
+	// MinOverrideDuration and MaxOverrideDuration bound how long an
+	// override stays in force: it is a stopgap while a plan is fixed, so a
+	// month is already generous, and one that outlives its ticket lapses
+	// by itself.
+	MinOverrideDuration = time.Minute
+	MaxOverrideDuration = 30 * 24 * time.Hour
+	// MaxOverrideReasonBytes bounds the reason stored with an override.
+	MaxOverrideReasonBytes = 4 << 10
+	// MaxOverrideActorBytes bounds the actor stored with an override.
+	MaxOverrideActorBytes = 256
+)
+
+// Override replaces one user's limit, whatever the plan, until it expires.
+type Override struct {
+	// MaxConcurrentStreams is the limit in force: 0 to
+	// tiers.MaxConcurrentStreams; 0 lets the user hold none.
+	MaxConcurrentStreams int
+	// SetAt and ExpiresAt are by Redis time; TTL is what is left, as seen
+	// by Redis.
+	SetAt     time.Time
+	ExpiresAt time.Time
+	TTL       time.Duration
+	// Actor is who set it (the admin token's name); Reason why.
+	Actor  string
+	Reason string
+}
+
+// OverrideRequest sets an override (SetOverride).
+type OverrideRequest struct {
+	// MaxConcurrentStreams is the user's limit while it is in force: 0 to
+	// tiers.MaxConcurrentStreams, the bound of a tier.
+	MaxConcurrentStreams int
+	// For is how long it stays in force: MinOverrideDuration to
+	// MaxOverrideDuration, whole milliseconds.
+	For time.Duration
+	// Actor and Reason are stored with it: 1 to MaxOverrideActorBytes and
+	// 1 to MaxOverrideReasonBytes.
+	Actor  string
+	Reason string
+}
+
+// check reports the first field of r out of bounds.
+func (r OverrideRequest) check() error {
+	switch {
+	case r.MaxConcurrentStreams < 0 || r.MaxConcurrentStreams > tiers.MaxConcurrentStreams:
+		return fmt.Errorf("%w: the limit must be 0 to %d, got %d", ErrInvalidOverride, tiers.MaxConcurrentStreams, r.MaxConcurrentStreams)
+	case r.For < MinOverrideDuration || r.For > MaxOverrideDuration:
+		return fmt.Errorf("%w: the duration must be %s to %s, got %s", ErrInvalidOverride, MinOverrideDuration, MaxOverrideDuration, r.For)
+	case r.Actor == "" || len(r.Actor) > MaxOverrideActorBytes:
+		return fmt.Errorf("%w: the actor must be 1 to %d bytes, got %d", ErrInvalidOverride, MaxOverrideActorBytes, len(r.Actor))
+	case r.Reason == "" || len(r.Reason) > MaxOverrideReasonBytes:
+		return fmt.Errorf("%w: the reason must be 1 to %d bytes, got %d", ErrInvalidOverride, MaxOverrideReasonBytes, len(r.Reason))
+	}
+	return nil
+}
+
+// SetOverride replaces userID's limit with req's until it expires, in
+// place of any override before it; the user's next acquire is judged by
+// it, on every plan. Slots already held are kept. Errors:
+// ErrInvalidUserID, ErrInvalidOverride, ErrUnavailable (it may or may not
+// be in force: setting it again is safe), ErrRedisRefused.
+//
+// The override is also counted in the index of overrides in force
+// (ActiveOverrides), a separate key: when that write fails the override
+// stands, uncounted until it expires, and the failure is logged.
+func (l *Limiter) SetOverride(ctx context.Context, userID string, req OverrideRequest) (Override, error) {
+	ctx, span := l.startSpan(ctx, "limiter.set_override")
+	out, err := l.setOverride(ctx, userID, req)
+	endSpan(span, err)
+	return out, err
+}
+
+func (l *Limiter) setOverride(ctx context.Context, userID string, req OverrideRequest) (Override, error) {
+	key, err := l.keys.UserKey(userID)
+	if err != nil {
+		return Override{}, err
+	}
+	if err := req.check(); err != nil {
+		return Override{}, err
+	}
+	var stored lua.Override
+	err = l.do(ctx, "set_override", func(ctx context.Context, c rueidis.Client) (err error) {
+		stored, err = lua.SetOverride(ctx, c, key, req.MaxConcurrentStreams, req.For, req.Actor, req.Reason)
+		return err
+	})
+	if err != nil {
+		return Override{}, err
+	}
+	index := l.keys.Overrides()
+	err = l.do(ctx, "index_override", func(ctx context.Context, c rueidis.Client) error {
+		for _, resp := range c.DoMulti(ctx,
+			c.B().Zremrangebyscore().Key(index).Min("-inf").Max(strconv.FormatInt(stored.SetAtMs, 10)).Build(),
+			c.B().Zadd().Key(index).ScoreMember().ScoreMember(float64(stored.ExpiresAtMs), userID).Build()) {
+			if err := resp.Error(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		l.log.WarnContext(ctx, "override set, but not counted in limiter_overrides_active until it expires", "err", err)
+	}
+	return *overrideOf(stored, stored.SetAtMs), nil
+}
+
+// RemoveOverride ends userID's override now; the plan's limit applies
+// from the next acquire. It reports whether one was in force. Errors:
+// ErrInvalidUserID, ErrUnavailable (nothing was removed),
+// ErrOutcomeUnknown (the call was sent but no answer came back: it may
+// have removed the override), ErrRedisRefused.
+func (l *Limiter) RemoveOverride(ctx context.Context, userID string) (bool, error) {
+	ctx, span := l.startSpan(ctx, "limiter.remove_override")
+	removed, err := l.removeOverride(ctx, userID)
+	endSpan(span, err)
+	return removed, err
+}
+
+func (l *Limiter) removeOverride(ctx context.Context, userID string) (bool, error) {
+	key, err := l.keys.UserKey(userID)
+	if err != nil {
+		return false, err
+	}
+	var removed bool
+	sent := false
+	err = l.do(ctx, "remove_override", func(ctx context.Context, c rueidis.Client) (err error) {
+		sent = true
+		removed, err = lua.RemoveOverride(ctx, c, key)
+		return err
+	})
+	if sent && err != nil && !errors.Is(err, ErrRedisRefused) {
+		return false, fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+	}
+	if err != nil {
+		return false, err
+	}
+	index := l.keys.Overrides()
+	if err := l.do(ctx, "index_override", func(ctx context.Context, c rueidis.Client) error {
+		return c.Do(ctx, c.B().Zrem().Key(index).Member(userID).Build()).Error()
+	}); err != nil {
+		l.log.WarnContext(ctx, "override removed, but still counted in limiter_overrides_active until it would have expired", "err", err)
+	}
+	return removed, nil
+}
+
+// ActiveOverrides counts the overrides in force, from their index: one
+// cheap read, for the metric. Errors: ErrUnavailable, ErrRedisRefused.
+func (l *Limiter) ActiveOverrides(ctx context.Context) (int, error) {
+	index := l.keys.Overrides()
+	var n int64
+	err := l.do(ctx, "count_overrides", func(ctx context.Context, c rueidis.Client) (err error) {
+		now := strconv.FormatInt(time.Now().UnixMilli(), 10)
+		n, err = c.Do(ctx, c.B().Zcount().Key(index).Min("("+now).Max("+inf").Build()).AsInt64()
+		return err
+	})
+	return int(n), err
+}
+
+// overrideOf is o as read at nowMs (Redis ms).
+func overrideOf(o lua.Override, nowMs int64) *Override {
+	return &Override{
+		MaxConcurrentStreams: o.Limit,
+		SetAt:                msTime(o.SetAtMs),
+		ExpiresAt:            msTime(o.ExpiresAtMs),
+		TTL:                  msDuration(max(0, o.ExpiresAtMs-nowMs)),
+		Actor:                o.Actor,
+		Reason:               o.Reason,
+	}
+}

@@ -1,0 +1,126 @@
+package lua
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/joishi/limiter/pkg/keys"
+	"github.com/redis/rueidis"
+)
+
+// Slot is one live slot as stored.
+type Slot struct {
+	StreamID    string
+	ExpiresAtMs int64 // Redis ms
+	Record      StoredRecord
+}
+
+// Override is a user's support override as stored.
+type Override struct {
+	Limit       int
+	ExpiresAtMs int64 // Redis ms
+	SetAtMs     int64 // Redis ms
+	Actor       string
+	Reason      string
+}
+
+// Ticket is one waiting acquire as stored.
+type Ticket struct {
+	StreamID    string
+	ArrivalUs   int64 // Redis µs when it was queued (its order)
+	ExpiresAtMs int64 // Redis ms; its server refreshes it while it waits
+}
+
+// Listing is the result of the slots script.
+type Listing struct {
+	NowMs int64 // Redis ms when read
+	Slots []Slot
+	// Override is the user's override in force, nil when none.
+	Override *Override
+	// Queue holds the live tickets of the user's queue, first served
+	// first.
+	Queue []Ticket
+}
+
+// Slots runs the slots script: the live slots of key (a
+// keys.Schema.UserKey) with their records, in expiry order, the user's
+// override, and the user's live tickets, in queue order.
+func Slots(ctx context.Context, c rueidis.Client, key string) (Listing, error) {
+	ks := append(userKeys(key), keys.Override(key), keys.Queue(key), keys.QueueExpiry(key))
+	arr, err := slotsScript.Exec(ctx, c, ks, nil).ToArray()
+	if err != nil {
+		return Listing{}, err
+	}
+	if len(arr) != 5 {
+		return Listing{}, fmt.Errorf("slots script returned %d values, want 5", len(arr))
+	}
+	now, err := arr[0].AsInt64()
+	if err != nil {
+		return Listing{}, err
+	}
+	flat, err := arr[1].AsStrSlice()
+	if err != nil {
+		return Listing{}, err
+	}
+	records, err := arr[2].AsStrSlice()
+	if err != nil {
+		return Listing{}, err
+	}
+	if len(flat)%2 != 0 || len(records) != len(flat)/2 {
+		return Listing{}, fmt.Errorf("slots script returned %d members and scores and %d records, want pairs and one record each", len(flat), len(records))
+	}
+	out := Listing{NowMs: now, Slots: make([]Slot, 0, len(flat)/2)}
+	for i := 0; i < len(flat); i += 2 {
+		score, err := strconv.ParseFloat(flat[i+1], 64)
+		if err != nil {
+			return Listing{}, fmt.Errorf("slot %q has score %q: %w", flat[i], flat[i+1], err)
+		}
+		out.Slots = append(out.Slots, Slot{StreamID: flat[i], ExpiresAtMs: int64(score), Record: ParseRecord(records[i/2])})
+	}
+	o, err := arr[3].AsStrSlice()
+	if err != nil {
+		return Listing{}, err
+	}
+	switch len(o) {
+	case 0:
+	case 5:
+		out.Override, err = parseOverride(o)
+		if err != nil {
+			return Listing{}, err
+		}
+	default:
+		return Listing{}, fmt.Errorf("slots script returned an override of %d fields, want 5 or none", len(o))
+	}
+	tickets, err := arr[4].AsStrSlice()
+	if err != nil {
+		return Listing{}, err
+	}
+	if len(tickets)%3 != 0 {
+		return Listing{}, fmt.Errorf("slots script returned %d ticket fields, want triples", len(tickets))
+	}
+	out.Queue = make([]Ticket, 0, len(tickets)/3)
+	for i := 0; i < len(tickets); i += 3 {
+		arrival, err1 := strconv.ParseFloat(tickets[i+1], 64)
+		expires, err2 := strconv.ParseFloat(tickets[i+2], 64)
+		if err := cmp.Or(err1, err2); err != nil {
+			return Listing{}, fmt.Errorf("ticket %q: %w", tickets[i], err)
+		}
+		out.Queue = append(out.Queue, Ticket{StreamID: tickets[i], ArrivalUs: int64(arrival), ExpiresAtMs: int64(expires)})
+	}
+	return out, nil
+}
+
+// parseOverride reads {limit, expires_at, set_at, actor, reason}.
+func parseOverride(o []string) (*Override, error) {
+	var nums [3]int64
+	for i := range nums {
+		n, err := strconv.ParseInt(o[i], 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("override field %d is %q: %w", i+1, o[i], err)
+		}
+		nums[i] = n
+	}
+	return &Override{Limit: int(nums[0]), ExpiresAtMs: nums[1], SetAtMs: nums[2], Actor: o[3], Reason: o[4]}, nil
+}

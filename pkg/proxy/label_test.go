@@ -1,0 +1,59 @@
+package proxy_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/joishi/limiter/pkg/proxy"
+)
+
+// The configured label header labels the stream's slot, for support to see
+// who holds it; a value the limiter cannot show is refused with a JSON
+// error naming the header and its bound, before any slot, and never
+// reaches the upstream.
+func TestTheLabelHeaderLabelsTheSlot(t *testing.T) {
+	up := newSSE()
+	e := newEnv(t, up, envOptions{proxy: proxy.Options{LabelHeader: "X-Model"}})
+	user := newUser()
+
+	req := e.request(t, context.Background(), "POST", "/v1/chat/completions", user, "three", strings.NewReader(`{"stream":true}`))
+	req.Header.Set("X-Model", "meta-llama/Llama-3.1-8B")
+	resp := e.do(t, req)
+	defer resp.Body.Close()
+	<-up.started
+	slots, err := e.stack.Limiter.Slots(context.Background(), user)
+	if err != nil || len(slots.Slots) != 1 || slots.Slots[0].Label != "meta-llama/Llama-3.1-8B" || slots.Slots[0].Plan != "three" {
+		t.Fatalf("slots mid-stream: got %+v, %v; want one slot labelled meta-llama/Llama-3.1-8B on plan three", slots, err)
+	}
+
+	for _, tc := range []struct{ name, value, want string }{
+		{"a label over 128 bytes", strings.Repeat("m", 129), "header X-Model: invalid label: 129 bytes, the limit is 128"},
+		{"a label with a space", "two words", "header X-Model: invalid label: must not contain whitespace"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := e.request(t, context.Background(), "POST", "/v1/chat/completions", user, "three", strings.NewReader(`{"stream":true}`))
+			req.Header.Set("X-Model", tc.value)
+			resp := e.do(t, req)
+			if resp.StatusCode != http.StatusBadRequest {
+				t.Fatalf("status %d, want 400", resp.StatusCode)
+			}
+			if body := decodeError(t, resp); body.Error.Code != "invalid_label" || body.Error.Type != "invalid_request_error" || !strings.Contains(body.Error.Message, tc.want) {
+				t.Errorf("body %+v, want invalid_request_error / invalid_label saying %q", body.Error, tc.want)
+			}
+		})
+	}
+	if n := e.used(t, user); n != 1 {
+		t.Errorf("%d slots held after the refused requests, want the first stream's 1", n)
+	}
+	select {
+	case <-up.started:
+		t.Error("a refused request reached the upstream")
+	default:
+	}
+	if got := e.metric(t, `limiter_streams_refused_total{mode="proxy",reason="invalid"}`); got != "2" {
+		t.Errorf(`refused_total{reason="invalid"}: got %q, want 2`, got)
+	}
+	close(up.tokens)
+}
