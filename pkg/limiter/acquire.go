@@ -32,6 +32,13 @@ type AcquireRequest struct {
 	// served, across every server (see wait.go). Default 0: the acquire
 	// answers at once.
 	Wait time.Duration
+	// OnWait, when set, is called once the acquire, denied at once, is
+	// about to wait in the queue, with how long it may (Wait capped by the
+	// tier's MaxWait), on the goroutine that called Acquire: a front end
+	// whose own peer times the answer out (Envoy's ext_proc
+	// message_timeout) can extend that deadline first. Not called when
+	// the acquire answers at once.
+	OnWait func(wait time.Duration)
 }
 
 // AcquireResult is the answer to an acquire. A denial is a result
@@ -155,6 +162,9 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	}
 	res.RetryAfter = time.Duration(got.RetryAfterMs) * time.Millisecond
 	if wait := min(req.Wait, tier.MaxWait); wait > 0 && res.Limit > 0 {
+		if req.OnWait != nil {
+			req.OnWait(wait)
+		}
 		res, err = l.await(ctx, key, req, tier, wait, res)
 	}
 	return res, tier, err

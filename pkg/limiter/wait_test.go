@@ -183,21 +183,33 @@ func TestWaitingAcquiresAreServedInArrivalOrder(t *testing.T) {
 
 // TestAWaitThatRunsOutIsADenial: the request's wait, capped by the
 // plan's maxWait, runs out as a denial with the usual Retry-After, and the
-// ticket leaves the queue.
+// ticket leaves the queue. OnWait is told the capped wait before the wait
+// starts, and is not called for an acquire granted at once.
 func TestAWaitThatRunsOutIsADenial(t *testing.T) {
 	eachWaitBackend(t, func(t *testing.T, b limitertest.Backend) {
 		lim := replicas(t, b, 1, 0)[0]
 		user := newUser(t)
-		hold(t, lim, user, "short-wait", "holder")
+		var told []time.Duration
+		onWait := func(d time.Duration) { told = append(told, d) }
+		if res, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "short-wait", StreamID: "holder",
+			Wait: 30 * time.Second, OnWait: onWait}); err != nil || !res.Granted || res.Waited != 0 {
+			t.Fatalf("Acquire of a free slot = %+v, %v; want granted at once", res, err)
+		}
+		if len(told) != 0 {
+			t.Fatalf("OnWait of an acquire granted at once: called with %v, want not called", told)
+		}
 		start := time.Now()
 		// 30s asked, 300ms allowed.
-		res, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "short-wait", Wait: 30 * time.Second})
+		res, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "short-wait", Wait: 30 * time.Second, OnWait: onWait})
 		took := time.Since(start)
 		if err != nil || res.Granted || res.Used != 1 || res.RetryAfter <= 0 {
 			t.Fatalf("Acquire = %+v, %v; want denied with used 1 and a retry-after", res, err)
 		}
 		if res.Waited < 300*time.Millisecond || took > 5*time.Second {
 			t.Errorf("waited %v (returned after %v), want the plan's 300ms, not the 30s asked", res.Waited, took)
+		}
+		if len(told) != 1 || told[0] != 300*time.Millisecond {
+			t.Errorf("OnWait: called with %v, want once with the plan's 300ms", told)
 		}
 		awaitQueue(t, lim, user, func(q []limiter.Ticket) bool { return len(q) == 0 }, "empty")
 	})
@@ -210,9 +222,11 @@ func TestNoWaitPlansAnswerAtOnce(t *testing.T) {
 		lim := replicas(t, b, 1, 0)[0]
 		user := newUser(t)
 		hold(t, lim, user, "no-wait", "holder")
-		res, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "no-wait", Wait: 5 * time.Second})
-		if err != nil || res.Granted || res.Waited != 0 {
-			t.Fatalf("Acquire = %+v, %v; want denied without waiting", res, err)
+		called := false
+		res, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "no-wait", Wait: 5 * time.Second,
+			OnWait: func(time.Duration) { called = true }})
+		if err != nil || res.Granted || res.Waited != 0 || called {
+			t.Fatalf("Acquire = %+v, %v (OnWait called: %v); want denied without waiting", res, err, called)
 		}
 		got, err := lim.Slots(context.Background(), user)
 		if err != nil || len(got.Queue) != 0 {
