@@ -38,14 +38,21 @@ type extprocStack struct {
 
 func startExtProcStack(t *testing.T, n int) *extprocStack {
 	t.Helper()
+	return startExtProcStackWith(t, n, incidentTiers)
+}
+
+// startExtProcStackWith is startExtProcStack with tiers, and args added
+// to serve's. Its Envoys take override_message_timeout up to a minute.
+func startExtProcStackWith(t *testing.T, n int, tiers string, args ...string) *extprocStack {
+	t.Helper()
 	redis := testenv.Cluster(t)
 	prefix := "e2e-extproc:" + randomID() + ":"
-	cfg := serveConfig(redis, prefix, incidentTiers)
+	cfg := serveConfig(redis, prefix, tiers)
 	s := &extprocStack{slots: limitertest.New(t, limitertest.Options{Backend: limitertest.RedisCluster,
 		Limiter: limiter.Options{Keys: keys.Schema{Prefix: prefix}}}).Limiter}
 	for range n {
-		p := servetest.Start(t, servetest.Options{Config: cfg, AwaitRedis: true, ExtProc: true})
-		e, err := envoytest.Dial(p.ExtProc, envoytest.Options{MessageTimeout: extprocMessageTimeout})
+		p := servetest.Start(t, servetest.Options{Config: cfg, AwaitRedis: true, ExtProc: true, Args: args})
+		e, err := envoytest.Dial(p.ExtProc, envoytest.Options{MessageTimeout: extprocMessageTimeout, MaxMessageTimeout: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}

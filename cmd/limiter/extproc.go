@@ -38,7 +38,7 @@ func startExtProc(cfg config.Config, lim *limiter.Limiter, table *tiers.Table, c
 			return nil, err
 		}
 	}
-	holder, err := hold.New(lim, hold.Options{Mode: "extproc", Logger: logger, MeterProvider: tel.MeterProvider})
+	holder, err := hold.New(lim, hold.Options{Mode: "extproc", Logger: logger, MeterProvider: tel.MeterProvider, Wait: cfg.ExtProc.Wait})
 	if err != nil {
 		return nil, err
 	}

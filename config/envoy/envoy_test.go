@@ -20,6 +20,9 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"sigs.k8s.io/yaml"
+
+	"github.com/joishi/limiter/pkg/extproc"
+	"github.com/joishi/limiter/pkg/tiers"
 )
 
 const bootstrapFile = "envoy.yaml"
@@ -98,6 +101,11 @@ func TestBootstrapParses(t *testing.T) {
 	// The limiter decides within redis.timeout (250ms) + 100ms.
 	if d := ep.GetMessageTimeout().AsDuration(); d < 350*time.Millisecond {
 		t.Errorf("message_timeout %s, want at least redis.timeout + 100ms (350ms) so that the tier's failure mode decides an outage", d)
+	}
+	// A request may wait up to tiers.MaxMaxWait for a slot (extproc.wait),
+	// asking Envoy for that plus extproc.TimerMargin.
+	if d, want := ep.GetMaxMessageTimeout().AsDuration(), tiers.MaxMaxWait+extproc.TimerMargin; d < want {
+		t.Errorf("max_message_timeout %s, want at least %s: the longest wait plus the margin a waiting request asks for", d, want)
 	}
 	if ep.GetAllowModeOverride() {
 		t.Error("allow_mode_override set: the limiter sends no mode_override")

@@ -13,7 +13,10 @@
 //     trailers follow) and response_trailers;
 //   - every message answered by exactly one response of the matching kind,
 //     or an ImmediateResponse, within message_timeout; anything else is
-//     spurious;
+//     spurious. A response carrying only override_message_timeout
+//     restarts the message's timer with that value instead, once per
+//     message, when it is within 1ms..max_message_timeout (unset: never);
+//     otherwise Envoy ignores it;
 //   - after an ImmediateResponse, and when the HTTP stream ends however it
 //     ends, Envoy closes the gRPC stream: a half-close immediately
 //     followed by a reset (Close). A downstream reset or Envoy dying
@@ -61,6 +64,10 @@ type Options struct {
 	// message_timeout does. Default 200ms, Envoy's default; tests on a
 	// loaded machine may give more.
 	MessageTimeout time.Duration
+	// MaxMessageTimeout is the filter's max_message_timeout: the longest
+	// override_message_timeout taken. Default 0: overrides are ignored,
+	// as Envoy ignores them without it.
+	MaxMessageTimeout time.Duration
 	// ResponseBodyMode is the response body mode announced in
 	// protocol_config. Default NONE.
 	ResponseBodyMode filterv3.ProcessingMode_BodySendMode
@@ -99,6 +106,9 @@ type Stream struct {
 	// Metadata, when set before the first message, is sent as its
 	// metadata_context (the namespaces the filter forwards).
 	Metadata *corev3.Metadata
+	// Overrides are the override_message_timeout values the server sent,
+	// taken or not, in order.
+	Overrides []time.Duration
 }
 
 // Open opens a stream. It is opened for real on the first message, as
@@ -175,23 +185,47 @@ func (s *Stream) send(req *extprocv3.ProcessingRequest, matches func(*extprocv3.
 		err  error
 	}
 	got := make(chan result, 1)
+	stop := make(chan struct{})
+	defer close(stop)
 	go func() {
-		resp, err := s.grpc.Recv()
-		got <- result{resp, err}
+		for {
+			resp, err := s.grpc.Recv()
+			select {
+			case got <- result{resp, err}:
+			case <-stop:
+				return
+			}
+			if err != nil || resp.GetOverrideMessageTimeout() == nil || resp.GetResponse() != nil {
+				return
+			}
+		}
 	}()
-	timer := time.NewTimer(s.e.opts.MessageTimeout)
+	timeout := s.e.opts.MessageTimeout
+	timer := time.NewTimer(timeout)
 	defer timer.Stop()
-	select {
-	case r := <-got:
-		if r.err != nil {
-			return nil, fmt.Errorf("recv: %w", r.err)
+	overridden := false
+	for {
+		select {
+		case r := <-got:
+			if r.err != nil {
+				return nil, fmt.Errorf("recv: %w", r.err)
+			}
+			if o := r.resp.GetOverrideMessageTimeout(); o != nil && r.resp.GetResponse() == nil {
+				d := o.AsDuration()
+				s.Overrides = append(s.Overrides, d)
+				if !overridden && d >= time.Millisecond && d <= s.e.opts.MaxMessageTimeout {
+					overridden, timeout = true, d
+					timer.Reset(d)
+				}
+				continue
+			}
+			if _, immediate := r.resp.GetResponse().(*extprocv3.ProcessingResponse_ImmediateResponse); !immediate && !matches(r.resp) {
+				return r.resp, fmt.Errorf("%w: %T answering %T", ErrSpurious, r.resp.GetResponse(), req.GetRequest())
+			}
+			return r.resp, nil
+		case <-timer.C:
+			return nil, fmt.Errorf("%w: no answer to %T within %s", ErrTimeout, req.GetRequest(), timeout)
 		}
-		if _, immediate := r.resp.GetResponse().(*extprocv3.ProcessingResponse_ImmediateResponse); !immediate && !matches(r.resp) {
-			return r.resp, fmt.Errorf("%w: %T answering %T", ErrSpurious, r.resp.GetResponse(), req.GetRequest())
-		}
-		return r.resp, nil
-	case <-timer.C:
-		return nil, fmt.Errorf("%w: no answer to %T within %s", ErrTimeout, req.GetRequest(), s.e.opts.MessageTimeout)
 	}
 }
 
@@ -248,6 +282,11 @@ func (s *Stream) HalfClose(within time.Duration) error {
 	}
 	return s.awaitEnd(within)
 }
+
+// CloseSend only half-closes the stream and returns at once: a message
+// still waiting for its answer (in another goroutine) then gets the end
+// of the stream, if the server ends it.
+func (s *Stream) CloseSend() error { return s.grpc.CloseSend() }
 
 // Reset resets the stream without a half-close, as a downstream reset
 // or an aborted client does.

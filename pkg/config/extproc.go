@@ -7,6 +7,7 @@ import (
 
 	"github.com/joishi/limiter/pkg/extproc"
 	"github.com/joishi/limiter/pkg/identity"
+	"github.com/joishi/limiter/pkg/tiers"
 )
 
 // ExtProc is the Envoy external processor that `limiter serve` offers
@@ -30,6 +31,14 @@ type ExtProc struct {
 	// connection_keepalive interval must not be shorter); a client pinging
 	// more often is disconnected. Default 5s.
 	MinPingInterval time.Duration `mapstructure:"minPingInterval"`
+	// Wait is how long a request whose user holds every slot of its plan
+	// may wait for one to free up, first come first served across the
+	// replicas, before it is refused with 429; the plan's maxWait caps it
+	// (a plan without one never waits). A waiting request extends Envoy's
+	// message timer by its wait plus 1s (override_message_timeout), which
+	// Envoy honours up to the filter's max_message_timeout. Default 0s:
+	// refused at once.
+	Wait time.Duration `mapstructure:"wait"`
 }
 
 // JWTPayload takes identities from the payload of a JWT that Envoy's
@@ -101,6 +110,9 @@ func (c Config) validateExtProc(v *validator) {
 				v.add("extproc.addr", "must not be the address of "+other.key+" ("+other.addr+")", strconv.Quote(e.Addr))
 			}
 		}
+	}
+	if e.Wait < 0 || e.Wait > tiers.MaxMaxWait {
+		v.add("extproc.wait", "must be between 0s (no waiting) and 60s (the plan's maxWait caps it)", e.Wait.String())
 	}
 	if !validHeaderName(e.StreamIDHeader) {
 		v.add("extproc.streamIdHeader", "must be an HTTP header name", strconv.Quote(e.StreamIDHeader))

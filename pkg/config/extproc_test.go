@@ -20,6 +20,8 @@ func TestExtProcValidation(t *testing.T) {
 		{"a stream id header with a space", func(c *Config) { c.ExtProc.StreamIDHeader = "x stream" }, "extproc.streamIdHeader", "HTTP header name"},
 		{"no keepalive", func(c *Config) { c.ExtProc.KeepaliveTime = 0 }, "extproc.keepaliveTime", "must be > 0"},
 		{"no ping interval", func(c *Config) { c.ExtProc.MinPingInterval = -time.Second }, "extproc.minPingInterval", "must be > 0"},
+		{"a wait above 60s", func(c *Config) { c.ExtProc.Wait = 90 * time.Second }, "extproc.wait", "must be between 0s (no waiting) and 60s"},
+		{"a negative wait", func(c *Config) { c.ExtProc.Wait = -time.Second }, "extproc.wait", "must be between 0s (no waiting) and 60s"},
 		{"a payload beside a JWT", func(c *Config) {
 			c.Identity.JWT.JWKSURL, c.Identity.JWT.Issuer, c.Identity.JWT.Audience = "https://auth/jwks", "i", "a"
 			c.Identity.JWTPayload.Header = "x-jwt-payload"
@@ -43,11 +45,13 @@ func TestExtProcValidation(t *testing.T) {
 }
 
 func TestExtProcOptions(t *testing.T) {
-	c, err := load(t, "extproc:\n  addr: \":9091\"\n  streamIdHeader: X-Stream\nidentity:\n  jwtPayload:\n    metadataKey: jwt_payload\n    planClaim: plan\n", nil, "--extproc-addr", "127.0.0.1:9191")
+	c, err := load(t, "extproc:\n  addr: \":9091\"\n  streamIdHeader: X-Stream\nidentity:\n  jwtPayload:\n    metadataKey: jwt_payload\n    planClaim: plan\n", nil,
+		"--extproc-addr", "127.0.0.1:9191", "--extproc-wait", "15s")
 	if err != nil {
 		t.Fatal(err)
 	}
 	want(t, "extproc.addr", c.ExtProc.Addr, "127.0.0.1:9191")
+	want(t, "extproc.wait", c.ExtProc.Wait, 15*time.Second)
 	opts := c.ExtProcOptions()
 	want(t, "StreamIDHeader", opts.StreamIDHeader, "x-stream")
 	want(t, "PayloadKey", opts.PayloadKey, "jwt_payload")

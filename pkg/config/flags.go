@@ -51,6 +51,7 @@ var flagSpecs = []flagSpec{
 	{name: "tiers-source", key: "tiers.source", usage: "where limit tiers come from: static (tiers.static) or kubernetes (LimitTier objects)"},
 	{name: "tiers-namespace", key: "tiers.namespace", usage: "namespace of the LimitTier objects (tiers-source kubernetes)", unset: "the pod's own namespace"},
 	{name: "extproc-addr", key: "extproc.addr", usage: "gRPC listen address of the Envoy ext_proc server and its gRPC health, host:port", unset: "none: no ext_proc server", only: CommandServe},
+	{name: "extproc-wait", key: "extproc.wait", usage: "how long an ext_proc request of a user holding every slot may wait for one, first come first served, before a 429 (0s-60s, capped by the plan's maxWait)", unset: "0s: refused at once", only: CommandServe},
 	{name: "admin-addr", key: "admin.addr", usage: "listen address of the admin API and page (with --admin-tokens-file), host:port", only: CommandServe},
 	{name: "admin-tokens-file", key: "admin.tokensFile", usage: `file of "name role token" lines (role viewer or operator) allowed on the admin API`, unset: "none: the admin API is off", only: CommandServe},
 	{name: "otlp-endpoint", key: "telemetry.otlpEndpoint", usage: "OTLP receiver of traces (metrics are scraped from /metrics), host:port or http(s):// URL", unset: "none: no export"},

@@ -49,6 +49,8 @@ type envOptions struct {
 	// envoy configures the Envoy; its Token defaults to envoyToken.
 	envoy envoytest.Options
 	grace time.Duration
+	// wait is the holder's Options.Wait (extproc.wait).
+	wait time.Duration
 }
 
 func newEnv(t *testing.T, o envOptions) *env {
@@ -64,7 +66,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
 	spans := tracetest.NewSpanRecorder()
 	o.extproc.TracerProvider = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
-	h, err := hold.New(stack.Limiter, hold.Options{Mode: "extproc", MeterProvider: tel.MeterProvider})
+	h, err := hold.New(stack.Limiter, hold.Options{Mode: "extproc", MeterProvider: tel.MeterProvider, Wait: o.wait})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,9 @@
 //     acquired (pkg/hold). Refused: an ImmediateResponse (429 with
 //     Retry-After at the limit; 401, 403, 422, 503 otherwise) with an
 //     OpenAI-shaped JSON body. Granted: CONTINUE, with the stream id in a
-//     header added for the upstream.
+//     header added for the upstream. With a wait (extproc.wait, the
+//     holder's) the request may first wait in the user's queue, having
+//     extended Envoy's message timer (wait.go).
 //   - response_headers, response_body chunks, response_trailers: CONTINUE;
 //     the holder's batched heartbeat keeps the slot alive, a body chunk
 //     marks the stream active, and the response's end of stream (or its

@@ -44,7 +44,8 @@ func (s *Server) Process(grpcStream extprocv3.ExternalProcessor_ProcessServer) e
 	ctx, span := s.tracer.Start(ctx, "extproc.stream", trace.WithSpanKind(trace.SpanKindServer))
 	defer span.End()
 
-	x := &exchange{s: s, span: span}
+	gone := make(chan struct{})
+	x := &exchange{s: s, span: span, send: grpcStream.Send, gone: gone}
 	if s.opts.Callers != nil {
 		who, err := s.authenticate(ctx)
 		if err != nil {
@@ -61,7 +62,7 @@ func (s *Server) Process(grpcStream extprocv3.ExternalProcessor_ProcessServer) e
 	msgs := make(chan received)
 	done := make(chan struct{})
 	defer close(done)
-	go receive(grpcStream, msgs, done)
+	go receive(grpcStream, msgs, done, gone)
 	for {
 		var lost <-chan struct{}
 		if x.st != nil && !x.released && !x.lostSeen {
@@ -104,10 +105,15 @@ type received struct {
 }
 
 // receive feeds msgs with the stream's messages until Recv fails or done
-// closes.
-func receive(grpcStream extprocv3.ExternalProcessor_ProcessServer, msgs chan<- received, done <-chan struct{}) {
+// closes. It closes gone as soon as Recv fails: Envoy closed or reset the
+// stream, which a request waiting for a slot must learn while Process,
+// waiting with it, reads no message.
+func receive(grpcStream extprocv3.ExternalProcessor_ProcessServer, msgs chan<- received, done <-chan struct{}, gone chan<- struct{}) {
 	for {
 		req, err := grpcStream.Recv()
+		if err != nil {
+			close(gone)
+		}
 		select {
 		case msgs <- received{req, err}:
 		case <-done:
@@ -125,6 +131,10 @@ type exchange struct {
 	s      *Server
 	span   trace.Span
 	caller *server.Caller // nil: the API is open
+	// send sends a response on the gRPC stream (Process's goroutine only).
+	send func(*extprocv3.ProcessingResponse) error
+	// gone is closed once Envoy has closed or reset the gRPC stream.
+	gone <-chan struct{}
 
 	st             *hold.Stream // the slot, once granted
 	released       bool
@@ -208,8 +218,10 @@ func (x *exchange) requestHeaders(ctx context.Context, req *extprocv3.Processing
 			return x.refuse(hold.Refused(http.StatusForbidden, hold.TypeInvalidRequest, hold.CodePlanNotAllowed, err.Error()))
 		}
 	}
-	st, res, err := s.holder.Acquire(ctx, limiter.AcquireRequest{UserID: id.UserID, Plan: id.Plan, Caller: callerName})
+	st, res, err := x.acquire(ctx, req, limiter.AcquireRequest{UserID: id.UserID, Plan: id.Plan, Caller: callerName})
 	switch {
+	case errors.Is(err, errGone):
+		return nil // Envoy is gone; nobody reads an answer
 	case err != nil:
 		return x.refuseAcquire(ctx, err)
 	case st == nil:

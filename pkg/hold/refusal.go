@@ -115,7 +115,10 @@ func AcquireRefusal(err error) (r Refusal, known bool) {
 		return Refused(http.StatusBadRequest, TypeInvalidRequest, CodeInvalidUserID, err.Error()), true
 	case errors.Is(err, limiter.ErrInvalidLabel):
 		return Refused(http.StatusBadRequest, TypeInvalidRequest, CodeInvalidLabel, err.Error()), true
-	case errors.Is(err, limiter.ErrUnavailable), errors.Is(err, ErrClosed):
+	case errors.Is(err, ErrClosed):
+		return Refused(http.StatusServiceUnavailable, TypeServer, CodeUnavailable,
+			"this stream limiter is shutting down; retry shortly"), true
+	case errors.Is(err, limiter.ErrUnavailable):
 		return Refused(http.StatusServiceUnavailable, TypeServer, CodeUnavailable,
 			"the stream limiter cannot reach its store and this plan fails closed; retry shortly"), true
 	}

@@ -11,9 +11,9 @@ import (
 )
 
 // With extproc.enabled the pods serve the ext_proc server: extproc.addr
-// in the config file, a container port "extproc", a ClusterIP Service of
-// its own, and a NetworkPolicy rule admitting the Envoy proxies on it.
-// Without it, none of them.
+// and extproc.wait in the config file, a container port "extproc", a
+// ClusterIP Service of its own, and a NetworkPolicy rule admitting the
+// Envoy proxies on it. Without it, none of them.
 func TestExtProcPort(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -21,10 +21,12 @@ func TestExtProcPort(t *testing.T) {
 		enabled bool
 		port    int64
 		svcPort int64
+		wait    string
 	}{
-		{"off (default values)", nil, false, 9091, 9091},
-		{"on", []string{"--set", "extproc.enabled=true"}, true, 9091, 9091},
-		{"on, other ports", []string{"--set", "extproc.enabled=true", "--set", "server.extprocPort=7091", "--set", "extprocService.port=443"}, true, 7091, 443},
+		{"off (default values)", nil, false, 9091, 9091, ""},
+		{"on", []string{"--set", "extproc.enabled=true"}, true, 9091, 9091, "0s"},
+		{"on, other ports, waiting", []string{"--set", "extproc.enabled=true", "--set", "server.extprocPort=7091", "--set", "extprocService.port=443",
+			"--set", "extproc.wait=15s"}, true, 7091, 443, "15s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -36,6 +38,9 @@ func TestExtProcPort(t *testing.T) {
 			}
 			if tt.enabled && ext["addr"] != fmt.Sprintf(":%d", tt.port) {
 				t.Errorf("config extproc.addr %v, want :%d", ext["addr"], tt.port)
+			}
+			if tt.enabled && ext["wait"] != tt.wait {
+				t.Errorf("config extproc.wait %v, want %s", ext["wait"], tt.wait)
 			}
 
 			ports := containerPorts(t, container(t, podSpec(t, find(t, objs, "Deployment", ""))))
