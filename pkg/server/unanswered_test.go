@@ -29,34 +29,46 @@ func TestAPIAcquireWhoseAnswerIsLateNamesItsStreamID(t *testing.T) {
 	// Load the script and open the connection while the link is fast.
 	decode[httpapi.AcquireResponse](t, a.post(t, httpapi.PathAcquire, httpapi.AcquireRequest{UserID: newUser(t), Plan: "closed"}), http.StatusOK)
 
-	user := newUser(t)
-	for range 2 {
-		decode[httpapi.AcquireResponse](t, a.post(t, httpapi.PathAcquire, httpapi.AcquireRequest{UserID: user, Plan: "closed"}), http.StatusOK)
-	}
-
-	slow.SetLatency(400 * time.Millisecond) // > the 250ms deadline
-	r := a.post(t, httpapi.PathAcquire, httpapi.AcquireRequest{UserID: user, Plan: "closed"})
-	e := wantError(t, r, http.StatusServiceUnavailable, httpapi.CodeUnavailable)
-	if r.header.Get("Retry-After") == "" {
-		t.Errorf("Retry-After of the 503: got none, want one")
-	}
-	if len(e.StreamID) != 32 {
-		t.Fatalf("error.stream_id of the 503: got %q, want the 32-character id the server chose", e.StreamID)
-	}
-	slow.SetLatency(0)
 	direct := limitertest.New(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{redis}}, Limiter: limiter.Options{Keys: stack.Keys}}).Limiter
-	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		got, err := direct.Slots(context.Background(), user)
-		if err == nil && got.Used == 3 {
+	// A late acquire may also never reach Redis (a loaded machine can hold
+	// the write past the deadline): both are what a 503 allows, but only
+	// one that ran shows the retry counting once, so the test tries again,
+	// with a new user, up to three times.
+	var user string
+	var e httpapi.Error
+	for attempt := 1; ; attempt++ {
+		user = newUser(t)
+		for range 2 {
+			decode[httpapi.AcquireResponse](t, a.post(t, httpapi.PathAcquire, httpapi.AcquireRequest{UserID: user, Plan: "closed"}), http.StatusOK)
+		}
+		slow.SetLatency(400 * time.Millisecond) // > the 250ms deadline
+		r := a.post(t, httpapi.PathAcquire, httpapi.AcquireRequest{UserID: user, Plan: "closed"})
+		e = wantError(t, r, http.StatusServiceUnavailable, httpapi.CodeUnavailable)
+		if r.header.Get("Retry-After") == "" {
+			t.Errorf("Retry-After of the 503: got none, want one")
+		}
+		if len(e.StreamID) != 32 {
+			t.Fatalf("error.stream_id of the 503: got %q, want the 32-character id the server chose", e.StreamID)
+		}
+		slow.SetLatency(0)
+		landed := false
+		var got limiter.UserSlots
+		var err error
+		for deadline := time.Now().Add(3 * time.Second); !landed && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			got, err = direct.Slots(context.Background(), user)
+			landed = err == nil && got.Used == 3
+		}
+		if landed {
 			break
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("slots of the user 3s after the late acquire: got %+v, %v; want 3 (it reached Redis and ran)", got, err)
+		if attempt == 3 {
+			t.Fatalf("slots of the user 3s after the late acquire, 3 times: last got %+v, %v; want 3 (it reached Redis and ran)", got, err)
 		}
+		t.Logf("attempt %d: the late acquire never reached Redis (%+v, %v); trying again", attempt, got, err)
 	}
 
 	// The late acquire took the user's last slot: only its id gets it.
-	r = a.post(t, httpapi.PathAcquire, httpapi.AcquireRequest{UserID: user, Plan: "closed", StreamID: newUser(t)})
+	r := a.post(t, httpapi.PathAcquire, httpapi.AcquireRequest{UserID: user, Plan: "closed", StreamID: newUser(t)})
 	wantError(t, r, http.StatusTooManyRequests, httpapi.CodeStreamLimitReached)
 	got := decode[httpapi.AcquireResponse](t, a.post(t, httpapi.PathAcquire, httpapi.AcquireRequest{UserID: user, Plan: "closed", StreamID: e.StreamID}), http.StatusOK)
 	if !got.Granted || got.Used != 3 || got.StreamID != e.StreamID {
