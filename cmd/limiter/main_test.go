@@ -123,7 +123,7 @@ func TestServeDrainsAndWarnsOnceAboutTheEmbeddedStore(t *testing.T) {
 // TestSIGTERMDrainsAndExitsZero runs the command as a process and sends it
 // the signal Kubernetes sends.
 func TestSIGTERMDrainsAndExitsZero(t *testing.T) {
-	if testing.Short() {
+	if testing.Short() && !testenv.Required() {
 		t.Skip("starts a process")
 	}
 	cmd := exec.Command(os.Args[0], append([]string{"serve"}, local...)...)

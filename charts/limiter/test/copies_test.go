@@ -10,6 +10,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/joishi/limiter/internal/testenv"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
@@ -117,7 +118,7 @@ func readFile(t testing.TB, path string) []byte {
 // run on a scratch copy of the sources whose chart copies are stale, it
 // leaves them equal to config/ again.
 func TestGenerateRefreshesChartCopies(t *testing.T) {
-	if testing.Short() {
+	if testing.Short() && !testenv.Required() {
 		t.Skip("runs controller-gen")
 	}
 	scratch := t.TempDir()

@@ -139,7 +139,7 @@ func alertRules(t *testing.T) map[string]alertRule {
 func TestAlertRulesAreComplete(t *testing.T) {
 	rules := alertRules(t)
 	if len(rules) == 0 {
-		t.Skip("the chart carries no alert rules")
+		t.Fatal("the chart carries no alert rules: it must ship them (files/observability/alerts.yaml)")
 	}
 	for name, r := range rules {
 		if !strings.Contains(r.Expr, "limiter_") {
