@@ -1,6 +1,7 @@
 package limiter_test
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha1"
 	"fmt"
@@ -28,6 +29,14 @@ const (
 	envScaleSlots       = "LIMITER_BENCH_SCALE_SLOTS"       // comma list of N, default 900,45000,900000
 	envScaleConcurrency = "LIMITER_BENCH_SCALE_CONCURRENCY" // batches in flight, default 4
 	envScaleRounds      = "LIMITER_BENCH_SCALE_ROUNDS"      // refresh rounds per N, default 3
+	// Over HTTP as well: the limiter serve processes of each deployment, a
+	// comma list of PID@URL, all on that deployment's servers with the key
+	// prefix LIMITER_BENCH_SCALE_PREFIX and a plan "scale" like scaleTier's,
+	// and the bearer token of a caller allowed that plan.
+	envScaleServeStandalone = "LIMITER_BENCH_SCALE_SERVE_STANDALONE"
+	envScaleServeCluster    = "LIMITER_BENCH_SCALE_SERVE_CLUSTER"
+	envScalePrefix          = "LIMITER_BENCH_SCALE_PREFIX"
+	envScaleToken           = "LIMITER_BENCH_SCALE_TOKEN"
 )
 
 // scaleTier is a production tier: slots live 120s and heartbeat every 20s.
@@ -45,9 +54,21 @@ var scaleTier = tiers.Tier{Plan: "scale", MaxConcurrentStreams: 3, SlotTTL: 2 * 
 // N; a replica holds as much again). Each figure is the median of the
 // rounds.
 //
+// Given limiter serve processes of a deployment (envScaleServe*), every
+// round is run twice, in an order that alternates: once through the
+// library as above, and once over HTTP, each batch one POST
+// /v1/slots/heartbeats to the next of the processes, as the callers of a
+// deployment would send them. The HTTP side reports the same figures
+// (prefixed http-), the processes' CPU µs per refresh (/proc/PID/stat,
+// all of them together) and the cores they need for one round every 20s.
+// The client here only writes bodies built beforehand and scans the
+// answers, so it takes little of the machine from the servers.
+//
 // It is not a test and `make test` never runs it: it runs only with
 // LIMITER_BENCH_SCALE=1, and it needs servers of its own, empty (it checks
-// DBSIZE) because it FLUSHALLs them between sizes and at the end.
+// DBSIZE) because it FLUSHALLs them between sizes and at the end. `make
+// bench-scale` (hack/bench-scale.sh) starts the servers and the serve
+// processes and runs it; by hand:
 //
 //	LIMITER_BENCH_SCALE=1 LIMITER_TEST_REDIS=host:port LIMITER_TEST_REDIS_CLUSTER=h1:p1,... \
 //	  go test -run '^$' -bench Scale -benchtime 1x -timeout 60m ./pkg/limiter
@@ -61,7 +82,12 @@ func BenchmarkScale(b *testing.B) {
 	for _, be := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
 		b.Run(be.String(), func(b *testing.B) {
 			redis := cluster.Options{Timeout: benchTimeout, Logger: slog.New(slog.DiscardHandler)}
-			e := newEnv(b, limitertest.Options{Backend: be, Redis: redis, Tiers: []tiers.Tier{scaleTier}})
+			web := scaleServeOf(b, be)
+			opts := limitertest.Options{Backend: be, Redis: redis, Tiers: []tiers.Tier{scaleTier}}
+			if web != nil {
+				opts.Limiter.Keys.Prefix = web.prefix
+			}
+			e := newEnv(b, opts)
 			raw := e.raw(b)
 			servers := scaleServers(b, raw)
 			servers.requireEmpty(b)
@@ -69,7 +95,7 @@ func BenchmarkScale(b *testing.B) {
 			for _, n := range sizes {
 				b.Run(fmt.Sprintf("slots=%d", n), func(b *testing.B) {
 					for b.Loop() {
-						scaleRun(b, e, servers, n, concurrency, rounds)
+						scaleRun(b, e, web, servers, n, concurrency, rounds)
 					}
 				})
 			}
@@ -77,7 +103,7 @@ func BenchmarkScale(b *testing.B) {
 	}
 }
 
-func scaleRun(b *testing.B, e *env, servers *scaleNodes, n, concurrency, rounds int) {
+func scaleRun(b *testing.B, e *env, web *scaleServe, servers *scaleNodes, n, concurrency, rounds int) {
 	ctx := context.Background()
 	servers.flush(b)
 	memBefore := servers.usedMemory(b)
@@ -85,27 +111,69 @@ func scaleRun(b *testing.B, e *env, servers *scaleNodes, n, concurrency, rounds 
 	reqs := scaleLoad(b, e, n, concurrency)
 	memAfter := servers.usedMemory(b)
 
-	var walls, masterCPU, replicaCPU, clientCPU []float64
-	for range rounds {
-		cpu0, client0, start := servers.cpu(b), processCPU(), time.Now()
-		scaleRound(b, ctx, e.lim, reqs, concurrency)
-		wall, client1, cpu1 := time.Since(start), processCPU(), servers.cpu(b)
-		walls = append(walls, wall.Seconds())
-		masterCPU = append(masterCPU, (cpu1.masters-cpu0.masters)/float64(n))
-		replicaCPU = append(replicaCPU, (cpu1.replicas-cpu0.replicas)/float64(n))
-		clientCPU = append(clientCPU, float64((client1-client0).Microseconds())/float64(n))
+	sides := []*scaleSide{{name: "", round: func() { scaleRound(b, ctx, e.lim, reqs, concurrency) }}}
+	if web != nil {
+		bodies := web.bodies(reqs)
+		sides = append(sides, &scaleSide{name: "http-", round: func() { web.round(b, bodies, concurrency) }, serveCPU: web.cpu})
 	}
-	perMaster := median(masterCPU) * float64(n) / float64(len(servers.masters)) // µs per round
-	b.ReportMetric(median(walls), "round-s")
-	b.ReportMetric(median(masterCPU), "redis-µs/refresh")
-	if len(servers.replicas) > 0 {
-		b.ReportMetric(median(replicaCPU), "replica-µs/refresh")
+	for r := range rounds {
+		for i := range sides {
+			side := sides[i]
+			if r%2 == 1 { // the other order every other round
+				side = sides[len(sides)-1-i]
+			}
+			side.measure(b, servers, n)
+		}
 	}
-	b.ReportMetric(median(clientCPU), "client-µs/refresh")
-	b.ReportMetric(100*perMaster/float64(scaleTier.HeartbeatInterval.Microseconds()), "%core/master@20s")
+	for _, side := range sides {
+		side.report(b, servers, n, concurrency)
+	}
 	b.ReportMetric(float64(memAfter-memBefore)/float64(n), "B/slot")
-	b.Logf("N=%d, %d masters, %d batches of %d in flight: rounds %.2fs, redis µs/refresh %.2f (masters) %.2f (replicas), client µs/refresh %.2f",
-		n, len(servers.masters), concurrency, benchBatch, walls, masterCPU, replicaCPU, clientCPU)
+}
+
+// scaleSide is one way of running a round, and its figures per round.
+type scaleSide struct {
+	name     string // the prefix of its metrics
+	round    func()
+	serveCPU func(*testing.B) time.Duration // nil: no serve process
+
+	walls, masterCPU, replicaCPU, clientCPU, serve []float64
+}
+
+func (s *scaleSide) measure(b *testing.B, servers *scaleNodes, n int) {
+	var serve0, serve1 time.Duration
+	if s.serveCPU != nil {
+		serve0 = s.serveCPU(b)
+	}
+	cpu0, client0, start := servers.cpu(b), processCPU(), time.Now()
+	s.round()
+	wall, client1, cpu1 := time.Since(start), processCPU(), servers.cpu(b)
+	if s.serveCPU != nil {
+		serve1 = s.serveCPU(b)
+	}
+	s.walls = append(s.walls, wall.Seconds())
+	s.masterCPU = append(s.masterCPU, (cpu1.masters-cpu0.masters)/float64(n))
+	s.replicaCPU = append(s.replicaCPU, (cpu1.replicas-cpu0.replicas)/float64(n))
+	s.clientCPU = append(s.clientCPU, float64((client1-client0).Microseconds())/float64(n))
+	s.serve = append(s.serve, float64((serve1-serve0).Microseconds())/float64(n))
+}
+
+func (s *scaleSide) report(b *testing.B, servers *scaleNodes, n, concurrency int) {
+	interval := float64(scaleTier.HeartbeatInterval.Microseconds())
+	perMaster := median(s.masterCPU) * float64(n) / float64(len(servers.masters)) // µs per round
+	b.ReportMetric(median(s.walls), s.name+"round-s")
+	b.ReportMetric(median(s.masterCPU), s.name+"redis-µs/refresh")
+	if len(servers.replicas) > 0 {
+		b.ReportMetric(median(s.replicaCPU), s.name+"replica-µs/refresh")
+	}
+	b.ReportMetric(median(s.clientCPU), s.name+"client-µs/refresh")
+	b.ReportMetric(100*perMaster/interval, s.name+"%core/master@20s")
+	if s.serveCPU != nil {
+		b.ReportMetric(median(s.serve), "serve-µs/refresh")
+		b.ReportMetric(median(s.serve)*float64(n)/interval, "serve-cores@20s")
+	}
+	b.Logf("N=%d, %d masters, %d batches of %d in flight, %s: rounds %.2fs, redis µs/refresh %.2f (masters) %.2f (replicas), client µs/refresh %.2f, serve µs/refresh %.2f",
+		n, len(servers.masters), concurrency, benchBatch, cmp.Or(strings.TrimSuffix(s.name, "-"), "library"), s.walls, s.masterCPU, s.replicaCPU, s.clientCPU, s.serve)
 }
 
 // scaleLoad acquires n slots, one per user, with the acquire script in

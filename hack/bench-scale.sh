@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# What `make bench-scale` runs: BenchmarkScale (pkg/limiter), the answer to
+# "what at N live streams", through the library and over HTTP.
+#
+# It starts its own standalone Redis and 6-node Redis Cluster (3 masters;
+# hack/redis-cluster.sh), builds `limiter` and the benchmark binary of
+# pkg/limiter, starts SCALE_REPLICAS `limiter serve` processes on each
+# deployment (caller authentication on, plan "scale": TTL 120s, heartbeat
+# every 20s), and runs BenchmarkScale: for every N it holds N slots and
+# refreshes all of them round after round, once through Limiter.HeartbeatBatch
+# and once as POST /v1/slots/heartbeats spread over the serve processes, in
+# an order that alternates. The benchmark's lines go to stdout, progress to
+# stderr; BENCHMARKS.md ("At scale") says what each figure is. Everything it
+# started is stopped on exit, whatever happens.
+#
+# Environment:
+#   SCALE_SLOTS        comma list of N (default 900,45000,900000)
+#   SCALE_ROUNDS       refresh rounds per N and side (default 3)
+#   SCALE_CONCURRENCY  batches of 1000 in flight (default 4)
+#   SCALE_REPLICAS     serve processes per deployment (default 2)
+#   SCALE_CLUSTER      1 (default): the cluster too; 0: standalone only
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+SCALE_SLOTS=${SCALE_SLOTS:-900,45000,900000}
+SCALE_ROUNDS=${SCALE_ROUNDS:-3}
+SCALE_CONCURRENCY=${SCALE_CONCURRENCY:-4}
+SCALE_REPLICAS=${SCALE_REPLICAS:-2}
+SCALE_CLUSTER=${SCALE_CLUSTER:-1}
+
+step() { printf '==> [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
+die() {
+	printf 'bench-scale: error: %s\n' "$*" >&2
+	exit 1
+}
+need() { command -v "$1" >/dev/null || die "$1 is not installed ($2)"; }
+need redis-server "apt-get install redis-server"
+need redis-cli "apt-get install redis-tools"
+need go "Go 1.26, see README.md"
+[[ "$SCALE_SLOTS" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || die "SCALE_SLOTS must be a comma list of positive integers, got '$SCALE_SLOTS'"
+for v in SCALE_ROUNDS SCALE_CONCURRENCY SCALE_REPLICAS; do
+	[[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer, got '${!v}'"
+done
+case "$SCALE_CLUSTER" in 0 | 1) ;; *) die "SCALE_CLUSTER must be 0 or 1, got '$SCALE_CLUSTER'" ;; esac
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/limiter-bench-scale.XXXXXX")
+started=()
+cleanup() {
+	local rc=$? pid i
+	trap - EXIT INT TERM
+	for pid in "${started[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+	for ((i = 0; i < 30; i++)); do
+		alive=0
+		for pid in "${started[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+		((alive)) || break
+		sleep 0.1
+	done
+	for pid in "${started[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+	bash hack/redis-cluster.sh stop "$tmp/servers" || true
+	rm -rf "$tmp"
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# Never run against the servers of the caller's environment: the benchmark
+# empties the servers it is given.
+unset LIMITER_TEST_REDIS LIMITER_TEST_REDIS_CLUSTER
+what=standalone
+((SCALE_CLUSTER)) && what=all
+step "starting Redis ($what)"
+bash hack/redis-cluster.sh start "$tmp/servers" "$what" >/dev/null
+# shellcheck disable=SC1091
+source "$tmp/servers/env"
+((SCALE_CLUSTER)) || unset LIMITER_TEST_REDIS_CLUSTER
+
+step "building limiter and the benchmarks of pkg/limiter"
+go build -o "$tmp/limiter" ./cmd/limiter
+go test -c -o "$tmp/limiter.test" ./pkg/limiter
+
+readonly prefix="bench:scale:"
+token=scale-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+printf 'scale %s *\n' "$token" >"$tmp/api-tokens"
+
+# start_serve NAME ADDRS: starts one serve process on the Redis servers ADDRS
+# (a YAML list's items) and prints PID@URL.
+start_serve() {
+	local name=$1 addrs=$2 i url
+	cat >"$tmp/$name.yaml" <<-EOF
+		redis:
+		  addrs: [$addrs]
+		  # A call waiting on the saturated machine must not be answered
+		  # degraded: the benchmark refuses those.
+		  timeout: 10s
+		  keyPrefix: "$prefix"
+		http:
+		  shutdownGrace: 1s
+		api:
+		  tokensFile: "$tmp/api-tokens"
+		tiers:
+		  source: static
+		  static:
+		    - plan: scale
+		      maxConcurrentStreams: 3
+		      slotTTL: 120s
+		      heartbeatInterval: 20s
+		      failureMode: Open
+	EOF
+	"$tmp/limiter" serve --config "$tmp/$name.yaml" --http-addr 127.0.0.1:0 --ops-addr 127.0.0.1:0 >"$tmp/$name.log" 2>&1 &
+	local pid=$!
+	started+=("$pid")
+	for ((i = 0; i < 100; i++)); do
+		if grep -q '"msg":"connected to redis"' "$tmp/$name.log"; then
+			url=$(sed -n 's/.*"msg":"listening","api":"\([^"]*\)".*/\1/p' "$tmp/$name.log")
+			[[ -n "$url" ]] || die "$name logged no listen address: $(cat "$tmp/$name.log")"
+			SERVE_LIST+="${SERVE_LIST:+,}$pid@$url"
+			return 0
+		fi
+		kill -0 "$pid" 2>/dev/null || die "$name exited: $(cat "$tmp/$name.log")"
+		sleep 0.1
+	done
+	die "$name did not connect to Redis within 10s: $(cat "$tmp/$name.log")"
+}
+
+yaml_list() { sed 's/[^,]*/"&"/g; s/,/, /g' <<<"$1"; }
+
+step "starting $SCALE_REPLICAS limiter serve per deployment"
+SERVE_LIST=""
+for ((r = 1; r <= SCALE_REPLICAS; r++)); do start_serve "standalone-$r" "$(yaml_list "$LIMITER_TEST_REDIS")"; done
+export LIMITER_BENCH_SCALE_SERVE_STANDALONE=$SERVE_LIST
+if [[ -n "${LIMITER_TEST_REDIS_CLUSTER:-}" ]]; then
+	SERVE_LIST=""
+	for ((r = 1; r <= SCALE_REPLICAS; r++)); do start_serve "cluster-$r" "$(yaml_list "$LIMITER_TEST_REDIS_CLUSTER")"; done
+	export LIMITER_BENCH_SCALE_SERVE_CLUSTER=$SERVE_LIST
+fi
+printf '    standalone: %s\n    cluster: %s\n' "$LIMITER_BENCH_SCALE_SERVE_STANDALONE" "${LIMITER_BENCH_SCALE_SERVE_CLUSTER:--}" >&2
+
+export LIMITER_BENCH_SCALE=1 LIMITER_BENCH_SCALE_PREFIX=$prefix LIMITER_BENCH_SCALE_TOKEN=$token
+export LIMITER_BENCH_SCALE_SLOTS=$SCALE_SLOTS LIMITER_BENCH_SCALE_ROUNDS=$SCALE_ROUNDS LIMITER_BENCH_SCALE_CONCURRENCY=$SCALE_CONCURRENCY
+step "BenchmarkScale: N = $SCALE_SLOTS, $SCALE_ROUNDS rounds per side, $SCALE_CONCURRENCY batches in flight (load average $(cut -d' ' -f1 /proc/loadavg))"
+(cd pkg/limiter && "$tmp/limiter.test" -test.run '^$' -test.bench '^BenchmarkScale$' -test.benchtime 1x -test.timeout 60m -test.v)
+step "done (load average $(cut -d' ' -f1 /proc/loadavg))"
