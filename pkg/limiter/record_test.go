@@ -203,3 +203,53 @@ func TestASlotRecordsItsCaller(t *testing.T) {
 		}
 	})
 }
+
+// TestAcquireKeepsTheKeysOneToTwoTTLsPastTheLatestSlot: a grant moves both
+// keys' expiry only when it must (to two TTLs past the slot), never back,
+// and never lets them expire within one TTL of a slot; a denial leaves it.
+func TestAcquireKeepsTheKeysOneToTwoTTLsPastTheLatestSlot(t *testing.T) {
+	eachBackend(t, true, func(t *testing.T, e *env) {
+		// The embedded store keeps a TTL relative to when it was set, so
+		// what it reads back drifts by a few ms.
+		slack := int64(5)
+		if e.redis.Embedded() {
+			slack = 100
+		}
+		user := newUser(t)
+		key := e.key(t, user)
+		ttl := int64(10_000) // plan three
+		check := func(when string, latest, notBefore int64) int64 {
+			t.Helper()
+			slots, records := e.expiryMs(t, key), e.expiryMs(t, keys.SlotRecords(key))
+			if records < slots-slack || records > slots+slack {
+				t.Errorf("%s: PEXPIRETIME of the records %d, of the slots %d: want the same", when, records, slots)
+			}
+			if slots < latest+ttl-slack || slots > latest+2*ttl+slack {
+				t.Errorf("%s: keys expire at %d, want one to two TTLs (%dms) past the latest slot's %d", when, slots, ttl, latest)
+			}
+			if slots < notBefore-slack {
+				t.Errorf("%s: keys expire at %d, before the %d they had: an expiry moved back", when, slots, notBefore)
+			}
+			return slots
+		}
+		ms := func(r limiter.AcquireResult) int64 { return r.ExpiresAt.UnixMilli() }
+
+		first := e.acquire(t, user, "three", "a")
+		at := check("first grant", ms(first), 0)
+		time.Sleep(20 * time.Millisecond)
+		second := e.acquire(t, user, "three", "b")
+		if !second.Granted || ms(second) <= ms(first) {
+			t.Fatalf("second grant: %+v, want granted after the first's %v", second, first.ExpiresAt)
+		}
+		at = check("second grant", ms(second), at)
+		again := e.acquire(t, user, "three", "a") // held: extended
+		at = check("a held stream's acquire", max(ms(again), ms(second)), at)
+		e.acquire(t, user, "three", "c")
+		if res := e.acquire(t, user, "three", "d"); res.Granted {
+			t.Fatalf("a 4th stream on a limit-3 plan: %+v, want denied", res)
+		}
+		if got := e.expiryMs(t, key); got < at-slack || got > at+slack {
+			t.Errorf("after a denial the keys expire at %d, want %d as before", got, at)
+		}
+	})
+}

@@ -41,7 +41,8 @@
 -- ';started=<now>' (Redis ms) and the fields of ARGV[4] (who took it, for
 -- what), each after a ';'. A new slot's record is written with it; a held
 -- slot keeps the record it has (and gets one if it had none). Both keys
--- expire together, one TTL after the longest slot. The override is only
+-- expire together, at least one TTL and at most two after the latest
+-- slot (see below; heartbeat keeps them so too). The override is only
 -- read: it has its own expiry.
 local key = KEYS[1]
 local meta = KEYS[2]
@@ -96,22 +97,52 @@ if waiting > 0 then
   end
 end
 
+-- The live slots, before this call adds one.
+local used = redis.call('ZCARD', key)
 local granted = 0
 local expires = 0
 local retry = 0
-if redis.call('ZSCORE', key, member) then
+local fresh = false -- the key was empty (so missing) before this call
+
+-- A held stream is extended (never shortened) and keeps its record (or
+-- gets one, if it had none).
+local function extend()
   redis.call('ZADD', key, 'GT', now + ttl, member)
   redis.call('HSETNX', meta, member, record)
   granted = 1
-elseif redis.call('ZCARD', key) + waiting < limit then
-  redis.call('ZADD', key, now + ttl, member)
-  redis.call('HSET', meta, member, record)
-  granted = 1
+  expires = tonumber(redis.call('ZSCORE', key, member))
 end
 
-local used = redis.call('ZCARD', key)
+if used + waiting < limit then
+  -- NX adds a new stream and answers 1; 0 means it is held already.
+  if redis.call('ZADD', key, 'NX', now + ttl, member) == 1 then
+    redis.call('HSET', meta, member, record)
+    granted = 1
+    expires = now + ttl
+    fresh = used == 0
+    used = used + 1
+  else
+    extend()
+  end
+elseif redis.call('ZSCORE', key, member) then
+  extend()
+end
+
 if granted == 1 then
-  expires = tonumber(redis.call('ZSCORE', key, member))
+  -- Both keys outlive the slot by at least one TTL, so slots that expire
+  -- unreleased stay visible for the next call to prune and count. As a
+  -- heartbeat does, their expiry moves only when it must, and then to two
+  -- TTLs past the slot: a user's next acquires within a TTL write the
+  -- slot alone. A fresh key has no expiry yet.
+  local current = -1
+  if not fresh then
+    current = redis.call('PEXPIRETIME', key)
+  end
+  if current < expires + ttl then
+    local at = string.format('%d', math.max(current, expires + 2 * ttl))
+    redis.call('PEXPIREAT', key, at)
+    redis.call('PEXPIREAT', meta, at)
+  end
 elseif limit > 0 and used >= limit then
   -- A slot frees when used-limit+1 slots have expired (more than one if
   -- the plan's limit was lowered while the user held slots).
@@ -127,15 +158,6 @@ elseif limit > 0 then
 else
   -- limit 0: nothing will free up; ask the caller to come back after a TTL.
   retry = ttl
-end
-
-if used > 0 then
-  -- The key outlives its longest slot by one TTL, so slots that expire
-  -- unreleased stay visible for the next acquire to prune and count.
-  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  local at = tonumber(last[2]) + ttl
-  redis.call('PEXPIREAT', key, at)
-  redis.call('PEXPIREAT', meta, at)
 end
 
 -- Slots this call freed (pruned) with acquires waiting: wake those owed

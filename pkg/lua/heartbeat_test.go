@@ -144,19 +144,31 @@ func TestHeartbeatMovesTheKeysExpiryOnlyWhenItMust(t *testing.T) {
 			}
 			return slots
 		}
-		time.Sleep(100 * time.Millisecond) // past the expiry acquire set: the beat must move it
+		// Acquire left the keys two TTLs past the slot, so a beat within
+		// the slot's first TTL keeps them; the first beat after it, whose
+		// slot's expiry + TTL passes them, moves them two TTLs past it.
+		acquired := expiretime(t, c, key)
+		time.Sleep(600 * time.Millisecond)
+		early, err := lua.Heartbeat(ctx, c, key, "s", 0)
+		if err != nil || !early.Alive {
+			t.Fatalf("heartbeat = %+v, %v", early, err)
+		}
+		if kept := check("a heartbeat within the first TTL", early); !embedded && kept != acquired {
+			t.Errorf("a heartbeat within the first TTL moved the key's expiry from %d to %d; want it kept", acquired, kept)
+		}
+		time.Sleep(600 * time.Millisecond)
 		first, err := lua.Heartbeat(ctx, c, key, "s", 0)
 		if err != nil || !first.Alive {
 			t.Fatalf("heartbeat = %+v, %v", first, err)
 		}
-		moved := check("first heartbeat", first)
+		moved := check("the first heartbeat after a TTL", first)
 		if embedded {
 			// Its TTLs stand still (keys go by its sweep), so PEXPIRETIME
 			// reads later as time passes: the bounds do not apply.
 			return
 		}
 		if want := first.ExpiresAtMs + 2*ttl.Milliseconds(); moved != want {
-			t.Errorf("first heartbeat: the key expires at %d, want %d (its slot's expiry + 2 TTLs)", moved, want)
+			t.Errorf("the first heartbeat after a TTL: the key expires at %d, want %d (its slot's expiry + 2 TTLs)", moved, want)
 		}
 		time.Sleep(100 * time.Millisecond)
 		second, err := lua.Heartbeat(ctx, c, key, "s", 0)
