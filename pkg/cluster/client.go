@@ -115,6 +115,7 @@ type Client struct {
 	embedded  *embeddedStore
 	health    *health
 	slots     atomic.Pointer[SlotMap] // a cluster's, nil until read
+	served    atomic.Bool             // a cluster's latest probe: every slot served, cluster_state:ok
 	lastDial  atomic.Int64            // unix ns when the latest dial started; 0: none
 
 	stop chan struct{}
@@ -272,32 +273,48 @@ func (c *Client) connWriteTimeout() time.Duration { return max(4*c.opts.Timeout,
 // limiter's are), that the call reaches rueidis once, when it starts (a
 // command rueidis does not retry), and that fewer than MaxDirectCalls such
 // calls are in flight. rueidis honors a call's context everywhere but in
-// two places:
+// three places:
 //
 //   - A call that needs a connection another call is dialling waits for
 //     that dial. A dial is bounded by the context of the call that started
 //     it (connection and handshake alike) and by DialTimeout, so with
 //     DialTimeout <= Timeout the wait ends before the waiter's own
-//     deadline, as long as every dial is started by a call whose deadline
-//     came no later: one that started earlier (a retry, later in its call,
-//     can wait on a dial of a call that started after it; hence once; and
-//     so can a call that its goroutine reached rueidis well after it
-//     started, on a loaded machine: hence false while a dial may still be
-//     in progress, 2 DialTimeouts after the latest started). That
-//     holds for a standalone client (or the embedded
-//     store's): its only other dial is the first, before the client is
-//     handed out. A cluster client also dials from its topology
-//     refreshes, and a call that finds a slot without a node runs a
-//     refresh itself; a Sentinel client follows its master in the
-//     background: for those it is false.
+//     deadline, as long as every dial started no later than the waiter's
+//     call: a retry, later in its call, can wait on a dial that a later
+//     call started (hence once), and so can a call that reached rueidis
+//     well after it started, on a loaded machine (hence false while a dial
+//     may still be in progress, 2 DialTimeouts after the latest started).
+//     Every dial counts: a standalone client's, and a cluster client's,
+//     from its calls and from its topology refreshes alike.
 //   - A call waits for room in its connection's queue of commands sent
 //     and not yet answered (1024 by default), and a command whose caller
 //     gave up keeps its place until Redis answers it or the connection is
 //     dropped, ConnWriteTimeout after it stopped answering. So it is false
 //     for that long after any call failed as an outage; before that, the
 //     calls in flight (fewer than MaxDirectCalls) hold every place taken.
+//   - On a cluster, a call whose hash slot has no node in rueidis's map
+//     refreshes the topology in the call, bounded by ConnWriteTimeout, not
+//     by the call's context. rueidis's map holds every slot that CLUSTER
+//     SLOTS names, so it is false unless the latest probe (every
+//     ProbeInterval) found a master for every slot and cluster_state:ok; a
+//     cluster losing slots fails its probe and its calls, which the
+//     outage rule above covers from the first one. (Only a slot unassigned
+//     since the latest probe, whose refresh then finds every node it asks
+//     hung, could hold a call past its deadline.)
+//
+// A Sentinel client follows its master in the background, dialling with
+// longer deadlines: for it, it is false.
 func (c *Client) HonorsDeadlines(client rueidis.Client, now time.Time) bool {
-	if client.Mode() != rueidis.ClientModeStandalone || c.opts.DialTimeout > c.opts.Timeout {
+	switch client.Mode() {
+	case rueidis.ClientModeStandalone:
+	case rueidis.ClientModeCluster:
+		if !c.served.Load() {
+			return false
+		}
+	default:
+		return false
+	}
+	if c.opts.DialTimeout > c.opts.Timeout {
 		return false
 	}
 	if dial := c.lastDial.Load(); dial != 0 && now.UnixNano()-dial <= int64(2*c.opts.DialTimeout) {

@@ -182,7 +182,7 @@ var errClusterState = errors.New("the cluster does not serve every slot")
 
 // probe sends one health probe on client, the unobserved rueidis client,
 // and records its outcome. On a cluster it also rereads the slot map (see
-// NodeOf).
+// NodeOf) and notes whether every slot is served (see HonorsDeadlines).
 func (c *Client) probe(client rueidis.Client) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.opts.Timeout)
 	defer cancel()
@@ -190,10 +190,14 @@ func (c *Client) probe(client rueidis.Client) {
 		c.health.record(client.Do(ctx, client.B().Ping().Build()).Error())
 		return
 	}
-	if m, err := ReadSlotMap(ctx, client); err == nil {
+	m, mapErr := ReadSlotMap(ctx, client)
+	if mapErr == nil {
 		c.slots.Store(m)
 	}
 	info, err := client.Do(ctx, client.B().ClusterInfo().Build()).ToString()
+	// Calls may run without a deadline goroutine only while the cluster
+	// serves every slot (see HonorsDeadlines).
+	c.served.Store(mapErr == nil && m.Complete() && err == nil && strings.Contains(info, "cluster_state:ok"))
 	if err == nil && !strings.Contains(info, "cluster_state:ok") {
 		state := "unknown"
 		for line := range strings.SplitSeq(info, "\n") {

@@ -17,8 +17,9 @@ const hashSlots = 16384
 // and follows MOVED). A stale map only groups commands of two nodes
 // together until the next read.
 type SlotMap struct {
-	nodes []string          // master addresses
-	of    [hashSlots]uint16 // 1 + index in nodes; 0: no master known
+	nodes  []string          // master addresses
+	of     [hashSlots]uint16 // 1 + index in nodes; 0: no master known
+	served int               // slots with a master
 }
 
 // ReadSlotMap reads the map of a cluster with CLUSTER SLOTS.
@@ -51,11 +52,17 @@ func ReadSlotMap(ctx context.Context, c rueidis.Client) (*SlotMap, error) {
 			index[addr] = i
 		}
 		for s := start; s <= end; s++ {
+			if m.of[s] == 0 {
+				m.served++
+			}
 			m.of[s] = i
 		}
 	}
 	return m, nil
 }
+
+// Complete reports whether a master served every hash slot.
+func (m *SlotMap) Complete() bool { return m != nil && m.served == hashSlots }
 
 // NodeOf returns the address of the master that served hashSlot, or ""
 // when none did or m is nil.

@@ -60,9 +60,10 @@ func (l *Limiter) client() (rueidis.Client, error) {
 // result is dropped, and the call answers the context's error, a timeout
 // like any other. The goroutine ends when rueidis returns: at the deadline
 // at the latest once a connection is there, or when the dial in progress
-// times out. When rueidis does bound it (a standalone client with no
-// outage lately, and fewer than cluster.MaxDirectCalls such calls in
-// flight), the command runs in the caller's goroutine: a goroutine per
+// times out. When rueidis does bound it (a standalone client, or a
+// cluster serving every slot, with no outage or dial lately, and fewer
+// than cluster.MaxDirectCalls such calls in flight), the command runs in
+// the caller's goroutine: a goroutine per
 // call and its scheduling cost about as much client CPU as the library's
 // own work. The other methods are rueidis's own.
 type deadlineClient struct {

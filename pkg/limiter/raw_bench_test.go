@@ -82,7 +82,7 @@ func benchVsRaw(b *testing.B, e *env) {
 			if err != nil || got[0] != 1 {
 				return err
 			}
-			return release.Exec(ctx, raw, userKeys, []string{stream}).Error()
+			return release.Exec(ctx, raw, append(userKeys, keys.Queue(key), keys.QueueExpiry(key)), []string{stream}).Error()
 		}
 		for _, side := range []func(context.Context, string, string) error{lib, bare} { // loads the scripts
 			if err := side(context.Background(), run+"-warm-up", "s"); err != nil {
