@@ -94,6 +94,7 @@ report() {
 	ratio_line "  client CPU per pair / raw" GO 'A/BenchmarkAcquireRelease/%d/cpu-us/op' GO 'A/BenchmarkRawAcquireRelease/%d/cpu-us/op' both
 	echo "redis-semaphore tryAcquire+release (node, ioredis)"
 	ratio_line "  Acquire+Release pairs/s / redis-semaphore pairs/s" GO 'S/BenchmarkAcquireRelease/%d/ops/s' SEM 'pairs/s'
+	ratio_line "  Redis CPU per pair / redis-semaphore" GO 'S/BenchmarkAcquireRelease/%d/redis-cpu-us/op' SEM 'redis-cpu-us/pair'
 	echo "HTTP: limiter serve vs a net/http handler doing one EVALSHA per request"
 	ratio_line "  acquire+release pairs/s / trivial" H 'max/serve/pairs/s' H 'max/trivial/pairs/s'
 	ratio_line "  server CPU per pair / trivial" H 'max/serve/server-cpu-us/pair' H 'max/trivial/server-cpu-us/pair'
@@ -130,6 +131,8 @@ report() {
 	figure_line "library Acquire+Release pairs/s (next to redis-semaphore)" %.0f GO 'S/BenchmarkAcquireRelease/%d/ops/s'
 	figure_line "redis-semaphore pairs/s" %.0f SEM 'pairs/s'
 	figure_line "redis-semaphore client CPU us per pair (node)" %.1f SEM 'cpu-us/pair'
+	figure_line "library Redis CPU us per pair" %.1f GO 'S/BenchmarkAcquireRelease/%d/redis-cpu-us/op'
+	figure_line "redis-semaphore Redis CPU us per pair" %.1f SEM 'redis-cpu-us/pair'
 	figure_line "HTTP serve pairs/s" %.0f H 'max/serve/pairs/s'
 	figure_line "HTTP trivial pairs/s" %.0f H 'max/trivial/pairs/s'
 	figure_line "HTTP serve server CPU us per pair" %.1f H 'max/serve/server-cpu-us/pair'

@@ -155,6 +155,8 @@ func BenchmarkAcquireRelease(b *testing.B) {
 		run := newUser(b)
 		var granted, degraded atomic.Int64
 		setBenchParallelism(b)
+		servers := scaleServers(b, e.raw(b))
+		redis0 := servers.cpu(b)
 		cpu := cpuTime()
 		b.ResetTimer()
 		b.RunParallel(func(pb *testing.PB) {
@@ -188,6 +190,9 @@ func BenchmarkAcquireRelease(b *testing.B) {
 		b.StopTimer()
 		reportOps(b)
 		reportCPU(b, cpu)
+		// Redis's own CPU, every server's (user + system, INFO cpu).
+		redis1 := servers.cpu(b)
+		b.ReportMetric((redis1.masters+redis1.replicas-redis0.masters-redis0.replicas)/float64(b.N), "redis-cpu-us/op")
 		b.ReportMetric(float64(granted.Load())/float64(b.N), "granted/op")
 		if n := degraded.Load(); n > 0 {
 			b.Errorf("%d calls answered degraded: they did not reach Redis", n)
