@@ -80,64 +80,21 @@ step "building limiter and the benchmarks of pkg/limiter"
 go build -o "$tmp/limiter" ./cmd/limiter
 go test -c -o "$tmp/limiter.test" ./pkg/limiter
 
-readonly prefix="bench:scale:"
-token=scale-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-printf 'scale %s *\n' "$token" >"$tmp/api-tokens"
-
-# start_serve NAME ADDRS: starts one serve process on the Redis servers ADDRS
-# (a YAML list's items) and prints PID@URL.
-start_serve() {
-	local name=$1 addrs=$2 i url
-	cat >"$tmp/$name.yaml" <<-EOF
-		redis:
-		  addrs: [$addrs]
-		  # A call waiting on the saturated machine must not be answered
-		  # degraded: the benchmark refuses those.
-		  timeout: 10s
-		  keyPrefix: "$prefix"
-		http:
-		  shutdownGrace: 1s
-		api:
-		  tokensFile: "$tmp/api-tokens"
-		tiers:
-		  source: static
-		  static:
-		    - plan: scale
-		      maxConcurrentStreams: 3
-		      slotTTL: 120s
-		      heartbeatInterval: 20s
-		      failureMode: Open
-	EOF
-	"$tmp/limiter" serve --config "$tmp/$name.yaml" --http-addr 127.0.0.1:0 --ops-addr 127.0.0.1:0 >"$tmp/$name.log" 2>&1 &
-	local pid=$!
-	started+=("$pid")
-	for ((i = 0; i < 100; i++)); do
-		if grep -q '"msg":"connected to redis"' "$tmp/$name.log"; then
-			url=$(sed -n 's/.*"msg":"listening","api":"\([^"]*\)".*/\1/p' "$tmp/$name.log")
-			[[ -n "$url" ]] || die "$name logged no listen address: $(cat "$tmp/$name.log")"
-			SERVE_LIST+="${SERVE_LIST:+,}$pid@$url"
-			return 0
-		fi
-		kill -0 "$pid" 2>/dev/null || die "$name exited: $(cat "$tmp/$name.log")"
-		sleep 0.1
-	done
-	die "$name did not connect to Redis within 10s: $(cat "$tmp/$name.log")"
-}
-
-yaml_list() { sed 's/[^,]*/"&"/g; s/,/, /g' <<<"$1"; }
+# shellcheck source=hack/bench/lib.sh
+source hack/bench/lib.sh
+readonly scale_prefix="bench:scale:"
+scale_token=scale-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 
 step "starting $SCALE_REPLICAS limiter serve per deployment"
-SERVE_LIST=""
-for ((r = 1; r <= SCALE_REPLICAS; r++)); do start_serve "standalone-$r" "$(yaml_list "$LIMITER_TEST_REDIS")"; done
-export LIMITER_BENCH_SCALE_SERVE_STANDALONE=$SERVE_LIST
+start_scale_serves standalone "$LIMITER_TEST_REDIS" "$SCALE_REPLICAS"
+export LIMITER_BENCH_SCALE_SERVE_STANDALONE=$SCALE_SERVE
 if [[ -n "${LIMITER_TEST_REDIS_CLUSTER:-}" ]]; then
-	SERVE_LIST=""
-	for ((r = 1; r <= SCALE_REPLICAS; r++)); do start_serve "cluster-$r" "$(yaml_list "$LIMITER_TEST_REDIS_CLUSTER")"; done
-	export LIMITER_BENCH_SCALE_SERVE_CLUSTER=$SERVE_LIST
+	start_scale_serves cluster "$LIMITER_TEST_REDIS_CLUSTER" "$SCALE_REPLICAS"
+	export LIMITER_BENCH_SCALE_SERVE_CLUSTER=$SCALE_SERVE
 fi
 printf '    standalone: %s\n    cluster: %s\n' "$LIMITER_BENCH_SCALE_SERVE_STANDALONE" "${LIMITER_BENCH_SCALE_SERVE_CLUSTER:--}" >&2
 
-export LIMITER_BENCH_SCALE=1 LIMITER_BENCH_SCALE_PREFIX=$prefix LIMITER_BENCH_SCALE_TOKEN=$token
+export LIMITER_BENCH_SCALE=1 LIMITER_BENCH_SCALE_PREFIX=$scale_prefix LIMITER_BENCH_SCALE_TOKEN=$scale_token
 export LIMITER_BENCH_SCALE_SLOTS=$SCALE_SLOTS LIMITER_BENCH_SCALE_ROUNDS=$SCALE_ROUNDS LIMITER_BENCH_SCALE_CONCURRENCY=$SCALE_CONCURRENCY
 step "BenchmarkScale: N = $SCALE_SLOTS, $SCALE_ROUNDS rounds per side, $SCALE_CONCURRENCY batches in flight (load average $(cut -d' ' -f1 /proc/loadavg))"
 (cd pkg/limiter && "$tmp/limiter.test" -test.run '^$' -test.bench '^BenchmarkScale$' -test.benchtime 1x -test.timeout 60m -test.v)

@@ -46,6 +46,9 @@
 #   BENCH_TIME      go test -benchtime of each Go benchmark (default 1s)
 #   BENCH_DURATION  seconds measured by each HTTP, latency and
 #                   redis-semaphore run, after 0.5 s of warm-up (default 3)
+#   BENCH_SCALE_SLOTS   live slots of the heartbeat round at scale, on the
+#                   cluster, once per run (default 900000; 0: skip it)
+#   BENCH_SCALE_ROUNDS  its rounds per way, library and HTTP (default 3)
 #   BENCH_NPM_DIR   where redis-semaphore and ioredis are installed (default
 #                   ${XDG_CACHE_HOME:-~/.cache}/limiter/npm)
 set -euo pipefail
@@ -57,6 +60,8 @@ BENCH_CLUSTER=${BENCH_CLUSTER:-1}
 BENCH_N=${BENCH_N:-60000}
 BENCH_TIME=${BENCH_TIME:-1s}
 BENCH_DURATION=${BENCH_DURATION:-3}
+BENCH_SCALE_SLOTS=${BENCH_SCALE_SLOTS:-900000}
+BENCH_SCALE_ROUNDS=${BENCH_SCALE_ROUNDS:-3}
 BENCH_NPM_DIR=${BENCH_NPM_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/limiter/npm}
 readonly CLIENTS=50 USERS=1000000 PIPELINE=16 WARMUP_MS=500 ALLOC_REQUESTS=2000
 
@@ -84,6 +89,8 @@ fi
 [[ "$BENCH_TIME" =~ ^([0-9]*\.?[0-9]+(ns|us|ms|s|m)|[1-9][0-9]*x)$ ]] ||
 	die "BENCH_TIME must be a go test -benchtime (1s, 500ms, 100x), got '$BENCH_TIME'"
 case "$BENCH_CLUSTER" in 0 | 1) ;; *) die "BENCH_CLUSTER must be 0 or 1, got '$BENCH_CLUSTER'" ;; esac
+[[ "$BENCH_SCALE_SLOTS" =~ ^(0|[1-9][0-9]*)$ ]] || die "BENCH_SCALE_SLOTS must be 0 or a positive integer, got '$BENCH_SCALE_SLOTS'"
+[[ "$BENCH_SCALE_ROUNDS" =~ ^[1-9][0-9]*$ ]] || die "BENCH_SCALE_ROUNDS must be a positive integer, got '$BENCH_SCALE_ROUNDS'"
 DURATION_MS=$(awk -v d="$BENCH_DURATION" 'BEGIN { printf "%d", d * 1000 }')
 readonly DURATION_MS
 
@@ -159,6 +166,12 @@ for ((round = 1; round <= BENCH_ROUNDS; round++)); do
 	rate=$(awk -v p="${H[$round/max/serve/pairs/s]}" 'BEGIN { printf "%.0f", p / 2 }')
 	in_order "$round" "http_bench $round lat serve $rate" "http_bench $round lat trivial $rate"
 done
+# Once per run: it holds BENCH_SCALE_SLOTS slots, which take a while to load.
+readonly scale_prefix="bench:scale:"
+scale_token=scale-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+if ((BENCH_CLUSTER && BENCH_SCALE_SLOTS > 0)); then
+	scale_bench
+fi
 load_end=$(cut -d' ' -f1 /proc/loadavg)
 elapsed=$((SECONDS - start_time))
 step "done in $((elapsed / 60))m$((elapsed % 60))s"

@@ -11,11 +11,12 @@
 #   SEM[<round>/<field>]                     hack/bench/semaphore/semaphore.js
 #   H[<round>/<max|lat>/<target>/<field>]    hack/bench/load against serve or
 #                                            trivial
+#   SCALE[<unit>]                            BenchmarkScale, once per run
 #
 # It uses tmp, CLIENTS, USERS, BENCH_* and the LIMITER_TEST_REDIS* variables
 # of hack/bench.sh.
 
-declare -A PORTS=() MASTERS=() RPS=() GO=() SEM=() H=() URL=() PID=()
+declare -A PORTS=() MASTERS=() RPS=() GO=() SEM=() H=() URL=() PID=() SCALE=()
 deployments=(standalone)
 
 port_of() { echo "${1##*:}"; }
@@ -194,7 +195,7 @@ install_semaphore() {
 		die "redis-semaphore or ioredis missing from $BENCH_NPM_DIR/node_modules; remove $BENCH_NPM_DIR to reinstall"
 	fi
 }
-export NODE_PATH=$BENCH_NPM_DIR/node_modules
+[[ -z "${BENCH_NPM_DIR:-}" ]] || export NODE_PATH=$BENCH_NPM_DIR/node_modules
 
 # parse_fields ARRAY PREFIX FILE: ARRAY[PREFIX/<name>]=<value> for each
 # name=value word of FILE's last line.
@@ -255,6 +256,67 @@ start_http_servers() {
 	URL[trivial]=$(sed -n 's/^listening //p' "$tmp/trivial.log")
 	[[ -n "${URL[serve]}" && -n "${URL[trivial]}" ]] || die "no listen address in $(cat "$tmp/serve.log" "$tmp/trivial.log")"
 	printf '    serve %s (pid %s), trivial %s (pid %s)\n' "${URL[serve]}" "${PID[serve]}" "${URL[trivial]}" "${PID[trivial]}" >&2
+}
+
+# start_scale_serves NAME ADDRS COUNT: starts COUNT `limiter serve`
+# processes ($tmp/limiter) for BenchmarkScale on the Redis servers ADDRS
+# (comma separated), with key prefix $scale_prefix and the tokens file
+# $tmp/scale-tokens (one caller, token $scale_token), and sets SCALE_SERVE
+# to their PID@URL list.
+start_scale_serves() {
+	local name=$1 addrs count=$3 r
+	addrs=$(sed 's/[^,]*/"&"/g; s/,/, /g' <<<"$2")
+	[[ -f "$tmp/scale-tokens" ]] || printf 'scale %s *\n' "$scale_token" >"$tmp/scale-tokens"
+	cat >"$tmp/$name.yaml" <<-EOF
+		redis:
+		  addrs: [$addrs]
+		  # A call waiting on the saturated machine must not be answered
+		  # degraded: the benchmark refuses those.
+		  timeout: 10s
+		  keyPrefix: "$scale_prefix"
+		http:
+		  shutdownGrace: 1s
+		api:
+		  tokensFile: "$tmp/scale-tokens"
+		tiers:
+		  source: static
+		  static:
+		    - plan: scale
+		      maxConcurrentStreams: 3
+		      slotTTL: 120s
+		      heartbeatInterval: 20s
+		      failureMode: Open
+	EOF
+	SCALE_SERVE=""
+	for ((r = 1; r <= count; r++)); do
+		"$tmp/limiter" serve --config "$tmp/$name.yaml" --http-addr 127.0.0.1:0 --ops-addr 127.0.0.1:0 >"$tmp/$name-$r.log" 2>&1 &
+		PID[$name-$r]=$!
+		started+=("${PID[$name-$r]}")
+		await_log "$name-$r" '"msg":"connected to redis"'
+		URL[$name-$r]=$(sed -n 's/.*"msg":"listening","api":"\([^"]*\)".*/\1/p' "$tmp/$name-$r.log")
+		[[ -n "${URL[$name-$r]}" ]] || die "$name-$r logged no listen address: $(cat "$tmp/$name-$r.log")"
+		SCALE_SERVE+="${SCALE_SERVE:+,}${PID[$name-$r]}@${URL[$name-$r]}"
+	done
+}
+
+# scale_bench: BenchmarkScale once, on the cluster, N = BENCH_SCALE_SLOTS,
+# through the library and over HTTP to two serve processes; records its
+# figures in SCALE[<unit>].
+scale_bench() {
+	local name unit value
+	flush cluster
+	start_scale_serves scale "$LIMITER_TEST_REDIS_CLUSTER" 2
+	step "go test -bench BenchmarkScale/cluster: $BENCH_SCALE_SLOTS slots, $BENCH_SCALE_ROUNDS rounds per way, library and HTTP (2 serve)"
+	(cd pkg/limiter && LIMITER_TEST_REQUIRE=1 LIMITER_BENCH_SCALE=1 LIMITER_BENCH_SCALE_SLOTS=$BENCH_SCALE_SLOTS \
+		LIMITER_BENCH_SCALE_ROUNDS=$BENCH_SCALE_ROUNDS LIMITER_BENCH_SCALE_SERVE_CLUSTER=$SCALE_SERVE \
+		LIMITER_BENCH_SCALE_PREFIX=$scale_prefix LIMITER_BENCH_SCALE_TOKEN=$scale_token \
+		"$tmp/limiter.test" -test.run '^$' -test.bench '^BenchmarkScale$/^cluster$' -test.benchtime 1x -test.timeout 30m) >"$tmp/go.txt" 2>&1 ||
+		die "BenchmarkScale failed: $(cat "$tmp/go.txt")"
+	grep '^Benchmark.*-[0-9]' "$tmp/go.txt" | sed 's/^/    /' >&2 || true
+	while read -r unit value; do
+		SCALE[$unit]=$value
+	done < <(awk '/^BenchmarkScale\/cluster\/slots=[0-9]+-[0-9]+[ \t]/ { for (i = 3; i < NF; i += 2) print $(i + 1), $i }' "$tmp/go.txt")
+	[[ "${SCALE[http-round-s]:-}" =~ ^[0-9.e+]+$ ]] || die "BenchmarkScale printed no http-round-s: $(cat "$tmp/go.txt")"
 }
 
 await_log() { # await_log SERVER PATTERN: waits up to 10s for PATTERN in its log

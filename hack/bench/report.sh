@@ -113,6 +113,11 @@ report() {
 	spread_line "  grant p99 / release round trip" %.2f GO 'W/BenchmarkWakeUp/%d/p99/release' both
 	echo "waiting for a slot: 1,000 waiters of 100 users / 1,000 clients polling once a second (BenchmarkWaitCost)"
 	spread_line "  Redis CPU" %.2f GO 'C/BenchmarkWaitCost/wait/poll-redis-cpu'
+	if [[ -n "${SCALE[http-round-s]:-}" ]]; then
+		echo "heartbeats at scale: one round of $BENCH_SCALE_SLOTS live slots in batches of 1000, median of $BENCH_SCALE_ROUNDS rounds (BenchmarkScale, once)"
+		line "  round over HTTP (2 serve) / the least its CPU allows on $(nproc) cores" - "$(printf %.2f "${SCALE[http-round/cpu-bound]}")"
+		line "  round through the library / the same" - "$(printf %.2f "${SCALE[round/cpu-bound]}")"
+	fi
 	echo "allocations per HTTP acquire through the handler, metrics on (counts, not ratios)"
 	line "  allocs (handler only)" "$(per_round GO 'M/BenchmarkHandlerAllocs/handler-allocs/op' | spread %.0f)"
 	line "  bytes (handler only)" "$(per_round GO 'M/BenchmarkHandlerAllocs/handler-B/op' | spread %.0f)"
@@ -152,6 +157,12 @@ report() {
 	figure_line "proxy: us per stream, direct" %.0f GO 'P/BenchmarkProxySSE/direct_us/stream'
 	figure_line "  through the proxy" %.0f GO 'P/BenchmarkProxySSE/proxied_us/stream'
 	figure_line "allocs per HTTP acquire, request and recorder included" %.0f GO 'M/BenchmarkHandlerAllocs/allocs/op'
+	if [[ -n "${SCALE[http-round-s]:-}" ]]; then
+		line "round of $BENCH_SCALE_SLOTS slots over HTTP, s" - "$(printf %.2f "${SCALE[http-round-s]}")"
+		line "  through the library, s" - "$(printf %.2f "${SCALE[round-s]}")"
+		line "  Redis CPU us per refresh, masters (+ replicas), HTTP" - "$(printf '%.1f (+%.1f)' "${SCALE[http-redis-µs/refresh]}" "${SCALE[http-replica-µs/refresh]}")"
+		line "  serve CPU us per refresh; cores for a round per 20s" - "$(printf '%.2f; %.2f' "${SCALE[serve-µs/refresh]}" "${SCALE[serve-cores@20s]}")"
+	fi
 	figure_line "grant after a release, p50 us (BenchmarkWakeUp)" %.0f GO 'W/BenchmarkWakeUp/%d/p50-us' both
 	figure_line "  p99 us" %.0f GO 'W/BenchmarkWakeUp/%d/p99-us' both
 	figure_line "  the release's round trip, p50 us" %.0f GO 'W/BenchmarkWakeUp/%d/release-us' both

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -53,6 +54,11 @@ var scaleTier = tiers.Tier{Plan: "scale", MaxConcurrentStreams: 3, SlotTTL: 2 * 
 // slot (used_memory on the masters before loading and after, divided by
 // N; a replica holds as much again). Each figure is the median of the
 // rounds.
+//
+// round/cpu-bound is the round's wall time over the least it could take
+// on this machine's cores given the CPU every process used in it (Redis's
+// servers, this process, the serve processes): 1 is a round bound by CPU
+// alone. It assumes all of them run on this machine, as under make bench.
 //
 // Given limiter serve processes of a deployment (envScaleServe*), every
 // round is run twice, in an order that alternates: once through the
@@ -138,6 +144,7 @@ type scaleSide struct {
 	serveCPU func(*testing.B) time.Duration // nil: no serve process
 
 	walls, masterCPU, replicaCPU, clientCPU, serve []float64
+	bound                                         []float64 // wall ÷ the CPU bound of the round
 }
 
 func (s *scaleSide) measure(b *testing.B, servers *scaleNodes, n int) {
@@ -156,12 +163,17 @@ func (s *scaleSide) measure(b *testing.B, servers *scaleNodes, n int) {
 	s.replicaCPU = append(s.replicaCPU, (cpu1.replicas-cpu0.replicas)/float64(n))
 	s.clientCPU = append(s.clientCPU, float64((client1-client0).Microseconds())/float64(n))
 	s.serve = append(s.serve, float64((serve1-serve0).Microseconds())/float64(n))
+	// Every process of the round shares this machine's cores (as under
+	// make bench), so the round takes at least the CPU it used over them.
+	used := cpu1.masters - cpu0.masters + cpu1.replicas - cpu0.replicas + float64((client1-client0+serve1-serve0).Microseconds())
+	s.bound = append(s.bound, wall.Seconds()/(used/1e6/float64(runtime.NumCPU())))
 }
 
 func (s *scaleSide) report(b *testing.B, servers *scaleNodes, n, concurrency int) {
 	interval := float64(scaleTier.HeartbeatInterval.Microseconds())
 	perMaster := median(s.masterCPU) * float64(n) / float64(len(servers.masters)) // µs per round
 	b.ReportMetric(median(s.walls), s.name+"round-s")
+	b.ReportMetric(median(s.bound), s.name+"round/cpu-bound")
 	b.ReportMetric(median(s.masterCPU), s.name+"redis-µs/refresh")
 	if len(servers.replicas) > 0 {
 		b.ReportMetric(median(s.replicaCPU), s.name+"replica-µs/refresh")
