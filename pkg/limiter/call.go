@@ -43,7 +43,7 @@ func (l *Limiter) client() (rueidis.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	var c rueidis.Client = deadlineClient{Client: client, redis: l.redis, direct: &l.direct}
+	var c rueidis.Client = deadlineClient{Client: client, redis: l.redis, direct: &l.direct, goCalls: &l.goCalls}
 	l.wrapped.Store(&c)
 	return c, nil
 }
@@ -68,8 +68,9 @@ func (l *Limiter) client() (rueidis.Client, error) {
 // own work. The other methods are rueidis's own.
 type deadlineClient struct {
 	rueidis.Client
-	redis  *cluster.Client
-	direct *atomic.Int64 // calls in flight in the callers' goroutines
+	redis   *cluster.Client
+	direct  *atomic.Int64 // calls in flight in the callers' goroutines
+	goCalls *atomic.Int64 // calls run in a goroutine of their own, ever
 }
 
 // enter reports whether a call may run in its caller's goroutine, and if
@@ -122,6 +123,7 @@ func (c deadlineClient) Do(ctx context.Context, cmd rueidis.Completed) rueidis.R
 		}
 		// Its connection failed: again with rueidis's retries, bounded.
 	}
+	c.goCalls.Add(1)
 	done := resultChans.Get().(chan rueidis.RedisResult)
 	go c.do(ctx, cmd, done)
 	select {
@@ -150,6 +152,7 @@ func (c deadlineClient) DoMulti(ctx context.Context, cmds ...rueidis.Completed) 
 		return c.Client.DoMulti(ctx, cmds...)
 	}
 	if ctx.Err() == nil {
+		c.goCalls.Add(1)
 		done := make(chan []rueidis.RedisResult, 1)
 		go func() { done <- c.Client.DoMulti(ctx, cmds...) }()
 		select {

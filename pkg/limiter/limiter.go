@@ -105,6 +105,7 @@ type Limiter struct {
 	deadlines deadlines
 	wrapped   atomic.Pointer[rueidis.Client] // the deadlineClient, once connected
 	direct    atomic.Int64                   // see deadlineClient
+	goCalls   atomic.Int64                   // calls run in a goroutine of their own, ever
 
 	syncReplicas int
 

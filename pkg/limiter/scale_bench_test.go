@@ -144,7 +144,7 @@ type scaleSide struct {
 	serveCPU func(*testing.B) time.Duration // nil: no serve process
 
 	walls, masterCPU, replicaCPU, clientCPU, serve []float64
-	bound                                         []float64 // wall ÷ the CPU bound of the round
+	bound                                          []float64 // wall ÷ the CPU bound of the round
 }
 
 func (s *scaleSide) measure(b *testing.B, servers *scaleNodes, n int) {
@@ -165,7 +165,7 @@ func (s *scaleSide) measure(b *testing.B, servers *scaleNodes, n int) {
 	s.serve = append(s.serve, float64((serve1-serve0).Microseconds())/float64(n))
 	// Every process of the round shares this machine's cores (as under
 	// make bench), so the round takes at least the CPU it used over them.
-	used := cpu1.masters - cpu0.masters + cpu1.replicas - cpu0.replicas + float64((client1-client0+serve1-serve0).Microseconds())
+	used := cpu1.masters - cpu0.masters + cpu1.replicas - cpu0.replicas + float64((client1 - client0 + serve1 - serve0).Microseconds())
 	s.bound = append(s.bound, wall.Seconds()/(used/1e6/float64(runtime.NumCPU())))
 }
 
