@@ -46,21 +46,8 @@ case "$SCALE_CLUSTER" in 0 | 1) ;; *) die "SCALE_CLUSTER must be 0 or 1, got '$S
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/limiter-bench-scale.XXXXXX")
 started=()
-cleanup() {
-	local rc=$? pid i
-	trap - EXIT INT TERM
-	for pid in "${started[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-	for ((i = 0; i < 30; i++)); do
-		alive=0
-		for pid in "${started[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-		((alive)) || break
-		sleep 0.1
-	done
-	for pid in "${started[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
-	bash hack/redis-cluster.sh stop "$tmp/servers" || true
-	rm -rf "$tmp"
-	exit "$rc"
-}
+# shellcheck source=hack/bench/lib.sh
+source hack/bench/lib.sh
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
@@ -80,8 +67,6 @@ step "building limiter and the benchmarks of pkg/limiter"
 go build -o "$tmp/limiter" ./cmd/limiter
 go test -c -o "$tmp/limiter.test" ./pkg/limiter
 
-# shellcheck source=hack/bench/lib.sh
-source hack/bench/lib.sh
 readonly scale_prefix="bench:scale:"
 scale_token=scale-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 

@@ -96,30 +96,11 @@ readonly DURATION_MS
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/limiter-bench.XXXXXX")
 started=() # pids of the servers this script started in the background
-any_alive() { # any_alive PID...: true while one of them runs
-	local pid
-	for pid in "$@"; do kill -0 "$pid" 2>/dev/null && return 0; done
-	return 1
-}
-cleanup() {
-	local rc=$? pid i
-	trap - EXIT INT TERM
-	for pid in "${started[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-	for ((i = 0; i < 30; i++)); do
-		any_alive "${started[@]}" || break
-		sleep 0.1
-	done
-	for pid in "${started[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
-	bash hack/redis-cluster.sh stop "$tmp/servers" || true
-	rm -rf "$tmp"
-	exit "$rc"
-}
+# shellcheck source=hack/bench/lib.sh
+source hack/bench/lib.sh
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
-
-# shellcheck source=hack/bench/lib.sh
-source hack/bench/lib.sh
 
 start_time=$SECONDS
 started_at=$(date -u '+%Y-%m-%d %H:%M UTC')

@@ -13,8 +13,33 @@
 #                                            trivial
 #   SCALE[<unit>]                            BenchmarkScale, once per run
 #
-# It uses tmp, CLIENTS, USERS, BENCH_* and the LIMITER_TEST_REDIS* variables
-# of hack/bench.sh.
+# It uses tmp, started, CLIENTS, USERS, BENCH_* and the LIMITER_TEST_REDIS*
+# variables of hack/bench.sh (hack/bench-scale.sh uses only cleanup and
+# start_scale_serves).
+
+# cleanup is the EXIT trap of the scripts that source this file: it stops
+# every process of started (SIGTERM, SIGKILL those left after 3 s) and the
+# Redis servers of $tmp/servers, removes $tmp, and exits with the script's
+# status.
+cleanup() {
+	local rc=$? pid i
+	trap - EXIT INT TERM
+	for pid in "${started[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+	for ((i = 0; i < 30; i++)); do
+		any_alive "${started[@]}" || break
+		sleep 0.1
+	done
+	for pid in "${started[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+	bash hack/redis-cluster.sh stop "$tmp/servers" || true
+	rm -rf "$tmp"
+	exit "$rc"
+}
+
+any_alive() { # any_alive PID...: true while one of them runs
+	local pid
+	for pid in "$@"; do kill -0 "$pid" 2>/dev/null && return 0; done
+	return 1
+}
 
 declare -A PORTS=() MASTERS=() RPS=() GO=() SEM=() H=() URL=() PID=() SCALE=()
 deployments=(standalone)
@@ -256,6 +281,15 @@ start_http_servers() {
 	URL[trivial]=$(sed -n 's/^listening //p' "$tmp/trivial.log")
 	[[ -n "${URL[serve]}" && -n "${URL[trivial]}" ]] || die "no listen address in $(cat "$tmp/serve.log" "$tmp/trivial.log")"
 	printf '    serve %s (pid %s), trivial %s (pid %s)\n' "${URL[serve]}" "${PID[serve]}" "${URL[trivial]}" "${PID[trivial]}" >&2
+	# A few pairs for many users now: the Redis client dials each of its
+	# connections when a call first picks it, and serve runs its calls in
+	# their callers' goroutines only two dial timeouts (here 2 × 10 s) after
+	# its latest dial, long before the first HTTP step.
+	local target
+	for target in serve trivial; do
+		"$tmp/load" -url "${URL[$target]}" -pid "${PID[$target]}" -token "$api_token" -conns 4 \
+			-warmup 0ms -duration 300ms >"$tmp/load.txt" 2>&1 || die "warming up $target failed: $(cat "$tmp/load.txt")"
+	done
 }
 
 # start_scale_serves NAME ADDRS COUNT: starts COUNT `limiter serve`

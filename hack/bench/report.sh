@@ -92,6 +92,7 @@ report() {
 	echo "raw rueidis: the same scripts as bare EVALSHA (BenchmarkRawAcquireRelease)"
 	ratio_line "  Acquire+Release pairs/s / raw pairs/s" GO 'A/BenchmarkAcquireRelease/%d/ops/s' GO 'A/BenchmarkRawAcquireRelease/%d/ops/s' both
 	ratio_line "  client CPU per pair / raw" GO 'A/BenchmarkAcquireRelease/%d/cpu-us/op' GO 'A/BenchmarkRawAcquireRelease/%d/cpu-us/op' both
+	ratio_line "  Redis CPU per pair / raw" GO 'A/BenchmarkAcquireRelease/%d/redis-cpu-us/op' GO 'A/BenchmarkRawAcquireRelease/%d/redis-cpu-us/op' both
 	echo "redis-semaphore tryAcquire+release (node, ioredis)"
 	ratio_line "  Acquire+Release pairs/s / redis-semaphore pairs/s" GO 'S/BenchmarkAcquireRelease/%d/ops/s' SEM 'pairs/s'
 	ratio_line "  Redis CPU per pair / redis-semaphore" GO 'S/BenchmarkAcquireRelease/%d/redis-cpu-us/op' SEM 'redis-cpu-us/pair'
@@ -133,6 +134,8 @@ report() {
 	figure_line "raw rueidis Acquire+Release pairs/s" %.0f GO 'A/BenchmarkRawAcquireRelease/%d/ops/s' both
 	figure_line "library client CPU us per pair" %.1f GO 'A/BenchmarkAcquireRelease/%d/cpu-us/op' both
 	figure_line "raw rueidis client CPU us per pair" %.1f GO 'A/BenchmarkRawAcquireRelease/%d/cpu-us/op' both
+	figure_line "library Redis CPU us per pair (all servers)" %.1f GO 'A/BenchmarkAcquireRelease/%d/redis-cpu-us/op' both
+	figure_line "raw rueidis Redis CPU us per pair (all servers)" %.1f GO 'A/BenchmarkRawAcquireRelease/%d/redis-cpu-us/op' both
 	figure_line "library Acquire+Release pairs/s (next to redis-semaphore)" %.0f GO 'S/BenchmarkAcquireRelease/%d/ops/s'
 	figure_line "redis-semaphore pairs/s" %.0f SEM 'pairs/s'
 	figure_line "redis-semaphore client CPU us per pair (node)" %.1f SEM 'cpu-us/pair'

@@ -29,11 +29,13 @@ func BenchmarkRawAcquireRelease(b *testing.B) {
 			b.Fatalf("no plan %q in the test tiers", benchPlan)
 		}
 		limit, ttl := strconv.Itoa(tier.MaxConcurrentStreams), strconv.FormatInt(tier.SlotTTL.Milliseconds(), 10)
+		record := ";plan=" + tier.Plan // the record's fields, as the library writes them (no caller)
 		acquireSHA, releaseSHA := loadScript(b, c, "acquire"), loadScript(b, c, "release")
 		// The limiter's key shape, <prefix>{<user>}, for users of the same pool.
 		prefix := e.keys.Prefix + "{" + newUser(b) + "-"
 		var granted atomic.Int64
 		setBenchParallelism(b)
+		redisCPU := reportRedisCPU(b, e)
 		cpu := cpuTime()
 		b.ResetTimer()
 		b.RunParallel(func(pb *testing.PB) {
@@ -43,7 +45,7 @@ func BenchmarkRawAcquireRelease(b *testing.B) {
 			for pb.Next() {
 				key := prefix + strconv.Itoa(rand.IntN(benchUsers)) + "}"
 				stream := benchStream()
-				got, err := scriptInts(c.Do(ctx, c.B().Evalsha().Sha1(acquireSHA).Numkeys(3).Key(key, keys.SlotRecords(key), keys.Override(key)).Arg(stream, limit, ttl).Build()))
+				got, err := scriptInts(c.Do(ctx, c.B().Evalsha().Sha1(acquireSHA).Numkeys(3).Key(key, keys.SlotRecords(key), keys.Override(key)).Arg(stream, limit, ttl, record).Build()))
 				if err != nil || len(got) != 7 {
 					b.Errorf("EVALSHA acquire: %v, %v", got, err)
 					return
@@ -61,6 +63,7 @@ func BenchmarkRawAcquireRelease(b *testing.B) {
 		b.StopTimer()
 		reportOps(b)
 		reportCPU(b, cpu)
+		redisCPU()
 		b.ReportMetric(float64(granted.Load())/float64(b.N), "granted/op")
 	})
 }

@@ -78,6 +78,17 @@ func eachBenchBackend(b *testing.B, fn func(b *testing.B, e *env)) {
 	}
 }
 
+// reportRedisCPU returns a func that reports Redis's own CPU per op since
+// now, every server's (user + system, INFO cpu), as redis-cpu-us/op.
+func reportRedisCPU(b *testing.B, e *env) func() {
+	servers := scaleServers(b, e.raw(b))
+	before := servers.cpu(b)
+	return func() {
+		after := servers.cpu(b)
+		b.ReportMetric((after.masters+after.replicas-before.masters-before.replicas)/float64(b.N), "redis-cpu-us/op")
+	}
+}
+
 // warmUpUsers are the users a benchmark acquires for before it starts.
 const warmUpUsers = 32
 
@@ -162,8 +173,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 		run := newUser(b)
 		var granted, degraded atomic.Int64
 		setBenchParallelism(b)
-		servers := scaleServers(b, e.raw(b))
-		redis0 := servers.cpu(b)
+		redisCPU := reportRedisCPU(b, e)
 		wrapped := limiter.WrappedCalls(e.lim)
 		cpu := cpuTime()
 		b.ResetTimer()
@@ -198,9 +208,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 		b.StopTimer()
 		reportOps(b)
 		reportCPU(b, cpu)
-		// Redis's own CPU, every server's (user + system, INFO cpu).
-		redis1 := servers.cpu(b)
-		b.ReportMetric((redis1.masters+redis1.replicas-redis0.masters-redis0.replicas)/float64(b.N), "redis-cpu-us/op")
+		redisCPU()
 		// The share of the pairs' two calls that ran in a goroutine of
 		// their own rather than in the caller's (see Limiter's deadline).
 		b.ReportMetric(float64(limiter.WrappedCalls(e.lim)-wrapped)/float64(2*b.N), "wrapped/call")
