@@ -52,16 +52,7 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# Never run against the servers of the caller's environment: the benchmark
-# empties the servers it is given.
-unset LIMITER_TEST_REDIS LIMITER_TEST_REDIS_CLUSTER
-what=standalone
-((SCALE_CLUSTER)) && what=all
-step "starting Redis ($what)"
-bash hack/redis-cluster.sh start "$tmp/servers" "$what" >/dev/null
-# shellcheck disable=SC1091
-source "$tmp/servers/env"
-((SCALE_CLUSTER)) || unset LIMITER_TEST_REDIS_CLUSTER
+start_redis "$SCALE_CLUSTER"
 
 step "building limiter and the benchmarks of pkg/limiter"
 go build -o "$tmp/limiter" ./cmd/limiter

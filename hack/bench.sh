@@ -104,15 +104,7 @@ trap 'exit 143' TERM
 
 start_time=$SECONDS
 started_at=$(date -u '+%Y-%m-%d %H:%M UTC')
-# Never benchmark against servers from the caller's environment.
-unset LIMITER_TEST_REDIS LIMITER_TEST_REDIS_CLUSTER
-what=standalone
-((BENCH_CLUSTER)) && what=all
-step "starting Redis ($what)"
-bash hack/redis-cluster.sh start "$tmp/servers" "$what" >/dev/null
-# shellcheck disable=SC1091
-source "$tmp/servers/env"
-((BENCH_CLUSTER)) || unset LIMITER_TEST_REDIS_CLUSTER
+start_redis "$BENCH_CLUSTER"
 find_masters
 load_acquire_script
 

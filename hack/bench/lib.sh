@@ -41,6 +41,21 @@ any_alive() { # any_alive PID...: true while one of them runs
 	return 1
 }
 
+# start_redis CLUSTER: starts a standalone Redis in $tmp/servers, and the
+# 6-node cluster too when CLUSTER is 1, and sets LIMITER_TEST_REDIS (and
+# LIMITER_TEST_REDIS_CLUSTER) to them. Never the servers of the caller's
+# environment: the benchmarks empty the servers they are given.
+start_redis() {
+	local what=standalone
+	unset LIMITER_TEST_REDIS LIMITER_TEST_REDIS_CLUSTER
+	(($1)) && what=all
+	step "starting Redis ($what)"
+	bash hack/redis-cluster.sh start "$tmp/servers" "$what" >/dev/null
+	# shellcheck disable=SC1091
+	source "$tmp/servers/env"
+	(($1)) || unset LIMITER_TEST_REDIS_CLUSTER
+}
+
 declare -A PORTS=() MASTERS=() RPS=() GO=() SEM=() H=() URL=() PID=() SCALE=()
 deployments=(standalone)
 

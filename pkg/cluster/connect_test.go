@@ -23,6 +23,19 @@ func grants(t *testing.T, c *Client) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	redis := connected(t, c)
+	key, _ := keys.Schema{}.UserKey("connect-test")
+	got, err := lua.Acquire(ctx, redis, key, keys.NewStreamID(), 3, time.Minute, lua.Record{})
+	if err != nil || !got.Granted {
+		t.Fatalf("acquire = %+v, %v; want granted", got, err)
+	}
+}
+
+// connected waits up to 10s for c to connect and returns its client.
+func connected(t *testing.T, c *Client) rueidis.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	if err := c.WaitConnected(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -30,11 +43,7 @@ func grants(t *testing.T, c *Client) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key, _ := keys.Schema{}.UserKey("connect-test")
-	got, err := lua.Acquire(ctx, redis, key, keys.NewStreamID(), 3, time.Minute, lua.Record{})
-	if err != nil || !got.Granted {
-		t.Fatalf("acquire = %+v, %v; want granted", got, err)
-	}
+	return redis
 }
 
 func rawClient(t *testing.T, addr string) rueidis.Client {

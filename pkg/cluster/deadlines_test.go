@@ -29,15 +29,8 @@ func TestClusterCallsRunDirectlyOnlyWhileEverySlotIsServed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := c.WaitConnected(ctx); err != nil {
-		t.Fatal(err)
-	}
-	redis, err := c.Redis()
-	if err != nil {
-		t.Fatal(err)
-	}
+	redis := connected(t, c)
+	ctx := context.Background()
 	direct := func() bool { return c.HonorsDeadlines(redis, time.Now()) }
 	// Two dial timeouts after the latest dial, with the probe's map read.
 	if !eventually(5*time.Second, direct) {
