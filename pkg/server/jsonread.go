@@ -314,6 +314,13 @@ func (d *jsonReader) fields(names stringFields, at int, field func(i int, name s
 // into *dst[i]. A null leaves it empty.
 func (d *jsonReader) stringObject(names stringFields, dst []*string, at int) error {
 	return d.fields(names, at, func(i int, name string) error {
+		if d.peek() == '"' {
+			// The usual case, read without naming the field: its path
+			// ("slots[3].stream_id") is built only for a message.
+			s, err := d.str()
+			*dst[i] = s
+			return err
+		}
 		return d.stringValue(fieldPath(at, name), dst[i])
 	})
 }

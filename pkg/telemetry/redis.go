@@ -24,19 +24,21 @@ func (t *Telemetry) NewRedisClient(o rueidis.ClientOption) (rueidis.Client, erro
 	)
 }
 
-// scriptNames names operations by the limiter script they run.
+// scriptNames names operations by the limiter script they run. The
+// names are built once: rueidisotel asks for one per command, metrics only
+// or not, and a name made per call was a concatenation on every Redis call.
 type scriptNames struct {
-	// scripts maps each script's SHA-1 (EVALSHA) and source (EVAL, after
-	// a NOSCRIPT) to its name.
-	scripts map[string]string
+	// names maps the script's SHA-1 (what EVALSHA is sent with) to
+	// "EVALSHA name" and its source (EVAL, after a NOSCRIPT) to "EVAL name".
+	names map[string]string
 }
 
 func newScriptNames() scriptNames {
-	n := scriptNames{scripts: map[string]string{}}
+	n := scriptNames{names: map[string]string{}}
 	for name, src := range lua.Sources() {
 		sum := sha1.Sum([]byte(src))
-		n.scripts[hex.EncodeToString(sum[:])] = name
-		n.scripts[src] = name
+		n.names[hex.EncodeToString(sum[:])] = "EVALSHA " + name
+		n.names[src] = "EVAL " + name
 	}
 	return n
 }
@@ -66,12 +68,18 @@ func (n scriptNames) MultiCacheableOpName(_ context.Context, cmds []rueidis.Cach
 
 func (n scriptNames) name(tokens []string) string {
 	op := tokens[0]
-	if len(tokens) > 1 && (strings.EqualFold(op, "EVALSHA") || strings.EqualFold(op, "EVAL")) {
-		if script, ok := n.scripts[tokens[1]]; ok {
-			return op + " " + script
-		}
+	if len(tokens) < 2 || !(strings.EqualFold(op, "EVALSHA") || strings.EqualFold(op, "EVAL")) {
+		return op
 	}
-	return op
+	script, ok := n.names[tokens[1]]
+	switch {
+	case !ok:
+		return op
+	case len(script) > len(op) && script[len(op)] == ' ' && script[:len(op)] == op:
+		return script
+	}
+	// Sent in another case than rueidis' own ("evalsha"): the name says so.
+	return op + script[strings.IndexByte(script, ' '):]
 }
 
 func (scriptNames) multi(first string, count int) string {
