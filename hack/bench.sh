@@ -26,7 +26,8 @@
 #                   against the library's (BenchmarkHeartbeatBatchHTTP, both
 #                   sides inside); serve, with a tokens file, and the trivial handler
 #                   at full load, then both paced at half of serve's
-#                   pairs/s of that round, for latency (hack/bench/load);
+#                   pairs/s of that round, for latency (hack/bench/load,
+#                   the two taking turns in 6 slices of each run);
 #                   SSE streams through `limiter proxy`'s handler against the
 #                   same streams straight from the upstream (BenchmarkProxySSE,
 #                   both sides inside); 1,000 waiting acquires against
@@ -63,7 +64,7 @@ BENCH_DURATION=${BENCH_DURATION:-3}
 BENCH_SCALE_SLOTS=${BENCH_SCALE_SLOTS:-900000}
 BENCH_SCALE_ROUNDS=${BENCH_SCALE_ROUNDS:-3}
 BENCH_NPM_DIR=${BENCH_NPM_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/limiter/npm}
-readonly CLIENTS=50 USERS=1000000 PIPELINE=16 WARMUP_MS=500 ALLOC_REQUESTS=2000
+readonly CLIENTS=50 USERS=1000000 PIPELINE=16 WARMUP_MS=500 ALLOC_REQUESTS=2000 HTTP_SLICES=6
 
 step() { printf '==> [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
 die() {
@@ -135,9 +136,9 @@ for ((round = 1; round <= BENCH_ROUNDS; round++)); do
 	go_bench "$round" M "" telemetry BenchmarkHandlerAllocs
 	go_bench "$round" B "" telemetry BenchmarkHeartbeatBatchHTTP
 	go_bench "$round" P "" proxy BenchmarkProxySSE
-	in_order "$round" "http_bench $round max serve" "http_bench $round max trivial"
+	http_bench "$round" max
 	rate=$(awk -v p="${H[$round/max/serve/pairs/s]}" 'BEGIN { printf "%.0f", p / 2 }')
-	in_order "$round" "http_bench $round lat serve $rate" "http_bench $round lat trivial $rate"
+	http_bench "$round" lat "$rate"
 done
 # Once per run: it holds BENCH_SCALE_SLOTS slots, which take a while to load.
 readonly scale_prefix="bench:scale:"

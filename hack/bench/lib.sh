@@ -378,20 +378,29 @@ await_log() { # await_log SERVER PATTERN: waits up to 10s for PATTERN in its log
 	die "$1 did not log '$2' within 10s: $(cat "$tmp/$1.log")"
 }
 
-# http_bench ROUND KIND TARGET [RATE]: hack/bench/load against TARGET (serve
-# or trivial), as fast as it answers (KIND max) or paced at RATE pairs/s
-# (KIND lat).
+# http_bench ROUND KIND [RATE]: hack/bench/load against serve and the
+# trivial handler in one run, taking turns in HTTP_SLICES slices each
+# (serve first in odd rounds, the trivial handler in even ones), as fast as
+# they answer (KIND max) or paced at RATE pairs/s (KIND lat).
 http_bench() {
-	local round=$1 kind=$2 target=$3 rate=${4:-0}
-	kill -0 "${PID[$target]}" 2>/dev/null || die "$target is no longer running: $(tail -n 20 "$tmp/$target.log")"
+	local round=$1 kind=$2 rate=${3:-0} targets=(serve trivial) i
+	((round % 2)) || targets=(trivial serve)
+	for i in 0 1; do
+		kill -0 "${PID[${targets[i]}]}" 2>/dev/null ||
+			die "${targets[i]} is no longer running: $(tail -n 20 "$tmp/${targets[i]}.log")"
+	done
 	flush standalone
-	step "load $target: $CLIENTS connections, ${BENCH_DURATION}s$( ((rate)) && echo ", paced at $rate pairs/s")"
-	"$tmp/load" -url "${URL[$target]}" -pid "${PID[$target]}" -token "$api_token" -conns "$CLIENTS" -rate "$rate" \
-		-warmup "${WARMUP_MS}ms" -duration "${BENCH_DURATION}s" >"$tmp/load.txt" 2>&1 ||
-		die "load against $target failed: $(cat "$tmp/load.txt")"
-	sed 's/^/    /' "$tmp/load.txt" >&2
-	parse_fields H "$round/$kind/$target" "$tmp/load.txt"
-	[[ "${H[$round/$kind/$target/pairs/s]:-}" =~ ^[0-9.]+$ ]] || die "load printed no pairs/s: $(cat "$tmp/load.txt")"
-	awk -v g="${H[$round/$kind/$target/granted/pair]}" 'BEGIN { exit !(g >= 0.99) }' ||
-		die "$target granted only ${H[$round/$kind/$target/granted/pair]} of its acquires"
+	step "load ${targets[0]} and ${targets[1]} in turns: $CLIENTS connections, ${BENCH_DURATION}s each in $HTTP_SLICES slices$( ((rate)) && echo ", paced at $rate pairs/s")"
+	"$tmp/load" -url "${URL[${targets[0]}]},${URL[${targets[1]}]}" -pid "${PID[${targets[0]}]},${PID[${targets[1]}]}" \
+		-token "$api_token" -conns "$CLIENTS" -rate "$rate" -warmup "${WARMUP_MS}ms" -duration "${BENCH_DURATION}s" \
+		-slices "$HTTP_SLICES" >"$tmp/load.txt" 2>&1 || die "load against serve and trivial failed: $(cat "$tmp/load.txt")"
+	for i in 0 1; do
+		local target=${targets[i]}
+		sed -n "$((i + 1))p" "$tmp/load.txt" >"$tmp/load-$target.txt"
+		sed "s/^/    $target: /" "$tmp/load-$target.txt" >&2
+		parse_fields H "$round/$kind/$target" "$tmp/load-$target.txt"
+		[[ "${H[$round/$kind/$target/pairs/s]:-}" =~ ^[0-9.]+$ ]] || die "load printed no pairs/s for $target: $(cat "$tmp/load.txt")"
+		awk -v g="${H[$round/$kind/$target/granted/pair]}" 'BEGIN { exit !(g >= 0.99) }' ||
+			die "$target granted only ${H[$round/$kind/$target/granted/pair]} of its acquires"
+	done
 }

@@ -13,14 +13,22 @@
 // ones before (open loop), and a worker that takes it late still counts
 // its latency from when it was due, so queueing is not hidden.
 //
-// After -warmup it measures for -duration and prints one line of
-// name=value fields on stdout: pairs/s, granted/pair, acquire-p50-us and
-// acquire-p99-us (latency of the acquire request), load-cpu-us/pair (this
-// process) and, with -pid, server-cpu-us/pair (that process, from
-// /proc/PID/stat). Any other answer than 200 or 429, an acquire answered
-// degraded (not counted in Redis) or a transport error fails the run.
+// -url and -pid may name several targets, comma separated, to compare
+// them: after -warmup of each, they take turns in -slices slices each of
+// -duration / -slices (in the order A B B A A B ...), each slice led in by
+// 100 ms that are not counted. The other work on a shared machine comes
+// and goes over seconds; sliced, it falls on every target alike instead
+// of on whichever ran while it lasted.
+//
+// It prints one line of name=value fields per target, in the order of
+// -url: pairs/s, granted/pair, acquire-p50-us and acquire-p99-us (latency
+// of the acquire request), load-cpu-us/pair (this process) and, with
+// -pid, server-cpu-us/pair (that process, from /proc/PID/stat). Any other
+// answer than 200 or 429, an acquire answered degraded (not counted in
+// Redis) or a transport error fails the run.
 //
 //	go run ./hack/bench/load -url http://127.0.0.1:8080 -pid 1234 [-token TOKEN]
+//	go run ./hack/bench/load -url http://A,http://B -pid 1234,1235 -slices 6
 package main
 
 import (
@@ -33,6 +41,8 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,46 +57,74 @@ func main() {
 
 // options are the flags.
 type options struct {
-	url      string
+	urls     []string
+	pids     []int // one per URL, 0: none
 	conns    int
 	warmup   time.Duration
 	duration time.Duration
+	slices   int
 	rate     float64
-	pid      int
 	plan     string
 	users    int
 	token    string
 }
 
+// sliceLeadIn starts every slice unmeasured, so that it is measured with
+// every worker busy.
+const sliceLeadIn = 100 * time.Millisecond
+
 func run() error {
 	var o options
-	flag.StringVar(&o.url, "url", "", "base URL of the target, http://host:port (required)")
+	var urls, pids string
+	flag.StringVar(&urls, "url", "", "base URL of the target, http://host:port, or several, comma separated (required)")
 	flag.IntVar(&o.conns, "conns", 50, "concurrent workers, each on a kept-alive connection")
-	flag.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "load sent before measuring")
-	flag.DurationVar(&o.duration, "duration", 3*time.Second, "how long to measure")
+	flag.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "load sent to each target before measuring")
+	flag.DurationVar(&o.duration, "duration", 3*time.Second, "how long to measure each target")
+	flag.IntVar(&o.slices, "slices", 1, "turns each target takes, in slices of -duration / -slices")
 	flag.Float64Var(&o.rate, "rate", 0, "pairs per second to send, paced; 0: as fast as answered")
-	flag.IntVar(&o.pid, "pid", 0, "process whose CPU time per pair to report (the server); 0: none")
+	flag.StringVar(&pids, "pid", "", "process whose CPU time per pair to report (the server), one per -url, comma separated; empty: none")
 	flag.StringVar(&o.plan, "plan", "three", "plan of every acquire")
 	flag.IntVar(&o.users, "users", 1_000_000, "size of the random user pool")
 	flag.StringVar(&o.token, "token", "", "bearer token every request carries; empty: none")
 	flag.Parse()
+	if urls != "" {
+		o.urls = strings.Split(urls, ",")
+	}
+	o.pids = make([]int, len(o.urls))
+	if pids != "" {
+		list := strings.Split(pids, ",")
+		if len(list) != len(o.urls) {
+			return fmt.Errorf("-pid names %d processes for %d URLs: give one per -url", len(list), len(o.urls))
+		}
+		for i, pid := range list {
+			n, err := strconv.Atoi(pid)
+			if err != nil || n < 0 {
+				return fmt.Errorf("-pid: %q is not a process id", pid)
+			}
+			o.pids[i] = n
+		}
+	}
 	switch {
-	case o.url == "":
-		return errors.New("-url is required")
+	case len(o.urls) == 0 || slices.Contains(o.urls, ""):
+		return errors.New("-url is required: one URL or several, comma separated")
 	case o.conns < 1:
 		return fmt.Errorf("-conns must be >= 1, got %d", o.conns)
 	case o.duration <= 0:
 		return fmt.Errorf("-duration must be > 0, got %s", o.duration)
+	case o.slices < 1:
+		return fmt.Errorf("-slices must be >= 1, got %d", o.slices)
 	case o.rate < 0:
 		return fmt.Errorf("-rate must be >= 0, got %g", o.rate)
 	case o.users < 1:
 		return fmt.Errorf("-users must be >= 1, got %d", o.users)
 	}
-	res, err := measure(o)
+	lines, err := measure(o)
 	if err != nil {
 		return err
 	}
-	fmt.Println(res)
+	for _, line := range lines {
+		fmt.Println(line)
+	}
 	return nil
 }
 
@@ -96,32 +134,70 @@ type window struct{ start, end time.Time }
 
 func (w window) holds(t time.Time) bool { return !t.Before(w.start) && t.Before(w.end) }
 
-// tally is one worker's count of its pairs in the window.
+// tally is one target's count of its pairs in its measured windows.
 type tally struct {
+	seconds        float64
 	pairs, granted int
 	acquireUs      []float64
+	self, server   time.Duration // CPU time of this process and the target's
 }
 
-func measure(o options) (string, error) {
-	t := newTarget(o)
-	defer t.close()
+func measure(o options) ([]string, error) {
+	targets := make([]*target, len(o.urls))
+	for i, url := range o.urls {
+		if _, err := processCPU(o.pids[i]); err != nil {
+			return nil, err
+		}
+		targets[i] = newTarget(o, url, o.pids[i])
+		defer targets[i].close()
+	}
 	var buf [6]byte
 	_, _ = rand.Read(buf[:])
 	run := "load-" + hex.EncodeToString(buf[:])
 
+	for _, t := range targets {
+		if err := t.send(run, 0, o.warmup, nil); err != nil {
+			return nil, err
+		}
+	}
+	tallies := make([]tally, len(targets))
+	slice := o.duration / time.Duration(o.slices)
+	for turn := range o.slices * len(targets) {
+		// A B, B A, A B, ...: each target as often first as last.
+		i := turn % len(targets)
+		if turn/len(targets)%2 == 1 {
+			i = len(targets) - 1 - i
+		}
+		if err := targets[i].send(run, sliceLeadIn, slice, &tallies[i]); err != nil {
+			return nil, err
+		}
+	}
+	lines := make([]string, len(targets))
+	for i := range targets {
+		line, err := report(o, o.pids[i], tallies[i])
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", o.urls[i], err)
+		}
+		lines[i] = line
+	}
+	return lines, nil
+}
+
+// send sends pairs to t for lead + measure, counting into into (when not
+// nil) the pairs that started (closed loop) or were due (paced) in the
+// measure part, and the CPU time used in it.
+func (t *target) send(run string, lead, measure time.Duration, into *tally) error {
+	o := t.o
 	start := time.Now()
-	w := window{start: start.Add(o.warmup), end: start.Add(o.warmup + o.duration)}
+	w := window{start: start.Add(lead), end: start.Add(lead + measure)}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
-	if _, err := processCPU(o.pid); err != nil {
-		return "", err
-	}
 	var readings [2]cpuReading
 	var cpuErr error
 	cpuDone := make(chan struct{})
 	go func() {
 		defer close(cpuDone)
-		readings, cpuErr = readWindowCPU(ctx, w, o.pid)
+		readings, cpuErr = readWindowCPU(ctx, w, t.pid)
 	}()
 
 	var next atomic.Int64 // paced: the next pair due
@@ -129,11 +205,11 @@ func measure(o options) (string, error) {
 	if o.rate > 0 {
 		interval = time.Duration(float64(time.Second) / o.rate)
 	}
-	tallies := make([]tally, o.conns)
+	workers := make([]tally, o.conns)
 	var wg sync.WaitGroup
 	for i := range o.conns {
 		wg.Go(func() {
-			p := t.newPairer(run, i)
+			p := t.pairer(run, i)
 			for ctx.Err() == nil {
 				due := time.Now()
 				if interval > 0 {
@@ -151,49 +227,52 @@ func measure(o options) (string, error) {
 					return
 				}
 				if w.holds(due) {
-					tallies[i].pairs++
+					workers[i].pairs++
 					if granted {
-						tallies[i].granted++
+						workers[i].granted++
 					}
-					tallies[i].acquireUs = append(tallies[i].acquireUs, float64(acquired.Sub(due).Microseconds()))
+					workers[i].acquireUs = append(workers[i].acquireUs, float64(acquired.Sub(due).Microseconds()))
 				}
 			}
 		})
 	}
 	wg.Wait()
 	if err := context.Cause(ctx); err != nil {
-		return "", err
+		return fmt.Errorf("%s: %w", t.url, err)
 	}
 	<-cpuDone
 	if cpuErr != nil {
-		return "", cpuErr
+		return cpuErr
 	}
-	return report(o, w, tallies, readings)
+	if into != nil {
+		into.seconds += w.end.Sub(w.start).Seconds()
+		for _, w := range workers {
+			into.pairs += w.pairs
+			into.granted += w.granted
+			into.acquireUs = append(into.acquireUs, w.acquireUs...)
+		}
+		into.self += readings[1].self - readings[0].self
+		into.server += readings[1].server - readings[0].server
+	}
+	return nil
 }
 
-func report(o options, w window, tallies []tally, cpu [2]cpuReading) (string, error) {
-	var pairs, granted int
-	var lat []float64
-	for _, t := range tallies {
-		pairs += t.pairs
-		granted += t.granted
-		lat = append(lat, t.acquireUs...)
-	}
-	if pairs == 0 {
+func report(o options, pid int, t tally) (string, error) {
+	if t.pairs == 0 {
 		return "", errors.New("no pair was sent in the measured window")
 	}
+	lat := t.acquireUs
 	slices.Sort(lat)
-	seconds := w.end.Sub(w.start).Seconds()
 	out := fmt.Sprintf("pairs/s=%.1f granted/pair=%.4f acquire-p50-us=%.0f acquire-p99-us=%.0f load-cpu-us/pair=%.2f",
-		float64(pairs)/seconds, float64(granted)/float64(pairs), percentile(lat, 0.50), percentile(lat, 0.99),
-		float64((cpu[1].self-cpu[0].self).Microseconds())/float64(pairs))
-	if o.pid != 0 {
-		out += fmt.Sprintf(" server-cpu-us/pair=%.2f", float64((cpu[1].server-cpu[0].server).Microseconds())/float64(pairs))
+		float64(t.pairs)/t.seconds, float64(t.granted)/float64(t.pairs), percentile(lat, 0.50), percentile(lat, 0.99),
+		float64(t.self.Microseconds())/float64(t.pairs))
+	if pid != 0 {
+		out += fmt.Sprintf(" server-cpu-us/pair=%.2f", float64(t.server.Microseconds())/float64(t.pairs))
 	}
 	if o.rate > 0 {
 		out += fmt.Sprintf(" offered-pairs/s=%.1f", o.rate)
 	}
-	return out + fmt.Sprintf(" pairs=%d", pairs), nil
+	return out + fmt.Sprintf(" pairs=%d", t.pairs), nil
 }
 
 // percentile of sorted values, nearest rank.

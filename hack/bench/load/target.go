@@ -16,15 +16,17 @@ import (
 	"github.com/joishi/limiter/pkg/httpapi"
 )
 
-// target is the server under load.
+// target is a server under load.
 type target struct {
 	o      options
+	url    string
+	pid    int // the server's process, whose CPU time is read; 0: none
 	client *http.Client
 	auth   string // the Authorization header; "" for none
 }
 
-func newTarget(o options) *target {
-	t := &target{o: o, client: newClient(o.conns)}
+func newTarget(o options, url string, pid int) *target {
+	t := &target{o: o, url: url, pid: pid, client: newClient(o.conns)}
 	if o.token != "" {
 		t.auth = "Bearer " + o.token
 	}
@@ -45,7 +47,7 @@ type pairer struct {
 	reply  bytes.Buffer
 }
 
-func (t *target) newPairer(run string, worker int) *pairer {
+func (t *target) pairer(run string, worker int) *pairer {
 	return &pairer{t: t, run: run, worker: worker}
 }
 
@@ -90,7 +92,7 @@ func (p *pairer) pair(ctx context.Context) (granted bool, acquired time.Time, er
 // post sends p.body to path and reads the whole answer into p.reply, so
 // the connection is reused.
 func (p *pairer) post(ctx context.Context, path string) (int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.t.o.url+path, bytes.NewReader(p.body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.t.url+path, bytes.NewReader(p.body))
 	if err != nil {
 		return 0, err
 	}
