@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/lua"
 	"github.com/joishi/limiter/pkg/tiers"
 	"github.com/redis/rueidis"
 )
@@ -88,40 +88,35 @@ func (c deadlineClient) enter() bool {
 
 func (c deadlineClient) leave() { c.direct.Add(-1) }
 
-// once returns cmd in a form that reaches rueidis once, when its call
-// starts, or false if it has none: only then does a dial it waits for
-// belong to a call that started before it, whose deadline comes first
-// (see cluster.Client.HonorsDeadlines). rueidis sends a retryable command
-// again after an error, later in the call, so an EVALSHA is sent as a
-// copy that is not retryable (the caller retries it, bounded, if its
-// connection fails); an EVAL follows an EVALSHA that met NOSCRIPT, later
-// in the call too.
-func (c deadlineClient) once(cmd rueidis.Completed) (rueidis.Completed, bool) {
-	if !cmd.IsRetryable() {
-		return cmd, cmd.Commands()[0] != "EVAL"
-	}
-	words := cmd.Commands()
-	if len(words) < 3 || words[0] != "EVALSHA" {
-		return cmd, false
-	}
-	n, err := strconv.Atoi(words[2])
-	if err != nil || n < 0 || 3+n > len(words) {
-		return cmd, false
-	}
-	return c.B().Evalsha().Sha1(words[1]).Numkeys(int64(n)).Key(words[3 : 3+n]...).Arg(words[3+n:]...).Build(), true
+// reachesOnce reports whether rueidis sends cmd once, when its call
+// starts: only then does a dial it waits for belong to a call that started
+// before it, whose deadline comes first (see cluster.Client.HonorsDeadlines).
+// rueidis sends a retryable command again after an error, later in the
+// call, so the scripts' calls are built not retryable (see package lua; the
+// caller retries one, bounded, if its connection fails); an EVAL follows an
+// EVALSHA that met NOSCRIPT, later in the call too.
+func reachesOnce(cmd rueidis.Completed) bool {
+	return !cmd.IsRetryable() && cmd.Commands()[0] != "EVAL"
 }
 
 func (c deadlineClient) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
 	if err := ctx.Err(); err != nil {
 		return rueidis.NewErrorResult(err)
 	}
-	if once, ok := c.once(cmd); ok && c.enter() {
-		resp := c.Client.Do(ctx, once)
+	if reachesOnce(cmd) && c.enter() {
+		resp := c.Client.Do(ctx, cmd)
 		c.leave()
-		if resp.NonRedisError() == nil || !cmd.IsRetryable() || ctx.Err() != nil {
+		if resp.NonRedisError() == nil || ctx.Err() != nil {
+			return resp
+		}
+		retry, ok := lua.Retryable(cmd)
+		if !ok {
 			return resp
 		}
 		// Its connection failed: again with rueidis's retries, bounded.
+		cmd = retry
+	} else {
+		cmd, _ = lua.Retryable(cmd)
 	}
 	c.goCalls.Add(1)
 	done := resultChans.Get().(chan rueidis.RedisResult)
@@ -146,7 +141,7 @@ var resultChans = sync.Pool{New: func() any { return make(chan rueidis.RedisResu
 
 func (c deadlineClient) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
 	if ctx.Err() == nil && !slices.ContainsFunc(cmds, func(cmd rueidis.Completed) bool { return cmd.IsRetryable() }) && c.enter() {
-		// Not retried, so it reaches rueidis once (see once); a pipeline
+		// Not retried, so it reaches rueidis once (see reachesOnce); a pipeline
 		// takes one place in the queue.
 		defer c.leave()
 		return c.Client.DoMulti(ctx, cmds...)

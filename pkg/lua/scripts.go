@@ -6,14 +6,19 @@
 // user's wait queue, and release_all's kept answer, all under the user's
 // hash tag), so it never straddles cluster slots.
 //
-// A script is marked retryable, so that rueidis sends it again after a
-// connection dropped before the reply, only when a second run answers as
-// the first did: acquire, heartbeat and wait (idempotent on the stream
-// id), slots (reads only), release_all (it keeps its answer for a retry),
-// set_override (a second run sets the same override). Release and
-// remove_override are not: a second run would answer "not held" for the
-// slot (or "none" for the override) the first run removed, so a lost
-// reply fails the call instead, and the limiter answers it as unknown.
+// A script may be retried, sent again after a connection dropped before
+// the reply, only when a second run answers as the first did: acquire,
+// heartbeat and wait (idempotent on the stream id), slots (reads only),
+// release_all (it keeps its answer for a retry), set_override (a second
+// run sets the same override). Release and remove_override may not: a
+// second run would answer "not held" for the slot (or "none" for the
+// override) the first run removed, so a lost reply fails the call
+// instead, and the limiter answers it as unknown.
+//
+// The calls are built as rueidis does not retry them, so that a first try
+// reaches Redis once (the limiter runs it in its caller's goroutine only
+// then); Retryable gives the copy rueidis retries, for the scripts that
+// may be.
 package lua
 
 import (
@@ -44,16 +49,38 @@ var (
 )
 
 var (
-	acquireScript    = rueidis.NewLuaScriptRetryable(acquireSource)
-	heartbeatScript  = rueidis.NewLuaScriptRetryable(heartbeatSource)
+	acquireScript    = rueidis.NewLuaScript(acquireSource)
+	heartbeatScript  = rueidis.NewLuaScript(heartbeatSource)
 	releaseScript    = rueidis.NewLuaScript(releaseSource)
-	releaseAllScript = rueidis.NewLuaScriptRetryable(releaseAllSource)
-	slotsScript      = rueidis.NewLuaScriptRetryable(slotsSource)
-	waitScript       = rueidis.NewLuaScriptRetryable(waitSource)
+	releaseAllScript = rueidis.NewLuaScript(releaseAllSource)
+	slotsScript      = rueidis.NewLuaScript(slotsSource)
+	waitScript       = rueidis.NewLuaScript(waitSource)
 
-	setOverrideScript    = rueidis.NewLuaScriptRetryable(setOverrideSource)
+	setOverrideScript    = rueidis.NewLuaScript(setOverrideSource)
 	removeOverrideScript = rueidis.NewLuaScript(removeOverrideSource)
 )
+
+// retryable holds the scripts that may be retried (see the package
+// comment), by SHA-1 (what EVALSHA sends) and by source (EVAL, after a
+// NOSCRIPT).
+var retryable = func() map[string]bool {
+	m := map[string]bool{}
+	for _, src := range []string{acquireSource, heartbeatSource, releaseAllSource, slotsSource, waitSource, setOverrideSource} {
+		m[sha1Hex(src)], m[src] = true, true
+	}
+	return m
+}()
+
+// Retryable returns cmd marked for rueidis to send again after a
+// connection error, and true, when it runs a script of this package that
+// may be retried; else cmd and false.
+func Retryable(cmd rueidis.Completed) (rueidis.Completed, bool) {
+	words := cmd.Commands()
+	if len(words) < 2 || (words[0] != "EVALSHA" && words[0] != "EVAL") || !retryable[words[1]] {
+		return cmd, false
+	}
+	return cmd.ToRetryable(), true
+}
 
 // heartbeatSHA is the SHA1 of the heartbeat script, for HeartbeatMulti's
 // own EVALSHA pipeline.
