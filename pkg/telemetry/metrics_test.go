@@ -222,3 +222,80 @@ func TestCountersStartAtZero(t *testing.T) {
 		}
 	}
 }
+
+// The counters of every request count each outcome they are told, by
+// plan for acquires, and are exported as counters, with their help.
+func TestRequestCountersCountEachOutcome(t *testing.T) {
+	tel, err := New(context.Background(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tel.Shutdown(context.Background())
+	table := tiers.NewTable()
+	if err := table.Replace([]tiers.Tier{tiers.Tier{Plan: "free", MaxConcurrentStreams: 1}.WithDefaults()}); err != nil {
+		t.Fatal(err)
+	}
+	o, err := NewObserver(tel.MeterProvider, table, ObserverOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	free, _ := table.Lookup("free")
+	paid := tiers.Tier{Plan: "paid", MaxConcurrentStreams: 3}.WithDefaults() // not in the table
+	for range 3 {
+		o.Acquired(ctx, free, limiter.AcquireResult{Granted: true, Used: 1}, nil)
+	}
+	o.Acquired(ctx, free, limiter.AcquireResult{Used: 1}, nil)
+	o.Acquired(ctx, paid, limiter.AcquireResult{Granted: true, Degraded: true}, nil)
+	o.Acquired(ctx, paid, limiter.AcquireResult{}, fmt.Errorf("redis: %w", limiter.ErrUnavailable))
+	o.Acquired(ctx, free, limiter.AcquireResult{}, errors.New("invalid user id")) // refused before a tier: not counted
+	for range 2 {
+		o.Heartbeated(ctx, limiter.HeartbeatResult{Alive: true}, nil)
+	}
+	o.Heartbeated(ctx, limiter.HeartbeatResult{}, limiter.ErrSlotLost)
+	o.Heartbeated(ctx, limiter.HeartbeatResult{Degraded: true}, nil)
+	o.Heartbeated(ctx, limiter.HeartbeatResult{}, limiter.ErrUnavailable)
+	o.Released(ctx, limiter.ReleaseResult{Released: true}, nil)
+	o.Released(ctx, limiter.ReleaseResult{}, nil)
+	o.Released(ctx, limiter.ReleaseResult{}, nil)
+	o.Released(ctx, limiter.ReleaseResult{Degraded: true}, nil) // not answered by Redis: not counted
+
+	for name, want := range map[string][]string{
+		"limiter_acquire_total": { // plan "" is that of releases, made at start like the table's
+			`limiter_acquire_total{outcome="degraded",plan=""} 0`,
+			`limiter_acquire_total{outcome="degraded",plan="free"} 0`,
+			`limiter_acquire_total{outcome="degraded",plan="paid"} 1`,
+			`limiter_acquire_total{outcome="granted",plan=""} 0`,
+			`limiter_acquire_total{outcome="granted",plan="free"} 3`,
+			`limiter_acquire_total{outcome="granted",plan="paid"} 0`,
+			`limiter_acquire_total{outcome="limited",plan=""} 0`,
+			`limiter_acquire_total{outcome="limited",plan="free"} 1`,
+			`limiter_acquire_total{outcome="limited",plan="paid"} 0`,
+			`limiter_acquire_total{outcome="unavailable",plan=""} 0`,
+			`limiter_acquire_total{outcome="unavailable",plan="free"} 0`,
+			`limiter_acquire_total{outcome="unavailable",plan="paid"} 1`,
+		},
+		"limiter_heartbeat_total": {
+			`limiter_heartbeat_total{outcome="alive"} 2`,
+			`limiter_heartbeat_total{outcome="degraded"} 1`,
+			`limiter_heartbeat_total{outcome="lost"} 1`,
+			`limiter_heartbeat_total{outcome="unavailable"} 1`,
+		},
+		"limiter_release_total": {
+			`limiter_release_total{released="false"} 2`,
+			`limiter_release_total{released="true"} 1`,
+		},
+	} {
+		got := scrapeLines(t, tel, name)
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: got %q, want %q", name, got, want)
+		}
+		if meta := scrapeLines(t, tel, "# TYPE "+name); !slices.Equal(meta, []string{"# TYPE " + name + " counter"}) {
+			t.Errorf("%s: got %q, want it a counter", name, meta)
+		}
+		if help := scrapeLines(t, tel, "# HELP "+name+" "); len(help) != 1 {
+			t.Errorf("%s: got help %q, want one line", name, help)
+		}
+	}
+}

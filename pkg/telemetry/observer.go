@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/joishi/limiter/pkg/cluster"
@@ -39,13 +40,18 @@ var (
 // Observer records the limiter's metrics. Labels are the plan (bounded by
 // the tier table, never taken from a request), the outcome and the Redis
 // operation; never a user id.
+//
+// The counters of every request (limiter_acquire_total,
+// limiter_heartbeat_total, limiter_release_total) are counted in atomics
+// and read at collection (observable counters: the same series): adding
+// to a synchronous counter normalises its attribute set and looks up its
+// series on every call, and a batch of 1,000 heartbeats counts 1,000.
 type Observer struct {
-	acquires  metric.Int64Counter
 	unsynced  metric.Int64Counter
 	used      metric.Int64Histogram
 	reclaimed metric.Int64Counter
-	beats     metric.Int64Counter
-	releases  metric.Int64Counter
+	beats     [len(beatOutcomes)]atomic.Int64 // by beatOutcomes
+	releases  [2]atomic.Int64                 // released false, true
 	redis     metric.Float64Histogram
 	waiting   metric.Int64UpDownCounter
 	waits     metric.Int64Counter
@@ -59,10 +65,11 @@ type Observer struct {
 	ops   sync.Map
 }
 
-// planLabels are the attribute sets of one plan.
+// planLabels are the attribute sets of one plan, and its acquires.
 type planLabels struct {
 	plan     metric.MeasurementOption                         // {plan}
 	outcomes map[string]metric.MeasurementOption              // {plan, outcome}
+	acquires map[string]*atomic.Int64                         // by outcome
 	waits    map[limiter.WaitOutcome]metric.MeasurementOption // {plan, outcome}
 }
 
@@ -72,9 +79,10 @@ func (o *Observer) planLabels(plan string) *planLabels {
 	}
 	p := attribute.String("plan", plan)
 	l := &planLabels{plan: metric.WithAttributeSet(attribute.NewSet(p)), outcomes: map[string]metric.MeasurementOption{},
-		waits: map[limiter.WaitOutcome]metric.MeasurementOption{}}
+		acquires: map[string]*atomic.Int64{}, waits: map[limiter.WaitOutcome]metric.MeasurementOption{}}
 	for _, outcome := range []string{outcomeGranted, outcomeLimited, outcomeDegraded, outcomeUnavailable} {
 		l.outcomes[outcome] = metric.WithAttributeSet(attribute.NewSet(p, attribute.String("outcome", outcome)))
+		l.acquires[outcome] = new(atomic.Int64)
 	}
 	for _, outcome := range waitOutcomes {
 		l.waits[outcome] = metric.WithAttributeSet(attribute.NewSet(p, attribute.String("outcome", string(outcome))))
@@ -86,7 +94,8 @@ func (o *Observer) planLabels(plan string) *planLabels {
 	return got.(*planLabels)
 }
 
-// zero starts a plan's acquire and reclaimed counters at 0, as soon as
+// zero starts a plan's reclaimed and wait counters at 0 (its acquires are
+// reported from the plan's first sight on), as soon as
 // the plan is first seen (or at start for the table's plans): a counter
 // that first appears at the value of its first increase (a wave of slots
 // reclaimed after a deploy, on a new replica) is one that rate() and
@@ -94,9 +103,6 @@ func (o *Observer) planLabels(plan string) *planLabels {
 func (o *Observer) zero(l *planLabels) {
 	ctx := context.Background()
 	o.reclaimed.Add(ctx, 0, l.plan)
-	for _, set := range l.outcomes {
-		o.acquires.Add(ctx, 0, set)
-	}
 	o.waiting.Add(ctx, 0, l.plan)
 	for _, set := range l.waits {
 		o.waits.Add(ctx, 0, set)
@@ -111,17 +117,29 @@ func (o *Observer) opLabels(op string) metric.MeasurementOption {
 	return got.(metric.MeasurementOption)
 }
 
+// Indexes of beatOutcomes.
+const (
+	beatAlive = iota
+	beatLost
+	beatDegraded
+	beatUnavailable
+)
+
 // Fixed attribute sets.
 var (
-	beatLabels = map[string]metric.MeasurementOption{
-		outcomeAlive:       outcomeSet(outcomeAlive),
-		outcomeLost:        outcomeSet(outcomeLost),
-		outcomeDegraded:    outcomeSet(outcomeDegraded),
-		outcomeUnavailable: outcomeSet(outcomeUnavailable),
-	}
-	releasedLabels = map[bool]metric.MeasurementOption{
-		true:  metric.WithAttributeSet(attribute.NewSet(attribute.Bool("released", true))),
-		false: metric.WithAttributeSet(attribute.NewSet(attribute.Bool("released", false))),
+	// beatOutcomes are the outcomes of Observer.beats by index (beat*);
+	// beatLabels their sets.
+	beatOutcomes = [...]string{beatAlive: outcomeAlive, beatLost: outcomeLost, beatDegraded: outcomeDegraded, beatUnavailable: outcomeUnavailable}
+	beatLabels   = func() (sets [len(beatOutcomes)]metric.MeasurementOption) {
+		for i, outcome := range beatOutcomes {
+			sets[i] = outcomeSet(outcome)
+		}
+		return sets
+	}()
+	// releasedLabels are the sets of Observer.releases: released false, true.
+	releasedLabels = [2]metric.MeasurementOption{
+		metric.WithAttributeSet(attribute.NewSet(attribute.Bool("released", false))),
+		metric.WithAttributeSet(attribute.NewSet(attribute.Bool("released", true))),
 	}
 )
 
@@ -147,17 +165,39 @@ func NewObserver(mp metric.MeterProvider, table *tiers.Table, opts ObserverOptio
 	m := mp.Meter(meterName)
 	o := Observer{usedMax: newUsedMax(opts.UsedMaxWindow, time.Now), table: table}
 	var errs [12]error
-	o.acquires, errs[0] = m.Int64Counter("limiter.acquire", metric.WithUnit("{acquire}"),
-		metric.WithDescription("Acquires by plan and outcome: granted, limited (429), degraded (granted uncounted: Redis down, fail-open), unavailable (503: Redis down, fail-closed)."))
+	_, errs[0] = m.Int64ObservableCounter("limiter.acquire", metric.WithUnit("{acquire}"),
+		metric.WithDescription("Acquires by plan and outcome: granted, limited (429), degraded (granted uncounted: Redis down, fail-open), unavailable (503: Redis down, fail-closed)."),
+		metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
+			o.plans.Range(func(_, v any) bool {
+				l := v.(*planLabels)
+				for outcome, n := range l.acquires {
+					obs.Observe(n.Load(), l.outcomes[outcome])
+				}
+				return true
+			})
+			return nil
+		}))
 	o.used, errs[1] = m.Int64Histogram("limiter.slots.used", metric.WithUnit("{slot}"),
 		metric.WithDescription("The user's live slots after each counted grant, by plan."),
 		metric.WithExplicitBucketBoundaries(usedBuckets...))
 	o.reclaimed, errs[2] = m.Int64Counter("limiter.slots.reclaimed", metric.WithUnit("{slot}"),
 		metric.WithDescription("Slots that expired instead of being released, removed by whichever operation on the user finds them first: an acquire (granted or denied), a heartbeat, a release or a support unlock (the last two with plan=\"\"). The leak and crash signal."))
-	o.beats, errs[3] = m.Int64Counter("limiter.heartbeat", metric.WithUnit("{heartbeat}"),
-		metric.WithDescription("Heartbeats by outcome, each slot of a batch counted: alive, lost (410), degraded (Redis down, fail-open), unavailable (Redis down, fail-closed: 503)."))
-	o.releases, errs[4] = m.Int64Counter("limiter.release", metric.WithUnit("{release}"),
-		metric.WithDescription("Releases answered by Redis: released true, or false when the slot was already gone."))
+	_, errs[3] = m.Int64ObservableCounter("limiter.heartbeat", metric.WithUnit("{heartbeat}"),
+		metric.WithDescription("Heartbeats by outcome, each slot of a batch counted: alive, lost (410), degraded (Redis down, fail-open), unavailable (Redis down, fail-closed: 503)."),
+		metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
+			for i := range o.beats {
+				obs.Observe(o.beats[i].Load(), beatLabels[i])
+			}
+			return nil
+		}))
+	_, errs[4] = m.Int64ObservableCounter("limiter.release", metric.WithUnit("{release}"),
+		metric.WithDescription("Releases answered by Redis: released true, or false when the slot was already gone."),
+		metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
+			for i := range o.releases {
+				obs.Observe(o.releases[i].Load(), releasedLabels[i])
+			}
+			return nil
+		}))
 	o.redis, errs[5] = m.Float64Histogram("limiter.redis.duration", metric.WithUnit("s"),
 		metric.WithDescription("Round trips to Redis by limiter operation, failures and timeouts included."),
 		metric.WithExplicitBucketBoundaries(redisBuckets...))
@@ -196,13 +236,6 @@ func NewObserver(mp metric.MeterProvider, table *tiers.Table, opts ObserverOptio
 			o.planLabels(t.Plan)
 		}
 	}
-	ctx := context.Background()
-	for _, set := range beatLabels {
-		o.beats.Add(ctx, 0, set)
-	}
-	for _, set := range releasedLabels {
-		o.releases.Add(ctx, 0, set)
-	}
 	return &o, nil
 }
 
@@ -226,7 +259,7 @@ func (o *Observer) Acquired(ctx context.Context, tier tiers.Tier, res limiter.Ac
 		outcome = outcomeLimited
 	}
 	labels := o.planLabels(tier.Plan)
-	o.acquires.Add(ctx, 1, labels.outcomes[outcome])
+	labels.acquires[outcome].Add(1)
 	if outcome == outcomeGranted {
 		o.used.Record(ctx, int64(res.Used), labels.plan)
 	}
@@ -243,32 +276,36 @@ func (o *Observer) Reclaimed(ctx context.Context, plan string, slots int) {
 }
 
 // Heartbeated counts one heartbeat.
-func (o *Observer) Heartbeated(ctx context.Context, res limiter.HeartbeatResult, err error) {
-	var outcome string
+func (o *Observer) Heartbeated(_ context.Context, res limiter.HeartbeatResult, err error) {
+	var outcome int
 	switch {
 	case err == nil && res.Degraded:
-		outcome = outcomeDegraded
+		outcome = beatDegraded
 	case err == nil && res.Alive:
-		outcome = outcomeAlive
+		outcome = beatAlive
 	case errors.Is(err, limiter.ErrSlotLost):
-		outcome = outcomeLost
+		outcome = beatLost
 	case errors.Is(err, limiter.ErrUnavailable):
-		outcome = outcomeUnavailable
+		outcome = beatUnavailable
 	default:
 		return
 	}
-	o.beats.Add(ctx, 1, beatLabels[outcome])
-	if outcome == outcomeAlive && res.Plan != "" {
+	o.beats[outcome].Add(1)
+	if outcome == beatAlive && res.Plan != "" {
 		o.usedMax.record(res.Plan, res.Used)
 	}
 }
 
 // Released counts one release that Redis answered.
-func (o *Observer) Released(ctx context.Context, res limiter.ReleaseResult, err error) {
+func (o *Observer) Released(_ context.Context, res limiter.ReleaseResult, err error) {
 	if err != nil || res.Degraded {
 		return
 	}
-	o.releases.Add(ctx, 1, releasedLabels[res.Released])
+	if res.Released {
+		o.releases[1].Add(1)
+	} else {
+		o.releases[0].Add(1)
+	}
 }
 
 // RedisCall records one round trip. A call made before the first
