@@ -116,6 +116,26 @@ func TestHTTPServerMetricsIgnoreRequestHeaders(t *testing.T) {
 	}
 }
 
+// newTestObserver returns telemetry with an observer of a table of
+// tiers, shut down when the test ends.
+func newTestObserver(t *testing.T, tiersOf ...tiers.Tier) (*Telemetry, *Observer, *tiers.Table) {
+	t.Helper()
+	tel, err := New(context.Background(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
+	table := tiers.NewTable()
+	if err := table.Replace(tiersOf); err != nil {
+		t.Fatal(err)
+	}
+	o, err := NewObserver(tel.MeterProvider, table, ObserverOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tel, o, table
+}
+
 // scrapeLines returns the lines of tel's /metrics that start with prefix.
 func scrapeLines(t *testing.T, tel *Telemetry, prefix string) []string {
 	t.Helper()
@@ -134,19 +154,7 @@ func scrapeLines(t *testing.T, tel *Telemetry, prefix string) []string {
 // live slots one user held, from acquires (granted or refused) and alive
 // heartbeats of known plans; never a plan a request chose.
 func TestSlotsUsedMaxGauge(t *testing.T) {
-	tel, err := New(context.Background(), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tel.Shutdown(context.Background())
-	table := tiers.NewTable()
-	if err := table.Replace([]tiers.Tier{tiers.Tier{Plan: "free", MaxConcurrentStreams: 1}.WithDefaults(), tiers.Tier{Plan: "paid", MaxConcurrentStreams: 3}.WithDefaults()}); err != nil {
-		t.Fatal(err)
-	}
-	o, err := NewObserver(tel.MeterProvider, table, ObserverOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tel, o, table := newTestObserver(t, tiers.Tier{Plan: "free", MaxConcurrentStreams: 1}.WithDefaults(), tiers.Tier{Plan: "paid", MaxConcurrentStreams: 3}.WithDefaults())
 	ctx := context.Background()
 	free, _ := table.Lookup("free")
 	paid, _ := table.Lookup("paid")
@@ -196,18 +204,7 @@ func TestOverridesActiveGauge(t *testing.T) {
 // that a new replica's first increase (slots reclaimed after a deploy) is
 // counted: a series that first appears at its first value is not.
 func TestCountersStartAtZero(t *testing.T) {
-	tel, err := New(context.Background(), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tel.Shutdown(context.Background())
-	table := tiers.NewTable()
-	if err := table.Replace([]tiers.Tier{tiers.Tier{Plan: "free", MaxConcurrentStreams: 1}.WithDefaults()}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := NewObserver(tel.MeterProvider, table, ObserverOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	tel, _, _ := newTestObserver(t, tiers.Tier{Plan: "free", MaxConcurrentStreams: 1}.WithDefaults())
 	for _, want := range []string{
 		`limiter_slots_reclaimed_total{plan="free"} 0`,
 		`limiter_slots_reclaimed_total{plan=""} 0`,
@@ -226,19 +223,7 @@ func TestCountersStartAtZero(t *testing.T) {
 // The counters of every request count each outcome they are told, by
 // plan for acquires, and are exported as counters, with their help.
 func TestRequestCountersCountEachOutcome(t *testing.T) {
-	tel, err := New(context.Background(), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tel.Shutdown(context.Background())
-	table := tiers.NewTable()
-	if err := table.Replace([]tiers.Tier{tiers.Tier{Plan: "free", MaxConcurrentStreams: 1}.WithDefaults()}); err != nil {
-		t.Fatal(err)
-	}
-	o, err := NewObserver(tel.MeterProvider, table, ObserverOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tel, o, table := newTestObserver(t, tiers.Tier{Plan: "free", MaxConcurrentStreams: 1}.WithDefaults())
 	ctx := context.Background()
 	free, _ := table.Lookup("free")
 	paid := tiers.Tier{Plan: "paid", MaxConcurrentStreams: 3}.WithDefaults() // not in the table

@@ -184,20 +184,10 @@ func NewObserver(mp metric.MeterProvider, table *tiers.Table, opts ObserverOptio
 		metric.WithDescription("Slots that expired instead of being released, removed by whichever operation on the user finds them first: an acquire (granted or denied), a heartbeat, a release or a support unlock (the last two with plan=\"\"). The leak and crash signal."))
 	_, errs[3] = m.Int64ObservableCounter("limiter.heartbeat", metric.WithUnit("{heartbeat}"),
 		metric.WithDescription("Heartbeats by outcome, each slot of a batch counted: alive, lost (410), degraded (Redis down, fail-open), unavailable (Redis down, fail-closed: 503)."),
-		metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
-			for i := range o.beats {
-				obs.Observe(o.beats[i].Load(), beatLabels[i])
-			}
-			return nil
-		}))
+		metric.WithInt64Callback(observeCounts(o.beats[:], beatLabels[:])))
 	_, errs[4] = m.Int64ObservableCounter("limiter.release", metric.WithUnit("{release}"),
 		metric.WithDescription("Releases answered by Redis: released true, or false when the slot was already gone."),
-		metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
-			for i := range o.releases {
-				obs.Observe(o.releases[i].Load(), releasedLabels[i])
-			}
-			return nil
-		}))
+		metric.WithInt64Callback(observeCounts(o.releases[:], releasedLabels[:])))
 	o.redis, errs[5] = m.Float64Histogram("limiter.redis.duration", metric.WithUnit("s"),
 		metric.WithDescription("Round trips to Redis by limiter operation, failures and timeouts included."),
 		metric.WithExplicitBucketBoundaries(redisBuckets...))
@@ -237,6 +227,16 @@ func NewObserver(mp metric.MeterProvider, table *tiers.Table, opts ObserverOptio
 		}
 	}
 	return &o, nil
+}
+
+// observeCounts reports counts[i] with the attribute set sets[i].
+func observeCounts(counts []atomic.Int64, sets []metric.MeasurementOption) metric.Int64Callback {
+	return func(_ context.Context, obs metric.Int64Observer) error {
+		for i := range counts {
+			obs.Observe(counts[i].Load(), sets[i])
+		}
+		return nil
+	}
 }
 
 // Acquired counts one acquire. Requests refused before they reached a tier
