@@ -14,8 +14,9 @@
 #
 #   per deployment  redis-benchmark EVALSHA of the acquire script
 #                   (unpipelined and -P 16), the library (BenchmarkAcquire,
-#                   BenchmarkAcquireRelease, BenchmarkHeartbeatBatch), raw
-#                   rueidis (BenchmarkRawAcquireRelease); a waiter's grant
+#                   BenchmarkAcquireRelease, BenchmarkHeartbeatBatch); the
+#                   library's pairs and raw rueidis' taking turns
+#                   (BenchmarkAcquireReleaseVsRaw); a waiter's grant
 #                   after a release against the release's round trip
 #                   (BenchmarkWakeUp)
 #   standalone      the library's Acquire+Release, redis-semaphore
@@ -126,8 +127,8 @@ load_start=$(cut -d' ' -f1 /proc/loadavg)
 for ((round = 1; round <= BENCH_ROUNDS; round++)); do
 	step "round $round of $BENCH_ROUNDS"
 	for d in "${deployments[@]}"; do
-		in_order "$round" "rb_bench $round $d" "go_bench $round A $d limiter BenchmarkAcquire BenchmarkAcquireRelease BenchmarkHeartbeatBatch" \
-			"go_bench $round A $d limiter BenchmarkRawAcquireRelease"
+		in_order "$round" "rb_bench $round $d" "go_bench $round A $d limiter BenchmarkAcquire BenchmarkAcquireRelease BenchmarkHeartbeatBatch"
+		go_bench "$round" V "$d" limiter BenchmarkAcquireReleaseVsRaw
 		go_bench "$round" W "$d" limiter BenchmarkWakeUp
 	done
 	go_bench "$round" C "" limiter BenchmarkWaitCost

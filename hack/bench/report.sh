@@ -89,10 +89,10 @@ report() {
 	ratio_line "  Acquire ops/s / EVALSHA rps -P $PIPELINE" GO 'A/BenchmarkAcquire/%d/ops/s' RPS "%d/p$PIPELINE" both
 	ratio_line "  Acquire+Release pairs/s / EVALSHA rps" GO 'A/BenchmarkAcquireRelease/%d/ops/s' RPS '%d/p1' both
 	ratio_line "  HeartbeatBatch slots/s / EVALSHA rps -P $PIPELINE" GO 'A/BenchmarkHeartbeatBatch/%d/slots/s' RPS "%d/p$PIPELINE" both
-	echo "raw rueidis: the same scripts as bare EVALSHA (BenchmarkRawAcquireRelease)"
-	ratio_line "  Acquire+Release pairs/s / raw pairs/s" GO 'A/BenchmarkAcquireRelease/%d/ops/s' GO 'A/BenchmarkRawAcquireRelease/%d/ops/s' both
-	ratio_line "  client CPU per pair / raw" GO 'A/BenchmarkAcquireRelease/%d/cpu-us/op' GO 'A/BenchmarkRawAcquireRelease/%d/cpu-us/op' both
-	ratio_line "  Redis CPU per pair / raw" GO 'A/BenchmarkAcquireRelease/%d/redis-cpu-us/op' GO 'A/BenchmarkRawAcquireRelease/%d/redis-cpu-us/op' both
+	echo "raw rueidis: the same scripts as bare EVALSHA, in turns with the library (BenchmarkAcquireReleaseVsRaw)"
+	ratio_line "  Acquire+Release pairs/s / raw pairs/s" GO 'V/BenchmarkAcquireReleaseVsRaw/%d/library-pairs/s' GO 'V/BenchmarkAcquireReleaseVsRaw/%d/raw-pairs/s' both
+	ratio_line "  client CPU per pair / raw" GO 'V/BenchmarkAcquireReleaseVsRaw/%d/library-cpu-us/pair' GO 'V/BenchmarkAcquireReleaseVsRaw/%d/raw-cpu-us/pair' both
+	ratio_line "  Redis CPU per pair / raw" GO 'V/BenchmarkAcquireReleaseVsRaw/%d/library-redis-cpu-us/pair' GO 'V/BenchmarkAcquireReleaseVsRaw/%d/raw-redis-cpu-us/pair' both
 	echo "redis-semaphore tryAcquire+release (node, ioredis)"
 	ratio_line "  Acquire+Release pairs/s / redis-semaphore pairs/s" GO 'S/BenchmarkAcquireRelease/%d/ops/s' SEM 'pairs/s'
 	ratio_line "  Redis CPU per pair / redis-semaphore" GO 'S/BenchmarkAcquireRelease/%d/redis-cpu-us/op' SEM 'redis-cpu-us/pair'
@@ -131,11 +131,12 @@ report() {
 	figure_line "library Acquire ops/s" %.0f GO 'A/BenchmarkAcquire/%d/ops/s' both
 	figure_line "library Acquire+Release pairs/s" %.0f GO 'A/BenchmarkAcquireRelease/%d/ops/s' both
 	figure_line "library HeartbeatBatch slots/s (1000 per batch)" %.0f GO 'A/BenchmarkHeartbeatBatch/%d/slots/s' both
-	figure_line "raw rueidis Acquire+Release pairs/s" %.0f GO 'A/BenchmarkRawAcquireRelease/%d/ops/s' both
-	figure_line "library client CPU us per pair" %.1f GO 'A/BenchmarkAcquireRelease/%d/cpu-us/op' both
-	figure_line "raw rueidis client CPU us per pair" %.1f GO 'A/BenchmarkRawAcquireRelease/%d/cpu-us/op' both
-	figure_line "library Redis CPU us per pair (all servers)" %.1f GO 'A/BenchmarkAcquireRelease/%d/redis-cpu-us/op' both
-	figure_line "raw rueidis Redis CPU us per pair (all servers)" %.1f GO 'A/BenchmarkRawAcquireRelease/%d/redis-cpu-us/op' both
+	figure_line "library Acquire+Release pairs/s, in turns with raw" %.0f GO 'V/BenchmarkAcquireReleaseVsRaw/%d/library-pairs/s' both
+	figure_line "raw rueidis Acquire+Release pairs/s" %.0f GO 'V/BenchmarkAcquireReleaseVsRaw/%d/raw-pairs/s' both
+	figure_line "library client CPU us per pair" %.1f GO 'V/BenchmarkAcquireReleaseVsRaw/%d/library-cpu-us/pair' both
+	figure_line "raw rueidis client CPU us per pair" %.1f GO 'V/BenchmarkAcquireReleaseVsRaw/%d/raw-cpu-us/pair' both
+	figure_line "library Redis CPU us per pair (all servers)" %.1f GO 'V/BenchmarkAcquireReleaseVsRaw/%d/library-redis-cpu-us/pair' both
+	figure_line "raw rueidis Redis CPU us per pair (all servers)" %.1f GO 'V/BenchmarkAcquireReleaseVsRaw/%d/raw-redis-cpu-us/pair' both
 	figure_line "library Acquire+Release pairs/s (next to redis-semaphore)" %.0f GO 'S/BenchmarkAcquireRelease/%d/ops/s'
 	figure_line "redis-semaphore pairs/s" %.0f SEM 'pairs/s'
 	figure_line "redis-semaphore client CPU us per pair (node)" %.1f SEM 'cpu-us/pair'

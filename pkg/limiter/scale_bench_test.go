@@ -152,9 +152,9 @@ func (s *scaleSide) measure(b *testing.B, servers *scaleNodes, n int) {
 	if s.serveCPU != nil {
 		serve0 = s.serveCPU(b)
 	}
-	cpu0, client0, start := servers.cpu(b), processCPU(), time.Now()
+	cpu0, client0, start := servers.cpu(b), cpuTime(), time.Now()
 	s.round()
-	wall, client1, cpu1 := time.Since(start), processCPU(), servers.cpu(b)
+	wall, client1, cpu1 := time.Since(start), cpuTime(), servers.cpu(b)
 	if s.serveCPU != nil {
 		serve1 = s.serveCPU(b)
 	}
