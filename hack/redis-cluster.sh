@@ -24,6 +24,8 @@ set -euo pipefail
 
 readonly PORT_MIN=20000 PORT_SPAN=10000 BUS_OFFSET=10000
 readonly READY_TIMEOUT=30 # seconds, for the cluster to converge
+readonly CREATE_TIMEOUT=20 # seconds, for redis-cli to see the nodes join
+readonly CREATE_ATTEMPTS=3 # sets of 6 nodes tried before giving up
 readonly BOOT_TIMEOUT=10  # seconds, for one server to accept connections
 
 log() { printf '%s\n' "redis-cluster: $*" >&2; }
@@ -149,6 +151,40 @@ start_server() { # start_server MODE: starts one server on a free port, sets STA
 	die "could not start a $mode redis-server after $attempt attempts"
 }
 
+CLUSTER_PORTS=()
+
+start_cluster_nodes() { # starts the 6 nodes of a cluster, sets CLUSTER_PORTS
+	local i
+	CLUSTER_PORTS=()
+	for ((i = 0; i < 6; i++)); do
+		start_server cluster
+		CLUSTER_PORTS+=("$STARTED_PORT")
+	done
+}
+
+# create_cluster ADDRS...: makes the 6 nodes a cluster, the first three the
+# masters and the last three their replicas; false if redis-cli fails or
+# the nodes have not joined within CREATE_TIMEOUT.
+create_cluster() {
+	log "creating cluster on $*"
+	if ! timeout "$CREATE_TIMEOUT" redis-cli --cluster create "$@" \
+		--cluster-replicas 1 --cluster-yes </dev/null >"$DIR/cluster-create.log" 2>&1; then
+		cat "$DIR/cluster-create.log" >&2
+		return 1
+	fi
+}
+
+report_nodes() { # report_nodes PORTS...: each node's view of the cluster, on stderr
+	local port
+	for port in "$@"; do
+		echo "--- 127.0.0.1:$port" >&2
+		rcli "$port" cluster info | grep -E 'cluster_state|slots_(ok|assigned)|known_nodes' >&2 || true
+		rcli "$port" cluster nodes >&2 || true
+		rcli "$port" info replication | grep -E '^(role|master_link_status):' >&2 || true
+		tail -n 5 "$DIR/$port/redis.log" >&2 2>/dev/null || true
+	done
+}
+
 # cluster_ready PORTS...: true when every node reports cluster_state:ok with all
 # slots ok, knows exactly the 6 nodes with none failing, all nodes agree on the
 # slot owners, and every replica's link to its master is up.
@@ -199,28 +235,25 @@ start() {
 	fi
 
 	if [[ "$what" == all || "$what" == cluster ]]; then
-		local ports=() addrs=() i
-		for ((i = 0; i < 6; i++)); do
-			start_server cluster
-			port=$STARTED_PORT
-			ports+=("$port")
-			addrs+=("127.0.0.1:$port")
+		local ports=() addrs=() attempt
+		for ((attempt = 1; ; attempt++)); do
+			start_cluster_nodes
+			ports=("${CLUSTER_PORTS[@]}")
+			addrs=("${ports[@]/#/127.0.0.1:}")
+			create_cluster "${addrs[@]}" && break
+			# Seen once under a loaded machine: the nodes never agreed and
+			# redis-cli waited for the join until the timeout. New nodes
+			# on new ports join like any others.
+			report_nodes "${ports[@]}"
+			((attempt < CREATE_ATTEMPTS)) ||
+				die "redis-cli --cluster create failed $attempt times (log: $DIR/cluster-create.log)"
+			log "the cluster did not form (attempt $attempt of $CREATE_ATTEMPTS); starting 6 new nodes"
+			stop_ports "${ports[@]}"
 		done
-		log "creating cluster on ${addrs[*]}"
-		# The first three become masters, the last three their replicas.
-		if ! timeout "$READY_TIMEOUT" redis-cli --cluster create "${addrs[@]}" \
-			--cluster-replicas 1 --cluster-yes </dev/null >"$DIR/cluster-create.log" 2>&1; then
-			cat "$DIR/cluster-create.log" >&2
-			die "redis-cli --cluster create failed (log: $DIR/cluster-create.log)"
-		fi
 		local deadline=$((SECONDS + READY_TIMEOUT))
 		until cluster_ready "${ports[@]}"; do
 			if ((SECONDS >= deadline)); then
-				for port in "${ports[@]}"; do
-					echo "--- 127.0.0.1:$port" >&2
-					rcli "$port" cluster info | grep -E 'cluster_state|slots_(ok|assigned)|known_nodes' >&2 || true
-					rcli "$port" info replication | grep -E '^(role|master_link_status):' >&2 || true
-				done
+				report_nodes "${ports[@]}"
 				die "cluster did not converge within ${READY_TIMEOUT}s (logs: $DIR/*/redis.log)"
 			fi
 			sleep 0.2
@@ -240,14 +273,38 @@ is_redis() { # is_redis PID: true if PID is alive and is a redis-server
 
 stop() {
 	[[ -f "$DIR/pids" ]] || return 0
-	local pids=() port pid i
+	local pids=() port pid
 	while read -r port pid; do
-		[[ "$pid" =~ ^[0-9]+$ ]] || continue
+		[[ "$pid" =~ ^[0-9]+$ ]] && pids+=("$pid")
+	done <"$DIR/pids"
+	stop_pids "${pids[@]}"
+}
+
+# stop_ports PORTS...: stops the servers of this DIR on PORTS and forgets them.
+stop_ports() {
+	local pids=() port pid p
+	while read -r port pid; do
+		for p in "$@"; do
+			[[ "$port" == "$p" && "$pid" =~ ^[0-9]+$ ]] && pids+=("$pid")
+		done
+	done <"$DIR/pids"
+	stop_pids "${pids[@]}"
+	for p in "$@"; do
+		awk -v p="$p" '$1 != p' "$DIR/pids" >"$DIR/pids.new" && mv "$DIR/pids.new" "$DIR/pids"
+		rm -rf "${DIR:?}/$p"
+	done
+}
+
+# stop_pids PIDS...: SIGTERM to each that is a redis-server, SIGKILL to
+# those still there after 5 s.
+stop_pids() {
+	local pids=() pid i
+	for pid in "$@"; do
 		if is_redis "$pid"; then
 			pids+=("$pid")
 			kill -TERM "$pid" 2>/dev/null || true
 		fi
-	done <"$DIR/pids"
+	done
 	for ((i = 0; i < 50; i++)); do
 		local alive=0
 		for pid in "${pids[@]}"; do
