@@ -187,24 +187,31 @@ func allowPlan(r *http.Request, plan string) error {
 // heartbeatBatch heartbeats the slots whose plans the caller may use and
 // answers the others plan_not_allowed, each result in its slot's place.
 func (s *Server) heartbeatBatch(r *http.Request, slots []httpapi.HeartbeatRequest) ([]limiter.HeartbeatResult, []error) {
+	who := Caller{callerOf(r)}
+	reqs := make([]limiter.HeartbeatRequest, 0, len(slots))
+	for _, slot := range slots {
+		if who.c.allows(slot.Plan) {
+			reqs = append(reqs, limiter.HeartbeatRequest(slot))
+		}
+	}
+	if len(reqs) == len(slots) { // the caller may use every plan of the batch
+		return s.lim.HeartbeatBatch(r.Context(), reqs)
+	}
 	results := make([]limiter.HeartbeatResult, len(slots))
 	errs := make([]error, len(slots))
-	allowed := make([]limiter.HeartbeatRequest, 0, len(slots))
-	at := make([]int, 0, len(slots)) // index in slots of each allowed one
+	var got []limiter.HeartbeatResult
+	var gotErrs []error
+	if len(reqs) > 0 {
+		got, gotErrs = s.lim.HeartbeatBatch(r.Context(), reqs)
+	}
+	j := 0 // the next of got
 	for i, slot := range slots {
-		if err := allowPlan(r, slot.Plan); err != nil {
+		if err := who.Allow(slot.Plan); err != nil {
 			results[i], errs[i] = limiter.HeartbeatResult{StreamID: slot.StreamID}, err
 			continue
 		}
-		allowed = append(allowed, limiter.HeartbeatRequest(slot))
-		at = append(at, i)
-	}
-	if len(allowed) == 0 {
-		return results, errs
-	}
-	got, gotErrs := s.lim.HeartbeatBatch(r.Context(), allowed)
-	for j, i := range at {
 		results[i], errs[i] = got[j], gotErrs[j]
+		j++
 	}
 	return results, errs
 }

@@ -48,6 +48,11 @@ func (a *answer) send(w http.ResponseWriter, status int) {
 	// As json.Encoder ends every value.
 	a.b = append(a.b, '\n')
 	_, _ = w.Write(a.b)
+	a.recycle()
+}
+
+// recycle keeps a for a later answer, unless its buffer grew too large.
+func (a *answer) recycle() {
 	if cap(a.b) <= maxPooledAnswer {
 		answers.Put(a)
 	}
@@ -99,28 +104,19 @@ func appendHeartbeatResponse(b []byte, v httpapi.HeartbeatResponse) []byte {
 	return append(b, '}')
 }
 
-func appendHeartbeatsResponse(b []byte, v httpapi.HeartbeatsResponse) []byte {
-	b = append(b, `{"results":`...)
-	if v.Results == nil {
-		return append(b, `null}`...)
+// appendHeartbeatResult writes one result of a HeartbeatsResponse; times
+// is the batch's, reused from one result to the next.
+func appendHeartbeatResult(b []byte, r httpapi.HeartbeatResult, times *timeAppender) []byte {
+	b = appendString(append(b, `{"stream_id":`...), r.StreamID)
+	b = appendBool(append(b, `,"alive":`...), r.Alive)
+	if r.ExpiresAt != nil {
+		b = times.append(append(b, `,"expires_at":`...), *r.ExpiresAt)
 	}
-	b = append(b, '[')
-	for i, r := range v.Results {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = appendString(append(b, `{"stream_id":`...), r.StreamID)
-		b = appendBool(append(b, `,"alive":`...), r.Alive)
-		if r.ExpiresAt != nil {
-			b = appendTime(append(b, `,"expires_at":`...), *r.ExpiresAt)
-		}
-		b = appendBool(append(b, `,"degraded":`...), r.Degraded)
-		if r.Error != nil {
-			b = appendError(append(b, `,"error":`...), *r.Error)
-		}
-		b = append(b, '}')
+	b = appendBool(append(b, `,"degraded":`...), r.Degraded)
+	if r.Error != nil {
+		b = appendError(append(b, `,"error":`...), *r.Error)
 	}
-	return append(b, "]}"...)
+	return append(b, '}')
 }
 
 func appendReleaseResponse(b []byte, v httpapi.ReleaseResponse) []byte {
@@ -189,6 +185,47 @@ func appendTime(b []byte, t time.Time) []byte {
 	b = append(b, '"')
 	b = t.AppendFormat(b, time.RFC3339Nano)
 	return append(b, '"')
+}
+
+// timeAppender writes times as appendTime does, faster for the UTC times
+// of one minute in a row, as a batch's expiry times mostly are: it keeps
+// the "2006-01-02T15:04:" of the latest minute it wrote.
+type timeAppender struct {
+	minute int64 // Unix minute of prefix, when set
+	set    bool
+	prefix [len("2006-01-02T15:04:")]byte
+}
+
+// maxFastUnix is the first second of year 10000: RFC 3339 has four-digit
+// years only.
+const maxFastUnix = 253402300800
+
+func (c *timeAppender) append(b []byte, t time.Time) []byte {
+	sec := t.Unix()
+	if t.Location() != time.UTC || sec < 0 || sec >= maxFastUnix {
+		return appendTime(b, t)
+	}
+	if m := sec / 60; !c.set || m != c.minute {
+		c.minute, c.set = m, true
+		t.AppendFormat(c.prefix[:0], "2006-01-02T15:04:")
+	}
+	b = append(append(b, '"'), c.prefix[:]...)
+	s := sec % 60
+	b = append(b, byte('0'+s/10), byte('0'+s%10))
+	if ns := t.Nanosecond(); ns != 0 {
+		// As RFC3339Nano: up to nine digits, trailing zeros dropped.
+		frac := [10]byte{'.'}
+		for i := 9; i > 0; i-- {
+			frac[i] = byte('0' + ns%10)
+			ns /= 10
+		}
+		n := len(frac)
+		for frac[n-1] == '0' {
+			n--
+		}
+		b = append(b, frac[:n]...)
+	}
+	return append(b, 'Z', '"')
 }
 
 // jsonSafe reports the ASCII bytes a JSON string holds as they are, as

@@ -69,7 +69,9 @@ func TestAppendJSON(t *testing.T) {
 	}{
 		{reflect.TypeFor[httpapi.AcquireResponse](), func(b []byte, v any) []byte { return appendAcquireResponse(b, v.(httpapi.AcquireResponse)) }},
 		{reflect.TypeFor[httpapi.HeartbeatResponse](), func(b []byte, v any) []byte { return appendHeartbeatResponse(b, v.(httpapi.HeartbeatResponse)) }},
-		{reflect.TypeFor[httpapi.HeartbeatsResponse](), func(b []byte, v any) []byte { return appendHeartbeatsResponse(b, v.(httpapi.HeartbeatsResponse)) }},
+		{reflect.TypeFor[httpapi.HeartbeatResult](), func(b []byte, v any) []byte {
+			return appendHeartbeatResult(b, v.(httpapi.HeartbeatResult), new(timeAppender))
+		}},
 		{reflect.TypeFor[httpapi.ReleaseResponse](), func(b []byte, v any) []byte { return appendReleaseResponse(b, v.(httpapi.ReleaseResponse)) }},
 		{reflect.TypeFor[httpapi.TiersResponse](), func(b []byte, v any) []byte { return appendTiersResponse(b, v.(httpapi.TiersResponse)) }},
 		{reflect.TypeFor[httpapi.ErrorResponse](), func(b []byte, v any) []byte { return appendErrorResponse(b, v.(httpapi.ErrorResponse)) }},
@@ -91,6 +93,41 @@ func TestAppendJSON(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzAppendTime holds a batch's time writer to time.Time's MarshalJSON,
+// for times in and out of its fast path (UTC, years 1970-9999), with the
+// minute it keeps from the time before.
+func FuzzAppendTime(f *testing.F) {
+	for _, t := range []time.Time{
+		time.Date(2026, 12, 1, 22, 7, 19, 0, time.UTC),
+		time.Date(2026, 12, 1, 22, 7, 59, 999_000_000, time.UTC),
+		time.Date(2026, 12, 1, 22, 8, 0, 1, time.UTC),
+		time.Date(9999, 12, 31, 23, 59, 59, 999_999_999, time.UTC),
+		time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(1969, 12, 31, 23, 59, 59, 500, time.UTC),
+		time.Date(2026, 12, 1, 22, 7, 19, 120_000_000, time.FixedZone("", 3600)),
+	} {
+		f.Add(t.Unix(), int64(t.Nanosecond()), 0, t.Location() == time.UTC)
+	}
+	f.Fuzz(func(t *testing.T, sec, nsec int64, step int, utc bool) {
+		var times timeAppender
+		at := time.Unix(sec, nsec).UTC()
+		for range 3 {
+			v := at
+			if !utc {
+				v = at.In(time.FixedZone("", 5400))
+			}
+			want, err := v.MarshalJSON()
+			if err != nil {
+				return // a year MarshalJSON refuses; never an expiry time
+			}
+			if got := times.append(nil, v); !bytes.Equal(got, want) {
+				t.Fatalf("append(%v) = %s, want %s", v, got, want)
+			}
+			at = at.Add(time.Duration(step) * time.Millisecond)
+		}
+	})
 }
 
 func FuzzAppendString(f *testing.F) {

@@ -164,14 +164,15 @@ func (s *Server) heartbeats(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	results, errs := s.heartbeatBatch(r, req.Slots)
-	out := httpapi.HeartbeatsResponse{Results: make([]httpapi.HeartbeatResult, len(results))}
-	expires := make([]time.Time, len(results)) // what the alive results point to
+	// A HeartbeatsResponse, written as the results are read.
+	a := newAnswer()
+	a.b = append(a.b, `{"results":[`...)
 	unavailable := 0
+	var times timeAppender
 	for i, res := range results {
 		item := httpapi.HeartbeatResult{StreamID: req.Slots[i].StreamID, Alive: res.Alive, Degraded: res.Degraded}
 		if res.Alive {
-			expires[i] = res.ExpiresAt
-			item.ExpiresAt = &expires[i]
+			item.ExpiresAt = &res.ExpiresAt
 		}
 		if err := errs[i]; err != nil && !errors.Is(err, limiter.ErrSlotLost) {
 			_, e := apiError(err)
@@ -180,14 +181,17 @@ func (s *Server) heartbeats(w http.ResponseWriter, r *http.Request) {
 				unavailable++
 			}
 		}
-		out.Results[i] = item
+		if i > 0 {
+			a.b = append(a.b, ',')
+		}
+		a.b = appendHeartbeatResult(a.b, item, &times)
 	}
+	a.b = append(a.b, "]}"...)
 	if unavailable == len(results) {
+		a.recycle()
 		s.fail(w, r, fmt.Errorf("%w: no slot of the batch could be heartbeated", limiter.ErrUnavailable))
 		return
 	}
-	a := newAnswer()
-	a.b = appendHeartbeatsResponse(a.b, out)
 	a.send(w, http.StatusOK)
 }
 
