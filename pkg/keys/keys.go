@@ -51,16 +51,42 @@ func ValidateUserID(id string) error {
 	case !utf8.ValidString(id):
 		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidUserID)
 	}
-	for _, r := range id {
-		switch {
-		case r == '{' || r == '}':
-			return fmt.Errorf("%w: must not contain '{' or '}'", ErrInvalidUserID)
-		case unicode.IsSpace(r) || unicode.IsControl(r) || r == utf8.RuneError:
-			return fmt.Errorf("%w: must not contain whitespace or control characters (found %U)", ErrInvalidUserID, r)
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if c >= utf8.RuneSelf {
+			for _, r := range id[i:] {
+				if err := checkUserIDRune(r); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		if !userIDASCII[c] {
+			return checkUserIDRune(rune(c))
 		}
 	}
 	return nil
 }
+
+// checkUserIDRune refuses a rune no user id may hold.
+func checkUserIDRune(r rune) error {
+	switch {
+	case r == '{' || r == '}':
+		return fmt.Errorf("%w: must not contain '{' or '}'", ErrInvalidUserID)
+	case unicode.IsSpace(r) || unicode.IsControl(r) || r == utf8.RuneError:
+		return fmt.Errorf("%w: must not contain whitespace or control characters (found %U)", ErrInvalidUserID, r)
+	}
+	return nil
+}
+
+// userIDASCII holds checkUserIDRune's answer for each ASCII byte, so that
+// ids in ASCII, as most are, are checked a byte at a time.
+var userIDASCII = func() (ok [utf8.RuneSelf]bool) {
+	for c := range ok {
+		ok[c] = checkUserIDRune(rune(c)) == nil
+	}
+	return ok
+}()
 
 // ValidateStreamID accepts 1-128 characters of [A-Za-z0-9._:-].
 func ValidateStreamID(id string) error {

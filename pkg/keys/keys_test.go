@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"unicode"
+	"unicode/utf8"
 )
 
 func TestValidateUserID(t *testing.T) {
@@ -39,6 +41,20 @@ func TestValidateUserID(t *testing.T) {
 				t.Fatalf("ValidateUserID(%q) = %v, want ErrInvalidUserID", tc.id, err)
 			}
 		})
+	}
+}
+
+// Every ASCII character is judged in an id as it is alone, whether it
+// comes before or after a non-ASCII one (the byte-at-a-time and the
+// rune-at-a-time checks).
+func TestValidateUserIDJudgesEachCharacterAlike(t *testing.T) {
+	for c := range rune(utf8.RuneSelf) {
+		bad := c == '{' || c == '}' || unicode.IsSpace(c) || unicode.IsControl(c)
+		for _, id := range []string{"a" + string(c) + "b", "é" + string(c), string(c) + "é"} {
+			if err := ValidateUserID(id); (err != nil) != bad {
+				t.Errorf("ValidateUserID(%q) = %v, want refused %t", id, err, bad)
+			}
+		}
 	}
 }
 
