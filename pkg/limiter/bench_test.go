@@ -22,7 +22,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -273,14 +272,4 @@ func acquireBenchSlots(b *testing.B, e *env) []limiter.HeartbeatRequest {
 		b.FailNow()
 	}
 	return reqs
-}
-
-// median is the middle of xs (the upper one of an even count), 0 for none.
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	return s[len(s)/2]
 }

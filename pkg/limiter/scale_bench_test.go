@@ -171,18 +171,18 @@ func (s *scaleSide) measure(b *testing.B, servers *scaleNodes, n int) {
 
 func (s *scaleSide) report(b *testing.B, servers *scaleNodes, n, concurrency int) {
 	interval := float64(scaleTier.HeartbeatInterval.Microseconds())
-	perMaster := median(s.masterCPU) * float64(n) / float64(len(servers.masters)) // µs per round
-	b.ReportMetric(median(s.walls), s.name+"round-s")
-	b.ReportMetric(median(s.bound), s.name+"round/cpu-bound")
-	b.ReportMetric(median(s.masterCPU), s.name+"redis-µs/refresh")
+	perMaster := limitertest.Median(s.masterCPU) * float64(n) / float64(len(servers.masters)) // µs per round
+	b.ReportMetric(limitertest.Median(s.walls), s.name+"round-s")
+	b.ReportMetric(limitertest.Median(s.bound), s.name+"round/cpu-bound")
+	b.ReportMetric(limitertest.Median(s.masterCPU), s.name+"redis-µs/refresh")
 	if len(servers.replicas) > 0 {
-		b.ReportMetric(median(s.replicaCPU), s.name+"replica-µs/refresh")
+		b.ReportMetric(limitertest.Median(s.replicaCPU), s.name+"replica-µs/refresh")
 	}
-	b.ReportMetric(median(s.clientCPU), s.name+"client-µs/refresh")
+	b.ReportMetric(limitertest.Median(s.clientCPU), s.name+"client-µs/refresh")
 	b.ReportMetric(100*perMaster/interval, s.name+"%core/master@20s")
 	if s.serveCPU != nil {
-		b.ReportMetric(median(s.serve), "serve-µs/refresh")
-		b.ReportMetric(median(s.serve)*float64(n)/interval, "serve-cores@20s")
+		b.ReportMetric(limitertest.Median(s.serve), "serve-µs/refresh")
+		b.ReportMetric(limitertest.Median(s.serve)*float64(n)/interval, "serve-cores@20s")
 	}
 	b.Logf("N=%d, %d masters, %d batches of %d in flight, %s: rounds %.2fs, redis µs/refresh %.2f (masters) %.2f (replicas), client µs/refresh %.2f, serve µs/refresh %.2f",
 		n, len(servers.masters), concurrency, benchBatch, cmp.Or(strings.TrimSuffix(s.name, "-"), "library"), s.walls, s.masterCPU, s.replicaCPU, s.clientCPU, s.serve)

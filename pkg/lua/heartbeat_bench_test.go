@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/lua"
@@ -171,14 +172,14 @@ func benchRefresh(b *testing.B, addrs []string) {
 		for i := range r {
 			r[i] = got[a].cpu[i] / got[b].cpu[i]
 		}
-		return median(r)
+		return limitertest.Median(r)
 	}
 	for _, side := range sides {
 		f := got[side.name]
-		b.ReportMetric(median(f.cpu), side.name+"-redis-cpu-µs")
-		b.ReportMetric(median(f.cmd), side.name+"-cmd-µs")
+		b.ReportMetric(limitertest.Median(f.cpu), side.name+"-redis-cpu-µs")
+		b.ReportMetric(limitertest.Median(f.cmd), side.name+"-cmd-µs")
 		if len(servers.replicas) > 0 {
-			b.ReportMetric(median(f.replicaCPU), side.name+"-replica-cpu-µs")
+			b.ReportMetric(limitertest.Median(f.replicaCPU), side.name+"-replica-cpu-µs")
 		}
 	}
 	b.ReportMetric(ratio("heartbeat", "pair"), "heartbeat/pair")
@@ -186,15 +187,6 @@ func benchRefresh(b *testing.B, addrs []string) {
 	b.ReportMetric(ratio("pair-script", "pair"), "pair-script/pair")
 	b.Logf("%d rounds; redis-cpu-µs per refresh, round by round: heartbeat %.2f, pair %.2f, pair-script %.2f",
 		round, got["heartbeat"].cpu, got["pair"].cpu, got["pair-script"].cpu)
-}
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	return s[len(s)/2]
 }
 
 // benchServers are direct connections to every node of a deployment.
