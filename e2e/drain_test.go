@@ -76,16 +76,9 @@ tiers:
 	// Readiness turns false just before the listener closes, so a new
 	// connection may still land in that instant; it must be refused soon
 	// after, while the requests in flight are still being served.
-	refused := false
-	for range 100 {
-		resp, err := http.Post(proc.API+httpapi.PathTiers, "application/json", nil)
-		if err != nil {
-			refused = true
-			break
-		}
-		resp.Body.Close()
-		time.Sleep(5 * time.Millisecond)
-	}
+	refused := refusedWithin(500*time.Millisecond, func() (*http.Response, error) {
+		return http.Post(proc.API+httpapi.PathTiers, "application/json", nil)
+	})
 	if !refused {
 		t.Error("the API listener still accepted new connections 500ms into the drain")
 	}
@@ -103,4 +96,17 @@ tiers:
 	if err != nil || code != 0 {
 		t.Fatalf("exit after SIGTERM = %d, %v; want 0", code, err)
 	}
+}
+
+// refusedWithin reports whether connect fails (the listener has closed)
+// within d, trying every 5ms.
+func refusedWithin(d time.Duration, connect func() (*http.Response, error)) bool {
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		resp, err := connect()
+		if err != nil {
+			return true
+		}
+		resp.Body.Close()
+	}
+	return false
 }

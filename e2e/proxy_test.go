@@ -74,15 +74,9 @@ func TestProxySIGTERMDrainsStreams(t *testing.T) {
 	sent := time.Now()
 	// No new connection accepted soon after SIGTERM, while the endless
 	// stream (cut only at 3s) keeps the process alive.
-	refused := false
-	for deadline := sent.Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		resp, err := http.Get(e.proc.API + "/v1/models")
-		if err != nil {
-			refused = true
-			break
-		}
-		resp.Body.Close()
-	}
+	refused := refusedWithin(2*time.Second-time.Since(sent), func() (*http.Response, error) {
+		return http.Get(e.proc.API + "/v1/models")
+	})
 	if !refused {
 		t.Error("the proxy still accepted new connections 2s after SIGTERM")
 	}
