@@ -121,6 +121,7 @@ func TestPythonClient(t *testing.T) {
 		"test_mutual_tls",
 		"test_acquire_sends_label_only_when_set",
 		"test_label_is_recorded_with_the_slot",
+		"test_a_slot_belongs_to_the_caller_that_took_it",
 	} {
 		if !regexp.MustCompile(`(?m)^` + name + ` \(.*\) \.\.\. ok$`).MatchString(out) {
 			t.Errorf("the suite did not pass %s:\n%s", name, out)
@@ -187,6 +188,7 @@ func TestTypeScriptClient(t *testing.T) {
 		"TLS: the global fetch trusting the service's CA, and mutual TLS through the fetch option",
 		"acquire sends label only when set",
 		"the label is recorded with the slot",
+		"a slot belongs to the caller that took it",
 	} {
 		if !regexp.MustCompile(`(?m)^\s*ok \d+ - ` + regexp.QuoteMeta(name) + `$`).MatchString(tap) {
 			t.Errorf("node --test did not pass %q:\n%s", name, tap)

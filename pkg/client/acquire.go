@@ -56,9 +56,10 @@ func WithLabel(label string) AcquireOption {
 
 // Acquire takes a stream slot for userID under plan and heartbeats it until
 // it is released or lost. Errors: an *Error matching ErrLimitReached (with
-// Used, Limit, RetryAfter), ErrUnknownPlan, ErrInvalid or ErrUnavailable;
-// ErrUnavailable also when the limiter cannot be reached; ErrClosed after
-// Close.
+// Used, Limit, RetryAfter), ErrUnknownPlan, ErrInvalid, ErrUnauthenticated,
+// ErrPlanNotAllowed, ErrNotSlotHolder (a WithStreamID another caller holds)
+// or ErrUnavailable; ErrUnavailable also when the limiter cannot be
+// reached; ErrClosed after Close.
 //
 // Every acquire is sent under a stream id of the client's own (or the one
 // of WithStreamID), so that an attempt whose answer is lost can be told

@@ -36,6 +36,15 @@ var (
 	// plan_not_allowed): the service's api.tokensFile lists the caller's
 	// plans. A lease whose heartbeat is refused so is lost with it.
 	ErrPlanNotAllowed = errors.New("plan not allowed")
+	// ErrNotSlotHolder: the service authenticates callers (api.tokensFile)
+	// and the stream id is held by another caller (403 not_slot_holder):
+	// a slot belongs to the caller that took it. Acquire returns it for a
+	// stream id (WithStreamID) another caller holds, Lease.Release for a
+	// slot another caller took over; the limiter changed nothing. A lease
+	// whose heartbeat (or re-acquire, when degraded) is refused so is lost
+	// with it. Support releases any slot through the admin API
+	// (Admin.ReleaseAll).
+	ErrNotSlotHolder = errors.New("not slot holder")
 	// ErrInvalid: the request was refused as malformed (400
 	// invalid_request, invalid_user_id, invalid_stream_id, invalid_label).
 	ErrInvalid = errors.New("invalid request")
@@ -105,6 +114,8 @@ func (e *Error) Is(target error) bool {
 		return e.Code == httpapi.CodeUnauthenticated
 	case ErrPlanNotAllowed:
 		return e.Code == httpapi.CodePlanNotAllowed
+	case ErrNotSlotHolder:
+		return e.Code == httpapi.CodeNotSlotHolder
 	case ErrInvalid:
 		return invalidCode(e.Code)
 	}
@@ -145,7 +156,7 @@ func statusOf(code string) int {
 		return http.StatusGone
 	case httpapi.CodeUnknownPlan:
 		return http.StatusUnprocessableEntity
-	case httpapi.CodePlanNotAllowed:
+	case httpapi.CodePlanNotAllowed, httpapi.CodeNotSlotHolder:
 		return http.StatusForbidden
 	case httpapi.CodeUnavailable:
 		return http.StatusServiceUnavailable

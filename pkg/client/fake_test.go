@@ -15,7 +15,9 @@ import (
 
 // fakeLimiter is an in-memory stand-in for the limiter's HTTP API, with
 // hooks to count requests and inject failures. Slots never expire on their
-// own: tests that need a lost slot remove it (drop).
+// own: tests that need a lost slot remove it (drop). A slot belongs to the
+// caller (Authorization header) that acquired it, as with api.tokensFile:
+// another caller's acquire, heartbeat or release of it is not_slot_holder.
 type fakeLimiter struct {
 	t   *testing.T
 	srv *httptest.Server
@@ -23,6 +25,7 @@ type fakeLimiter struct {
 	mu       sync.Mutex
 	tiers    map[string]fakeTier
 	slots    map[string]map[string]bool // user → stream ids
+	holders  map[fakeSlot]string        // the Authorization header each slot was acquired with
 	nextID   int
 	degraded bool // answer acquires and heartbeats degraded, keep nothing
 	// beats records every batch request, in arrival order.
@@ -38,6 +41,8 @@ type fakeLimiter struct {
 	headers   []http.Header // of every request
 }
 
+type fakeSlot struct{ userID, streamID string }
+
 type fakeTier struct {
 	limit      int
 	intervalMs int64
@@ -51,9 +56,10 @@ type fakeBatch struct {
 func newFake(t *testing.T) *fakeLimiter {
 	t.Helper()
 	f := &fakeLimiter{
-		t:     t,
-		tiers: map[string]fakeTier{"free": {1, 50}, "paid": {3, 50}, "bulk": {100_000, 400}},
-		slots: map[string]map[string]bool{},
+		t:       t,
+		tiers:   map[string]fakeTier{"free": {1, 50}, "paid": {3, 50}, "bulk": {100_000, 400}},
+		slots:   map[string]map[string]bool{},
+		holders: map[fakeSlot]string{},
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+httpapi.PathAcquire, f.acquire)
@@ -101,12 +107,17 @@ func (f *fakeLimiter) acquire(w http.ResponseWriter, r *http.Request) {
 			held = map[string]bool{}
 			f.slots[req.UserID] = held
 		}
+		if f.heldByAnotherLocked(r, req.UserID, req.StreamID) {
+			writeError(w, http.StatusForbidden, notSlotHolder(req.UserID, req.StreamID))
+			return
+		}
 		if !held[req.StreamID] && len(held) >= tier.limit {
 			used, retry := len(held), int64(1500)
 			writeError(w, http.StatusTooManyRequests, httpapi.Error{Code: httpapi.CodeStreamLimitReached, Message: "limit", Used: &used, Limit: &tier.limit, RetryAfterMs: &retry})
 			return
 		}
 		held[req.StreamID] = true
+		f.holders[fakeSlot{req.UserID, req.StreamID}] = r.Header.Get("Authorization")
 		resp.Used = len(held)
 	}
 	writeJSON(w, http.StatusOK, resp)
@@ -145,6 +156,9 @@ func (f *fakeLimiter) heartbeat(w http.ResponseWriter, r *http.Request) {
 		case f.degraded:
 			at := time.Now().Add(time.Second).UTC()
 			res.Alive, res.Degraded, res.ExpiresAt = true, true, &at
+		case f.heldByAnotherLocked(r, s.UserID, s.StreamID):
+			e := notSlotHolder(s.UserID, s.StreamID)
+			res.Error = &e
 		case f.slots[s.UserID][s.StreamID]:
 			at := time.Now().Add(time.Second).UTC()
 			res.Alive, res.ExpiresAt = true, &at
@@ -162,8 +176,13 @@ func (f *fakeLimiter) release(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.releases++
+	if f.heldByAnotherLocked(r, req.UserID, req.StreamID) {
+		writeError(w, http.StatusForbidden, notSlotHolder(req.UserID, req.StreamID))
+		return
+	}
 	released := f.slots[req.UserID][req.StreamID]
 	delete(f.slots[req.UserID], req.StreamID)
+	delete(f.holders, fakeSlot{req.UserID, req.StreamID})
 	writeJSON(w, http.StatusOK, httpapi.ReleaseResponse{Released: released})
 }
 
@@ -172,6 +191,30 @@ func (f *fakeLimiter) drop(userID, streamID string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.slots[userID], streamID)
+	delete(f.holders, fakeSlot{userID, streamID})
+}
+
+// takeOver makes the slot held by the caller of token, at once: as if it
+// had expired or been released by support and that caller acquired it.
+func (f *fakeLimiter) takeOver(userID, streamID, token string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.slots[userID] == nil {
+		f.slots[userID] = map[string]bool{}
+	}
+	f.slots[userID][streamID] = true
+	f.holders[fakeSlot{userID, streamID}] = "Bearer " + token
+}
+
+// heldByAnotherLocked reports whether the slot is held by a caller other
+// than r's. A slot put in place by a test (no recorded holder) is anyone's.
+func (f *fakeLimiter) heldByAnotherLocked(r *http.Request, userID, streamID string) bool {
+	holder, ok := f.holders[fakeSlot{userID, streamID}]
+	return ok && f.slots[userID][streamID] && holder != r.Header.Get("Authorization")
+}
+
+func notSlotHolder(userID, streamID string) httpapi.Error {
+	return httpapi.Error{Code: httpapi.CodeNotSlotHolder, Message: fmt.Sprintf("stream %s of user %s is held by another caller", streamID, userID)}
 }
 
 func (f *fakeLimiter) used(userID string) int {

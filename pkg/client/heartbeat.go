@@ -182,7 +182,7 @@ func (c *Client) holds(l *Lease) bool {
 // kept: the limiter will answer the same on every later heartbeat.
 func slotFatal(code string) bool {
 	switch code {
-	case httpapi.CodeSlotLost, httpapi.CodeUnknownPlan, httpapi.CodePlanNotAllowed:
+	case httpapi.CodeSlotLost, httpapi.CodeUnknownPlan, httpapi.CodePlanNotAllowed, httpapi.CodeNotSlotHolder:
 		return true
 	}
 	return invalidCode(code)

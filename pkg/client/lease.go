@@ -62,13 +62,15 @@ func (l *Lease) Degraded() bool {
 
 // Lost is closed when the lease is lost: the limiter answered that the slot
 // no longer exists (expired, released by someone else or by support), or
-// that it cannot be heartbeated (unknown plan, invalid ids), or the Client
-// was closed. Err says which. Release does not close it.
+// that it cannot be heartbeated (unknown plan, a plan or a slot that is
+// another caller's, invalid ids), or the Client was closed. Err says which.
+// Release does not close it.
 func (l *Lease) Lost() <-chan struct{} { return l.lost }
 
 // Err returns why the lease was lost: an *Error matching ErrSlotLost,
-// ErrUnknownPlan, ErrInvalid or ErrLimitReached (a degraded lease refused
-// on re-acquire), or ErrClosed. Nil while Lost is open.
+// ErrUnknownPlan, ErrPlanNotAllowed, ErrNotSlotHolder, ErrInvalid or
+// ErrLimitReached (a degraded lease refused on re-acquire), or ErrClosed.
+// Nil while Lost is open.
 func (l *Lease) Err() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()

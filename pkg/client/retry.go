@@ -41,6 +41,10 @@ func (c *Client) acquireRetrying(ctx context.Context, req httpapi.AcquireRequest
 			return out, nil
 		case definite(err) && !unanswered:
 			return out, err // refused: no attempt can have taken a slot
+		case errors.Is(err, ErrNotSlotHolder):
+			// Another caller holds the id: no attempt of ours holds it, and
+			// the limiter would refuse our release of it too.
+			return out, err
 		case !definite(err):
 			unanswered = true
 			if attempt < c.retries && errors.Is(err, ErrUnavailable) && sleep(ctx, retryWait(err, attempt)) {

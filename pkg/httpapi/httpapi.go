@@ -168,6 +168,7 @@ const (
 	CodeMethodNotAllowed     = "method_not_allowed"     // 405
 	CodeUnauthenticated      = "unauthenticated"        // 401: slot API, no or unknown caller token
 	CodePlanNotAllowed       = "plan_not_allowed"       // 403: slot API, a plan outside the caller's
+	CodeNotSlotHolder        = "not_slot_holder"        // 403: slot API, a stream another caller holds
 	CodeUnauthorized         = "unauthorized"           // 401: admin API
 	CodeForbidden            = "forbidden"              // 403: admin API
 	CodeInternal             = "internal"               // 500

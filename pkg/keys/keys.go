@@ -180,9 +180,10 @@ func SlotRecords(userKey string) string { return userKey + slotRecordsSuffix }
 
 // Suffixes of a user key that name its wait queue and its wake channel.
 const (
-	queueSuffix       = ":q"
-	queueExpirySuffix = ":q:expiry"
-	wakeSuffix        = ":wake"
+	queueSuffix        = ":q"
+	queueExpirySuffix  = ":q:expiry"
+	queueRecordsSuffix = ":q:rec"
+	wakeSuffix         = ":wake"
 )
 
 // Queue returns the key of the sorted set of userKey's waiting acquires
@@ -199,18 +200,27 @@ func Queue(userKey string) string { return userKey + queueSuffix }
 // server that died is skipped.
 func QueueExpiry(userKey string) string { return userKey + queueExpirySuffix }
 
+// QueueRecords returns the key of the hash of userKey's tickets' records:
+// <prefix>{<userID>}:q:rec. Field: the stream id, as in Queue. Value: the
+// limit of the ticket's plan in decimal digits (the most slots its acquire
+// may be granted beside the user's others), then ';caller=<name>' when the
+// ticket's caller is known: a ticket whose limit is reached blocks no
+// acquire under a larger one, and a ticket is its caller's alone.
+func QueueRecords(userKey string) string { return userKey + queueRecordsSuffix }
+
 // WakeChannel returns the sharded pub/sub channel (SPUBLISH, SSUBSCRIBE)
 // on which the servers waiting for userKey's slots are woken:
 // <prefix>{<userID>}:wake. It hashes like the user's keys, so a wake-up
 // goes through the shard that holds them.
 func WakeChannel(userKey string) string { return userKey + wakeSuffix }
 
-// IsQueue reports whether key is a name Queue or QueueExpiry builds. The
+// IsQueue reports whether key is a name Queue, QueueExpiry or
+// QueueRecords builds. The
 // first '}' ends the user's hash tag: neither user ids nor the prefix may
 // hold one.
 func IsQueue(key string) bool {
 	_, rest, ok := strings.Cut(key, "}")
-	return ok && (rest == queueSuffix || rest == queueExpirySuffix)
+	return ok && (rest == queueSuffix || rest == queueExpirySuffix || rest == queueRecordsSuffix)
 }
 
 // overrideSuffix follows a user key to name its support override.

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/joishi/limiter/pkg/keys"
@@ -19,7 +20,8 @@ type AcquireRequest struct {
 	StreamID string
 	// Caller names who asked: the API caller of the tokens file or client
 	// certificate, recorded on the span and in the slot's record. Empty
-	// when the API is open.
+	// when the API is open. A stream belongs to the caller that took it:
+	// another caller's acquire of it is refused (ErrNotSlotHolder).
 	Caller string
 	// Label is what the caller says the stream is (a pod, a model, a
 	// request id), kept in the slot's record for support to see: at most
@@ -106,7 +108,10 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	if err != nil {
 		return AcquireResult{}, tiers.Tier{}, err
 	}
-	if req.StreamID == "" {
+	// An id of our own making is known to no one else: when the answer is
+	// lost, no one but this call can release the slot it may have taken.
+	generated := req.StreamID == ""
+	if generated {
 		req.StreamID = keys.NewStreamID()
 	} else if err := keys.ValidateStreamID(req.StreamID); err != nil {
 		return AcquireResult{}, tiers.Tier{}, err
@@ -124,11 +129,7 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	err = l.do(ctx, "acquire", func(ctx context.Context, c rueidis.Client) (err error) {
 		c, replicas = l.synced(c)
 		rec := lua.Record{Caller: req.Caller, Plan: tier.Plan, Label: req.Label}
-		if tier.MaxWait > 0 { // acquires of the plan may wait: none takes their slots
-			got, err = lua.AcquireQueued(ctx, c, key, req.StreamID, tier.MaxConcurrentStreams, tier.SlotTTL, rec)
-		} else {
-			got, err = lua.Acquire(ctx, c, key, req.StreamID, tier.MaxConcurrentStreams, tier.SlotTTL, rec)
-		}
+		got, err = lua.Acquire(ctx, c, key, req.StreamID, tier.MaxConcurrentStreams, tier.SlotTTL, rec)
 		return err
 	})
 	res := AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}
@@ -139,7 +140,14 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		return res, tier, nil
 	}
 	if err != nil {
-		return AcquireResult{}, tier, err
+		if generated {
+			l.releaseUnanswered(ctx, req.UserID, req.StreamID)
+		}
+		return AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}, tier, err
+	}
+	if got.NotHolder {
+		return AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}, tier,
+			fmt.Errorf("%w: stream %q of user %q", ErrNotSlotHolder, req.StreamID, req.UserID)
 	}
 	res.Granted = got.Granted
 	res.Used = got.Used
@@ -165,7 +173,19 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		if req.OnWait != nil {
 			req.OnWait(wait)
 		}
-		res, err = l.await(ctx, key, req, tier, wait, res)
+		res, err = l.await(ctx, key, req, tier, wait, res, generated)
 	}
 	return res, tier, err
+}
+
+// releaseUnanswered releases a slot that an acquire may have taken without
+// its answer reaching anyone (the call timed out, its connection dropped,
+// its caller left): the stream id was made here, so no one else could
+// ever release it, and it would count against the user for a whole TTL.
+// It runs beside the answer, which must not wait for it (every decision
+// within the per-call deadline), and ends within that deadline of its own;
+// when Redis does not answer this either, the slot expires by itself.
+func (l *Limiter) releaseUnanswered(ctx context.Context, userID, streamID string) {
+	ctx = context.WithoutCancel(ctx)
+	go func() { _, _ = l.release(ctx, "", userID, streamID) }()
 }

@@ -14,7 +14,6 @@ import (
 
 	"github.com/redis/rueidis"
 
-	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/lua"
 )
@@ -62,14 +61,14 @@ func BenchmarkAcquireReleaseVsRaw(b *testing.B) {
 		raw := func(ctx context.Context) (bool, error) {
 			key := prefix + strconv.Itoa(rand.IntN(benchUsers)) + "}"
 			stream := benchStream()
-			got, err := scriptInts(c.Do(ctx, c.B().Evalsha().Sha1(acquireSHA).Numkeys(3).Key(key, keys.SlotRecords(key), keys.Override(key)).Arg(stream, limit, ttl, record).Build()))
+			got, err := scriptInts(c.Do(ctx, c.B().Evalsha().Sha1(acquireSHA).Numkeys(int64(len(lua.AcquireKeys(key)))).Key(lua.AcquireKeys(key)...).Arg(stream, limit, ttl, record).Build()))
 			if err != nil || len(got) != 7 {
 				return false, fmt.Errorf("EVALSHA acquire: %v, %v", got, err)
 			}
 			if got[0] != 1 {
 				return false, nil
 			}
-			if got, err := scriptInts(c.Do(ctx, c.B().Evalsha().Sha1(releaseSHA).Numkeys(4).Key(key, keys.SlotRecords(key), keys.Queue(key), keys.QueueExpiry(key)).Arg(stream).Build())); err != nil || len(got) != 3 {
+			if got, err := scriptInts(c.Do(ctx, c.B().Evalsha().Sha1(releaseSHA).Numkeys(int64(len(lua.ReleaseKeys(key)))).Key(lua.ReleaseKeys(key)...).Arg(stream).Build())); err != nil || len(got) != 3 {
 				return true, fmt.Errorf("EVALSHA release: %v, %v", got, err)
 			}
 			return true, nil

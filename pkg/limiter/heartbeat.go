@@ -17,6 +17,9 @@ type HeartbeatRequest struct {
 	UserID   string
 	Plan     string
 	StreamID string
+	// Caller names who asks, as AcquireRequest.Caller: a slot another
+	// caller holds is not extended (ErrNotSlotHolder). Empty: any slot.
+	Caller string
 }
 
 // HeartbeatResult is the answer to one heartbeat.
@@ -61,7 +64,7 @@ func (l *Limiter) heartbeat(ctx context.Context, req HeartbeatRequest) (Heartbea
 	}
 	var beat lua.Beat
 	err = l.do(ctx, "heartbeat", func(ctx context.Context, c rueidis.Client) (err error) {
-		beat, err = lua.Heartbeat(ctx, c, key, req.StreamID, tier.SlotTTL)
+		beat, err = lua.Heartbeat(ctx, c, req.Caller, key, req.StreamID, tier.SlotTTL)
 		return err
 	})
 	if err == nil && beat.Pruned > 0 {
@@ -90,7 +93,7 @@ func (l *Limiter) HeartbeatBatch(ctx context.Context, reqs []HeartbeatRequest) (
 			continue
 		}
 		tiersOf[i] = tier
-		args = append(args, lua.HeartbeatArgs{Key: key, StreamID: req.StreamID, TTL: tier.SlotTTL})
+		args = append(args, lua.HeartbeatArgs{Key: key, StreamID: req.StreamID, TTL: tier.SlotTTL, Caller: req.Caller})
 		index = append(index, i)
 	}
 	if len(args) > 0 {
@@ -168,6 +171,8 @@ func (l *Limiter) beatResult(ctx context.Context, req HeartbeatRequest, tier tie
 	case err == nil && beat.Alive:
 		res.Alive, res.ExpiresAt = true, msTime(beat.ExpiresAtMs)
 		return res, nil
+	case err == nil && beat.NotHolder:
+		return res, fmt.Errorf("%w: stream %q of user %q", ErrNotSlotHolder, req.StreamID, req.UserID)
 	case err == nil && beat.NoTTL:
 		return res, fmt.Errorf("%w: %q, and stream %q has no recorded TTL", ErrUnknownPlan, req.Plan, req.StreamID)
 	case err == nil:

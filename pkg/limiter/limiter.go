@@ -37,6 +37,11 @@ var (
 	// ErrSlotLost: a heartbeat found its slot missing or expired. The
 	// holder must stop the stream or acquire again.
 	ErrSlotLost = errors.New("slot lost")
+	// ErrNotSlotHolder: an acquire (of a held stream id), heartbeat or
+	// release named a stream that another caller holds: its slot's record
+	// names a caller other than the request's. Nothing changed. Requests
+	// with no caller (an open API, the proxy's own streams) never get it.
+	ErrNotSlotHolder = errors.New("stream held by another caller")
 	// ErrRedisRefused: Redis answered with an error no retry will fix (an
 	// ACL without the needed commands, a key of the wrong type under the
 	// prefix). It is a misconfiguration, reported as such on every plan

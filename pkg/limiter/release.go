@@ -24,10 +24,20 @@ type ReleaseResult struct {
 	Degraded bool
 }
 
-// Release frees one slot. Errors: ErrInvalidUserID, ErrInvalidStreamID.
+// Release frees one slot, whichever caller holds it: for code that holds
+// its own slots (the proxy, ext_proc) and tests. A caller of the API
+// releases through ReleaseAs. Errors: ErrInvalidUserID, ErrInvalidStreamID.
 func (l *Limiter) Release(ctx context.Context, userID, streamID string) (ReleaseResult, error) {
+	return l.ReleaseAs(ctx, "", userID, streamID)
+}
+
+// ReleaseAs frees one slot on behalf of caller: a slot that another
+// caller holds (its record names another) is not released, and the error
+// is ErrNotSlotHolder. caller "" releases any slot, as Release does.
+// Errors: ErrInvalidUserID, ErrInvalidStreamID, ErrNotSlotHolder.
+func (l *Limiter) ReleaseAs(ctx context.Context, caller, userID, streamID string) (ReleaseResult, error) {
 	ctx, span := l.startSpan(ctx, "limiter.release")
-	res, err := l.release(ctx, userID, streamID)
+	res, err := l.release(ctx, caller, userID, streamID)
 	if span.IsRecording() {
 		span.SetAttributes(attrReleased.Bool(res.Released), attrDegraded.Bool(res.Degraded))
 	}
@@ -36,7 +46,7 @@ func (l *Limiter) Release(ctx context.Context, userID, streamID string) (Release
 	return res, err
 }
 
-func (l *Limiter) release(ctx context.Context, userID, streamID string) (ReleaseResult, error) {
+func (l *Limiter) release(ctx context.Context, caller, userID, streamID string) (ReleaseResult, error) {
 	key, err := l.keys.UserKey(userID)
 	if err != nil {
 		return ReleaseResult{}, err
@@ -46,7 +56,7 @@ func (l *Limiter) release(ctx context.Context, userID, streamID string) (Release
 	}
 	var got lua.Released
 	err = l.do(ctx, "release", func(ctx context.Context, c rueidis.Client) (err error) {
-		got, err = lua.Release(ctx, c, key, streamID)
+		got, err = lua.Release(ctx, c, caller, key, streamID)
 		return err
 	})
 	// Every plan's release fails open: a slot it misses frees itself when
@@ -57,6 +67,9 @@ func (l *Limiter) release(ctx context.Context, userID, streamID string) (Release
 	}
 	if err != nil {
 		return ReleaseResult{}, err
+	}
+	if got.NotHolder {
+		return ReleaseResult{}, fmt.Errorf("%w: stream %q of user %q", ErrNotSlotHolder, streamID, userID)
 	}
 	if got.Pruned > 0 {
 		l.observer.Reclaimed(ctx, "", got.Pruned)

@@ -2,7 +2,9 @@ package limiter
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"github.com/joishi/limiter/pkg/lua"
@@ -104,6 +106,18 @@ func (q *userQueue) round() time.Time {
 	}
 	q.override = got.Override
 
+	// A granted stream id's slot goes to those of its waiters that stay:
+	// one that leaves is answered as it leaves (a sibling that stays holds
+	// the slot, and must not see it released under it).
+	holders := map[string]*atomic.Int32{}
+	for j, w := range q.waiters {
+		if c := calls[w.streamID]; c.send && got.Tickets[c.at-1].State == lua.TicketGranted && leaves[j] == "" {
+			if holders[w.streamID] == nil {
+				holders[w.streamID] = new(atomic.Int32)
+			}
+			holders[w.streamID].Add(1)
+		}
+	}
 	kept := q.waiters[:0]
 	for j, w := range q.waiters {
 		c := calls[w.streamID]
@@ -114,8 +128,10 @@ func (q *userQueue) round() time.Time {
 		t := got.Tickets[c.at-1]
 		outcome, leaving := leaves[j], leaves[j] != ""
 		switch {
-		case t.State == lua.TicketGranted:
-			w.answer(waitResult{outcome: WaitGranted, expiresAtMs: t.ExpiresAtMs, replicas: replicas, used: got.Used, override: got.Override})
+		case t.State == lua.TicketGranted && !leaving:
+			w.answer(waitResult{outcome: WaitGranted, expiresAtMs: t.ExpiresAtMs, replicas: replicas, used: got.Used, override: got.Override, holders: holders[w.streamID]})
+		case t.State == lua.TicketNotHolder:
+			w.answer(waitResult{outcome: WaitFailed, err: fmt.Errorf("%w: stream %q of user %q", ErrNotSlotHolder, w.streamID, q.userID)})
 		case leaving:
 			w.answer(waitResult{outcome: outcome, used: got.Used, override: got.Override, retry: got.RetryAfter})
 		case t.State == lua.TicketFull:
@@ -199,11 +215,11 @@ func (q *userQueue) fail(tier tiers.Tier, err error, now time.Time) {
 	for _, w := range q.waiters {
 		switch outcome, _ := w.gone(now); {
 		case outcome == WaitCancelled:
-			w.answer(waitResult{outcome: WaitCancelled})
+			w.answer(waitResult{outcome: WaitCancelled, unsure: true})
 		case open:
 			w.answer(waitResult{outcome: WaitGranted, degraded: true})
 		default:
-			w.answer(waitResult{outcome: WaitFailed, err: err})
+			w.answer(waitResult{outcome: WaitFailed, err: err, unsure: true})
 		}
 	}
 	clear(q.waiters)

@@ -17,7 +17,6 @@ import (
 
 	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/pkg/cluster"
-	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/lua"
 	"github.com/joishi/limiter/pkg/tiers"
@@ -216,7 +215,7 @@ func scaleLoad(b *testing.B, e *env, n, concurrency int) []limiter.HeartbeatRequ
 				cmds := make(rueidis.Commands, len(batch))
 				for i, r := range batch {
 					key, _ := e.keys.UserKey(r.UserID)
-					cmds[i] = raw.B().Evalsha().Sha1(sha).Numkeys(3).Key(key, keys.SlotRecords(key), keys.Override(key)).Arg(r.StreamID, limit, ttl).Build()
+					cmds[i] = raw.B().Evalsha().Sha1(sha).Numkeys(int64(len(lua.AcquireKeys(key)))).Key(lua.AcquireKeys(key)...).Arg(r.StreamID, limit, ttl).Build()
 				}
 				for i, resp := range raw.DoMulti(context.Background(), cmds...) {
 					got, err := scriptInts(resp)

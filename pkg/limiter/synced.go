@@ -83,7 +83,7 @@ func (l *Limiter) confirmGrant(ctx context.Context, s *replicaSync, tier tiers.T
 		return nil
 	}
 	_ = l.do(ctx, "release", func(ctx context.Context, c rueidis.Client) error {
-		got, err := lua.Release(ctx, c, key, res.StreamID)
+		got, err := lua.Release(ctx, c, "", key, res.StreamID)
 		if got.Head != "" {
 			l.wake(ctx, key, got.Head)
 		}

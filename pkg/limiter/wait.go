@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/joishi/limiter/pkg/lua"
@@ -70,6 +71,11 @@ type waitResult struct {
 	expiresAtMs int64
 	degraded    bool
 	replicas    *replicaSync
+	// holders counts the waiters of this server answered granted for the
+	// same stream id in the same call (a client's retries of one acquire
+	// share its slot): one that finds its caller gone releases the slot
+	// only when it is the last of them to go.
+	holders *atomic.Int32
 	// granted, timeout: the user's slots, and the limit of the user's
 	// override when one applied (-1: the plan's)
 	used     int
@@ -77,13 +83,20 @@ type waitResult struct {
 	retry    time.Duration
 	// failed
 	err error
+	// unsure: the call that answered never got Redis's answer, so it may
+	// have granted the ticket a slot that nobody holds.
+	unsure bool
 }
 
 // await waits for a slot for req, denied at once with res, for up to
 // wait. It returns the grant, or res with Waited set when the wait ran
 // out, or an error: the caller's context error when it gave up, the
 // failure mode's when Redis stopped answering.
-func (l *Limiter) await(ctx context.Context, key string, req AcquireRequest, tier tiers.Tier, wait time.Duration, res AcquireResult) (AcquireResult, error) {
+//
+// generated says the stream id was made for this acquire: a slot that a
+// call whose answer was lost may have granted it is released, as no one
+// else could.
+func (l *Limiter) await(ctx context.Context, key string, req AcquireRequest, tier tiers.Tier, wait time.Duration, res AcquireResult, generated bool) (AcquireResult, error) {
 	start := time.Now()
 	w := &waiter{
 		streamID: req.StreamID, record: lua.Record{Caller: req.Caller, Plan: tier.Plan, Label: req.Label},
@@ -118,8 +131,11 @@ func (l *Limiter) await(ctx context.Context, key string, req AcquireRequest, tie
 			return res, err
 		}
 		if ctx.Err() != nil {
-			// Granted as the caller left: nobody will hold it.
-			_, _ = l.release(context.WithoutCancel(ctx), req.UserID, req.StreamID)
+			// Granted as the caller left: nobody will hold it, unless
+			// another waiter of the stream id got it too and stays.
+			if r.holders == nil || r.holders.Add(-1) == 0 {
+				_, _ = l.release(context.WithoutCancel(ctx), "", req.UserID, req.StreamID)
+			}
 			outcome = WaitCancelled
 			return AcquireResult{StreamID: req.StreamID, Limit: res.Limit, Tier: tier, Waited: took}, ctx.Err()
 		}
@@ -130,11 +146,14 @@ func (l *Limiter) await(ctx context.Context, key string, req AcquireRequest, tie
 	case WaitFull:
 		res.Waited = 0
 		return res, nil
-	case WaitCancelled:
-		return AcquireResult{StreamID: req.StreamID, Limit: res.Limit, Tier: tier, Waited: took}, ctx.Err()
-	default:
-		return AcquireResult{StreamID: req.StreamID, Limit: res.Limit, Tier: tier, Waited: took}, r.err
 	}
+	if r.unsure && generated {
+		l.releaseUnanswered(ctx, req.UserID, req.StreamID)
+	}
+	if r.outcome == WaitCancelled {
+		return AcquireResult{StreamID: req.StreamID, Limit: res.Limit, Tier: tier, Waited: took}, ctx.Err()
+	}
+	return AcquireResult{StreamID: req.StreamID, Limit: res.Limit, Tier: tier, Waited: took}, r.err
 }
 
 // answer sends w its outcome; the loop calls it once per waiter.

@@ -6,16 +6,16 @@
 --            (fields limit, expires_at in Redis ms; see set_override)
 -- KEYS[4] -> <prefix>{<user id>}:q         sorted set of waiting acquires' tickets (see wait)
 -- KEYS[5] -> <prefix>{<user id>}:q:expiry  sorted set: member = stream id, score = ticket expiry (Redis ms)
---            KEYS[4] and KEYS[5] are optional: absent for a plan whose
---            acquires never wait (maxWait 0), which then ignores the queue
---            and costs what it did before there was one
+-- KEYS[6] -> <prefix>{<user id>}:q:rec     hash: field = stream id, value = the ticket's record (see wait)
 -- ARGV[1] -> stream id
 -- ARGV[2] -> limit (max concurrent streams, >= 0): the plan's; an override
 --            in force replaces it
 -- ARGV[3] -> slot ttl (ms, > 0, decimal digits)
 -- ARGV[4] -> the rest of a new slot's record: '' or ';name=value' fields
---            (optional: absent is '')
--- returns {granted (0|1), used, expires_at_ms, pruned, retry_after_ms, override, {wake ids}}
+--            (optional: absent is ''); its caller, when it names one, is
+--            who asks
+-- returns {granted (1|0|-1), used, expires_at_ms, pruned, retry_after_ms, override, {wake ids}}
+--   granted -1     the stream is held by another caller: nothing changed
 --   used           slots held after this call (live slots only)
 --   expires_at_ms  the slot's expiry when granted, 0 when denied
 --   pruned         slots that had expired unreleased and were removed now,
@@ -30,11 +30,15 @@
 --                  the slots now free; the caller wakes them (see wait)
 --
 -- Idempotent on the stream id: acquiring a held stream extends it (never
--- shortens it) and leaves used unchanged.
+-- shortens it) and leaves used unchanged. A stream belongs to the caller
+-- that took it: another caller's acquire of it changes nothing.
 --
 -- First come, first served: while acquires wait in the user's queue (live
--- tickets, see wait), the free slots are theirs, and a new stream is
--- granted only if one is left over. Expired tickets are removed.
+-- tickets, see wait), the free slots they are owed are theirs, and a new
+-- stream is granted only if one is left over and taking it leaves each of
+-- them room under its own limit. A ticket whose own limit is reached is
+-- owed none (see owed), so it never blocks an acquire under a larger
+-- limit. Expired tickets are removed.
 --
 -- The record of a slot starts with its TTL (ARGV[3]), so that heartbeats
 -- keep the slot by its own TTL whatever happens to its plan; then
@@ -44,17 +48,21 @@
 -- expire together, at least one TTL and at most two after the latest
 -- slot (see below; heartbeat keeps them so too). The override is only
 -- read: it has its own expiry.
-local key = KEYS[1]
-local meta = KEYS[2]
-local queue = KEYS[4]
-local expiry = KEYS[5]
+local key, meta = KEYS[1], KEYS[2]
+local queue, expiry, recs = KEYS[4], KEYS[5], KEYS[6]
 local member = ARGV[1]
 local limit = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
+local caller = holder(ARGV[4])
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local record = ARGV[3] .. ';started=' .. string.format('%d', now) .. (ARGV[4] or '')
+
+-- Another caller's stream is not this call's to extend.
+if caller ~= '' and foreign(redis.call('HGET', meta, member), caller) then
+  return {-1, redis.call('ZCOUNT', key, '(' .. string.format('%d', now), '+inf'), 0, 0, 0, -1, {}}
+end
 
 -- A support override in force replaces the plan's limit.
 local override = -1
@@ -64,56 +72,49 @@ if o[1] and o[2] and tonumber(o[2]) > now then
   limit = override
 end
 
--- Removes the slots expired by now and their records; returns how many.
-local function prune()
-  local expired = redis.call('ZRANGEBYSCORE', key, '-inf', now)
-  local n = #expired
-  if n > 0 then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-    -- In chunks: unpack is bounded by the Lua stack.
-    for i = 1, n, 1000 do
-      redis.call('HDEL', meta, unpack(expired, i, math.min(i + 999, n)))
-    end
-  end
-  return n
-end
-
-local pruned = prune()
+local pruned = prune(key, meta, now)
 
 -- Tickets expired by now go: their servers stopped refreshing them. (A
 -- user nobody waits for costs one ZCARD of a missing key.)
-local waiting = 0
-if expiry then
-  waiting = redis.call('ZCARD', expiry)
-end
+local waiting = redis.call('ZCARD', expiry)
 if waiting > 0 then
-  local dead = redis.call('ZRANGEBYSCORE', expiry, '-inf', now)
-  if #dead > 0 then
-    redis.call('ZREMRANGEBYSCORE', expiry, '-inf', now)
-    for i = 1, #dead, 1000 do
-      redis.call('ZREM', queue, unpack(dead, i, math.min(i + 999, #dead)))
-    end
-    waiting = waiting - #dead
-  end
+  waiting = waiting - dropDead(queue, expiry, recs, now)
 end
 
--- The live slots, before this call adds one.
+-- The live slots, before this call adds one; and those owed to the
+-- waiting acquires ahead of it.
 local used = redis.call('ZCARD', key)
+local taken = used
+local due, slack = {}, {}
+if waiting > 0 then
+  local stop = limit
+  if pruned > 0 then
+    stop = math.huge -- all those owed the slots pruned are woken
+  end
+  due, taken, slack = owed(queue, expiry, recs, used, override, stop)
+end
+-- A new stream takes its slot before those owed theirs are granted: only
+-- if each of them still fits under its own limit with one more held.
+local fits = taken < limit
+for _, room in ipairs(slack) do
+  fits = fits and room >= 1
+end
 local granted = 0
 local expires = 0
 local retry = 0
-local fresh = false -- the key was empty (so missing) before this call
+local fresh = false    -- the key was empty (so missing) before this call
+local recorded = false -- a record was written to a hash that may be new
 
 -- A held stream is extended (never shortened) and keeps its record (or
 -- gets one, if it had none).
 local function extend()
   redis.call('ZADD', key, 'GT', now + ttl, member)
-  redis.call('HSETNX', meta, member, record)
+  recorded = redis.call('HSETNX', meta, member, record) == 1
   granted = 1
   expires = tonumber(redis.call('ZSCORE', key, member))
 end
 
-if used + waiting < limit then
+if fits then
   -- NX adds a new stream and answers 1; 0 means it is held already.
   if redis.call('ZADD', key, 'NX', now + ttl, member) == 1 then
     redis.call('HSET', meta, member, record)
@@ -133,12 +134,13 @@ if granted == 1 then
   -- unreleased stay visible for the next call to prune and count. As a
   -- heartbeat does, their expiry moves only when it must, and then to two
   -- TTLs past the slot: a user's next acquires within a TTL write the
-  -- slot alone. A fresh key has no expiry yet.
+  -- slot alone. A fresh key has no expiry yet, nor has a records hash
+  -- this call wrote the first field of (its slots' hash was lost).
   local current = -1
   if not fresh then
     current = redis.call('PEXPIRETIME', key)
   end
-  if current < expires + ttl then
+  if current < expires + ttl or recorded then
     local at = string.format('%d', math.max(current, expires + 2 * ttl))
     redis.call('PEXPIREAT', key, at)
     redis.call('PEXPIREAT', meta, at)
@@ -163,8 +165,8 @@ end
 -- Slots this call freed (pruned) with acquires waiting: wake those owed
 -- them.
 local wake = {}
-if pruned > 0 and waiting > 0 and used < limit then
-  wake = redis.call('ZRANGE', queue, 0, limit - used - 1)
+if pruned > 0 then
+  wake = due
 end
 
 return {granted, used, expires, pruned, retry, override, wake}

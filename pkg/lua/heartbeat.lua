@@ -3,8 +3,9 @@
 --
 -- KEYS[1] -> <prefix>{<user id>}       sorted set: member = stream id, score = expiry (Redis ms)
 -- KEYS[2] -> <prefix>{<user id>}:meta  hash: field = stream id, value = the slot's record
--- ARGV[2i-1] -> stream id of the i-th slot (i = 1..n, n >= 1)
--- ARGV[2i]   -> its fallback slot ttl (ms, >= 0, decimal digits): for a
+-- ARGV[1]    -> who heartbeats: a caller name, '' for none
+-- ARGV[2i]   -> stream id of the i-th slot (i = 1..n, n >= 1)
+-- ARGV[2i+1] -> its fallback slot ttl (ms, >= 0, decimal digits): for a
 --               slot that has no record (taken by a version that wrote
 --               none); 0: none known
 -- returns {pruned, used, alive_1, expires_at_ms_1, ..., alive_n, expires_at_ms_n}
@@ -16,6 +17,8 @@
 --   must stop or acquire again. expires_at_ms is then 0.
 --   alive -1: held, but with neither a record nor a fallback ttl: left as
 --   it is, expires_at_ms its current expiry.
+--   alive -2: held by another caller (its record names one other than
+--   ARGV[1]): left as it is, expires_at_ms 0.
 --
 -- The TTL is the record's leading digits (see acquire), so a slot keeps
 -- heartbeating after its plan is deleted, on any replica. A slot without
@@ -30,30 +33,16 @@
 -- writes (and replicates) the ZADD alone.
 local key = KEYS[1]
 local meta = KEYS[2]
+local caller = ARGV[1]
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
--- Removes the slots expired by now and their records; returns how many.
--- They must go before the ZADD XX below, which would extend them.
-local function prune()
-  local nowms = string.format('%d', now)
-  local expired = redis.call('ZRANGEBYSCORE', key, '-inf', nowms)
-  local n = #expired
-  if n > 0 then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', nowms)
-    -- In chunks: unpack is bounded by the Lua stack.
-    for i = 1, n, 1000 do
-      redis.call('HDEL', meta, unpack(expired, i, math.min(i + 999, n)))
-    end
-  end
-  return n
-end
-
-local out = {prune(), 0}
+-- Expired slots must go before the ZADD XX below, which would extend them.
+local out = {prune(key, meta, now), 0}
 
 local members = {}
-for i = 1, #ARGV, 2 do
+for i = 2, #ARGV, 2 do
   members[#members + 1] = ARGV[i]
 end
 local records = redis.call('HMGET', meta, unpack(members))
@@ -65,10 +54,12 @@ for i, member in ipairs(members) do
   local ttl = digits and tonumber(digits)
   local fallback = not ttl or ttl <= 0
   if fallback then
-    ttl = tonumber(ARGV[2 * i])
+    ttl = tonumber(ARGV[2 * i + 1])
   end
   local alive, expires = 0, 0
-  if ttl > 0 then
+  if caller ~= '' and foreign(records[i], caller) then
+    alive = -2 -- another caller's: not this call's to keep
+  elseif ttl > 0 then
     expires = now + ttl
     -- CH: 1 when the expiry moved. 0: missing (pruned above, or never
     -- held), or already later (the same ms, or a longer TTL before).
@@ -82,7 +73,7 @@ for i, member in ipairs(members) do
     end
     if alive == 1 then
       if fallback then
-        redis.call('HSET', meta, member, ARGV[2 * i])
+        redis.call('HSET', meta, member, ARGV[2 * i + 1])
         recorded = true
       end
       need = math.max(need, expires + ttl)

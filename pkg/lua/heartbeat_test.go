@@ -149,7 +149,7 @@ func TestHeartbeatMovesTheKeysExpiryOnlyWhenItMust(t *testing.T) {
 		// slot's expiry + TTL passes them, moves them two TTLs past it.
 		acquired := expiretime(t, c, key)
 		time.Sleep(600 * time.Millisecond)
-		early, err := lua.Heartbeat(ctx, c, key, "s", 0)
+		early, err := lua.Heartbeat(ctx, c, "", key, "s", 0)
 		if err != nil || !early.Alive {
 			t.Fatalf("heartbeat = %+v, %v", early, err)
 		}
@@ -157,7 +157,7 @@ func TestHeartbeatMovesTheKeysExpiryOnlyWhenItMust(t *testing.T) {
 			t.Errorf("a heartbeat within the first TTL moved the key's expiry from %d to %d; want it kept", acquired, kept)
 		}
 		time.Sleep(600 * time.Millisecond)
-		first, err := lua.Heartbeat(ctx, c, key, "s", 0)
+		first, err := lua.Heartbeat(ctx, c, "", key, "s", 0)
 		if err != nil || !first.Alive {
 			t.Fatalf("heartbeat = %+v, %v", first, err)
 		}
@@ -171,7 +171,7 @@ func TestHeartbeatMovesTheKeysExpiryOnlyWhenItMust(t *testing.T) {
 			t.Errorf("the first heartbeat after a TTL: the key expires at %d, want %d (its slot's expiry + 2 TTLs)", moved, want)
 		}
 		time.Sleep(100 * time.Millisecond)
-		second, err := lua.Heartbeat(ctx, c, key, "s", 0)
+		second, err := lua.Heartbeat(ctx, c, "", key, "s", 0)
 		if err != nil || !second.Alive || second.ExpiresAtMs <= first.ExpiresAtMs {
 			t.Fatalf("second heartbeat = %+v, %v; want alive, later than %d", second, err, first.ExpiresAtMs)
 		}

@@ -4,49 +4,42 @@
 -- KEYS[2] -> <prefix>{<user id>}:meta      hash: field = stream id, value = the slot's record
 -- KEYS[3] -> <prefix>{<user id>}:q         sorted set of waiting acquires' tickets (see wait)
 -- KEYS[4] -> <prefix>{<user id>}:q:expiry  sorted set: member = stream id, score = ticket expiry (Redis ms)
+-- KEYS[5] -> <prefix>{<user id>}:q:rec     hash: field = stream id, value = the ticket's record (see wait)
+-- KEYS[6] -> <prefix>{<user id>}:override  hash: support's override of the limit (see set_override)
 -- ARGV[1] -> stream id
--- returns {released (0|1), pruned, head}
+-- ARGV[2] -> who releases: a caller name, '' for none (optional: absent is '')
+-- returns {released (1|0|-1), pruned, head}
 --   released 0: the slot was not held (never, already released, or expired)
+--   released -1: the slot is held by another caller (its record names
+--   one other than ARGV[2]): nothing changed
 --   pruned: the user's slots that had expired unreleased, removed now
---   head: the stream id of the acquire at the head of the user's queue
---   when it freed a slot (released or pruned one), '' when none waits: the
---   caller wakes it (see wait), whose server grants it the slot or wakes
---   the next ones owed one (a release knows no plan, so no limit).
+--   head: the stream id of the first acquire in the user's queue owed a
+--   slot (see owed) when this call freed one (released or pruned), ''
+--   when none is: the caller wakes it (see wait), whose server grants it
+--   the slot or wakes the next ones owed one.
 --   The slot's record goes with it, as do those of pruned slots.
-local key = KEYS[1]
-local meta = KEYS[2]
-local queue = KEYS[3]
-local expiry = KEYS[4]
+local key, meta = KEYS[1], KEYS[2]
+local queue, expiry, recs = KEYS[3], KEYS[4], KEYS[5]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
--- Removes the slots expired by now and their records; returns how many.
-local function prune()
-  local expired = redis.call('ZRANGEBYSCORE', key, '-inf', now)
-  local n = #expired
-  if n > 0 then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-    -- In chunks: unpack is bounded by the Lua stack.
-    for i = 1, n, 1000 do
-      redis.call('HDEL', meta, unpack(expired, i, math.min(i + 999, n)))
-    end
-  end
-  return n
+if foreign(redis.call('HGET', meta, ARGV[1]), ARGV[2] or '') then
+  return {-1, 0, ''}
 end
 
-local pruned = prune()
+local pruned = prune(key, meta, now)
 local released = redis.call('ZREM', key, ARGV[1])
 redis.call('HDEL', meta, ARGV[1])
 
--- The first live ticket: one whose expiry is still ahead.
 local head = ''
-if released + pruned > 0 then
-  for _, id in ipairs(redis.call('ZRANGE', queue, 0, 9)) do
-    local at = redis.call('ZSCORE', expiry, id)
-    if at and tonumber(at) > now then
-      head = id
-      break
-    end
+if released + pruned > 0 and redis.call('EXISTS', queue) == 1 then
+  local override = -1
+  local o = redis.call('HMGET', KEYS[6], 'limit', 'expires_at')
+  if o[1] and o[2] and tonumber(o[2]) > now then
+    override = tonumber(o[1])
   end
+  local used = redis.call('ZCARD', key)
+  local due = owed(queue, expiry, recs, used, override, used + 1)
+  head = due[1] or ''
 end
 return {released, pruned, head}

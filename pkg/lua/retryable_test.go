@@ -50,7 +50,7 @@ func TestScriptCallsAreSentOnceAndRetryableSaysWhichMayBeRetried(t *testing.T) {
 				return err
 			}, true},
 			{"release", func(c rueidis.Client) error {
-				_, err := lua.Release(ctx, c, key, "s1")
+				_, err := lua.Release(ctx, c, "", key, "s1")
 				return err
 			}, false},
 		} {

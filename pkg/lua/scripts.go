@@ -25,28 +25,76 @@ import (
 	"crypto/sha1"
 	_ "embed"
 	"encoding/hex"
+	"strings"
 
 	"github.com/redis/rueidis"
 )
 
 var (
 	//go:embed acquire.lua
-	acquireSource string
+	acquireBody string
 	//go:embed heartbeat.lua
-	heartbeatSource string
+	heartbeatBody string
 	//go:embed release.lua
-	releaseSource string
+	releaseBody string
 	//go:embed release_all.lua
 	releaseAllSource string
 	//go:embed slots.lua
 	slotsSource string
 	//go:embed wait.lua
-	waitSource string
+	waitBody string
 	//go:embed set_override.lua
 	setOverrideSource string
 	//go:embed remove_override.lua
 	removeOverrideSource string
+
+	// The pieces scripts share, each a file of local functions composed
+	// in front of the scripts that call them (compose): one copy of each
+	// in the tree, and a script carries only the pieces it uses.
+	//go:embed lib_prune.lua
+	libPrune string
+	//go:embed lib_holder.lua
+	libHolder string
+	//go:embed lib_tickets.lua
+	libTickets string
 )
+
+// The scripts as Redis runs them: each one's pieces, then its own body.
+var (
+	acquireSource   = compose(acquireBody, libPrune, libHolder, libTickets)
+	heartbeatSource = compose(heartbeatBody, libPrune, libHolder)
+	releaseSource   = compose(releaseBody, libPrune, libHolder, libTickets)
+	waitSource      = compose(waitBody, libPrune, libHolder, libTickets)
+)
+
+// compose returns body after pieces. The body keeps its contract header
+// on top, so a script read off Redis (SCRIPT, a slow log) still opens with
+// what it does; the pieces' local functions follow the header, before the
+// first line of code.
+func compose(body string, pieces ...string) string {
+	var b strings.Builder
+	header, code := splitHeader(body)
+	b.WriteString(header)
+	for _, p := range pieces {
+		b.WriteString(p)
+		b.WriteString("\n")
+	}
+	b.WriteString(code)
+	return b.String()
+}
+
+// splitHeader cuts a script's leading comment lines from the rest.
+func splitHeader(src string) (header, code string) {
+	i := 0
+	for i < len(src) && strings.HasPrefix(src[i:], "--") {
+		nl := strings.IndexByte(src[i:], '\n')
+		if nl < 0 {
+			return src, ""
+		}
+		i += nl + 1
+	}
+	return src[:i], src[i:]
+}
 
 var (
 	acquireScript    = rueidis.NewLuaScript(acquireSource)

@@ -46,6 +46,10 @@ const (
 	TicketLeft TicketState = -1
 	// TicketFull: not queued, the queue holds MaxQueue tickets.
 	TicketFull TicketState = -2
+	// TicketNotHolder: the stream is another caller's (its ticket or its
+	// slot records another caller than the ticket's Record); nothing
+	// changed.
+	TicketNotHolder TicketState = -3
 )
 
 // TicketResult is the wait script's answer for one ticket.

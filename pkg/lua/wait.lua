@@ -8,6 +8,8 @@
 -- KEYS[3] -> <prefix>{<user id>}:override  hash: support's override of the limit (see set_override)
 -- KEYS[4] -> <prefix>{<user id>}:q         sorted set of tickets: member = stream id, score = arrival (Redis µs)
 -- KEYS[5] -> <prefix>{<user id>}:q:expiry  sorted set: member = stream id, score = ticket expiry (Redis ms)
+-- KEYS[6] -> <prefix>{<user id>}:q:rec     hash: field = stream id, value = the ticket's record:
+--            its limit (ARGV[1]), then ';caller=<name>' when its record names one
 -- ARGV[1] -> limit (max concurrent streams, >= 0): the plan's; an override
 --            in force replaces it
 -- ARGV[2] -> slot ttl (ms, > 0, decimal digits)
@@ -37,10 +39,13 @@
 --   state 0    queued; value = its place in the queue (1 = next)
 --   state -1   left the queue (or was not in it); value 0
 --   state -2   not queued: the queue holds its most tickets; value 0
+--   state -3   the stream (held, or queued) is another caller's: nothing
+--              changed for it; value 0
 --
--- The order is the queue's alone: a slot goes to the ticket at the head,
--- whichever server holds it, so tickets are granted in arrival order
--- across servers. A ticket stops counting at its expiry unless its server
+-- The order is the queue's alone: a slot goes to the first ticket owed
+-- one (see owed: the head, unless its own limit is reached), whichever
+-- server holds it, so tickets are granted in arrival order across
+-- servers, and a ticket of a plan whose limit is reached blocks no other. A ticket stops counting at its expiry unless its server
 -- refreshes it (a server that died), and is removed by the first call to
 -- see it expired. Arrival is the Redis time, raised above the last
 -- ticket's score when the clock did not move (or went back, after a
@@ -48,7 +53,7 @@
 -- queued keeps its place (a retry under the same stream id), one already
 -- granted is granted again and its slot extended, and a ticket that
 -- left is not queued.
-local slots, meta, queue, expiry = KEYS[1], KEYS[2], KEYS[4], KEYS[5]
+local slots, meta, queue, expiry, recs = KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6]
 local limit = tonumber(ARGV[1])
 local ttl = tonumber(ARGV[2])
 local ticketTTL = tonumber(ARGV[3])
@@ -70,24 +75,10 @@ end
 -- Scores above 10^14 need all their digits: tostring keeps 14.
 local function digits(x) return string.format('%.0f', x) end
 
--- Slots expired by now go, with their records.
-local expired = redis.call('ZRANGEBYSCORE', slots, '-inf', now)
-local pruned = #expired
-if pruned > 0 then
-  redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)
-  for i = 1, pruned, 1000 do -- unpack is bounded by the Lua stack
-    redis.call('HDEL', meta, unpack(expired, i, math.min(i + 999, pruned)))
-  end
-end
-
--- So do tickets expired by now: their servers stopped refreshing them.
-local dead = redis.call('ZRANGEBYSCORE', expiry, '-inf', now)
-if #dead > 0 then
-  redis.call('ZREMRANGEBYSCORE', expiry, '-inf', now)
-  for i = 1, #dead, 1000 do
-    redis.call('ZREM', queue, unpack(dead, i, math.min(i + 999, #dead)))
-  end
-end
+-- Slots expired by now go, with their records; so do tickets expired by
+-- now: their servers stopped refreshing them.
+local pruned = prune(slots, meta, now)
+dropDead(queue, expiry, recs, now)
 
 local ids, records, waiting = {}, {}, {}
 local states, values = {}, {}
@@ -97,9 +88,15 @@ for i = 1, n do
   local id, action = ARGV[3 + 3 * i], ARGV[4 + 3 * i]
   ids[i], records[i] = id, ARGV[2] .. ';started=' .. string.format('%d', now) .. ARGV[5 + 3 * i]
   states[i], values[i] = -1, 0
-  if action == 'l' then
-    redis.call('ZREM', queue, id)
-    redis.call('ZREM', expiry, id)
+  local caller = holder(records[i])
+  local ticket = redis.call('HGET', recs, id)
+  if foreign(ticket, caller) or (not ticket and foreign(redis.call('HGET', meta, id), caller)) then
+    -- Another caller's ticket or slot: not this call's to take over,
+    -- refresh or withdraw.
+    states[i] = -3
+    denied = true
+  elseif action == 'l' then
+    dropTicket(queue, expiry, recs, id)
     denied = true
   else
     local queued = redis.call('ZSCORE', queue, id)
@@ -108,6 +105,7 @@ for i = 1, n do
       redis.call('ZADD', slots, 'GT', now + ttl, id)
       redis.call('HSETNX', meta, id, records[i])
       redis.call('ZREM', expiry, id)
+      redis.call('HDEL', recs, id)
       states[i], values[i] = 1, tonumber(redis.call('ZSCORE', slots, id))
       granted = true
     elseif not queued and redis.call('ZCARD', queue) >= maxQueue then
@@ -122,6 +120,11 @@ for i = 1, n do
         end
         redis.call('ZADD', queue, digits(arrival), id)
       end
+      local who = ''
+      if caller ~= '' then
+        who = ';caller=' .. caller
+      end
+      redis.call('HSET', recs, id, ARGV[1] .. who)
       redis.call('ZADD', expiry, 'GT', now + ticketTTL, id)
       waiting[id] = i
       states[i] = 0
@@ -129,38 +132,35 @@ for i = 1, n do
   end
 end
 
--- The free slots go to the head of the queue, in order: this call's
+-- The free slots go to the tickets owed them, in order: this call's
 -- tickets are granted, the others' servers are woken.
 local used = redis.call('ZCARD', slots)
 local wake = {}
-local free = limit - used
-local at = 0
-while free > 0 do
-  local head = redis.call('ZRANGE', queue, at, at)[1]
-  if not head then
-    break
+local due, _, slack = owed(queue, expiry, recs, used, override, math.huge)
+-- A ticket of this call behind others' tickets owed a slot is granted
+-- before them only while each of them keeps room under its own limit
+-- (room: the least slack among them, less this call's grants so far).
+local room = math.huge
+for k, head in ipairs(due) do
+  local i = waiting[head]
+  if i and room < 1 then
+    i = nil -- its turn comes when those ahead are served
+  elseif not i then
+    room = math.min(room, slack[k])
   end
-  if not redis.call('ZSCORE', expiry, head) then
-    redis.call('ZREM', queue, head) -- no expiry: not a live ticket
-  else
-    local i = waiting[head]
-    if i then
-      redis.call('ZREM', queue, head)
-      redis.call('ZREM', expiry, head)
-      redis.call('ZADD', slots, now + ttl, head)
-      redis.call('HSET', meta, head, records[i])
-      waiting[head] = nil
-      states[i], values[i] = 1, now + ttl
-      used = used + 1
-      granted = true
-    else
-      wake[#wake + 1] = head
-      at = at + 1
-    end
-    free = free - 1
+  if i then
+    room = room - 1
+    dropTicket(queue, expiry, recs, head)
+    redis.call('ZADD', slots, now + ttl, head)
+    redis.call('HSET', meta, head, records[i])
+    waiting[head] = nil
+    states[i], values[i] = 1, now + ttl
+    used = used + 1
+    granted = true
+  elseif not waiting[head] then
+    wake[#wake + 1] = head
   end
 end
-
 local nextMs = -1
 for id, i in pairs(waiting) do
   local rank = redis.call('ZRANK', queue, id)
@@ -201,7 +201,7 @@ end
 -- The slots outlive their longest one by one TTL, as acquire leaves them.
 if granted then
   local last = redis.call('ZRANGE', slots, -1, -1, 'WITHSCORES')
-  local keep = tonumber(last[2]) + ttl
+  local keep = string.format('%d', tonumber(last[2]) + ttl)
   redis.call('PEXPIREAT', slots, keep)
   redis.call('PEXPIREAT', meta, keep)
 end
@@ -215,6 +215,7 @@ if latest[2] then
     local keep = digits(need + ticketTTL)
     redis.call('PEXPIREAT', queue, keep)
     redis.call('PEXPIREAT', expiry, keep)
+    redis.call('PEXPIREAT', recs, keep)
   end
 end
 

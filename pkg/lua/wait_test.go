@@ -33,7 +33,7 @@ func mustWait(t *testing.T, c rueidis.Client, key string, a lua.WaitArgs) lua.Wa
 // mustAcquire acquires as for a plan whose acquires may wait.
 func mustAcquire(t *testing.T, c rueidis.Client, key, id string, limit int) lua.Acquired {
 	t.Helper()
-	got, err := lua.AcquireQueued(context.Background(), c, key, id, limit, 10*time.Second, lua.Record{})
+	got, err := lua.Acquire(context.Background(), c, key, id, limit, 10*time.Second, lua.Record{})
 	if err != nil {
 		t.Fatalf("Acquire %s: %v", id, err)
 	}
@@ -42,7 +42,7 @@ func mustAcquire(t *testing.T, c rueidis.Client, key, id string, limit int) lua.
 
 func mustRelease(t *testing.T, c rueidis.Client, key, id string) lua.Released {
 	t.Helper()
-	got, err := lua.Release(context.Background(), c, key, id)
+	got, err := lua.Release(context.Background(), c, "", key, id)
 	if err != nil {
 		t.Fatalf("Release %s: %v", id, err)
 	}
@@ -86,12 +86,11 @@ func TestWaitServesTheQueueInArrivalOrder(t *testing.T) {
 		if a := mustAcquire(t, c, key, "barger", 1); a.Granted || a.Used != 0 {
 			t.Fatalf("acquire with the free slot owed to a1 = %+v, want denied with used 0", a)
 		}
-		// A plan whose acquires never wait reads no queue: as before there
-		// was one.
-		if a, err := lua.Acquire(context.Background(), c, key, "no-wait-plan", 1, 10*time.Second, lua.Record{}); err != nil || !a.Granted {
-			t.Fatalf("acquire of a plan that never waits = %+v, %v; want granted, the queue ignored", a, err)
+		// Nor does one of a plan whose own acquires never wait, nor one of
+		// a plan with a larger limit: the slot is a1's.
+		if a, err := lua.Acquire(context.Background(), c, key, "no-wait-plan", 1, 10*time.Second, lua.Record{}); err != nil || a.Granted {
+			t.Fatalf("acquire of a plan that never waits = %+v, %v; want denied, the slot owed to a1", a, err)
 		}
-		mustRelease(t, c, key, "no-wait-plan")
 
 		// B calls first: b1 is not the head, a1 is owed the slot.
 		got = mustWait(t, c, key, waitArgs(1, []string{"b1"}))
@@ -246,7 +245,7 @@ func TestReleaseNamesTheHeadOnlyWhenItFreesASlot(t *testing.T) {
 
 		// An acquire that prunes an expired slot wakes those owed it.
 		other := newKey(t)
-		if _, err := lua.AcquireQueued(context.Background(), c, other, "short", 1, 100*time.Millisecond, lua.Record{}); err != nil {
+		if _, err := lua.Acquire(context.Background(), c, other, "short", 1, 100*time.Millisecond, lua.Record{}); err != nil {
 			t.Fatal(err)
 		}
 		mustWait(t, c, other, waitArgs(1, []string{"w"}))

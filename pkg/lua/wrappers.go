@@ -14,7 +14,10 @@ import (
 
 // Acquired is the result of the acquire script.
 type Acquired struct {
-	Granted      bool
+	Granted bool
+	// NotHolder: the stream is held by another caller than rec's; nothing
+	// changed.
+	NotHolder    bool
 	Used         int   // live slots after the call
 	ExpiresAtMs  int64 // Redis ms; 0 when denied
 	Pruned       int   // expired slots removed by this call
@@ -28,24 +31,16 @@ type Acquired struct {
 }
 
 // Acquire runs the acquire script on key (a keys.Schema.UserKey), its
-// slot records and its override for streamID, for a plan whose acquires
-// never wait: the user's queue is not read (see AcquireQueued). limit is
-// the plan's; an override in force replaces it.
+// slot records, its override and its queue for streamID. limit is the
+// plan's; an override in force replaces it. Every plan's acquire reads the
+// queue, whether its own acquires may wait or not: the slots owed to the
+// acquires waiting in it are not taken.
 //
-// rec is written as the new slot's record, after its TTL and start.
+// rec is written as the new slot's record, after its TTL and start; its
+// Caller is who asks: a stream another caller holds is not extended
+// (NotHolder).
 func Acquire(ctx context.Context, c rueidis.Client, key, streamID string, limit int, ttl time.Duration, rec Record) (Acquired, error) {
-	return acquire(ctx, c, append(userKeys(key), keys.Override(key)), streamID, limit, ttl, rec)
-}
-
-// AcquireQueued is Acquire for a plan whose acquires may wait: the user's
-// queue is read too, and slots owed to the acquires waiting in it are not
-// taken.
-func AcquireQueued(ctx context.Context, c rueidis.Client, key, streamID string, limit int, ttl time.Duration, rec Record) (Acquired, error) {
-	return acquire(ctx, c, queueKeys(key), streamID, limit, ttl, rec)
-}
-
-func acquire(ctx context.Context, c rueidis.Client, keys []string, streamID string, limit int, ttl time.Duration, rec Record) (Acquired, error) {
-	arr, err := acquireScript.Exec(ctx, c, keys, []string{streamID, strconv.Itoa(limit), ms(ttl), rec.encode()}).ToArray()
+	arr, err := acquireScript.Exec(ctx, c, queueKeys(key), []string{streamID, strconv.Itoa(limit), ms(ttl), rec.encode()}).ToArray()
 	if err != nil {
 		return Acquired{}, err
 	}
@@ -62,6 +57,7 @@ func acquire(ctx context.Context, c rueidis.Client, keys []string, streamID stri
 	}
 	return Acquired{
 		Granted:      vals[0] == 1,
+		NotHolder:    vals[0] == -1,
 		Used:         int(vals[1]),
 		ExpiresAtMs:  vals[2],
 		Pruned:       int(vals[3]),
@@ -94,6 +90,9 @@ type Beat struct {
 	// NoTTL: the slot is held but has no record and no fallback TTL was
 	// given, so it was left as it is (Alive false, ExpiresAtMs its expiry).
 	NoTTL bool
+	// NotHolder: the slot is held by another caller, and was left as it is
+	// (Alive false, ExpiresAtMs 0).
+	NotHolder bool
 }
 
 // HeartbeatArgs names one slot to heartbeat.
@@ -103,13 +102,18 @@ type HeartbeatArgs struct {
 	// TTL keeps a slot that has no record of its own TTL (one taken by a
 	// version that wrote none); 0 when none is known.
 	TTL time.Duration
+	// Caller is who heartbeats ("" for none): a slot another caller holds
+	// is left as it is (Beat.NotHolder).
+	Caller string
 }
 
 // Heartbeat runs the heartbeat script on key (a keys.Schema.UserKey) and
-// its slot records for streamID; ttl as HeartbeatArgs.TTL.
-func Heartbeat(ctx context.Context, c rueidis.Client, key, streamID string, ttl time.Duration) (Beat, error) {
+// its slot records for streamID; ttl as HeartbeatArgs.TTL. caller is who
+// heartbeats ("" for none): a slot another caller holds is left as it is
+// (NotHolder).
+func Heartbeat(ctx context.Context, c rueidis.Client, caller, key, streamID string, ttl time.Duration) (Beat, error) {
 	var beat [1]Beat
-	err := parseBeats(heartbeatScript.Exec(ctx, c, userKeys(key), []string{streamID, ms(ttl)}), []int{0}, beat[:])
+	err := parseBeats(heartbeatScript.Exec(ctx, c, userKeys(key), []string{caller, streamID, ms(ttl)}), []int{0}, beat[:])
 	return beat[0], err
 }
 
@@ -217,33 +221,35 @@ func HeartbeatMulti(ctx context.Context, c rueidis.Client, slots []HeartbeatArgs
 // all of one user, in the order of slots.
 type userBeat struct {
 	key  string
-	args []string // stream id, fallback ttl, ... as the script takes them
+	args []string // caller, stream id, fallback ttl, ... as the script takes them
 	at   []int    // indices in slots
 }
 
-// byUser groups slots into one call per user key, in the order in which
-// each key first appears. The calls share two backing arrays, so a batch
+// byUser groups slots into one call per user key (and caller, for a batch
+// of several callers' slots), in the order in which each first appears. The calls share two backing arrays, so a batch
 // allocates the same whatever the number of users.
 func byUser(slots []HeartbeatArgs) []userBeat {
 	index := make([]int, len(slots)) // slots[i] goes to calls[index[i]]
 	count := make([]int, 0, len(slots))
-	seen := make(map[string]int, len(slots)) // key → index in calls
+	type who struct{ key, caller string }
+	seen := make(map[who]int, len(slots)) // key and caller → index in calls
 	for i, s := range slots {
-		j, ok := seen[s.Key]
+		j, ok := seen[who{s.Key, s.Caller}]
 		if !ok {
 			j = len(count)
-			seen[s.Key] = j
+			seen[who{s.Key, s.Caller}] = j
 			count = append(count, 0)
 		}
 		index[i] = j
 		count[j]++
 	}
 	calls := make([]userBeat, len(count))
-	args := make([]string, 2*len(slots))
+	args := make([]string, 2*len(slots)+len(count)) // each call: caller, then its slots
 	at := make([]int, len(slots))
 	off := 0
 	for j, n := range count {
-		calls[j].args = args[2*off : 2*off : 2*(off+n)]
+		from := 2*off + j
+		calls[j].args = args[from : from : from+1+2*n]
 		calls[j].at = at[off : off : off+n]
 		off += n
 	}
@@ -254,7 +260,10 @@ func byUser(slots []HeartbeatArgs) []userBeat {
 			ttl, ttlMs = s.TTL, ms(s.TTL)
 		}
 		call := &calls[index[i]]
-		call.key = s.Key
+		if len(call.args) == 0 {
+			call.key = s.Key
+			call.args = append(call.args, s.Caller)
+		}
 		call.args = append(call.args, s.StreamID, ttlMs)
 		call.at = append(call.at, i)
 	}
@@ -326,7 +335,7 @@ func parseBeats(resp rueidis.RedisResult, at []int, beats []Beat) error {
 	}
 	for k, i := range at {
 		alive := vals[2+2*k]
-		beats[i] = Beat{Alive: alive == 1, NoTTL: alive == -1, ExpiresAtMs: vals[3+2*k], Used: int(vals[1])}
+		beats[i] = Beat{Alive: alive == 1, NoTTL: alive == -1, NotHolder: alive == -2, ExpiresAtMs: vals[3+2*k], Used: int(vals[1])}
 	}
 	beats[at[0]].Pruned = int(vals[0])
 	return nil
@@ -336,6 +345,8 @@ func parseBeats(resp rueidis.RedisResult, at []int, beats []Beat) error {
 type Released struct {
 	// Released: the slot was held (live), and is free now.
 	Released bool
+	// NotHolder: the slot is held by another caller; nothing changed.
+	NotHolder bool
 	// Pruned counts the user's expired slots the call removed.
 	Pruned int
 	// Head is the stream id of the acquire at the head of the user's
@@ -345,9 +356,10 @@ type Released struct {
 }
 
 // Release runs the release script on key (a keys.Schema.UserKey), its
-// slot records and its queue.
-func Release(ctx context.Context, c rueidis.Client, key, streamID string) (Released, error) {
-	arr, err := releaseScript.Exec(ctx, c, releaseKeys(key), []string{streamID}).ToArray()
+// slot records and its queue. caller is who releases ("" for none): a slot
+// another caller holds is not released (NotHolder).
+func Release(ctx context.Context, c rueidis.Client, caller, key, streamID string) (Released, error) {
+	arr, err := releaseScript.Exec(ctx, c, releaseKeys(key), []string{streamID, caller}).ToArray()
 	if err != nil {
 		return Released{}, err
 	}
@@ -362,7 +374,7 @@ func Release(ctx context.Context, c rueidis.Client, key, streamID string) (Relea
 	if err != nil {
 		return Released{}, fmt.Errorf("release script: head: %w", err)
 	}
-	return Released{Released: vals[0] == 1, Pruned: int(vals[1]), Head: head}, nil
+	return Released{Released: vals[0] == 1, NotHolder: vals[0] == -1, Pruned: int(vals[1]), Head: head}, nil
 }
 
 // ReleasedAll is the result of the release_all script.
@@ -413,16 +425,25 @@ func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10)
 // sorted set and the hash of its slot records, under one hash tag.
 func userKeys(key string) []string { return []string{key, keys.SlotRecords(key)} }
 
+// AcquireKeys are the KEYS the acquire script takes for the user key key,
+// in order: for code that sends the script itself (the benchmarks that
+// measure it against the library).
+func AcquireKeys(key string) []string { return queueKeys(key) }
+
+// ReleaseKeys are the KEYS the release script takes, as AcquireKeys.
+func ReleaseKeys(key string) []string { return releaseKeys(key) }
+
 // queueKeys are the KEYS of a script that grants slots to one user's
 // queue or past it (acquire, wait): userKeys, the user's override (its
 // limit replaces the plan's), then the queue's two sorted sets, under the
 // same hash tag.
 func queueKeys(key string) []string {
-	return []string{key, keys.SlotRecords(key), keys.Override(key), keys.Queue(key), keys.QueueExpiry(key)}
+	return []string{key, keys.SlotRecords(key), keys.Override(key), keys.Queue(key), keys.QueueExpiry(key), keys.QueueRecords(key)}
 }
 
 // releaseKeys are the KEYS of the release script: userKeys, then the
-// queue's two sorted sets, whose head a release names.
+// queue's keys, whose first ticket owed the freed slot a release names,
+// and the override its limit is read from.
 func releaseKeys(key string) []string {
-	return []string{key, keys.SlotRecords(key), keys.Queue(key), keys.QueueExpiry(key)}
+	return []string{key, keys.SlotRecords(key), keys.Queue(key), keys.QueueExpiry(key), keys.QueueRecords(key), keys.Override(key)}
 }

@@ -191,7 +191,7 @@ func (s *Server) heartbeatBatch(r *http.Request, slots []httpapi.HeartbeatReques
 	reqs := make([]limiter.HeartbeatRequest, 0, len(slots))
 	for _, slot := range slots {
 		if who.c.allows(slot.Plan) {
-			reqs = append(reqs, limiter.HeartbeatRequest(slot))
+			reqs = append(reqs, limiter.HeartbeatRequest{UserID: slot.UserID, Plan: slot.Plan, StreamID: slot.StreamID, Caller: who.c.name})
 		}
 	}
 	if len(reqs) == len(slots) { // the caller may use every plan of the batch

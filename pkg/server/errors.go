@@ -47,6 +47,10 @@ func apiError(err error) (int, httpapi.Error) {
 	case errors.Is(err, ErrPlanNotAllowed):
 		e.Code = httpapi.CodePlanNotAllowed
 		return http.StatusForbidden, e
+	case errors.Is(err, limiter.ErrNotSlotHolder):
+		e.Code = httpapi.CodeNotSlotHolder
+		e.Message = err.Error() + ": a slot belongs to the caller that took it; support releases it through the admin API"
+		return http.StatusForbidden, e
 	case errors.Is(err, errUnauthorized): // admin API (admin.go)
 		e.Code = httpapi.CodeUnauthorized
 		return http.StatusUnauthorized, e

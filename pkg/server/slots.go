@@ -143,7 +143,7 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	res, err := s.lim.Heartbeat(r.Context(), limiter.HeartbeatRequest(req))
+	res, err := s.lim.Heartbeat(r.Context(), limiter.HeartbeatRequest{UserID: req.UserID, Plan: req.Plan, StreamID: req.StreamID, Caller: callerOf(r).name})
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -201,7 +201,7 @@ func (s *Server) release(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	res, err := s.lim.Release(r.Context(), req.UserID, req.StreamID)
+	res, err := s.lim.ReleaseAs(r.Context(), callerOf(r).name, req.UserID, req.StreamID)
 	if err != nil {
 		s.fail(w, r, err)
 		return

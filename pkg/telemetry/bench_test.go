@@ -129,7 +129,7 @@ func BenchmarkHeartbeatBatchHTTP(b *testing.B) {
 	reqs := make([]limiter.HeartbeatRequest, len(slots))
 	for i := range slots {
 		slots[i] = httpapi.HeartbeatRequest{UserID: run + "-" + strconv.Itoa(i), Plan: "three", StreamID: "s" + strconv.Itoa(i)}
-		reqs[i] = limiter.HeartbeatRequest(slots[i])
+		reqs[i] = limiter.HeartbeatRequest{UserID: slots[i].UserID, Plan: slots[i].Plan, StreamID: slots[i].StreamID}
 		if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: slots[i].UserID, Plan: "three", StreamID: slots[i].StreamID}); err != nil || !res.Granted || res.Degraded {
 			b.Fatalf("Acquire: %+v, %v", res, err)
 		}

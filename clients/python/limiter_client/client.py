@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 
 from ._heartbeat import MAX_IN_FLIGHT, Keeper
 from ._http import Endpoint, caller_token
-from .errors import ClientClosed, LimiterError, ProtocolError, Unavailable, definite
+from .errors import ClientClosed, LimiterError, NotSlotHolder, ProtocolError, Unavailable, definite
 from .lease import Lease
 from .schemas import AcquireRequest, AcquireResponse, Paths, ReleaseRequest, ReleaseResponse, encode
 
@@ -107,12 +107,12 @@ class Client:
         request id; at most 128 bytes of UTF-8); sent only when given.
 
         Raises LimitReached (with used, limit, retry_after), UnknownPlan,
-        PlanNotAllowed, Unauthenticated, InvalidRequest, Unavailable (also
-        when the limiter cannot be reached), ClientClosed after close, and
-        ValueError for a label over 128 bytes. Acquiring a stream id this
-        client already holds returns the held Lease. A grant made while the
-        limiter could not reach Redis (a tier failing open) is a Lease with
-        degraded True.
+        PlanNotAllowed, NotSlotHolder (a stream_id another caller holds),
+        Unauthenticated, InvalidRequest, Unavailable (also when the limiter
+        cannot be reached), ClientClosed after close, and ValueError for a
+        label over 128 bytes. Acquiring a stream id this client already
+        holds returns the held Lease. A grant made while the limiter could
+        not reach Redis (a tier failing open) is a Lease with degraded True.
         """
         if self._keeper.closed:
             raise ClientClosed("client_closed", "the limiter client is closed")
@@ -216,6 +216,10 @@ class Client:
             except LimiterError as err:
                 if definite(err) and not unanswered:
                     raise  # refused: no attempt can have taken a slot
+                if isinstance(err, NotSlotHolder):
+                    # Another caller holds the id: no attempt of ours holds
+                    # it, and the limiter would refuse our release of it too.
+                    raise
                 if not definite(err):
                     unanswered = True
                     if attempt < self._retries and isinstance(err, Unavailable) and self._pause(retry_wait(err, attempt)):

@@ -92,6 +92,15 @@ class PlanNotAllowed(LimiterError):
     """403 plan_not_allowed: the caller may not use the plan asked for."""
 
 
+class NotSlotHolder(LimiterError):
+    """403 not_slot_holder: the service authenticates its callers and the
+    stream id is held by another caller; a slot belongs to the caller that
+    took it, and the limiter changed nothing. Raised by acquire (a
+    ``stream_id`` another caller holds) and by a lease's release (a slot
+    another caller took over); a Lease whose heartbeat is refused so is lost
+    with it. Support releases any slot through the admin API."""
+
+
 class InvalidRequest(LimiterError):
     """400 invalid_request, invalid_user_id or invalid_stream_id."""
 
@@ -114,6 +123,7 @@ _BY_CODE = {
     ErrorCode.UNKNOWN_PLAN: UnknownPlan,
     ErrorCode.UNAUTHENTICATED: Unauthenticated,
     ErrorCode.PLAN_NOT_ALLOWED: PlanNotAllowed,
+    ErrorCode.NOT_SLOT_HOLDER: NotSlotHolder,
     ErrorCode.INVALID_REQUEST: InvalidRequest,
     ErrorCode.INVALID_USER_ID: InvalidRequest,
     ErrorCode.INVALID_STREAM_ID: InvalidRequest,
@@ -125,6 +135,7 @@ _STATUS = {
     ErrorCode.SLOT_LOST: 410,
     ErrorCode.UNKNOWN_PLAN: 422,
     ErrorCode.PLAN_NOT_ALLOWED: 403,
+    ErrorCode.NOT_SLOT_HOLDER: 403,
     ErrorCode.LIMITER_UNAVAILABLE: 503,
     ErrorCode.INTERNAL: 500,
     ErrorCode.INVALID_REQUEST: 400,
@@ -196,4 +207,7 @@ def definite(err: Exception) -> bool:
 def slot_fatal(code: str) -> bool:
     """Whether a per-slot batch error means the slot cannot be kept: the
     limiter will answer the same on every later heartbeat."""
-    return code in (ErrorCode.SLOT_LOST, ErrorCode.UNKNOWN_PLAN, ErrorCode.PLAN_NOT_ALLOWED) or code in INVALID_CODES
+    return (
+        code in (ErrorCode.SLOT_LOST, ErrorCode.UNKNOWN_PLAN, ErrorCode.PLAN_NOT_ALLOWED, ErrorCode.NOT_SLOT_HOLDER)
+        or code in INVALID_CODES
+    )

@@ -55,8 +55,9 @@ class Lease:
         self.lost = threading.Event()
         """Set when the lease is lost: the limiter answered that the slot no
         longer exists (expired, released by support) or cannot be
-        heartbeated (unknown plan, plan not allowed, invalid ids), or the
-        client was closed. ``error`` says which. Release does not set it."""
+        heartbeated (unknown plan, plan not allowed, a slot another caller
+        holds, invalid ids), or the client was closed. ``error`` says which.
+        Release does not set it."""
 
     @property
     def user_id(self) -> str:
@@ -98,8 +99,8 @@ class Lease:
     @property
     def error(self) -> Optional[LimiterError]:
         """Why the lease was lost: SlotLost, UnknownPlan, PlanNotAllowed,
-        InvalidRequest, LimitReached (a degraded lease refused on re-acquire)
-        or ClientClosed. None while ``lost`` is not set."""
+        NotSlotHolder, InvalidRequest, LimitReached (a degraded lease refused
+        on re-acquire) or ClientClosed. None while ``lost`` is not set."""
         with self._lock:
             return self._error
 

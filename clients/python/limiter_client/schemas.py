@@ -242,7 +242,7 @@ class ErrorCode:
       the call reached Redis but its answer was lost, so what it did is
       not known.
     - `not_found` (404), `method_not_allowed` (405).
-    - `unauthenticated` (401), `plan_not_allowed` (403): slot API, with `api.tokensFile`.
+    - `unauthenticated` (401), `plan_not_allowed` (403), `not_slot_holder` (403): slot API, with `api.tokensFile`.
     - `unauthorized` (401), `forbidden` (403): admin API.
     - `internal` (500).
 
@@ -263,10 +263,11 @@ class ErrorCode:
     METHOD_NOT_ALLOWED = "method_not_allowed"
     UNAUTHENTICATED = "unauthenticated"
     PLAN_NOT_ALLOWED = "plan_not_allowed"
+    NOT_SLOT_HOLDER = "not_slot_holder"
     UNAUTHORIZED = "unauthorized"
     FORBIDDEN = "forbidden"
     INTERNAL = "internal"
-    VALUES = frozenset((INVALID_REQUEST, UNSUPPORTED_MEDIA_TYPE, INVALID_USER_ID, INVALID_STREAM_ID, INVALID_LABEL, UNKNOWN_PLAN, STREAM_LIMIT_REACHED, SLOT_LOST, LIMITER_UNAVAILABLE, OUTCOME_UNKNOWN, NOT_FOUND, METHOD_NOT_ALLOWED, UNAUTHENTICATED, PLAN_NOT_ALLOWED, UNAUTHORIZED, FORBIDDEN, INTERNAL,))
+    VALUES = frozenset((INVALID_REQUEST, UNSUPPORTED_MEDIA_TYPE, INVALID_USER_ID, INVALID_STREAM_ID, INVALID_LABEL, UNKNOWN_PLAN, STREAM_LIMIT_REACHED, SLOT_LOST, LIMITER_UNAVAILABLE, OUTCOME_UNKNOWN, NOT_FOUND, METHOD_NOT_ALLOWED, UNAUTHENTICATED, PLAN_NOT_ALLOWED, NOT_SLOT_HOLDER, UNAUTHORIZED, FORBIDDEN, INTERNAL,))
 
 
 @dataclasses.dataclass(frozen=True)

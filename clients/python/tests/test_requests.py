@@ -9,9 +9,9 @@ import re
 import threading
 import time
 import unittest
-from typing import Dict, List
+from typing import Dict, List, Optional
 
-from limiter_client import Client, LimiterError, LimitReached, ProtocolError, SlotLost, Unavailable
+from limiter_client import Client, LimiterError, LimitReached, NotSlotHolder, ProtocolError, SlotLost, Unavailable
 from limiter_client.schemas import Paths
 
 from .support import Answer, Recorded, RecordingServer, json_answer
@@ -36,23 +36,35 @@ def granted(rec: Recorded, *, degraded: bool = False, interval_ms: int = 50) -> 
     )
 
 
+def not_slot_holder(user_id: str, stream_id: str) -> Dict:
+    return {"code": "not_slot_holder", "message": "stream %s of user %s is held by another caller" % (stream_id, user_id)}
+
+
 class Fake:
-    """Answers acquires with grants, releases with released, and heartbeat
-    batches with results[stream_id] (alive by default)."""
+    """Answers acquires with grants (or acquire_answers first, in turn;
+    None drops the connection), releases with released (or
+    release_answer), and heartbeat batches with results[stream_id] (alive
+    by default)."""
 
     def __init__(self) -> None:
         self.results: Dict[str, Dict] = {}
         self.degraded = False
         self.acquire_answer = None
+        self.acquire_answers: List[Optional[Answer]] = []
+        self.release_answer = None
         self.batches: List[Recorded] = []
         self.batch_seen = threading.Event()
 
-    def answer(self, rec: Recorded) -> Answer:
+    def answer(self, rec: Recorded) -> Optional[Answer]:
         if rec.path == Paths.ACQUIRE:
+            if self.acquire_answers:
+                return self.acquire_answers.pop(0)
             if self.acquire_answer is not None:
                 return self.acquire_answer
             return granted(rec, degraded=self.degraded)
         if rec.path == Paths.RELEASE:
+            if self.release_answer is not None:
+                return self.release_answer
             return json_answer(200, {"released": True, "degraded": False})
         if rec.path == Paths.HEARTBEATS:
             self.batches.append(rec)
@@ -183,6 +195,54 @@ class RequestTest(unittest.TestCase):
                     self.client(acquire_retries=0).acquire("user-1", "paid")
                 for key, want in fields.items():
                     self.assertEqual(getattr(caught.exception, key), want, key)
+
+    def test_acquire_of_another_callers_stream_id_is_not_slot_holder(self) -> None:
+        self.fake.acquire_answer = json_answer(403, {"error": not_slot_holder("user-1", "s")})
+        with self.assertRaises(NotSlotHolder) as caught:
+            self.client().acquire("user-1", "paid", stream_id="s")
+        err = caught.exception
+        self.assertIsInstance(err, LimiterError)
+        self.assertEqual((err.status, err.code), (403, "not_slot_holder"))
+        self.assertEqual(len(self.server.received(Paths.ACQUIRE)), 1, "a refusal is not retried")
+        self.assertEqual(self.server.received(Paths.RELEASE), [])
+
+    def test_unanswered_acquire_whose_retry_is_not_slot_holder_sends_no_release(self) -> None:
+        # The first answer is lost; by the retry, another caller holds the id.
+        self.fake.acquire_answers = [None, json_answer(403, {"error": not_slot_holder("user-1", "s")})]
+        with self.assertRaises(NotSlotHolder):
+            self.client().acquire("user-1", "paid", stream_id="s")
+        self.assertEqual([r.json["stream_id"] for r in self.server.received(Paths.ACQUIRE)], ["s", "s"])
+        self.assertEqual(self.server.received(Paths.RELEASE), [], "the id is another caller's: its release would be refused")
+
+    def test_release_of_a_slot_another_caller_holds_is_not_slot_holder(self) -> None:
+        lease = self.client().acquire("user-1", "paid", stream_id="s")
+        self.fake.release_answer = json_answer(403, {"error": not_slot_holder("user-1", "s")})
+        with self.assertRaises(NotSlotHolder) as caught:
+            lease.release()
+        self.assertEqual(caught.exception.status, 403)
+        with self.assertRaises(NotSlotHolder):
+            lease.release()  # refused, so not done: asked again
+        self.assertEqual(len(self.server.received(Paths.RELEASE)), 2)
+        self.assertFalse(lease.lost.is_set(), "a refused release is not a loss")
+
+    def test_heartbeat_refused_as_not_slot_holder_loses_the_lease(self) -> None:
+        client = self.client()
+        taken, kept = client.acquire("user-1", "paid"), client.acquire("user-1", "paid")
+        self.fake.results[taken.stream_id] = {
+            "alive": False,
+            "expires_at": None,
+            "error": not_slot_holder("user-1", taken.stream_id),
+        }
+        self.assertTrue(taken.lost.wait(2))
+        self.assertIsInstance(taken.error, NotSlotHolder)
+        self.assertEqual((taken.error.status, taken.error.code), (403, "not_slot_holder"))
+        rounds = len(self.fake.batches)
+        deadline = time.time() + 2
+        while len(self.fake.batches) < rounds + 2 and time.time() < deadline:
+            time.sleep(0.01)
+        for batch in self.fake.batches[rounds:]:
+            self.assertEqual([s["stream_id"] for s in batch.json["slots"]], [kept.stream_id], "a lost lease is heartbeated no more")
+        self.assertFalse(kept.lost.is_set())
 
     def test_answer_breaking_the_contract_is_refused_and_released(self) -> None:
         self.fake.acquire_answer = json_answer(200, {"granted": True, "stream_id": "s", "used": 1})

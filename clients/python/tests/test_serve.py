@@ -21,6 +21,7 @@ from limiter_client import (
     ClientClosed,
     InvalidRequest,
     LimitReached,
+    NotSlotHolder,
     PlanNotAllowed,
     SlotLost,
     Unauthenticated,
@@ -209,6 +210,29 @@ class ServeTest(unittest.TestCase):
             scoped.acquire(u, "free")
         self.assertEqual(caught.exception.status, 403)
         scoped.acquire(u, "paid").release()
+
+    def test_a_slot_belongs_to_the_caller_that_took_it(self) -> None:
+        u = user()
+        # The first heartbeat is due after the takeover below.
+        first = self.new_client(self.url, heartbeat_interval=1.5)
+        lease = first.acquire(u, "paid")
+        other = self.new_client(self.url, token=env("LIMITER_TEST_SCOPED_TOKEN"))
+        with self.assertRaises(NotSlotHolder) as caught:
+            other.acquire(u, "paid", stream_id=lease.stream_id)
+        self.assertEqual((caught.exception.status, caught.exception.code), (403, "not_slot_holder"))
+        self.assertEqual(self.used(u), 1, "a refused acquire must change nothing")
+
+        # Support frees the slot and the other caller takes the stream id.
+        self.admin.release_all(u, "ticket 2: stream moved to another caller")
+        taken = other.acquire(u, "paid", stream_id=lease.stream_id)
+        self.assertTrue(lease.lost.wait(5 * INTERVAL + 1.5), "lost not set within five heartbeat intervals")
+        self.assertIsInstance(lease.error, NotSlotHolder)
+        self.assertEqual((lease.error.status, lease.error.code), (403, "not_slot_holder"))
+        with self.assertRaises(NotSlotHolder):
+            lease.release()
+        self.assertEqual([s.stream_id for s in self.admin.slots(u).slots], [taken.stream_id], "a refused release must change nothing")
+        taken.release()
+        self.assertEqual(self.used(u), 0)
 
     def test_refusals_of_bad_input(self) -> None:
         with self.assertRaises(UnknownPlan) as caught:

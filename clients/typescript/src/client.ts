@@ -1,6 +1,6 @@
 import { randomBytes } from "node:crypto";
 
-import { LimiterError, closedError, definite } from "./errors.js";
+import { LimiterError, closedError, definite, isNotSlotHolder } from "./errors.js";
 import { Keeper, MAX_IN_FLIGHT, forEach, type Logger } from "./heartbeat.js";
 import { ENV_TOKEN, Endpoint } from "./http.js";
 import { Lease } from "./lease.js";
@@ -126,6 +126,7 @@ export class Client {
    * Takes a stream slot for userId under plan and heartbeats it until it is
    * released or lost. Rejects with a LimiterError: `stream_limit_reached`
    * (with used, limit, retryAfterMs), `unknown_plan`, `plan_not_allowed`,
+   * `not_slot_holder` (a `streamId` another caller holds),
    * `unauthenticated`, an invalid id, `limiter_unavailable` (also when the
    * limiter cannot be reached), `client_closed` after close; with a
    * RangeError for a label over 128 bytes. Acquiring a stream id this client
@@ -240,6 +241,11 @@ export class Client {
       } catch (err) {
         if (definite(err) && !unanswered) {
           throw err; // refused: no attempt can have taken a slot
+        }
+        if (isNotSlotHolder(err)) {
+          // Another caller holds the id: no attempt of ours holds it, and
+          // the limiter would refuse our release of it too.
+          throw err;
         }
         if (!definite(err)) {
           unanswered = true;

@@ -69,7 +69,22 @@ export function isLimited(err: unknown): err is LimiterError {
   return err instanceof LimiterError && err.code === ErrorCode.StreamLimitReached;
 }
 
+/**
+ * Whether err says the stream id is held by another caller (403
+ * not_slot_holder): the service authenticates its callers, and a slot
+ * belongs to the caller that took it; the limiter changed nothing. Acquire
+ * rejects so for a `streamId` another caller holds, a lease's release for a
+ * slot another caller took over, and a lease whose heartbeat is refused so
+ * is lost with it. Support releases any slot through the admin API.
+ */
+export function isNotSlotHolder(err: unknown): err is LimiterError {
+  return err instanceof LimiterError && err.code === ErrorCode.NotSlotHolder;
+}
+
 const INVALID: ReadonlySet<string> = new Set([ErrorCode.InvalidRequest, ErrorCode.InvalidUserId, ErrorCode.InvalidStreamId]);
+
+// Per-slot batch errors every later heartbeat would answer the same (besides INVALID).
+const FATAL: ReadonlySet<string> = new Set([ErrorCode.SlotLost, ErrorCode.UnknownPlan, ErrorCode.PlanNotAllowed, ErrorCode.NotSlotHolder]);
 
 // The status a single-slot call answers for a code, so that a batch's
 // per-slot error reads like the single call's.
@@ -77,6 +92,7 @@ const STATUS: Readonly<Record<string, number>> = {
   [ErrorCode.SlotLost]: 410,
   [ErrorCode.UnknownPlan]: 422,
   [ErrorCode.PlanNotAllowed]: 403,
+  [ErrorCode.NotSlotHolder]: 403,
   [ErrorCode.LimiterUnavailable]: 503,
   [ErrorCode.Internal]: 500,
   [ErrorCode.InvalidRequest]: 400,
@@ -148,7 +164,7 @@ export function definite(err: unknown): boolean {
 
 /** Whether a per-slot batch error means the slot cannot be kept: every later heartbeat would answer the same. */
 export function slotFatal(code: string): boolean {
-  return code === ErrorCode.SlotLost || code === ErrorCode.UnknownPlan || code === ErrorCode.PlanNotAllowed || INVALID.has(code);
+  return FATAL.has(code) || INVALID.has(code);
 }
 
 export function closedError(): LimiterError {

@@ -38,8 +38,9 @@ export class Lease {
   /**
    * Resolves, never rejects, when the lease is lost: the limiter answered
    * that the slot no longer exists (expired, released by support) or cannot
-   * be heartbeated (unknown plan, plan not allowed, invalid ids), or the
-   * client was closed. Release does not resolve it.
+   * be heartbeated (unknown plan, plan not allowed, a slot another caller
+   * holds, invalid ids), or the client was closed. Release does not resolve
+   * it.
    */
   readonly lost: Promise<LimiterError>;
 
@@ -72,8 +73,9 @@ export class Lease {
 
   /**
    * Why the lease was lost: `slot_lost`, `unknown_plan`, `plan_not_allowed`,
-   * an invalid id, `stream_limit_reached` (a degraded lease refused on
-   * re-acquire) or `client_closed`. Undefined while it is held.
+   * `not_slot_holder`, an invalid id, `stream_limit_reached` (a degraded
+   * lease refused on re-acquire) or `client_closed`. Undefined while it is
+   * held.
    */
   get error(): LimiterError | undefined {
     return this.lostError;

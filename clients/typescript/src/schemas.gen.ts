@@ -225,7 +225,7 @@ export interface Tier {
  *   the call reached Redis but its answer was lost, so what it did is
  *   not known.
  * - `not_found` (404), `method_not_allowed` (405).
- * - `unauthenticated` (401), `plan_not_allowed` (403): slot API, with `api.tokensFile`.
+ * - `unauthenticated` (401), `plan_not_allowed` (403), `not_slot_holder` (403): slot API, with `api.tokensFile`.
  * - `unauthorized` (401), `forbidden` (403): admin API.
  * - `internal` (500).
  *
@@ -246,6 +246,7 @@ export const ErrorCode = {
   MethodNotAllowed: "method_not_allowed",
   Unauthenticated: "unauthenticated",
   PlanNotAllowed: "plan_not_allowed",
+  NotSlotHolder: "not_slot_holder",
   Unauthorized: "unauthorized",
   Forbidden: "forbidden",
   Internal: "internal",

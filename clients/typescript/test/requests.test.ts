@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { afterEach, beforeEach, describe, test } from "node:test";
 
-import { Client, ErrorCode, LimiterError, Paths, type ClientOptions, type Lease } from "../src/index.js";
+import { Client, ErrorCode, LimiterError, Paths, isNotSlotHolder, type ClientOptions, type Lease } from "../src/index.js";
 import { MemoryLogger, TestServer, eventually, jsonAnswer, type Answer, type Recorded } from "./support.js";
 
 const STREAM_ID = /^[0-9a-f]{32}$/;
@@ -25,19 +25,32 @@ function granted(rec: Recorded, degraded = false, intervalMs = 50): Answer {
   });
 }
 
-/** Answers acquires with grants, releases with released, and batches with results[stream_id] (alive by default). */
+function notSlotHolder(userId: string, streamId: string) {
+  return { code: "not_slot_holder", message: `stream ${streamId} of user ${userId} is held by another caller` };
+}
+
+/**
+ * Answers acquires with grants (or acquireAnswers first, in turn; undefined
+ * drops the connection), releases with released (or releaseAnswer), and
+ * batches with results[stream_id] (alive by default).
+ */
 class Fake {
   results = new Map<string, Record<string, unknown>>();
   degraded = false;
   acquireAnswer: Answer | undefined;
+  acquireAnswers: Answer[] = [];
+  releaseAnswer: Answer | undefined;
   batches: Recorded[] = [];
 
   answer(rec: Recorded): Answer {
     switch (rec.path) {
       case Paths.acquire:
+        if (this.acquireAnswers.length > 0) {
+          return this.acquireAnswers.shift();
+        }
         return this.acquireAnswer ?? granted(rec, this.degraded);
       case Paths.release:
-        return jsonAnswer(200, { released: true, degraded: false });
+        return this.releaseAnswer ?? jsonAnswer(200, { released: true, degraded: false });
       case Paths.heartbeats:
         this.batches.push(rec);
         return jsonAnswer(200, {
@@ -176,6 +189,51 @@ describe("requests and answers", () => {
         assert.equal(err[key as keyof LimiterError], value, `${name}: ${key}`);
       }
     }
+  });
+
+  test("an acquire of another caller's stream id is not_slot_holder, not retried, and sends no release", async () => {
+    fake.acquireAnswer = jsonAnswer(403, { error: notSlotHolder("user-1", "s") });
+    const err = await newClient()
+      .acquire("user-1", "paid", { streamId: "s" })
+      .then(() => assert.fail("resolved"), (e: unknown) => e);
+    assert.ok(isNotSlotHolder(err), String(err));
+    assert.deepEqual([err.code, err.status], [ErrorCode.NotSlotHolder, 403]);
+    assert.equal(server.received(Paths.acquire).length, 1);
+    assert.deepEqual(server.received(Paths.release), []);
+  });
+
+  test("an unanswered acquire whose retry is not_slot_holder sends no release", async () => {
+    // The first answer is lost; by the retry, another caller holds the id.
+    fake.acquireAnswers = [undefined, jsonAnswer(403, { error: notSlotHolder("user-1", "s") })];
+    await assert.rejects(newClient().acquire("user-1", "paid", { streamId: "s" }), (err: unknown) => isNotSlotHolder(err));
+    assert.deepEqual(server.received(Paths.acquire).map((r) => r.json.stream_id), ["s", "s"]);
+    assert.deepEqual(server.received(Paths.release), [], "the id is another caller's: its release would be refused");
+  });
+
+  test("a release of a slot another caller holds is not_slot_holder", async () => {
+    const lease = await newClient().acquire("user-1", "paid", { streamId: "s" });
+    fake.releaseAnswer = jsonAnswer(403, { error: notSlotHolder("user-1", "s") });
+    await assert.rejects(lease.release(), (err: unknown) => isNotSlotHolder(err) && err.status === 403);
+    await assert.rejects(lease.release(), (err: unknown) => isNotSlotHolder(err)); // refused, so not done: asked again
+    assert.equal(server.received(Paths.release).length, 2);
+    assert.equal(lease.error, undefined, "a refused release is not a loss");
+  });
+
+  test("a heartbeat refused as not_slot_holder loses the lease", async () => {
+    const c = newClient();
+    const [taken, kept] = [await c.acquire("user-1", "paid"), await c.acquire("user-1", "paid")];
+    fake.results.set(taken.streamId, { alive: false, expires_at: null, error: notSlotHolder("user-1", taken.streamId) });
+    assert.ok(await eventually(() => taken.error !== undefined), "not lost");
+    const err = taken.error;
+    assert.ok(isNotSlotHolder(err), String(err));
+    assert.deepEqual([err.code, err.status], [ErrorCode.NotSlotHolder, 403]);
+    assert.equal(taken.signal.reason, err);
+    const rounds = fake.batches.length;
+    assert.ok(await eventually(() => fake.batches.length >= rounds + 2));
+    for (const batch of fake.batches.slice(rounds)) {
+      assert.deepEqual(batch.json.slots.map((s: { stream_id: string }) => s.stream_id), [kept.streamId], "a lost lease is heartbeated no more");
+    }
+    assert.equal(kept.error, undefined);
   });
 
   test("an answer breaking the contract is refused and its stream id released", async () => {

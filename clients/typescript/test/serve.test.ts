@@ -12,7 +12,7 @@ import assert from "node:assert/strict";
 import { readFile } from "node:fs/promises";
 import { afterEach, describe, test } from "node:test";
 
-import { Admin, Client, ErrorCode, LimiterError, Paths, type ClientOptions, type Lease } from "../src/index.js";
+import { Admin, Client, ErrorCode, LimiterError, Paths, isNotSlotHolder, type ClientOptions, type Lease } from "../src/index.js";
 import { FaultProxy, MemoryLogger, httpsFetch, scrape, serveEnv, total, user } from "./support.js";
 
 const TTL_MS = 2000;
@@ -253,6 +253,29 @@ describe("against a real serve", { skip }, () => {
     const scoped = newClient(undefined, { token: env.LIMITER_TEST_SCOPED_TOKEN });
     assert.equal((await refused(scoped.acquire(u, "free"), ErrorCode.PlanNotAllowed)).status, 403);
     await (await scoped.acquire(u, "paid")).release();
+  });
+
+  test("a slot belongs to the caller that took it", async () => {
+    const u = user();
+    // The first heartbeat is due after the takeover below.
+    const first = newClient(undefined, { heartbeatIntervalMs: 1500 });
+    const lease = await first.acquire(u, "paid");
+    const other = newClient(undefined, { token: env.LIMITER_TEST_SCOPED_TOKEN });
+    const err = await refused(other.acquire(u, "paid", { streamId: lease.streamId }), ErrorCode.NotSlotHolder);
+    assert.ok(isNotSlotHolder(err));
+    assert.equal(err.status, 403);
+    assert.equal(await used(u), 1, "a refused acquire must change nothing");
+
+    // Support frees the slot and the other caller takes the stream id.
+    await admin.releaseAll(u, "ticket 2: stream moved to another caller");
+    const taken = await other.acquire(u, "paid", { streamId: lease.streamId });
+    const lost = await Promise.race([lease.lost, sleep(1500 + 5 * INTERVAL_MS).then(() => undefined)]);
+    assert.ok(lost, "not lost within five heartbeat intervals");
+    assert.deepEqual([lost.status, lost.code], [403, ErrorCode.NotSlotHolder]);
+    await refused(lease.release(), ErrorCode.NotSlotHolder);
+    assert.deepEqual((await admin.slots(u)).slots.map((s) => s.stream_id), [taken.streamId], "a refused release must change nothing");
+    await taken.release();
+    assert.equal(await used(u), 0);
   });
 
   test("refusals of bad input", async () => {

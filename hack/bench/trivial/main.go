@@ -30,7 +30,6 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/joishi/limiter/pkg/httpapi"
-	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/lua"
 )
 
@@ -101,7 +100,7 @@ func (h *handler) serveAcquire(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key := h.prefix + "{" + req.UserID + "}"
-	arr, err := h.acquire.Exec(r.Context(), h.redis, append(slotKeys(key), keys.Override(key)), []string{req.StreamID, h.limit, h.ttl}).ToArray()
+	arr, err := h.acquire.Exec(r.Context(), h.redis, lua.AcquireKeys(key), []string{req.StreamID, h.limit, h.ttl}).ToArray()
 	vals := make([]int64, 0, 6)
 	for i := 0; err == nil && i < min(len(arr), 6); i++ {
 		var v int64
@@ -125,7 +124,7 @@ func (h *handler) serveRelease(w http.ResponseWriter, r *http.Request) {
 	if !readJSON(w, r, &req) {
 		return
 	}
-	arr, err := h.release.Exec(r.Context(), h.redis, queueKeys(h.prefix+"{"+req.UserID+"}"), []string{req.StreamID}).ToArray()
+	arr, err := h.release.Exec(r.Context(), h.redis, lua.ReleaseKeys(h.prefix+"{"+req.UserID+"}"), []string{req.StreamID}).ToArray()
 	var released int64
 	if err == nil && len(arr) == 3 {
 		released, err = arr[0].AsInt64()
@@ -153,17 +152,4 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
-}
-
-// slotKeys are the two keys the scripts take first: the user's slots and
-// their records (keys.SlotRecords). Acquire also takes the user's override
-// (keys.Override), and, as the limiter passes them for a plan whose
-// acquires never wait, no queue keys.
-func slotKeys(key string) []string { return []string{key, keys.SlotRecords(key)} }
-
-// queueKeys are the keys the release script takes: slotKeys and the
-// user's wait queue (keys.Queue, keys.QueueExpiry), whose head a release
-// names.
-func queueKeys(key string) []string {
-	return append(slotKeys(key), keys.Queue(key), keys.QueueExpiry(key))
 }

@@ -1,0 +1,197 @@
+package limiter_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/internal/limitertest"
+	"github.com/joishi/limiter/internal/testenv"
+	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/keys"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/lua"
+	"github.com/joishi/limiter/pkg/tiers"
+	"github.com/redis/rueidis"
+)
+
+// held reports how many live slots user holds, through a limiter whose
+// connections may still be coming back after a fault.
+func held(t *testing.T, lim *limiter.Limiter, user string) int {
+	t.Helper()
+	var err error
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		var got limiter.UserSlots
+		if got, err = lim.Slots(context.Background(), user); err == nil {
+			return got.Used
+		}
+	}
+	t.Fatalf("Slots(%s): %v", user, err)
+	return 0
+}
+
+// TestARetriedWaitKeepsItsSlotWhenTheFirstLeaves: two waiting acquires
+// under one stream id (a client's retry) on one server; the first leaves
+// in the very call that grants the ticket. The one that stays holds the
+// slot: it is not released under it for the one that left.
+func TestARetriedWaitKeepsItsSlotWhenTheFirstLeaves(t *testing.T) {
+	for _, b := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
+		t.Run(b.String(), func(t *testing.T) {
+			t.Parallel()
+			s := replicaStacks(t, b, 1, time.Minute)[0] // no poll: only this test's nudges call
+			lim, user := s.Limiter, newUser(t)
+			if res, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "wait", StreamID: "holder"}); err != nil || !res.Granted {
+				t.Fatalf("holder: %+v, %v", res, err)
+			}
+			firstCtx, leave := context.WithCancel(context.Background())
+			defer leave()
+			first := startWaiting(t, firstCtx, lim, user, "wait", "retried", 5*time.Second, 1)
+			second := make(chan waitResult, 1)
+			go func() {
+				res, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "wait", StreamID: "retried", Wait: 5 * time.Second})
+				second <- waitResult{res, err, time.Now()}
+			}()
+			time.Sleep(200 * time.Millisecond) // the retry joins the loop
+
+			// The holder's slot frees with no wake-up (a lost one), and the
+			// first waiter leaves: the loop's next call sees both at once.
+			key, _ := s.Keys.UserKey(user)
+			c, err := s.Redis.Redis()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rel, err := lua.Release(context.Background(), c, "", key, "holder"); err != nil || !rel.Released {
+				t.Fatalf("releasing the holder by hand: %+v, %v", rel, err)
+			}
+			leave()
+
+			got1, got2 := <-first, <-second
+			if !errors.Is(got1.err, context.Canceled) {
+				t.Errorf("the waiter that left: %+v, %v; want context.Canceled", got1.res, got1.err)
+			}
+			if got2.err != nil || !got2.res.Granted {
+				t.Fatalf("the waiter that stayed: %+v, %v; want granted", got2.res, got2.err)
+			}
+			if n := held(t, lim, user); n != 1 {
+				t.Errorf("user holds %d slots after the grant, want 1: the stayer's", n)
+			}
+			beat, err := lim.Heartbeat(context.Background(), limiter.HeartbeatRequest{UserID: user, Plan: "wait", StreamID: "retried"})
+			if err != nil || !beat.Alive {
+				t.Errorf("heartbeat of the granted stream: %+v, %v; want alive (the grant the stayer answered holds)", beat, err)
+			}
+		})
+	}
+}
+
+// TestAnAcquireWhoseAnswerIsLostLeavesNoSlot: the acquire script runs but
+// no answer comes back before the request's deadline (a Closed plan: an
+// error, no grant). The stream id was made by the limiter, so no one else
+// could release it: the limiter does, and the user's slot is free at once,
+// not after a TTL. The answer still names the stream id.
+func TestAnAcquireWhoseAnswerIsLostLeavesNoSlot(t *testing.T) {
+	t.Parallel()
+	e, proxy := lostReplies(t, 2*time.Second)
+	user := newUser(t)
+	proxy.DropReplies(1 << 20)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "closed"})
+	if err == nil || res.Granted {
+		t.Fatalf("acquire with every reply lost: %+v, %v; want an error", res, err)
+	}
+	if res.StreamID == "" {
+		t.Errorf("the failed acquire's answer names no stream id")
+	}
+	proxy.DropReplies(0)
+	if n := held(t, e.lim, user); n != 0 {
+		t.Errorf("user holds %d slots after the unanswered acquire, want 0", n)
+	}
+}
+
+// TestAClosedWaitWhoseGrantIsLostLeavesNoSlot: a waiting acquire on a
+// Closed plan whose granting call loses its answer is refused (503), and
+// the slot that call granted is released, not held for a TTL.
+func TestAClosedWaitWhoseGrantIsLostLeavesNoSlot(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	proxy := testenv.StartProxy(t, srv.Addr())
+	s := limitertest.New(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{proxy.Addr()}, Timeout: 500 * time.Millisecond},
+		Tiers: waitTiers(), Limiter: limiter.Options{WaitPoll: 100 * time.Millisecond}})
+	lim, user := s.Limiter, newUser(t)
+	if res, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "wait-closed", StreamID: "holder"}); err != nil || !res.Granted {
+		t.Fatalf("holder: %+v, %v", res, err)
+	}
+	done := make(chan waitResult, 1)
+	go func() {
+		res, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "wait-closed", Wait: 5 * time.Second})
+		done <- waitResult{res, err, time.Now()}
+	}()
+	awaitQueue(t, lim, user, func(q []limiter.Ticket) bool { return len(q) == 1 }, "one waiter")
+
+	// Every answer is lost from now on; the holder's slot frees behind the
+	// limiter's back, so the waiter's next poll grants it the slot.
+	proxy.DropReplies(1 << 20)
+	direct, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	key, _ := s.Keys.UserKey(user)
+	if rel, err := lua.Release(context.Background(), direct, "", key, "holder"); err != nil || !rel.Released {
+		t.Fatalf("releasing the holder by hand: %+v, %v", rel, err)
+	}
+	got := <-done
+	if got.err == nil || got.res.Granted {
+		t.Fatalf("the wait whose grant was lost: %+v, %v; want an error (a Closed plan)", got.res, got.err)
+	}
+	proxy.DropReplies(0)
+	// The release runs beside the answer, within one call's deadline.
+	var n int64
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if n, err = direct.Do(context.Background(), direct.B().Zcard().Key(key).Build()).AsInt64(); err == nil && n == 0 {
+			return
+		}
+	}
+	t.Errorf("user holds %d slots 2s after the lost grant (%v), want 0", n, err)
+}
+
+// TestAPlanThatNeverWaitsTakesNoSlotOwedToAWaiter: a plan with a larger
+// limit and no maxWait reads the queue too, so it does not take the slot
+// a waiter of another plan is owed; once the waiter is served, it may.
+func TestAPlanThatNeverWaitsTakesNoSlotOwedToAWaiter(t *testing.T) {
+	t.Parallel()
+	ts := append(waitTiers(),
+		tiers.Tier{Plan: "two-wait", MaxConcurrentStreams: 2, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen, MaxWait: 5 * time.Second},
+		tiers.Tier{Plan: "three-no-wait", MaxConcurrentStreams: 3, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen})
+	s := limitertest.New(t, limitertest.Options{Tiers: ts, Limiter: limiter.Options{WaitPoll: time.Minute}})
+	lim, user := s.Limiter, newUser(t)
+	for _, id := range []string{"a", "b"} {
+		if res, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "two-wait", StreamID: id}); err != nil || !res.Granted {
+			t.Fatalf("%s: %+v, %v", id, res, err)
+		}
+	}
+	waiter := startWaiting(t, context.Background(), lim, user, "two-wait", "w", 5*time.Second, 1)
+	// a frees with its wake-up lost: w is owed the slot, not yet granted.
+	key, _ := s.Keys.UserKey(user)
+	c, err := s.Redis.Redis()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lua.Release(context.Background(), c, "", key, "a"); err != nil {
+		t.Fatal(err)
+	}
+	res, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "three-no-wait", StreamID: "x"})
+	if err != nil || res.Granted {
+		t.Fatalf("acquire of a plan that never waits, with w owed the freed slot: %+v, %v; want denied", res, err)
+	}
+	if err := c.Do(context.Background(), c.B().Spublish().Channel(keys.WakeChannel(key)).Message("w").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-waiter; got.err != nil || !got.res.Granted {
+		t.Fatalf("w: %+v, %v; want granted", got.res, got.err)
+	}
+	if res, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "three-no-wait", StreamID: "x"}); err != nil || !res.Granted {
+		t.Fatalf("acquire of the plan of 3 once w holds its slot: %+v, %v; want granted", res, err)
+	}
+}

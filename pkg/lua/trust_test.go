@@ -1,0 +1,195 @@
+package lua_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/pkg/keys"
+	"github.com/joishi/limiter/pkg/lua"
+	"github.com/redis/rueidis"
+)
+
+// TestAWaiterBlocksNoAcquireItCouldNotBeGranted: user v9 holds 1 of 3
+// paid slots; three acquires of plan closed (limit 1) wait for v9. They
+// can be granted nothing while v9 holds a slot, so a paid acquire, and a
+// paid waiter, take the free slots past them; once v9 holds none, the
+// closed waiters are served first, in order, ahead of a later paid one.
+func TestAWaiterBlocksNoAcquireItCouldNotBeGranted(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		key := newKey(t)
+		if !mustAcquire(t, c, key, "paid-1", 3).Granted {
+			t.Fatal("paid-1 was not granted")
+		}
+		got := mustWait(t, c, key, waitArgs(1, []string{"closed-1", "closed-2", "closed-3"}))
+		for i, tk := range got.Tickets {
+			wantTicket(t, "closed ticket", tk, lua.TicketQueued, i+1)
+		}
+		if a := mustAcquire(t, c, key, "paid-2", 3); !a.Granted || a.Used != 2 {
+			t.Fatalf("paid acquire behind three closed waiters = %+v, want granted with used 2", a)
+		}
+		// A paid waiter queued behind them is granted the third slot.
+		got = mustWait(t, c, key, waitArgs(3, []string{"paid-3"}))
+		wantTicket(t, "paid-3 past the closed waiters", got.Tickets[0], lua.TicketGranted, 0)
+		if a := mustAcquire(t, c, key, "paid-4", 3); a.Granted {
+			t.Fatalf("paid acquire with 3 of 3 held = %+v, want denied", a)
+		}
+		// The bound: with a limit one below what is held, still not owed.
+		if a := mustAcquire(t, c, key, "closed-now", 1); a.Granted {
+			t.Fatalf("closed acquire with 3 held = %+v, want denied", a)
+		}
+		for _, id := range []string{"paid-1", "paid-2", "paid-3"} {
+			mustRelease(t, c, key, id)
+		}
+		// v9 holds none: closed-1 is owed the one slot its plan allows. A
+		// paid stream taken first would leave it no room under its limit
+		// of 1, so the paid acquire waits its turn.
+		if a := mustAcquire(t, c, key, "paid-5", 3); a.Granted {
+			t.Fatalf("paid acquire ahead of closed-1, owed the one slot its plan allows = %+v, want denied", a)
+		}
+		got = mustWait(t, c, key, waitArgs(1, []string{"closed-1", "closed-2", "closed-3"}))
+		wantTicket(t, "closed-1 first", got.Tickets[0], lua.TicketGranted, 0)
+		wantTicket(t, "closed-2 after it", got.Tickets[1], lua.TicketQueued, 1)
+		// closed-2 and closed-3 can be granted nothing beside closed-1.
+		if a := mustAcquire(t, c, key, "paid-5", 3); !a.Granted || a.Used != 2 {
+			t.Fatalf("paid acquire past closed waiters at their limit = %+v, want granted with used 2", a)
+		}
+	})
+}
+
+// TestAStreamBelongsToTheCallerThatTookIt: another caller's acquire of a
+// held stream id, heartbeat and release change nothing and say so; the
+// holder's own calls, and calls that name no caller, go on as before.
+func TestAStreamBelongsToTheCallerThatTookIt(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		owner := lua.Record{Caller: "chat-backend", Plan: "paid"}
+		first, err := lua.Acquire(ctx, c, key, "secret-1", 3, time.Minute, owner)
+		if err != nil || !first.Granted {
+			t.Fatalf("owner's acquire: %+v, %v", first, err)
+		}
+		for _, other := range []string{"batch-jobs", "chat-backend2", "chat-backen", "Chat-backend"} {
+			got, err := lua.Acquire(ctx, c, key, "secret-1", 1, 2*time.Hour, lua.Record{Caller: other, Plan: "free"})
+			if err != nil || got.Granted || !got.NotHolder {
+				t.Errorf("%s's acquire of the held stream = %+v, %v; want NotHolder", other, got, err)
+			}
+			beat, err := lua.Heartbeat(ctx, c, other, key, "secret-1", time.Minute)
+			if err != nil || beat.Alive || !beat.NotHolder {
+				t.Errorf("%s's heartbeat = %+v, %v; want NotHolder", other, beat, err)
+			}
+			rel, err := lua.Release(ctx, c, other, key, "secret-1")
+			if err != nil || rel.Released || !rel.NotHolder {
+				t.Errorf("%s's release = %+v, %v; want NotHolder", other, rel, err)
+			}
+		}
+		score, err := c.Do(ctx, c.B().Zscore().Key(key).Member("secret-1").Build()).AsInt64()
+		if err != nil || score != first.ExpiresAtMs {
+			t.Fatalf("the slot's expiry after the others' calls = %d, %v; want %d, unchanged", score, err, first.ExpiresAtMs)
+		}
+		slots, err := lua.Slots(ctx, c, key)
+		if err != nil || len(slots.Slots) != 1 || slots.Slots[0].Record.Record != owner {
+			t.Fatalf("the slot's record after the others' calls: %+v, %v; want the owner's", slots.Slots, err)
+		}
+		// A waiting acquire of another caller neither takes the slot nor
+		// queues under its id.
+		got := mustWait(t, c, key, lua.WaitArgs{Limit: 3, SlotTTL: time.Minute, TicketTTL: 10 * time.Second, MaxQueue: 10,
+			Tickets: []lua.TicketArgs{{StreamID: "secret-1", Record: lua.Record{Caller: "batch-jobs"}}}})
+		if got.Tickets[0].State != lua.TicketNotHolder {
+			t.Errorf("another caller's wait on the held stream: state %d, want %d", got.Tickets[0].State, lua.TicketNotHolder)
+		}
+		// The owner's own calls, and calls that name no caller.
+		if beat, err := lua.Heartbeat(ctx, c, "chat-backend", key, "secret-1", time.Minute); err != nil || !beat.Alive {
+			t.Errorf("owner's heartbeat = %+v, %v; want alive", beat, err)
+		}
+		if got, err := lua.Acquire(ctx, c, key, "secret-1", 3, time.Minute, owner); err != nil || !got.Granted {
+			t.Errorf("owner's re-acquire = %+v, %v; want granted", got, err)
+		}
+		if beat, err := lua.Heartbeat(ctx, c, "", key, "secret-1", time.Minute); err != nil || !beat.Alive {
+			t.Errorf("heartbeat naming no caller = %+v, %v; want alive", beat, err)
+		}
+		if rel, err := lua.Release(ctx, c, "chat-backend", key, "secret-1"); err != nil || !rel.Released {
+			t.Errorf("owner's release = %+v, %v; want released", rel, err)
+		}
+	})
+}
+
+// TestAWaitingTicketBelongsToItsCaller: another caller cannot refresh,
+// withdraw or be granted a ticket queued under a stream id it does not
+// own.
+func TestAWaitingTicketBelongsToItsCaller(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		key := newKey(t)
+		mustAcquire(t, c, key, "holder", 1)
+		mine := lua.WaitArgs{Limit: 1, SlotTTL: time.Minute, TicketTTL: 10 * time.Second, MaxQueue: 10,
+			Tickets: []lua.TicketArgs{{StreamID: "w", Record: lua.Record{Caller: "alice"}}}}
+		wantTicket(t, "alice's ticket", mustWait(t, c, key, mine).Tickets[0], lua.TicketQueued, 1)
+		theirs := mine
+		theirs.Tickets = []lua.TicketArgs{{StreamID: "w", Leave: true, Record: lua.Record{Caller: "mallory"}}}
+		if got := mustWait(t, c, key, theirs).Tickets[0]; got.State != lua.TicketNotHolder {
+			t.Errorf("mallory withdrawing alice's ticket: state %d, want %d", got.State, lua.TicketNotHolder)
+		}
+		mustRelease(t, c, key, "holder")
+		theirs.Tickets[0].Leave = false
+		if got := mustWait(t, c, key, theirs).Tickets[0]; got.State != lua.TicketNotHolder {
+			t.Errorf("mallory taking alice's ticket's slot: state %d, want %d", got.State, lua.TicketNotHolder)
+		}
+		wantTicket(t, "alice's ticket, granted to alice", mustWait(t, c, key, mine).Tickets[0], lua.TicketGranted, 0)
+	})
+}
+
+// TestAReacquireRestoresALostRecordWithItsExpiry: a held slot whose
+// records hash was lost gets its record back on a re-acquire, and the
+// hash expires with the slots' key (no record outlives its slot).
+func TestAReacquireRestoresALostRecordWithItsExpiry(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, embedded bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		if got, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, lua.Record{Plan: "paid"}); err != nil || !got.Granted {
+			t.Fatalf("acquire: %+v, %v", got, err)
+		}
+		if err := c.Do(ctx, c.B().Del().Key(keys.SlotRecords(key)).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		// Soon after: the key's expiry is far enough out not to move.
+		if got, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, lua.Record{Plan: "paid"}); err != nil || !got.Granted {
+			t.Fatalf("re-acquire: %+v, %v", got, err)
+		}
+		rec, err := c.Do(ctx, c.B().Hget().Key(keys.SlotRecords(key)).Field("s").Build()).ToString()
+		if err != nil || rec == "" {
+			t.Fatalf("record after the re-acquire: %q, %v; want one", rec, err)
+		}
+		ttl, err := c.Do(ctx, c.B().Pttl().Key(keys.SlotRecords(key)).Build()).AsInt64()
+		if err != nil || ttl <= 0 {
+			t.Errorf("records hash PTTL = %d, %v; want an expiry (a record must not outlive its slot)", ttl, err)
+		}
+		keyTTL, _ := c.Do(ctx, c.B().Pttl().Key(key).Build()).AsInt64()
+		if !embedded && ttl < keyTTL-1000 {
+			t.Errorf("records hash PTTL %d, slots key %d: want them to expire together", ttl, keyTTL)
+		}
+	})
+}
+
+// TestAnAcquireLeavesAWaiterOwedASlotRoomUnderItsLimit: the user holds 2
+// under a plan of 2 and a waiter of that plan queues; one slot frees, so
+// the waiter is owed it. An acquire under a plan of 3 that does not wait
+// would fit (2 < 3) but leave the waiter none under its own limit: it is
+// denied until the waiter is served, then granted.
+func TestAnAcquireLeavesAWaiterOwedASlotRoomUnderItsLimit(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		key := newKey(t)
+		mustAcquire(t, c, key, "a", 2)
+		mustAcquire(t, c, key, "b", 2)
+		wantTicket(t, "w queued", mustWait(t, c, key, waitArgs(2, []string{"w"})).Tickets[0], lua.TicketQueued, 1)
+		if rel := mustRelease(t, c, key, "a"); rel.Head != "w" {
+			t.Fatalf("release = %+v, want w to wake, owed the freed slot", rel)
+		}
+		if a := mustAcquire(t, c, key, "x", 3); a.Granted {
+			t.Fatalf("acquire under 3 ahead of w, owed the slot its limit of 2 allows = %+v, want denied", a)
+		}
+		wantTicket(t, "w granted", mustWait(t, c, key, waitArgs(2, []string{"w"})).Tickets[0], lua.TicketGranted, 0)
+		if a := mustAcquire(t, c, key, "x", 3); !a.Granted || a.Used != 3 {
+			t.Fatalf("acquire under 3 once w is served = %+v, want granted with used 3", a)
+		}
+	})
+}
