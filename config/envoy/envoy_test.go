@@ -116,6 +116,14 @@ func TestBootstrapParses(t *testing.T) {
 	}
 	clusterName := ep.GetGrpcService().GetEnvoyGrpc().GetClusterName()
 
+	// Routes are matched on the normalized path: no other spelling of the
+	// limited route passes with the filter disabled.
+	if !hcm.GetNormalizePath().GetValue() || !hcm.GetMergeSlashes() ||
+		hcm.GetPathWithEscapedSlashesAction() != hcmv3.HttpConnectionManager_UNESCAPE_AND_REDIRECT {
+		t.Errorf("normalize_path %v, merge_slashes %v, path_with_escaped_slashes_action %v: want the path normalized before routes match",
+			hcm.GetNormalizePath(), hcm.GetMergeSlashes(), hcm.GetPathWithEscapedSlashesAction())
+	}
+
 	// The routes: the chat completions route holds a slot, the rest not.
 	routes := hcm.GetRouteConfig().GetVirtualHosts()[0].GetRoutes()
 	var limited, passed bool
@@ -129,8 +137,10 @@ func TestBootstrapParses(t *testing.T) {
 			disabled = per.GetDisabled()
 		}
 		switch r.GetMatch().GetPathSpecifier().(type) {
-		case *routev3.RouteMatch_Path:
-			if r.GetMatch().GetPath() == "/v1/chat/completions" && !disabled {
+		case *routev3.RouteMatch_PathSeparatedPrefix:
+			// Anything under the route, in any case, holds a slot too.
+			if r.GetMatch().GetPathSeparatedPrefix() == "/v1/chat/completions" && !disabled &&
+				r.GetMatch().GetCaseSensitive() != nil && !r.GetMatch().GetCaseSensitive().GetValue() {
 				limited = true
 				if r.GetRoute().GetTimeout().AsDuration() != 0 {
 					t.Errorf("the streaming route has a timeout of %s, want none", r.GetRoute().GetTimeout().AsDuration())

@@ -12,6 +12,7 @@ import (
 
 	"github.com/joishi/limiter/pkg/identity"
 	"github.com/joishi/limiter/pkg/proxy"
+	"github.com/joishi/limiter/pkg/route"
 	"github.com/joishi/limiter/pkg/tiers"
 )
 
@@ -24,7 +25,9 @@ type Proxy struct {
 	// with an optional path prefix. Required by `limiter proxy`.
 	Upstream string `mapstructure:"upstream"`
 	// Routes are the path prefixes whose requests hold a slot; the rest
-	// pass through with no identity needed. Default []: every request.
+	// pass through with no identity needed. Each is a plain path (no //,
+	// ".", "..", %, \, ;, ?), matched on segment boundaries against every
+	// spelling of a request's path (pkg/route). Default []: every request.
 	Routes []string `mapstructure:"routes"`
 	// PassAuthorization passes the client's Authorization header upstream.
 	// Default true.
@@ -201,8 +204,9 @@ func (c Config) validateProxy(v *validator) {
 		}
 	}
 	for _, r := range p.Routes {
-		if !strings.HasPrefix(r, "/") {
-			v.add("proxy.routes", "each route must be a path prefix starting with /", strconv.Quote(r))
+		var invalid *route.InvalidError
+		if err := route.Check(r); errors.As(err, &invalid) {
+			v.add("proxy.routes", "each route "+invalid.Problem, strconv.Quote(r))
 		}
 	}
 	if p.UpstreamCAFile != "" {

@@ -24,7 +24,11 @@ func TestProxyAndIdentityValidation(t *testing.T) {
 	}{
 		{"an upstream that is no http URL", func(c *Config) { c.Proxy.Upstream = "vllm:8000" }, "proxy.upstream", "http:// or https://"},
 		{"an upstream with credentials", func(c *Config) { c.Proxy.Upstream = "http://u:p@vllm:8000" }, "proxy.upstream", "no user info"},
-		{"a route that is no path", func(c *Config) { c.Proxy.Routes = []string{"v1/chat"} }, "proxy.routes", "starting with /"},
+		{"a route that is no path", func(c *Config) { c.Proxy.Routes = []string{"v1/chat"} }, "proxy.routes", "must start with /"},
+		{"a route with a doubled slash", func(c *Config) { c.Proxy.Routes = []string{"/v1//chat"} }, "proxy.routes", "empty segment"},
+		{"a route with a dot-dot", func(c *Config) { c.Proxy.Routes = []string{"/v1/../chat"} }, "proxy.routes", `"." or ".." segment`},
+		{"a route with an encoded slash", func(c *Config) { c.Proxy.Routes = []string{"/v1%2Fchat"} }, "proxy.routes", "must not hold %"},
+		{"a route with a query", func(c *Config) { c.Proxy.Routes = []string{"/v1/chat?x=1"} }, "proxy.routes", "must not hold ?"},
 		{"a bad listen address", func(c *Config) { c.Proxy.Listen = "8000" }, "proxy.listen", "host:port"},
 		{"no dial timeout", func(c *Config) { c.Proxy.DialTimeout = 0 }, "proxy.dialTimeout", "must be > 0"},
 		{"tiny header limit", func(c *Config) { c.Proxy.MaxHeaderBytes = 10 }, "proxy.maxHeaderBytes", "between 1024"},

@@ -15,21 +15,37 @@ import (
 
 // headerMap reads the headers of an ext_proc message as identity.Headers:
 // Envoy lower-cases their names and puts each value in raw_value (older
-// versions in value). A repeated header's first value is returned, as
-// http.Header.Get does.
+// versions in value). A header Envoy holds more than once comes as one
+// entry per value (an appending request_headers_to_add, a client's
+// repeated field line): Get returns the first, as http.Header.Get does,
+// and Values all of them. Names are matched without regard to case, so
+// that no entry escapes Values by its spelling.
 type headerMap struct{ m *corev3.HeaderMap }
 
 func (h headerMap) Get(name string) string {
-	name = strings.ToLower(name)
 	for _, hv := range h.m.GetHeaders() {
-		if hv.GetKey() == name {
-			if raw := hv.GetRawValue(); len(raw) > 0 {
-				return string(raw)
-			}
-			return hv.GetValue()
+		if strings.EqualFold(hv.GetKey(), name) {
+			return valueOf(hv)
 		}
 	}
 	return ""
+}
+
+func (h headerMap) Values(name string) []string {
+	var values []string
+	for _, hv := range h.m.GetHeaders() {
+		if strings.EqualFold(hv.GetKey(), name) {
+			values = append(values, valueOf(hv))
+		}
+	}
+	return values
+}
+
+func valueOf(hv *corev3.HeaderValue) string {
+	if raw := hv.GetRawValue(); len(raw) > 0 {
+		return string(raw)
+	}
+	return hv.GetValue()
 }
 
 // payloadClaims returns the verified JWT payload in md's filter metadata

@@ -208,7 +208,7 @@ func (x *exchange) requestHeaders(ctx context.Context, req *extprocv3.Processing
 	id, err := x.identify(req, h)
 	if err != nil {
 		s.holder.Refused(ctx, hold.ReasonIdentity)
-		return x.refuse(hold.Refused(http.StatusUnauthorized, hold.TypeInvalidRequest, hold.CodeUnauthenticated, err.Error()))
+		return x.refuse(identity.Refusal(err))
 	}
 	callerName := ""
 	if x.caller != nil {

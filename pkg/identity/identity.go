@@ -27,10 +27,11 @@ const (
 	DefaultJWKSCacheTTL = 5 * time.Minute
 )
 
-// Errors of Resolve. Each wraps ErrUnauthenticated: answer 401, and never
-// take a slot.
+// Errors of Resolve. Each but ErrAmbiguous wraps ErrUnauthenticated:
+// answer 401, and never take a slot (Refusal maps them all).
 var (
-	// ErrUnauthenticated is wrapped by every error of Resolve.
+	// ErrUnauthenticated is wrapped by every error of Resolve but
+	// ErrAmbiguous.
 	ErrUnauthenticated = errors.New("unauthenticated")
 	// ErrMissing: the request carries no credentials (no bearer token, no
 	// user header).
@@ -41,6 +42,13 @@ var (
 	// ErrNoPlan: neither the token nor the headers name a plan, and there
 	// is no default plan.
 	ErrNoPlan = fmt.Errorf("%w: no plan", ErrUnauthenticated)
+	// ErrAmbiguous: a header that decides the identity (the user or plan
+	// header, Authorization with a JWT, the payload header) came more than
+	// once, whatever its values. A hop in front that appends its value to
+	// the client's instead of replacing it would otherwise let the
+	// client's come first and choose the user; the request is malformed
+	// (400), not unauthenticated.
+	ErrAmbiguous = errors.New("ambiguous identity")
 )
 
 // Sources of an Identity.
@@ -82,9 +90,12 @@ type Options struct {
 }
 
 // Headers is what Resolve reads: an http.Header, or the request headers of
-// an ext_proc message behind the same method.
+// an ext_proc message behind the same methods. Values returns every value
+// of a header, one per field line (or header map entry), so that a
+// repeated one is seen.
 type Headers interface {
 	Get(name string) string
+	Values(name string) []string
 }
 
 // Resolver resolves the identity of requests. It is safe for concurrent
@@ -131,9 +142,9 @@ func (r *Resolver) UsesJWT() bool { return r.verifier != nil }
 // in front (Options.Payload).
 func (r *Resolver) UsesPayload() bool { return r.opts.Payload != nil }
 
-// Resolve returns the identity of a request from its headers. Errors wrap
-// ErrUnauthenticated (ErrMissing, ErrInvalidToken, ErrNoPlan); their
-// messages say what was wrong and never quote the token.
+// Resolve returns the identity of a request from its headers. Errors are
+// ErrAmbiguous, or wrap ErrUnauthenticated (ErrMissing, ErrInvalidToken,
+// ErrNoPlan); their messages say what was wrong and never quote the token.
 func (r *Resolver) Resolve(h Headers) (Identity, error) {
 	if r.verifier != nil {
 		return r.fromToken(h)
@@ -141,11 +152,17 @@ func (r *Resolver) Resolve(h Headers) (Identity, error) {
 	if r.opts.Payload != nil {
 		return r.fromPayloadHeader(h)
 	}
-	user := strings.TrimSpace(h.Get(r.opts.UserHeader))
+	user, err := single(h, r.opts.UserHeader)
+	if err != nil {
+		return Identity{}, err
+	}
+	plan, err := single(h, r.opts.PlanHeader)
+	if err != nil {
+		return Identity{}, err
+	}
 	if user == "" {
 		return Identity{}, fmt.Errorf("%w: header %s is missing", ErrMissing, r.opts.UserHeader)
 	}
-	plan := strings.TrimSpace(h.Get(r.opts.PlanHeader))
 	if plan == "" {
 		plan = r.opts.DefaultPlan
 	}
@@ -156,7 +173,11 @@ func (r *Resolver) Resolve(h Headers) (Identity, error) {
 }
 
 func (r *Resolver) fromToken(h Headers) (Identity, error) {
-	token, ok := bearer(h.Get("Authorization"))
+	authorization, err := single(h, "Authorization")
+	if err != nil {
+		return Identity{}, err
+	}
+	token, ok := bearer(authorization)
 	if !ok {
 		return Identity{}, fmt.Errorf("%w: no bearer token in the Authorization header", ErrMissing)
 	}
@@ -181,6 +202,21 @@ func bearer(value string) (string, bool) {
 	}
 	token = strings.TrimSpace(token)
 	return token, token != ""
+}
+
+// single returns the value of header name, trimmed; "" when it is absent.
+// More than one value, even the same twice, is ErrAmbiguous: which one a
+// hop in front meant cannot be told.
+func single(h Headers, name string) (string, error) {
+	values := h.Values(name)
+	switch len(values) {
+	case 0:
+		return "", nil
+	case 1:
+		return strings.TrimSpace(values[0]), nil
+	}
+	return "", fmt.Errorf("%w: header %s came more than once (%d values); the hop in front must set it, replacing any the client sent, not add to it",
+		ErrAmbiguous, name, len(values))
 }
 
 var _ Headers = http.Header(nil)

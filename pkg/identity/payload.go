@@ -75,7 +75,10 @@ func (r *Resolver) fromPayloadHeader(h Headers) (Identity, error) {
 	if name == "" {
 		return Identity{}, fmt.Errorf("%w: identities come from a verified JWT payload in dynamic metadata, and there is none", ErrMissing)
 	}
-	value := strings.TrimSpace(h.Get(name))
+	value, err := single(h, name)
+	if err != nil {
+		return Identity{}, err
+	}
 	if value == "" {
 		return Identity{}, fmt.Errorf("%w: header %s (the verified JWT payload) is missing", ErrMissing, name)
 	}

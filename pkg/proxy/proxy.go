@@ -14,13 +14,13 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/joishi/limiter/pkg/hold"
 	"github.com/joishi/limiter/pkg/identity"
 	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/route"
 	"github.com/joishi/limiter/pkg/tiers"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -50,9 +50,12 @@ type Options struct {
 	// prefix (http://vllm:8000, https://gateway.internal/openai).
 	// Required.
 	Upstream *url.URL
-	// Routes are the path prefixes whose requests hold a slot ("/v1/chat/completions").
-	// A prefix matches the path itself and anything under it after a "/".
-	// Default none: every request holds one.
+	// Routes are the path prefixes whose requests hold a slot
+	// ("/v1/chat/completions"), each a plain path (route.Check). A route
+	// holds its path and what lies under it on a segment boundary
+	// (/v1/chat holds /v1/chat/x, not /v1/chatty), however the client
+	// spells it: case aside, and by any reading of the path that the
+	// upstream may take (pkg/route). Default none: every request holds one.
 	Routes []string
 	// LabelHeader names the request header whose value becomes the
 	// slot's label (limiter.AcquireRequest.Label): what support sees
@@ -105,6 +108,7 @@ type Options struct {
 type Proxy struct {
 	holder   *hold.Holder
 	ident    *identity.Resolver
+	routes   route.Set
 	opts     Options
 	log      *slog.Logger
 	rp       *httputil.ReverseProxy
@@ -121,6 +125,10 @@ func New(h *hold.Holder, ident *identity.Resolver, opts Options) (*Proxy, error)
 	}
 	if opts.Tiers == nil {
 		return nil, errors.New("proxy: Options.Tiers is required")
+	}
+	routes, err := route.New(opts.Routes)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: %w", err)
 	}
 	if opts.MaxHeaderBytes <= 0 {
 		opts.MaxHeaderBytes = DefaultMaxHeaderBytes
@@ -144,8 +152,7 @@ func New(h *hold.Holder, ident *identity.Resolver, opts Options) (*Proxy, error)
 		}
 		opts.Transport = t
 	}
-	p := &Proxy{holder: h, ident: ident, opts: opts, log: opts.Logger}
-	var err error
+	p := &Proxy{holder: h, ident: ident, routes: routes, opts: opts, log: opts.Logger}
 	p.upErrors, err = opts.MeterProvider.Meter(meterName).Int64Counter("limiter.proxy.upstream.errors", metric.WithUnit("{error}"),
 		metric.WithDescription("Requests the upstream failed, by phase: response (no response: refused, timed out; answered 502 or 504) or body (the response broke off mid-stream)."))
 	if err != nil {
@@ -171,22 +178,20 @@ func (p *Proxy) Handler() http.Handler {
 	return h
 }
 
-// limited reports whether path holds a slot.
-func (p *Proxy) limited(path string) bool {
+// limited reports whether r holds a slot. Its path is judged as the
+// client sent it (RequestURI: raw, in origin form) and as it goes
+// upstream (net/http re-escapes a path whose escaping it finds odd, and
+// may so turn a %2F beside a backslash into a slash); either one under a
+// route holds one.
+func (p *Proxy) limited(r *http.Request) bool {
 	if len(p.opts.Routes) == 0 {
 		return true
 	}
-	for _, prefix := range p.opts.Routes {
-		prefix = strings.TrimSuffix(prefix, "/")
-		if path == prefix || strings.HasPrefix(path, prefix+"/") {
-			return true
-		}
-	}
-	return false
+	return p.routes.Match(r.RequestURI) || p.routes.Match(r.URL.EscapedPath())
 }
 
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
-	if !p.limited(r.URL.Path) {
+	if !p.limited(r) {
 		p.forward(w, r)
 		return
 	}
@@ -200,7 +205,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	id, err := p.ident.Resolve(r.Header)
 	if err != nil {
 		p.holder.Refused(ctx, hold.ReasonIdentity)
-		hold.Refused(http.StatusUnauthorized, hold.TypeInvalidRequest, hold.CodeUnauthenticated, err.Error()).Write(w)
+		identity.Refusal(err).Write(w)
 		return
 	}
 	var label string
