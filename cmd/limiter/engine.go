@@ -5,12 +5,15 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/config"
 	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/lua"
 	"github.com/joishi/limiter/pkg/telemetry"
 	"github.com/joishi/limiter/pkg/tiers"
 	"go.opentelemetry.io/otel"
@@ -69,6 +72,9 @@ func startEngine(ctx context.Context, cfg config.Config, table *tiers.Table, log
 	}
 	redisOpts.Logger = logger.With("component", "redis")
 	redisOpts.NewRedis = e.tel.NewRedisClient
+	// Loaded on every node at connect, before readiness (see
+	// cluster.Client.Warmed): the first calls find them.
+	redisOpts.Scripts = slices.Collect(maps.Values(lua.Sources()))
 	e.redis, err = cluster.New(redisOpts)
 	if err != nil {
 		return e, stop, fmt.Errorf("redis: %w", err)

@@ -114,7 +114,7 @@ func runProxy(ctx context.Context, cfg config.Config, deps serveDeps) error {
 	if err != nil {
 		return err
 	}
-	opts.Tiers, opts.Logger = table, logger
+	opts.Tiers, opts.Logger, opts.Warmed = table, logger, eng.redis.Warmed
 	opts.MeterProvider, opts.Propagator = tel.MeterProvider, tel.Propagator
 	opts.Middleware, opts.Metrics = tel.Middleware, tel.MetricsHandler()
 	p, err := proxy.New(holder, ident, opts)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 
+	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/config"
 	"github.com/joishi/limiter/pkg/server"
 	"github.com/joishi/limiter/pkg/tiers"
@@ -58,10 +59,8 @@ func runServe(ctx context.Context, cfg config.Config, deps serveDeps) error {
 		return err
 	}
 	defer stopAdmin()
-	srvOpts := server.Options{Logger: logger, Metrics: tel.MetricsHandler(), Middleware: tel.Middleware, Admin: admin, Callers: callers}
-	if cfg.Redis.RequiredForReadiness {
-		srvOpts.RedisAnswered = redis.Answered
-	}
+	srvOpts := server.Options{Logger: logger, Metrics: tel.MetricsHandler(), Middleware: tel.Middleware, Admin: admin, Callers: callers,
+		RedisAnswered: redisReady(redis, cfg.Redis.RequiredForReadiness)}
 	srv := server.New(lim, srvOpts)
 	runExtProc, err := startExtProc(cfg, lim, table, callers, tel, logger)
 	if err != nil {
@@ -108,6 +107,19 @@ func tierTable(ctx context.Context, cfg config.Config, deps serveDeps, logger *s
 	default:
 		return nil, nil, fmt.Errorf("%w: tiers.source %q", config.ErrInvalid, cfg.Tiers.Source)
 	}
+}
+
+// redisReady is what readiness waits for of Redis: the client warmed up,
+// or gave up warming up within its bound (cluster.Client.Warmed), so that
+// a rolling deploy's first requests to this replica are neither degraded
+// nor slow while Redis is up; and, with redis.requiredForReadiness, a
+// first answer. Both stay true once true, as server.Options.RedisAnswered
+// requires: readiness gates the start, it never follows Redis.
+func redisReady(redis *cluster.Client, requireAnswer bool) func() bool {
+	if !requireAnswer {
+		return redis.Warmed
+	}
+	return func() bool { return redis.Warmed() && redis.Answered() }
 }
 
 func newLogger(cfg config.Log, out io.Writer) *slog.Logger {

@@ -24,6 +24,7 @@ const (
 	DefaultProbeInterval         = 5 * time.Second
 	DefaultAnswerWithin          = 5 * time.Second
 	DefaultMaxFlushDelay         = 20 * time.Microsecond
+	DefaultWarmWithin            = 2 * time.Second
 	EmbeddedMinTimeout           = 2 * time.Second
 )
 
@@ -65,6 +66,16 @@ type Options struct {
 	// AnswerWithin is how long after New Redis may take to first answer
 	// before an ERROR says it has not. Default 5s.
 	AnswerWithin time.Duration
+	// Scripts are Lua sources the client loads (SCRIPT LOAD) on every node
+	// as soon as it connects, so that a script's first EVALSHA finds it
+	// instead of failing NOSCRIPT and sending the whole source again.
+	// Default none.
+	Scripts []string
+	// WarmWithin bounds how long after New Warmed waits for the warm-up
+	// (see Warmed): past it Warmed is true whatever Redis does. Default
+	// 2s: a healthy Redis is warm within milliseconds, and each step of the
+	// warm-up is bounded by Timeout.
+	WarmWithin time.Duration
 	// MaxFlushDelay is how long the client's writer may wait after writing
 	// to a connection, gathering the commands that callers issue meanwhile
 	// into its next write: fewer system calls per command, on the client
@@ -95,6 +106,9 @@ func (o Options) withDefaults() Options {
 	if o.MaxFlushDelay == 0 {
 		o.MaxFlushDelay = DefaultMaxFlushDelay
 	}
+	if o.WarmWithin == 0 {
+		o.WarmWithin = DefaultWarmWithin
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -112,6 +126,8 @@ type Client struct {
 	opts      Options
 	redis     atomic.Pointer[rueidis.Client]
 	connected chan struct{}
+	started   time.Time     // when New returned the client
+	warmed    chan struct{} // closed once the warm-up ended (see Warmed)
 	embedded  *embeddedStore
 	health    *health
 	slots     atomic.Pointer[SlotMap] // a cluster's, nil until read
@@ -127,35 +143,38 @@ type Client struct {
 // because Redis is unreachable.
 func New(opts Options) (*Client, error) {
 	opts = opts.withDefaults()
-	if opts.Timeout < 0 || opts.ShardsRefreshInterval < 0 || opts.DialTimeout < 0 || opts.ProbeInterval < 0 || opts.AnswerWithin < 0 {
+	if opts.Timeout < 0 || opts.ShardsRefreshInterval < 0 || opts.DialTimeout < 0 || opts.ProbeInterval < 0 || opts.AnswerWithin < 0 || opts.WarmWithin < 0 {
 		return nil, errors.New("redis timeouts must not be negative")
 	}
-	c := &Client{opts: opts, connected: make(chan struct{}), health: newHealth(), stop: make(chan struct{})}
+	c := &Client{opts: opts, connected: make(chan struct{}), warmed: make(chan struct{}), health: newHealth(), stop: make(chan struct{})}
 	if len(opts.Addrs) == 0 {
 		store, err := startEmbedded()
 		if err != nil {
 			return nil, err
 		}
 		c.embedded = store
-		c.opts.Addrs = []string{store.addr()}
+		c.opts.Addrs = []string{embeddedAddr}
 		c.opts.Timeout = max(c.opts.Timeout, EmbeddedMinTimeout)
 	}
 	if c.opts.DialTimeout == 0 {
 		c.opts.DialTimeout = c.opts.Timeout
 	}
-	start := time.Now()
+	c.started = time.Now()
 	c.wg.Go(c.run)
-	c.wg.Go(func() { c.watchFirstAnswer(start) })
+	c.wg.Go(func() { c.watchFirstAnswer(c.started) })
 	return c, nil
 }
 
-// run connects, then probes Redis every ProbeInterval until Close.
+// run connects, warms up, then probes Redis every ProbeInterval until
+// Close.
 func (c *Client) run() {
 	client, ok := c.connect()
 	if !ok {
 		return
 	}
-	c.probe(client)
+	c.probe(client) // first: it reads a cluster's slot map
+	c.warm(client)
+	close(c.warmed)
 	if c.embedded == nil {
 		c.checkServers(client)
 	}
@@ -253,10 +272,13 @@ func (c *Client) WaitConnected(ctx context.Context) error {
 // Timeout is the per-call deadline.
 func (c *Client) Timeout() time.Duration { return c.opts.Timeout }
 
-// dial connects to dst as rueidis does by default, and notes when it
-// started (see HonorsDeadlines).
+// dial connects to dst as rueidis does by default, or to the embedded
+// store, and notes when it started (see HonorsDeadlines).
 func (c *Client) dial(ctx context.Context, dst string, dialer *net.Dialer, config *tls.Config) (net.Conn, error) {
 	c.lastDial.Store(time.Now().UnixNano())
+	if c.embedded != nil {
+		return c.embedded.dial()
+	}
 	if config != nil {
 		return (&tls.Dialer{NetDialer: dialer, Config: config}).DialContext(ctx, "tcp", dst)
 	}
@@ -331,7 +353,8 @@ const MaxDirectCalls = 256
 // Embedded reports whether the client runs on the in-process store.
 func (c *Client) Embedded() bool { return c.embedded != nil }
 
-// Addrs returns the seed addresses (the embedded store's when embedded).
+// Addrs returns the seed addresses; embedded, a name ("in-process"), as
+// the store has no network address.
 func (c *Client) Addrs() []string { return c.opts.Addrs }
 
 // Close stops connecting, closes the connection and the embedded store.

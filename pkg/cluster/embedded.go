@@ -2,18 +2,27 @@ package cluster
 
 import (
 	"fmt"
+	"net"
 	"strconv"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/alicebob/miniredis/v2/server"
 	"github.com/joishi/limiter/pkg/keys"
 )
 
 // embeddedStore is an in-process Redis-compatible server. It runs the same
 // Lua scripts as Redis, but it holds one process's state only: two replicas
 // on embedded stores enforce two separate limits.
+//
+// It has no listener: each connection is one end of a net.Pipe whose other
+// end the store serves (see dial), so only the client handed those
+// connections reaches it. A port, even on loopback and behind a password,
+// is open to every process in the pod's network namespace, and one that
+// wrote to the store could free or take slots past api.tokensFile.
 type embeddedStore struct {
 	server *miniredis.Miniredis
+	conns  *server.Server // serves the connections dial makes
 	stop   chan struct{}
 	done   chan struct{}
 	// answers are the release_all answers the last sweep found; the next
@@ -38,14 +47,35 @@ const (
 	sweepAfter = 24 * time.Hour
 )
 
+// embeddedAddr is what the client names the embedded store by, in its
+// logs and spans: the store has no network address.
+const embeddedAddr = "in-process"
+
 func startEmbedded() (*embeddedStore, error) {
-	server := miniredis.NewMiniRedis()
-	if err := server.StartAddr("127.0.0.1:0"); err != nil {
+	store := miniredis.NewMiniRedis()
+	// miniredis starts a store without a listener at its first Dial; that
+	// connection is not needed.
+	conn, err := store.Dial()
+	if err != nil {
 		return nil, fmt.Errorf("starting the embedded store: %w", err)
 	}
-	s := &embeddedStore{server: server, stop: make(chan struct{}), done: make(chan struct{})}
+	conn.Close()
+	s := &embeddedStore{server: store, conns: store.Server(), stop: make(chan struct{}), done: make(chan struct{})}
 	go s.sweepLoop()
 	return s, nil
+}
+
+// dial returns a new connection to the store, served until either end
+// closes. (miniredis's own Dial serves a bare net.Pipe: see replyBuffer.)
+func (s *embeddedStore) dial() (net.Conn, error) {
+	select {
+	case <-s.stop:
+		return nil, net.ErrClosed
+	default:
+	}
+	client, store := net.Pipe()
+	s.conns.ServeConn(newReplyBuffer(store))
+	return client, nil
 }
 
 func (s *embeddedStore) sweepLoop() {
@@ -116,8 +146,6 @@ func (s *embeddedStore) sweepOverride(key string, now time.Time) {
 		s.server.Del(key)
 	}
 }
-
-func (s *embeddedStore) addr() string { return s.server.Addr() }
 
 func (s *embeddedStore) close() {
 	close(s.stop)

@@ -88,6 +88,12 @@ type Options struct {
 	// Tiers is the table the limiter enforces; /readyz waits for it to
 	// sync. Required.
 	Tiers *tiers.Table
+	// Warmed reports whether the Redis client has warmed up (learnt the
+	// cluster's slots, dialled every node, loaded the scripts) or given up
+	// within its bound (cluster.Client.Warmed): /readyz waits for it, so a
+	// new replica's first streams are neither unenforced nor slow. Default
+	// nil: not waited for.
+	Warmed func() bool
 	// Logger receives stream grants, ends and upstream failures. Default
 	// slog.Default().
 	Logger *slog.Logger

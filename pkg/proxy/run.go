@@ -109,7 +109,8 @@ func serve(srv *http.Server, ln net.Listener) error {
 }
 
 // OpsHandler serves /healthz (the process answers), /readyz (the tier
-// table has synced and the proxy is not draining; never tied to Redis, so
+// table has synced, the Redis client has warmed up or given up within its
+// bound, and the proxy is not draining; never tied to Redis answering, so
 // an outage leaves the proxy in the load balancer to apply each tier's
 // failure mode) and /metrics.
 func (p *Proxy) OpsHandler() http.Handler {
@@ -121,6 +122,8 @@ func (p *Proxy) OpsHandler() http.Handler {
 			plain(w, http.StatusServiceUnavailable, "draining\n")
 		case !p.opts.Tiers.IsSynced():
 			plain(w, http.StatusServiceUnavailable, "tiers not synced yet\n")
+		case p.opts.Warmed != nil && !p.opts.Warmed():
+			plain(w, http.StatusServiceUnavailable, "redis client warming up\n")
 		default:
 			plain(w, http.StatusOK, "ok\n")
 		}

@@ -8,7 +8,9 @@ import (
 // /readyz (the tier table has synced and the server is not draining; not
 // tied to Redis, or a Redis outage would turn fail-open into fail-closed at
 // the load balancer, except that Options.RedisAnswered may hold a starting
-// replica back until Redis first answers) and /metrics.
+// replica back: serve's holds it while its Redis client warms up, for a
+// bounded time, and with redis.requiredForReadiness until Redis first
+// answers) and /metrics.
 func (s *Server) OpsHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
