@@ -26,6 +26,7 @@ type Config struct {
 	Ops       Ops       `mapstructure:"ops"`
 	Redis     Redis     `mapstructure:"redis"`
 	Tiers     Tiers     `mapstructure:"tiers"`
+	Pools     Pools     `mapstructure:"pools"`
 	Admin     Admin     `mapstructure:"admin"`
 	Telemetry Telemetry `mapstructure:"telemetry"`
 	Log       Log       `mapstructure:"log"`

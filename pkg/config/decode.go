@@ -14,7 +14,7 @@ import (
 // decodeHook turns what the file, the environment and flags hold into
 // Config's field types.
 func decodeHook() mapstructure.DecodeHookFunc {
-	return mapstructure.ComposeDecodeHookFunc(tierListHook, durationHook, stringListHook)
+	return mapstructure.ComposeDecodeHookFunc(tierListHook, poolListHook, durationHook, stringListHook)
 }
 
 // durationHook parses durations and refuses bare numbers: "timeout: 250"

@@ -91,6 +91,11 @@ func Load(opts LoadOptions) (Config, error) {
 		}
 		k.field(&cfg).Set(val.Elem())
 	}
+	if list, ok, err := filePools(configFile(opts.Flags)); err != nil {
+		errs = append(errs, err)
+	} else if ok {
+		cfg.Pools.Static = list
+	}
 	if err := errors.Join(errs...); err != nil {
 		return cfg, err
 	}

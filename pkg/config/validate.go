@@ -90,6 +90,7 @@ func (c Config) Validate() error {
 	default:
 		v.add("tiers.source", "must be static or kubernetes", strconv.Quote(c.Tiers.Source))
 	}
+	c.validateStaticPools(&v)
 	if c.Tiers.LeaseDuration < MinLeaseDuration || c.Tiers.LeaseDuration > MaxLeaseDuration {
 		v.add("tiers.leaseDuration", fmt.Sprintf("must be between %s and %s", MinLeaseDuration, MaxLeaseDuration), c.Tiers.LeaseDuration.String())
 	}

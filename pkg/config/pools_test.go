@@ -1,0 +1,85 @@
+package config
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/pkg/tiers"
+)
+
+const poolsFile = `pools:
+  static:
+    - pool: model
+      maxConcurrentStreams: 100
+      keys: {gpt-4o: 500, meta-llama/Llama-3.1-70B-Instruct: 64}
+    - pool: org
+      maxWait: 10s
+      failureMode: Closed
+`
+
+// TestLoadPoolsKeepsTheCaseOfTheirKeys: a pool's keys are names whose
+// case matters; the file's pools.static is read as written, though every
+// other key of the file is read without case.
+func TestLoadPoolsKeepsTheCaseOfTheirKeys(t *testing.T) {
+	cfg, err := load(t, poolsFile, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := cfg.StaticPools()
+	if len(got) != 2 {
+		t.Fatalf("pools: %+v, want model and org", got)
+	}
+	model, org := got[0], got[1]
+	if limit, ok := model.Limit("meta-llama/Llama-3.1-70B-Instruct"); !ok || limit != 64 {
+		t.Errorf("model's meta-llama/Llama-3.1-70B-Instruct: %d, %v; want its own cap of 64 (keys: %v)", limit, ok, model.Keys)
+	}
+	if limit, ok := model.Limit("meta-llama/llama-3.1-70b-instruct"); !ok || limit != 100 {
+		t.Errorf("the lower-cased key: %d, %v; want the default cap of 100, another key", limit, ok)
+	}
+	if model.FailureMode != tiers.FailOpen || org.FailureMode != tiers.FailClosed || org.MaxWait != 10*time.Second || org.MaxConcurrentStreams != nil {
+		t.Errorf("pools read as %+v and %+v", model, org)
+	}
+}
+
+// TestLoadPoolsFromTheEnvironment: LIMITER_POOLS_STATIC holds a JSON or
+// YAML list and wins over the file.
+func TestLoadPoolsFromTheEnvironment(t *testing.T) {
+	cfg, err := load(t, poolsFile, map[string]string{"LIMITER_POOLS_STATIC": `[{"pool":"provider","keys":{"OpenAI":64}}]`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := cfg.StaticPools()
+	if len(got) != 1 || got[0].Pool != "provider" || got[0].Keys["OpenAI"] != 64 {
+		t.Errorf("pools: %+v, want the environment's provider pool with key OpenAI", got)
+	}
+}
+
+func TestLoadPoolsNamesWhatIsWrong(t *testing.T) {
+	for _, tc := range []struct {
+		name, file string
+		want       []string
+	}{
+		{"a key over its bound", "pools:\n  static:\n    - pool: model\n      keys: {gpt-4o: 100001}\n",
+			[]string{"pools.static[0].keys.gpt-4o: must be between 0 and 100000", "env LIMITER_POOLS_STATIC", "got 100001"}},
+		{"a pool defined twice", "pools:\n  static:\n    - pool: model\n    - pool: model\n",
+			[]string{`pools.static[1].pool: "model" is already defined by pools.static[0]`}},
+		{"an unknown field", "pools:\n  static:\n    - pool: model\n      maxConcurentStreams: 3\n",
+			[]string{"pools.static", "maxConcurentStreams"}},
+		{"a maxWait with no unit", "pools:\n  static:\n    - pool: model\n      maxWait: 10\n",
+			[]string{"pools.static", "has no unit"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := load(t, tc.file, nil)
+			if err == nil || !errors.Is(err, ErrInvalid) {
+				t.Fatalf("Load: %v, want ErrInvalid", err)
+			}
+			for _, want := range tc.want {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("Load: %v; want it to say %q", err, want)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,54 @@
+package keys_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/joishi/limiter/pkg/keys"
+)
+
+func TestPoolKey(t *testing.T) {
+	schema := keys.Schema{Prefix: "p:"}
+	for _, tc := range []struct {
+		name, pool, key, want string
+		err                   error
+	}{
+		{"a model name is a key", "model", "meta-llama/Llama-3.1-70B-Instruct", "p:pool:{model=meta-llama/Llama-3.1-70B-Instruct}", nil},
+		{"an organisation id with ':' and '@' is a key", "org", "acme:eu@1", "p:pool:{org=acme:eu@1}", nil},
+		{"128 bytes is the longest key", "model", strings.Repeat("k", 128), "p:pool:{model=" + strings.Repeat("k", 128) + "}", nil},
+		{"129 bytes is one too many", "model", strings.Repeat("k", 129), "", keys.ErrInvalidPoolKey},
+		{"a brace would move the hash tag", "model", "a}b", "", keys.ErrInvalidPoolKey},
+		{"a ';' would break the stream's record", "model", "a;b", "", keys.ErrInvalidPoolKey},
+		{"a ',' would break the stream's record", "model", "a,b", "", keys.ErrInvalidPoolKey},
+		{"whitespace is refused", "model", "gpt 4o", "", keys.ErrInvalidPoolKey},
+		{"an empty key is refused", "model", "", "", keys.ErrInvalidPoolKey},
+		{"an upper-case pool name is refused", "Model", "x", "", keys.ErrInvalidPool},
+		{"'=' in a pool name is refused", "a=b", "x", "", keys.ErrInvalidPool},
+		{"63 characters is the longest pool name", strings.Repeat("p", 63), "x", "p:pool:{" + strings.Repeat("p", 63) + "=x}", nil},
+		{"64 characters is one too many", strings.Repeat("p", 64), "x", "", keys.ErrInvalidPool},
+		{"a pool name starts with a letter or digit", "-model", "x", "", keys.ErrInvalidPool},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := schema.PoolKey(tc.pool, tc.key)
+			if got != tc.want || !errors.Is(err, tc.err) {
+				t.Errorf("PoolKey(%q, %q) = %q, %v; want %q, %v", tc.pool, tc.key, got, err, tc.want, tc.err)
+			}
+		})
+	}
+}
+
+// TestPoolKeysNeverMeetUserKeys: a pool key is no user's key, however the
+// user id is chosen, and its own keys are read as a user's are.
+func TestPoolKeysNeverMeetUserKeys(t *testing.T) {
+	schema := keys.Schema{}
+	pool, _ := schema.PoolKey("model", "gpt-4o")
+	for _, user := range []string{"pool:", "model=gpt-4o", "pool:{model=gpt-4o"} {
+		if u, err := schema.UserKey(user); err == nil && u == pool {
+			t.Errorf("user %q has the pool key %q", user, pool)
+		}
+	}
+	if !keys.IsQueue(keys.Queue(pool)) || !keys.IsOverride(keys.Override(pool)) {
+		t.Errorf("a pool key's queue and override are not read as such: %q, %q", keys.Queue(pool), keys.Override(pool))
+	}
+}
