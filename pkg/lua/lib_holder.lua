@@ -1,12 +1,13 @@
 -- holder(record): the caller a slot's (or a ticket's) record names, ''
--- when none. The caller field comes before the label, which may hold any
--- character, so only the part before ';label=' is read.
+-- when none. The caller is the first field after the TTL and start (see
+-- pkg/lua/records.go), so only that place is read: fields after it (a
+-- user id, a label) may hold any character, ';caller=' too.
 local function holder(record)
   if not record then
     return ''
   end
-  local head = string.match(record, '^(.-);label=') or record
-  return string.match(head, ';caller=([^;]*)') or ''
+  return string.match(record, '^%d*;started=%d+;caller=([^;]*)')
+    or string.match(record, '^%d*;caller=([^;]*)') or ''
 end
 
 -- foreign(record, caller): whether the record names a caller other than

@@ -193,3 +193,25 @@ func TestAnAcquireLeavesAWaiterOwedASlotRoomUnderItsLimit(t *testing.T) {
 		}
 	})
 }
+
+// TestTheCallerIsReadOnlyWhereItIsRecorded: a label or a user id that
+// spells ';caller=' names no holder: a slot taken with no caller stays
+// anyone's, and one taken by chat stays chat's.
+func TestTheCallerIsReadOnlyWhereItIsRecorded(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		if got, err := lua.Acquire(ctx, c, key, "open", 3, time.Minute, lua.Record{Label: "x;caller=mallory"}); err != nil || !got.Granted {
+			t.Fatalf("acquire: %+v, %v", got, err)
+		}
+		if beat, err := lua.Heartbeat(ctx, c, "chat", key, "open", time.Minute); err != nil || !beat.Alive {
+			t.Errorf("heartbeat of a slot with no caller whose label spells one: %+v, %v; want alive", beat, err)
+		}
+		if got, err := lua.Acquire(ctx, c, key, "chats", 3, time.Minute, lua.Record{Caller: "chat", Label: ";caller=mallory"}); err != nil || !got.Granted {
+			t.Fatalf("acquire: %+v, %v", got, err)
+		}
+		if beat, err := lua.Heartbeat(ctx, c, "mallory", key, "chats", time.Minute); err != nil || !beat.NotHolder {
+			t.Errorf("mallory's heartbeat of chat's slot labelled ';caller=mallory': %+v, %v; want NotHolder", beat, err)
+		}
+	})
+}
