@@ -34,6 +34,11 @@ type AcquireRequest struct {
 	// served, across every server (see wait.go). Default 0: the acquire
 	// answers at once.
 	Wait time.Duration
+	// Pools name the pool keys the stream joins: pool → key ("model" →
+	// "gpt-4o"), at most MaxPools. Each capped key must have room too, or
+	// the acquire is refused (AcquireResult.RefusedBy) and takes nothing.
+	// Default none.
+	Pools map[string]string
 	// OnWait, when set, is called once the acquire, denied at once, is
 	// about to wait in the queue, with how long it may (Wait capped by the
 	// tier's MaxWait), on the goroutine that called Acquire: a front end
@@ -76,6 +81,12 @@ type AcquireResult struct {
 	// AcquireRequest.Wait): before it was granted, or, when it was not,
 	// before its wait ran out. 0 when it did not wait.
 	Waited time.Duration
+	// Pools are the capped pool keys the granted stream holds a
+	// membership of, in the order of the pools' names.
+	Pools []PoolGrant
+	// RefusedBy, on a denial, is the pool key that refused the stream;
+	// nil when the user's own limit did (Used, Limit, RetryAfter).
+	RefusedBy *PoolRefusal
 }
 
 // Acquire takes a slot for req.UserID if the user holds fewer than the
@@ -123,12 +134,20 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	if err != nil {
 		return AcquireResult{}, tiers.Tier{}, err
 	}
+	ms, err := l.memberships(req.Pools)
+	if err != nil {
+		return AcquireResult{}, tier, err
+	}
+	held := make([]lua.PoolKey, len(ms))
+	for i, m := range ms {
+		held[i] = lua.PoolKey{Pool: m.pool.Pool, Key: m.key}
+	}
 
 	var got lua.Acquired
 	var replicas *replicaSync
 	err = l.do(ctx, "acquire", func(ctx context.Context, c rueidis.Client) (err error) {
 		c, replicas = l.synced(c)
-		rec := lua.Record{Caller: req.Caller, Plan: tier.Plan, Label: req.Label}
+		rec := lua.Record{Caller: req.Caller, Plan: tier.Plan, Pools: lua.EncodePools(held), Label: req.Label}
 		got, err = lua.Acquire(ctx, c, key, req.StreamID, tier.MaxConcurrentStreams, tier.SlotTTL, rec)
 		return err
 	})
@@ -166,7 +185,8 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		if err := l.confirmGrant(ctx, replicas, tier, key, &res); err != nil {
 			return res, tier, err
 		}
-		return res, tier, nil
+		err := l.grantPools(ctx, req, tier, ms, !got.Extended, &res)
+		return res, tier, err
 	}
 	res.RetryAfter = time.Duration(got.RetryAfterMs) * time.Millisecond
 	if wait := min(req.Wait, tier.MaxWait); wait > 0 && res.Limit > 0 {
@@ -174,8 +194,38 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 			req.OnWait(wait)
 		}
 		res, err = l.await(ctx, key, req, tier, wait, res, generated)
+		if err == nil && res.Granted && !res.Degraded {
+			err = l.grantPools(ctx, req, tier, ms, true, &res)
+		}
 	}
 	return res, tier, err
+}
+
+// grantPools joins the pool keys ms of a stream whose user's slot res
+// grants (added: this acquire took it), and turns res into the pool's
+// refusal when one refuses. A membership granted degraded makes the
+// grant degraded.
+func (l *Limiter) grantPools(ctx context.Context, req AcquireRequest, tier tiers.Tier, ms []membership, added bool, res *AcquireResult) error {
+	if len(ms) == 0 {
+		return nil
+	}
+	j, err := l.joinPools(ctx, req, tier, ms, added)
+	if err != nil {
+		res.Granted, res.ExpiresAt = false, time.Time{}
+		return err
+	}
+	if r := j.refusal; r != nil {
+		res.Granted, res.ExpiresAt, res.RefusedBy, res.RetryAfter = false, time.Time{}, r, r.RetryAfter
+		if added {
+			res.Used--
+		}
+		return nil
+	}
+	res.Pools = j.grants
+	for _, g := range j.grants {
+		res.Degraded = res.Degraded || g.Degraded
+	}
+	return nil
 }
 
 // releaseUnanswered releases a slot that an acquire may have taken without

@@ -68,7 +68,7 @@ func BenchmarkAcquireReleaseVsRaw(b *testing.B) {
 			if got[0] != 1 {
 				return false, nil
 			}
-			if got, err := scriptInts(c.Do(ctx, c.B().Evalsha().Sha1(releaseSHA).Numkeys(int64(len(lua.ReleaseKeys(key)))).Key(lua.ReleaseKeys(key)...).Arg(stream).Build())); err != nil || len(got) != 3 {
+			if got, err := scriptInts(c.Do(ctx, c.B().Evalsha().Sha1(releaseSHA).Numkeys(int64(len(lua.ReleaseKeys(key)))).Key(lua.ReleaseKeys(key)...).Arg(stream).Build())); err != nil || len(got) != 4 {
 				return true, fmt.Errorf("EVALSHA release: %v, %v", got, err)
 			}
 			return true, nil

@@ -71,6 +71,11 @@ func (l *Limiter) heartbeat(ctx context.Context, req HeartbeatRequest) (Heartbea
 		l.wake(ctx, key) // slots freed: whoever waits for them looks
 	}
 	res, err := l.beatResult(ctx, req, tier, beat, err)
+	if err == nil && res.Alive && !res.Degraded && len(beat.Pools) > 0 {
+		results, errs := []HeartbeatResult{res}, []error{nil}
+		l.beatPools(ctx, []HeartbeatRequest{req}, []time.Duration{tier.SlotTTL}, [][]lua.PoolKey{beat.Pools}, results, errs)
+		res, err = results[0], errs[0]
+	}
 	return res, tier, err
 }
 
@@ -97,6 +102,8 @@ func (l *Limiter) HeartbeatBatch(ctx context.Context, reqs []HeartbeatRequest) (
 		index = append(index, i)
 	}
 	if len(args) > 0 {
+		var pooled [][]lua.PoolKey // the memberships of the slots kept alive, by request; nil: none
+		var ttls []time.Duration
 		var beats []lua.Beat
 		var beatErrs []error
 		callErr := l.do(ctx, "heartbeat_batch", func(ctx context.Context, c rueidis.Client) error {
@@ -113,6 +120,15 @@ func (l *Limiter) HeartbeatBatch(ctx context.Context, reqs []HeartbeatRequest) (
 				l.wake(ctx, args[j].Key) // slots freed: whoever waits for them looks
 			}
 			results[i], errs[i] = l.beatResult(ctx, reqs[i], tiersOf[i], beat, err)
+			if errs[i] == nil && results[i].Alive && !results[i].Degraded && len(beat.Pools) > 0 {
+				if pooled == nil {
+					pooled, ttls = make([][]lua.PoolKey, len(reqs)), make([]time.Duration, len(reqs))
+				}
+				pooled[i], ttls[i] = beat.Pools, tiersOf[i].SlotTTL
+			}
+		}
+		if pooled != nil {
+			l.beatPools(ctx, reqs, ttls, pooled, results, errs)
 		}
 	}
 	var alive, lost, degraded int

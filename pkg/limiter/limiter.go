@@ -12,6 +12,7 @@ import (
 
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/keys"
+	"github.com/joishi/limiter/pkg/pools"
 	"github.com/joishi/limiter/pkg/ratelog"
 	"github.com/joishi/limiter/pkg/tiers"
 	"github.com/redis/rueidis"
@@ -86,6 +87,9 @@ type Options struct {
 	// MaxQueue bounds the acquires waiting in one user's queue; one more
 	// is refused at once, as if it did not wait. Default 1000.
 	MaxQueue int
+	// Pools are the pools acquires may name (AcquireRequest.Pools).
+	// Default: none (an acquire naming a pool is ErrUnknownPool).
+	Pools *pools.Table
 }
 
 // Defaults of Options.
@@ -99,6 +103,7 @@ const (
 type Limiter struct {
 	redis    *cluster.Client
 	tiers    *tiers.Table
+	pools    *pools.Table
 	keys     keys.Schema
 	log      *slog.Logger
 	observer Observer
@@ -150,6 +155,10 @@ func New(redis *cluster.Client, table *tiers.Table, opts Options) *Limiter {
 		syncReplicas: opts.SyncReplicas,
 		queues:       queues{m: map[queueKey]*userQueue{}},
 		ticketTTL:    opts.TicketTTL, waitPoll: opts.WaitPoll, maxQueue: opts.MaxQueue,
+		pools: opts.Pools,
+	}
+	if l.pools == nil {
+		l.pools = pools.NewTable()
 	}
 	if redis == nil || redis.Embedded() { // one process: wake-ups are calls
 		l.bus = newLocalBus()

@@ -77,6 +77,9 @@ func (l *Limiter) release(ctx context.Context, caller, userID, streamID string) 
 	if got.Head != "" {
 		l.wake(ctx, key, got.Head)
 	}
+	if len(got.Pools) > 0 {
+		l.leavePools(ctx, userID, streamID, got.Pools)
+	}
 	return ReleaseResult{Released: got.Released}, nil
 }
 

@@ -14,7 +14,8 @@
 -- ARGV[4] -> the rest of a new slot's record: '' or ';name=value' fields
 --            (optional: absent is ''); its caller, when it names one, is
 --            who asks
--- returns {granted (1|0|-1), used, expires_at_ms, pruned, retry_after_ms, override, {wake ids}}
+-- returns {granted (1|2|0|-1), used, expires_at_ms, pruned, retry_after_ms, override, {wake ids}}
+--   granted 1      a new slot; 2: the stream held one, now extended
 --   granted -1     the stream is held by another caller: nothing changed
 --   used           slots held after this call (live slots only)
 --   expires_at_ms  the slot's expiry when granted, 0 when denied
@@ -110,7 +111,7 @@ local recorded = false -- a record was written to a hash that may be new
 local function extend()
   redis.call('ZADD', key, 'GT', now + ttl, member)
   recorded = redis.call('HSETNX', meta, member, record) == 1
-  granted = 1
+  granted = 2
   expires = tonumber(redis.call('ZSCORE', key, member))
 end
 
@@ -129,7 +130,7 @@ elseif redis.call('ZSCORE', key, member) then
   extend()
 end
 
-if granted == 1 then
+if granted > 0 then
   -- Both keys outlive the slot by at least one TTL, so slots that expire
   -- unreleased stay visible for the next call to prune and count. As a
   -- heartbeat does, their expiry moves only when it must, and then to two

@@ -8,7 +8,7 @@
 -- ARGV[2i+1] -> its fallback slot ttl (ms, >= 0, decimal digits): for a
 --               slot that has no record (taken by a version that wrote
 --               none); 0: none known
--- returns {pruned, used, alive_1, expires_at_ms_1, ..., alive_n, expires_at_ms_n}
+-- returns {pruned, used, alive_1, expires_at_ms_1, ..., alive_n, expires_at_ms_n, {i, record_i, ...}}
 --   pruned: the user's slots that had expired unreleased (these included),
 --   removed now with their records.
 --   used: the user's live slots after the call (the live-streams metric).
@@ -19,6 +19,9 @@
 --   it is, expires_at_ms its current expiry.
 --   alive -2: held by another caller (its record names one other than
 --   ARGV[1]): left as it is, expires_at_ms 0.
+--   The last value lists, for the slots kept alive whose record names
+--   pool keys (';pools='), their place i and record: the caller keeps
+--   their memberships alive too (see pkg/lua/records.go).
 --
 -- The TTL is the record's leading digits (see acquire), so a slot keeps
 -- heartbeating after its plan is deleted, on any replica. A slot without
@@ -47,6 +50,7 @@ for i = 2, #ARGV, 2 do
 end
 local records = redis.call('HMGET', meta, unpack(members))
 
+local pooled = {} -- i, record of the slots alive with pool memberships
 local need, at = 0, 0 -- the key's expiry must reach need; it is set to at
 local recorded = false -- a record was written: the hash may be new
 for i, member in ipairs(members) do
@@ -72,6 +76,10 @@ for i, member in ipairs(members) do
       end
     end
     if alive == 1 then
+      if records[i] and string.find(records[i], ';pools=', 1, true) then
+        pooled[#pooled + 1] = i
+        pooled[#pooled + 1] = records[i]
+      end
       if fallback then
         redis.call('HSET', meta, member, ARGV[2 * i + 1])
         recorded = true
@@ -101,4 +109,5 @@ if need > 0 then
 end
 
 out[2] = redis.call('ZCARD', key)
+out[#out + 1] = pooled
 return out

@@ -9,19 +9,30 @@ import (
 // Record is what a slot's record holds besides what the acquire script
 // writes itself. The whole record reads
 //
-//	<ttl ms>;started=<Redis ms>;caller=<name>;plan=<plan>;label=<label>
+//	<ttl ms>;started=<Redis ms>;caller=<name>;plan=<plan>;pools=<pool>=<key>,...;user=<n>:<user id>;label=<label>
 //
 // the TTL first (heartbeats parse only its leading digits), each field
-// after a ';', an empty one left out. Caller names are [A-Za-z0-9._@-] and
-// plans [A-Za-z0-9._-], so neither holds a ';'; the label may hold any
-// character keys.ValidateLabel accepts, so it comes last and runs to the
-// end of the record.
+// after a ';', an empty one left out, in this order. Caller names are
+// [A-Za-z0-9._@-], plans [A-Za-z0-9._-], pool names and keys hold neither
+// ';' nor ',', so none of them holds a ';'. A user id may hold any
+// character but whitespace and braces, so it goes with its length in
+// bytes; the label may hold any character keys.ValidateLabel accepts, so
+// it comes last and runs to the end of the record.
 type Record struct {
 	// Caller names who took the slot: the API caller of the tokens file or
-	// the client certificate. Empty: not recorded (an open API).
+	// the client certificate. Empty: not recorded (an open API). It comes
+	// first, where the scripts read it (lib_holder.lua).
 	Caller string
 	// Plan is the plan the slot was granted under.
 	Plan string
+	// Pools are the pool keys the stream holds a membership of, on a
+	// user's slot: "model=gpt-4o,org=acme" (see EncodePools). Heartbeat
+	// and release take the stream's memberships from here, never from
+	// what a caller resends. Empty: none.
+	Pools string
+	// User is the holder's user id, on a pool key's membership. Empty on
+	// a user's own slot (its key names the user).
+	User string
 	// Label is what the caller says the stream is (keys.ValidateLabel).
 	// Empty: none.
 	Label string
@@ -32,6 +43,8 @@ const (
 	fieldStarted = "started"
 	fieldCaller  = "caller"
 	fieldPlan    = "plan"
+	fieldPools   = "pools"
+	fieldUser    = "user"
 	fieldLabel   = "label"
 )
 
@@ -42,12 +55,47 @@ func (r Record) encode() string {
 		return ""
 	}
 	var b strings.Builder
-	for _, f := range [...]struct{ name, value string }{{fieldCaller, r.Caller}, {fieldPlan, r.Plan}, {fieldLabel, r.Label}} {
+	for _, f := range [...]struct{ name, value string }{{fieldCaller, r.Caller}, {fieldPlan, r.Plan}, {fieldPools, r.Pools}} {
 		if f.value != "" {
 			b.WriteString(";" + f.name + "=" + f.value)
 		}
 	}
+	if r.User != "" {
+		b.WriteString(";" + fieldUser + "=" + strconv.Itoa(len(r.User)) + ":" + r.User)
+	}
+	if r.Label != "" {
+		b.WriteString(";" + fieldLabel + "=" + r.Label)
+	}
 	return b.String()
+}
+
+// PoolKey is one pool key a stream holds a membership of.
+type PoolKey struct{ Pool, Key string }
+
+// EncodePools returns the Pools field of a record holding memberships.
+func EncodePools(memberships []PoolKey) string {
+	var b strings.Builder
+	for i, m := range memberships {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(m.Pool + "=" + m.Key)
+	}
+	return b.String()
+}
+
+// DecodePools reads a record's Pools field.
+func DecodePools(s string) []PoolKey {
+	if s == "" {
+		return nil
+	}
+	var out []PoolKey
+	for item := range strings.SplitSeq(s, ",") {
+		if pool, key, ok := strings.Cut(item, "="); ok {
+			out = append(out, PoolKey{pool, key})
+		}
+	}
+	return out
 }
 
 // StoredRecord is a slot's record as read back.
@@ -64,14 +112,28 @@ type StoredRecord struct {
 // are skipped, so a record written by a later version still reads.
 func ParseRecord(s string) StoredRecord {
 	var out StoredRecord
-	head, label, _ := strings.Cut(s, ";"+fieldLabel+"=")
-	out.Label = label
-	fields := strings.Split(head, ";")
-	if ttl, err := strconv.ParseInt(fields[0], 10, 64); err == nil && ttl > 0 {
+	head, rest, _ := strings.Cut(s, ";")
+	if ttl, err := strconv.ParseInt(head, 10, 64); err == nil && ttl > 0 {
 		out.TTL = time.Duration(ttl) * time.Millisecond
 	}
-	for _, f := range fields[1:] {
-		name, value, _ := strings.Cut(f, "=")
+	for rest != "" {
+		name, after, _ := strings.Cut(rest, "=")
+		var value string
+		switch name {
+		case fieldLabel: // runs to the end
+			out.Label, rest = after, ""
+			continue
+		case fieldUser: // <n>:<n bytes>
+			digits, id, ok := strings.Cut(after, ":")
+			n, err := strconv.Atoi(digits)
+			if !ok || err != nil || n < 0 || n > len(id) {
+				return out
+			}
+			out.User = id[:n]
+			rest = strings.TrimPrefix(id[n:], ";")
+			continue
+		}
+		value, rest, _ = strings.Cut(after, ";")
 		switch name {
 		case fieldStarted:
 			out.StartedAtMs, _ = strconv.ParseInt(value, 10, 64)
@@ -79,6 +141,8 @@ func ParseRecord(s string) StoredRecord {
 			out.Caller = value
 		case fieldPlan:
 			out.Plan = value
+		case fieldPools:
+			out.Pools = value
 		}
 	}
 	return out

@@ -18,6 +18,11 @@ func TestRecordsReadBackAsWritten(t *testing.T) {
 		{"a label holding the separators runs to the end", "3000;started=5;label=a;caller=b=c;label=d",
 			StoredRecord{TTL: 3 * time.Second, StartedAtMs: 5, Record: Record{Label: "a;caller=b=c;label=d"}}},
 		{"a field a later version adds is skipped", "3000;started=5;queue=2;plan=free", StoredRecord{TTL: 3 * time.Second, StartedAtMs: 5, Record: Record{Plan: "free"}}},
+		{"a membership's user id holding the separators goes by its length", "3000;started=5;caller=c;user=22:a;label=x;caller=d u=1;label=l",
+			StoredRecord{TTL: 3 * time.Second, StartedAtMs: 5, Record: Record{Caller: "c", User: "a;label=x;caller=d u=1", Label: "l"}}},
+		{"a user's slot's pools", "3000;started=5;plan=paid;pools=model=gpt-4o,org=acme",
+			StoredRecord{TTL: 3 * time.Second, StartedAtMs: 5, Record: Record{Plan: "paid", Pools: "model=gpt-4o,org=acme"}}},
+		{"a user id cut short reads no further", "3000;started=5;user=9:abc", StoredRecord{TTL: 3 * time.Second, StartedAtMs: 5}},
 		{"no record", "", StoredRecord{}},
 	}
 	for _, tc := range cases {
@@ -38,6 +43,7 @@ func TestRecordEncodeLeavesEmptyFieldsOutAndTheLabelLast(t *testing.T) {
 		{Record{Caller: "chat-api"}, ";caller=chat-api"},
 		{Record{Plan: "free", Label: "m;x=y"}, ";plan=free;label=m;x=y"},
 		{Record{Caller: "c", Plan: "p", Label: "l"}, ";caller=c;plan=p;label=l"},
+		{Record{Caller: "c", Plan: "p", Pools: "model=m/x", User: "u;1", Label: "l"}, ";caller=c;plan=p;pools=model=m/x;user=3:u;1;label=l"},
 	}
 	for _, tc := range cases {
 		got := tc.rec.encode()
@@ -47,5 +53,19 @@ func TestRecordEncodeLeavesEmptyFieldsOutAndTheLabelLast(t *testing.T) {
 		if back := ParseRecord("100;started=1" + got).Record; back != tc.rec {
 			t.Errorf("%+v read back as %+v", tc.rec, back)
 		}
+	}
+}
+
+func TestPoolsReadBackAsWritten(t *testing.T) {
+	in := []PoolKey{{"model", "meta-llama/Llama-3.1-70B-Instruct"}, {"org", "acme:eu@1"}}
+	enc := EncodePools(in)
+	if enc != "model=meta-llama/Llama-3.1-70B-Instruct,org=acme:eu@1" {
+		t.Errorf("EncodePools = %q", enc)
+	}
+	if got := DecodePools(enc); len(got) != 2 || got[0] != in[0] || got[1] != in[1] {
+		t.Errorf("DecodePools(%q) = %v, want %v", enc, got, in)
+	}
+	if got := DecodePools(""); got != nil {
+		t.Errorf("DecodePools(\"\") = %v, want none", got)
 	}
 }

@@ -8,7 +8,7 @@
 -- KEYS[6] -> <prefix>{<user id>}:override  hash: support's override of the limit (see set_override)
 -- ARGV[1] -> stream id
 -- ARGV[2] -> who releases: a caller name, '' for none (optional: absent is '')
--- returns {released (1|0|-1), pruned, head}
+-- returns {released (1|0|-1), pruned, head, record}
 --   released 0: the slot was not held (never, already released, or expired)
 --   released -1: the slot is held by another caller (its record names
 --   one other than ARGV[2]): nothing changed
@@ -17,19 +17,25 @@
 --   slot (see owed) when this call freed one (released or pruned), ''
 --   when none is: the caller wakes it (see wait), whose server grants it
 --   the slot or wakes the next ones owed one.
+--   record: the released slot's record ('' when none): the pool keys it
+--   names are the memberships the caller drops (see pkg/lua/records.go)
 --   The slot's record goes with it, as do those of pruned slots.
 local key, meta = KEYS[1], KEYS[2]
 local queue, expiry, recs = KEYS[3], KEYS[4], KEYS[5]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-if foreign(redis.call('HGET', meta, ARGV[1]), ARGV[2] or '') then
-  return {-1, 0, ''}
+local record = redis.call('HGET', meta, ARGV[1])
+if foreign(record, ARGV[2] or '') then
+  return {-1, 0, '', ''}
 end
 
 local pruned = prune(key, meta, now)
 local released = redis.call('ZREM', key, ARGV[1])
 redis.call('HDEL', meta, ARGV[1])
+if released == 0 then
+  record = false
+end
 
 local head = ''
 if released + pruned > 0 and redis.call('EXISTS', queue) == 1 then
@@ -42,4 +48,4 @@ if released + pruned > 0 and redis.call('EXISTS', queue) == 1 then
   local due = owed(queue, expiry, recs, used, override, used + 1)
   head = due[1] or ''
 end
-return {released, pruned, head}
+return {released, pruned, head, record or ''}

@@ -15,6 +15,8 @@ import (
 // Acquired is the result of the acquire script.
 type Acquired struct {
 	Granted bool
+	// Extended: the stream held its slot before the call (Granted too).
+	Extended bool
 	// NotHolder: the stream is held by another caller than rec's; nothing
 	// changed.
 	NotHolder    bool
@@ -56,7 +58,8 @@ func Acquire(ctx context.Context, c rueidis.Client, key, streamID string, limit 
 		return Acquired{}, fmt.Errorf("acquire script: wake ids: %w", err)
 	}
 	return Acquired{
-		Granted:      vals[0] == 1,
+		Granted:      vals[0] >= 1,
+		Extended:     vals[0] == 2,
 		NotHolder:    vals[0] == -1,
 		Used:         int(vals[1]),
 		ExpiresAtMs:  vals[2],
@@ -93,6 +96,9 @@ type Beat struct {
 	// NotHolder: the slot is held by another caller, and was left as it is
 	// (Alive false, ExpiresAtMs 0).
 	NotHolder bool
+	// Pools are the pool keys a slot kept alive holds memberships of, as
+	// its record names them: the caller keeps them alive too.
+	Pools []PoolKey
 }
 
 // HeartbeatArgs names one slot to heartbeat.
@@ -326,18 +332,46 @@ func heartbeatEval(c rueidis.Client, call userBeat) rueidis.Completed {
 // beats[at[0]], beats[at[1]], ...; the first counts the user's pruned
 // slots, and each says how many the user holds.
 func parseBeats(resp rueidis.RedisResult, at []int, beats []Beat) error {
-	vals, err := resp.AsIntSlice()
+	arr, err := resp.ToArray()
 	if err != nil {
 		return err
 	}
-	if len(vals) != 2+2*len(at) {
-		return fmt.Errorf("heartbeat script returned %d values, want %d", len(vals), 2+2*len(at))
+	if len(arr) != 3+2*len(at) {
+		return fmt.Errorf("heartbeat script returned %d values, want %d", len(arr), 3+2*len(at))
+	}
+	var head [2]int64
+	for j := range head {
+		if head[j], err = arr[j].AsInt64(); err != nil {
+			return fmt.Errorf("heartbeat script: value %d: %w", j+1, err)
+		}
 	}
 	for k, i := range at {
-		alive := vals[2+2*k]
-		beats[i] = Beat{Alive: alive == 1, NoTTL: alive == -1, NotHolder: alive == -2, ExpiresAtMs: vals[3+2*k], Used: int(vals[1])}
+		alive, err := arr[2+2*k].AsInt64()
+		if err != nil {
+			return fmt.Errorf("heartbeat script: slot %d: %w", k+1, err)
+		}
+		expires, err := arr[3+2*k].AsInt64()
+		if err != nil {
+			return fmt.Errorf("heartbeat script: slot %d: %w", k+1, err)
+		}
+		beats[i] = Beat{Alive: alive == 1, NoTTL: alive == -1, NotHolder: alive == -2, ExpiresAtMs: expires, Used: int(head[1])}
 	}
-	beats[at[0]].Pruned = int(vals[0])
+	beats[at[0]].Pruned = int(head[0])
+	pooled, err := arr[len(arr)-1].ToArray()
+	if err != nil {
+		return fmt.Errorf("heartbeat script: pooled slots: %w", err)
+	}
+	for j := 0; j+1 < len(pooled); j += 2 {
+		k, err := pooled[j].AsInt64()
+		if err != nil || k < 1 || int(k) > len(at) {
+			return fmt.Errorf("heartbeat script: pooled slot %d: %v", k, err)
+		}
+		record, err := pooled[j+1].ToString()
+		if err != nil {
+			return fmt.Errorf("heartbeat script: pooled slot %d: %w", k, err)
+		}
+		beats[at[k-1]].Pools = DecodePools(ParseRecord(record).Pools)
+	}
 	return nil
 }
 
@@ -347,6 +381,9 @@ type Released struct {
 	Released bool
 	// NotHolder: the slot is held by another caller; nothing changed.
 	NotHolder bool
+	// Pools are the pool keys the released slot's record names: the
+	// memberships the caller drops.
+	Pools []PoolKey
 	// Pruned counts the user's expired slots the call removed.
 	Pruned int
 	// Head is the stream id of the acquire at the head of the user's
@@ -363,8 +400,8 @@ func Release(ctx context.Context, c rueidis.Client, caller, key, streamID string
 	if err != nil {
 		return Released{}, err
 	}
-	if len(arr) != 3 {
-		return Released{}, fmt.Errorf("release script returned %d values, want 3", len(arr))
+	if len(arr) != 4 {
+		return Released{}, fmt.Errorf("release script returned %d values, want 4", len(arr))
 	}
 	vals, err := int64s(arr[:2])
 	if err != nil {
@@ -374,7 +411,12 @@ func Release(ctx context.Context, c rueidis.Client, caller, key, streamID string
 	if err != nil {
 		return Released{}, fmt.Errorf("release script: head: %w", err)
 	}
-	return Released{Released: vals[0] == 1, NotHolder: vals[0] == -1, Pruned: int(vals[1]), Head: head}, nil
+	record, err := arr[3].ToString()
+	if err != nil {
+		return Released{}, fmt.Errorf("release script: record: %w", err)
+	}
+	return Released{Released: vals[0] == 1, NotHolder: vals[0] == -1, Pruned: int(vals[1]), Head: head,
+		Pools: DecodePools(ParseRecord(record).Pools)}, nil
 }
 
 // ReleasedAll is the result of the release_all script.

@@ -126,10 +126,10 @@ func (h *handler) serveRelease(w http.ResponseWriter, r *http.Request) {
 	}
 	arr, err := h.release.Exec(r.Context(), h.redis, lua.ReleaseKeys(h.prefix+"{"+req.UserID+"}"), []string{req.StreamID}).ToArray()
 	var released int64
-	if err == nil && len(arr) == 3 {
+	if err == nil && len(arr) == 4 {
 		released, err = arr[0].AsInt64()
 	}
-	if err != nil || len(arr) != 3 {
+	if err != nil || len(arr) != 4 {
 		http.Error(w, fmt.Sprintf("release script: %v %v", arr, err), http.StatusInternalServerError)
 		return
 	}

@@ -1,0 +1,241 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/joishi/limiter/pkg/keys"
+	"github.com/joishi/limiter/pkg/lua"
+	"github.com/joishi/limiter/pkg/pools"
+	"github.com/joishi/limiter/pkg/tiers"
+	"github.com/redis/rueidis"
+)
+
+// Pools (DESIGN §16). A pool key's slots are the same thing as a user's:
+// a sorted set of expiring members with records, an override and a
+// queue, under the key's own hash tag, run by the same scripts. An
+// acquire that names pools takes the user's slot first, then a
+// membership of each capped pool key, in the order of the pools' names,
+// each by one script on one key; a refusal removes what the acquire took
+// before it answers, and a crash between steps leaves memberships that
+// expire by their own score. Heartbeat and release take the stream's
+// memberships from its slot's record.
+
+// MaxPools bounds the pools one acquire may name.
+const MaxPools = 4
+
+var (
+	// ErrUnknownPool: an acquire names a pool the pool table does not
+	// hold.
+	ErrUnknownPool = errors.New("unknown pool")
+	// ErrInvalidPoolKey: an acquire names a pool key outside 1-128 bytes
+	// of [A-Za-z0-9._:/@-], or more than MaxPools pools.
+	ErrInvalidPoolKey = keys.ErrInvalidPoolKey
+)
+
+// PoolGrant is one pool key a granted stream holds a membership of.
+type PoolGrant struct {
+	Pool, Key string
+	// Used is the key's live memberships after the call (0 when degraded:
+	// unknown); Limit the cap it was judged by, its override's when one
+	// is in force (Overridden).
+	Used, Limit int
+	Overridden  bool
+	// Degraded: the key's shard did not answer and the pool fails open,
+	// so the membership was granted without being counted.
+	Degraded bool
+}
+
+// PoolRefusal says which pool key refused an acquire, and why.
+type PoolRefusal struct {
+	Pool, Key   string
+	Used, Limit int
+	// RetryAfter is how long until a membership of the key frees up.
+	RetryAfter time.Duration
+}
+
+// membership is one capped pool key an acquire joins.
+type membership struct {
+	pool  pools.Pool
+	key   string
+	limit int
+	slots string // the key's sorted set
+}
+
+// memberships resolves the pools an acquire names to the capped keys it
+// joins, in the order of the pools' names. A key with no cap is joined by
+// nothing.
+func (l *Limiter) memberships(named map[string]string) ([]membership, error) {
+	if len(named) == 0 {
+		return nil, nil
+	}
+	if len(named) > MaxPools {
+		return nil, fmt.Errorf("%w: %d pools named, the limit is %d", ErrInvalidPoolKey, len(named), MaxPools)
+	}
+	names := make([]string, 0, len(named))
+	for name := range named {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	var out []membership
+	for _, name := range names {
+		pool, ok := l.pools.Lookup(name)
+		if !ok {
+			return nil, fmt.Errorf("%w: %q", ErrUnknownPool, name)
+		}
+		key := named[name]
+		slots, err := l.keys.PoolKey(name, key)
+		if err != nil {
+			return nil, err
+		}
+		if limit, capped := pool.Limit(key); capped {
+			out = append(out, membership{pool: pool, key: key, limit: limit, slots: slots})
+		}
+	}
+	return out, nil
+}
+
+// poolMember is a stream's member in a pool key's sorted set: the stream
+// id and its user's id, so that two users' streams under one stream id
+// are two members (neither id holds a space).
+func poolMember(userID, streamID string) string { return streamID + " " + userID }
+
+// joined is what joinPools did.
+type joined struct {
+	grants  []PoolGrant
+	refusal *PoolRefusal
+}
+
+// joinPools takes a membership of each of ms for the stream req names, in
+// order. A refusal, or an outage of a pool that fails closed, removes the
+// memberships this call added and, when added says the user's slot is
+// new, that slot too, before it answers.
+func (l *Limiter) joinPools(ctx context.Context, req AcquireRequest, tier tiers.Tier, ms []membership, added bool) (joined, error) {
+	member := poolMember(req.UserID, req.StreamID)
+	rec := lua.Record{Caller: req.Caller, Plan: tier.Plan, User: req.UserID, Label: req.Label}
+	var out joined
+	var taken []membership // added by this call
+	undo := func() {
+		ctx := context.WithoutCancel(ctx)
+		for _, m := range taken {
+			_ = l.do(ctx, "release_pool", func(ctx context.Context, c rueidis.Client) error {
+				_, err := lua.Release(ctx, c, "", m.slots, member)
+				return err
+			})
+		}
+		if added {
+			_, _ = l.release(ctx, "", req.UserID, req.StreamID)
+		}
+	}
+	for _, m := range ms {
+		var got lua.Acquired
+		err := l.do(ctx, "acquire_pool", func(ctx context.Context, c rueidis.Client) (err error) {
+			got, err = lua.Acquire(ctx, c, m.slots, member, m.limit, tier.SlotTTL, rec)
+			return err
+		})
+		switch {
+		case err != nil && degrade(m.pool.FailureMode, err):
+			l.warnDegraded(ctx, "redis unavailable; granting a pool's membership degraded (failureMode Open)", "pool", m.pool.Pool, "err", err)
+			out.grants = append(out.grants, PoolGrant{Pool: m.pool.Pool, Key: m.key, Limit: m.limit, Degraded: true})
+			continue
+		case err != nil:
+			undo()
+			return joined{}, fmt.Errorf("pool %s=%s: %w", m.pool.Pool, m.key, err)
+		}
+		limit := m.limit
+		if got.Override >= 0 {
+			limit = got.Override
+		}
+		if !got.Granted {
+			undo()
+			return joined{refusal: &PoolRefusal{Pool: m.pool.Pool, Key: m.key, Used: got.Used, Limit: limit,
+				RetryAfter: time.Duration(got.RetryAfterMs) * time.Millisecond}}, nil
+		}
+		if !got.Extended {
+			taken = append(taken, m)
+		}
+		out.grants = append(out.grants, PoolGrant{Pool: m.pool.Pool, Key: m.key, Used: got.Used, Limit: limit, Overridden: got.Override >= 0})
+	}
+	return out, nil
+}
+
+// leavePools drops the memberships a released stream's record names. A
+// membership that cannot be dropped now expires by its own score.
+func (l *Limiter) leavePools(ctx context.Context, userID, streamID string, held []lua.PoolKey) {
+	member := poolMember(userID, streamID)
+	for _, p := range held {
+		slots, err := l.keys.PoolKey(p.Pool, p.Key)
+		if err != nil {
+			continue
+		}
+		_ = l.do(ctx, "release_pool", func(ctx context.Context, c rueidis.Client) error {
+			_, err := lua.Release(ctx, c, "", slots, member)
+			return err
+		})
+	}
+}
+
+// poolBeat is one membership a heartbeat keeps alive: of reqs[at].
+type poolBeat struct {
+	at   int
+	pool lua.PoolKey
+}
+
+// beatPools keeps alive the memberships of the slots beats found alive,
+// in one call per pool key and node, and turns the results of the slots
+// whose membership is lost into ErrSlotLost naming the pool key. A pool
+// whose shard does not answer applies its failure mode: Open keeps the
+// slot alive (degraded), Closed answers ErrUnavailable.
+func (l *Limiter) beatPools(ctx context.Context, reqs []HeartbeatRequest, ttls []time.Duration, pooled [][]lua.PoolKey, results []HeartbeatResult, errs []error) {
+	var beats []poolBeat
+	var args []lua.HeartbeatArgs
+	for i, held := range pooled {
+		for _, p := range held {
+			slots, err := l.keys.PoolKey(p.Pool, p.Key)
+			if err != nil {
+				continue
+			}
+			beats = append(beats, poolBeat{at: i, pool: p})
+			args = append(args, lua.HeartbeatArgs{Key: slots, StreamID: poolMember(reqs[i].UserID, reqs[i].StreamID), TTL: ttls[i]})
+		}
+	}
+	if len(args) == 0 {
+		return
+	}
+	var got []lua.Beat
+	var gotErrs []error
+	callErr := l.do(ctx, "heartbeat_pools", func(ctx context.Context, c rueidis.Client) error {
+		got, gotErrs = lua.HeartbeatMulti(ctx, c, args, l.redis.NodeOf)
+		return errors.Join(gotErrs...)
+	})
+	for j, b := range beats {
+		i := b.at
+		if errs[i] != nil || !results[i].Alive {
+			continue // already lost or failed: one reason is enough
+		}
+		err := callErr
+		var beat lua.Beat
+		if got != nil {
+			beat, err = got[j], classify(ctx, "heartbeat_pools", gotErrs[j])
+		}
+		scope := b.pool.Pool + "=" + b.pool.Key
+		switch {
+		case err == nil && beat.Alive:
+		case err == nil:
+			results[i].Alive, results[i].ExpiresAt = false, time.Time{}
+			errs[i] = fmt.Errorf("%w: stream %q: its membership of pool %s", ErrSlotLost, reqs[i].StreamID, scope)
+		default:
+			pool, ok := l.pools.LookupHeld(b.pool.Pool)
+			if ok && pool.FailureMode == tiers.FailClosed {
+				results[i].Alive, results[i].ExpiresAt = false, time.Time{}
+				errs[i] = fmt.Errorf("pool %s: %w", scope, err)
+				continue
+			}
+			l.warnDegraded(ctx, "redis unavailable; pool membership answered degraded (failureMode Open)", "pool", b.pool.Pool, "err", err)
+			results[i].Degraded = true
+		}
+	}
+}

@@ -1,0 +1,237 @@
+package limiter_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/internal/limitertest"
+	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/keys"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/pools"
+)
+
+func ptr(n int) *int { return &n }
+
+// poolReplicas returns n limiters on one backend sharing one key prefix
+// and one pool table: model caps gpt-4o at 5 and every other key at 2;
+// org caps acme at 1; open caps nothing.
+func poolReplicas(t *testing.T, b limitertest.Backend, n int) []*limitertest.Stack {
+	t.Helper()
+	table := pools.NewTable()
+	if err := table.Replace([]pools.Pool{
+		pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(2), Keys: map[string]int{"gpt-4o": 5}}.WithDefaults(),
+		pools.Pool{Pool: "org", Keys: map[string]int{"acme": 1}}.WithDefaults(),
+		pools.Pool{Pool: "open"}.WithDefaults(),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	prefix := keys.Schema{Prefix: "limitertest:" + keys.NewStreamID()[:12] + ":"}
+	var out []*limitertest.Stack
+	var addrs []string
+	for range n {
+		s := limitertest.New(t, limitertest.Options{Backend: b, Redis: cluster.Options{Addrs: addrs, Timeout: 5 * time.Second},
+			Limiter: limiter.Options{Keys: prefix, Pools: table}})
+		addrs = s.Redis.Addrs()
+		out = append(out, s)
+	}
+	return out
+}
+
+// TestAPoolKeyAdmitsExactlyItsCap: 30 users on 3 replicas acquire a
+// stream of model=gpt-4o (cap 5) at once, round after round: exactly 5
+// are granted each round, every refusal names the pool key, and a refused
+// user's own slot is free again.
+func TestAPoolKeyAdmitsExactlyItsCap(t *testing.T) {
+	for _, b := range []limitertest.Backend{limitertest.RedisCluster, limitertest.Standalone} {
+		t.Run(b.String(), func(t *testing.T) {
+			t.Parallel()
+			stacks := poolReplicas(t, b, 3)
+			for round := range 3 {
+				var mu sync.Mutex
+				var granted []limiter.AcquireResult
+				var granter []*limiter.Limiter
+				users := make([]string, 30)
+				var wg sync.WaitGroup
+				for i := range users {
+					users[i] = fmt.Sprintf("%s-r%d-%d", newUser(t), round, i)
+					lim := stacks[i%3].Limiter
+					wg.Go(func() {
+						res, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: users[i], Plan: "three", Pools: map[string]string{"model": "gpt-4o"}})
+						switch {
+						case err != nil:
+							t.Errorf("acquire: %v", err)
+						case res.Granted:
+							if len(res.Pools) != 1 || res.Pools[0].Pool != "model" || res.Pools[0].Key != "gpt-4o" || res.Pools[0].Limit != 5 || res.Pools[0].Used < 1 || res.Pools[0].Used > 5 {
+								t.Errorf("grant's pools: %+v", res.Pools)
+							}
+							mu.Lock()
+							granted, granter = append(granted, res), append(granter, lim)
+							mu.Unlock()
+						default:
+							if r := res.RefusedBy; r == nil || r.Pool != "model" || r.Key != "gpt-4o" || r.Used != 5 || r.Limit != 5 || r.RetryAfter <= 0 {
+								t.Errorf("refusal: %+v, refused by %+v; want model=gpt-4o with 5 of 5 held", res, r)
+							}
+						}
+					})
+				}
+				wg.Wait()
+				if len(granted) != 5 {
+					t.Fatalf("round %d: %d granted, want exactly 5", round, len(granted))
+				}
+				for _, u := range users {
+					if n := held(t, stacks[0].Limiter, u); n > 1 {
+						t.Errorf("user %s holds %d slots", u, n)
+					}
+				}
+				held := 0
+				for _, u := range users {
+					got, err := stacks[0].Limiter.Slots(context.Background(), u)
+					if err != nil {
+						t.Fatal(err)
+					}
+					held += got.Used
+				}
+				if held != 5 {
+					t.Errorf("round %d: users hold %d slots, want 5: a refused acquire left its user's slot", round, held)
+				}
+				for i, res := range granted {
+					user := users[0]
+					for _, u := range users {
+						if got, _ := stacks[0].Limiter.Slots(context.Background(), u); len(got.Slots) == 1 && got.Slots[0].StreamID == res.StreamID {
+							user = u
+						}
+					}
+					if rel, err := granter[i].Release(context.Background(), user, res.StreamID); err != nil || !rel.Released {
+						t.Fatalf("release: %+v, %v", rel, err)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestAPoolRefusalLeavesTheUsersSlotsFree: a user refused by a pool key
+// can take every one of its own slots at once afterwards.
+func TestAPoolRefusalLeavesTheUsersSlotsFree(t *testing.T) {
+	t.Parallel()
+	lim := poolReplicas(t, limitertest.RedisCluster, 1)[0].Limiter
+	ctx := context.Background()
+	other, user := newUser(t), newUser(t)
+	if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: other, Plan: "three", Pools: map[string]string{"org": "acme"}}); err != nil || !res.Granted {
+		t.Fatalf("other's acquire: %+v, %v", res, err)
+	}
+	res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three", Pools: map[string]string{"model": "llama", "org": "acme"}})
+	if err != nil || res.Granted || res.RefusedBy == nil || res.RefusedBy.Pool != "org" {
+		t.Fatalf("acquire with org=acme full: %+v, %v; want refused by org", res, err)
+	}
+	for i := range 3 {
+		if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three", Pools: map[string]string{"model": fmt.Sprintf("m%d", i)}}); err != nil || !res.Granted {
+			t.Fatalf("acquire %d of 3 after the refusal: %+v, %v", i+1, res, err)
+		}
+	}
+	// model=llama (cap 2) was joined before org refused, and left again.
+	for _, u := range []string{newUser(t), newUser(t)} {
+		if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: u, Plan: "three", Pools: map[string]string{"model": "llama"}}); err != nil || !res.Granted {
+			t.Fatalf("model=llama after the refusal: %+v, %v; want both of its 2 free", res, err)
+		}
+	}
+}
+
+// TestHeartbeatAndReleaseCoverEveryMembership: a stream's memberships live
+// as long as its heartbeats, whatever the caller resends; a release drops
+// them; a membership lost answers slot_lost naming the pool key.
+func TestHeartbeatAndReleaseCoverEveryMembership(t *testing.T) {
+	t.Parallel()
+	s := poolReplicas(t, limitertest.RedisCluster, 1)[0]
+	lim, ctx := s.Limiter, context.Background()
+	user := newUser(t)
+	res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "short", Pools: map[string]string{"org": "acme", "open": "x"}})
+	if err != nil || !res.Granted || len(res.Pools) != 1 {
+		t.Fatalf("acquire: %+v, %v; want granted with one capped membership (open caps nothing)", res, err)
+	}
+	// Past the 300ms TTL, kept by heartbeats alone (single and batched).
+	for i := range 8 {
+		time.Sleep(100 * time.Millisecond)
+		req := limiter.HeartbeatRequest{UserID: user, Plan: "short", StreamID: res.StreamID}
+		if i%2 == 0 {
+			if beat, err := lim.Heartbeat(ctx, req); err != nil || !beat.Alive {
+				t.Fatalf("heartbeat %d: %+v, %v", i, beat, err)
+			}
+		} else if beats, errs := lim.HeartbeatBatch(ctx, []limiter.HeartbeatRequest{req}); errs[0] != nil || !beats[0].Alive {
+			t.Fatalf("batch heartbeat %d: %+v, %v", i, beats[0], errs[0])
+		}
+	}
+	if got, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "short", Pools: map[string]string{"org": "acme"}}); err != nil || got.Granted {
+		t.Fatalf("another user's org=acme acquire while the stream beats: %+v, %v; want refused", got, err)
+	}
+	if rel, err := lim.Release(ctx, user, res.StreamID); err != nil || !rel.Released {
+		t.Fatalf("release: %+v, %v", rel, err)
+	}
+	secondUser := newUser(t)
+	second, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: secondUser, Plan: "three", Pools: map[string]string{"org": "acme"}})
+	if err != nil || !second.Granted {
+		t.Fatalf("org=acme after the release: %+v, %v; want granted", second, err)
+	}
+
+	// The pool key is lost (deleted, a failover): the next heartbeat of
+	// the stream is slot_lost, naming it.
+	c, err := s.Redis.Redis()
+	if err != nil {
+		t.Fatal(err)
+	}
+	poolKey, _ := s.Keys.PoolKey("org", "acme")
+	if err := c.Do(ctx, c.B().Del().Key(poolKey).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	req := limiter.HeartbeatRequest{UserID: secondUser, Plan: "three", StreamID: second.StreamID}
+	if beat, err := lim.Heartbeat(ctx, req); !errors.Is(err, limiter.ErrSlotLost) || beat.Alive || !strings.Contains(err.Error(), "org=acme") {
+		t.Errorf("heartbeat with its pool key lost: %+v, %v; want slot lost, naming org=acme", beat, err)
+	}
+	if beats, errs := lim.HeartbeatBatch(ctx, []limiter.HeartbeatRequest{req}); !errors.Is(errs[0], limiter.ErrSlotLost) || beats[0].Alive || !strings.Contains(errs[0].Error(), "org=acme") {
+		t.Errorf("batch heartbeat with its pool key lost: %+v, %v; want slot lost, naming org=acme", beats[0], errs[0])
+	}
+}
+
+// TestTwoUsersStreamIDsAreTwoMemberships: a stream id two users chose
+// alike is two memberships of a pool key, not one extended.
+func TestTwoUsersStreamIDsAreTwoMemberships(t *testing.T) {
+	t.Parallel()
+	lim := poolReplicas(t, limitertest.Standalone, 1)[0].Limiter
+	ctx := context.Background()
+	for i, user := range []string{newUser(t), newUser(t)} {
+		res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three", StreamID: "req-1", Pools: map[string]string{"model": "m"}})
+		if err != nil || !res.Granted || res.Pools[0].Used != i+1 {
+			t.Fatalf("user %d's req-1: %+v, %v; want granted with %d held", i+1, res, err, i+1)
+		}
+	}
+	if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "three", StreamID: "req-1", Pools: map[string]string{"model": "m"}}); err != nil || res.Granted {
+		t.Fatalf("a third user's req-1 on model=m (cap 2): %+v, %v; want refused", res, err)
+	}
+}
+
+func TestAnAcquireNamesPoolsThatExist(t *testing.T) {
+	t.Parallel()
+	lim := poolReplicas(t, limitertest.Standalone, 1)[0].Limiter
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		pools map[string]string
+		want  error
+		says  string
+	}{
+		{"an unknown pool", map[string]string{"region": "eu"}, limiter.ErrUnknownPool, `"region"`},
+		{"a key outside the charset", map[string]string{"model": "gpt 4o"}, limiter.ErrInvalidPoolKey, `"gpt 4o"`},
+		{"five pools, one over the bound", map[string]string{"model": "a", "org": "b", "open": "c", "x": "d", "y": "e"}, limiter.ErrInvalidPoolKey, "the limit is 4"},
+	} {
+		res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "three", Pools: tc.pools})
+		if !errors.Is(err, tc.want) || !strings.Contains(fmt.Sprint(err), tc.says) || res.Granted {
+			t.Errorf("%s: %+v, %v; want %v saying %s", tc.name, res, err, tc.want, tc.says)
+		}
+	}
+}
