@@ -14,6 +14,7 @@ import (
 	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/lua"
+	"github.com/joishi/limiter/pkg/pools"
 	"github.com/joishi/limiter/pkg/telemetry"
 	"github.com/joishi/limiter/pkg/tiers"
 	"go.opentelemetry.io/otel"
@@ -88,7 +89,12 @@ func startEngine(ctx context.Context, cfg config.Config, table *tiers.Table, log
 			"do not run more than one %[1]s on it", holders), "addr", e.redis.Addrs()[0])
 	}
 
+	poolTable := pools.NewTable()
+	if err := poolTable.Replace(cfg.StaticPools()); err != nil {
+		return e, stop, fmt.Errorf("%w: pools.static: %w", config.ErrInvalid, err)
+	}
 	e.lim = limiter.New(e.redis, table, limiter.Options{
+		Pools:          poolTable,
 		Keys:           keys.Schema{Prefix: cfg.Redis.KeyPrefix},
 		Logger:         logger,
 		Observer:       observer,

@@ -5,6 +5,8 @@ import (
 	"regexp"
 	"strings"
 	"unicode"
+
+	"go.yaml.in/yaml/v3"
 )
 
 // kind is what a value is on the wire, as both clients decode it.
@@ -20,13 +22,14 @@ const (
 	kindObject // Name: an object declaration
 	kindAlias  // Name: a named string (UserID, StreamID...)
 	kindEnum   // Name: a named string enum (ErrorCode)
+	kindMap    // Elem: an object of any names, each value of Elem (additionalProperties)
 )
 
 // typ is the type of one field.
 type typ struct {
 	Kind kind
 	Name string // kindObject, kindAlias, kindEnum
-	Elem *typ   // kindArray
+	Elem *typ   // kindArray, kindMap
 	// Values lists an inline string enum's values. Answers may carry
 	// values added later, so they document the field and type it in
 	// TypeScript, and are never enforced.
@@ -160,16 +163,22 @@ func (b *builder) fields(d *decl, s *schema) error {
 		seen[p.Name] = true
 		ps := p.Schema
 		var inline *decl
-		if (ps.Type == "object" || len(ps.Properties) > 0) && ps.Ref == "" && len(ps.AllOf) == 0 {
+		var t *typ
+		if m, err := b.mapOf(where, ps); err != nil {
+			return err
+		} else if m != nil {
+			t = m
+		} else if (ps.Type == "object" || len(ps.Properties) > 0) && ps.Ref == "" && len(ps.AllOf) == 0 {
 			inline = &decl{Name: d.Name + pascal(p.Name), Doc: clean(ps.Description), Kind: declObject}
 			if _, taken := b.named[inline.Name]; taken {
 				return fmt.Errorf("%s: its inline object would be named %s, which a schema already is", where, inline.Name)
 			}
 		}
-		var t *typ
-		if inline != nil {
+		switch {
+		case t != nil:
+		case inline != nil:
 			t = &typ{Kind: kindObject, Name: inline.Name}
-		} else {
+		default:
 			var err error
 			if t, err = b.resolve(where, ps); err != nil {
 				return err
@@ -196,6 +205,27 @@ func (b *builder) fields(d *decl, s *schema) error {
 		}
 	}
 	return nil
+}
+
+// mapOf is the type of a property schema that is an object of any names
+// whose values share one schema (no properties, additionalProperties a
+// schema); nil for any other schema.
+func (b *builder) mapOf(where string, s *schema) (*typ, error) {
+	if s.Type != "object" || len(s.Properties) > 0 || s.AdditionalProperties.Kind != yaml.MappingNode {
+		return nil, nil
+	}
+	var elem schema
+	if err := s.AdditionalProperties.Decode(&elem); err != nil {
+		return nil, fmt.Errorf("%s: additionalProperties: %w", where, err)
+	}
+	t, err := b.resolve(where+"{}", &elem)
+	if err != nil {
+		return nil, err
+	}
+	if t.Kind == kindObject && t.Name == "" || t.Kind == kindMap || t.Kind == kindArray {
+		return nil, fmt.Errorf("%s: a map of anything but scalars and named objects is not supported", where)
+	}
+	return &typ{Kind: kindMap, Elem: t}, nil
 }
 
 // resolve is the type of a property schema (where names it in errors).

@@ -150,6 +150,8 @@ func pyAnnotation(t *typ) string {
 	switch t.Kind {
 	case kindArray:
 		return "List[" + pyAnnotation(t.Elem) + "]"
+	case kindMap:
+		return "Dict[str, " + pyAnnotation(t.Elem) + "]"
 	case kindObject, kindAlias:
 		return t.Name
 	case kindEnum:
@@ -177,6 +179,8 @@ func pyKind(t *typ) string {
 	switch t.Kind {
 	case kindArray:
 		return `("array", ` + pyKind(t.Elem) + ")"
+	case kindMap:
+		return `("map", ` + pyKind(t.Elem) + ")"
 	case kindObject:
 		return t.Name
 	}

@@ -108,6 +108,7 @@ func renderTypeScript(m *model) ([]byte, error) {
 	w.line(`  | "boolean"`)
 	w.line(`  | "date-time"`)
 	w.line("  | { readonly array: Kind }")
+	w.line("  | { readonly map: Kind }")
 	w.line("  | { readonly object: keyof Schemas };")
 	w.line("type Field = readonly [name: string, kind: Kind, required: boolean];")
 	w.line("")
@@ -151,6 +152,8 @@ func tsType(t *typ) string {
 	switch t.Kind {
 	case kindArray:
 		return tsType(t.Elem) + "[]"
+	case kindMap:
+		return "Record<string, " + tsType(t.Elem) + ">"
 	case kindObject, kindAlias:
 		return tsName(t.Name)
 	case kindEnum:
@@ -184,6 +187,8 @@ func tsKind(t *typ) string {
 	switch t.Kind {
 	case kindArray:
 		return "{ array: " + tsKind(t.Elem) + " }"
+	case kindMap:
+		return "{ map: " + tsKind(t.Elem) + " }"
 	case kindObject:
 		return "{ object: " + strconv.Quote(t.Name) + " }"
 	}

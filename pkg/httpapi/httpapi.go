@@ -42,6 +42,21 @@ type AcquireRequest struct {
 	// instead of a 429 at once. It is capped by the plan's maxWait
 	// (max_wait_ms of GET /v1/tiers); 0 or absent: no waiting.
 	WaitMs int64 `json:"wait_ms,omitempty"`
+	// Pools names the pool keys the stream joins, pool → key
+	// ({"model": "gpt-4o", "org": "acme"}), at most MaxPools: each capped
+	// key must have room too. Absent: none.
+	Pools map[string]string `json:"pools,omitempty"`
+}
+
+// MaxPools bounds the pools one acquire may name.
+const MaxPools = 4
+
+// PoolGrant is one pool key a granted stream joined.
+type PoolGrant struct {
+	Pool  string `json:"pool"`
+	Key   string `json:"key"`
+	Used  int    `json:"used"`
+	Limit int    `json:"limit"`
 }
 
 // AcquireResponse is the 200 answer of POST /v1/slots/acquire.
@@ -60,6 +75,9 @@ type AcquireResponse struct {
 	// WaitedMs is how long the acquire waited in the queue before it was
 	// granted; absent when it was granted at once.
 	WaitedMs int64 `json:"waited_ms,omitempty"`
+	// Pools are the capped pool keys the stream joined, in the order of
+	// the pools' names; absent when it joined none.
+	Pools []PoolGrant `json:"pools,omitempty"`
 }
 
 // HeartbeatRequest is the body of POST /v1/slots/heartbeat, and one slot of
@@ -150,6 +168,10 @@ type Error struct {
 	// WaitedMs is set on a stream_limit_reached that waited in the queue
 	// (wait_ms) and timed out: how long it waited.
 	WaitedMs *int64 `json:"waited_ms,omitempty"`
+	// Pool and Key are set on a pool_limit_reached: the pool key whose cap
+	// refused the stream (Used and Limit are that key's).
+	Pool string `json:"pool,omitempty"`
+	Key  string `json:"key,omitempty"`
 }
 
 // Error codes.
@@ -161,6 +183,9 @@ const (
 	CodeInvalidLabel         = "invalid_label"          // 400
 	CodeUnknownPlan          = "unknown_plan"           // 422
 	CodeStreamLimitReached   = "stream_limit_reached"   // 429, with Retry-After
+	CodePoolLimitReached     = "pool_limit_reached"     // 429, with Retry-After: a pool key's cap, not the user's
+	CodeUnknownPool          = "unknown_pool"           // 422
+	CodeInvalidPoolKey       = "invalid_pool_key"       // 400
 	CodeSlotLost             = "slot_lost"              // 410
 	CodeUnavailable          = "limiter_unavailable"    // 503
 	CodeOutcomeUnknown       = "outcome_unknown"        // 503 (admin release, override removal): sent to Redis, no answer came back

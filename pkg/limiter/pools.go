@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/joishi/limiter/pkg/keys"
@@ -84,7 +85,11 @@ func (l *Limiter) memberships(named map[string]string) ([]membership, error) {
 	for _, name := range names {
 		pool, ok := l.pools.Lookup(name)
 		if !ok {
-			return nil, fmt.Errorf("%w: %q", ErrUnknownPool, name)
+			var known []string
+			for _, p := range l.pools.List() {
+				known = append(known, p.Pool)
+			}
+			return nil, fmt.Errorf("%w: %q is not one of the pools configured (%s)", ErrUnknownPool, name, strings.Join(known, ", "))
 		}
 		key := named[name]
 		slots, err := l.keys.PoolKey(name, key)

@@ -117,7 +117,7 @@ func decode(w http.ResponseWriter, r *http.Request, limit int64, dst any) error 
 
 // The fields of each request type, as their json tags name them.
 var (
-	acquireFields      = stringFields{"user_id", "plan", "stream_id", "label", "wait_ms"}
+	acquireFields      = stringFields{"user_id", "plan", "stream_id", "label", "wait_ms", "pools"}
 	heartbeatFields    = stringFields{"user_id", "plan", "stream_id"}
 	releaseFields      = stringFields{"user_id", "stream_id"}
 	adminReleaseFields = stringFields{"reason"}
@@ -126,12 +126,15 @@ var (
 )
 
 // acquire reads a POST /v1/slots/acquire body: acquireFields, wait_ms a
-// whole number, the others strings.
+// whole number, pools an object of strings, the others strings.
 func (d *jsonReader) acquire(v *httpapi.AcquireRequest) error {
 	strs := [...]*string{&v.UserID, &v.Plan, &v.StreamID, &v.Label}
 	return d.fields(acquireFields, -1, func(i int, name string) error {
-		if i == len(strs) {
+		switch i {
+		case len(strs):
 			return d.intValue(name, &v.WaitMs)
+		case len(strs) + 1:
+			return d.stringMap(name, httpapi.MaxPools, &v.Pools)
 		}
 		return d.stringValue(name, strs[i])
 	})

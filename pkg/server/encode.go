@@ -94,6 +94,20 @@ func appendAcquireResponse(b []byte, v httpapi.AcquireResponse) []byte {
 	if v.WaitedMs != 0 {
 		b = strconv.AppendInt(append(b, `,"waited_ms":`...), v.WaitedMs, 10)
 	}
+	if len(v.Pools) > 0 {
+		b = append(b, `,"pools":[`...)
+		for i, p := range v.Pools {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendString(append(b, `{"pool":`...), p.Pool)
+			b = appendString(append(b, `,"key":`...), p.Key)
+			b = strconv.AppendInt(append(b, `,"used":`...), int64(p.Used), 10)
+			b = strconv.AppendInt(append(b, `,"limit":`...), int64(p.Limit), 10)
+			b = append(b, '}')
+		}
+		b = append(b, ']')
+	}
 	return append(b, '}')
 }
 
@@ -168,6 +182,12 @@ func appendError(b []byte, e httpapi.Error) []byte {
 	}
 	if e.WaitedMs != nil {
 		b = strconv.AppendInt(append(b, `,"waited_ms":`...), *e.WaitedMs, 10)
+	}
+	if e.Pool != "" {
+		b = appendString(append(b, `,"pool":`...), e.Pool)
+	}
+	if e.Key != "" {
+		b = appendString(append(b, `,"key":`...), e.Key)
 	}
 	return append(b, '}')
 }

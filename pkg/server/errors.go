@@ -35,6 +35,12 @@ func apiError(err error) (int, httpapi.Error) {
 	case errors.Is(err, limiter.ErrInvalidOverride):
 		e.Code = httpapi.CodeInvalidRequest
 		return http.StatusBadRequest, e
+	case errors.Is(err, limiter.ErrUnknownPool):
+		e.Code = httpapi.CodeUnknownPool
+		return http.StatusUnprocessableEntity, e
+	case errors.Is(err, limiter.ErrInvalidPoolKey):
+		e.Code = httpapi.CodeInvalidPoolKey
+		return http.StatusBadRequest, e
 	case errors.Is(err, limiter.ErrUnknownPlan):
 		e.Code = httpapi.CodeUnknownPlan
 		return http.StatusUnprocessableEntity, e

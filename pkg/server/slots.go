@@ -42,13 +42,17 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	if streamID == "" {
 		streamID = keys.NewStreamID()
 	}
-	res, err := s.lim.Acquire(r.Context(), limiter.AcquireRequest{UserID: req.UserID, Plan: req.Plan, StreamID: streamID, Caller: callerOf(r).name, Label: req.Label, Wait: wait})
+	res, err := s.lim.Acquire(r.Context(), limiter.AcquireRequest{UserID: req.UserID, Plan: req.Plan, StreamID: streamID, Caller: callerOf(r).name, Label: req.Label, Wait: wait, Pools: req.Pools})
 	if err != nil {
 		status, e := apiError(err)
 		if status == http.StatusServiceUnavailable {
 			e.StreamID = streamID
 		}
 		s.answerError(w, r, err, status, e)
+		return
+	}
+	if !res.Granted && res.RefusedBy != nil {
+		writePoolRefusal(w, res.RefusedBy)
 		return
 	}
 	if !res.Granted {
@@ -85,6 +89,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		Pruned:              res.Pruned,
 		Degraded:            res.Degraded,
 		WaitedMs:            waitedMs(res.Waited),
+		Pools:               poolGrants(res.Pools),
 	})
 	a.send(w, http.StatusOK)
 }
@@ -227,4 +232,34 @@ func (s *Server) tiers(w http.ResponseWriter, r *http.Request) {
 	a := newAnswer()
 	a.b = appendTiersResponse(a.b, out)
 	a.send(w, http.StatusOK)
+}
+
+// writePoolRefusal answers an acquire a pool key's cap refused: 429
+// pool_limit_reached, which names the pool key, never the user's
+// stream_limit_reached.
+func writePoolRefusal(w http.ResponseWriter, r *limiter.PoolRefusal) {
+	retryMs := r.RetryAfter.Milliseconds()
+	w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(r.RetryAfter), 10))
+	used, limit := r.Used, r.Limit
+	writeError(w, http.StatusTooManyRequests, httpapi.Error{
+		Code:         httpapi.CodePoolLimitReached,
+		Message:      fmt.Sprintf("pool %s=%s holds %d of its %d concurrent streams (the pool's cap, shared by every user)", r.Pool, r.Key, used, limit),
+		Used:         &used,
+		Limit:        &limit,
+		RetryAfterMs: &retryMs,
+		Pool:         r.Pool,
+		Key:          r.Key,
+	})
+}
+
+// poolGrants are a grant's pool keys as the API answers them.
+func poolGrants(grants []limiter.PoolGrant) []httpapi.PoolGrant {
+	if len(grants) == 0 {
+		return nil
+	}
+	out := make([]httpapi.PoolGrant, len(grants))
+	for i, g := range grants {
+		out[i] = httpapi.PoolGrant{Pool: g.Pool, Key: g.Key, Used: g.Used, Limit: g.Limit}
+	}
+	return out
 }

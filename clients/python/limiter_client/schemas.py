@@ -78,6 +78,17 @@ class AcquireRequest:
     """
 
     label: Optional[Label] = None
+    pools: Optional[Dict[str, str]] = None
+    """Optional. The pool keys the stream joins, pool name (1-63 of
+    `[a-z0-9._-]`) to key (`{"model": "gpt-4o", "org": "acme"}`),
+    at most 4. Each key
+    with a cap (its own, or its pool's default) must have room too,
+    or the acquire is `429 pool_limit_reached` and takes nothing; a
+    key with no cap is joined by nothing. A pool the limiter does
+    not hold is `422 unknown_pool`; a key outside 1-128 bytes of
+    `[A-Za-z0-9._:/@-]`, or more than 4 pools, `400
+    invalid_pool_key`; a name given twice `400 invalid_request`.
+    """
 
 
 Label = str
@@ -121,6 +132,26 @@ class AcquireResponse:
 
     waited_ms: Optional[int] = None
     """How long the acquire waited in the user's queue before it was granted; absent when granted at once."""
+
+    pools: Optional[List[PoolGrant]] = None
+    """The capped pool keys the stream joined, in the order of the pools' names; absent when it joined none."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolGrant:
+    """Schema PoolGrant of the contract."""
+
+    pool: str
+    """The pool's name."""
+
+    key: str
+    """The pool key the stream joined."""
+
+    used: int
+    """The key's live memberships after this acquire (0 when degraded, not known)."""
+
+    limit: int
+    """The key's cap - its own, its pool's default, or its override while one is in force."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,8 +265,9 @@ class ErrorCode:
     - `invalid_request` (400): malformed body, unknown field, wrong type, too large, not UTF-8.
     - `unsupported_media_type` (415): a request body not sent as `application/json`.
     - `invalid_user_id` (400), `invalid_stream_id` (400), `invalid_label` (400).
-    - `unknown_plan` (422).
-    - `stream_limit_reached` (429, with `Retry-After`).
+    - `unknown_plan` (422), `unknown_pool` (422), `invalid_pool_key` (400).
+    - `stream_limit_reached` (429, with `Retry-After`): the user's own limit.
+    - `pool_limit_reached` (429, with `Retry-After`): a pool key's cap, shared by every user.
     - `slot_lost` (410).
     - `limiter_unavailable` (503): Redis unreachable and the tier fails closed.
     - `outcome_unknown` (503): admin release and override removal only -
@@ -255,7 +287,10 @@ class ErrorCode:
     INVALID_STREAM_ID = "invalid_stream_id"
     INVALID_LABEL = "invalid_label"
     UNKNOWN_PLAN = "unknown_plan"
+    UNKNOWN_POOL = "unknown_pool"
+    INVALID_POOL_KEY = "invalid_pool_key"
     STREAM_LIMIT_REACHED = "stream_limit_reached"
+    POOL_LIMIT_REACHED = "pool_limit_reached"
     SLOT_LOST = "slot_lost"
     LIMITER_UNAVAILABLE = "limiter_unavailable"
     OUTCOME_UNKNOWN = "outcome_unknown"
@@ -267,7 +302,7 @@ class ErrorCode:
     UNAUTHORIZED = "unauthorized"
     FORBIDDEN = "forbidden"
     INTERNAL = "internal"
-    VALUES = frozenset((INVALID_REQUEST, UNSUPPORTED_MEDIA_TYPE, INVALID_USER_ID, INVALID_STREAM_ID, INVALID_LABEL, UNKNOWN_PLAN, STREAM_LIMIT_REACHED, SLOT_LOST, LIMITER_UNAVAILABLE, OUTCOME_UNKNOWN, NOT_FOUND, METHOD_NOT_ALLOWED, UNAUTHENTICATED, PLAN_NOT_ALLOWED, NOT_SLOT_HOLDER, UNAUTHORIZED, FORBIDDEN, INTERNAL,))
+    VALUES = frozenset((INVALID_REQUEST, UNSUPPORTED_MEDIA_TYPE, INVALID_USER_ID, INVALID_STREAM_ID, INVALID_LABEL, UNKNOWN_PLAN, UNKNOWN_POOL, INVALID_POOL_KEY, STREAM_LIMIT_REACHED, POOL_LIMIT_REACHED, SLOT_LOST, LIMITER_UNAVAILABLE, OUTCOME_UNKNOWN, NOT_FOUND, METHOD_NOT_ALLOWED, UNAUTHENTICATED, PLAN_NOT_ALLOWED, NOT_SLOT_HOLDER, UNAUTHORIZED, FORBIDDEN, INTERNAL,))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,6 +329,12 @@ class Error:
 
     waited_ms: Optional[int] = None
     """stream_limit_reached of an acquire that waited (wait_ms) only - how long it waited in the queue before its wait ran out."""
+
+    pool: Optional[str] = None
+    """pool_limit_reached only - the pool whose key refused the stream."""
+
+    key: Optional[str] = None
+    """pool_limit_reached only - the pool key whose cap refused the stream."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,6 +376,42 @@ class StreamLimitReachedResponseError:
 
     waited_ms: Optional[int] = None
     """Present when the acquire waited (wait_ms) and its wait ran out - how long it waited in the queue."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolLimitReachedResponse:
+    """The `ErrorResponse` of `429 pool_limit_reached`: a pool key's cap,
+    shared by every user, refused the stream; never confused with the
+    user's own `stream_limit_reached`.
+    """
+
+    error: PoolLimitReachedResponseError
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolLimitReachedResponseError:
+    """The error of a PoolLimitReachedResponse."""
+
+    code: str
+    """Known values: "pool_limit_reached"."""
+
+    message: str
+    """For humans; not stable."""
+
+    used: int
+    """The pool key's live memberships."""
+
+    limit: int
+    """The pool key's cap (its own, its pool's default, or its override in force)."""
+
+    retry_after_ms: int
+    """Until the key's earliest membership expires."""
+
+    pool: str
+    """The pool whose key refused the stream."""
+
+    key: str
+    """The pool key whose cap refused the stream."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -553,6 +630,7 @@ _FIELDS: Dict[type, Tuple[Tuple[str, Any, bool], ...]] = {
         ("stream_id", "string", False),
         ("wait_ms", "integer", False),
         ("label", "string", False),
+        ("pools", ("map", "string"), False),
     ),
     AcquireResponse: (
         ("granted", "boolean", True),
@@ -565,6 +643,13 @@ _FIELDS: Dict[type, Tuple[Tuple[str, Any, bool], ...]] = {
         ("pruned", "integer", True),
         ("degraded", "boolean", True),
         ("waited_ms", "integer", False),
+        ("pools", ("array", PoolGrant), False),
+    ),
+    PoolGrant: (
+        ("pool", "string", True),
+        ("key", "string", True),
+        ("used", "integer", True),
+        ("limit", "integer", True),
     ),
     HeartbeatRequest: (
         ("user_id", "string", True),
@@ -616,6 +701,8 @@ _FIELDS: Dict[type, Tuple[Tuple[str, Any, bool], ...]] = {
         ("retry_after_ms", "integer", False),
         ("stream_id", "string", False),
         ("waited_ms", "integer", False),
+        ("pool", "string", False),
+        ("key", "string", False),
     ),
     ErrorResponse: (
         ("error", Error, True),
@@ -630,6 +717,18 @@ _FIELDS: Dict[type, Tuple[Tuple[str, Any, bool], ...]] = {
         ("limit", "integer", True),
         ("retry_after_ms", "integer", True),
         ("waited_ms", "integer", False),
+    ),
+    PoolLimitReachedResponse: (
+        ("error", PoolLimitReachedResponseError, True),
+    ),
+    PoolLimitReachedResponseError: (
+        ("code", "string", True),
+        ("message", "string", True),
+        ("used", "integer", True),
+        ("limit", "integer", True),
+        ("retry_after_ms", "integer", True),
+        ("pool", "string", True),
+        ("key", "string", True),
     ),
     AdminSlotsResponse: (
         ("user_id", "string", True),
@@ -775,6 +874,8 @@ _CHECKS = {
 
 
 def _encode_value(kind: Any, value: Any) -> Any:
+    if isinstance(kind, tuple) and kind[0] == "map":
+        return {name: _encode_value(kind[1], item) for name, item in value.items()}
     if isinstance(kind, tuple):
         return [_encode_value(kind[1], item) for item in value]
     if isinstance(kind, type):
@@ -799,6 +900,10 @@ def _decode_object(cls: Any, data: Any, where: str) -> Any:
 
 
 def _decode_value(kind: Any, value: Any, where: str) -> Any:
+    if isinstance(kind, tuple) and kind[0] == "map":
+        if not isinstance(value, dict):
+            raise DecodeError("%s: want a JSON object, got %s" % (where, _json_kind(value)))
+        return {name: _decode_value(kind[1], item, "%s.%s" % (where, name)) for name, item in value.items()}
     if isinstance(kind, tuple):
         if not isinstance(value, list):
             raise DecodeError("%s: want an array, got %s" % (where, _json_kind(value)))

@@ -75,6 +75,19 @@ export interface AcquireRequest {
   wait_ms?: number;
 
   label?: Label;
+
+  /**
+   * Optional. The pool keys the stream joins, pool name (1-63 of
+   * `[a-z0-9._-]`) to key (`{"model": "gpt-4o", "org": "acme"}`),
+   * at most 4. Each key
+   * with a cap (its own, or its pool's default) must have room too,
+   * or the acquire is `429 pool_limit_reached` and takes nothing; a
+   * key with no cap is joined by nothing. A pool the limiter does
+   * not hold is `422 unknown_pool`; a key outside 1-128 bytes of
+   * `[A-Za-z0-9._:/@-]`, or more than 4 pools, `400
+   * invalid_pool_key`; a name given twice `400 invalid_request`.
+   */
+  pools?: Record<string, string>;
 }
 
 /**
@@ -117,6 +130,24 @@ export interface AcquireResponse {
 
   /** How long the acquire waited in the user's queue before it was granted; absent when granted at once. */
   waited_ms?: number;
+
+  /** The capped pool keys the stream joined, in the order of the pools' names; absent when it joined none. */
+  pools?: PoolGrant[];
+}
+
+/** Schema PoolGrant of the contract. */
+export interface PoolGrant {
+  /** The pool's name. */
+  pool: string;
+
+  /** The pool key the stream joined. */
+  key: string;
+
+  /** The key's live memberships after this acquire (0 when degraded, not known). */
+  used: number;
+
+  /** The key's cap - its own, its pool's default, or its override while one is in force. */
+  limit: number;
 }
 
 /** Schema HeartbeatRequest of the contract. */
@@ -217,8 +248,9 @@ export interface Tier {
  * - `invalid_request` (400): malformed body, unknown field, wrong type, too large, not UTF-8.
  * - `unsupported_media_type` (415): a request body not sent as `application/json`.
  * - `invalid_user_id` (400), `invalid_stream_id` (400), `invalid_label` (400).
- * - `unknown_plan` (422).
- * - `stream_limit_reached` (429, with `Retry-After`).
+ * - `unknown_plan` (422), `unknown_pool` (422), `invalid_pool_key` (400).
+ * - `stream_limit_reached` (429, with `Retry-After`): the user's own limit.
+ * - `pool_limit_reached` (429, with `Retry-After`): a pool key's cap, shared by every user.
  * - `slot_lost` (410).
  * - `limiter_unavailable` (503): Redis unreachable and the tier fails closed.
  * - `outcome_unknown` (503): admin release and override removal only -
@@ -238,7 +270,10 @@ export const ErrorCode = {
   InvalidStreamId: "invalid_stream_id",
   InvalidLabel: "invalid_label",
   UnknownPlan: "unknown_plan",
+  UnknownPool: "unknown_pool",
+  InvalidPoolKey: "invalid_pool_key",
   StreamLimitReached: "stream_limit_reached",
+  PoolLimitReached: "pool_limit_reached",
   SlotLost: "slot_lost",
   LimiterUnavailable: "limiter_unavailable",
   OutcomeUnknown: "outcome_unknown",
@@ -278,6 +313,12 @@ export interface ApiError {
 
   /** stream_limit_reached of an acquire that waited (wait_ms) only - how long it waited in the queue before its wait ran out. */
   waited_ms?: number;
+
+  /** pool_limit_reached only - the pool whose key refused the stream. */
+  pool?: string;
+
+  /** pool_limit_reached only - the pool key whose cap refused the stream. */
+  key?: string;
 }
 
 /** Schema ErrorResponse of the contract. */
@@ -314,6 +355,39 @@ export interface StreamLimitReachedResponseError {
 
   /** Present when the acquire waited (wait_ms) and its wait ran out - how long it waited in the queue. */
   waited_ms?: number;
+}
+
+/**
+ * The `ErrorResponse` of `429 pool_limit_reached`: a pool key's cap,
+ * shared by every user, refused the stream; never confused with the
+ * user's own `stream_limit_reached`.
+ */
+export interface PoolLimitReachedResponse {
+  error: PoolLimitReachedResponseError;
+}
+
+/** The error of a PoolLimitReachedResponse. */
+export interface PoolLimitReachedResponseError {
+  /** Known values: "pool_limit_reached". */
+  code: Open<"pool_limit_reached">;
+
+  /** For humans; not stable. */
+  message: string;
+
+  /** The pool key's live memberships. */
+  used: number;
+
+  /** The pool key's cap (its own, its pool's default, or its override in force). */
+  limit: number;
+
+  /** Until the key's earliest membership expires. */
+  retry_after_ms: number;
+
+  /** The pool whose key refused the stream. */
+  pool: string;
+
+  /** The pool key whose cap refused the stream. */
+  key: string;
 }
 
 /** Schema AdminSlotsResponse of the contract. */
@@ -513,6 +587,7 @@ export interface AuditRecordOverride {
 export interface Schemas {
   AcquireRequest: AcquireRequest;
   AcquireResponse: AcquireResponse;
+  PoolGrant: PoolGrant;
   HeartbeatRequest: HeartbeatRequest;
   HeartbeatResponse: HeartbeatResponse;
   HeartbeatsRequest: HeartbeatsRequest;
@@ -526,6 +601,8 @@ export interface Schemas {
   ErrorResponse: ErrorResponse;
   StreamLimitReachedResponse: StreamLimitReachedResponse;
   StreamLimitReachedResponseError: StreamLimitReachedResponseError;
+  PoolLimitReachedResponse: PoolLimitReachedResponse;
+  PoolLimitReachedResponseError: PoolLimitReachedResponseError;
   AdminSlotsResponse: AdminSlotsResponse;
   AdminTicket: AdminTicket;
   AdminSlot: AdminSlot;
@@ -548,6 +625,7 @@ type Kind =
   | "boolean"
   | "date-time"
   | { readonly array: Kind }
+  | { readonly map: Kind }
   | { readonly object: keyof Schemas };
 type Field = readonly [name: string, kind: Kind, required: boolean];
 
@@ -558,6 +636,7 @@ const FIELDS: { readonly [K in keyof Schemas]: readonly Field[] } = {
     ["stream_id", "string", false],
     ["wait_ms", "integer", false],
     ["label", "string", false],
+    ["pools", { map: "string" }, false],
   ],
   AcquireResponse: [
     ["granted", "boolean", true],
@@ -570,6 +649,13 @@ const FIELDS: { readonly [K in keyof Schemas]: readonly Field[] } = {
     ["pruned", "integer", true],
     ["degraded", "boolean", true],
     ["waited_ms", "integer", false],
+    ["pools", { array: { object: "PoolGrant" } }, false],
+  ],
+  PoolGrant: [
+    ["pool", "string", true],
+    ["key", "string", true],
+    ["used", "integer", true],
+    ["limit", "integer", true],
   ],
   HeartbeatRequest: [
     ["user_id", "string", true],
@@ -621,6 +707,8 @@ const FIELDS: { readonly [K in keyof Schemas]: readonly Field[] } = {
     ["retry_after_ms", "integer", false],
     ["stream_id", "string", false],
     ["waited_ms", "integer", false],
+    ["pool", "string", false],
+    ["key", "string", false],
   ],
   ErrorResponse: [
     ["error", { object: "Error" }, true],
@@ -635,6 +723,18 @@ const FIELDS: { readonly [K in keyof Schemas]: readonly Field[] } = {
     ["limit", "integer", true],
     ["retry_after_ms", "integer", true],
     ["waited_ms", "integer", false],
+  ],
+  PoolLimitReachedResponse: [
+    ["error", { object: "PoolLimitReachedResponseError" }, true],
+  ],
+  PoolLimitReachedResponseError: [
+    ["code", "string", true],
+    ["message", "string", true],
+    ["used", "integer", true],
+    ["limit", "integer", true],
+    ["retry_after_ms", "integer", true],
+    ["pool", "string", true],
+    ["key", "string", true],
   ],
   AdminSlotsResponse: [
     ["user_id", "string", true],
@@ -765,6 +865,16 @@ function decodeValue(kind: Kind, value: unknown, where: string): unknown {
   if (typeof kind === "object") {
     if ("object" in kind) {
       return decodeObject(kind.object, value, where);
+    }
+    if ("map" in kind) {
+      if (typeof value !== "object" || value === null || Array.isArray(value)) {
+        throw new DecodeError(where + ": want an object, got " + jsonKind(value));
+      }
+      const out: Record<string, unknown> = {};
+      for (const [name, item] of Object.entries(value)) {
+        out[name] = decodeValue(kind.map, item, where + "." + name);
+      }
+      return out;
     }
     if (!Array.isArray(value)) {
       throw new DecodeError(where + ": want an array, got " + jsonKind(value));

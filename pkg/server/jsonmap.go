@@ -1,0 +1,53 @@
+package server
+
+// stringMap reads the object of string values at pos, of the field at
+// path, into *dst: at most most entries (a bound of the request, named in
+// the message), each name given once. A null, or an empty object, leaves
+// *dst nil. Names are kept as sent: pool names and keys are validated by
+// the limiter, which names the bound they break.
+func (d *jsonReader) stringMap(path string, most int, dst *map[string]string) error {
+	if isNull, err := d.null(); isNull || err != nil {
+		return err
+	}
+	if d.peek() != '{' {
+		return d.typeError(path, "an object of strings")
+	}
+	d.pos++
+	d.skipSpace()
+	if d.peek() == '}' {
+		d.pos++
+		return nil
+	}
+	m := map[string]string{}
+	for {
+		name, err := d.key()
+		if err != nil {
+			return err
+		}
+		if _, dup := m[name]; dup {
+			return badRequest("request body: %q is given twice in %q", name, path)
+		}
+		if len(m) == most {
+			return badRequest("request body: %q names more than %d entries", path, most)
+		}
+		if d.peek() != '"' {
+			return d.typeError(path+"."+name, "a string")
+		}
+		value, err := d.str()
+		if err != nil {
+			return err
+		}
+		m[name] = value
+		d.skipSpace()
+		switch d.peek() {
+		case ',':
+			d.pos++
+		case '}':
+			d.pos++
+			*dst = m
+			return nil
+		default:
+			return d.syntaxError("after object key:value pair")
+		}
+	}
+}

@@ -1,0 +1,80 @@
+package server_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/internal/limitertest"
+	"github.com/joishi/limiter/pkg/httpapi"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/pools"
+	"github.com/joishi/limiter/pkg/server"
+)
+
+// poolsAPI is the API of a limiter with pool model: gpt-4o capped at 1.
+func poolsAPI(t *testing.T) *api {
+	t.Helper()
+	table := pools.NewTable()
+	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "model", Keys: map[string]int{"gpt-4o": 1}}.WithDefaults()}); err != nil {
+		t.Fatal(err)
+	}
+	lim := limitertest.New(t, limitertest.Options{Limiter: limiter.Options{Pools: table}}).Limiter
+	return newAPIOf(t, server.New(lim, server.Options{}))
+}
+
+// TestAcquireJoinsPoolsOverHTTP: a grant lists the pool keys it joined;
+// the next acquire of the full key is 429 pool_limit_reached naming it,
+// with Retry-After, never stream_limit_reached; once released, granted.
+func TestAcquireJoinsPoolsOverHTTP(t *testing.T) {
+	a := poolsAPI(t)
+	suffix := time.Now().Format("150405.000000")
+	first := a.call(t, http.MethodPost, "/v1/slots/acquire", mustJSON(t, map[string]any{"user_id": "ana-" + suffix, "plan": "one", "pools": map[string]string{"model": "gpt-4o"}}), false)
+	var grant httpapi.AcquireResponse
+	if first.status != http.StatusOK || json.Unmarshal(first.body, &grant) != nil || len(grant.Pools) != 1 ||
+		grant.Pools[0] != (httpapi.PoolGrant{Pool: "model", Key: "gpt-4o", Used: 1, Limit: 1}) {
+		t.Fatalf("first acquire: %d %s; want granted with model=gpt-4o 1 of 1", first.status, first.body)
+	}
+	second := a.call(t, http.MethodPost, "/v1/slots/acquire", mustJSON(t, map[string]any{"user_id": "bo-" + suffix, "plan": "one", "pools": map[string]string{"model": "gpt-4o"}}), false)
+	var refused httpapi.ErrorResponse
+	if second.status != http.StatusTooManyRequests || json.Unmarshal(second.body, &refused) != nil {
+		t.Fatalf("second acquire: %d %s; want 429", second.status, second.body)
+	}
+	e := refused.Error
+	if e.Code != httpapi.CodePoolLimitReached || e.Pool != "model" || e.Key != "gpt-4o" || e.Used == nil || *e.Used != 1 ||
+		e.Limit == nil || *e.Limit != 1 || e.RetryAfterMs == nil || second.header.Get("Retry-After") == "" {
+		t.Errorf("refusal: %s, Retry-After %q; want pool_limit_reached naming model=gpt-4o, 1 of 1", second.body, second.header.Get("Retry-After"))
+	}
+	if rel := a.call(t, http.MethodPost, "/v1/slots/release", mustJSON(t, map[string]any{"user_id": "ana-" + suffix, "stream_id": grant.StreamID}), false); rel.status != http.StatusOK {
+		t.Fatalf("release: %d %s", rel.status, rel.body)
+	}
+	if third := a.call(t, http.MethodPost, "/v1/slots/acquire", mustJSON(t, map[string]any{"user_id": "bo-" + suffix, "plan": "one", "pools": map[string]string{"model": "gpt-4o"}}), false); third.status != http.StatusOK {
+		t.Errorf("acquire after the release: %d %s; want granted", third.status, third.body)
+	}
+}
+
+func TestAcquirePoolsAreChecked(t *testing.T) {
+	a := poolsAPI(t)
+	for _, tc := range []struct {
+		name, body string
+		invalid    bool
+		status     int
+		code, says string
+	}{
+		{"an unknown pool", `{"user_id":"u","plan":"one","pools":{"region":"eu"}}`, false, 422, httpapi.CodeUnknownPool, `region`},
+		{"a key outside the charset", `{"user_id":"u","plan":"one","pools":{"model":"gpt 4o"}}`, true, 400, httpapi.CodeInvalidPoolKey, `gpt 4o`},
+		{"five pools", `{"user_id":"u","plan":"one","pools":{"a":"1","b":"2","c":"3","d":"4","e":"5"}}`, true, 400, httpapi.CodeInvalidRequest, "more than 4"},
+		{"a pool named twice", `{"user_id":"u","plan":"one","pools":{"model":"a","model":"b"}}`, true, 400, httpapi.CodeInvalidRequest, "given twice"},
+		{"pools not an object", `{"user_id":"u","plan":"one","pools":["model"]}`, true, 400, httpapi.CodeInvalidRequest, "pools"},
+		{"a key not a string", `{"user_id":"u","plan":"one","pools":{"model":4}}`, true, 400, httpapi.CodeInvalidRequest, "pools.model"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := a.call(t, http.MethodPost, "/v1/slots/acquire", []byte(tc.body), tc.invalid)
+			if code := errorCode(t, got); got.status != tc.status || code != tc.code || !strings.Contains(string(got.body), tc.says) {
+				t.Errorf("%d %s; want %d %s saying %s", got.status, got.body, tc.status, tc.code, tc.says)
+			}
+		})
+	}
+}
