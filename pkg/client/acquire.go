@@ -54,9 +54,24 @@ func WithLabel(label string) AcquireOption {
 	return func(r *httpapi.AcquireRequest) { r.Label = label }
 }
 
+// WithPools names the pool keys the stream joins, pool → key
+// ({"model": "gpt-4o", "org": "acme"}; at most httpapi.MaxPools): each
+// capped key must have room too, or Acquire fails with an *Error matching
+// ErrPoolLimitReached (Error.Pool, Error.Key) and takes nothing. The
+// limiter keeps the stream's memberships with its slot: heartbeats and
+// the release cover them. Default: none.
+func WithPools(pools map[string]string) AcquireOption {
+	return func(r *httpapi.AcquireRequest) {
+		if len(pools) > 0 {
+			r.Pools = pools
+		}
+	}
+}
+
 // Acquire takes a stream slot for userID under plan and heartbeats it until
 // it is released or lost. Errors: an *Error matching ErrLimitReached (with
-// Used, Limit, RetryAfter), ErrUnknownPlan, ErrInvalid, ErrUnauthenticated,
+// Used, Limit, RetryAfter), ErrPoolLimitReached (WithPools; Pool, Key),
+// ErrUnknownPlan, ErrUnknownPool, ErrInvalid, ErrUnauthenticated,
 // ErrPlanNotAllowed, ErrNotSlotHolder (a WithStreamID another caller holds)
 // or ErrUnavailable; ErrUnavailable also when the limiter cannot be
 // reached; ErrClosed after Close.

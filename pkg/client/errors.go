@@ -18,6 +18,15 @@ var (
 	// as many streams as the plan allows (429 stream_limit_reached). It is
 	// a result to show the user, never an outage.
 	ErrLimitReached = errors.New("stream limit reached")
+	// ErrPoolLimitReached: Acquire was refused because a pool key it named
+	// (WithPools) holds its cap of streams, whoever's they are (429
+	// pool_limit_reached): Error.Pool and Error.Key name it, Used, Limit
+	// and RetryAfter are the key's. Not ErrLimitReached: the user's own
+	// limit did not refuse it.
+	ErrPoolLimitReached = errors.New("pool limit reached")
+	// ErrUnknownPool: an Acquire named a pool the limiter does not hold
+	// (422 unknown_pool).
+	ErrUnknownPool = errors.New("unknown pool")
 	// ErrSlotLost: the slot expired or was released by someone else
 	// (410 slot_lost). Lease.Err returns it once Lost fires for that reason.
 	ErrSlotLost = errors.New("slot lost")
@@ -70,8 +79,11 @@ type Error struct {
 	// Message is for humans.
 	Message string
 	// Used and Limit are the user's streams and the plan's cap; set on
-	// stream_limit_reached.
+	// stream_limit_reached. On pool_limit_reached, the pool key's.
 	Used, Limit int
+	// Pool and Key name the pool key that refused an acquire; set on
+	// pool_limit_reached.
+	Pool, Key string
 	// RetryAfter is when a slot may free up at the earliest: retry_after_ms
 	// of the body, else the Retry-After header. Zero when neither is given.
 	RetryAfter time.Duration
@@ -89,6 +101,9 @@ func (e *Error) Error() string {
 	if e.Message != "" {
 		fmt.Fprintf(&b, ": %s", e.Message)
 	}
+	if e.Code == httpapi.CodePoolLimitReached {
+		fmt.Fprintf(&b, " (pool %s=%s, used %d of %d, retry after %s)", e.Pool, e.Key, e.Used, e.Limit, e.RetryAfter)
+	}
 	if e.Code == httpapi.CodeStreamLimitReached {
 		fmt.Fprintf(&b, " (used %d of %d, retry after %s", e.Used, e.Limit, e.RetryAfter)
 		if e.Waited > 0 {
@@ -104,6 +119,10 @@ func (e *Error) Is(target error) bool {
 	switch target {
 	case ErrLimitReached:
 		return e.Code == httpapi.CodeStreamLimitReached
+	case ErrPoolLimitReached:
+		return e.Code == httpapi.CodePoolLimitReached
+	case ErrUnknownPool:
+		return e.Code == httpapi.CodeUnknownPool
 	case ErrSlotLost:
 		return e.Code == httpapi.CodeSlotLost
 	case ErrUnavailable:
@@ -124,7 +143,7 @@ func (e *Error) Is(target error) bool {
 
 func invalidCode(code string) bool {
 	switch code {
-	case httpapi.CodeInvalidRequest, httpapi.CodeInvalidUserID, httpapi.CodeInvalidStreamID, httpapi.CodeInvalidLabel:
+	case httpapi.CodeInvalidRequest, httpapi.CodeInvalidUserID, httpapi.CodeInvalidStreamID, httpapi.CodeInvalidLabel, httpapi.CodeInvalidPoolKey:
 		return true
 	}
 	return false
@@ -132,7 +151,7 @@ func invalidCode(code string) bool {
 
 // fromWire converts a wire error; status is the HTTP status it came with.
 func fromWire(status int, we httpapi.Error) *Error {
-	e := &Error{Status: status, Code: we.Code, Message: we.Message}
+	e := &Error{Status: status, Code: we.Code, Message: we.Message, Pool: we.Pool, Key: we.Key}
 	if we.Used != nil {
 		e.Used = *we.Used
 	}

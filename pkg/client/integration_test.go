@@ -18,6 +18,7 @@ import (
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/httpapi"
 	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/pools"
 	"github.com/joishi/limiter/pkg/server"
 	"github.com/joishi/limiter/pkg/tiers"
 )
@@ -51,7 +52,7 @@ func newReal(t *testing.T) *realLimiter {
 			{Plan: "bulk", MaxConcurrentStreams: 1000, SlotTTL: bulkTTL, HeartbeatInterval: realInterval, FailureMode: tiers.FailClosed},
 			{Plan: "free", MaxConcurrentStreams: 1, SlotTTL: realTTL, HeartbeatInterval: realInterval, FailureMode: tiers.FailClosed},
 		},
-		Limiter: limiter.Options{Logger: quiet},
+		Limiter: limiter.Options{Logger: quiet, Pools: realPools(t)},
 	}).Limiter
 	r := &realLimiter{lim: lim}
 	api := server.New(r.lim, server.Options{Logger: quiet}).Handler()
@@ -79,6 +80,16 @@ func newReal(t *testing.T) *realLimiter {
 	t.Cleanup(srv.Close)
 	r.url = srv.URL
 	return r
+}
+
+// realPools caps the pool key model=gpt-4o at one stream.
+func realPools(t *testing.T) *pools.Table {
+	t.Helper()
+	table := pools.NewTable()
+	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "model", Keys: map[string]int{"gpt-4o": 1}}.WithDefaults()}); err != nil {
+		t.Fatal(err)
+	}
+	return table
 }
 
 func (r *realLimiter) batches() []fakeBatch {
