@@ -25,6 +25,10 @@ var (
 	buildOnce sync.Once
 	binPath   string
 	buildErr  error
+
+	faultOnce sync.Once
+	faultPath string
+	faultErr  error
 )
 
 // Binary builds ./cmd/limiter once per test binary and returns its path.
@@ -47,6 +51,32 @@ func Binary(t testing.TB) string {
 		t.Fatal(buildErr)
 	}
 	return binPath
+}
+
+// FaultBinary builds ./cmd/limiter with the faultpoints tag once per test
+// binary and returns its path: a serve process of it stops for good at the
+// fault point its LIMITER_FAULT_POINT names (see pkg/limiter's atFault),
+// for a crash test to SIGKILL it there. Start runs it with
+// Options.FaultPoint.
+func FaultBinary(t testing.TB) string {
+	t.Helper()
+	faultOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "limiter-fault-bin-")
+		if err != nil {
+			faultErr = err
+			return
+		}
+		faultPath = filepath.Join(dir, "limiter")
+		cmd := exec.Command("go", "build", "-tags", "faultpoints", "-o", faultPath, "./cmd/limiter")
+		cmd.Dir = repoRoot()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			faultErr = fmt.Errorf("go build -tags faultpoints ./cmd/limiter: %v\n%s", err, out)
+		}
+	})
+	if faultErr != nil {
+		t.Fatal(faultErr)
+	}
+	return faultPath
 }
 
 func repoRoot() string {
@@ -85,6 +115,10 @@ type Options struct {
 	// ExtProc serves the ext_proc server too, on a free port given as
 	// --extproc-addr (Process.ExtProc). Default false.
 	ExtProc bool
+	// FaultPoint, when set, runs the FaultBinary with LIMITER_FAULT_POINT
+	// set to it: the process stops for good there. Default "": the
+	// release build.
+	FaultPoint string
 }
 
 // redisConnected is the end of serve's log message once it reaches Redis,
@@ -112,6 +146,10 @@ type Process struct {
 func Start(t testing.TB, opts Options) *Process {
 	t.Helper()
 	bin := Binary(t)
+	if opts.FaultPoint != "" {
+		bin = FaultBinary(t)
+		opts.Env = append(opts.Env, "LIMITER_FAULT_POINT="+opts.FaultPoint)
+	}
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "limiter.yaml")
 	if err := os.WriteFile(cfg, []byte(opts.Config), 0o600); err != nil {

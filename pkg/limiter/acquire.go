@@ -209,6 +209,7 @@ func (l *Limiter) grantPools(ctx context.Context, req AcquireRequest, tier tiers
 	if len(ms) == 0 {
 		return nil
 	}
+	atFault("after-user-slot") // a crash here leaves the user's slot alone, to expire
 	j, err := l.joinPools(ctx, req, tier, ms, added)
 	if err != nil {
 		res.Granted, res.ExpiresAt = false, time.Time{}
