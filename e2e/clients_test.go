@@ -20,13 +20,22 @@ const (
 	clientsAdminToken  = "e2e-clients-operator-token-0123456789"
 )
 
+// clientsPools caps the pool key model=gpt-4o at one stream; every other
+// key of the pool model is not capped.
+const clientsPools = `pools:
+  static:
+    - pool: model
+      keys: {gpt-4o: 1}
+`
+
 // startClientServers starts what the Python and TypeScript clients' suites
 // run against, and returns the environment that tells them where:
 //
 //   - LIMITER_TEST_URL, _OPS_URL, _ADMIN_URL: a serve on the shared Redis
-//     with incidentTiers (free 1, paid 3; 2s TTL, 500ms heartbeats),
-//     callers authenticated by api.tokensFile and the admin API on
-//     (LIMITER_TEST_ADMIN_TOKEN, an operator);
+//     with incidentTiers (free 1, paid 3; 2s TTL, 500ms heartbeats) and
+//     clientsPools (model=gpt-4o capped at 1), callers authenticated by
+//     api.tokensFile and the admin API on (LIMITER_TEST_ADMIN_TOKEN, an
+//     operator);
 //   - LIMITER_TOKEN, the default caller token of the clients, which may use
 //     every plan; LIMITER_TEST_SCOPED_TOKEN, a caller of paid only;
 //   - LIMITER_TEST_TLS_URL: a serve over TLS trusting client certificates
@@ -49,7 +58,7 @@ func startClientServers(t *testing.T) []string {
 	prefix := "e2e-clients-" + randomID() + ":"
 	apiTokens := write("api-tokens", "app "+clientsAppToken+" *\nscoped "+clientsScopedToken+" paid\n")
 	adminTokens := write("admin-tokens", "support operator "+clientsAdminToken+"\n")
-	plain := servetest.Start(t, servetest.Options{AwaitRedis: true, Config: serveConfig(redis, prefix, incidentTiers) +
+	plain := servetest.Start(t, servetest.Options{AwaitRedis: true, Config: serveConfig(redis, prefix, incidentTiers) + clientsPools +
 		"api:\n  tokensFile: " + apiTokens + "\nadmin:\n  tokensFile: " + adminTokens + "\n"})
 
 	ca := testenv.NewCA(t)
@@ -57,7 +66,7 @@ func startClientServers(t *testing.T) []string {
 	clientCert, clientKey := ca.IssueFiles(t, dir, "client", testenv.CertSpec{CommonName: "edge", DNSNames: []string{"edge.example"}})
 	caFile := ca.File(t, dir)
 	tlsTokens := write("tls-api-tokens", "app "+clientsAppToken+" *\nedge.example - free\n")
-	secure := servetest.Start(t, servetest.Options{AwaitRedis: true, Config: serveConfig(redis, prefix, incidentTiers) +
+	secure := servetest.Start(t, servetest.Options{AwaitRedis: true, Config: serveConfig(redis, prefix, incidentTiers) + clientsPools +
 		"api:\n  tokensFile: " + tlsTokens + "\n" +
 		"http:\n  tls:\n    certFile: " + serverCert + "\n    keyFile: " + serverKey + "\n    clientCAFile: " + caFile + "\n"})
 
@@ -122,6 +131,7 @@ func TestPythonClient(t *testing.T) {
 		"test_acquire_sends_label_only_when_set",
 		"test_label_is_recorded_with_the_slot",
 		"test_a_slot_belongs_to_the_caller_that_took_it",
+		"test_pool_key_is_a_cap_shared_by_every_user",
 	} {
 		if !regexp.MustCompile(`(?m)^` + name + ` \(.*\) \.\.\. ok$`).MatchString(out) {
 			t.Errorf("the suite did not pass %s:\n%s", name, out)
@@ -189,6 +199,7 @@ func TestTypeScriptClient(t *testing.T) {
 		"acquire sends label only when set",
 		"the label is recorded with the slot",
 		"a slot belongs to the caller that took it",
+		"a pool key is a cap shared by every user",
 	} {
 		if !regexp.MustCompile(`(?m)^\s*ok \d+ - ` + regexp.QuoteMeta(name) + `$`).MatchString(tap) {
 			t.Errorf("node --test did not pass %q:\n%s", name, tap)

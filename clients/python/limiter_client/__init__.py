@@ -28,11 +28,13 @@ from .errors import (
     LimitReached,
     NotSlotHolder,
     PlanNotAllowed,
+    PoolLimitReached,
     ProtocolError,
     SlotLost,
     Unauthenticated,
     Unavailable,
     UnknownPlan,
+    UnknownPool,
 )
 from .lease import Lease
 from .schemas import ErrorCode
@@ -48,11 +50,13 @@ __all__ = [
     "LimiterError",
     "NotSlotHolder",
     "PlanNotAllowed",
+    "PoolLimitReached",
     "ProtocolError",
     "SlotLost",
     "Unauthenticated",
     "Unavailable",
     "UnknownPlan",
+    "UnknownPool",
 ]
 
 __version__ = "0.1.0"

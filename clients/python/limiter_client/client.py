@@ -8,7 +8,7 @@ import secrets
 import ssl
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from ._heartbeat import MAX_IN_FLIGHT, Keeper
 from ._http import Endpoint, caller_token
@@ -95,6 +95,7 @@ class Client:
         *,
         stream_id: Optional[str] = None,
         label: Optional[str] = None,
+        pools: Optional[Mapping[str, str]] = None,
     ) -> Lease:
         """Takes a stream slot for user_id under plan and heartbeats it until
         it is released or lost.
@@ -105,14 +106,23 @@ class Client:
         be retried without taking a second slot.
         label is recorded with the slot for support (a pod, a model, a
         request id; at most 128 bytes of UTF-8); sent only when given.
+        pools names the pool keys the stream joins, pool to key
+        (``{"model": "gpt-4o", "org": "acme"}``, at most 4): each capped
+        key must have room too, or the acquire raises PoolLimitReached and
+        takes nothing. The limiter keeps the stream's memberships with its
+        slot: the heartbeats and the release cover them. Sent only when not
+        empty.
 
-        Raises LimitReached (with used, limit, retry_after), UnknownPlan,
-        PlanNotAllowed, NotSlotHolder (a stream_id another caller holds),
-        Unauthenticated, InvalidRequest, Unavailable (also when the limiter
-        cannot be reached), ClientClosed after close, and ValueError for a
-        label over 128 bytes. Acquiring a stream id this client already
-        holds returns the held Lease. A grant made while the limiter could
-        not reach Redis (a tier failing open) is a Lease with degraded True.
+        Raises LimitReached (with used, limit, retry_after),
+        PoolLimitReached (with pool, key, and the key's used, limit,
+        retry_after), UnknownPlan, UnknownPool, PlanNotAllowed,
+        NotSlotHolder (a stream_id another caller holds), Unauthenticated,
+        InvalidRequest (also for a malformed pool key), Unavailable (also
+        when the limiter cannot be reached), ClientClosed after close, and
+        ValueError for a label over 128 bytes. Acquiring a stream id this
+        client already holds returns the held Lease. A grant made while the
+        limiter could not reach Redis (a tier failing open) is a Lease with
+        degraded True.
         """
         if self._keeper.closed:
             raise ClientClosed("client_closed", "the limiter client is closed")
@@ -122,6 +132,8 @@ class Client:
             if size > MAX_LABEL_BYTES:
                 raise ValueError("label must be at most %d bytes of UTF-8, got %d" % (MAX_LABEL_BYTES, size))
             body["label"] = label
+        if pools:
+            body["pools"] = dict(pools)
         out = self._acquire_retrying(body)
         lease = Lease(
             self,
@@ -132,6 +144,7 @@ class Client:
             heartbeat_interval_of(out),
             out.expires_at,
             out.degraded,
+            body.get("pools"),
         )
         held = self._keeper.add(lease)
         if held is None:
@@ -256,6 +269,8 @@ class Client:
         body = encode(AcquireRequest(user_id=lease.user_id, plan=lease.plan, stream_id=lease.stream_id))
         if lease.label:
             body["label"] = lease.label
+        if lease._pools:
+            body["pools"] = dict(lease._pools)
         return self._acquire_once(body)
 
 

@@ -27,9 +27,10 @@ class LimiterError(Exception):
     answer was not the limiter's JSON, e.g. a proxy's page); ``message`` is
     for humans. ``status`` is the HTTP status, 0 when there was no answer.
     ``used``, ``limit`` and ``retry_after`` (seconds, float) are set on
-    ``stream_limit_reached``; ``retry_after`` also from a Retry-After header.
-    ``stream_id`` names the stream id of an acquire answered
-    ``limiter_unavailable``.
+    ``stream_limit_reached``, and on ``pool_limit_reached`` as the pool
+    key's; ``retry_after`` also from a Retry-After header. ``pool`` and
+    ``key`` name the pool key of a ``pool_limit_reached``. ``stream_id``
+    names the stream id of an acquire answered ``limiter_unavailable``.
     """
 
     def __init__(
@@ -42,6 +43,8 @@ class LimiterError(Exception):
         limit: Optional[int] = None,
         retry_after: Optional[float] = None,
         stream_id: Optional[str] = None,
+        pool: Optional[str] = None,
+        key: Optional[str] = None,
     ) -> None:
         super().__init__(code, message)
         self.code = code
@@ -51,6 +54,8 @@ class LimiterError(Exception):
         self.limit = limit
         self.retry_after = retry_after
         self.stream_id = stream_id
+        self.pool = pool
+        self.key = key
 
     def __str__(self) -> str:
         text = "limiter: " + self.code
@@ -58,6 +63,14 @@ class LimiterError(Exception):
             text += " (HTTP %d)" % self.status
         if self.message:
             text += ": " + self.message
+        if self.code == ErrorCode.POOL_LIMIT_REACHED:
+            text += " (pool %s=%s, used %s of %s, retry after %ss)" % (
+                self.pool,
+                self.key,
+                self.used,
+                self.limit,
+                self.retry_after,
+            )
         if self.code == ErrorCode.STREAM_LIMIT_REACHED:
             text += " (used %s of %s, retry after %ss)" % (self.used, self.limit, self.retry_after)
         return text
@@ -66,6 +79,18 @@ class LimiterError(Exception):
 class LimitReached(LimiterError):
     """429 stream_limit_reached: the user holds as many streams as the plan
     allows. A result to show the user, never an outage."""
+
+
+class PoolLimitReached(LimiterError):
+    """429 pool_limit_reached: a pool key the acquire named (``pools=``)
+    holds its cap of streams, whoever's they are. ``pool`` and ``key`` name
+    it; ``used``, ``limit`` and ``retry_after`` are the key's. Not a
+    LimitReached: the user's own limit did not refuse it. The acquire took
+    nothing."""
+
+
+class UnknownPool(LimiterError):
+    """422 unknown_pool: an acquire named a pool the limiter does not hold."""
 
 
 class SlotLost(LimiterError):
@@ -102,7 +127,8 @@ class NotSlotHolder(LimiterError):
 
 
 class InvalidRequest(LimiterError):
-    """400 invalid_request, invalid_user_id or invalid_stream_id."""
+    """400 invalid_request, invalid_user_id, invalid_stream_id or
+    invalid_pool_key."""
 
 
 class ProtocolError(LimiterError):
@@ -118,15 +144,18 @@ class ClientClosed(LimiterError):
 
 _BY_CODE = {
     ErrorCode.STREAM_LIMIT_REACHED: LimitReached,
+    ErrorCode.POOL_LIMIT_REACHED: PoolLimitReached,
     ErrorCode.SLOT_LOST: SlotLost,
     ErrorCode.LIMITER_UNAVAILABLE: Unavailable,
     ErrorCode.UNKNOWN_PLAN: UnknownPlan,
+    ErrorCode.UNKNOWN_POOL: UnknownPool,
     ErrorCode.UNAUTHENTICATED: Unauthenticated,
     ErrorCode.PLAN_NOT_ALLOWED: PlanNotAllowed,
     ErrorCode.NOT_SLOT_HOLDER: NotSlotHolder,
     ErrorCode.INVALID_REQUEST: InvalidRequest,
     ErrorCode.INVALID_USER_ID: InvalidRequest,
     ErrorCode.INVALID_STREAM_ID: InvalidRequest,
+    ErrorCode.INVALID_POOL_KEY: InvalidRequest,
 }
 
 # The status a single-slot call answers for a code, so that a batch's
@@ -141,9 +170,12 @@ _STATUS = {
     ErrorCode.INVALID_REQUEST: 400,
     ErrorCode.INVALID_USER_ID: 400,
     ErrorCode.INVALID_STREAM_ID: 400,
+    ErrorCode.INVALID_POOL_KEY: 400,
 }
 
-INVALID_CODES = frozenset((ErrorCode.INVALID_REQUEST, ErrorCode.INVALID_USER_ID, ErrorCode.INVALID_STREAM_ID))
+INVALID_CODES = frozenset(
+    (ErrorCode.INVALID_REQUEST, ErrorCode.INVALID_USER_ID, ErrorCode.INVALID_STREAM_ID, ErrorCode.INVALID_POOL_KEY)
+)
 
 
 def from_wire(err: WireError, status: Optional[int] = None) -> LimiterError:
@@ -161,6 +193,8 @@ def from_wire(err: WireError, status: Optional[int] = None) -> LimiterError:
         limit=err.limit,
         retry_after=retry_after,
         stream_id=err.stream_id,
+        pool=err.pool,
+        key=err.key,
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from .errors import LimiterError
 from .schemas import Paths, ReleaseRequest, ReleaseResponse, encode
@@ -40,12 +40,14 @@ class Lease:
         interval: float,
         expires_at: datetime,
         degraded: bool,
+        pools: Optional[Dict[str, str]] = None,
     ) -> None:
         self._client = client
         self._user_id = user_id
         self._plan = plan
         self._stream_id = stream_id
         self._label = label
+        self._pools = pools  # sent again on a re-acquire
         self.interval = interval  # seconds between heartbeats; guarded by the client
         self._lock = threading.Lock()
         self._expires_at = expires_at
@@ -99,8 +101,9 @@ class Lease:
     @property
     def error(self) -> Optional[LimiterError]:
         """Why the lease was lost: SlotLost, UnknownPlan, PlanNotAllowed,
-        NotSlotHolder, InvalidRequest, LimitReached (a degraded lease refused
-        on re-acquire) or ClientClosed. None while ``lost`` is not set."""
+        NotSlotHolder, InvalidRequest, LimitReached or PoolLimitReached (a
+        degraded lease refused on re-acquire), or ClientClosed. None while
+        ``lost`` is not set."""
         with self._lock:
             return self._error
 

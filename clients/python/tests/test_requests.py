@@ -11,7 +11,18 @@ import time
 import unittest
 from typing import Dict, List, Optional
 
-from limiter_client import Client, LimiterError, LimitReached, NotSlotHolder, ProtocolError, SlotLost, Unavailable
+from limiter_client import (
+    Client,
+    InvalidRequest,
+    LimiterError,
+    LimitReached,
+    NotSlotHolder,
+    PoolLimitReached,
+    ProtocolError,
+    SlotLost,
+    Unavailable,
+    UnknownPool,
+)
 from limiter_client.schemas import Paths
 
 from .support import Answer, Recorded, RecordingServer, json_answer
@@ -33,6 +44,24 @@ def granted(rec: Recorded, *, degraded: bool = False, interval_ms: int = 50) -> 
             "pruned": 0,
             "degraded": degraded,
         },
+    )
+
+
+def pool_limit_reached() -> Answer:
+    return json_answer(
+        429,
+        {
+            "error": {
+                "code": "pool_limit_reached",
+                "message": "pool model=gpt-4o holds 1 of its 1 concurrent streams",
+                "used": 1,
+                "limit": 1,
+                "retry_after_ms": 1500,
+                "pool": "model",
+                "key": "gpt-4o",
+            }
+        },
+        **{"Retry-After": "2"},
     )
 
 
@@ -102,6 +131,31 @@ class RequestTest(unittest.TestCase):
         self.assertEqual(bodies[1]["label"], "pod-7/model-x")
         self.assertEqual(bodies[2]["label"], "é" * 64)
 
+    def test_acquire_sends_pools_as_given_only_when_not_empty(self) -> None:
+        client = self.client()
+        client.acquire("user-1", "paid")
+        client.acquire("user-1", "paid", pools={})
+        client.acquire("user-1", "paid", pools={"model": "meta-llama/Llama-3.1-70B-Instruct", "org": "acme"})
+        bodies = [r.json for r in self.server.received(Paths.ACQUIRE)]
+        self.assertEqual(sorted(bodies[0]), ["plan", "stream_id", "user_id"])
+        self.assertEqual(sorted(bodies[1]), ["plan", "stream_id", "user_id"])
+        self.assertEqual(bodies[2]["pools"], {"model": "meta-llama/Llama-3.1-70B-Instruct", "org": "acme"})
+
+    def test_pool_limit_reached_is_its_own_error(self) -> None:
+        self.fake.acquire_answer = pool_limit_reached()
+        with self.assertRaises(PoolLimitReached) as caught:
+            self.client().acquire("user-1", "paid", pools={"model": "gpt-4o"})
+        err = caught.exception
+        self.assertIsInstance(err, LimiterError)
+        self.assertNotIsInstance(err, LimitReached, "a pool's cap is not the user's limit")
+        self.assertEqual(
+            (err.status, err.code, err.pool, err.key, err.used, err.limit, err.retry_after),
+            (429, "pool_limit_reached", "model", "gpt-4o", 1, 1, 1.5),
+        )
+        self.assertIn("(pool model=gpt-4o, used 1 of 1, retry after 1.5s)", str(err))
+        self.assertEqual(len(self.server.received(Paths.ACQUIRE)), 1, "a refusal is not retried")
+        self.assertEqual(self.server.received(Paths.RELEASE), [])
+
     def test_label_over_128_bytes_is_refused_before_sending(self) -> None:
         client = self.client()
         with self.assertRaisesRegex(ValueError, "at most 128 bytes of UTF-8, got 130"):
@@ -155,7 +209,7 @@ class RequestTest(unittest.TestCase):
     def test_degraded_lease_not_held_is_acquired_again(self) -> None:
         client = self.client()
         self.fake.degraded = True
-        lease = client.acquire("user-1", "paid", label="pod-7")
+        lease = client.acquire("user-1", "paid", label="pod-7", pools={"model": "gpt-4o"})
         self.assertTrue(lease.degraded)
         self.fake.degraded = False
         self.fake.results[lease.stream_id] = {"alive": False, "expires_at": None}
@@ -163,8 +217,21 @@ class RequestTest(unittest.TestCase):
         while len(self.server.received(Paths.ACQUIRE)) < 2 and time.time() < deadline:
             time.sleep(0.01)
         again = self.server.received(Paths.ACQUIRE)[1].json
-        self.assertEqual((again["stream_id"], again["label"]), (lease.stream_id, "pod-7"))
+        self.assertEqual(
+            (again["stream_id"], again["label"], again["pools"]),
+            (lease.stream_id, "pod-7", {"model": "gpt-4o"}),
+        )
         self.assertFalse(lease.lost.is_set())
+
+    def test_degraded_lease_refused_by_its_pool_on_reacquire_is_lost(self) -> None:
+        client = self.client()
+        self.fake.degraded = True
+        lease = client.acquire("user-1", "paid", pools={"model": "gpt-4o"})
+        self.fake.acquire_answer = pool_limit_reached()
+        self.fake.results[lease.stream_id] = {"alive": False, "expires_at": None}
+        self.assertTrue(lease.lost.wait(2))
+        self.assertIsInstance(lease.error, PoolLimitReached)
+        self.assertEqual((lease.error.pool, lease.error.key), ("model", "gpt-4o"))
 
     def test_error_answers_become_typed_errors(self) -> None:
         cases = [
@@ -173,6 +240,18 @@ class RequestTest(unittest.TestCase):
                 json_answer(429, {"error": {"code": "stream_limit_reached", "message": "3 of 3", "used": 3, "limit": 3, "retry_after_ms": 1500}}),
                 LimitReached,
                 {"status": 429, "used": 3, "limit": 3, "retry_after": 1.5},
+            ),
+            (
+                "422 of a pool the limiter does not hold",
+                json_answer(422, {"error": {"code": "unknown_pool", "message": "no pool region; the pools are model"}}),
+                UnknownPool,
+                {"status": 422, "code": "unknown_pool", "pool": None, "key": None},
+            ),
+            (
+                "400 of a malformed pool key",
+                json_answer(400, {"error": {"code": "invalid_pool_key", "message": "pool model: key has a space"}}),
+                InvalidRequest,
+                {"status": 400, "code": "invalid_pool_key"},
             ),
             (
                 "a proxy's 502 page",

@@ -2,7 +2,8 @@
 e2e/clients_test.go (which passes the URLs and tokens in LIMITER_TEST_*).
 
 The server's tiers: free 1 stream, paid 3, both with a 2s slot TTL and a
-500ms heartbeat interval. Callers: LIMITER_TOKEN may use every plan,
+500ms heartbeat interval; its one pool, model, caps the key gpt-4o at 1
+stream (every other key uncapped). Callers: LIMITER_TOKEN may use every plan,
 LIMITER_TEST_SCOPED_TOKEN only paid, and the TLS server's client
 certificate names a caller that may use only free.
 """
@@ -23,10 +24,12 @@ from limiter_client import (
     LimitReached,
     NotSlotHolder,
     PlanNotAllowed,
+    PoolLimitReached,
     SlotLost,
     Unauthenticated,
     Unavailable,
     UnknownPlan,
+    UnknownPool,
 )
 from limiter_client.schemas import Paths
 
@@ -76,6 +79,35 @@ class ServeTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             self.client.acquire(u, "paid", label="x" * 129)
         self.assertEqual(self.used(u), 1, "a refused label must take no slot")
+
+    def test_pool_key_is_a_cap_shared_by_every_user(self) -> None:
+        first, second = user(), user()
+        gpt = {"model": "gpt-4o"}
+        lease = self.client.acquire(first, "paid", pools=gpt)
+        with self.assertRaises(PoolLimitReached) as caught:
+            self.client.acquire(second, "paid", pools=gpt)
+        err = caught.exception
+        self.assertNotIsInstance(err, LimitReached, "the second user's own limit did not refuse it")
+        self.assertEqual(
+            (err.status, err.code, err.pool, err.key, err.used, err.limit),
+            (429, "pool_limit_reached", "model", "gpt-4o", 1, 1),
+        )
+        self.assertIsNotNone(err.retry_after)
+        self.assertGreater(err.retry_after, 0)
+        self.assertLessEqual(err.retry_after, TTL)
+        self.assertEqual(self.used(second), 0, "a pool's refusal must take no slot")
+
+        lease.release()
+        self.client.acquire(second, "paid", pools=gpt).release()
+        # A key the pool does not cap is joined by nothing.
+        self.client.acquire(first, "paid", pools={"model": "gpt-4o-mini"}).release()
+
+        with self.assertRaises(UnknownPool) as caught:
+            self.client.acquire(user(), "paid", pools={"region": "eu"})
+        self.assertEqual((caught.exception.status, caught.exception.code), (422, "unknown_pool"))
+        with self.assertRaises(InvalidRequest) as caught:
+            self.client.acquire(user(), "paid", pools={"model": "gpt 4o"})
+        self.assertEqual((caught.exception.status, caught.exception.code), (400, "invalid_pool_key"))
 
     def test_release_frees_the_slot_and_is_idempotent(self) -> None:
         u = user()

@@ -69,6 +69,14 @@ export interface AcquireOptions {
   /** Recorded with the slot for support: a pod, a model, a request id; at most 128 bytes of UTF-8. Sent only when set. */
   label?: string;
   /**
+   * The pool keys the stream joins, pool to key (`{ model: "gpt-4o", org:
+   * "acme" }`, at most 4): each capped key must have room too, or the
+   * acquire rejects with `pool_limit_reached` (`isPoolLimited`) and takes
+   * nothing. The limiter keeps the stream's memberships with its slot: the
+   * heartbeats and the release cover them. Sent only when not empty.
+   */
+  pools?: Record<string, string>;
+  /**
    * Gives up the acquire: it rejects with the signal's reason, and the
    * stream id is released in the background (close waits for it), in case
    * the attempt in flight took the slot.
@@ -125,14 +133,15 @@ export class Client {
   /**
    * Takes a stream slot for userId under plan and heartbeats it until it is
    * released or lost. Rejects with a LimiterError: `stream_limit_reached`
-   * (with used, limit, retryAfterMs), `unknown_plan`, `plan_not_allowed`,
-   * `not_slot_holder` (a `streamId` another caller holds),
-   * `unauthenticated`, an invalid id, `limiter_unavailable` (also when the
-   * limiter cannot be reached), `client_closed` after close; with a
-   * RangeError for a label over 128 bytes. Acquiring a stream id this client
-   * already holds resolves to the held Lease. A grant made while the
-   * limiter could not reach Redis (a tier failing open) is a Lease with
-   * degraded true.
+   * (with used, limit, retryAfterMs), `pool_limit_reached` (with pool, key,
+   * and the key's used, limit, retryAfterMs), `unknown_plan`,
+   * `unknown_pool`, `plan_not_allowed`, `not_slot_holder` (a `streamId`
+   * another caller holds), `unauthenticated`, an invalid id or pool key,
+   * `limiter_unavailable` (also when the limiter cannot be reached),
+   * `client_closed` after close; with a RangeError for a label over 128
+   * bytes. Acquiring a stream id this client already holds resolves to the
+   * held Lease. A grant made while the limiter could not reach Redis (a
+   * tier failing open) is a Lease with degraded true.
    */
   async acquire(userId: string, plan: string, options: AcquireOptions = {}): Promise<Lease> {
     if (this.keeper.isClosed) {
@@ -147,6 +156,9 @@ export class Client {
       }
       body.label = options.label;
     }
+    if (options.pools && Object.keys(options.pools).length > 0) {
+      body.pools = { ...options.pools };
+    }
     const answer = await this.acquireRetrying(body, options.signal);
     const lease = new Lease(
       { api: this.api, forget: (l) => this.keeper.remove(l) },
@@ -157,6 +169,7 @@ export class Client {
       heartbeatIntervalOf(answer),
       answer.expires_at,
       answer.degraded,
+      body.pools,
     );
     const held = this.keeper.add(lease);
     if (held === undefined) {
@@ -320,6 +333,9 @@ export class Client {
     const body: AcquireRequest = { user_id: lease.userId, plan: lease.plan, stream_id: lease.streamId };
     if (lease.label) {
       body.label = lease.label;
+    }
+    if (lease.poolKeys) {
+      body.pools = { ...lease.poolKeys };
     }
     return this.acquireOnce(body, signal);
   }

@@ -19,6 +19,8 @@ export interface LimiterErrorFields {
   limit?: number;
   retryAfterMs?: number;
   streamId?: string;
+  pool?: string;
+  key?: string;
   cause?: unknown;
 }
 
@@ -26,9 +28,10 @@ export interface LimiterErrorFields {
  * A refusal or failure of the limiter. `code` is stable: an ErrorCode, a
  * ClientCode, or `http_<status>` when an answer was not the limiter's JSON
  * (a proxy's page). `used`, `limit` and `retryAfterMs` are set on
- * `stream_limit_reached`; `retryAfterMs` also from a Retry-After header.
- * `streamId` names the stream id of an acquire answered
- * `limiter_unavailable`.
+ * `stream_limit_reached`, and on `pool_limit_reached` as the pool key's;
+ * `retryAfterMs` also from a Retry-After header. `pool` and `key` name the
+ * pool key of a `pool_limit_reached`. `streamId` names the stream id of an
+ * acquire answered `limiter_unavailable`.
  */
 export class LimiterError extends Error {
   readonly code: string;
@@ -37,6 +40,8 @@ export class LimiterError extends Error {
   readonly limit?: number;
   readonly retryAfterMs?: number;
   readonly streamId?: string;
+  readonly pool?: string;
+  readonly key?: string;
 
   constructor(code: string, message: string, fields: LimiterErrorFields = {}) {
     super(describe(code, message, fields), fields.cause === undefined ? undefined : { cause: fields.cause });
@@ -47,6 +52,8 @@ export class LimiterError extends Error {
     this.limit = fields.limit;
     this.retryAfterMs = fields.retryAfterMs;
     this.streamId = fields.streamId;
+    this.pool = fields.pool;
+    this.key = fields.key;
   }
 }
 
@@ -58,6 +65,9 @@ function describe(code: string, message: string, f: LimiterErrorFields): string 
   if (message) {
     text += ": " + message;
   }
+  if (code === ErrorCode.PoolLimitReached) {
+    text += ` (pool ${f.pool}=${f.key}, used ${f.used} of ${f.limit}, retry after ${f.retryAfterMs}ms)`;
+  }
   if (code === ErrorCode.StreamLimitReached) {
     text += ` (used ${f.used} of ${f.limit}, retry after ${f.retryAfterMs}ms)`;
   }
@@ -67,6 +77,17 @@ function describe(code: string, message: string, f: LimiterErrorFields): string 
 /** Whether err says the user's stream limit is reached (429 stream_limit_reached). */
 export function isLimited(err: unknown): err is LimiterError {
   return err instanceof LimiterError && err.code === ErrorCode.StreamLimitReached;
+}
+
+/**
+ * Whether err says a pool key the acquire named (`pools`) holds its cap of
+ * streams, whoever's they are (429 pool_limit_reached): `pool` and `key`
+ * name it, `used`, `limit` and `retryAfterMs` are the key's. Never
+ * isLimited: the user's own limit did not refuse it. The acquire took
+ * nothing.
+ */
+export function isPoolLimited(err: unknown): err is LimiterError {
+  return err instanceof LimiterError && err.code === ErrorCode.PoolLimitReached;
 }
 
 /**
@@ -81,7 +102,7 @@ export function isNotSlotHolder(err: unknown): err is LimiterError {
   return err instanceof LimiterError && err.code === ErrorCode.NotSlotHolder;
 }
 
-const INVALID: ReadonlySet<string> = new Set([ErrorCode.InvalidRequest, ErrorCode.InvalidUserId, ErrorCode.InvalidStreamId]);
+const INVALID: ReadonlySet<string> = new Set([ErrorCode.InvalidRequest, ErrorCode.InvalidUserId, ErrorCode.InvalidStreamId, ErrorCode.InvalidPoolKey]);
 
 // Per-slot batch errors every later heartbeat would answer the same (besides INVALID).
 const FATAL: ReadonlySet<string> = new Set([ErrorCode.SlotLost, ErrorCode.UnknownPlan, ErrorCode.PlanNotAllowed, ErrorCode.NotSlotHolder]);
@@ -98,6 +119,7 @@ const STATUS: Readonly<Record<string, number>> = {
   [ErrorCode.InvalidRequest]: 400,
   [ErrorCode.InvalidUserId]: 400,
   [ErrorCode.InvalidStreamId]: 400,
+  [ErrorCode.InvalidPoolKey]: 400,
 };
 
 /** The LimiterError of a wire error; status defaults to the one the single-slot call answers for its code. */
@@ -108,6 +130,8 @@ export function fromWire(err: ApiError, status?: number): LimiterError {
     limit: err.limit,
     retryAfterMs: err.retry_after_ms,
     streamId: err.stream_id,
+    pool: err.pool,
+    key: err.key,
   });
 }
 

@@ -22,7 +22,7 @@
  */
 export { Admin, type AdminOptions } from "./admin.js";
 export { Client, MAX_LABEL_BYTES, type AcquireOptions, type ClientOptions } from "./client.js";
-export { ClientCode, LimiterError, isLimited, isNotSlotHolder, type LimiterErrorFields } from "./errors.js";
+export { ClientCode, LimiterError, isLimited, isNotSlotHolder, isPoolLimited, type LimiterErrorFields } from "./errors.js";
 export type { Logger } from "./heartbeat.js";
 export { Lease } from "./lease.js";
 export * as schemas from "./schemas.gen.js";

@@ -57,6 +57,8 @@ export class Lease {
     interval: number,
     expiresAt: Date,
     degraded: boolean,
+    /** @internal The pool keys sent with the acquire, sent again on a re-acquire. */
+    readonly poolKeys?: Readonly<Record<string, string>>,
   ) {
     this.interval = interval;
     this.expires = expiresAt;
@@ -73,9 +75,9 @@ export class Lease {
 
   /**
    * Why the lease was lost: `slot_lost`, `unknown_plan`, `plan_not_allowed`,
-   * `not_slot_holder`, an invalid id, `stream_limit_reached` (a degraded
-   * lease refused on re-acquire) or `client_closed`. Undefined while it is
-   * held.
+   * `not_slot_holder`, an invalid id, `stream_limit_reached` or
+   * `pool_limit_reached` (a degraded lease refused on re-acquire), or
+   * `client_closed`. Undefined while it is held.
    */
   get error(): LimiterError | undefined {
     return this.lostError;

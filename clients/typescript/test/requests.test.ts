@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { afterEach, beforeEach, describe, test } from "node:test";
 
-import { Client, ErrorCode, LimiterError, Paths, isNotSlotHolder, type ClientOptions, type Lease } from "../src/index.js";
+import { Client, ErrorCode, LimiterError, Paths, isLimited, isNotSlotHolder, isPoolLimited, type ClientOptions, type Lease } from "../src/index.js";
 import { MemoryLogger, TestServer, eventually, jsonAnswer, type Answer, type Recorded } from "./support.js";
 
 const STREAM_ID = /^[0-9a-f]{32}$/;
@@ -23,6 +23,24 @@ function granted(rec: Recorded, degraded = false, intervalMs = 50): Answer {
     pruned: 0,
     degraded,
   });
+}
+
+function poolLimitReached(): Answer {
+  return jsonAnswer(
+    429,
+    {
+      error: {
+        code: "pool_limit_reached",
+        message: "pool model=gpt-4o holds 1 of its 1 concurrent streams",
+        used: 1,
+        limit: 1,
+        retry_after_ms: 1500,
+        pool: "model",
+        key: "gpt-4o",
+      },
+    },
+    { "Retry-After": "2" },
+  );
 }
 
 function notSlotHolder(userId: string, streamId: string) {
@@ -98,6 +116,33 @@ describe("requests and answers", () => {
     assert.equal(bodies[2].label, "é".repeat(64));
   });
 
+  test("acquire sends pools as given, only when not empty", async () => {
+    const c = newClient();
+    await c.acquire("user-1", "paid");
+    await c.acquire("user-1", "paid", { pools: {} });
+    await c.acquire("user-1", "paid", { pools: { model: "meta-llama/Llama-3.1-70B-Instruct", org: "acme" } });
+    const bodies = server.received(Paths.acquire).map((r) => r.json);
+    assert.deepEqual(Object.keys(bodies[0]).sort(), ["plan", "stream_id", "user_id"]);
+    assert.deepEqual(Object.keys(bodies[1]).sort(), ["plan", "stream_id", "user_id"]);
+    assert.deepEqual(bodies[2].pools, { model: "meta-llama/Llama-3.1-70B-Instruct", org: "acme" });
+  });
+
+  test("pool_limit_reached is its own error, with the pool key's fields", async () => {
+    fake.acquireAnswer = poolLimitReached();
+    const err = await newClient()
+      .acquire("user-1", "paid", { pools: { model: "gpt-4o" } })
+      .then(() => assert.fail("resolved"), (e: unknown) => e);
+    assert.ok(isPoolLimited(err), String(err));
+    assert.equal(isLimited(err), false, "a pool's cap is not the user's limit");
+    assert.deepEqual(
+      [err.status, err.code, err.pool, err.key, err.used, err.limit, err.retryAfterMs],
+      [429, ErrorCode.PoolLimitReached, "model", "gpt-4o", 1, 1, 1500],
+    );
+    assert.match(err.message, /\(pool model=gpt-4o, used 1 of 1, retry after 1500ms\)$/);
+    assert.equal(server.received(Paths.acquire).length, 1, "a refusal is not retried");
+    assert.deepEqual(server.received(Paths.release), []);
+  });
+
   test("a label over 128 bytes is refused before sending", async () => {
     await assert.rejects(newClient().acquire("user-1", "paid", { label: "é".repeat(65) }), {
       name: "RangeError",
@@ -150,14 +195,26 @@ describe("requests and answers", () => {
   test("a degraded lease the limiter does not hold is acquired again", async () => {
     const c = newClient();
     fake.degraded = true;
-    const lease = await c.acquire("user-1", "paid", { label: "pod-7" });
+    const lease = await c.acquire("user-1", "paid", { label: "pod-7", pools: { model: "gpt-4o" } });
     assert.equal(lease.degraded, true);
     fake.degraded = false;
     fake.results.set(lease.streamId, { alive: false, expires_at: null });
     assert.ok(await eventually(() => server.received(Paths.acquire).length >= 2));
     const again = server.received(Paths.acquire)[1]!.json;
-    assert.deepEqual([again.stream_id, again.label], [lease.streamId, "pod-7"]);
+    assert.deepEqual([again.stream_id, again.label, again.pools], [lease.streamId, "pod-7", { model: "gpt-4o" }]);
     assert.equal(lease.error, undefined);
+  });
+
+  test("a degraded lease refused by its pool on re-acquire is lost", async () => {
+    const c = newClient();
+    fake.degraded = true;
+    const lease = await c.acquire("user-1", "paid", { pools: { model: "gpt-4o" } });
+    fake.acquireAnswer = poolLimitReached();
+    fake.results.set(lease.streamId, { alive: false, expires_at: null });
+    assert.ok(await eventually(() => lease.error !== undefined), "not lost");
+    const err = lease.error;
+    assert.ok(isPoolLimited(err), String(err));
+    assert.deepEqual([err.pool, err.key], ["model", "gpt-4o"]);
   });
 
   test("error answers become typed errors", async () => {
@@ -166,6 +223,16 @@ describe("requests and answers", () => {
         "429 with the limit's fields",
         jsonAnswer(429, { error: { code: "stream_limit_reached", message: "3 of 3", used: 3, limit: 3, retry_after_ms: 1500 } }),
         { code: ErrorCode.StreamLimitReached, status: 429, used: 3, limit: 3, retryAfterMs: 1500 },
+      ],
+      [
+        "422 of a pool the limiter does not hold",
+        jsonAnswer(422, { error: { code: "unknown_pool", message: "no pool region; the pools are model" } }),
+        { code: ErrorCode.UnknownPool, status: 422, pool: undefined, key: undefined },
+      ],
+      [
+        "400 of a malformed pool key",
+        jsonAnswer(400, { error: { code: "invalid_pool_key", message: "pool model: key has a space" } }),
+        { code: ErrorCode.InvalidPoolKey, status: 400 },
       ],
       [
         "a proxy's 502 page",

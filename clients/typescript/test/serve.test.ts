@@ -2,7 +2,8 @@
 // e2e/clients_test.go (which passes the URLs and tokens in LIMITER_TEST_*).
 //
 // The server's tiers: free 1 stream, paid 3, both with a 2s slot TTL and a
-// 500ms heartbeat interval. Callers: LIMITER_TOKEN may use every plan,
+// 500ms heartbeat interval; its one pool, model, caps the key gpt-4o at 1
+// stream (every other key uncapped). Callers: LIMITER_TOKEN may use every plan,
 // LIMITER_TEST_SCOPED_TOKEN only paid, and the TLS server's client
 // certificate (LIMITER_TEST_TLS_CERT) names a caller of free only. The TLS
 // server's certificate is of LIMITER_TEST_TLS_CA, which the node process
@@ -12,7 +13,7 @@ import assert from "node:assert/strict";
 import { readFile } from "node:fs/promises";
 import { afterEach, describe, test } from "node:test";
 
-import { Admin, Client, ErrorCode, LimiterError, Paths, isNotSlotHolder, type ClientOptions, type Lease } from "../src/index.js";
+import { Admin, Client, ErrorCode, LimiterError, Paths, isLimited, isNotSlotHolder, isPoolLimited, type ClientOptions, type Lease } from "../src/index.js";
 import { FaultProxy, MemoryLogger, httpsFetch, scrape, serveEnv, total, user } from "./support.js";
 
 const TTL_MS = 2000;
@@ -85,6 +86,27 @@ describe("against a real serve", { skip }, () => {
     assert.deepEqual(slots.map((s) => [s.stream_id, s.label, s.plan]), [[lease.streamId, "pod-7/model-x", "paid"]]);
     await assert.rejects(c.acquire(u, "paid", { label: "x".repeat(129) }), RangeError);
     assert.equal(await used(u), 1, "a refused label must take no slot");
+  });
+
+  test("a pool key is a cap shared by every user", async () => {
+    const c = newClient();
+    const [first, second] = [user(), user()];
+    const gpt = { model: "gpt-4o" };
+    const lease = await c.acquire(first, "paid", { pools: gpt });
+    const err = await refused(c.acquire(second, "paid", { pools: gpt }), ErrorCode.PoolLimitReached);
+    assert.ok(isPoolLimited(err));
+    assert.equal(isLimited(err), false, "the second user's own limit did not refuse it");
+    assert.deepEqual([err.status, err.pool, err.key, err.used, err.limit], [429, "model", "gpt-4o", 1, 1]);
+    assert.ok(err.retryAfterMs !== undefined && err.retryAfterMs > 0 && err.retryAfterMs <= TTL_MS, `retryAfterMs ${err.retryAfterMs}`);
+    assert.equal(await used(second), 0, "a pool's refusal must take no slot");
+
+    await lease.release();
+    await (await c.acquire(second, "paid", { pools: gpt })).release();
+    // A key the pool does not cap is joined by nothing.
+    await (await c.acquire(first, "paid", { pools: { model: "gpt-4o-mini" } })).release();
+
+    assert.equal((await refused(c.acquire(user(), "paid", { pools: { region: "eu" } }), ErrorCode.UnknownPool)).status, 422);
+    assert.equal((await refused(c.acquire(user(), "paid", { pools: { model: "gpt 4o" } }), ErrorCode.InvalidPoolKey)).status, 400);
   });
 
   test("release frees the slot and is idempotent", async () => {
