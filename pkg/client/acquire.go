@@ -109,6 +109,8 @@ func (c *Client) Acquire(ctx context.Context, userID, plan string, opts ...Acqui
 		userID:    userID,
 		plan:      plan,
 		streamID:  out.StreamID,
+		pools:     req.Pools,
+		label:     req.Label,
 		interval:  heartbeatInterval(out),
 		waited:    time.Duration(out.WaitedMs) * time.Millisecond,
 		expiresAt: out.ExpiresAt,

@@ -143,7 +143,7 @@ func (c *Client) reacquire(ctx context.Context, l *Lease) {
 	if !c.holds(l) {
 		return
 	}
-	out, err := c.acquire(ctx, httpapi.AcquireRequest{UserID: l.userID, Plan: l.plan, StreamID: l.streamID})
+	out, err := c.acquire(ctx, httpapi.AcquireRequest{UserID: l.userID, Plan: l.plan, StreamID: l.streamID, Pools: l.pools, Label: l.label})
 	switch {
 	case err == nil:
 		l.update(out.ExpiresAt, out.Degraded)

@@ -1,9 +1,12 @@
 package client_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -262,6 +265,36 @@ func TestDegradedLease(t *testing.T) {
 		case <-lease.Lost():
 			t.Fatalf("Lost closed (Err %v), want open", lease.Err())
 		default:
+		}
+	})
+	t.Run("the re-acquire joins the acquire's pools and keeps its label", func(t *testing.T) {
+		f := newFake(t)
+		f.degraded = true
+		var sent atomic.Pointer[httpapi.AcquireRequest]
+		f.onAcquire = func(w http.ResponseWriter, r *http.Request) bool {
+			var req httpapi.AcquireRequest
+			body, _ := io.ReadAll(r.Body)
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			if json.Unmarshal(body, &req) == nil {
+				sent.Store(&req)
+			}
+			return false
+		}
+		c := newClient(t, f.URL())
+		if _, err := c.Acquire(context.Background(), "u1", "paid", client.WithStreamID("s"), client.WithLabel("pod-7"),
+			client.WithPools(map[string]string{"model": "gpt-4o"})); err != nil {
+			t.Fatal(err)
+		}
+		f.set(func(f *fakeLimiter) { f.degraded = false })
+		deadline := time.Now().Add(2 * time.Second)
+		for f.used("u1") != 1 {
+			if time.Now().After(deadline) {
+				t.Fatal("the degraded lease was not re-acquired")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if req := sent.Load(); req == nil || req.Pools["model"] != "gpt-4o" || req.Label != "pod-7" {
+			t.Errorf("the re-acquire sent %+v; want the pools and label of the acquire", req)
 		}
 	})
 	t.Run("lost when the re-acquire is refused", func(t *testing.T) {

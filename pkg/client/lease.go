@@ -16,6 +16,10 @@ type Lease struct {
 	userID   string
 	plan     string
 	streamID string
+	// pools and label are the acquire's, sent again when a degraded
+	// lease is re-acquired: the stream joins its pool keys then.
+	pools    map[string]string
+	label    string
 	interval time.Duration // guarded by client.mu
 	waited   time.Duration
 
