@@ -234,9 +234,20 @@ func (l *Limiter) grantPools(ctx context.Context, req AcquireRequest, tier tiers
 // its caller left): the stream id was made here, so no one else could
 // ever release it, and it would count against the user for a whole TTL.
 // It runs beside the answer, which must not wait for it (every decision
-// within the per-call deadline), and ends within that deadline of its own;
-// when Redis does not answer this either, the slot expires by itself.
+// within the per-call deadline), and ends within two per-call deadlines:
+// it releases at once, and once more a deadline later, after a retry of
+// the acquire that was already on its way to Redis (the client retries a
+// call whose reply was lost) has run. When Redis does not answer either,
+// the slot expires by itself.
 func (l *Limiter) releaseUnanswered(ctx context.Context, userID, streamID string) {
 	ctx = context.WithoutCancel(ctx)
-	go func() { _, _ = l.release(ctx, "", userID, streamID) }()
+	later := time.Second
+	if l.redis != nil {
+		later = l.redis.Timeout()
+	}
+	go func() {
+		_, _ = l.release(ctx, "", userID, streamID)
+		time.Sleep(later)
+		_, _ = l.release(ctx, "", userID, streamID)
+	}()
 }
