@@ -89,8 +89,11 @@ for i = 1, n do
   ids[i], records[i] = id, ARGV[2] .. ';started=' .. string.format('%d', now) .. ARGV[5 + 3 * i]
   states[i], values[i] = -1, 0
   local caller = holder(records[i])
-  local ticket = redis.call('HGET', recs, id)
-  if foreign(ticket, caller) or (not ticket and foreign(redis.call('HGET', meta, id), caller)) then
+  local ticket = false
+  if caller ~= '' then -- an open API's calls are nobody's: nothing to read
+    ticket = redis.call('HGET', recs, id)
+  end
+  if caller ~= '' and (foreign(ticket, caller) or (not ticket and foreign(redis.call('HGET', meta, id), caller))) then
     -- Another caller's ticket or slot: not this call's to take over,
     -- refresh or withdraw.
     states[i] = -3
@@ -119,12 +122,14 @@ for i = 1, n do
           arrival = math.max(arrival, tonumber(last[2]) + 1)
         end
         redis.call('ZADD', queue, digits(arrival), id)
+        -- A ticket's record is written once: its plan's limit does not
+        -- change while it waits (an override is applied when it is read).
+        local who = ''
+        if caller ~= '' then
+          who = ';caller=' .. caller
+        end
+        redis.call('HSET', recs, id, ARGV[1] .. who)
       end
-      local who = ''
-      if caller ~= '' then
-        who = ';caller=' .. caller
-      end
-      redis.call('HSET', recs, id, ARGV[1] .. who)
       redis.call('ZADD', expiry, 'GT', now + ticketTTL, id)
       waiting[id] = i
       states[i] = 0
@@ -136,7 +141,14 @@ end
 -- tickets are granted, the others' servers are woken.
 local used = redis.call('ZCARD', slots)
 local wake = {}
-local due, _, slack = owed(queue, expiry, recs, used, override, math.huge)
+-- With this call's limit reached, none of its tickets can be granted, and
+-- the tickets of larger plans owed a slot are served by their own
+-- servers' calls (each walks the queue), not woken by this one.
+local due, slack = {}, {}
+if used < limit then
+  local taken -- unused
+  due, taken, slack = owed(queue, expiry, recs, used, override, math.huge)
+end
 -- A ticket of this call behind others' tickets owed a slot is granted
 -- before them only while each of them keeps room under its own limit
 -- (room: the least slack among them, less this call's grants so far).
