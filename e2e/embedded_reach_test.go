@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"net/http"
-	"runtime"
 	"strconv"
 	"testing"
 	"time"
@@ -18,9 +17,7 @@ import (
 // and the next acquire at the limit is still refused.
 func TestEmbeddedStoreIsReachableByServeOnly(t *testing.T) {
 	t.Parallel()
-	if runtime.GOOS != "linux" {
-		t.Skip("finds the process's listening sockets in /proc")
-	}
+	testenv.Proc(t) // the listening sockets are read from /proc
 	p := launch(t, "tiers:\n  source: static\n  static:\n"+readyTiers)
 	p.awaitReady(t, "/readyz", 20*time.Second)
 	user := "eu-" + randomID()

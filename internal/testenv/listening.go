@@ -13,6 +13,16 @@ import (
 	"time"
 )
 
+// Proc makes sure this machine lists a process's sockets under /proc
+// (Linux), which Listening reads: when it does not, the test fails if
+// Required, and skips otherwise.
+func Proc(t testing.TB) {
+	t.Helper()
+	if _, err := os.Stat("/proc/self/net/tcp"); err != nil {
+		missing(t, "/proc/self/net/tcp is not readable ("+err.Error()+")", "must run on Linux, where /proc lists a process's sockets")
+	}
+}
+
 // RawRESP sends one command to addr as any local process could (no
 // password, no client library) and returns the first line of the reply;
 // false when addr took no connection or gave no reply.

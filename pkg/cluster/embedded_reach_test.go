@@ -2,7 +2,6 @@ package cluster_test
 
 import (
 	"context"
-	"runtime"
 	"testing"
 	"time"
 
@@ -47,9 +46,7 @@ func TestEmbeddedStoreServesItsOwnClient(t *testing.T) {
 // slots past api.tokensFile. Every listening TCP socket of this process
 // is tried, and the address the client reports.
 func TestEmbeddedStoreIsReachableByItsClientOnly(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("finds this process's listening sockets in /proc")
-	}
+	testenv.Proc(t) // the listening sockets are read from /proc
 	s := limitertest.New(t, limitertest.Options{Backend: limitertest.Embedded})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
