@@ -12,18 +12,8 @@ func (d *jsonReader) stringMap(path string, most int, dst *map[string]string) er
 	if d.peek() != '{' {
 		return d.typeError(path, "an object of strings")
 	}
-	d.pos++
-	d.skipSpace()
-	if d.peek() == '}' {
-		d.pos++
-		return nil
-	}
 	m := map[string]string{}
-	for {
-		name, err := d.key()
-		if err != nil {
-			return err
-		}
+	err := d.members(func(name string) error {
 		if _, dup := m[name]; dup {
 			return badRequest("request body: %q is given twice in %q", name, path)
 		}
@@ -34,20 +24,12 @@ func (d *jsonReader) stringMap(path string, most int, dst *map[string]string) er
 			return d.typeError(path+"."+name, "a string")
 		}
 		value, err := d.str()
-		if err != nil {
-			return err
-		}
 		m[name] = value
-		d.skipSpace()
-		switch d.peek() {
-		case ',':
-			d.pos++
-		case '}':
-			d.pos++
-			*dst = m
-			return nil
-		default:
-			return d.syntaxError("after object key:value pair")
-		}
+		return err
+	})
+	if err != nil || len(m) == 0 {
+		return err
 	}
+	*dst = m
+	return nil
 }

@@ -274,18 +274,8 @@ func (d *jsonReader) key() (string, error) {
 // the value. Unknown and repeated names are refused; at places the object
 // for messages (fieldPath).
 func (d *jsonReader) fields(names stringFields, at int, field func(i int, name string) error) error {
-	d.pos++ // '{'
-	d.skipSpace()
-	if d.peek() == '}' {
-		d.pos++
-		return nil
-	}
 	var seen uint64
-	for {
-		name, err := d.key()
-		if err != nil {
-			return err
-		}
+	return d.members(func(name string) error {
 		i := names.index(name)
 		switch {
 		case i < 0:
@@ -294,7 +284,25 @@ func (d *jsonReader) fields(names stringFields, at int, field func(i int, name s
 			return badRequest("request body: field %q is given twice", fieldPath(at, name))
 		}
 		seen |= 1 << i
-		if err := field(i, name); err != nil {
+		return field(i, name)
+	})
+}
+
+// members reads the object at pos (its '{'), calling member for each
+// member once its name and colon are read; member reads the value.
+func (d *jsonReader) members(member func(name string) error) error {
+	d.pos++ // '{'
+	d.skipSpace()
+	if d.peek() == '}' {
+		d.pos++
+		return nil
+	}
+	for {
+		name, err := d.key()
+		if err != nil {
+			return err
+		}
+		if err := member(name); err != nil {
 			return err
 		}
 		d.skipSpace()
