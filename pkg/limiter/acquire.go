@@ -143,9 +143,14 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		held[i] = lua.PoolKey{Pool: m.pool.Pool, Key: m.key}
 	}
 
+	// One decision, however many pools it joins (DESIGN §10 P4).
+	var end time.Time
+	if len(ms) > 0 {
+		end = l.decisionEnd()
+	}
 	var got lua.Acquired
 	var replicas *replicaSync
-	err = l.do(ctx, "acquire", func(ctx context.Context, c rueidis.Client) (err error) {
+	err = l.doBy(ctx, end, "acquire", func(ctx context.Context, c rueidis.Client) (err error) {
 		c, replicas = l.synced(c)
 		rec := lua.Record{Caller: req.Caller, Plan: tier.Plan, Pools: lua.EncodePools(held), Label: req.Label}
 		got, err = lua.Acquire(ctx, c, key, req.StreamID, tier.MaxConcurrentStreams, tier.SlotTTL, rec)
@@ -185,7 +190,7 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		if err := l.confirmGrant(ctx, replicas, tier, key, &res); err != nil {
 			return res, tier, err
 		}
-		err := l.grantPools(ctx, req, tier, ms, !got.Extended, &res)
+		err := l.grantPools(ctx, end, req, tier, ms, !got.Extended, &res)
 		return res, tier, err
 	}
 	res.RetryAfter = time.Duration(got.RetryAfterMs) * time.Millisecond
@@ -195,22 +200,22 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		}
 		res, err = l.await(ctx, key, req, tier, wait, res, generated)
 		if err == nil && res.Granted && !res.Degraded {
-			err = l.grantPools(ctx, req, tier, ms, true, &res)
+			err = l.grantPools(ctx, l.decisionEnd(), req, tier, ms, true, &res)
 		}
 	}
 	return res, tier, err
 }
 
 // grantPools joins the pool keys ms of a stream whose user's slot res
-// grants (added: this acquire took it), and turns res into the pool's
-// refusal when one refuses. A membership granted degraded makes the
-// grant degraded.
-func (l *Limiter) grantPools(ctx context.Context, req AcquireRequest, tier tiers.Tier, ms []membership, added bool, res *AcquireResult) error {
+// grants (added: this acquire took it), by end, and turns res into the
+// pool's refusal when one refuses. A membership granted degraded makes
+// the grant degraded.
+func (l *Limiter) grantPools(ctx context.Context, end time.Time, req AcquireRequest, tier tiers.Tier, ms []membership, added bool, res *AcquireResult) error {
 	if len(ms) == 0 {
 		return nil
 	}
 	atFault("after-user-slot") // a crash here leaves the user's slot alone, to expire
-	j, err := l.joinPools(ctx, req, tier, ms, added)
+	j, err := l.joinPools(ctx, end, req, tier, ms, added)
 	if err != nil {
 		res.Granted, res.ExpiresAt = false, time.Time{}
 		return err

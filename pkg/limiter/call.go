@@ -21,16 +21,38 @@ import (
 // classified (see classify). fn's client returns by the deadline whatever
 // rueidis does (see deadlineClient).
 func (l *Limiter) do(ctx context.Context, op string, fn func(context.Context, rueidis.Client) error) error {
+	return l.doBy(ctx, time.Time{}, op, fn)
+}
+
+// doBy is do for one step of a decision made of several calls (an acquire
+// that joins pools, a heartbeat or release of a stream in pools): the call
+// ends by the decision's end, by when the decision answers whatever Redis
+// does (DESIGN §10 P4), or by its own per-call deadline if that is sooner.
+// A zero end is no end beyond the call's own. A call that the decision
+// left no time for fails at once as an outage, a timeout like any other.
+func (l *Limiter) doBy(ctx context.Context, end time.Time, op string, fn func(context.Context, rueidis.Client) error) error {
 	start := time.Now()
+	timeout := l.redis.Timeout()
+	if !end.IsZero() {
+		timeout = min(timeout, end.Sub(start))
+	}
 	client, err := l.client()
-	if err == nil {
-		callCtx, cancel := l.deadlines.after(ctx, start, l.redis.Timeout())
+	switch {
+	case err != nil:
+	case timeout <= 0:
+		err = fmt.Errorf("no time left of the decision's %v: %w", l.redis.Timeout(), context.DeadlineExceeded)
+	default:
+		callCtx, cancel := l.deadlines.after(ctx, start, timeout)
 		err = fn(callCtx, client)
 		cancel()
 	}
 	l.observer.RedisCall(ctx, op, time.Since(start), err)
 	return classify(ctx, op, err)
 }
+
+// decisionEnd is when a decision of several Redis calls that starts now
+// must answer: one per-call timeout from now.
+func (l *Limiter) decisionEnd() time.Time { return time.Now().Add(l.redis.Timeout()) }
 
 // client returns the connected client as a deadlineClient, made once
 // rather than once per call: cluster.Client.Redis hands out one client

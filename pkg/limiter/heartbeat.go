@@ -62,8 +62,9 @@ func (l *Limiter) heartbeat(ctx context.Context, req HeartbeatRequest) (Heartbea
 	if err != nil {
 		return HeartbeatResult{StreamID: req.StreamID}, tier, err
 	}
+	end := l.decisionEnd() // the slot's and its memberships' (DESIGN §10 P4)
 	var beat lua.Beat
-	err = l.do(ctx, "heartbeat", func(ctx context.Context, c rueidis.Client) (err error) {
+	err = l.doBy(ctx, end, "heartbeat", func(ctx context.Context, c rueidis.Client) (err error) {
 		beat, err = lua.Heartbeat(ctx, c, req.Caller, key, req.StreamID, tier.SlotTTL)
 		return err
 	})
@@ -73,7 +74,7 @@ func (l *Limiter) heartbeat(ctx context.Context, req HeartbeatRequest) (Heartbea
 	res, err := l.beatResult(ctx, req, tier, beat, err)
 	if err == nil && res.Alive && !res.Degraded && len(beat.Pools) > 0 {
 		results, errs := []HeartbeatResult{res}, []error{nil}
-		l.beatPools(ctx, []HeartbeatRequest{req}, []time.Duration{tier.SlotTTL}, [][]lua.PoolKey{beat.Pools}, results, errs)
+		l.beatPools(ctx, end, []HeartbeatRequest{req}, []time.Duration{tier.SlotTTL}, [][]lua.PoolKey{beat.Pools}, results, errs)
 		res, err = results[0], errs[0]
 	}
 	return res, tier, err
@@ -106,7 +107,8 @@ func (l *Limiter) HeartbeatBatch(ctx context.Context, reqs []HeartbeatRequest) (
 		var ttls []time.Duration
 		var beats []lua.Beat
 		var beatErrs []error
-		callErr := l.do(ctx, "heartbeat_batch", func(ctx context.Context, c rueidis.Client) error {
+		end := l.decisionEnd() // the slots' and their memberships' (DESIGN §10 P4)
+		callErr := l.doBy(ctx, end, "heartbeat_batch", func(ctx context.Context, c rueidis.Client) error {
 			beats, beatErrs = lua.HeartbeatMulti(ctx, c, args, l.redis.NodeOf)
 			return errors.Join(beatErrs...)
 		})
@@ -128,7 +130,7 @@ func (l *Limiter) HeartbeatBatch(ctx context.Context, reqs []HeartbeatRequest) (
 			}
 		}
 		if pooled != nil {
-			l.beatPools(ctx, reqs, ttls, pooled, results, errs)
+			l.beatPools(ctx, end, reqs, ttls, pooled, results, errs)
 		}
 	}
 	var alive, lost, degraded int

@@ -115,29 +115,17 @@ type joined struct {
 }
 
 // joinPools takes a membership of each of ms for the stream req names, in
-// order. A refusal, or an outage of a pool that fails closed, removes the
-// memberships this call added and, when added says the user's slot is
-// new, that slot too, before it answers.
-func (l *Limiter) joinPools(ctx context.Context, req AcquireRequest, tier tiers.Tier, ms []membership, added bool) (joined, error) {
+// order, by end. A refusal, or an outage of a pool that fails closed,
+// removes the memberships this call added and, when added says the user's
+// slot is new, that slot too, before it answers (see undo).
+func (l *Limiter) joinPools(ctx context.Context, end time.Time, req AcquireRequest, tier tiers.Tier, ms []membership, added bool) (joined, error) {
 	member := poolMember(req.UserID, req.StreamID)
 	rec := lua.Record{Caller: req.Caller, Plan: tier.Plan, User: req.UserID, Label: req.Label}
 	var out joined
-	var taken []membership // added by this call
-	undo := func() {
-		ctx := context.WithoutCancel(ctx)
-		for _, m := range taken {
-			_ = l.do(ctx, "release_pool", func(ctx context.Context, c rueidis.Client) error {
-				_, err := lua.Release(ctx, c, "", m.slots, member)
-				return err
-			})
-		}
-		if added {
-			_, _ = l.release(ctx, "", req.UserID, req.StreamID)
-		}
-	}
+	var taken []string // the pool keys added by this call
 	for _, m := range ms {
 		var got lua.Acquired
-		err := l.do(ctx, "acquire_pool", func(ctx context.Context, c rueidis.Client) (err error) {
+		err := l.doBy(ctx, end, "acquire_pool", func(ctx context.Context, c rueidis.Client) (err error) {
 			got, err = lua.Acquire(ctx, c, m.slots, member, m.limit, tier.SlotTTL, rec)
 			return err
 		})
@@ -147,7 +135,7 @@ func (l *Limiter) joinPools(ctx context.Context, req AcquireRequest, tier tiers.
 			out.grants = append(out.grants, PoolGrant{Pool: m.pool.Pool, Key: m.key, Limit: m.limit, Degraded: true})
 			continue
 		case err != nil:
-			undo()
+			l.undo(ctx, end, req, taken, added)
 			return joined{}, fmt.Errorf("pool %s=%s: %w", m.pool.Pool, m.key, err)
 		}
 		limit := m.limit
@@ -155,31 +143,89 @@ func (l *Limiter) joinPools(ctx context.Context, req AcquireRequest, tier tiers.
 			limit = got.Override
 		}
 		if !got.Granted {
-			undo()
+			l.undo(ctx, end, req, taken, added)
 			return joined{refusal: &PoolRefusal{Pool: m.pool.Pool, Key: m.key, Used: got.Used, Limit: limit,
 				RetryAfter: time.Duration(got.RetryAfterMs) * time.Millisecond}}, nil
 		}
 		if !got.Extended {
-			taken = append(taken, m)
+			taken = append(taken, m.slots)
 		}
 		out.grants = append(out.grants, PoolGrant{Pool: m.pool.Pool, Key: m.key, Used: got.Used, Limit: limit, Overridden: got.Override >= 0})
 	}
 	return out, nil
 }
 
-// leavePools drops the memberships a released stream's record names. A
-// membership that cannot be dropped now expires by its own score.
-func (l *Limiter) leavePools(ctx context.Context, userID, streamID string, held []lua.PoolKey) {
+// undoWithin is how long past the decision's end the undo of a refused
+// acquire may take, when the step that refused it (a pool on a hung node)
+// took all of the decision's time: the removals are one round trip each
+// on nodes that answer, and P4's bound (DESIGN §10) leaves 100ms past
+// the per-call deadline.
+const undoWithin = 50 * time.Millisecond
+
+// undo removes what a refused acquire took: the memberships of the pool
+// keys taken (their sorted sets) and, when added, the user's slot. It
+// does so before the answer, by end + undoWithin; what Redis did not
+// confirm removed by then is removed once more beside the answer, which
+// does not wait for it, and otherwise expires by its own score.
+func (l *Limiter) undo(ctx context.Context, end time.Time, req AcquireRequest, taken []string, added bool) {
+	end = end.Add(undoWithin)
+	member := poolMember(req.UserID, req.StreamID)
+	var left []string
+	for _, slots := range taken {
+		if l.leavePool(ctx, end, slots, member) != nil {
+			left = append(left, slots)
+		}
+	}
+	var user string // the user's slots, when its slot is left to remove
+	if added {
+		if key, err := l.keys.UserKey(req.UserID); err == nil && l.dropSlot(ctx, end, key, req.StreamID) != nil {
+			user = key
+		}
+	}
+	if len(left) == 0 && user == "" {
+		return
+	}
+	ctx = context.WithoutCancel(ctx)
+	go func() {
+		for _, slots := range left {
+			_ = l.leavePool(ctx, time.Time{}, slots, member)
+		}
+		if user != "" {
+			_ = l.dropSlot(ctx, time.Time{}, user, req.StreamID)
+		}
+	}()
+}
+
+// dropSlot removes streamID's slot from key, a user's slots, by end, and
+// wakes the acquire its release lets in, if one waits. It leaves the
+// stream's memberships alone: for a slot whose acquire is being undone.
+func (l *Limiter) dropSlot(ctx context.Context, end time.Time, key, streamID string) error {
+	return l.doBy(ctx, end, "release", func(ctx context.Context, c rueidis.Client) error {
+		got, err := lua.Release(ctx, c, "", key, streamID)
+		if got.Head != "" {
+			l.wake(ctx, key, got.Head)
+		}
+		return err
+	})
+}
+
+// leavePool removes member from the pool key whose sorted set is slots,
+// by end.
+func (l *Limiter) leavePool(ctx context.Context, end time.Time, slots, member string) error {
+	return l.doBy(ctx, end, "release_pool", func(ctx context.Context, c rueidis.Client) error {
+		_, err := lua.Release(ctx, c, "", slots, member)
+		return err
+	})
+}
+
+// leavePools drops the memberships a released stream's record names, by
+// end. A membership that cannot be dropped now expires by its own score.
+func (l *Limiter) leavePools(ctx context.Context, end time.Time, userID, streamID string, held []lua.PoolKey) {
 	member := poolMember(userID, streamID)
 	for _, p := range held {
-		slots, err := l.keys.PoolKey(p.Pool, p.Key)
-		if err != nil {
-			continue
+		if slots, err := l.keys.PoolKey(p.Pool, p.Key); err == nil {
+			_ = l.leavePool(ctx, end, slots, member)
 		}
-		_ = l.do(ctx, "release_pool", func(ctx context.Context, c rueidis.Client) error {
-			_, err := lua.Release(ctx, c, "", slots, member)
-			return err
-		})
 	}
 }
 
@@ -191,10 +237,10 @@ type poolBeat struct {
 
 // beatPools keeps alive the memberships of the slots beats found alive,
 // in one call per pool key and node, and turns the results of the slots
-// whose membership is lost into ErrSlotLost naming the pool key. A pool
+// whose membership is lost into ErrSlotLost naming the pool key, by end. A pool
 // whose shard does not answer applies its failure mode: Open keeps the
 // slot alive (degraded), Closed answers ErrUnavailable.
-func (l *Limiter) beatPools(ctx context.Context, reqs []HeartbeatRequest, ttls []time.Duration, pooled [][]lua.PoolKey, results []HeartbeatResult, errs []error) {
+func (l *Limiter) beatPools(ctx context.Context, end time.Time, reqs []HeartbeatRequest, ttls []time.Duration, pooled [][]lua.PoolKey, results []HeartbeatResult, errs []error) {
 	var beats []poolBeat
 	var args []lua.HeartbeatArgs
 	for i, held := range pooled {
@@ -212,7 +258,7 @@ func (l *Limiter) beatPools(ctx context.Context, reqs []HeartbeatRequest, ttls [
 	}
 	var got []lua.Beat
 	var gotErrs []error
-	callErr := l.do(ctx, "heartbeat_pools", func(ctx context.Context, c rueidis.Client) error {
+	callErr := l.doBy(ctx, end, "heartbeat_pools", func(ctx context.Context, c rueidis.Client) error {
 		got, gotErrs = lua.HeartbeatMulti(ctx, c, args, l.redis.NodeOf)
 		return errors.Join(gotErrs...)
 	})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -232,6 +233,40 @@ func TestAnAcquireNamesPoolsThatExist(t *testing.T) {
 		res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "three", Pools: tc.pools})
 		if !errors.Is(err, tc.want) || !strings.Contains(fmt.Sprint(err), tc.says) || res.Granted {
 			t.Errorf("%s: %+v, %v; want %v saying %s", tc.name, res, err, tc.want, tc.says)
+		}
+	}
+}
+
+// TestReleaseAllDropsEveryMembership: support's release of every slot of
+// a user drops the streams' pool memberships too, at once rather than a
+// TTL later, and a retry of the same call (its answer kept) answers the
+// same streams.
+func TestReleaseAllDropsEveryMembership(t *testing.T) {
+	t.Parallel()
+	lim := poolReplicas(t, limitertest.RedisCluster, 1)[0].Limiter
+	ctx := context.Background()
+	user := newUser(t)
+	var held []string
+	for _, named := range []map[string]string{{"model": "m", "org": "acme"}, {"model": "m"}} {
+		res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three", Pools: named})
+		if err != nil || !res.Granted {
+			t.Fatalf("acquire %v: %+v, %v", named, res, err)
+		}
+		held = append(held, res.StreamID)
+	}
+	call := newAuditID()
+	for attempt := range 2 {
+		ids, err := lim.ReleaseAll(ctx, user, call)
+		slices.Sort(ids)
+		slices.Sort(held)
+		if err != nil || !slices.Equal(ids, held) {
+			t.Fatalf("release_all, attempt %d: %v, %v; want %v", attempt+1, ids, err, held)
+		}
+	}
+	// model=m (cap 2) and org=acme (cap 1) are free for others at once.
+	for i, named := range []map[string]string{{"model": "m", "org": "acme"}, {"model": "m"}} {
+		if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "three", Pools: named}); err != nil || !res.Granted {
+			t.Errorf("another user's acquire %d of %v after release_all: %+v, %v; want granted", i+1, named, res, err)
 		}
 	}
 }

@@ -47,6 +47,15 @@ func (l *Limiter) ReleaseAs(ctx context.Context, caller, userID, streamID string
 }
 
 func (l *Limiter) release(ctx context.Context, caller, userID, streamID string) (ReleaseResult, error) {
+	return l.releaseBy(ctx, time.Time{}, caller, userID, streamID)
+}
+
+// releaseBy is release as one decision, answered by end (a zero end: one
+// per-call timeout from now) with the memberships it drops.
+func (l *Limiter) releaseBy(ctx context.Context, end time.Time, caller, userID, streamID string) (ReleaseResult, error) {
+	if end.IsZero() {
+		end = l.decisionEnd()
+	}
 	key, err := l.keys.UserKey(userID)
 	if err != nil {
 		return ReleaseResult{}, err
@@ -55,7 +64,7 @@ func (l *Limiter) release(ctx context.Context, caller, userID, streamID string) 
 		return ReleaseResult{}, err
 	}
 	var got lua.Released
-	err = l.do(ctx, "release", func(ctx context.Context, c rueidis.Client) (err error) {
+	err = l.doBy(ctx, end, "release", func(ctx context.Context, c rueidis.Client) (err error) {
 		got, err = lua.Release(ctx, c, caller, key, streamID)
 		return err
 	})
@@ -78,7 +87,7 @@ func (l *Limiter) release(ctx context.Context, caller, userID, streamID string) 
 		l.wake(ctx, key, got.Head)
 	}
 	if len(got.Pools) > 0 {
-		l.leavePools(ctx, userID, streamID, got.Pools)
+		l.leavePools(ctx, end, userID, streamID, got.Pools)
 	}
 	return ReleaseResult{Released: got.Released}, nil
 }
@@ -134,6 +143,10 @@ func (l *Limiter) releaseAll(ctx context.Context, userID, callID string) ([]stri
 	}
 	if got.Head != "" {
 		l.wake(ctx, key, got.Head)
+	}
+	end := l.decisionEnd()
+	for i, held := range got.Pools {
+		l.leavePools(ctx, end, userID, got.IDs[i], held)
 	}
 	return got.IDs, nil
 }

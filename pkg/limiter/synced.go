@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/joishi/limiter/pkg/lua"
 	"github.com/joishi/limiter/pkg/tiers"
 	"github.com/redis/rueidis"
 )
@@ -82,13 +81,7 @@ func (l *Limiter) confirmGrant(ctx context.Context, s *replicaSync, tier tiers.T
 		l.warnDegraded(ctx, "slot not confirmed by replicas; keeping the grant (failureMode Open)", "plan", tier.Plan, "reason", why)
 		return nil
 	}
-	_ = l.do(ctx, "release", func(ctx context.Context, c rueidis.Client) error {
-		got, err := lua.Release(ctx, c, "", key, res.StreamID)
-		if got.Head != "" {
-			l.wake(ctx, key, got.Head)
-		}
-		return err
-	})
+	_ = l.dropSlot(ctx, time.Time{}, key, res.StreamID)
 	res.Granted, res.ExpiresAt = false, time.Time{}
 	return fmt.Errorf("%w: acquire: %s (redis.syncReplicas %d)", ErrUnavailable, why, s.want)
 }

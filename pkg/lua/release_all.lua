@@ -6,9 +6,11 @@
 -- KEYS[4] -> <prefix>{<user id>}:q                     sorted set of waiting acquires' tickets (see wait)
 -- KEYS[5] -> <prefix>{<user id>}:q:expiry              sorted set: member = stream id, score = ticket expiry (Redis ms)
 -- ARGV[1] -> how long to keep the answer (ms, > 0)
--- returns {pruned, {stream ids}, head}
+-- returns {pruned, {stream ids}, head, {records}}
 --   pruned: slots that had already expired unreleased
 --   stream ids: the live slots released, in expiry order
+--   records: the record of each of them, '' when it had none: the caller
+--   drops the pool memberships they name (see acquire)
 --   head: the stream id of the acquire at the head of the user's queue,
 --   '' when none waits: the caller wakes it (see wait and release)
 --   Both keys of the user's slots are deleted: every slot and every
@@ -40,22 +42,37 @@ local function head()
   return ''
 end
 
+-- The answer kept reads "<pruned>\n<id> <record>\n...": neither stream
+-- ids nor records hold a space or a line break before the record's label
+-- and user, which hold no line break. (An answer kept by a version that
+-- recorded no records reads "<pruned> <id> <id> ..." on its first line.)
 local kept = redis.call('GET', answer)
 if kept then
-  local pruned, ids = nil, {}
-  for word in string.gmatch(kept, '%S+') do
+  local pruned, ids, recs = nil, {}, {}
+  for line in string.gmatch(kept, '[^\n]+') do
     if pruned then
-      ids[#ids + 1] = word
+      local id, rec = string.match(line, '^(%S+) ?(.*)$')
+      ids[#ids + 1], recs[#recs + 1] = id, rec
     else
-      pruned = tonumber(word)
+      for word in string.gmatch(line, '%S+') do
+        if pruned then
+          ids[#ids + 1], recs[#recs + 1] = word, ''
+        else
+          pruned = tonumber(word)
+        end
+      end
     end
   end
-  return {pruned, ids, head()}
+  return {pruned, ids, head(), recs}
 end
 
 local pruned = redis.call('ZCOUNT', key, '-inf', now)
 local ids = redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf')
+local recs, lines = {}, {pruned}
+for i, id in ipairs(ids) do
+  recs[i] = redis.call('HGET', meta, id) or ''
+  lines[i + 1] = id .. ' ' .. recs[i]
+end
 redis.call('DEL', key, meta)
--- Stream ids hold no spaces: "<pruned> <id> <id> ...".
-redis.call('SET', answer, pruned .. ' ' .. table.concat(ids, ' '), 'PX', ARGV[1])
-return {pruned, ids, head()}
+redis.call('SET', answer, table.concat(lines, '\n'), 'PX', ARGV[1])
+return {pruned, ids, head(), recs}

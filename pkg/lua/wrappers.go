@@ -428,6 +428,9 @@ type ReleasedAll struct {
 	// Head is the stream id of the acquire at the head of the user's
 	// queue, "" when none waits: the caller wakes it.
 	Head string
+	// Pools are, for each of IDs, the pool keys its record names: the
+	// memberships the caller drops.
+	Pools [][]PoolKey
 }
 
 // ReleaseAll runs the release_all script on key (a keys.Schema.UserKey),
@@ -440,8 +443,8 @@ func ReleaseAll(ctx context.Context, c rueidis.Client, key, answer string, keep 
 	if err != nil {
 		return ReleasedAll{}, err
 	}
-	if len(arr) != 3 {
-		return ReleasedAll{}, fmt.Errorf("release_all script returned %d values, want 3", len(arr))
+	if len(arr) != 4 {
+		return ReleasedAll{}, fmt.Errorf("release_all script returned %d values, want 4", len(arr))
 	}
 	n, err := arr[0].AsInt64()
 	if err != nil {
@@ -458,7 +461,15 @@ func ReleaseAll(ctx context.Context, c rueidis.Client, key, answer string, keep 
 	if err != nil {
 		return ReleasedAll{}, fmt.Errorf("release_all script: head: %w", err)
 	}
-	return ReleasedAll{IDs: ids, Pruned: int(n), Head: head}, nil
+	recs, err := arr[3].AsStrSlice()
+	if err != nil || len(recs) != len(ids) {
+		return ReleasedAll{}, fmt.Errorf("release_all script: %d records for %d stream ids: %v", len(recs), len(ids), err)
+	}
+	pools := make([][]PoolKey, len(ids))
+	for i, rec := range recs {
+		pools[i] = DecodePools(ParseRecord(rec).Pools)
+	}
+	return ReleasedAll{IDs: ids, Pruned: int(n), Head: head, Pools: pools}, nil
 }
 
 func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }

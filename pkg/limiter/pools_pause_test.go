@@ -1,0 +1,172 @@
+package limiter_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/internal/limitertest"
+	"github.com/joishi/limiter/internal/testenv"
+	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/keys"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/pools"
+	"github.com/joishi/limiter/pkg/tiers"
+)
+
+// TestAPoolOnAHungMasterAnswersByItsFailureModeWithinOneDeadline (DESIGN
+// §10 P4 and §16): with the master of some pool keys stopped (SIGSTOP, a
+// hung node), an acquire that joins two of them still answers within one
+// per-call deadline (+100ms), not one per pool: granted degraded when the
+// pools fail open; refused with ErrUnavailable when one fails closed, the
+// user's slot then free again. Streams whose scopes are on the healthy
+// masters keep beating, alone and in a batch beside a stream in a hung
+// pool, which is kept alive degraded.
+func TestAPoolOnAHungMasterAnswersByItsFailureModeWithinOneDeadline(t *testing.T) {
+	t.Parallel()
+	const timeout = 400 * time.Millisecond
+	// P4's bound, and room for a loaded machine under -race: still less
+	// than the two deadlines of an acquire whose pool steps had one each.
+	const bound, slack = timeout + 100*time.Millisecond, 200 * time.Millisecond
+	cl := testenv.StartPrivateCluster(t)
+	schema := keys.Schema{Prefix: "limitertest:" + keys.NewStreamID()[:12] + ":"}
+
+	// Pool keys and users on the master to stop and on the others.
+	// The stopped master stays a master, and the others serve their own
+	// slots meanwhile, as a cluster that one hung node must not stop is
+	// configured: no failover within the test, and no CLUSTERDOWN for the
+	// slots that are served.
+	for _, n := range dialNodes(t, cl.Addrs) {
+		for _, set := range [][2]string{{"cluster-node-timeout", "60000"}, {"cluster-require-full-coverage", "no"}} {
+			if err := n.client.Do(context.Background(), n.client.B().ConfigSet().ParameterValue().ParameterValue(set[0], set[1]).Build()).Error(); err != nil {
+				t.Fatalf("CONFIG SET %s %s on %s: %v", set[0], set[1], n.addr, err)
+			}
+		}
+	}
+	hung := cl.MasterOf(mustPoolKey(t, schema, "model", "m-0"))
+	find := func(what string, on bool, key func(i int) (string, string)) string {
+		t.Helper()
+		for i := range 2000 {
+			name, k := key(i)
+			if (cl.MasterOf(k) == hung) == on {
+				return name
+			}
+		}
+		t.Fatalf("no %s found on the wanted side of %s", what, hung)
+		return ""
+	}
+	poolKey := func(pool string) func(int) (string, string) {
+		return func(i int) (string, string) {
+			name := fmt.Sprintf("k-%d", i)
+			return name, mustPoolKey(t, schema, pool, name)
+		}
+	}
+	userKey := func(i int) (string, string) {
+		user := fmt.Sprintf("u-%d-%s", i, keys.NewStreamID()[:6])
+		k, err := schema.UserKey(user)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return user, k
+	}
+	hungModel := find("model key", true, poolKey("model"))
+	hungRegion := find("region key", true, poolKey("region"))
+	hungOrg := find("org key", true, poolKey("org"))
+	healthyModel := find("model key", false, poolKey("model"))
+	users := make([]string, 4)
+	for i := range users {
+		users[i] = find("user", false, userKey)
+	}
+
+	table := pools.NewTable()
+	if err := table.Replace([]pools.Pool{
+		pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(10)}.WithDefaults(),
+		pools.Pool{Pool: "region", MaxConcurrentStreams: ptr(10)}.WithDefaults(),
+		pools.Pool{Pool: "org", MaxConcurrentStreams: ptr(10), FailureMode: tiers.FailClosed}.WithDefaults(),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	lim := limitertest.New(t, limitertest.Options{Redis: cluster.Options{Addrs: cl.Addrs, Timeout: timeout},
+		Limiter: limiter.Options{Keys: schema, Pools: table}}).Limiter
+	ctx := context.Background()
+	acquire := func(user string, named map[string]string) (limiter.AcquireResult, error, time.Duration) {
+		start := time.Now()
+		res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three", Pools: named})
+		return res, err, time.Since(start)
+	}
+	within := func(what string, took time.Duration) {
+		t.Helper()
+		t.Logf("%s: answered in %v", what, took.Round(time.Millisecond))
+		if took > bound+slack {
+			t.Errorf("%s took %v, want within one per-call deadline + 100ms (%v, +%v slack)", what, took.Round(time.Millisecond), bound, slack)
+		}
+	}
+
+	healthy, err, _ := acquire(users[0], map[string]string{"model": healthyModel})
+	if err != nil || !healthy.Granted || healthy.Degraded {
+		t.Fatalf("acquire on healthy masters: %+v, %v; want granted from Redis", healthy, err)
+	}
+	// Warm every node's connection before the stop.
+	if res, err, _ := acquire(users[1], map[string]string{"model": hungModel, "region": hungRegion}); err != nil || !res.Granted || res.Degraded {
+		t.Fatalf("acquire before the stop: %+v, %v", res, err)
+	}
+	testenv.Pause(t, hung)
+
+	open, err, took := acquire(users[2], map[string]string{"model": hungModel, "region": hungRegion})
+	within("an acquire joining two pools that fail open, both on the stopped master", took)
+	if err != nil || !open.Granted || !open.Degraded || len(open.Pools) != 2 || !open.Pools[0].Degraded || !open.Pools[1].Degraded {
+		t.Errorf("acquire with two open pools on the stopped master: %+v, %v; want granted, degraded in both pools", open, err)
+	}
+
+	closed, err, took := acquire(users[3], map[string]string{"model": healthyModel, "org": hungOrg})
+	within("an acquire joining a pool that fails closed on the stopped master", took)
+	if !errors.Is(err, limiter.ErrUnavailable) || closed.Granted {
+		t.Errorf("acquire with a closed pool on the stopped master: %+v, %v; want ErrUnavailable", closed, err)
+	}
+	// What the refused acquire took is gone: the user's three slots and
+	// the healthy model key's (it holds the first user's stream alone).
+	for i := range 3 {
+		if res, err, _ := acquire(users[3], nil); err != nil || !res.Granted || res.Degraded || res.Used != i+1 {
+			t.Errorf("the refused user's slot %d: %+v, %v; want granted, %d used", i+1, res, err, i+1)
+		}
+	}
+	if res, err, _ := acquire(users[0], map[string]string{"model": healthyModel}); err != nil || !res.Granted || res.Pools[0].Used != 2 {
+		t.Errorf("the healthy model key after the refusal: %+v, %v; want 2 members (the refused one removed)", res, err)
+	}
+
+	start := time.Now()
+	beat, err := lim.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: users[0], Plan: "three", StreamID: healthy.StreamID})
+	if err != nil || !beat.Alive || beat.Degraded {
+		t.Errorf("heartbeat of a stream on healthy masters: %+v, %v; want alive from Redis", beat, err)
+	}
+	within("a heartbeat on healthy masters", time.Since(start))
+	start = time.Now()
+	beat, err = lim.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: users[2], Plan: "three", StreamID: open.StreamID})
+	within("a heartbeat of a stream in two pools on the stopped master", time.Since(start))
+	if err != nil || !beat.Alive || !beat.Degraded {
+		t.Errorf("heartbeat of a stream in pools on the stopped master: %+v, %v; want alive, degraded", beat, err)
+	}
+	start = time.Now()
+	beats, errs := lim.HeartbeatBatch(ctx, []limiter.HeartbeatRequest{
+		{UserID: users[0], Plan: "three", StreamID: healthy.StreamID},
+		{UserID: users[2], Plan: "three", StreamID: open.StreamID},
+	})
+	within("a batch of both", time.Since(start))
+	if errs[0] != nil || !beats[0].Alive || beats[0].Degraded {
+		t.Errorf("batch: the stream on healthy masters: %+v, %v; want alive from Redis", beats[0], errs[0])
+	}
+	if errs[1] != nil || !beats[1].Alive || !beats[1].Degraded {
+		t.Errorf("batch: the stream in pools on the stopped master: %+v, %v; want alive, degraded", beats[1], errs[1])
+	}
+}
+
+func mustPoolKey(t *testing.T, schema keys.Schema, pool, key string) string {
+	t.Helper()
+	k, err := schema.PoolKey(pool, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
