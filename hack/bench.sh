@@ -18,7 +18,12 @@
 #                   library's pairs and raw rueidis' taking turns
 #                   (BenchmarkAcquireReleaseVsRaw); a waiter's grant
 #                   after a release against the release's round trip
-#                   (BenchmarkWakeUp)
+#                   (BenchmarkWakeUp); acquire+release joining two pools
+#                   against joining none, and a heartbeat round's Redis
+#                   CPU the same ways, in turns (BenchmarkPoolsAcquireRelease,
+#                   BenchmarkPoolsHeartbeat); the pairs of one hot pool key
+#                   against redis-benchmark EVALSHA of the acquire script
+#                   on that key (BenchmarkPoolKeyHot)
 #   standalone      the library's Acquire+Release, redis-semaphore
 #                   (hack/bench/semaphore/semaphore.js); Redis' cost of a
 #                   heartbeat refresh against a plain ZADD+PEXPIREAT
@@ -130,6 +135,8 @@ for ((round = 1; round <= BENCH_ROUNDS; round++)); do
 		in_order "$round" "rb_bench $round $d" "go_bench $round A $d limiter BenchmarkAcquire BenchmarkAcquireRelease BenchmarkHeartbeatBatch"
 		go_bench "$round" V "$d" limiter BenchmarkAcquireReleaseVsRaw
 		go_bench "$round" W "$d" limiter BenchmarkWakeUp
+		go_bench "$round" O "$d" limiter BenchmarkPoolsAcquireRelease BenchmarkPoolsHeartbeat
+		in_order "$round" "rb_pool_bench $round $d" "go_bench $round K $d limiter BenchmarkPoolKeyHot"
 	done
 	go_bench "$round" C "" limiter BenchmarkWaitCost
 	in_order "$round" "go_bench $round S standalone limiter BenchmarkAcquireRelease" "semaphore_bench $round"

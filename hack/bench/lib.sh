@@ -85,23 +85,26 @@ find_masters() {
 	deployments=(standalone cluster)
 }
 
-# load_acquire_script loads pkg/lua/acquire.lua on every server and sets sha.
+# load_acquire_script loads the acquire script as the limiter runs it
+# (pkg/lua/acquire.lua after the pieces it shares with the other scripts,
+# printed by hack/bench/script) on every server and sets sha.
 load_acquire_script() {
 	local d port got
-	step "loading pkg/lua/acquire.lua"
+	step "loading the acquire script (hack/bench/script acquire)"
+	go run ./hack/bench/script acquire >"$tmp/acquire.lua"
 	sha=""
 	for d in "${deployments[@]}"; do
 		for port in ${PORTS[$d]}; do
-			# -x: the file's exact bytes (a "$(cat ...)" argument would lose the
+			# -x: the file's exact bytes (a "$(cat ...)" argument would lose a
 			# trailing newline and so hash differently from the embedded source).
-			got=$(rcli "$port" -x SCRIPT LOAD <pkg/lua/acquire.lua)
+			got=$(rcli "$port" -x SCRIPT LOAD <"$tmp/acquire.lua")
 			[[ "$got" =~ ^[0-9a-f]{40}$ ]] || die "SCRIPT LOAD on port $port answered: $got"
 			[[ -z "$sha" || "$got" == "$sha" ]] || die "SCRIPT LOAD answered $got on port $port, $sha elsewhere"
 			sha=$got
 		done
 	done
-	# The limiter runs the script by the same SHA1 (rueidis hashes the embedded source).
-	[[ "$(sha1sum pkg/lua/acquire.lua | cut -d' ' -f1)" == "$sha" ]] || die "SCRIPT LOAD answered $sha, not the SHA1 of pkg/lua/acquire.lua"
+	# The limiter runs the script by the same SHA1 (rueidis hashes the source).
+	[[ "$(sha1sum "$tmp/acquire.lua" | cut -d' ' -f1)" == "$sha" ]] || die "SCRIPT LOAD answered $sha, not the SHA1 of the acquire script"
 }
 
 flush() { # flush DEPLOYMENT: empty the masters and reset their command stats
@@ -144,7 +147,7 @@ evalsha_stats() {
 # redis_bench ROUND DEPLOYMENT PIPELINE REQUESTS: runs redis-benchmark on the
 # deployment's first master and records its rps.
 redis_bench() {
-	local round=$1 d=$2 pipeline=$3 n=$4 key='joishi:streams:{u__rand_int__}' extra=() first calls failed rps
+	local round=$1 d=$2 pipeline=$3 n=$4 key='joishi:streams:{u__rand_int__}' extra=() first
 	if [[ "$d" == cluster ]]; then
 		# In cluster mode redis-benchmark replaces "{tag}" with a hash tag of
 		# the node each client talks to; the user number follows it.
@@ -156,20 +159,46 @@ redis_bench() {
 	step "redis-benchmark $d: EVALSHA acquire, -c $CLIENTS -n $n -P $pipeline -r $USERS"
 	# -r: every __rand_int__ becomes its own random 12-digit number below
 	# $USERS on every request, so users (and stream ids) vary and almost
-	# every acquire finds its user below the limit of 3. The records and
-	# override keys draw their own numbers too (the same work; in cluster
-	# mode "{tag}" still puts all three keys in the client's node's slot).
-	# The plan's acquires never wait, so the user's queue keys are not
-	# passed, as the limiter passes none for such a plan.
-	redis-benchmark -h 127.0.0.1 -p "$first" "${extra[@]}" -c "$CLIENTS" -n "$n" -P "$pipeline" -r "$USERS" --csv \
-		EVALSHA "$sha" 3 "$key" "$key:meta" "$key:override" 's__rand_int__' 3 120000 >"$tmp/rb.csv" 2>"$tmp/rb.err" ||
-		die "redis-benchmark failed: $(cat "$tmp/rb.err" "$tmp/rb.csv")"
+	# every acquire finds its user below the limit of 3. The other keys
+	# draw their own numbers too (the same work: none of them exists; in
+	# cluster mode "{tag}" still puts them all in the client's node's slot).
+	rb_evalsha "$round/$d/p$pipeline" "$d" "$first" "$pipeline" "$n" "${extra[@]}" \
+		EVALSHA "$sha" 6 "$key" "$key:meta" "$key:override" "$key:q" "$key:q:expiry" "$key:q:rec" 's__rand_int__' 3 120000 ''
+}
+
+# rb_evalsha RPS-KEY DEPLOYMENT PORT PIPELINE REQUESTS [--cluster] COMMAND...:
+# runs redis-benchmark's COMMAND against PORT, checks that every call
+# succeeded and records its rps in RPS[RPS-KEY].
+rb_evalsha() {
+	local at=$1 d=$2 port=$3 pipeline=$4 n=$5 rps calls failed
+	shift 5
+	redis-benchmark -h 127.0.0.1 -p "$port" -c "$CLIENTS" -n "$n" -P "$pipeline" -r "$USERS" --csv "$@" \
+		>"$tmp/rb.csv" 2>"$tmp/rb.err" || die "redis-benchmark failed: $(cat "$tmp/rb.err" "$tmp/rb.csv")"
 	rps=$(awk -F'","' 'NF > 1 && $2 ~ /^[0-9.]+$/ { v = $2 } END { print v }' "$tmp/rb.csv")
 	[[ -n "$rps" ]] || die "no rps in redis-benchmark output: $(cat "$tmp/rb.csv" "$tmp/rb.err")"
 	read -r calls failed <<<"$(evalsha_stats "$d")"
 	((calls >= n && failed == 0)) || die "EVALSHA on $d: $calls calls ($failed failed), want >= $n and none failed: $(cat "$tmp/rb.err")"
-	RPS[$round/$d/p$pipeline]=$rps
+	RPS[$at]=$rps
 	printf '    %s rps\n' "$rps" >&2
+}
+
+# rb_pool_bench ROUND DEPLOYMENT: redis-benchmark EVALSHA of the acquire
+# script on one pool key, as the limiter runs it for a pool's membership
+# (member "<stream> <user>", the holder's user in the record), on the
+# master that holds the key; every call adds a member (the cap is the
+# most a pool key may have). RPS[<round>/<deployment>/pool].
+rb_pool_bench() {
+	local round=$1 d=$2 key='bench:pool:{hot=hot}' port moved
+	read -r port _ <<<"${MASTERS[$d]}"
+	if [[ "$d" == cluster ]]; then
+		moved=$(rcli "$port" TYPE "$key")
+		[[ "$moved" == MOVED* ]] && port=${moved##*:}
+	fi
+	flush "$d"
+	step "redis-benchmark $d: EVALSHA acquire on one pool key, -c $CLIENTS -n $BENCH_N"
+	rb_evalsha "$round/$d/pool" "$d" "$port" 1 "$BENCH_N" \
+		EVALSHA "$sha" 6 "$key" "$key:meta" "$key:override" "$key:q" "$key:q:expiry" "$key:q:rec" \
+		's__rand_int__ u__rand_int__' 100000 120000 ';user=13:u__rand_int__'
 }
 
 rb_bench() { # rb_bench ROUND DEPLOYMENT: redis-benchmark unpipelined and -P 16

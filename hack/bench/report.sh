@@ -84,7 +84,7 @@ report() {
 	echo "median of $BENCH_ROUNDS rounds [lowest-highest]; in each round both sides of a ratio run back to back (HTTP: in turns, $HTTP_SLICES slices each)"
 	echo
 	line "ratio" standalone "$(has_cluster && echo cluster)"
-	echo "redis-benchmark EVALSHA of pkg/lua/acquire.lua (the ceiling)"
+	echo "redis-benchmark EVALSHA of the acquire script (the ceiling)"
 	ratio_line "  Acquire ops/s / EVALSHA rps" GO 'A/BenchmarkAcquire/%d/ops/s' RPS '%d/p1' both
 	ratio_line "  Acquire ops/s / EVALSHA rps -P $PIPELINE" GO 'A/BenchmarkAcquire/%d/ops/s' RPS "%d/p$PIPELINE" both
 	ratio_line "  Acquire+Release pairs/s / EVALSHA rps" GO 'A/BenchmarkAcquireRelease/%d/ops/s' RPS '%d/p1' both
@@ -109,6 +109,13 @@ report() {
 	echo "heartbeat refresh, Redis' own cost: script (batched) / ZADD XX GT + PEXPIREAT"
 	ratio_line "  time in commands (INFO commandstats)" GO 'R/BenchmarkHeartbeatRefresh/%d/script-redis-us/refresh' GO 'R/BenchmarkHeartbeatRefresh/%d/plain-redis-us/refresh'
 	ratio_line "  server CPU (INFO cpu)" GO 'R/BenchmarkHeartbeatRefresh/%d/script-cpu-us/refresh' GO 'R/BenchmarkHeartbeatRefresh/%d/plain-cpu-us/refresh'
+	echo "pools: each stream joining two pools (a model's, an org's) / joining none, in turns (BenchmarkPoolsAcquireRelease, BenchmarkPoolsHeartbeat)"
+	ratio_line "  acquire+release pairs/s" GO 'O/BenchmarkPoolsAcquireRelease/%d/two-pairs/s' GO 'O/BenchmarkPoolsAcquireRelease/%d/none-pairs/s' both
+	ratio_line "  acquire p50" GO 'O/BenchmarkPoolsAcquireRelease/%d/two-acquire-p50-us' GO 'O/BenchmarkPoolsAcquireRelease/%d/none-acquire-p50-us' both
+	ratio_line "  heartbeat round, Redis CPU per stream" GO 'O/BenchmarkPoolsHeartbeat/%d/two-redis-cpu-us/stream' GO 'O/BenchmarkPoolsHeartbeat/%d/none-redis-cpu-us/stream' both
+	ratio_line "  the same, every stream in one hot pool key" GO 'O/BenchmarkPoolsHeartbeat/%d/hot-redis-cpu-us/stream' GO 'O/BenchmarkPoolsHeartbeat/%d/none-redis-cpu-us/stream' both
+	echo "one hot pool key: acquire+release pairs/s / redis-benchmark EVALSHA of the acquire script on that key (BenchmarkPoolKeyHot)"
+	ratio_line "  pairs/s / EVALSHA rps" GO 'K/BenchmarkPoolKeyHot/%d/pairs/s' RPS '%d/pool' both
 	echo "waiting for a slot: the head's grant after a release / the release's own round trip (BenchmarkWakeUp)"
 	spread_line "  grant p50 / release round trip" %.2f GO 'W/BenchmarkWakeUp/%d/p50/release' both
 	spread_line "  grant p99 / release round trip" %.2f GO 'W/BenchmarkWakeUp/%d/p99/release' both
@@ -167,6 +174,17 @@ report() {
 		line "  Redis CPU us per refresh, masters (+ replicas), HTTP" - "$(printf '%.1f (+%.1f)' "${SCALE[http-redis-µs/refresh]}" "${SCALE[http-replica-µs/refresh]}")"
 		line "  serve CPU us per refresh; cores for a round per 20s" - "$(printf '%.2f; %.2f' "${SCALE[serve-µs/refresh]}" "${SCALE[serve-cores@20s]}")"
 	fi
+	figure_line "pools: acquire+release pairs/s joining none" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/none-pairs/s' both
+	figure_line "  joining two" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/two-pairs/s' both
+	figure_line "  acquire p50 us joining none" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/none-acquire-p50-us' both
+	figure_line "  joining two" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/two-acquire-p50-us' both
+	figure_line "  heartbeat Redis CPU us per stream, no pool" %.2f GO 'O/BenchmarkPoolsHeartbeat/%d/none-redis-cpu-us/stream' both
+	figure_line "  two pools" %.2f GO 'O/BenchmarkPoolsHeartbeat/%d/two-redis-cpu-us/stream' both
+	figure_line "  one hot pool key" %.2f GO 'O/BenchmarkPoolsHeartbeat/%d/hot-redis-cpu-us/stream' both
+	figure_line "  heartbeat slots/s, every stream in one hot pool key" %.0f GO 'O/BenchmarkPoolsHeartbeat/%d/hot-slots/s' both
+	figure_line "hot pool key: acquire+release pairs/s" %.0f GO 'K/BenchmarkPoolKeyHot/%d/pairs/s' both
+	figure_line "  its master's Redis CPU us per pair" %.1f GO 'K/BenchmarkPoolKeyHot/%d/hot-master-cpu-us/op' both
+	figure_line "  redis-benchmark EVALSHA acquire on the key, rps" %.0f RPS '%d/pool' both
 	figure_line "grant after a release, p50 us (BenchmarkWakeUp)" %.0f GO 'W/BenchmarkWakeUp/%d/p50-us' both
 	figure_line "  p99 us" %.0f GO 'W/BenchmarkWakeUp/%d/p99-us' both
 	figure_line "  the release's round trip, p50 us" %.0f GO 'W/BenchmarkWakeUp/%d/release-us' both

@@ -38,7 +38,7 @@ func BenchmarkHeartbeatRefresh(b *testing.B) {
 		redis := cluster.Options{Timeout: benchTimeout, Logger: slog.New(slog.DiscardHandler)}
 		e := newEnv(b, limitertest.Options{Backend: limitertest.Standalone, Redis: redis})
 		c := newRawClient(b, e)
-		reqs := acquireBenchSlots(b, e)
+		reqs := acquireBenchSlots(b, e, nil)
 		tier, _ := e.table.Lookup(benchPlan)
 		ttl := tier.SlotTTL.Milliseconds()
 		keys := make([]string, len(reqs))

@@ -55,6 +55,11 @@ const (
 // eachBenchBackend runs fn as a sub-benchmark per Redis backend, on a
 // connected limiter with the test tiers.
 func eachBenchBackend(b *testing.B, fn func(b *testing.B, e *env)) {
+	eachBenchBackendWith(b, limiter.Options{}, fn)
+}
+
+// eachBenchBackendWith is eachBenchBackend with a limiter of opts.
+func eachBenchBackendWith(b *testing.B, opts limiter.Options, fn func(b *testing.B, e *env)) {
 	for _, be := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
 		b.Run(be.String(), func(b *testing.B) {
 			// No connection logs: they would split the benchmark's result line.
@@ -64,7 +69,7 @@ func eachBenchBackend(b *testing.B, fn func(b *testing.B, e *env)) {
 			// cluster.Client.HonorsDeadlines), and a benchmark would
 			// otherwise measure only that first window after connecting.
 			redis := cluster.Options{Timeout: benchTimeout, DialTimeout: cluster.DefaultTimeout, Logger: slog.New(slog.DiscardHandler)}
-			e := newEnv(b, limitertest.Options{Backend: be, Redis: redis})
+			e := newEnv(b, limitertest.Options{Backend: be, Redis: redis, Limiter: opts})
 			// Users of many hash slots: rueidis dials each of a standalone
 			// client's connections when a call first picks it (by slot).
 			for range warmUpUsers {
@@ -224,7 +229,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 // over all masters). Reports slots/s besides ops/s.
 func BenchmarkHeartbeatBatch(b *testing.B) {
 	eachBenchBackend(b, func(b *testing.B, e *env) {
-		reqs := acquireBenchSlots(b, e)
+		reqs := acquireBenchSlots(b, e, nil)
 		ctx := context.Background()
 		b.ResetTimer()
 		for range b.N {
@@ -244,9 +249,10 @@ func BenchmarkHeartbeatBatch(b *testing.B) {
 	})
 }
 
-// acquireBenchSlots acquires benchBatch slots, one per new user, with
-// benchClients callers, and returns the heartbeat requests for them.
-func acquireBenchSlots(b *testing.B, e *env) []limiter.HeartbeatRequest {
+// acquireBenchSlots acquires benchBatch slots, one per new user, each
+// stream joining join's pools (nil: none), with benchClients callers, and
+// returns the heartbeat requests for them.
+func acquireBenchSlots(b *testing.B, e *env, join benchJoin) []limiter.HeartbeatRequest {
 	b.Helper()
 	run := newUser(b)
 	reqs := make([]limiter.HeartbeatRequest, benchBatch)
@@ -259,7 +265,11 @@ func acquireBenchSlots(b *testing.B, e *env) []limiter.HeartbeatRequest {
 		wg.Go(func() {
 			for i := next.Add(1) - 1; i < benchBatch; i = next.Add(1) - 1 {
 				r := reqs[i]
-				res, err := e.lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: r.UserID, Plan: r.Plan, StreamID: r.StreamID})
+				var pools map[string]string
+				if join != nil {
+					pools = join(int(i))
+				}
+				res, err := e.lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: r.UserID, Plan: r.Plan, StreamID: r.StreamID, Pools: pools})
 				if err != nil || !res.Granted || res.Degraded {
 					b.Errorf("Acquire(%s): %+v, %v; want granted, not degraded", r.UserID, res, err)
 					return

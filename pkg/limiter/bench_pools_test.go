@@ -1,0 +1,219 @@
+//go:build unix
+
+package limiter_test
+
+// Benchmarks of pools (DESIGN §16, §21), read as ratios in hack/bench.sh:
+// an acquire+release that joins two pools against one that joins none, on
+// the same limiter in the same run; the pairs one hot pool key serves
+// against redis-benchmark running the pool's script on that key; and
+// Redis' CPU per stream of a heartbeat round with two pools against none.
+
+import (
+	"context"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/pools"
+)
+
+// Pools of the benchmarks: model with benchModels keys and org with
+// benchOrgs, capped far above what a run holds at once, so every acquire
+// is granted; hot, one key (benchHotKey) every stream of
+// BenchmarkPoolKeyHot joins.
+const (
+	benchModels = 16
+	benchOrgs   = 100
+	benchHotKey = "hot"
+)
+
+func benchPools(b *testing.B) *pools.Table {
+	b.Helper()
+	table := pools.NewTable()
+	limit := pools.MaxConcurrentStreams
+	if err := table.Replace([]pools.Pool{
+		pools.Pool{Pool: "model", MaxConcurrentStreams: &limit}.WithDefaults(),
+		pools.Pool{Pool: "org", MaxConcurrentStreams: &limit}.WithDefaults(),
+		pools.Pool{Pool: "hot", MaxConcurrentStreams: &limit}.WithDefaults(),
+	}); err != nil {
+		b.Fatal(err)
+	}
+	return table
+}
+
+// benchJoin returns the pools one op of a benchmark joins: none, two
+// (a model and an org of the user's), or the one hot key.
+type benchJoin func(user int) map[string]string
+
+var (
+	joinNone benchJoin = func(int) map[string]string { return nil }
+	joinTwo  benchJoin = func(user int) map[string]string {
+		return map[string]string{"model": "m" + strconv.Itoa(user%benchModels), "org": "o" + strconv.Itoa(user%benchOrgs)}
+	}
+	joinHot benchJoin = func(int) map[string]string { return map[string]string{"hot": benchHotKey} }
+)
+
+// BenchmarkPoolsAcquireRelease: BenchmarkAcquireRelease with each stream
+// joining no pool and two pools (a model's and an org's) on one limiter,
+// b.N pairs each way, the two ways in turns of benchTurn pairs. It
+// reports, per way (none-, two-): pairs/s and the acquire's median
+// latency, acquire-p50-us.
+func BenchmarkPoolsAcquireRelease(b *testing.B) {
+	eachBenchBackendWith(b, limiter.Options{Pools: benchPools(b)}, func(b *testing.B, e *env) {
+		ways := []*pairWay{{name: "none", join: joinNone}, {name: "two", join: joinTwo}}
+		b.ResetTimer()
+		for done := 0; done < b.N; done += benchTurn {
+			for _, w := range ways {
+				w.run(b, e, min(benchTurn, b.N-done))
+			}
+		}
+		b.StopTimer()
+		for _, w := range ways {
+			w.report(b)
+		}
+	})
+}
+
+// BenchmarkPoolKeyHot: every stream joins one pool key, the most a pool
+// key serves: pairs/s (ops/s), and Redis CPU per pair on the master that
+// holds the key (hot-master-cpu-us/op). hack/bench.sh compares the pairs
+// with redis-benchmark running the acquire script on that key alone.
+func BenchmarkPoolKeyHot(b *testing.B) {
+	eachBenchBackendWith(b, limiter.Options{Pools: benchPools(b)}, func(b *testing.B, e *env) {
+		servers := scaleServers(b, e.raw(b))
+		w := &pairWay{join: joinHot}
+		before := mastersCPU(b, servers)
+		b.ResetTimer()
+		w.run(b, e, b.N)
+		b.StopTimer()
+		after := mastersCPU(b, servers)
+		hottest := 0.0
+		for i := range after {
+			hottest = max(hottest, after[i]-before[i])
+		}
+		w.report(b)
+		b.ReportMetric(hottest/float64(b.N), "hot-master-cpu-us/op")
+	})
+}
+
+// benchTurn is how many pairs one way runs before the other takes its
+// turn: both see the same machine, whatever else runs on it.
+const benchTurn = 2000
+
+// pairWay is one way of running acquire+release pairs: the pools each
+// stream joins (join), and what its runs measured.
+type pairWay struct {
+	name  string // prefixes its metrics; "" for none
+	join  benchJoin
+	pairs int
+	wall  time.Duration
+	took  []time.Duration // each acquire's
+}
+
+// run runs n acquire+release pairs of random users' streams with about
+// benchClients callers, each joining w's pools.
+func (w *pairWay) run(b *testing.B, e *env, n int) {
+	run := newUser(b)
+	var next atomic.Int64
+	var mu sync.Mutex
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range benchClients {
+		wg.Go(func() {
+			ctx := context.Background()
+			var mine []time.Duration
+			defer func() { mu.Lock(); w.took = append(w.took, mine...); mu.Unlock() }()
+			for next.Add(1) <= int64(n) {
+				u := rand.IntN(benchUsers)
+				user := run + "-" + strconv.Itoa(u)
+				t0 := time.Now()
+				res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: benchPlan, StreamID: benchStream(), Pools: w.join(u)})
+				mine = append(mine, time.Since(t0))
+				if err != nil || !res.Granted || res.Degraded {
+					b.Errorf("Acquire: %+v, %v; want granted from Redis", res, err)
+					return
+				}
+				if rel, err := e.lim.Release(ctx, user, res.StreamID); err != nil || rel.Degraded {
+					b.Errorf("Release: %+v, %v; want answered by Redis", rel, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	w.wall += time.Since(start)
+	w.pairs += n
+	if b.Failed() {
+		b.FailNow()
+	}
+}
+
+// report reports w's pairs/s and acquire-p50-us.
+func (w *pairWay) report(b *testing.B) {
+	prefix := ""
+	if w.name != "" {
+		prefix = w.name + "-"
+	}
+	b.ReportMetric(float64(w.pairs)/w.wall.Seconds(), prefix+"pairs/s")
+	slices.Sort(w.took)
+	if len(w.took) > 0 {
+		b.ReportMetric(float64(w.took[len(w.took)/2].Microseconds()), prefix+"acquire-p50-us")
+	}
+}
+
+// BenchmarkPoolsHeartbeat: one op is one HeartbeatBatch of benchBatch
+// held streams of different users for each way: streams that join no
+// pool (none-), two pools (two-), or all the one hot key (hot-). Reports
+// Redis CPU per stream refreshed (redis-cpu-us/stream: masters and
+// replicas) and slots/s, per way.
+func BenchmarkPoolsHeartbeat(b *testing.B) {
+	eachBenchBackendWith(b, limiter.Options{Pools: benchPools(b)}, func(b *testing.B, e *env) {
+		servers := scaleServers(b, e.raw(b))
+		ways := []struct {
+			name string
+			join benchJoin
+		}{{"none", joinNone}, {"two", joinTwo}, {"hot", joinHot}}
+		reqs := make([][]limiter.HeartbeatRequest, len(ways))
+		for i, w := range ways {
+			reqs[i] = acquireBenchSlots(b, e, w.join)
+		}
+		ctx := context.Background()
+		cpu := make([]float64, len(ways))
+		wall := make([]time.Duration, len(ways))
+		b.ResetTimer()
+		for range b.N {
+			for i := range ways {
+				before, start := servers.cpu(b), time.Now()
+				results, errs := e.lim.HeartbeatBatch(ctx, reqs[i])
+				wall[i] += time.Since(start)
+				after := servers.cpu(b)
+				cpu[i] += after.masters + after.replicas - before.masters - before.replicas
+				for j, err := range errs {
+					if err != nil || !results[j].Alive || results[j].Degraded {
+						b.Fatalf("HeartbeatBatch %s: stream %d: %+v, %v; want alive and not degraded", ways[i].name, j, results[j], err)
+					}
+				}
+			}
+		}
+		b.StopTimer()
+		for i, w := range ways {
+			b.ReportMetric(float64(b.N*benchBatch)/wall[i].Seconds(), w.name+"-slots/s")
+			b.ReportMetric(cpu[i]/float64(b.N*benchBatch), w.name+"-redis-cpu-us/stream")
+		}
+	})
+}
+
+// mastersCPU returns each master's CPU so far, in µs.
+func mastersCPU(b *testing.B, s *scaleNodes) []float64 {
+	b.Helper()
+	out := make([]float64, len(s.masters))
+	for i, m := range s.masters {
+		out[i] = infoCPU(b, m)
+	}
+	return out
+}
