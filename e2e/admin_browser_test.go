@@ -29,28 +29,35 @@ const screenshotDirEnv = "LIMITER_TEST_SCREENSHOTS"
 // label, plan, time left), see failed look-ups hide them, set an override
 // of the user's limit and see it judge the user's acquires, remove it, see
 // an acquire wait in the user's queue, release the slots with a reason, see
-// the waiting acquire take a slot and the changes in the recent actions.
-// The page must raise no console error (a CSP violation is one).
+// the waiting acquire take a slot and the changes in the recent actions;
+// then look up a pool key whose name holds a '/', see who holds it, set
+// and remove an override of its cap and see it judge the key's streams,
+// and see failed look-ups hide it. The page must raise no console error
+// (a CSP violation is one).
 func TestAdminPageInChromium(t *testing.T) {
 	chromium := testenv.Chromium(t)
 	apiTokens := filepath.Join(t.TempDir(), "api-tokens")
 	if err := os.WriteFile(apiTokens, []byte("chat-api "+e2eAppToken+" *\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	srv := startAdminServer(t, "api:\n  tokensFile: "+apiTokens+"\n")
+	srv := startAdminServer(t, "api:\n  tokensFile: "+apiTokens+"\n", browserPools)
 	app := &http.Client{Timeout: 10 * time.Second, Transport: bearer(e2eAppToken)}
 	user := "page-" + randomID()
 	labels := []string{"pod-7/gpt-4o", "pod-9/llama-3.1-8b"}
-	acquireAs := func(label string) int {
+	acquire := func(req httpapi.AcquireRequest) int {
 		t.Helper()
 		var res httpapi.AcquireResponse
-		status, _, body := call(t, app, "POST", srv.API+httpapi.PathAcquire, httpapi.AcquireRequest{UserID: user, Plan: "long", Label: label}, nil)
+		status, _, body := call(t, app, "POST", srv.API+httpapi.PathAcquire, req, nil)
 		if status == http.StatusOK {
 			if err := json.Unmarshal(body, &res); err != nil || res.Degraded {
 				t.Fatalf("acquire: %s, %v; want granted, not degraded", body, err)
 			}
 		}
 		return status
+	}
+	acquireAs := func(label string) int {
+		t.Helper()
+		return acquire(httpapi.AcquireRequest{UserID: user, Plan: "long", Label: label})
 	}
 	for _, label := range labels {
 		if status := acquireAs(label); status != http.StatusOK {
@@ -222,13 +229,19 @@ func TestAdminPageInChromium(t *testing.T) {
 	if got := eval(`String(document.getElementById("confirm-override").disabled)`); got != "true" {
 		t.Errorf("set-override button without a reason: disabled %s, want true", got)
 	}
-	step("fill in 5 streams for 1 day and a reason",
-		chromedp.SetValue(chromedp.ID("override-streams"), "5"),
-		chromedp.SetValue(chromedp.ID("override-for"), "1"),
-		chromedp.SetValue(chromedp.ID("override-unit"), "86400"),
-		chromedp.SendKeys(chromedp.ID("override-why"), overrideReason),
-		chromedp.Click(chromedp.ID("confirm-override")),
-	)
+	// setOverride fills in the open override dialog (unit: seconds, as
+	// its select's values) and confirms.
+	setOverride := func(streams, forN, unit, reason string) {
+		t.Helper()
+		step("fill in "+streams+" streams for "+forN+" × "+unit+"s and a reason",
+			chromedp.SetValue(chromedp.ID("override-streams"), streams),
+			chromedp.SetValue(chromedp.ID("override-for"), forN),
+			chromedp.SetValue(chromedp.ID("override-unit"), unit),
+			chromedp.SendKeys(chromedp.ID("override-why"), reason),
+			chromedp.Click(chromedp.ID("confirm-override")),
+		)
+	}
+	setOverride("5", "1", "86400", overrideReason)
 	poll("the override is shown", `!document.getElementById("override").hidden && document.getElementById("override-limit").textContent === "5 streams"`)
 	if got := text("#override"); !strings.Contains(got, "set by opal: "+overrideReason) {
 		t.Errorf("override shown: got %q, want it set by opal with the reason", got)
@@ -346,6 +359,94 @@ func TestAdminPageInChromium(t *testing.T) {
 		t.Errorf("slots after the release: got %d %s, want 200 with the waiter's slot and no queue", status, body)
 	}
 
+	// A pool key: the model's name holds a '/', which the page sends
+	// escaped, as one segment.
+	joinLlama := func(u string) int {
+		t.Helper()
+		return acquire(httpapi.AcquireRequest{UserID: u, Plan: "long", Label: "pod-3", Pools: map[string]string{"model": browserLlama}})
+	}
+	holders := []string{"page-pool-a-" + randomID(), "page-pool-b-" + randomID()}
+	for _, u := range holders {
+		if status := joinLlama(u); status != http.StatusOK {
+			t.Fatalf("acquire of %s joining model=%s: got %d, want 200", u, browserLlama, status)
+		}
+	}
+	if status := joinLlama("page-pool-c-" + randomID()); status != http.StatusTooManyRequests {
+		t.Fatalf("a 3rd stream joining model=%s (cap 2): got %d, want 429", browserLlama, status)
+	}
+	step("look up the pool key",
+		chromedp.SetValue(chromedp.ID("pool"), "model"),
+		chromedp.SetValue(chromedp.ID("pool-key"), browserLlama),
+		chromedp.Click(chromedp.ID("pool-lookup")),
+		chromedp.WaitVisible(chromedp.ID("pool-card")),
+	)
+	poll("the pool key's 2 holders are listed", `document.querySelectorAll("#holders tbody tr").length === 2 && document.getElementById("pool-used").textContent === "2"`)
+	if got := text("#pool-name"); got != "model="+browserLlama {
+		t.Errorf("pool key shown: got %q, want model=%s", got, browserLlama)
+	}
+	if got := text("#pool-limit"); got != "the pool's cap: 2" {
+		t.Errorf("pool key's cap: got %q, want the pool's cap: 2", got)
+	}
+	rows = eval(`[...document.querySelectorAll("#holders tbody tr")].map(tr => [...tr.cells].slice(0, 5).filter((_, i) => i !== 1).map(td => td.textContent).join("|")).sort().join("\n")`)
+	slices.Sort(holders)
+	if want := holders[0] + "|chat-api|pod-3|long\n" + holders[1] + "|chat-api|pod-3|long"; rows != want {
+		t.Errorf("holder rows (user|caller|label|plan): got\n%s\nwant\n%s", rows, want)
+	}
+	holderAge := text("#holders tbody tr td.age")
+	// The page ticks every 250ms: 1.5s is past a whole second whatever
+	// the phase.
+	step("wait", chromedp.Sleep(1500*time.Millisecond))
+	if later := text("#holders tbody tr td.age"); !countdown.MatchString(holderAge) || !countdown.MatchString(later) || later <= holderAge {
+		t.Errorf("holder age: got %q then %q 1.5s later, want m:ss going up", holderAge, later)
+	}
+
+	const poolReason = "ticket 4900: launch traffic"
+	step("open the pool key's override dialog",
+		chromedp.Click(chromedp.ID("set-pool-override")),
+		chromedp.WaitVisible(chromedp.ID("override-why")),
+	)
+	if got := text("#override-dialog h2"); got != "Override the cap of model="+browserLlama {
+		t.Errorf("override dialog title: got %q, want it to name the pool key's cap", got)
+	}
+	setOverride("3", "1", "3600", poolReason)
+	poll("the pool key's override is shown", `!document.getElementById("pool-override").hidden && document.getElementById("pool-override-limit").textContent === "3 streams"`)
+	if notice := text("#notice"); !strings.HasPrefix(notice, "Override set for model="+browserLlama+": 3 streams until") {
+		t.Errorf("notice: got %q, want the pool key's override confirmed", notice)
+	}
+	if got := text("#pool-override"); !strings.Contains(got, "set by opal: "+poolReason) {
+		t.Errorf("pool key's override shown: got %q, want it set by opal with the reason", got)
+	}
+	shot("admin-pool-key.png")
+	if status := joinLlama("page-pool-c-" + randomID()); status != http.StatusOK {
+		t.Fatalf("a 3rd stream joining model=%s under an override of 3: got %d, want 200", browserLlama, status)
+	}
+	step("remove the pool key's override",
+		chromedp.Click(chromedp.ID("remove-pool-override")),
+		chromedp.WaitVisible(chromedp.ID("remove-why")),
+		chromedp.SendKeys(chromedp.ID("remove-why"), "ticket 4900: launch over"),
+		chromedp.Click(chromedp.ID("confirm-remove")),
+	)
+	poll("the pool key's override is gone", `document.getElementById("pool-override").hidden && document.getElementById("notice").textContent.startsWith("Removed the override of model=")`)
+	poll("the pool key's 3 holders are listed", `document.getElementById("pool-used").textContent === "3"`)
+	if status := joinLlama("page-pool-d-" + randomID()); status != http.StatusTooManyRequests {
+		t.Errorf("a stream after the override was removed (3 held, cap 2): got %d, want 429", status)
+	}
+	poll("the pool key's override is in the recent actions", `[...document.querySelectorAll("#audit tbody tr")].some(tr => tr.cells[2].textContent === "set override" && tr.cells[3].textContent === `+jsString("model="+browserLlama)+`)`)
+
+	// A failed look-up hides the pool key shown before.
+	for _, tc := range []struct{ pool, key, want string }{
+		{"region", "eu", "422 unknown_pool"},
+		{"model", "gpt 4o", "400 invalid_pool_key"},
+		{"model", "..", "Use the CLI"},
+	} {
+		step("look up "+tc.pool+"="+tc.key+", which fails",
+			chromedp.SetValue(chromedp.ID("pool"), tc.pool),
+			chromedp.SetValue(chromedp.ID("pool-key"), tc.key),
+			chromedp.Click(chromedp.ID("pool-lookup")),
+		)
+		poll("the look-up of "+tc.pool+"="+tc.key+" fails and hides the pool key", `document.getElementById("pool-lookup-error").textContent.includes(`+jsString(tc.want)+`) && document.getElementById("pool-card").hidden`)
+	}
+
 	step("sign out, then in as a viewer, who may not release",
 		chromedp.Click(chromedp.ID("sign-out")),
 		chromedp.WaitVisible(chromedp.ID("token")),
@@ -356,7 +457,13 @@ func TestAdminPageInChromium(t *testing.T) {
 		chromedp.Click(chromedp.ID("lookup")),
 		chromedp.WaitVisible(chromedp.ID("release-note")),
 	)
-	for _, button := range []string{"release", "set-override"} {
+	step("look up the pool key as a viewer",
+		chromedp.SetValue(chromedp.ID("pool"), "model"),
+		chromedp.SetValue(chromedp.ID("pool-key"), browserLlama),
+		chromedp.Click(chromedp.ID("pool-lookup")),
+		chromedp.WaitVisible(chromedp.ID("pool-note")),
+	)
+	for _, button := range []string{"release", "set-override", "set-pool-override"} {
 		if got := eval(`String(document.getElementById("` + button + `").disabled)`); got != "true" {
 			t.Errorf("%s button for a viewer: disabled %s, want true", button, got)
 		}
@@ -364,14 +471,28 @@ func TestAdminPageInChromium(t *testing.T) {
 
 	mu.Lock()
 	defer mu.Unlock()
-	// The look-up of "a b" is answered 400 by design; Chromium logs that.
+	// The look-ups of "a b", region=eu and model=gpt 4o are answered 400
+	// and 422 by design; Chromium logs that.
 	consoleErrors = slices.DeleteFunc(consoleErrors, func(m string) bool {
-		return strings.Contains(m, "Failed to load resource: the server responded with a status of 400")
+		return strings.Contains(m, "Failed to load resource: the server responded with a status of 400") ||
+			strings.Contains(m, "Failed to load resource: the server responded with a status of 422")
 	})
 	if len(consoleErrors) > 0 {
 		t.Errorf("console errors (a CSP violation is one):\n%s", strings.Join(consoleErrors, "\n"))
 	}
 }
+
+// browserLlama is a model's name that holds a '/': a key of the pool
+// model, capped at 2 by browserPools.
+const browserLlama = "meta-llama/Llama-3.1-70B-Instruct"
+
+// browserPools is the pool the browser test looks up.
+const browserPools = `pools:
+  static:
+    - pool: model
+      maxConcurrentStreams: 5
+      keys: {"meta-llama/Llama-3.1-70B-Instruct": 2}
+`
 
 // jsString quotes s as a JavaScript string literal.
 func jsString(s string) string {

@@ -49,16 +49,22 @@ type adminServer struct {
 }
 
 // startAdminServer writes a tokens file (a viewer and an operator) and
-// starts a serve process using it, on its own key prefix; extra is added
-// to its config file.
+// starts a serve process using it, on its own key prefix on the shared
+// standalone Redis; extra is added to its config file.
 func startAdminServer(t *testing.T, extra ...string) *adminServer {
+	t.Helper()
+	return startAdminServerOn(t, []string{testenv.Redis(t)}, extra...)
+}
+
+// startAdminServerOn is startAdminServer on the Redis at addrs.
+func startAdminServerOn(t *testing.T, addrs []string, extra ...string) *adminServer {
 	t.Helper()
 	tokens := filepath.Join(t.TempDir(), "admin-tokens")
 	content := "# e2e\nvic viewer " + e2eViewerToken + "\nopal operator " + e2eOperatorToken + "\n"
 	if err := os.WriteFile(tokens, []byte(content), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	config := serveConfig([]string{testenv.Redis(t)}, "e2e-admin-"+randomID()+":", adminTiers) +
+	config := serveConfig(addrs, "e2e-admin-"+randomID()+":", adminTiers) +
 		"admin:\n  tokensFile: " + tokens + "\n" + strings.Join(extra, "")
 	proc := servetest.Start(t, servetest.Options{Config: config, AwaitRedis: true})
 	return &adminServer{Process: proc, tokensFile: tokens}
@@ -279,33 +285,10 @@ func TestAdminCLI(t *testing.T) {
 			t.Fatalf("acquire: got %d %+v, want granted, not degraded", status, res)
 		}
 	}
-	run := func(t *testing.T, env []string, args ...string) (int, string, string) {
-		t.Helper()
-		cmd := exec.Command(servetest.Binary(t), append([]string{"admin"}, args...)...)
-		cmd.Env = append(os.Environ(), env...)
-		var stdout, stderr strings.Builder
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		err := cmd.Run()
-		code := 0
-		var exit *exec.ExitError
-		if errors.As(err, &exit) {
-			code = exit.ExitCode()
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		return code, stdout.String(), stderr.String()
-	}
 	viewer := []string{"LIMITER_ADMIN_URL=" + srv.Admin, "LIMITER_ADMIN_TOKEN=" + e2eViewerToken}
 	operator := []string{"LIMITER_ADMIN_URL=" + srv.Admin, "LIMITER_ADMIN_TOKEN=" + e2eOperatorToken}
 
-	for _, tc := range []struct {
-		name       string
-		env        []string
-		args       []string
-		wantCode   int
-		wantStdout string
-		wantStderr string
-	}{
+	for _, tc := range []cliCase{
 		{"slots lists the user's slots", viewer, []string{"slots", user}, 0, fmt.Sprintf("user %s: 2 live slots\nSTREAM ID", user), ""},
 		{"a viewer may not release", viewer, []string{"release", user, "--reason", "cli test"}, 1, "", "403 forbidden: role viewer may not release all"},
 		{"release requires a reason", operator, []string{"release", user}, 2, "", "--reason is required"},
@@ -324,20 +307,55 @@ func TestAdminCLI(t *testing.T) {
 		{"the user holds no slot after", viewer, []string{"slots", user}, 0, fmt.Sprintf("user %s: 0 live slots", user), ""},
 		{"audit lists the release with its reason", viewer, []string{"audit"}, 0, "ticket 7: locked out", ""},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			code, stdout, stderr := run(t, tc.env, tc.args...)
-			if code != tc.wantCode || !strings.Contains(stdout, tc.wantStdout) || !strings.Contains(stderr, tc.wantStderr) {
-				t.Errorf("limiter admin %s: got exit %d, stdout %q, stderr %q; want exit %d, stdout containing %q, stderr containing %q",
-					strings.Join(tc.args, " "), code, stdout, stderr, tc.wantCode, tc.wantStdout, tc.wantStderr)
-			}
-		})
+		tc.run(t)
 	}
 
 	t.Run("-o json prints the API's answer", func(t *testing.T) {
-		code, stdout, stderr := run(t, viewer, "slots", user, "-o", "json")
+		code, stdout, stderr := runAdminCLI(t, viewer, "slots", user, "-o", "json")
 		var got httpapi.AdminSlotsResponse
 		if code != 0 || json.Unmarshal([]byte(stdout), &got) != nil || got.UserID != user {
 			t.Errorf("got exit %d, stdout %q, stderr %q; want exit 0 and the JSON of user %s's slots", code, stdout, stderr, user)
 		}
 	})
+}
+
+// cliCase is one run of `limiter admin` and what it must answer.
+type cliCase struct {
+	name       string
+	env        []string
+	args       []string
+	wantCode   int
+	wantStdout string
+	wantStderr string
+}
+
+// run runs the case as a subtest.
+func (tc cliCase) run(t *testing.T) {
+	t.Helper()
+	t.Run(tc.name, func(t *testing.T) {
+		code, stdout, stderr := runAdminCLI(t, tc.env, tc.args...)
+		if code != tc.wantCode || !strings.Contains(stdout, tc.wantStdout) || !strings.Contains(stderr, tc.wantStderr) {
+			t.Errorf("limiter admin %s: got exit %d, stdout %q, stderr %q; want exit %d, stdout containing %q, stderr containing %q",
+				strings.Join(tc.args, " "), code, stdout, stderr, tc.wantCode, tc.wantStdout, tc.wantStderr)
+		}
+	})
+}
+
+// runAdminCLI runs `limiter admin args...` with env added to this
+// process's, and returns its exit code and output.
+func runAdminCLI(t *testing.T, env []string, args ...string) (int, string, string) {
+	t.Helper()
+	cmd := exec.Command(servetest.Binary(t), append([]string{"admin"}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		code = exit.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return code, stdout.String(), stderr.String()
 }

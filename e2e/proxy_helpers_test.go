@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/joishi/limiter/internal/limitertest"
+	"github.com/joishi/limiter/internal/proxytest"
 	"github.com/joishi/limiter/internal/servetest"
 	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/cluster"
@@ -236,25 +236,22 @@ func (e *proxyEnv) chat(t *testing.T, ctx context.Context, user, plan, model str
 	return resp
 }
 
-// sseData returns the data lines of an SSE body as they arrive, and closes
-// the channel when the body ends (cleanly or not: err says which).
-func sseData(body io.Reader) (<-chan string, *atomic.Value) {
-	out := make(chan string, 64)
-	var failure atomic.Value
-	go func() {
-		defer close(out)
-		sc := bufio.NewScanner(body)
-		for sc.Scan() {
-			if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
-				out <- data
-			}
-		}
-		if err := sc.Err(); err != nil {
-			failure.Store(err)
-		}
-	}()
-	return out, &failure
+// holdStream opens a streaming chat completion of user on plan whose llm
+// stream holds ("hold") until the test releases it, waits up to 5s for its
+// first chunk (what names it in the failure), and returns its data lines.
+// Its body is closed on the test's cleanup.
+func (e *proxyEnv) holdStream(t *testing.T, user, plan, what string) <-chan string {
+	t.Helper()
+	resp := e.chat(t, context.Background(), user, plan, "hold", nil)
+	t.Cleanup(func() { resp.Body.Close() })
+	data, _ := sseData(resp.Body)
+	within(t, data, 5*time.Second, what)
+	return data
 }
+
+// sseData returns the data lines of an SSE body as they arrive
+// (proxytest.SSEData).
+func sseData(body io.Reader) (<-chan string, *atomic.Value) { return proxytest.SSEData(body) }
 
 func within[T any](t *testing.T, ch <-chan T, d time.Duration, what string) T {
 	t.Helper()

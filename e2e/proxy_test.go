@@ -38,10 +38,7 @@ func decodeProxyError(t *testing.T, resp *http.Response) proxyError {
 func TestProxySIGKILLMidStreamSlotExpiresWithinTTL(t *testing.T) {
 	e := startProxy(t, "")
 	user := "kill-" + randomID()
-	resp := e.chat(t, context.Background(), user, "free", "hold", nil)
-	defer resp.Body.Close()
-	data, _ := sseData(resp.Body)
-	within(t, data, 5*time.Second, "the first chunk")
+	e.holdStream(t, user, "free", "the first chunk")
 	if n := e.used(t, user); n != 1 {
 		t.Fatalf("%d slots held mid-stream, want 1", n)
 	}

@@ -1,47 +1,23 @@
 package e2e
 
 import (
-	"bufio"
-	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/joishi/limiter/internal/proxytest"
 )
 
 // rawProxyRequest sends method target to the server at base exactly as
-// written, over a new connection (Go's client would clean or re-escape
-// some spellings), with header and a streaming chat completion of model
-// as the body. The caller closes the answer's body.
+// written (proxytest.RawRequest), with header and a streaming chat
+// completion of model as the body. The caller closes the answer's body.
 func rawProxyRequest(t *testing.T, base, method, target, model string, header http.Header) *http.Response {
 	t.Helper()
-	addr := strings.TrimPrefix(base, "http://")
-	conn, err := net.DialTimeout("tcp", addr, 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	_ = conn.SetDeadline(time.Now().Add(15 * time.Second))
 	body := fmt.Sprintf(`{"model":%q,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, model)
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %d\r\n", method, target, addr, len(body))
-	for name, values := range header {
-		for _, v := range values {
-			fmt.Fprintf(&b, "%s: %s\r\n", name, v)
-		}
-	}
-	b.WriteString("\r\n" + body)
-	if _, err := io.WriteString(conn, b.String()); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, target, err)
-	}
-	return resp
+	return proxytest.RawRequest(t, strings.TrimPrefix(base, "http://"), method, target, header, body)
 }
 
 // A free user (limit 1) holding one stream through `limiter proxy` with
@@ -53,10 +29,7 @@ func rawProxyRequest(t *testing.T, base, method, target, model string, header ht
 func TestRouteSpellingsCannotEscapeTheProxysCap(t *testing.T) {
 	e := startProxy(t, "")
 	user := "spell-" + randomID()
-	held := e.chat(t, context.Background(), user, "free", "hold", nil)
-	defer held.Body.Close()
-	data, _ := sseData(held.Body)
-	within(t, data, 5*time.Second, "the held stream's first chunk")
+	data := e.holdStream(t, user, "free", "the held stream's first chunk")
 	before := e.llm.requests.Load()
 
 	header := http.Header{"X-User-Id": {user}, "X-Plan": {"free"}}

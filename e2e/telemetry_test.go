@@ -49,13 +49,21 @@ const telemetryTiers = `    - plan: team
       maxWait: 300ms
 `
 
+// telemetryPools: model=gpt-4o may hold 1 stream.
+const telemetryPools = `pools:
+  static:
+    - pool: model
+      keys: {gpt-4o: 1}
+`
+
 // TestTelemetryMetricsCountExactly drives a scripted sequence through a
 // running serve (grants, a denial, slots left to expire, heartbeats alive
-// and lost, releases, then Redis stopped: fail-open and fail-closed) and
-// asserts the exact values /metrics must show after each step.
+// and lost, releases, a pool key at its cap, then Redis stopped: fail-open
+// and fail-closed) and asserts the exact values /metrics must show after
+// each step.
 func TestTelemetryMetricsCountExactly(t *testing.T) {
 	redis := testenv.StartRedis(t)
-	proc := servetest.Start(t, servetest.Options{Config: serveConfig([]string{redis.Addr()}, "e2e-metrics:", telemetryTiers), AwaitRedis: true})
+	proc := servetest.Start(t, servetest.Options{Config: serveConfig([]string{redis.Addr()}, "e2e-metrics:", telemetryTiers) + telemetryPools, AwaitRedis: true})
 
 	m := scrape(t, proc)
 	expectMetrics(t, "at start", m, map[string]float64{"limiter_tiers": 3})
@@ -151,6 +159,29 @@ func TestTelemetryMetricsCountExactly(t *testing.T) {
 		t.Errorf(`limiter_redis_duration_seconds_count{op="wait"} = %v, want at least 2 (queued, then left)`, n)
 	}
 
+	// A pool key of cap 1 asked by two users of team: one granted, one
+	// refused by the pool (its user's slot given back).
+	joinModel := func() (int, []byte) {
+		status, _, body := call(t, httpClient, "POST", proc.API+httpapi.PathAcquire,
+			httpapi.AcquireRequest{UserID: "pool-" + randomID(), Plan: "team", Pools: map[string]string{"model": "gpt-4o"}}, nil)
+		return status, body
+	}
+	if status, body := joinModel(); status != http.StatusOK {
+		t.Fatalf("first acquire of model=gpt-4o: %d %s, want 200", status, body)
+	}
+	if status, body := joinModel(); status != http.StatusTooManyRequests || !strings.Contains(string(body), httpapi.CodePoolLimitReached) {
+		t.Fatalf("second acquire of model=gpt-4o: %d %s, want 429 %s", status, body, httpapi.CodePoolLimitReached)
+	}
+	expectMetrics(t, "after a pool key refused", scrape(t, proc), map[string]float64{
+		`limiter_pool_acquire_total{outcome="granted",pool="model"}`:     1,
+		`limiter_pool_acquire_total{outcome="limited",pool="model"}`:     1,
+		`limiter_pool_acquire_total{outcome="degraded",pool="model"}`:    0,
+		`limiter_pool_acquire_total{outcome="unavailable",pool="model"}`: 0,
+		`limiter_pool_used_max{pool="model"}`:                            1,
+		`limiter_pool_fill_max{pool="model"}`:                            1,
+		`limiter_redis_duration_seconds_count{op="acquire_pool"}`:        2,
+	})
+
 	// Redis stops: team grants degraded, strict answers 503, a team
 	// heartbeat is degraded, a release degraded (not counted).
 	redis.Stop()
@@ -169,16 +200,16 @@ func TestTelemetryMetricsCountExactly(t *testing.T) {
 
 	final := scrape(t, proc)
 	expectMetrics(t, "at the end", final, map[string]float64{
-		`limiter_acquire_total{outcome="granted",plan="team"}`:       4,
-		`limiter_acquire_total{outcome="limited",plan="team"}`:       1,
+		`limiter_acquire_total{outcome="granted",plan="team"}`:       4 + 1,
+		`limiter_acquire_total{outcome="limited",plan="team"}`:       1 + 1,
 		`limiter_acquire_total{outcome="degraded",plan="team"}`:      1,
 		`limiter_acquire_total{outcome="granted",plan="strict"}`:     1,
 		`limiter_acquire_total{outcome="unavailable",plan="strict"}`: 1,
 		`limiter_acquire_total{outcome="limited",plan="strict"}`:     0,
 		`limiter_slots_reclaimed_total{plan="team"}`:                 3,
 		`limiter_slots_reclaimed_total{plan="strict"}`:               0,
-		`limiter_slots_used_count{plan="team"}`:                      4,
-		`limiter_slots_used_sum{plan="team"}`:                        1 + 2 + 3 + 1,
+		`limiter_slots_used_count{plan="team"}`:                      4 + 1,
+		`limiter_slots_used_sum{plan="team"}`:                        1 + 2 + 3 + 1 + 1,
 		`limiter_slots_used_count{plan="strict"}`:                    1,
 		`limiter_heartbeat_total{outcome="alive"}`:                   2,
 		`limiter_heartbeat_total{outcome="lost"}`:                    2,
@@ -186,10 +217,11 @@ func TestTelemetryMetricsCountExactly(t *testing.T) {
 		`limiter_release_total{released="true"}`:                     1,
 		`limiter_release_total{released="false"}`:                    1,
 		// Every round trip tried once connected, the failed ones included.
-		`limiter_redis_duration_seconds_count{op="acquire"}`:         3 + 1 + 1 + 1 + 2 + 2,
+		`limiter_redis_duration_seconds_count{op="acquire"}`:         3 + 1 + 1 + 1 + 2 + 2 + 2,
 		`limiter_redis_duration_seconds_count{op="heartbeat"}`:       2 + 1,
 		`limiter_redis_duration_seconds_count{op="heartbeat_batch"}`: 1,
-		`limiter_redis_duration_seconds_count{op="release"}`:         2 + 1,
+		`limiter_redis_duration_seconds_count{op="release"}`:         2 + 1 + 1, // the refused pool acquire's slot given back
+		`limiter_redis_duration_seconds_count{op="acquire_pool"}`:    2,
 		`limiter_tiers`: 3,
 	})
 	// limiter_overrides_active is read from Redis at each scrape: there is

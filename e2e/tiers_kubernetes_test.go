@@ -33,7 +33,7 @@ func TestKubernetesTiers(t *testing.T) {
 	t.Run("create, update and delete reach serve within a second", k.testCreateUpdateDelete)
 	t.Run("two replicas enforce alike, one writes status, and a killed leader is replaced", k.testTwoReplicas)
 	t.Run("readyz is false until the first sync", k.testReadyAfterFirstSync)
-	t.Run("kubectl get lt shows the printer columns", k.testKubectlColumns)
+	t.Run("kubectl get lt and lp show the printer columns", k.testKubectlColumns)
 }
 
 type kubeTiers struct {
@@ -225,6 +225,7 @@ func (k *kubeTiers) testKubectlColumns(t *testing.T) {
 	kubectl("apply", "-k", filepath.Join("..", "config", "samples"))
 	waitReady(t, k.kube.Client, ns, "free", 1, "")
 	waitReady(t, k.kube.Client, ns, "paid", 1, "")
+	waitPoolReady(t, k.kube.Client, ns, "model", 1)
 
 	cases := []struct {
 		name string
@@ -240,6 +241,14 @@ func (k *kubeTiers) testKubectlColumns(t *testing.T) {
 			"NAME PLAN MAX TTL HEARTBEAT FAILURE WAIT READY REASON AGE",
 			"free free 1 120s 20s Open 0s True Accepted",
 			"paid paid 3 120s 20s Open 10s True Accepted",
+		}},
+		{"the sample pool", []string{"get", "lp"}, []string{
+			"NAME POOL DEFAULT KEYS READY AGE",
+			"model model 100 2 True",
+		}},
+		{"the sample pool, -o wide", []string{"get", "limitpools", "-o", "wide"}, []string{
+			"NAME POOL DEFAULT KEYS FAILURE WAIT READY REASON AGE",
+			"model model 100 2 Open 0s True Accepted",
 		}},
 	}
 	for _, tc := range cases {

@@ -3,8 +3,9 @@
 # (what `make generate` runs):
 #
 #   api/v1alpha1/zz_generated.deepcopy.go   DeepCopy methods of the API types
-#   config/crd/bases/*.yaml                 the LimitTier CRD (schema, defaults,
-#                                           printer columns) from the markers
+#   config/crd/bases/*.yaml                 the LimitTier and LimitPool CRDs
+#                                           (schema, defaults, printer columns)
+#                                           from the markers
 #   config/rbac/role.yaml                   the Role, from the +kubebuilder:rbac
 #                                           markers in pkg/controller
 #

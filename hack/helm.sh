@@ -8,6 +8,8 @@
 # the clone: ${LIMITER_CACHE:-$HOME/.cache/limiter}/bin/helm-<version>/helm.
 # With a warm cache the script returns immediately.
 set -euo pipefail
+# shellcheck source=hack/lib/install.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/install.sh"
 
 HELM_VERSION="v3.22.0"
 # The Kubernetes version helm assumes without a cluster (helm template, lint):
@@ -20,29 +22,17 @@ cache="${LIMITER_CACHE:-$HOME/.cache/limiter}"
 bin_dir="$cache/bin/helm-$HELM_VERSION"
 helm="$bin_dir/helm"
 
-if [[ ! -x "$helm" ]]; then
-	command -v go >/dev/null 2>&1 || {
-		echo "helm.sh: go not found in PATH" >&2
-		exit 1
-	}
-	mkdir -p "$bin_dir"
-	# Serialise concurrent cold runs so helm is built once.
-	if command -v flock >/dev/null 2>&1; then
-		exec 9>"$bin_dir/.lock"
-		flock 9
-	fi
-	if [[ ! -x "$helm" ]]; then
-		echo "helm.sh: installing helm $HELM_VERSION into $bin_dir (takes a few minutes)" >&2
-		# Outside any module and workspace, so the clone's go.mod is left alone.
-		# The ldflags stamp what upstream's release build stamps.
-		ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
-		for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
-			ldflags+=" -X $pkg.k8sVersionMajor=$HELM_KUBE_MAJOR -X $pkg.k8sVersionMinor=$HELM_KUBE_MINOR"
-		done
-		(cd "$bin_dir" && GOWORK=off GOFLAGS=-mod=mod CGO_ENABLED=0 GOBIN="$bin_dir" \
-			go install -trimpath -ldflags "$ldflags" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" >&2)
-	fi
-fi
+build() {
+	echo "helm.sh: installing helm $HELM_VERSION into $bin_dir (takes a few minutes)" >&2
+	# The ldflags stamp what upstream's release build stamps.
+	local ldflags="-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" pkg
+	for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+		ldflags+=" -X $pkg.k8sVersionMajor=$HELM_KUBE_MAJOR -X $pkg.k8sVersionMinor=$HELM_KUBE_MINOR"
+	done
+	go_install "$bin_dir" "$ldflags" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+}
+
+install_once "$bin_dir" "$helm" go build
 
 "$helm" version --short >&2
 printf '%s\n' "$helm"

@@ -11,6 +11,8 @@
 # immediately. Where the module cannot be built, Debian's prometheus package
 # (which ships promtool) is installed instead.
 set -euo pipefail
+# shellcheck source=hack/lib/install.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/install.sh"
 
 # The Go module version of Prometheus (v0.316.0 is Prometheus 3.16.0).
 PROMTOOL_VERSION="v0.316.0"
@@ -25,35 +27,20 @@ build() {
 		return 1
 	}
 	echo "promtool.sh: installing promtool $PROMTOOL_VERSION into $bin_dir (takes several minutes)" >&2
-	# Outside any module and workspace, so the clone's go.mod is left alone.
-	(cd "$bin_dir" && GOWORK=off GOFLAGS=-mod=mod CGO_ENABLED=0 GOBIN="$bin_dir" \
-		go install -trimpath -ldflags "-s -w -X github.com/prometheus/common/version.Version=${PROMTOOL_VERSION#v}" \
-		"github.com/prometheus/prometheus/cmd/promtool@$PROMTOOL_VERSION" >&2)
+	go_install "$bin_dir" "-X github.com/prometheus/common/version.Version=${PROMTOOL_VERSION#v}" \
+		"github.com/prometheus/prometheus/cmd/promtool@$PROMTOOL_VERSION"
 }
 
 debian() {
-	local sudo=()
-	if [[ $(id -u) -ne 0 ]]; then
-		sudo=(sudo)
-	fi
 	echo "promtool.sh: building promtool failed; installing Debian's prometheus package for its promtool" >&2
-	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq >&2
-	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 \
-		install -y -qq --no-install-recommends prometheus >&2
+	apt_install prometheus >&2
 	ln -sf "$(command -v promtool)" "$promtool"
 }
 
-if [[ ! -x "$promtool" ]]; then
-	mkdir -p "$bin_dir"
-	# Serialise concurrent cold runs so promtool is built once.
-	if command -v flock >/dev/null 2>&1; then
-		exec 9>"$bin_dir/.lock"
-		flock 9
-	fi
-	if [[ ! -x "$promtool" ]]; then
-		build || debian
-	fi
-fi
+# go is not needed up front: without it, Debian's package is installed.
+build_or_debian() { build || debian; }
+
+install_once "$bin_dir" "$promtool" "" build_or_debian
 
 "$promtool" --version >&2
 printf '%s\n' "$promtool"

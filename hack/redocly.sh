@@ -10,6 +10,8 @@
 # ${LIMITER_CACHE:-$HOME/.cache/limiter}/npm/redocly-cli-<version>. With a
 # warm cache the script returns immediately.
 set -euo pipefail
+# shellcheck source=hack/lib/install.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/install.sh"
 
 REDOCLY_VERSION="2.77.0" # needs node >= 20.19
 
@@ -20,27 +22,15 @@ redocly="$prefix/node_modules/.bin/redocly"
 # No usage telemetry and no update check: the tests run offline.
 export REDOCLY_TELEMETRY=off REDOCLY_SUPPRESS_UPDATE_NOTICE=true
 
-if [[ ! -x "$redocly" ]]; then
-	for tool in node npm; do
-		command -v "$tool" >/dev/null 2>&1 || {
-			echo "redocly.sh: $tool not found in PATH" >&2
-			exit 1
-		}
-	done
-	mkdir -p "$prefix"
-	# Serialise concurrent cold runs so it is installed once.
-	if command -v flock >/dev/null 2>&1; then
-		exec 9>"$prefix/.lock"
-		flock 9
-	fi
-	if [[ ! -x "$redocly" ]]; then
-		echo "redocly.sh: installing @redocly/cli $REDOCLY_VERSION into $prefix" >&2
-		# A package.json of its own, so npm never walks up into the clone.
-		[[ -f "$prefix/package.json" ]] || printf '{"private":true}\n' >"$prefix/package.json"
-		npm install --prefix "$prefix" --no-audit --no-fund --no-save --loglevel=error \
-			"@redocly/cli@$REDOCLY_VERSION" >&2
-	fi
-fi
+build() {
+	echo "redocly.sh: installing @redocly/cli $REDOCLY_VERSION into $prefix" >&2
+	# A package.json of its own, so npm never walks up into the clone.
+	[[ -f "$prefix/package.json" ]] || printf '{"private":true}\n' >"$prefix/package.json"
+	npm install --prefix "$prefix" --no-audit --no-fund --no-save --loglevel=error \
+		"@redocly/cli@$REDOCLY_VERSION" >&2
+}
+
+install_once "$prefix" "$redocly" "node npm" build
 
 # On node 20 every run prints a banner about node 20's end of life on
 # stderr (the releases after this one need node 22).

@@ -12,21 +12,25 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+# shellcheck source=hack/lib/install.sh
+source hack/lib/install.sh
+
 step() { printf '==> %s\n' "$*"; }
 
-apt_install() {
-	local sudo=()
-	if [[ $(id -u) -ne 0 ]]; then
-		command -v sudo >/dev/null || {
-			echo "need root or sudo to install: $*" >&2
-			exit 1
-		}
-		sudo=(sudo)
+# npm_ci DIR SRC PKG WHAT: installs the packages SRC/package-lock.json pins
+# into DIR (npm ci), in a cache outside the clone: again only when the lock
+# file changes, or when DIR lacks PKG.
+npm_ci() {
+	local dir=$1 src=$2 pkg=$3 what=$4 lock
+	lock=$(sha1sum "$src/package-lock.json" | cut -d' ' -f1)
+	if [[ "$(cat "$dir/.installed" 2>/dev/null)" != "$lock" || ! -f "$dir/node_modules/$pkg/package.json" ]]; then
+		step "installing $what ($src) into $dir"
+		mkdir -p "$dir"
+		rm -f "$dir/.installed"
+		cp "$src/package.json" "$src/package-lock.json" "$dir/"
+		npm ci --prefix "$dir" --no-audit --no-fund --loglevel=error
+		echo "$lock" >"$dir/.installed"
 	fi
-	# Lock::Timeout waits for another apt-get instead of failing at once.
-	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq
-	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 \
-		install -y -qq --no-install-recommends "$@"
 }
 
 if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
@@ -62,37 +66,20 @@ if ! command -v python3 >/dev/null; then
 fi
 
 # The official OpenAI Node SDK the proxy's e2e tests stream through, as
-# e2e/openai/package-lock.json pins it, installed into a cache outside the
-# clone (again only when the lock file changes).
+# e2e/openai/package-lock.json pins it.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
 	step "installing nodejs npm"
 	apt_install nodejs npm
 fi
 npm_dir=${LIMITER_E2E_NPM_DIR:-$HOME/.cache/limiter/npm-e2e-openai}
-npm_lock=$(sha1sum e2e/openai/package-lock.json | cut -d' ' -f1)
-if [[ "$(cat "$npm_dir/.installed" 2>/dev/null)" != "$npm_lock" || ! -f "$npm_dir/node_modules/openai/package.json" ]]; then
-	step "installing the OpenAI Node SDK (e2e/openai) into $npm_dir"
-	mkdir -p "$npm_dir"
-	rm -f "$npm_dir/.installed"
-	cp e2e/openai/package.json e2e/openai/package-lock.json "$npm_dir/"
-	npm ci --prefix "$npm_dir" --no-audit --no-fund --loglevel=error
-	echo "$npm_lock" >"$npm_dir/.installed"
-fi
+npm_ci "$npm_dir" e2e/openai openai "the OpenAI Node SDK"
 export LIMITER_TEST_NODE_MODULES=$npm_dir/node_modules
 
 # The TypeScript compiler and Node's type definitions the TypeScript client
 # is checked and built with (e2e/clients_test.go), as
-# clients/typescript/package-lock.json pins them; the same cache rule.
+# clients/typescript/package-lock.json pins them.
 ts_dir=${LIMITER_TS_NPM_DIR:-$HOME/.cache/limiter/npm-clients-typescript}
-ts_lock=$(sha1sum clients/typescript/package-lock.json | cut -d' ' -f1)
-if [[ "$(cat "$ts_dir/.installed" 2>/dev/null)" != "$ts_lock" || ! -f "$ts_dir/node_modules/typescript/package.json" ]]; then
-	step "installing the TypeScript compiler (clients/typescript) into $ts_dir"
-	mkdir -p "$ts_dir"
-	rm -f "$ts_dir/.installed"
-	cp clients/typescript/package.json clients/typescript/package-lock.json "$ts_dir/"
-	npm ci --prefix "$ts_dir" --no-audit --no-fund --loglevel=error
-	echo "$ts_lock" >"$ts_dir/.installed"
-fi
+npm_ci "$ts_dir" clients/typescript typescript "the TypeScript compiler"
 export LIMITER_TEST_TS_NODE_MODULES=$ts_dir/node_modules
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/limiter-test.XXXXXX")

@@ -23,13 +23,14 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// create sends spec as a LimitTier named name, untyped, so that values the
-// Go types could not even hold (a malformed duration) reach the server.
-func create(t *testing.T, c client.Client, ns, name string, spec map[string]any) error {
+// create sends spec as an object of kind named name, untyped, so that
+// values the Go types could not even hold (a malformed duration) reach the
+// server.
+func create(t *testing.T, c client.Client, kind, ns, name string, spec map[string]any) error {
 	t.Helper()
 	obj := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": v1alpha1.GroupVersion.String(),
-		"kind":       "LimitTier",
+		"kind":       kind,
 		"metadata":   map[string]any{"name": name, "namespace": ns},
 		"spec":       spec,
 	}}
@@ -62,7 +63,7 @@ func TestTheAPIServerRefusesInvalidLimitTiers(t *testing.T) {
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			err := create(t, env.Client, ns, "bad-"+string(rune('a'+i)), tc.spec)
+			err := create(t, env.Client, "LimitTier", ns, "bad-"+string(rune('a'+i)), tc.spec)
 			if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Fatalf("create %v = %v, want Invalid containing %q", tc.spec, err, tc.wantErr)
 			}
@@ -73,7 +74,7 @@ func TestTheAPIServerRefusesInvalidLimitTiers(t *testing.T) {
 func TestTheAPIServerAppliesDefaults(t *testing.T) {
 	env := kube.Get(t)
 	ns := env.Namespace(t)
-	if err := create(t, env.Client, ns, "free", map[string]any{"maxConcurrentStreams": 0}); err != nil {
+	if err := create(t, env.Client, "LimitTier", ns, "free", map[string]any{"maxConcurrentStreams": 0}); err != nil {
 		t.Fatal(err)
 	}
 	var got v1alpha1.LimitTier
@@ -103,7 +104,7 @@ func TestTheAPIServerAppliesDefaults(t *testing.T) {
 	// What the defaults leave valid, the server takes: fractions, and
 	// every unit Go's time.ParseDuration reads back.
 	for i, ttl := range []string{"1.5s", "2m30s", "100ms", "24h"} {
-		if err := create(t, env.Client, ns, "ok-"+string(rune('a'+i)), map[string]any{"maxConcurrentStreams": 1, "slotTTL": ttl, "heartbeatInterval": "10ms"}); err != nil {
+		if err := create(t, env.Client, "LimitTier", ns, "ok-"+string(rune('a'+i)), map[string]any{"maxConcurrentStreams": 1, "slotTTL": ttl, "heartbeatInterval": "10ms"}); err != nil {
 			t.Errorf("slotTTL %s: %v, want it accepted", ttl, err)
 		}
 	}

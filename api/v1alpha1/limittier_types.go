@@ -4,39 +4,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// FailureMode decides what a tier does when Redis cannot answer in time.
-//
-// +kubebuilder:validation:Enum=Open;Closed
-type FailureMode string
-
-const (
-	// FailOpen grants the request and marks it degraded.
-	FailOpen FailureMode = "Open"
-	// FailClosed refuses the request with 503 limiter_unavailable.
-	FailClosed FailureMode = "Closed"
-)
-
-// The Ready condition and its reasons, written by the elected limiter
-// replica.
-const (
-	// ConditionReady is True when the current generation of the tier is
-	// in force on every replica.
-	ConditionReady = "Ready"
-	// ReasonAccepted: the tier is valid and the oldest claiming its plan.
-	ReasonAccepted = "Accepted"
-	// ReasonInvalid: the tier breaks a rule the API server cannot check
-	// (heartbeatInterval above slotTTL/3, a metadata.name unfit as a plan,
-	// a value stored before a bound was tightened); the message names each
-	// field at fault. The last accepted generation (status.acceptedSpec)
-	// stays in force, and the message says which one; when no generation
-	// was ever accepted the object enforces nothing, and requests for its
-	// plan get unknown_plan unless another LimitTier defines it.
-	ReasonInvalid = "Invalid"
-	// ReasonConflict: an older LimitTier in the namespace already defines
-	// the same plan and is the one in force.
-	ReasonConflict = "Conflict"
-)
-
 // LimitTierSpec is one plan's limit.
 //
 // The API server checks each field on its own; the rule that relates two

@@ -38,11 +38,11 @@ func newAdminCommand() *cobra.Command {
 	var f adminFlags
 	cmd := &cobra.Command{
 		Use:   "admin",
-		Short: "Inspect and release a user's slots, and override their limit, through a running limiter's admin API",
-		Long: `Inspect and release a user's slots, and override their limit for a while,
-through the admin API of a running limiter (the service must have
-admin.tokensFile set). Every call is audited under the name of the token
-used.
+		Short: "Inspect and release a user's slots, see who holds a pool key, and override their limits, through a running limiter's admin API",
+		Long: `Inspect and release a user's slots, see who holds a pool key, and override
+a user's limit or a pool key's cap for a while, through the admin API of a
+running limiter (the service must have admin.tokensFile set). Every call is
+audited under the name of the token used.
 
 The server comes from --url, else ` + envAdminURL + `, else http://127.0.0.1:8081
 (the admin listener, admin.addr; not the API's port);
@@ -77,6 +77,8 @@ Exit codes: 0 on success, 1 when the server refused or failed the call,
 		},
 		newAdminReleaseCommand(&f),
 		newAdminOverrideCommand(&f),
+		newAdminPoolCommand(&f),
+		newAdminPoolOverrideCommand(&f),
 		&cobra.Command{
 			Use:   "audit",
 			Short: "List the most recent admin calls, newest first (role viewer or operator)",
@@ -201,17 +203,28 @@ func printSlots(w io.Writer, s httpapi.AdminSlotsResponse) {
 	if o := s.Override; o != nil {
 		printOverride(w, *o)
 	}
-	if len(s.Slots) == 0 {
+	printSlotTable(w, s.Slots, false)
+}
+
+// printSlotTable writes slots as a table, each with its user when
+// withUser (a pool key's holders); nothing when there are none.
+func printSlotTable(w io.Writer, slots []httpapi.AdminSlot, withUser bool) {
+	if len(slots) == 0 {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	user := func(slot httpapi.AdminSlot) string { return "" }
+	if withUser {
+		fmt.Fprint(tw, "USER\t")
+		user = func(slot httpapi.AdminSlot) string { return slot.UserID + "\t" }
+	}
 	fmt.Fprintln(tw, "STREAM ID\tAGE\tCALLER\tPLAN\tLABEL\tTIME LEFT\tEXPIRES AT")
-	for _, slot := range s.Slots {
+	for _, slot := range slots {
 		age := "-"
 		if slot.AgeMs != nil {
 			age = (time.Duration(*slot.AgeMs) * time.Millisecond).Round(time.Second).String()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", slot.StreamID, age, dash(slot.Caller), dash(slot.Plan), dash(slot.Label),
+		fmt.Fprintf(tw, "%s%s\t%s\t%s\t%s\t%s\t%s\t%s\n", user(slot), slot.StreamID, age, dash(slot.Caller), dash(slot.Plan), dash(slot.Label),
 			(time.Duration(slot.TTLMs) * time.Millisecond).Round(time.Second), slot.ExpiresAt.UTC().Format(time.RFC3339))
 	}
 	tw.Flush()
@@ -219,14 +232,18 @@ func printSlots(w io.Writer, s httpapi.AdminSlotsResponse) {
 
 func printAudit(w io.Writer, records []httpapi.AuditRecord) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "TIME\tACTOR\tROLE\tACTION\tUSER\tOUTCOME\tRELEASED\tREASON\tAUDIT ID")
+	fmt.Fprintln(tw, "TIME\tACTOR\tROLE\tACTION\tUSER/POOL KEY\tOUTCOME\tRELEASED\tREASON\tAUDIT ID")
 	for _, r := range records {
 		released := "-"
 		if r.Action == httpapi.ActionReleaseAll && r.Outcome == httpapi.OutcomeOK {
 			released = fmt.Sprint(len(r.Released))
 		}
+		subject := r.UserID
+		if r.Pool != "" || r.Key != "" {
+			subject = r.Pool + "=" + r.Key
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Time.UTC().Format(time.RFC3339), dash(r.Actor), dash(r.Role),
-			r.Action, dash(r.UserID), r.Outcome, released, dash(r.Reason), r.AuditID)
+			r.Action, dash(subject), r.Outcome, released, dash(r.Reason), r.AuditID)
 	}
 	tw.Flush()
 }

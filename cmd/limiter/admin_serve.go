@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"sync"
 
+	"github.com/joishi/limiter/pkg/admin"
 	"github.com/joishi/limiter/pkg/config"
 	"github.com/joishi/limiter/pkg/httpapi"
 	"github.com/joishi/limiter/pkg/limiter"
@@ -16,12 +17,12 @@ import (
 // says at start whether they are on. It returns them for
 // server.Options.Admin (nil when off) and stop, which ends the tokens
 // file's watcher and waits for it.
-func startAdmin(ctx context.Context, cfg config.Config, lim *limiter.Limiter, logger *slog.Logger) (admin *server.Admin, stop func(), err error) {
+func startAdmin(ctx context.Context, cfg config.Config, lim *limiter.Limiter, logger *slog.Logger) (routes server.AdminRoutes, stop func(), err error) {
 	if cfg.Admin.TokensFile == "" {
 		logger.Info("admin.tokensFile is not set: the admin API and page are off (no admin listener)")
 		return nil, func() {}, nil
 	}
-	admin, err = server.NewAdmin(lim, server.AdminOptions{
+	a, err := admin.New(lim, admin.Options{
 		TokensFile:  cfg.Admin.TokensFile,
 		AuditMaxLen: cfg.Admin.AuditMaxLen,
 		Logger:      logger.With("component", "admin"),
@@ -29,14 +30,14 @@ func startAdmin(ctx context.Context, cfg config.Config, lim *limiter.Limiter, lo
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: admin.tokensFile (env %s): %w", config.ErrInvalid, config.EnvVar("admin.tokensFile"), err)
 	}
-	if admin.Tokens() == 0 {
+	if a.Tokens() == 0 {
 		logger.Warn("admin.tokensFile holds no token: every admin call is refused until one is added", "file", cfg.Admin.TokensFile)
 	}
-	logger.Info("admin API and page on", "addr", cfg.Admin.Addr, "page", httpapi.PathAdminPage, "tokens", admin.Tokens(),
+	logger.Info("admin API and page on", "addr", cfg.Admin.Addr, "page", httpapi.PathAdminPage, "tokens", a.Tokens(),
 		"file", cfg.Admin.TokensFile, "auditMaxLen", cfg.Admin.AuditMaxLen)
 
 	watchCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Go(func() { admin.WatchTokens(watchCtx) })
-	return admin, func() { cancel(); wg.Wait() }, nil
+	wg.Go(func() { a.WatchTokens(watchCtx) })
+	return a, func() { cancel(); wg.Wait() }, nil
 }

@@ -3,9 +3,12 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/joishi/limiter/pkg/httpapi"
 )
@@ -39,8 +42,96 @@ func TestAdminCommandsAddressAnyUserID(t *testing.T) {
 	}
 }
 
-// runAdmin runs `limiter admin args...` and decodes its JSON output into out.
-func runAdmin(t *testing.T, out any, args ...string) {
+// The pool commands reach the pool key they name, whatever its spelling:
+// a model name's '/' stays in the key, dots are not path steps, case is
+// kept; the text output names each holder's user.
+func TestAdminPoolCommandsAddressAnyKey(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+httpapi.PathAdminPoolKey, func(w http.ResponseWriter, r *http.Request) {
+		limit := 3
+		_ = json.NewEncoder(w).Encode(httpapi.AdminPoolKeyResponse{Pool: r.PathValue("pool"), Key: r.PathValue("key"), Used: 1, Limit: &limit,
+			Holders: []httpapi.AdminSlot{{UserID: "u-holder", StreamID: "s-1", Caller: "chat-api", Plan: "paid", ExpiresAt: time.Now(), TTLMs: 9000}}})
+	})
+	mux.HandleFunc("POST "+httpapi.PathAdminPoolKeyOverride, func(w http.ResponseWriter, r *http.Request) {
+		var req httpapi.AdminOverrideRequest
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		_ = json.NewEncoder(w).Encode(httpapi.AdminPoolOverrideResponse{Pool: r.PathValue("pool"), Key: r.PathValue("key"),
+			Override: httpapi.AdminOverride{MaxConcurrentStreams: *req.MaxConcurrentStreams, Reason: req.Reason}, AuditID: "0123456789abcdef"})
+	})
+	mux.HandleFunc("DELETE "+httpapi.PathAdminPoolKeyOverride, func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(httpapi.AdminOverrideRemoveResponse{Removed: r.PathValue("pool")+"="+r.PathValue("key") == "model=gpt-4o", AuditID: "0123456789abcdef"})
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	for _, key := range []string{"gpt-4o", "GPT-4o", "meta-llama/Llama-3.1-70B-Instruct", ".", "..", "a.b", "org:acme@eu"} {
+		t.Run(key, func(t *testing.T) {
+			var shown httpapi.AdminPoolKeyResponse
+			runAdmin(t, &shown, "pool", "model", key, "--url", srv.URL, "--token", "t", "-o", "json")
+			if shown.Pool != "model" || shown.Key != key {
+				t.Errorf("pool model %q: the server got %s=%s", key, shown.Pool, shown.Key)
+			}
+			var set httpapi.AdminPoolOverrideResponse
+			runAdmin(t, &set, "pool-override", "set", "model", key, "--max-streams", "7", "--expires-in", "1h", "--reason", "test", "--url", srv.URL, "--token", "t", "-o", "json")
+			if set.Pool != "model" || set.Key != key || set.Override.MaxConcurrentStreams != 7 {
+				t.Errorf("pool-override set model %q: the server got %s=%s, %d streams", key, set.Pool, set.Key, set.Override.MaxConcurrentStreams)
+			}
+		})
+	}
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"the key's holders with their users", []string{"pool", "model", "gpt-4o"},
+			"pool key model=gpt-4o: 1 live membership, the pool's cap 3\nUSER      STREAM ID  AGE  CALLER    PLAN  LABEL"},
+		{"a removal says what applies again", []string{"pool-override", "remove", "model", "gpt-4o", "--reason", "done"},
+			"removed the override of pool key model=gpt-4o: the pool's cap applies again\n"},
+		{"a removal that found none", []string{"pool-override", "remove", "model", "GPT-4o", "--reason", "done"},
+			"pool key model=GPT-4o had no override in force\n"},
+		{"a set names the pool key", []string{"pool-override", "set", "model", "gpt-4o", "--max-streams", "7", "--expires-in", "1h", "--reason", "r"},
+			"pool key model=gpt-4o: override: 7 streams until"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if out := runAdminText(t, append(tc.args, "--url", srv.URL, "--token", "t")...); !strings.Contains(out, tc.want) {
+				t.Errorf("admin %v: got %q, want it to hold %q", tc.args, out, tc.want)
+			}
+		})
+	}
+}
+
+// The pool commands check their arguments and flags before any call, as
+// the user's do.
+func TestAdminPoolCommandsCheckTheirArguments(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"pool needs a key", []string{"pool", "model"}, "accepts 2 arg(s), received 1"},
+		{"pool-override set needs a key", []string{"pool-override", "set", "model", "--max-streams", "1", "--expires-in", "1h", "--reason", "r"}, "accepts 2 arg(s), received 1"},
+		{"a limit of 100001 is refused", []string{"pool-override", "set", "model", "gpt-4o", "--max-streams", "100001", "--expires-in", "1h", "--reason", "r"}, "--max-streams must be 0 to 100000, got 100001"},
+		{"a limit of -1 is refused", []string{"pool-override", "set", "model", "gpt-4o", "--max-streams", "-1", "--expires-in", "1h", "--reason", "r"}, "--max-streams must be 0 to 100000, got -1"},
+		{"59s is refused", []string{"pool-override", "set", "model", "gpt-4o", "--max-streams", "1", "--expires-in", "59s", "--reason", "r"}, "--expires-in must be whole seconds from 1m0s to 720h0m0s, got 59s"},
+		{"30 days and a second is refused", []string{"pool-override", "set", "model", "gpt-4o", "--max-streams", "1", "--expires-in", "720h0m1s", "--reason", "r"}, "got 720h0m1s"},
+		{"no limit names the pool key's cap", []string{"pool-override", "set", "model", "gpt-4o", "--expires-in", "1h", "--reason", "r"}, "--max-streams is required: the pool key's cap while the override is in force"},
+		{"a removal needs a reason", []string{"pool-override", "remove", "model", "gpt-4o"}, "--reason is required"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := newAdminCommand()
+			cmd.SetOut(io.Discard)
+			cmd.SetErr(io.Discard)
+			cmd.SetArgs(append(tc.args, "--url", "http://127.0.0.1:1", "--token", "t"))
+			if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("admin %v: got %v, want an error saying %q", tc.args, err, tc.want)
+			}
+		})
+	}
+}
+
+// runAdminText runs `limiter admin args...` and returns its text output.
+func runAdminText(t *testing.T, args ...string) string {
 	t.Helper()
 	cmd := newAdminCommand()
 	var stdout, stderr bytes.Buffer
@@ -50,7 +141,14 @@ func runAdmin(t *testing.T, out any, args ...string) {
 	if err := cmd.Execute(); err != nil {
 		t.Fatalf("admin %v: got %v (stderr %q), want success", args, err, stderr.String())
 	}
-	if err := json.Unmarshal(stdout.Bytes(), out); err != nil {
-		t.Fatalf("admin %v: output %q: %v", args, stdout.String(), err)
+	return stdout.String()
+}
+
+// runAdmin runs `limiter admin args...` and decodes its JSON output into out.
+func runAdmin(t *testing.T, out any, args ...string) {
+	t.Helper()
+	stdout := runAdminText(t, args...)
+	if err := json.Unmarshal([]byte(stdout), out); err != nil {
+		t.Fatalf("admin %v: output %q: %v", args, stdout, err)
 	}
 }

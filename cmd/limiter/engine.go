@@ -28,11 +28,41 @@ type engine struct {
 	lim   *limiter.Limiter
 }
 
-// startEngine starts the engine of cfg for the tier table. holders names
-// what runs on it ("replica", "proxy") in the embedded store's warning.
-// stop closes Redis, then flushes the last spans; it is to be called after
-// the drain, and is a no-op when startEngine fails (it cleans up itself).
-func startEngine(ctx context.Context, cfg config.Config, table *tiers.Table, logger *slog.Logger, holders string) (e engine, stop func(), err error) {
+// limitTables are the tables a replica enforces, filled by one source
+// (tiers.source): the plans, and the pools.
+type limitTables struct {
+	tiers *tiers.Table
+	pools *pools.Table
+}
+
+// startLimitTables returns the tables of the configured source, and stop,
+// which waits for the source's watch (if any) to end with ctx. A watch
+// that ends on its own calls fail. With tiers.source static both come from
+// the config file (tiers.static, pools.static); with kubernetes, both from
+// the objects of tiers.namespace (LimitTiers, LimitPools).
+func startLimitTables(ctx context.Context, cfg config.Config, deps serveDeps, logger *slog.Logger, fail context.CancelCauseFunc) (tables limitTables, stop func(), err error) {
+	switch cfg.Tiers.Source {
+	case config.SourceStatic:
+		tables = limitTables{tiers: tiers.NewTable(), pools: pools.NewTable()}
+		if err := tables.tiers.Replace(cfg.StaticTiers()); err != nil {
+			return limitTables{}, nil, fmt.Errorf("%w: tiers.static: %w", config.ErrInvalid, err)
+		}
+		if err := tables.pools.Replace(cfg.StaticPools()); err != nil {
+			return limitTables{}, nil, fmt.Errorf("%w: pools.static: %w", config.ErrInvalid, err)
+		}
+		return tables, func() {}, nil
+	case config.SourceKubernetes:
+		return startKubernetesTiers(ctx, cfg, deps.watchTiers, logger, fail)
+	default:
+		return limitTables{}, nil, fmt.Errorf("%w: tiers.source %q", config.ErrInvalid, cfg.Tiers.Source)
+	}
+}
+
+// startEngine starts the engine of cfg for the tables. holders names what
+// runs on it ("replica", "proxy") in the embedded store's warning. stop
+// closes Redis, then flushes the last spans; it is to be called after the
+// drain, and is a no-op when startEngine fails (it cleans up itself).
+func startEngine(ctx context.Context, cfg config.Config, tables limitTables, logger *slog.Logger, holders string) (e engine, stop func(), err error) {
 	var undo []func()
 	stop = func() {
 		for i := len(undo) - 1; i >= 0; i-- {
@@ -62,7 +92,7 @@ func startEngine(ctx context.Context, cfg config.Config, table *tiers.Table, log
 		}
 	})
 	logger.Info("telemetry", "traces", cmp.Or(e.tel.Exporter(), "off"), "metrics", cfg.Ops.Addr+"/metrics")
-	observer, err := telemetry.NewObserver(e.tel.MeterProvider, table, telemetry.ObserverOptions{UsedMaxWindow: cfg.Telemetry.SlotsUsedMaxWindow})
+	observer, err := telemetry.NewObserver(e.tel.MeterProvider, tables.tiers, telemetry.ObserverOptions{UsedMaxWindow: cfg.Telemetry.SlotsUsedMaxWindow, Pools: tables.pools})
 	if err != nil {
 		return e, stop, fmt.Errorf("telemetry: %w", err)
 	}
@@ -89,12 +119,8 @@ func startEngine(ctx context.Context, cfg config.Config, table *tiers.Table, log
 			"do not run more than one %[1]s on it", holders), "addr", e.redis.Addrs()[0])
 	}
 
-	poolTable := pools.NewTable()
-	if err := poolTable.Replace(cfg.StaticPools()); err != nil {
-		return e, stop, fmt.Errorf("%w: pools.static: %w", config.ErrInvalid, err)
-	}
-	e.lim = limiter.New(e.redis, table, limiter.Options{
-		Pools:          poolTable,
+	e.lim = limiter.New(e.redis, tables.tiers, limiter.Options{
+		Pools:          tables.pools,
 		Keys:           keys.Schema{Prefix: cfg.Redis.KeyPrefix},
 		Logger:         logger,
 		Observer:       observer,

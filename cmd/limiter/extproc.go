@@ -25,11 +25,9 @@ func startExtProc(cfg config.Config, lim *limiter.Limiter, table *tiers.Table, c
 	if cfg.ExtProc.Addr == "" {
 		return nil, nil
 	}
-	identOpts := cfg.IdentityOptions()
-	identOpts.Logger = logger
-	ident, err := identity.New(identOpts)
+	ident, err := newIdentity(cfg, logger)
 	if err != nil {
-		return nil, fmt.Errorf("%w: identity: %w", config.ErrInvalid, err)
+		return nil, err
 	}
 	logIdentity(cfg, ident, logger)
 	var tlsConfig *tls.Config
@@ -59,6 +57,18 @@ func startExtProc(cfg config.Config, lim *limiter.Limiter, table *tiers.Table, c
 		defer holder.Close(context.Background())
 		return srv.Run(ctx, ln, tlsConfig, cfg.HTTP.ShutdownGrace)
 	}, nil
+}
+
+// newIdentity is the identity resolver of cfg's identity.* keys; an
+// error is config.ErrInvalid.
+func newIdentity(cfg config.Config, logger *slog.Logger) (*identity.Resolver, error) {
+	opts := cfg.IdentityOptions()
+	opts.Logger = logger
+	ident, err := identity.New(opts)
+	if err != nil {
+		return nil, fmt.Errorf("%w: identity: %w", config.ErrInvalid, err)
+	}
+	return ident, nil
 }
 
 // logIdentity says where identities come from, and warns when they are

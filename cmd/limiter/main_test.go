@@ -50,13 +50,7 @@ func TestRunExitCodes(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cases := []struct {
-		name       string
-		args       []string
-		wantCode   int
-		wantStdout string
-		wantStderr string
-	}{
+	checkRuns(t, []runCase{
 		{"version prints the Go version", []string{"version"}, exitOK, runtime.Version(), ""},
 		{"serve --help names each flag's env var and default", []string{"serve", "--help"}, exitOK, "(env LIMITER_REDIS_TIMEOUT) (default 250ms)", ""},
 		{"an unknown flag is a usage error", []string{"serve", "--bogus"}, exitUsage, "", "unknown flag: --bogus (see limiter serve --help)"},
@@ -68,7 +62,22 @@ func TestRunExitCodes(t *testing.T) {
 			"api.tokensFile (env LIMITER_API_TOKENSFILE): " + badTokens + ": line 2: the token (field 2) is 12 characters"},
 		{"the kubernetes tier source without an API server is a failure", append([]string{"serve", "--tiers-source", "kubernetes", "--tiers-namespace", "limits"}, local...), exitFailure, "", "limiter: tiers.source kubernetes: no Kubernetes API server"},
 		{"a listener that cannot start is a failure", []string{"serve", "--http-addr", busy.Addr().String(), "--ops-addr", "127.0.0.1:0"}, exitFailure, "", "http.addr " + busy.Addr().String()},
-	}
+	})
+}
+
+// runCase is a command line and what run must answer it with.
+type runCase struct {
+	name       string
+	args       []string
+	wantCode   int
+	wantStdout string // contained in stdout
+	wantStderr string // contained in stderr
+}
+
+// checkRuns runs each case in a subtest of its own. No case's stderr may
+// hold the tests' token (s3cr3t): a bad tokens file is named, never shown.
+func checkRuns(t *testing.T, cases []runCase) {
+	t.Helper()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var stdout, stderr testenv.Buffer

@@ -2,12 +2,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/joishi/limiter/pkg/config"
 	"github.com/joishi/limiter/pkg/hold"
-	"github.com/joishi/limiter/pkg/identity"
 	"github.com/joishi/limiter/pkg/proxy"
 	"github.com/spf13/cobra"
 )
@@ -72,59 +70,37 @@ error.`,
 // runProxy runs `limiter proxy` with cfg until ctx ends, then drains and
 // returns nil, or the error of a drain that had to cut streams.
 func runProxy(ctx context.Context, cfg config.Config, deps serveDeps) error {
-	ctx, fail := context.WithCancelCause(ctx)
-	defer fail(nil)
-	logger := newLogger(cfg.Log, deps.logs)
-	b := currentBuild()
-	logger.Info("starting proxy", "version", b.Version, "commit", b.Commit, "go", b.Go)
+	return runServing(ctx, cfg, deps, "starting proxy", "proxy", func(ctx context.Context, s serving) error {
+		logger, tel := s.logger, s.engine.tel
+		ident, err := newIdentity(cfg, logger)
+		if err != nil {
+			return err
+		}
+		if ident.UsesJWT() {
+			logger.Info("identity from verified JWTs", "issuer", cfg.Identity.JWT.Issuer, "audience", cfg.Identity.JWT.Audience,
+				"user_claim", cfg.Identity.JWT.UserClaim, "plan_claim", cfg.Identity.JWT.PlanClaim)
+		} else {
+			logger.Warn("identity from headers, trusted as they come: run only behind a hop that authenticates the caller and sets them",
+				"user_header", cfg.Identity.UserHeader, "plan_header", cfg.Identity.PlanHeader)
+		}
+		holder, err := hold.New(s.engine.lim, hold.Options{Mode: "proxy", Logger: logger, MeterProvider: tel.MeterProvider, Wait: cfg.Proxy.Wait})
+		if err != nil {
+			return err
+		}
+		defer holder.Close(context.Background())
 
-	table, stopTiers, err := tierTable(ctx, cfg, deps, logger, fail)
-	if err != nil {
-		return err
-	}
-	defer stopTiers()
-
-	eng, stopEngine, err := startEngine(ctx, cfg, table, logger, "proxy")
-	if err != nil {
-		return err
-	}
-	defer stopEngine() // after the drain: flush the last spans
-	tel, lim := eng.tel, eng.lim
-
-	identOpts := cfg.IdentityOptions()
-	identOpts.Logger = logger
-	ident, err := identity.New(identOpts)
-	if err != nil {
-		return fmt.Errorf("%w: identity: %w", config.ErrInvalid, err)
-	}
-	if ident.UsesJWT() {
-		logger.Info("identity from verified JWTs", "issuer", cfg.Identity.JWT.Issuer, "audience", cfg.Identity.JWT.Audience,
-			"user_claim", cfg.Identity.JWT.UserClaim, "plan_claim", cfg.Identity.JWT.PlanClaim)
-	} else {
-		logger.Warn("identity from headers, trusted as they come: run only behind a hop that authenticates the caller and sets them",
-			"user_header", cfg.Identity.UserHeader, "plan_header", cfg.Identity.PlanHeader)
-	}
-	holder, err := hold.New(lim, hold.Options{Mode: "proxy", Logger: logger, MeterProvider: tel.MeterProvider, Wait: cfg.Proxy.Wait})
-	if err != nil {
-		return err
-	}
-	defer holder.Close(context.Background())
-
-	opts, err := cfg.ProxyOptions()
-	if err != nil {
-		return err
-	}
-	opts.Tiers, opts.Logger, opts.Warmed = table, logger, eng.redis.Warmed
-	opts.MeterProvider, opts.Propagator = tel.MeterProvider, tel.Propagator
-	opts.Middleware, opts.Metrics = tel.Middleware, tel.MetricsHandler()
-	p, err := proxy.New(holder, ident, opts)
-	if err != nil {
-		return fmt.Errorf("%w: %w", config.ErrInvalid, err)
-	}
-	err = p.Run(ctx, proxy.Listeners{Proxy: cfg.Proxy.Listen, Ops: cfg.Ops.Addr,
-		ReadHeaderTimeout: cfg.HTTP.ReadHeaderTimeout, IdleTimeout: cfg.HTTP.IdleTimeout}, cfg.HTTP.ShutdownGrace)
-	if cause := context.Cause(ctx); errors.Is(cause, errTierWatchStopped) {
-		return cause
-	}
-	return err
+		opts, err := cfg.ProxyOptions()
+		if err != nil {
+			return err
+		}
+		opts.Tiers, opts.Logger, opts.Warmed = s.tables.tiers, logger, s.engine.redis.Warmed
+		opts.MeterProvider, opts.Propagator = tel.MeterProvider, tel.Propagator
+		opts.Middleware, opts.Metrics = tel.Middleware, tel.MetricsHandler()
+		p, err := proxy.New(holder, ident, opts)
+		if err != nil {
+			return fmt.Errorf("%w: %w", config.ErrInvalid, err)
+		}
+		return p.Run(ctx, proxy.Listeners{Proxy: cfg.Proxy.Listen, Ops: cfg.Ops.Addr,
+			ReadHeaderTimeout: cfg.HTTP.ReadHeaderTimeout, IdleTimeout: cfg.HTTP.IdleTimeout}, cfg.HTTP.ShutdownGrace)
+	})
 }

@@ -16,35 +16,14 @@ func TestProxyCommandLine(t *testing.T) {
 	}
 	defer busy.Close()
 	listen := []string{"--listen", "127.0.0.1:0", "--ops-addr", "127.0.0.1:0"}
-	cases := []struct {
-		name       string
-		args       []string
-		wantCode   int
-		wantStdout string
-		wantStderr string
-	}{
+	checkRuns(t, []runCase{
 		{"--help names each flag's env var and default", []string{"proxy", "--help"}, exitOK, "(env LIMITER_PROXY_UPSTREAM) (default none: required)", ""},
 		{"no upstream is a configuration error", append([]string{"proxy"}, listen...), exitUsage, "", "proxy.upstream: is required"},
 		{"an upstream that is no URL", append([]string{"proxy", "--upstream", "my-llm:8000"}, listen...), exitUsage, "", "proxy.upstream: must be an http:// or https:// URL"},
 		{"a JWT without its issuer", append([]string{"proxy", "--upstream", "http://x", "--jwt-jwks-url", "https://auth/jwks", "--jwt-audience", "a"}, listen...), exitUsage, "", "identity.jwt.issuer: is required"},
 		{"serve's own flags are not the proxy's", []string{"proxy", "--http-addr", ":1"}, exitUsage, "", "unknown flag: --http-addr"},
 		{"a listener that cannot start is a failure", []string{"proxy", "--upstream", "http://127.0.0.1:1", "--listen", busy.Addr().String(), "--ops-addr", "127.0.0.1:0"}, exitFailure, "", "proxy.listen " + busy.Addr().String()},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			var stdout, stderr testenv.Buffer
-			code := run(t.Context(), tc.args, &stdout, &stderr)
-			if code != tc.wantCode {
-				t.Errorf("run(%q) = %d, want %d; stderr:\n%s", tc.args, code, tc.wantCode, stderr.String())
-			}
-			if !strings.Contains(stdout.String(), tc.wantStdout) {
-				t.Errorf("stdout = %q, want it to contain %q", stdout.String(), tc.wantStdout)
-			}
-			if !strings.Contains(stderr.String(), tc.wantStderr) {
-				t.Errorf("stderr = %q, want it to contain %q", stderr.String(), tc.wantStderr)
-			}
-		})
-	}
+	})
 }
 
 // proxy --help explains every one of its flags.

@@ -10,7 +10,6 @@ import (
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/config"
 	"github.com/joishi/limiter/pkg/server"
-	"github.com/joishi/limiter/pkg/tiers"
 )
 
 // serveDeps is what `limiter serve` is given rather than configured with.
@@ -26,87 +25,91 @@ type serveDeps struct {
 // and returns nil. It logs to deps.logs. Should the tier source fail for
 // good (the LimitTier watch ends), it drains too, and returns that error.
 func runServe(ctx context.Context, cfg config.Config, deps serveDeps) error {
+	return runServing(ctx, cfg, deps, "starting", "replica", func(ctx context.Context, s serving) error {
+		logger, table := s.logger, s.tables.tiers
+		tel, redis, lim := s.engine.tel, s.engine.redis, s.engine.lim
+		if cfg.Tiers.Source == config.SourceStatic {
+			logger.Info("tiers loaded", "source", cfg.Tiers.Source, "tiers", table.Len())
+		} else {
+			logger.Info("watching LimitTier objects; ready once the first list is in", "namespace", cfg.Tiers.Namespace)
+		}
+		callers, stopCallers, err := startCallers(ctx, cfg, logger)
+		if err != nil {
+			return err
+		}
+		defer stopCallers()
+		admin, stopAdmin, err := startAdmin(ctx, cfg, lim, logger)
+		if err != nil {
+			return err
+		}
+		defer stopAdmin()
+		srvOpts := server.Options{Logger: logger, Metrics: tel.MetricsHandler(), Middleware: tel.Middleware, Admin: admin, Callers: callers,
+			RedisAnswered: redisReady(redis, cfg.Redis.RequiredForReadiness)}
+		srv := server.New(lim, srvOpts)
+		runExtProc, err := startExtProc(cfg, lim, table, callers, tel, logger)
+		if err != nil {
+			return err
+		}
+		// The ext_proc server runs beside the HTTP listeners, and drains with
+		// them when ctx ends; should either stop on its own, so does the other.
+		runCtx, stopRun := context.WithCancelCause(ctx)
+		defer stopRun(nil)
+		extErr := make(chan error, 1)
+		if runExtProc != nil {
+			go func() {
+				err := runExtProc(runCtx)
+				if runCtx.Err() == nil {
+					s.fail(fmt.Errorf("ext_proc server: %w", err))
+				}
+				extErr <- err
+			}()
+		} else {
+			extErr <- nil
+		}
+		err = srv.Run(runCtx, server.Listeners{API: cfg.HTTP.Addr, Ops: cfg.Ops.Addr, Admin: cfg.Admin.Addr, TLS: cfg.HTTP.TLS.Files(), Timeouts: cfg.HTTP.Timeouts()}, cfg.HTTP.ShutdownGrace)
+		stopRun(nil)
+		return errors.Join(err, <-extErr)
+	})
+}
+
+// serving is what a serving command (serve, proxy) runs on: its logger,
+// the limit tables, the engine, and fail, which ends the command's
+// context with a cause (what stopped on its own).
+type serving struct {
+	logger *slog.Logger
+	tables limitTables
+	engine engine
+	fail   context.CancelCauseFunc
+}
+
+// runServing runs a serving command with cfg: it logs starting (the
+// build's version beside it), starts the limit tables and the engine
+// (holders names what runs on it, for the embedded store's warning), runs
+// run on them, and once run returns (after its drain) stops them. Should
+// the tier source fail for good (the LimitTier watch ends), ctx ends with
+// that cause, and runServing returns the cause rather than run's error.
+func runServing(ctx context.Context, cfg config.Config, deps serveDeps, starting, holders string, run func(context.Context, serving) error) error {
 	ctx, fail := context.WithCancelCause(ctx)
 	defer fail(nil)
 	logger := newLogger(cfg.Log, deps.logs)
 	b := currentBuild()
-	logger.Info("starting", "version", b.Version, "commit", b.Commit, "go", b.Go)
+	logger.Info(starting, "version", b.Version, "commit", b.Commit, "go", b.Go)
 
-	table, stopTiers, err := tierTable(ctx, cfg, deps, logger, fail)
+	tables, stopTiers, err := startLimitTables(ctx, cfg, deps, logger, fail)
 	if err != nil {
 		return err
 	}
 	defer stopTiers()
-	if cfg.Tiers.Source == config.SourceStatic {
-		logger.Info("tiers loaded", "source", cfg.Tiers.Source, "tiers", table.Len())
-	} else {
-		logger.Info("watching LimitTier objects; ready once the first list is in", "namespace", cfg.Tiers.Namespace)
-	}
-
-	eng, stopEngine, err := startEngine(ctx, cfg, table, logger, "replica")
+	eng, stopEngine, err := startEngine(ctx, cfg, tables, logger, holders)
 	if err != nil {
 		return err
 	}
 	defer stopEngine() // after the drain: flush the last spans
-	tel, redis, lim := eng.tel, eng.redis, eng.lim
-	callers, stopCallers, err := startCallers(ctx, cfg, logger)
-	if err != nil {
-		return err
-	}
-	defer stopCallers()
-	admin, stopAdmin, err := startAdmin(ctx, cfg, lim, logger)
-	if err != nil {
-		return err
-	}
-	defer stopAdmin()
-	srvOpts := server.Options{Logger: logger, Metrics: tel.MetricsHandler(), Middleware: tel.Middleware, Admin: admin, Callers: callers,
-		RedisAnswered: redisReady(redis, cfg.Redis.RequiredForReadiness)}
-	srv := server.New(lim, srvOpts)
-	runExtProc, err := startExtProc(cfg, lim, table, callers, tel, logger)
-	if err != nil {
-		return err
-	}
-	// The ext_proc server runs beside the HTTP listeners, and drains with
-	// them when ctx ends; should either stop on its own, so does the other.
-	runCtx, stopRun := context.WithCancelCause(ctx)
-	defer stopRun(nil)
-	extErr := make(chan error, 1)
-	if runExtProc != nil {
-		go func() {
-			err := runExtProc(runCtx)
-			if runCtx.Err() == nil {
-				fail(fmt.Errorf("ext_proc server: %w", err))
-			}
-			extErr <- err
-		}()
-	} else {
-		extErr <- nil
-	}
-	err = srv.Run(runCtx, server.Listeners{API: cfg.HTTP.Addr, Ops: cfg.Ops.Addr, Admin: cfg.Admin.Addr, TLS: cfg.HTTP.TLS.Files(), Timeouts: cfg.HTTP.Timeouts()}, cfg.HTTP.ShutdownGrace)
-	stopRun(nil)
-	err = errors.Join(err, <-extErr)
+	err = run(ctx, serving{logger: logger, tables: tables, engine: eng, fail: fail})
 	if cause := context.Cause(ctx); errors.Is(cause, errTierWatchStopped) {
 		return cause
 	}
 	return err
-}
-
-// tierTable returns the table of the configured tier source, and stop,
-// which waits for the source's watch (if any) to end with ctx. A watch that
-// ends on its own calls fail.
-func tierTable(ctx context.Context, cfg config.Config, deps serveDeps, logger *slog.Logger, fail context.CancelCauseFunc) (table *tiers.Table, stop func(), err error) {
-	switch cfg.Tiers.Source {
-	case config.SourceStatic:
-		table = tiers.NewTable()
-		if err := table.Replace(cfg.StaticTiers()); err != nil {
-			return nil, nil, fmt.Errorf("%w: tiers.static: %w", config.ErrInvalid, err)
-		}
-		return table, func() {}, nil
-	case config.SourceKubernetes:
-		return startKubernetesTiers(ctx, cfg, deps.watchTiers, logger, fail)
-	default:
-		return nil, nil, fmt.Errorf("%w: tiers.source %q", config.ErrInvalid, cfg.Tiers.Source)
-	}
 }
 
 // redisReady is what readiness waits for of Redis: the client warmed up,

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/go-logr/logr"
@@ -16,29 +18,43 @@ import (
 
 	"github.com/joishi/limiter/pkg/config"
 	"github.com/joishi/limiter/pkg/controller"
+	"github.com/joishi/limiter/pkg/pools"
 	"github.com/joishi/limiter/pkg/tiers"
 )
 
 // errTierWatchStopped marks the cause fail is given when the LimitTier
-// watch ends on its own: runServe then drains and returns it.
+// (and LimitPool) watch ends on its own: runServe then drains and returns
+// it.
 var errTierWatchStopped = errors.New("the LimitTier watch stopped, so the tier table no longer follows the namespace")
 
-// tierWatch runs a LimitTier watch until ctx ends, as
+// tierWatch runs a LimitTier and LimitPool watch until ctx ends, as
 // (*controller.Controller).Start does.
 type tierWatch func(watch *controller.Controller, ctx context.Context) error
 
-// startKubernetesTiers starts watching the LimitTiers of tiers.namespace
-// (running the watch with watchTiers) and returns the table the watch
-// keeps in step: empty, and unsynced (so /readyz is false) until the first
-// full list is in. The watch ends with ctx; stop waits for it, so the
-// Lease is given up before the process exits. Should the watch end with an
-// error instead, fail is called with one wrapping errTierWatchStopped:
-// serving on would enforce a frozen table while /readyz stays true,
-// whereas a restart brings a fresh watch.
-func startKubernetesTiers(ctx context.Context, cfg config.Config, watchTiers tierWatch, logger *slog.Logger, fail context.CancelCauseFunc) (table *tiers.Table, stop func(), err error) {
+// startKubernetesTiers starts watching the LimitTiers and LimitPools of
+// tiers.namespace (running the watch with watchTiers) and returns the
+// tables the watch keeps in step: empty, and unsynced (so /readyz is
+// false) until the first full list of both kinds is in. The watch ends
+// with ctx; stop waits for it, so the Lease is given up before the process
+// exits. Should the watch end with an error instead, fail is called with
+// one wrapping errTierWatchStopped: serving on would enforce frozen tables
+// while /readyz stays true, whereas a restart brings a fresh watch.
+//
+// Pools come from LimitPools only, as tiers come from LimitTiers only:
+// pools.static must then be empty, since the pools it lists would be
+// unknown_pool to every acquire.
+func startKubernetesTiers(ctx context.Context, cfg config.Config, watchTiers tierWatch, logger *slog.Logger, fail context.CancelCauseFunc) (tables limitTables, stop func(), err error) {
+	if len(cfg.Pools.Static) > 0 {
+		names := make([]string, len(cfg.Pools.Static))
+		for i, p := range cfg.Pools.Static {
+			names[i] = strconv.Quote(p.Pool)
+		}
+		return limitTables{}, nil, &config.KeyError{Key: "pools.static", Got: strings.Join(names, ", "),
+			Problem: "must be empty with tiers.source kubernetes: pools come from the LimitPool objects of tiers.namespace (config/samples/model-pool.yaml)"}
+	}
 	kube, err := kubeConfig()
 	if err != nil {
-		return nil, nil, fmt.Errorf("tiers.source kubernetes: %w", err)
+		return limitTables{}, nil, fmt.Errorf("tiers.source kubernetes: %w", err)
 	}
 	kube.UserAgent = "limiter/" + currentBuild().Version
 
@@ -48,25 +64,26 @@ func startKubernetesTiers(ctx context.Context, cfg config.Config, watchTiers tie
 	klog.SetSlogLogger(kubeLog)
 	ctrllog.SetLogger(logr.FromSlogHandler(kubeLog.Handler()))
 
-	table = tiers.NewTable()
+	tables = limitTables{tiers: tiers.NewTable(), pools: pools.NewTable()}
 	watch, err := controller.New(kube, controller.Options{
 		Namespace:     cfg.Tiers.Namespace,
-		Table:         table,
+		Table:         tables.tiers,
+		Pools:         tables.pools,
 		Logger:        logger,
 		LeaseDuration: cfg.Tiers.LeaseDuration,
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("tiers.source kubernetes: %w", err)
+		return limitTables{}, nil, fmt.Errorf("tiers.source kubernetes: %w", err)
 	}
 	watchCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		if err := watchTiers(watch, watchCtx); err != nil {
-			logger.Error("the LimitTier watch stopped; the tier table no longer follows the namespace: stopping", "err", err)
+			logger.Error("the LimitTier watch stopped; the tier and pool tables no longer follow the namespace: stopping", "err", err)
 			fail(fmt.Errorf("tiers.source kubernetes: %w: %w", errTierWatchStopped, err))
 		}
 	})
-	return table, func() { cancel(); wg.Wait() }, nil
+	return tables, func() { cancel(); wg.Wait() }, nil
 }
 
 // kubeConfig finds the API server: the file(s) in KUBECONFIG when it is

@@ -120,3 +120,36 @@ func TestServeWithKubernetesTiersDrainsAndExitsZero(t *testing.T) {
 		t.Fatalf("serve still running 10s after its context ended; stderr:\n%s", stderr.String())
 	}
 }
+
+// With tiers.source kubernetes, pools come from LimitPool objects only: a
+// pools.static list would be silently ignored, making its pools
+// unknown_pool for every acquire, so serve refuses to start and names the
+// key.
+func TestKubernetesTiersRefusePoolsStatic(t *testing.T) {
+	fakeKubeconfig(t)
+	t.Setenv("LIMITER_POOLS_STATIC", `[{pool: model, keys: {gpt-4o: 1}}, {pool: org}]`)
+	watch, _ := fakeWatch()
+	var stdout, stderr testenv.Buffer
+	code := runWithWatch(t.Context(), watch, append([]string{"serve", "--log-format", "text", "--tiers-source", "kubernetes", "--tiers-namespace", "limits"}, local...), &stdout, &stderr)
+	if code != exitUsage {
+		t.Errorf("run() = %d, want %d (a configuration error); stderr:\n%s", code, exitUsage, stderr.String())
+	}
+	want := "pools.static: must be empty with tiers.source kubernetes: pools come from the LimitPool objects of tiers.namespace (config/samples/model-pool.yaml) (env LIMITER_POOLS_STATIC), got \"model\", \"org\""
+	if !strings.Contains(stderr.String(), want) {
+		t.Errorf("stderr does not contain %q:\n%s", want, stderr.String())
+	}
+
+	// The control: the same list with the static tier source serves.
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var static testenv.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- runWithWatch(ctx, watch, append([]string{"serve", "--log-format", "text"}, local...), &stdout, &static)
+	}()
+	waitFor(t, &static, "msg=listening", done)
+	cancel()
+	if code := <-done; code != exitOK {
+		t.Errorf("run() with tiers.source static = %d, want 0; stderr:\n%s", code, static.String())
+	}
+}

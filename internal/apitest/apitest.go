@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -218,6 +219,13 @@ func (tr *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	check := out.Clone(context.Background())
 	setRequestBody(check, reqBody)
 	route, pathParams, routeErr := tr.router.FindRoute(check)
+	// The router hands path parameters over as sent, escaped; the contract
+	// describes their values (a pool key "a/b" is sent a%2Fb).
+	for name, value := range pathParams {
+		if unescaped, err := url.PathUnescape(value); err == nil {
+			pathParams[name] = unescaped
+		}
+	}
 	var problems []string
 	var input *openapi3filter.RequestValidationInput
 	if routeErr == nil {

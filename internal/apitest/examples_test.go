@@ -66,40 +66,33 @@ func collectExamples(doc *openapi3.T) []example {
 		}
 		schema(where+".not", s.Not)
 	}
+	// examples collects the example and the named examples of what has a
+	// schema of its own (a media type, a parameter), then its schema's.
+	examples := func(where string, s *openapi3.SchemaRef, one any, named openapi3.Examples) {
+		if s != nil && s.Value != nil {
+			if one != nil {
+				out = append(out, example{where + ".example", s.Value, one})
+			}
+			for name, ex := range named {
+				if ex != nil && ex.Value != nil {
+					out = append(out, example{where + ".examples." + name, s.Value, ex.Value.Value})
+				}
+			}
+		}
+		schema(where+".schema", s)
+	}
 	content := func(where string, c openapi3.Content) {
 		for mt, m := range c {
-			if m == nil {
-				continue
+			if m != nil {
+				examples(fmt.Sprintf("%s.content[%s]", where, mt), m.Schema, m.Example, m.Examples)
 			}
-			w := fmt.Sprintf("%s.content[%s]", where, mt)
-			if m.Schema != nil && m.Schema.Value != nil {
-				if m.Example != nil {
-					out = append(out, example{w + ".example", m.Schema.Value, m.Example})
-				}
-				for name, ex := range m.Examples {
-					if ex != nil && ex.Value != nil {
-						out = append(out, example{w + ".examples." + name, m.Schema.Value, ex.Value.Value})
-					}
-				}
-			}
-			schema(w+".schema", m.Schema)
 		}
 	}
 	parameter := func(where string, p *openapi3.Parameter) {
 		if p == nil {
 			return
 		}
-		if p.Schema != nil && p.Schema.Value != nil {
-			if p.Example != nil {
-				out = append(out, example{where + ".example", p.Schema.Value, p.Example})
-			}
-			for name, ex := range p.Examples {
-				if ex != nil && ex.Value != nil {
-					out = append(out, example{where + ".examples." + name, p.Schema.Value, ex.Value.Value})
-				}
-			}
-		}
-		schema(where+".schema", p.Schema)
+		examples(where, p.Schema, p.Example, p.Examples)
 		content(where, p.Content)
 	}
 	header := func(where string, h *openapi3.Header) {

@@ -87,14 +87,19 @@ func (a *Admin) ReleaseAll(ctx context.Context, userID, reason string) (httpapi.
 // httpapi.MaxReasonLength characters); the service refuses anything else
 // with ErrInvalid, naming the field and its bound.
 func (a *Admin) SetOverride(ctx context.Context, userID string, maxStreams int, expiresIn time.Duration, reason string) (httpapi.AdminOverrideResponse, error) {
-	if expiresIn%time.Second != 0 {
-		return httpapi.AdminOverrideResponse{}, fmt.Errorf("limiter admin client: the override's duration must be whole seconds, got %s", expiresIn)
-	}
 	var out httpapi.AdminOverrideResponse
+	err := a.setOverride(ctx, httpapi.AdminUserOverridePath(userID), maxStreams, expiresIn, reason, &out)
+	return out, err
+}
+
+// setOverride posts an override to path and decodes the answer into out.
+func (a *Admin) setOverride(ctx context.Context, path string, maxStreams int, expiresIn time.Duration, reason string, out any) error {
+	if expiresIn%time.Second != 0 {
+		return fmt.Errorf("limiter admin client: the override's duration must be whole seconds, got %s", expiresIn)
+	}
 	seconds := int64(expiresIn / time.Second)
 	req := httpapi.AdminOverrideRequest{MaxConcurrentStreams: &maxStreams, ExpiresIn: &seconds, Reason: reason}
-	err := a.api.do(ctx, http.MethodPost, httpapi.AdminUserOverridePath(userID), req, &out)
-	return out, err
+	return a.api.do(ctx, http.MethodPost, path, req, out)
 }
 
 // RemoveOverride ends userID's override now (DELETE
@@ -104,6 +109,42 @@ func (a *Admin) SetOverride(ctx context.Context, userID string, maxStreams int, 
 func (a *Admin) RemoveOverride(ctx context.Context, userID, reason string) (httpapi.AdminOverrideRemoveResponse, error) {
 	var out httpapi.AdminOverrideRemoveResponse
 	err := a.api.do(ctx, http.MethodDelete, httpapi.AdminUserOverridePath(userID), httpapi.AdminOverrideRemoveRequest{Reason: reason}, &out)
+	return out, err
+}
+
+// PoolKey shows key of pool: who holds it (each holder's user, stream and
+// record), its cap and its override in force (GET
+// /v1/admin/pools/{pool}/keys/{key}; role viewer or operator). A pool the
+// service does not hold is an *Error with code httpapi.CodeUnknownPool; a
+// key outside 1-128 bytes of [A-Za-z0-9._:/@-] matches ErrInvalid
+// (httpapi.CodeInvalidPoolKey). Keys are case-sensitive; one holding '/'
+// is sent escaped.
+func (a *Admin) PoolKey(ctx context.Context, pool, key string) (httpapi.AdminPoolKeyResponse, error) {
+	var out httpapi.AdminPoolKeyResponse
+	err := a.api.do(ctx, http.MethodGet, httpapi.AdminPoolKeyPath(pool, key), nil, &out)
+	return out, err
+}
+
+// SetPoolOverride overrides the cap of key of pool (POST
+// /v1/admin/pools/{pool}/keys/{key}/override; role operator): until
+// expiresIn from now, every stream that joins the key is judged by
+// maxStreams instead of the pool's cap: 0 to
+// httpapi.MaxPoolOverrideStreams, as a pool's caps are bounded. The
+// other bounds and the reason are SetOverride's; a key the pool does not
+// cap takes no override (ErrInvalid).
+func (a *Admin) SetPoolOverride(ctx context.Context, pool, key string, maxStreams int, expiresIn time.Duration, reason string) (httpapi.AdminPoolOverrideResponse, error) {
+	var out httpapi.AdminPoolOverrideResponse
+	err := a.setOverride(ctx, httpapi.AdminPoolKeyOverridePath(pool, key), maxStreams, expiresIn, reason, &out)
+	return out, err
+}
+
+// RemovePoolOverride ends the override of key of pool now (DELETE
+// /v1/admin/pools/{pool}/keys/{key}/override; role operator): the pool's
+// cap applies again from the next stream that joins the key. reason is
+// required, as for ReleaseAll.
+func (a *Admin) RemovePoolOverride(ctx context.Context, pool, key, reason string) (httpapi.AdminOverrideRemoveResponse, error) {
+	var out httpapi.AdminOverrideRemoveResponse
+	err := a.api.do(ctx, http.MethodDelete, httpapi.AdminPoolKeyOverridePath(pool, key), httpapi.AdminOverrideRemoveRequest{Reason: reason}, &out)
 	return out, err
 }
 

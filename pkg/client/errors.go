@@ -24,8 +24,8 @@ var (
 	// and RetryAfter are the key's. Not ErrLimitReached: the user's own
 	// limit did not refuse it.
 	ErrPoolLimitReached = errors.New("pool limit reached")
-	// ErrUnknownPool: an Acquire named a pool the limiter does not hold
-	// (422 unknown_pool).
+	// ErrUnknownPool: an Acquire, or an Admin call on a pool key, named a
+	// pool the limiter does not hold (422 unknown_pool).
 	ErrUnknownPool = errors.New("unknown pool")
 	// ErrSlotLost: the slot expired or was released by someone else
 	// (410 slot_lost). Lease.Err returns it once Lost fires for that reason.
@@ -116,29 +116,32 @@ func (e *Error) Error() string {
 
 // Is matches e against the package's sentinel errors by code.
 func (e *Error) Is(target error) bool {
-	switch target {
-	case ErrLimitReached:
-		return e.Code == httpapi.CodeStreamLimitReached
-	case ErrPoolLimitReached:
-		return e.Code == httpapi.CodePoolLimitReached
-	case ErrUnknownPool:
-		return e.Code == httpapi.CodeUnknownPool
-	case ErrSlotLost:
-		return e.Code == httpapi.CodeSlotLost
-	case ErrUnavailable:
-		return e.Code == httpapi.CodeUnavailable
-	case ErrUnknownPlan:
-		return e.Code == httpapi.CodeUnknownPlan
-	case ErrUnauthenticated:
-		return e.Code == httpapi.CodeUnauthenticated
-	case ErrPlanNotAllowed:
-		return e.Code == httpapi.CodePlanNotAllowed
-	case ErrNotSlotHolder:
-		return e.Code == httpapi.CodeNotSlotHolder
-	case ErrInvalid:
+	if target == ErrInvalid {
 		return invalidCode(e.Code)
 	}
+	for _, s := range sentinelCodes {
+		if target == s.err {
+			return e.Code == s.code
+		}
+	}
 	return false
+}
+
+// sentinelCodes pair each sentinel but ErrInvalid (which several codes
+// match: invalidCode) with the code an *Error matches it by.
+var sentinelCodes = []struct {
+	err  error
+	code string
+}{
+	{ErrLimitReached, httpapi.CodeStreamLimitReached},
+	{ErrPoolLimitReached, httpapi.CodePoolLimitReached},
+	{ErrUnknownPool, httpapi.CodeUnknownPool},
+	{ErrSlotLost, httpapi.CodeSlotLost},
+	{ErrUnavailable, httpapi.CodeUnavailable},
+	{ErrUnknownPlan, httpapi.CodeUnknownPlan},
+	{ErrUnauthenticated, httpapi.CodeUnauthenticated},
+	{ErrPlanNotAllowed, httpapi.CodePlanNotAllowed},
+	{ErrNotSlotHolder, httpapi.CodeNotSlotHolder},
 }
 
 func invalidCode(code string) bool {

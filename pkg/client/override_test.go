@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/joishi/limiter/pkg/admin"
 	"github.com/joishi/limiter/pkg/client"
 	"github.com/joishi/limiter/pkg/httpapi"
 	"github.com/joishi/limiter/pkg/server"
@@ -45,20 +46,7 @@ func TestWithLabelLabelsTheSlot(t *testing.T) {
 // not whole seconds is refused before any call.
 func TestAdminOverrideThroughTheClient(t *testing.T) {
 	r := newReal(t)
-	tokens := filepath.Join(t.TempDir(), "tokens")
-	if err := os.WriteFile(tokens, []byte("ola operator "+operatorToken+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	admin, err := server.NewAdmin(r.lim, server.AdminOptions{TokensFile: tokens, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(server.New(r.lim, server.Options{Logger: quiet, Admin: admin}).AdminHandler())
-	t.Cleanup(srv.Close)
-	a, err := client.NewAdmin(srv.URL, operatorToken)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := newRealAdmin(t, r)
 	c := newClient(t, r.url)
 	ctx := context.Background()
 
@@ -89,5 +77,76 @@ func TestAdminOverrideThroughTheClient(t *testing.T) {
 	slots, err := a.Slots(ctx, "boosted")
 	if err != nil || slots.Override != nil || slots.Used != 2 {
 		t.Fatalf("Slots after the removal: got %+v, %v; want the 2 slots held and no override", slots, err)
+	}
+}
+
+// newRealAdmin serves r's admin API (an operator's token) and returns an
+// Admin of it.
+func newRealAdmin(t *testing.T, r *realLimiter) *client.Admin {
+	t.Helper()
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(tokens, []byte("ola operator "+operatorToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	routes, err := admin.New(r.lim, admin.Options{TokensFile: tokens, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(server.New(r.lim, server.Options{Logger: quiet, Admin: routes}).AdminHandler())
+	t.Cleanup(srv.Close)
+	a, err := client.NewAdmin(srv.URL, operatorToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// Admin.PoolKey, SetPoolOverride and RemovePoolOverride reach the admin
+// API: the key's holder is listed with its user, the override judges the
+// next stream that joins the key through Client, and refusals are the
+// errors their codes say.
+func TestAdminPoolOverrideThroughTheClient(t *testing.T) {
+	r := newReal(t)
+	a := newRealAdmin(t, r)
+	c := newClient(t, r.url)
+	ctx := context.Background()
+	gpt := client.WithPools(map[string]string{"model": "gpt-4o"})
+
+	held, err := c.Acquire(ctx, "pool-ana", "free", gpt, client.WithLabel("pod-7"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(ctx)
+	shown, err := a.PoolKey(ctx, "model", "gpt-4o")
+	if err != nil || shown.Used != 1 || shown.Limit == nil || *shown.Limit != 1 || len(shown.Holders) != 1 ||
+		shown.Holders[0].UserID != "pool-ana" || shown.Holders[0].StreamID != held.StreamID() || shown.Holders[0].Label != "pod-7" {
+		t.Fatalf("PoolKey: got %+v, %v; want pool-ana's stream %s alone, labelled pod-7, cap 1", shown, err, held.StreamID())
+	}
+	if _, err := c.Acquire(ctx, "pool-bo", "free", gpt); !errors.Is(err, client.ErrPoolLimitReached) {
+		t.Fatalf("a 2nd stream of model=gpt-4o (cap 1): got %v, want ErrPoolLimitReached", err)
+	}
+	set, err := a.SetPoolOverride(ctx, "model", "gpt-4o", 2, time.Hour, "ticket 6")
+	if err != nil || set.Pool != "model" || set.Key != "gpt-4o" || set.Override.MaxConcurrentStreams != 2 || set.Override.Actor != "ola" || set.AuditID == "" {
+		t.Fatalf("SetPoolOverride: got %+v, %v; want 2 streams on model=gpt-4o by ola, audited", set, err)
+	}
+	second, err := c.Acquire(ctx, "pool-bo", "free", gpt)
+	if err != nil {
+		t.Fatalf("a 2nd stream under the override of 2: %v", err)
+	}
+	defer second.Release(ctx)
+	removed, err := a.RemovePoolOverride(ctx, "model", "gpt-4o", "ticket 6 closed")
+	if err != nil || !removed.Removed {
+		t.Fatalf("RemovePoolOverride: got %+v, %v; want removed", removed, err)
+	}
+
+	var e *client.Error
+	if _, err := a.PoolKey(ctx, "region", "eu"); !errors.Is(err, client.ErrUnknownPool) || !errors.As(err, &e) || e.Code != httpapi.CodeUnknownPool {
+		t.Errorf("PoolKey of a pool not configured: got %v, want ErrUnknownPool", err)
+	}
+	if _, err := a.PoolKey(ctx, "model", strings.Repeat("k", 129)); !errors.Is(err, client.ErrInvalid) || !errors.As(err, &e) || e.Code != httpapi.CodeInvalidPoolKey {
+		t.Errorf("PoolKey of a 129-byte key: got %v, want ErrInvalid with code invalid_pool_key", err)
+	}
+	if _, err := a.SetPoolOverride(ctx, "model", "gpt-4o", 2, 1500*time.Millisecond, "r"); err == nil || !strings.Contains(err.Error(), "whole seconds") {
+		t.Errorf("SetPoolOverride for 1.5s: got %v, want a refusal of the fraction", err)
 	}
 }

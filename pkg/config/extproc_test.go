@@ -1,19 +1,13 @@
 package config
 
 import (
-	"errors"
 	"strings"
 	"testing"
 	"time"
 )
 
 func TestExtProcValidation(t *testing.T) {
-	cases := []struct {
-		name string
-		edit func(c *Config)
-		key  string
-		want string
-	}{
+	checkEdits(t, []editCase{
 		{"an address that is no host:port", func(c *Config) { c.ExtProc.Addr = "9091" }, "extproc.addr", "host:port"},
 		{"the API's address", func(c *Config) { c.ExtProc.Addr = ":8080" }, "extproc.addr", "http.addr"},
 		{"the ops address", func(c *Config) { c.ExtProc.Addr = ":9090" }, "extproc.addr", "ops.addr"},
@@ -30,18 +24,7 @@ func TestExtProcValidation(t *testing.T) {
 		{"a metadata key without a namespace", func(c *Config) {
 			c.Identity.JWTPayload.MetadataKey, c.Identity.JWTPayload.MetadataNamespace = "jwt_payload", " "
 		}, "identity.jwtPayload.metadataNamespace", "must not be empty"},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			c := Default()
-			tc.edit(&c)
-			err := c.Validate()
-			var ke *KeyError
-			if !errors.As(err, &ke) || ke.Key != tc.key || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("Validate() = %v; want a %s error saying %q", err, tc.key, tc.want)
-			}
-		})
-	}
+	})
 }
 
 func TestExtProcOptions(t *testing.T) {

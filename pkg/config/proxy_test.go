@@ -1,7 +1,6 @@
 package config
 
 import (
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,12 +15,7 @@ func TestProxyAndIdentityValidation(t *testing.T) {
 	if err := os.WriteFile(jwks, []byte(`{"keys":[]}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cases := []struct {
-		name string
-		edit func(c *Config)
-		key  string
-		want string
-	}{
+	checkEdits(t, []editCase{
 		{"an upstream that is no http URL", func(c *Config) { c.Proxy.Upstream = "vllm:8000" }, "proxy.upstream", "http:// or https://"},
 		{"an upstream with credentials", func(c *Config) { c.Proxy.Upstream = "http://u:p@vllm:8000" }, "proxy.upstream", "no user info"},
 		{"a route that is no path", func(c *Config) { c.Proxy.Routes = []string{"v1/chat"} }, "proxy.routes", "must start with /"},
@@ -47,18 +41,7 @@ func TestProxyAndIdentityValidation(t *testing.T) {
 			c.Identity.JWT.JWKSFile, c.Identity.JWT.Issuer, c.Identity.JWT.Audience = jwks, "i", "a"
 			c.Identity.JWT.Leeway = time.Hour
 		}, "identity.jwt.leeway", "between 0s and 5m"},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			c := Default()
-			tc.edit(&c)
-			err := c.Validate()
-			var ke *KeyError
-			if !errors.As(err, &ke) || ke.Key != tc.key || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), EnvVar(tc.key)) {
-				t.Fatalf("Validate() = %v; want a %s error saying %q and naming %s", err, tc.key, tc.want, EnvVar(tc.key))
-			}
-		})
-	}
+	})
 }
 
 func TestProxyCommandRequiresAnUpstream(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/joishi/limiter/internal/testenv"
+	"github.com/joishi/limiter/pkg/cluster"
 )
 
 func TestClusterOptionsReadsThePasswordFile(t *testing.T) {
@@ -31,15 +32,9 @@ func TestClusterOptionsReadsThePasswordFile(t *testing.T) {
 			c.Redis.Addrs = []string{"r:6379"}
 			c.Redis.Username = "limiter"
 			c.Redis.PasswordFile = path
-			opts, err := c.ClusterOptions()
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errors.Is(err, ErrInvalid) {
-					t.Fatalf("ClusterOptions() = %v, want an ErrInvalid containing %q", err, tc.wantErr)
-				}
+			opts, ok := clusterOptions(t, c, tc.wantErr)
+			if !ok {
 				return
-			}
-			if err != nil {
-				t.Fatalf("ClusterOptions() = %v", err)
 			}
 			if opts.Password != tc.want || opts.Username != "limiter" {
 				t.Fatalf("Password, Username = %q, %q; want %q, %q", opts.Password, opts.Username, tc.want, "limiter")
@@ -89,15 +84,9 @@ func TestClusterOptionsBuildsTLS(t *testing.T) {
 			c := Default()
 			c.Redis.Addrs = []string{"r:6379"}
 			c.Redis.TLS = tc.tls
-			opts, err := c.ClusterOptions()
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errors.Is(err, ErrInvalid) {
-					t.Fatalf("ClusterOptions() = %v, want an ErrInvalid containing %q", err, tc.wantErr)
-				}
+			opts, ok := clusterOptions(t, c, tc.wantErr)
+			if !ok {
 				return
-			}
-			if err != nil {
-				t.Fatalf("ClusterOptions() = %v", err)
 			}
 			if opts.TLS == nil || opts.TLS.MinVersion != tls.VersionTLS12 || opts.TLS.ServerName != tc.tls.ServerName {
 				t.Fatalf("TLS = %+v, want TLS 1.2+ with server name %q", opts.TLS, tc.tls.ServerName)
@@ -122,4 +111,22 @@ func writeFile(t *testing.T, name, content string) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// clusterOptions returns c.ClusterOptions(), failing the test on an error;
+// with wantErr it checks instead that they fail with an ErrInvalid saying
+// wantErr, and returns false.
+func clusterOptions(t *testing.T, c Config, wantErr string) (cluster.Options, bool) {
+	t.Helper()
+	opts, err := c.ClusterOptions()
+	if wantErr != "" {
+		if err == nil || !strings.Contains(err.Error(), wantErr) || !errors.Is(err, ErrInvalid) {
+			t.Fatalf("ClusterOptions() = %v, want an ErrInvalid containing %q", err, wantErr)
+		}
+		return opts, false
+	}
+	if err != nil {
+		t.Fatalf("ClusterOptions() = %v", err)
+	}
+	return opts, true
 }

@@ -145,3 +145,28 @@ func TestPasswordFileIsNotQuoted(t *testing.T) {
 		t.Fatalf("Validate() = %v, want an error that does not quote the password", err)
 	}
 }
+
+// editCase is an edit of the default config that Validate must refuse
+// with a *KeyError for key, saying want and naming key's env var.
+type editCase struct {
+	name string
+	edit func(c *Config)
+	key  string
+	want string
+}
+
+// checkEdits checks each case in a subtest of its own.
+func checkEdits(t *testing.T, cases []editCase) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Default()
+			tc.edit(&c)
+			err := c.Validate()
+			var ke *KeyError
+			if !errors.As(err, &ke) || ke.Key != tc.key || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), EnvVar(tc.key)) {
+				t.Fatalf("Validate() = %v; want a %s error saying %q and naming %s", err, tc.key, tc.want, EnvVar(tc.key))
+			}
+		})
+	}
+}

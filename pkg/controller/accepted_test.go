@@ -140,7 +140,7 @@ func TestPrinterColumnsFormatDurationsAlike(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantStatus(t, env.Client, ns, "team", v1alpha1.ReasonAccepted, "")
-	got := printedColumns(t, env.Config, ns, "team")
+	got := printedColumns(t, env.Config, ns, "limittiers", "team")
 	if got["TTL"] != "180s" || got["Heartbeat"] != "60s" || got["Wait"] != "60s" {
 		t.Errorf("TTL, Heartbeat, Wait columns = %q, %q, %q, want 180s, 60s, 60s", got["TTL"], got["Heartbeat"], got["Wait"])
 	}
@@ -150,15 +150,16 @@ func TestPrinterColumnsFormatDurationsAlike(t *testing.T) {
 }
 
 // printedColumns returns the cells of the row `kubectl get` prints for the
-// LimitTier name (server-side printing), by column name.
-func printedColumns(t *testing.T, cfg *rest.Config, ns, name string) map[string]string {
+// object name of resource (server-side printing), by column name; "" for
+// an empty cell.
+func printedColumns(t *testing.T, cfg *rest.Config, ns, resource, name string) map[string]string {
 	t.Helper()
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	raw, err := cs.CoreV1().RESTClient().Get().
-		AbsPath("/apis", v1alpha1.GroupVersion.Group, v1alpha1.GroupVersion.Version, "namespaces", ns, "limittiers", name).
+		AbsPath("/apis", v1alpha1.GroupVersion.Group, v1alpha1.GroupVersion.Version, "namespaces", ns, resource, name).
 		SetHeader("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io").
 		DoRaw(t.Context())
 	if err != nil {
@@ -173,7 +174,7 @@ func printedColumns(t *testing.T, cfg *rest.Config, ns, name string) map[string]
 	}
 	out := map[string]string{}
 	for i, col := range table.ColumnDefinitions {
-		if i < len(table.Rows[0].Cells) {
+		if i < len(table.Rows[0].Cells) && table.Rows[0].Cells[i] != nil {
 			out[col.Name] = strings.TrimSpace(fmt.Sprint(table.Rows[0].Cells[i]))
 		}
 	}

@@ -1,15 +1,19 @@
 // Package controller keeps a tiers.Table in step with the LimitTier objects
-// of one namespace, and reports on each object in its status.
+// of one namespace, and a pools.Table with its LimitPool objects, and
+// reports on each object in its status.
 //
 // Every replica watches the namespace through an informer cache and
-// replaces its table on every change, so the request path reads memory
+// replaces its tables on every change, so the request path reads memory
 // only and never calls the API server. One replica, elected with a Lease,
 // also writes each object's status: Ready=True (Accepted), or Ready=False
 // with reason Invalid or Conflict, and the last spec it found valid
 // (status.acceptedSpec), which stays in force when an edit makes the spec
-// invalid. The decision itself (Resolve) depends on the objects alone,
-// status included, so every replica enforces the same tiers whether it
-// leads or not, and one that restarts after the edit enforces them too.
+// invalid. The decision itself (resolve) depends on the objects alone,
+// status included, so every replica enforces the same tiers and pools
+// whether it leads or not, and one that restarts after the edit enforces
+// them too. Both kinds run through one path (resolve, the watch, the
+// status writer), over what differs between them (kind: tierKind,
+// poolKind).
 package controller
 
 import (
@@ -21,6 +25,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -29,11 +34,11 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/joishi/limiter/api/v1alpha1"
+	"github.com/joishi/limiter/pkg/pools"
 	"github.com/joishi/limiter/pkg/tiers"
 )
 
@@ -44,6 +49,8 @@ import (
 //
 // +kubebuilder:rbac:groups=limiter.joishi.dev,namespace=limiter,resources=limittiers,verbs=get;list;watch
 // +kubebuilder:rbac:groups=limiter.joishi.dev,namespace=limiter,resources=limittiers/status,verbs=update
+// +kubebuilder:rbac:groups=limiter.joishi.dev,namespace=limiter,resources=limitpools,verbs=get;list;watch
+// +kubebuilder:rbac:groups=limiter.joishi.dev,namespace=limiter,resources=limitpools/status,verbs=update
 // +kubebuilder:rbac:groups=coordination.k8s.io,namespace=limiter,resources=leases,verbs=create
 // +kubebuilder:rbac:groups=coordination.k8s.io,namespace=limiter,resources=leases,resourceNames=limiter-tiers,verbs=get;update
 
@@ -55,14 +62,18 @@ const (
 
 // Options configure a Controller. Zero values take the documented defaults.
 type Options struct {
-	// Namespace whose LimitTiers are watched, and where the Lease lives.
-	// Required.
+	// Namespace whose LimitTiers (and LimitPools) are watched, and where
+	// the Lease lives. Required.
 	Namespace string
 	// Table receives the tiers in force. It must be fresh (NewTable): it
 	// turns synced, and /readyz true, once the first full list of the
-	// namespace is in, even when the namespace holds no LimitTier.
-	// Required.
+	// namespace is in, even when the namespace holds no LimitTier (and,
+	// with Pools, only once Pools has synced too). Required.
 	Table *tiers.Table
+	// Pools receives the pools in force, from the namespace's LimitPools.
+	// It must be fresh (pools.NewTable), and turns synced just before
+	// Table. Default nil: LimitPools are not watched.
+	Pools *pools.Table
 	// Logger receives watch, election and status events. Default
 	// slog.Default().
 	Logger *slog.Logger
@@ -82,16 +93,18 @@ type Options struct {
 	LeaseDuration time.Duration
 }
 
-// Controller watches one namespace's LimitTiers. Create it with New, run
-// it with Start.
+// Controller watches one namespace's LimitTiers and LimitPools. Create it
+// with New, run it with Start.
 type Controller struct {
 	opts    Options
 	log     *slog.Logger
 	mgr     manager.Manager
 	watched chan struct{} // closed once the cache holds the namespace
+	// kinds are the kinds served, pools before tiers (see syncTables).
+	kinds []served
 
-	// Raised on every change of a LimitTier; drained by the table and the
-	// status loops.
+	// Raised on every change of an object of any kind served; drained by
+	// the table and the status loops.
 	tableKick, statusKick kick
 }
 
@@ -127,9 +140,9 @@ func New(cfg *rest.Config, opts Options) (*Controller, error) {
 	mgr, err := manager.New(cfg, manager.Options{
 		Scheme: scheme,
 		Logger: logr.FromSlogHandler(opts.Logger.Handler()),
-		// One kind, known in advance: no discovery round trips, and a
-		// missing CRD shows as a failing list (logged, /readyz false)
-		// rather than an error at start.
+		// Kinds known in advance: no discovery round trips, and a missing
+		// CRD shows as a failing list (logged, /readyz false) rather than
+		// an error at start.
 		MapperProvider: staticMapper,
 		Cache:          cache.Options{DefaultNamespaces: map[string]cache.Config{opts.Namespace: {}}},
 		// The limiter serves its own /metrics and /readyz.
@@ -147,6 +160,10 @@ func New(cfg *rest.Config, opts Options) (*Controller, error) {
 		tableKick:  newKick(),
 		statusKick: newKick(),
 	}
+	if opts.Pools != nil {
+		c.kinds = append(c.kinds, serve(c, poolKind{}, opts.Pools))
+	}
+	c.kinds = append(c.kinds, serve(c, tierKind{}, opts.Table))
 	if err := mgr.Add(manager.RunnableFunc(c.watch)); err != nil {
 		return nil, err
 	}
@@ -162,30 +179,24 @@ func New(cfg *rest.Config, opts Options) (*Controller, error) {
 // table keeps its last contents (or stays unsynced) while the watch
 // retries.
 func (c *Controller) Start(ctx context.Context) error {
-	c.log.Info("watching LimitTiers", "identity", c.opts.Identity, "lease", c.opts.LeaseName)
+	c.log.Info("watching LimitTiers", "limitPools", c.opts.Pools != nil, "identity", c.opts.Identity, "lease", c.opts.LeaseName)
 	return c.mgr.Start(ctx)
 }
 
 // Identity is this replica's name in the Lease.
 func (c *Controller) Identity() string { return c.opts.Identity }
 
-// list returns the namespace's LimitTiers from the cache.
-func (c *Controller) list(ctx context.Context) ([]v1alpha1.LimitTier, error) {
-	var list v1alpha1.LimitTierList
-	if err := c.mgr.GetCache().List(ctx, &list, client.InNamespace(c.opts.Namespace)); err != nil {
-		return nil, err
-	}
-	return list.Items, nil
-}
-
-// staticMapper maps LimitTier, the one kind the controller reads, without
-// asking the API server.
+// staticMapper maps LimitTier and LimitPool, the kinds the controller
+// reads, without asking the API server.
 func staticMapper(*rest.Config, *http.Client) (meta.RESTMapper, error) {
 	m := meta.NewDefaultRESTMapper([]schema.GroupVersion{v1alpha1.GroupVersion})
-	plural, singular := v1alpha1.GroupVersion.WithResource("limittiers"), v1alpha1.GroupVersion.WithResource("limittier")
-	// The namespaced cache also asks for the scope of the list kind.
-	for _, kind := range []string{"LimitTier", "LimitTierList"} {
-		m.AddSpecific(v1alpha1.GroupVersion.WithKind(kind), plural, singular, meta.RESTScopeNamespace)
+	for _, kind := range []string{"LimitTier", "LimitPool"} {
+		lower := strings.ToLower(kind)
+		plural, singular := v1alpha1.GroupVersion.WithResource(lower+"s"), v1alpha1.GroupVersion.WithResource(lower)
+		// The namespaced cache also asks for the scope of the list kind.
+		for _, k := range []string{kind, kind + "List"} {
+			m.AddSpecific(v1alpha1.GroupVersion.WithKind(k), plural, singular, meta.RESTScopeNamespace)
+		}
 	}
 	return m, nil
 }

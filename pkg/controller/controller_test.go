@@ -1,7 +1,6 @@
 package controller_test
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -56,6 +55,14 @@ func TestTableSyncsAnEmptyNamespace(t *testing.T) {
 	if n := c.Table.Len(); n != 0 {
 		t.Errorf("table holds %d tiers, want 0", n)
 	}
+	// /readyz reads the tier table only: by the time it turns synced, so
+	// has the pool table.
+	if !c.Pools.IsSynced() {
+		t.Error("the tier table turned synced before the pool table")
+	}
+	if n := c.Pools.Len(); n != 0 {
+		t.Errorf("table holds %d pools, want 0", n)
+	}
 }
 
 func TestTableFollowsCreateUpdateDelete(t *testing.T) {
@@ -99,22 +106,31 @@ func TestTableFollowsCreateUpdateDelete(t *testing.T) {
 	})
 }
 
-// readyCondition fetches name and returns its status and Ready condition
-// ("" when absent).
-func readyCondition(ctx context.Context, c client.Client, ns, name string) (v1alpha1.LimitTier, *metav1.Condition, error) {
-	var lt v1alpha1.LimitTier
-	err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &lt)
-	return lt, meta.FindStatusCondition(lt.Status.Conditions, v1alpha1.ConditionReady), err
-}
-
-// wantStatus waits until name's status says reason (with a message
-// containing msg) for its current generation.
+// wantStatus waits until the LimitTier name's status says reason (with a
+// message containing msg) for its current generation.
 func wantStatus(t *testing.T, c client.Client, ns, name, reason, msg string) v1alpha1.LimitTier {
 	t.Helper()
-	var got v1alpha1.LimitTier
+	return *waitStatus(t, c, ns, name, reason, msg, func(lt *v1alpha1.LimitTier) (int64, []metav1.Condition) {
+		return lt.Status.ObservedGeneration, lt.Status.Conditions
+	})
+}
+
+// waitStatus waits until the object name of O's kind has reason (with a
+// message containing msg) in its Ready condition for its current
+// generation, and returns it. status reads its observedGeneration and
+// conditions.
+func waitStatus[T any, O interface {
+	*T
+	client.Object
+}](t *testing.T, c client.Client, ns, name, reason, msg string, status func(O) (int64, []metav1.Condition)) O {
+	t.Helper()
+	var got O
 	eventually(t, 5*time.Second, func() string {
-		lt, cond, err := readyCondition(t.Context(), c, ns, name)
-		got = lt
+		obj := O(new(T))
+		err := c.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, obj)
+		got = obj
+		observed, conditions := status(obj)
+		cond := meta.FindStatusCondition(conditions, v1alpha1.ConditionReady)
 		switch {
 		case err != nil:
 			return err.Error()
@@ -122,8 +138,8 @@ func wantStatus(t *testing.T, c client.Client, ns, name, reason, msg string) v1a
 			return name + " has no Ready condition"
 		case cond.Reason != reason || !strings.Contains(cond.Message, msg):
 			return fmt.Sprintf("%s Ready = %s/%s %q, want reason %s with a message containing %q", name, cond.Status, cond.Reason, cond.Message, reason, msg)
-		case lt.Status.ObservedGeneration != lt.Generation || cond.ObservedGeneration != lt.Generation:
-			return fmt.Sprintf("%s observedGeneration = %d (condition %d), want %d", name, lt.Status.ObservedGeneration, cond.ObservedGeneration, lt.Generation)
+		case observed != obj.GetGeneration() || cond.ObservedGeneration != obj.GetGeneration():
+			return fmt.Sprintf("%s observedGeneration = %d (condition %d), want %d", name, observed, cond.ObservedGeneration, obj.GetGeneration())
 		}
 		wantReady := metav1.ConditionFalse
 		if reason == v1alpha1.ReasonAccepted {

@@ -44,7 +44,7 @@ func (c *Controller) elect(ctx context.Context) error {
 				OnStartedLeading: func(term context.Context) { terms <- term },
 				OnStoppedLeading: func() {},
 				OnNewLeader: func(identity string) {
-					c.log.Info("LimitTier status writer", "leader", identity, "self", identity == c.opts.Identity)
+					c.log.Info("status writer", "leader", identity, "self", identity == c.opts.Identity)
 				},
 			},
 		})
@@ -58,13 +58,13 @@ func (c *Controller) elect(ctx context.Context) error {
 		}()
 		select {
 		case term := <-terms:
-			c.log.Info("elected: writing LimitTier status", "identity", c.opts.Identity)
+			c.log.Info("elected: writing status", "identity", c.opts.Identity)
 			c.writeStatus(term) // until the term ends
 			<-ran
 		case <-ran:
 		}
 		if ctx.Err() == nil {
-			c.log.Warn("lost the LimitTier status lease; standing again", "identity", c.opts.Identity)
+			c.log.Warn("lost the status lease; standing again", "identity", c.opts.Identity)
 			select {
 			case <-ctx.Done():
 			case <-time.After(d * 2 / 15):

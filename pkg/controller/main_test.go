@@ -13,6 +13,7 @@ import (
 	"github.com/joishi/limiter/internal/kubetest"
 	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/controller"
+	"github.com/joishi/limiter/pkg/pools"
 	"github.com/joishi/limiter/pkg/tiers"
 )
 
@@ -32,20 +33,30 @@ const testLease = 2 * time.Second
 type started struct {
 	*controller.Controller
 	Table *tiers.Table
+	Pools *pools.Table
 	logs  *testenv.Buffer
 	// Stop stops the controller, as a replica's shutdown does, and waits
 	// for it; the test's cleanup calls it too.
 	Stop func()
 }
 
-// startController runs a controller on namespace ns as cfg's user until the
-// test ends; its logs are shown if the test fails.
+// startController runs a controller of LimitTiers and LimitPools on
+// namespace ns as cfg's user until the test ends; its logs are shown if the
+// test fails.
 func startController(t *testing.T, cfg *rest.Config, ns string) *started {
 	t.Helper()
-	s := &started{Table: tiers.NewTable(), logs: &testenv.Buffer{}}
+	return startWithPools(t, cfg, ns, pools.NewTable())
+}
+
+// startWithPools is startController with poolTable as Options.Pools (nil:
+// LimitPools are not watched).
+func startWithPools(t *testing.T, cfg *rest.Config, ns string, poolTable *pools.Table) *started {
+	t.Helper()
+	s := &started{Table: tiers.NewTable(), Pools: poolTable, logs: &testenv.Buffer{}}
 	c, err := controller.New(cfg, controller.Options{
 		Namespace:     ns,
 		Table:         s.Table,
+		Pools:         s.Pools,
 		Logger:        slog.New(slog.NewTextHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		LeaseDuration: testLease,
 	})

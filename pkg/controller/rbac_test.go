@@ -101,9 +101,15 @@ func TestTheRoleIsEnough(t *testing.T) {
 	if err := sa.List(ctx, &v1alpha1.LimitTierList{}, client.InNamespace(ns)); !apierrors.IsForbidden(err) {
 		t.Fatalf("before config/rbac is applied, listing LimitTiers as the ServiceAccount = %v, want Forbidden (is RBAC enforced?)", err)
 	}
+	if err := sa.List(ctx, &v1alpha1.LimitPoolList{}, client.InNamespace(ns)); !apierrors.IsForbidden(err) {
+		t.Fatalf("before config/rbac is applied, listing LimitPools as the ServiceAccount = %v, want Forbidden (is RBAC enforced?)", err)
+	}
 
 	applyRBAC(t, env.Client, ns)
-	for _, obj := range []*v1alpha1.LimitTier{newLimitTier(ns, "free", "", 1), newLimitTier(ns, "free-too", "free", 2), newLimitTier(elsewhere, "paid", "", 3)} {
+	for _, obj := range []client.Object{
+		newLimitTier(ns, "free", "", 1), newLimitTier(ns, "free-too", "free", 2), newLimitTier(elsewhere, "paid", "", 3),
+		newLimitPool(ns, "model", "", 2, nil), newLimitPool(ns, "model-too", "model", 4, nil), newLimitPool(elsewhere, "org", "", 5, nil),
+	} {
 		if err := env.Client.Create(ctx, obj); err != nil {
 			t.Fatal(err)
 		}
@@ -120,6 +126,15 @@ func TestTheRoleIsEnough(t *testing.T) {
 	}
 	wantStatus(t, env.Client, ns, "free", v1alpha1.ReasonAccepted, "")
 	wantStatus(t, env.Client, ns, "free-too", v1alpha1.ReasonConflict, "")
+	// LimitPools alike: read, enforced, and their status written.
+	if msg := capsOf("model", "any", 2, c)(); msg != "" {
+		t.Error(msg)
+	}
+	wantPoolStatus(t, env.Client, ns, "model", v1alpha1.ReasonAccepted, "")
+	wantPoolStatus(t, env.Client, ns, "model-too", v1alpha1.ReasonConflict, "")
+	if msg := capsOf("org", "any", -2, c)(); msg != "" {
+		t.Errorf("a LimitPool of another namespace: %s", msg)
+	}
 	var lease coordinationv1.Lease
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: controller.DefaultLeaseName}, &lease); err != nil {
 		t.Fatalf("the Lease was not created: %v", err)
@@ -135,6 +150,7 @@ func TestTheRoleIsEnough(t *testing.T) {
 		ns   string
 	}{
 		{"LimitTiers of another namespace", &v1alpha1.LimitTierList{}, elsewhere},
+		{"LimitPools of another namespace", &v1alpha1.LimitPoolList{}, elsewhere},
 		{"Secrets of its own namespace", &corev1.SecretList{}, ns},
 		{"ConfigMaps of its own namespace", &corev1.ConfigMapList{}, ns},
 	}

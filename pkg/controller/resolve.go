@@ -1,156 +1,179 @@
 package controller
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
-	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/joishi/limiter/api/v1alpha1"
 	"github.com/joishi/limiter/pkg/tiers"
 )
 
-// Verdict is what the limiter makes of one LimitTier.
-type Verdict struct {
-	// Plan is the plan the object claims: that of its definition in force
-	// (see Resolve), else that of its spec (PlanOf).
-	Plan string
-	// Reason is v1alpha1.ReasonAccepted, ReasonInvalid or ReasonConflict.
-	Reason string
-	// Message says why, in a sentence or two.
-	Message string
-	// SlotTTL and HeartbeatInterval are those of the object's spec with
-	// the defaults applied (heartbeatInterval: else min(20s, slotTTL/3));
-	// 0 when not even that is above 0.
-	SlotTTL, HeartbeatInterval time.Duration
-	// MaxWait is the object's spec.maxWait (0 when absent or below 0).
-	MaxWait time.Duration
-	// AcceptedGeneration is the generation to record as accepted
+// verdict is what the limiter makes of one object.
+type verdict struct {
+	// claim is the plan (or pool) the object claims: that of its
+	// definition in force (see resolve), else that of its spec.
+	claim string
+	// reason is v1alpha1.ReasonAccepted, ReasonInvalid or ReasonConflict.
+	reason string
+	// message says why, in a sentence or two.
+	message string
+	// acceptedGeneration is the generation to record as accepted
 	// (status.acceptedGeneration): the current one when the spec is valid,
 	// else the one recorded before; 0 when none.
-	AcceptedGeneration int64
+	acceptedGeneration int64
 }
 
-// Accepted reports whether the object's current spec is in force.
-func (v Verdict) Accepted() bool { return v.Reason == v1alpha1.ReasonAccepted }
+// accepted reports whether the object's current spec is in force.
+func (v verdict) accepted() bool { return v.reason == v1alpha1.ReasonAccepted }
 
-// Resolution is what the limiter makes of a namespace's LimitTiers.
-type Resolution struct {
-	// Tiers are the tiers in force, ordered by plan: valid, and one per
-	// plan.
-	Tiers []tiers.Tier
-	// Verdicts holds one verdict per object, by metadata.name. Objects
+// resolution is what the limiter makes of a namespace's objects of one
+// kind.
+type resolution[E entry] struct {
+	// entries are the entries in force, ordered by name: valid, and one
+	// per name.
+	entries []E
+	// verdicts holds one verdict per object, by metadata.name. Objects
 	// being deleted have none: they are already out of force.
-	Verdicts map[string]Verdict
+	verdicts map[string]verdict
 }
 
-// Resolve decides which LimitTiers are in force.
+// resolve decides which objects of kind k are in force.
 //
 // An object's definition is its spec when that is valid; else the last
 // spec the limiter accepted (status.acceptedSpec), so that an invalid edit
-// leaves the previous generation in force rather than taking the plan away
-// (or handing it to another object); else it has none, and claims no plan.
-// When several objects with a definition claim one plan, the oldest (by
-// creationTimestamp, then by name) wins and the others are in Conflict.
-// Only the objects decide the outcome, not the order they are listed or
-// watched in, so every replica reaches the same one.
-func Resolve(items []v1alpha1.LimitTier) Resolution {
-	ordered := make([]*v1alpha1.LimitTier, 0, len(items))
-	for i := range items {
-		if items[i].DeletionTimestamp == nil {
-			ordered = append(ordered, &items[i])
+// leaves the previous generation in force rather than taking the plan (or
+// pool) away, or handing it to another object; else it has none, and
+// claims nothing. When several objects with a definition claim one name,
+// the oldest (by creationTimestamp, then by name) wins and the others are
+// in Conflict. Only the objects decide the outcome, not the order they are
+// listed or watched in, so every replica reaches the same one.
+func resolve[O client.Object, S any, E entry](k kind[O, S, E], items []O) resolution[E] {
+	ordered := make([]O, 0, len(items))
+	for _, o := range items {
+		if o.GetDeletionTimestamp() == nil {
+			ordered = append(ordered, o)
 		}
 	}
 	slices.SortFunc(ordered, olderFirst)
 
-	res := Resolution{Verdicts: make(map[string]Verdict, len(ordered))}
-	owner := map[string]string{} // plan → name of the object in force
-	for _, lt := range ordered {
-		asked := defaultedTier(lt.Name, &lt.Spec)
-		v := Verdict{Plan: PlanOf(lt), SlotTTL: max(asked.SlotTTL, 0), HeartbeatInterval: max(asked.HeartbeatInterval, 0), MaxWait: max(asked.MaxWait, 0)}
-		def := definitionOf(lt)
+	res := resolution[E]{verdicts: make(map[string]verdict, len(ordered))}
+	owner := map[string]string{} // claim → name of the object in force
+	for _, o := range ordered {
+		v := verdict{claim: claimOf(k, o.GetName(), k.spec(o))}
+		def := definitionOf(k, o)
 		if def.ok {
-			v.Plan = def.tier.Plan
+			v.claim = def.entry.Name()
 		}
-		v.AcceptedGeneration = def.acceptedGeneration
+		v.acceptedGeneration = def.acceptedGeneration
 		switch {
 		case !def.ok:
-			v.Reason, v.Message = v1alpha1.ReasonInvalid, def.invalid
-		case owner[v.Plan] != "":
-			conflict := fmt.Sprintf("plan %q is already defined by the older LimitTier %q, which is in force", v.Plan, owner[v.Plan])
+			v.reason, v.message = v1alpha1.ReasonInvalid, def.invalid
+		case owner[v.claim] != "":
+			conflict := fmt.Sprintf("%s %q is already defined by the older %s %q, which is in force", k.claim(), v.claim, k.name(), owner[v.claim])
 			if def.invalid == "" {
-				v.Reason, v.Message = v1alpha1.ReasonConflict, conflict
+				v.reason, v.message = v1alpha1.ReasonConflict, conflict
 			} else {
-				v.Reason = v1alpha1.ReasonInvalid
-				v.Message = fmt.Sprintf("%s; generation %d is not in force either: %s", def.invalid, def.generation, conflict)
+				v.reason = v1alpha1.ReasonInvalid
+				v.message = fmt.Sprintf("%s; generation %d is not in force either: %s", def.invalid, def.generation, conflict)
 			}
 		default:
-			owner[v.Plan] = lt.Name
-			res.Tiers = append(res.Tiers, def.tier)
+			owner[v.claim] = o.GetName()
+			res.entries = append(res.entries, def.entry)
 			if def.invalid == "" {
-				v.Reason = v1alpha1.ReasonAccepted
-				v.Message = fmt.Sprintf("plan %q is in force: %s", v.Plan, perUser(def.tier))
+				v.reason = v1alpha1.ReasonAccepted
+				v.message = fmt.Sprintf("%s %q is in force: %s", k.claim(), v.claim, k.describe(def.entry))
 			} else {
-				v.Reason = v1alpha1.ReasonInvalid
-				v.Message = fmt.Sprintf("%s; generation %d stays in force: plan %q, %s", def.invalid, def.generation, v.Plan, perUser(def.tier))
+				v.reason = v1alpha1.ReasonInvalid
+				v.message = fmt.Sprintf("%s; generation %d stays in force: %s %q, %s", def.invalid, def.generation, k.claim(), v.claim, k.describe(def.entry))
 			}
 		}
-		res.Verdicts[lt.Name] = v
+		res.verdicts[o.GetName()] = v
 	}
-	slices.SortFunc(res.Tiers, func(a, b tiers.Tier) int { return strings.Compare(a.Plan, b.Plan) })
+	slices.SortFunc(res.entries, func(a, b E) int { return strings.Compare(a.Name(), b.Name()) })
 	return res
 }
 
 // definition is what an object would put in force.
-type definition struct {
+type definition[E entry] struct {
 	ok         bool
-	tier       tiers.Tier
-	generation int64 // of tier
+	entry      E
+	generation int64 // of entry
 	// acceptedGeneration is what status.acceptedGeneration should hold.
 	acceptedGeneration int64
 	// invalid, when the spec is invalid, says so and why.
 	invalid string
 }
 
-// definitionOf returns lt's definition: its spec when valid, else its
+// definitionOf returns o's definition: its spec when valid, else its
 // status.acceptedSpec when that is still valid.
-func definitionOf(lt *v1alpha1.LimitTier) definition {
-	tier, err := ToTier(lt)
+func definitionOf[O client.Object, S any, E entry](k kind[O, S, E], o O) definition[E] {
+	e, err := toEntry(k, o.GetName(), k.spec(o))
 	if err == nil {
-		return definition{ok: true, tier: tier, generation: lt.Generation, acceptedGeneration: lt.Generation}
+		return definition[E]{ok: true, entry: e, generation: o.GetGeneration(), acceptedGeneration: o.GetGeneration()}
 	}
-	s := lt.Status
-	d := definition{invalid: fmt.Sprintf("generation %d is invalid: %v", lt.Generation, err), acceptedGeneration: s.AcceptedGeneration}
+	status := k.status(o)
+	acceptedSpec, acceptedGeneration := *status.acceptedSpec, *status.acceptedGeneration
+	d := definition[E]{invalid: fmt.Sprintf("generation %d is invalid: %v", o.GetGeneration(), err), acceptedGeneration: acceptedGeneration}
 	switch {
-	case s.AcceptedSpec == nil:
-		d.invalid += "; no generation of this LimitTier was accepted, so it enforces nothing"
-	case s.AcceptedGeneration == lt.Generation:
+	case acceptedSpec == nil:
+		d.invalid += fmt.Sprintf("; no generation of this %s was accepted, so it enforces nothing", k.name())
+	case acceptedGeneration == o.GetGeneration():
 		// Accepted under rules since tightened: the same spec.
-		d.invalid += "; this LimitTier enforces nothing"
+		d.invalid += fmt.Sprintf("; this %s enforces nothing", k.name())
 	default:
-		accepted, err := specTier(lt.Name, s.AcceptedSpec)
+		accepted, err := toEntry(k, o.GetName(), acceptedSpec)
 		if err != nil {
-			d.invalid += fmt.Sprintf("; the accepted generation %d is no longer valid either (%v), so this LimitTier enforces nothing", s.AcceptedGeneration, err)
+			d.invalid += fmt.Sprintf("; the accepted generation %d is no longer valid either (%v), so this %s enforces nothing", acceptedGeneration, err, k.name())
 			break
 		}
-		d.ok, d.tier, d.generation = true, accepted, s.AcceptedGeneration
+		d.ok, d.entry, d.generation = true, accepted, acceptedGeneration
 	}
 	return d
 }
 
-// perUser is "3 concurrent streams per user".
-func perUser(t tiers.Tier) string {
-	if t.MaxConcurrentStreams == 1 {
-		return "1 concurrent stream per user"
+// claimOf returns what spec, a spec of the object named name, claims:
+// its own claim, or name when it leaves it empty.
+func claimOf[O client.Object, S any, E entry](k kind[O, S, E], name string, spec *S) string {
+	if c := k.specClaim(spec); c != "" {
+		return c
 	}
-	return fmt.Sprintf("%d concurrent streams per user", t.MaxConcurrentStreams)
+	return name
+}
+
+// toEntry converts spec, a spec of the object named name (its current one
+// or status.acceptedSpec), into the entry the limiter enforces, and
+// validates it with the same rules as an entry of the config file's list
+// (Problems). Absent fields take the defaults of that list, so both
+// sources agree. The error is one line, fit for a condition message, and
+// names each field at fault by its path in the object:
+// "spec.maxConcurrentStreams must be <= 1000, got 5000".
+func toEntry[O client.Object, S any, E entry](k kind[O, S, E], name string, spec *S) (E, error) {
+	e := k.entry(claimOf(k, name, spec), spec)
+	problems := e.Problems()
+	if len(problems) == 0 {
+		return e, nil
+	}
+	msgs := make([]string, len(problems))
+	for i, p := range problems {
+		field := "spec." + p.Field
+		if p.Field == k.claim() && k.specClaim(spec) == "" {
+			field = "metadata.name" // the claim when the spec leaves it empty
+		}
+		msgs[i] = (&tiers.FieldError{Field: field, Problem: p.Problem, Got: p.Got}).Error()
+	}
+	var zero E
+	return zero, errors.New(strings.Join(msgs, "; "))
 }
 
 // olderFirst orders by creationTimestamp (whole seconds), then by name:
 // names are unique in a namespace, so the order is total.
-func olderFirst(a, b *v1alpha1.LimitTier) int {
-	if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+func olderFirst[O client.Object](a, b O) int {
+	if c := a.GetCreationTimestamp().Compare(b.GetCreationTimestamp().Time); c != 0 {
 		return c
 	}
-	return strings.Compare(a.Name, b.Name)
+	return strings.Compare(a.GetName(), b.GetName())
 }

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -28,6 +29,24 @@ func limitTier(name, plan string, limit int32, createdAt int) v1alpha1.LimitTier
 			FailureMode:          v1alpha1.FailOpen,
 		},
 	}
+}
+
+// resolveTiers is resolve of the LimitTiers items.
+func resolveTiers(items []v1alpha1.LimitTier) resolution[tiers.Tier] {
+	ptrs := make([]*v1alpha1.LimitTier, len(items))
+	for i := range items {
+		ptrs[i] = &items[i]
+	}
+	return resolve(tierKind{}, ptrs)
+}
+
+// planLimits is "free=1 paid=3": each plan of list with its limit.
+func planLimits(list []tiers.Tier) string {
+	parts := make([]string, len(list))
+	for i, t := range list {
+		parts[i] = fmt.Sprintf("%s=%d", t.Plan, t.MaxConcurrentStreams)
+	}
+	return strings.Join(parts, " ")
 }
 
 func with(lt v1alpha1.LimitTier, mutate func(*v1alpha1.LimitTier)) v1alpha1.LimitTier {
@@ -205,24 +224,24 @@ func TestResolve(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			res := Resolve(tc.items)
+			res := resolveTiers(tc.items)
 			var got []string
-			for name, v := range res.Verdicts {
-				got = append(got, name+":"+v.Reason)
+			for name, v := range res.verdicts {
+				got = append(got, name+":"+v.reason)
 			}
 			slices.Sort(got)
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("verdicts = %v, want %v", got, tc.want)
 			}
-			if got := summary(res.Tiers); got != tc.wantTiers {
+			if got := planLimits(res.entries); got != tc.wantTiers {
 				t.Errorf("tiers = %q, want %q", got, tc.wantTiers)
 			}
 			for name, part := range tc.wantMsg {
-				if msg := res.Verdicts[name].Message; !strings.Contains(msg, part) {
+				if msg := res.verdicts[name].message; !strings.Contains(msg, part) {
 					t.Errorf("message of %s = %q, want it to contain %q", name, msg, part)
 				}
 			}
-			if err := tiers.NewTable().Replace(res.Tiers); err != nil {
+			if err := tiers.NewTable().Replace(res.entries); err != nil {
 				t.Errorf("the table refuses the resolved tiers: %v", err)
 			}
 		})
@@ -237,15 +256,15 @@ func TestResolveIgnoresListOrder(t *testing.T) {
 		limitTier("free", "", 1, 9),
 		limitTier("free-2", "free", 2, 9),
 	}
-	want := Resolve(items)
+	want := resolveTiers(items)
 	for i := range len(items) {
 		rotated := append(slices.Clone(items[i:]), items[:i]...)
 		slices.Reverse(rotated)
-		if got := Resolve(rotated); !slices.Equal(got.Tiers, want.Tiers) || !maps.Equal(got.Verdicts, want.Verdicts) {
-			t.Fatalf("Resolve(order %d) = %+v, want %+v", i, got, want)
+		if got := resolveTiers(rotated); !slices.Equal(got.entries, want.entries) || !maps.Equal(got.verdicts, want.verdicts) {
+			t.Fatalf("resolve(order %d) = %+v, want %+v", i, got, want)
 		}
 	}
-	if got := summary(want.Tiers); got != "free=1 paid=3" {
+	if got := planLimits(want.entries); got != "free=1 paid=3" {
 		t.Errorf("tiers = %q, want %q", got, "free=1 paid=3")
 	}
 }

@@ -10,21 +10,21 @@ import (
 func TestSetStatusRecordsTheAcceptedSpec(t *testing.T) {
 	lt := limitTier("paid", "", 5, 0)
 	lt.Generation = 1
-	if !setStatus(&lt, Resolve([]v1alpha1.LimitTier{lt}).Verdicts["paid"]) {
+	if !setStatus(tierKind{}, &lt, resolveTiers([]v1alpha1.LimitTier{lt}).verdicts["paid"]) {
 		t.Fatal("setStatus reported no change to an empty status")
 	}
 	if s := lt.Status; s.AcceptedGeneration != 1 || s.AcceptedSpec == nil || s.AcceptedSpec.MaxConcurrentStreams != 5 {
 		t.Fatalf("after a valid generation 1: acceptedGeneration %d, acceptedSpec %+v; want 1 and its spec", s.AcceptedGeneration, s.AcceptedSpec)
 	}
-	if setStatus(&lt, Resolve([]v1alpha1.LimitTier{lt}).Verdicts["paid"]) {
+	if setStatus(tierKind{}, &lt, resolveTiers([]v1alpha1.LimitTier{lt}).verdicts["paid"]) {
 		t.Error("setStatus reported a change when writing the same verdict again")
 	}
 
 	lt.Generation = 2
 	lt.Spec.MaxConcurrentStreams = 7
 	lt.Spec.SlotTTL.Duration = 30 * time.Second // heartbeat 20s > 10s: invalid
-	v := Resolve([]v1alpha1.LimitTier{lt}).Verdicts["paid"]
-	setStatus(&lt, v)
+	v := resolveTiers([]v1alpha1.LimitTier{lt}).verdicts["paid"]
+	setStatus(tierKind{}, &lt, v)
 	if s := lt.Status; s.AcceptedGeneration != 1 || s.AcceptedSpec.MaxConcurrentStreams != 5 || s.ObservedGeneration != 2 {
 		t.Errorf("after an invalid generation 2: accepted generation %d (max %d), observed %d; want generation 1 (max 5) kept, 2 observed",
 			s.AcceptedGeneration, s.AcceptedSpec.MaxConcurrentStreams, s.ObservedGeneration)

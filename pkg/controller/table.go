@@ -3,41 +3,46 @@ package controller
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
 
 	toolscache "k8s.io/client-go/tools/cache"
 	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
-
-	"github.com/joishi/limiter/api/v1alpha1"
-	"github.com/joishi/limiter/pkg/tiers"
 )
 
 // watch runs on every replica: it fills the cache with the namespace's
-// LimitTiers and replaces the table on every change until ctx ends.
+// objects of every kind served and replaces the tables on every change
+// until ctx ends.
 func (c *Controller) watch(ctx context.Context) error {
-	informer, err := c.mgr.GetCache().GetInformer(ctx, &v1alpha1.LimitTier{}, ctrlcache.BlockUntilSynced(false))
-	if err != nil {
-		return fmt.Errorf("watching LimitTiers: %w", err)
-	}
 	changed := func() {
 		c.tableKick.raise()
 		c.statusKick.raise()
 	}
-	reg, err := informer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+	handler := toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { changed() },
 		UpdateFunc: func(any, any) { changed() },
 		DeleteFunc: func(any) { changed() },
-	})
-	if err != nil {
-		return fmt.Errorf("watching LimitTiers: %w", err)
 	}
-	defer func() { _ = informer.RemoveEventHandler(reg) }()
+	synced := make([]toolscache.InformerSynced, 0, len(c.kinds))
+	for _, kind := range c.kinds {
+		informer, err := c.mgr.GetCache().GetInformer(ctx, kind.newObject(), ctrlcache.BlockUntilSynced(false))
+		if err != nil {
+			return fmt.Errorf("watching %ss: %w", kind.kindName(), err)
+		}
+		reg, err := informer.AddEventHandler(handler)
+		if err != nil {
+			return fmt.Errorf("watching %ss: %w", kind.kindName(), err)
+		}
+		defer func() { _ = informer.RemoveEventHandler(reg) }()
+		synced = append(synced, reg.HasSynced)
+	}
 
-	// Until the first full list is in, the table stays unsynced (and
-	// /readyz false): an empty cache is not an empty namespace.
-	if !toolscache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
+	// Until the first full list of every kind is in, the tables stay
+	// unsynced (and /readyz false): an empty cache is not an empty
+	// namespace.
+	if !toolscache.WaitForCacheSync(ctx.Done(), synced...) {
 		return nil
 	}
 	close(c.watched)
@@ -49,8 +54,8 @@ func (c *Controller) watch(ctx context.Context) error {
 			return nil
 		case <-c.tableKick:
 		}
-		if err := c.syncTable(ctx); err != nil {
-			c.log.Error("updating the tier table", "err", err)
+		if err := c.syncTables(ctx); err != nil {
+			c.log.Error("updating the tables", "err", err)
 			// The cache only fails when ctx ends; try again on the next change.
 			select {
 			case <-ctx.Done():
@@ -61,28 +66,43 @@ func (c *Controller) watch(ctx context.Context) error {
 	}
 }
 
-// syncTable replaces the table with the tiers in force, when they changed.
-func (c *Controller) syncTable(ctx context.Context) error {
-	items, err := c.list(ctx)
-	if err != nil {
-		return err
+// syncTables syncs the table of each kind in the order of c.kinds, and
+// stops at the first that fails: the tier table, last, turns synced (and
+// /readyz, which reads it, true) only once every other table has.
+func (c *Controller) syncTables(ctx context.Context) error {
+	for _, kind := range c.kinds {
+		if err := kind.syncTable(ctx); err != nil {
+			return fmt.Errorf("%ss: %w", kind.kindName(), err)
+		}
 	}
-	res := Resolve(items)
-	if c.opts.Table.IsSynced() && slices.Equal(res.Tiers, c.opts.Table.List()) {
-		return nil
-	}
-	if err := c.opts.Table.Replace(res.Tiers); err != nil {
-		return err // Resolve hands over valid, distinct tiers only
-	}
-	c.log.Info("tiers in force", "tiers", summary(res.Tiers))
 	return nil
 }
 
-// summary is "free=1 paid=3": each plan with its limit.
-func summary(list []tiers.Tier) string {
-	parts := make([]string, len(list))
-	for i, t := range list {
-		parts[i] = fmt.Sprintf("%s=%d", t.Plan, t.MaxConcurrentStreams)
+// syncTable replaces the table with the entries in force, when they
+// changed.
+func (r *reconciler[O, S, E]) syncTable(ctx context.Context) error {
+	items, err := r.list(ctx)
+	if err != nil {
+		return err
 	}
-	return strings.Join(parts, " ")
+	res := resolve(r.k, items)
+	same := func(a, b E) bool { return reflect.DeepEqual(a, b) } // a pool holds a map
+	if r.table.IsSynced() && slices.EqualFunc(res.entries, r.table.List(), same) {
+		return nil
+	}
+	if err := r.table.Replace(res.entries); err != nil {
+		return err // resolve hands over valid, distinct entries only
+	}
+	r.c.log.Info(r.k.claim()+"s in force", r.k.claim()+"s", summary(r.k.describe, res.entries))
+	return nil
+}
+
+// summary is `"free": 1 concurrent stream per user; "paid": ...`: each
+// entry with what it enforces.
+func summary[E entry](describe func(E) string, list []E) string {
+	parts := make([]string, len(list))
+	for i, e := range list {
+		parts[i] = fmt.Sprintf("%q: %s", e.Name(), describe(e))
+	}
+	return strings.Join(parts, "; ")
 }

@@ -5,21 +5,19 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/joishi/limiter/internal/envoytest"
+	"github.com/joishi/limiter/internal/holdtest"
 	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/pkg/extproc"
 	"github.com/joishi/limiter/pkg/hold"
 	"github.com/joishi/limiter/pkg/identity"
 	"github.com/joishi/limiter/pkg/server"
-	"github.com/joishi/limiter/pkg/telemetry"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
@@ -30,14 +28,12 @@ const envoyToken = "envoy-token-0123456789abcdef"
 // env is an ext_proc server on a limiter on the shared standalone Redis,
 // served on a loopback port, and an Envoy connected to it.
 type env struct {
-	stack  *limitertest.Stack
-	holder *hold.Holder
-	tel    *telemetry.Telemetry
-	spans  *tracetest.SpanRecorder
-	addr   string
-	envoy  *envoytest.Envoy
-	stop   context.CancelFunc
-	done   chan error
+	*holdtest.Env
+	spans *tracetest.SpanRecorder
+	addr  string
+	envoy *envoytest.Envoy
+	stop  context.CancelFunc
+	done  chan error
 }
 
 type envOptions struct {
@@ -55,22 +51,9 @@ type envOptions struct {
 
 func newEnv(t *testing.T, o envOptions) *env {
 	t.Helper()
-	if o.stack.Redis.Timeout == 0 {
-		o.stack.Redis.Timeout = 5 * time.Second // correctness, not latency
-	}
-	stack := limitertest.New(t, o.stack)
-	tel, err := telemetry.New(context.Background(), telemetry.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
+	held := holdtest.New(t, holdtest.Options{Stack: o.stack, Hold: hold.Options{Mode: "extproc", Wait: o.wait}})
 	spans := tracetest.NewSpanRecorder()
 	o.extproc.TracerProvider = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
-	h, err := hold.New(stack.Limiter, hold.Options{Mode: "extproc", MeterProvider: tel.MeterProvider, Wait: o.wait})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.Close(context.Background()) })
 	ident, err := identity.New(o.identity)
 	if err != nil {
 		t.Fatal(err)
@@ -87,8 +70,8 @@ func newEnv(t *testing.T, o envOptions) *env {
 			o.envoy.Token = envoyToken
 		}
 	}
-	o.extproc.Tiers = stack.Table
-	srv, err := extproc.New(h, ident, o.extproc)
+	o.extproc.Tiers = held.Stack.Table
+	srv, err := extproc.New(held.Holder, ident, o.extproc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +83,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 		o.grace = 5 * time.Second
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	e := &env{stack: stack, holder: h, tel: tel, spans: spans, addr: ln.Addr().String(), stop: stop, done: make(chan error, 1)}
+	e := &env{Env: held, spans: spans, addr: ln.Addr().String(), stop: stop, done: make(chan error, 1)}
 	go func() { e.done <- srv.Run(ctx, ln, nil, o.grace) }()
 	t.Cleanup(func() {
 		stop()
@@ -124,46 +107,6 @@ func (e *env) open(t *testing.T) *envoytest.Stream {
 	}
 	t.Cleanup(st.Close)
 	return st
-}
-
-// metric returns the value of the /metrics line that starts with series,
-// "" when there is none.
-func (e *env) metric(t *testing.T, series string) string {
-	t.Helper()
-	rec := httptest.NewRecorder()
-	e.tel.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	for line := range strings.SplitSeq(rec.Body.String(), "\n") {
-		if value, ok := strings.CutPrefix(line, series+" "); ok {
-			return value
-		}
-	}
-	return ""
-}
-
-// used returns how many live slots Redis holds for user.
-func (e *env) used(t *testing.T, user string) int {
-	t.Helper()
-	slots, err := e.stack.Limiter.Slots(context.Background(), user)
-	if err != nil {
-		t.Fatalf("Slots(%s): %v", user, err)
-	}
-	return slots.Used
-}
-
-// awaitUsed waits up to within for user to hold want slots.
-func (e *env) awaitUsed(t *testing.T, user string, want int, within time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		got := e.used(t, user)
-		if got == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("user %s holds %d slots after %s, want %d", user, got, within, want)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func newUser() string {
@@ -192,14 +135,14 @@ func grant(t *testing.T, st *envoytest.Stream, user, plan string) string {
 }
 
 // immediate returns the ImmediateResponse of resp, failing the test if it
-// is none; its body decoded into errBody.
-func immediate(t *testing.T, resp *extprocv3.ProcessingResponse) (*extprocv3.ImmediateResponse, errBody) {
+// is none; its body decoded.
+func immediate(t *testing.T, resp *extprocv3.ProcessingResponse) (*extprocv3.ImmediateResponse, holdtest.ErrorBody) {
 	t.Helper()
 	ir := resp.GetImmediateResponse()
 	if ir == nil {
 		t.Fatalf("answer %v, want an ImmediateResponse", resp)
 	}
-	var body errBody
+	var body holdtest.ErrorBody
 	if err := json.Unmarshal(ir.GetBody(), &body); err != nil {
 		t.Fatalf("ImmediateResponse body %q: %v", ir.GetBody(), err)
 	}
@@ -207,15 +150,4 @@ func immediate(t *testing.T, resp *extprocv3.ProcessingResponse) (*extprocv3.Imm
 		t.Errorf("ImmediateResponse content-type %q, want application/json", ct)
 	}
 	return ir, body
-}
-
-type errBody struct {
-	Error struct {
-		Message      string `json:"message"`
-		Type         string `json:"type"`
-		Code         string `json:"code"`
-		RetryAfterMs *int64 `json:"retry_after_ms"`
-		Used         *int   `json:"used"`
-		Limit        *int   `json:"limit"`
-	} `json:"error"`
 }

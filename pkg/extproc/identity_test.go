@@ -49,11 +49,11 @@ func TestARepeatedIdentityHeaderIsRefused(t *testing.T) {
 		})
 	}
 	for _, u := range []string{user, "mallory"} {
-		if got := e.used(t, u); got != 0 {
+		if got := e.Used(t, u); got != 0 {
 			t.Errorf("user %s holds %d slots after the refusals, want 0", u, got)
 		}
 	}
-	if got := e.metric(t, `limiter_streams_refused_total{mode="extproc",reason="identity"}`); got != "5" {
+	if got := e.Metric(t, `limiter_streams_refused_total{mode="extproc",reason="identity"}`); got != "5" {
 		t.Errorf(`refused_total{reason="identity"}: got %q, want 5`, got)
 	}
 	grant(t, e.open(t), user, "one") // each once

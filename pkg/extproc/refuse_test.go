@@ -51,7 +51,7 @@ func TestLimitIsAnImmediateResponse(t *testing.T) {
 		t.Errorf("details %q, want limiter_stream_limit_reached", ir.GetDetails())
 	}
 	st.Close()
-	if got := e.used(t, user); got != 1 {
+	if got := e.Used(t, user); got != 1 {
 		t.Errorf("the refused stream left the user with %d slots, want the first stream's 1", got)
 	}
 }
@@ -126,10 +126,10 @@ func TestIdentityFromJWTPayloadMetadata(t *testing.T) {
 	if err != nil || resp.GetRequestHeaders() == nil {
 		t.Fatalf("request_headers: %v, %v; want CONTINUE", resp, err)
 	}
-	if got := e.used(t, user); got != 1 {
+	if got := e.Used(t, user); got != 1 {
 		t.Errorf("the payload's user holds %d slots, want 1", got)
 	}
-	if got := e.used(t, "someone-else"); got != 0 {
+	if got := e.Used(t, "someone-else"); got != 0 {
 		t.Errorf("the header's user holds %d slots, want 0", got)
 	}
 	// Without the metadata there is no identity.

@@ -43,7 +43,7 @@ func TestDrainReleasesAndClosesWithOK(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	// Within the grace the short stream completes normally.
 	mustContinue(t)(stShort.ResponseHeaders(envoytest.Headers(":status", "204"), true))
-	e.awaitUsed(t, short, 0, time.Second)
+	e.AwaitUsed(t, short, 0, time.Second)
 	stShort.Close()
 
 	if err := stLong.AwaitEnd(5 * time.Second); err != nil {
@@ -52,7 +52,7 @@ func TestDrainReleasesAndClosesWithOK(t *testing.T) {
 	if took := time.Since(start); took < 400*time.Millisecond {
 		t.Errorf("the long stream was ended after %s, before the 500ms grace", took)
 	}
-	e.awaitUsed(t, long, 0, time.Second)
+	e.AwaitUsed(t, long, 0, time.Second)
 	select {
 	case err := <-e.done:
 		if err == nil || !strings.Contains(err.Error(), "1 streams still open") {

@@ -80,21 +80,21 @@ func TestSlotReleasedOnEveryEnd(t *testing.T) {
 			user := newUser()
 			st := e.open(t)
 			grant(t, st, user, "one")
-			if got := e.used(t, user); got != 1 {
+			if got := e.Used(t, user); got != 1 {
 				t.Fatalf("after the grant the user holds %d slots, want 1", got)
 			}
 			if tt.run(t, st) {
-				e.awaitUsed(t, user, 0, time.Second)
-			} else if got := e.used(t, user); got != 1 {
+				e.AwaitUsed(t, user, 0, time.Second)
+			} else if got := e.Used(t, user); got != 1 {
 				t.Fatalf("before the stream ended the user holds %d slots, want 1", got)
 			}
 			tt.end(st)
-			e.awaitUsed(t, user, 0, time.Second)
+			e.AwaitUsed(t, user, 0, time.Second)
 			// The slot is free for the user's next stream.
 			next := e.open(t)
 			grant(t, next, user, "one")
 			next.Close()
-			e.awaitUsed(t, user, 0, time.Second)
+			e.AwaitUsed(t, user, 0, time.Second)
 		})
 	}
 }
@@ -152,7 +152,7 @@ func TestSlotOutlivesItsTTLWhileStreaming(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	time.Sleep(500 * time.Millisecond) // no chunk for longer than the TTL
-	if got := e.used(t, user); got != 1 {
+	if got := e.Used(t, user); got != 1 {
 		t.Fatalf("after 1.5s (TTL 300ms) the streaming user holds %d slots, want 1", got)
 	}
 	// And the limit holds all along.
@@ -165,7 +165,7 @@ func TestSlotOutlivesItsTTLWhileStreaming(t *testing.T) {
 		t.Errorf("a second stream got %d, want 429", ir.GetStatus().GetCode())
 	}
 	st.Close()
-	e.awaitUsed(t, user, 0, time.Second)
+	e.AwaitUsed(t, user, 0, time.Second)
 }
 
 // Observability mode: Envoy expects no answers; the slot is held all the
@@ -179,9 +179,9 @@ func TestObservabilityModeSendsNoAnswer(t *testing.T) {
 	if err == nil {
 		t.Fatal("the server answered a message in observability mode")
 	}
-	e.awaitUsed(t, user, 1, time.Second)
+	e.AwaitUsed(t, user, 1, time.Second)
 	st.Close()
-	e.awaitUsed(t, user, 0, time.Second)
+	e.AwaitUsed(t, user, 0, time.Second)
 }
 
 // A slot lost while its stream runs (support released it) cuts the
@@ -192,7 +192,7 @@ func TestLostSlotCutsAtTheNextMessage(t *testing.T) {
 	st := e.open(t)
 	grant(t, st, user, "short-one") // heartbeat every 100ms
 	mustContinue(t)(st.ResponseHeaders(envoytest.Headers(":status", "200"), false))
-	if _, err := e.stack.Limiter.ReleaseAll(context.Background(), user, "test-call"); err != nil {
+	if _, err := e.Stack.Limiter.ReleaseAll(context.Background(), user, "test-call"); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(2 * time.Second)
@@ -214,7 +214,7 @@ func TestLostSlotCutsAtTheNextMessage(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	st.Close()
-	if got := e.used(t, user); got != 0 {
+	if got := e.Used(t, user); got != 0 {
 		t.Errorf("the user holds %d slots, want 0", got)
 	}
 }

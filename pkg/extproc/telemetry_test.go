@@ -17,7 +17,7 @@ func TestMetricsAndSpans(t *testing.T) {
 	user := newUser()
 	st := e.open(t)
 	id := grant(t, st, user, "one")
-	if got := e.metric(t, `limiter_streams_active{mode="extproc"}`); got != "1" {
+	if got := e.Metric(t, `limiter_streams_active{mode="extproc"}`); got != "1" {
 		t.Errorf("streams_active while streaming: %q, want 1", got)
 	}
 	refused := e.open(t)
@@ -27,14 +27,14 @@ func TestMetricsAndSpans(t *testing.T) {
 	refused.Close()
 	mustContinue(t)(st.ResponseHeaders(envoytest.Headers(":status", "204"), true))
 	st.Close()
-	e.awaitUsed(t, user, 0, time.Second)
+	e.AwaitUsed(t, user, 0, time.Second)
 
 	for series, want := range map[string]string{
 		`limiter_streams_active{mode="extproc"}`:                       "0",
 		`limiter_streams_held_total{end="complete",mode="extproc"}`:    "1",
 		`limiter_streams_refused_total{mode="extproc",reason="limit"}`: "1",
 	} {
-		if got := e.metric(t, series); got != want {
+		if got := e.Metric(t, series); got != want {
 			t.Errorf("%s = %q, want %s", series, got, want)
 		}
 	}
@@ -80,5 +80,5 @@ func TestFullDuplexBodyIsEchoed(t *testing.T) {
 			t.Errorf("chunk %d echoed as %q (end %v), want %q (end %v)", i, got.GetBody(), got.GetEndOfStream(), chunk, eos)
 		}
 	}
-	e.awaitUsed(t, user, 0, time.Second)
+	e.AwaitUsed(t, user, 0, time.Second)
 }

@@ -1,7 +1,6 @@
 package extproc_test
 
 import (
-	"context"
 	"errors"
 	"io"
 	"slices"
@@ -52,22 +51,6 @@ func requestAsync(st *envoytest.Stream, user, plan string) <-chan answered {
 	return out
 }
 
-// awaitQueue waits up to within for user's queue to hold n acquires.
-func (e *env) awaitQueue(t *testing.T, user string, n int, within time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		got, err := e.stack.Limiter.Slots(context.Background(), user)
-		if err == nil && len(got.Queue) == n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("queue of %s after %s: %+v, %v; want %d waiting", user, within, got.Queue, err, n)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func answerWithin(t *testing.T, ch <-chan answered, within time.Duration, what string) answered {
 	t.Helper()
 	select {
@@ -92,7 +75,7 @@ func TestAWaitingRequestIsGrantedTheSlotReleased(t *testing.T) {
 	second := e.open(t)
 	start := time.Now()
 	answer := requestAsync(second, user, "queued")
-	e.awaitQueue(t, user, 1, 5*time.Second)
+	e.AwaitQueue(t, user, 1, 5*time.Second)
 	// Still waiting once Envoy's own timer would have run out.
 	select {
 	case a := <-answer:
@@ -117,11 +100,11 @@ func TestAWaitingRequestIsGrantedTheSlotReleased(t *testing.T) {
 	if first.Overrides != nil {
 		t.Errorf("the request granted at once sent override_message_timeout %v, want none", first.Overrides)
 	}
-	if got := e.used(t, user); got != 1 {
+	if got := e.Used(t, user); got != 1 {
 		t.Errorf("user holds %d slots, want the waiter's 1", got)
 	}
 	second.Close()
-	e.awaitUsed(t, user, 0, 2*time.Second)
+	e.AwaitUsed(t, user, 0, 2*time.Second)
 }
 
 // A wait that runs out (capped by the plan's maxWait: 300ms of the 5s) is
@@ -142,7 +125,7 @@ func TestAWaitThatRunsOutIsA429(t *testing.T) {
 	if want := []time.Duration{300*time.Millisecond + extproc.TimerMargin}; !slices.Equal(st.Overrides, want) {
 		t.Errorf("override_message_timeout sent %v, want %v (the plan's maxWait plus the margin)", st.Overrides, want)
 	}
-	e.awaitQueue(t, user, 0, time.Second)
+	e.AwaitQueue(t, user, 0, time.Second)
 }
 
 // Envoy ending the stream while its request waits, by a reset (the
@@ -164,9 +147,9 @@ func TestEnvoyEndingTheStreamEndsTheWait(t *testing.T) {
 			grant(t, e.open(t), user, "queued")
 			st := e.open(t)
 			answer := requestAsync(st, user, "queued")
-			e.awaitQueue(t, user, 1, 5*time.Second)
+			e.AwaitQueue(t, user, 1, 5*time.Second)
 			tc.end(st)
-			e.awaitQueue(t, user, 0, time.Second)
+			e.AwaitQueue(t, user, 0, time.Second)
 			if a := answerWithin(t, answer, 2*time.Second, "the request whose stream ended"); a.err == nil {
 				t.Errorf("the request whose stream ended was answered %v, want no answer", a.resp)
 			} else if tc.name == "half-close" && !errors.Is(a.err, io.EOF) {
@@ -185,8 +168,8 @@ func TestEnvoyEndingTheStreamEndsTheWait(t *testing.T) {
 			t.Fatalf("a wait past message_timeout without max_message_timeout: %v, want Envoy's message timeout", err)
 		}
 		st.Close() // Envoy closes the stream on a message timeout
-		e.awaitQueue(t, user, 0, time.Second)
-		if got := e.used(t, user); got != 1 {
+		e.AwaitQueue(t, user, 0, time.Second)
+		if got := e.Used(t, user); got != 1 {
 			t.Errorf("user holds %d slots, want the first stream's 1", got)
 		}
 	})
@@ -201,7 +184,7 @@ func TestTheDrainEndsWaits(t *testing.T) {
 	grant(t, holder, user, "queued")
 	st := e.open(t)
 	answer := requestAsync(st, user, "queued")
-	e.awaitQueue(t, user, 1, 5*time.Second)
+	e.AwaitQueue(t, user, 1, 5*time.Second)
 	e.stop()
 	a := answerWithin(t, answer, 5*time.Second, "the waiting request at the end of the grace")
 	if a.err != nil {
@@ -211,8 +194,8 @@ func TestTheDrainEndsWaits(t *testing.T) {
 	if ir.GetStatus().GetCode() != 503 || body.Error.Code != "limiter_unavailable" || !strings.Contains(body.Error.Message, "shutting down") {
 		t.Errorf("got %d %s (%q), want 503 limiter_unavailable saying the limiter is shutting down", ir.GetStatus().GetCode(), body.Error.Code, body.Error.Message)
 	}
-	e.awaitQueue(t, user, 0, time.Second)
-	e.awaitUsed(t, user, 0, 2*time.Second)
+	e.AwaitQueue(t, user, 0, time.Second)
+	e.AwaitUsed(t, user, 0, 2*time.Second)
 	select {
 	case err := <-e.done:
 		e.done <- err // for the cleanup

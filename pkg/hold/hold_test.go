@@ -5,90 +5,40 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"io"
-	"net/http/httptest"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/joishi/limiter/internal/holdtest"
 	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/hold"
 	"github.com/joishi/limiter/pkg/limiter"
-	"github.com/joishi/limiter/pkg/telemetry"
 	"github.com/joishi/limiter/pkg/tiers"
 )
 
 // env is a Holder on a limiter on the shared standalone Redis, with its
 // metrics served as /metrics would serve them and its Redis calls counted.
 type env struct {
-	stack  *limitertest.Stack
-	holder *hold.Holder
-	tel    *telemetry.Telemetry
-	calls  *callCounter
+	*holdtest.Env
+	calls *callCounter
 }
 
 func newEnv(t *testing.T, opts hold.Options, stackOpts limitertest.Options) *env {
 	t.Helper()
-	tel, err := telemetry.New(context.Background(), telemetry.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
 	calls := &callCounter{ops: map[string]int{}}
 	stackOpts.Limiter.Observer = calls
-	if stackOpts.Redis.Timeout == 0 {
-		// Correctness, not latency: a loaded machine must not turn these
-		// tests degraded.
-		stackOpts.Redis.Timeout = 5 * time.Second
-	}
-	stack := limitertest.New(t, stackOpts)
-	if opts.Mode == "" {
-		opts.Mode = "test"
-	}
-	opts.MeterProvider = tel.MeterProvider
-	h, err := hold.New(stack.Limiter, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.Close(context.Background()) })
-	return &env{stack: stack, holder: h, tel: tel, calls: calls}
+	return &env{Env: holdtest.New(t, holdtest.Options{Stack: stackOpts, Hold: opts}), calls: calls}
 }
 
 func (e *env) acquire(t *testing.T, user, plan string) *hold.Stream {
 	t.Helper()
-	st, res, err := e.holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: plan})
+	st, res, err := e.Holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: plan})
 	if err != nil || st == nil {
 		t.Fatalf("Acquire(%s, %s) = %v, %+v, %v; want a stream", user, plan, st, res, err)
 	}
 	return st
-}
-
-// used returns how many live slots Redis holds for user.
-func (e *env) used(t *testing.T, user string) int {
-	t.Helper()
-	slots, err := e.stack.Limiter.Slots(context.Background(), user)
-	if err != nil {
-		t.Fatalf("Slots(%s): %v", user, err)
-	}
-	return slots.Used
-}
-
-// metric returns the value of the /metrics line that starts with series,
-// "" when there is none.
-func (e *env) metric(t *testing.T, series string) string {
-	t.Helper()
-	rec := httptest.NewRecorder()
-	e.tel.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	body, _ := io.ReadAll(rec.Body)
-	for line := range strings.SplitSeq(string(body), "\n") {
-		if strings.HasPrefix(line, series+" ") {
-			return strings.TrimPrefix(line, series+" ")
-		}
-	}
-	return ""
 }
 
 func newUser() string {
@@ -110,6 +60,7 @@ func (c *callCounter) Reclaimed(context.Context, string, int)                   
 func (c *callCounter) Waiting(context.Context, tiers.Tier, int)                           {}
 func (c *callCounter) Waited(context.Context, tiers.Tier, limiter.WaitOutcome, time.Duration) {
 }
+func (c *callCounter) Joined(context.Context, string, limiter.JoinOutcome, int, int) {}
 func (c *callCounter) RedisCall(_ context.Context, op string, _ time.Duration, _ error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -134,7 +85,7 @@ func TestReleaseOnEveryEnd(t *testing.T) {
 		t.Run(string(end), func(t *testing.T) {
 			user := newUser()
 			st := e.acquire(t, user, "one")
-			if got := e.used(t, user); got != 1 {
+			if got := e.Used(t, user); got != 1 {
 				t.Fatalf("after Acquire: %d slots held, want 1", got)
 			}
 			// The end path's own context is often gone already (a client
@@ -147,18 +98,18 @@ func TestReleaseOnEveryEnd(t *testing.T) {
 			if st.Release(context.Background(), hold.EndComplete) {
 				t.Errorf("a second Release = true, want false (idempotent)")
 			}
-			if got := e.used(t, user); got != 0 {
+			if got := e.Used(t, user); got != 0 {
 				t.Errorf("after Release(%s): %d slots held, want 0", end, got)
 			}
-			if got := e.metric(t, `limiter_streams_held_total{end="`+string(end)+`",mode="test"}`); got != "1" {
+			if got := e.Metric(t, `limiter_streams_held_total{end="`+string(end)+`",mode="test"}`); got != "1" {
 				t.Errorf("limiter_streams_held_total{end=%q}: got %q, want 1", end, got)
 			}
 		})
 	}
-	if got := e.metric(t, `limiter_streams_active{mode="test"}`); got != "0" {
+	if got := e.Metric(t, `limiter_streams_active{mode="test"}`); got != "0" {
 		t.Errorf("limiter_streams_active after every release: got %q, want 0", got)
 	}
-	if got := e.holder.Held(); got != 0 {
+	if got := e.Holder.Held(); got != 0 {
 		t.Errorf("Held() = %d, want 0", got)
 	}
 }
@@ -184,7 +135,7 @@ func TestConcurrentReleasesReleaseOnce(t *testing.T) {
 	if wins != 1 {
 		t.Errorf("%d releases reported true, want exactly 1", wins)
 	}
-	if got := e.used(t, user); got != 0 {
+	if got := e.Used(t, user); got != 0 {
 		t.Errorf("%d slots held after the releases, want 0", got)
 	}
 }
@@ -194,18 +145,18 @@ func TestLimitIsAResultNotAnError(t *testing.T) {
 	user := newUser()
 	first := e.acquire(t, user, "one")
 	defer first.Release(context.Background(), hold.EndComplete)
-	st, res, err := e.holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "one"})
+	st, res, err := e.Holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "one"})
 	if st != nil || err != nil || res.Granted || res.RetryAfter <= 0 {
 		t.Fatalf("second Acquire on a plan of 1 = %v, %+v, %v; want no stream, no error, a RetryAfter", st, res, err)
 	}
-	if got := e.metric(t, `limiter_streams_refused_total{mode="test",reason="limit"}`); got != "1" {
+	if got := e.Metric(t, `limiter_streams_refused_total{mode="test",reason="limit"}`); got != "1" {
 		t.Errorf("refused{reason=limit}: got %q, want 1", got)
 	}
-	_, _, err = e.holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "nope"})
+	_, _, err = e.Holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "nope"})
 	if !errors.Is(err, limiter.ErrUnknownPlan) {
 		t.Errorf("Acquire on an unknown plan: err %v, want ErrUnknownPlan", err)
 	}
-	if got := e.metric(t, `limiter_streams_refused_total{mode="test",reason="unknown_plan"}`); got != "1" {
+	if got := e.Metric(t, `limiter_streams_refused_total{mode="test",reason="unknown_plan"}`); got != "1" {
 		t.Errorf("refused{reason=unknown_plan}: got %q, want 1", got)
 	}
 }
@@ -234,7 +185,7 @@ func TestOneBatchPerIntervalForAllStreams(t *testing.T) {
 			len(streams), window, batches, singles)
 	}
 	for _, user := range ids {
-		if got := e.used(t, user); got != perUser {
+		if got := e.Used(t, user); got != perUser {
 			t.Fatalf("user %s holds %d slots after 4x the TTL, want %d (kept alive)", user, got, perUser)
 		}
 	}
@@ -271,7 +222,7 @@ func TestLostWhenTheSlotIsRemovedBehindItsBack(t *testing.T) {
 	ctx, cancel := st.Context(context.Background())
 	defer cancel()
 	// Support unlocks the account.
-	if _, err := e.stack.Limiter.ReleaseAll(context.Background(), user, "audit-"+user); err != nil {
+	if _, err := e.Stack.Limiter.ReleaseAll(context.Background(), user, "audit-"+user); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -290,7 +241,7 @@ func TestLostWhenTheSlotIsRemovedBehindItsBack(t *testing.T) {
 	default:
 		t.Error("the stream's context was not cancelled when its slot was lost")
 	}
-	if got := e.metric(t, `limiter_streams_lost_total{mode="test"}`); got != "1" {
+	if got := e.Metric(t, `limiter_streams_lost_total{mode="test"}`); got != "1" {
 		t.Errorf("limiter_streams_lost_total: got %q, want 1", got)
 	}
 	if !st.Release(context.Background(), hold.EndLost) {
@@ -312,10 +263,10 @@ func TestCloseReleasesEveryStreamStillHeld(t *testing.T) {
 		streams = append(streams, e.acquire(t, user, "three"))
 	}
 	streams[0].Release(context.Background(), hold.EndComplete)
-	if got := e.holder.Close(context.Background()); got != 2 {
+	if got := e.Holder.Close(context.Background()); got != 2 {
 		t.Errorf("Close released %d streams, want the 2 still held", got)
 	}
-	if got := e.used(t, user); got != 0 {
+	if got := e.Used(t, user); got != 0 {
 		t.Errorf("%d slots held after Close, want 0", got)
 	}
 	for _, st := range streams[1:] {
@@ -331,13 +282,13 @@ func TestCloseReleasesEveryStreamStillHeld(t *testing.T) {
 			t.Error("the holder's own Release after Close = true, want false")
 		}
 	}
-	if _, _, err := e.holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "three"}); !errors.Is(err, hold.ErrClosed) {
+	if _, _, err := e.Holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "three"}); !errors.Is(err, hold.ErrClosed) {
 		t.Errorf("Acquire after Close: %v, want ErrClosed", err)
 	}
-	if got := e.used(t, user); got != 0 {
+	if got := e.Used(t, user); got != 0 {
 		t.Errorf("Acquire after Close left %d slots, want 0", got)
 	}
-	if got := e.metric(t, `limiter_streams_held_total{end="shutdown",mode="test"}`); got != "2" {
+	if got := e.Metric(t, `limiter_streams_held_total{end="shutdown",mode="test"}`); got != "2" {
 		t.Errorf("held_total{end=shutdown}: got %q, want 2", got)
 	}
 }
@@ -361,7 +312,7 @@ func TestIdleStreamsAreReleased(t *testing.T) {
 	default:
 		t.Fatal("a stream untouched for 800ms (IdleTimeout 300ms) is still held")
 	}
-	if got := e.used(t, idleUser); got != 0 {
+	if got := e.Used(t, idleUser); got != 0 {
 		t.Errorf("idle stream's user holds %d slots, want 0", got)
 	}
 	select {
@@ -369,7 +320,7 @@ func TestIdleStreamsAreReleased(t *testing.T) {
 		t.Fatalf("a touched stream was lost: %v", busy.Err())
 	default:
 	}
-	if got := e.used(t, busyUser); got != 1 {
+	if got := e.Used(t, busyUser); got != 1 {
 		t.Errorf("touched stream's user holds %d slots, want 1", got)
 	}
 }
@@ -390,7 +341,7 @@ func TestDegradedStreamIsCountedOnceRedisAnswers(t *testing.T) {
 	path.Restore()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		slots, err := e.stack.Limiter.Slots(context.Background(), user)
+		slots, err := e.Stack.Limiter.Slots(context.Background(), user)
 		if err == nil && slots.Used == 1 && slots.Slots[0].StreamID == st.ID() && !st.Degraded() {
 			break
 		}

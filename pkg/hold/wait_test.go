@@ -23,24 +23,17 @@ type acquired struct {
 	err error
 }
 
-// acquireAsync runs e.holder.Acquire in a goroutine and returns once the
+// acquireAsync runs e.Holder.Acquire in a goroutine and returns once the
 // user's queue holds queued acquires.
 func (e *env) acquireAsync(t *testing.T, ctx context.Context, user string, queued int) <-chan acquired {
 	t.Helper()
 	done := make(chan acquired, 1)
 	go func() {
-		st, res, err := e.holder.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "queued"})
+		st, res, err := e.Holder.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "queued"})
 		done <- acquired{st, res, err}
 	}()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		got, err := e.stack.Limiter.Slots(context.Background(), user)
-		if err == nil && len(got.Queue) == queued {
-			return done
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("queue of %s: %+v, %v; want %d waiting", user, got.Queue, err, queued)
-		}
-	}
+	e.AwaitQueue(t, user, queued, 5*time.Second)
+	return done
 }
 
 // The holder's Wait lets a stream wait for the slot another one releases,
@@ -61,7 +54,7 @@ func TestHolderWaitsForASlot(t *testing.T) {
 	if a.err != nil || a.st == nil || a.res.Waited <= 0 {
 		t.Fatalf("waiting Acquire = %v, %+v, %v; want a stream, after a wait", a.st, a.res, a.err)
 	}
-	if n := e.holder.Held(); n != 1 {
+	if n := e.Holder.Held(); n != 1 {
 		t.Errorf("holder holds %d streams, want the waiter's 1", n)
 	}
 	a.st.Release(context.Background(), hold.EndComplete)
@@ -75,7 +68,7 @@ func TestClosingTheHolderEndsWaits(t *testing.T) {
 	user := newUser()
 	e.acquire(t, user, "queued")
 	waiting := e.acquireAsync(t, context.Background(), user, 1)
-	e.holder.Close(context.Background())
+	e.Holder.Close(context.Background())
 	select {
 	case a := <-waiting:
 		if !errors.Is(a.err, hold.ErrClosed) || a.st != nil {
@@ -84,7 +77,7 @@ func TestClosingTheHolderEndsWaits(t *testing.T) {
 	case <-time.After(3 * time.Second):
 		t.Fatal("a waiting Acquire outlived Close")
 	}
-	if got, err := e.stack.Limiter.Slots(context.Background(), user); err != nil || len(got.Queue) != 0 {
+	if got, err := e.Stack.Limiter.Slots(context.Background(), user); err != nil || len(got.Queue) != 0 {
 		t.Errorf("queue after Close: %+v, %v; want empty", got.Queue, err)
 	}
 }

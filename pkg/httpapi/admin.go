@@ -17,6 +17,12 @@ const (
 	// PathAdminUserOverride sets (POST) or removes (DELETE) one user's
 	// temporary override of the limit (role operator).
 	PathAdminUserOverride = "/v1/admin/users/{user_id}/override"
+	// PathAdminPoolKey shows one pool key: its holders, cap and override
+	// (role viewer or operator).
+	PathAdminPoolKey = "/v1/admin/pools/{pool}/keys/{key}"
+	// PathAdminPoolKeyOverride sets (POST) or removes (DELETE) one pool
+	// key's temporary override of its cap (role operator).
+	PathAdminPoolKeyOverride = "/v1/admin/pools/{pool}/keys/{key}/override"
 	// PathAdminAudit lists the most recent admin calls (role viewer or operator).
 	PathAdminAudit = "/v1/admin/audit"
 	// PathAdminPage is the admin page, served on the admin listener.
@@ -31,9 +37,11 @@ const (
 	// when no limit is asked; MaxAuditLimit the most it returns.
 	DefaultAuditLimit = 50
 	MaxAuditLimit     = 1000
-	// MaxOverrideStreams bounds an override's max_concurrent_streams, as
-	// a tier's maxConcurrentStreams is bounded.
-	MaxOverrideStreams = 1000
+	// MaxOverrideStreams bounds a user's override's
+	// max_concurrent_streams, as a tier's maxConcurrentStreams is bounded;
+	// MaxPoolOverrideStreams a pool key's, as a pool's caps are.
+	MaxOverrideStreams     = 1000
+	MaxPoolOverrideStreams = 100000
 	// MinOverrideExpiresIn and MaxOverrideExpiresIn bound an override's
 	// expires_in, in seconds: a minute to 30 days.
 	MinOverrideExpiresIn = 60
@@ -59,7 +67,9 @@ const (
 	RoleOperator = "operator"
 )
 
-// Admin actions, as recorded in the audit.
+// Admin actions, as recorded in the audit. A call on a pool key records
+// the same actions as on a user (list_slots lists its holders), naming the
+// pool key instead of the user.
 const (
 	ActionListSlots  = "list_slots"
 	ActionReleaseAll = "release_all"
@@ -75,27 +85,41 @@ const OutcomeOK = "ok"
 
 // AdminUserSlotsPath is PathAdminUserSlots for userID (escaped).
 func AdminUserSlotsPath(userID string) string {
-	return "/v1/admin/users/" + userSegment(userID) + "/slots"
+	return "/v1/admin/users/" + segment(userID) + "/slots"
 }
 
 // AdminUserReleasePath is PathAdminUserRelease for userID (escaped).
 func AdminUserReleasePath(userID string) string {
-	return "/v1/admin/users/" + userSegment(userID) + "/release"
+	return "/v1/admin/users/" + segment(userID) + "/release"
 }
 
 // AdminUserOverridePath is PathAdminUserOverride for userID (escaped).
 func AdminUserOverridePath(userID string) string {
-	return "/v1/admin/users/" + userSegment(userID) + "/override"
+	return "/v1/admin/users/" + segment(userID) + "/override"
 }
 
-// userSegment escapes userID as one path segment. A dot-only id is written
-// %2E...: url.PathEscape leaves dots alone, and a "." or ".." segment would
-// be resolved away as "this" or "parent" directory.
-func userSegment(userID string) string {
-	if userID != "" && strings.Trim(userID, ".") == "" {
-		return strings.Repeat("%2E", len(userID))
+// AdminPoolKeyPath is PathAdminPoolKey for key of pool (escaped: a key
+// such as meta-llama/Llama-3.1-70B-Instruct is one segment,
+// meta-llama%2FLlama-3.1-70B-Instruct).
+func AdminPoolKeyPath(pool, key string) string {
+	return "/v1/admin/pools/" + segment(pool) + "/keys/" + segment(key)
+}
+
+// AdminPoolKeyOverridePath is PathAdminPoolKeyOverride for key of pool
+// (escaped).
+func AdminPoolKeyOverridePath(pool, key string) string {
+	return AdminPoolKeyPath(pool, key) + "/override"
+}
+
+// segment escapes s, a user id, a pool's name or a pool key, as one path
+// segment. A dot-only one is written %2E...: url.PathEscape leaves dots
+// alone, and a "." or ".." segment would be resolved away as "this" or
+// "parent" directory.
+func segment(s string) string {
+	if s != "" && strings.Trim(s, ".") == "" {
+		return strings.Repeat("%2E", len(s))
 	}
-	return url.PathEscape(userID)
+	return url.PathEscape(s)
 }
 
 // AdminSlotsResponse is the 200 answer of GET /v1/admin/users/{user_id}/slots.
@@ -128,6 +152,9 @@ type AdminTicket struct {
 // AdminSlot is one live slot, earliest expiry first, with what its
 // acquire recorded.
 type AdminSlot struct {
+	// UserID is the holder's user: on a pool key's holders only (a user's
+	// slots are the user's).
+	UserID    string    `json:"user_id,omitempty"`
 	StreamID  string    `json:"stream_id"`
 	ExpiresAt time.Time `json:"expires_at"`
 	// TTLMs is the time left before the slot expires, as Redis saw it.
@@ -147,7 +174,8 @@ type AdminSlot struct {
 
 // AdminOverride is a user's temporary override of the limit: while in
 // force, every acquire of the user is judged by MaxConcurrentStreams
-// instead of the plan's limit.
+// instead of the plan's limit. A pool key's is the same: every stream that
+// joins the key is judged by it instead of the pool's cap.
 type AdminOverride struct {
 	MaxConcurrentStreams int       `json:"max_concurrent_streams"`
 	SetAt                time.Time `json:"set_at"`
@@ -177,6 +205,36 @@ type AdminOverrideRequest struct {
 // AdminOverrideResponse is the 200 answer of POST /v1/admin/users/{user_id}/override.
 type AdminOverrideResponse struct {
 	UserID   string        `json:"user_id"`
+	Override AdminOverride `json:"override"`
+	AuditID  string        `json:"audit_id"`
+}
+
+// AdminPoolKeyResponse is the 200 answer of GET
+// /v1/admin/pools/{pool}/keys/{key}.
+type AdminPoolKeyResponse struct {
+	Pool string `json:"pool"`
+	Key  string `json:"key"`
+	// Used is the key's live memberships: its holders.
+	Used int `json:"used"`
+	// Limit is the pool's cap of the key: its own, else the pool's
+	// default; absent when the pool caps neither (no stream joins the
+	// key). An override in force replaces it.
+	Limit *int `json:"limit,omitempty"`
+	// Override is the key's override of the cap in force; absent when
+	// none.
+	Override *AdminOverride `json:"override,omitempty"`
+	// Holders are the key's live memberships, earliest expiry first, each
+	// naming its user.
+	Holders []AdminSlot `json:"holders"`
+}
+
+// AdminPoolOverrideResponse is the 200 answer of POST
+// /v1/admin/pools/{pool}/keys/{key}/override. Its body is an
+// AdminOverrideRequest, as for a user; DELETE's are
+// AdminOverrideRemoveRequest and AdminOverrideRemoveResponse.
+type AdminPoolOverrideResponse struct {
+	Pool     string        `json:"pool"`
+	Key      string        `json:"key"`
 	Override AdminOverride `json:"override"`
 	AuditID  string        `json:"audit_id"`
 }
@@ -225,7 +283,11 @@ type AuditRecord struct {
 	// Role is the token's role; empty when the token was missing or unknown.
 	Role   string `json:"role"`
 	Action string `json:"action"`
+	// UserID names the user of a call on a user; Pool and Key the pool key
+	// of a call on a pool key.
 	UserID string `json:"user_id,omitempty"`
+	Pool   string `json:"pool,omitempty"`
+	Key    string `json:"key,omitempty"`
 	// Released are the stream ids a release freed.
 	Released []string `json:"released,omitempty"`
 	// Override is the override a set_override call put in force.

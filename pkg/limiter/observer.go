@@ -27,7 +27,35 @@ type Observer interface {
 	Waiting(ctx context.Context, tier tiers.Tier, delta int)
 	// Waited reports how a wait in the queue ended, and how long it took.
 	Waited(ctx context.Context, tier tiers.Tier, outcome WaitOutcome, took time.Duration)
+	// Joined reports one pool step of an acquire: how its membership of a
+	// key of pool ended, with the key's live memberships after the step
+	// (used) and the cap it was judged by (limit, an override's when one
+	// is in force). used is 0 when Redis did not count (JoinDegraded,
+	// JoinUnavailable). The key is not passed: metrics are labelled by
+	// pool name only.
+	Joined(ctx context.Context, pool string, outcome JoinOutcome, used, limit int)
 }
+
+// JoinOutcome says how one pool step of an acquire ended: the outcome
+// label of the pool metrics.
+type JoinOutcome string
+
+// Outcomes of a pool step.
+const (
+	// JoinGranted: the key had room (or the stream held its membership
+	// already). A later pool of the same acquire may still refuse it, and
+	// the membership is then given back.
+	JoinGranted JoinOutcome = "granted"
+	// JoinLimited: the key held its cap; the acquire is refused
+	// (AcquireResult.RefusedBy) and the pools after it are not asked.
+	JoinLimited JoinOutcome = "limited"
+	// JoinDegraded: the key's shard did not answer and the pool fails
+	// open: the membership was granted uncounted (PoolGrant.Degraded).
+	JoinDegraded JoinOutcome = "degraded"
+	// JoinUnavailable: the key's shard did not answer and the pool fails
+	// closed: the acquire answers ErrUnavailable.
+	JoinUnavailable JoinOutcome = "unavailable"
+)
 
 type nopObserver struct{}
 
@@ -38,3 +66,4 @@ func (nopObserver) Reclaimed(context.Context, string, int)                      
 func (nopObserver) RedisCall(context.Context, string, time.Duration, error)        {}
 func (nopObserver) Waiting(context.Context, tiers.Tier, int)                       {}
 func (nopObserver) Waited(context.Context, tiers.Tier, WaitOutcome, time.Duration) {}
+func (nopObserver) Joined(context.Context, string, JoinOutcome, int, int)          {}

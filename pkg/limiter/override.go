@@ -26,7 +26,8 @@ const (
 	MaxOverrideActorBytes = 256
 )
 
-// Override replaces one user's limit, whatever the plan, until it expires.
+// Override replaces one user's limit, whatever the plan, or one pool
+// key's cap, until it expires.
 type Override struct {
 	// MaxConcurrentStreams is the limit in force: 0 to
 	// tiers.MaxConcurrentStreams; 0 lets the user hold none.
@@ -41,10 +42,12 @@ type Override struct {
 	Reason string
 }
 
-// OverrideRequest sets an override (SetOverride).
+// OverrideRequest sets an override (SetOverride, SetPoolOverride).
 type OverrideRequest struct {
-	// MaxConcurrentStreams is the user's limit while it is in force: 0 to
-	// tiers.MaxConcurrentStreams, the bound of a tier.
+	// MaxConcurrentStreams is the user's limit (or the pool key's cap)
+	// while it is in force, bounded as the scope's own limit is: 0 to
+	// tiers.MaxConcurrentStreams for a user, 0 to
+	// pools.MaxConcurrentStreams for a pool key.
 	MaxConcurrentStreams int
 	// For is how long it stays in force: MinOverrideDuration to
 	// MaxOverrideDuration, whole milliseconds.
@@ -55,11 +58,12 @@ type OverrideRequest struct {
 	Reason string
 }
 
-// check reports the first field of r out of bounds.
-func (r OverrideRequest) check() error {
+// check reports the first field of r out of bounds, on a scope whose
+// limit is at most most.
+func (r OverrideRequest) check(most int) error {
 	switch {
-	case r.MaxConcurrentStreams < 0 || r.MaxConcurrentStreams > tiers.MaxConcurrentStreams:
-		return fmt.Errorf("%w: the limit must be 0 to %d, got %d", ErrInvalidOverride, tiers.MaxConcurrentStreams, r.MaxConcurrentStreams)
+	case r.MaxConcurrentStreams < 0 || r.MaxConcurrentStreams > most:
+		return fmt.Errorf("%w: the limit must be 0 to %d, got %d", ErrInvalidOverride, most, r.MaxConcurrentStreams)
 	case r.For < MinOverrideDuration || r.For > MaxOverrideDuration:
 		return fmt.Errorf("%w: the duration must be %s to %s, got %s", ErrInvalidOverride, MinOverrideDuration, MaxOverrideDuration, r.For)
 	case r.Actor == "" || len(r.Actor) > MaxOverrideActorBytes:
@@ -68,6 +72,27 @@ func (r OverrideRequest) check() error {
 		return fmt.Errorf("%w: the reason must be 1 to %d bytes, got %d", ErrInvalidOverride, MaxOverrideReasonBytes, len(r.Reason))
 	}
 	return nil
+}
+
+// overrideScope is whose limit an override replaces: a user's or a pool
+// key's. The two are one kind of scope (DESIGN §16), a capped set of
+// slots under one hash tag whose override, keys.Override(slots), the
+// acquire script reads in the call that counts them; only their keys
+// differ.
+type overrideScope struct {
+	slots string // keys.Schema.UserKey or PoolKey
+	// index is the scope's member in the index of overrides in force
+	// (keys.Schema.Overrides): the user id, or a pool key's slots key,
+	// whose braces no user id holds.
+	index string
+	// most bounds its override's limit as its own limit is bounded.
+	most int
+}
+
+// userScope is userID's override scope. Errors: ErrInvalidUserID.
+func (l *Limiter) userScope(userID string) (overrideScope, error) {
+	key, err := l.keys.UserKey(userID)
+	return overrideScope{slots: key, index: userID, most: tiers.MaxConcurrentStreams}, err
 }
 
 // SetOverride replaces userID's limit with req's until it expires, in
@@ -81,22 +106,23 @@ func (r OverrideRequest) check() error {
 // stands, uncounted until it expires, and the failure is logged.
 func (l *Limiter) SetOverride(ctx context.Context, userID string, req OverrideRequest) (Override, error) {
 	ctx, span := l.startSpan(ctx, "limiter.set_override")
-	out, err := l.setOverride(ctx, userID, req)
+	out, err := l.setOverride(ctx, func() (overrideScope, error) { return l.userScope(userID) }, req)
 	endSpan(span, err)
 	return out, err
 }
 
-func (l *Limiter) setOverride(ctx context.Context, userID string, req OverrideRequest) (Override, error) {
-	key, err := l.keys.UserKey(userID)
+// setOverride sets req on the scope resolve names.
+func (l *Limiter) setOverride(ctx context.Context, resolve func() (overrideScope, error), req OverrideRequest) (Override, error) {
+	scope, err := resolve()
 	if err != nil {
 		return Override{}, err
 	}
-	if err := req.check(); err != nil {
+	if err := req.check(scope.most); err != nil {
 		return Override{}, err
 	}
 	var stored lua.Override
 	err = l.do(ctx, "set_override", func(ctx context.Context, c rueidis.Client) (err error) {
-		stored, err = lua.SetOverride(ctx, c, key, req.MaxConcurrentStreams, req.For, req.Actor, req.Reason)
+		stored, err = lua.SetOverride(ctx, c, scope.slots, req.MaxConcurrentStreams, req.For, req.Actor, req.Reason)
 		return err
 	})
 	if err != nil {
@@ -106,7 +132,7 @@ func (l *Limiter) setOverride(ctx context.Context, userID string, req OverrideRe
 	err = l.do(ctx, "index_override", func(ctx context.Context, c rueidis.Client) error {
 		for _, resp := range c.DoMulti(ctx,
 			c.B().Zremrangebyscore().Key(index).Min("-inf").Max(strconv.FormatInt(stored.SetAtMs, 10)).Build(),
-			c.B().Zadd().Key(index).ScoreMember().ScoreMember(float64(stored.ExpiresAtMs), userID).Build()) {
+			c.B().Zadd().Key(index).ScoreMember().ScoreMember(float64(stored.ExpiresAtMs), scope.index).Build()) {
 			if err := resp.Error(); err != nil {
 				return err
 			}
@@ -126,13 +152,14 @@ func (l *Limiter) setOverride(ctx context.Context, userID string, req OverrideRe
 // have removed the override), ErrRedisRefused.
 func (l *Limiter) RemoveOverride(ctx context.Context, userID string) (bool, error) {
 	ctx, span := l.startSpan(ctx, "limiter.remove_override")
-	removed, err := l.removeOverride(ctx, userID)
+	removed, err := l.removeOverride(ctx, func() (overrideScope, error) { return l.userScope(userID) })
 	endSpan(span, err)
 	return removed, err
 }
 
-func (l *Limiter) removeOverride(ctx context.Context, userID string) (bool, error) {
-	key, err := l.keys.UserKey(userID)
+// removeOverride removes the override of the scope resolve names.
+func (l *Limiter) removeOverride(ctx context.Context, resolve func() (overrideScope, error)) (bool, error) {
+	scope, err := resolve()
 	if err != nil {
 		return false, err
 	}
@@ -140,7 +167,7 @@ func (l *Limiter) removeOverride(ctx context.Context, userID string) (bool, erro
 	sent := false
 	err = l.do(ctx, "remove_override", func(ctx context.Context, c rueidis.Client) (err error) {
 		sent = true
-		removed, err = lua.RemoveOverride(ctx, c, key)
+		removed, err = lua.RemoveOverride(ctx, c, scope.slots)
 		return err
 	})
 	if sent && err != nil && !errors.Is(err, ErrRedisRefused) {
@@ -151,15 +178,15 @@ func (l *Limiter) removeOverride(ctx context.Context, userID string) (bool, erro
 	}
 	index := l.keys.Overrides()
 	if err := l.do(ctx, "index_override", func(ctx context.Context, c rueidis.Client) error {
-		return c.Do(ctx, c.B().Zrem().Key(index).Member(userID).Build()).Error()
+		return c.Do(ctx, c.B().Zrem().Key(index).Member(scope.index).Build()).Error()
 	}); err != nil {
 		l.log.WarnContext(ctx, "override removed, but still counted in limiter_overrides_active until it would have expired", "err", err)
 	}
 	return removed, nil
 }
 
-// ActiveOverrides counts the overrides in force, from their index: one
-// cheap read, for the metric. Errors: ErrUnavailable, ErrRedisRefused.
+// ActiveOverrides counts the overrides in force, users' and pool keys',
+// from their index: one cheap read, for the metric. Errors: ErrUnavailable, ErrRedisRefused.
 func (l *Limiter) ActiveOverrides(ctx context.Context) (int, error) {
 	index := l.keys.Overrides()
 	var n int64

@@ -132,9 +132,13 @@ func (l *Limiter) joinPools(ctx context.Context, end time.Time, req AcquireReque
 		switch {
 		case err != nil && degrade(m.pool.FailureMode, err):
 			l.warnDegraded(ctx, "redis unavailable; granting a pool's membership degraded (failureMode Open)", "pool", m.pool.Pool, "err", err)
+			l.observer.Joined(ctx, m.pool.Pool, JoinDegraded, 0, m.limit)
 			out.grants = append(out.grants, PoolGrant{Pool: m.pool.Pool, Key: m.key, Limit: m.limit, Degraded: true})
 			continue
 		case err != nil:
+			if errors.Is(err, ErrUnavailable) { // not the caller leaving, nor a refusing Redis
+				l.observer.Joined(ctx, m.pool.Pool, JoinUnavailable, 0, m.limit)
+			}
 			l.undo(ctx, end, req, taken, added)
 			return joined{}, fmt.Errorf("pool %s=%s: %w", m.pool.Pool, m.key, err)
 		}
@@ -143,6 +147,7 @@ func (l *Limiter) joinPools(ctx context.Context, end time.Time, req AcquireReque
 			limit = got.Override
 		}
 		if !got.Granted {
+			l.observer.Joined(ctx, m.pool.Pool, JoinLimited, got.Used, limit)
 			l.undo(ctx, end, req, taken, added)
 			return joined{refusal: &PoolRefusal{Pool: m.pool.Pool, Key: m.key, Used: got.Used, Limit: limit,
 				RetryAfter: time.Duration(got.RetryAfterMs) * time.Millisecond}}, nil
@@ -150,6 +155,7 @@ func (l *Limiter) joinPools(ctx context.Context, end time.Time, req AcquireReque
 		if !got.Extended {
 			taken = append(taken, m.slots)
 		}
+		l.observer.Joined(ctx, m.pool.Pool, JoinGranted, got.Used, limit)
 		out.grants = append(out.grants, PoolGrant{Pool: m.pool.Pool, Key: m.key, Used: got.Used, Limit: limit, Overridden: got.Override >= 0})
 	}
 	return out, nil

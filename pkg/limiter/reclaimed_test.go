@@ -23,6 +23,7 @@ func (r *reclaimLog) RedisCall(context.Context, string, time.Duration, error)   
 func (r *reclaimLog) Waiting(context.Context, tiers.Tier, int)                           {}
 func (r *reclaimLog) Waited(context.Context, tiers.Tier, limiter.WaitOutcome, time.Duration) {
 }
+func (r *reclaimLog) Joined(context.Context, string, limiter.JoinOutcome, int, int) {}
 func (r *reclaimLog) Reclaimed(_ context.Context, plan string, slots int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/joishi/limiter/internal/benchenv"
 	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/limiter"
@@ -112,7 +113,7 @@ func scaleRun(b *testing.B, e *env, web *scaleServe, servers *scaleNodes, n, con
 	ctx := context.Background()
 	servers.flush(b)
 	memBefore := servers.usedMemory(b)
-	servers.load(b, lua.Sources()["acquire"])
+	benchenv.LoadScript(b, servers.masters, lua.Sources()["acquire"])
 	reqs := scaleLoad(b, e, n, concurrency)
 	memAfter := servers.usedMemory(b)
 
@@ -294,24 +295,8 @@ type scaleNodes struct{ masters, replicas []rueidis.Client }
 
 func scaleServers(b *testing.B, c rueidis.Client) *scaleNodes {
 	b.Helper()
-	s := &scaleNodes{}
-	for addr := range c.Nodes() {
-		node, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, ForceSingleClient: true, DisableCache: true})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(node.Close)
-		role, err := node.Do(context.Background(), node.B().Role().Build()).ToArray()
-		if err != nil || len(role) == 0 {
-			b.Fatalf("ROLE on %s: %v", addr, err)
-		}
-		if kind, _ := role[0].ToString(); kind == "slave" {
-			s.replicas = append(s.replicas, node)
-		} else {
-			s.masters = append(s.masters, node)
-		}
-	}
-	return s
+	n := benchenv.Dial(b, c)
+	return &scaleNodes{masters: n.Masters, replicas: n.Replicas}
 }
 
 func (s *scaleNodes) requireEmpty(b *testing.B) {
@@ -348,21 +333,11 @@ func (s *scaleNodes) flush(b *testing.B) {
 	}
 }
 
-// load loads a script on every master.
-func (s *scaleNodes) load(b *testing.B, src string) {
-	b.Helper()
-	for _, m := range s.masters {
-		if err := m.Do(context.Background(), m.B().ScriptLoad().Script(src).Build()).Error(); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
 func (s *scaleNodes) usedMemory(b *testing.B) int64 {
 	b.Helper()
 	var total int64
 	for _, m := range s.masters {
-		total += infoInt(b, m, "memory", "used_memory")
+		total += benchenv.InfoInt(b, m, "memory", "used_memory")
 	}
 	return total
 }
@@ -381,40 +356,8 @@ func (s *scaleNodes) cpu(b *testing.B) scaleCPU {
 	return out
 }
 
+// infoCPU is the CPU time of one server in µs, user and system.
 func infoCPU(b *testing.B, node rueidis.Client) float64 {
 	b.Helper()
-	return infoFloat(b, node, "cpu", "used_cpu_user")*1e6 + infoFloat(b, node, "cpu", "used_cpu_sys")*1e6
-}
-
-func infoInt(b *testing.B, node rueidis.Client, section, field string) int64 {
-	b.Helper()
-	v, err := strconv.ParseInt(infoField(b, node, section, field), 10, 64)
-	if err != nil {
-		b.Fatalf("INFO %s %s: %v", section, field, err)
-	}
-	return v
-}
-
-func infoFloat(b *testing.B, node rueidis.Client, section, field string) float64 {
-	b.Helper()
-	v, err := strconv.ParseFloat(infoField(b, node, section, field), 64)
-	if err != nil {
-		b.Fatalf("INFO %s %s: %v", section, field, err)
-	}
-	return v
-}
-
-func infoField(b *testing.B, node rueidis.Client, section, field string) string {
-	b.Helper()
-	info, err := node.Do(context.Background(), node.B().Info().Section(section).Build()).ToString()
-	if err != nil {
-		b.Fatal(err)
-	}
-	for line := range strings.Lines(info) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
-			return v
-		}
-	}
-	b.Fatalf("INFO %s has no %s", section, field)
-	return ""
+	return benchenv.CPU(b, node)
 }

@@ -69,29 +69,13 @@ func (l *Limiter) slots(ctx context.Context, userID string) (UserSlots, error) {
 	if err != nil {
 		return UserSlots{}, err
 	}
-	var listing lua.Listing
-	err = l.do(ctx, "slots", func(ctx context.Context, c rueidis.Client) (err error) {
-		listing, err = lua.Slots(ctx, c, key)
-		return err
-	})
+	listing, err := l.listing(ctx, key)
 	if err != nil {
 		return UserSlots{}, err
 	}
 	out := UserSlots{UserID: userID, Used: len(listing.Slots), Slots: make([]Slot, len(listing.Slots))}
 	for i, s := range listing.Slots {
-		rec := s.Record
-		slot := Slot{
-			StreamID:  s.StreamID,
-			ExpiresAt: msTime(s.ExpiresAtMs),
-			TTL:       msDuration(s.ExpiresAtMs - listing.NowMs),
-			Caller:    rec.Caller,
-			Plan:      rec.Plan,
-			Label:     rec.Label,
-		}
-		if rec.StartedAtMs > 0 {
-			slot.StartedAt, slot.Age = msTime(rec.StartedAtMs), msDuration(max(0, listing.NowMs-rec.StartedAtMs))
-		}
-		out.Slots[i] = slot
+		out.Slots[i] = slotOf(s, listing.NowMs)
 	}
 	if o := listing.Override; o != nil {
 		out.Override = overrideOf(*o, listing.NowMs)
@@ -102,6 +86,35 @@ func (l *Limiter) slots(ctx context.Context, userID string) (UserSlots, error) {
 			Waited: time.Duration(listing.NowMs*1000-t.ArrivalUs) * time.Microsecond, ExpiresAt: msTime(t.ExpiresAtMs)}
 	}
 	return out, nil
+}
+
+// listing runs the slots script on key, a user's or a pool key's slots
+// (the two are one kind of scope, DESIGN §16).
+func (l *Limiter) listing(ctx context.Context, key string) (lua.Listing, error) {
+	var listing lua.Listing
+	err := l.do(ctx, "slots", func(ctx context.Context, c rueidis.Client) (err error) {
+		listing, err = lua.Slots(ctx, c, key)
+		return err
+	})
+	return listing, err
+}
+
+// slotOf is s, a slot as the slots script listed it, read at nowMs (Redis
+// ms).
+func slotOf(s lua.Slot, nowMs int64) Slot {
+	rec := s.Record
+	slot := Slot{
+		StreamID:  s.StreamID,
+		ExpiresAt: msTime(s.ExpiresAtMs),
+		TTL:       msDuration(s.ExpiresAtMs - nowMs),
+		Caller:    rec.Caller,
+		Plan:      rec.Plan,
+		Label:     rec.Label,
+	}
+	if rec.StartedAtMs > 0 {
+		slot.StartedAt, slot.Age = msTime(rec.StartedAtMs), msDuration(max(0, nowMs-rec.StartedAtMs))
+	}
+	return slot
 }
 
 func msDuration(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/joishi/limiter/internal/benchenv"
 	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/keys"
@@ -69,7 +70,7 @@ func benchRefresh(b *testing.B, addrs []string) {
 		b.Fatal(err)
 	}
 	b.Cleanup(c.Close)
-	servers := dialServers(b, c)
+	servers := benchenv.Dial(b, c)
 
 	run := keys.NewStreamID()[:12]
 	slots := make([]lua.HeartbeatArgs, refreshUsers)
@@ -86,11 +87,7 @@ func benchRefresh(b *testing.B, addrs []string) {
 		}
 	})
 	pairSHA := fmt.Sprintf("%x", sha1.Sum([]byte(pairSource)))
-	for _, node := range servers.masters {
-		if err := node.Do(ctx, node.B().ScriptLoad().Script(pairSource).Build()).Error(); err != nil {
-			b.Fatal(err)
-		}
-	}
+	benchenv.LoadScript(b, servers.Masters, pairSource)
 
 	sides := []struct {
 		name  string
@@ -147,11 +144,11 @@ func benchRefresh(b *testing.B, addrs []string) {
 		}
 		round++
 		for _, side := range order {
-			before := servers.sample(b)
+			before := sample(b, servers)
 			for range refreshBatches {
 				side.batch()
 			}
-			after := servers.sample(b)
+			after := sample(b, servers)
 			n := float64(refreshBatches * len(slots))
 			f := got[side.name]
 			if f == nil {
@@ -178,7 +175,7 @@ func benchRefresh(b *testing.B, addrs []string) {
 		f := got[side.name]
 		b.ReportMetric(limitertest.Median(f.cpu), side.name+"-redis-cpu-µs")
 		b.ReportMetric(limitertest.Median(f.cmd), side.name+"-cmd-µs")
-		if len(servers.replicas) > 0 {
+		if len(servers.Replicas) > 0 {
 			b.ReportMetric(limitertest.Median(f.replicaCPU), side.name+"-replica-cpu-µs")
 		}
 	}
@@ -189,35 +186,6 @@ func benchRefresh(b *testing.B, addrs []string) {
 		round, got["heartbeat"].cpu, got["pair"].cpu, got["pair-script"].cpu)
 }
 
-// benchServers are direct connections to every node of a deployment.
-type benchServers struct {
-	masters, replicas []rueidis.Client
-}
-
-// dialServers connects to each node of c's deployment (the one node of a
-// standalone client).
-func dialServers(b *testing.B, c rueidis.Client) *benchServers {
-	b.Helper()
-	s := &benchServers{}
-	for addr := range c.Nodes() {
-		node, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, ForceSingleClient: true, DisableCache: true})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(node.Close)
-		role, err := node.Do(context.Background(), node.B().Role().Build()).ToArray()
-		if err != nil || len(role) == 0 {
-			b.Fatalf("ROLE on %s: %v", addr, err)
-		}
-		if kind, _ := role[0].ToString(); kind == "slave" {
-			s.replicas = append(s.replicas, node)
-		} else {
-			s.masters = append(s.masters, node)
-		}
-	}
-	return s
-}
-
 // serverSample is the servers' CPU time (µs) and commandstats usec by
 // command (lower case), summed over the nodes.
 type serverSample struct {
@@ -225,11 +193,12 @@ type serverSample struct {
 	usec            map[string]int64
 }
 
-func (s *benchServers) sample(b *testing.B) serverSample {
+// sample reads the figures of every node of servers.
+func sample(b *testing.B, servers benchenv.Nodes) serverSample {
 	b.Helper()
 	out := serverSample{usec: map[string]int64{}}
-	for _, node := range s.masters {
-		out.cpu += nodeCPU(b, node)
+	for _, node := range servers.Masters {
+		out.cpu += benchenv.CPU(b, node)
 		info, err := node.Do(context.Background(), node.B().Info().Section("commandstats").Build()).ToString()
 		if err != nil {
 			b.Fatal(err)
@@ -248,31 +217,10 @@ func (s *benchServers) sample(b *testing.B) serverSample {
 			}
 		}
 	}
-	for _, node := range s.replicas {
-		cpu := nodeCPU(b, node)
+	for _, node := range servers.Replicas {
+		cpu := benchenv.CPU(b, node)
 		out.cpu += cpu
 		out.replicaCPU += cpu
 	}
 	return out
-}
-
-// nodeCPU is the CPU time of one server in µs, user and system.
-func nodeCPU(b *testing.B, node rueidis.Client) float64 {
-	b.Helper()
-	info, err := node.Do(context.Background(), node.B().Info().Section("cpu").Build()).ToString()
-	if err != nil {
-		b.Fatal(err)
-	}
-	var sec float64
-	for line := range strings.Lines(info) {
-		name, value, _ := strings.Cut(strings.TrimSpace(line), ":")
-		if name == "used_cpu_user" || name == "used_cpu_sys" {
-			v, err := strconv.ParseFloat(value, 64)
-			if err != nil {
-				b.Fatal(fmt.Errorf("INFO cpu %s: %w", line, err))
-			}
-			sec += v
-		}
-	}
-	return sec * 1e6
 }

@@ -11,8 +11,8 @@ import (
 )
 
 // SetOverride runs the set_override script on key's override (key a
-// keys.Schema.UserKey): limit replaces the plan's limit for d. It returns
-// the override as stored.
+// keys.Schema.UserKey or PoolKey): limit replaces the plan's limit, or the
+// pool key's cap, for d. It returns the override as stored.
 func SetOverride(ctx context.Context, c rueidis.Client, key string, limit int, d time.Duration, actor, reason string) (Override, error) {
 	vals, err := setOverrideScript.Exec(ctx, c, []string{keys.Override(key)}, []string{strconv.Itoa(limit), ms(d), actor, reason}).AsIntSlice()
 	if err != nil {

@@ -17,7 +17,8 @@ type Slot struct {
 	Record      StoredRecord
 }
 
-// Override is a user's support override as stored.
+// Override is a support override of a user's limit, or of a pool key's
+// cap, as stored.
 type Override struct {
 	Limit       int
 	ExpiresAtMs int64 // Redis ms
@@ -37,16 +38,17 @@ type Ticket struct {
 type Listing struct {
 	NowMs int64 // Redis ms when read
 	Slots []Slot
-	// Override is the user's override in force, nil when none.
+	// Override is the override in force, nil when none.
 	Override *Override
-	// Queue holds the live tickets of the user's queue, first served
+	// Queue holds the live tickets of the key's queue, first served
 	// first.
 	Queue []Ticket
 }
 
 // Slots runs the slots script: the live slots of key (a
-// keys.Schema.UserKey) with their records, in expiry order, the user's
-// override, and the user's live tickets, in queue order.
+// keys.Schema.UserKey, or a PoolKey, whose slots are its memberships,
+// each member "<stream id> <user id>") with their records, in expiry
+// order, the key's override, and its live tickets, in queue order.
 func Slots(ctx context.Context, c rueidis.Client, key string) (Listing, error) {
 	ks := append(userKeys(key), keys.Override(key), keys.Queue(key), keys.QueueExpiry(key))
 	arr, err := slotsScript.Exec(ctx, c, ks, nil).ToArray()

@@ -1,5 +1,7 @@
 -- slots: list one user's live slots, their records, the user's override
--- and the acquires waiting in the user's queue. Reads only.
+-- and the acquires waiting in the user's queue; or the same of one pool
+-- key (<prefix>pool:{<pool>=<key>} for <prefix>{<user id>} below, each
+-- member "<stream id> <user id>"). Reads only.
 --
 -- KEYS[1] -> <prefix>{<user id>}           sorted set: member = stream id, score = expiry (Redis ms)
 -- KEYS[2] -> <prefix>{<user id>}:meta      hash: field = stream id, value = the slot's record

@@ -1,7 +1,6 @@
 package proxy_test
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -11,11 +10,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"strings"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/joishi/limiter/internal/holdtest"
 	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/pkg/hold"
 	"github.com/joishi/limiter/pkg/identity"
@@ -27,9 +27,7 @@ import (
 // env is a proxy, on a limiter on the shared standalone Redis, in front
 // of an upstream the test writes.
 type env struct {
-	stack    *limitertest.Stack
-	holder   *hold.Holder
-	tel      *telemetry.Telemetry
+	*holdtest.Env
 	spans    *tracetest.InMemoryExporter
 	proxy    *httptest.Server
 	upstream *httptest.Server
@@ -47,25 +45,15 @@ type envOptions struct {
 func newEnv(t *testing.T, handler http.Handler, o envOptions) *env {
 	t.Helper()
 	spans := tracetest.NewInMemoryExporter()
-	tel, err := telemetry.New(context.Background(), telemetry.Options{SpanExporter: spans})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
-	if o.stack.Redis.Timeout == 0 && len(o.stack.Redis.Addrs) == 0 {
-		o.stack.Redis.Timeout = 5 * time.Second // correctness, not latency
-	}
-	stack := limitertest.New(t, o.stack)
-	h, err := hold.New(stack.Limiter, hold.Options{Mode: "proxy", MeterProvider: tel.MeterProvider})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.Close(context.Background()) })
+	e := &env{spans: spans, Env: holdtest.New(t, holdtest.Options{
+		Stack:     o.stack,
+		Hold:      hold.Options{Mode: "proxy"},
+		Telemetry: telemetry.Options{SpanExporter: spans},
+	})}
 	ident, err := identity.New(o.identity)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{stack: stack, holder: h, tel: tel, spans: spans}
 	target := o.upstream
 	if target == "" {
 		e.upstream = httptest.NewServer(handler)
@@ -76,11 +64,11 @@ func newEnv(t *testing.T, handler http.Handler, o envOptions) *env {
 	if opts.Upstream == nil {
 		opts.Upstream, _ = url.Parse(target)
 	}
-	opts.Tiers = stack.Table
-	opts.MeterProvider = tel.MeterProvider
-	opts.Propagator = tel.Propagator
-	opts.Middleware = tel.Middleware
-	p, err := proxy.New(h, ident, opts)
+	opts.Tiers = e.Stack.Table
+	opts.MeterProvider = e.Tel.MeterProvider
+	opts.Propagator = e.Tel.Propagator
+	opts.Middleware = e.Tel.Middleware
+	p, err := proxy.New(e.Holder, ident, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,74 +102,39 @@ func (e *env) do(t *testing.T, req *http.Request) *http.Response {
 	return resp
 }
 
-func (e *env) used(t *testing.T, user string) int {
-	t.Helper()
-	slots, err := e.stack.Limiter.Slots(context.Background(), user)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return slots.Used
-}
-
-// waitUsed waits up to within for user to hold want slots.
-func (e *env) waitUsed(t *testing.T, user string, want int, within time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		got := e.used(t, user)
-		if got == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("user %s holds %d slots %v on, want %d", user, got, within, want)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// metric returns the value of the /metrics line that starts with series.
-func (e *env) metric(t *testing.T, series string) string {
-	t.Helper()
-	rec := httptest.NewRecorder()
-	e.tel.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	for line := range strings.SplitSeq(rec.Body.String(), "\n") {
-		if strings.HasPrefix(line, series+" ") {
-			return strings.TrimPrefix(line, series+" ")
-		}
-	}
-	return ""
-}
-
 func newUser() string {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	return "proxy-" + hex.EncodeToString(b[:])
 }
 
-// errorBody is the OpenAI-shaped error body.
-type errorBody struct {
-	Error struct {
-		Message      string  `json:"message"`
-		Type         string  `json:"type"`
-		Code         string  `json:"code"`
-		Param        *string `json:"param"`
-		RetryAfterMs *int64  `json:"retry_after_ms"`
-		Used         *int    `json:"used"`
-		Limit        *int    `json:"limit"`
-	} `json:"error"`
-}
-
-func decodeError(t *testing.T, resp *http.Response) errorBody {
+// decodeError decodes the refusal resp carries, and checks it is JSON.
+func decodeError(t *testing.T, resp *http.Response) holdtest.ErrorBody {
 	t.Helper()
 	defer resp.Body.Close()
 	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
 		t.Errorf("Content-Type %q, want application/json", ct)
 	}
-	var body errorBody
+	var body holdtest.ErrorBody
 	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
 		t.Fatalf("decoding the error body: %v", err)
 	}
 	return body
+}
+
+// checkRefused checks what refused requests leave behind: user holds held
+// slots (those of requests granted), none of the refused reached up, and
+// limiter_streams_refused_total counts refused of them under reason.
+func (e *env) checkRefused(t *testing.T, up *sse, user string, held int, reason string, refused int) {
+	t.Helper()
+	if n := e.Used(t, user); n != held {
+		t.Errorf("%d slots held after the refused requests, want %d", n, held)
+	}
+	up.checkNoneStarted(t)
+	series := `limiter_streams_refused_total{mode="proxy",reason="` + reason + `"}`
+	if got := e.Metric(t, series); got != strconv.Itoa(refused) {
+		t.Errorf("%s: got %q, want %d", series, got, refused)
+	}
 }
 
 // sse is an upstream that speaks OpenAI's chat completion SSE: it sends
@@ -192,6 +145,17 @@ type sse struct {
 }
 
 func newSSE() *sse { return &sse{tokens: make(chan string), started: make(chan *http.Request, 16)} }
+
+// checkNoneStarted fails the test if a request has reached the upstream
+// (and not been taken off started).
+func (s *sse) checkNoneStarted(t *testing.T) {
+	t.Helper()
+	select {
+	case <-s.started:
+		t.Error("a refused request reached the upstream")
+	default:
+	}
+}
 
 func (s *sse) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.started <- r
@@ -212,21 +176,6 @@ func (s *sse) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-}
-
-// events reads SSE data lines from body as they arrive.
-func events(body io.Reader) <-chan string {
-	out := make(chan string, 64)
-	go func() {
-		defer close(out)
-		sc := bufio.NewScanner(body)
-		for sc.Scan() {
-			if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
-				out <- data
-			}
-		}
-	}()
-	return out
 }
 
 func next(t *testing.T, ch <-chan string, within time.Duration) string {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/joishi/limiter/internal/proxytest"
 	"github.com/joishi/limiter/pkg/proxy"
 )
 
@@ -44,14 +45,14 @@ func TestHTTP2UpstreamOverTLS(t *testing.T) {
 	if proto := <-protos; proto != "HTTP/2.0" {
 		t.Errorf("the upstream saw %s, want HTTP/2.0", proto)
 	}
-	got := events(resp.Body)
+	got, _ := proxytest.SSEData(resp.Body)
 	up.tokens <- "hi"
 	if chunk := next(t, got, 2*time.Second); !strings.Contains(chunk, `"hi"`) {
 		t.Errorf("chunk %q, want the token", chunk)
 	}
 	close(up.tokens)
 	next(t, got, 2*time.Second)
-	e.waitUsed(t, user, 0, time.Second)
+	e.AwaitUsed(t, user, 0, time.Second)
 }
 
 func TestNewTransportRefusesABadCAFile(t *testing.T) {

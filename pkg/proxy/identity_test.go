@@ -44,17 +44,7 @@ func TestARepeatedIdentityHeaderIsRefused(t *testing.T) {
 			}
 		})
 	}
-	if n := e.used(t, user); n != 0 {
-		t.Errorf("%d slots held after the refused requests, want 0", n)
-	}
-	select {
-	case <-up.started:
-		t.Error("a refused request reached the upstream")
-	default:
-	}
-	if got := e.metric(t, `limiter_streams_refused_total{mode="proxy",reason="identity"}`); got != "5" {
-		t.Errorf(`refused_total{reason="identity"}: got %q, want 5`, got)
-	}
+	e.checkRefused(t, up, user, 0, "identity", 5)
 
 	// Each header once: the stream is granted.
 	resp := e.do(t, e.request(t, context.Background(), "POST", "/v1/chat/completions", user, "one", strings.NewReader(`{"stream":true}`)))

@@ -23,7 +23,7 @@ func TestTheLabelHeaderLabelsTheSlot(t *testing.T) {
 	resp := e.do(t, req)
 	defer resp.Body.Close()
 	<-up.started
-	slots, err := e.stack.Limiter.Slots(context.Background(), user)
+	slots, err := e.Stack.Limiter.Slots(context.Background(), user)
 	if err != nil || len(slots.Slots) != 1 || slots.Slots[0].Label != "meta-llama/Llama-3.1-8B" || slots.Slots[0].Plan != "three" {
 		t.Fatalf("slots mid-stream: got %+v, %v; want one slot labelled meta-llama/Llama-3.1-8B on plan three", slots, err)
 	}
@@ -44,16 +44,6 @@ func TestTheLabelHeaderLabelsTheSlot(t *testing.T) {
 			}
 		})
 	}
-	if n := e.used(t, user); n != 1 {
-		t.Errorf("%d slots held after the refused requests, want the first stream's 1", n)
-	}
-	select {
-	case <-up.started:
-		t.Error("a refused request reached the upstream")
-	default:
-	}
-	if got := e.metric(t, `limiter_streams_refused_total{mode="proxy",reason="invalid"}`); got != "2" {
-		t.Errorf(`refused_total{reason="invalid"}: got %q, want 2`, got)
-	}
+	e.checkRefused(t, up, user, 1, "invalid", 2) // the first stream's slot
 	close(up.tokens)
 }

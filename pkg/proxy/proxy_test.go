@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/joishi/limiter/internal/limitertest"
+	"github.com/joishi/limiter/internal/proxytest"
 	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/proxy"
@@ -36,7 +37,7 @@ func TestStreamIsFlushedHeldAndReleased(t *testing.T) {
 	if id == "" || upReq.Header.Get(proxy.HeaderStreamID) != id {
 		t.Errorf("stream id: client saw %q, upstream %q; want the same, non-empty", id, upReq.Header.Get(proxy.HeaderStreamID))
 	}
-	got := events(resp.Body)
+	got, _ := proxytest.SSEData(resp.Body)
 	for _, tok := range []string{"Hel", "lo"} {
 		up.tokens <- tok
 		// The upstream has not finished: the chunk came on its own.
@@ -44,15 +45,15 @@ func TestStreamIsFlushedHeldAndReleased(t *testing.T) {
 			t.Fatalf("chunk %q, want the token %q", chunk, tok)
 		}
 	}
-	if n := e.used(t, user); n != 1 {
+	if n := e.Used(t, user); n != 1 {
 		t.Errorf("%d slots held mid-stream, want 1", n)
 	}
 	close(up.tokens)
 	if last := next(t, got, 2*time.Second); last != "[DONE]" {
 		t.Errorf("last event %q, want [DONE]", last)
 	}
-	e.waitUsed(t, user, 0, time.Second)
-	if got := e.metric(t, `limiter_streams_held_total{end="complete",mode="proxy"}`); got != "1" {
+	e.AwaitUsed(t, user, 0, time.Second)
+	if got := e.Metric(t, `limiter_streams_held_total{end="complete",mode="proxy"}`); got != "1" {
 		t.Errorf(`held_total{end="complete"}: got %q, want 1`, got)
 	}
 }
@@ -86,7 +87,7 @@ func TestLimitReachedIsAnOpenAI429(t *testing.T) {
 		t.Error("the refused request reached the upstream")
 	case <-time.After(100 * time.Millisecond):
 	}
-	if got := e.metric(t, `limiter_streams_refused_total{mode="proxy",reason="limit"}`); got != "1" {
+	if got := e.Metric(t, `limiter_streams_refused_total{mode="proxy",reason="limit"}`); got != "1" {
 		t.Errorf(`refused_total{reason="limit"}: got %q, want 1`, got)
 	}
 }
@@ -127,14 +128,10 @@ func TestBadRequestsTakeNoSlot(t *testing.T) {
 			}
 		})
 	}
-	if n := e.used(t, user); n != 0 {
+	if n := e.Used(t, user); n != 0 {
 		t.Errorf("%d slots held after refused requests, want 0", n)
 	}
-	select {
-	case <-up.started:
-		t.Error("a refused request reached the upstream")
-	default:
-	}
+	up.checkNoneStarted(t)
 }
 
 // Only the configured routes hold a slot; the rest pass through without
@@ -166,11 +163,11 @@ func TestClientDisconnectFreesTheSlot(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	resp := e.do(t, e.request(t, ctx, "POST", "/v1/chat/completions", user, "one", nil))
 	<-up.started
-	got := events(resp.Body)
+	got, _ := proxytest.SSEData(resp.Body)
 	up.tokens <- "a"
 	next(t, got, 2*time.Second)
 	cancel() // the client aborts mid-stream
-	e.waitUsed(t, user, 0, time.Second)
+	e.AwaitUsed(t, user, 0, time.Second)
 	waitMetric(t, e, `limiter_streams_held_total{end="client_gone",mode="proxy"}`, "1")
 }
 
@@ -192,7 +189,7 @@ func TestUpstreamFailureFreesTheSlot(t *testing.T) {
 		if err == nil {
 			t.Error("the client read a complete body from a stream the upstream broke off; want it cut")
 		}
-		e.waitUsed(t, user, 0, time.Second)
+		e.AwaitUsed(t, user, 0, time.Second)
 		waitMetric(t, e, `limiter_streams_held_total{end="upstream_error",mode="proxy"}`, "1")
 		waitMetric(t, e, `limiter_proxy_upstream_errors_total{phase="body"}`, "1")
 	})
@@ -206,7 +203,7 @@ func TestUpstreamFailureFreesTheSlot(t *testing.T) {
 		if body := decodeError(t, resp); body.Error.Code != "upstream_unavailable" {
 			t.Errorf("code %q, want upstream_unavailable", body.Error.Code)
 		}
-		e.waitUsed(t, user, 0, time.Second)
+		e.AwaitUsed(t, user, 0, time.Second)
 		waitMetric(t, e, `limiter_streams_held_total{end="upstream_error",mode="proxy"}`, "1")
 	})
 }
@@ -224,7 +221,7 @@ func TestPanicFreesTheSlot(t *testing.T) {
 		resp.Body.Close()
 		t.Errorf("status %d from a handler that panicked, want the connection cut", resp.StatusCode)
 	}
-	e.waitUsed(t, user, 0, time.Second)
+	e.AwaitUsed(t, user, 0, time.Second)
 	waitMetric(t, e, `limiter_streams_held_total{end="panic",mode="proxy"}`, "1")
 }
 
@@ -238,7 +235,7 @@ func TestLostSlotCutsTheStream(t *testing.T) {
 	<-up.started
 	done := make(chan error, 1)
 	go func() { _, err := io.ReadAll(resp.Body); done <- err }()
-	if _, err := e.stack.Limiter.ReleaseAll(context.Background(), user, "audit-"+user); err != nil {
+	if _, err := e.Stack.Limiter.ReleaseAll(context.Background(), user, "audit-"+user); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -336,13 +333,13 @@ func TestWebSocketHoldsTheSlotForTheConnection(t *testing.T) {
 		if err != nil || line != msg {
 			t.Fatalf("echo %q, %v; want %q", line, err, msg)
 		}
-		if n := e.used(t, user); n != 1 {
+		if n := e.Used(t, user); n != 1 {
 			t.Fatalf("%d slots held on an open WebSocket, want 1", n)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	conn.Close()
-	e.waitUsed(t, user, 0, time.Second)
+	e.AwaitUsed(t, user, 0, time.Second)
 }
 
 // Redis not answering: an Open plan passes through (counted degraded), a
@@ -376,7 +373,7 @@ func waitMetric(t *testing.T, e *env, series, want string) {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Second)
 	for {
-		got := e.metric(t, series)
+		got := e.Metric(t, series)
 		if got == want {
 			return
 		}

@@ -24,7 +24,7 @@ func TestReadyWaitsForTheRedisClientToWarmUp(t *testing.T) {
 		p.OpsHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
 		return rec.Code
 	}
-	p, err := proxy.New(e.holder, nil, proxy.Options{Upstream: upstream, Tiers: e.stack.Table, Warmed: warmed.Load})
+	p, err := proxy.New(e.Holder, nil, proxy.Options{Upstream: upstream, Tiers: e.Stack.Table, Warmed: warmed.Load})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +35,7 @@ func TestReadyWaitsForTheRedisClientToWarmUp(t *testing.T) {
 	if got := ready(p); got != http.StatusOK {
 		t.Errorf("/readyz once warmed = %d, want 200", got)
 	}
-	unhooked, err := proxy.New(e.holder, nil, proxy.Options{Upstream: upstream, Tiers: e.stack.Table})
+	unhooked, err := proxy.New(e.Holder, nil, proxy.Options{Upstream: upstream, Tiers: e.Stack.Table})
 	if err != nil {
 		t.Fatal(err)
 	}

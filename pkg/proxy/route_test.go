@@ -1,47 +1,15 @@
 package proxy_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
+	"github.com/joishi/limiter/internal/proxytest"
 	"github.com/joishi/limiter/pkg/proxy"
 )
-
-// rawRequest sends method target over a new connection exactly as
-// written (Go's client would clean or re-escape some of the spellings the
-// tests need) and returns the answer; the body is the caller's to close.
-func rawRequest(t *testing.T, addr, method, target string, header http.Header) *http.Response {
-	t.Helper()
-	conn, err := net.DialTimeout("tcp", addr, 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: 2\r\n", method, target, addr)
-	for name, values := range header {
-		for _, v := range values {
-			fmt.Fprintf(&b, "%s: %s\r\n", name, v)
-		}
-	}
-	b.WriteString("\r\n{}")
-	if _, err := io.WriteString(conn, b.String()); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, target, err)
-	}
-	return resp
-}
 
 // Every spelling of a limited route holds a slot, however the client
 // writes the path: a request without an identity on a limited route is
@@ -86,7 +54,7 @@ func TestEverySpellingOfALimitedRouteIsLimited(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			resp := rawRequest(t, addr, "POST", tc.target, nil)
+			resp := proxytest.RawRequest(t, addr, "POST", tc.target, nil, "{}")
 			resp.Body.Close()
 			want := http.StatusOK
 			if tc.limited {
@@ -111,7 +79,7 @@ func TestRouteSpellingsShareTheUsersLimit(t *testing.T) {
 	header := http.Header{"X-User-Id": {user}, "X-Plan": {"one"}}
 	for _, target := range []string{"//v1/chat/completions", "/x/../v1/chat/completions", "/v1/chat/./completions", "/v1%2Fchat%2Fcompletions", "/V1/Chat/Completions"} {
 		t.Run(target, func(t *testing.T) {
-			resp := rawRequest(t, e.proxy.Listener.Addr().String(), "POST", target, header)
+			resp := proxytest.RawRequest(t, e.proxy.Listener.Addr().String(), "POST", target, header, "{}")
 			if resp.StatusCode != http.StatusTooManyRequests {
 				// Not the body: a stream that got through would be drained;
 				// the cleanup closes the connection.
@@ -122,7 +90,7 @@ func TestRouteSpellingsShareTheUsersLimit(t *testing.T) {
 			}
 		})
 	}
-	if n := e.used(t, user); n != 1 {
+	if n := e.Used(t, user); n != 1 {
 		t.Errorf("%d slots held, want the first stream's 1", n)
 	}
 	select {

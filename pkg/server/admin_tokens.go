@@ -1,14 +1,52 @@
 package server
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"fmt"
 	"io"
 	"log/slog"
+	"time"
 
 	"github.com/joishi/limiter/pkg/httpapi"
 )
+
+// AdminTokens are the tokens of the admin tokens file (admin.tokensFile):
+// one "name role token" per line, role viewer or operator. pkg/admin
+// authorizes every admin call by them. The file is read by the reader of
+// the API tokens file (tokensFile), re-read when it changes (Watch).
+type AdminTokens struct{ file *tokensFile[tokenSet] }
+
+// AdminToken is one token of the file: its name, which the audit records
+// as the actor, and its role.
+type AdminToken struct{ Name, Role string }
+
+// LoadAdminTokens reads the admin tokens file at path; an error names the
+// file and the line, never a token. log receives reloads and unusable
+// versions of the file.
+func LoadAdminTokens(path string, log *slog.Logger) (*AdminTokens, error) {
+	file, err := loadAdminTokens(path, log)
+	if err != nil {
+		return nil, err
+	}
+	return &AdminTokens{file: file}, nil
+}
+
+// Lookup returns the token whose value is presented, in constant time
+// (tokenSet.lookup).
+func (t *AdminTokens) Lookup(presented string) (AdminToken, bool) {
+	token, ok := t.file.current().lookup(presented)
+	return AdminToken{Name: token.name, Role: token.role}, ok
+}
+
+// Len returns how many tokens are in force.
+func (t *AdminTokens) Len() int { return t.file.current().len() }
+
+// Watch re-reads the file when it changes, every interval, until ctx
+// ends. A removed file revokes every token; a file that cannot be read or
+// parsed is logged and the tokens read before stay in force.
+func (t *AdminTokens) Watch(ctx context.Context, interval time.Duration) { t.file.watch(ctx, interval) }
 
 // maxTokenNameLength bounds the name of an admin token.
 const maxTokenNameLength = 64

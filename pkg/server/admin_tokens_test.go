@@ -295,12 +295,9 @@ func TestClean(t *testing.T) {
 		{"a long string is cut and marked", strings.Repeat("x", 10), "xxxx…", 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := clean(tc.in, tc.max); got != tc.want {
-				t.Errorf("clean(%q): got %q, want %q", tc.in, got, tc.want)
+			if got := Clean(tc.in, tc.max); got != tc.want {
+				t.Errorf("Clean(%q): got %q, want %q", tc.in, got, tc.want)
 			}
 		})
-	}
-	if got := normalizeReason("  ticket 1\n\n\tlocked\u00a0out  "); got != "ticket 1 locked out" {
-		t.Errorf("normalizeReason: got %q, want %q", got, "ticket 1 locked out")
 	}
 }

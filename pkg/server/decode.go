@@ -48,9 +48,9 @@ func checkContentType(r *http.Request) error {
 	case header == "":
 		return &mediaTypeError{msg: "no Content-Type: the body must be sent as application/json"}
 	case err != nil || mediaType != "application/json":
-		return &mediaTypeError{msg: fmt.Sprintf("Content-Type %q is not accepted: the body must be sent as application/json", clean(header, 100))}
+		return &mediaTypeError{msg: fmt.Sprintf("Content-Type %q is not accepted: the body must be sent as application/json", Clean(header, 100))}
 	case params["charset"] != "" && !strings.EqualFold(params["charset"], "utf-8"):
-		return &mediaTypeError{msg: fmt.Sprintf("charset %q is not accepted: JSON bodies are UTF-8", clean(params["charset"], 100))}
+		return &mediaTypeError{msg: fmt.Sprintf("charset %q is not accepted: JSON bodies are UTF-8", Clean(params["charset"], 100))}
 	}
 	return nil
 }

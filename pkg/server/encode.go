@@ -14,7 +14,7 @@ import (
 // The answers of the slot API are built by append encoders into pooled
 // buffers: byte for byte what encoding/json's Encoder writes for them
 // (TestAppendJSON holds them to it), without its reflection and
-// allocations. Other answers (the admin API's) go through writeJSON.
+// allocations. Other answers (the admin API's) go through WriteJSON.
 
 // answer is a pooled buffer an answer's body is built in.
 type answer struct{ b []byte }
@@ -58,8 +58,9 @@ func (a *answer) recycle() {
 	}
 }
 
-// writeJSON answers body, any value, with encoding/json.
-func writeJSON(w http.ResponseWriter, status int, body any) {
+// WriteJSON answers body, any value, with encoding/json, as the admin API
+// (pkg/admin) answers: not cacheable, like every answer.
+func WriteJSON(w http.ResponseWriter, status int, body any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)

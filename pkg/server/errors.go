@@ -13,72 +13,66 @@ import (
 // apiError maps an error from decoding or from the limiter to the HTTP
 // status and the stable code of the API. It is the only place that does.
 func apiError(err error) (int, httpapi.Error) {
-	e := httpapi.Error{Message: err.Error()}
 	var reqErr *requestError
 	var typeErr *mediaTypeError
 	switch {
 	case errors.As(err, &reqErr):
-		e.Code = httpapi.CodeInvalidRequest
-		return http.StatusBadRequest, e
+		return http.StatusBadRequest, httpapi.Error{Code: httpapi.CodeInvalidRequest, Message: err.Error()}
 	case errors.As(err, &typeErr):
-		e.Code = httpapi.CodeUnsupportedMediaType
-		return http.StatusUnsupportedMediaType, e
-	case errors.Is(err, limiter.ErrInvalidUserID):
-		e.Code = httpapi.CodeInvalidUserID
-		return http.StatusBadRequest, e
-	case errors.Is(err, limiter.ErrInvalidStreamID):
-		e.Code = httpapi.CodeInvalidStreamID
-		return http.StatusBadRequest, e
-	case errors.Is(err, limiter.ErrInvalidLabel):
-		e.Code = httpapi.CodeInvalidLabel
-		return http.StatusBadRequest, e
-	case errors.Is(err, limiter.ErrInvalidOverride):
-		e.Code = httpapi.CodeInvalidRequest
-		return http.StatusBadRequest, e
-	case errors.Is(err, limiter.ErrUnknownPool):
-		e.Code = httpapi.CodeUnknownPool
-		return http.StatusUnprocessableEntity, e
-	case errors.Is(err, limiter.ErrInvalidPoolKey):
-		e.Code = httpapi.CodeInvalidPoolKey
-		return http.StatusBadRequest, e
-	case errors.Is(err, limiter.ErrUnknownPlan):
-		e.Code = httpapi.CodeUnknownPlan
-		return http.StatusUnprocessableEntity, e
-	case errors.Is(err, limiter.ErrSlotLost):
-		e.Code = httpapi.CodeSlotLost
-		return http.StatusGone, e
-	case errors.Is(err, ErrUnauthenticated): // slot API (auth.go)
-		e.Code = httpapi.CodeUnauthenticated
-		return http.StatusUnauthorized, e
-	case errors.Is(err, ErrPlanNotAllowed):
-		e.Code = httpapi.CodePlanNotAllowed
-		return http.StatusForbidden, e
-	case errors.Is(err, limiter.ErrNotSlotHolder):
-		e.Code = httpapi.CodeNotSlotHolder
-		e.Message = err.Error() + ": a slot belongs to the caller that took it; support releases it through the admin API"
-		return http.StatusForbidden, e
-	case errors.Is(err, errUnauthorized): // admin API (admin.go)
-		e.Code = httpapi.CodeUnauthorized
-		return http.StatusUnauthorized, e
-	case errors.Is(err, errForbidden):
-		e.Code = httpapi.CodeForbidden
-		return http.StatusForbidden, e
-	case errors.Is(err, limiter.ErrOutcomeUnknown): // before the outage it wraps
-		e.Code = httpapi.CodeOutcomeUnknown
-		e.Message = "the call reached the limiter's Redis but its answer was lost: it may or may not have taken effect (a release: some or all of the user's slots; a removal: the override); list the user's slots to see what holds now"
-		return http.StatusServiceUnavailable, e
-	case errors.Is(err, limiter.ErrUnavailable), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-		// The cause (a Redis error, node addresses) stays in the log.
-		e.Code = httpapi.CodeUnavailable
-		e.Message = "the limiter's Redis did not answer within its deadline and this plan fails closed; retry later"
-		return http.StatusServiceUnavailable, e
-	case errors.Is(err, limiter.ErrRedisRefused):
-		e.Code, e.Message = httpapi.CodeInternal, "the limiter's Redis refused the call (a misconfiguration); the limiter's log names it"
-		return http.StatusInternalServerError, e
-	default:
-		e.Code, e.Message = httpapi.CodeInternal, "internal error"
-		return http.StatusInternalServerError, e
+		return http.StatusUnsupportedMediaType, httpapi.Error{Code: httpapi.CodeUnsupportedMediaType, Message: err.Error()}
 	}
+	for _, m := range sentinelErrors {
+		if errors.Is(err, m.err) {
+			e := httpapi.Error{Code: m.code, Message: err.Error()}
+			if m.message != "" {
+				e.Message = m.message
+			} else if m.hint != "" {
+				e.Message += ": " + m.hint
+			}
+			return m.status, e
+		}
+	}
+	return http.StatusInternalServerError, httpapi.Error{Code: httpapi.CodeInternal, Message: "internal error"}
+}
+
+// Answers that replace the error's own text.
+const (
+	messageOutcomeUnknown = "the call reached the limiter's Redis but its answer was lost: it may or may not have taken effect (a release: some or all of the user's slots; a removal: the override); list the user's slots to see what holds now"
+	// The cause (a Redis error, node addresses) stays in the log.
+	messageUnavailable = "the limiter's Redis did not answer within its deadline and this plan fails closed; retry later"
+)
+
+// sentinelErrors map the sentinels of the limiter and of this package to
+// the status and code apiError answers, in order: the first that the
+// error wraps decides. The answer's message is the error's own, followed
+// by hint if set, or message instead if set.
+var sentinelErrors = []struct {
+	err           error
+	status        int
+	code          string
+	hint, message string
+}{
+	{err: limiter.ErrInvalidUserID, status: http.StatusBadRequest, code: httpapi.CodeInvalidUserID},
+	{err: limiter.ErrInvalidStreamID, status: http.StatusBadRequest, code: httpapi.CodeInvalidStreamID},
+	{err: limiter.ErrInvalidLabel, status: http.StatusBadRequest, code: httpapi.CodeInvalidLabel},
+	{err: limiter.ErrInvalidOverride, status: http.StatusBadRequest, code: httpapi.CodeInvalidRequest},
+	{err: limiter.ErrUnknownPool, status: http.StatusUnprocessableEntity, code: httpapi.CodeUnknownPool},
+	{err: limiter.ErrInvalidPoolKey, status: http.StatusBadRequest, code: httpapi.CodeInvalidPoolKey},
+	{err: limiter.ErrUnknownPlan, status: http.StatusUnprocessableEntity, code: httpapi.CodeUnknownPlan},
+	{err: limiter.ErrSlotLost, status: http.StatusGone, code: httpapi.CodeSlotLost},
+	{err: ErrUnauthenticated, status: http.StatusUnauthorized, code: httpapi.CodeUnauthenticated}, // slot API (auth.go)
+	{err: ErrPlanNotAllowed, status: http.StatusForbidden, code: httpapi.CodePlanNotAllowed},
+	{err: limiter.ErrNotSlotHolder, status: http.StatusForbidden, code: httpapi.CodeNotSlotHolder,
+		hint: "a slot belongs to the caller that took it; support releases it through the admin API"},
+	{err: ErrAdminUnauthorized, status: http.StatusUnauthorized, code: httpapi.CodeUnauthorized}, // admin API (pkg/admin)
+	{err: ErrAdminForbidden, status: http.StatusForbidden, code: httpapi.CodeForbidden},
+	// Before the outage it wraps.
+	{err: limiter.ErrOutcomeUnknown, status: http.StatusServiceUnavailable, code: httpapi.CodeOutcomeUnknown, message: messageOutcomeUnknown},
+	{err: limiter.ErrUnavailable, status: http.StatusServiceUnavailable, code: httpapi.CodeUnavailable, message: messageUnavailable},
+	{err: context.DeadlineExceeded, status: http.StatusServiceUnavailable, code: httpapi.CodeUnavailable, message: messageUnavailable},
+	{err: context.Canceled, status: http.StatusServiceUnavailable, code: httpapi.CodeUnavailable, message: messageUnavailable},
+	{err: limiter.ErrRedisRefused, status: http.StatusInternalServerError, code: httpapi.CodeInternal,
+		message: "the limiter's Redis refused the call (a misconfiguration); the limiter's log names it"},
 }
 
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {

@@ -12,9 +12,3 @@ func SetFailureLogEvery(s *Server, every time.Duration) {
 	s.failedInternal = ratelog.New(s.log, every)
 	s.failedUnavailable = ratelog.New(s.log, every)
 }
-
-// SetAnonymousAuditLogEvery makes a log refused anonymous admin calls at
-// most once per every (1s in production); 0 logs every one.
-func SetAnonymousAuditLogEvery(a *Admin, every time.Duration) {
-	a.audit.anonymous = ratelog.New(a.audit.log, every)
-}

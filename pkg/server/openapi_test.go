@@ -121,34 +121,17 @@ func mustJSON(t *testing.T, v any) []byte {
 // other than want.
 func decode[T any](t *testing.T, r reply, want int) T {
 	t.Helper()
-	var v T
-	if r.status != want {
-		t.Fatalf("status: got %d, want %d; body %s", r.status, want, r.body)
-	}
-	if err := json.Unmarshal(r.body, &v); err != nil {
-		t.Fatalf("decoding %s: %v", r.body, err)
-	}
-	return v
+	return apitest.Decode[T](t, apitest.Reply{Status: r.status, Body: r.body}, want)
 }
 
 // wantError checks that r is an error answer with status and code.
 func wantError(t *testing.T, r reply, status int, code string) httpapi.Error {
 	t.Helper()
-	if r.status != status {
-		t.Errorf("status: got %d, want %d; body %s", r.status, status, r.body)
-	}
-	var e httpapi.ErrorResponse
-	if err := json.Unmarshal(r.body, &e); err != nil {
-		t.Fatalf("decoding the error %s: %v", r.body, err)
-	}
-	if e.Error.Code != code {
-		t.Errorf("error code: got %q, want %q (message %q)", e.Error.Code, code, e.Error.Message)
-	}
-	if e.Error.Message == "" {
-		t.Errorf("error message: got empty, want a description")
-	}
-	return e.Error
+	return apitest.WantError(t, apitest.Reply{Status: r.status, Body: r.body}, status, code)
 }
+
+// logSink collects log output for assertions.
+type logSink = testenv.Buffer
 
 // newUser returns a user id no other test uses.
 func newUser(t *testing.T) string {

@@ -8,8 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -179,14 +177,7 @@ func TestRunDefaultTimeouts(t *testing.T) {
 func TestRunServesTheAdminListener(t *testing.T) {
 	t.Parallel()
 	lim := limitertest.New(t, limitertest.Options{}).Limiter
-	tokens := filepath.Join(t.TempDir(), "tokens")
-	if err := os.WriteFile(tokens, []byte(adminTokens), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	admin, err := server.NewAdmin(lim, server.AdminOptions{TokensFile: tokens})
-	if err != nil {
-		t.Fatal(err)
-	}
+	admin := newAdmin(t, lim)
 	adminAddr := testenv.FreeAddr(t)
 	api, _ := runServerOn(t, server.New(lim, server.Options{Admin: admin}), server.Listeners{Admin: adminAddr})
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {

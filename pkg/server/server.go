@@ -25,9 +25,9 @@ type Options struct {
 	// Default none.
 	Middleware func(http.Handler) http.Handler
 	// Admin, when set, is served on the admin listener (AdminHandler):
-	// the admin API and page, never on the API listener. Default nil: no
-	// admin listener.
-	Admin *Admin
+	// the admin API and page (pkg/admin), never on the API listener.
+	// Default nil: no admin listener.
+	Admin AdminRoutes
 	// Callers, when set, authenticates every call of the slot API
 	// (/v1/slots/*, /v1/tiers) and scopes it to the caller's plans.
 	// Default nil: the slot API is open to anyone who reaches it.

@@ -15,15 +15,7 @@ import (
 
 func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	var req httpapi.AcquireRequest
-	if err := decode(w, r, httpapi.MaxBodyBytes, &req); err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	if req.Plan == "" {
-		s.fail(w, r, badRequest("plan is required"))
-		return
-	}
-	if err := allowPlan(r, req.Plan); err != nil {
+	if err := decodeForPlan(w, r, &req, &req.Plan); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -94,6 +86,19 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	a.send(w, http.StatusOK)
 }
 
+// decodeForPlan decodes the body of a request for a plan's slot into req,
+// and checks the plan it names (*plan, a field of req): given, and one the
+// caller may use.
+func decodeForPlan(w http.ResponseWriter, r *http.Request, req any, plan *string) error {
+	if err := decode(w, r, httpapi.MaxBodyBytes, req); err != nil {
+		return err
+	}
+	if *plan == "" {
+		return badRequest("plan is required")
+	}
+	return allowPlan(r, *plan)
+}
+
 // waitedMs is how long an acquire waited, in whole milliseconds rounded
 // up: a wait of a few microseconds was still one, and 0 would read as none.
 func waitedMs(d time.Duration) int64 {
@@ -136,15 +141,7 @@ func retryAfterSeconds(d time.Duration) int64 {
 
 func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) {
 	var req httpapi.HeartbeatRequest
-	if err := decode(w, r, httpapi.MaxBodyBytes, &req); err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	if req.Plan == "" {
-		s.fail(w, r, badRequest("plan is required"))
-		return
-	}
-	if err := allowPlan(r, req.Plan); err != nil {
+	if err := decodeForPlan(w, r, &req, &req.Plan); err != nil {
 		s.fail(w, r, err)
 		return
 	}

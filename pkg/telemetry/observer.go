@@ -9,6 +9,7 @@ import (
 
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/pools"
 	"github.com/joishi/limiter/pkg/tiers"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -38,11 +39,13 @@ var (
 )
 
 // Observer records the limiter's metrics. Labels are the plan (bounded by
-// the tier table, never taken from a request), the outcome and the Redis
-// operation; never a user id.
+// the tier table, never taken from a request), the pool's name (bounded by
+// the pool table; never a pool key), the outcome and the Redis operation;
+// never a user id.
 //
 // The counters of every request (limiter_acquire_total,
-// limiter_heartbeat_total, limiter_release_total) are counted in atomics
+// limiter_heartbeat_total, limiter_release_total,
+// limiter_pool_acquire_total) are counted in atomics
 // and read at collection (observable counters: the same series): adding
 // to a synchronous counter normalises its attribute set and looks up its
 // series on every call, and a batch of 1,000 heartbeats counts 1,000.
@@ -59,10 +62,18 @@ type Observer struct {
 	usedMax   *usedMax
 	table     *tiers.Table // bounds the plans the used max is recorded for
 
+	// The pool metrics (pools.go): limiter_pool_used_max and
+	// limiter_pool_fill_max (in millionths, fillScale) by pool name.
+	poolUsedMax *usedMax
+	poolFillMax *usedMax
+	poolTable   *pools.Table // its pools' series start at 0; nil: at first sight
+
 	// Attribute sets, built once per label value so that recording does
-	// not allocate: plans by name (*planLabels), ops by name.
+	// not allocate: plans by name (*planLabels), ops by name, pools by
+	// name (*poolLabels).
 	plans sync.Map
 	ops   sync.Map
+	pools sync.Map
 }
 
 // planLabels are the attribute sets of one plan, and its acquires.
@@ -151,20 +162,30 @@ var _ limiter.Observer = (*Observer)(nil)
 
 // ObserverOptions configure an Observer.
 type ObserverOptions struct {
-	// UsedMaxWindow is the window of limiter_slots_used_max: it reports
-	// the largest value seen over the last UsedMaxWindow (in six steps, so
+	// UsedMaxWindow is the window of limiter_slots_used_max,
+	// limiter_pool_used_max and limiter_pool_fill_max: each reports the
+	// largest value seen over the last UsedMaxWindow (in six steps, so
 	// over the last 5/6 to 6/6 of it). Keep it at least the scrape
 	// interval, or maxima between scrapes are missed. Default 1m.
 	UsedMaxWindow time.Duration
+	// Pools is the pool table: the pool series of each of its pools are
+	// reported from the first scrape on (a pool added later, from the
+	// scrape after it), at 0 until the pool's first acquire. Default nil:
+	// a pool's series appear at its first acquire, already counting it.
+	Pools *pools.Table
 }
 
 // NewObserver creates the limiter's instruments on mp. With table, it also
 // reports limiter_tiers, the number of tiers in force, and
-// limiter_slots_used_max for each of its plans.
+// limiter_slots_used_max for each of its plans. The pool metrics
+// (limiter_pool_acquire_total, limiter_pool_used_max,
+// limiter_pool_fill_max) are reported for each pool seen, and each of
+// opts.Pools.
 func NewObserver(mp metric.MeterProvider, table *tiers.Table, opts ObserverOptions) (*Observer, error) {
 	m := mp.Meter(meterName)
-	o := Observer{usedMax: newUsedMax(opts.UsedMaxWindow, time.Now), table: table}
-	var errs [12]error
+	o := Observer{usedMax: newUsedMax(opts.UsedMaxWindow, time.Now), table: table,
+		poolUsedMax: newUsedMax(opts.UsedMaxWindow, time.Now), poolFillMax: newUsedMax(opts.UsedMaxWindow, time.Now), poolTable: opts.Pools}
+	var errs [13]error
 	_, errs[0] = m.Int64ObservableCounter("limiter.acquire", metric.WithUnit("{acquire}"),
 		metric.WithDescription("Acquires by plan and outcome: granted, limited (429), degraded (granted uncounted: Redis down, fail-open), unavailable (503: Redis down, fail-closed)."),
 		metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
@@ -200,6 +221,7 @@ func NewObserver(mp metric.MeterProvider, table *tiers.Table, opts ObserverOptio
 	o.waited, errs[11] = m.Float64Histogram("limiter.acquire.wait.duration", metric.WithUnit("s"),
 		metric.WithDescription("How long acquires waited in their user's queue, by plan and outcome."),
 		metric.WithExplicitBucketBoundaries(waitBuckets...))
+	errs[12] = o.registerPools(m)
 	if table != nil {
 		_, errs[6] = m.Int64ObservableGauge("limiter.tiers", metric.WithUnit("{tier}"),
 			metric.WithDescription("Tiers in the table this replica enforces."),

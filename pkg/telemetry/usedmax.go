@@ -18,7 +18,9 @@ const usedMaxSteps = 6
 // usedMax keeps, for each plan, the largest number of live slots one user
 // of the plan was seen holding over a sliding window (limiter_slots_used_max).
 // Recording is one or two atomic operations on the request path; nothing
-// is kept per user.
+// is kept per user. The pool metrics keep theirs by pool name, in
+// instances of their own (limiter_pool_used_max, limiter_pool_fill_max):
+// nothing is kept per pool key.
 type usedMax struct {
 	step  time.Duration
 	now   func() time.Time

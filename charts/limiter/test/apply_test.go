@@ -29,8 +29,8 @@ import (
 // is accepted by a real kube-apiserver: CRDs first (as helm installs crds/),
 // then every object by server-side apply, in a namespace that enforces the
 // "restricted" Pod Security Standard. The pod the Deployment would create
-// passes the API server's PodSecurity admission, and the LimitTier objects
-// pass the CRD's validation.
+// passes the API server's PodSecurity admission, and the LimitTier and
+// LimitPool objects pass their CRDs' validation.
 func TestAppliedObjectsAreAccepted(t *testing.T) {
 	api := sharedAPIServer(t)
 
@@ -54,6 +54,7 @@ func TestAppliedObjectsAreAccepted(t *testing.T) {
 		{"restricted egress and custom peers", "limiter-netpol", []string{redisValues, networkPolicyValues}},
 		{"proxy mode (testdata/proxy-values.yaml)", "limiter-proxy", []string{redisValues, proxyValues}},
 		{"the ext_proc server on", "limiter-extproc", []string{redisValues, extprocValues}},
+		{"LimitPools (testdata/pools-values.yaml)", "limiter-pools", []string{redisValues, poolsValues}},
 	} {
 		t.Run(vs.name, func(t *testing.T) {
 			// The optional objects too, where the chart carries their files.
@@ -113,6 +114,19 @@ func TestAppliedObjectsAreAccepted(t *testing.T) {
 					}
 				}
 			}
+			// The LimitPools likewise. None for maxConcurrentStreams: absent,
+			// keys not listed are not capped.
+			for _, lp := range ofKind(objs, "LimitPool") {
+				got := api.get(t, lp)
+				for field, want := range map[string]any{"failureMode": "Open", "maxWait": "0s", "maxConcurrentStreams": nil} {
+					if _, set := lp.Object["spec"].(map[string]any)[field]; set {
+						continue
+					}
+					if v, _, _ := unstructured.NestedFieldNoCopy(got.Object, "spec", field); v != want {
+						t.Errorf("LimitPool %s spec.%s: got %v, want the CRD's default %v (<nil>: none)", lp.GetName(), field, v, want)
+					}
+				}
+			}
 		})
 	}
 
@@ -151,6 +165,31 @@ func TestAppliedObjectsAreAccepted(t *testing.T) {
 				"spec":       tt.spec,
 			}}
 			err := api.tryApply(t, lt, true)
+			if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("%s: got %v, want an Invalid error naming %s", tt.name, err, tt.want)
+			}
+		}
+	})
+
+	// And a LimitPool the schema forbids is refused too.
+	t.Run("invalid LimitPool refused", func(t *testing.T) {
+		for _, tt := range []struct {
+			name string
+			spec map[string]any
+			want string
+		}{
+			{"negative default cap", map[string]any{"maxConcurrentStreams": int64(-1)}, "spec.maxConcurrentStreams"},
+			{"a key with a space", map[string]any{"keys": map[string]any{"gpt 4o": int64(1)}}, "spec.keys"},
+			{"a cap above 100000", map[string]any{"keys": map[string]any{"gpt-4o": int64(100001)}}, "spec.keys"},
+			{"maxWait out of range", map[string]any{"maxWait": "61s"}, "spec.maxWait"},
+		} {
+			lp := &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": "limiter.joishi.dev/v1alpha1",
+				"kind":       "LimitPool",
+				"metadata":   map[string]any{"name": "bad", "namespace": "limiter"},
+				"spec":       tt.spec,
+			}}
+			err := api.tryApply(t, lp, true)
 			if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("%s: got %v, want an Invalid error naming %s", tt.name, err, tt.want)
 			}

@@ -41,6 +41,8 @@ const (
 	proxyValues = "testdata/proxy-values.yaml"
 	// extprocValues turns the ext_proc server on.
 	extprocValues = "testdata/extproc-values.yaml"
+	// poolsValues renders two LimitPools.
+	poolsValues = "testdata/pools-values.yaml"
 	// helmVersion is the helm hack/helm.sh installs.
 	helmVersion = "v3.22.0"
 	// release and namespace of every rendering.

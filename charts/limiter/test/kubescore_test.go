@@ -65,6 +65,7 @@ func TestKubeScore(t *testing.T) {
 		{"cluster mode (ci/cluster-values.yaml)", []string{clusterValues}, nil, justifiedCriticals},
 		{"one replica on the embedded store", nil, []string{"--set", "replicaCount=1"}, justifiedCriticals},
 		{"restricted egress and custom peers", []string{redisValues, networkPolicyValues}, nil, justifiedCriticals},
+		{"LimitPools (testdata/pools-values.yaml)", []string{redisValues, poolsValues}, nil, justifiedCriticals},
 		{"image.pullPolicy Always", []string{clusterValues}, []string{"--set", "image.pullPolicy=Always"}, nil},
 	}
 	for _, tt := range tests {

@@ -19,6 +19,7 @@ var valueSets = []struct {
 	{"restricted egress and custom peers", []string{redisValues, networkPolicyValues}},
 	{"proxy mode (testdata/proxy-values.yaml)", []string{redisValues, proxyValues}},
 	{"the ext_proc server on", []string{redisValues, extprocValues}},
+	{"LimitPools (testdata/pools-values.yaml)", []string{redisValues, poolsValues}},
 }
 
 func TestLint(t *testing.T) {
@@ -108,6 +109,38 @@ func TestDefaultLimitTiers(t *testing.T) {
 	want := map[string]int64{"free": 1, "paid": 3}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("LimitTiers: got %v, want %v", got, want)
+	}
+}
+
+// limitPools become LimitPool objects, each field as given and nothing
+// more: an unset maxConcurrentStreams stays unset (keys not listed are not
+// capped), and the CRD defaults the rest. The default values hold none.
+func TestLimitPools(t *testing.T) {
+	if n := len(ofKind(render(t, []string{redisValues}), "LimitPool")); n != 0 {
+		t.Errorf("the default values rendered %d LimitPools, want none", n)
+	}
+	objs := render(t, []string{redisValues, poolsValues})
+	specs := map[string]any{}
+	for _, lp := range ofKind(objs, "LimitPool") {
+		specs[lp.GetName()] = lp.Object["spec"]
+		if got := lp.GetLabels()["app.kubernetes.io/name"]; got == "" {
+			t.Errorf("LimitPool %s has no app.kubernetes.io/name label: %v", lp.GetName(), lp.GetLabels())
+		}
+	}
+	want := map[string]any{
+		"model": map[string]any{
+			"maxConcurrentStreams": int64(100),
+			"keys":                 map[string]any{"gpt-4o": int64(500), "llama-70b": int64(64), "meta-llama/Llama-3.1-70B-Instruct": int64(16)},
+		},
+		"orgs": map[string]any{
+			"pool": "org", "keys": map[string]any{"acme": int64(40)}, "maxWait": "10s", "failureMode": "Closed",
+		},
+	}
+	if !reflect.DeepEqual(specs, want) {
+		t.Errorf("LimitPool specs: got %v, want %v", specs, want)
+	}
+	if got := find(t, objs, "LimitPool", "orgs").GetLabels()["team"]; got != "platform" {
+		t.Errorf("LimitPool orgs label team: got %q, want platform", got)
 	}
 }
 

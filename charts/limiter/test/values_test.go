@@ -138,6 +138,37 @@ func TestBadValuesAreRefused(t *testing.T) {
 			values: "redis:\n  timeout: 11s\n",
 			want:   []string{`redis.timeout "11s": must be above 0s and at most 10s`},
 		},
+		// LimitPools, with the CRD's bounds (pkg/pools).
+		{
+			name:   "a pool key with a space",
+			values: "limitPools:\n  - name: model\n    keys: {\"gpt 4o\": 1}\n",
+			want:   []string{"invalid propertyName 'gpt 4o'", "does not match pattern '^[A-Za-z0-9._:/@-]{1,128}$'"},
+		},
+		{
+			name:   "a pool cap above 100000",
+			values: "limitPools:\n  - name: model\n    keys: {gpt-4o: 100001}\n",
+			want:   []string{"at '/limitPools/0/keys/gpt-4o': maximum: got 100,001, want 100,000"},
+		},
+		{
+			name:   "a pool name in capitals",
+			values: "limitPools:\n  - name: model\n    pool: Model\n",
+			want:   []string{"at '/limitPools/0/pool'"},
+		},
+		{
+			name:   "two LimitPools claiming one pool",
+			values: "limitPools:\n  - name: model\n  - name: models\n    pool: model\n",
+			want:   []string{`limitPools[1]: pool "model" is already defined by limitPools[0]`},
+		},
+		{
+			name:   "a pool maxWait above 60s",
+			values: "limitPools:\n  - name: model\n    maxWait: 61s\n",
+			want:   []string{`limitPools[0] (model): maxWait "61s": must be between 0s and 60s`},
+		},
+		{
+			name:   "LimitPools with the static tier source",
+			values: "tiers:\n  source: static\nlimitPools:\n  - name: model\n",
+			want:   []string{"limitPools needs tiers.source kubernetes"},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -168,6 +199,8 @@ func TestDurationsInRangeAreAccepted(t *testing.T) {
 		"tiers:\n  leaseDuration: 1s\n",
 		"tiers:\n  leaseDuration: 5m\n",
 		"redis:\n  timeout: 10s\n",
+		"limitPools:\n  - name: model\n    maxWait: 60s\n",
+		"limitPools:\n  - name: model\n    maxWait: 1m\n",
 	} {
 		if _, stderr, err := runHelm(t, templateArgs([]string{redisValues, writeValues(t, values)})...); err != nil {
 			t.Errorf("helm template refused %q: %v\n%s", values, err, stderr)

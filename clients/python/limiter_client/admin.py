@@ -9,6 +9,7 @@ from typing import Optional
 from ._http import MAX_ADMIN_ANSWER_BYTES, Endpoint
 from .client import DEFAULT_REQUEST_TIMEOUT
 from .schemas import (
+    AdminPoolKeyResponse,
     AdminReleaseRequest,
     AdminReleaseResponse,
     AdminSlotsResponse,
@@ -46,15 +47,24 @@ class Admin:
     def slots(self, user_id: str) -> AdminSlotsResponse:
         """The user's live slots, earliest expiry first (role viewer or
         operator)."""
-        path = Paths.ADMIN_LIST_SLOTS.replace("{user_id}", user_segment(user_id))
+        path = Paths.ADMIN_LIST_SLOTS.replace("{user_id}", segment(user_id))
         return self._api.call("GET", path, None, AdminSlotsResponse)
 
     def release_all(self, user_id: str, reason: str) -> AdminReleaseResponse:
         """Releases every slot of the user (role operator): the holders'
         next heartbeat is answered slot_lost. reason is required (at most
         500 characters) and recorded in the audit."""
-        path = Paths.ADMIN_RELEASE_ALL.replace("{user_id}", user_segment(user_id))
+        path = Paths.ADMIN_RELEASE_ALL.replace("{user_id}", segment(user_id))
         return self._api.call("POST", path, encode(AdminReleaseRequest(reason=reason)), AdminReleaseResponse)
+
+    def pool_key(self, pool: str, key: str) -> AdminPoolKeyResponse:
+        """Who holds key of pool (each holder's user_id, stream and record),
+        its cap (limit, absent when the pool caps neither) and its override
+        in force (role viewer or operator). A pool the service does not hold
+        raises UnknownPool; a key outside 1-128 bytes of [A-Za-z0-9._:/@-]
+        an InvalidRequest (invalid_pool_key). Keys are case-sensitive."""
+        path = Paths.ADMIN_GET_POOL_KEY.replace("{pool}", segment(pool)).replace("{key}", segment(key))
+        return self._api.call("GET", path, None, AdminPoolKeyResponse)
 
     def audit(self, limit: Optional[int] = None) -> AuditResponse:
         """The most recent admin calls, newest first: limit of them (1-1000),
@@ -65,9 +75,10 @@ class Admin:
         return self._api.call("GET", path, None, AuditResponse)
 
 
-def user_segment(user_id: str) -> str:
-    """user_id escaped as one path segment. A dot-only id is written %2E...:
-    a "." or ".." segment would be resolved away as a directory."""
-    if user_id and not user_id.strip("."):
-        return "%2E" * len(user_id)
-    return urllib.parse.quote(user_id, safe="")
+def segment(value: str) -> str:
+    """value (a user id, a pool's name or key) escaped as one path segment:
+    a "/" is %2F. A dot-only one is written %2E...: a "." or ".." segment
+    would be resolved away as a directory."""
+    if value and not value.strip("."):
+        return "%2E" * len(value)
+    return urllib.parse.quote(value, safe="")

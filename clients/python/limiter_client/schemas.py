@@ -29,6 +29,9 @@ class Paths:
     ADMIN_RELEASE_ALL = "/v1/admin/users/{user_id}/release"  # POST
     ADMIN_SET_OVERRIDE = "/v1/admin/users/{user_id}/override"  # POST
     ADMIN_REMOVE_OVERRIDE = "/v1/admin/users/{user_id}/override"  # DELETE
+    ADMIN_GET_POOL_KEY = "/v1/admin/pools/{pool}/keys/{key}"  # GET
+    ADMIN_SET_POOL_OVERRIDE = "/v1/admin/pools/{pool}/keys/{key}/override"  # POST
+    ADMIN_REMOVE_POOL_OVERRIDE = "/v1/admin/pools/{pool}/keys/{key}/override"  # DELETE
     ADMIN_READ_AUDIT = "/v1/admin/audit"  # GET
     HEALTHZ = "/healthz"  # GET
     READYZ = "/readyz"  # GET
@@ -433,6 +436,39 @@ class AdminSlotsResponse:
 
 
 @dataclasses.dataclass(frozen=True)
+class AdminPoolKeyResponse:
+    """Schema AdminPoolKeyResponse of the contract."""
+
+    pool: str
+    """The pool's name."""
+
+    key: str
+    """The pool key, as asked (keys are case-sensitive)."""
+
+    used: int
+    """The key's live memberships."""
+
+    holders: List[AdminSlot]
+    """Earliest expiry first, each naming the user whose stream holds it (`user_id`)."""
+
+    limit: Optional[int] = None
+    """The pool's cap of the key - its own, else the pool's default; absent when the pool caps neither. An override in force replaces it."""
+
+    override: Optional[AdminOverride] = None
+    """The key's override of the cap in force; absent when none."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AdminPoolOverrideResponse:
+    """Schema AdminPoolOverrideResponse of the contract."""
+
+    pool: str
+    key: str
+    override: AdminOverride
+    audit_id: AuditID
+
+
+@dataclasses.dataclass(frozen=True)
 class AdminTicket:
     """Schema AdminTicket of the contract."""
 
@@ -459,6 +495,9 @@ class AdminSlot:
     ttl_ms: int
     """Time left before the slot expires, as Redis saw it."""
 
+    user_id: Optional[UserID] = None
+    """A pool key's holders only - the user whose stream holds the membership."""
+
     started_at: Optional[datetime] = None
     """When the slot was taken, by Redis time. Absent for a slot taken by an older version, which recorded no start."""
 
@@ -478,11 +517,13 @@ class AdminOverride:
     """A temporary override of one user's limit: while in force, every
     acquire of the user, on any plan, is judged by
     `max_concurrent_streams` instead of the plan's limit. Slots already
-    held are kept. It lapses by itself at `expires_at`.
+    held are kept. It lapses by itself at `expires_at`. A pool key's
+    override is the same, judging every stream that joins the key
+    instead of the pool's cap.
     """
 
     max_concurrent_streams: int
-    """The user's limit while in force; 0 lets the user hold none."""
+    """The user's limit (0-1000, a tier's bound) or the pool key's cap (0-100000, a pool's bound) while in force; 0 lets none be held."""
 
     set_at: datetime
     """When it was set, by Redis time."""
@@ -505,7 +546,21 @@ class AdminOverrideRequest:
     """Schema AdminOverrideRequest of the contract."""
 
     max_concurrent_streams: int
-    """The user's limit while in force, bounded as a tier's is (0-1000); 0 lets the user hold none."""
+    """The user's limit while in force, bounded as a tier's is (0-1000); 0 lets none be held."""
+
+    expires_in: int
+    """How long it stays in force, in seconds - a minute to 30 days."""
+
+    reason: str
+    """Why; recorded with the override and in the audit."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AdminPoolOverrideRequest:
+    """Schema AdminPoolOverrideRequest of the contract."""
+
+    max_concurrent_streams: int
+    """The pool key's cap while in force, bounded as a pool's caps are (0-100000); 0 lets no stream join the key."""
 
     expires_in: int
     """How long it stays in force, in seconds - a minute to 30 days."""
@@ -574,8 +629,8 @@ class AuditResponse:
 @dataclasses.dataclass(frozen=True)
 class AuditRecord:
     """One admin call, refused ones included. Strings that come from the
-    caller (user_id, reason, remote, forwarded_for, detail) have every
-    control or format character replaced by U+FFFD.
+    caller (user_id, pool, key, reason, remote, forwarded_for, detail)
+    have every control or format character replaced by U+FFFD.
     """
 
     audit_id: AuditID
@@ -600,6 +655,14 @@ class AuditRecord:
 
     status: int
     user_id: Optional[str] = None
+    """The user of a call on a user."""
+
+    pool: Optional[str] = None
+    """The pool of a call on a pool key."""
+
+    key: Optional[str] = None
+    """The pool key of a call on a pool key."""
+
     released: Optional[List[str]] = None
     override: Optional[AuditRecordOverride] = None
     """set_override only - the override the call put in force."""
@@ -737,6 +800,20 @@ _FIELDS: Dict[type, Tuple[Tuple[str, Any, bool], ...]] = {
         ("queue", ("array", AdminTicket), True),
         ("override", AdminOverride, False),
     ),
+    AdminPoolKeyResponse: (
+        ("pool", "string", True),
+        ("key", "string", True),
+        ("used", "integer", True),
+        ("limit", "integer", False),
+        ("override", AdminOverride, False),
+        ("holders", ("array", AdminSlot), True),
+    ),
+    AdminPoolOverrideResponse: (
+        ("pool", "string", True),
+        ("key", "string", True),
+        ("override", AdminOverride, True),
+        ("audit_id", "string", True),
+    ),
     AdminTicket: (
         ("stream_id", "string", True),
         ("place", "integer", True),
@@ -745,6 +822,7 @@ _FIELDS: Dict[type, Tuple[Tuple[str, Any, bool], ...]] = {
         ("expires_at", "date-time", True),
     ),
     AdminSlot: (
+        ("user_id", "string", False),
         ("stream_id", "string", True),
         ("expires_at", "date-time", True),
         ("ttl_ms", "integer", True),
@@ -763,6 +841,11 @@ _FIELDS: Dict[type, Tuple[Tuple[str, Any, bool], ...]] = {
         ("reason", "string", True),
     ),
     AdminOverrideRequest: (
+        ("max_concurrent_streams", "integer", True),
+        ("expires_in", "integer", True),
+        ("reason", "string", True),
+    ),
+    AdminPoolOverrideRequest: (
         ("max_concurrent_streams", "integer", True),
         ("expires_in", "integer", True),
         ("reason", "string", True),
@@ -796,6 +879,8 @@ _FIELDS: Dict[type, Tuple[Tuple[str, Any, bool], ...]] = {
         ("role", "string", True),
         ("action", "string", True),
         ("user_id", "string", False),
+        ("pool", "string", False),
+        ("key", "string", False),
         ("released", ("array", "string"), False),
         ("override", AuditRecordOverride, False),
         ("override_removed", "boolean", False),

@@ -96,6 +96,12 @@ class ServeTest(unittest.TestCase):
         self.assertGreater(err.retry_after, 0)
         self.assertLessEqual(err.retry_after, TTL)
         self.assertEqual(self.used(second), 0, "a pool's refusal must take no slot")
+        # Support sees who holds the key.
+        shown = self.admin.pool_key("model", "gpt-4o")
+        self.assertEqual(
+            (shown.used, shown.limit, [(h.user_id, h.stream_id) for h in shown.holders]),
+            (1, 1, [(first, lease.stream_id)]),
+        )
 
         lease.release()
         self.client.acquire(second, "paid", pools=gpt).release()

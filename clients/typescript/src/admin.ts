@@ -2,6 +2,7 @@ import { MAX_ADMIN_ANSWER_BYTES, Endpoint } from "./http.js";
 import { DEFAULT_REQUEST_TIMEOUT_MS } from "./client.js";
 import {
   Paths,
+  type AdminPoolKeyResponse,
   type AdminReleaseRequest,
   type AdminReleaseResponse,
   type AdminSlotsResponse,
@@ -41,7 +42,7 @@ export class Admin {
 
   /** The user's live slots, earliest expiry first (role viewer or operator). */
   slots(userId: string): Promise<AdminSlotsResponse> {
-    return this.api.call("GET", Paths.adminListSlots.replace("{user_id}", userSegment(userId)), undefined, "AdminSlotsResponse");
+    return this.api.call("GET", Paths.adminListSlots.replace("{user_id}", segment(userId)), undefined, "AdminSlotsResponse");
   }
 
   /**
@@ -51,7 +52,19 @@ export class Admin {
    */
   releaseAll(userId: string, reason: string): Promise<AdminReleaseResponse> {
     const body: AdminReleaseRequest = { reason };
-    return this.api.call("POST", Paths.adminReleaseAll.replace("{user_id}", userSegment(userId)), body, "AdminReleaseResponse");
+    return this.api.call("POST", Paths.adminReleaseAll.replace("{user_id}", segment(userId)), body, "AdminReleaseResponse");
+  }
+
+  /**
+   * Who holds key of pool (each holder's user_id, stream and record), its
+   * cap (limit, absent when the pool caps neither) and its override in
+   * force (role viewer or operator). A pool the service does not hold
+   * rejects with code `unknown_pool` (422); a key outside 1-128 bytes of
+   * [A-Za-z0-9._:/@-] with `invalid_pool_key` (400). Keys are case-sensitive.
+   */
+  poolKey(pool: string, key: string): Promise<AdminPoolKeyResponse> {
+    const path = Paths.adminGetPoolKey.replace("{pool}", segment(pool)).replace("{key}", segment(key));
+    return this.api.call("GET", path, undefined, "AdminPoolKeyResponse");
   }
 
   /** The most recent admin calls, newest first: limit of them (1-1000), default the service's (50). */
@@ -61,10 +74,14 @@ export class Admin {
   }
 }
 
-/** userId escaped as one path segment; a dot-only id is written %2E..., or it would be resolved away as a directory. */
-export function userSegment(userId: string): string {
-  if (userId !== "" && /^\.+$/.test(userId)) {
-    return "%2E".repeat(userId.length);
+/**
+ * value (a user id, a pool's name or key) escaped as one path segment: a
+ * "/" is %2F; a dot-only one is written %2E..., or it would be resolved
+ * away as a directory.
+ */
+export function segment(value: string): string {
+  if (value !== "" && /^\.+$/.test(value)) {
+    return "%2E".repeat(value.length);
   }
-  return encodeURIComponent(userId);
+  return encodeURIComponent(value);
 }

@@ -25,6 +25,9 @@ export const Paths = {
   adminReleaseAll: "/v1/admin/users/{user_id}/release", // POST
   adminSetOverride: "/v1/admin/users/{user_id}/override", // POST
   adminRemoveOverride: "/v1/admin/users/{user_id}/override", // DELETE
+  adminGetPoolKey: "/v1/admin/pools/{pool}/keys/{key}", // GET
+  adminSetPoolOverride: "/v1/admin/pools/{pool}/keys/{key}/override", // POST
+  adminRemovePoolOverride: "/v1/admin/pools/{pool}/keys/{key}/override", // DELETE
   adminReadAudit: "/v1/admin/audit", // GET
   healthz: "/healthz", // GET
   readyz: "/readyz", // GET
@@ -407,6 +410,35 @@ export interface AdminSlotsResponse {
   override?: AdminOverride;
 }
 
+/** Schema AdminPoolKeyResponse of the contract. */
+export interface AdminPoolKeyResponse {
+  /** The pool's name. */
+  pool: string;
+
+  /** The pool key, as asked (keys are case-sensitive). */
+  key: string;
+
+  /** The key's live memberships. */
+  used: number;
+
+  /** The pool's cap of the key - its own, else the pool's default; absent when the pool caps neither. An override in force replaces it. */
+  limit?: number;
+
+  /** The key's override of the cap in force; absent when none. */
+  override?: AdminOverride;
+
+  /** Earliest expiry first, each naming the user whose stream holds it (`user_id`). */
+  holders: AdminSlot[];
+}
+
+/** Schema AdminPoolOverrideResponse of the contract. */
+export interface AdminPoolOverrideResponse {
+  pool: string;
+  key: string;
+  override: AdminOverride;
+  audit_id: AuditID;
+}
+
 /** Schema AdminTicket of the contract. */
 export interface AdminTicket {
   stream_id: StreamID;
@@ -426,6 +458,9 @@ export interface AdminTicket {
 
 /** Schema AdminSlot of the contract. */
 export interface AdminSlot {
+  /** A pool key's holders only - the user whose stream holds the membership. */
+  user_id?: UserID;
+
   stream_id: StreamID;
   expires_at: Date;
 
@@ -451,10 +486,12 @@ export interface AdminSlot {
  * A temporary override of one user's limit: while in force, every
  * acquire of the user, on any plan, is judged by
  * `max_concurrent_streams` instead of the plan's limit. Slots already
- * held are kept. It lapses by itself at `expires_at`.
+ * held are kept. It lapses by itself at `expires_at`. A pool key's
+ * override is the same, judging every stream that joins the key
+ * instead of the pool's cap.
  */
 export interface AdminOverride {
-  /** The user's limit while in force; 0 lets the user hold none. */
+  /** The user's limit (0-1000, a tier's bound) or the pool key's cap (0-100000, a pool's bound) while in force; 0 lets none be held. */
   max_concurrent_streams: number;
 
   /** When it was set, by Redis time. */
@@ -475,7 +512,19 @@ export interface AdminOverride {
 
 /** Schema AdminOverrideRequest of the contract. */
 export interface AdminOverrideRequest {
-  /** The user's limit while in force, bounded as a tier's is (0-1000); 0 lets the user hold none. */
+  /** The user's limit while in force, bounded as a tier's is (0-1000); 0 lets none be held. */
+  max_concurrent_streams: number;
+
+  /** How long it stays in force, in seconds - a minute to 30 days. */
+  expires_in: number;
+
+  /** Why; recorded with the override and in the audit. */
+  reason: string;
+}
+
+/** Schema AdminPoolOverrideRequest of the contract. */
+export interface AdminPoolOverrideRequest {
+  /** The pool key's cap while in force, bounded as a pool's caps are (0-100000); 0 lets no stream join the key. */
   max_concurrent_streams: number;
 
   /** How long it stays in force, in seconds - a minute to 30 days. */
@@ -531,8 +580,8 @@ export interface AuditResponse {
 
 /**
  * One admin call, refused ones included. Strings that come from the
- * caller (user_id, reason, remote, forwarded_for, detail) have every
- * control or format character replaced by U+FFFD.
+ * caller (user_id, pool, key, reason, remote, forwarded_for, detail)
+ * have every control or format character replaced by U+FFFD.
  */
 export interface AuditRecord {
   audit_id: AuditID;
@@ -547,7 +596,15 @@ export interface AuditRecord {
   /** Known values: "list_slots", "release_all", "read_audit", "set_override", "remove_override". */
   action: Open<"list_slots" | "release_all" | "read_audit" | "set_override" | "remove_override">;
 
+  /** The user of a call on a user. */
   user_id?: string;
+
+  /** The pool of a call on a pool key. */
+  pool?: string;
+
+  /** The pool key of a call on a pool key. */
+  key?: string;
+
   released?: string[];
 
   /** set_override only - the override the call put in force. */
@@ -604,10 +661,13 @@ export interface Schemas {
   PoolLimitReachedResponse: PoolLimitReachedResponse;
   PoolLimitReachedResponseError: PoolLimitReachedResponseError;
   AdminSlotsResponse: AdminSlotsResponse;
+  AdminPoolKeyResponse: AdminPoolKeyResponse;
+  AdminPoolOverrideResponse: AdminPoolOverrideResponse;
   AdminTicket: AdminTicket;
   AdminSlot: AdminSlot;
   AdminOverride: AdminOverride;
   AdminOverrideRequest: AdminOverrideRequest;
+  AdminPoolOverrideRequest: AdminPoolOverrideRequest;
   AdminOverrideResponse: AdminOverrideResponse;
   AdminOverrideRemoveRequest: AdminOverrideRemoveRequest;
   AdminOverrideRemoveResponse: AdminOverrideRemoveResponse;
@@ -743,6 +803,20 @@ const FIELDS: { readonly [K in keyof Schemas]: readonly Field[] } = {
     ["queue", { array: { object: "AdminTicket" } }, true],
     ["override", { object: "AdminOverride" }, false],
   ],
+  AdminPoolKeyResponse: [
+    ["pool", "string", true],
+    ["key", "string", true],
+    ["used", "integer", true],
+    ["limit", "integer", false],
+    ["override", { object: "AdminOverride" }, false],
+    ["holders", { array: { object: "AdminSlot" } }, true],
+  ],
+  AdminPoolOverrideResponse: [
+    ["pool", "string", true],
+    ["key", "string", true],
+    ["override", { object: "AdminOverride" }, true],
+    ["audit_id", "string", true],
+  ],
   AdminTicket: [
     ["stream_id", "string", true],
     ["place", "integer", true],
@@ -751,6 +825,7 @@ const FIELDS: { readonly [K in keyof Schemas]: readonly Field[] } = {
     ["expires_at", "date-time", true],
   ],
   AdminSlot: [
+    ["user_id", "string", false],
     ["stream_id", "string", true],
     ["expires_at", "date-time", true],
     ["ttl_ms", "integer", true],
@@ -769,6 +844,11 @@ const FIELDS: { readonly [K in keyof Schemas]: readonly Field[] } = {
     ["reason", "string", true],
   ],
   AdminOverrideRequest: [
+    ["max_concurrent_streams", "integer", true],
+    ["expires_in", "integer", true],
+    ["reason", "string", true],
+  ],
+  AdminPoolOverrideRequest: [
     ["max_concurrent_streams", "integer", true],
     ["expires_in", "integer", true],
     ["reason", "string", true],
@@ -802,6 +882,8 @@ const FIELDS: { readonly [K in keyof Schemas]: readonly Field[] } = {
     ["role", "string", true],
     ["action", "string", true],
     ["user_id", "string", false],
+    ["pool", "string", false],
+    ["key", "string", false],
     ["released", { array: "string" }, false],
     ["override", { object: "AuditRecordOverride" }, false],
     ["override_removed", "boolean", false],

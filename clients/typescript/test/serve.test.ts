@@ -99,6 +99,9 @@ describe("against a real serve", { skip }, () => {
     assert.deepEqual([err.status, err.pool, err.key, err.used, err.limit], [429, "model", "gpt-4o", 1, 1]);
     assert.ok(err.retryAfterMs !== undefined && err.retryAfterMs > 0 && err.retryAfterMs <= TTL_MS, `retryAfterMs ${err.retryAfterMs}`);
     assert.equal(await used(second), 0, "a pool's refusal must take no slot");
+    // Support sees who holds the key.
+    const shown = await admin.poolKey("model", "gpt-4o");
+    assert.deepEqual([shown.used, shown.limit, shown.holders.map((h) => [h.user_id, h.stream_id])], [1, 1, [[first, lease.streamId]]]);
 
     await lease.release();
     await (await c.acquire(second, "paid", { pools: gpt })).release();

@@ -20,7 +20,9 @@
   const $ = (id) => document.getElementById(id);
   let role = "";
   let signedIn = false;
-  let shown = null; // {user, slots, used, override, fetchedAt}
+  let shown = null; // {user, slots, used, queue, override, fetchedAt}
+  let shownPool = null; // {pool, key, slots (its holders), used, limit, override, fetchedAt}
+  let target = null; // what the override dialogs act on (userTarget, poolTarget)
   let ticker = 0;
 
   class APIError extends Error {
@@ -125,6 +127,8 @@
 
   function enter() {
     signedIn = true;
+    clearInterval(ticker);
+    ticker = setInterval(tick, 250);
     $("role").textContent = role || "unknown";
     show($("who"), true);
     show($("signin"), false);
@@ -136,7 +140,9 @@
     sessionStorage.removeItem(TOKEN_KEY);
     signedIn = false;
     role = "";
+    clearInterval(ticker);
     hideSlots();
+    hidePool();
     show($("who"), false);
     show($("app"), false);
     show($("signin"), true);
@@ -146,16 +152,28 @@
 
   // --- slots ---
 
-  // userPath is the API path of one user's resource. A browser resolves a
-  // "." or ".." segment as "this" or "parent" directory even when written
-  // %2E (the URL standard decodes it first), so the page cannot ask about
-  // those two ids: it says so instead of calling another route.
-  function userPath(user, resource) {
-    if (user === "." || user === "..") {
-      throw new APIError(0, "", 'A browser cannot send the user id "' + user + '": it reads it as a path step. ' +
-        "Use the CLI instead: limiter admin slots " + user);
+  // segment escapes value, what the page names it, as one path segment (a
+  // "/" in a pool key is %2F). A browser resolves a "." or ".." segment as
+  // "this" or "parent" directory even when written %2E (the URL standard
+  // decodes it first), so the page cannot ask about those two: it says so,
+  // naming the CLI command that can, instead of calling another route.
+  function segment(value, what, cli) {
+    if (value === "." || value === "..") {
+      throw new APIError(0, "", "A browser cannot send the " + what + ' "' + value + '": it reads it as a path step. ' +
+        "Use the CLI instead: " + cli);
     }
-    return "/v1/admin/users/" + encodeURIComponent(user) + "/" + resource;
+    return encodeURIComponent(value);
+  }
+
+  // userPath is the API path of one user's resource.
+  function userPath(user, resource) {
+    return "/v1/admin/users/" + segment(user, "user id", "limiter admin slots " + user) + "/" + resource;
+  }
+
+  // poolPath is the API path of one pool key, or of its resource.
+  function poolPath(pool, key, resource) {
+    const cli = "limiter admin pool " + pool + " " + key;
+    return "/v1/admin/pools/" + segment(pool, "pool", cli) + "/keys/" + segment(key, "pool key", cli) + (resource ? "/" + resource : "");
   }
 
   async function lookUp(user) {
@@ -179,31 +197,44 @@
 
   function hideSlots() {
     shown = null;
-    clearInterval(ticker);
     show($("slots-card"), false);
-    for (const id of ["confirm", "override-dialog", "remove-dialog"]) {
-      if ($(id).open) $(id).close();
+    if ($("confirm").open) $("confirm").close();
+    closeOverrideDialogs("user");
+  }
+
+  // closeOverrideDialogs closes the override dialogs open on a target of
+  // kind: what they would act on is no longer shown.
+  function closeOverrideDialogs(kind) {
+    for (const id of ["override-dialog", "remove-dialog"]) {
+      if ($(id).open && target && target.kind === kind) $(id).close();
     }
   }
 
-  function renderSlots() {
-    $("slots-user").textContent = shown.user;
-    $("used").textContent = String(shown.used);
-    $("used-label").textContent = shown.used === 1 ? "live slot" : "live slots";
-    const body = $("slots").tBodies[0];
+  // fillSlots lists slots in table, each with its user first when withUser
+  // (a pool key's holders); tick counts their ages and times left.
+  function fillSlots(table, slots, withUser) {
+    const body = table.tBodies[0];
     body.replaceChildren();
-    for (const s of shown.slots) {
+    for (const s of slots) {
       const tr = document.createElement("tr");
       tr.dataset.stream = s.stream_id;
       const left = cell("", "ttl");
       left.title = "expires at " + formatTime(s.expires_at);
       const age = cell(s.age_ms === undefined ? "—" : "", "age");
       if (s.started_at) age.title = "since " + formatTime(s.started_at);
+      if (withUser) tr.append(cell(s.user_id || "—", "mono wrap"));
       tr.append(cell(s.stream_id, "mono"), cell(s.caller || "—", "nowrap"), cell(s.label || "—", "mono label"),
         cell(s.plan || "—", "nowrap"), age, left);
       body.append(tr);
     }
-    show($("slots"), shown.slots.length > 0);
+    show(table, slots.length > 0);
+  }
+
+  function renderSlots() {
+    $("slots-user").textContent = shown.user;
+    $("used").textContent = String(shown.used);
+    $("used-label").textContent = shown.used === 1 ? "live slot" : "live slots";
+    fillSlots($("slots"), shown.slots, false);
     show($("no-slots"), shown.slots.length === 0);
     const queue = $("queue").tBodies[0];
     queue.replaceChildren();
@@ -220,49 +251,107 @@
     $("set-override").disabled = !operator;
     $("remove-override").disabled = !operator;
     show($("release-note"), !operator);
-    renderOverride();
+    renderOverride("", shown.override);
     show($("slots-card"), true);
     tick();
-    clearInterval(ticker);
-    ticker = setInterval(tick, 250);
   }
 
-  function renderOverride() {
-    const o = shown.override;
-    show($("override"), !!o);
+  // renderOverride shows o, an override in force (or none), in the box
+  // whose ids start with prefix: "" the user's, "pool-" the pool key's.
+  function renderOverride(prefix, o) {
+    show($(prefix + "override"), !!o);
     if (!o) return;
-    $("override-limit").textContent = o.max_concurrent_streams + (o.max_concurrent_streams === 1 ? " stream" : " streams");
-    $("override-until").textContent = formatTime(o.expires_at);
-    $("override-actor").textContent = o.actor || "—";
-    $("override-reason").textContent = o.reason;
+    $(prefix + "override-limit").textContent = o.max_concurrent_streams + (o.max_concurrent_streams === 1 ? " stream" : " streams");
+    $(prefix + "override-until").textContent = formatTime(o.expires_at);
+    $(prefix + "override-actor").textContent = o.actor || "—";
+    $(prefix + "override-reason").textContent = o.reason;
   }
 
   // tick updates the countdowns and ages from the times Redis reported, so
   // they do not depend on this machine's clock agreeing with Redis's.
   function tick() {
-    if (!shown) return;
-    const elapsed = performance.now() - shown.fetchedAt;
-    const rows = $("slots").tBodies[0].rows;
-    shown.slots.forEach((s, i) => {
+    if (shown) {
+      const elapsed = performance.now() - shown.fetchedAt;
+      tickSlots($("slots"), shown.slots, elapsed);
+      // And how long each waiting acquire has waited, from what Redis
+      // reported, counting on.
+      const qrows = $("queue").tBodies[0].rows;
+      shown.queue.forEach((q, i) => {
+        const td = qrows[i] && qrows[i].cells[3];
+        if (td) td.textContent = formatLeft(q.waited_ms + elapsed);
+      });
+      tickOverride("", shown.override, elapsed);
+    }
+    if (shownPool) {
+      const elapsed = performance.now() - shownPool.fetchedAt;
+      tickSlots($("holders"), shownPool.slots, elapsed);
+      tickOverride("pool-", shownPool.override, elapsed);
+    }
+  }
+
+  function tickSlots(table, slots, elapsed) {
+    const rows = table.tBodies[0].rows;
+    slots.forEach((s, i) => {
       const row = rows[i];
       if (!row) return;
       const left = s.ttl_ms - elapsed;
-      row.cells[5].textContent = formatLeft(left);
-      row.cells[5].classList.toggle("expired", left <= 0);
-      if (s.age_ms !== undefined) row.cells[4].textContent = formatAge(s.age_ms + elapsed);
+      const ttl = row.querySelector("td.ttl");
+      ttl.textContent = formatLeft(left);
+      ttl.classList.toggle("expired", left <= 0);
+      if (s.age_ms !== undefined) row.querySelector("td.age").textContent = formatAge(s.age_ms + elapsed);
     });
-    // And how long each waiting acquire has waited, from what Redis
-    // reported, counting on.
-    const qrows = $("queue").tBodies[0].rows;
-    shown.queue.forEach((q, i) => {
-      const td = qrows[i] && qrows[i].cells[3];
-      if (td) td.textContent = formatLeft(q.waited_ms + elapsed);
-    });
-    if (shown.override) {
-      const left = shown.override.ttl_ms - elapsed;
-      $("override-left").textContent = formatLeft(left);
-      $("override-left").classList.toggle("expired", left <= 0);
+  }
+
+  function tickOverride(prefix, o, elapsed) {
+    if (!o) return;
+    const left = o.ttl_ms - elapsed;
+    $(prefix + "override-left").textContent = formatLeft(left);
+    $(prefix + "override-left").classList.toggle("expired", left <= 0);
+  }
+
+  // --- pool keys ---
+
+  async function lookUpPool(pool, key) {
+    setError($("pool-lookup-error"), null);
+    try {
+      const res = await api("GET", poolPath(pool, key));
+      role = res.role || role;
+      const d = res.data;
+      shownPool = {
+        pool: d.pool, key: d.key, slots: d.holders, used: d.used, limit: d.limit,
+        override: d.override || null, fetchedAt: performance.now(),
+      };
+      renderPool();
+    } catch (err) {
+      // No card of the pool key shown before: its "Override cap" would
+      // act on it, not on the key just asked about.
+      hidePool();
+      setError($("pool-lookup-error"), err);
     }
+    refreshAudit();
+  }
+
+  function hidePool() {
+    shownPool = null;
+    show($("pool-card"), false);
+    closeOverrideDialogs("pool");
+  }
+
+  function renderPool() {
+    const p = shownPool;
+    $("pool-name").textContent = p.pool + "=" + p.key;
+    $("pool-used").textContent = String(p.used);
+    $("pool-used-label").textContent = p.used === 1 ? "live membership" : "live memberships";
+    $("pool-limit").textContent = p.limit === undefined ? "not capped" : "the pool's cap: " + p.limit;
+    fillSlots($("holders"), p.slots, true);
+    show($("no-holders"), p.slots.length === 0);
+    const operator = role === "operator";
+    $("set-pool-override").disabled = !operator || p.limit === undefined;
+    $("remove-pool-override").disabled = !operator;
+    show($("pool-note"), !operator);
+    renderOverride("pool-", p.override);
+    show($("pool-card"), true);
+    tick();
   }
 
   // --- release ---
@@ -308,9 +397,35 @@
 
   // --- override ---
 
-  function openOverride() {
-    if (!shown) return;
-    $("override-user").textContent = shown.user;
+  // userTarget and poolTarget are what the override dialogs act on: the
+  // user shown, or the pool key shown.
+  function userTarget() {
+    const user = shown.user;
+    return {
+      kind: "user", name: user, what: "limit",
+      explain: "Until it expires, every acquire of this user, on any plan, is judged by this limit instead of the plan's. Slots already held are kept.",
+      removeExplain: "The plan's limit applies again from the user's next acquire. Slots already held are kept.",
+      path: () => userPath(user, "override"),
+      again: () => lookUp(user),
+    };
+  }
+
+  function poolTarget() {
+    const { pool, key } = shownPool;
+    return {
+      kind: "pool", name: pool + "=" + key, what: "cap",
+      explain: "Until it expires, every stream that joins this pool key is judged by this limit instead of the pool's cap. Memberships already held are kept.",
+      removeExplain: "The pool's cap applies again from the next stream that joins the key. Memberships already held are kept.",
+      path: () => poolPath(pool, key, "override"),
+      again: () => lookUpPool(pool, key),
+    };
+  }
+
+  function openOverride(t) {
+    target = t;
+    $("override-user").textContent = t.name;
+    $("override-what").textContent = t.what;
+    $("override-explain").textContent = t.explain;
     $("override-why").value = "";
     updateOverride();
     setError($("override-error"), null);
@@ -324,8 +439,8 @@
   }
 
   async function setOverride() {
-    if (!shown) return;
-    const user = shown.user;
+    const t = target;
+    if (!t) return;
     const body = {
       max_concurrent_streams: Number($("override-streams").value),
       expires_in: Number($("override-for").value) * Number($("override-unit").value),
@@ -333,21 +448,22 @@
     };
     $("confirm-override").disabled = true;
     try {
-      const res = await api("POST", userPath(user, "override"), body);
+      const res = await api("POST", t.path(), body);
       $("override-dialog").close();
       const o = res.data.override;
-      note("Override set for " + user + ": " + o.max_concurrent_streams + (o.max_concurrent_streams === 1 ? " stream" : " streams") +
+      note("Override set for " + t.name + ": " + o.max_concurrent_streams + (o.max_concurrent_streams === 1 ? " stream" : " streams") +
         " until " + formatTime(o.expires_at) + " · audit id " + res.data.audit_id);
-      await lookUp(user);
+      await t.again();
     } catch (err) {
       setError($("override-error"), err);
       updateOverride();
     }
   }
 
-  function openRemove() {
-    if (!shown) return;
-    $("remove-user").textContent = shown.user;
+  function openRemove(t) {
+    target = t;
+    $("remove-user").textContent = t.name;
+    $("remove-explain").textContent = t.removeExplain;
     $("remove-why").value = "";
     $("confirm-remove").disabled = true;
     setError($("remove-error"), null);
@@ -357,14 +473,14 @@
 
   async function removeOverride() {
     const reason = $("remove-why").value.trim();
-    if (!reason || !shown) return;
-    const user = shown.user;
+    const t = target;
+    if (!reason || !t) return;
     $("confirm-remove").disabled = true;
     try {
-      const res = await api("DELETE", userPath(user, "override"), { reason });
+      const res = await api("DELETE", t.path(), { reason });
       $("remove-dialog").close();
-      note((res.data.removed ? "Removed the override of " + user : user + " had no override in force") + " · audit id " + res.data.audit_id);
-      await lookUp(user);
+      note((res.data.removed ? "Removed the override of " + t.name : t.name + " had no override in force") + " · audit id " + res.data.audit_id);
+      await t.again();
     } catch (err) {
       setError($("remove-error"), err);
       $("confirm-remove").disabled = false;
@@ -432,7 +548,7 @@
         cell(formatTime(r.time), "nowrap"),
         cell(r.actor ? r.actor + " (" + r.role + ")" : "—", "nowrap"),
         cell(actionNames[r.action] || r.action, "nowrap"),
-        cell(r.user_id || "—", "mono wrap"),
+        cell(r.user_id || (r.pool ? r.pool + "=" + r.key : "—"), "mono wrap"),
         outcomeCell,
         result(r),
         cell(r.reason || "", "wrap"),
@@ -470,7 +586,17 @@
       ev.preventDefault();
       release();
     });
-    $("set-override").addEventListener("click", openOverride);
+    $("set-override").addEventListener("click", () => shown && openOverride(userTarget()));
+    $("pool-lookup-form").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      const pool = $("pool").value.trim();
+      const key = $("pool-key").value.trim();
+      show($("notice"), false);
+      if (pool && key) lookUpPool(pool, key);
+    });
+    $("refresh-pool").addEventListener("click", () => shownPool && lookUpPool(shownPool.pool, shownPool.key));
+    $("set-pool-override").addEventListener("click", () => shownPool && openOverride(poolTarget()));
+    $("remove-pool-override").addEventListener("click", () => shownPool && openRemove(poolTarget()));
     for (const id of ["override-streams", "override-for", "override-why"]) {
       $(id).addEventListener("input", updateOverride);
     }
@@ -479,7 +605,7 @@
       ev.preventDefault();
       setOverride();
     });
-    $("remove-override").addEventListener("click", openRemove);
+    $("remove-override").addEventListener("click", () => shown && openRemove(userTarget()));
     $("remove-why").addEventListener("input", () => {
       $("confirm-remove").disabled = $("remove-why").value.trim().length === 0;
     });

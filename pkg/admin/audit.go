@@ -1,4 +1,4 @@
-package server
+package admin
 
 import (
 	"context"
@@ -6,18 +6,20 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"log/slog"
+	"net/http"
+	"strconv"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/joishi/limiter/pkg/httpapi"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/ratelog"
+	"github.com/joishi/limiter/pkg/server"
 )
 
 // maxAuditFieldBytes bounds what a caller can put into one field of an
-// audit record: user ids are at most 256 bytes; a longer one is cut.
+// audit record: user ids are at most 256 bytes, pool keys 128; a longer
+// one is cut.
 const maxAuditFieldBytes = 512
 
 // anonymousLogEvery bounds the log lines of refused calls without a known
@@ -83,12 +85,17 @@ func auditAttrs(rec httpapi.AuditRecord) []slog.Attr {
 		slog.String("role", rec.Role),
 		slog.String("action", rec.Action),
 		slog.String("user_id", rec.UserID),
+	}
+	if rec.Pool != "" || rec.Key != "" {
+		attrs = append(attrs, slog.String("pool", rec.Pool), slog.String("key", rec.Key))
+	}
+	attrs = append(attrs,
 		slog.Any("released", nonNil(rec.Released)),
 		slog.String("reason", rec.Reason),
 		slog.String("remote", rec.Remote),
 		slog.String("outcome", rec.Outcome),
 		slog.Int("status", rec.Status),
-	}
+	)
 	if o := rec.Override; o != nil {
 		attrs = append(attrs, slog.Group("override", slog.Int("max_concurrent_streams", o.MaxConcurrentStreams), slog.Time("expires_at", o.ExpiresAt)))
 	}
@@ -130,32 +137,41 @@ func (a *auditor) recent(ctx context.Context, n int) ([]httpapi.AuditRecord, err
 	return out, nil
 }
 
-// clean makes a caller-supplied string safe to log and display: invalid
-// UTF-8 and every control or format character (newlines, escapes,
-// bidirectional overrides, zero-width marks) becomes U+FFFD, so a user id
-// holding a newline can neither forge a second log line nor pass for a
-// different id; past max bytes it is cut, marked with "…".
-func clean(s string, max int) string {
-	var b strings.Builder
-	for i, r := range s {
-		if b.Len() >= max {
-			b.WriteString("…")
-			break
-		}
-		switch {
-		case r == utf8.RuneError && !strings.HasPrefix(s[i:], "\uFFFD"):
-			b.WriteRune(utf8.RuneError)
-		case unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == '\u2028' || r == '\u2029':
-			b.WriteRune(utf8.RuneError)
-		default:
-			b.WriteRune(r)
-		}
-	}
-	return b.String()
-}
-
 // normalizeReason collapses every run of whitespace (newlines included)
 // into one space and trims the ends, then cleans what is left.
 func normalizeReason(s string) string {
-	return clean(strings.Join(strings.Fields(s), " "), 4*httpapi.MaxReasonLength)
+	return server.Clean(strings.Join(strings.Fields(s), " "), 4*httpapi.MaxReasonLength)
+}
+
+// checkReason returns reason with runs of whitespace collapsed and cleaned
+// for the audit, with an error when it is empty or too long; why ends the
+// message asking for one ("say why <why>").
+func checkReason(reason, why string) (string, error) {
+	collapsed := strings.Join(strings.Fields(reason), " ")
+	cleaned := normalizeReason(collapsed)
+	switch n := len([]rune(collapsed)); {
+	case n == 0:
+		return cleaned, server.BadRequest("reason is required: say why %s (it is recorded in the audit)", why)
+	case n > httpapi.MaxReasonLength:
+		return cleaned, server.BadRequest("reason is %d characters, the limit is %d", n, httpapi.MaxReasonLength)
+	}
+	return cleaned, nil
+}
+
+// readAudit serves GET /v1/admin/audit: the most recent records, newest
+// first.
+func (a *Admin) readAudit(_ http.ResponseWriter, r *http.Request, _ *httpapi.AuditRecord) (any, error) {
+	limit := httpapi.DefaultAuditLimit
+	if q := r.URL.Query().Get("limit"); q != "" {
+		n, err := strconv.Atoi(q)
+		if err != nil || n < 1 || n > httpapi.MaxAuditLimit {
+			return nil, server.BadRequest("limit must be a whole number from 1 to %d", httpapi.MaxAuditLimit)
+		}
+		limit = n
+	}
+	records, err := a.audit.recent(r.Context(), limit)
+	if err != nil {
+		return nil, err
+	}
+	return httpapi.AuditResponse{Records: records}, nil
 }

@@ -1,7 +1,8 @@
-package server_test
+package admin_test
 
 import (
 	"context"
+	"github.com/joishi/limiter/internal/apitest"
 	"net/http"
 	"testing"
 	"time"
@@ -14,7 +15,7 @@ import (
 )
 
 // TestAdminReleaseWhoseReplyIsLost: the connection to Redis drops after
-// release_all ran and before its reply came back, and the Redis client
+// release_all ran and before its apitest.Reply came back, and the Redis client
 // sends it again. The answer and its audit record must still name exactly
 // what was released, or say that this is not known.
 func TestAdminReleaseWhoseReplyIsLost(t *testing.T) {
@@ -22,17 +23,17 @@ func TestAdminReleaseWhoseReplyIsLost(t *testing.T) {
 	srv := testenv.StartRedis(t)
 	proxy := testenv.StartProxy(t, srv.Addr())
 	e := newAdminEnvOn(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{proxy.Addr()}}}, nil)
-	if _, err := e.lim.ReleaseAll(context.Background(), newUser(t), "warm-up"); err != nil { // loads the script
+	if _, err := e.lim.ReleaseAll(context.Background(), newUser(), "warm-up"); err != nil { // loads the script
 		t.Fatal(err)
 	}
 	reason := `{"reason":"ticket 4812: locked out after a crash"}`
 
-	t.Run("one reply lost: the answer and the record name the released slots", func(t *testing.T) {
-		user := newUser(t)
+	t.Run("one apitest.Reply lost: the answer and the record name the released slots", func(t *testing.T) {
+		user := newUser()
 		held := e.hold(t, user, 2)
 		proxy.DropReplies(1)
 		r := e.do(t, adminCall{method: "POST", path: httpapi.AdminUserReleasePath(user), token: operatorToken, body: reason})
-		res := decode[httpapi.AdminReleaseResponse](t, r, http.StatusOK)
+		res := apitest.Decode[httpapi.AdminReleaseResponse](t, r, http.StatusOK)
 		if !sameIDs(res.Released, held) {
 			t.Errorf("released: got %v, want %v", res.Released, held)
 		}
@@ -42,40 +43,40 @@ func TestAdminReleaseWhoseReplyIsLost(t *testing.T) {
 		}
 	})
 
-	t.Run("every reply lost: 503 outcome_unknown, and the record says so", func(t *testing.T) {
-		user := newUser(t)
+	t.Run("every apitest.Reply lost: 503 outcome_unknown, and the record says so", func(t *testing.T) {
+		user := newUser()
 		e.hold(t, user, 1)
 		proxy.DropReplies(1 << 20)
 		r := e.do(t, adminCall{method: "POST", path: httpapi.AdminUserReleasePath(user), token: operatorToken, body: reason})
 		proxy.DropReplies(0)
-		wantError(t, r, http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
+		apitest.WantError(t, r, http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
 		rec := e.streamRecords(t)[0]
-		if rec.AuditID != r.header.Get(httpapi.HeaderAuditID) || rec.Outcome != httpapi.CodeOutcomeUnknown || rec.Status != http.StatusServiceUnavailable || len(rec.Released) != 0 {
+		if rec.AuditID != r.Header.Get(httpapi.HeaderAuditID) || rec.Outcome != httpapi.CodeOutcomeUnknown || rec.Status != http.StatusServiceUnavailable || len(rec.Released) != 0 {
 			t.Errorf("audit record: got %+v, want this call's, outcome %s, status 503, nothing named released", rec, httpapi.CodeOutcomeUnknown)
 		}
 	})
 
-	// A removal sent again after a lost reply would answer "none in
+	// A removal sent again after a lost apitest.Reply would answer "none in
 	// force" for the override the first run removed: it is never sent
-	// again, and a lost reply is answered as not known.
-	t.Run("an override's removal with its reply lost: 503 outcome_unknown, not \"none\"", func(t *testing.T) {
-		if _, err := e.lim.RemoveOverride(context.Background(), newUser(t)); err != nil { // loads the script
+	// again, and a lost apitest.Reply is answered as not known.
+	t.Run("an override's removal with its apitest.Reply lost: 503 outcome_unknown, not \"none\"", func(t *testing.T) {
+		if _, err := e.lim.RemoveOverride(context.Background(), newUser()); err != nil { // loads the script
 			t.Fatal(err)
 		}
-		user := newUser(t)
+		user := newUser()
 		if _, err := e.lim.SetOverride(context.Background(), user, limiter.OverrideRequest{MaxConcurrentStreams: 5, For: time.Hour, Actor: "ola", Reason: "r"}); err != nil {
 			t.Fatal(err)
 		}
 		proxy.DropReplies(1 << 20)
 		r := e.do(t, adminCall{method: "DELETE", path: httpapi.AdminUserOverridePath(user), token: operatorToken, body: reason})
 		proxy.DropReplies(0)
-		wantError(t, r, http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
+		apitest.WantError(t, r, http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
 		rec := e.streamRecords(t)[0]
-		if rec.AuditID != r.header.Get(httpapi.HeaderAuditID) || rec.Action != httpapi.ActionRemoveOverride || rec.Outcome != httpapi.CodeOutcomeUnknown || rec.OverrideRemoved != nil {
+		if rec.AuditID != r.Header.Get(httpapi.HeaderAuditID) || rec.Action != httpapi.ActionRemoveOverride || rec.Outcome != httpapi.CodeOutcomeUnknown || rec.OverrideRemoved != nil {
 			t.Errorf("audit record: got %+v, want this call's remove_override, outcome %s, no removed said", rec, httpapi.CodeOutcomeUnknown)
 		}
 		if listed, err := e.lim.Slots(context.Background(), user); err != nil || listed.Override != nil {
-			t.Errorf("override after the lost reply: got %+v, %v; want it gone (the script ran)", listed.Override, err)
+			t.Errorf("override after the lost apitest.Reply: got %+v, %v; want it gone (the script ran)", listed.Override, err)
 		}
 	})
 }

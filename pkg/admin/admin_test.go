@@ -1,8 +1,8 @@
-package server_test
+package admin_test
 
 import (
-	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -13,12 +13,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/joishi/limiter/internal/apitest"
 	"github.com/joishi/limiter/internal/limitertest"
+	"github.com/joishi/limiter/internal/testenv"
+	"github.com/joishi/limiter/pkg/admin"
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/httpapi"
 	"github.com/joishi/limiter/pkg/keys"
@@ -32,29 +33,11 @@ const (
 	adminTokens   = "# support\nvera viewer " + viewerToken + "\nola operator " + operatorToken + "\n"
 )
 
-// logSink collects log output for assertions.
-type logSink struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *logSink) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(p)
-}
-
-func (s *logSink) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
-}
-
 // auditLines returns the "admin audit" records of a JSON log.
-func (s *logSink) auditLines(t *testing.T) []map[string]any {
+func auditLines(t *testing.T, log *testenv.Buffer) []map[string]any {
 	t.Helper()
 	var out []map[string]any
-	for _, line := range strings.Split(strings.TrimSpace(s.String()), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(log.String()), "\n") {
 		if line == "" {
 			continue
 		}
@@ -77,8 +60,8 @@ type adminEnv struct {
 	lim    *limiter.Limiter
 	redis  *cluster.Client
 	keys   keys.Schema
-	log    *logSink
-	admin  *server.Admin
+	log    *testenv.Buffer
+	admin  *admin.Admin
 }
 
 func newAdminEnv(t *testing.T, handler func(io.Writer) slog.Handler) *adminEnv {
@@ -96,23 +79,26 @@ func newAdminEnvOn(t *testing.T, opts limitertest.Options, handler func(io.Write
 	if err := os.WriteFile(tokens, []byte(adminTokens), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	sink := &logSink{}
+	sink := &testenv.Buffer{}
 	if handler == nil {
 		handler = func(w io.Writer) slog.Handler { return slog.NewJSONHandler(w, nil) }
 	}
-	admin, err := server.NewAdmin(lim, server.AdminOptions{TokensFile: tokens, AuditMaxLen: 100, Logger: slog.New(handler(sink))})
+	a, err := admin.New(lim, admin.Options{TokensFile: tokens, AuditMaxLen: 100, Logger: slog.New(handler(sink))})
 	if err != nil {
 		t.Fatal(err)
 	}
-	server.SetAnonymousAuditLogEvery(admin, 0) // log every refused anonymous call
-	srv := httptest.NewServer(server.New(lim, server.Options{Admin: admin}).AdminHandler())
+	admin.SetAnonymousAuditLogEvery(a, 0) // log every refused anonymous call
+	srv := httptest.NewServer(server.New(lim, server.Options{Admin: a}).AdminHandler())
 	t.Cleanup(srv.Close)
 	return &adminEnv{
 		url:    srv.URL,
 		client: &http.Client{Transport: apitest.ValidatingAdminTransport(t, srv.Client().Transport), Timeout: 10 * time.Second},
-		lim:    lim, redis: redis, keys: keys, log: sink, admin: admin,
+		lim:    lim, redis: redis, keys: keys, log: sink, admin: a,
 	}
 }
+
+// newUser returns a user id no other test uses.
+func newUser() string { return "u-" + rand.Text() }
 
 // adminCall is one request of a test.
 type adminCall struct {
@@ -122,7 +108,7 @@ type adminCall struct {
 	invalid                   bool   // deliberately outside the spec
 }
 
-func (e *adminEnv) do(t *testing.T, c adminCall) reply {
+func (e *adminEnv) do(t *testing.T, c adminCall) apitest.Reply {
 	t.Helper()
 	var rd io.Reader
 	if c.body != "" {
@@ -154,7 +140,7 @@ func (e *adminEnv) do(t *testing.T, c adminCall) reply {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return reply{status: resp.StatusCode, header: resp.Header, body: b}
+	return apitest.Reply{Status: resp.StatusCode, Header: resp.Header, Body: b}
 }
 
 // streamRecords reads the whole audit stream, newest first, straight from Redis.
@@ -203,7 +189,7 @@ func (e *adminEnv) hold(t *testing.T, user string, n int) []string {
 func TestAdminAuthMatrix(t *testing.T) {
 	t.Parallel()
 	e := newAdminEnv(t, nil)
-	user := newUser(t)
+	user := newUser()
 	held := e.hold(t, user, 2)
 	slotsPath, releasePath := httpapi.AdminUserSlotsPath(user), httpapi.AdminUserReleasePath(user)
 	reason := `{"reason":"ticket 4812: locked out after a crash"}`
@@ -246,21 +232,21 @@ func TestAdminAuthMatrix(t *testing.T) {
 			status: 400, code: httpapi.CodeInvalidRequest, actor: "vera", role: "viewer", action: httpapi.ActionReadAudit, detail: "limit must be"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			logBefore, streamBefore := len(e.log.auditLines(t)), len(e.streamRecords(t))
+			logBefore, streamBefore := len(auditLines(t, e.log)), len(e.streamRecords(t))
 			r := e.do(t, tc.call)
 			if tc.code != "" {
-				wantError(t, r, tc.status, tc.code)
-			} else if r.status != tc.status {
-				t.Fatalf("status: got %d, want %d; body %s", r.status, tc.status, r.body)
+				apitest.WantError(t, r, tc.status, tc.code)
+			} else if r.Status != tc.status {
+				t.Fatalf("status: got %d, want %d; body %s", r.Status, tc.status, r.Body)
 			}
-			auditID := r.header.Get(httpapi.HeaderAuditID)
-			if tc.status == 401 && !strings.HasPrefix(r.header.Get("WWW-Authenticate"), "Bearer") {
-				t.Errorf("WWW-Authenticate: got %q, want a Bearer challenge", r.header.Get("WWW-Authenticate"))
+			auditID := r.Header.Get(httpapi.HeaderAuditID)
+			if tc.status == 401 && !strings.HasPrefix(r.Header.Get("WWW-Authenticate"), "Bearer") {
+				t.Errorf("WWW-Authenticate: got %q, want a Bearer challenge", r.Header.Get("WWW-Authenticate"))
 			}
 
 			// Exactly one record, in the log and, for a known token, in the
 			// stream, with the right fields.
-			lines := e.log.auditLines(t)[logBefore:]
+			lines := auditLines(t, e.log)[logBefore:]
 			stream := e.streamRecords(t)
 			wantStream := 1
 			if tc.actor == "" {
@@ -319,7 +305,7 @@ func TestAdminAuthMatrix(t *testing.T) {
 			}
 			if tc.status == 200 && tc.action == httpapi.ActionReleaseAll {
 				var res httpapi.AdminReleaseResponse
-				if err := json.Unmarshal(r.body, &res); err != nil {
+				if err := json.Unmarshal(r.Body, &res); err != nil {
 					t.Fatal(err)
 				}
 				if res.AuditID != auditID || !sameIDs(res.Released, held) {
@@ -332,13 +318,13 @@ func TestAdminAuthMatrix(t *testing.T) {
 	t.Run("after the release the user holds no slot", func(t *testing.T) {
 		var got httpapi.AdminSlotsResponse
 		r := e.do(t, adminCall{method: "GET", path: slotsPath, token: viewerToken})
-		got = decode[httpapi.AdminSlotsResponse](t, r, http.StatusOK)
+		got = apitest.Decode[httpapi.AdminSlotsResponse](t, r, http.StatusOK)
 		if got.Used != 0 || len(got.Slots) != 0 || got.UserID != user {
 			t.Errorf("got %+v, want user %s with no slot", got, user)
 		}
 	})
 	t.Run("the audit lists the calls newest first", func(t *testing.T) {
-		got := decode[httpapi.AuditResponse](t, e.do(t, adminCall{method: "GET", path: httpapi.PathAdminAudit, token: viewerToken}), http.StatusOK)
+		got := apitest.Decode[httpapi.AuditResponse](t, e.do(t, adminCall{method: "GET", path: httpapi.PathAdminAudit, token: viewerToken}), http.StatusOK)
 		if len(got.Records) < 9 || got.Records[0].Action != httpapi.ActionListSlots || got.Records[0].Time.Before(got.Records[len(got.Records)-1].Time) {
 			t.Errorf("records: got %d, first %+v, want at least 9, newest (the slot listing) first", len(got.Records), got.Records[0])
 		}
@@ -351,11 +337,11 @@ func TestAdminAuthMatrix(t *testing.T) {
 func TestAdminAuditFloodKeepsOperatorRecords(t *testing.T) {
 	t.Parallel()
 	e := newAdminEnv(t, nil) // the stream keeps 100 records
-	server.SetAnonymousAuditLogEvery(e.admin, time.Second)
-	user := newUser(t)
+	admin.SetAnonymousAuditLogEvery(e.admin, time.Second)
+	user := newUser()
 	e.hold(t, user, 2)
 	r := e.do(t, adminCall{method: "POST", path: httpapi.AdminUserReleasePath(user), token: operatorToken, body: `{"reason":"ticket 4812"}`})
-	release := decode[httpapi.AdminReleaseResponse](t, r, http.StatusOK)
+	release := apitest.Decode[httpapi.AdminReleaseResponse](t, r, http.StatusOK)
 	streamBefore := len(e.streamRecords(t))
 
 	hc := &http.Client{Timeout: 10 * time.Second}
@@ -385,7 +371,7 @@ func TestAdminAuditFloodKeepsOperatorRecords(t *testing.T) {
 		case 1:
 			send("POST", httpapi.AdminUserReleasePath(user), "guessed-token-0123456789-"+strconv.Itoa(i), `{"reason":"flood"}`)
 		case 2:
-			send("GET", httpapi.AdminUserSlotsPath(newUser(t)), "", "")
+			send("GET", httpapi.AdminUserSlotsPath(newUser()), "", "")
 		case 3:
 			send("DELETE", httpapi.AdminUserSlotsPath(user), "", "") // a 405 of no known caller
 		}
@@ -399,7 +385,7 @@ func TestAdminAuditFloodKeepsOperatorRecords(t *testing.T) {
 	if !slices.ContainsFunc(stream, func(rec httpapi.AuditRecord) bool { return rec.AuditID == release.AuditID }) {
 		t.Errorf("the operator's release %s is no longer in the audit stream", release.AuditID)
 	}
-	got := decode[httpapi.AuditResponse](t, e.do(t, adminCall{method: "GET", path: httpapi.PathAdminAudit, token: viewerToken}), http.StatusOK)
+	got := apitest.Decode[httpapi.AuditResponse](t, e.do(t, adminCall{method: "GET", path: httpapi.PathAdminAudit, token: viewerToken}), http.StatusOK)
 	if !slices.ContainsFunc(got.Records, func(rec httpapi.AuditRecord) bool { return rec.AuditID == release.AuditID }) {
 		t.Errorf("GET %s: got %+v, want the operator's release among the records", httpapi.PathAdminAudit, got.Records)
 	}
@@ -407,7 +393,7 @@ func TestAdminAuditFloodKeepsOperatorRecords(t *testing.T) {
 	// Logged, but rate-limited: one line per second, the next carrying the
 	// count of those left out.
 	var anonymous, counted int
-	for _, line := range e.log.auditLines(t) {
+	for _, line := range auditLines(t, e.log) {
 		if line["actor"] == "" {
 			anonymous++
 			if n, ok := line["similar_since_last_line"].(float64); ok {
@@ -426,9 +412,9 @@ func TestAdminAuditFloodKeepsOperatorRecords(t *testing.T) {
 func TestAdminSlots(t *testing.T) {
 	t.Parallel()
 	e := newAdminEnv(t, nil)
-	user := newUser(t)
+	user := newUser()
 	held := e.hold(t, user, 2)
-	got := decode[httpapi.AdminSlotsResponse](t, e.do(t, adminCall{method: "GET", path: httpapi.AdminUserSlotsPath(user), token: viewerToken}), http.StatusOK)
+	got := apitest.Decode[httpapi.AdminSlotsResponse](t, e.do(t, adminCall{method: "GET", path: httpapi.AdminUserSlotsPath(user), token: viewerToken}), http.StatusOK)
 	if got.Used != 2 || len(got.Slots) != 2 {
 		t.Fatalf("got %+v, want 2 slots", got)
 	}
@@ -444,7 +430,7 @@ func TestAdminSlots(t *testing.T) {
 	}
 	t.Run("an invalid user id is 400 invalid_user_id, audited", func(t *testing.T) {
 		r := e.do(t, adminCall{method: "GET", path: httpapi.AdminUserSlotsPath("a{b}"), token: viewerToken, invalid: true})
-		wantError(t, r, http.StatusBadRequest, httpapi.CodeInvalidUserID)
+		apitest.WantError(t, r, http.StatusBadRequest, httpapi.CodeInvalidUserID)
 		if rec := e.streamRecords(t)[0]; rec.Outcome != httpapi.CodeInvalidUserID || rec.UserID != "a{b}" {
 			t.Errorf("record: got %+v, want outcome invalid_user_id for user a{b}", rec)
 		}
@@ -452,32 +438,32 @@ func TestAdminSlots(t *testing.T) {
 	t.Run("the users . and .. are listed and released, not their parent path", func(t *testing.T) {
 		for _, dots := range []string{".", ".."} {
 			held := e.hold(t, dots, 1)
-			got := decode[httpapi.AdminSlotsResponse](t, e.do(t, adminCall{method: "GET", path: httpapi.AdminUserSlotsPath(dots), token: viewerToken}), http.StatusOK)
+			got := apitest.Decode[httpapi.AdminSlotsResponse](t, e.do(t, adminCall{method: "GET", path: httpapi.AdminUserSlotsPath(dots), token: viewerToken}), http.StatusOK)
 			if got.UserID != dots || got.Used != 1 {
 				t.Errorf("slots of %q: got %+v, want the user's 1 slot", dots, got)
 			}
 			r := e.do(t, adminCall{method: "POST", path: httpapi.AdminUserReleasePath(dots), token: operatorToken, body: `{"reason":"dots"}`})
-			if res := decode[httpapi.AdminReleaseResponse](t, r, http.StatusOK); !sameIDs(res.Released, held) {
+			if res := apitest.Decode[httpapi.AdminReleaseResponse](t, r, http.StatusOK); !sameIDs(res.Released, held) {
 				t.Errorf("release of %q: got %v, want %v", dots, res.Released, held)
 			}
 		}
 	})
 	t.Run("a wrong method is 405, audited once", func(t *testing.T) {
-		logBefore, streamBefore := len(e.log.auditLines(t)), len(e.streamRecords(t))
+		logBefore, streamBefore := len(auditLines(t, e.log)), len(e.streamRecords(t))
 		r := e.do(t, adminCall{method: "DELETE", path: httpapi.AdminUserSlotsPath(user), token: operatorToken})
-		wantError(t, r, http.StatusMethodNotAllowed, httpapi.CodeMethodNotAllowed)
-		if got := r.header.Get("Allow"); got != http.MethodGet {
+		apitest.WantError(t, r, http.StatusMethodNotAllowed, httpapi.CodeMethodNotAllowed)
+		if got := r.Header.Get("Allow"); got != http.MethodGet {
 			t.Errorf("Allow: got %q, want GET", got)
 		}
-		lines, stream := e.log.auditLines(t)[logBefore:], e.streamRecords(t)
+		lines, stream := auditLines(t, e.log)[logBefore:], e.streamRecords(t)
 		if len(lines) != 1 || len(stream)-streamBefore != 1 {
 			t.Fatalf("audit records: got %d in the log and %d in the stream, want 1 and 1", len(lines), len(stream)-streamBefore)
 		}
 		rec := stream[0]
-		if rec.AuditID != r.header.Get(httpapi.HeaderAuditID) || rec.Outcome != httpapi.CodeMethodNotAllowed || rec.Status != http.StatusMethodNotAllowed ||
+		if rec.AuditID != r.Header.Get(httpapi.HeaderAuditID) || rec.Outcome != httpapi.CodeMethodNotAllowed || rec.Status != http.StatusMethodNotAllowed ||
 			rec.Actor != "ola" || rec.Action != httpapi.ActionListSlots || rec.UserID != user || !strings.Contains(rec.Detail, "DELETE is not allowed") {
 			t.Errorf("record: got %+v, want audit id %s, outcome method_not_allowed 405, actor ola, action list_slots, user %s, detail naming DELETE",
-				rec, r.header.Get(httpapi.HeaderAuditID), user)
+				rec, r.Header.Get(httpapi.HeaderAuditID), user)
 		}
 		if lines[0]["level"] != "WARN" || lines[0]["outcome"] != httpapi.CodeMethodNotAllowed {
 			t.Errorf("log record: got %v, want a WARN with outcome method_not_allowed", lines[0])
@@ -490,14 +476,14 @@ func TestAdminSlots(t *testing.T) {
 func TestAdminOnCluster(t *testing.T) {
 	t.Parallel()
 	e := newAdminEnvOn(t, limitertest.Options{Backend: limitertest.RedisCluster}, nil)
-	user := newUser(t)
+	user := newUser()
 	held := e.hold(t, user, 2)
 	r := e.do(t, adminCall{method: "POST", path: httpapi.AdminUserReleasePath(user), token: operatorToken, body: `{"reason":"cluster"}`})
-	got := decode[httpapi.AdminReleaseResponse](t, r, http.StatusOK)
+	got := apitest.Decode[httpapi.AdminReleaseResponse](t, r, http.StatusOK)
 	if !sameIDs(got.Released, held) {
 		t.Errorf("released: got %v, want %v", got.Released, held)
 	}
-	audit := decode[httpapi.AuditResponse](t, e.do(t, adminCall{method: "GET", path: httpapi.PathAdminAudit, token: viewerToken}), http.StatusOK)
+	audit := apitest.Decode[httpapi.AuditResponse](t, e.do(t, adminCall{method: "GET", path: httpapi.PathAdminAudit, token: viewerToken}), http.StatusOK)
 	if len(audit.Records) != 1 || audit.Records[0].AuditID != got.AuditID || audit.Records[0].Reason != "cluster" {
 		t.Errorf("audit: got %+v, want the one release record %s", audit.Records, got.AuditID)
 	}
@@ -519,8 +505,8 @@ func TestAdminLogInjection(t *testing.T) {
 	} {
 		t.Run(format.name, func(t *testing.T) {
 			e := newAdminEnv(t, format.handler)
-			r := e.do(t, adminCall{method: "POST", path: httpapi.AdminUserReleasePath(user), token: operatorToken, body: string(mustJSON(t, httpapi.AdminReleaseRequest{Reason: reason})), invalid: true})
-			wantError(t, r, http.StatusBadRequest, httpapi.CodeInvalidUserID)
+			r := e.do(t, adminCall{method: "POST", path: httpapi.AdminUserReleasePath(user), token: operatorToken, body: mustJSON(t, httpapi.AdminReleaseRequest{Reason: reason}), invalid: true})
+			apitest.WantError(t, r, http.StatusBadRequest, httpapi.CodeInvalidUserID)
 
 			out := strings.TrimSuffix(e.log.String(), "\n")
 			lines := strings.Split(out, "\n")
@@ -610,66 +596,22 @@ func TestAdminPage(t *testing.T) {
 	})
 }
 
-// The admin API and page are served on the admin listener only: the API
-// listener answers their paths 404, with or without admin on.
-func TestAdminNotOnTheAPIListener(t *testing.T) {
-	t.Parallel()
-	lim := limitertest.New(t, limitertest.Options{}).Limiter
-	tokens := filepath.Join(t.TempDir(), "tokens")
-	if err := os.WriteFile(tokens, []byte(adminTokens), 0o600); err != nil {
-		t.Fatal(err)
+func TestAdminSpecListsTheAdminRoutes(t *testing.T) {
+	doc := apitest.Spec(t)
+	for _, path := range []string{httpapi.PathAdminUserSlots, httpapi.PathAdminUserRelease, httpapi.PathAdminUserOverride,
+		httpapi.PathAdminPoolKey, httpapi.PathAdminPoolKeyOverride, httpapi.PathAdminAudit} {
+		if doc.Paths.Value(path) == nil {
+			t.Errorf("api/openapi.yaml paths: got no %s, want it (pkg/admin serves it)", path)
+		}
 	}
-	admin, err := server.NewAdmin(lim, server.AdminOptions{TokensFile: tokens})
+}
+
+// mustJSON is v as JSON.
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, tc := range []struct {
-		name string
-		opts server.Options
-	}{
-		{"admin off", server.Options{}},
-		{"admin on", server.Options{Admin: admin}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			a := newAPIOf(t, server.New(lim, tc.opts))
-			header := http.Header{"Authorization": {"Bearer " + operatorToken}}
-			for _, path := range []string{httpapi.AdminUserSlotsPath("u-1"), httpapi.PathAdminAudit} {
-				wantError(t, a.callWith(t, http.MethodGet, path, nil, false, header), http.StatusNotFound, httpapi.CodeNotFound)
-			}
-			r := a.callWith(t, http.MethodPost, httpapi.AdminUserReleasePath("u-1"), []byte(`{"reason":"x"}`), false, header)
-			wantError(t, r, http.StatusNotFound, httpapi.CodeNotFound)
-			for _, path := range []string{httpapi.PathAdminPage, "/admin", "/admin/app.js"} {
-				resp, err := http.Get(a.url + path)
-				if err != nil {
-					t.Fatal(err)
-				}
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusNotFound {
-					t.Errorf("GET %s on the API listener: got %d, want 404", path, resp.StatusCode)
-				}
-			}
-		})
-	}
-	t.Run("the admin listener serves no slot route", func(t *testing.T) {
-		srv := httptest.NewServer(server.New(lim, server.Options{Admin: admin}).AdminHandler())
-		defer srv.Close()
-		hc := &http.Client{Transport: apitest.ValidatingAdminTransport(t, srv.Client().Transport), Timeout: 10 * time.Second}
-		resp, err := hc.Get(srv.URL + httpapi.PathTiers)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusNotFound {
-			t.Errorf("GET %s on the admin listener: got %d, want 404", httpapi.PathTiers, resp.StatusCode)
-		}
-	})
-}
-
-func TestAdminSpecListsTheAdminRoutes(t *testing.T) {
-	doc := apitest.Spec(t)
-	for _, path := range []string{httpapi.PathAdminUserSlots, httpapi.PathAdminUserRelease, httpapi.PathAdminAudit} {
-		if doc.Paths.Value(path) == nil {
-			t.Errorf("api/openapi.yaml paths: got no %s, want it (pkg/server serves it)", path)
-		}
-	}
+	return string(b)
 }

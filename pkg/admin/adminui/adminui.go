@@ -1,6 +1,6 @@
 // Package adminui holds the admin page's static files (HTML, CSS and
 // JavaScript written by hand: no build step, nothing fetched from a CDN),
-// embedded in the binary. pkg/server serves them at /admin/ under a strict
+// embedded in the binary. pkg/admin serves them at /admin/ under a strict
 // Content-Security-Policy, which is why no file holds an inline script or
 // style.
 package adminui

@@ -1,4 +1,4 @@
-package server
+package admin
 
 import (
 	"net/http"
@@ -11,7 +11,7 @@ import (
 const pageCSP = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; " +
 	"object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
-// page serves the admin page's embedded files at /admin/. The files are
+// servePage serves the admin page's embedded files at /admin/. The files are
 // public (no secret is in them); every call the page makes needs a token.
 func (a *Admin) servePage(mux *http.ServeMux) {
 	static := http.StripPrefix(httpapi.PathAdminPage, http.FileServerFS(a.page))

@@ -1,0 +1,63 @@
+package admin
+
+import (
+	"cmp"
+	"net/http"
+
+	"github.com/joishi/limiter/pkg/httpapi"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/server"
+)
+
+// listSlots serves GET /v1/admin/users/{user_id}/slots: the user's live
+// slots, override and waiting acquires.
+func (a *Admin) listSlots(_ http.ResponseWriter, r *http.Request, _ *httpapi.AuditRecord) (any, error) {
+	slots, err := a.lim.Slots(r.Context(), r.PathValue("user_id"))
+	if err != nil {
+		return nil, err
+	}
+	out := httpapi.AdminSlotsResponse{UserID: slots.UserID, Used: slots.Used, Slots: make([]httpapi.AdminSlot, len(slots.Slots)),
+		Override: adminOverrideOf(slots.Override), Queue: make([]httpapi.AdminTicket, len(slots.Queue))}
+	for i, s := range slots.Slots {
+		out.Slots[i] = adminSlot(s)
+	}
+	for i, t := range slots.Queue {
+		out.Queue[i] = httpapi.AdminTicket{StreamID: t.StreamID, Place: t.Place, WaitingSince: t.Since, WaitedMs: t.Waited.Milliseconds(), ExpiresAt: t.ExpiresAt}
+	}
+	return out, nil
+}
+
+// adminSlot is s as the admin API shows it.
+func adminSlot(s limiter.Slot) httpapi.AdminSlot {
+	slot := httpapi.AdminSlot{StreamID: s.StreamID, ExpiresAt: s.ExpiresAt, TTLMs: s.TTL.Milliseconds(),
+		Caller: s.Caller, Plan: s.Plan, Label: s.Label}
+	if !s.StartedAt.IsZero() {
+		started, age := s.StartedAt, s.Age.Milliseconds()
+		slot.StartedAt, slot.AgeMs = &started, &age
+	}
+	return slot
+}
+
+// releaseAll serves POST /v1/admin/users/{user_id}/release.
+func (a *Admin) releaseAll(w http.ResponseWriter, r *http.Request, rec *httpapi.AuditRecord) (any, error) {
+	reason, err := releaseReason(w, r)
+	rec.Reason = reason
+	if err != nil {
+		return nil, err
+	}
+	ids, err := a.lim.ReleaseAll(r.Context(), r.PathValue("user_id"), rec.AuditID)
+	if err != nil {
+		return nil, err
+	}
+	rec.Released = nonNil(ids)
+	return httpapi.AdminReleaseResponse{Released: rec.Released, AuditID: rec.AuditID}, nil
+}
+
+// releaseReason decodes a release's body and returns its reason (see
+// checkReason).
+func releaseReason(w http.ResponseWriter, r *http.Request) (string, error) {
+	var req httpapi.AdminReleaseRequest
+	err := server.Decode(w, r, httpapi.MaxBodyBytes, &req)
+	reason, rerr := checkReason(req.Reason, "every slot of this user is released")
+	return reason, cmp.Or(err, rerr)
+}

@@ -1,0 +1,128 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/joishi/limiter/pkg/pools"
+)
+
+// Who holds a pool key, and its overrides (DESIGN §16). A pool key's
+// slots are a user's kind of scope: the slots script lists them and the
+// override scripts set and remove its override, which the acquire script
+// reads when a stream joins the key, as for a user.
+
+// Holder is one live membership of a pool key: the user whose stream
+// holds it, and the membership as a slot (its stream id, expiry and
+// record: who took it, when, under which plan, for what).
+type Holder struct {
+	UserID string
+	Slot
+}
+
+// PoolKeySlots is one pool key's live memberships, earliest expiry first,
+// its cap and the override of its cap in force.
+type PoolKeySlots struct {
+	Pool, Key string
+	Used      int
+	// Limit is the pool's cap of the key: its own, else the pool's
+	// default. Capped is false when the pool caps neither (Limit 0): then
+	// no stream joins the key and it has no holders.
+	Limit  int
+	Capped bool
+	// Override is the key's support override in force, which replaces
+	// Limit; nil when none.
+	Override *Override
+	Holders  []Holder
+}
+
+// PoolSlots lists the holders of key of pool, its cap and override.
+// Errors: ErrUnknownPool, ErrInvalidPoolKey, ErrUnavailable.
+func (l *Limiter) PoolSlots(ctx context.Context, pool, key string) (PoolKeySlots, error) {
+	ctx, span := l.startSpan(ctx, "limiter.pool_slots")
+	out, err := l.poolSlots(ctx, pool, key)
+	span.SetAttributes(attrUsed.Int(out.Used))
+	endSpan(span, err)
+	return out, err
+}
+
+func (l *Limiter) poolSlots(ctx context.Context, name, key string) (PoolKeySlots, error) {
+	pool, scope, err := l.poolScope(name, key)
+	if err != nil {
+		return PoolKeySlots{}, err
+	}
+	listing, err := l.listing(ctx, scope.slots)
+	if err != nil {
+		return PoolKeySlots{}, err
+	}
+	out := PoolKeySlots{Pool: name, Key: key, Used: len(listing.Slots), Holders: make([]Holder, len(listing.Slots))}
+	out.Limit, out.Capped = pool.Limit(key)
+	for i, s := range listing.Slots {
+		// The member is poolMember's "<stream id> <user id>": a stream id
+		// holds no space.
+		stream, user, _ := strings.Cut(s.StreamID, " ")
+		slot := slotOf(s, listing.NowMs)
+		slot.StreamID = stream
+		out.Holders[i] = Holder{UserID: user, Slot: slot}
+	}
+	if o := listing.Override; o != nil {
+		out.Override = overrideOf(*o, listing.NowMs)
+	}
+	return out, nil
+}
+
+// SetPoolOverride replaces the cap of key of pool with req's limit until
+// it expires, in place of any override before it: the next stream that
+// joins the key is judged by it. Memberships already held are kept.
+// Errors: ErrUnknownPool, ErrInvalidPoolKey, ErrInvalidOverride (also for
+// a key the pool does not cap: no stream joins it, so none would read the
+// override), then as SetOverride.
+func (l *Limiter) SetPoolOverride(ctx context.Context, pool, key string, req OverrideRequest) (Override, error) {
+	ctx, span := l.startSpan(ctx, "limiter.set_pool_override")
+	out, err := l.setOverride(ctx, func() (overrideScope, error) { return l.cappedPoolScope(pool, key) }, req)
+	endSpan(span, err)
+	return out, err
+}
+
+// RemovePoolOverride ends the override of key of pool now; the pool's cap
+// applies again from the next stream that joins the key. It reports
+// whether one was in force. Errors: ErrUnknownPool, ErrInvalidPoolKey,
+// then as RemoveOverride.
+func (l *Limiter) RemovePoolOverride(ctx context.Context, pool, key string) (bool, error) {
+	ctx, span := l.startSpan(ctx, "limiter.remove_pool_override")
+	removed, err := l.removeOverride(ctx, func() (overrideScope, error) {
+		_, scope, err := l.poolScope(pool, key)
+		return scope, err
+	})
+	endSpan(span, err)
+	return removed, err
+}
+
+// poolScope returns the pool named name, which must be in force, and the
+// override scope of its key. Errors: ErrUnknownPool, ErrInvalidPoolKey.
+func (l *Limiter) poolScope(name, key string) (pools.Pool, overrideScope, error) {
+	pool, ok := l.pools.Lookup(name)
+	if !ok {
+		known := make([]string, 0, l.pools.Len())
+		for _, p := range l.pools.List() {
+			known = append(known, p.Pool)
+		}
+		return pools.Pool{}, overrideScope{}, fmt.Errorf("%w: %q is not one of the pools configured (%s)", ErrUnknownPool, name, strings.Join(known, ", "))
+	}
+	slots, err := l.keys.PoolKey(name, key)
+	return pool, overrideScope{slots: slots, index: slots, most: pools.MaxConcurrentStreams}, err
+}
+
+// cappedPoolScope is poolScope for an override: of a key the pool caps.
+func (l *Limiter) cappedPoolScope(name, key string) (overrideScope, error) {
+	pool, scope, err := l.poolScope(name, key)
+	if err != nil {
+		return overrideScope{}, err
+	}
+	if _, capped := pool.Limit(key); !capped {
+		return overrideScope{}, fmt.Errorf("%w: pool %s caps neither key %q nor its keys by default, so no stream joins the key and none would be judged by an override; give the pool a cap of the key first",
+			ErrInvalidOverride, name, key)
+	}
+	return scope, nil
+}
