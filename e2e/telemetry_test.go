@@ -47,13 +47,16 @@ const telemetryTiers = `    - plan: team
     - plan: queue
       maxConcurrentStreams: 1
       maxWait: 300ms
+      priority: 3
 `
 
-// telemetryPools: model=gpt-4o may hold 1 stream.
+// telemetryPools: model=gpt-4o and model=llama-70b may hold 1 stream each;
+// an acquire may wait for one (up to its plan's maxWait).
 const telemetryPools = `pools:
   static:
     - pool: model
-      keys: {gpt-4o: 1}
+      keys: {gpt-4o: 1, llama-70b: 1}
+      maxWait: 1s
 `
 
 // TestTelemetryMetricsCountExactly drives a scripted sequence through a
@@ -67,6 +70,16 @@ func TestTelemetryMetricsCountExactly(t *testing.T) {
 
 	m := scrape(t, proc)
 	expectMetrics(t, "at start", m, map[string]float64{"limiter_tiers": 3})
+	// The pool wait series start at 0 at the priority of queue, the one
+	// plan that may wait.
+	for _, series := range []string{
+		`limiter_pool_acquire_waiting{pool="model",priority="3"}`,
+		`limiter_pool_acquire_wait_total{outcome="timeout",pool="model",priority="3"}`,
+	} {
+		if _, ok := m[series]; !ok {
+			t.Errorf("at start: no series %s", series)
+		}
+	}
 	if !hasPrefix(m, `limiter_build_info{commit="`) {
 		t.Errorf("no limiter_build_info on /metrics")
 	}
@@ -182,6 +195,34 @@ func TestTelemetryMetricsCountExactly(t *testing.T) {
 		`limiter_redis_duration_seconds_count{op="acquire_pool"}`:        2,
 	})
 
+	// A user of queue (priority 3) holds model=llama-70b; another waits
+	// for it until the plan's 300ms run out: a wait in the pool key's
+	// queue, not in its user's; its user's slot is given back.
+	acquireLlama := func(wait int64) (int, []byte) {
+		status, _, body := call(t, httpClient, "POST", proc.API+httpapi.PathAcquire,
+			httpapi.AcquireRequest{UserID: "pool-" + randomID(), Plan: "queue", Pools: map[string]string{"model": "llama-70b"}, WaitMs: wait}, nil)
+		return status, body
+	}
+	if status, body := acquireLlama(0); status != http.StatusOK {
+		t.Fatalf("first acquire of model=llama-70b: %d %s, want 200", status, body)
+	}
+	if status, body := acquireLlama(5000); status != http.StatusTooManyRequests || !strings.Contains(string(body), httpapi.CodePoolLimitReached) {
+		t.Fatalf("waiting acquire of model=llama-70b: %d %s, want 429 %s once its wait ran out", status, body, httpapi.CodePoolLimitReached)
+	}
+	expectMetrics(t, "after a pool wait ran out", scrape(t, proc), map[string]float64{
+		`limiter_pool_acquire_waiting{pool="model",priority="3"}`:                                       0,
+		`limiter_pool_acquire_wait_total{outcome="timeout",pool="model",priority="3"}`:                  1,
+		`limiter_pool_acquire_wait_total{outcome="granted",pool="model",priority="3"}`:                  0,
+		`limiter_pool_acquire_wait_duration_seconds_count{outcome="timeout",pool="model",priority="3"}`: 1,
+		`limiter_pool_acquire_total{outcome="granted",pool="model"}`:                                    2,
+		`limiter_pool_acquire_total{outcome="limited",pool="model"}`:                                    2,
+		`limiter_acquire_waiting{plan="queue"}`:                                                         0,
+		`limiter_acquire_wait_total{outcome="timeout",plan="queue"}`:                                    1, // the earlier wait, in a user's queue
+		`limiter_acquire_total{outcome="granted",plan="queue"}`:                                         2,
+		`limiter_acquire_total{outcome="limited",plan="queue"}`:                                         2,
+		`limiter_redis_duration_seconds_count{op="acquire_pool"}`:                                       4,
+	})
+
 	// Redis stops: team grants degraded, strict answers 503, a team
 	// heartbeat is degraded, a release degraded (not counted).
 	redis.Stop()
@@ -217,11 +258,11 @@ func TestTelemetryMetricsCountExactly(t *testing.T) {
 		`limiter_release_total{released="true"}`:                     1,
 		`limiter_release_total{released="false"}`:                    1,
 		// Every round trip tried once connected, the failed ones included.
-		`limiter_redis_duration_seconds_count{op="acquire"}`:         3 + 1 + 1 + 1 + 2 + 2 + 2,
+		`limiter_redis_duration_seconds_count{op="acquire"}`:         3 + 1 + 1 + 1 + 2 + 2 + 2 + 2,
 		`limiter_redis_duration_seconds_count{op="heartbeat"}`:       2 + 1,
 		`limiter_redis_duration_seconds_count{op="heartbeat_batch"}`: 1,
-		`limiter_redis_duration_seconds_count{op="release"}`:         2 + 1 + 1, // the refused pool acquire's slot given back
-		`limiter_redis_duration_seconds_count{op="acquire_pool"}`:    2,
+		`limiter_redis_duration_seconds_count{op="release"}`:         2 + 1 + 1 + 1, // the refused pool acquires' slots given back
+		`limiter_redis_duration_seconds_count{op="acquire_pool"}`:    2 + 2,
 		`limiter_tiers`: 3,
 	})
 	// limiter_overrides_active is read from Redis at each scrape: there is

@@ -58,6 +58,8 @@ func TestTheAPIServerRefusesInvalidLimitTiers(t *testing.T) {
 		{"a malformed heartbeat", map[string]any{"maxConcurrentStreams": 1, "heartbeatInterval": "soon"}, `spec.heartbeatInterval: Invalid value: "soon"`},
 		{"a maxWait above 60s", map[string]any{"maxConcurrentStreams": 1, "maxWait": "61s"}, `spec.maxWait: Invalid value: "61s": must be between 0s and 60s`},
 		{"a malformed maxWait", map[string]any{"maxConcurrentStreams": 1, "maxWait": "forever"}, `spec.maxWait: Invalid value: "forever"`},
+		{"a priority of 10", map[string]any{"maxConcurrentStreams": 1, "priority": 10}, `spec.priority: Invalid value: 10: spec.priority in body should be less than or equal to 9`},
+		{"a priority of -1", map[string]any{"maxConcurrentStreams": 1, "priority": -1}, `spec.priority: Invalid value: -1: spec.priority in body should be greater than or equal to 0`},
 		{"a plan with a space", map[string]any{"maxConcurrentStreams": 1, "plan": "pro plan"}, `spec.plan: Invalid value: "pro plan"`},
 		{"a plan of 64 characters", map[string]any{"maxConcurrentStreams": 1, "plan": strings.Repeat("p", 64)}, "spec.plan: Too long"},
 	}

@@ -85,6 +85,18 @@ type LimitTierSpec struct {
 	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$`
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s') && duration(self) <= duration('60s')",message="must be between 0s and 60s"
 	MaxWait *metav1.Duration `json:"maxWait,omitempty"`
+
+	// priority orders the plan's acquires that wait for a full pool key:
+	// when a membership of the key frees up, it goes to the waiter of the
+	// highest priority first, then to the user holding the fewest streams
+	// of the key, then to the one that came first. 0 (the default) to 9;
+	// give paying plans a higher one than free plans.
+	//
+	// +optional
+	// +kubebuilder:default=0
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=9
+	Priority int32 `json:"priority,omitempty"`
 }
 
 // LimitTierStatus is what the limiter made of a LimitTier. Only the
@@ -164,6 +176,7 @@ type LimitTierStatus struct {
 // +kubebuilder:printcolumn:name="Heartbeat",type=string,JSONPath=`.status.heartbeatInterval`
 // +kubebuilder:printcolumn:name="Failure",type=string,JSONPath=`.spec.failureMode`
 // +kubebuilder:printcolumn:name="Wait",type=string,JSONPath=`.status.maxWait`
+// +kubebuilder:printcolumn:name="Priority",type=integer,JSONPath=`.spec.priority`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

@@ -121,9 +121,9 @@ redis:
 		},
 		{
 			name: "the file's tier list replaces the default list whole",
-			file: "tiers:\n  static:\n    - plan: gold\n      maxConcurrentStreams: 9\n      slotTTL: 30s\n      maxWait: 15s\n",
+			file: "tiers:\n  static:\n    - plan: gold\n      maxConcurrentStreams: 9\n      slotTTL: 30s\n      maxWait: 15s\n      priority: 7\n",
 			check: func(t *testing.T, c Config) {
-				want(t, "tiers.static", c.StaticTiers(), []tiers.Tier{{Plan: "gold", MaxConcurrentStreams: 9, SlotTTL: 30 * time.Second, HeartbeatInterval: 10 * time.Second, FailureMode: tiers.FailOpen, MaxWait: 15 * time.Second}})
+				want(t, "tiers.static", c.StaticTiers(), []tiers.Tier{{Plan: "gold", MaxConcurrentStreams: 9, SlotTTL: 30 * time.Second, HeartbeatInterval: 10 * time.Second, FailureMode: tiers.FailOpen, MaxWait: 15 * time.Second, Priority: 7}})
 			},
 		},
 		{

@@ -42,6 +42,7 @@ func (tierKind) entry(plan string, spec *v1alpha1.LimitTierSpec) tiers.Tier {
 		Plan:                 plan,
 		MaxConcurrentStreams: int(spec.MaxConcurrentStreams),
 		FailureMode:          tiers.FailureMode(spec.FailureMode),
+		Priority:             int(spec.Priority),
 	}
 	if spec.SlotTTL != nil {
 		tier.SlotTTL = spec.SlotTTL.Duration

@@ -61,6 +61,9 @@ func (c *callCounter) Waiting(context.Context, tiers.Tier, int)                 
 func (c *callCounter) Waited(context.Context, tiers.Tier, limiter.WaitOutcome, time.Duration) {
 }
 func (c *callCounter) Joined(context.Context, string, limiter.JoinOutcome, int, int) {}
+func (c *callCounter) PoolWaiting(context.Context, string, int, int)                 {}
+func (c *callCounter) PoolWaited(context.Context, string, int, limiter.WaitOutcome, time.Duration) {
+}
 func (c *callCounter) RedisCall(_ context.Context, op string, _ time.Duration, _ error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

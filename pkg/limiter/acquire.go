@@ -31,17 +31,19 @@ type AcquireRequest struct {
 	// Wait, when > 0, lets the acquire wait that long, capped by the
 	// tier's MaxWait, for one of the user's slots when all are held:
 	// it queues, and the user's slots go to the queue first come first
-	// served, across every server (see wait.go). Default 0: the acquire
-	// answers at once.
+	// served, across every server (see wait.go); then, with what is left
+	// of it, capped by each pool's MaxWait, for a place in each full pool
+	// key, served by priority, then the user holding the fewest, then
+	// arrival (see poolwait.go). Default 0: the acquire answers at once.
 	Wait time.Duration
 	// Pools name the pool keys the stream joins: pool → key ("model" →
 	// "gpt-4o"), at most MaxPools. Each capped key must have room too, or
 	// the acquire is refused (AcquireResult.RefusedBy) and takes nothing.
 	// Default none.
 	Pools map[string]string
-	// OnWait, when set, is called once the acquire, denied at once, is
-	// about to wait in the queue, with how long it may (Wait capped by the
-	// tier's MaxWait), on the goroutine that called Acquire: a front end
+	// OnWait, when set, is called once, when the acquire, denied at once,
+	// is about to wait in a queue (its user's or a pool key's), with how
+	// long it may yet wait in all, on the goroutine that called Acquire: a front end
 	// whose own peer times the answer out (Envoy's ext_proc
 	// message_timeout) can extend that deadline first. Not called when
 	// the acquire answers at once.
@@ -143,10 +145,24 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		held[i] = lua.PoolKey{Pool: m.pool.Pool, Key: m.key}
 	}
 
-	// One decision, however many pools it joins (DESIGN §10 P4).
-	var end time.Time
+	// One decision, however many pools it joins (DESIGN §10 P4); and one
+	// wait, across the user's queue and the pools' (DESIGN §17).
+	var end, waitUntil time.Time
+	wait := min(req.Wait, tier.MaxWait)
+	if onWait := req.OnWait; onWait != nil {
+		called := false
+		req.OnWait = func(d time.Duration) {
+			if !called {
+				called = true
+				onWait(d)
+			}
+		}
+	}
 	if len(ms) > 0 {
 		end = l.decisionEnd()
+		if wait > 0 {
+			waitUntil = time.Now().Add(wait)
+		}
 	}
 	var got lua.Acquired
 	var replicas *replicaSync
@@ -190,17 +206,17 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		if err := l.confirmGrant(ctx, replicas, tier, key, &res); err != nil {
 			return res, tier, err
 		}
-		err := l.grantPools(ctx, end, req, tier, ms, !got.Extended, &res)
+		err := l.grantPools(ctx, end, waitUntil, req, tier, ms, !got.Extended, &res)
 		return res, tier, err
 	}
 	res.RetryAfter = time.Duration(got.RetryAfterMs) * time.Millisecond
-	if wait := min(req.Wait, tier.MaxWait); wait > 0 && res.Limit > 0 {
+	if wait > 0 && res.Limit > 0 {
 		if req.OnWait != nil {
 			req.OnWait(wait)
 		}
 		res, err = l.await(ctx, key, req, tier, wait, res, generated)
 		if err == nil && res.Granted && !res.Degraded {
-			err = l.grantPools(ctx, l.decisionEnd(), req, tier, ms, true, &res)
+			err = l.grantPools(ctx, l.decisionEnd(), waitUntil, req, tier, ms, true, &res)
 		}
 	}
 	return res, tier, err
@@ -210,12 +226,13 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 // grants (added: this acquire took it), by end, and turns res into the
 // pool's refusal when one refuses. A membership granted degraded makes
 // the grant degraded.
-func (l *Limiter) grantPools(ctx context.Context, end time.Time, req AcquireRequest, tier tiers.Tier, ms []membership, added bool, res *AcquireResult) error {
+func (l *Limiter) grantPools(ctx context.Context, end, waitUntil time.Time, req AcquireRequest, tier tiers.Tier, ms []membership, added bool, res *AcquireResult) error {
 	if len(ms) == 0 {
 		return nil
 	}
 	atFault("after-user-slot") // a crash here leaves the user's slot alone, to expire
-	j, err := l.joinPools(ctx, end, req, tier, ms, added)
+	j, err := l.joinPools(ctx, end, waitUntil, req, tier, ms, added)
+	res.Waited += j.waited
 	if err != nil {
 		res.Granted, res.ExpiresAt = false, time.Time{}
 		return err

@@ -153,7 +153,7 @@ func New(redis *cluster.Client, table *tiers.Table, opts Options) *Limiter {
 		observer: opts.Observer, tracer: opts.TracerProvider.Tracer(tracerName), tracing: tracing,
 		degraded:     ratelog.New(opts.Logger, degradedLogEvery),
 		syncReplicas: opts.SyncReplicas,
-		queues:       queues{m: map[queueKey]*userQueue{}},
+		queues:       queues{m: map[queueKey]*scopeQueue{}},
 		ticketTTL:    opts.TicketTTL, waitPoll: opts.WaitPoll, maxQueue: opts.MaxQueue,
 		pools: opts.Pools,
 	}

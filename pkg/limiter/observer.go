@@ -23,10 +23,22 @@ type Observer interface {
 	// RedisCall reports one round trip to Redis for op.
 	RedisCall(ctx context.Context, op string, took time.Duration, err error)
 	// Waiting reports an acquire that starts (delta 1) or stops (-1)
-	// waiting in its user's queue (AcquireRequest.Wait).
+	// waiting in its user's queue (AcquireRequest.Wait). Waits in a pool
+	// key's queue go to PoolWaiting instead.
 	Waiting(ctx context.Context, tier tiers.Tier, delta int)
-	// Waited reports how a wait in the queue ended, and how long it took.
+	// Waited reports how a wait in its user's queue ended, and how long
+	// it took.
 	Waited(ctx context.Context, tier tiers.Tier, outcome WaitOutcome, took time.Duration)
+	// PoolWaiting reports an acquire that starts (delta 1) or stops (-1)
+	// waiting in the queue of a key of pool (DESIGN §17), at its tier's
+	// priority (0 to tiers.MaxPriority). As for Joined, the key is not
+	// passed.
+	PoolWaiting(ctx context.Context, pool string, priority, delta int)
+	// PoolWaited reports how a wait in the queue of a key of pool ended,
+	// at its tier's priority, and how long it took. WaitFull there means
+	// the key's queue was full; WaitCancelled includes a membership
+	// granted as the caller left (given back).
+	PoolWaited(ctx context.Context, pool string, priority int, outcome WaitOutcome, took time.Duration)
 	// Joined reports one pool step of an acquire: how its membership of a
 	// key of pool ended, with the key's live memberships after the step
 	// (used) and the cap it was judged by (limit, an override's when one
@@ -59,11 +71,13 @@ const (
 
 type nopObserver struct{}
 
-func (nopObserver) Acquired(context.Context, tiers.Tier, AcquireResult, error)     {}
-func (nopObserver) Heartbeated(context.Context, HeartbeatResult, error)            {}
-func (nopObserver) Released(context.Context, ReleaseResult, error)                 {}
-func (nopObserver) Reclaimed(context.Context, string, int)                         {}
-func (nopObserver) RedisCall(context.Context, string, time.Duration, error)        {}
-func (nopObserver) Waiting(context.Context, tiers.Tier, int)                       {}
-func (nopObserver) Waited(context.Context, tiers.Tier, WaitOutcome, time.Duration) {}
-func (nopObserver) Joined(context.Context, string, JoinOutcome, int, int)          {}
+func (nopObserver) Acquired(context.Context, tiers.Tier, AcquireResult, error)          {}
+func (nopObserver) Heartbeated(context.Context, HeartbeatResult, error)                 {}
+func (nopObserver) Released(context.Context, ReleaseResult, error)                      {}
+func (nopObserver) Reclaimed(context.Context, string, int)                              {}
+func (nopObserver) RedisCall(context.Context, string, time.Duration, error)             {}
+func (nopObserver) Waiting(context.Context, tiers.Tier, int)                            {}
+func (nopObserver) Waited(context.Context, tiers.Tier, WaitOutcome, time.Duration)      {}
+func (nopObserver) Joined(context.Context, string, JoinOutcome, int, int)               {}
+func (nopObserver) PoolWaiting(context.Context, string, int, int)                       {}
+func (nopObserver) PoolWaited(context.Context, string, int, WaitOutcome, time.Duration) {}

@@ -21,8 +21,17 @@ type Holder struct {
 	Slot
 }
 
+// Waiter is one acquire waiting in a pool key's queue: the user whose
+// stream waits, and its ticket.
+type Waiter struct {
+	UserID string
+	Ticket
+}
+
 // PoolKeySlots is one pool key's live memberships, earliest expiry first,
-// its cap and the override of its cap in force.
+// its cap, the override of its cap in force, and the acquires waiting
+// for it in the order they are served (by priority, then the user
+// holding fewest, then arrival).
 type PoolKeySlots struct {
 	Pool, Key string
 	Used      int
@@ -35,6 +44,7 @@ type PoolKeySlots struct {
 	// Limit; nil when none.
 	Override *Override
 	Holders  []Holder
+	Waiters  []Waiter
 }
 
 // PoolSlots lists the holders of key of pool, its cap and override.
@@ -68,6 +78,12 @@ func (l *Limiter) poolSlots(ctx context.Context, name, key string) (PoolKeySlots
 	}
 	if o := listing.Override; o != nil {
 		out.Override = overrideOf(*o, listing.NowMs)
+	}
+	out.Waiters = make([]Waiter, len(listing.Queue))
+	for i, t := range listing.Queue {
+		ticket := ticketOf(t, i+1, listing.NowMs)
+		ticket.StreamID, _, _ = strings.Cut(t.StreamID, " ")
+		out.Waiters[i] = Waiter{UserID: t.Record.User, Ticket: ticket}
 	}
 	return out, nil
 }

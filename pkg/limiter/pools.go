@@ -112,13 +112,17 @@ func poolMember(userID, streamID string) string { return streamID + " " + userID
 type joined struct {
 	grants  []PoolGrant
 	refusal *PoolRefusal
+	// waited is how long the acquire waited in pool keys' queues.
+	waited time.Duration
 }
 
 // joinPools takes a membership of each of ms for the stream req names, in
-// order, by end. A refusal, or an outage of a pool that fails closed,
-// removes the memberships this call added and, when added says the user's
-// slot is new, that slot too, before it answers (see undo).
-func (l *Limiter) joinPools(ctx context.Context, end time.Time, req AcquireRequest, tier tiers.Tier, ms []membership, added bool) (joined, error) {
+// order, each decided by end. A full key's queue is waited in until
+// waitUntil at the most (see poolWait), and the next step is decided by
+// a new end. A refusal, or an outage of a pool that fails closed, removes
+// the memberships this call added and, when added says the user's slot is
+// new, that slot too, before it answers (see undo).
+func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req AcquireRequest, tier tiers.Tier, ms []membership, added bool) (joined, error) {
 	member := poolMember(req.UserID, req.StreamID)
 	rec := lua.Record{Caller: req.Caller, Plan: tier.Plan, User: req.UserID, Label: req.Label}
 	var out joined
@@ -129,6 +133,9 @@ func (l *Limiter) joinPools(ctx context.Context, end time.Time, req AcquireReque
 			got, err = lua.Acquire(ctx, c, m.slots, member, m.limit, tier.SlotTTL, rec)
 			return err
 		})
+		if err == nil && len(got.Wake) > 0 {
+			l.wake(ctx, m.slots, got.Wake...) // members expired: those owed their places look
+		}
 		switch {
 		case err != nil && degrade(m.pool.FailureMode, err):
 			l.warnDegraded(ctx, "redis unavailable; granting a pool's membership degraded (failureMode Open)", "pool", m.pool.Pool, "err", err)
@@ -147,10 +154,29 @@ func (l *Limiter) joinPools(ctx context.Context, end time.Time, req AcquireReque
 			limit = got.Override
 		}
 		if !got.Granted {
-			l.observer.Joined(ctx, m.pool.Pool, JoinLimited, got.Used, limit)
+			refusal := &PoolRefusal{Pool: m.pool.Pool, Key: m.key, Used: got.Used, Limit: limit,
+				RetryAfter: time.Duration(got.RetryAfterMs) * time.Millisecond}
+			if wait := poolWait(waitUntil, tier, m.pool); wait > 0 {
+				w := l.awaitPool(ctx, req, tier, m, wait, time.Until(waitUntil), taken)
+				out.waited += w.waited
+				end = l.decisionEnd() // the next step is a decision of its own
+				if w.unsure || w.grant != nil {
+					taken = append(taken, m.slots) // the undo's to remove, whatever happens next
+				}
+				switch {
+				case w.grant != nil && w.err == nil:
+					l.observer.Joined(ctx, m.pool.Pool, JoinGranted, w.grant.Used, w.grant.Limit)
+					out.grants = append(out.grants, *w.grant)
+					continue
+				case w.err != nil:
+					l.undo(ctx, end, req, taken, added)
+					return joined{waited: out.waited}, fmt.Errorf("pool %s=%s: %w", m.pool.Pool, m.key, w.err)
+				}
+				refusal = w.refusal
+			}
+			l.observer.Joined(ctx, m.pool.Pool, JoinLimited, refusal.Used, refusal.Limit)
 			l.undo(ctx, end, req, taken, added)
-			return joined{refusal: &PoolRefusal{Pool: m.pool.Pool, Key: m.key, Used: got.Used, Limit: limit,
-				RetryAfter: time.Duration(got.RetryAfterMs) * time.Millisecond}}, nil
+			return joined{refusal: refusal, waited: out.waited}, nil
 		}
 		if !got.Extended {
 			taken = append(taken, m.slots)
@@ -184,7 +210,7 @@ func (l *Limiter) undo(ctx context.Context, end time.Time, req AcquireRequest, t
 	}
 	var user string // the user's slots, when its slot is left to remove
 	if added {
-		if key, err := l.keys.UserKey(req.UserID); err == nil && l.dropSlot(ctx, end, key, req.StreamID) != nil {
+		if key, err := l.keys.UserKey(req.UserID); err == nil && l.dropSlot(ctx, end, "release", key, req.StreamID) != nil {
 			user = key
 		}
 	}
@@ -197,16 +223,17 @@ func (l *Limiter) undo(ctx context.Context, end time.Time, req AcquireRequest, t
 			_ = l.leavePool(ctx, time.Time{}, slots, member)
 		}
 		if user != "" {
-			_ = l.dropSlot(ctx, time.Time{}, user, req.StreamID)
+			_ = l.dropSlot(ctx, time.Time{}, "release", user, req.StreamID)
 		}
 	}()
 }
 
-// dropSlot removes streamID's slot from key, a user's slots, by end, and
-// wakes the acquire its release lets in, if one waits. It leaves the
-// stream's memberships alone: for a slot whose acquire is being undone.
-func (l *Limiter) dropSlot(ctx context.Context, end time.Time, key, streamID string) error {
-	return l.doBy(ctx, end, "release", func(ctx context.Context, c rueidis.Client) error {
+// dropSlot removes streamID's slot from key, a user's slots (or a pool
+// key's member), by end, in a Redis call of op, and wakes the acquire its release lets in, if
+// one waits. It leaves the stream's memberships alone: for a slot whose
+// acquire is being undone.
+func (l *Limiter) dropSlot(ctx context.Context, end time.Time, op, key, streamID string) error {
+	return l.doBy(ctx, end, op, func(ctx context.Context, c rueidis.Client) error {
 		got, err := lua.Release(ctx, c, "", key, streamID)
 		if got.Head != "" {
 			l.wake(ctx, key, got.Head)
@@ -216,12 +243,10 @@ func (l *Limiter) dropSlot(ctx context.Context, end time.Time, key, streamID str
 }
 
 // leavePool removes member from the pool key whose sorted set is slots,
-// by end.
+// by end, and wakes the acquire waiting for the key that its leaving lets
+// in, if one waits.
 func (l *Limiter) leavePool(ctx context.Context, end time.Time, slots, member string) error {
-	return l.doBy(ctx, end, "release_pool", func(ctx context.Context, c rueidis.Client) error {
-		_, err := lua.Release(ctx, c, "", slots, member)
-		return err
-	})
+	return l.dropSlot(ctx, end, "release_pool", slots, member)
 }
 
 // leavePools drops the memberships a released stream's record names, by
@@ -277,6 +302,9 @@ func (l *Limiter) beatPools(ctx context.Context, end time.Time, reqs []Heartbeat
 		var beat lua.Beat
 		if got != nil {
 			beat, err = got[j], classify(ctx, "heartbeat_pools", gotErrs[j])
+		}
+		if err == nil && beat.Pruned > 0 {
+			l.wake(ctx, args[j].Key) // members expired: whoever waits for them looks
 		}
 		scope := b.pool.Pool + "=" + b.pool.Key
 		switch {

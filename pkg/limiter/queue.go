@@ -9,26 +9,36 @@ import (
 	"github.com/joishi/limiter/pkg/keys"
 )
 
-// queueKey names one loop: a user's waiting acquires on this server under
-// one plan (the plan gives the limit and the failure mode).
+// queueKey names one loop: the acquires waiting on this server for one
+// scope's slots (a user's, or a pool key's: key) under one plan (the plan
+// gives the slots' TTL, and a user's limit and failure mode).
 type queueKey struct{ key, plan string }
+
+// queueScope is the capped scope a loop's waiters wait for: a user's
+// slots or a pool key's, the one mechanism of DESIGN §16. Only what
+// limits them differs: the plan, or the pool.
+type queueScope struct {
+	key    string // the scope's slots: keys.Schema.UserKey or PoolKey
+	userID string // whose acquires wait: the user of a user's queue
+	// pool and poolKey name a pool key's queue; pool is "" for a user's.
+	pool, poolKey string
+}
 
 // queues are the loops of a Limiter. A loop runs while it has waiters;
 // the last to leave ends it, so no goroutine outlives the acquires it
 // serves.
 type queues struct {
 	mu sync.Mutex
-	m  map[queueKey]*userQueue
+	m  map[queueKey]*scopeQueue
 }
 
-// userQueue is the loop of one user's waiters on this server under one
+// scopeQueue is the loop of one scope's waiters on this server under one
 // plan: it makes every call to the wait script for them.
-type userQueue struct {
-	l      *Limiter
-	key    string // the user key
-	userID string
-	plan   string
-	poke   chan struct{} // something changed: look now
+type scopeQueue struct {
+	l *Limiter
+	queueScope
+	plan string
+	poke chan struct{} // something changed: look now
 
 	mu       sync.Mutex
 	incoming []*waiter // joined since the loop last looked
@@ -42,17 +52,18 @@ type userQueue struct {
 	named     map[string]bool      // stream ids wake-ups named, for the next call
 	namedAll  bool                 // a wake-up named no one: every ticket goes
 	expiresAt time.Time            // when a slot or ticket may expire next, as last read
-	override  int                  // the user's override as last read; -1: none
+	override  int                  // the scope's override as last read; -1: none
+	limit     int                  // the scope's limit as the latest round found it
 }
 
-// join adds w to the loop of key and plan, starting it if none runs. stop
-// releases what join set up to watch w, once w is answered.
-func (l *Limiter) join(key, userID, plan string, w *waiter) (stop func()) {
-	k := queueKey{key, plan}
+// join adds w to the loop of scope and plan, starting it if none runs.
+// stop releases what join set up to watch w, once w is answered.
+func (l *Limiter) join(scope queueScope, plan string, w *waiter) (stop func()) {
+	k := queueKey{scope.key, plan}
 	l.queues.mu.Lock()
 	q := l.queues.m[k]
 	if q == nil {
-		q = &userQueue{l: l, key: key, userID: userID, plan: plan, poke: make(chan struct{}, 1),
+		q = &scopeQueue{l: l, queueScope: scope, plan: plan, poke: make(chan struct{}, 1),
 			places: map[string]int{}, refreshed: map[string]time.Time{}, named: map[string]bool{}, override: -1}
 		l.queues.m[k] = q
 		go q.run()
@@ -71,7 +82,7 @@ func (l *Limiter) join(key, userID, plan string, w *waiter) (stop func()) {
 	}
 }
 
-func (q *userQueue) nudge() {
+func (q *scopeQueue) nudge() {
 	select {
 	case q.poke <- struct{}{}:
 	default:
@@ -80,7 +91,7 @@ func (q *userQueue) nudge() {
 
 // woke takes a wake-up of the user's channel: ids are the stream ids it
 // names, "" for any.
-func (q *userQueue) woke(ids string) {
+func (q *scopeQueue) woke(ids string) {
 	q.mu.Lock()
 	if ids == "" {
 		q.wokenAll = true
@@ -93,7 +104,7 @@ func (q *userQueue) woke(ids string) {
 
 // run is the loop: a call to the wait script whenever something may have
 // changed, until no waiter is left.
-func (q *userQueue) run() {
+func (q *scopeQueue) run() {
 	stop := q.l.bus.subscribe(keys.WakeChannel(q.key), q.woke)
 	defer stop()
 	timer := time.NewTimer(time.Hour)
@@ -114,7 +125,7 @@ func (q *userQueue) run() {
 // take moves the waiters that joined into the loop's; false when there
 // are none at all, and the loop is removed (a waiter joining after that
 // starts a new one).
-func (q *userQueue) take() bool {
+func (q *scopeQueue) take() bool {
 	q.mu.Lock()
 	q.waiters = append(q.waiters, q.incoming...)
 	q.incoming = nil
@@ -137,7 +148,7 @@ func (q *userQueue) take() bool {
 
 // sleep waits for timer, or for a change worth a call before it: a new
 // waiter, one that leaves, a wake-up for one of the loop's tickets.
-func (q *userQueue) sleep(timer *time.Timer) {
+func (q *scopeQueue) sleep(timer *time.Timer) {
 	for {
 		select {
 		case <-timer.C:
@@ -154,7 +165,7 @@ func (q *userQueue) sleep(timer *time.Timer) {
 // due reports whether a call should be made now: a waiter joined or is to
 // leave, or a wake-up named one of the loop's tickets (or no one). The
 // tickets named are kept for the call.
-func (q *userQueue) due(now time.Time) bool {
+func (q *scopeQueue) due(now time.Time) bool {
 	q.mu.Lock()
 	woken, all, joined := q.woken, q.wokenAll, len(q.incoming) > 0
 	q.woken, q.wokenAll = nil, false

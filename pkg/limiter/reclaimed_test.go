@@ -24,6 +24,9 @@ func (r *reclaimLog) Waiting(context.Context, tiers.Tier, int)                  
 func (r *reclaimLog) Waited(context.Context, tiers.Tier, limiter.WaitOutcome, time.Duration) {
 }
 func (r *reclaimLog) Joined(context.Context, string, limiter.JoinOutcome, int, int) {}
+func (r *reclaimLog) PoolWaiting(context.Context, string, int, int)                 {}
+func (r *reclaimLog) PoolWaited(context.Context, string, int, limiter.WaitOutcome, time.Duration) {
+}
 func (r *reclaimLog) Reclaimed(_ context.Context, plan string, slots int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/joishi/limiter/pkg/lua"
+	"github.com/joishi/limiter/pkg/pools"
 	"github.com/joishi/limiter/pkg/tiers"
 	"github.com/redis/rueidis"
 )
@@ -30,12 +31,12 @@ type ticketCall struct {
 // ticket does when a slot or a ticket may have expired. So a user with a
 // thousand waiters on this server costs one call per poll for the head
 // of the queue and one with all its tickets per TicketTTL/3.
-func (q *userQueue) round() time.Time {
+func (q *scopeQueue) round() time.Time {
 	l := q.l
 	now := time.Now()
-	tier, ok := l.tiers.Lookup(q.plan)
-	if !ok {
-		q.fail(tiers.Tier{Plan: q.plan}, errPlanGone(q.plan), now)
+	tier, mode, err := q.bounds()
+	if err != nil {
+		q.fail(mode, err, now)
 		return now
 	}
 	refreshBy := l.ticketTTL / 3
@@ -56,12 +57,12 @@ func (q *userQueue) round() time.Time {
 		}
 		c.leave = c.leave && leaving
 		place := q.places[w.streamID]
-		c.send = c.send || all || leaving || q.named[w.streamID] || place == 0 || place <= q.limitOf(tier) ||
+		c.send = c.send || all || leaving || q.named[w.streamID] || place == 0 || place <= q.served() ||
 			now.Sub(q.refreshed[w.streamID]) >= refreshBy/2
 	}
 	clear(q.named)
 	q.namedAll = false
-	args := lua.WaitArgs{Limit: tier.MaxConcurrentStreams, SlotTTL: tier.SlotTTL, TicketTTL: l.ticketTTL, MaxQueue: l.maxQueue}
+	args := lua.WaitArgs{Limit: q.limit, SlotTTL: tier.SlotTTL, TicketTTL: l.ticketTTL, MaxQueue: l.maxQueue}
 	for _, w := range q.waiters {
 		if c := calls[w.streamID]; c.send && c.at == 0 {
 			args.Tickets = append(args.Tickets, lua.TicketArgs{StreamID: w.streamID, Leave: c.leave, Record: w.record})
@@ -69,19 +70,19 @@ func (q *userQueue) round() time.Time {
 		}
 	}
 	if len(args.Tickets) == 0 {
-		return q.next(now, tier)
+		return q.next(now)
 	}
 
 	var got lua.Waited
 	var replicas *replicaSync
 	ctx := context.Background()
-	err := l.do(ctx, "wait", func(ctx context.Context, c rueidis.Client) (err error) {
+	err = l.do(ctx, "wait", func(ctx context.Context, c rueidis.Client) (err error) {
 		c, replicas = l.synced(c)
 		got, err = lua.Wait(ctx, c, q.key, args)
 		return err
 	})
 	if err != nil {
-		q.fail(tier, err, now)
+		q.fail(mode, err, now)
 		return now.Add(refreshBy)
 	}
 	if got.Pruned > 0 {
@@ -131,7 +132,7 @@ func (q *userQueue) round() time.Time {
 		case t.State == lua.TicketGranted && !leaving:
 			w.answer(waitResult{outcome: WaitGranted, expiresAtMs: t.ExpiresAtMs, replicas: replicas, used: got.Used, override: got.Override, holders: holders[w.streamID]})
 		case t.State == lua.TicketNotHolder:
-			w.answer(waitResult{outcome: WaitFailed, err: fmt.Errorf("%w: stream %q of user %q", ErrNotSlotHolder, w.streamID, q.userID)})
+			w.answer(waitResult{outcome: WaitFailed, err: fmt.Errorf("%w: stream %q of user %q", ErrNotSlotHolder, w.stream, q.userID)})
 		case leaving:
 			w.answer(waitResult{outcome: outcome, used: got.Used, override: got.Override, retry: got.RetryAfter})
 		case t.State == lua.TicketFull:
@@ -159,18 +160,18 @@ func (q *userQueue) round() time.Time {
 	if again {
 		return now
 	}
-	return q.next(now, tier)
+	return q.next(now)
 }
 
 // next is when the loop's next call is due unasked: a poll while one of
 // its tickets could be served next, each ticket's refresh, the next
 // expiry of a slot or ticket, the end of a wait.
-func (q *userQueue) next(now time.Time, tier tiers.Tier) time.Time {
+func (q *scopeQueue) next(now time.Time) time.Time {
 	refreshBy := q.l.ticketTTL / 3
 	next := q.expiresAt
 	for _, w := range q.waiters {
 		place := q.places[w.streamID]
-		if place > 0 && place <= q.limitOf(tier) {
+		if place > 0 && place <= q.served() {
 			next = minTime(next, now.Add(q.pollEvery()))
 		}
 		next = minTime(next, q.refreshed[w.streamID].Add(refreshBy), w.deadline)
@@ -187,19 +188,44 @@ func minTime(t time.Time, others ...time.Time) time.Time {
 	return t
 }
 
-// limitOf is the limit the queue is served by: the user's override as
-// the latest call found it, else tier's.
-func (q *userQueue) limitOf(tier tiers.Tier) int {
+// bounds reads what limits the loop's scope now: the waiters' tier (their
+// slots' TTL) and the scope's limit (into q.limit) and failure mode: the
+// tier's for a user, the pool's for a pool key. Errors: the plan or the
+// pool went away while acquires waited for them.
+func (q *scopeQueue) bounds() (tiers.Tier, tiers.FailureMode, error) {
+	tier, ok := q.l.tiers.Lookup(q.plan)
+	if !ok {
+		return tiers.Tier{Plan: q.plan}, tiers.DefaultFailureMode, errPlanGone(q.plan)
+	}
+	if q.pool == "" {
+		q.limit = tier.MaxConcurrentStreams
+		return tier, tier.FailureMode, nil
+	}
+	pool, ok := q.l.pools.Lookup(q.pool)
+	if !ok {
+		return tier, tiers.DefaultFailureMode, fmt.Errorf("%w: %q was removed while acquires waited for it", ErrUnknownPool, q.pool)
+	}
+	limit, capped := pool.Limit(q.poolKey)
+	if !capped {
+		limit = pools.MaxConcurrentStreams // no longer capped: nothing to wait for
+	}
+	q.limit = limit
+	return tier, pool.FailureMode, nil
+}
+
+// served is how many of the queue's tickets the scope's limit serves at
+// once: its override as the latest call found it, else its limit.
+func (q *scopeQueue) served() int {
 	if q.override >= 0 {
 		return q.override
 	}
-	return tier.MaxConcurrentStreams
+	return q.limit
 }
 
 // pollEvery is how long after a call one for a ticket that could be
 // served next is due (a wake-up may have been lost): WaitPoll, jittered by
 // up to a fifth either way.
-func (q *userQueue) pollEvery() time.Duration {
+func (q *scopeQueue) pollEvery() time.Duration {
 	p := q.l.waitPoll
 	return p*4/5 + rand.N(p*2/5+1)
 }
@@ -207,10 +233,10 @@ func (q *userQueue) pollEvery() time.Duration {
 // fail answers the waiters of a call that failed with err: the tier's
 // failure mode decides for an outage, as for any acquire; a caller that
 // left is answered as cancelled. The tickets not withdrawn expire.
-func (q *userQueue) fail(tier tiers.Tier, err error, now time.Time) {
-	open := degrade(tier.FailureMode, err)
+func (q *scopeQueue) fail(mode tiers.FailureMode, err error, now time.Time) {
+	open := degrade(mode, err)
 	if open {
-		q.l.warnDegraded(context.Background(), "redis unavailable; granting waiting acquires degraded (failureMode Open)", "plan", tier.Plan, "err", err)
+		q.l.warnDegraded(context.Background(), "redis unavailable; granting waiting acquires degraded (failureMode Open)", "plan", q.plan, "pool", q.pool, "err", err)
 	}
 	for _, w := range q.waiters {
 		switch outcome, _ := w.gone(now); {

@@ -28,9 +28,13 @@ type Slot struct {
 	Label  string
 }
 
-// Ticket is one acquire waiting in a user's queue.
+// Ticket is one acquire waiting in a user's queue (or a pool key's).
 type Ticket struct {
 	StreamID string
+	// Plan and Priority are its plan's, which order the queue (DESIGN
+	// §17); Caller and Label who asked, and for what.
+	Plan, Caller, Label string
+	Priority            int
 	// Place is its place in the queue: 1 is served next.
 	Place int
 	// Since is when it was queued (Redis time).
@@ -82,10 +86,16 @@ func (l *Limiter) slots(ctx context.Context, userID string) (UserSlots, error) {
 	}
 	out.Queue = make([]Ticket, len(listing.Queue))
 	for i, t := range listing.Queue {
-		out.Queue[i] = Ticket{StreamID: t.StreamID, Place: i + 1, Since: time.UnixMicro(t.ArrivalUs).UTC(),
-			Waited: time.Duration(listing.NowMs*1000-t.ArrivalUs) * time.Microsecond, ExpiresAt: msTime(t.ExpiresAtMs)}
+		out.Queue[i] = ticketOf(t, i+1, listing.NowMs)
 	}
 	return out, nil
+}
+
+// ticketOf is t, the place-th of its queue, as read at nowMs.
+func ticketOf(t lua.Ticket, place int, nowMs int64) Ticket {
+	return Ticket{StreamID: t.StreamID, Plan: t.Record.Plan, Caller: t.Record.Caller, Label: t.Record.Label, Priority: t.Record.Priority,
+		Place: place, Since: time.UnixMicro(t.ArrivalUs).UTC(),
+		Waited: time.Duration(nowMs*1000-t.ArrivalUs) * time.Microsecond, ExpiresAt: msTime(t.ExpiresAtMs)}
 }
 
 // listing runs the slots script on key, a user's or a pool key's slots

@@ -81,7 +81,7 @@ func (l *Limiter) confirmGrant(ctx context.Context, s *replicaSync, tier tiers.T
 		l.warnDegraded(ctx, "slot not confirmed by replicas; keeping the grant (failureMode Open)", "plan", tier.Plan, "reason", why)
 		return nil
 	}
-	_ = l.dropSlot(ctx, time.Time{}, key, res.StreamID)
+	_ = l.dropSlot(ctx, time.Time{}, "release", key, res.StreamID)
 	res.Granted, res.ExpiresAt = false, time.Time{}
 	return fmt.Errorf("%w: acquire: %s (redis.syncReplicas %d)", ErrUnavailable, why, s.want)
 }

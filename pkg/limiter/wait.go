@@ -54,12 +54,16 @@ const (
 	WaitFailed WaitOutcome = "failed"
 )
 
-// waiter is one acquire waiting in its user's queue on this server.
+// waiter is one acquire waiting in a scope's queue on this server: its
+// user's, or a pool key's.
 type waiter struct {
-	streamID string
-	record   lua.Record
-	ctx      context.Context
-	deadline time.Time
+	// streamID is the ticket's member in the scope: the stream id in a
+	// user's queue, poolMember's "<stream id> <user id>" in a pool key's;
+	// stream the stream id alone.
+	streamID, stream string
+	record           lua.Record
+	ctx              context.Context
+	deadline         time.Time
 	// done receives the outcome, once, from the user's loop.
 	done chan waitResult
 }
@@ -99,14 +103,10 @@ type waitResult struct {
 func (l *Limiter) await(ctx context.Context, key string, req AcquireRequest, tier tiers.Tier, wait time.Duration, res AcquireResult, generated bool) (AcquireResult, error) {
 	start := time.Now()
 	w := &waiter{
-		streamID: req.StreamID, record: lua.Record{Caller: req.Caller, Plan: tier.Plan, Label: req.Label},
+		streamID: req.StreamID, stream: req.StreamID, record: lua.Record{Caller: req.Caller, Plan: tier.Plan, Label: req.Label, Priority: tier.Priority},
 		ctx: ctx, deadline: start.Add(wait), done: make(chan waitResult, 1),
 	}
-	l.observer.Waiting(ctx, tier, 1)
-	stop := l.join(key, req.UserID, tier.Plan, w)
-	r := <-w.done
-	stop()
-	l.observer.Waiting(ctx, tier, -1)
+	r := l.waitIn(ctx, queueScope{key: key, userID: req.UserID}, tier, w)
 	took := time.Since(start)
 	res.Waited = took
 	outcome := r.outcome
@@ -154,6 +154,23 @@ func (l *Limiter) await(ctx context.Context, key string, req AcquireRequest, tie
 		return AcquireResult{StreamID: req.StreamID, Limit: res.Limit, Tier: tier, Waited: took}, ctx.Err()
 	}
 	return AcquireResult{StreamID: req.StreamID, Limit: res.Limit, Tier: tier, Waited: took}, r.err
+}
+
+// waitIn queues w for scope's slots under tier, and returns how its wait
+// ended. A wait in a pool key's queue is reported by pool and priority,
+// not as a wait in the user's queue.
+func (l *Limiter) waitIn(ctx context.Context, scope queueScope, tier tiers.Tier, w *waiter) waitResult {
+	if scope.pool != "" {
+		l.observer.PoolWaiting(ctx, scope.pool, tier.Priority, 1)
+		defer l.observer.PoolWaiting(ctx, scope.pool, tier.Priority, -1)
+	} else {
+		l.observer.Waiting(ctx, tier, 1)
+		defer l.observer.Waiting(ctx, tier, -1)
+	}
+	stop := l.join(scope, tier.Plan, w)
+	r := <-w.done
+	stop()
+	return r
 }
 
 // answer sends w its outcome; the loop calls it once per waiter.

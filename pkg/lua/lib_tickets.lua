@@ -27,24 +27,68 @@ local function dropTicket(queue, expiry, recs, id)
   redis.call('HDEL', recs, id)
 end
 
--- owed(queue, expiry, recs, used, override, stop): the live tickets owed
--- a slot, in arrival order; the slots taken then (used plus them); and
--- each owed ticket's slack: how many more slots may be granted ahead of it
--- before it no longer fits under its own limit.
+-- ticketOf(rec): the limit, priority and user a ticket's record names.
+-- The record is the ticket's limit, then its stream's slot record fields
+-- (see pkg/lua/records.go): ';caller=', ';plan=', ';pools=' and ';prio='
+-- hold no ';', the user id goes with its length and the label runs to the
+-- end, so the fields are read in order up to the user. A record with no
+-- limit (queued by an earlier version) fits any; no priority is 0; no
+-- user (a user's own queue) is ''.
+local function ticketOf(rec)
+  if not rec then
+    return math.huge, 0, ''
+  end
+  local limit = tonumber(string.match(rec, '^%d+')) or math.huge
+  local prio, user = 0, ''
+  local pos = string.find(rec, ';', 1, true)
+  while pos do
+    local name, from = string.match(rec, '^;(%a+)=()', pos)
+    if not name or name == 'label' then
+      break
+    end
+    if name == 'user' then
+      local n, at = string.match(rec, '^(%d+):()', from)
+      if n then
+        user = string.sub(rec, at, at + tonumber(n) - 1)
+      end
+      break
+    end
+    pos = string.find(rec, ';', from, true)
+    if name == 'prio' then
+      prio = tonumber(string.sub(rec, from, (pos or 0) - 1)) or 0
+    end
+  end
+  return limit, prio, user
+end
+
+-- owed(queue, expiry, recs, used, override, stop, slots): the live
+-- tickets owed a slot, in the order they are served; the slots taken then
+-- (used plus them); and each owed ticket's slack: how many more slots may
+-- be granted ahead of it before it no longer fits under its own limit.
 --
--- Walking the queue from its head, a ticket is owed a slot while fewer
--- slots than its own limit (override, when one is in force, else its
--- plan's) are taken, counting those owed to the tickets ahead of it. A
--- ticket whose limit is reached is passed over: it holds no place against
--- an acquire it could not itself be granted the slot of, so a waiter of
--- one plan never blocks the user's acquires under a larger one. A ticket
--- with no record (queued by an earlier version) is owed a slot whenever
--- one is free. The walk ends early once stop slots are taken (math.huge:
--- never): a caller that only needs to know whether a slot is left over.
-local function owed(queue, expiry, recs, used, override, stop)
+-- The order (DESIGN §17): the highest priority first; within one, the
+-- ticket whose user holds the fewest members of slots (a pool key's
+-- members are '<stream id> <user id>'), counting those owed to the
+-- tickets served before it; then arrival. A user's own queue has no user
+-- in its tickets, so there it is priority, then arrival.
+--
+-- A ticket is owed a slot while fewer slots than its own limit (override,
+-- when one is in force, else its record's) are taken, counting those owed
+-- to the tickets served before it. A ticket whose limit is reached is
+-- passed over: it holds no place against an acquire it could not itself
+-- be granted the slot of, so a waiter of one plan never blocks the user's
+-- acquires under a larger one. The selection ends once stop slots are
+-- taken (math.huge: never): a caller that only needs to know whether a
+-- slot is left over.
+local function owed(queue, expiry, recs, used, override, stop, slots)
   local out, slack, taken = {}, {}, used
+  if taken >= stop then
+    return out, taken, slack
+  end
+  -- Every live ticket: the order depends on all of them.
+  local tickets, users = {}, false
   local from = 0
-  while taken < stop do
+  while true do
     local ids = redis.call('ZRANGE', queue, from, from + 99)
     if #ids == 0 then
       break
@@ -54,20 +98,45 @@ local function owed(queue, expiry, recs, used, override, stop)
     local rec = redis.call('HMGET', recs, unpack(ids))
     for i, id in ipairs(ids) do
       if live[i] then
-        local limit = override
-        if limit < 0 then
-          limit = tonumber(rec[i] and string.match(rec[i], '^%d+')) or math.huge
+        local limit, prio, user = ticketOf(rec[i])
+        if override >= 0 then
+          limit = override
         end
-        if taken < limit then
-          taken = taken + 1
-          out[#out + 1] = id
-          slack[#slack + 1] = limit - taken
-          if taken >= stop then
-            break
-          end
+        tickets[#tickets + 1] = {id = id, limit = limit, prio = prio, user = user}
+        users = users or user ~= ''
+      end
+    end
+  end
+  -- How many members each user holds, when the tickets name users.
+  local held = {}
+  if users then
+    for _, member in ipairs(redis.call('ZRANGE', slots, 0, -1)) do
+      local user = string.match(member, ' (.*)$')
+      if user then
+        held[user] = (held[user] or 0) + 1
+      end
+    end
+  end
+  local served = {}
+  while taken < stop do
+    local best, bestHeld
+    for i, t in ipairs(tickets) do
+      if not served[i] and taken < t.limit then
+        local h = held[t.user] or 0
+        if not best or t.prio > tickets[best].prio or (t.prio == tickets[best].prio and h < bestHeld) then
+          best, bestHeld = i, h
         end
       end
     end
+    if not best then
+      break
+    end
+    local t = tickets[best]
+    served[best] = true
+    taken = taken + 1
+    held[t.user] = bestHeld + 1
+    out[#out + 1] = t.id
+    slack[#slack + 1] = t.limit - taken
   end
   return out, taken, slack
 end

@@ -9,7 +9,7 @@ import (
 // Record is what a slot's record holds besides what the acquire script
 // writes itself. The whole record reads
 //
-//	<ttl ms>;started=<Redis ms>;caller=<name>;plan=<plan>;pools=<pool>=<key>,...;user=<n>:<user id>;label=<label>
+//	<ttl ms>;started=<Redis ms>;caller=<name>;plan=<plan>;pools=<pool>=<key>,...;prio=<0-9>;user=<n>:<user id>;label=<label>
 //
 // the TTL first (heartbeats parse only its leading digits), each field
 // after a ';', an empty one left out, in this order. Caller names are
@@ -30,6 +30,10 @@ type Record struct {
 	// and release take the stream's memberships from here, never from
 	// what a caller resends. Empty: none.
 	Pools string
+	// Priority is the stream's plan's priority (tiers.Tier.Priority),
+	// which orders its ticket while it waits (DESIGN §17). 0: not
+	// recorded.
+	Priority int
 	// User is the holder's user id, on a pool key's membership. Empty on
 	// a user's own slot (its key names the user).
 	User string
@@ -40,12 +44,13 @@ type Record struct {
 
 // Field names of a record.
 const (
-	fieldStarted = "started"
-	fieldCaller  = "caller"
-	fieldPlan    = "plan"
-	fieldPools   = "pools"
-	fieldUser    = "user"
-	fieldLabel   = "label"
+	fieldStarted  = "started"
+	fieldCaller   = "caller"
+	fieldPlan     = "plan"
+	fieldPools    = "pools"
+	fieldPriority = "prio"
+	fieldUser     = "user"
+	fieldLabel    = "label"
 )
 
 // encode returns the fields after the TTL and start, each with its leading
@@ -59,6 +64,9 @@ func (r Record) encode() string {
 		if f.value != "" {
 			b.WriteString(";" + f.name + "=" + f.value)
 		}
+	}
+	if r.Priority != 0 {
+		b.WriteString(";" + fieldPriority + "=" + strconv.Itoa(r.Priority))
 	}
 	if r.User != "" {
 		b.WriteString(";" + fieldUser + "=" + strconv.Itoa(len(r.User)) + ":" + r.User)
@@ -143,6 +151,8 @@ func ParseRecord(s string) StoredRecord {
 			out.Plan = value
 		case fieldPools:
 			out.Pools = value
+		case fieldPriority:
+			out.Priority, _ = strconv.Atoi(value)
 		}
 	}
 	return out

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/joishi/limiter/pkg/keys"
 	"github.com/redis/rueidis"
@@ -30,8 +31,11 @@ type Override struct {
 // Ticket is one waiting acquire as stored.
 type Ticket struct {
 	StreamID    string
-	ArrivalUs   int64 // Redis µs when it was queued (its order)
+	ArrivalUs   int64 // Redis µs when it was queued
 	ExpiresAtMs int64 // Redis ms; its server refreshes it while it waits
+	// Record is the ticket's: its plan, priority, caller, label and, in a
+	// pool key's queue, its user (the TTL field holds the ticket's limit).
+	Record StoredRecord
 }
 
 // Listing is the result of the slots script.
@@ -40,8 +44,8 @@ type Listing struct {
 	Slots []Slot
 	// Override is the override in force, nil when none.
 	Override *Override
-	// Queue holds the live tickets of the key's queue, first served
-	// first.
+	// Queue holds the live tickets of the key's queue in the order the
+	// wait script serves them (see ServeOrder).
 	Queue []Ticket
 }
 
@@ -50,7 +54,7 @@ type Listing struct {
 // each member "<stream id> <user id>") with their records, in expiry
 // order, the key's override, and its live tickets, in queue order.
 func Slots(ctx context.Context, c rueidis.Client, key string) (Listing, error) {
-	ks := append(userKeys(key), keys.Override(key), keys.Queue(key), keys.QueueExpiry(key))
+	ks := append(userKeys(key), keys.Override(key), keys.Queue(key), keys.QueueExpiry(key), keys.QueueRecords(key))
 	arr, err := slotsScript.Exec(ctx, c, ks, nil).ToArray()
 	if err != nil {
 		return Listing{}, err
@@ -99,19 +103,54 @@ func Slots(ctx context.Context, c rueidis.Client, key string) (Listing, error) {
 	if err != nil {
 		return Listing{}, err
 	}
-	if len(tickets)%3 != 0 {
-		return Listing{}, fmt.Errorf("slots script returned %d ticket fields, want triples", len(tickets))
+	if len(tickets)%4 != 0 {
+		return Listing{}, fmt.Errorf("slots script returned %d ticket fields, want four each", len(tickets))
 	}
-	out.Queue = make([]Ticket, 0, len(tickets)/3)
-	for i := 0; i < len(tickets); i += 3 {
+	out.Queue = make([]Ticket, 0, len(tickets)/4)
+	for i := 0; i < len(tickets); i += 4 {
 		arrival, err1 := strconv.ParseFloat(tickets[i+1], 64)
 		expires, err2 := strconv.ParseFloat(tickets[i+2], 64)
 		if err := cmp.Or(err1, err2); err != nil {
 			return Listing{}, fmt.Errorf("ticket %q: %w", tickets[i], err)
 		}
-		out.Queue = append(out.Queue, Ticket{StreamID: tickets[i], ArrivalUs: int64(arrival), ExpiresAtMs: int64(expires)})
+		out.Queue = append(out.Queue, Ticket{StreamID: tickets[i], ArrivalUs: int64(arrival), ExpiresAtMs: int64(expires), Record: ParseRecord(tickets[i+3])})
 	}
+	out.Queue = ServeOrder(out.Queue, out.Slots)
 	return out, nil
+}
+
+// ServeOrder returns queue (tickets in arrival order) in the order the
+// wait script serves them (lib_tickets.lua, owed): the highest priority
+// first; within one, the ticket whose user holds the fewest of slots
+// (members "<stream id> <user id>"), counting those served before it;
+// then arrival. A user's own queue names no user: there it is priority,
+// then arrival. (Whether a ticket's own limit lets it be served at all is
+// the script's to decide, when a slot frees.)
+func ServeOrder(queue []Ticket, slots []Slot) []Ticket {
+	held := map[string]int{}
+	for _, s := range slots {
+		if _, user, ok := strings.Cut(s.StreamID, " "); ok {
+			held[user]++
+		}
+	}
+	out := make([]Ticket, 0, len(queue))
+	served := make([]bool, len(queue))
+	for range queue {
+		best := -1
+		for i, t := range queue {
+			if served[i] {
+				continue
+			}
+			if best < 0 || t.Record.Priority > queue[best].Record.Priority ||
+				(t.Record.Priority == queue[best].Record.Priority && held[t.Record.User] < held[queue[best].Record.User]) {
+				best = i
+			}
+		}
+		served[best] = true
+		held[queue[best].Record.User]++
+		out = append(out, queue[best])
+	}
+	return out
 }
 
 // parseOverride reads {limit, expires_at, set_at, actor, reason}.

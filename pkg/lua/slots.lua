@@ -8,14 +8,17 @@
 -- KEYS[3] -> <prefix>{<user id>}:override  hash: support's override (see set_override)
 -- KEYS[4] -> <prefix>{<user id>}:q         sorted set of waiting acquires' tickets (see wait)
 -- KEYS[5] -> <prefix>{<user id>}:q:expiry  sorted set: member = stream id, score = ticket expiry (Redis ms)
+-- KEYS[6] -> <prefix>{<user id>}:q:rec     hash: field = stream id, value = the ticket's record (see wait)
 -- returns {now_ms, {stream_id_1, expires_at_ms_1, ...}, {record_1, ...}, override,
---          {stream_id_1, arrival_us_1, ticket_expires_at_ms_1, ...}}
+--          {stream_id_1, arrival_us_1, ticket_expires_at_ms_1, ticket_record_1, ...}}
 --   only slots whose expiry is after now, in expiry order
 --   record_i: the i-th slot's record, '' when it has none
 --   override: {limit, expires_at_ms, set_at_ms, actor, reason} when one is
 --   in force, else {}
---   tickets: only those whose expiry is after now, in queue order (first
---   = next served)
+--   tickets: only those whose expiry is after now, in arrival order, each
+--   with its record ('' when it has none): the caller orders them as the
+--   wait script serves them (priority, then the user holding fewest,
+--   then arrival)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local slots = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
@@ -47,6 +50,7 @@ for i = 1, #queued, 2 do
     tickets[#tickets + 1] = queued[i]
     tickets[#tickets + 1] = queued[i + 1]
     tickets[#tickets + 1] = at
+    tickets[#tickets + 1] = redis.call('HGET', KEYS[6], queued[i]) or ''
   end
 end
 

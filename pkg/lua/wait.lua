@@ -9,7 +9,7 @@
 -- KEYS[4] -> <prefix>{<user id>}:q         sorted set of tickets: member = stream id, score = arrival (Redis µs)
 -- KEYS[5] -> <prefix>{<user id>}:q:expiry  sorted set: member = stream id, score = ticket expiry (Redis ms)
 -- KEYS[6] -> <prefix>{<user id>}:q:rec     hash: field = stream id, value = the ticket's record:
---            its limit (ARGV[1]), then ';caller=<name>' when its record names one
+--            its limit (ARGV[1]), then the fields of its slot's record
 -- ARGV[1] -> limit (max concurrent streams, >= 0): the plan's; an override
 --            in force replaces it
 -- ARGV[2] -> slot ttl (ms, > 0, decimal digits)
@@ -36,16 +36,18 @@
 --   wake ids   tickets of other callers now owed a free slot: the caller
 --              wakes them (their servers call this script for them)
 --   state 1    granted: the stream holds a slot; value = its expires_at_ms
---   state 0    queued; value = its place in the queue (1 = next)
+--   state 0    queued; value = its place in the queue by arrival (1 =
+--              first; the order it is served in is owed's)
 --   state -1   left the queue (or was not in it); value 0
 --   state -2   not queued: the queue holds its most tickets; value 0
 --   state -3   the stream (held, or queued) is another caller's: nothing
 --              changed for it; value 0
 --
 -- The order is the queue's alone: a slot goes to the first ticket owed
--- one (see owed: the head, unless its own limit is reached), whichever
--- server holds it, so tickets are granted in arrival order across
--- servers, and a ticket of a plan whose limit is reached blocks no other. A ticket stops counting at its expiry unless its server
+-- one (see owed: by priority, then the fewest members of its user, then
+-- arrival; passing over a ticket whose own limit is reached), whichever
+-- server holds it, so tickets are granted in that order across servers,
+-- and a ticket of a plan whose limit is reached blocks no other. A ticket stops counting at its expiry unless its server
 -- refreshes it (a server that died), and is removed by the first call to
 -- see it expired. Arrival is the Redis time, raised above the last
 -- ticket's score when the clock did not move (or went back, after a
@@ -122,13 +124,12 @@ for i = 1, n do
           arrival = math.max(arrival, tonumber(last[2]) + 1)
         end
         redis.call('ZADD', queue, digits(arrival), id)
-        -- A ticket's record is written once: its plan's limit does not
-        -- change while it waits (an override is applied when it is read).
-        local who = ''
-        if caller ~= '' then
-          who = ';caller=' .. caller
-        end
-        redis.call('HSET', recs, id, ARGV[1] .. who)
+        -- A ticket's record is written once: its plan's limit (and
+        -- priority) does not change while it waits (an override is
+        -- applied when it is read). After the limit come the fields of
+        -- its slot's record: who asks, the priority and the user that
+        -- order the queue (see owed).
+        redis.call('HSET', recs, id, ARGV[1] .. ARGV[5 + 3 * i])
       end
       redis.call('ZADD', expiry, 'GT', now + ticketTTL, id)
       waiting[id] = i
@@ -147,7 +148,7 @@ local wake = {}
 local due, slack = {}, {}
 if used < limit then
   local taken -- unused
-  due, taken, slack = owed(queue, expiry, recs, used, override, math.huge)
+  due, taken, slack = owed(queue, expiry, recs, used, override, math.huge, slots)
 end
 -- A ticket of this call behind others' tickets owed a slot is granted
 -- before them only while each of them keeps room under its own limit

@@ -3,6 +3,7 @@ package lua_test
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -273,4 +274,56 @@ func newKey(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return key
+}
+
+// TestWaitServesByPriorityThenTheUserHoldingFewest (DESIGN §17): on a
+// pool key (members "<stream> <user>"), a free place goes to the ticket
+// of the highest priority, then to the one whose user holds the fewest
+// members, then to the first; a label that spells ";prio=9" or ";user="
+// changes nothing.
+func TestWaitServesByPriorityThenTheUserHoldingFewest(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		key := newKey(t)
+		ticket := func(id, user string, prio int, label string) lua.WaitArgs {
+			a := waitArgs(2, nil)
+			a.Tickets = []lua.TicketArgs{{StreamID: id + " " + user, Record: lua.Record{Priority: prio, User: user, Label: label}}}
+			return a
+		}
+		hold := func(id, user string) {
+			t.Helper()
+			got, err := lua.Acquire(context.Background(), c, key, id+" "+user, 2, 10*time.Second, lua.Record{User: user})
+			if err != nil || !got.Granted {
+				t.Fatalf("acquire %s of %s: %+v, %v", id, user, got, err)
+			}
+		}
+		hold("h1", "x")
+		hold("h2", "x")
+		// In order of arrival: x's low ticket, a spoofing label, y's low
+		// ticket, then z's priority-1 ticket.
+		for i, a := range []lua.WaitArgs{
+			ticket("w1", "x", 0, ""),
+			ticket("w2", "x", 0, "a;prio=9;user=1:q"),
+			ticket("w3", "y", 0, ""),
+			ticket("w4", "z", 1, ""),
+		} {
+			wantTicket(t, a.Tickets[0].StreamID+" queued", mustWait(t, c, key, a).Tickets[0], lua.TicketQueued, i+1)
+		}
+		// A place frees, each time the last one granted leaves: z's
+		// priority 1 is owed it first; then y's (x holds 1, y none);
+		// then x's first, not the one whose label spells a priority.
+		leaving := "h1 x"
+		for _, want := range []struct {
+			member string
+			prio   int
+		}{{"w4 z", 1}, {"w3 y", 0}, {"w1 x", 0}} {
+			if head := mustRelease(t, c, key, leaving).Head; head != want.member {
+				t.Fatalf("after %s left, the head named is %q, want %q", leaving, head, want.member)
+			}
+			id, user, _ := strings.Cut(want.member, " ")
+			if got := mustWait(t, c, key, ticket(id, user, want.prio, "")).Tickets[0]; got.State != lua.TicketGranted {
+				t.Fatalf("%s after the release: %+v, want granted", want.member, got)
+			}
+			leaving = want.member
+		}
+	})
 }

@@ -34,18 +34,20 @@ var (
 	redisBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}
 	// waitBuckets span a slot freed at once to the longest maxWait (60s).
 	waitBuckets = []float64{0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60}
-	// waitOutcomes label the wait metrics.
-	waitOutcomes = []limiter.WaitOutcome{limiter.WaitGranted, limiter.WaitTimeout, limiter.WaitCancelled, limiter.WaitFull, limiter.WaitFailed}
+	// waitOutcomes label the wait metrics, the pool waits' by index.
+	waitOutcomes = [...]limiter.WaitOutcome{limiter.WaitGranted, limiter.WaitTimeout, limiter.WaitCancelled, limiter.WaitFull, limiter.WaitFailed}
 )
 
 // Observer records the limiter's metrics. Labels are the plan (bounded by
 // the tier table, never taken from a request), the pool's name (bounded by
-// the pool table; never a pool key), the outcome and the Redis operation;
+// the pool table; never a pool key), the priority of a pool wait (its
+// tier's, 0 to tiers.MaxPriority), the outcome and the Redis operation;
 // never a user id.
 //
 // The counters of every request (limiter_acquire_total,
 // limiter_heartbeat_total, limiter_release_total,
-// limiter_pool_acquire_total) are counted in atomics
+// limiter_pool_acquire_total, limiter_pool_acquire_wait_total, and the
+// gauge limiter_pool_acquire_waiting) are counted in atomics
 // and read at collection (observable counters: the same series): adding
 // to a synchronous counter normalises its attribute set and looks up its
 // series on every call, and a batch of 1,000 heartbeats counts 1,000.
@@ -67,6 +69,9 @@ type Observer struct {
 	poolUsedMax *usedMax
 	poolFillMax *usedMax
 	poolTable   *pools.Table // its pools' series start at 0; nil: at first sight
+	// The pool wait metrics (poolwait.go): limiter_pool_acquire_waiting
+	// and limiter_pool_acquire_wait_total are counted in poolLabels.
+	poolWaited metric.Float64Histogram
 
 	// Attribute sets, built once per label value so that recording does
 	// not allocate: plans by name (*planLabels), ops by name, pools by
@@ -170,8 +175,11 @@ type ObserverOptions struct {
 	UsedMaxWindow time.Duration
 	// Pools is the pool table: the pool series of each of its pools are
 	// reported from the first scrape on (a pool added later, from the
-	// scrape after it), at 0 until the pool's first acquire. Default nil:
-	// a pool's series appear at its first acquire, already counting it.
+	// scrape after it), at 0 until the pool's first acquire; its wait
+	// series at each priority a tier of the table may wait at (maxWait >
+	// 0), other priorities from their first wait. Default nil: a pool's
+	// series appear at its first acquire (its wait series at its first
+	// wait at a priority), already counting it.
 	Pools *pools.Table
 }
 
@@ -179,8 +187,10 @@ type ObserverOptions struct {
 // reports limiter_tiers, the number of tiers in force, and
 // limiter_slots_used_max for each of its plans. The pool metrics
 // (limiter_pool_acquire_total, limiter_pool_used_max,
-// limiter_pool_fill_max) are reported for each pool seen, and each of
-// opts.Pools.
+// limiter_pool_fill_max, and the pool wait metrics by priority:
+// limiter_pool_acquire_waiting, limiter_pool_acquire_wait_total,
+// limiter_pool_acquire_wait_duration_seconds) are reported for each pool
+// seen, and each of opts.Pools.
 func NewObserver(mp metric.MeterProvider, table *tiers.Table, opts ObserverOptions) (*Observer, error) {
 	m := mp.Meter(meterName)
 	o := Observer{usedMax: newUsedMax(opts.UsedMaxWindow, time.Now), table: table,
@@ -339,12 +349,14 @@ func (o *Observer) RedisCall(ctx context.Context, op string, took time.Duration,
 	o.redis.Record(ctx, took.Seconds(), o.opLabels(op))
 }
 
-// Waiting counts an acquire that starts (delta 1) or stops (-1) waiting.
+// Waiting counts an acquire that starts (delta 1) or stops (-1) waiting
+// in its user's queue.
 func (o *Observer) Waiting(ctx context.Context, tier tiers.Tier, delta int) {
 	o.waiting.Add(ctx, int64(delta), o.planLabels(tier.Plan).plan)
 }
 
-// Waited counts how one wait ended, and records how long it took.
+// Waited counts how one wait in a user's queue ended, and records how
+// long it took.
 func (o *Observer) Waited(ctx context.Context, tier tiers.Tier, outcome limiter.WaitOutcome, took time.Duration) {
 	labels, ok := o.planLabels(tier.Plan).waits[outcome]
 	if !ok {

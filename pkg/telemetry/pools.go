@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/tiers"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
@@ -47,6 +48,8 @@ type poolLabels struct {
 	pool     metric.MeasurementOption                    // {pool}
 	outcomes [len(joinOutcomes)]metric.MeasurementOption // {pool, outcome}, by joinOutcomes
 	joins    [len(joinOutcomes)]atomic.Int64             // by joinOutcomes
+	// waits are the pool's waits by priority (poolwait.go).
+	waits [tiers.MaxPriority + 1]poolPriority
 }
 
 func (o *Observer) poolLabels(pool string) *poolLabels {
@@ -55,6 +58,7 @@ func (o *Observer) poolLabels(pool string) *poolLabels {
 	}
 	p := attribute.String("pool", pool)
 	l := &poolLabels{name: pool, pool: metric.WithAttributeSet(attribute.NewSet(p))}
+	l.initWaits(p)
 	for i, outcome := range joinOutcomes {
 		l.outcomes[i] = metric.WithAttributeSet(attribute.NewSet(p, attribute.String("outcome", string(outcome))))
 	}
@@ -80,7 +84,7 @@ func (o *Observer) rangePools(fn func(*poolLabels)) {
 
 // registerPools creates the pool instruments on m.
 func (o *Observer) registerPools(m metric.Meter) error {
-	var errs [3]error
+	var errs [4]error
 	_, errs[0] = m.Int64ObservableCounter("limiter.pool.acquire", metric.WithUnit("{acquire}"),
 		metric.WithDescription("Pool steps of acquires, by pool and outcome: granted (the key had room; counted even when a later pool of the acquire refused it and the membership was given back), limited (the key was at its cap: 429 pool_limit_reached), degraded (the key's shard did not answer, the pool fails open: granted uncounted), unavailable (the same, failing closed: 503). The pools after the one that refused are not asked, nor counted."),
 		metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
@@ -108,6 +112,7 @@ func (o *Observer) registerPools(m metric.Meter) error {
 			})
 			return nil
 		}))
+	errs[3] = o.registerPoolWaits(m)
 	return errors.Join(errs[:]...)
 }
 

@@ -34,6 +34,12 @@ type poolStack struct {
 // pool table to the observer (ObserverOptions.Pools).
 func newPoolStack(t *testing.T, withTable bool, ps ...pools.Pool) *poolStack {
 	t.Helper()
+	return newPoolStackOf(t, nil, withTable, ps...)
+}
+
+// newPoolStackOf is newPoolStack with the tiers ts (nil: limitertest's).
+func newPoolStackOf(t *testing.T, ts []tiers.Tier, withTable bool, ps ...pools.Pool) *poolStack {
+	t.Helper()
 	tel, err := New(context.Background(), Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -50,6 +56,7 @@ func newPoolStack(t *testing.T, withTable bool, ps ...pools.Pool) *poolStack {
 		opts.Pools = s.table
 	}
 	s.lim = limitertest.New(t, limitertest.Options{
+		Tiers:   ts,
 		Redis:   cluster.Options{NewRedis: outage.newRedis},
 		Limiter: limiter.Options{Keys: schema, Pools: s.table},
 		NewObserver: func(table *tiers.Table) (limiter.Observer, error) {

@@ -48,6 +48,9 @@ const (
 	// up to that long; past a minute a caller is better told 429 and
 	// Retry-After.
 	MaxMaxWait = 60 * time.Second
+	// MaxPriority is the highest priority a tier may have (0 is the
+	// lowest and the default).
+	MaxPriority = 9
 )
 
 var planPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
@@ -81,6 +84,10 @@ type Tier struct {
 	// Default 0: no waiting, a full user is refused at once. At most
 	// MaxMaxWait.
 	MaxWait time.Duration
+	// Priority orders the plan's acquires waiting for a full pool key
+	// (DESIGN §17): a higher priority is served first. 0 (the default)
+	// to MaxPriority.
+	Priority int
 }
 
 // WithDefaults returns t with its zero-valued optional fields set to their
@@ -153,6 +160,9 @@ func (t Tier) Problems() []*FieldError {
 	}
 	if t.MaxWait < 0 || t.MaxWait > MaxMaxWait {
 		add("maxWait", "must be between 0s (no waiting) and 60s", t.MaxWait.String())
+	}
+	if t.Priority < 0 || t.Priority > MaxPriority {
+		add("priority", fmt.Sprintf("must be 0 to %d (higher is served first)", MaxPriority), strconv.Itoa(t.Priority))
 	}
 	return out
 }

@@ -31,6 +31,10 @@ func TestValidate(t *testing.T) {
 		{"a wait of 60s is allowed", func(t *Tier) { t.MaxWait = 60 * time.Second }, ""},
 		{"a wait above 60s is refused", func(t *Tier) { t.MaxWait = 61 * time.Second }, "maxWait must be between 0s (no waiting) and 60s, got 1m1s"},
 		{"a negative wait is refused", func(t *Tier) { t.MaxWait = -time.Second }, "maxWait must be between 0s (no waiting) and 60s, got -1s"},
+		{"priority 0 is the default", func(t *Tier) { t.Priority = 0 }, ""},
+		{"priority 9 is allowed", func(t *Tier) { t.Priority = 9 }, ""},
+		{"priority 10 is refused", func(t *Tier) { t.Priority = 10 }, "priority must be 0 to 9 (higher is served first), got 10"},
+		{"a negative priority is refused", func(t *Tier) { t.Priority = -1 }, "priority must be 0 to 9 (higher is served first), got -1"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

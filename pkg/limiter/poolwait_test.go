@@ -1,0 +1,237 @@
+package limiter_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/internal/limitertest"
+	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/keys"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/pools"
+	"github.com/joishi/limiter/pkg/tiers"
+)
+
+// poolWaitTiers are plans that may wait 10s: low (priority 0) and high
+// (priority 5), three streams per user; brief, whose slots live 300ms
+// (heartbeats every 100ms).
+func poolWaitTiers() []tiers.Tier {
+	return []tiers.Tier{
+		tiers.Tier{Plan: "low", MaxConcurrentStreams: 3, MaxWait: 10 * time.Second}.WithDefaults(),
+		tiers.Tier{Plan: "high", MaxConcurrentStreams: 3, MaxWait: 10 * time.Second, Priority: 5}.WithDefaults(),
+		tiers.Tier{Plan: "brief", MaxConcurrentStreams: 3, MaxWait: 10 * time.Second, SlotTTL: 300 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond}.WithDefaults(),
+	}
+}
+
+// waitPoolReplicas returns n limiters on b sharing one prefix, with
+// waitTiers and the pool model: gpt-4o capped at 1, every other key at 2,
+// a wait of up to 10s.
+func waitPoolReplicas(t *testing.T, b limitertest.Backend, n int) []*limitertest.Stack {
+	t.Helper()
+	table := pools.NewTable()
+	if err := table.Replace([]pools.Pool{
+		pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(2), Keys: map[string]int{"gpt-4o": 1}, MaxWait: 10 * time.Second}.WithDefaults(),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	prefix := keys.Schema{Prefix: "limitertest:" + keys.NewStreamID()[:12] + ":"}
+	var out []*limitertest.Stack
+	var addrs []string
+	for range n {
+		s := limitertest.New(t, limitertest.Options{Backend: b, Redis: cluster.Options{Addrs: addrs, Timeout: 5 * time.Second},
+			Tiers: poolWaitTiers(), Limiter: limiter.Options{Keys: prefix, Pools: table}})
+		addrs = s.Redis.Addrs()
+		out = append(out, s)
+	}
+	return out
+}
+
+// queued is an acquire waiting in the background; done receives its
+// answer.
+type queued struct {
+	done chan acquired
+}
+
+type acquired struct {
+	res limiter.AcquireResult
+	err error
+}
+
+// queue starts req on lim with wait and returns once its ticket is in the
+// pool key's queue (of s's keys).
+func queue(t *testing.T, ctx context.Context, s *limitertest.Stack, lim *limiter.Limiter, req limiter.AcquireRequest, wait time.Duration) *queued {
+	t.Helper()
+	req.Wait = wait
+	q := &queued{done: make(chan acquired, 1)}
+	before := queueLength(t, s, req.Pools["model"])
+	go func() {
+		res, err := lim.Acquire(ctx, req)
+		q.done <- acquired{res, err}
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for queueLength(t, s, req.Pools["model"]) <= before {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s's acquire not queued within 5s", req.UserID)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return q
+}
+
+// queueLength is how many tickets wait for model=key.
+func queueLength(t *testing.T, s *limitertest.Stack, key string) int64 {
+	t.Helper()
+	slots, err := s.Keys.PoolKey("model", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Redis.Redis()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := c.Do(context.Background(), c.B().Zcard().Key(keys.Queue(slots)).Build()).AsInt64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// answer waits up to within for q's answer; ok false when none came.
+func (q *queued) answer(within time.Duration) (acquired, bool) {
+	select {
+	case a := <-q.done:
+		return a, true
+	case <-time.After(within):
+		return acquired{}, false
+	}
+}
+
+func mustAcquire(t *testing.T, lim *limiter.Limiter, user, plan, model string) limiter.AcquireResult {
+	t.Helper()
+	res, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: plan, Pools: map[string]string{"model": model}})
+	if err != nil || !res.Granted || res.Degraded {
+		t.Fatalf("%s's acquire of model=%s: %+v, %v; want granted", user, model, res, err)
+	}
+	return res
+}
+
+// TestAFullPoolKeyServesTheHigherPriorityFirst (DESIGN §17): model=gpt-4o
+// (cap 1) held; a priority-0 acquire queues, then a priority-5 one on
+// another replica; the release grants the priority-5 one first, and the
+// next release the other.
+func TestAFullPoolKeyServesTheHigherPriorityFirst(t *testing.T) {
+	t.Parallel()
+	stacks := waitPoolReplicas(t, limitertest.RedisCluster, 2)
+	ctx := context.Background()
+	holder := newUser(t)
+	held := mustAcquire(t, stacks[0].Limiter, holder, "low", "gpt-4o")
+	low := queue(t, ctx, stacks[0], stacks[0].Limiter, limiter.AcquireRequest{UserID: newUser(t), Plan: "low", Pools: map[string]string{"model": "gpt-4o"}}, 8*time.Second)
+	time.Sleep(300 * time.Millisecond)
+	highUser := newUser(t)
+	high := queue(t, ctx, stacks[0], stacks[1].Limiter, limiter.AcquireRequest{UserID: highUser, Plan: "high", Pools: map[string]string{"model": "gpt-4o"}}, 8*time.Second)
+
+	if _, err := stacks[0].Limiter.Release(ctx, holder, held.StreamID); err != nil {
+		t.Fatal(err)
+	}
+	first, ok := high.answer(2 * time.Second)
+	if !ok || first.err != nil || !first.res.Granted || first.res.Waited <= 0 || len(first.res.Pools) != 1 || first.res.Pools[0].Used != 1 {
+		t.Fatalf("the priority-5 acquire after the release: %+v (answered %v); want granted, having waited", first, ok)
+	}
+	if a, ok := low.answer(300 * time.Millisecond); ok {
+		t.Fatalf("the priority-0 acquire answered %+v while the priority-5 one holds the key; want it still waiting", a)
+	}
+	if _, err := stacks[1].Limiter.Release(ctx, highUser, first.res.StreamID); err != nil {
+		t.Fatal(err)
+	}
+	if second, ok := low.answer(2 * time.Second); !ok || second.err != nil || !second.res.Granted {
+		t.Fatalf("the priority-0 acquire after the next release: %+v (answered %v); want granted", second, ok)
+	}
+}
+
+// TestAFullPoolKeyServesTheUserHoldingFewerFirst (DESIGN §17): model=m
+// (cap 2) both held by user X; X queues a third stream, then user Y one;
+// X releases one: Y is granted before X's waiter.
+func TestAFullPoolKeyServesTheUserHoldingFewerFirst(t *testing.T) {
+	t.Parallel()
+	stacks := waitPoolReplicas(t, limitertest.RedisCluster, 3)
+	ctx := context.Background()
+	x, y := newUser(t), newUser(t)
+	first := mustAcquire(t, stacks[0].Limiter, x, "low", "m")
+	mustAcquire(t, stacks[1].Limiter, x, "low", "m")
+	xWaits := queue(t, ctx, stacks[0], stacks[2].Limiter, limiter.AcquireRequest{UserID: x, Plan: "low", Pools: map[string]string{"model": "m"}}, 8*time.Second)
+	time.Sleep(100 * time.Millisecond)
+	yWaits := queue(t, ctx, stacks[0], stacks[1].Limiter, limiter.AcquireRequest{UserID: y, Plan: "low", Pools: map[string]string{"model": "m"}}, 8*time.Second)
+
+	if _, err := stacks[0].Limiter.Release(ctx, x, first.StreamID); err != nil {
+		t.Fatal(err)
+	}
+	got, ok := yWaits.answer(2 * time.Second)
+	if !ok || got.err != nil || !got.res.Granted {
+		t.Fatalf("Y's acquire after X released one: %+v (answered %v); want granted before X's waiter", got, ok)
+	}
+	if a, ok := xWaits.answer(300 * time.Millisecond); ok {
+		t.Fatalf("X's waiter answered %+v while X holds 1 and Y 1 of 2; want it still waiting", a)
+	}
+}
+
+// TestAPoolWaitRunsOutWithThePoolsRefusal: a waiter whose wait runs out
+// is refused by the pool key it waited for, with how long it waited, and
+// holds nothing after; one whose caller leaves is out of the queue at
+// once.
+func TestAPoolWaitRunsOutWithThePoolsRefusal(t *testing.T) {
+	t.Parallel()
+	s := waitPoolReplicas(t, limitertest.Standalone, 1)[0]
+	ctx := context.Background()
+	mustAcquire(t, s.Limiter, newUser(t), "low", "gpt-4o")
+	user := newUser(t)
+	res, err := s.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "low", Wait: 400 * time.Millisecond, Pools: map[string]string{"model": "gpt-4o"}})
+	if err != nil || res.Granted || res.RefusedBy == nil || res.RefusedBy.Pool != "model" || res.RefusedBy.Key != "gpt-4o" || res.Waited < 300*time.Millisecond || res.Waited > time.Second {
+		t.Fatalf("an acquire waiting 400ms for a full key: %+v, %v; want refused by model=gpt-4o having waited its 400ms (less the steps before)", res, err)
+	}
+	for i := range 3 {
+		if res, err := s.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "low"}); err != nil || res.Used != i+1 {
+			t.Fatalf("the refused user's slot %d: %+v, %v; want all 3 free", i+1, res, err)
+		}
+	}
+
+	leave, cancel := context.WithCancel(ctx)
+	q := queue(t, leave, s, s.Limiter, limiter.AcquireRequest{UserID: newUser(t), Plan: "low", Pools: map[string]string{"model": "gpt-4o"}}, 8*time.Second)
+	cancel()
+	a, ok := q.answer(time.Second)
+	if !ok || !errors.Is(a.err, context.Canceled) {
+		t.Fatalf("a waiter whose caller left: %+v (answered %v); want context.Canceled", a, ok)
+	}
+	deadline := time.Now().Add(time.Second)
+	for queueLength(t, s, "gpt-4o") > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the ticket of a caller that left is still queued after 1s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestAPoolWaiterKeepsItsUsersSlot: while an acquire waits for a pool
+// key longer than its plan's slot TTL (300ms), the user's slot it holds
+// is kept alive, and so the grant's stream beats on afterwards.
+func TestAPoolWaiterKeepsItsUsersSlot(t *testing.T) {
+	t.Parallel()
+	s := waitPoolReplicas(t, limitertest.Standalone, 1)[0]
+	ctx := context.Background()
+	holder := newUser(t)
+	held := mustAcquire(t, s.Limiter, holder, "low", "gpt-4o")
+	user := newUser(t)
+	q := queue(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: user, Plan: "brief", Pools: map[string]string{"model": "gpt-4o"}}, 5*time.Second)
+	time.Sleep(time.Second) // three TTLs of brief
+	if _, err := s.Limiter.Release(ctx, holder, held.StreamID); err != nil {
+		t.Fatal(err)
+	}
+	a, ok := q.answer(2 * time.Second)
+	if !ok || a.err != nil || !a.res.Granted {
+		t.Fatalf("the waiter after the release: %+v (answered %v); want granted", a, ok)
+	}
+	if beat, err := s.Limiter.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: user, Plan: "brief", StreamID: a.res.StreamID}); err != nil || !beat.Alive {
+		t.Fatalf("the granted stream's heartbeat: %+v, %v; want alive (its user's slot kept while it waited)", beat, err)
+	}
+}
