@@ -32,7 +32,8 @@ const screenshotDirEnv = "LIMITER_TEST_SCREENSHOTS"
 // the waiting acquire take a slot and the changes in the recent actions;
 // then look up a pool key whose name holds a '/', see who holds it, set
 // and remove an override of its cap and see it judge the key's streams,
-// and see failed look-ups hide it. The page must raise no console error
+// see an acquire wait for it, by place and priority, and see failed
+// look-ups hide it. The page must raise no console error
 // (a CSP violation is one).
 func TestAdminPageInChromium(t *testing.T) {
 	chromium := testenv.Chromium(t)
@@ -293,12 +294,12 @@ func TestAdminPageInChromium(t *testing.T) {
 	})
 	step("refresh the slots", chromedp.Click(chromedp.ID("refresh-slots")))
 	poll("the waiting acquire is listed", `document.querySelectorAll("#queue tbody tr").length === 1 && !document.getElementById("queue").hidden && document.getElementById("no-queue").hidden`)
-	if got := text("#queue tbody tr td:nth-child(2)"); got != waiter {
-		t.Errorf("waiting acquire listed: got %q, want %s", got, waiter)
+	if got, want := eval(`[...document.querySelector("#queue tbody tr").cells].slice(0, 4).map(td => td.textContent).join("|")`), "1|0|"+waiter+"|queued"; got != want {
+		t.Errorf("waiting acquire listed (place|priority|stream|plan): got %q, want %q", got, want)
 	}
-	waitedFirst := text("#queue tbody tr td:nth-child(4)")
+	waitedFirst := text("#queue tbody tr td.waited")
 	step("wait", chromedp.Sleep(1500*time.Millisecond))
-	waitedSecond := text("#queue tbody tr td:nth-child(4)")
+	waitedSecond := text("#queue tbody tr td.waited")
 	if !countdown.MatchString(waitedFirst) || !countdown.MatchString(waitedSecond) || waitedSecond <= waitedFirst {
 		t.Errorf("waited: got %q then %q 1.5s later, want m:ss going up", waitedFirst, waitedSecond)
 	}
@@ -433,6 +434,37 @@ func TestAdminPageInChromium(t *testing.T) {
 	}
 	poll("the pool key's override is in the recent actions", `[...document.querySelectorAll("#audit tbody tr")].some(tr => tr.cells[2].textContent === "set override" && tr.cells[3].textContent === `+jsString("model="+browserLlama)+`)`)
 
+	// An acquire of plan urgent (priority 5) waits for the full key: the
+	// page lists it under the holders, by place, with its priority, under
+	// its own user though its stream id spells a holder's.
+	poolWaiter := "page-pool-w-" + randomID()
+	waitCtx, stopWaiting := context.WithCancel(context.Background())
+	defer stopWaiting()
+	poolWaited := make(chan answer, 1)
+	go func() {
+		poolWaited <- postAs(waitCtx, e2eAppToken, srv.API+httpapi.PathAcquire, httpapi.AcquireRequest{UserID: poolWaiter, Plan: "urgent", StreamID: holders[0],
+			Label: "pod-5", WaitMs: 30_000, Pools: map[string]string{"model": browserLlama}})
+	}()
+	eventually(t, 10*time.Second, "the waiting acquire is in the pool key's queue", func() bool {
+		var key httpapi.AdminPoolKeyResponse
+		status, _ := srv.admin(t, "GET", httpapi.AdminPoolKeyPath("model", browserLlama), e2eViewerToken, nil, &key)
+		return status == http.StatusOK && len(key.Waiters) == 1
+	})
+	step("refresh the pool key", chromedp.Click(chromedp.ID("refresh-pool")))
+	poll("the pool key's waiter is listed", `document.querySelectorAll("#waiters tbody tr").length === 1 && !document.getElementById("waiters").hidden && document.getElementById("no-waiters").hidden`)
+	if got, want := eval(`[...document.querySelector("#waiters tbody tr").cells].slice(0, 7).map(td => td.textContent).join("|")`),
+		"1|5|"+poolWaiter+"|"+holders[0]+"|urgent|chat-api|pod-5"; got != want {
+		t.Errorf("pool key's waiter (place|priority|user|stream|plan|caller|label): got %q, want %q", got, want)
+	}
+	if got := text("#waiters tbody tr td.waited"); !countdown.MatchString(got) {
+		t.Errorf("pool key's waiter has waited %q, want m:ss", got)
+	}
+	shot("admin-pool-waiters.png")
+	stopWaiting()
+	if a := <-poolWaited; a.status == http.StatusOK {
+		t.Errorf("the pool key's waiter: got 200 %s, want no grant (the key stayed full)", a.body)
+	}
+
 	// A failed look-up hides the pool key shown before.
 	for _, tc := range []struct{ pool, key, want string }{
 		{"region", "eu", "422 unknown_pool"},
@@ -492,6 +524,7 @@ const browserPools = `pools:
     - pool: model
       maxConcurrentStreams: 5
       keys: {"meta-llama/Llama-3.1-70B-Instruct": 2}
+      maxWait: 30s
 `
 
 // jsString quotes s as a JavaScript string literal.

@@ -1,9 +1,11 @@
 package e2e
 
 import (
+	"context"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/httpapi"
@@ -14,12 +16,14 @@ import (
 const adminLlama = "meta-llama/Llama-3.1-70B-Instruct"
 
 // adminPools caps model=gpt-4o at 2, model=<adminLlama> at 1 and every
-// other key of model at 3; org caps acme at 1 and no other key.
+// other key of model at 3, with a wait of up to 30s; org caps acme at 1
+// and no other key.
 const adminPools = `pools:
   static:
     - pool: model
       maxConcurrentStreams: 3
       keys: {gpt-4o: 2, "meta-llama/Llama-3.1-70B-Instruct": 1}
+      maxWait: 30s
     - pool: org
       keys: {acme: 1}
 `
@@ -33,8 +37,59 @@ func joinPool(t *testing.T, srv *adminServer, user, pool, key string) int {
 	return status
 }
 
+// waitInPool starts an acquire of user (plan) that joins key of pool as
+// stream, waiting up to 30s, and returns once the key lists it among its
+// n waiters. stop cancels it and waits until the key lists none of it.
+func waitInPool(t *testing.T, srv *adminServer, user, plan, stream, pool, key string, n int) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	answered := make(chan answer, 1)
+	go func() {
+		answered <- postAs(ctx, "", srv.API+httpapi.PathAcquire, httpapi.AcquireRequest{UserID: user, Plan: plan, StreamID: stream, Label: "e2e-wait",
+			WaitMs: 30_000, Pools: map[string]string{pool: key}})
+	}()
+	t.Cleanup(cancel)
+	waiters(t, srv, pool, key, n)
+	return func() {
+		t.Helper()
+		cancel()
+		if a := <-answered; a.status == http.StatusOK {
+			t.Errorf("%s's waiting acquire: got 200 %s, want no grant (the key stayed full)", user, a.body)
+		}
+		eventually(t, 10*time.Second, "the waiter "+user+" leaves "+pool+"="+key, func() bool {
+			for _, w := range poolKey(t, srv, pool, key).Waiters {
+				if w.UserID == user {
+					return false
+				}
+			}
+			return true
+		})
+	}
+}
+
+// poolKey lists key of pool through the admin API.
+func poolKey(t *testing.T, srv *adminServer, pool, key string) httpapi.AdminPoolKeyResponse {
+	t.Helper()
+	var got httpapi.AdminPoolKeyResponse
+	if status, body := srv.admin(t, "GET", httpapi.AdminPoolKeyPath(pool, key), e2eViewerToken, nil, &got); status != http.StatusOK {
+		t.Fatalf("GET %s=%s: got %d %s, want 200", pool, key, status, body)
+	}
+	return got
+}
+
+// waiters returns the listing of key of pool once it has n waiters.
+func waiters(t *testing.T, srv *adminServer, pool, key string, n int) httpapi.AdminPoolKeyResponse {
+	t.Helper()
+	var got httpapi.AdminPoolKeyResponse
+	eventually(t, 10*time.Second, pool+"="+key+" lists its waiters", func() bool {
+		got = poolKey(t, srv, pool, key)
+		return len(got.Waiters) == n
+	})
+	return got
+}
+
 // TestAdminPoolKeyOnCluster: a real serve process on a real Redis Cluster
-// shows who holds a pool key, and takes and removes an override of its
+// shows who holds a pool key and who waits for it, by priority, and takes and removes an override of its
 // cap that judges the streams joining it, through the admin API; a hostile
 // caller reaches only the key it names, or is refused, and nothing it
 // sends is taken for another key.
@@ -59,11 +114,32 @@ func TestAdminPoolKeyOnCluster(t *testing.T) {
 	if shown.Used != 2 || shown.Limit == nil || *shown.Limit != 2 || len(shown.Holders) != 2 {
 		t.Fatalf("model=gpt-4o: got %+v, want 2 holders, cap 2", shown)
 	}
+	var holder string
 	for _, h := range shown.Holders {
 		if !holders[h.UserID] || h.Label != "e2e" || h.Plan != "long" || h.StartedAt == nil {
 			t.Errorf("holder %+v: want one of the users that joined, labelled e2e, plan long, with a start", h)
 		}
+		holder = h.UserID
 	}
+
+	// A priority-0 acquire waits, then a priority-5 one, whose stream id
+	// spells a holder's user id: the priority-5 one is listed first, under
+	// its own user.
+	low, high := "pool-e2e-low-"+randomID(), "pool-e2e-high-"+randomID()
+	stopLow := waitInPool(t, srv, low, "queued", "w-low", "model", "gpt-4o", 1)
+	stopHigh := waitInPool(t, srv, high, "urgent", holder, "model", "gpt-4o", 2)
+	listed := waiters(t, srv, "model", "gpt-4o", 2)
+	for i, want := range []httpapi.AdminTicket{
+		{UserID: high, StreamID: holder, Place: 1, Priority: 5, Plan: "urgent"},
+		{UserID: low, StreamID: "w-low", Place: 2, Priority: 0, Plan: "queued"},
+	} {
+		if w := listed.Waiters[i]; w.UserID != want.UserID || w.StreamID != want.StreamID || w.Place != want.Place || w.Priority != want.Priority ||
+			w.Plan != want.Plan || w.Label != "e2e-wait" || w.WaitingSince.IsZero() || w.WaitedMs < 0 || !w.ExpiresAt.After(w.WaitingSince) {
+			t.Errorf("waiter %d: got %+v, want %+v labelled e2e-wait, with its times", i+1, w, want)
+		}
+	}
+	stopHigh()
+	stopLow()
 
 	max := strings.Repeat("k", 128)
 	for _, tc := range []struct {
@@ -131,8 +207,9 @@ func TestAdminPoolKeyOnCluster(t *testing.T) {
 }
 
 // TestAdminPoolCLI runs `limiter admin pool` and `pool-override` against a
-// running server: they show and override the pool key named, a '/' in the
-// key as it is, and refuse what the API refuses.
+// running server: they show who holds and who waits for the pool key named
+// and override it, a '/' in the key as it is, and refuse what the API
+// refuses.
 func TestAdminPoolCLI(t *testing.T) {
 	srv := startAdminServer(t, adminPools)
 	user := "pool-cli-" + randomID()
@@ -142,6 +219,19 @@ func TestAdminPoolCLI(t *testing.T) {
 	viewer := []string{"LIMITER_ADMIN_URL=" + srv.Admin, "LIMITER_ADMIN_TOKEN=" + e2eViewerToken}
 	operator := []string{"LIMITER_ADMIN_URL=" + srv.Admin, "LIMITER_ADMIN_TOKEN=" + e2eOperatorToken}
 	llamaKey := "pool key model=" + adminLlama
+
+	// A waiter whose stream id spells the holder's user id is shown after
+	// the holders, under its own user.
+	waiter := "pool-cli-w-" + randomID()
+	stop := waitInPool(t, srv, waiter, "urgent", user, "model", adminLlama, 1)
+	code, stdout, stderr := runAdminCLI(t, viewer, "pool", "model", adminLlama)
+	_, table, _ := strings.Cut(stdout, "1 acquire waiting, first served first:\n")
+	lines := strings.Split(strings.TrimSpace(table), "\n")
+	if code != 0 || len(lines) != 2 || strings.Join(strings.Fields(lines[0]), " ") != "PLACE PRIORITY USER STREAM ID PLAN CALLER LABEL WAITED" ||
+		!strings.HasPrefix(strings.Join(strings.Fields(lines[1]), " "), "1 5 "+waiter+" "+user+" urgent - e2e-wait ") {
+		t.Errorf("pool with a waiter: exit %d, stdout %q, stderr %q; want the waiter at place 1, priority 5, under its own user", code, stdout, stderr)
+	}
+	stop()
 	for _, tc := range []cliCase{
 		{"pool shows the holders with their users", viewer, []string{"pool", "model", adminLlama}, 0,
 			llamaKey + ": 1 live membership, the pool's cap 1\nUSER", ""},

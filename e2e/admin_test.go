@@ -26,7 +26,8 @@ const (
 
 // adminTiers: paid=3 with a short heartbeat, so a lost lease shows fast;
 // long=3 with a TTL no slow test machine outlasts, for slots held without
-// heartbeats; queued=2 like long, whose acquires may wait a minute.
+// heartbeats; queued=2 like long, whose acquires may wait a minute;
+// urgent=3 like queued, of priority 5.
 const adminTiers = `    - plan: paid
       maxConcurrentStreams: 3
       slotTTL: 3s
@@ -40,6 +41,12 @@ const adminTiers = `    - plan: paid
       slotTTL: 120s
       heartbeatInterval: 20s
       maxWait: 60s
+    - plan: urgent
+      maxConcurrentStreams: 3
+      slotTTL: 120s
+      heartbeatInterval: 20s
+      maxWait: 60s
+      priority: 5
 `
 
 // adminServer is a `limiter serve` process with the admin API on.

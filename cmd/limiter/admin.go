@@ -61,7 +61,7 @@ Exit codes: 0 on success, 1 when the server refused or failed the call,
 	cmd.AddCommand(
 		&cobra.Command{
 			Use:   "slots USER",
-			Short: "List a user's live slots, who holds them since when, and the user's override (role viewer or operator)",
+			Short: "List a user's live slots, who holds them since when, the user's override and waiting acquires (role viewer or operator)",
 			Args:  cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
 				c, err := f.client()
@@ -204,6 +204,7 @@ func printSlots(w io.Writer, s httpapi.AdminSlotsResponse) {
 		printOverride(w, *o)
 	}
 	printSlotTable(w, s.Slots, false)
+	printTicketTable(w, s.Queue, false)
 }
 
 // printSlotTable writes slots as a table, each with its user when
@@ -226,6 +227,29 @@ func printSlotTable(w io.Writer, slots []httpapi.AdminSlot, withUser bool) {
 		}
 		fmt.Fprintf(tw, "%s%s\t%s\t%s\t%s\t%s\t%s\t%s\n", user(slot), slot.StreamID, age, dash(slot.Caller), dash(slot.Plan), dash(slot.Label),
 			(time.Duration(slot.TTLMs) * time.Millisecond).Round(time.Second), slot.ExpiresAt.UTC().Format(time.RFC3339))
+	}
+	tw.Flush()
+}
+
+// printTicketTable writes the acquires waiting in a queue, first served
+// first, each with its user when withUser (a pool key's waiters); nothing
+// when none waits.
+func printTicketTable(w io.Writer, tickets []httpapi.AdminTicket, withUser bool) {
+	if len(tickets) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "%d %s waiting, first served first:\n", len(tickets), plural(len(tickets), "acquire", "acquires"))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprint(tw, "PLACE\tPRIORITY\t")
+	user := func(httpapi.AdminTicket) string { return "" }
+	if withUser {
+		fmt.Fprint(tw, "USER\t")
+		user = func(t httpapi.AdminTicket) string { return t.UserID + "\t" }
+	}
+	fmt.Fprintln(tw, "STREAM ID\tPLAN\tCALLER\tLABEL\tWAITED")
+	for _, t := range tickets {
+		fmt.Fprintf(tw, "%d\t%d\t%s%s\t%s\t%s\t%s\t%s\n", t.Place, t.Priority, user(t), t.StreamID, dash(t.Plan), dash(t.Caller), dash(t.Label),
+			(time.Duration(t.WaitedMs) * time.Millisecond).Round(100*time.Millisecond))
 	}
 	tw.Flush()
 }

@@ -19,10 +19,12 @@ written as it is (meta-llama/Llama-3.1-70B-Instruct).`
 func newAdminPoolCommand(f *adminFlags) *cobra.Command {
 	return &cobra.Command{
 		Use:   "pool POOL KEY",
-		Short: "Show who holds a pool key, its cap and override (role viewer or operator)",
+		Short: "Show who holds and who waits for a pool key, its cap and override (role viewer or operator)",
 		Long: `Show the live memberships of a pool key (each holder's user and stream,
-since when, which caller took it for what), the pool's cap of the key and
-the key's override in force.
+since when, which caller took it for what), the pool's cap of the key, the
+key's override in force, and the acquires waiting for it (wait_ms) in the
+order they will be served: higher priority first, then the user holding
+the fewest of the key's memberships, then arrival.
 
 ` + poolKeyHelp,
 		Example: "  limiter admin pool model gpt-4o",
@@ -86,4 +88,5 @@ func printPoolKey(w io.Writer, p httpapi.AdminPoolKeyResponse) {
 		printOverride(w, *o)
 	}
 	printSlotTable(w, p.Holders, true)
+	printTicketTable(w, p.Waiters, true)
 }

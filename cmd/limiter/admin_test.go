@@ -50,7 +50,13 @@ func TestAdminPoolCommandsAddressAnyKey(t *testing.T) {
 	mux.HandleFunc("GET "+httpapi.PathAdminPoolKey, func(w http.ResponseWriter, r *http.Request) {
 		limit := 3
 		_ = json.NewEncoder(w).Encode(httpapi.AdminPoolKeyResponse{Pool: r.PathValue("pool"), Key: r.PathValue("key"), Used: 1, Limit: &limit,
-			Holders: []httpapi.AdminSlot{{UserID: "u-holder", StreamID: "s-1", Caller: "chat-api", Plan: "paid", ExpiresAt: time.Now(), TTLMs: 9000}}})
+			Holders: []httpapi.AdminSlot{{UserID: "u-holder", StreamID: "s-1", Caller: "chat-api", Plan: "paid", ExpiresAt: time.Now(), TTLMs: 9000}},
+			// The first waiter's stream id spells the holder's user id: it is
+			// shown under its own user.
+			Waiters: []httpapi.AdminTicket{
+				{UserID: "u-high", StreamID: "u-holder", Place: 1, Priority: 5, Plan: "enterprise", Caller: "chat-api", Label: "pod-7", WaitedMs: 1250},
+				{UserID: "u-low", StreamID: "s-2", Place: 2, Priority: 0, Plan: "paid", WaitedMs: 4200},
+			}})
 	})
 	mux.HandleFunc("POST "+httpapi.PathAdminPoolKeyOverride, func(w http.ResponseWriter, r *http.Request) {
 		var req httpapi.AdminOverrideRequest
@@ -86,6 +92,11 @@ func TestAdminPoolCommandsAddressAnyKey(t *testing.T) {
 	}{
 		{"the key's holders with their users", []string{"pool", "model", "gpt-4o"},
 			"pool key model=gpt-4o: 1 live membership, the pool's cap 3\nUSER      STREAM ID  AGE  CALLER    PLAN  LABEL"},
+		{"the key's waiters, first served first, each under its own user", []string{"pool", "model", "gpt-4o"},
+			"2 acquires waiting, first served first:\n" +
+				"PLACE  PRIORITY  USER    STREAM ID  PLAN        CALLER    LABEL  WAITED\n" +
+				"1      5         u-high  u-holder   enterprise  chat-api  pod-7  1.3s\n" +
+				"2      0         u-low   s-2        paid        -         -      4.2s\n"},
 		{"a removal says what applies again", []string{"pool-override", "remove", "model", "gpt-4o", "--reason", "done"},
 			"removed the override of pool key model=gpt-4o: the pool's cap applies again\n"},
 		{"a removal that found none", []string{"pool-override", "remove", "model", "GPT-4o", "--reason", "done"},
@@ -150,5 +161,44 @@ func runAdmin(t *testing.T, out any, args ...string) {
 	stdout := runAdminText(t, args...)
 	if err := json.Unmarshal([]byte(stdout), out); err != nil {
 		t.Fatalf("admin %v: output %q: %v", args, stdout, err)
+	}
+}
+
+// slots lists the user's waiting acquires after the slots, first served
+// first, with their priority and plan; nothing when none waits.
+func TestAdminSlotsShowsTheQueue(t *testing.T) {
+	queue := []httpapi.AdminTicket{
+		{StreamID: "w-high", Place: 1, Priority: 5, Plan: "enterprise", Caller: "chat-api", Label: "pod-7", WaitedMs: 300},
+		{StreamID: "w-low", Place: 2, Priority: 0, Plan: "paid", WaitedMs: 61_000},
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+httpapi.PathAdminUserSlots, func(w http.ResponseWriter, r *http.Request) {
+		out := httpapi.AdminSlotsResponse{UserID: r.PathValue("user_id"), Used: 1, Queue: []httpapi.AdminTicket{},
+			Slots: []httpapi.AdminSlot{{StreamID: "s-1", Plan: "paid", ExpiresAt: time.Now(), TTLMs: 9000}}}
+		if out.UserID == "u-queued" {
+			out.Queue = queue
+		}
+		_ = json.NewEncoder(w).Encode(out)
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	for _, tc := range []struct {
+		name, user, want string
+	}{
+		{"the queue by priority, then arrival", "u-queued", "2 acquires waiting, first served first:\n" +
+			"PLACE  PRIORITY  STREAM ID  PLAN        CALLER    LABEL  WAITED\n" +
+			"1      5         w-high     enterprise  chat-api  pod-7  300ms\n" +
+			"2      0         w-low      paid        -         -      1m1s\n"},
+		{"no queue, no table", "u-alone", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := runAdminText(t, "slots", tc.user, "--url", srv.URL, "--token", "t")
+			_, queue, _ := strings.Cut(out, "EXPIRES AT\n")
+			_, queue, _ = strings.Cut(queue, "\n") // the slot's line
+			if queue != tc.want {
+				t.Errorf("slots %s: got after the slots %q, want %q (output %q)", tc.user, queue, tc.want, out)
+			}
+		})
 	}
 }

@@ -31,8 +31,12 @@ func TestAdminListsTheQueue(t *testing.T) {
 	granted := make(chan string, 2)
 	var got httpapi.AdminSlotsResponse
 	for i, stream := range []string{"w-first", "w-second"} {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		t.Cleanup(func() { cancel(); <-done }) // the one still waiting leaves
 		go func() {
-			res, err := e.lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "wait", StreamID: stream, Wait: 5 * time.Second})
+			defer close(done)
+			res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "wait", StreamID: stream, Wait: 5 * time.Second})
 			if err == nil && res.Granted {
 				granted <- stream
 			}
@@ -51,6 +55,9 @@ func TestAdminListsTheQueue(t *testing.T) {
 		if q.Place != i+1 || q.WaitedMs < 0 || q.WaitedMs > 5000 || !q.ExpiresAt.After(q.WaitingSince) || (i > 0 && q.WaitingSince.Before(got.Queue[i-1].WaitingSince)) {
 			t.Errorf("ticket %d = %+v, want place %d, waiting a while, in arrival order", i, q, i+1)
 		}
+		if q.Plan != "wait" || q.Priority != 0 || q.UserID != "" || q.Caller != "" || q.Label != "" {
+			t.Errorf("ticket %d = %+v, want plan wait, priority 0, no user, caller or label", i, q)
+		}
 	}
 	r := e.do(t, adminCall{method: "POST", path: httpapi.AdminUserReleasePath(user), token: operatorToken, body: `{"reason":"ticket 1"}`})
 	apitest.Decode[httpapi.AdminReleaseResponse](t, r, http.StatusOK)
@@ -61,5 +68,49 @@ func TestAdminListsTheQueue(t *testing.T) {
 		}
 	case <-time.After(3 * time.Second):
 		t.Fatal("no waiter was granted the slot support released")
+	}
+}
+
+// TestAdminListsTheQueueByPriority: a user's queue is listed as it is
+// served, by priority then arrival: an acquire of a priority-5 plan comes
+// before an earlier one of priority 0, with its plan, caller and label.
+func TestAdminListsTheQueueByPriority(t *testing.T) {
+	t.Parallel()
+	high := waitTier()
+	high.Plan, high.Priority = "wait-high", 5
+	e := newAdminEnvOn(t, limitertest.Options{Tiers: append(limitertest.Tiers(), waitTier(), high)}, nil)
+	user := newUser()
+	if res, err := e.lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "wait", StreamID: "holder"}); err != nil || !res.Granted {
+		t.Fatalf("holder: %+v, %v", res, err)
+	}
+	var got httpapi.AdminSlotsResponse
+	for i, req := range []limiter.AcquireRequest{
+		{UserID: user, Plan: "wait", StreamID: "w-low"},
+		{UserID: user, Plan: "wait-high", StreamID: "w-high", Caller: "chat-api", Label: "pod-7"},
+	} {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		t.Cleanup(func() { cancel(); <-done })
+		go func() {
+			defer close(done)
+			req.Wait = 5 * time.Second
+			_, _ = e.lim.Acquire(ctx, req)
+		}()
+		for deadline := time.Now().Add(5 * time.Second); len(got.Queue) <= i; time.Sleep(5 * time.Millisecond) {
+			got = apitest.Decode[httpapi.AdminSlotsResponse](t, e.do(t, adminCall{method: "GET", path: httpapi.AdminUserSlotsPath(user), token: viewerToken}), http.StatusOK)
+			if time.Now().After(deadline) {
+				t.Fatalf("queue %+v, want %s queued", got.Queue, req.StreamID)
+			}
+		}
+	}
+	want := []httpapi.AdminTicket{
+		{StreamID: "w-high", Place: 1, Priority: 5, Plan: "wait-high", Caller: "chat-api", Label: "pod-7"},
+		{StreamID: "w-low", Place: 2, Priority: 0, Plan: "wait"},
+	}
+	for i, q := range got.Queue {
+		if q.StreamID != want[i].StreamID || q.Place != want[i].Place || q.Priority != want[i].Priority || q.Plan != want[i].Plan ||
+			q.Caller != want[i].Caller || q.Label != want[i].Label || q.UserID != "" {
+			t.Errorf("ticket %d: got %+v, want %+v", i+1, q, want[i])
+		}
 	}
 }

@@ -10,7 +10,7 @@ import (
 )
 
 // listSlots serves GET /v1/admin/users/{user_id}/slots: the user's live
-// slots, override and waiting acquires.
+// slots, override and waiting acquires (by priority, then arrival).
 func (a *Admin) listSlots(_ http.ResponseWriter, r *http.Request, _ *httpapi.AuditRecord) (any, error) {
 	slots, err := a.lim.Slots(r.Context(), r.PathValue("user_id"))
 	if err != nil {
@@ -22,9 +22,15 @@ func (a *Admin) listSlots(_ http.ResponseWriter, r *http.Request, _ *httpapi.Aud
 		out.Slots[i] = adminSlot(s)
 	}
 	for i, t := range slots.Queue {
-		out.Queue[i] = httpapi.AdminTicket{StreamID: t.StreamID, Place: t.Place, WaitingSince: t.Since, WaitedMs: t.Waited.Milliseconds(), ExpiresAt: t.ExpiresAt}
+		out.Queue[i] = adminTicket(t)
 	}
 	return out, nil
+}
+
+// adminTicket is t as the admin API shows it.
+func adminTicket(t limiter.Ticket) httpapi.AdminTicket {
+	return httpapi.AdminTicket{StreamID: t.StreamID, Place: t.Place, Priority: t.Priority, Plan: t.Plan, Caller: t.Caller, Label: t.Label,
+		WaitingSince: t.Since, WaitedMs: t.Waited.Milliseconds(), ExpiresAt: t.ExpiresAt}
 }
 
 // adminSlot is s as the admin API shows it.

@@ -17,8 +17,8 @@ const (
 	// PathAdminUserOverride sets (POST) or removes (DELETE) one user's
 	// temporary override of the limit (role operator).
 	PathAdminUserOverride = "/v1/admin/users/{user_id}/override"
-	// PathAdminPoolKey shows one pool key: its holders, cap and override
-	// (role viewer or operator).
+	// PathAdminPoolKey shows one pool key: its holders, waiters, cap and
+	// override (role viewer or operator).
 	PathAdminPoolKey = "/v1/admin/pools/{pool}/keys/{key}"
 	// PathAdminPoolKeyOverride sets (POST) or removes (DELETE) one pool
 	// key's temporary override of its cap (role operator).
@@ -131,15 +131,28 @@ type AdminSlotsResponse struct {
 	// none.
 	Override *AdminOverride `json:"override,omitempty"`
 	// Queue are the acquires waiting for one of the user's slots
-	// (wait_ms), first served first.
+	// (wait_ms), first served first: by priority, then arrival.
 	Queue []AdminTicket `json:"queue"`
 }
 
-// AdminTicket is one acquire waiting in a user's queue.
+// AdminTicket is one acquire waiting in a queue: a user's, or a pool
+// key's (a waiter), with what its acquire recorded.
 type AdminTicket struct {
+	// UserID is the waiting stream's user: on a pool key's waiters only
+	// (a user's queue is the user's).
+	UserID   string `json:"user_id,omitempty"`
 	StreamID string `json:"stream_id"`
 	// Place is 1 for the acquire served next.
 	Place int `json:"place"`
+	// Priority is its plan's priority (0-9, higher served first), which
+	// orders the queue (DESIGN §17).
+	Priority int `json:"priority"`
+	// Plan is the plan it asks under, Caller the API caller that asked
+	// (absent on an open API), Label what the caller said it is; each
+	// absent when not recorded.
+	Plan   string `json:"plan,omitempty"`
+	Caller string `json:"caller,omitempty"`
+	Label  string `json:"label,omitempty"`
 	// WaitingSince is when it joined the queue (Redis time).
 	WaitingSince time.Time `json:"waiting_since"`
 	// WaitedMs is how long it had waited when Redis answered.
@@ -226,6 +239,10 @@ type AdminPoolKeyResponse struct {
 	// Holders are the key's live memberships, earliest expiry first, each
 	// naming its user.
 	Holders []AdminSlot `json:"holders"`
+	// Waiters are the acquires waiting for the key (wait_ms) in the order
+	// they are served: by priority, then the user holding fewest of the
+	// key's memberships, then arrival; each naming its user.
+	Waiters []AdminTicket `json:"waiters"`
 }
 
 // AdminPoolOverrideResponse is the 200 answer of POST

@@ -78,3 +78,29 @@ func TestAcquirePoolsAreChecked(t *testing.T) {
 		})
 	}
 }
+
+// TestAPoolWaitThatRunsOutIsThePoolsRefusal: an acquire with wait_ms on
+// a full pool key that may be waited for queues, and when its wait runs
+// out answers the pool's 429 with waited_ms, as the OpenAPI contract
+// says (the transport checks it).
+func TestAPoolWaitThatRunsOutIsThePoolsRefusal(t *testing.T) {
+	table := pools.NewTable()
+	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "model", Keys: map[string]int{"gpt-4o": 1}, MaxWait: 5 * time.Second}.WithDefaults()}); err != nil {
+		t.Fatal(err)
+	}
+	lim := limitertest.New(t, limitertest.Options{Tiers: waitTiers(), Limiter: limiter.Options{Pools: table}}).Limiter
+	a := newAPIOf(t, server.New(lim, server.Options{}))
+	suffix := time.Now().Format("150405.000000")
+	acquire := func(user string, waitMs int) reply {
+		return a.post(t, "/v1/slots/acquire", map[string]any{"user_id": user + "-" + suffix, "plan": "wait", "wait_ms": waitMs, "pools": map[string]string{"model": "gpt-4o"}})
+	}
+	if r := acquire("ana", 0); r.status != http.StatusOK {
+		t.Fatalf("first acquire: %d %s", r.status, r.body)
+	}
+	r := acquire("bo", 300)
+	var refused httpapi.ErrorResponse
+	if r.status != http.StatusTooManyRequests || json.Unmarshal(r.body, &refused) != nil || refused.Error.Code != httpapi.CodePoolLimitReached ||
+		refused.Error.WaitedMs == nil || *refused.Error.WaitedMs < 200 || !strings.Contains(refused.Error.Message, "waited") {
+		t.Fatalf("an acquire waiting 300ms for the full key: %d %s; want 429 pool_limit_reached with waited_ms", r.status, r.body)
+	}
+}

@@ -44,7 +44,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !res.Granted && res.RefusedBy != nil {
-		writePoolRefusal(w, res.RefusedBy)
+		writePoolRefusal(w, res.RefusedBy, res.Waited)
 		return
 	}
 	if !res.Granted {
@@ -234,11 +234,11 @@ func (s *Server) tiers(w http.ResponseWriter, r *http.Request) {
 // writePoolRefusal answers an acquire a pool key's cap refused: 429
 // pool_limit_reached, which names the pool key, never the user's
 // stream_limit_reached.
-func writePoolRefusal(w http.ResponseWriter, r *limiter.PoolRefusal) {
+func writePoolRefusal(w http.ResponseWriter, r *limiter.PoolRefusal, waited time.Duration) {
 	retryMs := r.RetryAfter.Milliseconds()
 	w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(r.RetryAfter), 10))
 	used, limit := r.Used, r.Limit
-	writeError(w, http.StatusTooManyRequests, httpapi.Error{
+	e := httpapi.Error{
 		Code:         httpapi.CodePoolLimitReached,
 		Message:      fmt.Sprintf("pool %s=%s holds %d of its %d concurrent streams (the pool's cap, shared by every user)", r.Pool, r.Key, used, limit),
 		Used:         &used,
@@ -246,7 +246,13 @@ func writePoolRefusal(w http.ResponseWriter, r *limiter.PoolRefusal) {
 		RetryAfterMs: &retryMs,
 		Pool:         r.Pool,
 		Key:          r.Key,
-	})
+	}
+	if waited > 0 {
+		ms := waitedMs(waited)
+		e.WaitedMs = &ms
+		e.Message += fmt.Sprintf("; waited %dms (wait_ms, capped by the plan's and the pool's maxWait) without a place freeing up", ms)
+	}
+	writeError(w, http.StatusTooManyRequests, e)
 }
 
 // poolGrants are a grant's pool keys as the API answers them.

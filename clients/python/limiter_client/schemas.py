@@ -134,7 +134,7 @@ class AcquireResponse:
     """Redis did not answer and the tier fails open; the slot was granted without being counted."""
 
     waited_ms: Optional[int] = None
-    """How long the acquire waited in the user's queue before it was granted; absent when granted at once."""
+    """How long the acquire waited, in the user's queue and its pool keys' queues, before it was granted; absent when granted at once."""
 
     pools: Optional[List[PoolGrant]] = None
     """The capped pool keys the stream joined, in the order of the pools' names; absent when it joined none."""
@@ -331,7 +331,7 @@ class Error:
     """
 
     waited_ms: Optional[int] = None
-    """stream_limit_reached of an acquire that waited (wait_ms) only - how long it waited in the queue before its wait ran out."""
+    """stream_limit_reached or pool_limit_reached of an acquire that waited (wait_ms) only - how long it waited before its wait ran out."""
 
     pool: Optional[str] = None
     """pool_limit_reached only - the pool whose key refused the stream."""
@@ -416,6 +416,9 @@ class PoolLimitReachedResponseError:
     key: str
     """The pool key whose cap refused the stream."""
 
+    waited_ms: Optional[int] = None
+    """Present when the acquire waited (wait_ms) and its wait ran out - how long it waited, in its user's queue and the pool key's."""
+
 
 @dataclasses.dataclass(frozen=True)
 class AdminSlotsResponse:
@@ -429,7 +432,7 @@ class AdminSlotsResponse:
     """Earliest expiry first."""
 
     queue: List[AdminTicket]
-    """The acquires waiting for one of the user's slots (`wait_ms`), first served first."""
+    """The acquires waiting for one of the user's slots (`wait_ms`), first served first - by `priority`, then arrival."""
 
     override: Optional[AdminOverride] = None
     """The user's override of the limit in force; absent when none."""
@@ -451,6 +454,9 @@ class AdminPoolKeyResponse:
     holders: List[AdminSlot]
     """Earliest expiry first, each naming the user whose stream holds it (`user_id`)."""
 
+    waiters: List[AdminTicket]
+    """The acquires waiting for the key (`wait_ms`), in the order they are served - higher `priority` first; within a priority, the user holding the fewest of the key's memberships; then arrival. Each names the user whose stream waits (`user_id`)."""
+
     limit: Optional[int] = None
     """The pool's cap of the key - its own, else the pool's default; absent when the pool caps neither. An override in force replaces it."""
 
@@ -470,11 +476,14 @@ class AdminPoolOverrideResponse:
 
 @dataclasses.dataclass(frozen=True)
 class AdminTicket:
-    """Schema AdminTicket of the contract."""
+    """One acquire waiting in a queue - a user's, or a pool key's (a waiter) - with what its acquire recorded."""
 
     stream_id: StreamID
     place: int
     """1 for the acquire served next."""
+
+    priority: int
+    """Its plan's priority (the tier's `priority`, 0 unless set); higher is served first."""
 
     waiting_since: datetime
     """When it joined the queue (Redis time)."""
@@ -484,6 +493,18 @@ class AdminTicket:
 
     expires_at: datetime
     """When its place lapses unless the server it waits on refreshes it, which it does every few seconds while the request is open."""
+
+    user_id: Optional[UserID] = None
+    """A pool key's waiters only - the user whose stream waits."""
+
+    plan: Optional[Plan] = None
+    """The plan it asks under; absent when not recorded (a ticket queued by an older version)."""
+
+    caller: Optional[str] = None
+    """The API caller that asked (the name of its token or certificate); absent when the slot API is open."""
+
+    label: Optional[Label] = None
+    """What the caller said the stream is; absent when it said nothing."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -792,6 +813,7 @@ _FIELDS: Dict[type, Tuple[Tuple[str, Any, bool], ...]] = {
         ("retry_after_ms", "integer", True),
         ("pool", "string", True),
         ("key", "string", True),
+        ("waited_ms", "integer", False),
     ),
     AdminSlotsResponse: (
         ("user_id", "string", True),
@@ -807,6 +829,7 @@ _FIELDS: Dict[type, Tuple[Tuple[str, Any, bool], ...]] = {
         ("limit", "integer", False),
         ("override", AdminOverride, False),
         ("holders", ("array", AdminSlot), True),
+        ("waiters", ("array", AdminTicket), True),
     ),
     AdminPoolOverrideResponse: (
         ("pool", "string", True),
@@ -815,8 +838,13 @@ _FIELDS: Dict[type, Tuple[Tuple[str, Any, bool], ...]] = {
         ("audit_id", "string", True),
     ),
     AdminTicket: (
+        ("user_id", "string", False),
         ("stream_id", "string", True),
         ("place", "integer", True),
+        ("priority", "integer", True),
+        ("plan", "string", False),
+        ("caller", "string", False),
+        ("label", "string", False),
         ("waiting_since", "date-time", True),
         ("waited_ms", "integer", True),
         ("expires_at", "date-time", True),

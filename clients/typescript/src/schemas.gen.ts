@@ -131,7 +131,7 @@ export interface AcquireResponse {
   /** Redis did not answer and the tier fails open; the slot was granted without being counted. */
   degraded: boolean;
 
-  /** How long the acquire waited in the user's queue before it was granted; absent when granted at once. */
+  /** How long the acquire waited, in the user's queue and its pool keys' queues, before it was granted; absent when granted at once. */
   waited_ms?: number;
 
   /** The capped pool keys the stream joined, in the order of the pools' names; absent when it joined none. */
@@ -314,7 +314,7 @@ export interface ApiError {
    */
   stream_id?: StreamID;
 
-  /** stream_limit_reached of an acquire that waited (wait_ms) only - how long it waited in the queue before its wait ran out. */
+  /** stream_limit_reached or pool_limit_reached of an acquire that waited (wait_ms) only - how long it waited before its wait ran out. */
   waited_ms?: number;
 
   /** pool_limit_reached only - the pool whose key refused the stream. */
@@ -391,6 +391,9 @@ export interface PoolLimitReachedResponseError {
 
   /** The pool key whose cap refused the stream. */
   key: string;
+
+  /** Present when the acquire waited (wait_ms) and its wait ran out - how long it waited, in its user's queue and the pool key's. */
+  waited_ms?: number;
 }
 
 /** Schema AdminSlotsResponse of the contract. */
@@ -403,7 +406,7 @@ export interface AdminSlotsResponse {
   /** Earliest expiry first. */
   slots: AdminSlot[];
 
-  /** The acquires waiting for one of the user's slots (`wait_ms`), first served first. */
+  /** The acquires waiting for one of the user's slots (`wait_ms`), first served first - by `priority`, then arrival. */
   queue: AdminTicket[];
 
   /** The user's override of the limit in force; absent when none. */
@@ -429,6 +432,9 @@ export interface AdminPoolKeyResponse {
 
   /** Earliest expiry first, each naming the user whose stream holds it (`user_id`). */
   holders: AdminSlot[];
+
+  /** The acquires waiting for the key (`wait_ms`), in the order they are served - higher `priority` first; within a priority, the user holding the fewest of the key's memberships; then arrival. Each names the user whose stream waits (`user_id`). */
+  waiters: AdminTicket[];
 }
 
 /** Schema AdminPoolOverrideResponse of the contract. */
@@ -439,12 +445,27 @@ export interface AdminPoolOverrideResponse {
   audit_id: AuditID;
 }
 
-/** Schema AdminTicket of the contract. */
+/** One acquire waiting in a queue - a user's, or a pool key's (a waiter) - with what its acquire recorded. */
 export interface AdminTicket {
+  /** A pool key's waiters only - the user whose stream waits. */
+  user_id?: UserID;
+
   stream_id: StreamID;
 
   /** 1 for the acquire served next. */
   place: number;
+
+  /** Its plan's priority (the tier's `priority`, 0 unless set); higher is served first. */
+  priority: number;
+
+  /** The plan it asks under; absent when not recorded (a ticket queued by an older version). */
+  plan?: Plan;
+
+  /** The API caller that asked (the name of its token or certificate); absent when the slot API is open. */
+  caller?: string;
+
+  /** What the caller said the stream is; absent when it said nothing. */
+  label?: Label;
 
   /** When it joined the queue (Redis time). */
   waiting_since: Date;
@@ -795,6 +816,7 @@ const FIELDS: { readonly [K in keyof Schemas]: readonly Field[] } = {
     ["retry_after_ms", "integer", true],
     ["pool", "string", true],
     ["key", "string", true],
+    ["waited_ms", "integer", false],
   ],
   AdminSlotsResponse: [
     ["user_id", "string", true],
@@ -810,6 +832,7 @@ const FIELDS: { readonly [K in keyof Schemas]: readonly Field[] } = {
     ["limit", "integer", false],
     ["override", { object: "AdminOverride" }, false],
     ["holders", { array: { object: "AdminSlot" } }, true],
+    ["waiters", { array: { object: "AdminTicket" } }, true],
   ],
   AdminPoolOverrideResponse: [
     ["pool", "string", true],
@@ -818,8 +841,13 @@ const FIELDS: { readonly [K in keyof Schemas]: readonly Field[] } = {
     ["audit_id", "string", true],
   ],
   AdminTicket: [
+    ["user_id", "string", false],
     ["stream_id", "string", true],
     ["place", "integer", true],
+    ["priority", "integer", true],
+    ["plan", "string", false],
+    ["caller", "string", false],
+    ["label", "string", false],
     ["waiting_since", "date-time", true],
     ["waited_ms", "integer", true],
     ["expires_at", "date-time", true],

@@ -21,7 +21,7 @@
   let role = "";
   let signedIn = false;
   let shown = null; // {user, slots, used, queue, override, fetchedAt}
-  let shownPool = null; // {pool, key, slots (its holders), used, limit, override, fetchedAt}
+  let shownPool = null; // {pool, key, slots (its holders), waiters, used, limit, override, fetchedAt}
   let target = null; // what the override dialogs act on (userTarget, poolTarget)
   let ticker = 0;
 
@@ -230,21 +230,31 @@
     show(table, slots.length > 0);
   }
 
+  // fillTickets lists the acquires waiting in a queue in table, first
+  // served first, each with its user when withUser (a pool key's
+  // waiters); tick counts how long each has waited.
+  function fillTickets(table, tickets, withUser) {
+    const body = table.tBodies[0];
+    body.replaceChildren();
+    for (const q of tickets) {
+      const tr = document.createElement("tr");
+      tr.dataset.stream = q.stream_id;
+      tr.append(cell(String(q.place)), cell(String(q.priority), "priority"));
+      if (withUser) tr.append(cell(q.user_id || "—", "mono wrap"));
+      tr.append(cell(q.stream_id, "mono"), cell(q.plan || "—", "nowrap"), cell(q.caller || "—", "nowrap"),
+        cell(q.label || "—", "mono label"), cell(formatTime(q.waiting_since), "nowrap"), cell("", "waited"));
+      body.append(tr);
+    }
+    show(table, tickets.length > 0);
+  }
+
   function renderSlots() {
     $("slots-user").textContent = shown.user;
     $("used").textContent = String(shown.used);
     $("used-label").textContent = shown.used === 1 ? "live slot" : "live slots";
     fillSlots($("slots"), shown.slots, false);
     show($("no-slots"), shown.slots.length === 0);
-    const queue = $("queue").tBodies[0];
-    queue.replaceChildren();
-    for (const q of shown.queue) {
-      const tr = document.createElement("tr");
-      tr.dataset.stream = q.stream_id;
-      tr.append(cell(String(q.place)), cell(q.stream_id, "mono"), cell(formatTime(q.waiting_since)), cell(""));
-      queue.append(tr);
-    }
-    show($("queue"), shown.queue.length > 0);
+    fillTickets($("queue"), shown.queue, false);
     show($("no-queue"), shown.queue.length === 0);
     const operator = role === "operator";
     $("release").disabled = !operator || shown.slots.length === 0;
@@ -273,18 +283,13 @@
     if (shown) {
       const elapsed = performance.now() - shown.fetchedAt;
       tickSlots($("slots"), shown.slots, elapsed);
-      // And how long each waiting acquire has waited, from what Redis
-      // reported, counting on.
-      const qrows = $("queue").tBodies[0].rows;
-      shown.queue.forEach((q, i) => {
-        const td = qrows[i] && qrows[i].cells[3];
-        if (td) td.textContent = formatLeft(q.waited_ms + elapsed);
-      });
+      tickTickets($("queue"), shown.queue, elapsed);
       tickOverride("", shown.override, elapsed);
     }
     if (shownPool) {
       const elapsed = performance.now() - shownPool.fetchedAt;
       tickSlots($("holders"), shownPool.slots, elapsed);
+      tickTickets($("waiters"), shownPool.waiters, elapsed);
       tickOverride("pool-", shownPool.override, elapsed);
     }
   }
@@ -299,6 +304,16 @@
       ttl.textContent = formatLeft(left);
       ttl.classList.toggle("expired", left <= 0);
       if (s.age_ms !== undefined) row.querySelector("td.age").textContent = formatAge(s.age_ms + elapsed);
+    });
+  }
+
+  // tickTickets counts on how long each waiting acquire has waited, from
+  // what Redis reported.
+  function tickTickets(table, tickets, elapsed) {
+    const rows = table.tBodies[0].rows;
+    tickets.forEach((q, i) => {
+      const td = rows[i] && rows[i].querySelector("td.waited");
+      if (td) td.textContent = formatAge(q.waited_ms + elapsed);
     });
   }
 
@@ -318,7 +333,7 @@
       role = res.role || role;
       const d = res.data;
       shownPool = {
-        pool: d.pool, key: d.key, slots: d.holders, used: d.used, limit: d.limit,
+        pool: d.pool, key: d.key, slots: d.holders, waiters: d.waiters || [], used: d.used, limit: d.limit,
         override: d.override || null, fetchedAt: performance.now(),
       };
       renderPool();
@@ -345,6 +360,8 @@
     $("pool-limit").textContent = p.limit === undefined ? "not capped" : "the pool's cap: " + p.limit;
     fillSlots($("holders"), p.slots, true);
     show($("no-holders"), p.slots.length === 0);
+    fillTickets($("waiters"), p.waiters, true);
+    show($("no-waiters"), p.waiters.length === 0);
     const operator = role === "operator";
     $("set-pool-override").disabled = !operator || p.limit === undefined;
     $("remove-pool-override").disabled = !operator;
