@@ -38,7 +38,9 @@
 #                   same streams straight from the upstream (BenchmarkProxySSE,
 #                   both sides inside); 1,000 waiting acquires against
 #                   1,000 clients polling once a second, in Redis commands
-#                   and CPU (BenchmarkWaitCost)
+#                   and CPU (BenchmarkWaitCost); the same for 1,000
+#                   acquires waiting in the queues of 10 full pool keys
+#                   (BenchmarkPoolWaitCost)
 #
 # The table, on stdout, gives each ratio's median over the rounds with the
 # lowest and highest; progress and the raw benchmark lines go to stderr.
@@ -139,6 +141,7 @@ for ((round = 1; round <= BENCH_ROUNDS; round++)); do
 		in_order "$round" "rb_pool_bench $round $d" "go_bench $round K $d limiter BenchmarkPoolKeyHot"
 	done
 	go_bench "$round" C "" limiter BenchmarkWaitCost
+	go_bench "$round" Q "" limiter BenchmarkPoolWaitCost
 	in_order "$round" "go_bench $round S standalone limiter BenchmarkAcquireRelease" "semaphore_bench $round"
 	go_bench "$round" R standalone limiter BenchmarkHeartbeatRefresh
 	go_bench "$round" M "" telemetry BenchmarkHandlerAllocs

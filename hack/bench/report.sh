@@ -121,6 +121,8 @@ report() {
 	spread_line "  grant p99 / release round trip" %.2f GO 'W/BenchmarkWakeUp/%d/p99/release' both
 	echo "waiting for a slot: 1,000 waiters of 100 users / 1,000 clients polling once a second (BenchmarkWaitCost)"
 	spread_line "  Redis CPU" %.2f GO 'C/BenchmarkWaitCost/wait/poll-redis-cpu'
+	echo "a pool's waiter queue: Redis CPU per waiter-second / the same clients polling once a second (BenchmarkPoolWaitCost)"
+	spread_line "  1,000 waiters for 10 full pool keys (goal <= 0.6)" %.2f GO 'Q/BenchmarkPoolWaitCost/wait/poll-redis-cpu'
 	if [[ -n "${SCALE[http-round-s]:-}" ]]; then
 		echo "heartbeats at scale: one round of $BENCH_SCALE_SLOTS live slots in batches of 1000, median of $BENCH_SCALE_ROUNDS rounds (BenchmarkScale, once)"
 		line "  round over HTTP (2 serve) / the least its CPU allows on $(nproc) cores" - "$(printf %.2f "${SCALE[http-round/cpu-bound]}")"
@@ -192,4 +194,8 @@ report() {
 	figure_line "  Redis CPU us per waiter-second" %.1f GO 'C/BenchmarkWaitCost/redis-cpu-us/waiter-s'
 	figure_line "  polling once a second: commands per client-second" %.2f GO 'C/BenchmarkWaitCost/poll-cmds/client-s'
 	figure_line "  polling once a second: Redis CPU us per client-second" %.1f GO 'C/BenchmarkWaitCost/poll-redis-cpu-us/client-s'
+	figure_line "Redis commands per waiter-second (BenchmarkPoolWaitCost)" %.2f GO 'Q/BenchmarkPoolWaitCost/cmds/waiter-s'
+	figure_line "  Redis CPU us per waiter-second" %.1f GO 'Q/BenchmarkPoolWaitCost/redis-cpu-us/waiter-s'
+	figure_line "  polling once a second: commands per client-second" %.2f GO 'Q/BenchmarkPoolWaitCost/poll-cmds/client-s'
+	figure_line "  polling once a second: Redis CPU us per client-second" %.1f GO 'Q/BenchmarkPoolWaitCost/poll-redis-cpu-us/client-s'
 }

@@ -15,7 +15,9 @@ import (
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/pools"
 	"github.com/joishi/limiter/pkg/tiers"
+	"github.com/redis/rueidis"
 )
 
 // benchWaitTiers: one slot per user, waited for up to 30s.
@@ -24,16 +26,23 @@ var benchWaitTiers = []tiers.Tier{
 }
 
 // benchReplicas returns two limiters on backend sharing one key prefix,
-// as two replicas of the service share Redis.
+// as two replicas of the service share Redis, with benchWaitTiers.
 func benchReplicas(b *testing.B, backend limitertest.Backend) [2]*limitertest.Stack {
+	b.Helper()
+	return benchReplicasWith(b, backend, benchWaitTiers, nil)
+}
+
+// benchReplicasWith is benchReplicas with the tiers given and the pools of
+// table (nil: none).
+func benchReplicasWith(b *testing.B, backend limitertest.Backend, plans []tiers.Tier, table *pools.Table) [2]*limitertest.Stack {
 	b.Helper()
 	prefix := keys.Schema{Prefix: "bench-wait:" + keys.NewStreamID()[:12] + ":"}
 	var out [2]*limitertest.Stack
 	var addrs []string
 	for i := range out {
-		out[i] = limitertest.New(b, limitertest.Options{Backend: backend, Tiers: benchWaitTiers,
+		out[i] = limitertest.New(b, limitertest.Options{Backend: backend, Tiers: plans,
 			Redis:   cluster.Options{Addrs: addrs, Timeout: benchTimeout, Logger: slog.New(slog.DiscardHandler)},
-			Limiter: limiter.Options{Keys: prefix, Logger: slog.New(slog.DiscardHandler)}})
+			Limiter: limiter.Options{Keys: prefix, Logger: slog.New(slog.DiscardHandler), Pools: table}})
 		addrs = out[i].Redis.Addrs()
 	}
 	return out
@@ -122,10 +131,6 @@ const (
 // gives), measured after the waiters leave, and the ratio of the two.
 func BenchmarkWaitCost(b *testing.B) {
 	replicas := benchReplicas(b, limitertest.Standalone)
-	raw, err := replicas[0].Redis.Redis()
-	if err != nil {
-		b.Fatal(err)
-	}
 	ctx := context.Background()
 	run := newUser(b)
 	users := make([]string, costUsers)
@@ -135,68 +140,121 @@ func BenchmarkWaitCost(b *testing.B) {
 			b.Fatalf("holder of %s: %+v, %v", users[i], res, err)
 		}
 	}
-	waiters := costUsers * costPerUser
-	measure := func(seconds int) (commands, cpuUs float64) {
-		before := readRedisStats(b, raw)
-		start := time.Now()
-		time.Sleep(time.Duration(seconds) * time.Second)
-		after := readRedisStats(b, raw)
-		elapsed := time.Since(start).Seconds()
-		for name, s := range after.commands {
-			if name != "info" {
-				commands += float64(s.calls - before.commands[name].calls)
+	cost := newWaitCost(b, replicas[0], costUsers*costPerUser)
+	waiting := cost.waiting(b, func(ctx context.Context, i int) {
+		_, _ = replicas[i%2].Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: users[i%costUsers], Plan: "wait", Wait: 30 * time.Second})
+	}, func() {
+		for _, user := range users {
+			for {
+				got, err := replicas[0].Limiter.Slots(ctx, user)
+				if err == nil && len(got.Queue) == costPerUser {
+					break
+				}
+				time.Sleep(5 * time.Millisecond)
 			}
 		}
-		return commands / elapsed, (after.cpuUsec - before.cpuUsec) / elapsed
-	}
+	})
+	polling := cost.polling(b, func(ctx context.Context, i int) {
+		_, _ = replicas[i%2].Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: users[i%costUsers], Plan: "wait"})
+	})
+	cost.report(b, waiting, polling)
+}
 
-	waitCtx, leave := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	for i := range waiters {
-		wg.Go(func() {
-			_, _ = replicas[i%2].Limiter.Acquire(waitCtx, limiter.AcquireRequest{UserID: users[i%costUsers], Plan: "wait", Wait: 30 * time.Second})
-		})
+// waitCost measures what acquires waiting for a slot cost a standalone
+// Redis against as many clients polling for one instead: the two halves
+// of BenchmarkWaitCost and BenchmarkPoolWaitCost.
+type waitCost struct {
+	raw     rueidis.Client // the standalone server's
+	clients int            // waiters, then pollers
+}
+
+// newWaitCost measures clients waiters, then pollers, on s's server.
+func newWaitCost(b *testing.B, s *limitertest.Stack, clients int) waitCost {
+	b.Helper()
+	raw, err := s.Redis.Redis()
+	if err != nil {
+		b.Fatal(err)
 	}
-	for _, user := range users {
-		for {
-			got, err := replicas[0].Limiter.Slots(ctx, user)
-			if err == nil && len(got.Queue) == costPerUser {
-				break
-			}
-			time.Sleep(5 * time.Millisecond)
+	return waitCost{raw: raw, clients: clients}
+}
+
+// redisRate is what the server spent per second: commands (INFO
+// commandstats, the scripts' own included, INFO's not) and CPU (µs).
+type redisRate struct{ commands, cpuUs float64 }
+
+// measure sleeps seconds and returns what the server spent meanwhile.
+func (c waitCost) measure(b *testing.B, seconds int) redisRate {
+	b.Helper()
+	before := readRedisStats(b, c.raw)
+	start := time.Now()
+	time.Sleep(time.Duration(seconds) * time.Second)
+	after := readRedisStats(b, c.raw)
+	elapsed := time.Since(start).Seconds()
+	var commands float64
+	for name, s := range after.commands {
+		if name != "info" {
+			commands += float64(s.calls - before.commands[name].calls)
 		}
 	}
+	return redisRate{commands: commands / elapsed, cpuUs: (after.cpuUsec - before.cpuUsec) / elapsed}
+}
+
+// waiting runs acquire(ctx, i) for each of the clients at once, acquires
+// that wait until ctx ends, and measures b.N seconds of them, the
+// benchmark's timed part, once queued returns (when every one waits in
+// its queue); then they leave.
+func (c waitCost) waiting(b *testing.B, acquire func(ctx context.Context, i int), queued func()) redisRate {
+	b.Helper()
+	ctx, leave := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for i := range c.clients {
+		wg.Go(func() { acquire(ctx, i) })
+	}
+	queued()
 	b.ResetTimer()
-	waitCmds, waitCPU := measure(b.N)
+	got := c.measure(b, b.N)
 	b.StopTimer()
 	leave()
 	wg.Wait()
+	return got
+}
 
-	pollCtx, stop := context.WithCancel(ctx)
-	for i := range waiters {
+// polling has each of the clients call poll(ctx, i), a non-waiting
+// acquire, once a second, the clients spread evenly over the second, and
+// measures b.N seconds of them once every one has started.
+func (c waitCost) polling(b *testing.B, poll func(ctx context.Context, i int)) redisRate {
+	b.Helper()
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for i := range c.clients {
 		wg.Go(func() {
-			timer := time.NewTimer(time.Duration(i) * time.Second / time.Duration(waiters))
+			timer := time.NewTimer(time.Duration(i) * time.Second / time.Duration(c.clients))
 			defer timer.Stop()
 			for {
 				select {
-				case <-pollCtx.Done():
+				case <-ctx.Done():
 					return
 				case <-timer.C:
 				}
-				_, _ = replicas[i%2].Limiter.Acquire(pollCtx, limiter.AcquireRequest{UserID: users[i%costUsers], Plan: "wait"})
+				poll(ctx, i)
 				timer.Reset(time.Second)
 			}
 		})
 	}
 	time.Sleep(time.Second) // every poller has started
-	pollCmds, pollCPU := measure(b.N)
+	got := c.measure(b, b.N)
 	stop()
 	wg.Wait()
+	return got
+}
 
-	n := float64(waiters)
-	b.ReportMetric(waitCmds/n, "cmds/waiter-s")
-	b.ReportMetric(waitCPU/n, "redis-cpu-us/waiter-s")
-	b.ReportMetric(pollCmds/n, "poll-cmds/client-s")
-	b.ReportMetric(pollCPU/n, "poll-redis-cpu-us/client-s")
-	b.ReportMetric(waitCPU/pollCPU, "wait/poll-redis-cpu")
+// report reports both halves per waiter (or client) and second, and the
+// ratio of their Redis CPU.
+func (c waitCost) report(b *testing.B, waiting, polling redisRate) {
+	n := float64(c.clients)
+	b.ReportMetric(waiting.commands/n, "cmds/waiter-s")
+	b.ReportMetric(waiting.cpuUs/n, "redis-cpu-us/waiter-s")
+	b.ReportMetric(polling.commands/n, "poll-cmds/client-s")
+	b.ReportMetric(polling.cpuUs/n, "poll-redis-cpu-us/client-s")
+	b.ReportMetric(waiting.cpuUs/polling.cpuUs, "wait/poll-redis-cpu")
 }
