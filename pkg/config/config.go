@@ -189,7 +189,7 @@ type Tiers struct {
 	LeaseDuration time.Duration `mapstructure:"leaseDuration"`
 	// Static is the tier list of the static source. Zero optional fields
 	// take the tier defaults (see tiers.Tier.WithDefaults). Default
-	// tiers.Defaults(): free=1, paid=3.
+	// tiers.Defaults(): free=1, paid=3 (maxWait 10s).
 	Static []tiers.Tier `mapstructure:"static"`
 }
 

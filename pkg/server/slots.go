@@ -44,7 +44,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !res.Granted && res.RefusedBy != nil {
-		writePoolRefusal(w, res.RefusedBy, res.Waited)
+		writePoolRefusal(w, res.RefusedBy, res.Waited, noWait(wait, res))
 		return
 	}
 	if !res.Granted {
@@ -66,6 +66,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 			e.WaitedMs = &waited
 			e.Message += fmt.Sprintf("; waited %dms in the queue (wait_ms, capped by the plan's maxWait of %s) without a slot freeing up", waited, res.Tier.MaxWait)
 		}
+		e.Message += noWait(wait, res)
 		writeError(w, http.StatusTooManyRequests, e)
 		return
 	}
@@ -234,7 +235,22 @@ func (s *Server) tiers(w http.ResponseWriter, r *http.Request) {
 // writePoolRefusal answers an acquire a pool key's cap refused: 429
 // pool_limit_reached, which names the pool key, never the user's
 // stream_limit_reached.
-func writePoolRefusal(w http.ResponseWriter, r *limiter.PoolRefusal, waited time.Duration) {
+// noWait is what a refusal adds when the acquire asked to wait and was
+// not let: the plan's maxWait (or the pool's) is 0s, which caps wait_ms
+// to no waiting.
+func noWait(asked time.Duration, res limiter.AcquireResult) string {
+	switch {
+	case asked <= 0 || res.Waited > 0:
+		return ""
+	case res.Tier.MaxWait <= 0:
+		return fmt.Sprintf("; not waited: wait_ms asked %dms, but plan %q has maxWait 0s (no waiting), which caps it", asked.Milliseconds(), res.Tier.Plan)
+	case res.RefusedBy != nil:
+		return fmt.Sprintf("; not waited: wait_ms asked %dms, but pool %q has maxWait 0s (no waiting) for its keys", asked.Milliseconds(), res.RefusedBy.Pool)
+	}
+	return ""
+}
+
+func writePoolRefusal(w http.ResponseWriter, r *limiter.PoolRefusal, waited time.Duration, note string) {
 	retryMs := r.RetryAfter.Milliseconds()
 	w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(r.RetryAfter), 10))
 	used, limit := r.Used, r.Limit
@@ -252,6 +268,7 @@ func writePoolRefusal(w http.ResponseWriter, r *limiter.PoolRefusal, waited time
 		e.WaitedMs = &ms
 		e.Message += fmt.Sprintf("; waited %dms (wait_ms, capped by the plan's and the pool's maxWait) without a place freeing up", ms)
 	}
+	e.Message += note
 	writeError(w, http.StatusTooManyRequests, e)
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -164,5 +165,23 @@ func TestRunLetsAnAcquireWaitPastTheTimeouts(t *testing.T) {
 	got := decode[httpapi.AcquireResponse](t, (<-answer).get(t), http.StatusOK)
 	if !got.Granted || got.StreamID != "second" || time.Since(start) < 1200*time.Millisecond {
 		t.Errorf("got %+v after %v, want second granted once first was released", got, time.Since(start))
+	}
+}
+
+// TestAWaitThePlanDoesNotAllowSaysSo: wait_ms on a plan whose maxWait is
+// 0s answers the 429 at once, and its message says why it did not wait.
+func TestAWaitThePlanDoesNotAllowSaysSo(t *testing.T) {
+	t.Parallel()
+	s := limitertest.New(t, limitertest.Options{Tiers: waitTiers()})
+	a := newAPI(t, s.Limiter)
+	user := "nowait-" + time.Now().Format("150405.000000")
+	if r := a.post(t, "/v1/slots/acquire", map[string]any{"user_id": user, "plan": "no-wait"}); r.status != http.StatusOK {
+		t.Fatalf("first acquire: %d %s", r.status, r.body)
+	}
+	r := a.post(t, "/v1/slots/acquire", map[string]any{"user_id": user, "plan": "no-wait", "wait_ms": 10000})
+	var refused httpapi.ErrorResponse
+	if r.status != http.StatusTooManyRequests || json.Unmarshal(r.body, &refused) != nil || refused.Error.WaitedMs != nil ||
+		!strings.Contains(refused.Error.Message, `not waited: wait_ms asked 10000ms, but plan "no-wait" has maxWait 0s (no waiting)`) {
+		t.Fatalf("wait_ms on a plan without maxWait: %d %s; want an immediate 429 saying the plan's maxWait capped it", r.status, r.body)
 	}
 }

@@ -181,10 +181,11 @@ func (t Tier) Validate() error {
 	return fmt.Errorf("tier %q: %w", t.Plan, errors.Join(errs...))
 }
 
-// Defaults returns the tiers used when none are configured: free=1, paid=3.
+// Defaults returns the tiers used when none are configured: free=1, and
+// paid=3 whose acquires may wait up to 10s for a slot (wait_ms).
 func Defaults() []Tier {
 	return []Tier{
 		Tier{Plan: "free", MaxConcurrentStreams: 1}.WithDefaults(),
-		Tier{Plan: "paid", MaxConcurrentStreams: 3}.WithDefaults(),
+		Tier{Plan: "paid", MaxConcurrentStreams: 3, MaxWait: 10 * time.Second}.WithDefaults(),
 	}
 }
