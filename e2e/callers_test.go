@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"net/http"
 	"os"
@@ -124,15 +123,8 @@ func TestCallersOverMutualTLS(t *testing.T) {
 	proc := servetest.Start(t, servetest.Options{Config: config, AwaitRedis: true})
 	base := "https://" + strings.TrimPrefix(proc.API, "http://")
 
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(ca.PEM)
-	certPEM, keyPEM := ca.Issue(t, testenv.CertSpec{CommonName: "edge", DNSNames: []string{"edge.example"}})
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
-	c, err := client.New(base, client.WithTLSConfig(&tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}))
+	c, err := client.New(base, client.WithTLSConfig(ca.ClientTLS(t, testenv.CertSpec{CommonName: "edge", DNSNames: []string{"edge.example"}})))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +141,7 @@ func TestCallersOverMutualTLS(t *testing.T) {
 	}
 
 	// A token still works over TLS, without a certificate.
-	withToken, err := client.New(base, client.WithToken(e2eAppToken), client.WithTLSConfig(&tls.Config{RootCAs: pool}))
+	withToken, err := client.New(base, client.WithToken(e2eAppToken), client.WithTLSConfig(&tls.Config{RootCAs: ca.Pool()}))
 	if err != nil {
 		t.Fatal(err)
 	}

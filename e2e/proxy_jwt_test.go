@@ -86,16 +86,7 @@ func TestProxyVerifiesJWTs(t *testing.T) {
 	user := "jwt-" + randomID()
 
 	t.Run("a verified token streams under its plan", func(t *testing.T) {
-		events := js.stream(t, e.proc.API, "API_KEY="+old.token(t, user, "free", nil), "MODEL=fast")
-		for {
-			ev := event(t, events, 10*time.Second, "the stream")
-			if ev.Event == "done" {
-				break
-			}
-			if ev.Event != "chunk" {
-				t.Fatalf("%+v, want chunks and done", ev)
-			}
-		}
+		chunksUntilDone(t, js.stream(t, e.proc.API, "API_KEY="+old.token(t, user, "free", nil), "MODEL=fast"), "the stream", nil)
 		// The upstream got the client's Authorization (passAuthorization
 		// defaults to true) and the stream id.
 		h := e.llm.Headers()

@@ -106,6 +106,28 @@ func event(t *testing.T, events <-chan sdkEvent, d time.Duration, what string) s
 	return sdkEvent{}
 }
 
+// chunksUntilDone reads the events of one stream (what names it) until
+// "done", each within 10s, and returns its chunks; any other event fails
+// the test. onChunk, when not nil, runs after each chunk with the number
+// read so far.
+func chunksUntilDone(t *testing.T, events <-chan sdkEvent, what string, onChunk func(n int)) []sdkEvent {
+	t.Helper()
+	var chunks []sdkEvent
+	for {
+		ev := event(t, events, 10*time.Second, what)
+		if ev.Event == "done" {
+			return chunks
+		}
+		if ev.Event != "chunk" {
+			t.Fatalf("%s: %+v, want chunks and done", what, ev)
+		}
+		chunks = append(chunks, ev)
+		if onChunk != nil {
+			onChunk(len(chunks))
+		}
+	}
+}
+
 // metricValue returns a sample of a process's /metrics, 0 when absent.
 func metricValue(t *testing.T, proc *servetest.Process, series string) float64 {
 	t.Helper()
@@ -191,24 +213,15 @@ func TestOpenAISDKThroughTheProxy(t *testing.T) {
 		user := "sdk-" + randomID()
 		// 8 chunks 500ms apart: 3.5s, the free plan's TTL is 1s.
 		events := js.stream(t, e.proc.API, "USER_ID="+user, "PLAN=free", "MODEL=slow:8:500")
-		var chunks []sdkEvent
 		checked := false
-		for {
-			ev := event(t, events, 10*time.Second, "the long stream")
-			if ev.Event == "done" {
-				break
-			}
-			if ev.Event != "chunk" {
-				t.Fatalf("long stream: %+v", ev)
-			}
-			chunks = append(chunks, ev)
-			if len(chunks) == 7 { // past 3s: three TTLs
-				if n := e.used(t, user); n != 1 {
-					t.Fatalf("%d slots held 3s into the stream, want 1 (heartbeated)", n)
+		chunks := chunksUntilDone(t, events, "the long stream", func(n int) {
+			if n == 7 { // past 3s: three TTLs
+				if held := e.used(t, user); held != 1 {
+					t.Fatalf("%d slots held 3s into the stream, want 1 (heartbeated)", held)
 				}
 				checked = true
 			}
-		}
+		})
 		if len(chunks) != 8 || !checked {
 			t.Fatalf("got %d chunks, want 8", len(chunks))
 		}

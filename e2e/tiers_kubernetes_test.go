@@ -233,14 +233,14 @@ func (k *kubeTiers) testKubectlColumns(t *testing.T) {
 		want []string // lines, fields separated by single spaces; AGE left out
 	}{
 		{"the default columns", []string{"get", "lt"}, []string{
-			"NAME PLAN MAX TTL HEARTBEAT FAILURE WAIT READY AGE",
-			"free free 1 120s 20s Open 0s True",
-			"paid paid 3 120s 20s Open 10s True",
+			"NAME PLAN MAX TTL HEARTBEAT FAILURE WAIT PRIORITY READY AGE",
+			"free free 1 120s 20s Open 0s 0 True",
+			"paid paid 3 120s 20s Open 10s 5 True",
 		}},
 		{"-o wide adds the reason", []string{"get", "limittiers", "-o", "wide"}, []string{
-			"NAME PLAN MAX TTL HEARTBEAT FAILURE WAIT READY REASON AGE",
-			"free free 1 120s 20s Open 0s True Accepted",
-			"paid paid 3 120s 20s Open 10s True Accepted",
+			"NAME PLAN MAX TTL HEARTBEAT FAILURE WAIT PRIORITY READY REASON AGE",
+			"free free 1 120s 20s Open 0s 0 True Accepted",
+			"paid paid 3 120s 20s Open 10s 5 True Accepted",
 		}},
 		{"the sample pool", []string{"get", "lp"}, []string{
 			"NAME POOL DEFAULT KEYS READY AGE",

@@ -57,7 +57,7 @@ func Start(t testing.TB) *Env {
 }
 
 // Shared is one API server for a whole test binary: tests call Get, which
-// starts it on first use, and TestMain calls Stop after m.Run.
+// starts it on first use, and the package's TestMain is Main.
 type Shared struct {
 	mu  sync.Mutex
 	env *Env
@@ -78,6 +78,14 @@ func (s *Shared) Get(t testing.TB) *Env {
 		t.Fatal(s.err)
 	}
 	return s.env
+}
+
+// Main runs the test binary's tests, then stops the shared API server: a
+// package's TestMain is func TestMain(m *testing.M) { kube.Main(m) }.
+// (The test binary exits with the status of m.Run.)
+func (s *Shared) Main(m *testing.M) {
+	defer s.Stop()
+	m.Run()
 }
 
 // Stop stops the shared API server, if it was started.

@@ -4,6 +4,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -110,6 +111,24 @@ func (ca *CA) IssueFiles(t testing.TB, dir, name string, spec CertSpec) (certFil
 		t.Fatal(err)
 	}
 	return certFile, keyFile
+}
+
+// Pool is a certificate pool of the CA alone, for RootCAs.
+func (ca *CA) Pool() *x509.CertPool {
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca.PEM)
+	return pool
+}
+
+// ClientTLS is the TLS config of a client that trusts the CA alone and
+// presents a certificate the CA issued for spec.
+func (ca *CA) ClientTLS(t testing.TB, spec CertSpec) *tls.Config {
+	t.Helper()
+	cert, err := tls.X509KeyPair(ca.Issue(t, spec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{cert}}
 }
 
 // File writes the CA's certificate to dir/ca.crt and returns its path.

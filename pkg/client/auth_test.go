@@ -3,7 +3,6 @@ package client_test
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"net"
 	"net/http"
@@ -160,14 +159,7 @@ func TestClientAuthenticatesWithACertificate(t *testing.T) {
 		}
 	}
 
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(ca.PEM)
-	certPEM, keyPEM := ca.Issue(t, testenv.CertSpec{CommonName: "edge", DNSNames: []string{"edge.example"}})
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := newClient(t, "https://"+api, client.WithTLSConfig(&tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}))
+	c := newClient(t, "https://"+api, client.WithTLSConfig(ca.ClientTLS(t, testenv.CertSpec{CommonName: "edge", DNSNames: []string{"edge.example"}})))
 	lease, err := c.Acquire(context.Background(), "cert-user", "free")
 	if err != nil {
 		t.Fatalf("Acquire with a client certificate: %v", err)
@@ -179,7 +171,7 @@ func TestClientAuthenticatesWithACertificate(t *testing.T) {
 		t.Errorf("Acquire of bulk as edge.example: got %v, want ErrPlanNotAllowed", err)
 	}
 
-	noCert := newClient(t, "https://"+api, client.WithTLSConfig(&tls.Config{RootCAs: pool}))
+	noCert := newClient(t, "https://"+api, client.WithTLSConfig(&tls.Config{RootCAs: ca.Pool()}))
 	if _, err := noCert.Acquire(context.Background(), "cert-user", "free"); !errors.Is(err, client.ErrUnauthenticated) {
 		t.Errorf("Acquire over TLS without a certificate or token: got %v, want ErrUnauthenticated", err)
 	}

@@ -16,11 +16,7 @@ import (
 func TestRealPoolKeyHoldsAcrossHeartbeats(t *testing.T) {
 	r := newReal(t)
 	ctx := context.Background()
-	c, err := client.New(r.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close(ctx) })
+	c := newClient(t, r.url)
 	gpt := client.WithPools(map[string]string{"model": "gpt-4o"})
 	lease, err := c.Acquire(ctx, "pool-ana-"+time.Now().Format("150405.000"), "free", gpt)
 	if err != nil {

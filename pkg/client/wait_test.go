@@ -37,12 +37,7 @@ func newWaitClient(t *testing.T, url string) *client.Client {
 	t.Helper()
 	// A request timeout well below the waits: a waiting acquire has its
 	// wait on top.
-	c, err := client.New(url, client.WithRequestTimeout(500*time.Millisecond), client.WithLogger(quiet))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close(context.Background()) })
-	return c
+	return newClient(t, url, client.WithRequestTimeout(500*time.Millisecond))
 }
 
 // awaitQueued waits until user's queue holds n acquires.

@@ -4,6 +4,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -91,27 +92,13 @@ type Options struct {
 }
 
 func (o Options) withDefaults() Options {
-	if o.Timeout == 0 {
-		o.Timeout = DefaultTimeout
-	}
-	if o.ShardsRefreshInterval == 0 {
-		o.ShardsRefreshInterval = DefaultShardsRefreshInterval
-	}
-	if o.ProbeInterval == 0 {
-		o.ProbeInterval = DefaultProbeInterval
-	}
-	if o.AnswerWithin == 0 {
-		o.AnswerWithin = DefaultAnswerWithin
-	}
-	if o.MaxFlushDelay == 0 {
-		o.MaxFlushDelay = DefaultMaxFlushDelay
-	}
-	if o.WarmWithin == 0 {
-		o.WarmWithin = DefaultWarmWithin
-	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
+	o.Timeout = cmp.Or(o.Timeout, DefaultTimeout)
+	o.ShardsRefreshInterval = cmp.Or(o.ShardsRefreshInterval, DefaultShardsRefreshInterval)
+	o.ProbeInterval = cmp.Or(o.ProbeInterval, DefaultProbeInterval)
+	o.AnswerWithin = cmp.Or(o.AnswerWithin, DefaultAnswerWithin)
+	o.MaxFlushDelay = cmp.Or(o.MaxFlushDelay, DefaultMaxFlushDelay)
+	o.WarmWithin = cmp.Or(o.WarmWithin, DefaultWarmWithin)
+	o.Logger = cmp.Or(o.Logger, slog.Default())
 	if o.NewRedis == nil {
 		o.NewRedis = rueidis.NewClient
 	}

@@ -46,6 +46,24 @@ func connected(t *testing.T, c *Client) rueidis.Client {
 	return redis
 }
 
+// newClient is New(opts), closed when the test ends.
+func newClient(t *testing.T, opts Options) *Client {
+	t.Helper()
+	c, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// connectsWithin reports whether c connects within d.
+func connectsWithin(c *Client, d time.Duration) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	return c.WaitConnected(ctx) == nil
+}
+
 func rawClient(t *testing.T, addr string) rueidis.Client {
 	t.Helper()
 	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, ForceSingleClient: true, DisableCache: true})
@@ -64,22 +82,10 @@ func TestConnectWithACLUser(t *testing.T) {
 	}
 
 	t.Run("the right password connects", func(t *testing.T) {
-		c, err := New(Options{Addrs: []string{srv.Addr()}, Username: "limiter", Password: "s3cret-pass"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		grants(t, c)
+		grants(t, newClient(t, Options{Addrs: []string{srv.Addr()}, Username: "limiter", Password: "s3cret-pass"}))
 	})
 	t.Run("a wrong password never connects", func(t *testing.T) {
-		c, err := New(Options{Addrs: []string{srv.Addr()}, Username: "limiter", Password: "wrong"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		if err := c.WaitConnected(ctx); err == nil {
+		if connectsWithin(newClient(t, Options{Addrs: []string{srv.Addr()}, Username: "limiter", Password: "wrong"}), time.Second) {
 			t.Fatal("connected with a wrong password")
 		}
 	})
@@ -99,11 +105,7 @@ func TestConnectThroughSentinel(t *testing.T) {
 	}
 	startServer(t, sentinel, conf, "--sentinel")
 
-	c, err := New(Options{Addrs: []string{sentinel}, SentinelMasterSet: "limiter-master"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := newClient(t, Options{Addrs: []string{sentinel}, SentinelMasterSet: "limiter-master"})
 	grants(t, c)
 	redis, _ := c.Redis()
 	if mode := redis.Mode(); mode != rueidis.ClientModeSentinel {
@@ -157,22 +159,10 @@ func TestConnectOverTLS(t *testing.T) {
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(caPEM)
 	t.Run("a trusted certificate connects", func(t *testing.T) {
-		c, err := New(Options{Addrs: []string{addr}, TLS: &tls.Config{RootCAs: roots, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		grants(t, c)
+		grants(t, newClient(t, Options{Addrs: []string{addr}, TLS: &tls.Config{RootCAs: roots, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}}))
 	})
 	t.Run("an untrusted certificate never connects", func(t *testing.T) {
-		c, err := New(Options{Addrs: []string{addr}, TLS: &tls.Config{RootCAs: x509.NewCertPool(), MinVersion: tls.VersionTLS12}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		if err := c.WaitConnected(ctx); err == nil {
+		if connectsWithin(newClient(t, Options{Addrs: []string{addr}, TLS: &tls.Config{RootCAs: x509.NewCertPool(), MinVersion: tls.VersionTLS12}}), time.Second) {
 			t.Fatal("connected to a server whose certificate no trusted CA signed")
 		}
 	})

@@ -80,15 +80,7 @@ func TestAnInvalidEditKeepsTheAcceptedSpecInForce(t *testing.T) {
 
 	// Every replica restarts: the one that starts after the edit knows it
 	// from the object alone.
-	for _, r := range replicas {
-		r.Stop()
-	}
-	fresh := startController(t, env.Config, ns)
-	select {
-	case <-fresh.Table.Synced():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the restarted replica's table did not sync within 10s")
-	}
+	fresh := restartAll(t, env.Config, ns, replicas)
 	if msg := limitsOf("paid", 5, fresh)(); msg != "" {
 		t.Fatalf("as soon as it synced: %s", msg)
 	}

@@ -3,7 +3,6 @@ package controller_test
 import (
 	"context"
 	"log/slog"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -20,11 +19,7 @@ import (
 // kube is one API server for every test of the package.
 var kube kubetest.Shared
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	kube.Stop()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { kube.Main(m) }
 
 // testLease is short, so that tests of the election do not wait long.
 const testLease = 2 * time.Second
@@ -88,6 +83,23 @@ func startWithPools(t *testing.T, cfg *rest.Config, ns string, poolTable *pools.
 		}
 	})
 	return s
+}
+
+// restartAll stops every one of replicas, as a rollout does, and starts a
+// fresh replica, which knows the namespace from its objects alone; it
+// returns once the fresh replica's table has synced.
+func restartAll(t *testing.T, cfg *rest.Config, ns string, replicas []*started) *started {
+	t.Helper()
+	for _, r := range replicas {
+		r.Stop()
+	}
+	fresh := startController(t, cfg, ns)
+	select {
+	case <-fresh.Table.Synced():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the restarted replica's table did not sync within 10s")
+	}
+	return fresh
 }
 
 // eventually polls cond every 20ms until it returns "" or within passes,

@@ -34,11 +34,6 @@ func limitPool(name, pool string, def int32, keys map[string]int32, createdAt in
 	return lp
 }
 
-func withPool(lp v1alpha1.LimitPool, mutate func(*v1alpha1.LimitPool)) v1alpha1.LimitPool {
-	mutate(&lp)
-	return lp
-}
-
 // poolEditedInvalid is lp at generation 2, a key with a space added to
 // its spec, generation 1 (lp as given) recorded as accepted.
 func poolEditedInvalid(lp v1alpha1.LimitPool) v1alpha1.LimitPool {
@@ -49,12 +44,9 @@ func poolEditedInvalid(lp v1alpha1.LimitPool) v1alpha1.LimitPool {
 	return lp
 }
 
+// resolvePools is resolve of the LimitPools items.
 func resolvePools(items []v1alpha1.LimitPool) resolution[pools.Pool] {
-	ptrs := make([]*v1alpha1.LimitPool, len(items))
-	for i := range items {
-		ptrs[i] = &items[i]
-	}
-	return resolve(poolKind{}, ptrs)
+	return resolve(poolKind{}, addrs(items))
 }
 
 // poolCaps is "model=100 org=-": each pool of list with its default cap
@@ -78,48 +70,40 @@ func poolCaps(list []pools.Pool) string {
 
 func TestResolvePools(t *testing.T) {
 	model := map[string]int32{"gpt-4o": 500, "llama-70b": 64}
-	cases := []struct {
-		name  string
-		items []v1alpha1.LimitPool
-		// want is "object:reason" per object, and wantPools as poolCaps
-		// writes them.
-		want      []string
-		wantPools string
-		wantMsg   map[string]string // object → part of its message
-	}{
+	cases := []resolveCase[v1alpha1.LimitPool]{
 		{
-			name:      "a valid pool is accepted",
-			items:     []v1alpha1.LimitPool{limitPool("model", "", 100, model, 0)},
-			want:      []string{"model:Accepted"},
-			wantPools: "model=100,gpt-4o:500,llama-70b:64",
-			wantMsg:   map[string]string{"model": `pool "model" is in force: 100 concurrent streams per key, 2 keys with a cap of their own`},
+			name:        "a valid pool is accepted",
+			items:       []v1alpha1.LimitPool{limitPool("model", "", 100, model, 0)},
+			want:        []string{"model:Accepted"},
+			wantEntries: "model=100,gpt-4o:500,llama-70b:64",
+			wantMsg:     map[string]string{"model": `pool "model" is in force: 100 concurrent streams per key, 2 keys with a cap of their own`},
 		},
 		{
-			name:      "without a default cap, keys not listed are not capped",
-			items:     []v1alpha1.LimitPool{limitPool("model", "", -1, map[string]int32{"gpt-4o": 1}, 0)},
-			want:      []string{"model:Accepted"},
-			wantPools: "model=-,gpt-4o:1",
-			wantMsg:   map[string]string{"model": `pool "model" is in force: keys not listed are not capped, 1 key with a cap of its own`},
+			name:        "without a default cap, keys not listed are not capped",
+			items:       []v1alpha1.LimitPool{limitPool("model", "", -1, map[string]int32{"gpt-4o": 1}, 0)},
+			want:        []string{"model:Accepted"},
+			wantEntries: "model=-,gpt-4o:1",
+			wantMsg:     map[string]string{"model": `pool "model" is in force: keys not listed are not capped, 1 key with a cap of its own`},
 		},
 		{
-			name:      "spec.pool overrides metadata.name",
-			items:     []v1alpha1.LimitPool{limitPool("models-2026", "model", 1, nil, 0)},
-			want:      []string{"models-2026:Accepted"},
-			wantPools: "model=1",
-			wantMsg:   map[string]string{"models-2026": `pool "model" is in force: 1 concurrent stream per key`},
+			name:        "spec.pool overrides metadata.name",
+			items:       []v1alpha1.LimitPool{limitPool("models-2026", "model", 1, nil, 0)},
+			want:        []string{"models-2026:Accepted"},
+			wantEntries: "model=1",
+			wantMsg:     map[string]string{"models-2026": `pool "model" is in force: 1 concurrent stream per key`},
 		},
 		{
-			name:      "a metadata.name unfit as a pool is invalid",
-			items:     []v1alpha1.LimitPool{limitPool(strings.Repeat("p", 64), "", 1, nil, 0)},
-			want:      []string{strings.Repeat("p", 64) + ":Invalid"},
-			wantPools: "",
-			wantMsg:   map[string]string{strings.Repeat("p", 64): "metadata.name must be 1-63 characters of [a-z0-9._-]"},
+			name:        "a metadata.name unfit as a pool is invalid",
+			items:       []v1alpha1.LimitPool{limitPool(strings.Repeat("p", 64), "", 1, nil, 0)},
+			want:        []string{strings.Repeat("p", 64) + ":Invalid"},
+			wantEntries: "",
+			wantMsg:     map[string]string{strings.Repeat("p", 64): "metadata.name must be 1-63 characters of [a-z0-9._-]"},
 		},
 		{
 			// The schema refuses these, but an object stored before the
 			// bound (or kept by validation ratcheting) still holds them.
 			name: "every field at fault is named",
-			items: []v1alpha1.LimitPool{withPool(limitPool("model", "", 100001, map[string]int32{"gpt 4o": 1, "ok": -1}, 0), func(lp *v1alpha1.LimitPool) {
+			items: []v1alpha1.LimitPool{with(limitPool("model", "", 100001, map[string]int32{"gpt 4o": 1, "ok": -1}, 0), func(lp *v1alpha1.LimitPool) {
 				lp.Spec.FailureMode = "Sometimes"
 				lp.Spec.MaxWait.Duration = time.Minute + time.Second
 			})},
@@ -129,72 +113,49 @@ func TestResolvePools(t *testing.T) {
 				`spec.failureMode must be Open or Closed, got "Sometimes"; spec.maxWait must be between 0s (no waiting) and 1m0s, got 1m1s`},
 		},
 		{
-			name:      "fields the API server did not default take the pool defaults",
-			items:     []v1alpha1.LimitPool{{ObjectMeta: metav1.ObjectMeta{Name: "org"}}},
-			want:      []string{"org:Accepted"},
-			wantPools: "org=-",
+			name:        "fields the API server did not default take the pool defaults",
+			items:       []v1alpha1.LimitPool{{ObjectMeta: metav1.ObjectMeta{Name: "org"}}},
+			want:        []string{"org:Accepted"},
+			wantEntries: "org=-",
 		},
 		{
-			name:      "the older of two claims on a pool wins",
-			items:     []v1alpha1.LimitPool{limitPool("model-new", "model", 5, nil, 10), limitPool("model-old", "model", 3, nil, 0)},
-			want:      []string{"model-new:Conflict", "model-old:Accepted"},
-			wantPools: "model=3",
-			wantMsg:   map[string]string{"model-new": `pool "model" is already defined by the older LimitPool "model-old", which is in force`},
+			name:        "the older of two claims on a pool wins",
+			items:       []v1alpha1.LimitPool{limitPool("model-new", "model", 5, nil, 10), limitPool("model-old", "model", 3, nil, 0)},
+			want:        []string{"model-new:Conflict", "model-old:Accepted"},
+			wantEntries: "model=3",
+			wantMsg:     map[string]string{"model-new": `pool "model" is already defined by the older LimitPool "model-old", which is in force`},
 		},
 		{
-			name:      "an invalid edit leaves the accepted generation in force",
-			items:     []v1alpha1.LimitPool{poolEditedInvalid(limitPool("model", "", 100, model, 0))},
-			want:      []string{"model:Invalid"},
-			wantPools: "model=100,gpt-4o:500,llama-70b:64",
+			name:        "an invalid edit leaves the accepted generation in force",
+			items:       []v1alpha1.LimitPool{poolEditedInvalid(limitPool("model", "", 100, model, 0))},
+			want:        []string{"model:Invalid"},
+			wantEntries: "model=100,gpt-4o:500,llama-70b:64",
 			wantMsg: map[string]string{"model": `generation 2 is invalid: spec.keys each key must be 1-128 bytes of [A-Za-z0-9._:/@-], got "gpt 4o"; ` +
 				`generation 1 stays in force: pool "model", 100 concurrent streams per key, 2 keys with a cap of their own`},
 		},
 		{
-			name:      "the accepted generation of an older object keeps its pool against a younger claim",
-			items:     []v1alpha1.LimitPool{limitPool("model-dup", "model", 9, nil, 10), poolEditedInvalid(limitPool("model", "", 5, nil, 0))},
-			want:      []string{"model-dup:Conflict", "model:Invalid"},
-			wantPools: "model=5",
-			wantMsg:   map[string]string{"model-dup": `already defined by the older LimitPool "model"`},
+			name:        "the accepted generation of an older object keeps its pool against a younger claim",
+			items:       []v1alpha1.LimitPool{limitPool("model-dup", "model", 9, nil, 10), poolEditedInvalid(limitPool("model", "", 5, nil, 0))},
+			want:        []string{"model-dup:Conflict", "model:Invalid"},
+			wantEntries: "model=5",
+			wantMsg:     map[string]string{"model-dup": `already defined by the older LimitPool "model"`},
 		},
 		{
-			name:      "the accepted generation of a younger claim is not in force either",
-			items:     []v1alpha1.LimitPool{limitPool("model", "", 5, nil, 0), poolEditedInvalid(limitPool("model-dup", "model", 9, nil, 10))},
-			want:      []string{"model-dup:Invalid", "model:Accepted"},
-			wantPools: "model=5",
-			wantMsg:   map[string]string{"model-dup": `generation 1 is not in force either: pool "model" is already defined by the older LimitPool "model"`},
+			name:        "the accepted generation of a younger claim is not in force either",
+			items:       []v1alpha1.LimitPool{limitPool("model", "", 5, nil, 0), poolEditedInvalid(limitPool("model-dup", "model", 9, nil, 10))},
+			want:        []string{"model-dup:Invalid", "model:Accepted"},
+			wantEntries: "model=5",
+			wantMsg:     map[string]string{"model-dup": `generation 1 is not in force either: pool "model" is already defined by the older LimitPool "model"`},
 		},
 		{
-			name:      "an invalid spec with nothing accepted enforces nothing",
-			items:     []v1alpha1.LimitPool{limitPool("model", "", 5, map[string]int32{"a{b}": 1}, 0)},
-			want:      []string{"model:Invalid"},
-			wantPools: "",
-			wantMsg:   map[string]string{"model": "no generation of this LimitPool was accepted, so it enforces nothing"},
+			name:        "an invalid spec with nothing accepted enforces nothing",
+			items:       []v1alpha1.LimitPool{limitPool("model", "", 5, map[string]int32{"a{b}": 1}, 0)},
+			want:        []string{"model:Invalid"},
+			wantEntries: "",
+			wantMsg:     map[string]string{"model": "no generation of this LimitPool was accepted, so it enforces nothing"},
 		},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			res := resolvePools(tc.items)
-			var got []string
-			for name, v := range res.verdicts {
-				got = append(got, name+":"+v.reason)
-			}
-			slices.Sort(got)
-			if !slices.Equal(got, tc.want) {
-				t.Errorf("verdicts = %v, want %v", got, tc.want)
-			}
-			if got := poolCaps(res.entries); got != tc.wantPools {
-				t.Errorf("pools = %q, want %q", got, tc.wantPools)
-			}
-			for name, part := range tc.wantMsg {
-				if msg := res.verdicts[name].message; !strings.Contains(msg, part) {
-					t.Errorf("message of %s = %q, want it to contain %q", name, msg, part)
-				}
-			}
-			if err := pools.NewTable().Replace(res.entries); err != nil {
-				t.Errorf("the table refuses the resolved pools: %v", err)
-			}
-		})
-	}
+	runResolveCases(t, cases, resolvePools, poolCaps)
 }
 
 // A LimitPool and the same pool in pools.static are one pool: the table

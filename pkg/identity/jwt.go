@@ -1,6 +1,7 @@
 package identity
 
 import (
+	"cmp"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/ed25519"
@@ -71,15 +72,9 @@ func newVerifier(opts JWT, log *slog.Logger) (*verifier, error) {
 	if opts.Issuer == "" || opts.Audience == "" {
 		return nil, errors.New("identity: a JWT needs an issuer and an audience")
 	}
-	if opts.UserClaim == "" {
-		opts.UserClaim = DefaultUserClaim
-	}
-	if opts.Leeway == 0 {
-		opts.Leeway = DefaultLeeway
-	}
-	if opts.CacheTTL == 0 {
-		opts.CacheTTL = DefaultJWKSCacheTTL
-	}
+	opts.UserClaim = cmp.Or(opts.UserClaim, DefaultUserClaim)
+	opts.Leeway = cmp.Or(opts.Leeway, DefaultLeeway)
+	opts.CacheTTL = cmp.Or(opts.CacheTTL, DefaultJWKSCacheTTL)
 	if opts.HTTPClient == nil {
 		opts.HTTPClient = &http.Client{Timeout: 5 * time.Second}
 	}

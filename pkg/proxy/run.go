@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/joishi/limiter/internal/opsmux"
 )
 
 // Listeners say where the proxy and its ops endpoints listen, and bound
@@ -114,28 +116,9 @@ func serve(srv *http.Server, ln net.Listener) error {
 // an outage leaves the proxy in the load balancer to apply each tier's
 // failure mode) and /metrics.
 func (p *Proxy) OpsHandler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { plain(w, http.StatusOK, "ok\n") })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		switch {
-		case p.draining.Load():
-			plain(w, http.StatusServiceUnavailable, "draining\n")
-		case !p.opts.Tiers.IsSynced():
-			plain(w, http.StatusServiceUnavailable, "tiers not synced yet\n")
-		case p.opts.Warmed != nil && !p.opts.Warmed():
-			plain(w, http.StatusServiceUnavailable, "redis client warming up\n")
-		default:
-			plain(w, http.StatusOK, "ok\n")
-		}
-	})
-	if p.opts.Metrics != nil {
-		mux.Handle("GET /metrics", p.opts.Metrics)
-	}
-	return mux
-}
-
-func plain(w http.ResponseWriter, status int, body string) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.WriteHeader(status)
-	_, _ = w.Write([]byte(body))
+	return opsmux.Handler(p.opts.Metrics,
+		opsmux.Check{Reason: "draining", Failing: p.draining.Load},
+		opsmux.Check{Reason: "tiers not synced yet", Failing: func() bool { return !p.opts.Tiers.IsSynced() }},
+		opsmux.Check{Reason: "redis client warming up", Failing: func() bool { return p.opts.Warmed != nil && !p.opts.Warmed() }},
+	)
 }

@@ -2,6 +2,8 @@ package server
 
 import (
 	"net/http"
+
+	"github.com/joishi/limiter/internal/opsmux"
 )
 
 // OpsHandler serves the ops listener: /healthz (the process answers),
@@ -12,30 +14,9 @@ import (
 // bounded time, and with redis.requiredForReadiness until Redis first
 // answers) and /metrics.
 func (s *Server) OpsHandler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		writePlain(w, http.StatusOK, "ok\n")
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		switch {
-		case s.draining.Load():
-			writePlain(w, http.StatusServiceUnavailable, "draining\n")
-		case !s.lim.Tiers().IsSynced():
-			writePlain(w, http.StatusServiceUnavailable, "tiers not synced yet\n")
-		case s.opts.RedisAnswered != nil && !s.opts.RedisAnswered():
-			writePlain(w, http.StatusServiceUnavailable, "redis has not answered yet\n")
-		default:
-			writePlain(w, http.StatusOK, "ok\n")
-		}
-	})
-	if s.opts.Metrics != nil {
-		mux.Handle("GET /metrics", s.opts.Metrics)
-	}
-	return mux
-}
-
-func writePlain(w http.ResponseWriter, status int, body string) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.WriteHeader(status)
-	_, _ = w.Write([]byte(body))
+	return opsmux.Handler(s.opts.Metrics,
+		opsmux.Check{Reason: "draining", Failing: s.draining.Load},
+		opsmux.Check{Reason: "tiers not synced yet", Failing: func() bool { return !s.lim.Tiers().IsSynced() }},
+		opsmux.Check{Reason: "redis has not answered yet", Failing: func() bool { return s.opts.RedisAnswered != nil && !s.opts.RedisAnswered() }},
+	)
 }

@@ -1,9 +1,6 @@
 package chart
 
 import (
-	"errors"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -48,26 +45,7 @@ func TestProxyMode(t *testing.T) {
 		t.Errorf("JWKS: mounted %v, from ConfigMap llm-jwks %v; want both", mounted, fromConfigMap)
 	}
 
-	cm := find(t, objs, "ConfigMap", "limiter")
-	data, _, _ := unstructured.NestedString(cm.Object, "data", "limiter.yaml")
-	path := filepath.Join(t.TempDir(), "limiter.yaml")
-	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	for _, env := range os.Environ() {
-		if name, _, _ := strings.Cut(env, "="); strings.HasPrefix(name, config.EnvPrefix) {
-			t.Setenv(name, "")
-		}
-	}
-	t.Setenv(config.EnvConfig, path)
-	cfg, err := config.Load(config.LoadOptions{Command: config.CommandProxy, NamespaceFile: filepath.Join(t.TempDir(), "none")})
-	for _, e := range leafErrors(err) {
-		var ke *config.KeyError
-		if errors.As(e, &ke) && strings.HasPrefix(ke.Problem, "must name a readable file") {
-			continue // the JWKS the pod mounts
-		}
-		t.Errorf("limiter proxy refuses the rendered config: %v\n%s", e, data)
-	}
+	cfg := loadRendered(t, objs, config.CommandProxy)
 	if cfg.Proxy.Upstream != "http://vllm.inference.svc:8000" || cfg.Proxy.Listen != ":8000" ||
 		cfg.Identity.JWT.JWKSFile != "/etc/limiter/jwks/jwks.json" || cfg.Identity.JWT.Audience != "llm" {
 		t.Errorf("rendered proxy config %+v, identity %+v; want the values", cfg.Proxy, cfg.Identity)

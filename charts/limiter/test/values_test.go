@@ -258,27 +258,7 @@ func TestEveryValueDocumented(t *testing.T) {
 func TestConfigFileLoads(t *testing.T) {
 	for _, vs := range valueSets {
 		t.Run(vs.name, func(t *testing.T) {
-			objs := render(t, vs.files)
-			cm := find(t, objs, "ConfigMap", "limiter")
-			data, _, _ := unstructured.NestedString(cm.Object, "data", "limiter.yaml")
-			path := filepath.Join(t.TempDir(), "limiter.yaml")
-			if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			for _, env := range os.Environ() {
-				if name, _, _ := strings.Cut(env, "="); strings.HasPrefix(name, config.EnvPrefix) {
-					t.Setenv(name, "")
-				}
-			}
-			t.Setenv(config.EnvConfig, path)
-			cfg, err := config.Load(config.LoadOptions{NamespaceFile: filepath.Join(t.TempDir(), "none")})
-			for _, e := range leafErrors(err) {
-				var ke *config.KeyError
-				if errors.As(e, &ke) && strings.HasPrefix(ke.Problem, "must name a readable file") {
-					continue // a Secret the pod mounts
-				}
-				t.Errorf("the limiter refuses the rendered config: %v\n%s", e, data)
-			}
+			cfg := loadRendered(t, render(t, vs.files), config.CommandServe)
 			if cfg.Tiers.Source != config.SourceKubernetes || cfg.Tiers.Namespace != namespace {
 				t.Errorf("tiers: got source %q namespace %q, want kubernetes in %q", cfg.Tiers.Source, cfg.Tiers.Namespace, namespace)
 			}
@@ -287,6 +267,35 @@ func TestConfigFileLoads(t *testing.T) {
 			}
 		})
 	}
+}
+
+// loadRendered loads the config file of the rendered ConfigMap as `limiter
+// command` does, with no LIMITER_ variable set and no namespace file, and
+// fails t for each error it finds but a missing file the pod mounts (a
+// Secret, the JWKS ConfigMap): not here.
+func loadRendered(t *testing.T, objs []*unstructured.Unstructured, command string) config.Config {
+	t.Helper()
+	cm := find(t, objs, "ConfigMap", "limiter")
+	data, _, _ := unstructured.NestedString(cm.Object, "data", "limiter.yaml")
+	path := filepath.Join(t.TempDir(), "limiter.yaml")
+	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, env := range os.Environ() {
+		if name, _, _ := strings.Cut(env, "="); strings.HasPrefix(name, config.EnvPrefix) {
+			t.Setenv(name, "")
+		}
+	}
+	t.Setenv(config.EnvConfig, path)
+	cfg, err := config.Load(config.LoadOptions{Command: command, NamespaceFile: filepath.Join(t.TempDir(), "none")})
+	for _, e := range leafErrors(err) {
+		var ke *config.KeyError
+		if errors.As(e, &ke) && strings.HasPrefix(ke.Problem, "must name a readable file") {
+			continue // mounted in the pod
+		}
+		t.Errorf("limiter %s refuses the rendered config: %v\n%s", command, e, data)
+	}
+	return cfg
 }
 
 // leafErrors flattens the errors.Join tree of Load into its KeyErrors (and
