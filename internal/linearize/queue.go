@@ -38,10 +38,13 @@ const (
 	Free
 	// Observe: the queue was read; Queue holds it, first served first.
 	Observe
+	// Take: an acquire was granted at once, without waiting (pool
+	// histories: see PoolOp).
+	Take
 )
 
 func (k QueueKind) String() string {
-	return [...]string{"join", "grant", "leave", "free", "observe"}[k]
+	return [...]string{"join", "grant", "leave", "free", "observe", "take"}[k]
 }
 
 // QueueOp is one operation of a queue history.

@@ -89,14 +89,14 @@ func (q *scopeQueue) nudge() {
 	}
 }
 
-// woke takes a wake-up of the user's channel: ids are the stream ids it
-// names, "" for any.
+// woke takes a wake-up of the scope's channel: ids are the ticket ids it
+// names, one a line (see wake), "" for any.
 func (q *scopeQueue) woke(ids string) {
 	q.mu.Lock()
 	if ids == "" {
 		q.wokenAll = true
 	} else {
-		q.woken = append(q.woken, strings.Fields(ids)...)
+		q.woken = append(q.woken, strings.Split(ids, "\n")...)
 	}
 	q.mu.Unlock()
 	q.nudge()

@@ -17,8 +17,8 @@ import (
 // their next poll. A wake-up may be lost: it only hastens what the poll
 // does anyway.
 type wakeBus interface {
-	// subscribe calls wake with the stream ids of each wake-up published
-	// on channel (space-separated; "" when any waiter of the user should
+	// subscribe calls wake with the ticket ids of each wake-up published
+	// on channel (one a line; "" when any waiter of the scope should
 	// look), and with "" when the subscription was interrupted (messages
 	// may have been missed), until the returned stop is called; stop
 	// returns once wake will not be called again. wake must not block.
@@ -29,9 +29,11 @@ type wakeBus interface {
 }
 
 // wake publishes ids (the tickets owed a slot; none: any waiter) on the
-// wake channel of key, a user key.
+// wake channel of key, a user's or a pool key's slots. The ids go one a
+// line: a pool key's ticket ids hold a space ("<stream> <user>"), and no
+// id holds a line break.
 func (l *Limiter) wake(ctx context.Context, key string, ids ...string) {
-	l.bus.publish(ctx, keys.WakeChannel(key), strings.Join(ids, " "))
+	l.bus.publish(ctx, keys.WakeChannel(key), strings.Join(ids, "\n"))
 }
 
 // shardBus is the wakeBus on Redis: sharded pub/sub (SPUBLISH,
