@@ -178,6 +178,13 @@ func (s *Stream) send(req *extprocv3.ProcessingRequest, matches func(*extprocv3.
 		s.first = false
 	}
 	if err := s.grpc.Send(req); err != nil {
+		if errors.Is(err, io.EOF) {
+			// The server ended the stream (a refusal before any message):
+			// its status comes with the next receive, as gRPC has it.
+			if _, rerr := s.grpc.Recv(); rerr != nil {
+				err = rerr
+			}
+		}
 		return nil, fmt.Errorf("send: %w", err)
 	}
 	type result struct {

@@ -338,7 +338,7 @@ func TestStaticSource(t *testing.T) {
 	static := configFile(t, objs)["tiers"].(map[string]any)["static"]
 	want := []any{
 		map[string]any{"plan": "free", "maxConcurrentStreams": int64(1)},
-		map[string]any{"plan": "paid", "maxConcurrentStreams": int64(3)},
+		map[string]any{"plan": "paid", "maxConcurrentStreams": int64(3), "maxWait": "10s"},
 	}
 	if !reflect.DeepEqual(static, want) {
 		t.Errorf("tiers.static: got %v, want %v", static, want)
