@@ -20,8 +20,12 @@ import (
 )
 
 // screenshotDirEnv, when set, names a directory where the browser test also
-// keeps its screenshots (t.TempDir() is removed after the test).
+// keeps its screenshots. They are always written to t.ArtifactDir(), which
+// go test keeps with -artifacts and removes otherwise.
 const screenshotDirEnv = "LIMITER_TEST_SCREENSHOTS"
+
+// pngSignature opens every PNG file.
+const pngSignature = "\x89PNG\r\n\x1a\n"
 
 // TestAdminPageInChromium drives the admin page in real headless Chromium,
 // on the admin listener (admin.addr, not the API's port): sign in, look up
@@ -33,8 +37,11 @@ const screenshotDirEnv = "LIMITER_TEST_SCREENSHOTS"
 // then look up a pool key whose name holds a '/', see who holds it, set
 // and remove an override of its cap and see it judge the key's streams,
 // see an acquire wait for it, by place and priority, and see failed
-// look-ups hide it. The page must raise no console error
-// (a CSP violation is one).
+// look-ups hide it. Along the way the page explains itself to a new
+// user: where a token comes from, the user's limit (the plan's or the
+// override's), an empty Caller, times in UTC, empty tables; each state is
+// screenshot. The page must raise no console error (a CSP violation is
+// one).
 func TestAdminPageInChromium(t *testing.T) {
 	chromium := testenv.Chromium(t)
 	apiTokens := filepath.Join(t.TempDir(), "api-tokens")
@@ -129,13 +136,17 @@ func TestAdminPageInChromium(t *testing.T) {
 		}
 		return s
 	}
+	artifacts := t.ArtifactDir()
 	shot := func(name string) {
 		t.Helper()
-		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100)) // quality 100: PNG
 		if err != nil {
 			t.Fatalf("screenshot %s: %v", name, err)
 		}
-		path := filepath.Join(dir, name)
+		if len(png) <= len(pngSignature) || !strings.HasPrefix(string(png), pngSignature) {
+			t.Fatalf("screenshot %s: got %d bytes starting %q, want a PNG", name, len(png), png[:min(len(png), 8)])
+		}
+		path := filepath.Join(artifacts, name)
 		if err := os.WriteFile(path, png, 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -152,9 +163,36 @@ func TestAdminPageInChromium(t *testing.T) {
 		}))
 	}
 
-	step("open the page and sign in as the operator",
+	// visible says whether the element of id is shown.
+	visible := func(id string) bool {
+		t.Helper()
+		return eval(`String(document.getElementById(`+jsString(id)+`).offsetParent !== null)`) == "true"
+	}
+	// wantText checks that the element of sel is shown and that its text
+	// as rendered (hidden parts left out, whitespace runs as one space)
+	// holds each of wants.
+	wantText := func(what, sel string, wants ...string) {
+		t.Helper()
+		got := strings.Join(strings.Fields(eval(`document.querySelector(`+jsString(sel)+`).innerText`)), " ")
+		if eval(`String(document.querySelector(`+jsString(sel)+`).offsetParent !== null)`) != "true" {
+			t.Errorf("%s (%s): hidden, want it shown holding %q", what, sel, wants)
+		}
+		for _, want := range wants {
+			if !strings.Contains(got, want) {
+				t.Errorf("%s (%s): got %q, want it to hold %q", what, sel, got, want)
+			}
+		}
+	}
+	utc := regexp.MustCompile(`^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$`)
+
+	step("open the page",
 		chromedp.Navigate(srv.Admin+httpapi.PathAdminPage),
 		chromedp.WaitVisible(chromedp.ID("token")),
+	)
+	// A new user is told where a token comes from.
+	wantText("sign-in help", "#token-help", "admin.tokensFile", "one line per token", "name role token", "viewer", "operator", "Support admin")
+	shot("admin-sign-in.png")
+	step("sign in as the operator",
 		chromedp.SendKeys(chromedp.ID("token"), e2eOperatorToken),
 		chromedp.Click(chromedp.ID("sign-in")),
 		chromedp.WaitVisible(chromedp.ID("app")),
@@ -168,6 +206,9 @@ func TestAdminPageInChromium(t *testing.T) {
 	if got := eval(`document.cookie`); got != "" {
 		t.Errorf("document.cookie: got %q, want none", got)
 	}
+	// Only reads so far, which the recent actions leave out.
+	poll("the empty recent actions say so", `!document.getElementById("no-audit").hidden`)
+	wantText("empty recent actions", "#no-audit", "No changes and no refused calls yet.")
 
 	step("look up the user",
 		chromedp.SendKeys(chromedp.ID("user"), user),
@@ -192,6 +233,14 @@ func TestAdminPageInChromium(t *testing.T) {
 	if !countdown.MatchString(firstAge) || !countdown.MatchString(secondAge) || secondAge <= firstAge {
 		t.Errorf("age: got %q then %q 1.5s later, want m:ss going up", firstAge, secondAge)
 	}
+	// The user's limit: both slots are of plan long, which allows 3.
+	wantText("user's summary", "#slots-card .summary", "2 of 3 live slots")
+	wantText("user's limit", "#limit-note", "Limit 3: plan long's")
+	if visible("over-limit") || visible("user-no-caller") || visible("no-slots") {
+		t.Errorf("2 slots of 3, each with a caller: over-limit %v, no-caller note %v, no-slots %v; want none shown",
+			visible("over-limit"), visible("user-no-caller"), visible("no-slots"))
+	}
+	wantText("no acquire waiting", "#no-queue", "Nobody waiting.")
 	shot("admin-before-release.png")
 
 	// A failed look-up leaves no card of the user shown before: its
@@ -250,9 +299,14 @@ func TestAdminPageInChromium(t *testing.T) {
 	if left := text("#override-left"); !regexp.MustCompile(`^1 day 0:00:\d\d$|^23:59:\d\d$`).MatchString(left) {
 		t.Errorf("override time left: got %q, want about a day (1 day 0:00:ss or 23:59:ss)", left)
 	}
-	if notice := text("#notice"); !strings.HasPrefix(notice, "Override set for "+user+": 5 streams until") {
-		t.Errorf("notice: got %q, want the override confirmed", notice)
+	if notice := text("#notice"); !strings.HasPrefix(notice, "Override set for "+user+": 5 streams until") || !strings.Contains(notice, " UTC · audit id") {
+		t.Errorf("notice: got %q, want the override confirmed, its end in UTC", notice)
 	}
+	if until := text("#override-until"); !utc.MatchString(until) {
+		t.Errorf("override until: got %q, want YYYY-MM-DD hh:mm:ss UTC", until)
+	}
+	wantText("user's summary under an override", "#slots-card .summary", "2 of 5 live slots")
+	wantText("user's limit under an override", "#limit-note", "Limit 5: the override's, whatever the plan", "without it, plan long allows 3")
 	shot("admin-override.png")
 	var listed httpapi.AdminSlotsResponse
 	if status, body := srv.admin(t, "GET", httpapi.AdminUserSlotsPath(user), e2eViewerToken, nil, &listed); status != http.StatusOK ||
@@ -270,6 +324,7 @@ func TestAdminPageInChromium(t *testing.T) {
 	}
 	step("refresh the slots", chromedp.Click(chromedp.ID("refresh-slots")))
 	poll("the user's 5 slots are listed", `document.getElementById("used").textContent === "5"`)
+	wantText("user's summary at the override's limit", "#slots-card .summary", "5 of 5 live slots")
 
 	step("open the removal dialog",
 		chromedp.Click(chromedp.ID("remove-override")),
@@ -281,6 +336,9 @@ func TestAdminPageInChromium(t *testing.T) {
 	if status := acquireAs("after-removal"); status != http.StatusTooManyRequests {
 		t.Errorf("acquire after the override was removed (5 held, plan long allows 3): got %d, want 429", status)
 	}
+	// 5 held, plan long allows 3: the page says the user is over it.
+	poll("the user is shown over the plan's limit", `document.getElementById("limit").textContent === "3"`)
+	wantText("user's summary over the limit", "#slots-card .summary", "5 of 3 live slots", "over the limit")
 
 	// An acquire of plan queued (2 streams, waits up to a minute) waits in
 	// the user's queue: the page lists it, and the time it has waited goes
@@ -303,6 +361,15 @@ func TestAdminPageInChromium(t *testing.T) {
 	if !countdown.MatchString(waitedFirst) || !countdown.MatchString(waitedSecond) || waitedSecond <= waitedFirst {
 		t.Errorf("waited: got %q then %q 1.5s later, want m:ss going up", waitedFirst, waitedSecond)
 	}
+	if since := eval(`document.querySelector("#queue tbody tr").cells[6].textContent`); !utc.MatchString(since) {
+		t.Errorf("waiting since: got %q, want YYYY-MM-DD hh:mm:ss UTC", since)
+	}
+	// Slots of plan long, an acquire of plan queued: no one limit, each
+	// plan's.
+	if visible("used-of") {
+		t.Errorf("summary %q under two plans: want no single limit", text("#slots-card .summary"))
+	}
+	wantText("user's limits by plan", "#limit-note", "Limits by plan: plan long allows 3, plan queued allows 2")
 	shot("admin-queue.png")
 
 	const reason = "ticket 4812: locked out after a crash"
@@ -360,6 +427,28 @@ func TestAdminPageInChromium(t *testing.T) {
 		t.Errorf("slots after the release: got %d %s, want 200 with the waiter's slot and no queue", status, body)
 	}
 
+	// On an open slot API (no api.tokensFile) no caller is recorded. This
+	// server has callers: the page is shown its own answer without them.
+	eval(`window.realFetch = window.fetch;
+		window.fetch = async (...args) => {
+			const resp = await window.realFetch(...args);
+			if (!String(args[0]).endsWith("/slots")) return resp;
+			const data = await resp.json();
+			for (const s of data.slots.concat(data.queue)) delete s.caller;
+			return new Response(JSON.stringify(data), { status: resp.status, headers: resp.headers });
+		};
+		""`)
+	step("refresh the slots, told no caller", chromedp.Click(chromedp.ID("refresh-slots")))
+	poll("the missing caller is explained", `!document.getElementById("user-no-caller").hidden`)
+	wantText("no-caller note", "#user-no-caller", "no caller recorded", "api.tokensFile")
+	if got := eval(`document.querySelector("#slots tbody td.no-caller").title`); !strings.Contains(got, "the slot API was open") {
+		t.Errorf("tooltip of an empty Caller: got %q, want it to say the slot API was open", got)
+	}
+	shot("admin-no-caller.png")
+	eval(`window.fetch = window.realFetch; ""`)
+	step("refresh the slots", chromedp.Click(chromedp.ID("refresh-slots")))
+	poll("the caller is back", `document.getElementById("user-no-caller").hidden && document.querySelector("#slots tbody tr").cells[1].textContent === "chat-api"`)
+
 	// A pool key: the model's name holds a '/', which the page sends
 	// escaped, as one segment.
 	joinLlama := func(u string) int {
@@ -388,6 +477,7 @@ func TestAdminPageInChromium(t *testing.T) {
 	if got := text("#pool-limit"); got != "the pool's cap: 2" {
 		t.Errorf("pool key's cap: got %q, want the pool's cap: 2", got)
 	}
+	wantText("no acquire waiting for the key", "#no-waiters", "Nobody waiting for this key.")
 	rows = eval(`[...document.querySelectorAll("#holders tbody tr")].map(tr => [...tr.cells].slice(0, 5).filter((_, i) => i !== 1).map(td => td.textContent).join("|")).sort().join("\n")`)
 	slices.Sort(holders)
 	if want := holders[0] + "|chat-api|pod-3|long\n" + holders[1] + "|chat-api|pod-3|long"; rows != want {
@@ -459,6 +549,13 @@ func TestAdminPageInChromium(t *testing.T) {
 	if got := text("#waiters tbody tr td.waited"); !countdown.MatchString(got) {
 		t.Errorf("pool key's waiter has waited %q, want m:ss", got)
 	}
+	if since := eval(`document.querySelector("#waiters tbody tr").cells[7].textContent`); !utc.MatchString(since) {
+		t.Errorf("pool key's waiter waiting since: got %q, want YYYY-MM-DD hh:mm:ss UTC", since)
+	}
+	if visible("no-holders") || visible("no-waiters") || visible("pool-no-caller") {
+		t.Errorf("a key with holders and a waiter, each with a caller: no-holders %v, no-waiters %v, no-caller note %v; want none shown",
+			visible("no-holders"), visible("no-waiters"), visible("pool-no-caller"))
+	}
 	shot("admin-pool-waiters.png")
 	stopWaiting()
 	if a := <-poolWaited; a.status == http.StatusOK {
@@ -478,6 +575,22 @@ func TestAdminPageInChromium(t *testing.T) {
 		)
 		poll("the look-up of "+tc.pool+"="+tc.key+" fails and hides the pool key", `document.getElementById("pool-lookup-error").textContent.includes(`+jsString(tc.want)+`) && document.getElementById("pool-card").hidden`)
 	}
+
+	// A user who holds nothing and waits for nothing: the empty tables
+	// say so, and the page says why it shows no limit.
+	step("look up a user with no slots",
+		chromedp.SetValue(chromedp.ID("user"), "page-empty-"+randomID()),
+		chromedp.Click(chromedp.ID("lookup")),
+	)
+	poll("the empty user is shown", `!document.getElementById("slots-card").hidden && document.getElementById("used").textContent === "0" && !document.getElementById("no-slots").hidden`)
+	wantText("no slots held", "#no-slots", "No slots held.")
+	wantText("nobody waiting", "#no-queue", "Nobody waiting.")
+	wantText("empty user's summary", "#slots-card .summary", "0 live slots")
+	wantText("empty user's limit", "#limit-note", "No limit to show: the limit is the plan's of each acquire")
+	if visible("slots") || visible("queue") || visible("used-of") {
+		t.Errorf("empty user: slots table %v, queue table %v, limit %v; want none shown", visible("slots"), visible("queue"), visible("used-of"))
+	}
+	shot("admin-empty-user.png")
 
 	step("sign out, then in as a viewer, who may not release",
 		chromedp.Click(chromedp.ID("sign-out")),

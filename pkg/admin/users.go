@@ -3,6 +3,7 @@ package admin
 import (
 	"cmp"
 	"net/http"
+	"slices"
 
 	"github.com/joishi/limiter/pkg/httpapi"
 	"github.com/joishi/limiter/pkg/limiter"
@@ -24,7 +25,29 @@ func (a *Admin) listSlots(_ http.ResponseWriter, r *http.Request, _ *httpapi.Aud
 	for i, t := range slots.Queue {
 		out.Queue[i] = adminTicket(t)
 	}
+	out.PlanLimits = a.planLimits(slots)
 	return out, nil
+}
+
+// planLimits are the limits of the plans slots holds and waits under,
+// by plan name. A listing cannot tell one limit of the user: the next
+// acquire's plan decides it, so the page shows each plan's.
+func (a *Admin) planLimits(slots limiter.UserSlots) []httpapi.AdminPlanLimit {
+	plans := make([]string, 0, len(slots.Slots)+len(slots.Queue))
+	for _, s := range slots.Slots {
+		plans = append(plans, s.Plan)
+	}
+	for _, t := range slots.Queue {
+		plans = append(plans, t.Plan)
+	}
+	slices.Sort(plans)
+	out := []httpapi.AdminPlanLimit{}
+	for _, plan := range slices.Compact(plans) {
+		if tier, ok := a.lim.Tiers().LookupHeld(plan); ok && plan != "" {
+			out = append(out, httpapi.AdminPlanLimit{Plan: plan, Limit: tier.MaxConcurrentStreams})
+		}
+	}
+	return out
 }
 
 // adminTicket is t as the admin API shows it.

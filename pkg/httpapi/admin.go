@@ -133,6 +133,20 @@ type AdminSlotsResponse struct {
 	// Queue are the acquires waiting for one of the user's slots
 	// (wait_ms), first served first: by priority, then arrival.
 	Queue []AdminTicket `json:"queue"`
+	// PlanLimits are the limits of the plans the user's slots were taken
+	// under and its waiting acquires ask under, by plan name; a plan since
+	// removed shows its last definition, an unknown one is left out. A
+	// user has no one limit: each acquire is judged by its own plan's
+	// (the override's while one is in force) against every slot the user
+	// holds, whatever their plans.
+	PlanLimits []AdminPlanLimit `json:"plan_limits"`
+}
+
+// AdminPlanLimit is one plan's limit: how many streams a user may hold
+// when it acquires under the plan.
+type AdminPlanLimit struct {
+	Plan  string `json:"plan"`
+	Limit int    `json:"limit"`
 }
 
 // AdminTicket is one acquire waiting in a queue: a user's, or a pool

@@ -437,6 +437,25 @@ class AdminSlotsResponse:
     override: Optional[AdminOverride] = None
     """The user's override of the limit in force; absent when none."""
 
+    plan_limits: Optional[List[AdminPlanLimit]] = None
+    """The limits of the plans the user's slots were taken under and its
+    waiting acquires ask under, by plan name; a plan since removed
+    shows its last definition, an unknown one is left out. A user has
+    no one limit: each acquire is judged by its own plan's limit (the
+    `override`'s while one is in force) against every slot the user
+    holds, whatever their plans. Always sent; optional so that a
+    client reads a server older than the field.
+    """
+
+
+@dataclasses.dataclass(frozen=True)
+class AdminPlanLimit:
+    """One plan's limit - how many streams a user may hold when it acquires under the plan."""
+
+    plan: Plan
+    limit: int
+    """The plan's maxConcurrentStreams."""
+
 
 @dataclasses.dataclass(frozen=True)
 class AdminPoolKeyResponse:
@@ -821,6 +840,11 @@ _FIELDS: Dict[type, Tuple[Tuple[str, Any, bool], ...]] = {
         ("slots", ("array", AdminSlot), True),
         ("queue", ("array", AdminTicket), True),
         ("override", AdminOverride, False),
+        ("plan_limits", ("array", AdminPlanLimit), False),
+    ),
+    AdminPlanLimit: (
+        ("plan", "string", True),
+        ("limit", "integer", True),
     ),
     AdminPoolKeyResponse: (
         ("pool", "string", True),

@@ -411,6 +411,25 @@ export interface AdminSlotsResponse {
 
   /** The user's override of the limit in force; absent when none. */
   override?: AdminOverride;
+
+  /**
+   * The limits of the plans the user's slots were taken under and its
+   * waiting acquires ask under, by plan name; a plan since removed
+   * shows its last definition, an unknown one is left out. A user has
+   * no one limit: each acquire is judged by its own plan's limit (the
+   * `override`'s while one is in force) against every slot the user
+   * holds, whatever their plans. Always sent; optional so that a
+   * client reads a server older than the field.
+   */
+  plan_limits?: AdminPlanLimit[];
+}
+
+/** One plan's limit - how many streams a user may hold when it acquires under the plan. */
+export interface AdminPlanLimit {
+  plan: Plan;
+
+  /** The plan's maxConcurrentStreams. */
+  limit: number;
 }
 
 /** Schema AdminPoolKeyResponse of the contract. */
@@ -682,6 +701,7 @@ export interface Schemas {
   PoolLimitReachedResponse: PoolLimitReachedResponse;
   PoolLimitReachedResponseError: PoolLimitReachedResponseError;
   AdminSlotsResponse: AdminSlotsResponse;
+  AdminPlanLimit: AdminPlanLimit;
   AdminPoolKeyResponse: AdminPoolKeyResponse;
   AdminPoolOverrideResponse: AdminPoolOverrideResponse;
   AdminTicket: AdminTicket;
@@ -824,6 +844,11 @@ const FIELDS: { readonly [K in keyof Schemas]: readonly Field[] } = {
     ["slots", { array: { object: "AdminSlot" } }, true],
     ["queue", { array: { object: "AdminTicket" } }, true],
     ["override", { object: "AdminOverride" }, false],
+    ["plan_limits", { array: { object: "AdminPlanLimit" } }, false],
+  ],
+  AdminPlanLimit: [
+    ["plan", "string", true],
+    ["limit", "integer", true],
   ],
   AdminPoolKeyResponse: [
     ["pool", "string", true],

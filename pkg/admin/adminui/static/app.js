@@ -20,7 +20,7 @@
   const $ = (id) => document.getElementById(id);
   let role = "";
   let signedIn = false;
-  let shown = null; // {user, slots, used, queue, override, fetchedAt}
+  let shown = null; // {user, slots, used, queue, override, planLimits, fetchedAt}
   let shownPool = null; // {pool, key, slots (its holders), waiters, used, limit, override, fetchedAt}
   let target = null; // what the override dialogs act on (userTarget, poolTarget)
   let ticker = 0;
@@ -80,12 +80,43 @@
     return td;
   }
 
+  // formatTime shows a time in UTC, as the limiter's logs and the CLI do,
+  // saying so: support compares it with those, not with its own clock.
   function formatTime(iso) {
     const d = new Date(iso);
     if (isNaN(d)) return iso;
     const pad = (n) => String(n).padStart(2, "0");
-    return d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + " " +
-      pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds());
+    return d.getUTCFullYear() + "-" + pad(d.getUTCMonth() + 1) + "-" + pad(d.getUTCDate()) + " " +
+      pad(d.getUTCHours()) + ":" + pad(d.getUTCMinutes()) + ":" + pad(d.getUTCSeconds()) + " UTC";
+  }
+
+  // localTime is the same time in the browser's zone, named, for a
+  // tooltip.
+  function localTime(iso) {
+    const d = new Date(iso);
+    if (isNaN(d)) return "";
+    return d.toLocaleString(undefined, { timeZoneName: "short" }) + " (your browser's time zone)";
+  }
+
+  // timeCell is a cell showing iso in UTC, the browser's time in its
+  // tooltip.
+  function timeCell(iso, cls) {
+    const td = cell(formatTime(iso), cls);
+    td.title = localTime(iso);
+    return td;
+  }
+
+  // NO_CALLER explains a Caller cell with none: an open slot API (no
+  // api.tokensFile) does not know who calls.
+  const NO_CALLER = "No caller recorded: the slot API was open (no api.tokensFile), so the limiter did not know who called.";
+
+  function callerCell(caller) {
+    const td = cell(caller || "—", "nowrap");
+    if (!caller) {
+      td.title = NO_CALLER;
+      td.classList.add("no-caller");
+    }
+    return td;
   }
 
   // formatClock shows whole seconds as [d day(s) ]h:mm:ss, or m:ss under
@@ -183,7 +214,8 @@
       role = res.role || role;
       shown = {
         user: res.data.user_id, slots: res.data.slots, used: res.data.used,
-        queue: res.data.queue || [], override: res.data.override || null, fetchedAt: performance.now(),
+        queue: res.data.queue || [], override: res.data.override || null, planLimits: res.data.plan_limits || [],
+        fetchedAt: performance.now(),
       };
       renderSlots();
     } catch (err) {
@@ -223,7 +255,7 @@
       const age = cell(s.age_ms === undefined ? "—" : "", "age");
       if (s.started_at) age.title = "since " + formatTime(s.started_at);
       if (withUser) tr.append(cell(s.user_id || "—", "mono wrap"));
-      tr.append(cell(s.stream_id, "mono"), cell(s.caller || "—", "nowrap"), cell(s.label || "—", "mono label"),
+      tr.append(cell(s.stream_id, "mono"), callerCell(s.caller), cell(s.label || "—", "mono label"),
         cell(s.plan || "—", "nowrap"), age, left);
       body.append(tr);
     }
@@ -241,8 +273,8 @@
       tr.dataset.stream = q.stream_id;
       tr.append(cell(String(q.place)), cell(String(q.priority), "priority"));
       if (withUser) tr.append(cell(q.user_id || "—", "mono wrap"));
-      tr.append(cell(q.stream_id, "mono"), cell(q.plan || "—", "nowrap"), cell(q.caller || "—", "nowrap"),
-        cell(q.label || "—", "mono label"), cell(formatTime(q.waiting_since), "nowrap"), cell("", "waited"));
+      tr.append(cell(q.stream_id, "mono"), cell(q.plan || "—", "nowrap"), callerCell(q.caller),
+        cell(q.label || "—", "mono label"), timeCell(q.waiting_since, "nowrap"), cell("", "waited"));
       body.append(tr);
     }
     show(table, tickets.length > 0);
@@ -256,6 +288,8 @@
     show($("no-slots"), shown.slots.length === 0);
     fillTickets($("queue"), shown.queue, false);
     show($("no-queue"), shown.queue.length === 0);
+    show($("user-no-caller"), shown.slots.concat(shown.queue).some((s) => !s.caller));
+    renderLimit();
     const operator = role === "operator";
     $("release").disabled = !operator || shown.slots.length === 0;
     $("set-override").disabled = !operator;
@@ -266,6 +300,35 @@
     tick();
   }
 
+  // renderLimit shows what the user's acquires are judged by. A user has
+  // no one limit: each acquire is judged by its own plan's (the
+  // override's while one is in force) against every slot the user holds,
+  // whatever their plans. So the page shows "used of limit" only when the
+  // limit is one: an override, or a single plan held and waited under;
+  // else each plan's.
+  function renderLimit() {
+    const o = shown.override;
+    const plans = shown.planLimits;
+    const byPlan = plans.map((p) => "plan " + p.plan + " allows " + p.limit).join(", ");
+    let limit;
+    let text;
+    if (o) {
+      limit = o.max_concurrent_streams;
+      text = "Limit " + limit + ": the override's, whatever the plan of the acquire" + (byPlan ? " (without it, " + byPlan + ")." : ".");
+    } else if (plans.length === 1) {
+      limit = plans[0].limit;
+      text = "Limit " + limit + ": plan " + plans[0].plan + "'s, the plan of these slots. An acquire under another plan is judged by that plan's limit, counting these slots too.";
+    } else if (plans.length > 1) {
+      text = "Limits by plan: " + byPlan + ". Each acquire is judged by its own plan's limit, counting every slot the user holds.";
+    } else {
+      text = "No limit to show: the limit is the plan's of each acquire, and this user holds no slot and waits under no plan. An override, when set, applies to every plan.";
+    }
+    show($("used-of"), limit !== undefined);
+    $("limit").textContent = limit === undefined ? "" : String(limit);
+    show($("over-limit"), limit !== undefined && shown.used > limit);
+    $("limit-note").textContent = text;
+  }
+
   // renderOverride shows o, an override in force (or none), in the box
   // whose ids start with prefix: "" the user's, "pool-" the pool key's.
   function renderOverride(prefix, o) {
@@ -273,6 +336,7 @@
     if (!o) return;
     $(prefix + "override-limit").textContent = o.max_concurrent_streams + (o.max_concurrent_streams === 1 ? " stream" : " streams");
     $(prefix + "override-until").textContent = formatTime(o.expires_at);
+    $(prefix + "override-until").title = localTime(o.expires_at);
     $(prefix + "override-actor").textContent = o.actor || "—";
     $(prefix + "override-reason").textContent = o.reason;
   }
@@ -362,6 +426,7 @@
     show($("no-holders"), p.slots.length === 0);
     fillTickets($("waiters"), p.waiters, true);
     show($("no-waiters"), p.waiters.length === 0);
+    show($("pool-no-caller"), p.slots.concat(p.waiters).some((s) => !s.caller));
     const operator = role === "operator";
     $("set-pool-override").disabled = !operator || p.limit === undefined;
     $("remove-pool-override").disabled = !operator;
@@ -552,7 +617,10 @@
   function renderAudit(records) {
     const body = $("audit").tBodies[0];
     body.replaceChildren();
-    for (const r of records.filter(worthShowing).slice(0, AUDIT_SHOWN)) {
+    const shownRecords = records.filter(worthShowing).slice(0, AUDIT_SHOWN);
+    show($("audit"), shownRecords.length > 0);
+    show($("no-audit"), shownRecords.length === 0);
+    for (const r of shownRecords) {
       const tr = document.createElement("tr");
       tr.dataset.auditId = r.audit_id;
       const outcome = document.createElement("span");
@@ -562,10 +630,10 @@
       const outcomeCell = cell("");
       outcomeCell.append(outcome);
       tr.append(
-        cell(formatTime(r.time), "nowrap"),
+        timeCell(r.time, "nowrap"),
         cell(r.actor ? r.actor + " (" + r.role + ")" : "—", "nowrap"),
         cell(actionNames[r.action] || r.action, "nowrap"),
-        cell(r.user_id || (r.pool ? r.pool + "=" + r.key : "—"), "mono wrap"),
+        cell(r.user_id || (r.pool ? r.pool + "=" + r.key : "—"), "mono wrap subject"),
         outcomeCell,
         result(r),
         cell(r.reason || "", "wrap"),
