@@ -51,7 +51,7 @@ func startExtProc(cfg config.Config, lim *limiter.Limiter, table *tiers.Table, c
 	ln, err := extproc.Listen(cfg.ExtProc.Addr)
 	if err != nil {
 		holder.Close(context.Background())
-		return nil, err
+		return nil, listenError(err, "extproc.addr")
 	}
 	return func(ctx context.Context) error {
 		defer holder.Close(context.Background())

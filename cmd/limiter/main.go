@@ -99,8 +99,10 @@ Configuration comes from, in increasing precedence: the defaults, the YAML
 file named by --config, the environment, and these flags. Every key of the
 file can be set as LIMITER_<KEY>, upper case with '.' turned into '_'
 (redis.tls.caFile is LIMITER_REDIS_TLS_CAFILE); lists are comma-separated,
-except LIMITER_TIERS_STATIC, a JSON or YAML list. config/limiter.yaml
-documents every key.
+except LIMITER_TIERS_STATIC and LIMITER_POOLS_STATIC, JSON or YAML lists.
+A LIMITER_ variable that is no setting stops the start, but for those of the
+limiter's tools (LIMITER_TEST_*, LIMITER_TOKEN, ...). config/limiter.yaml
+documents every key, and those variables.
 
 With no Redis address, an embedded store is used: it holds this replica's
 slots only, so never run more than one replica on it.

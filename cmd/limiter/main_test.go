@@ -45,10 +45,20 @@ func TestRunExitCodes(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	badTier := filepath.Join(t.TempDir(), "limiter.yaml")
+	if err := os.WriteFile(badTier, []byte("tiers:\n  static:\n    - plan: free\n      maxConcurentStreams: 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
 	badTokens := filepath.Join(t.TempDir(), "api-tokens")
 	if err := os.WriteFile(badTokens, []byte("# callers\nchat s3cr3t-short free\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	adminTokens := filepath.Join(t.TempDir(), "admin-tokens")
+	if err := os.WriteFile(adminTokens, []byte("ops operator s3cr3t-0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	inUse := busy.Addr().String() + ": bind: address already in use"
 
 	checkRuns(t, []runCase{
 		{"version prints the Go version", []string{"version"}, exitOK, runtime.Version(), ""},
@@ -57,11 +67,39 @@ func TestRunExitCodes(t *testing.T) {
 		{"an unknown command is a usage error", []string{"frobnicate"}, exitUsage, "", `unknown command "frobnicate"`},
 		{"an argument to serve is a usage error", []string{"serve", "now"}, exitUsage, "", `unknown command "now"`},
 		{"an invalid value is a configuration error naming its key", []string{"serve", "--redis-timeout", "-1s"}, exitUsage, "", "redis.timeout: must be > 0 and <= 10s (env LIMITER_REDIS_TIMEOUT, flag --redis-timeout), got -1s"},
-		{"an unknown key in the file is a configuration error", []string{"serve", "--config", badFile}, exitUsage, "", `unknown key "redis.adrs" (did you mean redis.addrs?)`},
+		{"an unknown key in the file is a configuration error", []string{"serve", "--config", badFile}, exitUsage, "", `line 2: unknown key "redis.adrs" (did you mean redis.addrs?)`},
+		{"a misspelt field of a tier names its line and the field meant", []string{"serve", "--config", badTier}, exitUsage, "",
+			`tiers.static[0]: unknown field "maxConcurentStreams" (` + badTier + ` line 4); did you mean "maxConcurrentStreams"?`},
 		{"a bad API tokens file is a configuration error naming the file and the line", append([]string{"serve", "--api-tokens-file", badTokens}, local...), exitUsage, "",
 			"api.tokensFile (env LIMITER_API_TOKENSFILE): " + badTokens + ": line 2: the token (field 2) is 12 characters"},
 		{"the kubernetes tier source without an API server is a failure", append([]string{"serve", "--tiers-source", "kubernetes", "--tiers-namespace", "limits"}, local...), exitFailure, "", "limiter: tiers.source kubernetes: no Kubernetes API server"},
 		{"a listener that cannot start is a failure", []string{"serve", "--http-addr", busy.Addr().String(), "--ops-addr", "127.0.0.1:0"}, exitFailure, "", "http.addr " + busy.Addr().String()},
+		{"the API listener's error names its key, variable and flag", []string{"serve", "--http-addr", busy.Addr().String(), "--ops-addr", "127.0.0.1:0"}, exitFailure, "",
+			"http.addr " + busy.Addr().String() + ": listen tcp " + inUse + " (env LIMITER_HTTP_ADDR, flag --http-addr)"},
+		{"the ops listener's error names its key, variable and flag", []string{"serve", "--http-addr", "127.0.0.1:0", "--ops-addr", busy.Addr().String()}, exitFailure, "",
+			"ops.addr " + busy.Addr().String() + ": listen tcp " + inUse + " (env LIMITER_OPS_ADDR, flag --ops-addr)"},
+		{"the admin listener's error names its key, variable and flag", append([]string{"serve", "--admin-tokens-file", adminTokens, "--admin-addr", busy.Addr().String()}, local...), exitFailure, "",
+			"admin.addr " + busy.Addr().String() + ": listen tcp " + inUse + " (env LIMITER_ADMIN_ADDR, flag --admin-addr)"},
+		{"the ext_proc listener's error names its key, variable and flag", append([]string{"serve", "--extproc-addr", busy.Addr().String()}, local...), exitFailure, "",
+			"extproc.addr " + busy.Addr().String() + ": listen tcp " + inUse + " (env LIMITER_EXTPROC_ADDR, flag --extproc-addr)"},
+	})
+}
+
+// A LIMITER_ variable that is no setting stops the start, as a
+// configuration error, naming the setting meant; those of the limiter's
+// tools do not.
+func TestUnknownVariablesStopTheStart(t *testing.T) {
+	t.Setenv("KUBECONFIG", filepath.Join(t.TempDir(), "absent"))
+	t.Setenv("LIMITER_REDIS_ADDR", "127.0.0.1:1")
+	// `limiter admin`'s variables are no settings, and left alone: were
+	// they named, they would come before LIMITER_REDIS_ADDR.
+	t.Setenv(envAdminURL, "http://127.0.0.1:8081")
+	t.Setenv(envAdminToken, "s3cr3t-0123456789abcdef")
+	checkRuns(t, []runCase{
+		{"serve", append([]string{"serve"}, local...), exitUsage, "",
+			"limiter: invalid configuration: environment: LIMITER_REDIS_ADDR is not a setting; did you mean LIMITER_REDIS_ADDRS (redis.addrs)?\n  (every LIMITER_ variable must be a setting"},
+		{"proxy", []string{"proxy", "--upstream", "http://127.0.0.1:1", "--listen", "127.0.0.1:0", "--ops-addr", "127.0.0.1:0"}, exitUsage, "",
+			"LIMITER_REDIS_ADDR is not a setting; did you mean LIMITER_REDIS_ADDRS (redis.addrs)?"},
 	})
 }
 

@@ -2,7 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"syscall"
 
 	"github.com/joishi/limiter/pkg/config"
 	"github.com/joishi/limiter/pkg/hold"
@@ -37,7 +42,8 @@ For each request on a limited route (--routes; default every path):
     client leaves, the upstream fails or the handler panics
 On SIGTERM it stops accepting, lets streams finish for up to
 http.shutdownGrace, cuts what remains and releases its slots, and exits.
-/healthz, /readyz and /metrics are on --ops-addr.
+/healthz, /readyz and /metrics are on --ops-addr (default :9092, apart from
+serve's :9090, so that both can run on one host).
 
 Configuration: as for serve, the defaults, then --config's YAML file, then
 LIMITER_<KEY> environment variables, then these flags (config/limiter.yaml
@@ -100,7 +106,31 @@ func runProxy(ctx context.Context, cfg config.Config, deps serveDeps) error {
 		if err != nil {
 			return fmt.Errorf("%w: %w", config.ErrInvalid, err)
 		}
-		return p.Run(ctx, proxy.Listeners{Proxy: cfg.Proxy.Listen, Ops: cfg.Ops.Addr,
+		err = p.Run(ctx, proxy.Listeners{Proxy: cfg.Proxy.Listen, Ops: cfg.Ops.Addr,
 			ReadHeaderTimeout: cfg.HTTP.ReadHeaderTimeout, IdleTimeout: cfg.HTTP.IdleTimeout}, cfg.HTTP.ShutdownGrace)
+		return upstreamHint(listenError(err, "proxy.listen", "ops.addr"), cfg)
 	})
+}
+
+// upstreamHint explains a proxy.listen taken by the upstream itself, on
+// this host: vLLM listens on :8000 by default, as the proxy does.
+func upstreamHint(err error, cfg config.Config) error {
+	if !errors.Is(err, syscall.EADDRINUSE) || !strings.HasPrefix(err.Error(), "proxy.listen ") {
+		return err
+	}
+	u, perr := url.Parse(cfg.Proxy.Upstream)
+	_, listenPort, serr := net.SplitHostPort(cfg.Proxy.Listen)
+	if perr != nil || serr != nil {
+		return err
+	}
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	}
+	ip := net.ParseIP(u.Hostname())
+	local := u.Hostname() == "localhost" || (ip != nil && (ip.IsLoopback() || ip.IsUnspecified()))
+	if port != listenPort || !local {
+		return err
+	}
+	return fmt.Errorf("%w; the upstream %s is likely what listens there (vLLM, like the proxy, defaults to :8000): give the proxy another port", err, cfg.Proxy.Upstream)
 }

@@ -16,6 +16,7 @@ func TestProxyCommandLine(t *testing.T) {
 	}
 	defer busy.Close()
 	listen := []string{"--listen", "127.0.0.1:0", "--ops-addr", "127.0.0.1:0"}
+	inUse := busy.Addr().String() + ": bind: address already in use"
 	checkRuns(t, []runCase{
 		{"--help names each flag's env var and default", []string{"proxy", "--help"}, exitOK, "(env LIMITER_PROXY_UPSTREAM) (default none: required)", ""},
 		{"no upstream is a configuration error", append([]string{"proxy"}, listen...), exitUsage, "", "proxy.upstream: is required"},
@@ -23,6 +24,13 @@ func TestProxyCommandLine(t *testing.T) {
 		{"a JWT without its issuer", append([]string{"proxy", "--upstream", "http://x", "--jwt-jwks-url", "https://auth/jwks", "--jwt-audience", "a"}, listen...), exitUsage, "", "identity.jwt.issuer: is required"},
 		{"serve's own flags are not the proxy's", []string{"proxy", "--http-addr", ":1"}, exitUsage, "", "unknown flag: --http-addr"},
 		{"a listener that cannot start is a failure", []string{"proxy", "--upstream", "http://127.0.0.1:1", "--listen", busy.Addr().String(), "--ops-addr", "127.0.0.1:0"}, exitFailure, "", "proxy.listen " + busy.Addr().String()},
+		{"the proxy listener's error names its key, variable and flag", []string{"proxy", "--upstream", "http://127.0.0.1:1", "--listen", busy.Addr().String(), "--ops-addr", "127.0.0.1:0"}, exitFailure, "",
+			"proxy.listen " + busy.Addr().String() + ": listen tcp " + inUse + " (env LIMITER_PROXY_LISTEN, flag --listen)\n"},
+		{"the ops listener's error names its key, variable and flag", []string{"proxy", "--upstream", "http://127.0.0.1:1", "--listen", "127.0.0.1:0", "--ops-addr", busy.Addr().String()}, exitFailure, "",
+			"ops.addr " + busy.Addr().String() + ": listen tcp " + inUse + " (env LIMITER_OPS_ADDR, flag --ops-addr)"},
+		{"a listen port taken by the upstream on this host says so", []string{"proxy", "--upstream", "http://" + busy.Addr().String(), "--listen", busy.Addr().String(), "--ops-addr", "127.0.0.1:0"}, exitFailure, "",
+			"(env LIMITER_PROXY_LISTEN, flag --listen); the upstream http://" + busy.Addr().String() + " is likely what listens there (vLLM, like the proxy, defaults to :8000)"},
+		{"--help states the proxy's own ops port", []string{"proxy", "--help"}, exitOK, `(env LIMITER_OPS_ADDR) (default ":9092")`, ""},
 	})
 }
 

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"strings"
 
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/config"
@@ -67,6 +69,7 @@ func runServe(ctx context.Context, cfg config.Config, deps serveDeps) error {
 			extErr <- nil
 		}
 		err = srv.Run(runCtx, server.Listeners{API: cfg.HTTP.Addr, Ops: cfg.Ops.Addr, Admin: cfg.Admin.Addr, TLS: cfg.HTTP.TLS.Files(), Timeouts: cfg.HTTP.Timeouts()}, cfg.HTTP.ShutdownGrace)
+		err = listenError(err, "http.addr", "ops.addr", "admin.addr")
 		stopRun(nil)
 		return errors.Join(err, <-extErr)
 	})
@@ -108,6 +111,24 @@ func runServing(ctx context.Context, cfg config.Config, deps serveDeps, starting
 	err = run(ctx, serving{logger: logger, tables: tables, engine: eng, fail: fail})
 	if cause := context.Cause(ctx); errors.Is(cause, errTierWatchStopped) {
 		return cause
+	}
+	return err
+}
+
+// listenError adds, to the error of a listener that could not open, the
+// environment variable and flag of the key of its address, as a
+// configuration error names them. pkg/server, pkg/proxy and pkg/extproc
+// start such an error with the key ("ops.addr :9090: listen tcp :9090:
+// bind: address already in use"); keys are those it may be.
+func listenError(err error, keys ...string) error {
+	var op *net.OpError
+	if !errors.As(err, &op) || op.Op != "listen" {
+		return err
+	}
+	for _, k := range keys {
+		if strings.HasPrefix(err.Error(), k+" ") {
+			return fmt.Errorf("%w (%s)", err, config.Sources(k))
+		}
 	}
 	return err
 }

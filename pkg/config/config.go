@@ -99,9 +99,16 @@ type API struct {
 
 // Ops is the listener of /healthz, /readyz and /metrics.
 type Ops struct {
-	// Addr is the ops listen address, host:port. Default ":9090".
+	// Addr is the ops listen address, host:port. Default ":9090";
+	// DefaultProxyOpsAddr (":9092") for `limiter proxy`.
 	Addr string `mapstructure:"addr"`
 }
+
+// DefaultProxyOpsAddr is the ops listen address of `limiter proxy`. It is
+// neither serve's (:9090) nor :9091, the ext_proc port of the examples and
+// the chart, so that a proxy and a replica can run side by side on one
+// host with their defaults.
+const DefaultProxyOpsAddr = ":9092"
 
 // Redis says where slots are kept.
 type Redis struct {
@@ -254,7 +261,18 @@ func (l Log) SlogLevel() slog.Level {
 	}
 }
 
-// Default returns the configuration used where nothing is set.
+// DefaultFor returns the configuration of command used where nothing is
+// set: Default, with ops.addr DefaultProxyOpsAddr for CommandProxy.
+func DefaultFor(command string) Config {
+	c := Default()
+	if command == CommandProxy {
+		c.Ops.Addr = DefaultProxyOpsAddr
+	}
+	return c
+}
+
+// Default returns the configuration of `limiter serve` used where nothing
+// is set.
 func Default() Config {
 	return Config{
 		HTTP: HTTP{

@@ -7,14 +7,12 @@ import (
 	"time"
 
 	"github.com/go-viper/mapstructure/v2"
-	"github.com/joishi/limiter/pkg/tiers"
-	"go.yaml.in/yaml/v3"
 )
 
 // decodeHook turns what the file, the environment and flags hold into
 // Config's field types.
 func decodeHook() mapstructure.DecodeHookFunc {
-	return mapstructure.ComposeDecodeHookFunc(tierListHook, poolListHook, durationHook, stringListHook)
+	return mapstructure.ComposeDecodeHookFunc(durationHook, stringListHook)
 }
 
 // durationHook parses durations and refuses bare numbers: "timeout: 250"
@@ -53,18 +51,4 @@ func stringListHook(from, to reflect.Type, data any) (any, error) {
 		}
 	}
 	return out, nil
-}
-
-// tierListHook parses a tier list given as one string (the environment's
-// form, LIMITER_TIERS_STATIC): JSON or YAML.
-func tierListHook(from, to reflect.Type, data any) (any, error) {
-	s, ok := data.(string)
-	if !ok || to != reflect.TypeFor[[]tiers.Tier]() {
-		return data, nil
-	}
-	var list []any
-	if err := yaml.Unmarshal([]byte(s), &list); err != nil {
-		return nil, fmt.Errorf("want a JSON or YAML list of tiers, like [{plan: free, maxConcurrentStreams: 1}]: %w", err)
-	}
-	return list, nil
 }

@@ -11,7 +11,7 @@ import (
 )
 
 // ExtProc is the Envoy external processor that `limiter serve` offers
-// beside its HTTP API (README "Behind Envoy / Gateway API").
+// beside its HTTP API (docs/envoy.md).
 type ExtProc struct {
 	// Addr is the gRPC listen address, host:port, of
 	// envoy.service.ext_proc.v3.ExternalProcessor and grpc.health.v1.

@@ -97,7 +97,7 @@ func AddFlags(fs *pflag.FlagSet) { AddCommandFlags(fs, CommandServe) }
 // or CommandProxy) on fs.
 func AddCommandFlags(fs *pflag.FlagSet, command string) {
 	fs.String(FlagConfig, "", fmt.Sprintf("YAML configuration file; environment and flags override it (env %s) (default none)", EnvConfig))
-	def := Default()
+	def := DefaultFor(command)
 	for _, f := range flagSpecs {
 		if f.only != "" && f.only != command {
 			continue

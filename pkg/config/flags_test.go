@@ -87,7 +87,7 @@ func TestFlagsBelongToTheirCommand(t *testing.T) {
 
 func testFlagDefaults(t *testing.T, fs *pflag.FlagSet, command string) {
 	t.Helper()
-	def := Default()
+	def := DefaultFor(command)
 	for _, spec := range specsOf(command) {
 		k, _ := lookupKey(spec.key)
 		got := fs.Lookup(spec.name).DefValue

@@ -77,16 +77,25 @@ func sectionKeys(names []string, section string) []string {
 // nearestKey returns the key most like name, when one is close enough to be
 // a likely typo ("redis.key_prefix", "redis.keyprefx" → redis.keyPrefix).
 func nearestKey(names []string, name string) string {
-	norm := func(s string) string {
-		return strings.NewReplacer("_", "", "-", "").Replace(strings.ToLower(s))
+	if i, ok := nearest(names, name); ok {
+		return names[i]
 	}
-	best, bestDist := "", 3 // more than two edits away is not a typo
-	for _, n := range names {
-		if d := editDistance(norm(n), norm(name)); d < bestDist {
-			best, bestDist = n, d
+	return ""
+}
+
+// nearest returns the index of the name most like name, ignoring case, '_'
+// and '-', when it is at most two edits away (more is not a typo); the
+// first of equals.
+func nearest(names []string, name string) (int, bool) {
+	norm := strings.NewReplacer("_", "", "-", "")
+	target := norm.Replace(strings.ToLower(name))
+	best, bestDist := -1, 3
+	for i, n := range names {
+		if d := editDistance(norm.Replace(strings.ToLower(n)), target); d < bestDist {
+			best, bestDist = i, d
 		}
 	}
-	return best
+	return best, best >= 0
 }
 
 // editDistance is the Levenshtein distance of a and b (bytes).

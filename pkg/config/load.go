@@ -1,11 +1,11 @@
 package config
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"reflect"
-	"slices"
 	"strings"
 
 	"github.com/go-viper/mapstructure/v2"
@@ -34,28 +34,38 @@ type LoadOptions struct {
 	Command string
 }
 
-// Load builds the configuration from, in increasing precedence, Default,
-// the YAML file (--config or LIMITER_CONFIG; none by default), the
-// environment (LIMITER_<KEY>; an empty variable counts as unset) and the
-// flags the user set, then validates it. Lists in the environment are
-// comma-separated (LIMITER_REDIS_ADDRS=a:6379,b:6379), except
-// LIMITER_TIERS_STATIC, which holds a JSON or YAML list of tiers.
+// Load builds the configuration from, in increasing precedence, the
+// defaults of opts.Command (DefaultFor), the YAML file
+// (--config or LIMITER_CONFIG; none by default), the environment
+// (LIMITER_<KEY>; an empty variable counts as unset) and the flags the user
+// set, then validates it. Lists in the environment are comma-separated
+// (LIMITER_REDIS_ADDRS=a:6379,b:6379), except LIMITER_TIERS_STATIC and
+// LIMITER_POOLS_STATIC, which hold a JSON or YAML list.
 //
-// A key in the file that Config does not have is an error. Every error
-// wraps ErrInvalid.
+// A key in the file that Config does not have is an error, naming its
+// line, and so is a LIMITER_ variable that is no setting, but for those of
+// the limiter's tools (LIMITER_TEST_*, LIMITER_TOKEN...: see env.go).
+// Every error wraps ErrInvalid.
 func Load(opts LoadOptions) (Config, error) {
-	cfg := Default()
+	cfg := DefaultFor(opts.Command)
 	v := viper.New()
 	v.SetConfigType("yaml")
 
-	if path := configFile(opts.Flags); path != "" {
-		v.SetConfigFile(path)
-		if err := v.ReadInConfig(); err != nil {
+	var file *configFile
+	if path := configPath(opts.Flags); path != "" {
+		data, err := os.ReadFile(path)
+		if err == nil {
+			err = v.ReadConfig(bytes.NewReader(data))
+		}
+		if err == nil {
+			file, err = parseConfigFile(path, data)
+		}
+		if err != nil {
 			return cfg, fmt.Errorf("%w: reading the config file (flag --%s, env %s): %w", ErrInvalid, FlagConfig, EnvConfig, err)
 		}
-		if err := checkFileKeys(v, path); err != nil {
-			return cfg, err
-		}
+	}
+	if err := errors.Join(checkEnv(os.Environ()), file.checkKeys()); err != nil {
+		return cfg, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 
 	all := configKeys()
@@ -76,7 +86,7 @@ func Load(opts LoadOptions) (Config, error) {
 
 	var errs []error
 	for _, k := range all {
-		if !v.IsSet(k.name) {
+		if isListKey(k.name) || !v.IsSet(k.name) {
 			continue
 		}
 		// Decode into a fresh value: decoding into the default would keep
@@ -91,11 +101,7 @@ func Load(opts LoadOptions) (Config, error) {
 		}
 		k.field(&cfg).Set(val.Elem())
 	}
-	if list, ok, err := filePools(configFile(opts.Flags)); err != nil {
-		errs = append(errs, err)
-	} else if ok {
-		cfg.Pools.Static = list
-	}
+	errs = append(errs, loadLists(&cfg, file)...)
 	if err := errors.Join(errs...); err != nil {
 		return cfg, err
 	}
@@ -111,48 +117,14 @@ func Load(opts LoadOptions) (Config, error) {
 	return cfg, err
 }
 
-// configFile returns the path given by --config, else by LIMITER_CONFIG.
-func configFile(fs *pflag.FlagSet) string {
+// configPath returns the path given by --config, else by LIMITER_CONFIG.
+func configPath(fs *pflag.FlagSet) string {
 	if fs != nil {
 		if f := fs.Lookup(FlagConfig); f != nil && f.Changed {
 			return f.Value.String()
 		}
 	}
 	return os.Getenv(EnvConfig)
-}
-
-// checkFileKeys refuses keys of the file that Config does not have. Read
-// right after the file, before the environment and flags are bound, viper
-// holds only the file's keys.
-func checkFileKeys(v *viper.Viper, path string) error {
-	names := make([]string, 0, len(configKeys()))
-	for _, k := range configKeys() {
-		names = append(names, k.name)
-	}
-	var errs []error
-	fileKeys := v.AllKeys()
-	slices.Sort(fileKeys)
-	for _, fk := range fileKeys {
-		if v.Get(fk) == nil { // "redis:" with nothing under it
-			continue
-		}
-		if _, ok := lookupKey(fk); ok {
-			continue
-		}
-		if section := sectionKeys(names, fk); len(section) > 0 {
-			errs = append(errs, fmt.Errorf("%q is a section, not a value: set its keys (%s)", fk, strings.Join(section, ", ")))
-			continue
-		}
-		hint := ""
-		if near := nearestKey(names, fk); near != "" {
-			hint = fmt.Sprintf(" (did you mean %s?)", near)
-		}
-		errs = append(errs, fmt.Errorf("unknown key %q%s", fk, hint))
-	}
-	if len(errs) == 0 {
-		return nil
-	}
-	return fmt.Errorf("%w: config file %s: %w", ErrInvalid, path, errors.Join(errs...))
 }
 
 // decodeMessage strips mapstructure's preamble from a decoding error.

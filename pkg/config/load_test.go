@@ -18,16 +18,22 @@ import (
 // test, and args as flags.
 func load(t *testing.T, file string, env map[string]string, args ...string) (Config, error) {
 	t.Helper()
+	path := ""
+	if file != "" {
+		path = writeFile(t, "limiter.yaml", file)
+	}
+	return loadFile(t, path, env, args...)
+}
+
+// loadFile is load with the file at path (when not empty).
+func loadFile(t *testing.T, path string, env map[string]string, args ...string) (Config, error) {
+	t.Helper()
 	t.Setenv(EnvConfig, "")
 	t.Setenv("POD_NAMESPACE", "")
 	for k, v := range env {
 		t.Setenv(k, v)
 	}
-	if file != "" {
-		path := filepath.Join(t.TempDir(), "limiter.yaml")
-		if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
-			t.Fatal(err)
-		}
+	if path != "" {
 		args = append([]string{"--config", path}, args...)
 	}
 	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
@@ -219,11 +225,18 @@ func TestLoadRefusesUnknownFileKeys(t *testing.T) {
 		file string
 		want []string
 	}{
-		{"a misspelt key is named, with the key meant", "redis:\n  keyprefx: x\n", []string{`unknown key "redis.keyprefx"`, "did you mean redis.keyPrefix?"}},
+		{"a misspelt key is named, with the key meant", "redis:\n  keyprefx: x\n", []string{`line 2: unknown key "redis.keyprefx"`, "did you mean redis.keyPrefix?"}},
+		{"a key is named as written", "ops:\n  addr: \":1\"\nRedis:\n  KeyPrefx: x\n", []string{`line 4: unknown key "Redis.KeyPrefx" (did you mean redis.keyPrefix?)`}},
 		{"a snake_case key is matched to its camelCase name", "http:\n  shutdown_grace: 5s\n", []string{`unknown key "http.shutdown_grace"`, "did you mean http.shutdownGrace?"}},
-		{"an unknown section is named", "metrics:\n  addr: x\n", []string{`unknown key "metrics.addr"`}},
-		{"a value where a section belongs is named", "redis:\n  tls: true\n", []string{`"redis.tls" is a section`, "redis.tls.enabled"}},
-		{"an unknown field of a tier is named", "tiers:\n  static:\n    - plan: x\n      maxStreams: 3\n", []string{"tiers.static: cannot be read", "maxstreams"}},
+		{"an unknown section is named", "metrics:\n  addr: x\n", []string{`line 2: unknown key "metrics.addr"`}},
+		{"a value where a section belongs is named", "redis:\n  tls: true\n", []string{`line 2: "redis.tls" is a section`, "redis.tls.enabled"}},
+		{"an unknown key under an anchor's merge is named", "x: &base\n  addr: x\nops:\n  <<: *base\n  adr: y\n", []string{`line 2: unknown key "x.addr"`, `line 5: unknown key "ops.adr" (did you mean ops.addr?)`}},
+		{"an unknown field of a tier is named, with the fields there are", "tiers:\n  static:\n    - plan: x\n      maxStreams: 3\n",
+			[]string{`tiers.static[0]: unknown field "maxStreams" (`, "limiter.yaml line 4); the fields of a tier are plan, maxConcurrentStreams, slotTTL, heartbeatInterval, failureMode, maxWait, priority"}},
+		{"a tier field that cannot be read is named, with its line", "tiers:\n  static:\n    - plan: x\n      maxConcurrentStreams: 1\n      slotTTL: 30\n",
+			[]string{"tiers.static[0].slotTTL: cannot be read: 30 has no unit", "limiter.yaml line 5)"}},
+		{"a tier that is no mapping", "tiers:\n  static:\n    - free\n", []string{"tiers.static[0]: must be a mapping of a tier's fields (plan, maxConcurrentStreams", "limiter.yaml line 3)"}},
+		{"a tier list that is no list", "tiers:\n  static:\n    plan: free\n", []string{"tiers.static: must be a list of tiers, like [{plan: free, maxConcurrentStreams: 1}]", "limiter.yaml line 3)"}},
 		{"a duration without a unit is refused", "redis:\n  timeout: 250\n", []string{"redis.timeout: cannot be read", "has no unit", "LIMITER_REDIS_TIMEOUT"}},
 		{"a file that is not YAML is refused", "http: [\n", []string{"reading the config file (flag --config, env LIMITER_CONFIG)"}},
 	}

@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -82,4 +83,59 @@ func TestLoadPoolsNamesWhatIsWrong(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A misspelt field of a tier or pool is named as written, with where it
+// was written (the file's line, or the environment variable) and the
+// field meant.
+func TestLoadNamesMisspeltListFields(t *testing.T) {
+	cases := []struct {
+		name string
+		file string
+		env  map[string]string
+		want string // %s is the file's path
+	}{
+		{"a tier's field in the file",
+			"tiers:\n  static:\n    - plan: free\n      maxConcurrentStreams: 1\n    - plan: paid\n      maxConcurentStreams: 3\n", nil,
+			`tiers.static[1]: unknown field "maxConcurentStreams" (%s line 6); did you mean "maxConcurrentStreams"?`},
+		{"a tier's field in the environment", "",
+			map[string]string{"LIMITER_TIERS_STATIC": `[{"plan":"free","slotTtl":"30s","failuremode":"Closed","maxConcurentStreams":1}]`},
+			`tiers.static[0]: unknown field "maxConcurentStreams" (env LIMITER_TIERS_STATIC); did you mean "maxConcurrentStreams"?`},
+		{"a pool's field in the file", poolsFile + "    - pool: provider\n      kyes: {OpenAI: 64}\n", nil,
+			`pools.static[2]: unknown field "kyes" (%s line 10); did you mean "keys"?`},
+		{"a pool's field in the environment", poolsFile,
+			map[string]string{"LIMITER_POOLS_STATIC": "- pool: model\n  maxWiat: 5s\n"},
+			`pools.static[0]: unknown field "maxWiat" (env LIMITER_POOLS_STATIC); did you mean "maxWait"?`},
+		{"a field of a merged anchor", "tiers:\n  static:\n    - &base\n      plan: free\n      maxConcurrentStream: 1\n    - <<: *base\n      plan: paid\n", nil,
+			`tiers.static[0]: unknown field "maxConcurrentStream" (%s line 5); did you mean "maxConcurrentStreams"?`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := ""
+			if tc.file != "" {
+				path = writeFile(t, "limiter.yaml", tc.file)
+			}
+			_, err := loadFile(t, path, tc.env)
+			want := tc.want
+			if strings.Contains(want, "%s") {
+				want = fmt.Sprintf(want, path)
+			}
+			if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
+				t.Errorf("Load() = %v\nwant ErrInvalid saying %s", err, want)
+			}
+		})
+	}
+}
+
+// A tier may take its fields from another's anchor (<<: *base), the keys
+// of its own winning.
+func TestLoadMergesTierAnchors(t *testing.T) {
+	cfg, err := load(t, "tiers:\n  static:\n    - &base\n      plan: free\n      maxConcurrentStreams: 1\n      failureMode: Closed\n    - <<: *base\n      plan: paid\n", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want(t, "tiers.static", cfg.StaticTiers(), []tiers.Tier{
+		withDefaults(tiers.Tier{Plan: "free", MaxConcurrentStreams: 1, FailureMode: tiers.FailClosed}),
+		withDefaults(tiers.Tier{Plan: "paid", MaxConcurrentStreams: 1, FailureMode: tiers.FailClosed}),
+	})
 }

@@ -209,9 +209,7 @@ func (c Config) validateProxy(v *validator) {
 			v.add("proxy.routes", "each route "+invalid.Problem, strconv.Quote(r))
 		}
 	}
-	if p.UpstreamCAFile != "" {
-		v.readable("proxy.upstreamCAFile", p.UpstreamCAFile)
-	}
+	v.readable("proxy.upstreamCAFile", p.UpstreamCAFile)
 	for _, d := range []struct {
 		key   string
 		value time.Duration
@@ -255,9 +253,7 @@ func (c Config) validateIdentity(v *validator) {
 		}
 		return
 	}
-	if j.JWKSFile != "" {
-		v.readable("identity.jwt.jwksFile", j.JWKSFile)
-	}
+	v.readable("identity.jwt.jwksFile", j.JWKSFile)
 	if j.JWKSURL != "" {
 		if u, err := url.Parse(j.JWKSURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			v.add("identity.jwt.jwksURL", "must be an http:// or https:// URL", strconv.Quote(j.JWKSURL))

@@ -62,6 +62,7 @@ func TestProxyCommandRequiresAnUpstream(t *testing.T) {
 		t.Fatalf("proxy with an upstream: %v", err)
 	}
 	want(t, "proxy.listen", c.Proxy.Listen, ":8000")
+	want(t, "ops.addr", c.Ops.Addr, ":9092")
 	want(t, "proxy.routes", c.Proxy.Routes, []string{"/v1/chat/completions", "/v1/completions"})
 	want(t, "proxy.passAuthorization", c.Proxy.PassAuthorization, false)
 	want(t, "identity.defaultPlan", c.Identity.DefaultPlan, "free")
@@ -71,6 +72,28 @@ func TestProxyCommandRequiresAnUpstream(t *testing.T) {
 	}
 	if _, err := parse("--upstream", "http://vllm:8000", "--ops-addr", ":8000"); err == nil || !strings.Contains(err.Error(), "proxy.listen") {
 		t.Errorf("ops.addr on proxy.listen's port: %v, want an error", err)
+	}
+}
+
+// A proxy and a replica run side by side on one host with their defaults:
+// no listener of the one is on a port of the other's, the ext_proc
+// port of the examples and the chart (:9091) included.
+func TestServeAndProxyDefaultsDoNotCollide(t *testing.T) {
+	serve, proxy := DefaultFor(CommandServe), DefaultFor(CommandProxy)
+	serveAddrs := map[string]string{"http.addr": serve.HTTP.Addr, "ops.addr": serve.Ops.Addr, "admin.addr": serve.Admin.Addr, "extproc.addr (examples)": ":9091"}
+	proxyAddrs := map[string]string{"proxy.listen": proxy.Proxy.Listen, "ops.addr": proxy.Ops.Addr}
+	for sk, sa := range serveAddrs {
+		for pk, pa := range proxyAddrs {
+			if sameListener(sa, pa) {
+				t.Errorf("serve's %s %s and the proxy's %s %s collide", sk, sa, pk, pa)
+			}
+		}
+	}
+	if err := proxy.ValidateProxy(); err == nil || !strings.Contains(err.Error(), "proxy.upstream") {
+		t.Errorf("the proxy's defaults: %v, want only proxy.upstream missing", err)
+	}
+	if err := proxy.Validate(); err != nil {
+		t.Errorf("the proxy's defaults: %v", err)
 	}
 }
 

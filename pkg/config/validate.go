@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/joishi/limiter/pkg/keys"
+	"github.com/joishi/limiter/pkg/tiers"
 )
 
 // Bounds of the validated values.
@@ -70,9 +71,7 @@ func (c Config) Validate() error {
 		}
 	}
 
-	if c.API.TokensFile != "" {
-		v.readable("api.tokensFile", c.API.TokensFile)
-	}
+	v.readable("api.tokensFile", c.API.TokensFile)
 	c.validateListenerTLS(&v)
 
 	c.validateRedis(&v)
@@ -157,9 +156,7 @@ func (c Config) validateRedis(v *validator) {
 			}
 		}
 	}
-	if r.PasswordFile != "" {
-		v.readable("redis.passwordFile", r.PasswordFile)
-	}
+	v.readable("redis.passwordFile", r.PasswordFile)
 	c.validateTLS(v)
 	if r.Timeout <= 0 || r.Timeout > MaxRedisTimeout {
 		v.add("redis.timeout", fmt.Sprintf("must be > 0 and <= %s", MaxRedisTimeout), r.Timeout.String())
@@ -199,15 +196,9 @@ func (c Config) validateTLS(v *validator) {
 	if (t.CertFile == "") != (t.KeyFile == "") {
 		v.add("redis.tls.certFile", "and redis.tls.keyFile must be set together", "")
 	}
-	for _, f := range []struct{ key, path string }{
-		{"redis.tls.caFile", t.CAFile},
-		{"redis.tls.certFile", t.CertFile},
-		{"redis.tls.keyFile", t.KeyFile},
-	} {
-		if f.path != "" {
-			v.readable(f.key, f.path)
-		}
-	}
+	v.readable("redis.tls.caFile", t.CAFile)
+	v.readable("redis.tls.certFile", t.CertFile)
+	v.readable("redis.tls.keyFile", t.KeyFile)
 }
 
 func (c Config) validateListenerTLS(v *validator) {
@@ -223,15 +214,9 @@ func (c Config) validateListenerTLS(v *validator) {
 			v.add("http.tls.clientCAFile", `requires api.tokensFile: it scopes each certificate's name to its plans (a line "name - plans")`, "")
 		}
 	}
-	for _, f := range []struct{ key, path string }{
-		{"http.tls.certFile", t.CertFile},
-		{"http.tls.keyFile", t.KeyFile},
-		{"http.tls.clientCAFile", t.ClientCAFile},
-	} {
-		if f.path != "" {
-			v.readable(f.key, f.path)
-		}
-	}
+	v.readable("http.tls.certFile", t.CertFile)
+	v.readable("http.tls.keyFile", t.KeyFile)
+	v.readable("http.tls.clientCAFile", t.ClientCAFile)
 }
 
 func (c Config) validateStaticTiers(v *validator) {
@@ -240,16 +225,32 @@ func (c Config) validateStaticTiers(v *validator) {
 		v.add("tiers.static", "must hold at least one tier with tiers.source static", "")
 		return
 	}
+	validateStatic(v, "tiers.static", "plan", list)
+}
+
+// staticEntry is an entry of a static list: a tiers.Tier or a pools.Pool.
+type staticEntry interface {
+	// Name is what the entry defines, which no other entry may: its plan
+	// or pool.
+	Name() string
+	// Problems reports every field out of bounds, by its name in the list.
+	Problems() []*tiers.FieldError
+}
+
+// validateStatic checks the entries of list, the list at key, each
+// under its index: every field out of bounds, and a name (the field
+// nameField) an entry before it already defined.
+func validateStatic[E staticEntry](v *validator, key, nameField string, list []E) {
 	seen := map[string]int{}
-	for i, tier := range list {
-		for _, p := range tier.Problems() {
-			v.errs = append(v.errs, &KeyError{Key: "tiers.static", Field: fmt.Sprintf("[%d].%s", i, p.Field), Problem: p.Problem, Got: p.Got, Err: p})
+	for i, e := range list {
+		for _, p := range e.Problems() {
+			v.errs = append(v.errs, &KeyError{Key: key, Field: fmt.Sprintf("[%d].%s", i, p.Field), Problem: p.Problem, Got: p.Got, Err: p})
 		}
-		if first, dup := seen[tier.Plan]; dup && tier.Plan != "" {
-			v.errs = append(v.errs, &KeyError{Key: "tiers.static", Field: fmt.Sprintf("[%d].plan", i),
-				Problem: fmt.Sprintf("%q is already defined by tiers.static[%d]", tier.Plan, first)})
+		if first, dup := seen[e.Name()]; dup && e.Name() != "" {
+			v.errs = append(v.errs, &KeyError{Key: key, Field: fmt.Sprintf("[%d].%s", i, nameField),
+				Problem: fmt.Sprintf("%q is already defined by %s[%d]", e.Name(), key, first)})
 		} else {
-			seen[tier.Plan] = i
+			seen[e.Name()] = i
 		}
 	}
 }
@@ -275,8 +276,12 @@ func (v *validator) listenAddr(key, addr string) {
 	v.add(key, "must be host:port or :port with a port 0-65535", strconv.Quote(addr))
 }
 
-// readable checks that path is a file this process can open.
+// readable checks that path, unless empty (key unset), is a file this
+// process can open.
 func (v *validator) readable(key, path string) {
+	if path == "" {
+		return
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		v.errs = append(v.errs, &KeyError{Key: key, Problem: "must name a readable file: " + err.Error(), Err: err})

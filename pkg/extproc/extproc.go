@@ -20,7 +20,7 @@
 //     releases it too.
 //
 // The processing mode Envoy needs is request headers SEND; everything
-// else is optional (see README "Behind Envoy / Gateway API").
+// else is optional (see docs/envoy.md).
 package extproc
 
 import (

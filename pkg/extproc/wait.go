@@ -15,7 +15,7 @@ import (
 // A request whose user holds every slot of its plan may wait in the
 // user's queue for one (extproc.wait, the holder's Options.Wait; the
 // plan's maxWait caps it). Envoy gives every answer the filter's
-// message_timeout (200ms by default, 1s as the README advises) and then
+// message_timeout (200ms by default, 1s as docs/envoy.md advises) and then
 // gives up on the limiter: with failure_mode_allow the request goes
 // through uncapped, otherwise it fails. So before it waits, the server
 // sends override_message_timeout, the wait plus TimerMargin, which

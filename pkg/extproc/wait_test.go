@@ -132,7 +132,7 @@ func TestAWaitThatRunsOutIsA429(t *testing.T) {
 // client went away) or by closing it (as it does when it gives up on a
 // message timeout), takes the request out of the queue at once. Without
 // max_message_timeout Envoy ignores the extension and gives up after
-// message_timeout: the interplay README "Behind Envoy" warns about.
+// message_timeout: the interplay docs/envoy.md warns about.
 func TestEnvoyEndingTheStreamEndsTheWait(t *testing.T) {
 	for _, tc := range []struct {
 		name string
