@@ -79,6 +79,10 @@ var docSpecs = map[string]docSpec{
 	`curl -s -H 'Content-Type: application/json' -XPOST localhost:8080/v1/slots/heartbeat -d '{"user_id":"ana","plan":"free","stream_id":"chat-1"}'`: {},
 	`curl -si -H 'Content-Type: application/json' -XPOST localhost:8080/v1/slots/acquire -d '{"user_id":"ana","plan":"free"}'`:                       {want: []string{"Retry-After:"}},
 	`curl -s -H 'Content-Type: application/json' -XPOST localhost:8080/v1/slots/release -d '{"user_id":"ana","stream_id":"chat-1"}'`:                 {},
+	// README.md: the clients' install lines.
+	`go get github.com/joishi/limiter/pkg/client`: {how: docNotRun, why: "the module this test is part of; pkg/client's own tests import it"},
+	`pip install ./clients/python`:                {how: docNotRun, why: "TestPythonClientInstall runs it in a fresh virtual environment (no Python registry here: --no-index --no-build-isolation, with Debian's setuptools)"},
+	`npm install ./clients/typescript`:            {how: docNotRun, why: "TestTypeScriptClientInstall runs it from a fresh project and imports the built package"},
 	// README.md: artifacts.
 	`make build`:               {early: true},
 	`go install ./cmd/limiter`: {early: true},

@@ -68,7 +68,7 @@ func runServe(ctx context.Context, cfg config.Config, deps serveDeps) error {
 		} else {
 			extErr <- nil
 		}
-		err = srv.Run(runCtx, server.Listeners{API: cfg.HTTP.Addr, Ops: cfg.Ops.Addr, Admin: cfg.Admin.Addr, TLS: cfg.HTTP.TLS.Files(), Timeouts: cfg.HTTP.Timeouts()}, cfg.HTTP.ShutdownGrace)
+		err = srv.Run(runCtx, server.Listeners{API: apiAddr(cfg, redis.Embedded(), logger), Ops: cfg.Ops.Addr, Admin: cfg.Admin.Addr, TLS: cfg.HTTP.TLS.Files(), Timeouts: cfg.HTTP.Timeouts()}, cfg.HTTP.ShutdownGrace)
 		err = listenError(err, "http.addr", "ops.addr", "admin.addr")
 		stopRun(nil)
 		return errors.Join(err, <-extErr)
@@ -152,4 +152,20 @@ func newLogger(cfg config.Log, out io.Writer) *slog.Logger {
 		return slog.New(slog.NewTextHandler(out, opts))
 	}
 	return slog.New(slog.NewJSONHandler(out, opts))
+}
+
+// apiAddr is where the slot API listens: http.addr, except that an open
+// API (no api.tokensFile) on the embedded store, the try-it default,
+// listens on the loopback interface only when http.addr names no host
+// (":8080"): anyone who can reach it may take and release any user's
+// slots. A host in http.addr ("0.0.0.0:8080") is listened on as given.
+func apiAddr(cfg config.Config, embedded bool, logger *slog.Logger) string {
+	host, port, err := net.SplitHostPort(cfg.HTTP.Addr)
+	if err != nil || host != "" || !embedded || cfg.API.TokensFile != "" {
+		return cfg.HTTP.Addr
+	}
+	addr := net.JoinHostPort("127.0.0.1", port)
+	logger.Info("the API is open (no api.tokensFile) on the embedded store: listening on the loopback interface only; "+
+		"give http.addr a host (0.0.0.0"+cfg.HTTP.Addr+") to serve other machines", "addr", addr)
+	return addr
 }
