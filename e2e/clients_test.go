@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -85,8 +86,8 @@ func startClientServers(t *testing.T) []string {
 	}
 }
 
-// runSuite runs a client's test command with env added and returns its
-// output, failing the test when it fails.
+// runSuite runs a command of a client's (its suite, an install) with env
+// added and returns its output, failing the test when it fails.
 func runSuite(t *testing.T, dir string, env []string, name string, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -118,7 +119,7 @@ func TestPythonClient(t *testing.T) {
 		t.Fatalf("unittest did not close with a plain OK (no test may be skipped):\n%s", out)
 	}
 	t.Logf("unittest ran %s tests", ran[1])
-	for _, name := range []string{
+	wantPassed(t, "unittest", out, `(?m)^%s \(.*\) \.\.\. ok$`, []string{
 		"test_acquire_up_to_the_limit_then_limit_reached",
 		"test_release_frees_the_slot_and_is_idempotent",
 		"test_close_releases_every_lease_and_marks_it_lost",
@@ -132,11 +133,7 @@ func TestPythonClient(t *testing.T) {
 		"test_label_is_recorded_with_the_slot",
 		"test_a_slot_belongs_to_the_caller_that_took_it",
 		"test_pool_key_is_a_cap_shared_by_every_user",
-	} {
-		if !regexp.MustCompile(`(?m)^` + name + ` \(.*\) \.\.\. ok$`).MatchString(out) {
-			t.Errorf("the suite did not pass %s:\n%s", name, out)
-		}
-	}
+	})
 }
 
 // TestTypeScriptClient type-checks and compiles the TypeScript client and
@@ -185,7 +182,7 @@ func TestTypeScriptClient(t *testing.T) {
 	if m := regexp.MustCompile(`(?m)^# pass (\d+)$`).FindStringSubmatch(tap); m != nil {
 		t.Logf("node --test passed %s tests", m[1])
 	}
-	for _, name := range []string{
+	wantPassed(t, "node --test", tap, `(?m)^\s*ok \d+ - %s$`, []string{
 		"acquire up to the limit, then stream_limit_reached with its fields",
 		"release frees the slot and is idempotent",
 		"close releases every lease and marks it lost",
@@ -200,9 +197,210 @@ func TestTypeScriptClient(t *testing.T) {
 		"the label is recorded with the slot",
 		"a slot belongs to the caller that took it",
 		"a pool key is a cap shared by every user",
+	})
+}
+
+// wantPassed checks that out, what the test runner suite printed, reports
+// each test of names passed: line is the regexp of a passing test's line,
+// %s standing for its name.
+func wantPassed(t *testing.T, suite, out, line string, names []string) {
+	t.Helper()
+	for _, name := range names {
+		if !regexp.MustCompile(fmt.Sprintf(line, regexp.QuoteMeta(name))).MatchString(out) {
+			t.Errorf("%s did not pass %q:\n%s", suite, name, out)
+		}
+	}
+}
+
+// debianPython is the interpreter the Python client is installed with: only
+// the distribution's python3 sees Debian's setuptools and wheel, which build
+// it offline (there is no Python package registry to fetch them from).
+const debianPython = "/usr/bin/python3"
+
+// pythonConsumer is an application of the installed Python client: it
+// acquires, is refused a second stream on free (limit 1), and releases by
+// leaving the with block, after which the slot is free again.
+const pythonConsumer = `import os, sys
+import limiter_client
+from limiter_client import Client, LimitReached
+
+user = sys.argv[1]
+with Client(os.environ["LIMITER_TEST_URL"]) as limits:
+    with limits.acquire(user, "free") as lease:
+        try:
+            limits.acquire(user, "free")
+            sys.exit("a second stream on free (limit 1) was granted")
+        except LimitReached as err:
+            print("refused: %s of %s" % (err.used, err.limit))
+    limits.acquire(user, "free").release()
+print("released", lease.stream_id)
+print("imported from", limiter_client.__file__)
+`
+
+// TestPythonClientInstall installs the Python client as its README says,
+// pip install ./clients/python, into a new virtual environment, offline and
+// with Debian's setuptools, then runs an application of it against a real
+// serve.
+func TestPythonClientInstall(t *testing.T) {
+	if err := exec.Command(debianPython, "-c", "import ensurepip, setuptools, wheel").Run(); err != nil {
+		missingTool(t, fmt.Sprintf("%s cannot build the package in a venv (%v)", debianPython, err),
+			"installs python3-venv, python3-setuptools and python3-wheel")
+	}
+	env := append(startClientServers(t), "PYTHONDONTWRITEBYTECODE=1", "PIP_DISABLE_PIP_VERSION_CHECK=1")
+	dir := t.TempDir()
+	// A copy, so that setuptools' build/ and *.egg-info stay out of the clone.
+	src := filepath.Join(dir, "clients", "python")
+	copyClient(t, filepath.Join("..", "clients", "python"), src)
+	venv := filepath.Join(dir, "venv")
+	runSuite(t, dir, env, debianPython, "-m", "venv", "--system-site-packages", venv)
+	runSuite(t, dir, env, filepath.Join(venv, "bin", "pip"), "install", "--no-index", "--no-build-isolation", "./clients/python")
+
+	python := filepath.Join(venv, "bin", "python")
+	// The distribution is named as its package is: limiter-client, limiter_client.
+	if got := strings.TrimSpace(runSuite(t, dir, env, python, "-c", "import importlib.metadata as m; print(m.packages_distributions()['limiter_client'])")); got != "['limiter-client']" {
+		t.Errorf("distributions of the package limiter_client: got %s, want ['limiter-client']", got)
+	}
+	app := filepath.Join(dir, "app")
+	if err := os.MkdirAll(app, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(app, "app.py"), []byte(pythonConsumer), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out := runSuite(t, app, env, python, "app.py", "py-install-"+randomID())
+	wantLines(t, out, `(?m)^refused: 1 of 1$`, `(?m)^released \S+$`,
+		`(?m)^imported from `+regexp.QuoteMeta(venv)+`/lib/python3[.\d]*/site-packages/limiter_client/__init__\.py$`)
+}
+
+// typeScriptConsumer is an application of the installed TypeScript client
+// (an ES module): it acquires, is refused a second stream on free (limit
+// 1), releases, and acquires again.
+const typeScriptConsumer = `import { Client, isLimited } from "@joishi/limiter-client";
+
+const user = process.argv[2];
+const limits = new Client(process.env.LIMITER_TEST_URL);
+const lease = await limits.acquire(user, "free");
+try {
+  await limits.acquire(user, "free").then(
+    () => { throw new Error("a second stream on free (limit 1) was granted"); },
+    (err) => {
+      if (!isLimited(err)) throw err;
+      console.log("refused: " + err.used + " of " + err.limit);
+    },
+  );
+} finally {
+  await lease.release();
+}
+await (await limits.acquire(user, "free")).release();
+await limits.close();
+console.log("released " + lease.streamId);
+console.log("imported from " + import.meta.resolve("@joishi/limiter-client"));
+`
+
+// TestTypeScriptClientInstall installs the TypeScript client as its README
+// says, npm install /path/to/clients/typescript, into a new project (its
+// prepare script builds dist), then runs an application of it against a
+// real serve. npm's cache is LIMITER_TEST_NPM_CACHE (default
+// ~/.cache/limiter/npm-cache), preferred to the registry: after a first run
+// the test needs no network.
+func TestTypeScriptClientInstall(t *testing.T) {
+	node := testenv.Node(t, 20)
+	npm, err := exec.LookPath("npm")
+	if err != nil {
+		missingTool(t, "npm is not installed", "installs it")
+	}
+	cache := os.Getenv("LIMITER_TEST_NPM_CACHE")
+	if cache == "" {
+		home, err := os.UserCacheDir()
+		if err != nil {
+			t.Fatalf("no npm cache: LIMITER_TEST_NPM_CACHE is not set and %v", err)
+		}
+		cache = filepath.Join(home, "limiter", "npm-cache")
+	}
+	env := startClientServers(t)
+	dir := t.TempDir()
+	// A copy, as a fresh clone has it (no node_modules, no dist), outside
+	// the project that installs it.
+	pkg := filepath.Join(dir, "limiter", "clients", "typescript")
+	copyClient(t, filepath.Join("..", "clients", "typescript"), pkg)
+	// What node resolves the linked package to.
+	real, err := filepath.EvalSymlinks(pkg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := filepath.Join(dir, "app")
+	if err := os.MkdirAll(app, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, content := range map[string]string{
+		"package.json": `{"name": "app", "private": true, "type": "module"}` + "\n",
+		"app.js":       typeScriptConsumer,
 	} {
-		if !regexp.MustCompile(`(?m)^\s*ok \d+ - ` + regexp.QuoteMeta(name) + `$`).MatchString(tap) {
-			t.Errorf("node --test did not pass %q:\n%s", name, tap)
+		if err := os.WriteFile(filepath.Join(app, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runSuite(t, app, env, npm, "install", pkg, "--cache", cache, "--prefer-offline",
+		"--foreground-scripts", "--no-audit", "--no-fund", "--loglevel=error")
+	for _, built := range []string{"index.js", "index.d.ts"} {
+		if _, err := os.Stat(filepath.Join(pkg, "dist", "src", built)); err != nil {
+			t.Errorf("npm install did not build dist/src/%s: %v", built, err)
+		}
+	}
+	out := runSuite(t, app, env, node, "app.js", "ts-install-"+randomID())
+	wantLines(t, out, `(?m)^refused: 1 of 1$`, `(?m)^released \S+$`,
+		`(?m)^imported from file://`+regexp.QuoteMeta(real)+`/dist/src/index\.js$`)
+}
+
+// copyClient copies a client's source tree from src to dst, leaving out
+// what installing or testing it adds (node_modules, dist, build,
+// *.egg-info, __pycache__).
+func copyClient(t *testing.T, src, dst string) {
+	t.Helper()
+	err := filepath.WalkDir(src, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, path)
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			switch name := d.Name(); {
+			case name == "node_modules", name == "dist", name == "build", name == "__pycache__", strings.HasSuffix(name, ".egg-info"):
+				return filepath.SkipDir
+			}
+			return os.MkdirAll(filepath.Join(dst, rel), 0o755)
+		}
+		content, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(dst, rel), content, 0o644)
+	})
+	if err != nil {
+		t.Fatalf("copying %s to %s: %v", src, dst, err)
+	}
+}
+
+// missingTool fails the test under LIMITER_TEST_REQUIRE=1 and skips it
+// otherwise, as testenv does for what it finds missing: what names the
+// missing thing, provides what `make test` does about it.
+func missingTool(t *testing.T, what, provides string) {
+	t.Helper()
+	msg := fmt.Sprintf("%s: run `make test`, which %s", what, provides)
+	if testenv.Required() {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+}
+
+// wantLines checks that out matches each of the regexps lines.
+func wantLines(t *testing.T, out string, lines ...string) {
+	t.Helper()
+	for _, line := range lines {
+		if !regexp.MustCompile(line).MatchString(out) {
+			t.Errorf("output does not match %s:\n%s", line, out)
 		}
 	}
 }

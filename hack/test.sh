@@ -59,10 +59,12 @@ LIMITER_REDOCLY=$(bash hack/redocly.sh | tail -n 1); export LIMITER_REDOCLY
 LIMITER_PROMTOOL=$(bash hack/promtool.sh | tail -n 1); export LIMITER_PROMTOOL
 
 # The Python client's suite (e2e/clients_test.go) runs on the distribution's
-# python3; its client needs nothing beyond the standard library.
-if ! command -v python3 >/dev/null; then
-	step "installing python3"
-	apt_install python3
+# python3; its client needs nothing beyond the standard library. Its install
+# test builds the package offline in a venv of /usr/bin/python3, with
+# Debian's setuptools and wheel (ensurepip is python3-venv's).
+if ! command -v python3 >/dev/null || ! /usr/bin/python3 -c 'import ensurepip, setuptools, wheel' 2>/dev/null; then
+	step "installing python3 python3-venv python3-setuptools python3-wheel"
+	apt_install python3 python3-venv python3-setuptools python3-wheel
 fi
 
 # The official OpenAI Node SDK the proxy's e2e tests stream through, as
@@ -77,10 +79,15 @@ export LIMITER_TEST_NODE_MODULES=$npm_dir/node_modules
 
 # The TypeScript compiler and Node's type definitions the TypeScript client
 # is checked and built with (e2e/clients_test.go), as
-# clients/typescript/package-lock.json pins them.
+# clients/typescript/package-lock.json pins them; without the package's
+# scripts, since its prepare (the build) needs the package's own files.
 ts_dir=${LIMITER_TS_NPM_DIR:-$HOME/.cache/limiter/npm-clients-typescript}
-npm_ci "$ts_dir" clients/typescript typescript "the TypeScript compiler"
+npm_config_ignore_scripts=true npm_ci "$ts_dir" clients/typescript typescript "the TypeScript compiler"
 export LIMITER_TEST_TS_NODE_MODULES=$ts_dir/node_modules
+# npm's cache for the test that installs the client from its folder into a
+# new project (e2e/clients_test.go): filled on its first run, then used
+# without asking the registry again.
+export LIMITER_TEST_NPM_CACHE=${LIMITER_NPM_CACHE:-$HOME/.cache/limiter/npm-cache}
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/limiter-test.XXXXXX")
 # Private clusters that testenv.StartCluster starts live here too, so a test
