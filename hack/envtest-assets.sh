@@ -12,6 +12,9 @@
 # With a warm cache the script returns immediately. Binaries are built under a
 # temporary name in the target folder and renamed into place, so an
 # interrupted build never leaves a half-written binary behind.
+#
+# With --cached it builds nothing: it prints the folder and exits 0 when the
+# binaries are cached, and exits 1 otherwise.
 set -euo pipefail
 
 K8S_VERSION="1.37.2"
@@ -33,6 +36,7 @@ if all_present; then
   printf '%s\n' "$DIR"
   exit 0
 fi
+[[ "${1:-}" != --cached ]] || exit 1
 
 command -v go >/dev/null 2>&1 || { log "go not found in PATH"; exit 1; }
 

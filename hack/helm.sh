@@ -7,6 +7,9 @@
 # helm is built from its Go module (no binary downloads) into a cache outside
 # the clone: ${LIMITER_CACHE:-$HOME/.cache/limiter}/bin/helm-<version>/helm.
 # With a warm cache the script returns immediately.
+#
+# With --cached it installs nothing: it prints the path and exits 0 when
+# helm is cached, and exits 1 otherwise.
 set -euo pipefail
 # shellcheck source=hack/lib/install.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/install.sh"
@@ -32,6 +35,7 @@ build() {
 	go_install "$bin_dir" "$ldflags" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 }
 
+answer_cached "$helm" "${1:-}"
 install_once "$bin_dir" "$helm" go build
 
 "$helm" version --short >&2

@@ -8,6 +8,9 @@
 # kube-score is built from its Go module (no binary downloads) into a cache
 # outside the clone: ${LIMITER_CACHE:-$HOME/.cache/limiter}/bin/kube-score-<version>/kube-score.
 # With a warm cache the script returns immediately.
+#
+# With --cached it installs nothing: it prints the path and exits 0 when
+# kube-score is cached, and exits 1 otherwise.
 set -euo pipefail
 # shellcheck source=hack/lib/install.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/install.sh"
@@ -25,6 +28,7 @@ build() {
 		"github.com/zegl/kube-score/cmd/kube-score@$KUBE_SCORE_VERSION"
 }
 
+answer_cached "$kube_score" "${1:-}"
 install_once "$bin_dir" "$kube_score" go build
 
 "$kube_score" version >&2

@@ -9,6 +9,9 @@
 # into a cache outside the clone:
 # ${LIMITER_CACHE:-$HOME/.cache/limiter}/npm/redocly-cli-<version>. With a
 # warm cache the script returns immediately.
+#
+# With --cached it installs nothing: it prints the path and exits 0 when
+# the CLI is cached, and exits 1 otherwise.
 set -euo pipefail
 # shellcheck source=hack/lib/install.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/install.sh"
@@ -30,6 +33,7 @@ build() {
 		"@redocly/cli@$REDOCLY_VERSION" >&2
 }
 
+answer_cached "$redocly" "${1:-}"
 install_once "$prefix" "$redocly" "node npm" build
 
 # On node 20 every run prints a banner about node 20's end of life on

@@ -42,21 +42,18 @@ if [[ ! -x /usr/bin/chromium ]]; then
 	apt_install chromium
 fi
 
-if [[ -f hack/envtest-assets.sh ]]; then
-	step "building envtest binaries (hack/envtest-assets.sh)"
-	assets_out=$(bash hack/envtest-assets.sh)
-	KUBEBUILDER_ASSETS=$(printf '%s\n' "$assets_out" | tail -n 1)
-	export KUBEBUILDER_ASSETS
-	echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS"
-fi
-LIMITER_HELM=$(bash hack/helm.sh | tail -n 1); export LIMITER_HELM # helm for charts/limiter/test, built once
-# The analysers a platform team runs, cached like helm: kube-score on the
-# rendered chart (charts/limiter/test), Redocly's OpenAPI lint on
-# api/openapi.yaml (internal/apitest), and Prometheus's own rule tester,
-# promtool, which the incident drill (e2e) runs on the shipped alert rules.
-LIMITER_KUBE_SCORE=$(bash hack/kube-score.sh | tail -n 1); export LIMITER_KUBE_SCORE
-LIMITER_REDOCLY=$(bash hack/redocly.sh | tail -n 1); export LIMITER_REDOCLY
-LIMITER_PROMTOOL=$(bash hack/promtool.sh | tail -n 1); export LIMITER_PROMTOOL
+# The servers and analysers the tests run, each installed once into
+# ${LIMITER_CACHE:-~/.cache/limiter} by its own script: envtest's
+# kube-apiserver and etcd; helm and kube-score on the rendered chart;
+# Redocly's OpenAPI lint on api/openapi.yaml; Prometheus's rule tester,
+# promtool, on the shipped alert rules. Cold, the builds are most of a run,
+# so they run side by side (hack/lib/install.sh: install_tools).
+install_tools \
+	"KUBEBUILDER_ASSETS|hack/envtest-assets.sh|building kube-apiserver and etcd for the envtest tests (api/v1alpha1, pkg/controller, config/envoy, charts/limiter/test, e2e)" \
+	"LIMITER_HELM|hack/helm.sh|building helm for the chart tests (charts/limiter/test)" \
+	"LIMITER_KUBE_SCORE|hack/kube-score.sh|building kube-score for the chart tests (charts/limiter/test)" \
+	"LIMITER_REDOCLY|hack/redocly.sh|installing Redocly's CLI (npm) for the OpenAPI lint (internal/apitest)" \
+	"LIMITER_PROMTOOL|hack/promtool.sh|installing promtool, Debian's or else built from source, for the alert rule tests (e2e)"
 
 # The Python client's suite (e2e/clients_test.go) runs on the distribution's
 # python3; its client needs nothing beyond the standard library. Its install
