@@ -140,7 +140,7 @@ func TestPythonClient(t *testing.T) {
 // its tests with tsc (strict), then runs them with node --test against real
 // serve processes on real Redis.
 func TestTypeScriptClient(t *testing.T) {
-	node := testenv.Node(t, 20)
+	node := testenv.Node(t, 18)
 	modules := testenv.TypeScriptModules(t)
 	env := startClientServers(t)
 	var caFile string
@@ -304,7 +304,7 @@ console.log("imported from " + import.meta.resolve("@joishi/limiter-client"));
 // ~/.cache/limiter/npm-cache), preferred to the registry: after a first run
 // the test needs no network.
 func TestTypeScriptClientInstall(t *testing.T) {
-	node := testenv.Node(t, 20)
+	node := testenv.Node(t, 18)
 	npm, err := exec.LookPath("npm")
 	if err != nil {
 		missingTool(t, "npm is not installed", "installs it")

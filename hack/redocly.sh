@@ -16,7 +16,9 @@ set -euo pipefail
 # shellcheck source=hack/lib/install.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/install.sh"
 
-REDOCLY_VERSION="2.77.0" # needs node >= 20.19
+# 1.34.5 runs on node >= 18.17: on Debian 12's nodejs (18.19) as on newer
+# ones. The 2.x releases need node >= 20.19, which Debian 12 does not have.
+REDOCLY_VERSION="1.34.5"
 
 cache="${LIMITER_CACHE:-$HOME/.cache/limiter}"
 prefix="$cache/npm/redocly-cli-$REDOCLY_VERSION"
@@ -36,7 +38,5 @@ build() {
 answer_cached "$redocly" "${1:-}"
 install_once "$prefix" "$redocly" "node npm" build
 
-# On node 20 every run prints a banner about node 20's end of life on
-# stderr (the releases after this one need node 22).
 printf 'redocly %s\n' "$("$redocly" --version 2>/dev/null)" >&2
 printf '%s\n' "$redocly"

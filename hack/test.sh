@@ -42,6 +42,13 @@ if [[ ! -x /usr/bin/chromium ]]; then
 	apt_install chromium
 fi
 
+# node and npm, before the tools: Redocly's CLI is an npm package, and the
+# OpenAI SDK and TypeScript client tests run on node.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+	step "installing nodejs npm"
+	apt_install nodejs npm
+fi
+
 # The servers and analysers the tests run, each installed once into
 # ${LIMITER_CACHE:-~/.cache/limiter} by its own script: envtest's
 # kube-apiserver and etcd; helm and kube-score on the rendered chart;
@@ -66,11 +73,7 @@ fi
 
 # The official OpenAI Node SDK the proxy's e2e tests stream through, as
 # e2e/openai/package-lock.json pins it.
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-	step "installing nodejs npm"
-	apt_install nodejs npm
-fi
-npm_dir=${LIMITER_E2E_NPM_DIR:-$HOME/.cache/limiter/npm-e2e-openai}
+npm_dir=${LIMITER_E2E_NPM_DIR:-${LIMITER_CACHE:-$HOME/.cache/limiter}/npm-e2e-openai}
 npm_ci "$npm_dir" e2e/openai openai "the OpenAI Node SDK"
 export LIMITER_TEST_NODE_MODULES=$npm_dir/node_modules
 
@@ -78,13 +81,13 @@ export LIMITER_TEST_NODE_MODULES=$npm_dir/node_modules
 # is checked and built with (e2e/clients_test.go), as
 # clients/typescript/package-lock.json pins them; without the package's
 # scripts, since its prepare (the build) needs the package's own files.
-ts_dir=${LIMITER_TS_NPM_DIR:-$HOME/.cache/limiter/npm-clients-typescript}
+ts_dir=${LIMITER_TS_NPM_DIR:-${LIMITER_CACHE:-$HOME/.cache/limiter}/npm-clients-typescript}
 npm_config_ignore_scripts=true npm_ci "$ts_dir" clients/typescript typescript "the TypeScript compiler"
 export LIMITER_TEST_TS_NODE_MODULES=$ts_dir/node_modules
 # npm's cache for the test that installs the client from its folder into a
 # new project (e2e/clients_test.go): filled on its first run, then used
 # without asking the registry again.
-export LIMITER_TEST_NPM_CACHE=${LIMITER_NPM_CACHE:-$HOME/.cache/limiter/npm-cache}
+export LIMITER_TEST_NPM_CACHE=${LIMITER_NPM_CACHE:-${LIMITER_CACHE:-$HOME/.cache/limiter}/npm-cache}
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/limiter-test.XXXXXX")
 # Private clusters that testenv.StartCluster starts live here too, so a test

@@ -1,6 +1,6 @@
 /**
  * TypeScript client of the limiter: per-user caps on concurrent streams
- * (Node.js 20+, the global fetch, no runtime dependencies).
+ * (Node.js 18.17+, the global fetch, no runtime dependencies).
  *
  * ```ts
  * import { Client, isLimited } from "@joishi/limiter-client";
