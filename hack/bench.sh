@@ -34,9 +34,11 @@
 #                   at full load, then both paced at half of serve's
 #                   pairs/s of that round, for latency (hack/bench/load,
 #                   the two taking turns in 6 slices of each run);
-#                   SSE streams through `limiter proxy`'s handler against the
-#                   same streams straight from the upstream (BenchmarkProxySSE,
-#                   both sides inside); 1,000 waiting acquires against
+#                   SSE streams through `limiter proxy`'s handler, without
+#                   a pool and with one keyed by the body's model, against
+#                   the same streams through a plain httputil.ReverseProxy
+#                   and straight from the upstream (BenchmarkProxySSE, every
+#                   way inside); 1,000 waiting acquires against
 #                   1,000 clients polling once a second, in Redis commands
 #                   and CPU (BenchmarkWaitCost); the same for 1,000
 #                   acquires waiting in the queues of 10 full pool keys

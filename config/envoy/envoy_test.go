@@ -92,8 +92,9 @@ func TestBootstrapParses(t *testing.T) {
 	if mode.GetRequestHeaderMode() != extprocfilterv3.ProcessingMode_SEND {
 		t.Errorf("request_header_mode %v, want SEND: the slot is taken on the request headers", mode.GetRequestHeaderMode())
 	}
-	if mode.GetRequestBodyMode() != extprocfilterv3.ProcessingMode_NONE {
-		t.Errorf("request_body_mode %v, want NONE: the prompt has no business in the limiter", mode.GetRequestBodyMode())
+	// A body: pool source decides on the whole body, in one message.
+	if mode.GetRequestBodyMode() != extprocfilterv3.ProcessingMode_BUFFERED {
+		t.Errorf("request_body_mode %v, want BUFFERED: a body: pool source (model: body:model) reads the whole request body", mode.GetRequestBodyMode())
 	}
 	if m := mode.GetResponseBodyMode(); m == extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED || m == extprocfilterv3.ProcessingMode_BUFFERED {
 		t.Errorf("response_body_mode %v: buffering a stream, or taking over its bytes, is not what the limiter needs", m)

@@ -40,6 +40,7 @@ var envoyGatewayKinds = []string{
 	"gateway.envoyproxy.io_envoyextensionpolicies.yaml",
 	"gateway.envoyproxy.io_backends.yaml",
 	"gateway.envoyproxy.io_envoyproxies.yaml",
+	"gateway.envoyproxy.io_clienttrafficpolicies.yaml",
 }
 
 // Every object of config/envoy/gateway is accepted by a real
@@ -82,7 +83,7 @@ func TestGatewayManifestsAreAccepted(t *testing.T) {
 	for _, o := range objs {
 		kinds[o.GetKind()] = true
 	}
-	for _, want := range []string{"EnvoyExtensionPolicy", "HTTPRoute", "Backend", "ReferenceGrant", "Gateway", "EnvoyProxy", "BackendTLSPolicy"} {
+	for _, want := range []string{"EnvoyExtensionPolicy", "HTTPRoute", "Backend", "ReferenceGrant", "Gateway", "EnvoyProxy", "BackendTLSPolicy", "ClientTrafficPolicy"} {
 		if !kinds[want] {
 			t.Errorf("config/envoy/gateway has no %s", want)
 		}
@@ -113,6 +114,14 @@ func TestGatewayManifestsAreAccepted(t *testing.T) {
 	if _, ok, _ := unstructured.NestedMap(ext, "processingMode", "request"); !ok {
 		t.Error("processingMode.request is absent: Envoy Gateway then sends no request headers, and nothing is limited")
 	}
+	// A body: pool source reads the whole request body, sent in one
+	// message: Buffered, and a client buffer that holds a chat request.
+	if body, _, _ := unstructured.NestedString(ext, "processingMode", "request", "body"); body != "Buffered" {
+		t.Errorf("processingMode.request.body %q, want Buffered: a body: pool source decides on the whole body", body)
+	}
+	if lim, _, _ := unstructured.NestedFieldNoCopy(find(t, objs, "ClientTrafficPolicy").Object, "spec", "connection", "bufferLimit"); fmt.Sprint(lim) != "8Mi" {
+		t.Errorf("the ClientTrafficPolicy's connection.bufferLimit is %v, want 8Mi (extproc's MaxBodyBytes): Envoy Gateway's 32Ki default refuses a long conversation with 413", lim)
+	}
 	if d, _ := time.ParseDuration(ext["messageTimeout"].(string)); d < 350*time.Millisecond {
 		t.Errorf("messageTimeout %v, want at least redis.timeout + 100ms", ext["messageTimeout"])
 	}
@@ -133,6 +142,14 @@ func TestGatewayManifestsAreAccepted(t *testing.T) {
 			proc[0].(map[string]any)["backendRefs"].([]any)[0].(map[string]any)["kind"] = "Deployment"
 			_ = unstructured.SetNestedSlice(o.Object, proc, "spec", "extProc")
 		}, "BackendRefs only supports"},
+		{"an unknown request body processing mode", "EnvoyExtensionPolicy", func(o *unstructured.Unstructured) {
+			proc, _, _ := unstructured.NestedSlice(o.Object, "spec", "extProc")
+			proc[0].(map[string]any)["processingMode"].(map[string]any)["request"] = map[string]any{"body": "Buffer"}
+			_ = unstructured.SetNestedSlice(o.Object, proc, "spec", "extProc")
+		}, "body"},
+		{"a client buffer limit that is no quantity", "ClientTrafficPolicy", func(o *unstructured.Unstructured) {
+			_ = unstructured.SetNestedField(o.Object, "8 MiB", "spec", "connection", "bufferLimit")
+		}, "bufferLimit"},
 		{"an unknown body processing mode", "EnvoyExtensionPolicy", func(o *unstructured.Unstructured) {
 			proc, _, _ := unstructured.NestedSlice(o.Object, "spec", "extProc")
 			proc[0].(map[string]any)["processingMode"].(map[string]any)["response"] = map[string]any{"body": "Sometimes"}

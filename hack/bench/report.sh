@@ -106,6 +106,10 @@ report() {
 	echo "proxy: SSE chat completions (8 chunks) through limiter proxy / straight from the upstream (BenchmarkProxySSE)"
 	line "  streams/s through the proxy / direct" "$(per_round GO 'P/BenchmarkProxySSE/throughput_ratio' | spread %.2f)"
 	line "  time to first chunk through the proxy / direct" "$(per_round GO 'P/BenchmarkProxySSE/ttfb_ratio' | spread %.2f)"
+	echo "proxy / a plain httputil.ReverseProxy to the same upstream, in turns (BenchmarkProxySSE)"
+	line "  streams/s, no pool / plain (goal >= 0.8)" "$(per_round GO 'P/BenchmarkProxySSE/vs_plain_ratio' | spread %.2f)"
+	line "  streams/s, a pool keyed by the body's model / plain" "$(per_round GO 'P/BenchmarkProxySSE/pooled_vs_plain_ratio' | spread %.2f)"
+	line "  streams/s, a pool keyed by the body's model / no pool" "$(per_round GO 'P/BenchmarkProxySSE/pooled_vs_proxied_ratio' | spread %.2f)"
 	echo "heartbeat refresh, Redis' own cost: script (batched) / ZADD XX GT + PEXPIREAT"
 	ratio_line "  time in commands (INFO commandstats)" GO 'R/BenchmarkHeartbeatRefresh/%d/script-redis-us/refresh' GO 'R/BenchmarkHeartbeatRefresh/%d/plain-redis-us/refresh'
 	ratio_line "  server CPU (INFO cpu)" GO 'R/BenchmarkHeartbeatRefresh/%d/script-cpu-us/refresh' GO 'R/BenchmarkHeartbeatRefresh/%d/plain-cpu-us/refresh'
@@ -167,8 +171,13 @@ report() {
 	figure_line "Redis CPU us per refresh: script" %.2f GO 'R/BenchmarkHeartbeatRefresh/%d/script-cpu-us/refresh'
 	figure_line "  plain ZADD XX GT + PEXPIREAT" %.2f GO 'R/BenchmarkHeartbeatRefresh/%d/plain-cpu-us/refresh'
 	figure_line "proxy: time to first chunk added by the proxy, us" %.0f GO 'P/BenchmarkProxySSE/added_ttfb_us'
+	figure_line "  over a plain reverse proxy's, no pool, us" %.0f GO 'P/BenchmarkProxySSE/added_ttfb_vs_plain_us'
+	figure_line "  over a plain reverse proxy's, body-keyed pool, us" %.0f GO 'P/BenchmarkProxySSE/pooled_added_ttfb_vs_plain_us'
+	figure_line "  one library acquire, the goal's round trip, us" %.0f GO 'P/BenchmarkProxySSE/acquire_us'
 	figure_line "proxy: us per stream, direct" %.0f GO 'P/BenchmarkProxySSE/direct_us/stream'
+	figure_line "  through a plain reverse proxy" %.0f GO 'P/BenchmarkProxySSE/plain_us/stream'
 	figure_line "  through the proxy" %.0f GO 'P/BenchmarkProxySSE/proxied_us/stream'
+	figure_line "  through the proxy, body-keyed pool" %.0f GO 'P/BenchmarkProxySSE/pooled_us/stream'
 	figure_line "allocs per HTTP acquire, request and recorder included" %.0f GO 'M/BenchmarkHandlerAllocs/allocs/op'
 	if [[ -n "${SCALE[http-round-s]:-}" ]]; then
 		line "round of $BENCH_SCALE_SLOTS slots over HTTP, s" - "$(printf %.2f "${SCALE[http-round-s]}")"

@@ -8,8 +8,10 @@
 //     message; the first message carries protocol_config;
 //   - request_headers (names lower-cased, values in raw_value,
 //     pseudo-headers included; end_of_stream when there is no body), then,
-//     as the processing mode says, response_headers, response_body chunks
-//     (STREAMED: one per chunk, the last with end_of_stream unless
+//     as the processing mode says, request_body (BUFFERED: the whole body
+//     in one message, with end_of_stream unless trailers follow; STREAMED:
+//     one per chunk), request_trailers, response_headers, response_body
+//     chunks (STREAMED: one per chunk, the last with end_of_stream unless
 //     trailers follow) and response_trailers;
 //   - every message answered by exactly one response of the matching kind,
 //     or an ImmediateResponse, within message_timeout; anything else is
@@ -68,9 +70,11 @@ type Options struct {
 	// override_message_timeout taken. Default 0: overrides are ignored,
 	// as Envoy ignores them without it.
 	MaxMessageTimeout time.Duration
-	// ResponseBodyMode is the response body mode announced in
-	// protocol_config. Default NONE.
-	ResponseBodyMode filterv3.ProcessingMode_BodySendMode
+	// RequestBodyMode and ResponseBodyMode are the body modes announced
+	// in protocol_config. Default NONE. The stream sends what its caller
+	// sends (RequestBody, ResponseBody): the modes only say what Envoy
+	// would.
+	RequestBodyMode, ResponseBodyMode filterv3.ProcessingMode_BodySendMode
 }
 
 // Dial connects to the ext_proc server at addr.
@@ -171,7 +175,7 @@ var ErrTimeout = errors.New("message timeout")
 func (s *Stream) send(req *extprocv3.ProcessingRequest, matches func(*extprocv3.ProcessingResponse) bool) (*extprocv3.ProcessingResponse, error) {
 	if s.first {
 		req.ProtocolConfig = &extprocv3.ProtocolConfiguration{
-			RequestBodyMode:  filterv3.ProcessingMode_NONE,
+			RequestBodyMode:  s.e.opts.RequestBodyMode,
 			ResponseBodyMode: s.e.opts.ResponseBodyMode,
 		}
 		req.MetadataContext = s.Metadata
@@ -247,6 +251,22 @@ func (s *Stream) RequestHeaders(h *corev3.HeaderMap, eos bool) (*extprocv3.Proce
 	return s.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
 		RequestHeaders: &extprocv3.HttpHeaders{Headers: h, EndOfStream: eos}}},
 		func(r *extprocv3.ProcessingResponse) bool { return r.GetRequestHeaders() != nil })
+}
+
+// RequestBody sends a request body message: in BUFFERED mode the whole
+// body, eos set unless trailers follow; in STREAMED mode one chunk, eos on
+// the last.
+func (s *Stream) RequestBody(body []byte, eos bool) (*extprocv3.ProcessingResponse, error) {
+	return s.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+		RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: eos}}},
+		func(r *extprocv3.ProcessingResponse) bool { return r.GetRequestBody() != nil })
+}
+
+// RequestTrailers sends request_trailers (request_trailer_mode SEND).
+func (s *Stream) RequestTrailers(h *corev3.HeaderMap) (*extprocv3.ProcessingResponse, error) {
+	return s.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{
+		RequestTrailers: &extprocv3.HttpTrailers{Trailers: h}}},
+		func(r *extprocv3.ProcessingResponse) bool { return r.GetRequestTrailers() != nil })
 }
 
 // ResponseHeaders sends response_headers; eos says the response has no

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/json"
 	"fmt"
 	"reflect"
 	"strings"
@@ -12,7 +13,7 @@ import (
 // decodeHook turns what the file, the environment and flags hold into
 // Config's field types.
 func decodeHook() mapstructure.DecodeHookFunc {
-	return mapstructure.ComposeDecodeHookFunc(durationHook, stringListHook)
+	return mapstructure.ComposeDecodeHookFunc(durationHook, stringListHook, stringMapHook)
 }
 
 // durationHook parses durations and refuses bare numbers: "timeout: 250"
@@ -49,6 +50,38 @@ func stringListHook(from, to reflect.Type, data any) (any, error) {
 		if item = strings.TrimSpace(item); item != "" {
 			out = append(out, item)
 		}
+	}
+	return out, nil
+}
+
+// stringMapHook reads a map of strings from a string, the environment's
+// form: comma-separated key=value pairs (model=body:model,org=header:X-Org),
+// spaces trimmed, or a JSON object.
+func stringMapHook(from, to reflect.Type, data any) (any, error) {
+	s, ok := data.(string)
+	if !ok || to != reflect.TypeFor[map[string]string]() {
+		return data, nil
+	}
+	out := map[string]string{}
+	if t := strings.TrimSpace(s); strings.HasPrefix(t, "{") {
+		if err := json.Unmarshal([]byte(t), &out); err != nil {
+			return nil, fmt.Errorf("%q is not a JSON object of strings: %v", s, err)
+		}
+		return out, nil
+	}
+	for item := range strings.SplitSeq(s, ",") {
+		if item = strings.TrimSpace(item); item == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(item, "=")
+		if !ok || strings.TrimSpace(k) == "" {
+			return nil, fmt.Errorf("%q is not key=value: write pairs like model=body:model,org=header:X-Org", item)
+		}
+		k = strings.TrimSpace(k)
+		if _, dup := out[k]; dup {
+			return nil, fmt.Errorf("%q is set twice", k)
+		}
+		out[k] = strings.TrimSpace(v)
 	}
 	return out, nil
 }

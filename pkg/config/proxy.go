@@ -6,11 +6,13 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/joishi/limiter/pkg/identity"
+	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/proxy"
 	"github.com/joishi/limiter/pkg/route"
 	"github.com/joishi/limiter/pkg/tiers"
@@ -52,11 +54,17 @@ type Proxy struct {
 	// MaxHeaderBytes bounds a request's headers; larger ones are refused
 	// with 431 and no slot. Default 32768.
 	MaxHeaderBytes int `mapstructure:"maxHeaderBytes"`
+	// MaxBodyBytes bounds the request body the proxy buffers to read a
+	// pool's key from it (identity.pools with a body: source); a larger
+	// body is refused with 413 and no slot. Bodies are buffered only
+	// then, and only on limited routes. 1024 to 268435456 (256 MiB).
+	// Default 8388608 (8 MiB).
+	MaxBodyBytes int64 `mapstructure:"maxBodyBytes"`
 	// LabelHeader names the request header whose value becomes the slot's
 	// label, shown to support beside the stream (a model, a pod, a
-	// request id). The proxy never reads request bodies, so for the model
-	// name a gateway in front puts it in a header. Default
-	// "X-Limiter-Label"; "" records no label.
+	// request id). A request without it is labelled with the key a body:
+	// source of identity.pools read, the model first. Default
+	// "X-Limiter-Label"; "" records no label from a header.
 	LabelHeader string `mapstructure:"labelHeader"`
 	// Wait is how long a request whose user holds every slot of its plan
 	// may wait for one to free up, first come first served across the
@@ -86,6 +94,15 @@ type Identity struct {
 	// payload that Envoy's jwt_authn verified the only source (see
 	// extproc.go).
 	JWTPayload JWTPayload `mapstructure:"jwtPayload"`
+	// Pools say where the proxy and the ext_proc server find the keys of
+	// the pools a request joins: pool → source, one of header:NAME,
+	// claim:NAME (a claim of the verified JWT or JWT payload), value:KEY
+	// (the same key for every request) or body:FIELD (a top-level field of
+	// the JSON request body, which is then buffered). A request without
+	// the header, claim or field joins no key of that pool. In the
+	// environment: pool=source pairs, comma-separated
+	// (model=body:model,org=header:X-Org). Default none.
+	Pools map[string]string `mapstructure:"pools"`
 }
 
 // JWT is the verification of bearer tokens (RS256, ES256, EdDSA).
@@ -119,7 +136,7 @@ func defaultProxy() Proxy {
 		Listen: ":8000", Routes: []string{}, PassAuthorization: true,
 		DialTimeout: proxy.DefaultDialTimeout, TLSHandshakeTimeout: proxy.DefaultTLSHandshakeTimeout,
 		ResponseHeaderTimeout: proxy.DefaultResponseHeaderTimeout, IdleConnTimeout: proxy.DefaultIdleConnTimeout,
-		MaxHeaderBytes: proxy.DefaultMaxHeaderBytes, LabelHeader: proxy.DefaultLabelHeader,
+		MaxHeaderBytes: proxy.DefaultMaxHeaderBytes, MaxBodyBytes: proxy.DefaultMaxBodyBytes, LabelHeader: proxy.DefaultLabelHeader,
 	}
 }
 
@@ -127,7 +144,7 @@ func defaultIdentity() Identity {
 	return Identity{
 		UserHeader: identity.DefaultUserHeader, PlanHeader: identity.DefaultPlanHeader,
 		JWT:        JWT{UserClaim: identity.DefaultUserClaim, Leeway: identity.DefaultLeeway, CacheTTL: identity.DefaultJWKSCacheTTL},
-		JWTPayload: defaultJWTPayload(),
+		JWTPayload: defaultJWTPayload(), Pools: map[string]string{},
 	}
 }
 
@@ -139,6 +156,8 @@ const (
 	MinMaxHeaderBytes = 1 << 10
 	MaxMaxHeaderBytes = 1 << 20
 	MaxJWTLeeway      = 5 * time.Minute
+	MinMaxBodyBytes   = 1 << 10
+	MaxMaxBodyBytes   = 256 << 20
 )
 
 // IdentityOptions returns the options of identity.New.
@@ -151,6 +170,7 @@ func (c Config) IdentityOptions() identity.Options {
 			UserClaim: j.UserClaim, PlanClaim: j.PlanClaim, Leeway: j.Leeway, CacheTTL: j.CacheTTL}
 	}
 	opts.Payload = i.JWTPayload.payloadOptions()
+	opts.Pools, _ = identity.ParsePoolSources(i.Pools) // Validate reported any error
 	return opts
 }
 
@@ -171,7 +191,7 @@ func (c Config) ProxyOptions() (proxy.Options, error) {
 	}
 	return proxy.Options{
 		Upstream: upstream, Routes: append([]string(nil), p.Routes...), StripAuthorization: !p.PassAuthorization,
-		MaxHeaderBytes: p.MaxHeaderBytes, Transport: transport, LabelHeader: p.LabelHeader,
+		MaxHeaderBytes: p.MaxHeaderBytes, MaxBodyBytes: p.MaxBodyBytes, Transport: transport, LabelHeader: p.LabelHeader,
 	}, nil
 }
 
@@ -232,6 +252,9 @@ func (c Config) validateProxy(v *validator) {
 	if p.MaxHeaderBytes < MinMaxHeaderBytes || p.MaxHeaderBytes > MaxMaxHeaderBytes {
 		v.add("proxy.maxHeaderBytes", fmt.Sprintf("must be between %d and %d", MinMaxHeaderBytes, MaxMaxHeaderBytes), strconv.Itoa(p.MaxHeaderBytes))
 	}
+	if p.MaxBodyBytes < MinMaxBodyBytes || p.MaxBodyBytes > MaxMaxBodyBytes {
+		v.add("proxy.maxBodyBytes", fmt.Sprintf("must be between %d and %d (256 MiB)", MinMaxBodyBytes, MaxMaxBodyBytes), strconv.FormatInt(p.MaxBodyBytes, 10))
+	}
 }
 
 func (c Config) validateIdentity(v *validator) {
@@ -244,6 +267,7 @@ func (c Config) validateIdentity(v *validator) {
 	if i.DefaultPlan != "" && !planPattern.MatchString(i.DefaultPlan) {
 		v.add("identity.defaultPlan", "must be a plan name (1-63 of [A-Za-z0-9._-]) or empty", strconv.Quote(i.DefaultPlan))
 	}
+	c.validatePoolSources(v)
 	j := i.JWT
 	if !j.Enabled() {
 		for _, s := range []setting{{"identity.jwt.issuer", j.Issuer != ""}, {"identity.jwt.audience", j.Audience != ""}, {"identity.jwt.planClaim", j.PlanClaim != ""}} {
@@ -286,4 +310,44 @@ func validHeaderName(name string) bool {
 		}
 	}
 	return http.CanonicalHeaderKey(name) != ""
+}
+
+// validatePoolSources checks identity.pools: each source's form, a claim
+// source only where there are claims, and, with the pools in the file,
+// only pools it lists.
+func (c Config) validatePoolSources(v *validator) {
+	i := c.Identity
+	names := make([]string, 0, len(i.Pools))
+	for pool := range i.Pools {
+		names = append(names, pool)
+	}
+	slices.Sort(names)
+	if len(names) > limiter.MaxPools {
+		v.add("identity.pools", fmt.Sprintf("names %d pools; a request joins at most %d", len(names), limiter.MaxPools), strings.Join(names, ", "))
+	}
+	var listed []string
+	for _, p := range c.Pools.Static {
+		listed = append(listed, p.Pool)
+	}
+	for _, pool := range names {
+		spec := i.Pools[pool]
+		s, err := identity.ParsePoolSource(pool, spec)
+		if err != nil {
+			v.add("identity.pools", "pool "+pool+": "+err.Error(), "")
+			continue
+		}
+		if s.Kind == identity.PoolFromClaim && !i.JWT.Enabled() && !i.JWTPayload.Enabled() {
+			v.add("identity.pools", "pool "+pool+": "+spec+" reads a JWT claim, and identities come from headers: set identity.jwt or identity.jwtPayload, or take the key from a header:, value: or body: source", "")
+		}
+		if c.Tiers.Source == SourceStatic && !slices.Contains(listed, pool) {
+			v.add("identity.pools", fmt.Sprintf("pool %s is not in pools.static (%s): list it there, with its caps", pool, orNone(listed)), "")
+		}
+	}
+}
+
+func orNone(names []string) string {
+	if len(names) == 0 {
+		return "which lists none"
+	}
+	return "which lists " + strings.Join(names, ", ")
 }

@@ -1,12 +1,14 @@
 package config
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/joishi/limiter/pkg/pools"
 	"github.com/spf13/pflag"
 )
 
@@ -26,6 +28,24 @@ func TestProxyAndIdentityValidation(t *testing.T) {
 		{"a bad listen address", func(c *Config) { c.Proxy.Listen = "8000" }, "proxy.listen", "host:port"},
 		{"no dial timeout", func(c *Config) { c.Proxy.DialTimeout = 0 }, "proxy.dialTimeout", "must be > 0"},
 		{"tiny header limit", func(c *Config) { c.Proxy.MaxHeaderBytes = 10 }, "proxy.maxHeaderBytes", "between 1024"},
+		{"a body limit one below the least", func(c *Config) { c.Proxy.MaxBodyBytes = MinMaxBodyBytes - 1 }, "proxy.maxBodyBytes", "between 1024 and 268435456"},
+		{"a body limit one above the most", func(c *Config) { c.Proxy.MaxBodyBytes = MaxMaxBodyBytes + 1 }, "proxy.maxBodyBytes", "between 1024 and 268435456"},
+		{"a pool source of no kind", func(c *Config) { c.Identity.Pools = map[string]string{"model": "model"} }, "identity.pools", "pool model: \"model\" is not a source: want header:NAME, claim:NAME, value:KEY or body:FIELD"},
+		{"a pool source of an unknown kind", func(c *Config) { c.Identity.Pools = map[string]string{"model": "query:model"} }, "identity.pools", `unknown kind "query"`},
+		{"five pool sources, one over the most a request joins", func(c *Config) {
+			c.Tiers.Source = SourceKubernetes
+			c.Tiers.Namespace = "default"
+			c.Identity.Pools = map[string]string{"a": "value:a", "b": "value:b", "c": "value:c", "d": "value:d", "e": "value:e"}
+		}, "identity.pools", "names 5 pools; a request joins at most 4"},
+		{"a pool name in capitals", func(c *Config) { c.Identity.Pools = map[string]string{"Model": "body:model"} }, "identity.pools", "invalid pool name"},
+		{"a claim source with header identities", func(c *Config) {
+			c.Pools.Static = []pools.Pool{{Pool: "org"}}
+			c.Identity.Pools = map[string]string{"org": "claim:org_id"}
+		}, "identity.pools", "reads a JWT claim, and identities come from headers"},
+		{"a pool source for a pool not in the file", func(c *Config) {
+			c.Pools.Static = []pools.Pool{{Pool: "org"}}
+			c.Identity.Pools = map[string]string{"model": "body:model"}
+		}, "identity.pools", "pool model is not in pools.static (which lists org)"},
 		{"a label header with a colon", func(c *Config) { c.Proxy.LabelHeader = "X-Model:" }, "proxy.labelHeader", "HTTP header name, or empty for no label"},
 		{"a missing CA file", func(c *Config) { c.Proxy.UpstreamCAFile = "/nonexistent/ca.pem" }, "proxy.upstreamCAFile", "readable file"},
 		{"a header name with a space", func(c *Config) { c.Identity.UserHeader = "X User" }, "identity.userHeader", "HTTP header name"},
@@ -106,5 +126,57 @@ func TestIdentityOptions(t *testing.T) {
 	opts := c.IdentityOptions()
 	if opts.JWT == nil || opts.JWT.JWKSURL != "https://auth/jwks" || opts.JWT.PlanClaim != "plan" || opts.JWT.Leeway != time.Second {
 		t.Errorf("JWT identity options %+v, want the configured JWT", opts.JWT)
+	}
+}
+
+// identity.pools is a map in the file and key=value pairs in the
+// environment, where the source's case is kept (a body field and a claim
+// are case-sensitive).
+func TestIdentityPoolsLoad(t *testing.T) {
+	file := "pools:\n  static:\n    - pool: model\n      keys: {big: 1}\n    - pool: org\n" +
+		"identity:\n  pools:\n    model: body:Model\n    org: header:X-Org\n"
+	c, err := load(t, file, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]string{"model": "body:Model", "org": "header:X-Org"}; !maps.Equal(c.Identity.Pools, want) {
+		t.Errorf("identity.pools from the file = %v; want %v", c.Identity.Pools, want)
+	}
+	sources := c.IdentityOptions().Pools
+	if len(sources) != 2 || sources[0].String() != "body:Model" || sources[1].String() != "header:X-Org" {
+		t.Errorf("IdentityOptions().Pools = %v; want the model's body:Model, then the org's header:X-Org", sources)
+	}
+
+	c, err = load(t, file, map[string]string{"LIMITER_IDENTITY_POOLS": " model=body:model , org=value:acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]string{"model": "body:model", "org": "value:acme"}; !maps.Equal(c.Identity.Pools, want) {
+		t.Errorf("identity.pools from the environment = %v; want %v", c.Identity.Pools, want)
+	}
+	c, err = load(t, file, map[string]string{"LIMITER_IDENTITY_POOLS": `{"model":"header:x-ai-eg-model"}`})
+	if err != nil || !maps.Equal(c.Identity.Pools, map[string]string{"model": "header:x-ai-eg-model"}) {
+		t.Errorf("identity.pools as a JSON object = %v, %v", c.Identity.Pools, err)
+	}
+	for _, bad := range []string{"model", "model=body:model,model=body:x", "=body:model"} {
+		if _, err := load(t, file, map[string]string{"LIMITER_IDENTITY_POOLS": bad}); err == nil || !strings.Contains(err.Error(), "LIMITER_IDENTITY_POOLS") {
+			t.Errorf("LIMITER_IDENTITY_POOLS=%q: %v; want an error naming the variable", bad, err)
+		}
+	}
+	if c, err := load(t, "proxy:\n  maxBodyBytes: 1048576\n", map[string]string{"LIMITER_IDENTITY_POOLS": ""}); err != nil || c.Proxy.MaxBodyBytes != 1<<20 {
+		t.Errorf("proxy.maxBodyBytes: %d, %v; want 1048576", c.Proxy.MaxBodyBytes, err)
+	}
+	if c := Default(); c.Proxy.MaxBodyBytes != 8<<20 {
+		t.Errorf("default proxy.maxBodyBytes %d; want 8 MiB", c.Proxy.MaxBodyBytes)
+	}
+}
+
+// Four pool sources, the most a request joins, are accepted.
+func TestFourPoolSourcesAreAccepted(t *testing.T) {
+	c := Default()
+	c.Tiers.Source, c.Tiers.Namespace = SourceKubernetes, "default"
+	c.Identity.Pools = map[string]string{"a": "value:a", "b": "header:X-B", "c": "body:c", "d": "value:d"}
+	if err := c.Validate(); err != nil {
+		t.Errorf("four pool sources: %v; want none", err)
 	}
 }

@@ -11,6 +11,11 @@
 //     header added for the upstream. With a wait (extproc.wait, the
 //     holder's) the request may first wait in the user's queue, having
 //     extended Envoy's message timer (wait.go).
+//   - request_body, when a pool's key comes from the body (identity
+//     body: sources) and the request has one: the request headers only
+//     resolve the identity (CONTINUE, no slot yet); the body (BUFFERED:
+//     one message; STREAMED: chunks up to MaxBodyBytes, else 413) decides
+//     as above, its answer carrying the stream id; a bad body is 400.
 //   - response_headers, response_body chunks, response_trailers: CONTINUE;
 //     the holder's batched heartbeat keeps the slot alive, a body chunk
 //     marks the stream active, and the response's end of stream (or its
@@ -19,8 +24,9 @@
 //     reset the stream, restarted, or gave up on a message timeout)
 //     releases it too.
 //
-// The processing mode Envoy needs is request headers SEND; everything
-// else is optional (see docs/envoy.md).
+// The processing mode Envoy needs is request headers SEND, and request
+// body BUFFERED with a body: pool source; everything else is optional
+// (see docs/envoy.md).
 package extproc
 
 import (
@@ -43,6 +49,7 @@ import (
 const (
 	DefaultStreamIDHeader   = "x-limiter-stream-id"
 	DefaultPayloadNamespace = "envoy.filters.http.jwt_authn"
+	DefaultMaxBodyBytes     = 8 << 20
 	// DefaultKeepaliveTime is how long a connection may be silent before
 	// the server pings it; DefaultKeepaliveTimeout how long it then waits
 	// for the answer before it closes the connection, and so ends (and
@@ -92,6 +99,11 @@ type Options struct {
 	// answer, MinPingInterval (default 5s) the most often a client may
 	// ping.
 	KeepaliveTime, KeepaliveTimeout, MinPingInterval time.Duration
+	// MaxBodyBytes bounds the request body read to find a pool's key
+	// (identity body: sources); a larger one is refused with 413. Envoy's
+	// own buffer limit (per_connection_buffer_limit_bytes) bounds a
+	// BUFFERED body first. Default 8 MiB.
+	MaxBodyBytes int
 	// Logger receives stream grants and ends, and failures. Default
 	// slog.Default().
 	Logger *slog.Logger
@@ -146,6 +158,9 @@ func New(h *hold.Holder, ident *identity.Resolver, opts Options) (*Server, error
 	}
 	if opts.MinPingInterval <= 0 {
 		opts.MinPingInterval = DefaultMinPingInterval
+	}
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"go.opentelemetry.io/otel/attribute"
@@ -136,18 +137,25 @@ type exchange struct {
 	// gone is closed once Envoy has closed or reset the gRPC stream.
 	gone <-chan struct{}
 
-	st             *hold.Stream // the slot, once granted
+	st             *hold.Stream    // the slot, once granted
+	pending        *pendingAcquire // a request waiting for its body before its slot
 	released       bool
 	lostSeen       bool
 	sawHeaders     bool // request_headers arrived
 	started        bool // response_headers arrived
 	duplexRequest  bool // request body in FULL_DUPLEX_STREAMED mode
 	duplexResponse bool // response body in FULL_DUPLEX_STREAMED mode
+	// requestBodyMode is the request body mode protocol_config announced
+	// (Envoy sends it on the first message); modeKnown is false when it
+	// came without one (an older Envoy).
+	requestBodyMode filterv3.ProcessingMode_BodySendMode
+	modeKnown       bool
 }
 
 // handle answers one message: nil when it needs no answer.
 func (x *exchange) handle(ctx context.Context, req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
 	if pc := req.GetProtocolConfig(); pc != nil { // on the first message only
+		x.requestBodyMode, x.modeKnown = pc.GetRequestBodyMode(), true
 		x.duplexRequest = pc.GetRequestBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
 		x.duplexResponse = pc.GetResponseBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
 	}
@@ -155,14 +163,36 @@ func (x *exchange) handle(ctx context.Context, req *extprocv3.ProcessingRequest)
 	case *extprocv3.ProcessingRequest_RequestHeaders:
 		return x.requestHeaders(ctx, req, r.RequestHeaders)
 	case *extprocv3.ProcessingRequest_RequestBody:
+		if x.pending != nil {
+			return x.requestBody(ctx, r.RequestBody)
+		}
 		if cut := x.cutIfLost(ctx); cut != nil {
 			return cut
 		}
 		return bodyContinue(r.RequestBody, x.duplexRequest, false)
 	case *extprocv3.ProcessingRequest_RequestTrailers:
+		if x.pending != nil { // the body ended with trailers
+			return x.decidePending(ctx, func(...*corev3.HeaderValueOption) *extprocv3.ProcessingResponse { return trailersContinue(false) })
+		}
 		return trailersContinue(false)
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
 		x.noRequestHeaders(ctx)
+		if x.pending != nil {
+			// Envoy sent no request body, or not its end: decided now,
+			// with what came of it, so that the stream is still counted
+			// (and a refusal still replaces the upstream's answer).
+			if len(x.pending.body) == 0 {
+				x.s.modeWarn.Log(ctx, slog.LevelError, "a pool's key comes from the request body, and Envoy sent none: "+
+					"the pools of the body are not applied; set the filter's processing_mode.request_body_mode to BUFFERED")
+			} else {
+				x.s.modeWarn.Log(ctx, slog.LevelError, "a pool's key comes from the request body, and Envoy sent it without its end "+
+					"(trailers followed, and request_trailer_mode is SKIP): the slot was taken at the response headers; "+
+					"set the filter's processing_mode.request_body_mode to BUFFERED")
+			}
+			if resp := x.decidePending(ctx, responseHeadersContinue); x.st == nil || resp == nil {
+				return resp
+			}
+		}
 		if cut := x.cutIfLost(ctx); cut != nil {
 			return cut
 		}
@@ -198,7 +228,9 @@ func (x *exchange) handle(ctx context.Context, req *extprocv3.ProcessingRequest)
 	return nil // flow control only: no answer expected
 }
 
-// requestHeaders decides the stream: identity, then a slot.
+// requestHeaders decides the stream: identity, then a slot; or, when a
+// pool's key comes from the body and one follows, the identity now and
+// the slot at the body (requestBody).
 func (x *exchange) requestHeaders(ctx context.Context, req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
 	s := x.s
 	if x.sawHeaders {
@@ -218,7 +250,31 @@ func (x *exchange) requestHeaders(ctx context.Context, req *extprocv3.Processing
 			return x.refuse(hold.Refused(http.StatusForbidden, hold.TypeInvalidRequest, hold.CodePlanNotAllowed, err.Error()))
 		}
 	}
-	st, res, err := x.acquire(ctx, req, limiter.AcquireRequest{UserID: id.UserID, Plan: id.Plan, Caller: callerName})
+	if s.ident.ReadsBody() && !h.GetEndOfStream() {
+		switch {
+		case x.duplexRequest:
+			s.modeWarn.Log(ctx, slog.LevelError, "a pool's key comes from the request body, and Envoy streams it in FULL_DUPLEX_STREAMED mode: "+
+				"acquiring at the request headers, without the body's pools; set the filter's processing_mode.request_body_mode to BUFFERED")
+		case x.modeKnown && x.requestBodyMode == filterv3.ProcessingMode_NONE:
+			// Waiting for a body Envoy never sends would let the request
+			// run uncapped until its response.
+			s.modeWarn.Log(ctx, slog.LevelError, "a pool's key comes from the request body, and Envoy sends none (request_body_mode NONE): "+
+				"acquiring at the request headers, without the body's pools; set the filter's processing_mode.request_body_mode to BUFFERED")
+		default:
+			x.pending = &pendingAcquire{msg: req, id: id, caller: callerName}
+			return heldHeadersContinue(s.opts.StreamIDHeader)
+		}
+	}
+	return x.decide(ctx, req, id, callerName, requestHeadersContinue)
+}
+
+// decide acquires the slot of the request id: refused, an
+// ImmediateResponse; granted, next with the stream id header.
+func (x *exchange) decide(ctx context.Context, msg *extprocv3.ProcessingRequest, id identity.Identity, callerName string,
+	next func(...*corev3.HeaderValueOption) *extprocv3.ProcessingResponse) *extprocv3.ProcessingResponse {
+	s := x.s
+	st, res, err := x.acquire(ctx, msg, limiter.AcquireRequest{UserID: id.UserID, Plan: id.Plan, Caller: callerName,
+		Label: id.BodyLabel, Pools: id.Pools})
 	switch {
 	case errors.Is(err, errGone):
 		return nil // Envoy is gone; nobody reads an answer
@@ -230,8 +286,8 @@ func (x *exchange) requestHeaders(ctx context.Context, req *extprocv3.Processing
 	x.st = st
 	x.span.SetAttributes(attrStreamID.String(st.ID()), attrDegraded.Bool(res.Degraded))
 	s.log.InfoContext(ctx, "stream granted", "mode", "extproc", "stream_id", st.ID(), "plan", st.Plan(),
-		"degraded", res.Degraded, "caller", callerName)
-	return requestHeadersContinue(header(s.opts.StreamIDHeader, st.ID()))
+		"degraded", res.Degraded, "caller", callerName, "pools", len(res.Pools))
+	return next(header(s.opts.StreamIDHeader, st.ID()))
 }
 
 // identify resolves the request's identity: from the verified JWT
@@ -241,7 +297,7 @@ func (x *exchange) identify(req *extprocv3.ProcessingRequest, h *extprocv3.HttpH
 	s := x.s
 	if s.opts.PayloadKey != "" {
 		if claims, ok := payloadClaims(req.GetMetadataContext(), s.opts.PayloadNamespace, s.opts.PayloadKey); ok {
-			return s.ident.FromClaims(claims)
+			return s.ident.FromClaims(claims, headerMap{h.GetHeaders()})
 		}
 	}
 	return s.ident.Resolve(headerMap{h.GetHeaders()})

@@ -25,13 +25,17 @@ const (
 	ReasonUnavailable Reason = "unavailable"
 	// ReasonUnknownPlan: the plan is not in the tier table.
 	ReasonUnknownPlan Reason = "unknown_plan"
+	// ReasonUnknownPool: a pool of the request's sources is not in the
+	// pool table (422).
+	ReasonUnknownPool Reason = "unknown_pool"
 	// ReasonIdentity: no identity, or one that did not verify (401).
 	ReasonIdentity Reason = "identity"
 	// ReasonPlanNotAllowed: the identity's plan is outside the plans of
 	// the caller asking (the ext_proc server's Envoy, scoped by the API
 	// tokens file: 403).
 	ReasonPlanNotAllowed Reason = "plan_not_allowed"
-	// ReasonInvalid: a malformed request (a bad user id, oversized headers).
+	// ReasonInvalid: a malformed request (a bad user id or pool key,
+	// oversized headers or body, a body that is not JSON).
 	ReasonInvalid Reason = "invalid"
 	// ReasonError: the limiter failed otherwise (Redis refused the call).
 	ReasonError Reason = "error"
@@ -39,7 +43,7 @@ const (
 
 var (
 	allEnds    = []End{EndComplete, EndClientGone, EndUpstreamError, EndPanic, EndShutdown, EndLost, EndIdle}
-	allReasons = []Reason{ReasonLimit, ReasonUnavailable, ReasonUnknownPlan, ReasonIdentity, ReasonPlanNotAllowed, ReasonInvalid, ReasonError}
+	allReasons = []Reason{ReasonLimit, ReasonUnavailable, ReasonUnknownPlan, ReasonUnknownPool, ReasonIdentity, ReasonPlanNotAllowed, ReasonInvalid, ReasonError}
 	// durationBuckets span a short completion to an hour-long session.
 	durationBuckets = []float64{0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600}
 )
@@ -54,7 +58,10 @@ func refusalOf(err error) (Reason, bool) {
 		return ReasonUnavailable, true
 	case errors.Is(err, limiter.ErrUnknownPlan):
 		return ReasonUnknownPlan, true
-	case errors.Is(err, limiter.ErrInvalidUserID), errors.Is(err, limiter.ErrInvalidStreamID), errors.Is(err, limiter.ErrInvalidLabel):
+	case errors.Is(err, limiter.ErrUnknownPool):
+		return ReasonUnknownPool, true
+	case errors.Is(err, limiter.ErrInvalidUserID), errors.Is(err, limiter.ErrInvalidStreamID), errors.Is(err, limiter.ErrInvalidLabel),
+		errors.Is(err, limiter.ErrInvalidPoolKey):
 		return ReasonInvalid, true
 	default:
 		return ReasonError, true

@@ -3,6 +3,7 @@ package hold
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"net/http"
 	"strconv"
@@ -23,6 +24,11 @@ const (
 // the ext_proc server) answer themselves.
 const (
 	CodeLimitReached        = "stream_limit_reached"
+	CodePoolLimitReached    = "pool_limit_reached"
+	CodeUnknownPool         = "unknown_pool"
+	CodeInvalidPoolKey      = "invalid_pool_key"
+	CodeInvalidBody         = "invalid_body"
+	CodeBodyTooLarge        = "request_too_large"
 	CodeUnauthenticated     = "unauthenticated"
 	CodePlanNotAllowed      = "plan_not_allowed"
 	CodeUnknownPlan         = "unknown_plan"
@@ -45,10 +51,17 @@ type ErrorBody struct {
 	Param   *string `json:"param"`
 	Code    string  `json:"code"`
 	// On stream_limit_reached: when the user's earliest slot expires, and
-	// the slots used of the limit.
+	// the slots used of the limit. On pool_limit_reached: the same of the
+	// pool key that refused.
 	RetryAfterMs *int64 `json:"retry_after_ms,omitempty"`
 	Used         *int   `json:"used,omitempty"`
 	Limit        *int   `json:"limit,omitempty"`
+	// Pool and Key name the pool key of a pool_limit_reached.
+	Pool string `json:"pool,omitempty"`
+	Key  string `json:"key,omitempty"`
+	// WaitedMs is how long the request waited in line before it was
+	// refused; absent when it did not wait.
+	WaitedMs *int64 `json:"waited_ms,omitempty"`
 }
 
 // Refusal is an answer that ends a request before it reaches the
@@ -80,6 +93,9 @@ func Refused(status int, typ, code, message string) Refusal {
 // raise RateLimitError at once; the application decides what to tell the
 // user.
 func Limited(res limiter.AcquireResult) Refusal {
+	if res.RefusedBy != nil {
+		return poolLimited(res)
+	}
 	ms := res.RetryAfter.Milliseconds()
 	used, limit := res.Used, res.Limit
 	msg := "this account already has " + strconv.Itoa(used) + " of its " + strconv.Itoa(limit) + " concurrent streams open; wait for one to finish"
@@ -87,17 +103,47 @@ func Limited(res limiter.AcquireResult) Refusal {
 		msg = "this account already has " + strconv.Itoa(used) + " of its " + strconv.Itoa(limit) + " concurrent streams open, and none finished in the " +
 			res.Waited.Round(time.Millisecond).String() + " this request waited in line"
 	}
+	return limitedRefusal(res.RetryAfter, ErrorBody{
+		Type: TypeRateLimit, Code: CodeLimitReached,
+		Message:      msg,
+		RetryAfterMs: &ms, Used: &used, Limit: &limit,
+	}, res.Waited)
+}
+
+// poolLimited is the refusal of a stream a pool key's cap refused:
+// pool_limit_reached, naming the pool and key, never the user's
+// stream_limit_reached (the user may hold none of their own).
+func poolLimited(res limiter.AcquireResult) Refusal {
+	p := res.RefusedBy
+	ms := p.RetryAfter.Milliseconds()
+	used, limit := p.Used, p.Limit
+	msg := fmt.Sprintf("pool %s=%s holds %d of its %d concurrent streams (the pool's cap, shared by every user); wait for one to finish", p.Pool, p.Key, used, limit)
+	if res.Waited > 0 {
+		msg = fmt.Sprintf("pool %s=%s holds %d of its %d concurrent streams (the pool's cap, shared by every user), and none finished in the %s this request waited in line",
+			p.Pool, p.Key, used, limit, res.Waited.Round(time.Millisecond))
+	}
+	return limitedRefusal(p.RetryAfter, ErrorBody{
+		Type: TypeRateLimit, Code: CodePoolLimitReached,
+		Message:      msg,
+		RetryAfterMs: &ms, Used: &used, Limit: &limit,
+		Pool: p.Pool, Key: p.Key,
+	}, res.Waited)
+}
+
+// limitedRefusal is a 429 of body: Retry-After (seconds, rounded up) and
+// x-should-retry: false (see Limited).
+func limitedRefusal(retryAfter time.Duration, body ErrorBody, waited time.Duration) Refusal {
+	if waited > 0 {
+		ms := waited.Milliseconds()
+		body.WaitedMs = &ms
+	}
 	return Refusal{
 		Status: http.StatusTooManyRequests,
 		Headers: [][2]string{
-			{"retry-after", strconv.FormatInt(max(1, int64(math.Ceil(res.RetryAfter.Seconds()))), 10)},
+			{"retry-after", strconv.FormatInt(max(1, int64(math.Ceil(retryAfter.Seconds()))), 10)},
 			{"x-should-retry", "false"},
 		},
-		Error: ErrorBody{
-			Type: TypeRateLimit, Code: CodeLimitReached,
-			Message:      msg,
-			RetryAfterMs: &ms, Used: &used, Limit: &limit,
-		},
+		Error: body,
 	}
 }
 
@@ -115,6 +161,10 @@ func AcquireRefusal(err error) (r Refusal, known bool) {
 		return Refused(http.StatusBadRequest, TypeInvalidRequest, CodeInvalidUserID, err.Error()), true
 	case errors.Is(err, limiter.ErrInvalidLabel):
 		return Refused(http.StatusBadRequest, TypeInvalidRequest, CodeInvalidLabel, err.Error()), true
+	case errors.Is(err, limiter.ErrUnknownPool):
+		return Refused(http.StatusUnprocessableEntity, TypeInvalidRequest, CodeUnknownPool, err.Error()), true
+	case errors.Is(err, limiter.ErrInvalidPoolKey):
+		return Refused(http.StatusBadRequest, TypeInvalidRequest, CodeInvalidPoolKey, err.Error()), true
 	case errors.Is(err, ErrClosed):
 		return Refused(http.StatusServiceUnavailable, TypeServer, CodeUnavailable,
 			"this stream limiter is shutting down; retry shortly"), true

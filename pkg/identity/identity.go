@@ -12,6 +12,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // Defaults of Options.
@@ -61,8 +63,17 @@ const (
 type Identity struct {
 	UserID string
 	Plan   string
-	// Source is SourceJWT or SourceHeader.
+	// Source is SourceJWT, SourceHeader or SourcePayload.
 	Source string
+	// Pools are the pool keys the request joins, pool → key, from the
+	// sources of Options.Pools: Resolve and FromClaims fill those of
+	// headers, claims and constants, BodyPools those of the body. nil:
+	// none.
+	Pools map[string]string
+	// BodyLabel is a key BodyPools read from the body, the field "model"
+	// first: what the front end labels the slot with when the request
+	// names no label. "" when none was read.
+	BodyLabel string
 }
 
 // Options configure a Resolver. Zero values take the documented defaults.
@@ -85,6 +96,10 @@ type Options struct {
 	// or dynamic metadata (FromClaims). The user and plan headers are then
 	// ignored.
 	Payload *Payload
+	// Pools say where the keys of the pools a request joins come from
+	// (ParsePoolSources). A claim source needs JWT or Payload. Default
+	// none: requests join no pool.
+	Pools PoolSources
 	// Logger receives JWKS reload failures. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -101,8 +116,9 @@ type Headers interface {
 // Resolver resolves the identity of requests. It is safe for concurrent
 // use.
 type Resolver struct {
-	opts     Options
-	verifier *verifier // nil: trusted headers
+	opts       Options
+	verifier   *verifier // nil: trusted headers
+	bodyFields []string  // the body fields of Options.Pools
 }
 
 // New returns a Resolver. With a JWT, it loads the JWKS file (an error
@@ -124,7 +140,10 @@ func New(opts Options) (*Resolver, error) {
 		p := opts.Payload.withDefaults()
 		opts.Payload = &p
 	}
-	r := &Resolver{opts: opts}
+	if opts.Pools.NeedsClaims() && opts.JWT == nil && opts.Payload == nil {
+		return nil, errors.New("identity: a pool's claim source needs a JWT or a verified JWT payload; with identities from headers there are no claims")
+	}
+	r := &Resolver{opts: opts, bodyFields: opts.Pools.BodyFields()}
 	if opts.JWT != nil {
 		v, err := newVerifier(*opts.JWT, opts.Logger)
 		if err != nil {
@@ -169,7 +188,21 @@ func (r *Resolver) Resolve(h Headers) (Identity, error) {
 	if plan == "" {
 		return Identity{}, fmt.Errorf("%w: header %s is missing and there is no default plan", ErrNoPlan, r.opts.PlanHeader)
 	}
-	return Identity{UserID: user, Plan: plan, Source: SourceHeader}, nil
+	return r.withPools(Identity{UserID: user, Plan: plan, Source: SourceHeader}, h, nil)
+}
+
+// withPools adds to id the pool keys of the sources that read headers,
+// claims (nil: none) and constants.
+func (r *Resolver) withPools(id Identity, h Headers, claims map[string]any) (Identity, error) {
+	if len(r.opts.Pools) == 0 {
+		return id, nil
+	}
+	pools, err := r.opts.Pools.fromRequest(h, claims)
+	if err != nil {
+		return Identity{}, err
+	}
+	id.Pools = pools
+	return id, nil
 }
 
 func (r *Resolver) fromToken(h Headers) (Identity, error) {
@@ -181,7 +214,7 @@ func (r *Resolver) fromToken(h Headers) (Identity, error) {
 	if !ok {
 		return Identity{}, fmt.Errorf("%w: no bearer token in the Authorization header", ErrMissing)
 	}
-	user, plan, err := r.verifier.verify(token)
+	claims, user, plan, err := r.verifier.verify(token)
 	if err != nil {
 		return Identity{}, err
 	}
@@ -191,7 +224,7 @@ func (r *Resolver) fromToken(h Headers) (Identity, error) {
 	if plan == "" {
 		return Identity{}, fmt.Errorf("%w: the token has no %q claim and there is no default plan", ErrNoPlan, r.verifier.opts.PlanClaim)
 	}
-	return Identity{UserID: user, Plan: plan, Source: SourceJWT}, nil
+	return r.withPools(Identity{UserID: user, Plan: plan, Source: SourceJWT}, h, claims)
 }
 
 // bearer returns the token of an "Authorization: Bearer <token>" value.
@@ -218,5 +251,8 @@ func single(h Headers, name string) (string, error) {
 	return "", fmt.Errorf("%w: header %s came more than once (%d values); the hop in front must set it, replacing any the client sent, not add to it",
 		ErrAmbiguous, name, len(values))
 }
+
+// validHeaderName reports whether name is an HTTP header field name.
+func validHeaderName(name string) bool { return httpguts.ValidHeaderFieldName(name) }
 
 var _ Headers = http.Header(nil)

@@ -15,6 +15,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -340,7 +341,7 @@ func TestTrustedHeaders(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := tc.r.Resolve(tc.header)
-			if !errors.Is(err, tc.wantErrr) || got != tc.want {
+			if !errors.Is(err, tc.wantErrr) || !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("Resolve = %+v, %v; want %+v, %v", got, err, tc.want, tc.wantErrr)
 			}
 		})

@@ -99,23 +99,23 @@ func newVerifier(opts JWT, log *slog.Logger) (*verifier, error) {
 	return v, nil
 }
 
-// verify checks token and returns its user and plan claims (plan "" when
-// PlanClaim is unset or the claim absent).
-func (v *verifier) verify(token string) (user, plan string, err error) {
-	claims := jwt.MapClaims{}
+// verify checks token and returns its claims, and its user and plan
+// claims (plan "" when PlanClaim is unset or the claim absent).
+func (v *verifier) verify(token string) (claims jwt.MapClaims, user, plan string, err error) {
+	claims = jwt.MapClaims{}
 	if _, err := v.parser.ParseWithClaims(token, claims, v.key); err != nil {
-		return "", "", fmt.Errorf("%w: %w", ErrInvalidToken, err)
+		return nil, "", "", fmt.Errorf("%w: %w", ErrInvalidToken, err)
 	}
 	user, ok := claimString(claims, v.opts.UserClaim)
 	if !ok || user == "" {
-		return "", "", fmt.Errorf("%w: no string claim %q (the user)", ErrInvalidToken, v.opts.UserClaim)
+		return nil, "", "", fmt.Errorf("%w: no string claim %q (the user)", ErrInvalidToken, v.opts.UserClaim)
 	}
 	if v.opts.PlanClaim != "" {
 		if plan, ok = claimString(claims, v.opts.PlanClaim); !ok && hasClaim(claims, v.opts.PlanClaim) {
-			return "", "", fmt.Errorf("%w: claim %q (the plan) is not a string", ErrInvalidToken, v.opts.PlanClaim)
+			return nil, "", "", fmt.Errorf("%w: claim %q (the plan) is not a string", ErrInvalidToken, v.opts.PlanClaim)
 		}
 	}
-	return user, plan, nil
+	return claims, user, plan, nil
 }
 
 // key is the parser's keyfunc: the key of the token's kid that suits its

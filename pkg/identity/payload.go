@@ -44,8 +44,10 @@ func (p Payload) withDefaults() Payload {
 
 // FromClaims returns the identity in claims, the payload of a verified JWT
 // (Envoy's jwt_authn payload_in_metadata, as the ext_proc server receives
-// it). It needs Options.Payload; errors wrap ErrUnauthenticated.
-func (r *Resolver) FromClaims(claims map[string]any) (Identity, error) {
+// it). h, the request's headers, are read by the pools' header sources
+// (nil: none is read). It needs Options.Payload; errors wrap
+// ErrUnauthenticated, or are those of the pools' sources.
+func (r *Resolver) FromClaims(claims map[string]any, h Headers) (Identity, error) {
 	if r.opts.Payload == nil {
 		return Identity{}, errors.New("identity: FromClaims needs Options.Payload")
 	}
@@ -66,7 +68,7 @@ func (r *Resolver) FromClaims(claims map[string]any) (Identity, error) {
 	if plan == "" {
 		return Identity{}, fmt.Errorf("%w: the JWT payload has no %q claim and there is no default plan", ErrNoPlan, p.PlanClaim)
 	}
-	return Identity{UserID: user, Plan: plan, Source: SourcePayload}, nil
+	return r.withPools(Identity{UserID: user, Plan: plan, Source: SourcePayload}, h, claims)
 }
 
 // fromPayloadHeader resolves a request by its payload header.
@@ -86,7 +88,7 @@ func (r *Resolver) fromPayloadHeader(h Headers) (Identity, error) {
 	if err != nil {
 		return Identity{}, fmt.Errorf("%w: header %s: %w", ErrInvalidToken, name, err)
 	}
-	return r.FromClaims(claims)
+	return r.FromClaims(claims, h)
 }
 
 // decodePayload decodes a JWT payload as jwt_authn forwards it: JSON in

@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"net/http"
+	"reflect"
 	"testing"
 
 	"github.com/joishi/limiter/pkg/identity"
@@ -45,7 +46,7 @@ func TestPayloadHeader(t *testing.T) {
 				}
 				return
 			}
-			if err != nil || got != tt.want {
+			if err != nil || !reflect.DeepEqual(got, tt.want) {
 				t.Fatalf("Resolve: got %+v, %v; want %+v", got, err, tt.want)
 			}
 		})
@@ -57,11 +58,11 @@ func TestFromClaims(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := r.FromClaims(map[string]any{"uid": " u-9 ", "plan": "paid"})
-	if want := (identity.Identity{UserID: "u-9", Plan: "paid", Source: identity.SourcePayload}); err != nil || got != want {
+	got, err := r.FromClaims(map[string]any{"uid": " u-9 ", "plan": "paid"}, nil)
+	if want := (identity.Identity{UserID: "u-9", Plan: "paid", Source: identity.SourcePayload}); err != nil || !reflect.DeepEqual(got, want) {
 		t.Errorf("FromClaims: got %+v, %v; want %+v", got, err, want)
 	}
-	if _, err := r.FromClaims(map[string]any{"uid": "u-9"}); !errors.Is(err, identity.ErrNoPlan) {
+	if _, err := r.FromClaims(map[string]any{"uid": "u-9"}, nil); !errors.Is(err, identity.ErrNoPlan) {
 		t.Errorf("FromClaims without a plan and no default: got %v, want ErrNoPlan", err)
 	}
 	// With no header configured, Resolve has nothing to read.
@@ -72,7 +73,7 @@ func TestFromClaims(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := headers.FromClaims(map[string]any{"sub": "u"}); err == nil {
+	if _, err := headers.FromClaims(map[string]any{"sub": "u"}, nil); err == nil {
 		t.Error("FromClaims without Options.Payload: got no error")
 	}
 }

@@ -13,11 +13,17 @@ const CodeAmbiguousIdentity = "ambiguous_identity"
 
 // Refusal is how the front ends holding streams (the proxy, the ext_proc
 // server) answer a request whose identity did not resolve: 400
-// ambiguous_identity for ErrAmbiguous, else 401 unauthenticated, with the
-// error's message (which never quotes a token).
+// ambiguous_identity for ErrAmbiguous, 400 invalid_body for
+// ErrInvalidBody, 400 invalid_pool_key for ErrInvalidPoolValue, else 401
+// unauthenticated, with the error's message (which never quotes a token).
 func Refusal(err error) hold.Refusal {
-	if errors.Is(err, ErrAmbiguous) {
+	switch {
+	case errors.Is(err, ErrAmbiguous):
 		return hold.Refused(http.StatusBadRequest, hold.TypeInvalidRequest, CodeAmbiguousIdentity, err.Error())
+	case errors.Is(err, ErrInvalidBody):
+		return hold.Refused(http.StatusBadRequest, hold.TypeInvalidRequest, hold.CodeInvalidBody, err.Error())
+	case errors.Is(err, ErrInvalidPoolValue):
+		return hold.Refused(http.StatusBadRequest, hold.TypeInvalidRequest, hold.CodeInvalidPoolKey, err.Error())
 	}
 	return hold.Refused(http.StatusUnauthorized, hold.TypeInvalidRequest, hold.CodeUnauthenticated, err.Error())
 }

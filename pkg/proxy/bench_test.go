@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
 	"strings"
 	"sync/atomic"
@@ -18,17 +19,23 @@ import (
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/hold"
 	"github.com/joishi/limiter/pkg/identity"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/pools"
 	"github.com/joishi/limiter/pkg/proxy"
 )
 
 // BenchmarkProxySSE streams short chat completions (8 SSE chunks and
-// [DONE]) from a local upstream, directly and through the proxy, side by
-// side in the same goroutines of the same run, and reports the ratios:
-// throughput_ratio, proxied streams per second over direct ones (the
-// inverse ratio of their stream times at the same concurrency), and
-// ttfb_ratio, the time to the first chunk through the proxy over the time
-// directly (added_ttfb_us: the acquire and the extra hop). Run it on a
-// Redis:
+// [DONE]) from a local upstream four ways, side by side in the same
+// goroutines of the same run: directly; through a plain
+// httputil.ReverseProxy, the reference (what any reverse proxy costs);
+// through the limiter's proxy; and through the limiter's proxy with a
+// pool whose key it reads from the request body (body:model, every
+// stream a member of one capped key). Beside them, in the same
+// goroutines, one library Acquire: the round trip a stream's decision
+// costs. It reports streams per second of each way over another (the
+// inverse ratio of their stream times at the same concurrency) and the
+// time to the first chunk each adds over the plain reverse proxy. Run it
+// on a Redis:
 //
 //	LIMITER_TEST_REDIS=127.0.0.1:6379 go test -run '^$' -bench BenchmarkProxySSE ./pkg/proxy
 func BenchmarkProxySSE(b *testing.B) {
@@ -42,29 +49,33 @@ func BenchmarkProxySSE(b *testing.B) {
 		fmt.Fprint(w, "data: [DONE]\n\n")
 	}))
 	defer upstream.Close()
-	// Quiet, so that no log line splits the benchmark's result line.
-	stack := limitertest.New(b, limitertest.Options{Redis: cluster.Options{Logger: slog.New(slog.DiscardHandler)}})
-	h, err := hold.New(stack.Limiter, hold.Options{Mode: "bench"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer h.Close(context.Background())
-	ident, _ := identity.New(identity.Options{})
 	target, _ := url.Parse(upstream.URL)
-	// Its two log lines per stream are part of the cost, formatted as in
-	// production but not written to the terminal.
-	p, err := proxy.New(h, ident, proxy.Options{Upstream: target, Tiers: stack.Table, Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))})
-	if err != nil {
+	plain := httptest.NewServer(&httputil.ReverseProxy{
+		Rewrite:       func(r *httputil.ProxyRequest) { r.SetURL(target) },
+		FlushInterval: -1,
+	})
+	defer plain.Close()
+
+	table := pools.NewTable()
+	capped := 100000 // the most a key may have: every stream joins it
+	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "model", MaxConcurrentStreams: &capped}.WithDefaults()}); err != nil {
 		b.Fatal(err)
 	}
-	front := httptest.NewServer(p.Handler())
-	defer front.Close()
+	// Quiet, so that no log line splits the benchmark's result line.
+	stack := limitertest.New(b, limitertest.Options{Redis: cluster.Options{Logger: slog.New(slog.DiscardHandler)},
+		Limiter: limiter.Options{Pools: table}})
+	front := benchProxy(b, stack, target, nil)
+	pooled := benchProxy(b, stack, target, map[string]string{"model": "body:model"})
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 
+	// A chat request as an SDK sends it: the conversation, then the model.
+	body := `{"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"` +
+		strings.Repeat("Tell me about streams. ", 40) + `"}],"model":"gpt-4o","stream":true}`
 	var users atomic.Int64
 	stream := func(base string) (ttfb, total time.Duration, err error) {
 		start := time.Now()
-		req, _ := http.NewRequest("POST", base+"/v1/chat/completions", strings.NewReader(`{"stream":true}`))
+		req, _ := http.NewRequest("POST", base+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("X-User-Id", fmt.Sprintf("bench-%d", users.Add(1)))
 		req.Header.Set("X-Plan", "three")
 		resp, err := client.Do(req)
@@ -73,7 +84,7 @@ func BenchmarkProxySSE(b *testing.B) {
 		}
 		defer resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
-			return 0, 0, fmt.Errorf("status %d", resp.StatusCode)
+			return 0, 0, fmt.Errorf("%s: status %d", base, resp.StatusCode)
 		}
 		br := bufio.NewReader(resp.Body)
 		if _, err := br.ReadString('\n'); err != nil {
@@ -85,35 +96,93 @@ func BenchmarkProxySSE(b *testing.B) {
 		}
 		return ttfb, time.Since(start), nil
 	}
+	acquire := func() (time.Duration, error) {
+		start := time.Now()
+		user := fmt.Sprintf("bench-%d", users.Add(1))
+		res, err := stack.Limiter.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "three"})
+		took := time.Since(start)
+		if err == nil {
+			_, err = stack.Limiter.Release(context.Background(), user, res.StreamID)
+		}
+		return took, err
+	}
 
-	// Both sides run in the same goroutines, alternately, so machine load
+	// Every way runs in the same goroutines, in turn, so machine load
 	// weighs on them alike.
-	var direct, proxied, directFirst, proxiedFirst atomic.Int64 // nanoseconds
+	ways := []struct {
+		base         string
+		total, first atomic.Int64 // nanoseconds
+	}{{base: upstream.URL}, {base: plain.URL}, {base: front.URL}, {base: pooled.URL}}
+	const direct, reverse, proxied, pool = 0, 1, 2, 3
+	var acquired atomic.Int64
 	b.SetParallelism(4)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			for _, side := range []struct {
-				base         string
-				total, first *atomic.Int64
-			}{{upstream.URL, &direct, &directFirst}, {front.URL, &proxied, &proxiedFirst}} {
-				first, total, err := stream(side.base)
+			for i := range ways {
+				first, total, err := stream(ways[i].base)
 				if err != nil {
 					b.Error(err)
 					return
 				}
-				side.total.Add(int64(total))
-				side.first.Add(int64(first))
+				ways[i].total.Add(int64(total))
+				ways[i].first.Add(int64(first))
 			}
+			took, err := acquire()
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			acquired.Add(int64(took))
 		}
 	})
 	b.StopTimer()
 	n := float64(b.N)
-	b.ReportMetric(float64(direct.Load())/n/1e3, "direct_us/stream")
-	b.ReportMetric(float64(proxied.Load())/n/1e3, "proxied_us/stream")
+	us := func(ns int64) float64 { return float64(ns) / n / 1e3 }
+	b.ReportMetric(us(ways[direct].total.Load()), "direct_us/stream")
+	b.ReportMetric(us(ways[reverse].total.Load()), "plain_us/stream")
+	b.ReportMetric(us(ways[proxied].total.Load()), "proxied_us/stream")
+	b.ReportMetric(us(ways[pool].total.Load()), "pooled_us/stream")
 	// At the same concurrency, streams per second go as 1 / stream time:
-	// this is proxied streams/s over direct streams/s.
-	b.ReportMetric(float64(direct.Load())/float64(proxied.Load()), "throughput_ratio")
-	b.ReportMetric(float64(proxiedFirst.Load())/float64(directFirst.Load()), "ttfb_ratio")
-	b.ReportMetric(time.Duration(proxiedFirst.Load()-directFirst.Load()).Seconds()*1e6/n, "added_ttfb_us")
+	// each is one way's streams/s over another's.
+	perSecond := func(a, over int) float64 {
+		return float64(ways[over].total.Load()) / float64(ways[a].total.Load())
+	}
+	b.ReportMetric(perSecond(proxied, direct), "throughput_ratio")
+	b.ReportMetric(perSecond(proxied, reverse), "vs_plain_ratio")
+	b.ReportMetric(perSecond(pool, reverse), "pooled_vs_plain_ratio")
+	b.ReportMetric(perSecond(pool, proxied), "pooled_vs_proxied_ratio")
+	b.ReportMetric(float64(ways[proxied].first.Load())/float64(ways[direct].first.Load()), "ttfb_ratio")
+	b.ReportMetric(us(ways[proxied].first.Load()-ways[direct].first.Load()), "added_ttfb_us")
+	b.ReportMetric(us(ways[proxied].first.Load()-ways[reverse].first.Load()), "added_ttfb_vs_plain_us")
+	b.ReportMetric(us(ways[pool].first.Load()-ways[reverse].first.Load()), "pooled_added_ttfb_vs_plain_us")
+	b.ReportMetric(us(acquired.Load()), "acquire_us")
+}
+
+// benchProxy is a limiter proxy on stack in front of target, its pools'
+// keys read from the sources given (none: no pool).
+func benchProxy(b *testing.B, stack *limitertest.Stack, target *url.URL, poolSources map[string]string) *httptest.Server {
+	b.Helper()
+	h, err := hold.New(stack.Limiter, hold.Options{Mode: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { h.Close(context.Background()) })
+	sources, err := identity.ParsePoolSources(poolSources)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ident, err := identity.New(identity.Options{Pools: sources})
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Its two log lines per stream are part of the cost, formatted as in
+	// production but not written to the terminal.
+	p, err := proxy.New(h, ident, proxy.Options{Upstream: target, Tiers: stack.Table, Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	front := httptest.NewServer(p.Handler())
+	b.Cleanup(front.Close)
+	return front
 }

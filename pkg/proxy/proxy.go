@@ -38,6 +38,7 @@ const (
 	// DefaultLabelHeader is the header whose value labels the slot.
 	DefaultLabelHeader           = "X-Limiter-Label"
 	DefaultMaxHeaderBytes        = 32 << 10
+	DefaultMaxBodyBytes          = 8 << 20
 	DefaultDialTimeout           = 5 * time.Second
 	DefaultTLSHandshakeTimeout   = 5 * time.Second
 	DefaultResponseHeaderTimeout = 5 * time.Minute
@@ -61,11 +62,10 @@ type Options struct {
 	// slot's label (limiter.AcquireRequest.Label): what support sees
 	// beside the stream, e.g. the model or the calling pod. A value the
 	// limiter refuses as a label (over 128 bytes, whitespace or control
-	// characters) is answered 400 invalid_label, before any slot. The
-	// proxy never reads request bodies (they stream upstream as they
-	// come), so it cannot take the model from an OpenAI request's JSON: a
-	// gateway in front that knows it can set this header. Default "": no
+	// characters) is answered 400 invalid_label, before any slot. Default "": no
 	// label (config's proxy.labelHeader defaults to DefaultLabelHeader).
+	// With no label in the header, a key that a body source read (the
+	// model, with body:model) labels the slot.
 	LabelHeader string
 	// StripAuthorization removes the client's Authorization header before
 	// the request goes upstream (set it when the token is for the proxy
@@ -74,6 +74,11 @@ type Options struct {
 	// MaxHeaderBytes bounds a request's header lines; a request over it is
 	// refused with 431 and a JSON error, before any slot. Default 32 KiB.
 	MaxHeaderBytes int
+	// MaxBodyBytes bounds the request body the proxy buffers when a pool's
+	// key comes from it (the resolver's body sources): a larger one is
+	// refused with 413 and a JSON error, before any slot. Requests are
+	// buffered only then, and only on limited routes. Default 8 MiB.
+	MaxBodyBytes int64
 	// Transport sends requests upstream. Default: NewTransport with the
 	// timeouts below.
 	Transport http.RoundTripper
@@ -138,6 +143,9 @@ func New(h *hold.Holder, ident *identity.Resolver, opts Options) (*Proxy, error)
 	}
 	if opts.MaxHeaderBytes <= 0 {
 		opts.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -214,11 +222,23 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 		identity.Refusal(err).Write(w)
 		return
 	}
+	if p.ident.ReadsBody() {
+		if refusal, ok := p.bufferBody(w, r, &id); !ok {
+			if refusal != nil {
+				p.holder.Refused(ctx, hold.ReasonInvalid)
+				refusal.Write(w)
+			}
+			return
+		}
+	}
 	var label string
 	if p.opts.LabelHeader != "" {
 		label = r.Header.Get(p.opts.LabelHeader)
 	}
-	st, res, err := p.holder.Acquire(ctx, limiter.AcquireRequest{UserID: id.UserID, Plan: id.Plan, Label: label})
+	if label == "" {
+		label = id.BodyLabel
+	}
+	st, res, err := p.holder.Acquire(ctx, limiter.AcquireRequest{UserID: id.UserID, Plan: id.Plan, Label: label, Pools: id.Pools})
 	switch {
 	case err != nil:
 		p.refuse(w, r, err)
@@ -253,7 +273,7 @@ func (p *Proxy) stream(w http.ResponseWriter, r *http.Request, st *hold.Stream, 
 		}
 	}()
 	trace.SpanFromContext(ctx).SetAttributes(attribute.String("limiter.stream_id", st.ID()), attribute.Bool("limiter.degraded", res.Degraded))
-	p.log.InfoContext(ctx, "stream granted", "stream_id", st.ID(), "plan", st.Plan(), "path", r.URL.Path, "degraded", res.Degraded)
+	p.log.InfoContext(ctx, "stream granted", "stream_id", st.ID(), "plan", st.Plan(), "path", r.URL.Path, "degraded", res.Degraded, "pools", poolsAttr(res.Pools))
 	w.Header().Set(HeaderStreamID, st.ID())
 	p.forward(w, r.WithContext(ctx))
 	end = p.endOf(r, st, state)

@@ -1,0 +1,80 @@
+package extproc
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
+	"github.com/joishi/limiter/pkg/hold"
+	"github.com/joishi/limiter/pkg/identity"
+)
+
+// A pool whose key comes from the request body (identity.pools body:
+// sources) decides the slot at the body, not the headers: Envoy sends it
+// in one message in BUFFERED mode, which the shipped configs set.
+
+// pendingAcquire is a request whose identity is known and whose slot
+// waits for the body, where a pool's key is read.
+type pendingAcquire struct {
+	msg    *extprocv3.ProcessingRequest // the request headers' message
+	id     identity.Identity
+	caller string
+	body   []byte
+}
+
+// heldHeadersContinue answers the request headers of a request whose slot
+// waits for its body: CONTINUE, removing a stream id header the client
+// sent. In STREAMED mode Envoy forwards the headers now and ignores a body
+// answer's header mutation (it applies it in BUFFERED mode only): the
+// upstream must then get no stream id rather than a forged one.
+func heldHeadersContinue(streamIDHeader string) *extprocv3.ProcessingResponse {
+	r := requestHeadersContinue()
+	r.GetRequestHeaders().Response.HeaderMutation = &extprocv3.HeaderMutation{RemoveHeaders: []string{streamIDHeader}}
+	return r
+}
+
+// requestBody takes a chunk of a pending request's body: the slot is
+// decided at its end, with the pools the body names. In BUFFERED (and
+// BUFFERED_PARTIAL) mode Envoy sends the body in one message, which is
+// its end whatever end_of_stream says: it is false when trailers follow
+// (sent only with request_trailer_mode SEND) or, BUFFERED_PARTIAL, when
+// the body was cut at the buffer limit, and no more of the body comes.
+func (x *exchange) requestBody(ctx context.Context, b *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
+	p := x.pending
+	if len(p.body)+len(b.GetBody()) > x.s.opts.MaxBodyBytes {
+		x.pending = nil
+		x.s.holder.Refused(ctx, hold.ReasonInvalid)
+		return x.refuse(hold.Refused(http.StatusRequestEntityTooLarge, hold.TypeInvalidRequest, hold.CodeBodyTooLarge,
+			fmt.Sprintf("the request body is over the %d bytes the limiter reads to find a pool's key", x.s.opts.MaxBodyBytes)))
+	}
+	p.body = append(p.body, b.GetBody()...)
+	whole := x.modeKnown && (x.requestBodyMode == filterv3.ProcessingMode_BUFFERED || x.requestBodyMode == filterv3.ProcessingMode_BUFFERED_PARTIAL)
+	if !b.GetEndOfStream() && !whole {
+		return bodyContinue(b, false, false) // STREAMED: the rest is to come
+	}
+	return x.decidePending(ctx, func(set ...*corev3.HeaderValueOption) *extprocv3.ProcessingResponse {
+		// In BUFFERED mode the request headers are still Envoy's to
+		// change: the stream id goes upstream as with the headers.
+		r := bodyContinue(b, false, false)
+		r.GetRequestBody().Response = proceed(set...)
+		return r
+	})
+}
+
+// decidePending decides the pending request, its body read: answered by
+// next when granted.
+func (x *exchange) decidePending(ctx context.Context, next func(...*corev3.HeaderValueOption) *extprocv3.ProcessingResponse) *extprocv3.ProcessingResponse {
+	p := x.pending
+	x.pending = nil
+	if len(p.body) > 0 {
+		if err := x.s.ident.BodyPools(&p.id, p.body); err != nil {
+			x.s.holder.Refused(ctx, hold.ReasonInvalid)
+			return x.refuse(identity.Refusal(err))
+		}
+	}
+	return x.decide(ctx, p.msg, p.id, p.caller, next)
+}

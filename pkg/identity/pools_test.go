@@ -1,0 +1,194 @@
+package identity_test
+
+import (
+	"errors"
+	"net/http"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/joishi/limiter/pkg/identity"
+)
+
+func TestParsePoolSource(t *testing.T) {
+	good := []struct{ pool, spec, kind, name string }{
+		{"model", "body:model", identity.PoolFromBody, "model"},
+		{"org", "header:X-Org", identity.PoolFromHeader, "X-Org"},
+		{"org", "claim:org.id", identity.PoolFromClaim, "org.id"},
+		{"region", "value:eu-west/1", identity.PoolFromValue, "eu-west/1"},
+		{"model", "header:x-ai-eg-model", identity.PoolFromHeader, "x-ai-eg-model"},
+	}
+	for _, tc := range good {
+		s, err := identity.ParsePoolSource(tc.pool, tc.spec)
+		if err != nil || s.Pool != tc.pool || s.Kind != tc.kind || s.Name != tc.name || s.String() != tc.spec {
+			t.Errorf("ParsePoolSource(%q, %q) = %+v, %v; want kind %s name %s", tc.pool, tc.spec, s, err, tc.kind, tc.name)
+		}
+	}
+	bad := []struct{ pool, spec, want string }{
+		{"model", "model", "want header:NAME"},
+		{"model", "body:", "want header:NAME"},
+		{"model", "query:model", `unknown kind "query"`},
+		{"model", "Body:model", `unknown kind "Body"`},
+		{"org", "header:X Org", "not an HTTP header name"},
+		{"org", "claim:org..id", "not a claim path"},
+		{"org", "claim:.org", "not a claim path"},
+		{"region", "value:eu west", "invalid pool key"},
+		{"model", `body:mo"del`, "not a plain JSON field name"},
+		{"Model", "body:model", "invalid pool name"},
+	}
+	for _, tc := range bad {
+		if _, err := identity.ParsePoolSource(tc.pool, tc.spec); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ParsePoolSource(%q, %q) = %v; want an error saying %q", tc.pool, tc.spec, err, tc.want)
+		}
+	}
+	if _, err := identity.ParsePoolSources(map[string]string{"model": "body:model", "org": "nope", "x": "query:y"}); err == nil ||
+		!strings.Contains(err.Error(), "pool org") || !strings.Contains(err.Error(), "pool x") {
+		t.Errorf("ParsePoolSources with two bad sources = %v; want both named", err)
+	}
+}
+
+func poolResolver(t *testing.T, specs map[string]string) *identity.Resolver {
+	t.Helper()
+	sources, err := identity.ParsePoolSources(specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := identity.New(identity.Options{Pools: sources})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestPoolKeysFromHeadersAndValues(t *testing.T) {
+	r := poolResolver(t, map[string]string{"org": "header:X-Org", "region": "value:eu", "model": "body:model"})
+	id, err := r.Resolve(http.Header{"X-User-Id": {"u"}, "X-Plan": {"paid"}, "X-Org": {" acme "}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]string{"org": "acme", "region": "eu"}; !reflect.DeepEqual(id.Pools, want) {
+		t.Errorf("Pools = %v; want %v (the body source is BodyPools')", id.Pools, want)
+	}
+	if !r.ReadsBody() {
+		t.Error("ReadsBody = false with a body source")
+	}
+
+	// No header: no key of that pool.
+	id, err = r.Resolve(http.Header{"X-User-Id": {"u"}, "X-Plan": {"paid"}})
+	if err != nil || !reflect.DeepEqual(id.Pools, map[string]string{"region": "eu"}) {
+		t.Errorf("without X-Org: %v, %v; want only region", id.Pools, err)
+	}
+	// Twice, in any spelling: which one the hop in front meant cannot be told.
+	_, err = r.Resolve(http.Header{"X-User-Id": {"u"}, "X-Plan": {"paid"}, "X-Org": {"acme", "other"}})
+	if !errors.Is(err, identity.ErrAmbiguous) || identity.Refusal(err).Status != http.StatusBadRequest {
+		t.Errorf("X-Org twice: %v; want ErrAmbiguous, 400", err)
+	}
+	// A value outside the key charset: 400 invalid_pool_key, naming the pool.
+	_, err = r.Resolve(http.Header{"X-User-Id": {"u"}, "X-Plan": {"paid"}, "X-Org": {"a{b}"}})
+	if !errors.Is(err, identity.ErrInvalidPoolValue) || !strings.Contains(err.Error(), "pool org (from header:X-Org)") {
+		t.Errorf("X-Org a{b}: %v; want ErrInvalidPoolValue naming the pool and source", err)
+	}
+	if ref := identity.Refusal(err); ref.Status != http.StatusBadRequest || ref.Error.Code != "invalid_pool_key" {
+		t.Errorf("its refusal: %d %s; want 400 invalid_pool_key", ref.Status, ref.Error.Code)
+	}
+
+	plain := poolResolver(t, map[string]string{"org": "header:X-Org"})
+	if plain.ReadsBody() {
+		t.Error("ReadsBody = true with no body source: the proxy would buffer for nothing")
+	}
+}
+
+func TestPoolKeysFromClaims(t *testing.T) {
+	if _, err := identity.New(identity.Options{Pools: identity.PoolSources{{Pool: "org", Kind: identity.PoolFromClaim, Name: "org"}}}); err == nil {
+		t.Error("a claim source with identities from headers: accepted; want an error (there are no claims)")
+	}
+
+	dir := t.TempDir()
+	s := newSigner(t, "k1", "ES256")
+	file := filepath.Join(dir, "jwks.json")
+	writeFile(t, file, jwks(s))
+	sources, err := identity.ParsePoolSources(map[string]string{"org": "claim:org.id", "team": "claim:team"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := identity.New(identity.Options{Pools: sources, JWT: &identity.JWT{JWKSFile: file, Issuer: issuer, Audience: audience, PlanClaim: "plan"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name    string
+		edit    func(jwt.MapClaims)
+		want    map[string]string
+		wantErr error
+	}{
+		{"string and number", func(c jwt.MapClaims) { c["org"] = map[string]any{"id": "acme"}; c["team"] = 42 },
+			map[string]string{"org": "acme", "team": "42"}, nil},
+		{"absent", nil, nil, nil},
+		{"null", func(c jwt.MapClaims) { c["team"] = nil }, nil, nil},
+		{"an object", func(c jwt.MapClaims) { c["team"] = map[string]any{"a": 1} }, nil, identity.ErrInvalidPoolValue},
+		{"a boolean", func(c jwt.MapClaims) { c["team"] = true }, nil, identity.ErrInvalidPoolValue},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			id, err := r.Resolve(bearer(s.sign(t, claims("u", tc.edit))))
+			if !errors.Is(err, tc.wantErr) || (err == nil && !reflect.DeepEqual(id.Pools, tc.want)) {
+				t.Errorf("Resolve = %v, %v; want %v, %v", id.Pools, err, tc.want, tc.wantErr)
+			}
+		})
+	}
+
+	// A payload verified in front: the claims and the headers.
+	psources, _ := identity.ParsePoolSources(map[string]string{"org": "claim:org", "model": "header:x-ai-eg-model"})
+	pr, err := identity.New(identity.Options{Pools: psources, Payload: &identity.Payload{}, DefaultPlan: "paid"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := pr.FromClaims(map[string]any{"sub": "u", "org": "acme"}, http.Header{"X-Ai-Eg-Model": {"gpt-4o"}})
+	if want := map[string]string{"org": "acme", "model": "gpt-4o"}; err != nil || !reflect.DeepEqual(id.Pools, want) {
+		t.Errorf("FromClaims = %v, %v; want %v", id.Pools, err, want)
+	}
+}
+
+func TestBodyPools(t *testing.T) {
+	r := poolResolver(t, map[string]string{"model": "body:model", "org": "body:organization", "region": "value:eu"})
+	cases := []struct {
+		name      string
+		body      string
+		want      map[string]string
+		wantLabel string
+		wantErr   error
+		wantCode  string
+	}{
+		{"model after messages", `{"messages":[{"role":"user","content":"{\"model\":\"x\"}"}],"model":"gpt-4o","organization":"acme"}`,
+			map[string]string{"model": "gpt-4o", "org": "acme", "region": "eu"}, "gpt-4o", nil, ""},
+		{"no model", `{"messages":[]}`, map[string]string{"region": "eu"}, "", nil, ""},
+		{"null model", `{"model":null,"organization":"acme"}`, map[string]string{"org": "acme", "region": "eu"}, "acme", nil, ""},
+		{"escaped model", `{"model":"meta-llama\/Llama-3.1-70B"}`, map[string]string{"model": "meta-llama/Llama-3.1-70B", "region": "eu"}, "meta-llama/Llama-3.1-70B", nil, ""},
+		{"not JSON", `model=gpt-4o`, nil, "", identity.ErrInvalidBody, "invalid_body"},
+		{"not an object", `["model"]`, nil, "", identity.ErrInvalidBody, "invalid_body"},
+		{"model a number", `{"model":4}`, nil, "", identity.ErrInvalidPoolValue, "invalid_pool_key"},
+		{"model outside the key charset", `{"model":"a b"}`, nil, "", identity.ErrInvalidPoolValue, "invalid_pool_key"},
+		{"model twice", `{"model":"big","model":"small"}`, nil, "", identity.ErrInvalidBody, "invalid_body"},
+		{"model twice, spelt apart", `{"model":"big","mod\u0065l":"small"}`, nil, "", identity.ErrInvalidBody, "invalid_body"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			id := identity.Identity{UserID: "u", Plan: "paid", Pools: map[string]string{"region": "eu"}}
+			err := r.BodyPools(&id, []byte(tc.body))
+			if !errors.Is(err, tc.wantErr) {
+				t.Fatalf("BodyPools(%s) = %v; want %v", tc.body, err, tc.wantErr)
+			}
+			if err != nil {
+				if ref := identity.Refusal(err); ref.Status != http.StatusBadRequest || ref.Error.Code != tc.wantCode {
+					t.Errorf("refusal %d %s (%s); want 400 %s", ref.Status, ref.Error.Code, ref.Error.Message, tc.wantCode)
+				}
+				return
+			}
+			if !reflect.DeepEqual(id.Pools, tc.want) || id.BodyLabel != tc.wantLabel {
+				t.Errorf("Pools %v label %q; want %v label %q", id.Pools, id.BodyLabel, tc.want, tc.wantLabel)
+			}
+		})
+	}
+}

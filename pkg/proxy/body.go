@@ -1,0 +1,88 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/joishi/limiter/pkg/hold"
+	"github.com/joishi/limiter/pkg/identity"
+	"github.com/joishi/limiter/pkg/limiter"
+)
+
+// bodyReadTimeout bounds reading a buffered request body, so that a
+// client trickling its body holds no buffer for long. It does not bound
+// the stream, which starts once the body is in.
+const bodyReadTimeout = 30 * time.Second
+
+// bufferBody reads r's body, up to MaxBodyBytes, and adds to id the pool
+// keys its body sources find there; r then carries the same bytes
+// upstream. An empty body joins no key. Not ok: the request is answered
+// with the refusal, or, nil, not at all (its client left).
+func (p *Proxy) bufferBody(w http.ResponseWriter, r *http.Request, id *identity.Identity) (*hold.Refusal, bool) {
+	limit := p.opts.MaxBodyBytes
+	if r.ContentLength > limit {
+		return tooLarge(fmt.Sprintf("the request body is %d bytes (Content-Length), over the %d bytes proxy.maxBodyBytes allows", r.ContentLength, limit)), false
+	}
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(bodyReadTimeout))
+	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	_ = rc.SetReadDeadline(time.Time{})
+	switch {
+	case r.Context().Err() != nil:
+		return nil, false
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		refusal := hold.Refused(http.StatusRequestTimeout, hold.TypeInvalidRequest, hold.CodeInvalidBody,
+			fmt.Sprintf("the request body did not arrive within %s", bodyReadTimeout))
+		return &refusal, false
+	case err != nil:
+		refusal := hold.Refused(http.StatusBadRequest, hold.TypeInvalidRequest, hold.CodeInvalidBody, "reading the request body: "+err.Error())
+		return &refusal, false
+	case int64(len(body)) > limit:
+		return tooLarge(fmt.Sprintf("the request body is over the %d bytes proxy.maxBodyBytes allows", limit)), false
+	}
+	r.Body.Close()
+	if len(body) == 0 {
+		r.Body, r.ContentLength = http.NoBody, 0
+		return nil, true
+	}
+	r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	if err := p.ident.BodyPools(id, body); err != nil {
+		refusal := identity.Refusal(err)
+		if ct := r.Header.Get("Content-Type"); errors.Is(err, identity.ErrInvalidBody) && ct != "" && !isJSON(ct) {
+			refusal.Error.Message += " (it was sent as " + ct + "; a pool's body source reads JSON request bodies)"
+		}
+		return &refusal, false
+	}
+	return nil, true
+}
+
+func tooLarge(msg string) *hold.Refusal {
+	r := hold.Refused(http.StatusRequestEntityTooLarge, hold.TypeInvalidRequest, hold.CodeBodyTooLarge, msg)
+	return &r
+}
+
+// isJSON reports whether a Content-Type is JSON's.
+func isJSON(contentType string) bool {
+	mt, _, _ := strings.Cut(contentType, ";")
+	mt = strings.ToLower(strings.TrimSpace(mt))
+	return mt == "application/json" || strings.HasSuffix(mt, "+json")
+}
+
+// poolsAttr is a grant's pool keys for the log: "model=gpt-4o,org=acme".
+func poolsAttr(grants []limiter.PoolGrant) string {
+	var b strings.Builder
+	for i, g := range grants {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(g.Pool + "=" + g.Key)
+	}
+	return b.String()
+}

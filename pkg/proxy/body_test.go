@@ -1,0 +1,272 @@
+package proxy_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/internal/limitertest"
+	"github.com/joishi/limiter/pkg/identity"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/pools"
+	"github.com/joishi/limiter/pkg/proxy"
+)
+
+// bodyEnv is a proxy whose pool model takes its key from the body's
+// model field: big is capped at 1, every other model at 10.
+func bodyEnv(t *testing.T, up http.Handler, maxBody int64, routes ...string) *env {
+	t.Helper()
+	table := pools.NewTable()
+	ten := 10
+	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "model", MaxConcurrentStreams: &ten, Keys: map[string]int{"big": 1}}.WithDefaults()}); err != nil {
+		t.Fatal(err)
+	}
+	sources, err := identity.ParsePoolSources(map[string]string{"model": "body:model"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newEnv(t, up, envOptions{
+		proxy:    proxy.Options{MaxBodyBytes: maxBody, Routes: routes},
+		stack:    limitertest.Options{Limiter: limiter.Options{Pools: table}},
+		identity: identity.Options{Pools: sources},
+	})
+}
+
+// recorder is an upstream that records the hash of each body it reads
+// and answers at once.
+type recorder struct{ hashes chan [32]byte }
+
+func (r recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	body, _ := io.ReadAll(req.Body)
+	r.hashes <- sha256.Sum256(body)
+	w.Header().Set("Content-Type", "text/event-stream")
+	_, _ = io.WriteString(w, "data: [DONE]\n\n")
+}
+
+func (e *env) chat(t *testing.T, ctx context.Context, user, body string) *http.Response {
+	t.Helper()
+	req := e.request(t, ctx, http.MethodPost, "/v1/chat/completions", user, "three", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	return e.do(t, req)
+}
+
+// A body source caps a model across users: the second stream of big is
+// refused with the OpenAI-shaped pool_limit_reached, small passes, and
+// the upstream reads each body as the client sent it, byte for byte.
+func TestBodyPoolCapsAModel(t *testing.T) {
+	up := newSSE()
+	bodies := make(chan []byte, 4)
+	e := bodyEnv(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		bodies <- b
+		up.ServeHTTP(w, r)
+	}), 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ana, bo := newUser(), newUser()
+	// messages before model, escapes and spacing the proxy must not touch.
+	body := "{ \"messages\": [{\"role\":\"user\",\"content\":\"say \\\"model\\\": \\u00e9\"}],\n  \"model\" : \"big\", \"stream\": true }"
+
+	first := e.chat(t, ctx, ana, body)
+	defer first.Body.Close()
+	if first.StatusCode != http.StatusOK {
+		t.Fatalf("the first stream of big: %d %+v", first.StatusCode, decodeError(t, first))
+	}
+	got := <-up.started
+	if sent := <-bodies; !bytes.Equal(sent, []byte(body)) || got.ContentLength != int64(len(body)) {
+		t.Errorf("the upstream read %d bytes (Content-Length %d); want the client's %d byte for byte", len(sent), got.ContentLength, len(body))
+	}
+	slots, err := e.Stack.Limiter.Slots(ctx, ana)
+	if err != nil || len(slots.Slots) != 1 || slots.Slots[0].Label != "big" {
+		t.Errorf("ana's slots %+v, %v; want one labelled big, the body's model", slots, err)
+	}
+
+	second := e.chat(t, ctx, bo, `{"model":"big","messages":[]}`)
+	if second.StatusCode != http.StatusTooManyRequests || second.Header.Get("Retry-After") == "" || second.Header.Get("X-Should-Retry") != "false" {
+		t.Errorf("the second stream of big: %d Retry-After %q x-should-retry %q; want 429 with both", second.StatusCode,
+			second.Header.Get("Retry-After"), second.Header.Get("X-Should-Retry"))
+	}
+	refusal := decodePoolError(t, second)
+	if refusal.Code != "pool_limit_reached" || refusal.Type != "rate_limit_error" || refusal.Pool != "model" || refusal.Key != "big" ||
+		refusal.Used == nil || *refusal.Used != 1 || refusal.Limit == nil || *refusal.Limit != 1 {
+		t.Errorf("the refusal %+v; want pool_limit_reached of model=big, 1 of 1", refusal)
+	}
+	if n := e.Used(t, bo); n != 0 {
+		t.Errorf("bo holds %d slots after the pool refused him; want 0", n)
+	}
+	up.checkNoneStarted(t)
+
+	third := e.chat(t, ctx, bo, `{"model":"small","messages":[]}`)
+	defer third.Body.Close()
+	if third.StatusCode != http.StatusOK {
+		t.Errorf("small beside a full big: %d; want 200", third.StatusCode)
+	}
+	<-up.started
+	<-bodies
+	key, err := e.Stack.Limiter.PoolSlots(ctx, "model", "big")
+	if err != nil || key.Used != 1 {
+		t.Errorf("model=big holds %d (%v); want 1", key.Used, err)
+	}
+}
+
+type poolError struct {
+	Code, Type, Message, Pool, Key string
+	Used, Limit                    *int
+}
+
+func decodePoolError(t *testing.T, resp *http.Response) poolError {
+	t.Helper()
+	defer resp.Body.Close()
+	var body struct{ Error poolError }
+	if err := jsonDecode(resp.Body, &body); err != nil {
+		t.Fatalf("decoding the refusal: %v", err)
+	}
+	return body.Error
+}
+
+// Bodies the proxy cannot take a key from are refused with a JSON 400,
+// before any slot and before the upstream.
+func TestBadBodiesTakeNoSlot(t *testing.T) {
+	up := newSSE()
+	e := bodyEnv(t, up, 0)
+	ctx := context.Background()
+	user := newUser()
+	cases := []struct{ name, body, code string }{
+		{"not JSON", `model=big`, "invalid_body"},
+		{"not an object", `["big"]`, "invalid_body"},
+		{"model a number", `{"model":7}`, "invalid_pool_key"},
+		{"model outside the key charset", `{"model":"big model"}`, "invalid_pool_key"},
+		{"model twice", `{"model":"small","model":"big"}`, "invalid_body"},
+		{"model twice, spelt apart", `{"model":"small","mod\u0065l":"big"}`, "invalid_body"},
+	}
+	for _, tc := range cases {
+		resp := e.chat(t, ctx, user, tc.body)
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("%s: %d; want 400", tc.name, resp.StatusCode)
+		}
+		if body := decodeError(t, resp); body.Error.Code != tc.code {
+			t.Errorf("%s: code %q (%s); want %s", tc.name, body.Error.Code, body.Error.Message, tc.code)
+		}
+	}
+	e.checkRefused(t, up, user, 0, "invalid", len(cases))
+	if key, err := e.Stack.Limiter.PoolSlots(ctx, "model", "big"); err != nil || key.Used != 0 {
+		t.Errorf("model=big holds %d (%v) after bad bodies; want 0", key.Used, err)
+	}
+}
+
+// proxy.maxBodyBytes, ±1: at the bound the request passes, one byte over
+// it is 413 whether the client says its length or sends it chunked.
+func TestBodyOverTheBoundIs413(t *testing.T) {
+	const bound = 1024
+	rec := recorder{hashes: make(chan [32]byte, 4)}
+	e := bodyEnv(t, rec, bound)
+	ctx := context.Background()
+	body := func(n int) string {
+		head := `{"model":"small","pad":"`
+		return head + strings.Repeat("x", n-len(head)-2) + `"}`
+	}
+	at := body(bound)
+	resp := e.chat(t, ctx, newUser(), at)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("a body of %d bytes, the bound: %d; want 200", len(at), resp.StatusCode)
+	}
+	if got := <-rec.hashes; got != sha256.Sum256([]byte(at)) { // the 200 came after the upstream's read
+		t.Error("the upstream read another body than the client's")
+	}
+
+	over := body(bound + 1)
+	resp = e.chat(t, ctx, newUser(), over)
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Errorf("a body of %d bytes with its length: %d; want 413", len(over), resp.StatusCode)
+	}
+	if b := decodeError(t, resp); b.Error.Code != "request_too_large" || !strings.Contains(b.Error.Message, "1024 bytes proxy.maxBodyBytes") {
+		t.Errorf("its refusal %+v; want request_too_large naming proxy.maxBodyBytes and the bound", b.Error)
+	}
+	// Chunked: no length to go by, so the proxy reads one byte past the
+	// bound.
+	user := newUser()
+	req := e.request(t, ctx, http.MethodPost, "/v1/chat/completions", user, "three", io.MultiReader(strings.NewReader(over)))
+	req.ContentLength = -1
+	resp = e.do(t, req)
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Errorf("a chunked body of %d bytes: %d; want 413", len(over), resp.StatusCode)
+	}
+	resp.Body.Close()
+	if n := e.Used(t, user); n != 0 {
+		t.Errorf("%d slots after a 413; want 0", n)
+	}
+	select {
+	case <-rec.hashes:
+		t.Error("a body over the bound reached the upstream")
+	default:
+	}
+}
+
+// An empty body (a GET on a limited route) joins no key of the pool and
+// is granted.
+func TestEmptyBodyJoinsNoKey(t *testing.T) {
+	rec := recorder{hashes: make(chan [32]byte, 1)}
+	e := bodyEnv(t, rec, 0)
+	resp := e.do(t, e.request(t, context.Background(), http.MethodGet, "/v1/chat/completions", newUser(), "three", nil))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET without a body: %d; want 200", resp.StatusCode)
+	}
+	if got := <-rec.hashes; got != sha256.Sum256(nil) {
+		t.Error("the upstream read a body; want none")
+	}
+}
+
+// Only a body source buffers, and only on a limited route: elsewhere the
+// upstream reads the body as it comes, and may answer before its end.
+func TestBodiesStreamWhereNoSourceReadsThem(t *testing.T) {
+	streams := func(t *testing.T, route string, newEnv func(http.Handler) *env) {
+		answered := make(chan struct{})
+		e := newEnv(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_ = http.NewResponseController(w).EnableFullDuplex()
+			buf := make([]byte, 5)
+			if _, err := io.ReadFull(r.Body, buf); err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			_, _ = w.Write(buf)
+			w.(http.Flusher).Flush()
+			close(answered)
+			_, _ = io.Copy(io.Discard, r.Body)
+		}))
+		pr, pw := io.Pipe()
+		go func() {
+			_, _ = pw.Write([]byte(`{"mod`))
+			// The rest only once the upstream answered the first bytes.
+			select {
+			case <-answered:
+				_, _ = pw.Write([]byte(`el":"big"}`))
+				pw.Close()
+			case <-time.After(5 * time.Second):
+				pw.CloseWithError(errors.New("the upstream did not answer before the body's end: the proxy held the body back"))
+			}
+		}()
+		resp := e.do(t, e.request(t, context.Background(), http.MethodPost, route, newUser(), "three", pr))
+		defer resp.Body.Close()
+		got, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK || string(got) != `{"mod` {
+			t.Errorf("POST %s: %d %q; want the upstream's answer to its first bytes", route, resp.StatusCode, got)
+		}
+	}
+	t.Run("a route the proxy does not limit", func(t *testing.T) {
+		streams(t, "/v1/models", func(h http.Handler) *env { return bodyEnv(t, h, 0, "/v1/chat/completions") })
+	})
+	t.Run("no body source", func(t *testing.T) {
+		streams(t, "/v1/chat/completions", func(h http.Handler) *env { return newEnv(t, h, envOptions{}) })
+	})
+}
+
+func jsonDecode(r io.Reader, v any) error { return json.NewDecoder(r).Decode(v) }
