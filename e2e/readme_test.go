@@ -90,10 +90,17 @@ var docSpecs = map[string]docSpec{
 	`docker push registry.example.com/limiter:0.1.0`: {how: docNotRun, why: needsRegistry},
 	`helm install limiter charts/limiter --namespace limiter --create-namespace --set image.repository=registry.example.com/limiter --set image.tag=0.1.0 --set 'redis.addrs={redis-cluster-0.redis:6379,redis-cluster-1.redis:6379}'`: {how: docNotRun, why: needsCluster},
 	// README.md: the proxy, in front of a test upstream that streams until
-	// the test ends.
-	`go run ./cmd/limiter proxy --upstream http://my-llm:8000`: {how: docServe},
-	`curl -N localhost:8000/v1/chat/completions -H 'X-User-Id: ana' -H 'X-Plan: free' -d '{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}'`: {how: docBackground},
-	`curl -i localhost:8000/v1/chat/completions -H 'X-User-Id: ana' -H 'X-Plan: free' -d '{"model":"m","stream":true}'`:                                             {want: []string{"429", "X-Should-Retry: false", `"code":"stream_limit_reached"`}},
+	// the test ends, with the pool "model" keyed by the body's model (its
+	// key "big" capped at 1): the user's cap, then the pool's.
+	`env LIMITER_POOLS_STATIC='[{"pool":"model","keys":{"big":1}}]' LIMITER_IDENTITY_POOLS=model=body:model go run ./cmd/limiter proxy --upstream http://my-llm:8000`: {how: docServe},
+	`curl -N localhost:8000/v1/chat/completions -H 'X-User-Id: ana' -H 'X-Plan: free' -d '{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}'`:   {how: docBackground},
+	`curl -i localhost:8000/v1/chat/completions -H 'X-User-Id: ana' -H 'X-Plan: free' -d '{"model":"m","stream":true}'`:                                               {want: []string{"429", "X-Should-Retry: false", `"code":"stream_limit_reached"`}},
+	`curl -N localhost:8000/v1/chat/completions -H 'X-User-Id: bo' -H 'X-Plan: paid' -d '{"model":"big","stream":true}'`:                                              {how: docBackground},
+	`curl -i localhost:8000/v1/chat/completions -H 'X-User-Id: cy' -H 'X-Plan: paid' -d '{"model":"big","stream":true}'`: {want: []string{"429", "Retry-After:", "X-Should-Retry: false",
+		`"type":"rate_limit_error"`, `"code":"pool_limit_reached"`, `"pool":"model"`, `"key":"big"`}},
+	// README.md: the pool's 429 through Envoy AI Gateway.
+	`curl -i https://llm.example.com/v1/chat/completions -H "Authorization: Bearer $KEY" -d '{"model":"big","stream":true}'`: {how: docNotRun,
+		why: "needs Envoy and Envoy AI Gateway, which cannot run here; pkg/extproc's tests play the filter's messages (pool keys from headers and from a buffered body), and the answer is the 429 the proxy's command above shows"},
 	// README.md and docs/envoy.md: the ext_proc server.
 	`limiter serve --config limiter.yaml --extproc-addr :9091`: {how: docServe},
 	// README.md and docs/envoy.md: Helm.

@@ -167,6 +167,14 @@ rather than a pod or the API server later.
 {{- fail (printf "proxy.port %d is server.opsPort's: give them different ports" (int .Values.proxy.port)) }}
 {{- end }}
 {{- end }}
+{{- with .Values.identity.pools }}
+{{- if not (or (include "limiter.proxyMode" $) $.Values.extproc.enabled) }}
+{{- fail "identity.pools is read by mode proxy and by the ext_proc server (extproc.enabled) only: set one of them, or unset identity.pools" }}
+{{- end }}
+{{- if not (include "limiter.kubernetesTiers" $) }}
+{{- fail (printf "identity.pools (%s) needs tiers.source kubernetes: the chart renders no pools.static, so with tiers.source static the limiter would refuse every pool; make each pool a LimitPool (limitPools)" (keys . | sortAlpha | join ", ")) }}
+{{- end }}
+{{- end }}
 {{- if and (empty .Values.redis.addrs) (gt (int .Values.replicaCount) 1) }}
 {{- fail (printf "redis.addrs is empty, which selects the embedded in-process store: it holds one replica's slots only, so with replicaCount %d every replica would enforce its own limit. Set redis.addrs, or replicaCount: 1 for a trial." (int .Values.replicaCount)) }}
 {{- end }}
