@@ -15,7 +15,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shellcheck source=hack/lib/install.sh
 source hack/lib/install.sh
 
-step() { printf '==> %s\n' "$*"; }
+step() { printf '==> [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 
 # npm_ci DIR SRC PKG WHAT: installs the packages SRC/package-lock.json pins
 # into DIR (npm ci), in a cache outside the clone: again only when the lock
@@ -33,21 +33,47 @@ npm_ci() {
 	fi
 }
 
-if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
-	step "installing redis-server redis-tools"
-	apt_install redis-server redis-tools
-fi
-if [[ ! -x /usr/bin/chromium ]]; then
-	step "installing chromium"
-	apt_install chromium
-fi
-
 # node and npm, before the tools: Redocly's CLI is an npm package, and the
 # OpenAI SDK and TypeScript client tests run on node.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
 	step "installing nodejs npm"
 	apt_install nodejs npm
 fi
+
+# The Debian packages the tests use and the tools do not: Redis; Chromium,
+# for the admin page's browser tests; python3 with venv, setuptools and
+# wheel, for the Python client's suite and its offline install test
+# (e2e/clients_test.go). They install in the background while the tools
+# build (apt waits on the network, the builds on the CPU).
+packages=()
+if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+	packages+=(redis-server redis-tools)
+fi
+if [[ ! -x /usr/bin/chromium ]]; then
+	packages+=(chromium)
+fi
+if ! command -v python3 >/dev/null || ! /usr/bin/python3 -c 'import ensurepip, setuptools, wheel' 2>/dev/null; then
+	packages+=(python3 python3-venv python3-setuptools python3-wheel)
+fi
+packages_pid=
+packages_log=$(mktemp "${TMPDIR:-/tmp}/limiter-apt.XXXXXX")
+if ((${#packages[@]})); then
+	step "installing ${packages[*]} (apt), beside the tools"
+	apt_install "${packages[@]}" >"$packages_log" 2>&1 &
+	packages_pid=$!
+fi
+# wait_packages waits for those packages, and stops the run when they
+# failed to install.
+wait_packages() {
+	if [[ -n "$packages_pid" ]] && ! wait "$packages_pid"; then
+		echo "installing ${packages[*]} failed; apt's output:" >&2
+		sed 's/^/    /' "$packages_log" >&2
+		rm -f "$packages_log"
+		exit 1
+	fi
+	rm -f "$packages_log"
+	[[ -z "$packages_pid" ]] || step "installed ${packages[*]}"
+}
 
 # The servers and analysers the tests run, each installed once into
 # ${LIMITER_CACHE:-~/.cache/limiter} by its own script: envtest's
@@ -62,14 +88,7 @@ install_tools \
 	"LIMITER_REDOCLY|hack/redocly.sh|installing Redocly's CLI (npm) for the OpenAPI lint (internal/apitest)" \
 	"LIMITER_PROMTOOL|hack/promtool.sh|installing promtool, Debian's or else built from source, for the alert rule tests (e2e)"
 
-# The Python client's suite (e2e/clients_test.go) runs on the distribution's
-# python3; its client needs nothing beyond the standard library. Its install
-# test builds the package offline in a venv of /usr/bin/python3, with
-# Debian's setuptools and wheel (ensurepip is python3-venv's).
-if ! command -v python3 >/dev/null || ! /usr/bin/python3 -c 'import ensurepip, setuptools, wheel' 2>/dev/null; then
-	step "installing python3 python3-venv python3-setuptools python3-wheel"
-	apt_install python3 python3-venv python3-setuptools python3-wheel
-fi
+wait_packages
 
 # The official OpenAI Node SDK the proxy's e2e tests stream through, as
 # e2e/openai/package-lock.json pins it.
