@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -200,11 +201,39 @@ func (f *adminFlags) print(w io.Writer, v any, text func(io.Writer)) error {
 
 func printSlots(w io.Writer, s httpapi.AdminSlotsResponse) {
 	fmt.Fprintf(w, "user %s: %d live %s\n", s.UserID, s.Used, plural(s.Used, "slot", "slots"))
+	printPlanLimits(w, s.PlanLimits)
 	if o := s.Override; o != nil {
 		printOverride(w, *o)
 	}
 	printSlotTable(w, s.Slots, false)
 	printTicketTable(w, s.Queue, false)
+}
+
+// shadowMark follows a limit that refuses nothing: its plan or pool is in
+// shadow mode (enforce: false), so what it counts can be above it.
+const shadowMark = "shadow - not enforced"
+
+// shadow reports whether enforce, an answer's, says shadow mode: a server
+// older than the field sends none, and enforces.
+func shadow(enforce *bool) bool { return enforce != nil && !*enforce }
+
+// printPlanLimits writes, when one of them is in shadow mode, the limit
+// of each plan the user's slots and waiting acquires are under (each
+// acquire is judged by its own plan's), marking those in shadow mode: the
+// user may hold more than such a limit, and support must not take it for
+// a lockout. Nothing when every plan's limit refuses, as before the mark.
+func printPlanLimits(w io.Writer, limits []httpapi.AdminPlanLimit) {
+	if !slices.ContainsFunc(limits, func(l httpapi.AdminPlanLimit) bool { return shadow(l.Enforce) }) {
+		return
+	}
+	parts := make([]string, len(limits))
+	for i, l := range limits {
+		parts[i] = fmt.Sprintf("plan %s allows %d", l.Plan, l.Limit)
+		if shadow(l.Enforce) {
+			parts[i] += " (" + shadowMark + ": nothing is refused, acquires over it are counted as would_refuse)"
+		}
+	}
+	fmt.Fprintf(w, "%s: %s\n", plural(len(limits), "limit", "limits"), strings.Join(parts, "; "))
 }
 
 // printSlotTable writes slots as a table, each with its user when

@@ -82,6 +82,9 @@ func printPoolKey(w io.Writer, p httpapi.AdminPoolKeyResponse) {
 	limit := "not capped"
 	if p.Limit != nil {
 		limit = fmt.Sprintf("the pool's cap %d", *p.Limit)
+		if shadow(p.Enforce) {
+			limit += " (" + shadowMark + ": nothing is refused, streams over it are counted as would_refuse)"
+		}
 	}
 	fmt.Fprintf(w, "pool key %s=%s: %d live %s, %s\n", p.Pool, p.Key, p.Used, plural(p.Used, "membership", "memberships"), limit)
 	if o := p.Override; o != nil {

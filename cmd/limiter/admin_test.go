@@ -202,3 +202,71 @@ func TestAdminSlotsShowsTheQueue(t *testing.T) {
 		})
 	}
 }
+
+// slots and pool mark a limit in shadow mode (enforce: false), which
+// refuses nothing, so the count above it is no lockout; a limit that
+// refuses, and one from a server older than the field, are not marked.
+func TestAdminShowsShadowMode(t *testing.T) {
+	enforce, shadowed := true, false
+	three, one := 3, 1
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+httpapi.PathAdminUserSlots, func(w http.ResponseWriter, r *http.Request) {
+		out := httpapi.AdminSlotsResponse{UserID: r.PathValue("user_id"), Slots: []httpapi.AdminSlot{}, Queue: []httpapi.AdminTicket{}}
+		switch out.UserID {
+		case "u-shadow":
+			out.Used, out.PlanLimits = 3, []httpapi.AdminPlanLimit{{Plan: "trial", Limit: 1, Enforce: &shadowed}}
+		case "u-both":
+			out.Used, out.PlanLimits = 2, []httpapi.AdminPlanLimit{{Plan: "paid", Limit: 3, Enforce: &enforce}, {Plan: "trial", Limit: 1, Enforce: &shadowed}}
+		case "u-enforced":
+			out.Used, out.PlanLimits = 1, []httpapi.AdminPlanLimit{{Plan: "paid", Limit: 3, Enforce: &enforce}}
+		case "u-old-server":
+			out.Used, out.PlanLimits = 1, []httpapi.AdminPlanLimit{{Plan: "paid", Limit: 3}}
+		}
+		_ = json.NewEncoder(w).Encode(out)
+	})
+	mux.HandleFunc("GET "+httpapi.PathAdminPoolKey, func(w http.ResponseWriter, r *http.Request) {
+		out := httpapi.AdminPoolKeyResponse{Pool: r.PathValue("pool"), Key: r.PathValue("key"), Holders: []httpapi.AdminSlot{}, Waiters: []httpapi.AdminTicket{}}
+		switch out.Pool {
+		case "provider":
+			out.Used, out.Limit, out.Enforce = 2, &one, &shadowed
+		case "model":
+			out.Used, out.Limit, out.Enforce = 3, &three, &enforce
+		case "old":
+			out.Used, out.Limit = 3, &three
+		case "uncapped":
+			out.Enforce = &shadowed
+		}
+		_ = json.NewEncoder(w).Encode(out)
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	for _, tc := range []struct {
+		name       string
+		args       []string
+		want       string
+		wantShadow bool
+	}{
+		{"a plan in shadow mode", []string{"slots", "u-shadow"},
+			"user u-shadow: 3 live slots\nlimit: plan trial allows 1 (shadow - not enforced: nothing is refused, acquires over it are counted as would_refuse)\n", true},
+		{"a plan in shadow mode beside one that refuses", []string{"slots", "u-both"},
+			"limits: plan paid allows 3; plan trial allows 1 (shadow - not enforced", true},
+		{"a plan that refuses: no limit line, as before the mark", []string{"slots", "u-enforced"}, "user u-enforced: 1 live slot\n", false},
+		{"a server older than the field", []string{"slots", "u-old-server"}, "user u-old-server: 1 live slot\n", false},
+		{"a pool in shadow mode", []string{"pool", "provider", "openai"},
+			"pool key provider=openai: 2 live memberships, the pool's cap 1 (shadow - not enforced: nothing is refused, streams over it are counted as would_refuse)\n", true},
+		{"a pool that refuses", []string{"pool", "model", "gpt-4o"}, "pool key model=gpt-4o: 3 live memberships, the pool's cap 3\n", false},
+		{"a pool from a server older than the field", []string{"pool", "old", "k"}, "pool key old=k: 3 live memberships, the pool's cap 3\n", false},
+		{"a key not capped has no cap to mark", []string{"pool", "uncapped", "k"}, "pool key uncapped=k: 0 live memberships, not capped\n", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := runAdminText(t, append(tc.args, "--url", srv.URL, "--token", "t")...)
+			if !strings.Contains(out, tc.want) {
+				t.Errorf("admin %v: got %q, want it to hold %q", tc.args, out, tc.want)
+			}
+			if got := strings.Contains(out, "shadow"); got != tc.wantShadow {
+				t.Errorf("admin %v: got %q, marked shadow %v, want %v", tc.args, out, got, tc.wantShadow)
+			}
+		})
+	}
+}

@@ -7,15 +7,15 @@ import (
 )
 
 // listPoolKey serves GET /v1/admin/pools/{pool}/keys/{key}: the key's
-// holders, its waiters in serve order, its cap and its override, listed as
-// a user's slots and queue are (a pool key's memberships and tickets name
-// their user).
+// holders, its waiters in serve order, its cap, whether the cap refuses
+// (not in shadow mode) and its override, listed as a user's slots and
+// queue are (a pool key's memberships and tickets name their user).
 func (a *Admin) listPoolKey(_ http.ResponseWriter, r *http.Request, _ *httpapi.AuditRecord) (any, error) {
 	listed, err := a.lim.PoolSlots(r.Context(), r.PathValue("pool"), r.PathValue("key"))
 	if err != nil {
 		return nil, err
 	}
-	out := httpapi.AdminPoolKeyResponse{Pool: listed.Pool, Key: listed.Key, Used: listed.Used,
+	out := httpapi.AdminPoolKeyResponse{Pool: listed.Pool, Key: listed.Key, Used: listed.Used, Enforce: new(listed.Enforce),
 		Override: adminOverrideOf(listed.Override), Holders: make([]httpapi.AdminSlot, len(listed.Holders)),
 		Waiters: make([]httpapi.AdminTicket, len(listed.Waiters))}
 	if listed.Capped {

@@ -30,8 +30,10 @@ func (a *Admin) listSlots(_ http.ResponseWriter, r *http.Request, _ *httpapi.Aud
 }
 
 // planLimits are the limits of the plans slots holds and waits under,
-// by plan name. A listing cannot tell one limit of the user: the next
-// acquire's plan decides it, so the page shows each plan's.
+// by plan name, each saying whether it refuses (a plan in shadow mode
+// does not, so the user may hold more). A listing cannot tell one limit
+// of the user: the next acquire's plan decides it, so the page shows
+// each plan's.
 func (a *Admin) planLimits(slots limiter.UserSlots) []httpapi.AdminPlanLimit {
 	plans := make([]string, 0, len(slots.Slots)+len(slots.Queue))
 	for _, s := range slots.Slots {
@@ -44,7 +46,7 @@ func (a *Admin) planLimits(slots limiter.UserSlots) []httpapi.AdminPlanLimit {
 	out := []httpapi.AdminPlanLimit{}
 	for _, plan := range slices.Compact(plans) {
 		if tier, ok := a.lim.Tiers().LookupHeld(plan); ok && plan != "" {
-			out = append(out, httpapi.AdminPlanLimit{Plan: plan, Limit: tier.MaxConcurrentStreams})
+			out = append(out, httpapi.AdminPlanLimit{Plan: plan, Limit: tier.MaxConcurrentStreams, Enforce: new(tier.Enforced())})
 		}
 	}
 	return out

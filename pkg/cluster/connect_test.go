@@ -25,7 +25,7 @@ func grants(t *testing.T, c *Client) {
 	defer cancel()
 	redis := connected(t, c)
 	key, _ := keys.Schema{}.UserKey("connect-test")
-	got, err := lua.Acquire(ctx, redis, key, keys.NewStreamID(), 3, time.Minute, lua.Record{})
+	got, err := lua.Acquire(ctx, redis, key, keys.NewStreamID(), 3, time.Minute, lua.Record{}, false)
 	if err != nil || !got.Granted {
 		t.Fatalf("acquire = %+v, %v; want granted", got, err)
 	}

@@ -147,6 +147,11 @@ type AdminSlotsResponse struct {
 type AdminPlanLimit struct {
 	Plan  string `json:"plan"`
 	Limit int    `json:"limit"`
+	// Enforce is false for a plan in shadow mode (enforce: false, DESIGN
+	// §18): its limit refuses nothing, so the user may hold more than
+	// Limit, each slot above it counted as a would-be refusal. Always
+	// sent; nil from a server older than the field, which enforces.
+	Enforce *bool `json:"enforce,omitempty"`
 }
 
 // AdminTicket is one acquire waiting in a queue: a user's, or a pool
@@ -247,6 +252,10 @@ type AdminPoolKeyResponse struct {
 	// default; absent when the pool caps neither (no stream joins the
 	// key). An override in force replaces it.
 	Limit *int `json:"limit,omitempty"`
+	// Enforce is false for a pool in shadow mode (enforce: false, DESIGN
+	// §18): its caps refuse nothing, so Used may be above Limit. Always
+	// sent; nil from a server older than the field, which enforces.
+	Enforce *bool `json:"enforce,omitempty"`
 	// Override is the key's override of the cap in force; absent when
 	// none.
 	Override *AdminOverride `json:"override,omitempty"`

@@ -78,6 +78,15 @@ type AcquireResponse struct {
 	// Pools are the capped pool keys the stream joined, in the order of
 	// the pools' names; absent when it joined none.
 	Pools []PoolGrant `json:"pools,omitempty"`
+	// WouldRefuse is the code of the 429 a scope in shadow mode (a plan's
+	// or pool's enforce: false) would have answered, and did not:
+	// stream_limit_reached (Used counts the slot, above Limit) or
+	// pool_limit_reached (WouldRefuseBy names the pool key). Absent when
+	// no scope would have refused.
+	WouldRefuse string `json:"would_refuse,omitempty"`
+	// WouldRefuseBy is the pool key of a would_refuse pool_limit_reached,
+	// with its live memberships and cap.
+	WouldRefuseBy *PoolGrant `json:"would_refuse_by,omitempty"`
 }
 
 // HeartbeatRequest is the body of POST /v1/slots/heartbeat, and one slot of
@@ -145,6 +154,9 @@ type Tier struct {
 	// MaxWaitMs caps the wait_ms of the plan's acquires; 0: they never
 	// wait.
 	MaxWaitMs int64 `json:"max_wait_ms"`
+	// Enforce is false for a plan in shadow mode: its limit refuses
+	// nothing, and says what it would refuse (would_refuse).
+	Enforce bool `json:"enforce"`
 }
 
 // ErrorResponse is the body of every error answer.

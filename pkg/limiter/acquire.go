@@ -89,7 +89,23 @@ type AcquireResult struct {
 	// RefusedBy, on a denial, is the pool key that refused the stream;
 	// nil when the user's own limit did (Used, Limit, RetryAfter).
 	RefusedBy *PoolRefusal
+	// WouldRefuse, on a grant, is the refusal that a scope in shadow mode
+	// (enforce: false) would have answered and did not (DESIGN §18):
+	// CodeStreamLimitReached for the plan's limit (Used counts the slot,
+	// above Limit), CodePoolLimitReached for a pool key's cap
+	// (WouldRefuseBy names it). "" when none would have.
+	WouldRefuse string
+	// WouldRefuseBy is the pool key of a WouldRefuse
+	// CodePoolLimitReached: its live memberships and cap.
+	WouldRefuseBy *PoolRefusal
 }
+
+// Codes of the refusals a shadow scope would have answered
+// (AcquireResult.WouldRefuse): those of the HTTP API's 429s.
+const (
+	CodeStreamLimitReached = "stream_limit_reached"
+	CodePoolLimitReached   = "pool_limit_reached"
+)
 
 // Acquire takes a slot for req.UserID if the user holds fewer than the
 // plan's limit, or the limit of the user's override in force (and no
@@ -169,7 +185,7 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	err = l.doBy(ctx, end, "acquire", func(ctx context.Context, c rueidis.Client) (err error) {
 		c, replicas = l.synced(c)
 		rec := lua.Record{Caller: req.Caller, Plan: tier.Plan, Pools: lua.EncodePools(held), Label: req.Label}
-		got, err = lua.Acquire(ctx, c, key, req.StreamID, tier.MaxConcurrentStreams, tier.SlotTTL, rec)
+		got, err = lua.Acquire(ctx, c, key, req.StreamID, tier.MaxConcurrentStreams, tier.SlotTTL, rec, !tier.Enforced())
 		return err
 	})
 	res := AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}
@@ -203,6 +219,9 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	}
 	if got.Granted {
 		res.ExpiresAt = msTime(got.ExpiresAtMs)
+		if got.WouldRefuse {
+			res.WouldRefuse = CodeStreamLimitReached
+		}
 		if err := l.confirmGrant(ctx, replicas, tier, key, &res); err != nil {
 			return res, tier, err
 		}
@@ -234,11 +253,12 @@ func (l *Limiter) grantPools(ctx context.Context, end, waitUntil time.Time, req 
 	j, err := l.joinPools(ctx, end, waitUntil, req, tier, ms, added)
 	res.Waited += j.waited
 	if err != nil {
-		res.Granted, res.ExpiresAt = false, time.Time{}
+		res.Granted, res.ExpiresAt, res.WouldRefuse = false, time.Time{}, ""
 		return err
 	}
 	if r := j.refusal; r != nil {
 		res.Granted, res.ExpiresAt, res.RefusedBy, res.RetryAfter = false, time.Time{}, r, r.RetryAfter
+		res.WouldRefuse = "" // said of grants only
 		if added {
 			res.Used--
 		}
@@ -247,6 +267,9 @@ func (l *Limiter) grantPools(ctx context.Context, end, waitUntil time.Time, req 
 	res.Pools = j.grants
 	for _, g := range j.grants {
 		res.Degraded = res.Degraded || g.Degraded
+	}
+	if j.shadow != nil && res.WouldRefuse == "" {
+		res.WouldRefuse, res.WouldRefuseBy = CodePoolLimitReached, j.shadow
 	}
 	return nil
 }

@@ -67,6 +67,10 @@ const (
 	// JoinUnavailable: the key's shard did not answer and the pool fails
 	// closed: the acquire answers ErrUnavailable.
 	JoinUnavailable JoinOutcome = "unavailable"
+	// JoinShadowRefused: the key held its cap and the pool is in shadow
+	// mode (enforce: false): the membership was granted all the same, and
+	// counted (PoolGrant.WouldRefuse).
+	JoinShadowRefused JoinOutcome = "shadow_refused"
 )
 
 type nopObserver struct{}

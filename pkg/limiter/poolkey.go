@@ -40,6 +40,9 @@ type PoolKeySlots struct {
 	// no stream joins the key and it has no holders.
 	Limit  int
 	Capped bool
+	// Enforce is false when the pool is in shadow mode (enforce: false,
+	// DESIGN §18): its caps refuse nothing, so Used may be above Limit.
+	Enforce bool
 	// Override is the key's support override in force, which replaces
 	// Limit; nil when none.
 	Override *Override
@@ -68,6 +71,7 @@ func (l *Limiter) poolSlots(ctx context.Context, name, key string) (PoolKeySlots
 	}
 	out := PoolKeySlots{Pool: name, Key: key, Used: len(listing.Slots), Holders: make([]Holder, len(listing.Slots))}
 	out.Limit, out.Capped = pool.Limit(key)
+	out.Enforce = pool.Enforced()
 	for i, s := range listing.Slots {
 		// The member is poolMember's "<stream id> <user id>": a stream id
 		// holds no space.

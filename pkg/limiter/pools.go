@@ -48,6 +48,10 @@ type PoolGrant struct {
 	// Degraded: the key's shard did not answer and the pool fails open,
 	// so the membership was granted without being counted.
 	Degraded bool
+	// WouldRefuse: the key held its cap and the pool is in shadow mode
+	// (enforce: false): the membership was granted all the same, and Used
+	// counts it, above Limit.
+	WouldRefuse bool
 }
 
 // PoolRefusal says which pool key refused an acquire, and why.
@@ -112,6 +116,9 @@ func poolMember(userID, streamID string) string { return streamID + " " + userID
 type joined struct {
 	grants  []PoolGrant
 	refusal *PoolRefusal
+	// shadow is the first pool key in shadow mode that would have refused
+	// the stream, which joined it all the same.
+	shadow *PoolRefusal
 	// waited is how long the acquire waited in pool keys' queues.
 	waited time.Duration
 }
@@ -130,7 +137,7 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 	for _, m := range ms {
 		var got lua.Acquired
 		err := l.doBy(ctx, end, "acquire_pool", func(ctx context.Context, c rueidis.Client) (err error) {
-			got, err = lua.Acquire(ctx, c, m.slots, member, m.limit, tier.SlotTTL, rec)
+			got, err = lua.Acquire(ctx, c, m.slots, member, m.limit, tier.SlotTTL, rec, !m.pool.Enforced())
 			return err
 		})
 		if err == nil && len(got.Wake) > 0 {
@@ -181,8 +188,16 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 		if !got.Extended {
 			taken = append(taken, m.slots)
 		}
-		l.observer.Joined(ctx, m.pool.Pool, JoinGranted, got.Used, limit)
-		out.grants = append(out.grants, PoolGrant{Pool: m.pool.Pool, Key: m.key, Used: got.Used, Limit: limit, Overridden: got.Override >= 0})
+		outcome := JoinGranted
+		if got.WouldRefuse {
+			outcome = JoinShadowRefused
+			if out.shadow == nil {
+				out.shadow = &PoolRefusal{Pool: m.pool.Pool, Key: m.key, Used: got.Used, Limit: limit}
+			}
+		}
+		l.observer.Joined(ctx, m.pool.Pool, outcome, got.Used, limit)
+		out.grants = append(out.grants, PoolGrant{Pool: m.pool.Pool, Key: m.key, Used: got.Used, Limit: limit,
+			Overridden: got.Override >= 0, WouldRefuse: got.WouldRefuse})
 	}
 	return out, nil
 }

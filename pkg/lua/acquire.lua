@@ -14,7 +14,10 @@
 -- ARGV[4] -> the rest of a new slot's record: '' or ';name=value' fields
 --            (optional: absent is ''); its caller, when it names one, is
 --            who asks
--- returns {granted (1|2|0|-1), used, expires_at_ms, pruned, retry_after_ms, override, {wake ids}}
+-- ARGV[5] -> '0': shadow mode (the scope's enforce: false): a stream the
+--            limit refuses is granted all the same, and counted
+--            (optional: absent enforces)
+-- returns {granted (1|2|0|-1), used, expires_at_ms, pruned, retry_after_ms, override, {wake ids}, shadow}
 --   granted 1      a new slot; 2: the stream held one, now extended
 --   granted -1     the stream is held by another caller: nothing changed
 --   used           slots held after this call (live slots only)
@@ -29,6 +32,9 @@
 --                  applied), else -1
 --   wake ids       when this call pruned slots: the waiting acquires owed
 --                  the slots now free; the caller wakes them (see wait)
+--   shadow         1 when the limit would have refused the new slot and
+--                  shadow mode granted it (used then counts it, above the
+--                  limit), else 0
 --
 -- Idempotent on the stream id: acquiring a held stream extends it (never
 -- shortens it) and leaves used unchanged. A stream belongs to the caller
@@ -55,6 +61,7 @@ local member = ARGV[1]
 local limit = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
 local caller = holder(ARGV[4])
+local shadow = ARGV[5] == '0'
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -62,7 +69,7 @@ local record = ARGV[3] .. ';started=' .. string.format('%d', now) .. (ARGV[4] or
 
 -- Another caller's stream is not this call's to extend.
 if caller ~= '' and foreign(redis.call('HGET', meta, member), caller) then
-  return {-1, redis.call('ZCOUNT', key, '(' .. string.format('%d', now), '+inf'), 0, 0, 0, -1, {}}
+  return {-1, redis.call('ZCOUNT', key, '(' .. string.format('%d', now), '+inf'), 0, 0, 0, -1, {}, 0}
 end
 
 -- A support override in force replaces the plan's limit.
@@ -100,6 +107,12 @@ local fits = taken < limit
 for _, room in ipairs(slack) do
   fits = fits and room >= 1
 end
+-- Shadow mode: what the limit would refuse is granted, and said to be.
+local wouldRefuse = 0
+if not fits and shadow then
+  fits = true
+  wouldRefuse = 1
+end
 local granted = 0
 local expires = 0
 local retry = 0
@@ -125,6 +138,7 @@ if fits then
     used = used + 1
   else
     extend()
+    wouldRefuse = 0 -- a held stream is extended, whatever the limit
   end
 elseif redis.call('ZSCORE', key, member) then
   extend()
@@ -170,4 +184,4 @@ if pruned > 0 then
   wake = due
 end
 
-return {granted, used, expires, pruned, retry, override, wake}
+return {granted, used, expires, pruned, retry, override, wake, wouldRefuse}

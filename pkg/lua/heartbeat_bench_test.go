@@ -76,7 +76,7 @@ func benchRefresh(b *testing.B, addrs []string) {
 	slots := make([]lua.HeartbeatArgs, refreshUsers)
 	for i := range slots {
 		slots[i] = lua.HeartbeatArgs{Key: "bench-refresh:" + run + ":{" + strconv.Itoa(i) + "}", StreamID: "s", TTL: refreshTTL}
-		if got, err := lua.Acquire(ctx, c, slots[i].Key, "s", 3, refreshTTL, lua.Record{}); err != nil || !got.Granted {
+		if got, err := lua.Acquire(ctx, c, slots[i].Key, "s", 3, refreshTTL, lua.Record{}, false); err != nil || !got.Granted {
 			b.Fatalf("acquire %s = %+v, %v", slots[i].Key, got, err)
 		}
 	}

@@ -34,7 +34,7 @@ func TestHeartbeatMultiRefreshesHealthyNodesWhileOneHangs(t *testing.T) {
 	slots := make([]lua.HeartbeatArgs, 300)
 	for i := range slots {
 		slots[i] = lua.HeartbeatArgs{Key: fmt.Sprintf("heartbeat-multi:{user-%d}", i), StreamID: "s", TTL: 10 * time.Second}
-		if got, err := lua.Acquire(ctx, c, slots[i].Key, "s", 1, slots[i].TTL, lua.Record{}); err != nil || !got.Granted {
+		if got, err := lua.Acquire(ctx, c, slots[i].Key, "s", 1, slots[i].TTL, lua.Record{}, false); err != nil || !got.Granted {
 			t.Fatalf("acquire %s = %+v, %v", slots[i].Key, got, err)
 		}
 	}

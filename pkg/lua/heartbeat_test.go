@@ -66,14 +66,14 @@ func TestHeartbeatMultiRefreshesAUsersSlotsInOneCall(t *testing.T) {
 		user := "heartbeat-multi:" + run + ":{user}"
 		other := "heartbeat-multi:" + run + ":{other}"
 		for _, s := range []string{"a", "b", "c"} {
-			if got, err := lua.Acquire(ctx, c, user, s, 5, time.Minute, lua.Record{}); err != nil || !got.Granted {
+			if got, err := lua.Acquire(ctx, c, user, s, 5, time.Minute, lua.Record{}, false); err != nil || !got.Granted {
 				t.Fatalf("acquire %s = %+v, %v", s, got, err)
 			}
 		}
-		if got, err := lua.Acquire(ctx, c, user, "short", 5, 50*time.Millisecond, lua.Record{}); err != nil || !got.Granted {
+		if got, err := lua.Acquire(ctx, c, user, "short", 5, 50*time.Millisecond, lua.Record{}, false); err != nil || !got.Granted {
 			t.Fatalf("acquire short = %+v, %v", got, err)
 		}
-		if got, err := lua.Acquire(ctx, c, other, "x", 5, time.Minute, lua.Record{}); err != nil || !got.Granted {
+		if got, err := lua.Acquire(ctx, c, other, "x", 5, time.Minute, lua.Record{}, false); err != nil || !got.Granted {
 			t.Fatalf("acquire x = %+v, %v", got, err)
 		}
 		time.Sleep(100 * time.Millisecond) // "short" expires
@@ -123,7 +123,7 @@ func TestHeartbeatMovesTheKeysExpiryOnlyWhenItMust(t *testing.T) {
 		ctx := context.Background()
 		const ttl = time.Second
 		key := fmt.Sprintf("heartbeat-expiry:%s:{user}", keys.NewStreamID()[:12])
-		if got, err := lua.Acquire(ctx, c, key, "s", 1, ttl, lua.Record{}); err != nil || !got.Granted {
+		if got, err := lua.Acquire(ctx, c, key, "s", 1, ttl, lua.Record{}, false); err != nil || !got.Granted {
 			t.Fatalf("acquire = %+v, %v", got, err)
 		}
 		// The same instant. The embedded store keeps a TTL relative to when

@@ -22,7 +22,7 @@ func TestAnOverrideReplacesThePlansLimitUntilItExpires(t *testing.T) {
 		key, _ := keys.Schema{Prefix: "lua-override:"}.UserKey(fmt.Sprintf("u-%d", time.Now().UnixNano()))
 		acquire := func(stream string) lua.Acquired {
 			t.Helper()
-			got, err := lua.Acquire(ctx, c, key, stream, 1, time.Minute, lua.Record{})
+			got, err := lua.Acquire(ctx, c, key, stream, 1, time.Minute, lua.Record{}, false)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -101,7 +101,7 @@ func TestTheSlotsListingCarriesEachSlotsRecord(t *testing.T) {
 		ctx := context.Background()
 		key, _ := keys.Schema{Prefix: "lua-records:"}.UserKey(fmt.Sprintf("u-%d", time.Now().UnixNano()))
 		rec := lua.Record{Caller: "chat-api", Plan: "paid", Label: "model=gpt;pod=7"}
-		if _, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, rec); err != nil {
+		if _, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, rec, false); err != nil {
 			t.Fatal(err)
 		}
 		first, err := lua.Slots(ctx, c, key)
@@ -116,7 +116,7 @@ func TestTheSlotsListingCarriesEachSlotsRecord(t *testing.T) {
 			t.Errorf("started at %d, listed at %d: want a start by Redis time just before", got.StartedAtMs, first.NowMs)
 		}
 		time.Sleep(20 * time.Millisecond)
-		if _, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, lua.Record{Caller: "other", Plan: "free"}); err != nil {
+		if _, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, lua.Record{Caller: "other", Plan: "free"}, false); err != nil {
 			t.Fatal(err)
 		}
 		again, err := lua.Slots(ctx, c, key)

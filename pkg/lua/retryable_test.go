@@ -46,7 +46,7 @@ func TestScriptCallsAreSentOnceAndRetryableSaysWhichMayBeRetried(t *testing.T) {
 			retryable bool
 		}{
 			{"acquire", func(c rueidis.Client) error {
-				_, err := lua.Acquire(ctx, c, key, "s1", 3, time.Minute, lua.Record{Plan: "three"})
+				_, err := lua.Acquire(ctx, c, key, "s1", 3, time.Minute, lua.Record{Plan: "three"}, false)
 				return err
 			}, true},
 			{"release", func(c rueidis.Client) error {

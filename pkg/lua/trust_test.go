@@ -65,12 +65,12 @@ func TestAStreamBelongsToTheCallerThatTookIt(t *testing.T) {
 		ctx := context.Background()
 		key := newKey(t)
 		owner := lua.Record{Caller: "chat-backend", Plan: "paid"}
-		first, err := lua.Acquire(ctx, c, key, "secret-1", 3, time.Minute, owner)
+		first, err := lua.Acquire(ctx, c, key, "secret-1", 3, time.Minute, owner, false)
 		if err != nil || !first.Granted {
 			t.Fatalf("owner's acquire: %+v, %v", first, err)
 		}
 		for _, other := range []string{"batch-jobs", "chat-backend2", "chat-backen", "Chat-backend"} {
-			got, err := lua.Acquire(ctx, c, key, "secret-1", 1, 2*time.Hour, lua.Record{Caller: other, Plan: "free"})
+			got, err := lua.Acquire(ctx, c, key, "secret-1", 1, 2*time.Hour, lua.Record{Caller: other, Plan: "free"}, false)
 			if err != nil || got.Granted || !got.NotHolder {
 				t.Errorf("%s's acquire of the held stream = %+v, %v; want NotHolder", other, got, err)
 			}
@@ -102,7 +102,7 @@ func TestAStreamBelongsToTheCallerThatTookIt(t *testing.T) {
 		if beat, err := lua.Heartbeat(ctx, c, "chat-backend", key, "secret-1", time.Minute); err != nil || !beat.Alive {
 			t.Errorf("owner's heartbeat = %+v, %v; want alive", beat, err)
 		}
-		if got, err := lua.Acquire(ctx, c, key, "secret-1", 3, time.Minute, owner); err != nil || !got.Granted {
+		if got, err := lua.Acquire(ctx, c, key, "secret-1", 3, time.Minute, owner, false); err != nil || !got.Granted {
 			t.Errorf("owner's re-acquire = %+v, %v; want granted", got, err)
 		}
 		if beat, err := lua.Heartbeat(ctx, c, "", key, "secret-1", time.Minute); err != nil || !beat.Alive {
@@ -145,14 +145,14 @@ func TestAReacquireRestoresALostRecordWithItsExpiry(t *testing.T) {
 	eachServer(t, func(t *testing.T, c rueidis.Client, embedded bool) {
 		ctx := context.Background()
 		key := newKey(t)
-		if got, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, lua.Record{Plan: "paid"}); err != nil || !got.Granted {
+		if got, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, lua.Record{Plan: "paid"}, false); err != nil || !got.Granted {
 			t.Fatalf("acquire: %+v, %v", got, err)
 		}
 		if err := c.Do(ctx, c.B().Del().Key(keys.SlotRecords(key)).Build()).Error(); err != nil {
 			t.Fatal(err)
 		}
 		// Soon after: the key's expiry is far enough out not to move.
-		if got, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, lua.Record{Plan: "paid"}); err != nil || !got.Granted {
+		if got, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, lua.Record{Plan: "paid"}, false); err != nil || !got.Granted {
 			t.Fatalf("re-acquire: %+v, %v", got, err)
 		}
 		rec, err := c.Do(ctx, c.B().Hget().Key(keys.SlotRecords(key)).Field("s").Build()).ToString()
@@ -201,13 +201,13 @@ func TestTheCallerIsReadOnlyWhereItIsRecorded(t *testing.T) {
 	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
 		ctx := context.Background()
 		key := newKey(t)
-		if got, err := lua.Acquire(ctx, c, key, "open", 3, time.Minute, lua.Record{Label: "x;caller=mallory"}); err != nil || !got.Granted {
+		if got, err := lua.Acquire(ctx, c, key, "open", 3, time.Minute, lua.Record{Label: "x;caller=mallory"}, false); err != nil || !got.Granted {
 			t.Fatalf("acquire: %+v, %v", got, err)
 		}
 		if beat, err := lua.Heartbeat(ctx, c, "chat", key, "open", time.Minute); err != nil || !beat.Alive {
 			t.Errorf("heartbeat of a slot with no caller whose label spells one: %+v, %v; want alive", beat, err)
 		}
-		if got, err := lua.Acquire(ctx, c, key, "chats", 3, time.Minute, lua.Record{Caller: "chat", Label: ";caller=mallory"}); err != nil || !got.Granted {
+		if got, err := lua.Acquire(ctx, c, key, "chats", 3, time.Minute, lua.Record{Caller: "chat", Label: ";caller=mallory"}, false); err != nil || !got.Granted {
 			t.Fatalf("acquire: %+v, %v", got, err)
 		}
 		if beat, err := lua.Heartbeat(ctx, c, "mallory", key, "chats", time.Minute); err != nil || !beat.NotHolder {

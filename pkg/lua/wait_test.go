@@ -34,7 +34,7 @@ func mustWait(t *testing.T, c rueidis.Client, key string, a lua.WaitArgs) lua.Wa
 // mustAcquire acquires as for a plan whose acquires may wait.
 func mustAcquire(t *testing.T, c rueidis.Client, key, id string, limit int) lua.Acquired {
 	t.Helper()
-	got, err := lua.Acquire(context.Background(), c, key, id, limit, 10*time.Second, lua.Record{})
+	got, err := lua.Acquire(context.Background(), c, key, id, limit, 10*time.Second, lua.Record{}, false)
 	if err != nil {
 		t.Fatalf("Acquire %s: %v", id, err)
 	}
@@ -89,7 +89,7 @@ func TestWaitServesTheQueueInArrivalOrder(t *testing.T) {
 		}
 		// Nor does one of a plan whose own acquires never wait, nor one of
 		// a plan with a larger limit: the slot is a1's.
-		if a, err := lua.Acquire(context.Background(), c, key, "no-wait-plan", 1, 10*time.Second, lua.Record{}); err != nil || a.Granted {
+		if a, err := lua.Acquire(context.Background(), c, key, "no-wait-plan", 1, 10*time.Second, lua.Record{}, false); err != nil || a.Granted {
 			t.Fatalf("acquire of a plan that never waits = %+v, %v; want denied, the slot owed to a1", a, err)
 		}
 
@@ -246,7 +246,7 @@ func TestReleaseNamesTheHeadOnlyWhenItFreesASlot(t *testing.T) {
 
 		// An acquire that prunes an expired slot wakes those owed it.
 		other := newKey(t)
-		if _, err := lua.Acquire(context.Background(), c, other, "short", 1, 100*time.Millisecond, lua.Record{}); err != nil {
+		if _, err := lua.Acquire(context.Background(), c, other, "short", 1, 100*time.Millisecond, lua.Record{}, false); err != nil {
 			t.Fatal(err)
 		}
 		mustWait(t, c, other, waitArgs(1, []string{"w"}))
@@ -291,7 +291,7 @@ func TestWaitServesByPriorityThenTheUserHoldingFewest(t *testing.T) {
 		}
 		hold := func(id, user string) {
 			t.Helper()
-			got, err := lua.Acquire(context.Background(), c, key, id+" "+user, 2, 10*time.Second, lua.Record{User: user})
+			got, err := lua.Acquire(context.Background(), c, key, id+" "+user, 2, 10*time.Second, lua.Record{User: user}, false)
 			if err != nil || !got.Granted {
 				t.Fatalf("acquire %s of %s: %+v, %v", id, user, got, err)
 			}

@@ -30,6 +30,9 @@ type Acquired struct {
 	// Wake are the waiting acquires owed the slots this call's pruning
 	// freed: the caller wakes them.
 	Wake []string
+	// WouldRefuse: the limit would have refused the new slot, and shadow
+	// mode (AcquireOptions.Shadow) granted it; Used counts it.
+	WouldRefuse bool
 }
 
 // Acquire runs the acquire script on key (a keys.Schema.UserKey), its
@@ -41,13 +44,20 @@ type Acquired struct {
 // rec is written as the new slot's record, after its TTL and start; its
 // Caller is who asks: a stream another caller holds is not extended
 // (NotHolder).
-func Acquire(ctx context.Context, c rueidis.Client, key, streamID string, limit int, ttl time.Duration, rec Record) (Acquired, error) {
-	arr, err := acquireScript.Exec(ctx, c, queueKeys(key), []string{streamID, strconv.Itoa(limit), ms(ttl), rec.encode()}).ToArray()
+//
+// shadow grants what the limit would refuse, and says so (WouldRefuse):
+// the scope's enforce: false.
+func Acquire(ctx context.Context, c rueidis.Client, key, streamID string, limit int, ttl time.Duration, rec Record, shadow bool) (Acquired, error) {
+	enforce := "1"
+	if shadow {
+		enforce = "0"
+	}
+	arr, err := acquireScript.Exec(ctx, c, queueKeys(key), []string{streamID, strconv.Itoa(limit), ms(ttl), rec.encode(), enforce}).ToArray()
 	if err != nil {
 		return Acquired{}, err
 	}
-	if len(arr) != 7 {
-		return Acquired{}, fmt.Errorf("acquire script returned %d values, want 7", len(arr))
+	if len(arr) != 8 {
+		return Acquired{}, fmt.Errorf("acquire script returned %d values, want 8", len(arr))
 	}
 	vals, err := int64s(arr[:6])
 	if err != nil {
@@ -56,6 +66,10 @@ func Acquire(ctx context.Context, c rueidis.Client, key, streamID string, limit 
 	wake, err := arr[6].AsStrSlice()
 	if err != nil {
 		return Acquired{}, fmt.Errorf("acquire script: wake ids: %w", err)
+	}
+	shadowed, err := arr[7].AsInt64()
+	if err != nil {
+		return Acquired{}, fmt.Errorf("acquire script: shadow: %w", err)
 	}
 	return Acquired{
 		Granted:      vals[0] >= 1,
@@ -67,6 +81,7 @@ func Acquire(ctx context.Context, c rueidis.Client, key, streamID string, limit 
 		RetryAfterMs: vals[4],
 		Override:     int(vals[5]),
 		Wake:         wake,
+		WouldRefuse:  shadowed == 1,
 	}, nil
 }
 

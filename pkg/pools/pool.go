@@ -48,7 +48,17 @@ type Pool struct {
 	// FailureMode applies when the shard of a key does not answer in time.
 	// Default Open.
 	FailureMode tiers.FailureMode
+	// Enforce, false, puts the pool in shadow mode (DESIGN §18): its caps
+	// decide and count every membership as usual but never refuse one; a
+	// stream a key would refuse joins it all the same and is said to
+	// (would_refuse pool_limit_reached). Nil (the default) or true: the
+	// caps refuse.
+	Enforce *bool
 }
+
+// Enforced reports whether the pool's caps refuse (Enforce unset or
+// true), rather than only saying what they would refuse.
+func (p Pool) Enforced() bool { return p.Enforce == nil || *p.Enforce }
 
 // Name is the pool's key in a Table: its name.
 func (p Pool) Name() string { return p.Pool }

@@ -101,14 +101,24 @@ func appendAcquireResponse(b []byte, v httpapi.AcquireResponse) []byte {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = appendString(append(b, `{"pool":`...), p.Pool)
-			b = appendString(append(b, `,"key":`...), p.Key)
-			b = strconv.AppendInt(append(b, `,"used":`...), int64(p.Used), 10)
-			b = strconv.AppendInt(append(b, `,"limit":`...), int64(p.Limit), 10)
-			b = append(b, '}')
+			b = appendPoolGrant(b, p)
 		}
 		b = append(b, ']')
 	}
+	if v.WouldRefuse != "" {
+		b = appendString(append(b, `,"would_refuse":`...), v.WouldRefuse)
+	}
+	if v.WouldRefuseBy != nil {
+		b = appendPoolGrant(append(b, `,"would_refuse_by":`...), *v.WouldRefuseBy)
+	}
+	return append(b, '}')
+}
+
+func appendPoolGrant(b []byte, p httpapi.PoolGrant) []byte {
+	b = appendString(append(b, `{"pool":`...), p.Pool)
+	b = appendString(append(b, `,"key":`...), p.Key)
+	b = strconv.AppendInt(append(b, `,"used":`...), int64(p.Used), 10)
+	b = strconv.AppendInt(append(b, `,"limit":`...), int64(p.Limit), 10)
 	return append(b, '}')
 }
 
@@ -156,6 +166,7 @@ func appendTiersResponse(b []byte, v httpapi.TiersResponse) []byte {
 		b = strconv.AppendInt(append(b, `,"heartbeat_interval_ms":`...), t.HeartbeatIntervalMs, 10)
 		b = appendString(append(b, `,"failure_mode":`...), t.FailureMode)
 		b = strconv.AppendInt(append(b, `,"max_wait_ms":`...), t.MaxWaitMs, 10)
+		b = appendBool(append(b, `,"enforce":`...), t.Enforce)
 		b = append(b, '}')
 	}
 	return append(b, "]}"...)

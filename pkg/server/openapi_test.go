@@ -402,12 +402,12 @@ func TestAPITiers(t *testing.T) {
 	a := newAPI(t, limitertest.New(t, limitertest.Options{}).Limiter)
 	got := decode[httpapi.TiersResponse](t, a.call(t, http.MethodGet, httpapi.PathTiers, nil, false), http.StatusOK)
 	want := []httpapi.Tier{
-		{Plan: "closed", MaxConcurrentStreams: 3, SlotTTLMs: 10_000, HeartbeatIntervalMs: 1_000, FailureMode: "Closed"},
-		{Plan: "none", MaxConcurrentStreams: 0, SlotTTLMs: 10_000, HeartbeatIntervalMs: 1_000, FailureMode: "Open"},
-		{Plan: "one", MaxConcurrentStreams: 1, SlotTTLMs: 10_000, HeartbeatIntervalMs: 1_000, FailureMode: "Open"},
-		{Plan: "short", MaxConcurrentStreams: 3, SlotTTLMs: 300, HeartbeatIntervalMs: 100, FailureMode: "Open"},
-		{Plan: "short-one", MaxConcurrentStreams: 1, SlotTTLMs: 300, HeartbeatIntervalMs: 100, FailureMode: "Open"},
-		{Plan: "three", MaxConcurrentStreams: 3, SlotTTLMs: 10_000, HeartbeatIntervalMs: 1_000, FailureMode: "Open"},
+		{Plan: "closed", MaxConcurrentStreams: 3, SlotTTLMs: 10_000, HeartbeatIntervalMs: 1_000, FailureMode: "Closed", Enforce: true},
+		{Plan: "none", MaxConcurrentStreams: 0, SlotTTLMs: 10_000, HeartbeatIntervalMs: 1_000, FailureMode: "Open", Enforce: true},
+		{Plan: "one", MaxConcurrentStreams: 1, SlotTTLMs: 10_000, HeartbeatIntervalMs: 1_000, FailureMode: "Open", Enforce: true},
+		{Plan: "short", MaxConcurrentStreams: 3, SlotTTLMs: 300, HeartbeatIntervalMs: 100, FailureMode: "Open", Enforce: true},
+		{Plan: "short-one", MaxConcurrentStreams: 1, SlotTTLMs: 300, HeartbeatIntervalMs: 100, FailureMode: "Open", Enforce: true},
+		{Plan: "three", MaxConcurrentStreams: 3, SlotTTLMs: 10_000, HeartbeatIntervalMs: 1_000, FailureMode: "Open", Enforce: true},
 	}
 	if fmt.Sprint(got.Tiers) != fmt.Sprint(want) {
 		t.Errorf("tiers: got %+v, want %+v", got.Tiers, want)

@@ -83,6 +83,8 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		Degraded:            res.Degraded,
 		WaitedMs:            waitedMs(res.Waited),
 		Pools:               poolGrants(res.Pools),
+		WouldRefuse:         res.WouldRefuse,
+		WouldRefuseBy:       wouldRefuseBy(res.WouldRefuseBy),
 	})
 	a.send(w, http.StatusOK)
 }
@@ -225,6 +227,7 @@ func (s *Server) tiers(w http.ResponseWriter, r *http.Request) {
 			HeartbeatIntervalMs:  t.HeartbeatInterval.Milliseconds(),
 			FailureMode:          string(t.FailureMode),
 			MaxWaitMs:            t.MaxWait.Milliseconds(),
+			Enforce:              t.Enforced(),
 		}
 	}
 	a := newAnswer()
@@ -270,6 +273,15 @@ func writePoolRefusal(w http.ResponseWriter, r *limiter.PoolRefusal, waited time
 	}
 	e.Message += note
 	writeError(w, http.StatusTooManyRequests, e)
+}
+
+// wouldRefuseBy is the pool key a shadow pool would have refused a grant
+// by, as the API answers it; nil when none.
+func wouldRefuseBy(r *limiter.PoolRefusal) *httpapi.PoolGrant {
+	if r == nil {
+		return nil
+	}
+	return &httpapi.PoolGrant{Pool: r.Pool, Key: r.Key, Used: r.Used, Limit: r.Limit}
 }
 
 // poolGrants are a grant's pool keys as the API answers them.

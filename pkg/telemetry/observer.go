@@ -21,8 +21,11 @@ const (
 	outcomeLimited     = "limited"
 	outcomeDegraded    = "degraded"
 	outcomeUnavailable = "unavailable"
-	outcomeAlive       = "alive"
-	outcomeLost        = "lost"
+	// outcomeShadowRefused: the plan is in shadow mode (enforce: false)
+	// and its limit would have refused the acquire, which was granted.
+	outcomeShadowRefused = "shadow_refused"
+	outcomeAlive         = "alive"
+	outcomeLost          = "lost"
 )
 
 // Histogram buckets.
@@ -96,7 +99,7 @@ func (o *Observer) planLabels(plan string) *planLabels {
 	p := attribute.String("plan", plan)
 	l := &planLabels{plan: metric.WithAttributeSet(attribute.NewSet(p)), outcomes: map[string]metric.MeasurementOption{},
 		acquires: map[string]*atomic.Int64{}, waits: map[limiter.WaitOutcome]metric.MeasurementOption{}}
-	for _, outcome := range []string{outcomeGranted, outcomeLimited, outcomeDegraded, outcomeUnavailable} {
+	for _, outcome := range []string{outcomeGranted, outcomeLimited, outcomeDegraded, outcomeUnavailable, outcomeShadowRefused} {
 		l.outcomes[outcome] = metric.WithAttributeSet(attribute.NewSet(p, attribute.String("outcome", outcome)))
 		l.acquires[outcome] = new(atomic.Int64)
 	}
@@ -197,7 +200,7 @@ func NewObserver(mp metric.MeterProvider, table *tiers.Table, opts ObserverOptio
 		poolUsedMax: newUsedMax(opts.UsedMaxWindow, time.Now), poolFillMax: newUsedMax(opts.UsedMaxWindow, time.Now), poolTable: opts.Pools}
 	var errs [13]error
 	_, errs[0] = m.Int64ObservableCounter("limiter.acquire", metric.WithUnit("{acquire}"),
-		metric.WithDescription("Acquires by plan and outcome: granted, limited (429), degraded (granted uncounted: Redis down, fail-open), unavailable (503: Redis down, fail-closed)."),
+		metric.WithDescription("Acquires by plan and outcome: granted, limited (429), degraded (granted uncounted: Redis down, fail-open), unavailable (503: Redis down, fail-closed), shadow_refused (the plan is in shadow mode, enforce: false: its limit would have refused the acquire, which was granted and counted)."),
 		metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
 			o.plans.Range(func(_, v any) bool {
 				l := v.(*planLabels)
@@ -285,6 +288,8 @@ func (o *Observer) Acquired(ctx context.Context, tier tiers.Tier, res limiter.Ac
 		return
 	case res.Degraded:
 		outcome = outcomeDegraded
+	case res.Granted && res.WouldRefuse == limiter.CodeStreamLimitReached:
+		outcome = outcomeShadowRefused
 	case res.Granted:
 		outcome = outcomeGranted
 	default:
@@ -292,10 +297,10 @@ func (o *Observer) Acquired(ctx context.Context, tier tiers.Tier, res limiter.Ac
 	}
 	labels := o.planLabels(tier.Plan)
 	labels.acquires[outcome].Add(1)
-	if outcome == outcomeGranted {
+	if outcome == outcomeGranted || outcome == outcomeShadowRefused {
 		o.used.Record(ctx, int64(res.Used), labels.plan)
 	}
-	if outcome == outcomeGranted || outcome == outcomeLimited {
+	if outcome == outcomeGranted || outcome == outcomeLimited || outcome == outcomeShadowRefused {
 		o.usedMax.record(tier.Plan, res.Used)
 	}
 }

@@ -19,7 +19,7 @@ import (
 // there.
 
 // joinOutcomes label limiter_pool_acquire_total, by index.
-var joinOutcomes = [...]limiter.JoinOutcome{limiter.JoinGranted, limiter.JoinLimited, limiter.JoinDegraded, limiter.JoinUnavailable}
+var joinOutcomes = [...]limiter.JoinOutcome{limiter.JoinGranted, limiter.JoinLimited, limiter.JoinDegraded, limiter.JoinUnavailable, limiter.JoinShadowRefused}
 
 // joinIndex is outcome's index in joinOutcomes; -1 for none.
 func joinIndex(outcome limiter.JoinOutcome) int {
@@ -32,6 +32,8 @@ func joinIndex(outcome limiter.JoinOutcome) int {
 		return 2
 	case limiter.JoinUnavailable:
 		return 3
+	case limiter.JoinShadowRefused:
+		return 4
 	}
 	return -1
 }
@@ -86,7 +88,7 @@ func (o *Observer) rangePools(fn func(*poolLabels)) {
 func (o *Observer) registerPools(m metric.Meter) error {
 	var errs [4]error
 	_, errs[0] = m.Int64ObservableCounter("limiter.pool.acquire", metric.WithUnit("{acquire}"),
-		metric.WithDescription("Pool steps of acquires, by pool and outcome: granted (the key had room; counted even when a later pool of the acquire refused it and the membership was given back), limited (the key was at its cap: 429 pool_limit_reached), degraded (the key's shard did not answer, the pool fails open: granted uncounted), unavailable (the same, failing closed: 503). The pools after the one that refused are not asked, nor counted."),
+		metric.WithDescription("Pool steps of acquires, by pool and outcome: granted (the key had room; counted even when a later pool of the acquire refused it and the membership was given back), limited (the key was at its cap: 429 pool_limit_reached), degraded (the key's shard did not answer, the pool fails open: granted uncounted), unavailable (the same, failing closed: 503), shadow_refused (the key was at its cap and the pool is in shadow mode, enforce: false: joined and counted all the same). The pools after the one that refused are not asked, nor counted."),
 		metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
 			o.rangePools(func(l *poolLabels) {
 				for i := range l.joins {
@@ -124,7 +126,7 @@ func (o *Observer) Joined(_ context.Context, pool string, outcome limiter.JoinOu
 		return
 	}
 	o.poolLabels(pool).joins[i].Add(1)
-	if outcome != limiter.JoinGranted && outcome != limiter.JoinLimited {
+	if outcome != limiter.JoinGranted && outcome != limiter.JoinLimited && outcome != limiter.JoinShadowRefused {
 		return
 	}
 	o.poolUsedMax.record(pool, used)

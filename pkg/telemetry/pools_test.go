@@ -147,6 +147,7 @@ func TestPoolMetricsOfAKeyAtItsCap(t *testing.T) {
 		`limiter_pool_acquire_total{outcome="limited",pool="model"} 1`,
 		`limiter_pool_acquire_total{outcome="degraded",pool="model"} 0`,
 		`limiter_pool_acquire_total{outcome="unavailable",pool="model"} 0`,
+		`limiter_pool_acquire_total{outcome="shadow_refused",pool="model"} 0`,
 	)
 	expectLines(t, s.tel, "limiter_pool_used_max", `limiter_pool_used_max{pool="model"} 1`)
 	expectLines(t, s.tel, "limiter_pool_fill_max", `limiter_pool_fill_max{pool="model"} 1`)
@@ -201,18 +202,22 @@ func TestPoolMetricsCountEachStep(t *testing.T) {
 		`limiter_pool_acquire_total{outcome="limited",pool="model"} 1`,
 		`limiter_pool_acquire_total{outcome="degraded",pool="model"} 1`,
 		`limiter_pool_acquire_total{outcome="unavailable",pool="model"} 0`,
+		`limiter_pool_acquire_total{outcome="shadow_refused",pool="model"} 0`,
 		`limiter_pool_acquire_total{outcome="granted",pool="org"} 2`,
 		`limiter_pool_acquire_total{outcome="limited",pool="org"} 1`,
 		`limiter_pool_acquire_total{outcome="degraded",pool="org"} 0`,
 		`limiter_pool_acquire_total{outcome="unavailable",pool="org"} 0`,
+		`limiter_pool_acquire_total{outcome="shadow_refused",pool="org"} 0`,
 		`limiter_pool_acquire_total{outcome="granted",pool="provider"} 1`,
 		`limiter_pool_acquire_total{outcome="limited",pool="provider"} 1`,
 		`limiter_pool_acquire_total{outcome="degraded",pool="provider"} 0`,
 		`limiter_pool_acquire_total{outcome="unavailable",pool="provider"} 0`,
+		`limiter_pool_acquire_total{outcome="shadow_refused",pool="provider"} 0`,
 		`limiter_pool_acquire_total{outcome="granted",pool="region"} 0`,
 		`limiter_pool_acquire_total{outcome="limited",pool="region"} 0`,
 		`limiter_pool_acquire_total{outcome="degraded",pool="region"} 0`,
 		`limiter_pool_acquire_total{outcome="unavailable",pool="region"} 1`,
+		`limiter_pool_acquire_total{outcome="shadow_refused",pool="region"} 0`,
 	)
 	expectLines(t, s.tel, "limiter_pool_used_max",
 		`limiter_pool_used_max{pool="model"} 1`,
@@ -245,6 +250,7 @@ func TestPoolSeriesStartAtZero(t *testing.T) {
 			`limiter_pool_acquire_total{outcome="limited",pool="` + pool + `"} 0`,
 			`limiter_pool_acquire_total{outcome="degraded",pool="` + pool + `"} 0`,
 			`limiter_pool_acquire_total{outcome="unavailable",pool="` + pool + `"} 0`,
+			`limiter_pool_acquire_total{outcome="shadow_refused",pool="` + pool + `"} 0`,
 			`limiter_pool_fill_max{pool="` + pool + `"} 0`,
 			`limiter_pool_used_max{pool="` + pool + `"} 0`,
 		}
@@ -274,4 +280,33 @@ func TestJoinedDoesNotAllocate(t *testing.T) {
 	}); allocs != 0 {
 		t.Errorf("Joined: %v allocations per run, want 0", allocs)
 	}
+}
+
+// Shadow refusals are counted apart, exactly: a plan in shadow mode
+// counts each acquire over its limit shadow_refused (by plan), and a pool
+// in shadow mode each membership over a key's cap (by pool); neither
+// counts them granted or limited.
+func TestShadowRefusalsAreCountedByPlanAndPool(t *testing.T) {
+	off := false
+	s := newPoolStackOf(t, []tiers.Tier{
+		tiers.Tier{Plan: "watch", MaxConcurrentStreams: 1, Enforce: &off}.WithDefaults(),
+		tiers.Tier{Plan: "three", MaxConcurrentStreams: 3}.WithDefaults(),
+	}, false, pools.Pool{Pool: "model", MaxConcurrentStreams: capOf(2), Enforce: &off}.WithDefaults())
+	user := "shadowtest-" + keys.NewStreamID()[:12]
+	for range 4 { // the first within the limit, 3 over it
+		if res, err := s.lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "watch"}); err != nil || !res.Granted {
+			t.Fatalf("acquire of plan watch: %+v, %v; want granted", res, err)
+		}
+	}
+	for range 5 { // 2 within the cap, 3 over it
+		if res, err := s.acquire(t, map[string]string{"model": "big"}); err != nil || !res.Granted {
+			t.Fatalf("acquire joining model=big: %+v, %v; want granted", res, err)
+		}
+	}
+	expectLines(t, s.tel, `limiter_acquire_total{outcome="shadow_refused",plan="watch"}`, `limiter_acquire_total{outcome="shadow_refused",plan="watch"} 3`)
+	expectLines(t, s.tel, `limiter_acquire_total{outcome="granted",plan="watch"}`, `limiter_acquire_total{outcome="granted",plan="watch"} 1`)
+	expectLines(t, s.tel, `limiter_acquire_total{outcome="limited",plan="watch"}`, `limiter_acquire_total{outcome="limited",plan="watch"} 0`)
+	expectLines(t, s.tel, `limiter_pool_acquire_total{outcome="shadow_refused"`, `limiter_pool_acquire_total{outcome="shadow_refused",pool="model"} 3`)
+	expectLines(t, s.tel, `limiter_pool_acquire_total{outcome="granted"`, `limiter_pool_acquire_total{outcome="granted",pool="model"} 2`)
+	expectLines(t, s.tel, "limiter_pool_used_max", `limiter_pool_used_max{pool="model"} 5`)
 }

@@ -88,7 +88,16 @@ type Tier struct {
 	// (DESIGN §17): a higher priority is served first. 0 (the default)
 	// to MaxPriority.
 	Priority int
+	// Enforce, false, puts the plan in shadow mode (DESIGN §18): its limit
+	// decides and counts every acquire as usual but never refuses one; a
+	// stream it would refuse is granted, takes its slot and is said to
+	// be (would_refuse). Nil (the default) or true: the limit refuses.
+	Enforce *bool
 }
+
+// Enforced reports whether the plan's limit refuses (Enforce unset or
+// true), rather than only saying what it would refuse.
+func (t Tier) Enforced() bool { return t.Enforce == nil || *t.Enforce }
 
 // WithDefaults returns t with its zero-valued optional fields set to their
 // defaults.

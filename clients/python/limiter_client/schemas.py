@@ -139,6 +139,16 @@ class AcquireResponse:
     pools: Optional[List[PoolGrant]] = None
     """The capped pool keys the stream joined, in the order of the pools' names; absent when it joined none."""
 
+    would_refuse: Optional[str] = None
+    """The 429 a scope in shadow mode (a plan's or pool's `enforce: false`) would have answered, and did not: the stream is granted and counted.
+    `stream_limit_reached`: the plan's limit (`used` counts the slot, above `limit`); `pool_limit_reached`: a pool key's cap (`would_refuse_by`).
+    Absent when no scope would have refused.
+
+    Known values: "stream_limit_reached", "pool_limit_reached".
+    """
+
+    would_refuse_by: Optional[PoolGrant] = None
+
 
 @dataclasses.dataclass(frozen=True)
 class PoolGrant:
@@ -261,6 +271,9 @@ class Tier:
 
     max_wait_ms: int
     """The longest an acquire of the plan may wait for a slot (its `wait_ms` is capped by it); 0 means acquires never wait."""
+
+    enforce: bool
+    """False for a plan in shadow mode - its limit refuses nothing and says what it would refuse (`would_refuse`)."""
 
 
 class ErrorCode:
@@ -456,6 +469,12 @@ class AdminPlanLimit:
     limit: int
     """The plan's maxConcurrentStreams."""
 
+    enforce: Optional[bool] = None
+    """False for a plan in shadow mode (`enforce: false`): its limit refuses nothing, so the user may hold more
+    slots than `limit`, each acquire over it granted and counted as a would-be refusal (`would_refuse`).
+    Always sent; optional so that a client reads a server older than the field (which enforces).
+    """
+
 
 @dataclasses.dataclass(frozen=True)
 class AdminPoolKeyResponse:
@@ -478,6 +497,12 @@ class AdminPoolKeyResponse:
 
     limit: Optional[int] = None
     """The pool's cap of the key - its own, else the pool's default; absent when the pool caps neither. An override in force replaces it."""
+
+    enforce: Optional[bool] = None
+    """False for a pool in shadow mode (`enforce: false`): its caps refuse nothing, so `used` may be above `limit`,
+    each stream joining the full key granted and counted as a would-be refusal (`would_refuse_by`).
+    Always sent; optional so that a client reads a server older than the field (which enforces).
+    """
 
     override: Optional[AdminOverride] = None
     """The key's override of the cap in force; absent when none."""
@@ -747,6 +772,8 @@ _FIELDS: Dict[type, Tuple[Tuple[str, Any, bool], ...]] = {
         ("degraded", "boolean", True),
         ("waited_ms", "integer", False),
         ("pools", ("array", PoolGrant), False),
+        ("would_refuse", "string", False),
+        ("would_refuse_by", PoolGrant, False),
     ),
     PoolGrant: (
         ("pool", "string", True),
@@ -795,6 +822,7 @@ _FIELDS: Dict[type, Tuple[Tuple[str, Any, bool], ...]] = {
         ("heartbeat_interval_ms", "integer", True),
         ("failure_mode", "string", True),
         ("max_wait_ms", "integer", True),
+        ("enforce", "boolean", True),
     ),
     Error: (
         ("code", "string", True),
@@ -845,12 +873,14 @@ _FIELDS: Dict[type, Tuple[Tuple[str, Any, bool], ...]] = {
     AdminPlanLimit: (
         ("plan", "string", True),
         ("limit", "integer", True),
+        ("enforce", "boolean", False),
     ),
     AdminPoolKeyResponse: (
         ("pool", "string", True),
         ("key", "string", True),
         ("used", "integer", True),
         ("limit", "integer", False),
+        ("enforce", "boolean", False),
         ("override", AdminOverride, False),
         ("holders", ("array", AdminSlot), True),
         ("waiters", ("array", AdminTicket), True),

@@ -136,6 +136,17 @@ export interface AcquireResponse {
 
   /** The capped pool keys the stream joined, in the order of the pools' names; absent when it joined none. */
   pools?: PoolGrant[];
+
+  /**
+   * The 429 a scope in shadow mode (a plan's or pool's `enforce: false`) would have answered, and did not: the stream is granted and counted.
+   * `stream_limit_reached`: the plan's limit (`used` counts the slot, above `limit`); `pool_limit_reached`: a pool key's cap (`would_refuse_by`).
+   * Absent when no scope would have refused.
+   *
+   * Known values: "stream_limit_reached", "pool_limit_reached".
+   */
+  would_refuse?: Open<"stream_limit_reached" | "pool_limit_reached">;
+
+  would_refuse_by?: PoolGrant;
 }
 
 /** Schema PoolGrant of the contract. */
@@ -244,6 +255,9 @@ export interface Tier {
 
   /** The longest an acquire of the plan may wait for a slot (its `wait_ms` is capped by it); 0 means acquires never wait. */
   max_wait_ms: number;
+
+  /** False for a plan in shadow mode - its limit refuses nothing and says what it would refuse (`would_refuse`). */
+  enforce: boolean;
 }
 
 /**
@@ -430,6 +444,13 @@ export interface AdminPlanLimit {
 
   /** The plan's maxConcurrentStreams. */
   limit: number;
+
+  /**
+   * False for a plan in shadow mode (`enforce: false`): its limit refuses nothing, so the user may hold more
+   * slots than `limit`, each acquire over it granted and counted as a would-be refusal (`would_refuse`).
+   * Always sent; optional so that a client reads a server older than the field (which enforces).
+   */
+  enforce?: boolean;
 }
 
 /** Schema AdminPoolKeyResponse of the contract. */
@@ -445,6 +466,13 @@ export interface AdminPoolKeyResponse {
 
   /** The pool's cap of the key - its own, else the pool's default; absent when the pool caps neither. An override in force replaces it. */
   limit?: number;
+
+  /**
+   * False for a pool in shadow mode (`enforce: false`): its caps refuse nothing, so `used` may be above `limit`,
+   * each stream joining the full key granted and counted as a would-be refusal (`would_refuse_by`).
+   * Always sent; optional so that a client reads a server older than the field (which enforces).
+   */
+  enforce?: boolean;
 
   /** The key's override of the cap in force; absent when none. */
   override?: AdminOverride;
@@ -751,6 +779,8 @@ const FIELDS: { readonly [K in keyof Schemas]: readonly Field[] } = {
     ["degraded", "boolean", true],
     ["waited_ms", "integer", false],
     ["pools", { array: { object: "PoolGrant" } }, false],
+    ["would_refuse", "string", false],
+    ["would_refuse_by", { object: "PoolGrant" }, false],
   ],
   PoolGrant: [
     ["pool", "string", true],
@@ -799,6 +829,7 @@ const FIELDS: { readonly [K in keyof Schemas]: readonly Field[] } = {
     ["heartbeat_interval_ms", "integer", true],
     ["failure_mode", "string", true],
     ["max_wait_ms", "integer", true],
+    ["enforce", "boolean", true],
   ],
   Error: [
     ["code", "string", true],
@@ -849,12 +880,14 @@ const FIELDS: { readonly [K in keyof Schemas]: readonly Field[] } = {
   AdminPlanLimit: [
     ["plan", "string", true],
     ["limit", "integer", true],
+    ["enforce", "boolean", false],
   ],
   AdminPoolKeyResponse: [
     ["pool", "string", true],
     ["key", "string", true],
     ["used", "integer", true],
     ["limit", "integer", false],
+    ["enforce", "boolean", false],
     ["override", { object: "AdminOverride" }, false],
     ["holders", { array: { object: "AdminSlot" } }, true],
     ["waiters", { array: { object: "AdminTicket" } }, true],

@@ -21,7 +21,7 @@
   let role = "";
   let signedIn = false;
   let shown = null; // {user, slots, used, queue, override, planLimits, fetchedAt}
-  let shownPool = null; // {pool, key, slots (its holders), waiters, used, limit, override, fetchedAt}
+  let shownPool = null; // {pool, key, slots (its holders), waiters, used, limit, enforce, override, fetchedAt}
   let target = null; // what the override dialogs act on (userTarget, poolTarget)
   let ticker = 0;
 
@@ -300,16 +300,31 @@
     tick();
   }
 
+  // SHADOW marks a plan or pool in shadow mode (enforce: false): it decides
+  // as usual but refuses nothing, so what it counts can be above its limit.
+  const SHADOW = "shadow — not enforced";
+
+  // shadowTitle explains the mark of what, a plan or a pool, in a tooltip.
+  function shadowTitle(what) {
+    return what + " in shadow mode (enforce: false): its limit refuses nothing. An acquire over it is granted, takes its slot and is " +
+      'counted as would_refuse (outcome="shadow_refused"), so the count can be above the limit. enforce: true turns the limit on.';
+  }
+
+  const OVER_LIMIT = "over the limit: the user's acquires are refused until enough slots end";
+  const OVER_LIMIT_SHADOW = "over the limit, not enforced: shadow mode grants every acquire and counts it as would_refuse";
+
   // renderLimit shows what the user's acquires are judged by. A user has
   // no one limit: each acquire is judged by its own plan's (the
   // override's while one is in force) against every slot the user holds,
   // whatever their plans. So the page shows "used of limit" only when the
   // limit is one: an override, or a single plan held and waited under;
-  // else each plan's.
+  // else each plan's. A plan in shadow mode is marked: it refuses nothing,
+  // not even under an override.
   function renderLimit() {
     const o = shown.override;
     const plans = shown.planLimits;
-    const byPlan = plans.map((p) => "plan " + p.plan + " allows " + p.limit).join(", ");
+    const shadow = plans.filter((p) => p.enforce === false);
+    const byPlan = plans.map((p) => "plan " + p.plan + " allows " + p.limit + (p.enforce === false ? " (" + SHADOW + ")" : "")).join(", ");
     let limit;
     let text;
     if (o) {
@@ -317,7 +332,9 @@
       text = "Limit " + limit + ": the override's, whatever the plan of the acquire" + (byPlan ? " (without it, " + byPlan + ")." : ".");
     } else if (plans.length === 1) {
       limit = plans[0].limit;
-      text = "Limit " + limit + ": plan " + plans[0].plan + "'s, the plan of these slots. An acquire under another plan is judged by that plan's limit, counting these slots too.";
+      text = "Limit " + limit + ": plan " + plans[0].plan + "'s, the plan of these slots. " + (shadow.length ?
+        "The plan is in shadow mode (enforce: false): its limit refuses nothing; an acquire over it is granted and counted as would_refuse." :
+        "An acquire under another plan is judged by that plan's limit, counting these slots too.");
     } else if (plans.length > 1) {
       text = "Limits by plan: " + byPlan + ". Each acquire is judged by its own plan's limit, counting every slot the user holds.";
     } else {
@@ -325,7 +342,18 @@
     }
     show($("used-of"), limit !== undefined);
     $("limit").textContent = limit === undefined ? "" : String(limit);
-    show($("over-limit"), limit !== undefined && shown.used > limit);
+    // The mark stands beside the limit shown when it is the shadow plan's;
+    // else it names the plans in shadow mode.
+    const names = shadow.map((p) => p.plan).join(", ");
+    $("limit-shadow").textContent = !o && plans.length === 1 ? SHADOW : SHADOW + ": plan " + names;
+    $("limit-shadow").title = shadowTitle("Plan " + names + (shadow.length === 1 ? " is" : " are"));
+    show($("limit-shadow"), shadow.length > 0);
+    const over = limit !== undefined && shown.used > limit;
+    // Over a limit that refuses nothing is no lockout: said, not alarmed.
+    const notEnforced = shadow.length > 0 && shadow.length === plans.length;
+    $("over-limit").textContent = notEnforced ? OVER_LIMIT_SHADOW : OVER_LIMIT;
+    $("over-limit").classList.toggle("not-enforced", notEnforced);
+    show($("over-limit"), over);
     $("limit-note").textContent = text;
   }
 
@@ -398,7 +426,7 @@
       const d = res.data;
       shownPool = {
         pool: d.pool, key: d.key, slots: d.holders, waiters: d.waiters || [], used: d.used, limit: d.limit,
-        override: d.override || null, fetchedAt: performance.now(),
+        enforce: d.enforce !== false, override: d.override || null, fetchedAt: performance.now(),
       };
       renderPool();
     } catch (err) {
@@ -422,6 +450,17 @@
     $("pool-used").textContent = String(p.used);
     $("pool-used-label").textContent = p.used === 1 ? "live membership" : "live memberships";
     $("pool-limit").textContent = p.limit === undefined ? "not capped" : "the pool's cap: " + p.limit;
+    // A pool in shadow mode refuses nothing: its key can hold more than
+    // its cap. The mark qualifies the cap, so a key not capped has none.
+    const shadow = !p.enforce && p.limit !== undefined;
+    show($("pool-shadow"), shadow);
+    $("pool-shadow").title = shadowTitle("Pool " + p.pool + " is");
+    $("pool-over").textContent = shadow ? "over the cap, not enforced: shadow mode grants every stream and counts it as would_refuse" :
+      "over the cap: streams that join the key are refused until enough end";
+    $("pool-over").classList.toggle("not-enforced", shadow);
+    // The override in force judges instead of the cap.
+    const cap = p.override ? p.override.max_concurrent_streams : p.limit;
+    show($("pool-over"), cap !== undefined && p.used > cap);
     fillSlots($("holders"), p.slots, true);
     show($("no-holders"), p.slots.length === 0);
     fillTickets($("waiters"), p.waiters, true);

@@ -1,0 +1,103 @@
+package limiter_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/internal/limitertest"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/pools"
+	"github.com/joishi/limiter/pkg/tiers"
+)
+
+// shadowStack is a limiter whose plan shadow (limit 1, maxWait 5s) and
+// pool model (big capped at 1) are in shadow mode, beside plan strict
+// (limit 1, maxWait 5s) and pool org (acme capped at 1), which enforce.
+func shadowStack(t *testing.T, b limitertest.Backend) *limiter.Limiter {
+	t.Helper()
+	off := false
+	table := pools.NewTable()
+	if err := table.Replace([]pools.Pool{
+		pools.Pool{Pool: "model", Keys: map[string]int{"big": 1}, MaxWait: 5 * time.Second, Enforce: &off}.WithDefaults(),
+		pools.Pool{Pool: "org", Keys: map[string]int{"acme": 1}}.WithDefaults(),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return limitertest.New(t, limitertest.Options{Backend: b, Tiers: []tiers.Tier{
+		tiers.Tier{Plan: "shadow", MaxConcurrentStreams: 1, MaxWait: 5 * time.Second, Enforce: &off}.WithDefaults(),
+		tiers.Tier{Plan: "strict", MaxConcurrentStreams: 1, MaxWait: 5 * time.Second}.WithDefaults(),
+	}, Limiter: limiter.Options{Pools: table}}).Limiter
+}
+
+// A plan in shadow mode grants over its limit at once, even when asked to
+// wait, and says what it would have refused; used counts every stream.
+func TestAShadowPlanGrantsAndSaysWhatItWouldRefuse(t *testing.T) {
+	for _, b := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
+		t.Run(b.String(), func(t *testing.T) {
+			lim := shadowStack(t, b)
+			ctx := context.Background()
+			user := "shadow-" + time.Now().Format("150405.000000")
+			first, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "shadow"})
+			if err != nil || !first.Granted || first.WouldRefuse != "" {
+				t.Fatalf("the first stream: %+v, %v; want granted, nothing it would refuse", first, err)
+			}
+			for n := 2; n <= 3; n++ {
+				start := time.Now()
+				res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "shadow", Wait: 5 * time.Second})
+				if err != nil || !res.Granted || res.WouldRefuse != limiter.CodeStreamLimitReached || res.Used != n || res.Limit != 1 || res.Waited != 0 {
+					t.Fatalf("stream %d over a limit of 1 in shadow: %+v, %v; want granted, would_refuse stream_limit_reached, used %d of 1, not waited", n, res, err, n)
+				}
+				if took := time.Since(start); took > time.Second {
+					t.Errorf("stream %d took %s: a shadow scope never waits", n, took)
+				}
+			}
+			slots, err := lim.Slots(ctx, user)
+			if err != nil || slots.Used != 3 {
+				t.Errorf("Slots: used %d (%v); want the 3 live streams, above the limit", slots.Used, err)
+			}
+
+			strict := user + "-strict"
+			if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: strict, Plan: "strict"}); err != nil || !res.Granted {
+				t.Fatalf("strict's first: %+v, %v", res, err)
+			}
+			if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: strict, Plan: "strict"}); err != nil || res.Granted || res.WouldRefuse != "" {
+				t.Errorf("strict's second: %+v, %v; want refused, the plan enforces", res, err)
+			}
+		})
+	}
+}
+
+// A pool in shadow mode lets a stream join a full key, saying which; a
+// pool that enforces still refuses.
+func TestAShadowPoolGrantsAndNamesTheKey(t *testing.T) {
+	lim := shadowStack(t, limitertest.RedisCluster)
+	ctx := context.Background()
+	run := time.Now().Format("150405.000000")
+	join := func(user string, pools map[string]string) limiter.AcquireResult {
+		t.Helper()
+		res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user + run, Plan: "strict", Pools: pools, Wait: 5 * time.Second})
+		if err != nil {
+			t.Fatalf("%s: %v", user, err)
+		}
+		return res
+	}
+	if res := join("ana", map[string]string{"model": "big"}); !res.Granted || res.WouldRefuse != "" {
+		t.Fatalf("ana on big: %+v; want granted", res)
+	}
+	res := join("bo", map[string]string{"model": "big", "org": "acme"})
+	if !res.Granted || res.WouldRefuse != limiter.CodePoolLimitReached || res.WouldRefuseBy == nil ||
+		*res.WouldRefuseBy != (limiter.PoolRefusal{Pool: "model", Key: "big", Used: 2, Limit: 1}) || res.Waited != 0 {
+		t.Fatalf("bo on a full big: %+v (by %+v); want granted at once, would_refuse pool_limit_reached by model=big, 2 of 1", res, res.WouldRefuseBy)
+	}
+	if len(res.Pools) != 2 || !res.Pools[0].WouldRefuse && !res.Pools[1].WouldRefuse {
+		t.Errorf("bo's pools %+v; want both joined, big marked", res.Pools)
+	}
+	if res := join("cy", map[string]string{"org": "acme"}); res.Granted || res.RefusedBy == nil || res.RefusedBy.Pool != "org" {
+		t.Errorf("cy on a full acme: %+v; want refused by org=acme, which enforces", res)
+	}
+	key, err := lim.PoolSlots(ctx, "model", "big")
+	if err != nil || key.Used != 2 {
+		t.Errorf("model=big: used %d (%v); want the 2 live members, above its cap", key.Used, err)
+	}
+}
