@@ -233,22 +233,22 @@ func (k *kubeTiers) testKubectlColumns(t *testing.T) {
 		want []string // lines, fields separated by single spaces; AGE left out
 	}{
 		{"the default columns", []string{"get", "lt"}, []string{
-			"NAME PLAN MAX TTL HEARTBEAT FAILURE WAIT PRIORITY READY AGE",
-			"free free 1 120s 20s Open 0s 0 True",
-			"paid paid 3 120s 20s Open 10s 5 True",
+			"NAME PLAN MAX TTL HEARTBEAT FAILURE WAIT PRIORITY ENFORCE READY AGE",
+			"free free 1 120s 20s Open 0s 0 true True",
+			"paid paid 3 120s 20s Open 10s 5 true True",
 		}},
 		{"-o wide adds the reason", []string{"get", "limittiers", "-o", "wide"}, []string{
-			"NAME PLAN MAX TTL HEARTBEAT FAILURE WAIT PRIORITY READY REASON AGE",
-			"free free 1 120s 20s Open 0s 0 True Accepted",
-			"paid paid 3 120s 20s Open 10s 5 True Accepted",
+			"NAME PLAN MAX TTL HEARTBEAT FAILURE WAIT PRIORITY ENFORCE READY REASON AGE",
+			"free free 1 120s 20s Open 0s 0 true True Accepted",
+			"paid paid 3 120s 20s Open 10s 5 true True Accepted",
 		}},
 		{"the sample pool", []string{"get", "lp"}, []string{
-			"NAME POOL DEFAULT KEYS READY AGE",
-			"model model 100 2 True",
+			"NAME POOL DEFAULT KEYS ENFORCE READY AGE",
+			"model model 100 2 true True",
 		}},
 		{"the sample pool, -o wide", []string{"get", "limitpools", "-o", "wide"}, []string{
-			"NAME POOL DEFAULT KEYS FAILURE WAIT READY REASON AGE",
-			"model model 100 2 Open 0s True Accepted",
+			"NAME POOL DEFAULT KEYS ENFORCE FAILURE WAIT READY REASON AGE",
+			"model model 100 2 true Open 0s True Accepted",
 		}},
 	}
 	for _, tc := range cases {

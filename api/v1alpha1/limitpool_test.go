@@ -36,6 +36,7 @@ func TestTheAPIServerRefusesInvalidLimitPools(t *testing.T) {
 		{"a negative cap", map[string]any{"keys": map[string]any{"gpt-4o": -1}}, "spec.keys: Invalid value: each cap must be between 0 and 100000"},
 		{"a cap above 100000", map[string]any{"keys": map[string]any{"gpt-4o": 100001, "llama-70b": 64}}, "each cap must be between 0 and 100000"},
 		{"1001 keys", map[string]any{"keys": manyKeys(1001)}, "spec.keys: Too many: 1001: must have at most 1000 items"},
+		{"enforce as a string", map[string]any{"enforce": "false"}, "spec.enforce in body must be of type boolean"},
 	})
 }
 
@@ -55,6 +56,9 @@ func TestTheAPIServerTakesValidLimitPools(t *testing.T) {
 	}
 	if s.MaxWait == nil || s.MaxWait.Duration != 0 {
 		t.Errorf("maxWait = %v, want the default 0s (no waiting)", s.MaxWait)
+	}
+	if s.Enforce == nil || !*s.Enforce {
+		t.Errorf("enforce = %s, want the default true (the caps refuse)", ptrBool(s.Enforce))
 	}
 	// Absent means "keys not listed are not capped": the server must not
 	// default it to a number.

@@ -71,11 +71,21 @@ type LimitPoolSpec struct {
 	// +kubebuilder:default=Open
 	FailureMode FailureMode `json:"failureMode,omitempty"`
 
-	// No enforce field yet (DESIGN §18, shadow mode): pools.Pool has no
-	// such field, so the limiter would enforce a pool set to enforce:
-	// false, refusing the very streams its owner asked only to count.
-	// Unknown, the field is refused by strict field validation (kubectl's
-	// default), else dropped with a warning.
+	// enforce, false, puts the pool in shadow mode: its caps decide and
+	// count every membership as usual but refuse none. A stream joining a
+	// key already at its cap joins it all the same (so the key's used stays
+	// the true number of its live streams, even above its cap); the answer
+	// says "would_refuse": "pool_limit_reached", with would_refuse_by
+	// naming the pool and the key, and
+	// limiter_pool_acquire_total{outcome="shadow_refused"} counts it by
+	// pool. An acquire that asks to wait (wait_ms) never waits for a key of
+	// the pool. Roll a new pool out with enforce: false, watch that counter
+	// fall to what you can accept, then set enforce: true (the default): it
+	// applies from the next acquire, without a restart.
+	//
+	// +optional
+	// +kubebuilder:default=true
+	Enforce *bool `json:"enforce,omitempty"`
 }
 
 // LimitPoolStatus is what the limiter made of a LimitPool. Only the
@@ -147,6 +157,7 @@ type LimitPoolStatus struct {
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.status.pool`
 // +kubebuilder:printcolumn:name="Default",type=integer,JSONPath=`.spec.maxConcurrentStreams`
 // +kubebuilder:printcolumn:name="Keys",type=integer,JSONPath=`.status.keyCount`
+// +kubebuilder:printcolumn:name="Enforce",type=boolean,JSONPath=`.spec.enforce`
 // +kubebuilder:printcolumn:name="Failure",type=string,JSONPath=`.spec.failureMode`,priority=1
 // +kubebuilder:printcolumn:name="Wait",type=string,JSONPath=`.status.maxWait`,priority=1
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`

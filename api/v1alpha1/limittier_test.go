@@ -1,6 +1,7 @@
 package v1alpha1_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -29,6 +30,7 @@ func TestTheAPIServerRefusesInvalidLimitTiers(t *testing.T) {
 		{"a priority of -1", map[string]any{"maxConcurrentStreams": 1, "priority": -1}, `spec.priority: Invalid value: -1: spec.priority in body should be greater than or equal to 0`},
 		{"a plan with a space", map[string]any{"maxConcurrentStreams": 1, "plan": "pro plan"}, `spec.plan: Invalid value: "pro plan"`},
 		{"a plan of 64 characters", map[string]any{"maxConcurrentStreams": 1, "plan": strings.Repeat("p", 64)}, "spec.plan: Too long"},
+		{"enforce as a string", map[string]any{"maxConcurrentStreams": 1, "enforce": "no"}, "spec.enforce in body must be of type boolean"},
 	})
 }
 
@@ -58,6 +60,9 @@ func TestTheAPIServerAppliesDefaults(t *testing.T) {
 	if s.MaxWait == nil || s.MaxWait.Duration != 0 {
 		t.Errorf("maxWait = %v, want the default 0s (no waiting)", s.MaxWait)
 	}
+	if s.Enforce == nil || !*s.Enforce {
+		t.Errorf("enforce = %v, want the default true (the limit refuses)", ptrBool(s.Enforce))
+	}
 	if s.Plan != "" || s.MaxConcurrentStreams != 0 {
 		t.Errorf("plan, maxConcurrentStreams = %q, %d, want them as sent: empty (metadata.name applies) and 0", s.Plan, s.MaxConcurrentStreams)
 	}
@@ -67,6 +72,44 @@ func TestTheAPIServerAppliesDefaults(t *testing.T) {
 	for i, ttl := range []string{"1.5s", "2m30s", "100ms", "24h"} {
 		if err := create(t, env.Client, "LimitTier", ns, "ok-"+string(rune('a'+i)), map[string]any{"maxConcurrentStreams": 1, "slotTTL": ttl, "heartbeatInterval": "10ms"}); err != nil {
 			t.Errorf("slotTTL %s: %v, want it accepted", ttl, err)
+		}
+	}
+}
+
+// ptrBool is *b, or "unset".
+func ptrBool(b *bool) string {
+	if b == nil {
+		return "unset"
+	}
+	return fmt.Sprint(*b)
+}
+
+// enforce: false (shadow mode) is stored as sent: a default must not turn
+// it back on.
+func TestTheAPIServerKeepsEnforceFalse(t *testing.T) {
+	env := kube.Get(t)
+	ns := env.Namespace(t)
+	for _, kind := range []string{"LimitTier", "LimitPool"} {
+		name := strings.ToLower(kind)
+		if err := create(t, env.Client, kind, ns, name, map[string]any{"maxConcurrentStreams": 1, "enforce": false}); err != nil {
+			t.Fatalf("%s with enforce false: %v, want it accepted", kind, err)
+		}
+		var got *bool
+		if kind == "LimitTier" {
+			var lt v1alpha1.LimitTier
+			if err := env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, &lt); err != nil {
+				t.Fatal(err)
+			}
+			got = lt.Spec.Enforce
+		} else {
+			var lp v1alpha1.LimitPool
+			if err := env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, &lp); err != nil {
+				t.Fatal(err)
+			}
+			got = lp.Spec.Enforce
+		}
+		if got == nil || *got {
+			t.Errorf("%s spec.enforce = %s, want false as sent", kind, ptrBool(got))
 		}
 	}
 }

@@ -97,6 +97,21 @@ type LimitTierSpec struct {
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=9
 	Priority int32 `json:"priority,omitempty"`
+
+	// enforce, false, puts the plan in shadow mode: its limit decides and
+	// counts every acquire as usual but refuses none. An acquire the limit
+	// would refuse is granted and takes its slot (so used stays the true
+	// number of the user's live streams, even above maxConcurrentStreams);
+	// the answer says "would_refuse": "stream_limit_reached", and
+	// limiter_acquire_total{outcome="shadow_refused"} counts it by plan. An
+	// acquire that asks to wait (wait_ms) never waits for the plan's limit.
+	// Roll a new limit out with enforce: false, watch that counter fall to
+	// what you can accept, then set enforce: true (the default): it applies
+	// from the next acquire, without a restart.
+	//
+	// +optional
+	// +kubebuilder:default=true
+	Enforce *bool `json:"enforce,omitempty"`
 }
 
 // LimitTierStatus is what the limiter made of a LimitTier. Only the
@@ -177,6 +192,7 @@ type LimitTierStatus struct {
 // +kubebuilder:printcolumn:name="Failure",type=string,JSONPath=`.spec.failureMode`
 // +kubebuilder:printcolumn:name="Wait",type=string,JSONPath=`.status.maxWait`
 // +kubebuilder:printcolumn:name="Priority",type=integer,JSONPath=`.spec.priority`
+// +kubebuilder:printcolumn:name="Enforce",type=boolean,JSONPath=`.spec.enforce`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

@@ -136,8 +136,8 @@ func TestPrinterColumnsFormatDurationsAlike(t *testing.T) {
 	if got["TTL"] != "180s" || got["Heartbeat"] != "60s" || got["Wait"] != "60s" {
 		t.Errorf("TTL, Heartbeat, Wait columns = %q, %q, %q, want 180s, 60s, 60s", got["TTL"], got["Heartbeat"], got["Wait"])
 	}
-	if got["Plan"] != "team" || got["Max"] != "1" || got["Ready"] != "True" {
-		t.Errorf("columns = %v, want plan team, max 1, ready True", got)
+	if got["Plan"] != "team" || got["Max"] != "1" || got["Ready"] != "True" || got["Enforce"] != "true" {
+		t.Errorf("columns = %v, want plan team, max 1, ready True, enforce true (the default)", got)
 	}
 }
 

@@ -96,3 +96,26 @@ func (r *reconciler[O, S, E]) newObject() client.Object { return r.k.newObject()
 func (r *reconciler[O, S, E]) list(ctx context.Context) ([]O, error) {
 	return r.k.list(ctx, r.c.mgr.GetCache(), r.c.opts.Namespace)
 }
+
+// enforce is the Enforce of an entry whose spec says enforce: a fresh
+// false for shadow mode (DESIGN §18), else nil. True, the CRD's default,
+// is the default of the config file's lists too, where it is nil (see
+// tiers.Tier.Enforced): so the entry of an object is the entry of the same
+// tier or pool in the file, field for field. The pointer is the entry's
+// own, never the object's (the table outlives the informer's copies).
+func enforce(spec *bool) *bool {
+	if spec == nil || *spec {
+		return nil
+	}
+	off := false
+	return &off
+}
+
+// shadowNote is what describe adds for an entry in shadow mode (DESIGN
+// §18): nothing when enforced is true.
+func shadowNote(enforced bool) string {
+	if enforced {
+		return ""
+	}
+	return ", in shadow mode (enforce: false): counts what it would refuse, refuses nothing"
+}

@@ -228,7 +228,7 @@ func TestPoolPrinterColumns(t *testing.T) {
 		name string
 		want map[string]string
 	}{
-		{"models", map[string]string{"Pool": "model", "Default": "100", "Keys": "2", "Ready": "True", "Failure": "Open", "Wait": "60s", "Reason": "Accepted"}},
+		{"models", map[string]string{"Pool": "model", "Default": "100", "Keys": "2", "Ready": "True", "Failure": "Open", "Wait": "60s", "Reason": "Accepted", "Enforce": "true"}},
 		// No default cap: the column is empty.
 		{"org", map[string]string{"Pool": "org", "Default": "", "Keys": "0", "Ready": "True", "Wait": "0s"}},
 	}

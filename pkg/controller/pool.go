@@ -58,11 +58,13 @@ func (poolKind) entry(pool string, spec *v1alpha1.LimitPoolSpec) pools.Pool {
 	if spec.MaxWait != nil {
 		p.MaxWait = spec.MaxWait.Duration
 	}
+	p.Enforce = enforce(spec.Enforce)
 	return p.WithDefaults()
 }
 
 // describe is "100 concurrent streams per key, 2 keys with a cap of their
-// own", or "keys not listed are not capped, ..." without a default cap.
+// own", or "keys not listed are not capped, ..." without a default cap;
+// then shadowNote for a pool in shadow mode.
 func (poolKind) describe(p pools.Pool) string {
 	var parts []string
 	switch m := p.MaxConcurrentStreams; {
@@ -80,7 +82,7 @@ func (poolKind) describe(p pools.Pool) string {
 	default:
 		parts = append(parts, fmt.Sprintf("%d keys with a cap of their own", n))
 	}
-	return strings.Join(parts, ", ")
+	return strings.Join(parts, ", ") + shadowNote(p.Enforced())
 }
 
 func (poolKind) status(lp *v1alpha1.LimitPool) statusFields[v1alpha1.LimitPoolSpec] {

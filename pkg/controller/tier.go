@@ -53,15 +53,18 @@ func (tierKind) entry(plan string, spec *v1alpha1.LimitTierSpec) tiers.Tier {
 	if spec.MaxWait != nil {
 		tier.MaxWait = spec.MaxWait.Duration
 	}
+	tier.Enforce = enforce(spec.Enforce)
 	return tier.WithDefaults()
 }
 
-// describe is "3 concurrent streams per user".
+// describe is "3 concurrent streams per user", then shadowNote for a plan
+// in shadow mode.
 func (tierKind) describe(t tiers.Tier) string {
+	limit := fmt.Sprintf("%d concurrent streams per user", t.MaxConcurrentStreams)
 	if t.MaxConcurrentStreams == 1 {
-		return "1 concurrent stream per user"
+		limit = "1 concurrent stream per user"
 	}
-	return fmt.Sprintf("%d concurrent streams per user", t.MaxConcurrentStreams)
+	return limit + shadowNote(t.Enforced())
 }
 
 func (tierKind) status(lt *v1alpha1.LimitTier) statusFields[v1alpha1.LimitTierSpec] {

@@ -105,7 +105,7 @@ func TestAppliedObjectsAreAccepted(t *testing.T) {
 			// slotTTL/3), as for a static tier.
 			for _, lt := range ofKind(objs, "LimitTier") {
 				got := api.get(t, lt)
-				for field, want := range map[string]any{"failureMode": "Open", "slotTTL": "120s", "heartbeatInterval": nil} {
+				for field, want := range map[string]any{"failureMode": "Open", "slotTTL": "120s", "heartbeatInterval": nil, "enforce": true} {
 					if _, set := lt.Object["spec"].(map[string]any)[field]; set {
 						continue
 					}
@@ -118,7 +118,7 @@ func TestAppliedObjectsAreAccepted(t *testing.T) {
 			// keys not listed are not capped.
 			for _, lp := range ofKind(objs, "LimitPool") {
 				got := api.get(t, lp)
-				for field, want := range map[string]any{"failureMode": "Open", "maxWait": "0s", "maxConcurrentStreams": nil} {
+				for field, want := range map[string]any{"failureMode": "Open", "maxWait": "0s", "maxConcurrentStreams": nil, "enforce": true} {
 					if _, set := lp.Object["spec"].(map[string]any)[field]; set {
 						continue
 					}

@@ -133,7 +133,7 @@ func TestLimitPools(t *testing.T) {
 			"keys":                 map[string]any{"gpt-4o": int64(500), "llama-70b": int64(64), "meta-llama/Llama-3.1-70B-Instruct": int64(16)},
 		},
 		"orgs": map[string]any{
-			"pool": "org", "keys": map[string]any{"acme": int64(40)}, "maxWait": "10s", "failureMode": "Closed",
+			"pool": "org", "keys": map[string]any{"acme": int64(40)}, "maxWait": "10s", "failureMode": "Closed", "enforce": false,
 		},
 	}
 	if !reflect.DeepEqual(specs, want) {
