@@ -16,7 +16,10 @@
 //     resolve the identity (CONTINUE, no slot yet); the body (BUFFERED:
 //     one message; STREAMED: chunks up to MaxBodyBytes, else 413) decides
 //     as above, its answer carrying the stream id; a bad body is 400.
-//   - response_headers, response_body chunks, response_trailers: CONTINUE;
+//   - response_headers, response_body chunks, response_trailers: CONTINUE,
+//     the response headers carrying the stream id to the client, and on a
+//     shadow grant (a scope with enforce: false would have refused it)
+//     x-limiter-would-refuse (hold.WouldRefuse);
 //     the holder's batched heartbeat keeps the slot alive, a body chunk
 //     marks the stream active, and the response's end of stream (or its
 //     trailers) releases the slot.

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -30,7 +31,12 @@ const (
 	attrEnd      = attribute.Key("limiter.end")
 	attrRefused  = attribute.Key("limiter.refused")
 	attrCaller   = attribute.Key("limiter.caller")
+	// attrWouldRefuse: a shadow grant's hold.WouldRefuse.
+	attrWouldRefuse = attribute.Key("limiter.would_refuse")
 )
+
+// headerWouldRefuse is hold.HeaderWouldRefuse as Envoy spells headers.
+var headerWouldRefuse = strings.ToLower(hold.HeaderWouldRefuse)
 
 // Process serves one Envoy stream, that is one HTTP stream through the
 // ext_proc filter, until Envoy ends it. It answers every message Envoy
@@ -138,6 +144,7 @@ type exchange struct {
 	gone <-chan struct{}
 
 	st             *hold.Stream    // the slot, once granted
+	wouldRefuse    string          // a shadow grant's hold.WouldRefuse: said to the client
 	pending        *pendingAcquire // a request waiting for its body before its slot
 	released       bool
 	lostSeen       bool
@@ -199,7 +206,12 @@ func (x *exchange) handle(ctx context.Context, req *extprocv3.ProcessingRequest)
 		x.started = true
 		var resp *extprocv3.ProcessingResponse
 		if x.st != nil {
-			resp = responseHeadersContinue(header(x.s.opts.StreamIDHeader, x.st.ID()))
+			set := []*corev3.HeaderValueOption{header(x.s.opts.StreamIDHeader, x.st.ID())}
+			if x.wouldRefuse != "" {
+				// Replacing one the upstream sent.
+				set = append(set, header(headerWouldRefuse, x.wouldRefuse))
+			}
+			resp = responseHeadersContinue(set...)
 		} else {
 			resp = responseHeadersContinue()
 		}
@@ -285,8 +297,15 @@ func (x *exchange) decide(ctx context.Context, msg *extprocv3.ProcessingRequest,
 	}
 	x.st = st
 	x.span.SetAttributes(attrStreamID.String(st.ID()), attrDegraded.Bool(res.Degraded))
-	s.log.InfoContext(ctx, "stream granted", "mode", "extproc", "stream_id", st.ID(), "plan", st.Plan(),
-		"degraded", res.Degraded, "caller", callerName, "pools", len(res.Pools))
+	granted := []any{"mode", "extproc", "stream_id", st.ID(), "plan", st.Plan(),
+		"degraded", res.Degraded, "caller", callerName, "pools", len(res.Pools)}
+	if x.wouldRefuse = hold.WouldRefuse(res); x.wouldRefuse != "" {
+		// A scope in shadow mode would have refused the stream: the log
+		// says so, and the response headers to the client.
+		x.span.SetAttributes(attrWouldRefuse.String(x.wouldRefuse))
+		granted = append(granted, "would_refuse", x.wouldRefuse)
+	}
+	s.log.InfoContext(ctx, "stream granted", granted...)
 	return next(header(s.opts.StreamIDHeader, st.ID()))
 }
 

@@ -252,7 +252,8 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 // stream proxies a request that holds st, and releases st however the
 // request ends.
 func (p *Proxy) stream(w http.ResponseWriter, r *http.Request, st *hold.Stream, res limiter.AcquireResult) {
-	state := &exchange{stream: st}
+	would := hold.WouldRefuse(res)
+	state := &exchange{stream: st, wouldRefuse: would}
 	ctx, cancel := st.Context(context.WithValue(r.Context(), exchangeKey{}, state))
 	defer cancel()
 	end := hold.EndComplete
@@ -273,8 +274,14 @@ func (p *Proxy) stream(w http.ResponseWriter, r *http.Request, st *hold.Stream, 
 		}
 	}()
 	trace.SpanFromContext(ctx).SetAttributes(attribute.String("limiter.stream_id", st.ID()), attribute.Bool("limiter.degraded", res.Degraded))
-	p.log.InfoContext(ctx, "stream granted", "stream_id", st.ID(), "plan", st.Plan(), "path", r.URL.Path, "degraded", res.Degraded, "pools", poolsAttr(res.Pools))
-	w.Header().Set(HeaderStreamID, st.ID())
+	granted := []any{"stream_id", st.ID(), "plan", st.Plan(), "path", r.URL.Path, "degraded", res.Degraded, "pools", poolsAttr(res.Pools)}
+	if would != "" {
+		// A scope in shadow mode would have refused the stream: the log
+		// says so, and the answer (exchange.answerHeaders).
+		trace.SpanFromContext(ctx).SetAttributes(attribute.String("limiter.would_refuse", would))
+		granted = append(granted, "would_refuse", would)
+	}
+	p.log.InfoContext(ctx, "stream granted", granted...)
 	p.forward(w, r.WithContext(ctx))
 	end = p.endOf(r, st, state)
 }

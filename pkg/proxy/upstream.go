@@ -34,6 +34,22 @@ type exchange struct {
 	failed atomic.Bool
 	// aborted: copying the response to the client stopped short.
 	aborted atomic.Bool
+	// wouldRefuse is a shadow grant's hold.WouldRefuse; "" on others.
+	wouldRefuse string
+}
+
+// answerHeaders sets the headers the limiter adds to the answer of x's
+// request, replacing any of the upstream's: the stream id and, on a
+// shadow grant, X-Limiter-Would-Refuse. They are set on the final
+// response (modifyResponse) or the proxy's own failure answer, never
+// before the proxying: the reverse proxy clears the header map it has
+// written once an upstream's 1xx (103 Early Hints, 100 Continue) goes to
+// the client.
+func (x *exchange) answerHeaders(h http.Header) {
+	h.Set(HeaderStreamID, x.stream.ID())
+	if x.wouldRefuse != "" {
+		h.Set(hold.HeaderWouldRefuse, x.wouldRefuse)
+	}
 }
 
 type exchangeKey struct{}
@@ -76,11 +92,16 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	p.opts.Propagator.Inject(pr.In.Context(), propagation.HeaderCarrier(pr.Out.Header))
 }
 
-// modifyResponse watches the body of a limited request's response, to
-// tell an upstream that broke off from a client that went away.
+// modifyResponse adds the limiter's headers to a limited request's
+// response, and watches its body, to tell an upstream that broke off from
+// a client that went away.
 func (p *Proxy) modifyResponse(resp *http.Response) error {
 	x := exchangeOf(resp.Request.Context())
-	if x == nil || resp.StatusCode == http.StatusSwitchingProtocols {
+	if x == nil {
+		return nil
+	}
+	x.answerHeaders(resp.Header)
+	if resp.StatusCode == http.StatusSwitchingProtocols {
 		return nil // an upgraded body must stay the io.ReadWriteCloser it is
 	}
 	resp.Body = &watchedBody{ReadCloser: resp.Body, p: p, x: x, ctx: resp.Request.Context()}
@@ -120,6 +141,7 @@ func (p *Proxy) upstreamFailed(w http.ResponseWriter, r *http.Request, err error
 	}
 	if x := exchangeOf(r.Context()); x != nil {
 		x.failed.Store(true)
+		x.answerHeaders(w.Header())
 	}
 	p.upErrors.Add(r.Context(), 1, p.phases[phaseResponse])
 	p.log.WarnContext(r.Context(), "upstream request failed", "path", r.URL.Path, "err", err)
