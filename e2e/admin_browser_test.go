@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/joishi/limiter/internal/servetest"
 	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/httpapi"
 )
@@ -37,18 +38,21 @@ const pngSignature = "\x89PNG\r\n\x1a\n"
 // then look up a pool key whose name holds a '/', see who holds it, set
 // and remove an override of its cap and see it judge the key's streams,
 // see an acquire wait for it, by place and priority, and see failed
-// look-ups hide it. Along the way the page explains itself to a new
-// user: where a token comes from, the user's limit (the plan's or the
-// override's), an empty Caller, times in UTC, empty tables; each state is
-// screenshot. The page must raise no console error (a CSP violation is
-// one).
+// look-ups hide it; see a plan and a pool in shadow mode (enforce: false)
+// marked "shadow — not enforced" beside their limit, their "3 of 1" not
+// taken for a lockout nor breaking the layout, on a narrow screen too,
+// and the limits that refuse left unmarked. Along the way the page
+// explains itself to a new user: where a token comes from, the user's
+// limit (the plan's or the override's), an empty Caller, times in UTC,
+// empty tables; each state is screenshot. The page must raise no console
+// error (a CSP violation is one).
 func TestAdminPageInChromium(t *testing.T) {
 	chromium := testenv.Chromium(t)
 	apiTokens := filepath.Join(t.TempDir(), "api-tokens")
 	if err := os.WriteFile(apiTokens, []byte("chat-api "+e2eAppToken+" *\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	srv := startAdminServer(t, "api:\n  tokensFile: "+apiTokens+"\n", browserPools)
+	srv := startBrowserServer(t, "api:\n  tokensFile: "+apiTokens+"\n", browserPools)
 	app := &http.Client{Timeout: 10 * time.Second, Transport: bearer(e2eAppToken)}
 	user := "page-" + randomID()
 	labels := []string{"pod-7/gpt-4o", "pod-9/llama-3.1-8b"}
@@ -236,9 +240,9 @@ func TestAdminPageInChromium(t *testing.T) {
 	// The user's limit: both slots are of plan long, which allows 3.
 	wantText("user's summary", "#slots-card .summary", "2 of 3 live slots")
 	wantText("user's limit", "#limit-note", "Limit 3: plan long's")
-	if visible("over-limit") || visible("user-no-caller") || visible("no-slots") {
-		t.Errorf("2 slots of 3, each with a caller: over-limit %v, no-caller note %v, no-slots %v; want none shown",
-			visible("over-limit"), visible("user-no-caller"), visible("no-slots"))
+	if visible("over-limit") || visible("user-no-caller") || visible("no-slots") || visible("limit-shadow") {
+		t.Errorf("2 slots of 3 of an enforced plan, each with a caller: over-limit %v, no-caller note %v, no-slots %v, shadow mark %v; want none shown",
+			visible("over-limit"), visible("user-no-caller"), visible("no-slots"), visible("limit-shadow"))
 	}
 	wantText("no acquire waiting", "#no-queue", "Nobody waiting.")
 	shot("admin-before-release.png")
@@ -338,7 +342,11 @@ func TestAdminPageInChromium(t *testing.T) {
 	}
 	// 5 held, plan long allows 3: the page says the user is over it.
 	poll("the user is shown over the plan's limit", `document.getElementById("limit").textContent === "3"`)
-	wantText("user's summary over the limit", "#slots-card .summary", "5 of 3 live slots", "over the limit")
+	wantText("user's summary over the limit", "#slots-card .summary", "5 of 3 live slots", "over the limit: the user's acquires are refused")
+	if visible("limit-shadow") || eval(`String(document.getElementById("over-limit").classList.contains("not-enforced"))`) != "false" {
+		t.Errorf("5 of 3 of plan long, which enforces: shadow mark %v, over-limit classes %q; want no mark, the alarm of a refusing limit",
+			visible("limit-shadow"), eval(`document.getElementById("over-limit").className`))
+	}
 
 	// An acquire of plan queued (2 streams, waits up to a minute) waits in
 	// the user's queue: the page lists it, and the time it has waited goes
@@ -477,6 +485,9 @@ func TestAdminPageInChromium(t *testing.T) {
 	if got := text("#pool-limit"); got != "the pool's cap: 2" {
 		t.Errorf("pool key's cap: got %q, want the pool's cap: 2", got)
 	}
+	if visible("pool-shadow") || visible("pool-over") {
+		t.Errorf("2 of the cap 2 of pool model, which enforces: shadow mark %v, over the cap %v; want neither shown", visible("pool-shadow"), visible("pool-over"))
+	}
 	wantText("no acquire waiting for the key", "#no-waiters", "Nobody waiting for this key.")
 	rows = eval(`[...document.querySelectorAll("#holders tbody tr")].map(tr => [...tr.cells].slice(0, 5).filter((_, i) => i !== 1).map(td => td.textContent).join("|")).sort().join("\n")`)
 	slices.Sort(holders)
@@ -521,6 +532,10 @@ func TestAdminPageInChromium(t *testing.T) {
 	poll("the pool key's 3 holders are listed", `document.getElementById("pool-used").textContent === "3"`)
 	if status := joinLlama("page-pool-d-" + randomID()); status != http.StatusTooManyRequests {
 		t.Errorf("a stream after the override was removed (3 held, cap 2): got %d, want 429", status)
+	}
+	wantText("pool key over its cap, enforced", "#pool-card .summary", "3 live memberships", "over the cap: streams that join the key are refused")
+	if visible("pool-shadow") {
+		t.Errorf("3 of the cap 2 of pool model, which enforces: the shadow mark is shown, want it hidden")
 	}
 	poll("the pool key's override is in the recent actions", `[...document.querySelectorAll("#audit tbody tr")].some(tr => tr.cells[2].textContent === "set override" && tr.cells[3].textContent === `+jsString("model="+browserLlama)+`)`)
 
@@ -576,6 +591,78 @@ func TestAdminPageInChromium(t *testing.T) {
 		poll("the look-up of "+tc.pool+"="+tc.key+" fails and hides the pool key", `document.getElementById("pool-lookup-error").textContent.includes(`+jsString(tc.want)+`) && document.getElementById("pool-card").hidden`)
 	}
 
+	// A plan in shadow mode (trial: 1 stream, enforce: false) refuses
+	// nothing: its user holds 3 of 1, shown beside the mark "shadow — not
+	// enforced" and not as a lockout, within its card, on a narrow
+	// screen too.
+	shadowUser := "page-shadow-" + randomID()
+	for i := range 3 {
+		var res httpapi.AcquireResponse
+		status, _, body := call(t, app, "POST", srv.API+httpapi.PathAcquire, httpapi.AcquireRequest{UserID: shadowUser, Plan: "trial", Label: fmt.Sprintf("pod-%d", i)}, nil)
+		if status != http.StatusOK || json.Unmarshal(body, &res) != nil || (res.WouldRefuse == "stream_limit_reached") != (i > 0) {
+			t.Fatalf("acquire %d of plan trial (1, shadow mode): got %d %s, want 200, would_refuse from the 2nd on", i+1, status, body)
+		}
+	}
+	step("look up the user of a plan in shadow mode",
+		chromedp.SetValue(chromedp.ID("user"), shadowUser),
+		chromedp.Click(chromedp.ID("lookup")),
+	)
+	poll("the shadow plan's user is shown", `document.getElementById("slots-user").textContent === `+jsString(shadowUser)+
+		` && document.getElementById("used").textContent === "3"`)
+	wantText("shadow plan's summary", "#slots-card .summary", "3 of 1 live slots", "shadow — not enforced", "over the limit, not enforced")
+	wantText("shadow plan's limit", "#limit-note", "Limit 1: plan trial's", "shadow mode (enforce: false)", "refuses nothing")
+	if got := text("#slots-card .summary"); strings.Contains(got, "refused until") {
+		t.Errorf("shadow plan's summary: got %q, want no word of a refusal (the plan refuses nothing)", got)
+	}
+	if got := eval(`document.getElementById("over-limit").className`); got != "over not-enforced" {
+		t.Errorf("shadow plan's over-limit note: classes %q, want \"over not-enforced\" (said, not alarmed)", got)
+	}
+	if got := eval(`document.getElementById("limit-shadow").title`); !strings.Contains(got, "Plan trial is in shadow mode") || !strings.Contains(got, "would_refuse") {
+		t.Errorf("shadow mark's tooltip: got %q, want it to name plan trial in shadow mode and would_refuse", got)
+	}
+	// fits checks that nothing is wider than the page and that the mark
+	// of id lies within its card.
+	fits := func(what, mark, card string) {
+		t.Helper()
+		if got := eval(`String(document.documentElement.scrollWidth <= document.documentElement.clientWidth)`); got != "true" {
+			t.Errorf("%s: the page is wider than the window (%s px of %s)", what,
+				eval(`String(document.documentElement.scrollWidth)`), eval(`String(document.documentElement.clientWidth)`))
+		}
+		inside := `(() => { const c = document.getElementById(` + jsString(card) + `).getBoundingClientRect();
+			const m = document.getElementById(` + jsString(mark) + `).getBoundingClientRect();
+			return String(m.width > 0 && m.left >= c.left && m.right <= c.right); })()`
+		if got := eval(inside); got != "true" {
+			t.Errorf("%s: the mark #%s is not within its card #%s", what, mark, card)
+		}
+	}
+	fits("shadow plan's user", "limit-shadow", "slots-card")
+	shot("admin-shadow-plan.png")
+	step("narrow the window", chromedp.EmulateViewport(420, 1000))
+	fits("shadow plan's user, 420 px wide", "limit-shadow", "slots-card")
+	shot("admin-shadow-plan-narrow.png")
+	step("widen the window again", chromedp.EmulateViewport(1280, 1000))
+
+	// A pool in shadow mode (provider: openai capped at 1, enforce:
+	// false): its key holds 2 of 1, marked beside the cap.
+	for i := range 2 {
+		if status := acquire(httpapi.AcquireRequest{UserID: "page-provider-" + randomID(), Plan: "long", Pools: map[string]string{"provider": "openai"}}); status != http.StatusOK {
+			t.Fatalf("stream %d joining provider=openai (1, shadow mode): got %d, want 200", i+1, status)
+		}
+	}
+	step("look up the key of a pool in shadow mode",
+		chromedp.SetValue(chromedp.ID("pool"), "provider"),
+		chromedp.SetValue(chromedp.ID("pool-key"), "openai"),
+		chromedp.Click(chromedp.ID("pool-lookup")),
+	)
+	poll("the shadow pool's key is shown", `!document.getElementById("pool-card").hidden && document.getElementById("pool-name").textContent === "provider=openai"`+
+		` && document.getElementById("pool-used").textContent === "2"`)
+	wantText("shadow pool key's summary", "#pool-card .summary", "2 live memberships", "the pool's cap: 1", "shadow — not enforced", "over the cap, not enforced")
+	if got := eval(`document.getElementById("pool-shadow").title`); !strings.Contains(got, "Pool provider is in shadow mode") {
+		t.Errorf("shadow pool mark's tooltip: got %q, want it to name pool provider in shadow mode", got)
+	}
+	fits("shadow pool's key", "pool-shadow", "pool-card")
+	shot("admin-shadow-pool.png")
+
 	// A user who holds nothing and waits for nothing: the empty tables
 	// say so, and the page says why it shows no limit.
 	step("look up a user with no slots",
@@ -587,8 +674,9 @@ func TestAdminPageInChromium(t *testing.T) {
 	wantText("nobody waiting", "#no-queue", "Nobody waiting.")
 	wantText("empty user's summary", "#slots-card .summary", "0 live slots")
 	wantText("empty user's limit", "#limit-note", "No limit to show: the limit is the plan's of each acquire")
-	if visible("slots") || visible("queue") || visible("used-of") {
-		t.Errorf("empty user: slots table %v, queue table %v, limit %v; want none shown", visible("slots"), visible("queue"), visible("used-of"))
+	if visible("slots") || visible("queue") || visible("used-of") || visible("limit-shadow") {
+		t.Errorf("empty user: slots table %v, queue table %v, limit %v, shadow mark %v; want none shown",
+			visible("slots"), visible("queue"), visible("used-of"), visible("limit-shadow"))
 	}
 	shot("admin-empty-user.png")
 
@@ -631,14 +719,42 @@ func TestAdminPageInChromium(t *testing.T) {
 // model, capped at 2 by browserPools.
 const browserLlama = "meta-llama/Llama-3.1-70B-Instruct"
 
-// browserPools is the pool the browser test looks up.
+// browserPools are the pools the browser test looks up: model, and
+// provider in shadow mode (enforce: false), its key openai capped at 1.
 const browserPools = `pools:
   static:
     - pool: model
       maxConcurrentStreams: 5
       keys: {"meta-llama/Llama-3.1-70B-Instruct": 2}
       maxWait: 30s
+    - pool: provider
+      keys: {openai: 1}
+      enforce: false
 `
+
+// browserShadowTiers is the plan trial, 1 stream, in shadow mode
+// (enforce: false): the browser test's beside adminTiers.
+const browserShadowTiers = `    - plan: trial
+      maxConcurrentStreams: 1
+      slotTTL: 120s
+      heartbeatInterval: 20s
+      enforce: false
+`
+
+// startBrowserServer is startAdminServer (on the shared standalone Redis)
+// with browserShadowTiers beside adminTiers.
+func startBrowserServer(t *testing.T, extra ...string) *adminServer {
+	t.Helper()
+	tokens := filepath.Join(t.TempDir(), "admin-tokens")
+	content := "# e2e\nvic viewer " + e2eViewerToken + "\nopal operator " + e2eOperatorToken + "\n"
+	if err := os.WriteFile(tokens, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	config := serveConfig([]string{testenv.Redis(t)}, "e2e-admin-"+randomID()+":", adminTiers+browserShadowTiers) +
+		"admin:\n  tokensFile: " + tokens + "\n" + strings.Join(extra, "")
+	proc := servetest.Start(t, servetest.Options{Config: config, AwaitRedis: true})
+	return &adminServer{Process: proc, tokensFile: tokens}
+}
 
 // jsString quotes s as a JavaScript string literal.
 func jsString(s string) string {

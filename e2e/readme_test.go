@@ -89,6 +89,9 @@ var docSpecs = map[string]docSpec{
 	`docker build --build-arg VERSION=v0.1.0 --build-arg COMMIT=$(git rev-parse HEAD) -t registry.example.com/limiter:0.1.0 .`: {how: docNotRun, why: needsDocker},
 	`docker push registry.example.com/limiter:0.1.0`: {how: docNotRun, why: needsRegistry},
 	`helm install limiter charts/limiter --namespace limiter --create-namespace --set image.repository=registry.example.com/limiter --set image.tag=0.1.0 --set 'redis.addrs={redis-cluster-0.redis:6379,redis-cluster-1.redis:6379}'`: {how: docNotRun, why: needsCluster},
+	// README.md: turning a cap on (docs/configuration.md runs shadow mode
+	// on a file config; the envtest tests switch a LimitTier's enforce).
+	`kubectl -n limiter patch lt free --type merge -p '{"spec":{"enforce":true}}'`: {how: docNotRun, why: needsCluster},
 	// README.md: the proxy, in front of a test upstream that streams until
 	// the test ends, with the pool "model" keyed by the body's model (its
 	// key "big" capped at 1): the user's cap, then the pool's.
@@ -131,19 +134,39 @@ var docSpecs = map[string]docSpec{
 	// docs/api.md: waiting, and a caller's token, on the docs' serve.
 	`curl -s -H 'Content-Type: application/json' -XPOST localhost:8080/v1/slots/acquire -d '{"user_id":"ana","plan":"paid","wait_ms":10000}'`:                           {},
 	`curl -s -H "Authorization: Bearer $LIMITER_TOKEN" -H 'Content-Type: application/json' -XPOST localhost:8080/v1/slots/acquire -d '{"user_id":"ana","plan":"free"}'`: {callers: true, want: []string{`"granted":true`}},
+	// docs/api.md: each plan's enforce, trial's false (docsServeConfig).
+	`curl -s localhost:8080/v1/tiers`: {want: []string{`"plan":"trial"`, `"enforce":false`, `"enforce":true`}},
+	// docs/configuration.md: the plan trial (1 stream) in shadow mode: eve's
+	// second stream is granted, counted and said to be one it would refuse.
+	`curl -s -H 'Content-Type: application/json' -XPOST localhost:8080/v1/slots/acquire -d '{"user_id":"eve","plan":"trial","stream_id":"eve-1"}'`: {want: []string{`"used":1,"limit":1`}},
+	`curl -s -H 'Content-Type: application/json' -XPOST localhost:8080/v1/slots/acquire -d '{"user_id":"eve","plan":"trial","stream_id":"eve-2"}'`: {want: []string{`"used":2,"limit":1`, `"would_refuse":"stream_limit_reached"`}},
+	`curl -s localhost:9090/metrics | grep 'outcome="shadow_refused",plan="trial"'`:                                                                {want: []string{`limiter_acquire_total{`, `outcome="shadow_refused",plan="trial"} 1`}},
+	`limiter admin slots eve`: {want: []string{"user eve: 2 live slots\nlimit: plan trial allows 1 (shadow - not enforced"}},
+	// docs/pools.md: the pool provider (openai capped at 1) in shadow mode.
+	`curl -s -H 'Content-Type: application/json' -XPOST localhost:8080/v1/slots/acquire -d '{"user_id":"fay","plan":"paid","pools":{"provider":"openai"}}'`: {want: []string{`"pools":[{"pool":"provider","key":"openai","used":1,"limit":1}]`}},
+	`curl -s -H 'Content-Type: application/json' -XPOST localhost:8080/v1/slots/acquire -d '{"user_id":"gus","plan":"paid","pools":{"provider":"openai"}}'`: {want: []string{`"pools":[{"pool":"provider","key":"openai","used":2,"limit":1}]`,
+		`"would_refuse":"pool_limit_reached","would_refuse_by":{"pool":"provider","key":"openai","used":2,"limit":1}`}},
+	`limiter admin pool provider openai`: {want: []string{"pool key provider=openai: 2 live memberships, the pool's cap 1 (shadow - not enforced"}},
 	// docs/pools.md: the pool model's key gpt-4o, capped at 1.
 	`curl -s -H 'Content-Type: application/json' -XPOST localhost:8080/v1/slots/acquire -d '{"user_id":"ana","plan":"paid","pools":{"model":"gpt-4o"}}'`: {want: []string{`"pools":[{"pool":"model","key":"gpt-4o","used":1,"limit":1}]`}},
 	`curl -s -H 'Content-Type: application/json' -XPOST localhost:8080/v1/slots/acquire -d '{"user_id":"bo","plan":"paid","pools":{"model":"gpt-4o"}}'`:  {},
 }
 
 // docsServeConfig is the serve the commands of docs/*.md run against: the
-// pool of docs/pools.md and an admin listener. README.md's run against the
-// serve its own command starts.
-const docsServeConfig = `pools:
+// default plans and the plan trial in shadow mode (docs/configuration.md),
+// the pools of docs/pools.md (provider in shadow mode) and an admin
+// listener. README.md's run against the serve its own command starts.
+const docsServeConfig = `tiers:
+  static:
+    - {plan: free, maxConcurrentStreams: 1}
+    - {plan: paid, maxConcurrentStreams: 3, maxWait: 10s}
+    - {plan: trial, maxConcurrentStreams: 1, enforce: false}
+pools:
   static:
     - pool: model
       maxConcurrentStreams: 100
       keys: {gpt-4o: 1, meta-llama/Llama-3.1-70B-Instruct: 64}
+    - {pool: provider, keys: {openai: 1}, enforce: false}
 admin:
   tokensFile: %s
 `
@@ -152,7 +175,7 @@ admin:
 // reader would, in the order they are written: the servers they start
 // (`go run ./cmd/limiter` is the binary servetest builds of it, on free
 // ports given as LIMITER_*_ADDR), the curl calls against them (the
-// documents' localhost:8080 and :8000 rewritten to those ports), the admin
+// documents' localhost:8080, :9090 and :8000 rewritten to those ports), the admin
 // CLI on PATH, the builds. What a document shows of an answer (an HTTP
 // status, a "code", "granted") must be in the output. Commands that need a
 // cluster or a container engine are listed in docSpecs with the reason.
@@ -214,13 +237,14 @@ func TestReadmeCommands(t *testing.T) {
 	}()
 	seen := map[string]bool{}
 	for _, file := range docFiles(t) {
-		api := strings.TrimPrefix(docsServe.API, "http://")
+		api, ops := strings.TrimPrefix(docsServe.API, "http://"), strings.TrimPrefix(docsServe.Ops, "http://")
 		if filepath.Base(file) == "README.md" {
-			api = quickAPI
+			api, ops = quickAPI, "" // no README command reads the metrics
 		}
 		rewrite := strings.NewReplacer(
 			"go run ./cmd/limiter", bin,
 			"localhost:8080", api,
+			"localhost:9090", ops,
 			"localhost:8000", proxyAddr,
 			"http://my-llm:8000", upstream.URL,
 			"http://HOST:8081", docsServe.Admin,
