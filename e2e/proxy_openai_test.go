@@ -1,19 +1,12 @@
 package e2e
 
 import (
-	"bufio"
-	"encoding/json"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/joishi/limiter/internal/servetest"
-	"github.com/joishi/limiter/internal/testenv"
 )
 
 // sdkEvent is one line e2e/openai/stream.mjs prints.
@@ -30,80 +23,21 @@ type sdkEvent struct {
 }
 
 // sdk runs the official OpenAI Node SDK (e2e/openai/stream.mjs).
-type sdk struct {
-	node string
-	dir  string // holds stream.mjs and a link to the installed node_modules
-}
+type sdk struct{ script *nodeScript }
 
-func newSDK(t *testing.T) *sdk {
-	t.Helper()
-	node, modules := testenv.NodeModules(t, "openai")
-	dir := t.TempDir()
-	script, err := os.ReadFile(filepath.Join("openai", "stream.mjs"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "stream.mjs"), script, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	// An ES module resolves its imports from the node_modules beside it
-	// (NODE_PATH does not apply).
-	if err := os.Symlink(modules, filepath.Join(dir, "node_modules")); err != nil {
-		t.Fatal(err)
-	}
-	return &sdk{node: node, dir: dir}
-}
+func newSDK(t *testing.T) *sdk { return &sdk{script: newNodeScript(t, "stream.mjs")} }
 
 // stream starts one streaming chat completion through the proxy at base
 // and returns its events as they come.
 func (s *sdk) stream(t *testing.T, base string, env ...string) <-chan sdkEvent {
 	t.Helper()
-	cmd := exec.Command(s.node, "stream.mjs")
-	cmd.Dir = s.dir
-	cmd.Env = append(os.Environ(), append([]string{"BASE_URL=" + base + "/v1"}, env...)...)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	events := make(chan sdkEvent, 64)
-	go func() {
-		defer close(events)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			var ev sdkEvent
-			if err := json.Unmarshal(sc.Bytes(), &ev); err == nil {
-				events <- ev
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		if t.Failed() && stderr.Len() > 0 {
-			t.Logf("node stream.mjs stderr:\n%s", stderr.String())
-		}
-	})
-	return events
+	return runScript[sdkEvent](t, s.script, base, env...)
 }
 
 // event returns the next event, failing the test when none comes within d.
 func event(t *testing.T, events <-chan sdkEvent, d time.Duration, what string) sdkEvent {
 	t.Helper()
-	select {
-	case ev, ok := <-events:
-		if !ok {
-			t.Fatalf("the SDK process ended before %s", what)
-		}
-		return ev
-	case <-time.After(d):
-		t.Fatalf("no event from the SDK within %v: %s", d, what)
-	}
-	return sdkEvent{}
+	return nextEvent(t, events, d, what)
 }
 
 // chunksUntilDone reads the events of one stream (what names it) until

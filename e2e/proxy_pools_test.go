@@ -11,9 +11,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -364,78 +361,22 @@ func eventJSON(ev poolEvent) string {
 }
 
 // poolSDK runs e2e/openai/pool.mjs with the official OpenAI Node SDK.
-type poolSDK struct {
-	node, dir string
-}
+type poolSDK struct{ script *nodeScript }
 
-func newPoolSDK(t *testing.T) *poolSDK {
-	t.Helper()
-	node, modules := testenv.NodeModules(t, "openai")
-	dir := t.TempDir()
-	script, err := os.ReadFile(filepath.Join("openai", "pool.mjs"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "pool.mjs"), script, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(modules, filepath.Join(dir, "node_modules")); err != nil {
-		t.Fatal(err)
-	}
-	return &poolSDK{node: node, dir: dir}
-}
+func newPoolSDK(t *testing.T) *poolSDK { return &poolSDK{script: newNodeScript(t, "pool.mjs")} }
 
 // run starts one streaming chat completion through the proxy at base and
 // returns its events as they come; the process is killed at cleanup.
 func (s *poolSDK) run(t *testing.T, base string, env ...string) <-chan poolEvent {
 	t.Helper()
-	cmd := exec.Command(s.node, "pool.mjs")
-	cmd.Dir = s.dir
-	cmd.Env = append(os.Environ(), append([]string{"BASE_URL=" + base + "/v1"}, env...)...)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	events := make(chan poolEvent, 64)
-	go func() {
-		defer close(events)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			var ev poolEvent
-			if err := json.Unmarshal(sc.Bytes(), &ev); err == nil {
-				events <- ev
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		if t.Failed() && stderr.Len() > 0 {
-			t.Logf("node pool.mjs %v stderr:\n%s", env, stderr.String())
-		}
-	})
-	return events
+	return runScript[poolEvent](t, s.script, base, env...)
 }
 
 // nextPoolEvent returns the next event, failing the test when none comes
 // within 10s.
 func nextPoolEvent(t *testing.T, events <-chan poolEvent, what string) poolEvent {
 	t.Helper()
-	select {
-	case ev, ok := <-events:
-		if !ok {
-			t.Fatalf("the SDK process ended before %s", what)
-		}
-		return ev
-	case <-time.After(10 * time.Second):
-		t.Fatalf("no event from the SDK within 10s: %s", what)
-	}
-	return poolEvent{}
+	return nextEvent(t, events, 10*time.Second, what)
 }
 
 // sdkStreamStarted reads a stream's "sent" event and its first chunk, and

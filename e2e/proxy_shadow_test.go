@@ -1,13 +1,9 @@
 package e2e
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -57,54 +53,14 @@ func (ev shadowEvent) String() string {
 // runShadowSDK runs e2e/openai/shadow.mjs, one streaming chat completion
 // with the official OpenAI Node SDK through the proxy at base, and
 // returns its events as they come; the process is killed at cleanup.
-func runShadowSDK(t *testing.T, node, dir, base string, env ...string) <-chan shadowEvent {
+func runShadowSDK(t *testing.T, script *nodeScript, base string, env ...string) <-chan shadowEvent {
 	t.Helper()
-	ctx := t.Context()
-	cmd := exec.CommandContext(ctx, node, "shadow.mjs")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), append([]string{"BASE_URL=" + base + "/v1"}, env...)...)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	events := make(chan shadowEvent, 64)
-	go func() {
-		defer close(events)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			var ev shadowEvent
-			if err := json.Unmarshal(sc.Bytes(), &ev); err == nil {
-				events <- ev
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		if t.Failed() && stderr.Len() > 0 {
-			t.Logf("node shadow.mjs %v stderr:\n%s", env, stderr.String())
-		}
-	})
-	return events
+	return runScript[shadowEvent](t, script, base, env...)
 }
 
 func nextShadowEvent(t *testing.T, events <-chan shadowEvent, what string) shadowEvent {
 	t.Helper()
-	select {
-	case ev, ok := <-events:
-		if !ok {
-			t.Fatalf("the SDK process ended before %s", what)
-		}
-		return ev
-	case <-time.After(10 * time.Second):
-		t.Fatalf("no event from the SDK within 10s: %s", what)
-	}
-	return shadowEvent{}
+	return nextEvent(t, events, 10*time.Second, what)
 }
 
 // Four users stream model=big at once through the proxy, with the
@@ -116,18 +72,7 @@ func nextShadowEvent(t *testing.T, events <-chan shadowEvent, what string) shado
 // "stream granted" lines and counts them as shadow_refused; and the key
 // is free once they end.
 func TestOpenAISDKShadowPoolThroughTheProxy(t *testing.T) {
-	node, modules := testenv.NodeModules(t, "openai")
-	dir := t.TempDir()
-	script, err := os.ReadFile(filepath.Join("openai", "shadow.mjs"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "shadow.mjs"), script, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(modules, filepath.Join(dir, "node_modules")); err != nil {
-		t.Fatal(err)
-	}
+	script := newNodeScript(t, "shadow.mjs")
 
 	redis := testenv.Redis(t)
 	up := startBodyLLM(t)
@@ -164,7 +109,7 @@ func TestOpenAISDKShadowPoolThroughTheProxy(t *testing.T) {
 	// first is within the cap, the others over it.
 	for i := range streams {
 		s := started{name: "s" + strconv.Itoa(i+1), user: "shadow-" + strconv.Itoa(i+1) + "-" + randomID()}
-		s.events = runShadowSDK(t, node, dir, proc.API, "USER_ID="+s.user, "PLAN=paid", "MODEL=big", "STREAM="+s.name)
+		s.events = runShadowSDK(t, script, proc.API, "USER_ID="+s.user, "PLAN=paid", "MODEL=big", "STREAM="+s.name)
 		sent := 0
 		var headers shadowEvent
 		for headers.Event == "" {

@@ -1,12 +1,9 @@
 package extproc_test
 
 import (
-	"bufio"
-	"bytes"
-	"encoding/json"
+	"github.com/joishi/limiter/internal/holdtest"
 	"log/slog"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,49 +23,6 @@ import (
 // to the client carry x-limiter-would-refuse.
 
 const headerWouldRefuse = "x-limiter-would-refuse"
-
-// logBuffer collects the server's JSON log.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// granted returns the would_refuse of each "stream granted" line by
-// stream id ("" when the line has none).
-func (b *logBuffer) granted(t *testing.T) map[string]string {
-	t.Helper()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	out := map[string]string{}
-	sc := bufio.NewScanner(bytes.NewReader(b.buf.Bytes()))
-	for sc.Scan() {
-		var line struct {
-			Msg         string  `json:"msg"`
-			StreamID    string  `json:"stream_id"`
-			WouldRefuse *string `json:"would_refuse"`
-		}
-		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
-			t.Fatalf("log line %q: %v", sc.Bytes(), err)
-		}
-		if line.Msg != "stream granted" {
-			continue
-		}
-		out[line.StreamID] = ""
-		if line.WouldRefuse != nil {
-			if *line.WouldRefuse == "" {
-				t.Errorf("stream %s: would_refuse logged empty; want it absent unless a shadow scope would have refused", line.StreamID)
-			}
-			out[line.StreamID] = *line.WouldRefuse
-		}
-	}
-	return out
-}
 
 // responseWouldRefuse sends the response headers and returns the
 // x-limiter-would-refuse the answer sets for the client ("" when none),
@@ -106,7 +60,7 @@ func TestShadowPlanIsGrantedAndSaysWhatItWouldRefuse(t *testing.T) {
 	enforce := false
 	shadowOne := tiers.Tier{Plan: "shadow-one", MaxConcurrentStreams: 1, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second,
 		FailureMode: tiers.FailOpen, Enforce: &enforce}
-	logs := &logBuffer{}
+	logs := &holdtest.LogBuffer{}
 	e := newEnv(t, envOptions{
 		stack:   limitertest.Options{Tiers: append(limitertest.Tiers(), shadowOne)},
 		extproc: extproc.Options{Logger: slog.New(slog.NewJSONHandler(logs, nil))},
@@ -128,7 +82,7 @@ func TestShadowPlanIsGrantedAndSaysWhatItWouldRefuse(t *testing.T) {
 			t.Errorf("stream %d: %s %q, want %q", i+1, headerWouldRefuse, got, want[i])
 		}
 	}
-	logged := logs.granted(t)
+	logged := logs.Granted(t)
 	for i := range ids {
 		if got, ok := logged[ids[i]]; !ok || got != want[i] {
 			t.Errorf("stream %d's \"stream granted\" line: would_refuse %q (logged: %v), want %q", i+1, got, ok, want[i])
@@ -176,7 +130,7 @@ func TestShadowPoolIsGrantedAndSaysWhichKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &logBuffer{}
+	logs := &holdtest.LogBuffer{}
 	e := newEnv(t, envOptions{
 		stack:    limitertest.Options{Limiter: limiter.Options{Pools: table}},
 		identity: identity.Options{Pools: sources},
@@ -201,7 +155,7 @@ func TestShadowPoolIsGrantedAndSaysWhichKey(t *testing.T) {
 	if n := poolUsed(t, e, "model", "big"); n != 3 {
 		t.Errorf("model=big holds %d streams with 3 granted, want 3 (counts stay true above the cap)", n)
 	}
-	logged := logs.granted(t)
+	logged := logs.Granted(t)
 	for i, s := range streams {
 		what := "stream " + strconv.Itoa(i+1) + " (" + s.model + ")"
 		if got := responseWouldRefuse(t, s.st, s.id, what); got != s.want {

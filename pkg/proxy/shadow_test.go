@@ -1,17 +1,15 @@
 package proxy_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
+	"github.com/joishi/limiter/internal/holdtest"
 	"io"
 	"log/slog"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -28,51 +26,8 @@ import (
 // stream it would refuse passes, takes its slot, and its answer carries
 // X-Limiter-Would-Refuse.
 
-// logBuffer collects a proxy's JSON log.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// granted returns the would_refuse of each "stream granted" line by
-// stream id ("" when the line has none).
-func (b *logBuffer) granted(t *testing.T) map[string]string {
-	t.Helper()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	out := map[string]string{}
-	sc := bufio.NewScanner(bytes.NewReader(b.buf.Bytes()))
-	for sc.Scan() {
-		var line struct {
-			Msg         string  `json:"msg"`
-			StreamID    string  `json:"stream_id"`
-			WouldRefuse *string `json:"would_refuse"`
-		}
-		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
-			t.Fatalf("log line %q: %v", sc.Bytes(), err)
-		}
-		if line.Msg != "stream granted" {
-			continue
-		}
-		out[line.StreamID] = ""
-		if line.WouldRefuse != nil {
-			if *line.WouldRefuse == "" {
-				t.Errorf("stream %s: would_refuse logged empty; want it absent unless a shadow scope would have refused", line.StreamID)
-			}
-			out[line.StreamID] = *line.WouldRefuse
-		}
-	}
-	return out
-}
-
-func withLog(o envOptions) (envOptions, *logBuffer) {
-	logs := &logBuffer{}
+func withLog(o envOptions) (envOptions, *holdtest.LogBuffer) {
+	logs := &holdtest.LogBuffer{}
 	o.proxy.Logger = slog.New(slog.NewJSONHandler(logs, nil))
 	return o, logs
 }
@@ -120,7 +75,7 @@ func TestShadowPlanPassesAndSaysWhatItWouldRefuse(t *testing.T) {
 	if n := e.Used(t, user); n != 3 {
 		t.Errorf("the user holds %d slots with 3 streams open on a shadow plan of 1, want 3 (counts stay true)", n)
 	}
-	logged := logs.granted(t)
+	logged := logs.Granted(t)
 	for i, want := range []string{"", "stream_limit_reached", "stream_limit_reached"} {
 		if got, ok := logged[ids[i]]; !ok || got != want {
 			t.Errorf("stream %d's \"stream granted\" line: would_refuse %q (logged: %v), want %q", i+1, got, ok, want)
@@ -155,7 +110,7 @@ func TestShadowPlanPassesAndSaysWhatItWouldRefuse(t *testing.T) {
 // shadowPoolEnv is a proxy whose pool model (key from the body's model)
 // is in shadow mode, capping big at 1 and other models at 10, beside pool
 // org (key from X-Org), enforced, capping acme at 1.
-func shadowPoolEnv(t *testing.T, up http.Handler) (*env, *logBuffer) {
+func shadowPoolEnv(t *testing.T, up http.Handler) (*env, *holdtest.LogBuffer) {
 	t.Helper()
 	enforce := false
 	ten := 10
@@ -223,7 +178,7 @@ func TestShadowPoolPassesAndSaysWhichKey(t *testing.T) {
 	if n := poolKeyUsed(t, e, "model", "big"); n != 3 {
 		t.Errorf("model=big holds %d streams with 3 open, want 3 (counts stay true above the cap)", n)
 	}
-	logged := logs.granted(t)
+	logged := logs.Granted(t)
 	for i, want := range []string{"", "pool_limit_reached model=big", "pool_limit_reached model=big"} {
 		if got, ok := logged[ids[i]]; !ok || got != want {
 			t.Errorf("big stream %d's \"stream granted\" line: would_refuse %q (logged: %v), want %q", i+1, got, ok, want)
