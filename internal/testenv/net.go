@@ -56,6 +56,9 @@ func FreeAddr(t testing.TB) string {
 	t.Helper()
 	for range 100 {
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(freeAddrMin+rand.IntN(freeAddrSpan)))
+		if !handOut(addr) {
+			continue // given to another caller of this process, who may not listen yet
+		}
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
 			continue
@@ -73,3 +76,22 @@ const (
 	freeAddrMin  = 10000
 	freeAddrSpan = 10000
 )
+
+// handedOut are the addresses FreeAddr returned in this process: a server
+// given two of them (its API and ops listeners) must not get one twice,
+// which random picks alone do about once in 10,000 pairs.
+var handedOut = struct {
+	sync.Mutex
+	addrs map[string]bool
+}{addrs: map[string]bool{}}
+
+// handOut records addr as handed out; false when it was before.
+func handOut(addr string) bool {
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	if handedOut.addrs[addr] {
+		return false
+	}
+	handedOut.addrs[addr] = true
+	return true
+}

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/codes"
@@ -78,8 +79,12 @@ func (h *httpServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := recorders.Get().(*recorder)
 	rec.reset(w)
 	if body := r.Body; body != nil && body != http.NoBody {
-		rec.body.ReadCloser = body
-		r.Body = &rec.body
+		// A body of its own, not the pooled recorder's: a reverse
+		// proxy's transport may still be reading it (sending it
+		// upstream) after the handler returned and the recorder went
+		// back to the pool.
+		rec.body = &countingBody{ReadCloser: body}
+		r.Body = rec.body
 		// net/http looks at the body it made once the handler returns.
 		defer func() { r.Body = body }()
 	}
@@ -100,7 +105,7 @@ func (h *httpServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx := served.Context()
 	labels := h.metrics.labels.get(served, rec.status).opts
 	h.metrics.duration.Record(ctx, float64(time.Since(start))/float64(time.Second), labels...)
-	h.metrics.request.Record(ctx, rec.body.n, labels...)
+	h.metrics.request.Record(ctx, rec.bodyRead(), labels...)
 	h.metrics.response.Record(ctx, rec.written, labels...)
 	rec.reset(nil)
 	recorders.Put(rec)
@@ -136,7 +141,15 @@ type recorder struct {
 	status      int
 	wroteHeader bool
 	written     int64
-	body        countingBody
+	body        *countingBody // nil: no request body
+}
+
+// bodyRead is how many bytes of the request body were read so far.
+func (rec *recorder) bodyRead() int64 {
+	if rec.body == nil {
+		return 0
+	}
+	return rec.body.n.Load()
 }
 
 func (rec *recorder) reset(w http.ResponseWriter) {
@@ -169,15 +182,16 @@ func (rec *recorder) Flush() {
 // Unwrap lets http.ResponseController reach the connection's writer.
 func (rec *recorder) Unwrap() http.ResponseWriter { return rec.w }
 
-// countingBody counts the bytes read from a request's body.
+// countingBody counts the bytes read from a request's body, which the
+// handler's goroutine and a transport's may read.
 type countingBody struct {
 	io.ReadCloser
-	n int64
+	n atomic.Int64
 }
 
 func (b *countingBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	b.n += int64(n)
+	b.n.Add(int64(n))
 	return n, err
 }
 

@@ -68,8 +68,8 @@ func responseTraceAttrs(r *http.Request, rec *recorder) []attribute.KeyValue {
 	} else if r.Pattern == "" && r.URL != nil && r.URL.Path != "" {
 		attrs = append(attrs, semconv.URLPath(r.URL.Path)) // no mux: nothing to hide
 	}
-	if rec.body.n > 0 {
-		attrs = append(attrs, semconv.HTTPRequestBodySize(int(rec.body.n)))
+	if n := rec.bodyRead(); n > 0 {
+		attrs = append(attrs, semconv.HTTPRequestBodySize(int(n)))
 	}
 	if rec.written > 0 {
 		attrs = append(attrs, semconv.HTTPResponseBodySize(int(rec.written)))
