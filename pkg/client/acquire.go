@@ -94,13 +94,16 @@ func (c *Client) Acquire(ctx context.Context, userID, plan string, opts ...Acqui
 	for _, opt := range opts {
 		opt(&req)
 	}
-	if req.StreamID == "" {
+	// An id of our own making is known to no one else: once an acquire
+	// under it is given up, no later acquire can hold it.
+	generated := req.StreamID == ""
+	if generated {
 		req.StreamID = keys.NewStreamID()
 	}
 	if req.WaitMs < 0 {
 		req.WaitMs = 0
 	}
-	out, err := c.acquireRetrying(ctx, req)
+	out, err := c.acquireRetrying(ctx, req, generated)
 	if err != nil {
 		return nil, err
 	}

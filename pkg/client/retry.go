@@ -28,7 +28,10 @@ const (
 // A waiting acquire (WaitMs) waits in all for WaitMs: a retry, which keeps
 // the first attempt's place in the queue while its ticket lives, asks for
 // what is left.
-func (c *Client) acquireRetrying(ctx context.Context, req httpapi.AcquireRequest) (httpapi.AcquireResponse, error) {
+//
+// generated says that req's stream id was made for this Acquire, so its
+// release may be sent once more later (see releaseUnanswered).
+func (c *Client) acquireRetrying(ctx context.Context, req httpapi.AcquireRequest, generated bool) (httpapi.AcquireResponse, error) {
 	unanswered := false
 	waitUntil := time.Now().Add(time.Duration(req.WaitMs) * time.Millisecond)
 	for attempt := 0; ; attempt++ {
@@ -51,7 +54,7 @@ func (c *Client) acquireRetrying(ctx context.Context, req httpapi.AcquireRequest
 				continue
 			}
 		}
-		c.releaseUnanswered(ctx, req)
+		c.releaseUnanswered(ctx, req, generated)
 		return out, err
 	}
 }
@@ -85,22 +88,34 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
+// releaseAgainAfter is how long after the release of an unanswered
+// acquire it is sent once more: the lost attempt may still be on its way
+// to Redis, and reach it after the release (the limiter's Redis client
+// sends an acquire script again after a broken connection).
+const releaseAgainAfter = time.Second
+
 // releaseUnanswered frees the slot an unanswered acquire of req may have
 // taken. While ctx lives the release is sent before Acquire returns, so
 // that the caller's next acquire finds the slot free; once ctx has ended
 // it is sent in the background, bounded by the request timeout (Close
 // waits for it). A stream id this client holds a lease for is left alone:
-// the acquire was a re-acquire of a slot in use. The release is best
-// effort: if it fails, or overtakes the lost attempt on its way to Redis,
-// the slot frees itself after its TTL.
-func (c *Client) releaseUnanswered(ctx context.Context, req httpapi.AcquireRequest) {
+// the acquire was a re-acquire of a slot in use. When the id was made for
+// this acquire (generated), no one else can hold it, so the release is
+// sent once more releaseAgainAfter later, in the background, for an
+// attempt that reached Redis after the first. The release is best
+// effort: if it fails, the slot frees itself after its TTL.
+func (c *Client) releaseUnanswered(ctx context.Context, req httpapi.AcquireRequest, generated bool) {
 	c.mu.Lock()
 	if _, held := c.leases[leaseKey{req.UserID, req.StreamID}]; held {
 		c.mu.Unlock()
 		return
 	}
 	background := ctx.Err() != nil && !c.closed
+	again := generated && !c.closed
 	if background {
+		c.releasing.Add(1)
+	}
+	if again {
 		c.releasing.Add(1)
 	}
 	c.mu.Unlock()
@@ -124,5 +139,12 @@ func (c *Client) releaseUnanswered(ctx context.Context, req httpapi.AcquireReque
 		// Closed already, so nothing would wait for a background release;
 		// post bounds this one by the request timeout.
 		release(context.WithoutCancel(ctx))
+	}
+	if again {
+		go func() {
+			defer c.releasing.Done()
+			time.Sleep(releaseAgainAfter)
+			release(context.WithoutCancel(ctx))
+		}()
 	}
 }

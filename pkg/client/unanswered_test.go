@@ -155,17 +155,23 @@ func TestAcquireGivenUpReleasesItsStreamID(t *testing.T) {
 	if !errors.Is(err, client.ErrUnavailable) {
 		t.Fatalf("Acquire with its answer late: got %v, want ErrUnavailable", err)
 	}
-	// The releases (the client's, and the server's own of an unanswered
-	// call) go through the same slow hop, so they land a latency later:
-	// within a second, not a TTL (10s).
-	deadline := time.Now().Add(time.Second)
+	// The client releases the id at once and, since it made the id, once
+	// more a second later, for an attempt that reached Redis after the
+	// first release (the limiter's Redis client sends an acquire again
+	// after a broken connection): free within 2s, not a TTL (10s).
+	deadline := time.Now().Add(2 * time.Second)
 	for got := s.slots(t, user); got.Used != 0; got = s.slots(t, user) {
 		if time.Now().After(deadline) {
-			t.Fatalf("slots of the user a second after the acquire gave up: got %+v, want none (released)", got.Slots)
+			t.Fatalf("slots of the user 2s after the acquire gave up: got %+v, want none (released)", got.Slots)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if _, err := c.Acquire(context.Background(), user, "free"); err != nil {
+	// Not locked out: the next acquire is granted. It may meet the
+	// limiter's connection still recovering from the slow hop (a 503, an
+	// outage's answer), so it retries as a client does by default; a
+	// leaked slot would answer 429 stream_limit_reached, which no retry
+	// turns into a grant.
+	if _, err := newClient(t, s.url).Acquire(context.Background(), user, "free"); err != nil {
 		t.Errorf("next Acquire of the limit-1 user: got %v, want granted", err)
 	}
 }
