@@ -114,7 +114,7 @@ func (c Config) validateExtProc(v *validator) {
 	if e.Wait < 0 || e.Wait > tiers.MaxMaxWait {
 		v.add("extproc.wait", "must be between 0s (no waiting) and 60s (the plan's maxWait caps it)", e.Wait.String())
 	}
-	if !validHeaderName(e.StreamIDHeader) {
+	if !identity.ValidHeaderName(e.StreamIDHeader) {
 		v.add("extproc.streamIdHeader", "must be an HTTP header name", strconv.Quote(e.StreamIDHeader))
 	}
 	for _, d := range []struct {
@@ -138,7 +138,7 @@ func (c Config) validateExtProc(v *validator) {
 		v.add("identity.jwtPayload", "is a second source of identity beside identity.jwt; configure one "+
 			"(identity.jwt when the limiter verifies tokens itself, identity.jwtPayload when Envoy's jwt_authn does)", "")
 	}
-	if p.Header != "" && !validHeaderName(p.Header) {
+	if p.Header != "" && !identity.ValidHeaderName(p.Header) {
 		v.add("identity.jwtPayload.header", "must be an HTTP header name", strconv.Quote(p.Header))
 	}
 	if p.MetadataKey != "" && strings.TrimSpace(p.MetadataNamespace) == "" {

@@ -3,7 +3,6 @@ package config
 import (
 	"errors"
 	"fmt"
-	"net/http"
 	"net/url"
 	"regexp"
 	"slices"
@@ -243,7 +242,7 @@ func (c Config) validateProxy(v *validator) {
 			v.add(d.key, "must be > 0", d.value.String())
 		}
 	}
-	if p.LabelHeader != "" && !validHeaderName(p.LabelHeader) {
+	if p.LabelHeader != "" && !identity.ValidHeaderName(p.LabelHeader) {
 		v.add("proxy.labelHeader", "must be an HTTP header name, or empty for no label", strconv.Quote(p.LabelHeader))
 	}
 	if p.Wait < 0 || p.Wait > tiers.MaxMaxWait {
@@ -260,7 +259,7 @@ func (c Config) validateProxy(v *validator) {
 func (c Config) validateIdentity(v *validator) {
 	i := c.Identity
 	for _, h := range []struct{ key, value string }{{"identity.userHeader", i.UserHeader}, {"identity.planHeader", i.PlanHeader}} {
-		if !validHeaderName(h.value) {
+		if !identity.ValidHeaderName(h.value) {
 			v.add(h.key, "must be an HTTP header name", strconv.Quote(h.value))
 		}
 	}
@@ -298,18 +297,6 @@ func (c Config) validateIdentity(v *validator) {
 	if j.CacheTTL <= 0 {
 		v.add("identity.jwt.cacheTTL", "must be > 0", j.CacheTTL.String())
 	}
-}
-
-func validHeaderName(name string) bool {
-	if name == "" {
-		return false
-	}
-	for _, c := range []byte(name) {
-		if c <= ' ' || c >= 0x7f || strings.IndexByte(`()<>@,;:\"/[]?={}`, c) >= 0 {
-			return false
-		}
-	}
-	return http.CanonicalHeaderKey(name) != ""
 }
 
 // validatePoolSources checks identity.pools: each source's form, a claim

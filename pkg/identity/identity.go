@@ -252,7 +252,8 @@ func single(h Headers, name string) (string, error) {
 		ErrAmbiguous, name, len(values))
 }
 
-// validHeaderName reports whether name is an HTTP header field name.
-func validHeaderName(name string) bool { return httpguts.ValidHeaderFieldName(name) }
+// ValidHeaderName reports whether name is an HTTP header field name (a
+// token: no space, control character or separator).
+func ValidHeaderName(name string) bool { return httpguts.ValidHeaderFieldName(name) }
 
 var _ Headers = http.Header(nil)

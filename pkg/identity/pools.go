@@ -68,7 +68,7 @@ func ParsePoolSource(pool, spec string) (PoolSource, error) {
 	}
 	switch kind {
 	case PoolFromHeader:
-		if !validHeaderName(name) {
+		if !ValidHeaderName(name) {
 			return PoolSource{}, fmt.Errorf("%q: %q is not an HTTP header name", spec, name)
 		}
 	case PoolFromClaim:
