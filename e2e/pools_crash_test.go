@@ -38,15 +38,16 @@ func acquireStatus(t *testing.T, srv *servetest.Process, user string, pools map[
 	return status, e.Error.Code
 }
 
-// TestPoolCrashBetweenTheUsersStepAndThePools: a serve process SIGKILLed
-// after it took the user's slot and before it joined the pool key leaves
-// the user's slot alone, which expires by its own score within the TTL;
-// the pool key was never taken. Nothing stays held past the TTL.
-func TestPoolCrashBetweenTheUsersStepAndThePools(t *testing.T) {
+// TestPoolCrashAfterTheAcquiresCalls: a serve process SIGKILLed after
+// its acquire's scripts took the user's slot and the pool key's
+// membership (sent at once), before it answered, leaves both held: the
+// user and the key refuse others right after the crash. Both expire by
+// their own scores within the TTL, with no reaper.
+func TestPoolCrashAfterTheAcquiresCalls(t *testing.T) {
 	prefix := "e2e-pools-crash-" + randomID() + ":"
 	config := poolsCrashConfig(t, prefix)
 	healthy := servetest.Start(t, servetest.Options{Config: config, AwaitRedis: true})
-	faulty := servetest.Start(t, servetest.Options{Config: config, AwaitRedis: true, FaultPoint: "after-user-slot"})
+	faulty := servetest.Start(t, servetest.Options{Config: config, AwaitRedis: true, FaultPoint: "after-acquire-calls"})
 	redis, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: testenv.Cluster(t), DisableCache: true})
 	if err != nil {
 		t.Fatal(err)
@@ -62,9 +63,11 @@ func TestPoolCrashBetweenTheUsersStepAndThePools(t *testing.T) {
 		}
 	}()
 	userKey := prefix + "{" + user + "}"
-	eventually(t, 5*time.Second, "the faulty process took the user's slot", func() bool {
-		n, err := redis.Do(context.Background(), redis.B().Zcard().Key(userKey).Build()).AsInt64()
-		return err == nil && n == 1
+	poolKey := prefix + "pool:{model=gpt-4o}"
+	eventually(t, 5*time.Second, "the faulty process took the user's slot and the key's membership", func() bool {
+		u, err1 := redis.Do(context.Background(), redis.B().Zcard().Key(userKey).Build()).AsInt64()
+		p, err2 := redis.Do(context.Background(), redis.B().Zcard().Key(poolKey).Build()).AsInt64()
+		return err1 == nil && err2 == nil && u == 1 && p == 1
 	})
 	faulty.Kill()
 	killed := time.Now()
@@ -73,15 +76,15 @@ func TestPoolCrashBetweenTheUsersStepAndThePools(t *testing.T) {
 		t.Errorf("the user's acquire right after the crash: %d %s; want 429 stream_limit_reached (the slot is held until it expires)", status, code)
 	}
 	other := "crash-other-" + randomID()
-	if status, code := acquireStatus(t, healthy, other, map[string]string{"model": "gpt-4o"}); status != http.StatusOK {
-		t.Fatalf("another user's model=gpt-4o right after the crash: %d %s; want granted, the key never taken", status, code)
+	if status, code := acquireStatus(t, healthy, other, map[string]string{"model": "gpt-4o"}); status != http.StatusTooManyRequests || code != httpapi.CodePoolLimitReached {
+		t.Errorf("another user's model=gpt-4o right after the crash: %d %s; want 429 pool_limit_reached (the membership is held until it expires)", status, code)
 	}
-	eventually(t, 4*time.Second, "the crashed process's user slot expired (2s TTL)", func() bool {
-		status, _ := acquireStatus(t, healthy, user, nil)
+	eventually(t, 4*time.Second, "the crashed process's slot and membership expired (2s TTL)", func() bool {
+		status, _ := acquireStatus(t, healthy, user, map[string]string{"model": "gpt-4o"})
 		return status == http.StatusOK
 	})
 	if held := time.Since(killed); held > 2*time.Second+time.Second {
-		t.Errorf("the crashed slot was held %s after the kill, past its 2s TTL", held)
+		t.Errorf("the crashed slot and membership were held %s after the kill, past their 2s TTL", held)
 	}
 }
 

@@ -180,6 +180,17 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 			waitUntil = time.Now().Add(wait)
 		}
 	}
+	// The pool keys' scripts go out beside the user's, so that a pooled
+	// acquire that is granted takes one round trip, as one without pools
+	// does; the user's answer is decided first, and when it does not
+	// grant, the memberships taken meanwhile are removed before the
+	// answer (or before its wait), as a pool's refusal removes the user's
+	// slot.
+	var tries []poolTry
+	triesDone := func() {}
+	if len(ms) > 0 {
+		tries, triesDone = l.tryPools(ctx, end, req, tier, ms)
+	}
 	var got lua.Acquired
 	var replicas *replicaSync
 	err = l.doBy(ctx, end, "acquire", func(ctx context.Context, c rueidis.Client) (err error) {
@@ -188,20 +199,32 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		got, err = lua.Acquire(ctx, c, key, req.StreamID, tier.MaxConcurrentStreams, tier.SlotTTL, rec, !tier.Enforced())
 		return err
 	})
+	triesDone()
+	atFault("after-acquire-calls") // a crash here leaves the slot and the memberships, to expire
+	// undoTries removes the memberships tries took, for an acquire that
+	// answers without them.
+	undoTries := func() {
+		if taken := takenOf(tries); len(taken) > 0 {
+			l.undo(ctx, end, req, taken, false)
+		}
+	}
 	res := AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}
 	if degrade(tier.FailureMode, err) {
+		undoTries() // a stream granted degraded is counted nowhere
 		l.warnDegraded(ctx, "redis unavailable; granting acquire degraded (failureMode Open)", "plan", tier.Plan, "err", err)
 		res.Granted, res.Degraded = true, true
 		res.ExpiresAt = time.Now().Add(tier.SlotTTL).UTC()
 		return res, tier, nil
 	}
 	if err != nil {
+		undoTries()
 		if generated {
 			l.releaseUnanswered(ctx, req.UserID, req.StreamID)
 		}
 		return AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}, tier, err
 	}
 	if got.NotHolder {
+		undoTries()
 		return AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}, tier,
 			fmt.Errorf("%w: stream %q of user %q", ErrNotSlotHolder, req.StreamID, req.UserID)
 	}
@@ -223,11 +246,13 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 			res.WouldRefuse = CodeStreamLimitReached
 		}
 		if err := l.confirmGrant(ctx, replicas, tier, key, &res); err != nil {
+			undoTries()
 			return res, tier, err
 		}
-		err := l.grantPools(ctx, end, waitUntil, req, tier, ms, !got.Extended, &res)
+		err := l.grantPools(ctx, end, waitUntil, req, tier, ms, !got.Extended, tries, &res)
 		return res, tier, err
 	}
+	undoTries()
 	res.RetryAfter = time.Duration(got.RetryAfterMs) * time.Millisecond
 	if wait > 0 && res.Limit > 0 {
 		if req.OnWait != nil {
@@ -235,22 +260,23 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		}
 		res, err = l.await(ctx, key, req, tier, wait, res, generated)
 		if err == nil && res.Granted && !res.Degraded {
-			err = l.grantPools(ctx, l.decisionEnd(), waitUntil, req, tier, ms, true, &res)
+			err = l.grantPools(ctx, l.decisionEnd(), waitUntil, req, tier, ms, true, nil, &res)
 		}
 	}
 	return res, tier, err
 }
 
 // grantPools joins the pool keys ms of a stream whose user's slot res
-// grants (added: this acquire took it), by end, and turns res into the
+// grants (added: this acquire took it), by end, with the answers of the
+// scripts already sent for them when tries holds them (see joinPools),
+// and turns res into the
 // pool's refusal when one refuses. A membership granted degraded makes
 // the grant degraded.
-func (l *Limiter) grantPools(ctx context.Context, end, waitUntil time.Time, req AcquireRequest, tier tiers.Tier, ms []membership, added bool, res *AcquireResult) error {
+func (l *Limiter) grantPools(ctx context.Context, end, waitUntil time.Time, req AcquireRequest, tier tiers.Tier, ms []membership, added bool, tries []poolTry, res *AcquireResult) error {
 	if len(ms) == 0 {
 		return nil
 	}
-	atFault("after-user-slot") // a crash here leaves the user's slot alone, to expire
-	j, err := l.joinPools(ctx, end, waitUntil, req, tier, ms, added)
+	j, err := l.joinPools(ctx, end, waitUntil, req, tier, ms, added, tries)
 	res.Waited += j.waited
 	if err != nil {
 		res.Granted, res.ExpiresAt, res.WouldRefuse = false, time.Time{}, ""

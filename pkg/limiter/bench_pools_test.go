@@ -62,7 +62,10 @@ var (
 // joining no pool and two pools (a model's and an org's) on one limiter,
 // b.N pairs each way, the two ways in turns of benchTurn pairs. It
 // reports, per way (none-, two-): pairs/s and the acquire's median
-// latency, acquire-p50-us.
+// latency, acquire-p50-us. At full load that latency is the queue of
+// every caller's calls, and follows pairs/s; so both ways run once more,
+// in turns, paced at half of the pairs/s joining two pools made, for the
+// latency the pools add at one load (paced-acquire-p50-us).
 func BenchmarkPoolsAcquireRelease(b *testing.B) {
 	eachBenchBackendWith(b, limiter.Options{Pools: benchPools(b)}, func(b *testing.B, e *env) {
 		ways := []*pairWay{{name: "none", join: joinNone}, {name: "two", join: joinTwo}}
@@ -76,6 +79,17 @@ func BenchmarkPoolsAcquireRelease(b *testing.B) {
 		for _, w := range ways {
 			w.report(b)
 		}
+		rate := float64(ways[1].pairs) / ways[1].wall.Seconds() / 2
+		paced := []*pairWay{{name: "none-paced", join: joinNone, rate: rate}, {name: "two-paced", join: joinTwo, rate: rate}}
+		for done := 0; done < b.N; done += benchTurn {
+			for _, w := range paced {
+				w.run(b, e, min(benchTurn, b.N-done))
+			}
+		}
+		for _, w := range paced {
+			w.report(b)
+		}
+		b.ReportMetric(rate, "paced-pairs/s")
 	})
 }
 
@@ -110,13 +124,14 @@ const benchTurn = 2000
 type pairWay struct {
 	name  string // prefixes its metrics; "" for none
 	join  benchJoin
+	rate  float64 // pairs/s the callers start at most, in all; 0: as fast as they can
 	pairs int
 	wall  time.Duration
 	took  []time.Duration // each acquire's
 }
 
 // run runs n acquire+release pairs of random users' streams with about
-// benchClients callers, each joining w's pools.
+// benchClients callers, each joining w's pools, at w.rate when set.
 func (w *pairWay) run(b *testing.B, e *env, n int) {
 	run := newUser(b)
 	var next atomic.Int64
@@ -128,7 +143,14 @@ func (w *pairWay) run(b *testing.B, e *env, n int) {
 			ctx := context.Background()
 			var mine []time.Duration
 			defer func() { mu.Lock(); w.took = append(w.took, mine...); mu.Unlock() }()
-			for next.Add(1) <= int64(n) {
+			for {
+				k := next.Add(1)
+				if k > int64(n) {
+					break
+				}
+				if w.rate > 0 { // pair k starts k/rate after the first
+					time.Sleep(time.Until(start.Add(time.Duration(float64(k) / w.rate * float64(time.Second)))))
+				}
 				u := rand.IntN(benchUsers)
 				user := run + "-" + strconv.Itoa(u)
 				t0 := time.Now()

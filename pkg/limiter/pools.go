@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/joishi/limiter/pkg/keys"
@@ -18,12 +19,13 @@ import (
 // Pools (DESIGN §16). A pool key's slots are the same thing as a user's:
 // a sorted set of expiring members with records, an override and a
 // queue, under the key's own hash tag, run by the same scripts. An
-// acquire that names pools takes the user's slot first, then a
-// membership of each capped pool key, in the order of the pools' names,
-// each by one script on one key; a refusal removes what the acquire took
-// before it answers, and a crash between steps leaves memberships that
-// expire by their own score. Heartbeat and release take the stream's
-// memberships from its slot's record.
+// acquire that names pools asks for the user's slot and a membership of
+// each capped pool key at once, each by one script on one key, so that
+// pools cost no round trip of their own; it decides in order, the user's
+// slot first, then the pools by name. A refusal removes what the acquire
+// took before it answers, and a crash between steps leaves slots and
+// memberships that expire by their own score. Heartbeat and release take
+// the stream's memberships from its slot's record.
 
 // MaxPools bounds the pools one acquire may name.
 const MaxPools = 4
@@ -129,17 +131,29 @@ type joined struct {
 // a new end. A refusal, or an outage of a pool that fails closed, removes
 // the memberships this call added and, when added says the user's slot is
 // new, that slot too, before it answers (see undo).
-func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req AcquireRequest, tier tiers.Tier, ms []membership, added bool) (joined, error) {
+//
+// tries, when not nil, are the answers of the scripts already sent for
+// ms, all at once beside the user's (tryPools). At the first key that
+// refuses or fails, the later keys they took are left before anything
+// else, so that an acquire waiting in a key's queue holds only the keys
+// before it, as one joining them in turn would; the keys after it are
+// then asked for in turn.
+func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req AcquireRequest, tier tiers.Tier, ms []membership, added bool, tries []poolTry) (joined, error) {
 	member := poolMember(req.UserID, req.StreamID)
-	rec := lua.Record{Caller: req.Caller, Plan: tier.Plan, User: req.UserID, Label: req.Label}
 	var out joined
 	var taken []string // the pool keys added by this call
-	for _, m := range ms {
+	for i, m := range ms {
 		var got lua.Acquired
-		err := l.doBy(ctx, end, "acquire_pool", func(ctx context.Context, c rueidis.Client) (err error) {
-			got, err = lua.Acquire(ctx, c, m.slots, member, m.limit, tier.SlotTTL, rec, !m.pool.Enforced())
-			return err
-		})
+		var err error
+		if tries != nil {
+			got, err = tries[i].got, tries[i].err
+			if stops := err != nil && !degrade(m.pool.FailureMode, err) || err == nil && !got.Granted; stops {
+				l.leaveAll(ctx, end, takenOf(tries[i+1:]), member)
+				tries = nil
+			}
+		} else {
+			got, err = l.joinPool(ctx, end, req, tier, m)
+		}
 		if err == nil && len(got.Wake) > 0 {
 			l.wake(ctx, m.slots, got.Wake...) // members expired: those owed their places look
 		}
@@ -202,6 +216,78 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 	return out, nil
 }
 
+// joinPool asks for a membership of m's key for the stream req names, by
+// end: one script call.
+func (l *Limiter) joinPool(ctx context.Context, end time.Time, req AcquireRequest, tier tiers.Tier, m membership) (got lua.Acquired, err error) {
+	rec := lua.Record{Caller: req.Caller, Plan: tier.Plan, User: req.UserID, Label: req.Label}
+	member := poolMember(req.UserID, req.StreamID)
+	err = l.doBy(ctx, end, "acquire_pool", func(ctx context.Context, c rueidis.Client) (err error) {
+		got, err = lua.Acquire(ctx, c, m.slots, member, m.limit, tier.SlotTTL, rec, !m.pool.Enforced())
+		return err
+	})
+	return got, err
+}
+
+// poolTry is the answer of a pool key's script sent beside the user's.
+type poolTry struct {
+	slots string
+	got   lua.Acquired
+	err   error
+}
+
+// tryPools sends the script of each of ms at once, by end, in the
+// background; the answers are in the slice it returns once wait returns.
+func (l *Limiter) tryPools(ctx context.Context, end time.Time, req AcquireRequest, tier tiers.Tier, ms []membership) (tries []poolTry, wait func()) {
+	tries = make([]poolTry, len(ms))
+	var wg sync.WaitGroup
+	for i, m := range ms {
+		tries[i].slots = m.slots
+		wg.Go(func() { tries[i].got, tries[i].err = l.joinPool(ctx, end, req, tier, m) })
+	}
+	return tries, wg.Wait
+}
+
+// takenOf returns the pool keys tries added a membership of: what undoing
+// them removes.
+func takenOf(tries []poolTry) []string {
+	var out []string
+	for _, t := range tries {
+		if t.err == nil && t.got.Granted && !t.got.Extended {
+			out = append(out, t.slots)
+		}
+	}
+	return out
+}
+
+// each runs fn(0), ..., fn(n-1) at once, fn(0) on the calling goroutine,
+// and returns when all have: Redis calls to different keys, each one
+// round trip, in one round trip's time.
+func each(n int, fn func(i int)) {
+	var wg sync.WaitGroup
+	for i := 1; i < n; i++ {
+		wg.Go(func() { fn(i) })
+	}
+	if n > 0 {
+		fn(0)
+	}
+	wg.Wait()
+}
+
+// leaveAll removes member from each of the pool keys whose sorted sets
+// are slots, at once, by end, and returns those whose removal Redis did
+// not confirm.
+func (l *Limiter) leaveAll(ctx context.Context, end time.Time, slots []string, member string) []string {
+	errs := make([]error, len(slots))
+	each(len(slots), func(i int) { errs[i] = l.leavePool(ctx, end, slots[i], member) })
+	var left []string
+	for i, err := range errs {
+		if err != nil {
+			left = append(left, slots[i])
+		}
+	}
+	return left
+}
+
 // undoWithin is how long past the decision's end the undo of a refused
 // acquire may take, when the step that refused it (a pool on a hung node)
 // took all of the decision's time: the removals are one round trip each
@@ -217,18 +303,19 @@ const undoWithin = 50 * time.Millisecond
 func (l *Limiter) undo(ctx context.Context, end time.Time, req AcquireRequest, taken []string, added bool) {
 	end = end.Add(undoWithin)
 	member := poolMember(req.UserID, req.StreamID)
-	var left []string
-	for _, slots := range taken {
-		if l.leavePool(ctx, end, slots, member) != nil {
-			left = append(left, slots)
-		}
-	}
 	var user string // the user's slots, when its slot is left to remove
-	if added {
-		if key, err := l.keys.UserKey(req.UserID); err == nil && l.dropSlot(ctx, end, "release", key, req.StreamID) != nil {
-			user = key
+	var left []string
+	each(2, func(i int) {
+		if i == 1 {
+			left = l.leaveAll(ctx, end, taken, member)
+			return
 		}
-	}
+		if added {
+			if key, err := l.keys.UserKey(req.UserID); err == nil && l.dropSlot(ctx, end, "release", key, req.StreamID) != nil {
+				user = key
+			}
+		}
+	})
 	if len(left) == 0 && user == "" {
 		return
 	}
@@ -267,12 +354,13 @@ func (l *Limiter) leavePool(ctx context.Context, end time.Time, slots, member st
 // leavePools drops the memberships a released stream's record names, by
 // end. A membership that cannot be dropped now expires by its own score.
 func (l *Limiter) leavePools(ctx context.Context, end time.Time, userID, streamID string, held []lua.PoolKey) {
-	member := poolMember(userID, streamID)
+	var slots []string
 	for _, p := range held {
-		if slots, err := l.keys.PoolKey(p.Pool, p.Key); err == nil {
-			_ = l.leavePool(ctx, end, slots, member)
+		if s, err := l.keys.PoolKey(p.Pool, p.Key); err == nil {
+			slots = append(slots, s)
 		}
 	}
+	l.leaveAll(ctx, end, slots, poolMember(userID, streamID))
 }
 
 // poolBeat is one membership a heartbeat keeps alive: of reqs[at].

@@ -1,0 +1,150 @@
+package limiter_test
+
+// A pooled acquire sends its user's script and its pool keys' at once
+// (DESIGN §16): what it took and does not answer granted is removed
+// before the answer, and an acquire waiting in one key's queue holds none
+// of the keys after it.
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/internal/limitertest"
+	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/keys"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/pools"
+)
+
+// members is how many members the pool key pool=key holds.
+func members(t *testing.T, s *limitertest.Stack, pool, key string) int64 {
+	t.Helper()
+	slots, err := s.Keys.PoolKey(pool, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Redis.Redis()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := c.Do(context.Background(), c.B().Zcard().Key(slots).Build()).AsInt64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestAPooledAcquireKeepsNothingItRefuses: an acquire whose user's limit
+// refuses it, whose stream id is another caller's, or whose first pool
+// key is full leaves no membership of any key it named (each asked for
+// at the same time as the user's slot), and no slot of its user.
+func TestAPooledAcquireKeepsNothingItRefuses(t *testing.T) {
+	for _, b := range []limitertest.Backend{limitertest.RedisCluster, limitertest.Standalone} {
+		t.Run(b.String(), func(t *testing.T) {
+			t.Parallel()
+			s := poolReplicas(t, b, 1)[0]
+			lim, ctx := s.Limiter, context.Background()
+			named := map[string]string{"model": "llama", "org": "acme"} // caps 2 and 1
+			empty := func(why string) {
+				t.Helper()
+				for pool, key := range named {
+					if n := members(t, s, pool, key); n != 0 {
+						t.Errorf("%s: %s=%s holds %d members; want 0", why, pool, key, n)
+					}
+				}
+			}
+
+			// The user's limit: "one" holds its one slot.
+			full := newUser(t)
+			if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: full, Plan: "one"}); err != nil || !res.Granted {
+				t.Fatalf("first acquire: %+v, %v", res, err)
+			}
+			res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: full, Plan: "one", Pools: named})
+			if err != nil || res.Granted || res.RefusedBy != nil || res.Used != 1 {
+				t.Fatalf("acquire over the user's limit: %+v, %v; want refused by the user's limit", res, err)
+			}
+			empty("after the user's limit refused")
+
+			// Another caller's stream id, held without pools.
+			victim := newUser(t)
+			if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: victim, Plan: "three", Caller: "alice", StreamID: "s-1"}); err != nil || !res.Granted {
+				t.Fatalf("alice's acquire: %+v, %v", res, err)
+			}
+			if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: victim, Plan: "three", Caller: "mallory", StreamID: "s-1", Pools: named}); !errors.Is(err, limiter.ErrNotSlotHolder) || res.Granted {
+				t.Fatalf("mallory's acquire of alice's stream with pools: %+v, %v; want ErrNotSlotHolder", res, err)
+			}
+			empty("after another caller's stream id was refused")
+
+			// The first key by name full: the later one, taken at the same
+			// time, is left, and so is the user's slot.
+			for range 2 {
+				mustJoin(t, lim, newUser(t), map[string]string{"model": "llama"})
+			}
+			user := newUser(t)
+			res, err = lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "one", Pools: named})
+			if err != nil || res.Granted || res.RefusedBy == nil || res.RefusedBy.Pool != "model" {
+				t.Fatalf("acquire with model=llama full: %+v, %v; want refused by model", res, err)
+			}
+			if n := members(t, s, "org", "acme"); n != 0 {
+				t.Errorf("org=acme, asked for beside model=llama that refused, holds %d; want 0", n)
+			}
+			if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "one", Pools: map[string]string{"org": "acme"}}); err != nil || !res.Granted {
+				t.Errorf("the refused user's next acquire (plan one, org=acme cap 1): %+v, %v; want granted, nothing of it left", res, err)
+			}
+		})
+	}
+}
+
+func mustJoin(t *testing.T, lim *limiter.Limiter, user string, named map[string]string) limiter.AcquireResult {
+	t.Helper()
+	res, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "three", Pools: named})
+	if err != nil || !res.Granted || res.Degraded {
+		t.Fatalf("%s's acquire of %v: %+v, %v; want granted", user, named, res, err)
+	}
+	return res
+}
+
+// TestAPoolWaiterHoldsNoLaterKey: an acquire of model=gpt-4o (full) and
+// zone=z waits in gpt-4o's queue without zone=z's membership, which was
+// asked for beside it: another user takes z's one place meanwhile. Once
+// gpt-4o frees and z does too, it is granted both.
+func TestAPoolWaiterHoldsNoLaterKey(t *testing.T) {
+	t.Parallel()
+	table := pools.NewTable()
+	if err := table.Replace([]pools.Pool{
+		pools.Pool{Pool: "model", Keys: map[string]int{"gpt-4o": 1}, MaxWait: 10 * time.Second}.WithDefaults(),
+		pools.Pool{Pool: "zone", Keys: map[string]int{"z": 1}, MaxWait: 10 * time.Second}.WithDefaults(),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	s := limitertest.New(t, limitertest.Options{Backend: limitertest.RedisCluster, Redis: cluster.Options{Timeout: 5 * time.Second},
+		Tiers: poolWaitTiers(), Limiter: limiter.Options{Keys: keys.Schema{Prefix: "limitertest:" + keys.NewStreamID()[:12] + ":"}, Pools: table}})
+	lim, ctx := s.Limiter, context.Background()
+	holderUser := newUser(t)
+	holder := mustAcquire(t, lim, holderUser, "low", "gpt-4o")
+
+	waiter := newUser(t)
+	q := queue(t, ctx, s, lim, limiter.AcquireRequest{UserID: waiter, Plan: "low", Pools: map[string]string{"model": "gpt-4o", "zone": "z"}}, 10*time.Second)
+	if n := members(t, s, "zone", "z"); n != 0 {
+		t.Fatalf("zone=z while its acquire waits for model=gpt-4o: %d members; want 0", n)
+	}
+	otherUser := newUser(t)
+	other, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: otherUser, Plan: "low", Pools: map[string]string{"zone": "z"}})
+	if err != nil || !other.Granted {
+		t.Fatalf("another user's zone=z while the waiter waits: %+v, %v; want granted", other, err)
+	}
+	for user, stream := range map[string]string{holderUser: holder.StreamID, otherUser: other.StreamID} {
+		if rel, err := lim.Release(ctx, user, stream); err != nil || !rel.Released {
+			t.Fatalf("release of %s: %+v, %v", user, rel, err)
+		}
+	}
+	a, ok := q.answer(5 * time.Second)
+	if !ok || a.err != nil || !a.res.Granted || len(a.res.Pools) != 2 {
+		t.Fatalf("the waiter after both keys freed: %+v, %v (answered %v); want granted with both keys", a.res, a.err, ok)
+	}
+	if n := members(t, s, "zone", "z"); n != 1 {
+		t.Errorf("zone=z after the grant: %d members; want 1", n)
+	}
+}
