@@ -11,6 +11,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -25,17 +26,22 @@ import (
 )
 
 // BenchmarkProxySSE streams short chat completions (8 SSE chunks and
-// [DONE]) from a local upstream four ways, side by side in the same
-// goroutines of the same run: directly; through a plain
+// [DONE]) from a local upstream four ways: directly; through a plain
 // httputil.ReverseProxy, the reference (what any reverse proxy costs);
 // through the limiter's proxy; and through the limiter's proxy with a
 // pool whose key it reads from the request body (body:model, every
-// stream a member of one capped key). Beside them, in the same
-// goroutines, one library Acquire: the round trip a stream's decision
-// costs. It reports streams per second of each way over another (the
-// inverse ratio of their stream times at the same concurrency) and the
-// time to the first chunk each adds over the plain reverse proxy. Run it
-// on a Redis:
+// stream a member of one capped key).
+//
+// Throughput: each way alone, with benchSSEClients clients streaming as
+// fast as they can, in turns of proxyTurn*b.N streams (proxySlices turns
+// each, the order reversed every other one): streams per second of each way over
+// another's (the *_ratio metrics).
+//
+// Latency: the four ways side by side in the same few goroutines, each
+// stream in turn, and beside them one library Acquire, the round trip a
+// stream's decision costs: the time to the first chunk each way adds
+// over the plain reverse proxy (the added_ttfb metrics) and the
+// acquire's (acquire_us). Run it on a Redis:
 //
 //	LIMITER_TEST_REDIS=127.0.0.1:6379 go test -run '^$' -bench BenchmarkProxySSE ./pkg/proxy
 func BenchmarkProxySSE(b *testing.B) {
@@ -107,16 +113,45 @@ func BenchmarkProxySSE(b *testing.B) {
 		return took, err
 	}
 
-	// Every way runs in the same goroutines, in turn, so machine load
-	// weighs on them alike.
 	ways := []struct {
 		base         string
 		total, first atomic.Int64 // nanoseconds
+		streams      int
+		wall         time.Duration
 	}{{base: upstream.URL}, {base: plain.URL}, {base: front.URL}, {base: pooled.URL}}
 	const direct, reverse, proxied, pool = 0, 1, 2, 3
-	var acquired atomic.Int64
-	b.SetParallelism(4)
+
 	b.ResetTimer()
+	// Throughput: each way alone at full load, in turns.
+	for slice := range proxySlices {
+		for k := range ways {
+			i := k
+			if slice%2 == 1 {
+				i = len(ways) - 1 - k
+			}
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			start := time.Now()
+			for range benchSSEClients {
+				wg.Go(func() {
+					for next.Add(1) <= int64(proxyTurn*b.N) {
+						if _, _, err := stream(ways[i].base); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			ways[i].wall += time.Since(start)
+			ways[i].streams += proxyTurn * b.N
+		}
+	}
+
+	// Latency: every way in the same goroutines, in turn, so machine load
+	// weighs on them alike.
+	var acquired atomic.Int64
+	b.SetParallelism(2)
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			for i := range ways {
@@ -143,11 +178,12 @@ func BenchmarkProxySSE(b *testing.B) {
 	b.ReportMetric(us(ways[reverse].total.Load()), "plain_us/stream")
 	b.ReportMetric(us(ways[proxied].total.Load()), "proxied_us/stream")
 	b.ReportMetric(us(ways[pool].total.Load()), "pooled_us/stream")
-	// At the same concurrency, streams per second go as 1 / stream time:
-	// each is one way's streams/s over another's.
-	perSecond := func(a, over int) float64 {
-		return float64(ways[over].total.Load()) / float64(ways[a].total.Load())
-	}
+	rate := func(i int) float64 { return float64(ways[i].streams) / ways[i].wall.Seconds() }
+	b.ReportMetric(rate(direct), "direct_streams/s")
+	b.ReportMetric(rate(reverse), "plain_streams/s")
+	b.ReportMetric(rate(proxied), "proxied_streams/s")
+	b.ReportMetric(rate(pool), "pooled_streams/s")
+	perSecond := func(a, over int) float64 { return rate(a) / rate(over) }
 	b.ReportMetric(perSecond(proxied, direct), "throughput_ratio")
 	b.ReportMetric(perSecond(proxied, reverse), "vs_plain_ratio")
 	b.ReportMetric(perSecond(pool, reverse), "pooled_vs_plain_ratio")
@@ -158,6 +194,14 @@ func BenchmarkProxySSE(b *testing.B) {
 	b.ReportMetric(us(ways[pool].first.Load()-ways[reverse].first.Load()), "pooled_added_ttfb_vs_plain_us")
 	b.ReportMetric(us(acquired.Load()), "acquire_us")
 }
+
+// benchSSEClients streams at once in the throughput turns: enough to
+// keep both cores busy through every way's round trips.
+const benchSSEClients = 32
+
+// proxySlices is how many turns each way takes in the throughput part,
+// of proxyTurn*b.N streams each.
+const proxySlices, proxyTurn = 6, 2
 
 // benchProxy is a limiter proxy on stack in front of target, its pools'
 // keys read from the sources given (none: no pool).

@@ -268,20 +268,29 @@ func (p *Proxy) stream(w http.ResponseWriter, r *http.Request, st *hold.Stream, 
 			p.log.ErrorContext(r.Context(), "proxy handler panicked; slot released", "stream_id", st.ID(), "path", r.URL.Path, "panic", v)
 		}
 		st.Release(r.Context(), end)
-		p.log.InfoContext(r.Context(), "stream ended", "stream_id", st.ID(), "end", end, "took", time.Since(st.Started()).Round(time.Millisecond).String())
+		if p.log.Enabled(r.Context(), slog.LevelInfo) {
+			p.log.LogAttrs(r.Context(), slog.LevelInfo, "stream ended", slog.String("stream_id", st.ID()), slog.String("end", string(end)),
+				slog.String("took", time.Since(st.Started()).Round(time.Millisecond).String()))
+		}
 		if v != nil {
 			panic(v) // net/http aborts the connection: the client sees the stream cut
 		}
 	}()
 	trace.SpanFromContext(ctx).SetAttributes(attribute.String("limiter.stream_id", st.ID()), attribute.Bool("limiter.degraded", res.Degraded))
-	granted := []any{"stream_id", st.ID(), "plan", st.Plan(), "path", r.URL.Path, "degraded", res.Degraded, "pools", poolsAttr(res.Pools)}
 	if would != "" {
 		// A scope in shadow mode would have refused the stream: the log
 		// says so, and the answer (exchange.answerHeaders).
 		trace.SpanFromContext(ctx).SetAttributes(attribute.String("limiter.would_refuse", would))
-		granted = append(granted, "would_refuse", would)
 	}
-	p.log.InfoContext(ctx, "stream granted", granted...)
+	if p.log.Enabled(ctx, slog.LevelInfo) { // typed attributes: a stream's two lines cost ~1% of its CPU
+		granted := [...]slog.Attr{slog.String("stream_id", st.ID()), slog.String("plan", st.Plan()), slog.String("path", r.URL.Path),
+			slog.Bool("degraded", res.Degraded), slog.String("pools", poolsAttr(res.Pools)), slog.String("would_refuse", would)}
+		attrs := granted[:]
+		if would == "" {
+			attrs = attrs[:len(attrs)-1]
+		}
+		p.log.LogAttrs(ctx, slog.LevelInfo, "stream granted", attrs...)
+	}
 	p.forward(w, r.WithContext(ctx))
 	end = p.endOf(r, st, state)
 }
