@@ -385,7 +385,7 @@ scale_bench() {
 	flush cluster
 	start_scale_serves scale "$LIMITER_TEST_REDIS_CLUSTER" 2
 	step "go test -bench BenchmarkScale/cluster: $BENCH_SCALE_SLOTS slots, $BENCH_SCALE_ROUNDS rounds per way, library and HTTP (2 serve)"
-	(cd pkg/limiter && LIMITER_TEST_REQUIRE=1 LIMITER_BENCH_SCALE=1 LIMITER_BENCH_SCALE_SLOTS=$BENCH_SCALE_SLOTS \
+	(cd pkg/limiter && LIMITER_TEST_REQUIRE=1 LIMITER_BENCH_SCALE=1 LIMITER_BENCH_SCALE_POOLED=1 LIMITER_BENCH_SCALE_SLOTS=$BENCH_SCALE_SLOTS \
 		LIMITER_BENCH_SCALE_ROUNDS=$BENCH_SCALE_ROUNDS LIMITER_BENCH_SCALE_SERVE_CLUSTER=$SCALE_SERVE \
 		LIMITER_BENCH_SCALE_PREFIX=$scale_prefix LIMITER_BENCH_SCALE_TOKEN=$scale_token \
 		"$tmp/limiter.test" -test.run '^$' -test.bench '^BenchmarkScale$/^cluster$' -test.benchtime 1x -test.timeout 30m) >"$tmp/go.txt" 2>&1 ||
@@ -394,7 +394,12 @@ scale_bench() {
 	while read -r unit value; do
 		SCALE[$unit]=$value
 	done < <(awk '/^BenchmarkScale\/cluster\/slots=[0-9]+-[0-9]+[ \t]/ { for (i = 3; i < NF; i += 2) print $(i + 1), $i }' "$tmp/go.txt")
+	# The same round with every stream in one pool key: pooled/<unit>.
+	while read -r unit value; do
+		SCALE[pooled/$unit]=$value
+	done < <(awk '/^BenchmarkScale\/cluster\/slots=[0-9]+-pooled-[0-9]+[ \t]/ { for (i = 3; i < NF; i += 2) print $(i + 1), $i }' "$tmp/go.txt")
 	[[ "${SCALE[http-round-s]:-}" =~ ^[0-9.e+]+$ ]] || die "BenchmarkScale printed no http-round-s: $(cat "$tmp/go.txt")"
+	[[ "${SCALE[pooled/http-round-s]:-}" =~ ^[0-9.e+]+$ ]] || die "BenchmarkScale printed no pooled http-round-s: $(cat "$tmp/go.txt")"
 }
 
 await_log() { # await_log SERVER PATTERN: waits up to 10s for PATTERN in its log

@@ -104,10 +104,12 @@ report() {
 	echo "batched heartbeats, 1000 slots: POST /v1/slots/heartbeats through the handler / HeartbeatBatch"
 	ratio_line "  process CPU per refreshed slot" GO 'B/BenchmarkHeartbeatBatchHTTP/http-cpu-us/slot' GO 'B/BenchmarkHeartbeatBatchHTTP/library-cpu-us/slot'
 	echo "proxy: SSE chat completions (8 chunks) through limiter proxy / straight from the upstream (BenchmarkProxySSE)"
-	line "  streams/s through the proxy / direct" "$(per_round GO 'P/BenchmarkProxySSE/throughput_ratio' | spread %.2f)"
+	line "  streams/s through the proxy / direct, 32 clients" "$(per_round GO 'P/BenchmarkProxySSE/throughput_ratio' | spread %.2f)"
 	line "  time to first chunk through the proxy / direct" "$(per_round GO 'P/BenchmarkProxySSE/ttfb_ratio' | spread %.2f)"
-	echo "proxy / a plain httputil.ReverseProxy to the same upstream, in turns (BenchmarkProxySSE)"
+	echo "proxy / a plain httputil.ReverseProxy to the same upstream (BenchmarkProxySSE: 32 clients, each way alone, in turns)"
 	line "  streams/s, no pool / plain (goal >= 0.8)" "$(per_round GO 'P/BenchmarkProxySSE/vs_plain_ratio' | spread %.2f)"
+	line "  time to first chunk over plain's - one acquire, us (goal <= 300)" "$(paste <(per_round GO 'P/BenchmarkProxySSE/added_ttfb_vs_plain_us') <(per_round GO 'P/BenchmarkProxySSE/acquire_us') | awk '{ printf "%.6g\n", $1 - $2 }' | spread %.0f)"
+	line "  the same, a pool keyed by the body's model, us" "$(paste <(per_round GO 'P/BenchmarkProxySSE/pooled_added_ttfb_vs_plain_us') <(per_round GO 'P/BenchmarkProxySSE/acquire_us') | awk '{ printf "%.6g\n", $1 - $2 }' | spread %.0f)"
 	line "  streams/s, a pool keyed by the body's model / plain" "$(per_round GO 'P/BenchmarkProxySSE/pooled_vs_plain_ratio' | spread %.2f)"
 	line "  streams/s, a pool keyed by the body's model / no pool" "$(per_round GO 'P/BenchmarkProxySSE/pooled_vs_proxied_ratio' | spread %.2f)"
 	echo "heartbeat refresh, Redis' own cost: script (batched) / ZADD XX GT + PEXPIREAT"
@@ -115,7 +117,8 @@ report() {
 	ratio_line "  server CPU (INFO cpu)" GO 'R/BenchmarkHeartbeatRefresh/%d/script-cpu-us/refresh' GO 'R/BenchmarkHeartbeatRefresh/%d/plain-cpu-us/refresh'
 	echo "pools: each stream joining two pools (a model's, an org's) / joining none, in turns (BenchmarkPoolsAcquireRelease, BenchmarkPoolsHeartbeat)"
 	ratio_line "  acquire+release pairs/s" GO 'O/BenchmarkPoolsAcquireRelease/%d/two-pairs/s' GO 'O/BenchmarkPoolsAcquireRelease/%d/none-pairs/s' both
-	ratio_line "  acquire p50" GO 'O/BenchmarkPoolsAcquireRelease/%d/two-acquire-p50-us' GO 'O/BenchmarkPoolsAcquireRelease/%d/none-acquire-p50-us' both
+	ratio_line "  acquire p50 at full load (follows pairs/s)" GO 'O/BenchmarkPoolsAcquireRelease/%d/two-acquire-p50-us' GO 'O/BenchmarkPoolsAcquireRelease/%d/none-acquire-p50-us' both
+	ratio_line "  acquire p50, both paced at half of two pools' pairs/s" GO 'O/BenchmarkPoolsAcquireRelease/%d/two-paced-acquire-p50-us' GO 'O/BenchmarkPoolsAcquireRelease/%d/none-paced-acquire-p50-us' both
 	ratio_line "  heartbeat round, Redis CPU per stream" GO 'O/BenchmarkPoolsHeartbeat/%d/two-redis-cpu-us/stream' GO 'O/BenchmarkPoolsHeartbeat/%d/none-redis-cpu-us/stream' both
 	ratio_line "  the same, every stream in one hot pool key" GO 'O/BenchmarkPoolsHeartbeat/%d/hot-redis-cpu-us/stream' GO 'O/BenchmarkPoolsHeartbeat/%d/none-redis-cpu-us/stream' both
 	echo "one hot pool key: acquire+release pairs/s / redis-benchmark EVALSHA of the acquire script on that key (BenchmarkPoolKeyHot)"
@@ -131,6 +134,8 @@ report() {
 		echo "heartbeats at scale: one round of $BENCH_SCALE_SLOTS live slots in batches of 1000, median of $BENCH_SCALE_ROUNDS rounds (BenchmarkScale, once)"
 		line "  round over HTTP (2 serve) / the least its CPU allows on $(nproc) cores" - "$(printf %.2f "${SCALE[http-round/cpu-bound]}")"
 		line "  round through the library / the same" - "$(printf %.2f "${SCALE[round/cpu-bound]}")"
+		line "  every stream also in one pool key, over HTTP / the least its CPU allows" - "$(printf %.2f "${SCALE[pooled/http-round/cpu-bound]}")"
+		line "  the pool key's master, CPU per refresh: in one pool key / none" - "$(awk -v a="${SCALE[pooled/http-busiest-master-µs/refresh]}" -v b="${SCALE[http-busiest-master-µs/refresh]}" 'BEGIN { printf "%.2f", a / b }')"
 	fi
 	echo "allocations per HTTP acquire through the handler, metrics on (counts, not ratios)"
 	line "  allocs (handler only)" "$(per_round GO 'M/BenchmarkHandlerAllocs/handler-allocs/op' | spread %.0f)"
@@ -178,17 +183,29 @@ report() {
 	figure_line "  through a plain reverse proxy" %.0f GO 'P/BenchmarkProxySSE/plain_us/stream'
 	figure_line "  through the proxy" %.0f GO 'P/BenchmarkProxySSE/proxied_us/stream'
 	figure_line "  through the proxy, body-keyed pool" %.0f GO 'P/BenchmarkProxySSE/pooled_us/stream'
+	figure_line "proxy: streams/s, 32 clients, direct" %.0f GO 'P/BenchmarkProxySSE/direct_streams/s'
+	figure_line "  through a plain reverse proxy" %.0f GO 'P/BenchmarkProxySSE/plain_streams/s'
+	figure_line "  through the proxy" %.0f GO 'P/BenchmarkProxySSE/proxied_streams/s'
+	figure_line "  through the proxy, body-keyed pool" %.0f GO 'P/BenchmarkProxySSE/pooled_streams/s'
 	figure_line "allocs per HTTP acquire, request and recorder included" %.0f GO 'M/BenchmarkHandlerAllocs/allocs/op'
 	if [[ -n "${SCALE[http-round-s]:-}" ]]; then
 		line "round of $BENCH_SCALE_SLOTS slots over HTTP, s" - "$(printf %.2f "${SCALE[http-round-s]}")"
 		line "  through the library, s" - "$(printf %.2f "${SCALE[round-s]}")"
 		line "  Redis CPU us per refresh, masters (+ replicas), HTTP" - "$(printf '%.1f (+%.1f)' "${SCALE[http-redis-µs/refresh]}" "${SCALE[http-replica-µs/refresh]}")"
 		line "  serve CPU us per refresh; cores for a round per 20s" - "$(printf '%.2f; %.2f' "${SCALE[serve-µs/refresh]}" "${SCALE[serve-cores@20s]}")"
+		line "  every stream also in one pool key: round over HTTP, s" - "$(printf %.2f "${SCALE[pooled/http-round-s]}")"
+		line "    through the library, s" - "$(printf %.2f "${SCALE[pooled/round-s]}")"
+		line "    Redis CPU us per refresh, masters (+ replicas), HTTP" - "$(printf '%.1f (+%.1f)' "${SCALE[pooled/http-redis-µs/refresh]}" "${SCALE[pooled/http-replica-µs/refresh]}")"
+		line "    the pool key's master (the busiest), CPU us per refresh" - "$(printf %.2f "${SCALE[pooled/http-busiest-master-µs/refresh]}")"
+		line "    the busiest master without the pool, CPU us per refresh" - "$(printf %.2f "${SCALE[http-busiest-master-µs/refresh]}")"
 	fi
 	figure_line "pools: acquire+release pairs/s joining none" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/none-pairs/s' both
 	figure_line "  joining two" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/two-pairs/s' both
 	figure_line "  acquire p50 us joining none" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/none-acquire-p50-us' both
 	figure_line "  joining two" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/two-acquire-p50-us' both
+	figure_line "  paced at half of two pools' pairs/s: pairs/s" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/paced-pairs/s' both
+	figure_line "  acquire p50 us joining none, paced" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/none-paced-acquire-p50-us' both
+	figure_line "  joining two, paced" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/two-paced-acquire-p50-us' both
 	figure_line "  heartbeat Redis CPU us per stream, no pool" %.2f GO 'O/BenchmarkPoolsHeartbeat/%d/none-redis-cpu-us/stream' both
 	figure_line "  two pools" %.2f GO 'O/BenchmarkPoolsHeartbeat/%d/two-redis-cpu-us/stream' both
 	figure_line "  one hot pool key" %.2f GO 'O/BenchmarkPoolsHeartbeat/%d/hot-redis-cpu-us/stream' both

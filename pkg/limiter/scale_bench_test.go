@@ -30,6 +30,9 @@ const (
 	envScaleSlots       = "LIMITER_BENCH_SCALE_SLOTS"       // comma list of N, default 900,45000,900000
 	envScaleConcurrency = "LIMITER_BENCH_SCALE_CONCURRENCY" // batches in flight, default 4
 	envScaleRounds      = "LIMITER_BENCH_SCALE_ROUNDS"      // refresh rounds per N, default 3
+	// "1": after each N, the same N with every stream also a member of
+	// one pool key (scalePool=scalePoolKey), the worst case for a key.
+	envScalePooled = "LIMITER_BENCH_SCALE_POOLED"
 	// Over HTTP as well: the limiter serve processes of each deployment, a
 	// comma list of PID@URL, all on that deployment's servers with the key
 	// prefix LIMITER_BENCH_SCALE_PREFIX and a plan "scale" like scaleTier's,
@@ -39,6 +42,9 @@ const (
 	envScalePrefix          = "LIMITER_BENCH_SCALE_PREFIX"
 	envScaleToken           = "LIMITER_BENCH_SCALE_TOKEN"
 )
+
+// The pool key every stream of a pooled round joins: one model's.
+const scalePool, scalePoolKey = "model", "one"
 
 // scaleTier is a production tier: slots live 120s and heartbeat every 20s.
 var scaleTier = tiers.Tier{Plan: "scale", MaxConcurrentStreams: 3, SlotTTL: 2 * time.Minute, HeartbeatInterval: 20 * time.Second, FailureMode: tiers.FailOpen}
@@ -70,6 +76,13 @@ var scaleTier = tiers.Tier{Plan: "scale", MaxConcurrentStreams: 3, SlotTTL: 2 * 
 // The client here only writes bodies built beforehand and scans the
 // answers, so it takes little of the machine from the servers.
 //
+// With LIMITER_BENCH_SCALE_POOLED=1 each N runs a second time with every
+// stream also a member of one pool key (model=one), as if every stream
+// were of one model: N members in one sorted set on one master, beyond
+// the cap a pool may be given (pools.MaxConcurrentStreams), so a bound on
+// the worst case. Its figures add pool-master-µs/refresh: the CPU of the
+// master holding the key (the busiest) per stream refreshed.
+//
 // It is not a test and `make test` never runs it: it runs only with
 // LIMITER_BENCH_SCALE=1, and it needs servers of its own, empty (it checks
 // DBSIZE) because it FLUSHALLs them between sizes and at the end. `make
@@ -98,23 +111,31 @@ func BenchmarkScale(b *testing.B) {
 			servers := scaleServers(b, raw)
 			servers.requireEmpty(b)
 			b.Cleanup(func() { servers.flush(b) })
+			pooled := os.Getenv(envScalePooled) == "1"
 			for _, n := range sizes {
 				b.Run(fmt.Sprintf("slots=%d", n), func(b *testing.B) {
 					for b.Loop() {
-						scaleRun(b, e, web, servers, n, concurrency, rounds)
+						scaleRun(b, e, web, servers, n, concurrency, rounds, false)
 					}
 				})
+				if pooled {
+					b.Run(fmt.Sprintf("slots=%d-pooled", n), func(b *testing.B) {
+						for b.Loop() {
+							scaleRun(b, e, web, servers, n, concurrency, rounds, true)
+						}
+					})
+				}
 			}
 		})
 	}
 }
 
-func scaleRun(b *testing.B, e *env, web *scaleServe, servers *scaleNodes, n, concurrency, rounds int) {
+func scaleRun(b *testing.B, e *env, web *scaleServe, servers *scaleNodes, n, concurrency, rounds int, pooled bool) {
 	ctx := context.Background()
 	servers.flush(b)
 	memBefore := servers.usedMemory(b)
 	benchenv.LoadScript(b, servers.masters, lua.Sources()["acquire"])
-	reqs := scaleLoad(b, e, n, concurrency)
+	reqs := scaleLoad(b, e, n, concurrency, pooled)
 	memAfter := servers.usedMemory(b)
 
 	sides := []*scaleSide{{name: "", round: func() { scaleRound(b, ctx, e.lim, reqs, concurrency) }}}
@@ -144,6 +165,7 @@ type scaleSide struct {
 	serveCPU func(*testing.B) time.Duration // nil: no serve process
 
 	walls, masterCPU, replicaCPU, clientCPU, serve []float64
+	busiest                                        []float64 // the busiest master's CPU per refresh
 	bound                                          []float64 // wall ÷ the CPU bound of the round
 }
 
@@ -152,9 +174,15 @@ func (s *scaleSide) measure(b *testing.B, servers *scaleNodes, n int) {
 	if s.serveCPU != nil {
 		serve0 = s.serveCPU(b)
 	}
+	each0 := mastersCPU(b, servers)
 	cpu0, client0, start := servers.cpu(b), cpuTime(), time.Now()
 	s.round()
 	wall, client1, cpu1 := time.Since(start), cpuTime(), servers.cpu(b)
+	each1, busiest := mastersCPU(b, servers), 0.0
+	for i := range each1 {
+		busiest = max(busiest, each1[i]-each0[i])
+	}
+	s.busiest = append(s.busiest, busiest/float64(n))
 	if s.serveCPU != nil {
 		serve1 = s.serveCPU(b)
 	}
@@ -175,6 +203,7 @@ func (s *scaleSide) report(b *testing.B, servers *scaleNodes, n, concurrency int
 	b.ReportMetric(limitertest.Median(s.walls), s.name+"round-s")
 	b.ReportMetric(limitertest.Median(s.bound), s.name+"round/cpu-bound")
 	b.ReportMetric(limitertest.Median(s.masterCPU), s.name+"redis-µs/refresh")
+	b.ReportMetric(limitertest.Median(s.busiest), s.name+"busiest-master-µs/refresh")
 	if len(servers.replicas) > 0 {
 		b.ReportMetric(limitertest.Median(s.replicaCPU), s.name+"replica-µs/refresh")
 	}
@@ -190,8 +219,10 @@ func (s *scaleSide) report(b *testing.B, servers *scaleNodes, n, concurrency int
 
 // scaleLoad acquires n slots, one per user, with the acquire script in
 // pipelines of 1000, concurrency at a time, and returns the heartbeat
-// requests for them.
-func scaleLoad(b *testing.B, e *env, n, concurrency int) []limiter.HeartbeatRequest {
+// requests for them. pooled: each stream also joins the pool key
+// scalePool=scalePoolKey, its slot's record naming it, as an acquire
+// naming the pool records it.
+func scaleLoad(b *testing.B, e *env, n, concurrency int, pooled bool) []limiter.HeartbeatRequest {
 	b.Helper()
 	raw := e.raw(b)
 	src := lua.Sources()["acquire"]
@@ -205,6 +236,16 @@ func scaleLoad(b *testing.B, e *env, n, concurrency int) []limiter.HeartbeatRequ
 	var failed atomic.Pointer[error]
 	var wg sync.WaitGroup
 	limit, ttl := strconv.Itoa(scaleTier.MaxConcurrentStreams), strconv.FormatInt(scaleTier.SlotTTL.Milliseconds(), 10)
+	record, poolSlots := "", ""
+	if pooled {
+		// The records an acquire naming the pool writes (pkg/lua Record).
+		record = ";plan=" + scaleTier.Plan + ";pools=" + scalePool + "=" + scalePoolKey
+		var err error
+		if poolSlots, err = e.keys.PoolKey(scalePool, scalePoolKey); err != nil {
+			b.Fatal(err)
+		}
+	}
+	poolLimit := strconv.Itoa(n) // every stream fits
 	for range concurrency {
 		wg.Go(func() {
 			for {
@@ -213,15 +254,20 @@ func scaleLoad(b *testing.B, e *env, n, concurrency int) []limiter.HeartbeatRequ
 					return
 				}
 				batch := reqs[from:min(from+benchBatch, n)]
-				cmds := make(rueidis.Commands, len(batch))
-				for i, r := range batch {
+				cmds := make(rueidis.Commands, 0, 2*len(batch))
+				for _, r := range batch {
 					key, _ := e.keys.UserKey(r.UserID)
-					cmds[i] = raw.B().Evalsha().Sha1(sha).Numkeys(int64(len(lua.AcquireKeys(key)))).Key(lua.AcquireKeys(key)...).Arg(r.StreamID, limit, ttl).Build()
+					cmds = append(cmds, raw.B().Evalsha().Sha1(sha).Numkeys(int64(len(lua.AcquireKeys(key)))).Key(lua.AcquireKeys(key)...).Arg(r.StreamID, limit, ttl, record).Build())
+					if pooled {
+						member := r.StreamID + " " + r.UserID
+						rec := ";plan=" + scaleTier.Plan + ";user=" + strconv.Itoa(len(r.UserID)) + ":" + r.UserID
+						cmds = append(cmds, raw.B().Evalsha().Sha1(sha).Numkeys(int64(len(lua.AcquireKeys(poolSlots)))).Key(lua.AcquireKeys(poolSlots)...).Arg(member, poolLimit, ttl, rec).Build())
+					}
 				}
 				for i, resp := range raw.DoMulti(context.Background(), cmds...) {
 					got, err := scriptInts(resp)
-					if err == nil && (len(got) != 7 || got[0] != 1) {
-						err = fmt.Errorf("acquire %s: %v, want granted", batch[i].UserID, got)
+					if err == nil && (len(got) < 7 || got[0] != 1) {
+						err = fmt.Errorf("acquire %d of the batch from %d: %v, want granted", i, from, got)
 					}
 					if err != nil {
 						failed.CompareAndSwap(nil, &err)

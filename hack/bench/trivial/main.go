@@ -67,15 +67,11 @@ func run() error {
 		limit:   strconv.Itoa(*limit),
 		ttl:     strconv.FormatInt(ttl.Milliseconds(), 10),
 	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST "+httpapi.PathAcquire, h.serveAcquire)
-	mux.HandleFunc("POST "+httpapi.PathRelease, h.serveRelease)
-
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: h.mux(), ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()
 		_ = srv.Close()
@@ -94,6 +90,13 @@ type handler struct {
 	limit, ttl       string
 }
 
+func (h *handler) mux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST "+httpapi.PathAcquire, h.serveAcquire)
+	mux.HandleFunc("POST "+httpapi.PathRelease, h.serveRelease)
+	return mux
+}
+
 func (h *handler) serveAcquire(w http.ResponseWriter, r *http.Request) {
 	var req httpapi.AcquireRequest
 	if !readJSON(w, r, &req) {
@@ -107,7 +110,7 @@ func (h *handler) serveAcquire(w http.ResponseWriter, r *http.Request) {
 		v, err = arr[i].AsInt64()
 		vals = append(vals, v)
 	}
-	if err != nil || len(arr) != 7 {
+	if err != nil || len(arr) != 8 {
 		http.Error(w, fmt.Sprintf("acquire script: %v %v", vals, err), http.StatusInternalServerError)
 		return
 	}
