@@ -173,3 +173,13 @@ go vet ./...
 step "go test"
 # shellcheck disable=SC2086
 LIMITER_TEST_REQUIRE=1 go test -race -count=1 -timeout 25m ${TEST_ARGS:-} ${TEST_PKGS:-./...}
+
+if [[ -z "${TEST_ARGS:-}${TEST_PKGS:-}" ]]; then
+	# make bench's Go benchmarks, once each, so that a change that breaks
+	# one (a script's answer read at an old length) fails here rather
+	# than in the next make bench. The same build as above: nothing to
+	# compile again.
+	step "benchmarks, once each"
+	LIMITER_TEST_REQUIRE=1 go test -race -count=1 -run '^$' -bench . -benchtime 1x ./pkg/limiter ./pkg/lua ./pkg/proxy ./pkg/telemetry >"$tmp/bench-once.txt" 2>&1 ||
+		{ cat "$tmp/bench-once.txt" >&2; exit 1; }
+fi
