@@ -152,8 +152,7 @@ func (h *Holder) reacquire(ctx context.Context, s *Stream) {
 // stops heartbeating it. Its holder still releases it.
 func (h *Holder) lose(ctx context.Context, s *Stream, err error) {
 	h.unbeat(s)
-	if s.lose(fmt.Errorf("%w: %w", ErrLost, err), true) {
-		h.metrics.lost(ctx)
+	if s.lose(fmt.Errorf("%w: %w", ErrLost, err), true, func() { h.metrics.lost(ctx) }) {
 		h.log.Info("slot lost; cutting the stream", "mode", h.opts.Mode, "stream_id", s.id, "err", err)
 	}
 }
@@ -168,7 +167,7 @@ func (h *Holder) releaseIdle(ctx context.Context, streams []*Stream) []*Stream {
 			live = append(live, s)
 			continue
 		}
-		if s.lose(fmt.Errorf("%w: no activity for %s", ErrIdle, h.opts.IdleTimeout), false) {
+		if s.lose(fmt.Errorf("%w: no activity for %s", ErrIdle, h.opts.IdleTimeout), false, nil) {
 			h.log.Info("stream idle; releasing its slot", "mode", h.opts.Mode, "stream_id", s.id, "idle_timeout", h.opts.IdleTimeout.String())
 		}
 		s.Release(ctx, EndIdle)

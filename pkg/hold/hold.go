@@ -259,7 +259,7 @@ func (h *Holder) Close(ctx context.Context) int {
 		sem <- struct{}{}
 		released.Go(func() {
 			defer func() { <-sem }()
-			s.lose(ErrShutdown, false)
+			s.lose(ErrShutdown, false, nil)
 			if s.Release(ctx, EndShutdown) {
 				n.Lock()
 				count++

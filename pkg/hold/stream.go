@@ -174,8 +174,10 @@ func (s *Stream) Release(ctx context.Context, end End) bool {
 
 // lose marks the slot lost with err, closes Lost and cancels the stream's
 // contexts, once; slotGone says the limiter no longer holds the slot. It
-// reports whether this call marked it.
-func (s *Stream) lose(err error, slotGone bool) bool {
+// reports whether this call marked it. counted, when not nil, runs once
+// the mark is this call's and before Lost closes, so that whoever Lost
+// wakes finds the loss counted.
+func (s *Stream) lose(err error, slotGone bool, counted func()) bool {
 	s.mu.Lock()
 	if s.err != nil || s.released {
 		s.mu.Unlock()
@@ -183,6 +185,9 @@ func (s *Stream) lose(err error, slotGone bool) bool {
 	}
 	s.err = err
 	s.slotGone = slotGone
+	if counted != nil {
+		counted()
+	}
 	close(s.lost)
 	cancels := s.cancels
 	s.cancels = nil
