@@ -175,26 +175,26 @@ func (s *Stream) Release(ctx context.Context, end End) bool {
 // lose marks the slot lost with err, closes Lost and cancels the stream's
 // contexts, once; slotGone says the limiter no longer holds the slot. It
 // reports whether this call marked it. counted, when not nil, runs once
-// the mark is this call's and before Lost closes, so that whoever Lost
-// wakes finds the loss counted.
+// the mark is this call's and before Lost closes. Lost closes last, so
+// that whoever it wakes finds the loss counted and the contexts cancelled.
 func (s *Stream) lose(err error, slotGone bool, counted func()) bool {
 	s.mu.Lock()
 	if s.err != nil || s.released {
 		s.mu.Unlock()
 		return false
 	}
-	s.err = err
+	s.err = err // marked: no other call closes lost, and a later Context is born cancelled
 	s.slotGone = slotGone
 	if counted != nil {
 		counted()
 	}
-	close(s.lost)
 	cancels := s.cancels
 	s.cancels = nil
 	s.mu.Unlock()
 	for _, cancel := range cancels {
 		cancel(err)
 	}
+	close(s.lost)
 	return true
 }
 
