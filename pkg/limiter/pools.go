@@ -303,19 +303,16 @@ const undoWithin = 50 * time.Millisecond
 func (l *Limiter) undo(ctx context.Context, end time.Time, req AcquireRequest, taken []string, added bool) {
 	end = end.Add(undoWithin)
 	member := poolMember(req.UserID, req.StreamID)
-	var user string // the user's slots, when its slot is left to remove
 	var left []string
-	each(2, func(i int) {
-		if i == 1 {
-			left = l.leaveAll(ctx, end, taken, member)
-			return
+	var wg sync.WaitGroup
+	wg.Go(func() { left = l.leaveAll(ctx, end, taken, member) })
+	var user string // the user's slots, when its slot is left to remove
+	if added {
+		if key, err := l.keys.UserKey(req.UserID); err == nil && l.dropSlot(ctx, end, "release", key, req.StreamID) != nil {
+			user = key
 		}
-		if added {
-			if key, err := l.keys.UserKey(req.UserID); err == nil && l.dropSlot(ctx, end, "release", key, req.StreamID) != nil {
-				user = key
-			}
-		}
-	})
+	}
+	wg.Wait()
 	if len(left) == 0 && user == "" {
 		return
 	}

@@ -25,15 +25,7 @@ func members(t *testing.T, s *limitertest.Stack, pool, key string) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.Redis.Redis()
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, err := c.Do(context.Background(), c.B().Zcard().Key(slots).Build()).AsInt64()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return zcard(t, s, slots)
 }
 
 // TestAPooledAcquireKeepsNothingItRefuses: an acquire whose user's limit

@@ -87,11 +87,17 @@ func queueLength(t *testing.T, s *limitertest.Stack, key string) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return zcard(t, s, keys.Queue(slots))
+}
+
+// zcard is the size of the sorted set key on s's Redis.
+func zcard(t *testing.T, s *limitertest.Stack, key string) int64 {
+	t.Helper()
 	c, err := s.Redis.Redis()
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := c.Do(context.Background(), c.B().Zcard().Key(keys.Queue(slots)).Build()).AsInt64()
+	n, err := c.Do(context.Background(), c.B().Zcard().Key(key).Build()).AsInt64()
 	if err != nil {
 		t.Fatal(err)
 	}
