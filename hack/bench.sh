@@ -19,7 +19,9 @@
 #                   (BenchmarkAcquireReleaseVsRaw); a waiter's grant
 #                   after a release against the release's round trip
 #                   (BenchmarkWakeUp); acquire+release joining two pools
-#                   against joining none, and a heartbeat round's Redis
+#                   against joining none (at full load, paced at half of
+#                   two pools' pairs/s, and at a light 2,000 pairs/s),
+#                   and a heartbeat round's Redis
 #                   CPU the same ways, in turns (BenchmarkPoolsAcquireRelease,
 #                   BenchmarkPoolsHeartbeat); the pairs of one hot pool key
 #                   against redis-benchmark EVALSHA of the acquire script
@@ -42,7 +44,9 @@
 #                   1,000 clients polling once a second, in Redis commands
 #                   and CPU (BenchmarkWaitCost); the same for 1,000
 #                   acquires waiting in the queues of 10 full pool keys
-#                   (BenchmarkPoolWaitCost)
+#                   (BenchmarkPoolWaitCost); the Redis time of the acquire
+#                   script as a pool key runs it, whole, its call alone and
+#                   each part (BenchmarkAcquireParts)
 #
 # The table, on stdout, gives each ratio's median over the rounds with the
 # lowest and highest; progress and the raw benchmark lines go to stderr.
@@ -74,7 +78,7 @@ BENCH_DURATION=${BENCH_DURATION:-3}
 BENCH_SCALE_SLOTS=${BENCH_SCALE_SLOTS:-900000}
 BENCH_SCALE_ROUNDS=${BENCH_SCALE_ROUNDS:-3}
 BENCH_NPM_DIR=${BENCH_NPM_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/limiter/npm}
-readonly CLIENTS=50 USERS=1000000 PIPELINE=16 WARMUP_MS=500 ALLOC_REQUESTS=2000 HTTP_SLICES=6
+readonly CLIENTS=50 USERS=1000000 PIPELINE=16 WARMUP_MS=500 ALLOC_REQUESTS=2000 PARTS_CALLS=50000 HTTP_SLICES=6
 
 step() { printf '==> [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
 die() {
@@ -123,6 +127,7 @@ step "building the benchmarks, limiter, hack/bench/trivial and hack/bench/load"
 go test -c -o "$tmp/limiter.test" ./pkg/limiter
 go test -c -o "$tmp/telemetry.test" ./pkg/telemetry
 go test -c -o "$tmp/proxy.test" ./pkg/proxy
+go test -c -o "$tmp/lua.test" ./pkg/lua
 go build -o "$tmp/limiter" ./cmd/limiter
 go build -o "$tmp/trivial" ./hack/bench/trivial
 go build -o "$tmp/load" ./hack/bench/load
@@ -144,6 +149,7 @@ for ((round = 1; round <= BENCH_ROUNDS; round++)); do
 	done
 	go_bench "$round" C "" limiter BenchmarkWaitCost
 	go_bench "$round" Q "" limiter BenchmarkPoolWaitCost
+	go_bench "$round" L "" lua BenchmarkAcquireParts
 	in_order "$round" "go_bench $round S standalone limiter BenchmarkAcquireRelease" "semaphore_bench $round"
 	go_bench "$round" R standalone limiter BenchmarkHeartbeatRefresh
 	go_bench "$round" M "" telemetry BenchmarkHandlerAllocs

@@ -119,6 +119,7 @@ report() {
 	ratio_line "  acquire+release pairs/s" GO 'O/BenchmarkPoolsAcquireRelease/%d/two-pairs/s' GO 'O/BenchmarkPoolsAcquireRelease/%d/none-pairs/s' both
 	ratio_line "  acquire p50 at full load (follows pairs/s)" GO 'O/BenchmarkPoolsAcquireRelease/%d/two-acquire-p50-us' GO 'O/BenchmarkPoolsAcquireRelease/%d/none-acquire-p50-us' both
 	ratio_line "  acquire p50, both paced at half of two pools' pairs/s" GO 'O/BenchmarkPoolsAcquireRelease/%d/two-paced-acquire-p50-us' GO 'O/BenchmarkPoolsAcquireRelease/%d/none-paced-acquire-p50-us' both
+	ratio_line "  acquire p50, both at a light 2,000 pairs/s" GO 'O/BenchmarkPoolsAcquireRelease/%d/two-light-acquire-p50-us' GO 'O/BenchmarkPoolsAcquireRelease/%d/none-light-acquire-p50-us' both
 	ratio_line "  heartbeat round, Redis CPU per stream" GO 'O/BenchmarkPoolsHeartbeat/%d/two-redis-cpu-us/stream' GO 'O/BenchmarkPoolsHeartbeat/%d/none-redis-cpu-us/stream' both
 	ratio_line "  the same, every stream in one hot pool key" GO 'O/BenchmarkPoolsHeartbeat/%d/hot-redis-cpu-us/stream' GO 'O/BenchmarkPoolsHeartbeat/%d/none-redis-cpu-us/stream' both
 	echo "one hot pool key: acquire+release pairs/s / redis-benchmark EVALSHA of the acquire script on that key (BenchmarkPoolKeyHot)"
@@ -206,6 +207,8 @@ report() {
 	figure_line "  paced at half of two pools' pairs/s: pairs/s" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/paced-pairs/s' both
 	figure_line "  acquire p50 us joining none, paced" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/none-paced-acquire-p50-us' both
 	figure_line "  joining two, paced" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/two-paced-acquire-p50-us' both
+	figure_line "  acquire p50 us joining none, 2,000 pairs/s" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/none-light-acquire-p50-us' both
+	figure_line "  joining two, 2,000 pairs/s" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/two-light-acquire-p50-us' both
 	figure_line "  heartbeat Redis CPU us per stream, no pool" %.2f GO 'O/BenchmarkPoolsHeartbeat/%d/none-redis-cpu-us/stream' both
 	figure_line "  two pools" %.2f GO 'O/BenchmarkPoolsHeartbeat/%d/two-redis-cpu-us/stream' both
 	figure_line "  one hot pool key" %.2f GO 'O/BenchmarkPoolsHeartbeat/%d/hot-redis-cpu-us/stream' both
@@ -213,6 +216,12 @@ report() {
 	figure_line "hot pool key: acquire+release pairs/s" %.0f GO 'K/BenchmarkPoolKeyHot/%d/pairs/s' both
 	figure_line "  its master's Redis CPU us per pair" %.1f GO 'K/BenchmarkPoolKeyHot/%d/hot-master-cpu-us/op' both
 	figure_line "  redis-benchmark EVALSHA acquire on the key, rps" %.0f RPS '%d/pool' both
+	figure_line "a pool membership's acquire script, Redis us per call" %.2f GO 'L/BenchmarkAcquireParts/whole-redis-µs/call'
+	figure_line "  of which the call itself (a script returning 1)" %.2f GO 'L/BenchmarkAcquireParts/call-redis-µs/call'
+	figure_line "  the membership's record" %.2f GO 'L/BenchmarkAcquireParts/record-redis-µs/call'
+	figure_line "  pruning expired members" %.2f GO 'L/BenchmarkAcquireParts/prune-redis-µs/call'
+	figure_line "  reading the key's override" %.2f GO 'L/BenchmarkAcquireParts/override-redis-µs/call'
+	figure_line "  looking at the key's queue" %.2f GO 'L/BenchmarkAcquireParts/queue-redis-µs/call'
 	figure_line "grant after a release, p50 us (BenchmarkWakeUp)" %.0f GO 'W/BenchmarkWakeUp/%d/p50-us' both
 	figure_line "  p99 us" %.0f GO 'W/BenchmarkWakeUp/%d/p99-us' both
 	figure_line "  the release's round trip, p50 us" %.0f GO 'W/BenchmarkWakeUp/%d/release-us' both

@@ -65,7 +65,9 @@ var (
 // latency, acquire-p50-us. At full load that latency is the queue of
 // every caller's calls, and follows pairs/s; so both ways run once more,
 // in turns, paced at half of the pairs/s joining two pools made, for the
-// latency the pools add at one load (paced-acquire-p50-us).
+// latency the pools add at one load (paced-acquire-p50-us), and at last
+// at a light load, benchLightRate, over benchLightPairs pairs at most
+// (light-acquire-p50-us).
 func BenchmarkPoolsAcquireRelease(b *testing.B) {
 	eachBenchBackendWith(b, limiter.Options{Pools: benchPools(b)}, func(b *testing.B, e *env) {
 		ways := []*pairWay{{name: "none", join: joinNone}, {name: "two", join: joinTwo}}
@@ -90,6 +92,18 @@ func BenchmarkPoolsAcquireRelease(b *testing.B) {
 			w.report(b)
 		}
 		b.ReportMetric(rate, "paced-pairs/s")
+		// And at a light load, where no queue forms: the latency of the
+		// calls themselves.
+		light := []*pairWay{{name: "none-light", join: joinNone, rate: benchLightRate}, {name: "two-light", join: joinTwo, rate: benchLightRate}}
+		n := min(b.N, benchLightPairs)
+		for done := 0; done < n; done += benchTurn {
+			for _, w := range light {
+				w.run(b, e, min(benchTurn, n-done))
+			}
+		}
+		for _, w := range light {
+			w.report(b)
+		}
 	})
 }
 
@@ -114,6 +128,13 @@ func BenchmarkPoolKeyHot(b *testing.B) {
 		b.ReportMetric(hottest/float64(b.N), "hot-master-cpu-us/op")
 	})
 }
+
+// benchLightRate is the light load of BenchmarkPoolsAcquireRelease, in
+// pairs/s, and benchLightPairs how many pairs each way runs at it.
+const (
+	benchLightRate  = 2000
+	benchLightPairs = 4000
+)
 
 // benchTurn is how many pairs one way runs before the other takes its
 // turn: both see the same machine, whatever else runs on it.

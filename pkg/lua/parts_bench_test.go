@@ -1,0 +1,112 @@
+package lua_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/joishi/limiter/pkg/lua"
+)
+
+// BenchmarkAcquireParts profiles the acquire script as a pool key runs it
+// (a new member of one key, with its record, nobody waiting, no
+// override): the Redis time of one call of the whole script, of the call
+// alone (a script that takes the same keys and arguments and returns
+// 1), and of each part, as the whole script's time less that of the
+// script without the part. A pool's membership runs this script, so the
+// parts are what each pool an acquire joins costs Redis, beside the
+// user's own slot (DESIGN §21): hack/bench.sh prints them.
+//
+// Each variant makes b.N acquires of new members, in pipelines of
+// acquirePartsPipeline, and reads the Redis time from INFO
+// commandstats: it reports nothing when other clients ran scripts on the
+// server meanwhile.
+func BenchmarkAcquireParts(b *testing.B) {
+	u := newFullUser(b)
+	whole := lua.Sources()["acquire"]
+	variants := []struct{ name, src string }{
+		{"whole", whole},
+		{"call", "return 1"},
+		{"record", without(b, whole, "    redis.call('HSET', meta, member, record)\n")},
+		{"prune", without(b, whole, "local pruned = prune(key, meta, now)\n", "local pruned = 0\n")},
+		{"override", without(b, whole, "local o = redis.call('HMGET', KEYS[3], 'limit', 'expires_at')\n", "local o = {}\n")},
+		{"queue", without(b, whole, "local waiting = redis.call('ZCARD', expiry)\n", "local waiting = 0\n")},
+	}
+	// In turns of acquirePartsTurn calls, each on a fresh key: every
+	// variant sees the same machine and keys of the same sizes.
+	us := map[string]float64{}
+	alone := true // no other client ran scripts on the server meanwhile
+	for done := 0; done < b.N; done += acquirePartsTurn {
+		for _, v := range variants {
+			usec, ok := u.acquireTime(b, v.src, min(acquirePartsTurn, b.N-done))
+			us[v.name] += usec / float64(b.N)
+			alone = alone && ok
+		}
+	}
+	if !alone {
+		b.Log("profile left out: other clients ran scripts on the server meanwhile")
+		return
+	}
+	b.ReportMetric(us["whole"], "whole-redis-µs/call")
+	b.ReportMetric(us["call"], "call-redis-µs/call")
+	for _, part := range []string{"record", "prune", "override", "queue"} {
+		b.ReportMetric(us["whole"]-us[part], part+"-redis-µs/call")
+	}
+}
+
+// acquirePartsTurn is how many acquires each variant of
+// BenchmarkAcquireParts makes before the next takes its turn.
+const acquirePartsTurn = 5000
+
+// acquirePartsPipeline is how many acquires one round trip of
+// BenchmarkAcquireParts sends.
+const acquirePartsPipeline = 100
+
+// without returns src with the line cut replaced by put (none when not
+// given); b fails when src does not hold cut once, so that a change of the
+// script cannot make the profile measure nothing.
+func without(b *testing.B, src, cut string, put ...string) string {
+	b.Helper()
+	if n := strings.Count(src, cut); n != 1 {
+		b.Fatalf("the acquire script holds %q %d times, want once: the profile's parts need updating", cut, n)
+	}
+	return strings.Replace(src, cut, strings.Join(put, ""), 1)
+}
+
+// acquireTime runs src n times as the acquire script, each call a new
+// member of a fresh pool key (as a pool's membership: "<stream> <user>",
+// its user in the record), and returns the Redis µs of the n calls, and
+// whether they were the only script calls the server ran meanwhile.
+func (u *fullUser) acquireTime(b *testing.B, src string, n int) (usec float64, alone bool) {
+	b.Helper()
+	ctx := context.Background()
+	c := u.c
+	sha, err := c.Do(ctx, c.B().ScriptLoad().Script(src).Build()).ToString()
+	if err != nil {
+		b.Fatal(err)
+	}
+	key := fmt.Sprintf("%s:pool-%d", u.key, time.Now().UnixNano())
+	keys := lua.AcquireKeys(key)
+	b.Cleanup(func() { c.Do(context.Background(), c.B().Del().Key(keys...).Build()) })
+	before := u.scriptStats(b)
+	for done := 0; done < n; done += acquirePartsPipeline {
+		cmds := make(rueidis.Commands, 0, acquirePartsPipeline)
+		for i := done; i < min(n, done+acquirePartsPipeline); i++ {
+			user := "u" + strconv.Itoa(i)
+			cmds = append(cmds, c.B().Evalsha().Sha1(sha).Numkeys(int64(len(keys))).Key(keys...).
+				Arg("s"+strconv.Itoa(i)+" "+user, "1000000", "120000", ";plan=free;user="+strconv.Itoa(len(user))+":"+user, "1").Build())
+		}
+		for _, resp := range c.DoMulti(ctx, cmds...) {
+			if err := resp.Error(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	after := u.scriptStats(b)
+	return float64(after.usec - before.usec), after.calls-before.calls == int64(n)
+}
