@@ -74,7 +74,7 @@ func (l *Limiter) heartbeat(ctx context.Context, req HeartbeatRequest) (Heartbea
 	res, err := l.beatResult(ctx, req, tier, beat, err)
 	if err == nil && res.Alive && !res.Degraded && len(beat.Pools) > 0 {
 		results, errs := []HeartbeatResult{res}, []error{nil}
-		l.beatPools(ctx, end, []HeartbeatRequest{req}, []time.Duration{tier.SlotTTL}, [][]lua.PoolKey{beat.Pools}, results, errs)
+		l.beatPools(ctx, end, []HeartbeatRequest{req}, []memberTTL{membersTTL(beat, tier)}, [][]lua.PoolKey{beat.Pools}, results, errs)
 		res, err = results[0], errs[0]
 	}
 	return res, tier, err
@@ -104,7 +104,7 @@ func (l *Limiter) HeartbeatBatch(ctx context.Context, reqs []HeartbeatRequest) (
 	}
 	if len(args) > 0 {
 		var pooled [][]lua.PoolKey // the memberships of the slots kept alive, by request; nil: none
-		var ttls []time.Duration
+		var ttls []memberTTL
 		var beats []lua.Beat
 		var beatErrs []error
 		end := l.decisionEnd() // the slots' and their memberships' (DESIGN §10 P4)
@@ -124,9 +124,9 @@ func (l *Limiter) HeartbeatBatch(ctx context.Context, reqs []HeartbeatRequest) (
 			results[i], errs[i] = l.beatResult(ctx, reqs[i], tiersOf[i], beat, err)
 			if errs[i] == nil && results[i].Alive && !results[i].Degraded && len(beat.Pools) > 0 {
 				if pooled == nil {
-					pooled, ttls = make([][]lua.PoolKey, len(reqs)), make([]time.Duration, len(reqs))
+					pooled, ttls = make([][]lua.PoolKey, len(reqs)), make([]memberTTL, len(reqs))
 				}
-				pooled[i], ttls[i] = beat.Pools, tiersOf[i].SlotTTL
+				pooled[i], ttls[i] = beat.Pools, membersTTL(beat, tiersOf[i])
 			}
 		}
 		if pooled != nil {

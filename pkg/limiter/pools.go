@@ -366,12 +366,30 @@ type poolBeat struct {
 	pool lua.PoolKey
 }
 
+// memberTTL is what keeps a stream's memberships alive: its slot's own
+// TTL, as the slot's record holds it (own), so that the memberships' own
+// records need not be read; else the plan's, a fallback for memberships
+// without a record of their own TTL.
+type memberTTL struct {
+	ttl time.Duration
+	own bool
+}
+
+// membersTTL is the memberTTL of the stream whose slot beat kept alive,
+// of tier.
+func membersTTL(beat lua.Beat, tier tiers.Tier) memberTTL {
+	if beat.TTL > 0 {
+		return memberTTL{ttl: beat.TTL, own: true}
+	}
+	return memberTTL{ttl: tier.SlotTTL}
+}
+
 // beatPools keeps alive the memberships of the slots beats found alive,
 // in one call per pool key and node, and turns the results of the slots
 // whose membership is lost into ErrSlotLost naming the pool key, by end. A pool
 // whose shard does not answer applies its failure mode: Open keeps the
 // slot alive (degraded), Closed answers ErrUnavailable.
-func (l *Limiter) beatPools(ctx context.Context, end time.Time, reqs []HeartbeatRequest, ttls []time.Duration, pooled [][]lua.PoolKey, results []HeartbeatResult, errs []error) {
+func (l *Limiter) beatPools(ctx context.Context, end time.Time, reqs []HeartbeatRequest, ttls []memberTTL, pooled [][]lua.PoolKey, results []HeartbeatResult, errs []error) {
 	var beats []poolBeat
 	var args []lua.HeartbeatArgs
 	for i, held := range pooled {
@@ -381,7 +399,7 @@ func (l *Limiter) beatPools(ctx context.Context, end time.Time, reqs []Heartbeat
 				continue
 			}
 			beats = append(beats, poolBeat{at: i, pool: p})
-			args = append(args, lua.HeartbeatArgs{Key: slots, StreamID: poolMember(reqs[i].UserID, reqs[i].StreamID), TTL: ttls[i]})
+			args = append(args, lua.HeartbeatArgs{Key: slots, StreamID: poolMember(reqs[i].UserID, reqs[i].StreamID), TTL: ttls[i].ttl, Own: ttls[i].own})
 		}
 	}
 	if len(args) == 0 {

@@ -270,3 +270,53 @@ func TestReleaseAllDropsEveryMembership(t *testing.T) {
 		}
 	}
 }
+
+// TestMembershipsBeatByTheirStreamsTTL: a heartbeat keeps a stream's
+// memberships by its slot's own TTL, which the user's heartbeat just read,
+// not by a membership's record: a membership whose record names another
+// TTL (an hour) still expires one slot TTL after each beat, single and
+// batched.
+func TestMembershipsBeatByTheirStreamsTTL(t *testing.T) {
+	t.Parallel()
+	for _, b := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster, limitertest.Embedded} {
+		t.Run(b.String(), func(t *testing.T) {
+			t.Parallel()
+			s := poolReplicas(t, b, 1)[0]
+			lim, ctx := s.Limiter, context.Background()
+			user := newUser(t)
+			res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "short", Pools: map[string]string{"org": "acme"}})
+			if err != nil || !res.Granted {
+				t.Fatalf("acquire: %+v, %v", res, err)
+			}
+			c, err := s.Redis.Redis()
+			if err != nil {
+				t.Fatal(err)
+			}
+			slots, _ := s.Keys.PoolKey("org", "acme")
+			member := res.StreamID + " " + user
+			if err := c.Do(ctx, c.B().Hset().Key(keys.SlotRecords(slots)).FieldValue().FieldValue(member, "3600000;user=1:x").Build()).Error(); err != nil {
+				t.Fatal(err)
+			}
+			req := limiter.HeartbeatRequest{UserID: user, Plan: "short", StreamID: res.StreamID}
+			for i, beat := range []func() (limiter.HeartbeatResult, error){
+				func() (limiter.HeartbeatResult, error) { return lim.Heartbeat(ctx, req) },
+				func() (limiter.HeartbeatResult, error) {
+					r, errs := lim.HeartbeatBatch(ctx, []limiter.HeartbeatRequest{req})
+					return r[0], errs[0]
+				},
+			} {
+				got, err := beat()
+				if err != nil || !got.Alive {
+					t.Fatalf("heartbeat %d: %+v, %v", i, got, err)
+				}
+				score, err := c.Do(ctx, c.B().Zscore().Key(slots).Member(member).Build()).AsFloat64()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if at := time.UnixMilli(int64(score)); at.After(got.ExpiresAt.Add(100 * time.Millisecond)) {
+					t.Errorf("heartbeat %d: the membership expires at %v, the slot at %v; want the slot's TTL, not its record's hour", i, at, got.ExpiresAt)
+				}
+			}
+		})
+	}
+}

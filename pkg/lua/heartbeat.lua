@@ -7,7 +7,8 @@
 -- ARGV[2i]   -> stream id of the i-th slot (i = 1..n, n >= 1)
 -- ARGV[2i+1] -> its fallback slot ttl (ms, >= 0, decimal digits): for a
 --               slot that has no record (taken by a version that wrote
---               none); 0: none known
+--               none); 0: none known. Or '=' and the slot's own ttl: its
+--               record is not read (see below).
 -- returns {pruned, used, alive_1, expires_at_ms_1, ..., alive_n, expires_at_ms_n, {i, record_i, ...}}
 --   pruned: the user's slots that had expired unreleased (these included),
 --   removed now with their records.
@@ -25,7 +26,10 @@
 --
 -- The TTL is the record's leading digits (see acquire), so a slot keeps
 -- heartbeating after its plan is deleted, on any replica. A slot without
--- a record is kept by the fallback ttl, which is then recorded.
+-- a record is kept by the fallback ttl, which is then recorded. A slot
+-- given with '=<ttl>' is kept by that ttl and its record is not read: a
+-- pool key's member, whose stream's slot holds the same TTL and was just
+-- kept alive, its holder checked, by the user's own heartbeat.
 --
 -- Both keys expire at least one TTL after the latest slot, as acquire
 -- leaves them, so slots that expire unreleased stay visible for the next
@@ -44,19 +48,35 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- Expired slots must go before the ZADD XX below, which would extend them.
 local out = {prune(key, meta, now), 0}
 
-local members = {}
+-- The records of the slots not given with their ttl ('=', byte 61).
+local members, read = {}, {}
 for i = 2, #ARGV, 2 do
   members[#members + 1] = ARGV[i]
+  if string.byte(ARGV[i + 1], 1) ~= 61 then
+    read[#read + 1] = #members
+  end
 end
-local records = redis.call('HMGET', meta, unpack(members))
+local records = {}
+if #read == #members then
+  records = redis.call('HMGET', meta, unpack(members))
+elseif #read > 0 then
+  local names = {}
+  for j, i in ipairs(read) do
+    names[j] = members[i]
+  end
+  for j, record in ipairs(redis.call('HMGET', meta, unpack(names))) do
+    records[read[j]] = record
+  end
+end
 
 local pooled = {} -- i, record of the slots alive with pool memberships
 local need, at = 0, 0 -- the key's expiry must reach need; it is set to at
 local recorded = false -- a record was written: the hash may be new
 for i, member in ipairs(members) do
-  local digits = records[i] and string.match(records[i], '^%d+')
+  local given = string.match(ARGV[2 * i + 1], '^=(%d+)$')
+  local digits = given or records[i] and string.match(records[i], '^%d+')
   local ttl = digits and tonumber(digits)
-  local fallback = not ttl or ttl <= 0
+  local fallback = not given and (not ttl or ttl <= 0)
   if fallback then
     ttl = tonumber(ARGV[2 * i + 1])
   end

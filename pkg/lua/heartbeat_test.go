@@ -180,3 +180,65 @@ func TestHeartbeatMovesTheKeysExpiryOnlyWhenItMust(t *testing.T) {
 		}
 	})
 }
+
+// TestHeartbeatOwnTTLReadsNoRecord: a slot given with its own TTL (a pool
+// key's member, kept by its stream's slot's TTL) is kept by that TTL
+// whatever its record says, gets no record when it has none, and is not
+// checked for its holder; beside it in the same call, a slot given a
+// fallback is still kept by its record, and a lost one is never re-added.
+func TestHeartbeatOwnTTLReadsNoRecord(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := "heartbeat-own:" + keys.NewStreamID()[:12] + ":{pool}"
+		for _, s := range []string{"own", "recorded"} {
+			// Records of a 2-second TTL, taken by caller "a".
+			if got, err := lua.Acquire(ctx, c, key, s, 5, 2*time.Second, lua.Record{Caller: "a"}, false); err != nil || !got.Granted {
+				t.Fatalf("acquire %s = %+v, %v", s, got, err)
+			}
+		}
+		// A member with no record at all.
+		if err := c.Do(ctx, c.B().Zadd().Key(key).ScoreMember().ScoreMember(float64(time.Now().Add(time.Hour).UnixMilli()), "bare").Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		slots := []lua.HeartbeatArgs{
+			{Key: key, StreamID: "own", TTL: time.Minute, Own: true},
+			{Key: key, StreamID: "recorded", TTL: time.Minute},
+			{Key: key, StreamID: "gone", TTL: time.Minute, Own: true},
+		}
+		before := time.Now()
+		beats, errs := lua.HeartbeatMulti(ctx, c, slots, nil)
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("slot %d: %v", i, err)
+			}
+		}
+		if at := time.UnixMilli(beats[0].ExpiresAtMs); !beats[0].Alive || at.Before(before.Add(time.Minute-time.Second)) {
+			t.Errorf("own: %+v (expires %v), want alive for about a minute: its TTL given, not its record's 2s", beats[0], at)
+		}
+		if at := time.UnixMilli(beats[1].ExpiresAtMs); !beats[1].Alive || at.After(time.Now().Add(3*time.Second)) {
+			t.Errorf("recorded: %+v (expires %v), want alive for its record's 2s", beats[1], at)
+		}
+		if beats[2].Alive || beats[2].ExpiresAtMs != 0 {
+			t.Errorf("gone: %+v, want lost", beats[2])
+		}
+		if err := c.Do(ctx, c.B().Zscore().Key(key).Member("gone").Build()).Error(); !rueidis.IsRedisNil(err) {
+			t.Errorf("ZSCORE gone after its heartbeat: %v, want nil (a lost member is never re-added)", err)
+		}
+
+		// Another caller's heartbeat: the member given its TTL is kept (its
+		// stream's slot was checked), the recorded one is not its to keep.
+		beats, errs = lua.HeartbeatMulti(ctx, c, []lua.HeartbeatArgs{
+			{Key: key, StreamID: "bare", TTL: time.Minute, Own: true, Caller: "b"},
+			{Key: key, StreamID: "recorded", TTL: time.Minute, Caller: "b"},
+		}, nil)
+		if errs[0] != nil || errs[1] != nil {
+			t.Fatalf("heartbeat as b: %v, %v", errs[0], errs[1])
+		}
+		if !beats[0].Alive || beats[1].Alive || !beats[1].NotHolder {
+			t.Errorf("as b: bare %+v, recorded %+v; want bare kept and recorded left as a's", beats[0], beats[1])
+		}
+		if err := c.Do(ctx, c.B().Hget().Key(keys.SlotRecords(key)).Field("bare").Build()).Error(); !rueidis.IsRedisNil(err) {
+			t.Errorf("HGET the record of bare: %v, want none written (its TTL came with the call)", err)
+		}
+	})
+}

@@ -112,8 +112,10 @@ type Beat struct {
 	// (Alive false, ExpiresAtMs 0).
 	NotHolder bool
 	// Pools are the pool keys a slot kept alive holds memberships of, as
-	// its record names them: the caller keeps them alive too.
+	// its record names them: the caller keeps them alive too, by TTL, the
+	// slot's own as its record holds it (0: none recorded).
 	Pools []PoolKey
+	TTL   time.Duration
 }
 
 // HeartbeatArgs names one slot to heartbeat.
@@ -126,6 +128,10 @@ type HeartbeatArgs struct {
 	// Caller is who heartbeats ("" for none): a slot another caller holds
 	// is left as it is (Beat.NotHolder).
 	Caller string
+	// Own: TTL is the slot's own, and its record is not read (nor its
+	// holder checked): a pool key's member, whose stream's slot holds the
+	// same TTL and was just kept alive by the user's heartbeat.
+	Own bool
 }
 
 // Heartbeat runs the heartbeat script on key (a keys.Schema.UserKey) and
@@ -275,10 +281,14 @@ func byUser(slots []HeartbeatArgs) []userBeat {
 		off += n
 	}
 	var ttl time.Duration
+	own := false
 	ttlMs := "0"
 	for i, s := range slots {
-		if s.TTL != ttl { // a batch's slots mostly share one TTL
-			ttl, ttlMs = s.TTL, ms(s.TTL)
+		if s.TTL != ttl || s.Own != own { // a batch's slots mostly share one TTL
+			ttl, own, ttlMs = s.TTL, s.Own, ms(s.TTL)
+			if own {
+				ttlMs = "=" + ttlMs
+			}
 		}
 		call := &calls[index[i]]
 		if len(call.args) == 0 {
@@ -385,7 +395,8 @@ func parseBeats(resp rueidis.RedisResult, at []int, beats []Beat) error {
 		if err != nil {
 			return fmt.Errorf("heartbeat script: pooled slot %d: %w", k, err)
 		}
-		beats[at[k-1]].Pools = DecodePools(ParseRecord(record).Pools)
+		r := ParseRecord(record)
+		beats[at[k-1]].Pools, beats[at[k-1]].TTL = DecodePools(r.Pools), r.TTL
 	}
 	return nil
 }
