@@ -186,16 +186,28 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	// grant, the memberships taken meanwhile are removed before the
 	// answer (or before its wait), as a pool's refusal removes the user's
 	// slot.
+	//
+	// When one node serves every key of the acquire (always on one Redis)
+	// and no WAIT follows it, the scripts go in one pipeline, answered
+	// together: one wait for them all, not one for each on a goroutine of
+	// its own. Across nodes each goes alone, so that one node's hang is
+	// its own key's outage, not the others'.
 	var tries []poolTry
 	triesDone := func() {}
-	if len(ms) > 0 {
+	together := len(ms) > 0 && l.syncReplicas == 0 && l.oneNode(key, ms)
+	if len(ms) > 0 && !together {
 		tries, triesDone = l.tryPools(ctx, end, req, tier, ms)
 	}
 	var got lua.Acquired
 	var replicas *replicaSync
 	err = l.doBy(ctx, end, "acquire", func(ctx context.Context, c rueidis.Client) (err error) {
-		c, replicas = l.synced(c)
 		rec := lua.Record{Caller: req.Caller, Plan: tier.Plan, Pools: lua.EncodePools(held), Label: req.Label}
+		user := lua.AcquireArgs{Key: key, StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, TTL: tier.SlotTTL, Rec: rec, Shadow: !tier.Enforced()}
+		if together {
+			got, tries, err = l.acquireTogether(ctx, c, user, req, tier, ms)
+			return err
+		}
+		c, replicas = l.synced(c)
 		got, err = lua.Acquire(ctx, c, key, req.StreamID, tier.MaxConcurrentStreams, tier.SlotTTL, rec, !tier.Enforced())
 		return err
 	})

@@ -11,6 +11,7 @@ import (
 	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/pools"
 )
 
 // lostReplies is a limiter whose Redis runs every call but can be made to
@@ -102,5 +103,54 @@ func TestReleaseWhoseReplyIsLostIsNeverReportedNotHeld(t *testing.T) {
 	}
 	if slots, err := e.lim.Slots(ctx, user); err != nil || slots.Used != 0 {
 		t.Errorf("slots after Release: got %+v, %v; want none", slots, err)
+	}
+}
+
+// TestAPooledAcquireWhoseRepliesAreLostIsAskedAgain: on one Redis a
+// pooled acquire's scripts go in one pipeline; when the connection drops
+// before their replies, each is asked again, as a call of its own is,
+// and the stream is granted once: one slot, one membership of each key.
+func TestAPooledAcquireWhoseRepliesAreLostIsAskedAgain(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	proxy := testenv.StartProxy(t, srv.Addr())
+	table := pools.NewTable()
+	if err := table.Replace([]pools.Pool{
+		pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(5)}.WithDefaults(),
+		pools.Pool{Pool: "org", MaxConcurrentStreams: ptr(1)}.WithDefaults(),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{proxy.Addr()}, Timeout: 2 * time.Second},
+		Limiter: limiter.Options{Pools: table}})
+	ctx := context.Background()
+	named := map[string]string{"model": "m", "org": "o"}
+	// Load the scripts: a NOSCRIPT answer would take the drop instead.
+	user := newUser(t)
+	if res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three", StreamID: "warm", Pools: named}); err != nil || !res.Granted {
+		t.Fatalf("warm-up acquire: %+v, %v", res, err)
+	}
+	if _, err := e.lim.Release(ctx, user, "warm"); err != nil {
+		t.Fatal(err)
+	}
+
+	proxy.DropReplies(1)
+	res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three", StreamID: "s", Pools: named})
+	if err != nil || !res.Granted || res.Degraded || len(res.Pools) != 2 {
+		t.Fatalf("acquire whose replies were lost: %+v, %v; want granted by Redis, in both pools", res, err)
+	}
+	c := e.raw(t)
+	for pool, key := range named {
+		slots, _ := e.keys.PoolKey(pool, key)
+		if n, err := c.Do(ctx, c.B().Zcard().Key(slots).Build()).AsInt64(); err != nil || n != 1 {
+			t.Errorf("%s=%s holds %d members (%v), want 1", pool, key, n, err)
+		}
+	}
+	if slots, err := e.lim.Slots(ctx, user); err != nil || slots.Used != 1 {
+		t.Errorf("the user's slots: %+v, %v; want 1", slots, err)
+	}
+	// org=o is full: another user's stream is refused by it.
+	if got, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "three", Pools: named}); err != nil || got.Granted || got.RefusedBy == nil || got.RefusedBy.Pool != "org" {
+		t.Errorf("another user's acquire: %+v, %v; want refused by org=o", got, err)
 	}
 }

@@ -228,6 +228,13 @@ func (l *Limiter) joinPool(ctx context.Context, end time.Time, req AcquireReques
 	return got, err
 }
 
+// joinArgs are the acquire of a membership of m's key for the stream req
+// names.
+func (l *Limiter) joinArgs(req AcquireRequest, tier tiers.Tier, m membership) lua.AcquireArgs {
+	return lua.AcquireArgs{Key: m.slots, StreamID: poolMember(req.UserID, req.StreamID), Limit: m.limit, TTL: tier.SlotTTL,
+		Rec: lua.Record{Caller: req.Caller, Plan: tier.Plan, User: req.UserID, Label: req.Label}, Shadow: !m.pool.Enforced()}
+}
+
 // poolTry is the answer of a pool key's script sent beside the user's.
 type poolTry struct {
 	slots string
@@ -236,7 +243,8 @@ type poolTry struct {
 }
 
 // tryPools sends the script of each of ms at once, by end, in the
-// background; the answers are in the slice it returns once wait returns.
+// background, each on a goroutine of its own (see acquire); the answers
+// are in the slice it returns once wait returns.
 func (l *Limiter) tryPools(ctx context.Context, end time.Time, req AcquireRequest, tier tiers.Tier, ms []membership) (tries []poolTry, wait func()) {
 	tries = make([]poolTry, len(ms))
 	var wg sync.WaitGroup
@@ -245,6 +253,57 @@ func (l *Limiter) tryPools(ctx context.Context, end time.Time, req AcquireReques
 		wg.Go(func() { tries[i].got, tries[i].err = l.joinPool(ctx, end, req, tier, m) })
 	}
 	return tries, wg.Wait
+}
+
+// oneNode reports whether one node serves the user's key and every pool
+// key of ms: always on one Redis; on a cluster, as its slot map says.
+func (l *Limiter) oneNode(key string, ms []membership) bool {
+	c, err := l.client()
+	if err != nil {
+		return false
+	}
+	if c.Mode() != rueidis.ClientModeCluster {
+		return true
+	}
+	nodeOf := func(k string) string {
+		cmd := c.B().Type().Key(k).Build()
+		return l.redis.NodeOf(cmd.Slot())
+	}
+	node := nodeOf(key)
+	for _, m := range ms {
+		if node == "" || nodeOf(m.slots) != node {
+			return false
+		}
+	}
+	return node != ""
+}
+
+// acquireTogether runs the user's acquire and each of ms's memberships in
+// one pipeline on c (see acquire), and returns the user's answer and
+// error, and the memberships' as tryPools would. A script whose
+// connection failed, the reply lost, is asked again alone, as a call of
+// its own would be (see deadlineClient): the acquire is idempotent on the
+// stream id.
+func (l *Limiter) acquireTogether(ctx context.Context, c rueidis.Client, user lua.AcquireArgs, req AcquireRequest, tier tiers.Tier, ms []membership) (lua.Acquired, []poolTry, error) {
+	acqs := make([]lua.AcquireArgs, 1, 1+len(ms))
+	acqs[0] = user
+	for _, m := range ms {
+		acqs = append(acqs, l.joinArgs(req, tier, m))
+	}
+	start := time.Now()
+	gots, errs := lua.AcquireAll(ctx, c, acqs)
+	took := time.Since(start)
+	for i, err := range errs {
+		if _, replied := rueidis.IsRedisErr(err); err != nil && !replied && ctx.Err() == nil {
+			gots[i], errs[i] = lua.Acquire(ctx, c, acqs[i].Key, acqs[i].StreamID, acqs[i].Limit, acqs[i].TTL, acqs[i].Rec, acqs[i].Shadow)
+		}
+	}
+	tries := make([]poolTry, len(ms))
+	for i, m := range ms {
+		l.observer.RedisCall(ctx, "acquire_pool", took, errs[i+1])
+		tries[i] = poolTry{slots: m.slots, got: gots[i+1], err: classify(ctx, "acquire_pool", errs[i+1])}
+	}
+	return gots[0], tries, errs[0]
 }
 
 // takenOf returns the pool keys tries added a membership of: what undoing

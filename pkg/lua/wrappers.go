@@ -48,14 +48,71 @@ type Acquired struct {
 // shadow grants what the limit would refuse, and says so (WouldRefuse):
 // the scope's enforce: false.
 func Acquire(ctx context.Context, c rueidis.Client, key, streamID string, limit int, ttl time.Duration, rec Record, shadow bool) (Acquired, error) {
-	enforce := "1"
-	if shadow {
-		enforce = "0"
-	}
-	arr, err := acquireScript.Exec(ctx, c, queueKeys(key), []string{streamID, strconv.Itoa(limit), ms(ttl), rec.encode(), enforce}).ToArray()
+	a := AcquireArgs{Key: key, StreamID: streamID, Limit: limit, TTL: ttl, Rec: rec, Shadow: shadow}
+	arr, err := acquireScript.Exec(ctx, c, queueKeys(key), a.args()).ToArray()
 	if err != nil {
 		return Acquired{}, err
 	}
+	return parseAcquired(arr)
+}
+
+// AcquireArgs are one acquire's, as Acquire takes them.
+type AcquireArgs struct {
+	Key, StreamID string
+	Limit         int
+	TTL           time.Duration
+	Rec           Record
+	Shadow        bool
+}
+
+func (a AcquireArgs) args() []string {
+	enforce := "1"
+	if a.Shadow {
+		enforce = "0"
+	}
+	return []string{a.StreamID, strconv.Itoa(a.Limit), ms(a.TTL), a.Rec.encode(), enforce}
+}
+
+// AcquireAll runs the acquire script for each of acqs at once, in one
+// pipeline (on a cluster, one per node), and returns each one's answer
+// and error, in order.
+func AcquireAll(ctx context.Context, c rueidis.Client, acqs []AcquireArgs) ([]Acquired, []error) {
+	cmds := make(rueidis.Commands, len(acqs))
+	for i, a := range acqs {
+		cmds[i] = c.B().Evalsha().Sha1(acquireSHA).Numkeys(6).Key(queueKeys(a.Key)...).Arg(a.args()...).Build()
+	}
+	resps := c.DoMulti(ctx, cmds...)
+	var missing []int
+	for i, resp := range resps {
+		if rerr, ok := rueidis.IsRedisErr(resp.Error()); ok && rerr.IsNoScript() {
+			missing = append(missing, i)
+		}
+	}
+	if len(missing) > 0 {
+		evals := make(rueidis.Commands, len(missing))
+		for k, i := range missing {
+			evals[k] = c.B().Eval().Script(acquireSource).Numkeys(6).Key(queueKeys(acqs[i].Key)...).Arg(acqs[i].args()...).Build()
+		}
+		for k, resp := range c.DoMulti(ctx, evals...) {
+			resps[missing[k]] = resp
+		}
+	}
+	out := make([]Acquired, len(acqs))
+	errs := make([]error, len(acqs))
+	for i, resp := range resps {
+		arr, err := resp.ToArray()
+		if err == nil {
+			out[i], err = parseAcquired(arr)
+		}
+		errs[i] = err
+	}
+	return out, errs
+}
+
+var acquireSHA = sha1Hex(acquireSource)
+
+// parseAcquired reads the acquire script's answer.
+func parseAcquired(arr []rueidis.RedisMessage) (Acquired, error) {
 	if len(arr) != 8 {
 		return Acquired{}, fmt.Errorf("acquire script returned %d values, want 8", len(arr))
 	}
