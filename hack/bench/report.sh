@@ -222,6 +222,7 @@ report() {
 	figure_line "  pruning expired members" %.2f GO 'L/BenchmarkAcquireParts/prune-redis-µs/call'
 	figure_line "  reading the key's override" %.2f GO 'L/BenchmarkAcquireParts/override-redis-µs/call'
 	figure_line "  looking at the key's queue" %.2f GO 'L/BenchmarkAcquireParts/queue-redis-µs/call'
+	figure_line "  its release script, Redis us per call" %.2f GO 'L/BenchmarkAcquireParts/release-redis-µs/call'
 	figure_line "grant after a release, p50 us (BenchmarkWakeUp)" %.0f GO 'W/BenchmarkWakeUp/%d/p50-us' both
 	figure_line "  p99 us" %.0f GO 'W/BenchmarkWakeUp/%d/p99-us' both
 	figure_line "  the release's round trip, p50 us" %.0f GO 'W/BenchmarkWakeUp/%d/release-us' both

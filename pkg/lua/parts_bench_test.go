@@ -18,8 +18,9 @@ import (
 // override): the Redis time of one call of the whole script, of the call
 // alone (a script that takes the same keys and arguments and returns
 // 1), and of each part, as the whole script's time less that of the
-// script without the part. A pool's membership runs this script, so the
-// parts are what each pool an acquire joins costs Redis, beside the
+// script without the part; and of the release script that gives the
+// whole script's members back. A pool's membership runs these scripts,
+// so they are what each pool an acquire joins costs Redis, beside the
 // user's own slot (DESIGN §21): hack/bench.sh prints them.
 //
 // Each variant makes b.N acquires of new members, in pipelines of
@@ -43,8 +44,9 @@ func BenchmarkAcquireParts(b *testing.B) {
 	alone := true // no other client ran scripts on the server meanwhile
 	for done := 0; done < b.N; done += acquirePartsTurn {
 		for _, v := range variants {
-			usec, ok := u.acquireTime(b, v.src, min(acquirePartsTurn, b.N-done))
-			us[v.name] += usec / float64(b.N)
+			acquired, released, ok := u.acquireTime(b, v.src, min(acquirePartsTurn, b.N-done), v.name == "whole")
+			us[v.name] += acquired / float64(b.N)
+			us["release"] += released / float64(b.N)
 			alone = alone && ok
 		}
 	}
@@ -54,6 +56,7 @@ func BenchmarkAcquireParts(b *testing.B) {
 	}
 	b.ReportMetric(us["whole"], "whole-redis-µs/call")
 	b.ReportMetric(us["call"], "call-redis-µs/call")
+	b.ReportMetric(us["release"], "release-redis-µs/call")
 	for _, part := range []string{"record", "prune", "override", "queue"} {
 		b.ReportMetric(us["whole"]-us[part], part+"-redis-µs/call")
 	}
@@ -81,8 +84,31 @@ func without(b *testing.B, src, cut string, put ...string) string {
 // acquireTime runs src n times as the acquire script, each call a new
 // member of a fresh pool key (as a pool's membership: "<stream> <user>",
 // its user in the record), and returns the Redis µs of the n calls, and
-// whether they were the only script calls the server ran meanwhile.
-func (u *fullUser) acquireTime(b *testing.B, src string, n int) (usec float64, alone bool) {
+// whether they were the only script calls the server ran meanwhile; then,
+// when release, it releases them with the release script and reports
+// that script's µs and calls too.
+func (u *fullUser) acquireTime(b *testing.B, src string, n int, release bool) (acquired, released float64, alone bool) {
+	b.Helper()
+	key := fmt.Sprintf("%s:pool-%d", u.key, time.Now().UnixNano())
+	b.Cleanup(func() { u.c.Do(context.Background(), u.c.B().Del().Key(lua.AcquireKeys(key)...).Build()) })
+	member := func(i int) string { return "s" + strconv.Itoa(i) + " u" + strconv.Itoa(i) }
+	acquired, alone = u.scriptTime(b, src, lua.AcquireKeys(key), n, func(i int) []string {
+		user := "u" + strconv.Itoa(i)
+		return []string{member(i), "1000000", "120000", ";plan=free;user=" + strconv.Itoa(len(user)) + ":" + user, "1"}
+	})
+	if release {
+		var ok bool
+		released, ok = u.scriptTime(b, lua.Sources()["release"], lua.ReleaseKeys(key), n, func(i int) []string { return []string{member(i), ""} })
+		alone = alone && ok
+	}
+	return acquired, released, alone
+}
+
+// scriptTime runs src n times on keys, the i-th call with args(i), in
+// pipelines of acquirePartsPipeline, and returns the Redis µs of the n
+// calls, and whether they were the only script calls the server ran
+// meanwhile.
+func (u *fullUser) scriptTime(b *testing.B, src string, keys []string, n int, args func(i int) []string) (usec float64, alone bool) {
 	b.Helper()
 	ctx := context.Background()
 	c := u.c
@@ -90,16 +116,11 @@ func (u *fullUser) acquireTime(b *testing.B, src string, n int) (usec float64, a
 	if err != nil {
 		b.Fatal(err)
 	}
-	key := fmt.Sprintf("%s:pool-%d", u.key, time.Now().UnixNano())
-	keys := lua.AcquireKeys(key)
-	b.Cleanup(func() { c.Do(context.Background(), c.B().Del().Key(keys...).Build()) })
 	before := u.scriptStats(b)
 	for done := 0; done < n; done += acquirePartsPipeline {
 		cmds := make(rueidis.Commands, 0, acquirePartsPipeline)
 		for i := done; i < min(n, done+acquirePartsPipeline); i++ {
-			user := "u" + strconv.Itoa(i)
-			cmds = append(cmds, c.B().Evalsha().Sha1(sha).Numkeys(int64(len(keys))).Key(keys...).
-				Arg("s"+strconv.Itoa(i)+" "+user, "1000000", "120000", ";plan=free;user="+strconv.Itoa(len(user))+":"+user, "1").Build())
+			cmds = append(cmds, c.B().Evalsha().Sha1(sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args(i)...).Build())
 		}
 		for _, resp := range c.DoMulti(ctx, cmds...) {
 			if err := resp.Error(); err != nil {
