@@ -242,3 +242,48 @@ func TestHeartbeatOwnTTLReadsNoRecord(t *testing.T) {
 		}
 	})
 }
+
+// TestAcquireAllDecidesEachAsAlone: AcquireAll's scripts, in one pipeline
+// to a server that lacks the script (SCRIPT FLUSH, as after a restart),
+// answer as each would alone, in order: a new slot, a refusal at the
+// limit, another caller's stream left as it is, each on its own key.
+func TestAcquireAllDecidesEachAsAlone(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	ctx := context.Background()
+	run := keys.NewStreamID()[:12]
+	full, other := "acquire-all:"+run+":{full}", "acquire-all:"+run+":{other}"
+	if got, err := lua.Acquire(ctx, c, full, "held", 1, time.Minute, lua.Record{}, false); err != nil || !got.Granted {
+		t.Fatalf("acquire held = %+v, %v", got, err)
+	}
+	if got, err := lua.Acquire(ctx, c, other, "theirs", 5, time.Minute, lua.Record{Caller: "a"}, false); err != nil || !got.Granted {
+		t.Fatalf("acquire theirs = %+v, %v", got, err)
+	}
+	if err := c.Do(ctx, c.B().ScriptFlush().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	got, errs := lua.AcquireAll(ctx, c, []lua.AcquireArgs{
+		{Key: other, StreamID: "new", Limit: 5, TTL: time.Minute, Rec: lua.Record{Caller: "b"}},
+		{Key: full, StreamID: "second", Limit: 1, TTL: time.Minute},
+		{Key: other, StreamID: "theirs", Limit: 5, TTL: time.Minute, Rec: lua.Record{Caller: "b"}},
+	})
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("entry %d: %v", i, err)
+		}
+	}
+	if !got[0].Granted || got[0].Extended || got[0].Used != 2 {
+		t.Errorf("new: %+v, want a new slot, 2 used", got[0])
+	}
+	if got[1].Granted || got[1].Used != 1 || got[1].RetryAfterMs <= 0 {
+		t.Errorf("second at limit 1: %+v, want refused with a retry", got[1])
+	}
+	if got[2].Granted || !got[2].NotHolder {
+		t.Errorf("another caller's stream: %+v, want left as it is", got[2])
+	}
+}

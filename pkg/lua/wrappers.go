@@ -81,22 +81,9 @@ func AcquireAll(ctx context.Context, c rueidis.Client, acqs []AcquireArgs) ([]Ac
 	for i, a := range acqs {
 		cmds[i] = c.B().Evalsha().Sha1(acquireSHA).Numkeys(6).Key(queueKeys(a.Key)...).Arg(a.args()...).Build()
 	}
-	resps := c.DoMulti(ctx, cmds...)
-	var missing []int
-	for i, resp := range resps {
-		if rerr, ok := rueidis.IsRedisErr(resp.Error()); ok && rerr.IsNoScript() {
-			missing = append(missing, i)
-		}
-	}
-	if len(missing) > 0 {
-		evals := make(rueidis.Commands, len(missing))
-		for k, i := range missing {
-			evals[k] = c.B().Eval().Script(acquireSource).Numkeys(6).Key(queueKeys(acqs[i].Key)...).Arg(acqs[i].args()...).Build()
-		}
-		for k, resp := range c.DoMulti(ctx, evals...) {
-			resps[missing[k]] = resp
-		}
-	}
+	resps := doMultiScripts(ctx, c, cmds, func(i int) rueidis.Completed {
+		return c.B().Eval().Script(acquireSource).Numkeys(6).Key(queueKeys(acqs[i].Key)...).Arg(acqs[i].args()...).Build()
+	})
 	out := make([]Acquired, len(acqs))
 	errs := make([]error, len(acqs))
 	for i, resp := range resps {
@@ -375,18 +362,25 @@ func heartbeatGroup(ctx context.Context, c rueidis.Client, calls []userBeat, cmd
 	for j, i := range group {
 		sent[j] = cmds[i]
 	}
-	resps := c.DoMulti(ctx, sent...)
+	return doMultiScripts(ctx, c, sent, func(j int) rueidis.Completed { return heartbeatEval(c, calls[group[j]]) })
+}
 
-	var missing []int // positions in group whose node lacks the script
-	for j, resp := range resps {
+// doMultiScripts sends cmds, EVALSHAs, in one pipeline (on a cluster, one
+// per node), then eval(i) for each cmds[i] whose node answered NOSCRIPT
+// (after a failover, a restart, a SCRIPT FLUSH, a new script), and
+// returns the answers in the order of cmds.
+func doMultiScripts(ctx context.Context, c rueidis.Client, cmds rueidis.Commands, eval func(i int) rueidis.Completed) []rueidis.RedisResult {
+	resps := c.DoMulti(ctx, cmds...)
+	var missing []int // positions in cmds whose node lacks the script
+	for i, resp := range resps {
 		if rerr, ok := rueidis.IsRedisErr(resp.Error()); ok && rerr.IsNoScript() {
-			missing = append(missing, j)
+			missing = append(missing, i)
 		}
 	}
 	if len(missing) > 0 {
 		evals := make(rueidis.Commands, len(missing))
-		for k, j := range missing {
-			evals[k] = heartbeatEval(c, calls[group[j]])
+		for k, i := range missing {
+			evals[k] = eval(i)
 		}
 		for k, resp := range c.DoMulti(ctx, evals...) {
 			resps[missing[k]] = resp
