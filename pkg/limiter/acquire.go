@@ -208,7 +208,7 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 			return err
 		}
 		c, replicas = l.synced(c)
-		got, err = lua.Acquire(ctx, c, key, req.StreamID, tier.MaxConcurrentStreams, tier.SlotTTL, rec, !tier.Enforced())
+		got, err = lua.AcquireWith(ctx, c, user)
 		return err
 	})
 	triesDone()

@@ -219,10 +219,8 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 // joinPool asks for a membership of m's key for the stream req names, by
 // end: one script call.
 func (l *Limiter) joinPool(ctx context.Context, end time.Time, req AcquireRequest, tier tiers.Tier, m membership) (got lua.Acquired, err error) {
-	rec := lua.Record{Caller: req.Caller, Plan: tier.Plan, User: req.UserID, Label: req.Label}
-	member := poolMember(req.UserID, req.StreamID)
 	err = l.doBy(ctx, end, "acquire_pool", func(ctx context.Context, c rueidis.Client) (err error) {
-		got, err = lua.Acquire(ctx, c, m.slots, member, m.limit, tier.SlotTTL, rec, !m.pool.Enforced())
+		got, err = lua.AcquireWith(ctx, c, l.joinArgs(req, tier, m))
 		return err
 	})
 	return got, err
@@ -295,7 +293,7 @@ func (l *Limiter) acquireTogether(ctx context.Context, c rueidis.Client, user lu
 	took := time.Since(start)
 	for i, err := range errs {
 		if _, replied := rueidis.IsRedisErr(err); err != nil && !replied && ctx.Err() == nil {
-			gots[i], errs[i] = lua.Acquire(ctx, c, acqs[i].Key, acqs[i].StreamID, acqs[i].Limit, acqs[i].TTL, acqs[i].Rec, acqs[i].Shadow)
+			gots[i], errs[i] = lua.AcquireWith(ctx, c, acqs[i])
 		}
 	}
 	tries := make([]poolTry, len(ms))

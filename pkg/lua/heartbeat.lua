@@ -48,12 +48,14 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- Expired slots must go before the ZADD XX below, which would extend them.
 local out = {prune(key, meta, now), 0}
 
--- The records of the slots not given with their ttl ('=', byte 61).
-local members, read = {}, {}
+-- The ttls given ('=<ttl>'), and the records of the other slots.
+local members, given, read = {}, {}, {}
 for i = 2, #ARGV, 2 do
-  members[#members + 1] = ARGV[i]
-  if string.byte(ARGV[i + 1], 1) ~= 61 then
-    read[#read + 1] = #members
+  local n = #members + 1
+  members[n] = ARGV[i]
+  given[n] = string.match(ARGV[i + 1], '^=(%d+)$')
+  if not given[n] then
+    read[#read + 1] = n
   end
 end
 local records = {}
@@ -73,10 +75,9 @@ local pooled = {} -- i, record of the slots alive with pool memberships
 local need, at = 0, 0 -- the key's expiry must reach need; it is set to at
 local recorded = false -- a record was written: the hash may be new
 for i, member in ipairs(members) do
-  local given = string.match(ARGV[2 * i + 1], '^=(%d+)$')
-  local digits = given or records[i] and string.match(records[i], '^%d+')
+  local digits = given[i] or records[i] and string.match(records[i], '^%d+')
   local ttl = digits and tonumber(digits)
-  local fallback = not given and (not ttl or ttl <= 0)
+  local fallback = not given[i] and (not ttl or ttl <= 0)
   if fallback then
     ttl = tonumber(ARGV[2 * i + 1])
   end

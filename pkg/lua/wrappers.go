@@ -48,8 +48,12 @@ type Acquired struct {
 // shadow grants what the limit would refuse, and says so (WouldRefuse):
 // the scope's enforce: false.
 func Acquire(ctx context.Context, c rueidis.Client, key, streamID string, limit int, ttl time.Duration, rec Record, shadow bool) (Acquired, error) {
-	a := AcquireArgs{Key: key, StreamID: streamID, Limit: limit, TTL: ttl, Rec: rec, Shadow: shadow}
-	arr, err := acquireScript.Exec(ctx, c, queueKeys(key), a.args()).ToArray()
+	return AcquireWith(ctx, c, AcquireArgs{Key: key, StreamID: streamID, Limit: limit, TTL: ttl, Rec: rec, Shadow: shadow})
+}
+
+// AcquireWith is Acquire of a's arguments.
+func AcquireWith(ctx context.Context, c rueidis.Client, a AcquireArgs) (Acquired, error) {
+	arr, err := acquireScript.Exec(ctx, c, queueKeys(a.Key), a.args()).ToArray()
 	if err != nil {
 		return Acquired{}, err
 	}
@@ -156,10 +160,11 @@ type Beat struct {
 	// (Alive false, ExpiresAtMs 0).
 	NotHolder bool
 	// Pools are the pool keys a slot kept alive holds memberships of, as
-	// its record names them: the caller keeps them alive too, by TTL, the
-	// slot's own as its record holds it (0: none recorded).
+	// its record names them: the caller keeps them alive too, by TTL.
 	Pools []PoolKey
-	TTL   time.Duration
+	// TTL is the slot's own, as its record holds it, for a slot with
+	// Pools; 0 when none is recorded.
+	TTL time.Duration
 }
 
 // HeartbeatArgs names one slot to heartbeat.
