@@ -54,14 +54,24 @@ func TestBlackHoleNeverAnswers(t *testing.T) {
 	}
 }
 
+// TestFreeAddrIsBindable: an address FreeAddr returns can be listened on.
+// Another process may take it first, as FreeAddr says: under `make test`
+// other packages start servers on addresses their own FreeAddr picked
+// from the same range, between its check and their listen. So a taken
+// address is followed by another, a few times.
 func TestFreeAddrIsBindable(t *testing.T) {
 	t.Parallel()
-	addr := FreeAddr(t)
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatalf("listen on FreeAddr %s: %v", addr, err)
+	var errs []error
+	for range 3 {
+		addr := FreeAddr(t)
+		ln, err := net.Listen("tcp", addr)
+		if err == nil {
+			ln.Close()
+			return
+		}
+		errs = append(errs, err)
 	}
-	ln.Close()
+	t.Fatalf("no address FreeAddr returned could be listened on: %v", errors.Join(errs...))
 }
 
 func TestStartClusterIsHealthy(t *testing.T) {
