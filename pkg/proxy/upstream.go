@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -69,10 +70,21 @@ func (p *Proxy) reverseProxy() *httputil.ReverseProxy {
 		FlushInterval:  -1,
 		ModifyResponse: p.modifyResponse,
 		ErrorHandler:   p.upstreamFailed,
+		BufferPool:     copyBuffers{},
 		// Body copy errors: the handler classifies and logs them.
 		ErrorLog: slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
 	}
 }
+
+// copyBuffers lends the reverse proxy the buffer it copies a response
+// body through: without them each response would allocate (and zero) its
+// own 32 KiB, half of all a stream allocates.
+type copyBuffers struct{}
+
+var copyBufferPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (copyBuffers) Get() []byte  { return *copyBufferPool.Get().(*[]byte) }
+func (copyBuffers) Put(b []byte) { copyBufferPool.Put(&b) }
 
 func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	pr.SetURL(p.opts.Upstream)
