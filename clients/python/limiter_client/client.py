@@ -7,6 +7,7 @@ import random
 import secrets
 import ssl
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -26,6 +27,11 @@ MAX_LABEL_BYTES = 128
 # no Retry-After: doubling from the first, in seconds.
 FIRST_ACQUIRE_BACKOFF = 0.2
 MAX_ACQUIRE_BACKOFF = 2.0
+# How long after the release of an unanswered acquire it is sent once
+# more, in seconds: the lost attempt may still be on its way to Redis, and
+# reach it after the release (the limiter's Redis client sends an acquire
+# script again after a broken connection).
+RELEASE_AGAIN_AFTER = 1.0
 # Applies when an acquire answer names neither a heartbeat interval nor a
 # TTL (it always should).
 FALLBACK_HEARTBEAT_INTERVAL = 10.0
@@ -60,11 +66,14 @@ class Client:
       second one. Between attempts it waits the answer's Retry-After, else
       0.2s doubling up to 2s, with jitter. When it gives up it releases the
       stream id, so that a slot a lost attempt took does not count against
-      the user for a whole TTL. 0 disables retrying, not the release.
+      the user for a whole TTL, and, when the id is the client's own, once
+      more a second later, in the background, for an attempt that reached
+      Redis after the first release. 0 disables retrying, not the release.
       Default 2.
 
     Close it (or use it as a context manager) to stop its thread and
-    release the leases it still holds.
+    release the leases it still holds (it also waits for the releases sent
+    once more).
     """
 
     def __init__(
@@ -86,6 +95,11 @@ class Client:
         self._closing = threading.Event()  # cuts retry waits short at close
         self._close_lock = threading.Lock()
         self._close_failures: Optional[int] = None
+        # The releases of given-up acquires to send once more (see
+        # _release_unanswered); close waits for them.
+        self._again: List[threading.Thread] = []
+        self._again_lock = threading.Lock()
+        self._again_closed = False
         self._keeper = Keeper(self._api, heartbeat_interval, self._reacquire, heartbeat_interval_of)
 
     def acquire(
@@ -127,6 +141,7 @@ class Client:
         if self._keeper.closed:
             raise ClientClosed("client_closed", "the limiter client is closed")
         body = encode(AcquireRequest(user_id=user_id, plan=plan, stream_id=stream_id or new_stream_id()))
+        generated = not stream_id
         if label:
             size = len(label.encode("utf-8"))
             if size > MAX_LABEL_BYTES:
@@ -134,7 +149,7 @@ class Client:
             body["label"] = label
         if pools:
             body["pools"] = dict(pools)
-        out = self._acquire_retrying(body)
+        out = self._acquire_retrying(body, generated)
         lease = Lease(
             self,
             user_id,
@@ -185,6 +200,10 @@ class Client:
                 with ThreadPoolExecutor(max_workers=MAX_IN_FLIGHT, thread_name_prefix="limiter-close") as pool:
                     errors = [err for err in pool.map(release, held) if err is not None]
             self._keeper.join()
+            with self._again_lock:
+                again, self._again, self._again_closed = self._again, [], True
+            for thread in again:
+                thread.join()
             if errors:
                 log.warning(
                     "limiter: releasing %d of %d leases failed (they expire after their TTL); first: %s",
@@ -217,10 +236,11 @@ class Client:
             )
         return out
 
-    def _acquire_retrying(self, body: Dict[str, Any]) -> AcquireResponse:
+    def _acquire_retrying(self, body: Dict[str, Any], generated: bool) -> AcquireResponse:
         """Sends body (whose stream_id is set) until it is answered, at most
         1 + acquire_retries times; releases the stream id when it gives up
-        after an unanswered attempt."""
+        after an unanswered attempt (once more later when the id was made
+        for this acquire, generated)."""
         unanswered = False
         attempt = 0
         while True:
@@ -238,32 +258,53 @@ class Client:
                     if attempt < self._retries and isinstance(err, Unavailable) and self._pause(retry_wait(err, attempt)):
                         attempt += 1
                         continue
-                self._release_unanswered(body)
+                self._release_unanswered(body, generated)
                 raise
 
     def _pause(self, seconds: float) -> bool:
         """Waits seconds unless the client closes first; whether it waited."""
         return not self._closing.wait(seconds)
 
-    def _release_unanswered(self, body: Dict[str, Any]) -> None:
+    def _release_unanswered(self, body: Dict[str, Any], generated: bool) -> None:
         """Frees the slot an unanswered acquire of body may have taken,
         unless this client holds a lease of that stream id (the acquire was
-        a re-acquire of a slot in use). Best effort: if it fails, or
-        overtakes the lost attempt on its way to Redis, the slot frees itself
+        a re-acquire of a slot in use), before the acquire raises, so that
+        the caller's next acquire finds the slot free. When the id was made
+        for this acquire (generated), no one else can hold it, so the
+        release is sent once more RELEASE_AGAIN_AFTER later, on a thread of
+        its own, for an attempt that reached Redis after the first; close
+        waits for it. Best effort: if a release fails, the slot frees itself
         after its TTL."""
         user_id, stream_id = body["user_id"], body["stream_id"]
         if self._keeper.holds_key(user_id, stream_id):
             return
-        try:
-            self._api.call(
-                "POST", Paths.RELEASE, encode(ReleaseRequest(user_id=user_id, stream_id=stream_id)), ReleaseResponse
-            )
-        except LimiterError as err:
-            log.warning(
-                "limiter: releasing stream %s of an unanswered acquire failed; a slot it took expires after its TTL: %s",
-                stream_id,
-                err,
-            )
+
+        def release() -> None:
+            try:
+                self._api.call(
+                    "POST", Paths.RELEASE, encode(ReleaseRequest(user_id=user_id, stream_id=stream_id)), ReleaseResponse
+                )
+            except LimiterError as err:
+                log.warning(
+                    "limiter: releasing stream %s of an unanswered acquire failed; a slot it took expires after its TTL: %s",
+                    stream_id,
+                    err,
+                )
+
+        release()
+        if not generated:
+            return
+
+        def again() -> None:
+            time.sleep(RELEASE_AGAIN_AFTER)
+            release()
+
+        thread = threading.Thread(target=again, name="limiter-release-again", daemon=True)
+        with self._again_lock:
+            if self._again_closed:
+                return  # closed: nothing would wait for it
+            self._again = [t for t in self._again if t.is_alive()] + [thread]
+            thread.start()
 
     def _reacquire(self, lease: Lease) -> AcquireResponse:
         body = encode(AcquireRequest(user_id=lease.user_id, plan=lease.plan, stream_id=lease.stream_id))

@@ -155,7 +155,11 @@ class FaultProxy(_Server):
     except for the faults queued per path: "503" forwards the request (the
     slot is taken in Redis) and answers 503 limiter_unavailable, naming the
     stream id as serve does, in place of serve's answer; "drop" forwards it
-    and closes the connection without an answer."""
+    and closes the connection without an answer; "late" answers that 503
+    at once and forwards the request LATE seconds later (an attempt that
+    reaches Redis after the client gave it up and released its id)."""
+
+    LATE = 0.3
 
     def __init__(self, upstream: str) -> None:
         self._upstream = urllib.parse.urlsplit(upstream)
@@ -168,20 +172,18 @@ class FaultProxy(_Server):
             self._faults.setdefault(path, []).extend(faults)
 
     def _forward(self, handler: _Handler, rec: Recorded) -> Optional[Answer]:
-        conn = http.client.HTTPConnection(self._upstream.hostname, self._upstream.port, timeout=10)
-        try:
-            headers = {k: v for k, v in rec.headers.items() if k.lower() in ("content-type", "authorization", "accept")}
-            conn.request(rec.method, rec.path, body=rec.raw or None, headers=headers)
-            response = conn.getresponse()
-            answer = (response.status, {"Content-Type": response.getheader("Content-Type", "")}, response.read())
-        finally:
-            conn.close()
         with self._fault_lock:
             queue = self._faults.get(urllib.parse.urlsplit(rec.path).path) or []
             fault = queue.pop(0) if queue else None
+        if fault == "late":
+            late = threading.Timer(self.LATE, self._send, args=(rec,))
+            late.daemon = True
+            late.start()
+        else:
+            answer = self._send(rec)
         if fault == "drop":
             return None
-        if fault == "503":
+        if fault in ("503", "late"):
             stream_id = (rec.json or {}).get("stream_id")
             return json_answer(
                 503,
@@ -189,3 +191,13 @@ class FaultProxy(_Server):
                 **{"Retry-After": "1"},
             )
         return answer
+
+    def _send(self, rec: Recorded) -> Answer:
+        conn = http.client.HTTPConnection(self._upstream.hostname, self._upstream.port, timeout=10)
+        try:
+            headers = {k: v for k, v in rec.headers.items() if k.lower() in ("content-type", "authorization", "accept")}
+            conn.request(rec.method, rec.path, body=rec.raw or None, headers=headers)
+            response = conn.getresponse()
+            return response.status, {"Content-Type": response.getheader("Content-Type", "")}, response.read()
+        finally:
+            conn.close()

@@ -293,6 +293,24 @@ class RequestTest(unittest.TestCase):
         self.assertEqual([r.json["stream_id"] for r in self.server.received(Paths.ACQUIRE)], ["s", "s"])
         self.assertEqual(self.server.received(Paths.RELEASE), [], "the id is another caller's: its release would be refused")
 
+    def test_given_up_acquire_is_released_once_more_only_under_an_id_of_the_clients_own(self) -> None:
+        unavailable = json_answer(503, {"error": {"code": "limiter_unavailable", "message": "redis did not answer in time"}})
+        for given in (None, "s"):
+            with self.subTest(stream_id=given):
+                self.server.requests.clear()
+                self.fake.acquire_answers = [unavailable]
+                client = self.client(acquire_retries=0)
+                with self.assertRaises(Unavailable):
+                    client.acquire("user-1", "paid", stream_id=given)
+                sent = [r.json["stream_id"] for r in self.server.received(Paths.ACQUIRE)]
+                self.assertEqual(len(sent), 1)
+                self.assertEqual([r.json["stream_id"] for r in self.server.received(Paths.RELEASE)], sent, "released before acquire raised")
+                client.close()  # waits for the release sent once more
+                # An id the caller gave may be another acquire's by the
+                # second release: only the client's own is released twice.
+                want = sent if given else sent * 2
+                self.assertEqual([r.json["stream_id"] for r in self.server.received(Paths.RELEASE)], want)
+
     def test_release_of_a_slot_another_caller_holds_is_not_slot_holder(self) -> None:
         lease = self.client().acquire("user-1", "paid", stream_id="s")
         self.fake.release_answer = json_answer(403, {"error": not_slot_holder("user-1", "s")})

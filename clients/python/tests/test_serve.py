@@ -225,6 +225,27 @@ class ServeTest(unittest.TestCase):
             self.assertEqual(released, acquired[:1])
             self.assertEqual(self.used(u), 0, "the slot the lost attempts took should have been released")
 
+    def test_a_given_up_acquire_that_lands_late_is_released_once_more(self) -> None:
+        with FaultProxy(self.url) as proxy:
+            u = user()
+            # Answered 503 at once, the attempt reaches serve 0.3s later:
+            # after the client gave up and released its stream id.
+            proxy.fail(Paths.ACQUIRE, "late")
+            client = self.new_client(proxy.url, acquire_retries=0)
+            with self.assertRaises(Unavailable):
+                client.acquire(u, "free")
+            sent = [r.json["stream_id"] for r in proxy.received(Paths.ACQUIRE)]
+            deadline = time.monotonic() + 2 * FaultProxy.LATE
+            while self.used(u) != 1:
+                self.assertLess(time.monotonic(), deadline, "the late attempt took no slot")
+                time.sleep(0.02)
+            # The release sent once more, a second after the first, frees
+            # it; close waits for it. Without it the slot would count
+            # against the user for its TTL.
+            client.close()
+            self.assertEqual([r.json["stream_id"] for r in proxy.received(Paths.RELEASE)], sent * 2)
+            self.assertEqual(self.used(u), 0, "the slot the late attempt took should have been released")
+
     def test_refusal_is_not_retried(self) -> None:
         with FaultProxy(self.url) as proxy:
             u = user()

@@ -15,6 +15,11 @@ export const MAX_LABEL_BYTES = 128;
 // no Retry-After: doubling from the first.
 const FIRST_ACQUIRE_BACKOFF_MS = 200;
 const MAX_ACQUIRE_BACKOFF_MS = 2000;
+// How long after the release of an unanswered acquire it is sent once more:
+// the lost attempt may still be on its way to Redis, and reach it after the
+// release (the limiter's Redis client sends an acquire script again after a
+// broken connection).
+const RELEASE_AGAIN_AFTER_MS = 1000;
 // Applies when an acquire answer names neither a heartbeat interval nor a
 // TTL (it always should).
 const FALLBACK_HEARTBEAT_INTERVAL_MS = 10_000;
@@ -50,8 +55,10 @@ export interface ClientOptions {
    * second one. Between attempts it waits the answer's Retry-After, else
    * 200ms doubling up to 2s, with jitter. When it gives up it releases the
    * stream id, so that a slot a lost attempt took does not count against
-   * the user for a whole TTL. 0 disables retrying, not the release.
-   * Default 2.
+   * the user for a whole TTL, and, when the id is the client's own, once
+   * more a second later, in the background, for an attempt that reached
+   * Redis after the first release (close waits for it). 0 disables
+   * retrying, not the release. Default 2.
    */
   acquireRetries?: number;
   /** Where heartbeat failures and lost leases are logged. Default: the console's standard error. */
@@ -159,7 +166,7 @@ export class Client {
     if (options.pools && Object.keys(options.pools).length > 0) {
       body.pools = { ...options.pools };
     }
-    const answer = await this.acquireRetrying(body, options.signal);
+    const answer = await this.acquireRetrying(body, !options.streamId, options.signal);
     const lease = new Lease(
       { api: this.api, forget: (l) => this.keeper.remove(l) },
       userId,
@@ -201,7 +208,7 @@ export class Client {
    * lease still held, in parallel (a lease it cannot release expires after
    * its TTL); their `lost` resolves with `client_closed`. Acquire rejects
    * afterwards. Also waits for the releases of acquires given up by their
-   * signal. Resolves to how many lease releases failed (each is logged);
+   * signal, and for those sent once more (see acquireRetries). Resolves to how many lease releases failed (each is logged);
    * calling it again resolves to the same.
    */
   close(): Promise<number> {
@@ -244,9 +251,10 @@ export class Client {
   /**
    * Sends body (whose stream_id is set) until it is answered, at most
    * 1 + acquireRetries times; releases the stream id when it gives up after
-   * an unanswered attempt.
+   * an unanswered attempt (once more later when the id was made for this
+   * acquire, generated).
    */
-  private async acquireRetrying(body: AcquireRequest, signal?: AbortSignal): Promise<AcquireResponse> {
+  private async acquireRetrying(body: AcquireRequest, generated: boolean, signal?: AbortSignal): Promise<AcquireResponse> {
     let unanswered = false;
     for (let attempt = 0; ; attempt++) {
       try {
@@ -270,7 +278,7 @@ export class Client {
         // While the caller waits, release before answering, so that its
         // next acquire finds the slot free; once it gave up, in the
         // background.
-        const released = this.releaseUnanswered(body, signal?.aborted ?? false);
+        const released = this.releaseUnanswered(body, generated, signal?.aborted ?? false);
         if (signal?.aborted) {
           throw signal.reason;
         }
@@ -302,19 +310,21 @@ export class Client {
   /**
    * Frees the slot an unanswered acquire of body may have taken, unless
    * this client holds a lease of that stream id (the acquire was a
-   * re-acquire of a slot in use). Best effort: if it fails, or overtakes the
-   * lost attempt on its way to Redis, the slot frees itself after its TTL.
-   * Tracked in `releasing`, which close waits for.
+   * re-acquire of a slot in use). When the id was made for this acquire
+   * (generated), no one else can hold it, so the release is sent once more
+   * RELEASE_AGAIN_AFTER_MS later, for an attempt that reached Redis after
+   * the first. Best effort: if a release fails, the slot frees itself after
+   * its TTL. Both are tracked in `releasing`, which close waits for; the
+   * promise returned is the first's.
    */
-  private releaseUnanswered(body: AcquireRequest, givenUp: boolean): Promise<void> {
+  private releaseUnanswered(body: AcquireRequest, generated: boolean, givenUp: boolean): Promise<void> {
     const streamId = body.stream_id!;
     if (this.keeper.holdsKey(body.user_id, streamId)) {
       return Promise.resolve();
     }
     const release: ReleaseRequest = { user_id: body.user_id, stream_id: streamId };
-    const sent: Promise<void> = this.api
-      .call("POST", Paths.release, release, "ReleaseResponse")
-      .then(
+    const send = (): Promise<void> =>
+      this.api.call("POST", Paths.release, release, "ReleaseResponse").then(
         () => undefined,
         (err: unknown) => {
           this.log.warn("limiter: releasing the stream id of an unanswered acquire failed; a slot it took expires after its TTL", {
@@ -323,9 +333,16 @@ export class Client {
             err: String(err),
           });
         },
-      )
-      .finally(() => this.releasing.delete(sent));
-    this.releasing.add(sent);
+      );
+    const track = (p: Promise<void>): Promise<void> => {
+      const tracked: Promise<void> = p.finally(() => this.releasing.delete(tracked));
+      this.releasing.add(tracked);
+      return tracked;
+    };
+    const sent = track(send());
+    if (generated && this.closed === undefined) {
+      track(sent.then(() => new Promise<void>((resolve) => setTimeout(resolve, RELEASE_AGAIN_AFTER_MS))).then(send));
+    }
     return sent;
   }
 

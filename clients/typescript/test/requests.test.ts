@@ -277,6 +277,23 @@ describe("requests and answers", () => {
     assert.deepEqual(server.received(Paths.release), [], "the id is another caller's: its release would be refused");
   });
 
+  test("a given-up acquire is released once more only under an id of the client's own", async () => {
+    const unavailable = jsonAnswer(503, { error: { code: "limiter_unavailable", message: "redis did not answer in time" } });
+    for (const given of [undefined, "s"]) {
+      server.requests.length = 0;
+      fake.acquireAnswers = [unavailable];
+      const c = newClient({ acquireRetries: 0 });
+      await assert.rejects(c.acquire("user-1", "paid", { streamId: given }), (err: unknown) => err instanceof LimiterError && err.status === 503);
+      const sent = server.received(Paths.acquire).map((r) => r.json.stream_id);
+      assert.equal(sent.length, 1);
+      assert.deepEqual(server.received(Paths.release).map((r) => r.json.stream_id), sent, "released before acquire rejected");
+      await c.close(); // waits for the release sent once more
+      // An id the caller gave may be another acquire's by the second
+      // release: only the client's own is released twice.
+      assert.deepEqual(server.received(Paths.release).map((r) => r.json.stream_id), given ? sent : [...sent, ...sent], `streamId ${given}`);
+    }
+  });
+
   test("a release of a slot another caller holds is not_slot_holder", async () => {
     const lease = await newClient().acquire("user-1", "paid", { streamId: "s" });
     fake.releaseAnswer = jsonAnswer(403, { error: notSlotHolder("user-1", "s") });

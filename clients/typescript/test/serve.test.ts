@@ -249,9 +249,32 @@ describe("against a real serve", { skip }, () => {
     const acquiring = c.acquire(u, "free", { signal: controller.signal });
     setTimeout(() => controller.abort(new Error("the caller went away")), 100);
     await assert.rejects(acquiring, /the caller went away/);
-    await c.close(); // waits for the release in the background
-    assert.equal(proxy.received(Paths.release).length, 1);
+    await c.close(); // waits for the releases in the background
+    // The client made the id: released at once and once more a second later.
+    assert.equal(proxy.received(Paths.release).length, 2);
     assert.equal(await used(u), 0);
+  });
+
+  test("a given-up acquire that lands late is released once more", async () => {
+    const proxy = await newProxy();
+    // Answered 503 at once, the attempt reaches serve 0.3s later: after
+    // the client gave up and released its stream id.
+    proxy.fail(Paths.acquire, "late");
+    const u = user();
+    const c = newClient(proxy.url, { acquireRetries: 0 });
+    await refused(c.acquire(u, "free"), ErrorCode.LimiterUnavailable);
+    const sent = proxy.received(Paths.acquire).map((r) => r.json.stream_id);
+    const deadline = Date.now() + 2 * FaultProxy.lateMs;
+    while ((await used(u)) !== 1) {
+      assert.ok(Date.now() < deadline, "the late attempt took no slot");
+      await sleep(20);
+    }
+    // The release sent once more, a second after the first, frees it;
+    // close waits for it. Without it the slot would count against the
+    // user for its TTL.
+    await c.close();
+    assert.deepEqual(proxy.received(Paths.release).map((r) => r.json.stream_id), [...sent, ...sent]);
+    assert.equal(await used(u), 0, "the slot the late attempt took should have been released");
   });
 
   test("a refusal is not retried", async () => {

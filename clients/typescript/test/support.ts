@@ -144,9 +144,13 @@ export class TestServer {
  * for the faults queued per path: "503" forwards the request (the slot is
  * taken in Redis) and answers 503 limiter_unavailable, naming the stream id
  * as serve does, in place of serve's answer; "drop" forwards it and closes
- * the connection without an answer.
+ * the connection without an answer; "late" answers that 503 at once and
+ * forwards the request FaultProxy.lateMs later (an attempt that reaches
+ * Redis after the client gave it up and released its id).
  */
 export class FaultProxy {
+  static readonly lateMs = 300;
+
   private readonly faults = new Map<string, string[]>();
 
   private constructor(readonly server: TestServer) {}
@@ -161,13 +165,21 @@ export class FaultProxy {
           headers[name] = v;
         }
       }
-      const response = await fetch(upstream + rec.path, { method: rec.method, headers, body: rec.body || undefined });
-      const answer: Answer = { status: response.status, headers: { "Content-Type": response.headers.get("Content-Type") ?? "" }, body: await response.text() };
+      const send = async (): Promise<Answer> => {
+        const response = await fetch(upstream + rec.path, { method: rec.method, headers, body: rec.body || undefined });
+        return { status: response.status, headers: { "Content-Type": response.headers.get("Content-Type") ?? "" }, body: await response.text() };
+      };
       const fault = proxy!.faults.get(rec.path.split("?")[0]!)?.shift();
+      let answer: Answer | undefined;
+      if (fault === "late") {
+        setTimeout(() => void send().catch(() => undefined), FaultProxy.lateMs);
+      } else {
+        answer = await send();
+      }
       if (fault === "drop") {
         return undefined;
       }
-      if (fault === "503") {
+      if (fault === "503" || fault === "late") {
         return jsonAnswer(
           503,
           { error: { code: "limiter_unavailable", message: "redis did not answer in time", stream_id: rec.json?.stream_id } },
