@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/joishi/limiter/pkg/keys"
@@ -187,16 +188,22 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	// answer (or before its wait), as a pool's refusal removes the user's
 	// slot.
 	//
-	// When one node serves every key of the acquire (always on one Redis)
-	// and no WAIT follows it, the scripts go in one pipeline, answered
-	// together: one wait for them all, not one for each on a goroutine of
-	// its own. Across nodes each goes alone, so that one node's hang is
-	// its own key's outage, not the others'.
+	// The pool keys that the node of the user's key serves too (all of them
+	// on one Redis) go with the user's script in one pipeline when no WAIT
+	// follows it, answered together: one wait for them all, not one for
+	// each on a goroutine of its own. The others each go alone, so that one
+	// node's hang is its own keys' outage, not the others'.
 	var tries []poolTry
 	triesDone := func() {}
-	together := len(ms) > 0 && l.syncReplicas == 0 && l.oneNode(key, ms)
-	if len(ms) > 0 && !together {
-		tries, triesDone = l.tryPools(ctx, end, req, tier, ms)
+	var beside []bool
+	together := false
+	if len(ms) > 0 {
+		beside = make([]bool, len(ms))
+		if l.syncReplicas == 0 {
+			beside = l.usersNode(key, ms)
+		}
+		together = slices.Contains(beside, true)
+		tries, triesDone = l.tryPools(ctx, end, req, tier, ms, beside)
 	}
 	var got lua.Acquired
 	var replicas *replicaSync
@@ -204,7 +211,7 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		rec := lua.Record{Caller: req.Caller, Plan: tier.Plan, Pools: lua.EncodePools(held), Label: req.Label}
 		user := lua.AcquireArgs{Key: key, StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, TTL: tier.SlotTTL, Rec: rec, Shadow: !tier.Enforced()}
 		if together {
-			got, tries, err = l.acquireTogether(ctx, c, user, req, tier, ms)
+			got, err = l.acquireTogether(ctx, c, user, req, tier, ms, beside, tries)
 			return err
 		}
 		c, replicas = l.synced(c)

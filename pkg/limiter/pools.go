@@ -240,53 +240,61 @@ type poolTry struct {
 	err   error
 }
 
-// tryPools sends the script of each of ms at once, by end, in the
-// background, each on a goroutine of its own (see acquire); the answers
-// are in the slice it returns once wait returns.
-func (l *Limiter) tryPools(ctx context.Context, end time.Time, req AcquireRequest, tier tiers.Tier, ms []membership) (tries []poolTry, wait func()) {
+// tryPools sends the script of each of ms but those beside the user's
+// (see usersNode) at once, by end, in the background, each on a goroutine
+// of its own (see acquire); their answers are in the slice it returns,
+// one for each of ms, once wait returns.
+func (l *Limiter) tryPools(ctx context.Context, end time.Time, req AcquireRequest, tier tiers.Tier, ms []membership, beside []bool) (tries []poolTry, wait func()) {
 	tries = make([]poolTry, len(ms))
 	var wg sync.WaitGroup
 	for i, m := range ms {
 		tries[i].slots = m.slots
-		wg.Go(func() { tries[i].got, tries[i].err = l.joinPool(ctx, end, req, tier, m) })
+		if !beside[i] {
+			wg.Go(func() { tries[i].got, tries[i].err = l.joinPool(ctx, end, req, tier, m) })
+		}
 	}
 	return tries, wg.Wait
 }
 
-// oneNode reports whether one node serves the user's key and every pool
-// key of ms: always on one Redis; on a cluster, as its slot map says.
-func (l *Limiter) oneNode(key string, ms []membership) bool {
+// usersNode reports which pool keys of ms the node that serves the user's
+// key serves too: all of them on one Redis; on a cluster, as its slot map
+// says (none while it is not known).
+func (l *Limiter) usersNode(key string, ms []membership) []bool {
+	same := make([]bool, len(ms))
 	c, err := l.client()
 	if err != nil {
-		return false
+		return same
 	}
-	if c.Mode() != rueidis.ClientModeCluster {
-		return true
-	}
+	cluster := c.Mode() == rueidis.ClientModeCluster
 	nodeOf := func(k string) string {
 		cmd := c.B().Type().Key(k).Build()
 		return l.redis.NodeOf(cmd.Slot())
 	}
-	node := nodeOf(key)
-	for _, m := range ms {
-		if node == "" || nodeOf(m.slots) != node {
-			return false
-		}
+	var node string
+	if cluster {
+		node = nodeOf(key)
 	}
-	return node != ""
+	for i, m := range ms {
+		same[i] = !cluster || node != "" && nodeOf(m.slots) == node
+	}
+	return same
 }
 
-// acquireTogether runs the user's acquire and each of ms's memberships in
-// one pipeline on c (see acquire), and returns the user's answer and
-// error, and the memberships' as tryPools would. A script whose
-// connection failed, the reply lost, is asked again alone, as a call of
-// its own would be (see deadlineClient): the acquire is idempotent on the
-// stream id.
-func (l *Limiter) acquireTogether(ctx context.Context, c rueidis.Client, user lua.AcquireArgs, req AcquireRequest, tier tiers.Tier, ms []membership) (lua.Acquired, []poolTry, error) {
+// acquireTogether runs the user's acquire and the memberships of ms its
+// node serves too (beside) in one pipeline on c (see acquire), returns
+// the user's answer and error, and puts the memberships' in tries as
+// tryPools would. A script whose connection failed, the reply lost, is
+// asked again alone, as a call of its own would be (see deadlineClient):
+// the acquire is idempotent on the stream id.
+func (l *Limiter) acquireTogether(ctx context.Context, c rueidis.Client, user lua.AcquireArgs, req AcquireRequest, tier tiers.Tier, ms []membership, beside []bool, tries []poolTry) (lua.Acquired, error) {
 	acqs := make([]lua.AcquireArgs, 1, 1+len(ms))
 	acqs[0] = user
-	for _, m := range ms {
-		acqs = append(acqs, l.joinArgs(req, tier, m))
+	var at []int // the index in ms of each of acqs[1:]
+	for i, m := range ms {
+		if beside[i] {
+			acqs = append(acqs, l.joinArgs(req, tier, m))
+			at = append(at, i)
+		}
 	}
 	start := time.Now()
 	gots, errs := lua.AcquireAll(ctx, c, acqs)
@@ -296,12 +304,11 @@ func (l *Limiter) acquireTogether(ctx context.Context, c rueidis.Client, user lu
 			gots[i], errs[i] = lua.AcquireWith(ctx, c, acqs[i])
 		}
 	}
-	tries := make([]poolTry, len(ms))
-	for i, m := range ms {
-		l.observer.RedisCall(ctx, "acquire_pool", took, errs[i+1])
-		tries[i] = poolTry{slots: m.slots, got: gots[i+1], err: classify(ctx, "acquire_pool", errs[i+1])}
+	for j, i := range at {
+		l.observer.RedisCall(ctx, "acquire_pool", took, errs[j+1])
+		tries[i] = poolTry{slots: ms[i].slots, got: gots[j+1], err: classify(ctx, "acquire_pool", errs[j+1])}
 	}
-	return gots[0], tries, errs[0]
+	return gots[0], errs[0]
 }
 
 // takenOf returns the pool keys tries added a membership of: what undoing

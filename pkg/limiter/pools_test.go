@@ -320,3 +320,112 @@ func TestMembershipsBeatByTheirStreamsTTL(t *testing.T) {
 		})
 	}
 }
+
+// TestPoolKeysBesideTheUsersAndElsewhereDecideAsOne: on a cluster, an
+// acquire whose pool keys are one on the node of the user's key (sent in
+// the user's pipeline) and one on another node (sent alone) is one
+// decision, whichever of them refuses: a refusal leaves nothing held, the
+// user's slot and the other key's membership included, and a grant holds
+// both memberships.
+func TestPoolKeysBesideTheUsersAndElsewhereDecideAsOne(t *testing.T) {
+	t.Parallel()
+	table := pools.NewTable()
+	if err := table.Replace([]pools.Pool{
+		pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1)}.WithDefaults(),
+		pools.Pool{Pool: "org", MaxConcurrentStreams: ptr(1)}.WithDefaults(),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	schema := keys.Schema{Prefix: "limitertest:" + keys.NewStreamID()[:12] + ":"}
+	stack := limitertest.New(t, limitertest.Options{Backend: limitertest.RedisCluster, Limiter: limiter.Options{Keys: schema, Pools: table}})
+	raw, err := stack.Redis.Redis()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); !stack.Redis.Warmed(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the client has not learnt the cluster's slots in 10s")
+		}
+	}
+	nodeOf := func(key string) string {
+		cmd := raw.B().Type().Key(key).Build()
+		node := stack.Redis.NodeOf(cmd.Slot())
+		if node == "" {
+			t.Fatalf("no node known for %s", key)
+		}
+		return node
+	}
+	// Two users on one node; a model key on theirs, an org key on another.
+	var node string
+	var users []string
+	for i := 0; len(users) < 2; i++ {
+		u := fmt.Sprintf("%s-%d", newUser(t), i)
+		k, err := schema.UserKey(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if node == "" {
+			node = nodeOf(k)
+		}
+		if nodeOf(k) == node {
+			users = append(users, u)
+		}
+	}
+	pick := func(pool string, beside bool) string {
+		for i := range 2000 {
+			name := fmt.Sprintf("%s-%d", pool, i)
+			if (nodeOf(mustPoolKey(t, schema, pool, name)) == node) == beside {
+				return name
+			}
+		}
+		t.Fatalf("no %s key found beside=%v the users' node %s", pool, beside, node)
+		return ""
+	}
+	model, org := pick("model", true), pick("org", false)
+	ctx := context.Background()
+	acquire := func(user string, named map[string]string) limiter.AcquireResult {
+		t.Helper()
+		res, err := stack.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three", Pools: named})
+		if err != nil {
+			t.Fatalf("acquire of %s in %v: %v", user, named, err)
+		}
+		return res
+	}
+	both := map[string]string{"model": model, "org": org}
+
+	first := acquire(users[0], both)
+	if !first.Granted || len(first.Pools) != 2 || first.Pools[0].Used != 1 || first.Pools[1].Used != 1 {
+		t.Fatalf("first acquire: %+v; want granted, one of one held in each pool", first)
+	}
+	// Each key refuses in turn, the other having room: nothing is left.
+	for _, full := range []string{"model", "org"} {
+		named := map[string]string{"model": model + "-free", "org": org + "-free"}
+		if full == "model" {
+			named["model"] = model
+		} else {
+			named["org"] = org
+		}
+		res := acquire(users[1], named)
+		if res.Granted || res.RefusedBy == nil || res.RefusedBy.Pool != full {
+			t.Fatalf("acquire with %s full: %+v, refused by %+v; want refused by %s", full, res, res.RefusedBy, full)
+		}
+		if n := held(t, stack.Limiter, users[1]); n != 0 {
+			t.Errorf("%s refused: %s holds %d slots, want none", full, users[1], n)
+		}
+		for pool, key := range named {
+			if key == model || key == org {
+				continue
+			}
+			// The key with room was left: another stream takes its one place.
+			if res := acquire(newUser(t), map[string]string{pool: key}); !res.Granted {
+				t.Errorf("%s refused: %s=%s should have been left, got %+v", full, pool, key, res)
+			}
+		}
+	}
+	if rel, err := stack.Limiter.Release(ctx, users[0], first.StreamID); err != nil || !rel.Released {
+		t.Fatalf("release: %+v, %v", rel, err)
+	}
+	if res := acquire(users[1], both); !res.Granted {
+		t.Errorf("acquire after the release: %+v; want granted, both keys free again", res)
+	}
+}
