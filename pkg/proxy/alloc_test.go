@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -22,6 +23,11 @@ import (
 // holding the slot costs.
 func TestAStreamAllocatesLessThanAPlainReverseProxys(t *testing.T) {
 	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Read the request first, as a model server does: a plain
+		// ReverseProxy (not full duplex) closes the request body once the
+		// answer's headers are out, and a transport still sending it then
+		// closes the connection under the answer.
+		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
 		for i := range 4 {
 			fmt.Fprintf(w, "data: {\"choices\":[{\"delta\":{\"content\":\"tok%d\"}}]}\n\n", i)
@@ -53,12 +59,15 @@ func TestAStreamAllocatesLessThanAPlainReverseProxys(t *testing.T) {
 		}
 	}
 	// Bytes allocated per stream, by the whole process: the client, the
-	// way's server and the upstream are the same both ways.
-	const streams = 100
+	// way's server and the upstream are the same both ways. The least of
+	// five rounds, the ways taken in turn: what else the process does (GC,
+	// the race detector, Redis's client) only ever adds.
+	const streams, rounds = 100, 5
+	for range 10 { // connections dialled, pools filled
+		stream(e.proxy.URL)
+		stream(plain.URL)
+	}
 	perStream := func(base string) uint64 {
-		for range 10 { // connections dialled, pools filled
-			stream(base)
-		}
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
 		for range streams {
@@ -67,7 +76,10 @@ func TestAStreamAllocatesLessThanAPlainReverseProxys(t *testing.T) {
 		runtime.ReadMemStats(&after)
 		return (after.TotalAlloc - before.TotalAlloc) / streams
 	}
-	limited, reference := perStream(e.proxy.URL), perStream(plain.URL)
+	limited, reference := uint64(math.MaxUint64), uint64(math.MaxUint64)
+	for range rounds {
+		limited, reference = min(limited, perStream(e.proxy.URL)), min(reference, perStream(plain.URL))
+	}
 	t.Logf("bytes allocated per stream: %d through the proxy, %d through a plain reverse proxy", limited, reference)
 	if limited >= reference {
 		t.Errorf("a stream through the proxy allocates %d bytes, a plain reverse proxy's %d: want fewer", limited, reference)
