@@ -212,6 +212,8 @@ report() {
 	figure_line "  heartbeat Redis CPU us per stream, no pool" %.2f GO 'O/BenchmarkPoolsHeartbeat/%d/none-redis-cpu-us/stream' both
 	figure_line "  two pools" %.2f GO 'O/BenchmarkPoolsHeartbeat/%d/two-redis-cpu-us/stream' both
 	figure_line "  one hot pool key" %.2f GO 'O/BenchmarkPoolsHeartbeat/%d/hot-redis-cpu-us/stream' both
+	figure_line "  of which replicas, no pool" %.2f GO 'O/BenchmarkPoolsHeartbeat/%d/none-replicas-cpu-us/stream' both
+	figure_line "  of which replicas, two pools" %.2f GO 'O/BenchmarkPoolsHeartbeat/%d/two-replicas-cpu-us/stream' both
 	figure_line "  heartbeat slots/s, every stream in one hot pool key" %.0f GO 'O/BenchmarkPoolsHeartbeat/%d/hot-slots/s' both
 	figure_line "hot pool key: acquire+release pairs/s" %.0f GO 'K/BenchmarkPoolKeyHot/%d/pairs/s' both
 	figure_line "  its master's Redis CPU us per pair" %.1f GO 'K/BenchmarkPoolKeyHot/%d/hot-master-cpu-us/op' both

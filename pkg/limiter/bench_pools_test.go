@@ -213,7 +213,8 @@ func (w *pairWay) report(b *testing.B) {
 // held streams of different users for each way: streams that join no
 // pool (none-), two pools (two-), or all the one hot key (hot-). Reports
 // Redis CPU per stream refreshed (redis-cpu-us/stream: masters and
-// replicas) and slots/s, per way.
+// replicas; replicas-cpu-us/stream: the replicas' part) and slots/s, per
+// way.
 func BenchmarkPoolsHeartbeat(b *testing.B) {
 	eachBenchBackendWith(b, limiter.Options{Pools: benchPools(b)}, func(b *testing.B, e *env) {
 		servers := scaleServers(b, e.raw(b))
@@ -226,7 +227,7 @@ func BenchmarkPoolsHeartbeat(b *testing.B) {
 			reqs[i] = acquireBenchSlots(b, e, w.join)
 		}
 		ctx := context.Background()
-		cpu := make([]float64, len(ways))
+		cpu, rep := make([]float64, len(ways)), make([]float64, len(ways))
 		wall := make([]time.Duration, len(ways))
 		b.ResetTimer()
 		for range b.N {
@@ -236,6 +237,7 @@ func BenchmarkPoolsHeartbeat(b *testing.B) {
 				wall[i] += time.Since(start)
 				after := servers.cpu(b)
 				cpu[i] += after.masters + after.replicas - before.masters - before.replicas
+				rep[i] += after.replicas - before.replicas
 				for j, err := range errs {
 					if err != nil || !results[j].Alive || results[j].Degraded {
 						b.Fatalf("HeartbeatBatch %s: stream %d: %+v, %v; want alive and not degraded", ways[i].name, j, results[j], err)
@@ -247,6 +249,7 @@ func BenchmarkPoolsHeartbeat(b *testing.B) {
 		for i, w := range ways {
 			b.ReportMetric(float64(b.N*benchBatch)/wall[i].Seconds(), w.name+"-slots/s")
 			b.ReportMetric(cpu[i]/float64(b.N*benchBatch), w.name+"-redis-cpu-us/stream")
+			b.ReportMetric(rep[i]/float64(b.N*benchBatch), w.name+"-replicas-cpu-us/stream")
 		}
 	})
 }

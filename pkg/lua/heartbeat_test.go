@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -286,4 +287,107 @@ func TestAcquireAllDecidesEachAsAlone(t *testing.T) {
 	if got[2].Granted || !got[2].NotHolder {
 		t.Errorf("another caller's stream: %+v, want left as it is", got[2])
 	}
+}
+
+// TestHeartbeatMovesGivenMembersInOneZADD: the members given their TTL
+// (a pool key's, in one call) move in one ZADD, in chunks of 500, one
+// command for Redis to run and its replicas to apply, not one each; and
+// they answer as one ZADD each did: a member already later keeps its
+// later expiry, a missing one is lost and not re-added.
+func TestHeartbeatMovesGivenMembersInOneZADD(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := "heartbeat-given:" + keys.NewStreamID()[:12] + ":{pool}"
+		soon, later := time.Now().Add(10*time.Second).UnixMilli(), time.Now().Add(2*time.Hour).UnixMilli()
+		var slots []lua.HeartbeatArgs
+		for i := range 600 {
+			slots = append(slots, lua.HeartbeatArgs{Key: key, StreamID: fmt.Sprintf("m%d", i), TTL: time.Minute, Own: true})
+		}
+		zadd := c.B().Zadd().Key(key).ScoreMember()
+		for _, s := range slots {
+			zadd = zadd.ScoreMember(float64(soon), s.StreamID)
+		}
+		if err := c.Do(ctx, zadd.ScoreMember(float64(later), "later").Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		slots = append(slots[:300:300], append([]lua.HeartbeatArgs{
+			{Key: key, StreamID: "later", TTL: time.Minute, Own: true},
+			{Key: key, StreamID: "gone", TTL: time.Minute, Own: true},
+		}, slots[300:]...)...)
+		before := time.Now()
+		beats, errs := lua.HeartbeatMulti(ctx, c, slots, nil)
+		for i, b := range beats {
+			if errs[i] != nil {
+				t.Fatalf("slot %d: %v", i, errs[i])
+			}
+			at := time.UnixMilli(b.ExpiresAtMs)
+			switch id := slots[i].StreamID; id {
+			case "later":
+				if !b.Alive || b.ExpiresAtMs != later {
+					t.Errorf("later: %+v, want alive with its own later expiry %d", b, later)
+				}
+			case "gone":
+				if b.Alive || b.ExpiresAtMs != 0 {
+					t.Errorf("gone: %+v, want lost", b)
+				}
+			default:
+				if !b.Alive || at.Before(before.Add(time.Minute-time.Second)) || at.After(time.Now().Add(time.Minute)) {
+					t.Fatalf("%s: %+v (expires %v), want alive for a minute from the call", id, b, at)
+				}
+			}
+		}
+		if err := c.Do(ctx, c.B().Zscore().Key(key).Member("gone").Build()).Error(); !rueidis.IsRedisNil(err) {
+			t.Errorf("ZSCORE gone after its heartbeat: %v, want nil (a lost member is never re-added)", err)
+		}
+		if n, err := c.Do(ctx, c.B().Zcard().Key(key).Build()).AsInt64(); err != nil || n != 601 {
+			t.Errorf("ZCARD = %d, %v; want the 601 members held", n, err)
+		}
+	})
+
+	// The commands, counted on a server of the test's own.
+	t.Run("commands", func(t *testing.T) {
+		t.Parallel()
+		srv := testenv.StartRedis(t)
+		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		ctx := context.Background()
+		zadds := func() int {
+			info, err := c.Do(ctx, c.B().Info().Section("commandstats").Build()).ToString()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var n int
+			for _, line := range strings.Split(info, "\r\n") {
+				if strings.HasPrefix(line, "cmdstat_zadd:calls=") {
+					fmt.Sscanf(line, "cmdstat_zadd:calls=%d", &n)
+				}
+			}
+			return n
+		}
+		for _, tc := range []struct{ members, zadds int }{{1, 1}, {499, 1}, {500, 1}, {501, 2}, {1001, 3}} {
+			key := fmt.Sprintf("heartbeat-given-%d:{pool}", tc.members)
+			var slots []lua.HeartbeatArgs
+			zadd := c.B().Zadd().Key(key).ScoreMember()
+			for i := range tc.members {
+				slots = append(slots, lua.HeartbeatArgs{Key: key, StreamID: fmt.Sprintf("m%d", i), TTL: time.Minute, Own: true})
+				zadd = zadd.ScoreMember(float64(time.Now().Add(time.Second).UnixMilli()), slots[i].StreamID)
+			}
+			if err := c.Do(ctx, zadd.Build()).Error(); err != nil {
+				t.Fatal(err)
+			}
+			from := zadds()
+			beats, errs := lua.HeartbeatMulti(ctx, c, slots, nil)
+			for i := range beats {
+				if errs[i] != nil || !beats[i].Alive {
+					t.Fatalf("%d members: member %d: %+v, %v; want alive", tc.members, i, beats[i], errs[i])
+				}
+			}
+			if got := zadds() - from; got != tc.zadds {
+				t.Errorf("%d members given their TTL: %d ZADDs, want %d", tc.members, got, tc.zadds)
+			}
+		}
+	})
 }
