@@ -48,6 +48,19 @@ func eachServer(t *testing.T, fn func(t *testing.T, c rueidis.Client, embedded b
 	}
 }
 
+// privateServer returns a client of a standalone Redis of the test's
+// own: its command counts are the test's alone.
+func privateServer(t *testing.T) rueidis.Client {
+	t.Helper()
+	srv := testenv.StartRedis(t)
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
 func expiretime(t *testing.T, c rueidis.Client, key string) int64 {
 	t.Helper()
 	at, err := c.Do(context.Background(), c.B().Pexpiretime().Key(key).Build()).AsInt64()
@@ -250,12 +263,7 @@ func TestHeartbeatOwnTTLReadsNoRecord(t *testing.T) {
 // limit, another caller's stream left as it is, each on its own key.
 func TestAcquireAllDecidesEachAsAlone(t *testing.T) {
 	t.Parallel()
-	srv := testenv.StartRedis(t)
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c := privateServer(t)
 	ctx := context.Background()
 	run := keys.NewStreamID()[:12]
 	full, other := "acquire-all:"+run+":{full}", "acquire-all:"+run+":{other}"
@@ -347,12 +355,7 @@ func TestHeartbeatMovesGivenMembersInOneZADD(t *testing.T) {
 	// The commands, counted on a server of the test's own.
 	t.Run("commands", func(t *testing.T) {
 		t.Parallel()
-		srv := testenv.StartRedis(t)
-		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(c.Close)
+		c := privateServer(t)
 		ctx := context.Background()
 		zadds := func() int {
 			info, err := c.Do(ctx, c.B().Info().Section("commandstats").Build()).ToString()
