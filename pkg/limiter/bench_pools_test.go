@@ -34,16 +34,12 @@ const (
 
 func benchPools(b *testing.B) *pools.Table {
 	b.Helper()
-	table := pools.NewTable()
 	limit := pools.MaxConcurrentStreams
-	if err := table.Replace([]pools.Pool{
-		pools.Pool{Pool: "model", MaxConcurrentStreams: &limit}.WithDefaults(),
-		pools.Pool{Pool: "org", MaxConcurrentStreams: &limit}.WithDefaults(),
-		pools.Pool{Pool: "hot", MaxConcurrentStreams: &limit}.WithDefaults(),
-	}); err != nil {
-		b.Fatal(err)
-	}
-	return table
+	return poolTable(b,
+		pools.Pool{Pool: "model", MaxConcurrentStreams: &limit},
+		pools.Pool{Pool: "org", MaxConcurrentStreams: &limit},
+		pools.Pool{Pool: "hot", MaxConcurrentStreams: &limit},
+	)
 }
 
 // benchJoin returns the pools one op of a benchmark joins: none, two

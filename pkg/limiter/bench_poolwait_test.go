@@ -48,13 +48,9 @@ func poolCostPlan(priority int) string { return fmt.Sprintf("prio-%d", priority)
 func poolCostTable(b *testing.B) *pools.Table {
 	b.Helper()
 	limit := poolCostCap
-	table := pools.NewTable()
-	if err := table.Replace([]pools.Pool{
-		pools.Pool{Pool: poolCostPool, MaxConcurrentStreams: &limit, MaxWait: time.Minute}.WithDefaults(),
-	}); err != nil {
-		b.Fatal(err)
-	}
-	return table
+	return poolTable(b,
+		pools.Pool{Pool: poolCostPool, MaxConcurrentStreams: &limit, MaxWait: time.Minute},
+	)
 }
 
 // BenchmarkPoolWaitCost is BenchmarkWaitCost for a pool key's queue

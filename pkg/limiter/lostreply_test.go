@@ -114,13 +114,10 @@ func TestAPooledAcquireWhoseRepliesAreLostIsAskedAgain(t *testing.T) {
 	t.Parallel()
 	srv := testenv.StartRedis(t)
 	proxy := testenv.StartProxy(t, srv.Addr())
-	table := pools.NewTable()
-	if err := table.Replace([]pools.Pool{
-		pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(5)}.WithDefaults(),
-		pools.Pool{Pool: "org", MaxConcurrentStreams: ptr(1)}.WithDefaults(),
-	}); err != nil {
-		t.Fatal(err)
-	}
+	table := poolTable(t,
+		pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(5)},
+		pools.Pool{Pool: "org", MaxConcurrentStreams: ptr(1)},
+	)
 	e := newEnv(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{proxy.Addr()}, Timeout: 2 * time.Second},
 		Limiter: limiter.Options{Pools: table}})
 	ctx := context.Background()

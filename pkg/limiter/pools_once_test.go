@@ -104,13 +104,10 @@ func mustJoin(t *testing.T, lim *limiter.Limiter, user string, named map[string]
 // gpt-4o frees and z does too, it is granted both.
 func TestAPoolWaiterHoldsNoLaterKey(t *testing.T) {
 	t.Parallel()
-	table := pools.NewTable()
-	if err := table.Replace([]pools.Pool{
-		pools.Pool{Pool: "model", Keys: map[string]int{"gpt-4o": 1}, MaxWait: 10 * time.Second}.WithDefaults(),
-		pools.Pool{Pool: "zone", Keys: map[string]int{"z": 1}, MaxWait: 10 * time.Second}.WithDefaults(),
-	}); err != nil {
-		t.Fatal(err)
-	}
+	table := poolTable(t,
+		pools.Pool{Pool: "model", Keys: map[string]int{"gpt-4o": 1}, MaxWait: 10 * time.Second},
+		pools.Pool{Pool: "zone", Keys: map[string]int{"z": 1}, MaxWait: 10 * time.Second},
+	)
 	s := limitertest.New(t, limitertest.Options{Backend: limitertest.RedisCluster, Redis: cluster.Options{Timeout: 5 * time.Second},
 		Tiers: poolWaitTiers(), Limiter: limiter.Options{Keys: keys.Schema{Prefix: "limitertest:" + keys.NewStreamID()[:12] + ":"}, Pools: table}})
 	lim, ctx := s.Limiter, context.Background()

@@ -80,14 +80,11 @@ func TestAPoolOnAHungMasterAnswersByItsFailureModeWithinOneDeadline(t *testing.T
 		users[i] = find("user", false, userKey)
 	}
 
-	table := pools.NewTable()
-	if err := table.Replace([]pools.Pool{
-		pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(10)}.WithDefaults(),
-		pools.Pool{Pool: "region", MaxConcurrentStreams: ptr(10)}.WithDefaults(),
-		pools.Pool{Pool: "org", MaxConcurrentStreams: ptr(10), FailureMode: tiers.FailClosed}.WithDefaults(),
-	}); err != nil {
-		t.Fatal(err)
-	}
+	table := poolTable(t,
+		pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(10)},
+		pools.Pool{Pool: "region", MaxConcurrentStreams: ptr(10)},
+		pools.Pool{Pool: "org", MaxConcurrentStreams: ptr(10), FailureMode: tiers.FailClosed},
+	)
 	lim := limitertest.New(t, limitertest.Options{Redis: cluster.Options{Addrs: cl.Addrs, Timeout: timeout},
 		Limiter: limiter.Options{Keys: schema, Pools: table}}).Limiter
 	ctx := context.Background()

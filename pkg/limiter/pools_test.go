@@ -24,14 +24,11 @@ func ptr(n int) *int { return &n }
 // org caps acme at 1; open caps nothing.
 func poolReplicas(t *testing.T, b limitertest.Backend, n int) []*limitertest.Stack {
 	t.Helper()
-	table := pools.NewTable()
-	if err := table.Replace([]pools.Pool{
-		pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(2), Keys: map[string]int{"gpt-4o": 5}}.WithDefaults(),
-		pools.Pool{Pool: "org", Keys: map[string]int{"acme": 1}}.WithDefaults(),
-		pools.Pool{Pool: "open"}.WithDefaults(),
-	}); err != nil {
-		t.Fatal(err)
-	}
+	table := poolTable(t,
+		pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(2), Keys: map[string]int{"gpt-4o": 5}},
+		pools.Pool{Pool: "org", Keys: map[string]int{"acme": 1}},
+		pools.Pool{Pool: "open"},
+	)
 	prefix := keys.Schema{Prefix: "limitertest:" + keys.NewStreamID()[:12] + ":"}
 	var out []*limitertest.Stack
 	var addrs []string
@@ -329,13 +326,10 @@ func TestMembershipsBeatByTheirStreamsTTL(t *testing.T) {
 // both memberships.
 func TestPoolKeysBesideTheUsersAndElsewhereDecideAsOne(t *testing.T) {
 	t.Parallel()
-	table := pools.NewTable()
-	if err := table.Replace([]pools.Pool{
-		pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1)}.WithDefaults(),
-		pools.Pool{Pool: "org", MaxConcurrentStreams: ptr(1)}.WithDefaults(),
-	}); err != nil {
-		t.Fatal(err)
-	}
+	table := poolTable(t,
+		pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1)},
+		pools.Pool{Pool: "org", MaxConcurrentStreams: ptr(1)},
+	)
 	schema := keys.Schema{Prefix: "limitertest:" + keys.NewStreamID()[:12] + ":"}
 	stack := limitertest.New(t, limitertest.Options{Backend: limitertest.RedisCluster, Limiter: limiter.Options{Keys: schema, Pools: table}})
 	raw, err := stack.Redis.Redis()
@@ -428,4 +422,17 @@ func TestPoolKeysBesideTheUsersAndElsewhereDecideAsOne(t *testing.T) {
 	if res := acquire(users[1], both); !res.Granted {
 		t.Errorf("acquire after the release: %+v; want granted, both keys free again", res)
 	}
+}
+
+// poolTable returns a table of pools ps, each with its defaults.
+func poolTable(tb testing.TB, ps ...pools.Pool) *pools.Table {
+	tb.Helper()
+	for i := range ps {
+		ps[i] = ps[i].WithDefaults()
+	}
+	table := pools.NewTable()
+	if err := table.Replace(ps); err != nil {
+		tb.Fatal(err)
+	}
+	return table
 }

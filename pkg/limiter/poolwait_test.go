@@ -30,12 +30,9 @@ func poolWaitTiers() []tiers.Tier {
 // a wait of up to 10s.
 func waitPoolReplicas(t *testing.T, b limitertest.Backend, n int) []*limitertest.Stack {
 	t.Helper()
-	table := pools.NewTable()
-	if err := table.Replace([]pools.Pool{
-		pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(2), Keys: map[string]int{"gpt-4o": 1}, MaxWait: 10 * time.Second}.WithDefaults(),
-	}); err != nil {
-		t.Fatal(err)
-	}
+	table := poolTable(t,
+		pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(2), Keys: map[string]int{"gpt-4o": 1}, MaxWait: 10 * time.Second},
+	)
 	prefix := keys.Schema{Prefix: "limitertest:" + keys.NewStreamID()[:12] + ":"}
 	var out []*limitertest.Stack
 	var addrs []string

@@ -17,13 +17,10 @@ import (
 func shadowStack(t *testing.T, b limitertest.Backend) *limiter.Limiter {
 	t.Helper()
 	off := false
-	table := pools.NewTable()
-	if err := table.Replace([]pools.Pool{
-		pools.Pool{Pool: "model", Keys: map[string]int{"big": 1}, MaxWait: 5 * time.Second, Enforce: &off}.WithDefaults(),
-		pools.Pool{Pool: "org", Keys: map[string]int{"acme": 1}}.WithDefaults(),
-	}); err != nil {
-		t.Fatal(err)
-	}
+	table := poolTable(t,
+		pools.Pool{Pool: "model", Keys: map[string]int{"big": 1}, MaxWait: 5 * time.Second, Enforce: &off},
+		pools.Pool{Pool: "org", Keys: map[string]int{"acme": 1}},
+	)
 	return limitertest.New(t, limitertest.Options{Backend: b, Tiers: []tiers.Tier{
 		tiers.Tier{Plan: "shadow", MaxConcurrentStreams: 1, MaxWait: 5 * time.Second, Enforce: &off}.WithDefaults(),
 		tiers.Tier{Plan: "strict", MaxConcurrentStreams: 1, MaxWait: 5 * time.Second}.WithDefaults(),
