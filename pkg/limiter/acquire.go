@@ -242,6 +242,12 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		}
 		return AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}, tier, err
 	}
+	if got.Pruned > 0 {
+		l.observer.Reclaimed(ctx, tier.Plan, got.Pruned)
+	}
+	if len(got.Wake) > 0 {
+		l.wake(ctx, key, got.Wake...)
+	}
 	if got.NotHolder {
 		undoTries()
 		return AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}, tier,
@@ -253,12 +259,6 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		res.Limit, res.Overridden = got.Override, true
 	}
 	res.Pruned = got.Pruned
-	if got.Pruned > 0 {
-		l.observer.Reclaimed(ctx, tier.Plan, got.Pruned)
-	}
-	if len(got.Wake) > 0 {
-		l.wake(ctx, key, got.Wake...)
-	}
 	if got.Granted {
 		res.ExpiresAt = msTime(got.ExpiresAtMs)
 		if got.WouldRefuse {

@@ -19,7 +19,9 @@
 --            (optional: absent enforces)
 -- returns {granted (1|2|0|-1), used, expires_at_ms, pruned, retry_after_ms, override, {wake ids}, shadow}
 --   granted 1      a new slot; 2: the stream held one, now extended
---   granted -1     the stream is held by another caller: nothing changed
+--   granted -1     the stream is held by another caller: its slot is left
+--                  as it is (expired slots and tickets still go, as on any
+--                  call, and pruned and wake ids say so)
 --   used           slots held after this call (live slots only)
 --   expires_at_ms  the slot's expiry when granted, 0 when denied
 --   pruned         slots that had expired unreleased and were removed now,
@@ -66,11 +68,6 @@ local shadow = ARGV[5] == '0'
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local record = ARGV[3] .. ';started=' .. string.format('%d', now) .. (ARGV[4] or '')
-
--- Another caller's stream is not this call's to extend.
-if caller ~= '' and foreign(redis.call('HGET', meta, member), caller) then
-  return {-1, redis.call('ZCOUNT', key, '(' .. string.format('%d', now), '+inf'), 0, 0, 0, -1, {}, 0}
-end
 
 -- A support override in force replaces the plan's limit.
 local override = -1
@@ -120,8 +117,14 @@ local fresh = false    -- the key was empty (so missing) before this call
 local recorded = false -- a record was written to a hash that may be new
 
 -- A held stream is extended (never shortened) and keeps its record (or
--- gets one, if it had none).
+-- gets one, if it had none); unless another caller holds it, which is
+-- not this call's to extend (granted -1). Its record is read only then:
+-- a new stream's acquire reads none.
 local function extend()
+  if caller ~= '' and foreign(redis.call('HGET', meta, member), caller) then
+    granted = -1
+    return
+  end
   redis.call('ZADD', key, 'GT', now + ttl, member)
   recorded = redis.call('HSETNX', meta, member, record) == 1
   granted = 2
@@ -144,7 +147,9 @@ elseif redis.call('ZSCORE', key, member) then
   extend()
 end
 
-if granted > 0 then
+if granted < 0 then
+  -- Another caller's stream: left as it is.
+elseif granted > 0 then
   -- Both keys outlive the slot by at least one TTL, so slots that expire
   -- unreleased stay visible for the next call to prune and count. As a
   -- heartbeat does, their expiry moves only when it must, and then to two

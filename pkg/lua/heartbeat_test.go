@@ -61,6 +61,23 @@ func privateServer(t *testing.T) rueidis.Client {
 	return c
 }
 
+// commandCalls is how many times c's server has run the command name
+// (lower case), its scripts' calls of it included.
+func commandCalls(t *testing.T, c rueidis.Client, name string) int {
+	t.Helper()
+	info, err := c.Do(context.Background(), c.B().Info().Section("commandstats").Build()).ToString()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	for _, line := range strings.Split(info, "\r\n") {
+		if strings.HasPrefix(line, "cmdstat_"+name+":calls=") {
+			fmt.Sscanf(line, "cmdstat_"+name+":calls=%d", &n)
+		}
+	}
+	return n
+}
+
 func expiretime(t *testing.T, c rueidis.Client, key string) int64 {
 	t.Helper()
 	at, err := c.Do(context.Background(), c.B().Pexpiretime().Key(key).Build()).AsInt64()
@@ -357,19 +374,7 @@ func TestHeartbeatMovesGivenMembersInOneZADD(t *testing.T) {
 		t.Parallel()
 		c := privateServer(t)
 		ctx := context.Background()
-		zadds := func() int {
-			info, err := c.Do(ctx, c.B().Info().Section("commandstats").Build()).ToString()
-			if err != nil {
-				t.Fatal(err)
-			}
-			var n int
-			for _, line := range strings.Split(info, "\r\n") {
-				if strings.HasPrefix(line, "cmdstat_zadd:calls=") {
-					fmt.Sscanf(line, "cmdstat_zadd:calls=%d", &n)
-				}
-			}
-			return n
-		}
+		zadds := func() int { return commandCalls(t, c, "zadd") }
 		for _, tc := range []struct{ members, zadds int }{{1, 1}, {499, 1}, {500, 1}, {501, 2}, {1001, 3}} {
 			key := fmt.Sprintf("heartbeat-given-%d:{pool}", tc.members)
 			var slots []lua.HeartbeatArgs

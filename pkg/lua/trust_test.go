@@ -114,6 +114,78 @@ func TestAStreamBelongsToTheCallerThatTookIt(t *testing.T) {
 	})
 }
 
+// TestAnAcquireAsksWhoseAStreamIsOnlyWhenItIsHeld: another caller's
+// acquire of a held stream changes nothing, whether the limit has room
+// for one more or none; a stream whose slot expired unreleased is held by
+// nobody, and goes to the next caller that asks for it; and only an
+// acquire of a held stream reads its record (one command, counted on a
+// server of the test's own), not a new stream's.
+func TestAnAcquireAsksWhoseAStreamIsOnlyWhenItIsHeld(t *testing.T) {
+	alice, mallory := lua.Record{Caller: "alice", Plan: "paid"}, lua.Record{Caller: "mallory", Plan: "paid"}
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		held, err := lua.Acquire(ctx, c, key, "held", 3, time.Minute, alice, false)
+		if err != nil || !held.Granted {
+			t.Fatalf("alice's acquire: %+v, %v", held, err)
+		}
+		if got, err := lua.Acquire(ctx, c, key, "brief", 3, 50*time.Millisecond, alice, false); err != nil || !got.Granted {
+			t.Fatalf("alice's brief acquire: %+v, %v", got, err)
+		}
+		time.Sleep(150 * time.Millisecond) // brief expires, unreleased
+		// Room for one more (limit 2, one live), and none (limit 1).
+		for _, limit := range []int{2, 1} {
+			got, err := lua.Acquire(ctx, c, key, "held", limit, 2*time.Hour, mallory, false)
+			if err != nil || got.Granted || !got.NotHolder {
+				t.Errorf("mallory's acquire of alice's held stream, limit %d = %+v, %v; want NotHolder", limit, got, err)
+			}
+		}
+		if score, err := c.Do(ctx, c.B().Zscore().Key(key).Member("held").Build()).AsInt64(); err != nil || score != held.ExpiresAtMs {
+			t.Errorf("alice's slot's expiry after mallory's acquires = %d, %v; want %d, unchanged", score, err, held.ExpiresAtMs)
+		}
+		got, err := lua.Acquire(ctx, c, key, "brief", 2, time.Minute, mallory, false)
+		if err != nil || !got.Granted || got.Extended || got.NotHolder || got.Used != 2 {
+			t.Fatalf("mallory's acquire of the stream alice's slot of expired = %+v, %v; want a new slot, 2 used", got, err)
+		}
+		slots, err := lua.Slots(ctx, c, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range slots.Slots {
+			if want := map[string]string{"held": "alice", "brief": "mallory"}[s.StreamID]; s.Record.Caller != want {
+				t.Errorf("slot %s is recorded as %q's, want %q's", s.StreamID, s.Record.Caller, want)
+			}
+		}
+	})
+
+	t.Run("commands", func(t *testing.T) {
+		t.Parallel()
+		c := privateServer(t)
+		ctx := context.Background()
+		key := newKey(t)
+		for _, tc := range []struct {
+			what   string
+			stream string
+			rec    lua.Record
+			hgets  int
+		}{
+			{"a new stream's acquire", "s1", alice, 0},
+			{"another new stream's", "s2", alice, 0},
+			{"alice's acquire of her held stream", "s1", alice, 1},
+			{"mallory's acquire of alice's held stream", "s1", mallory, 1},
+			{"a new stream's acquire naming no caller", "s3", lua.Record{Plan: "paid"}, 0},
+		} {
+			from := commandCalls(t, c, "hget")
+			if _, err := lua.Acquire(ctx, c, key, tc.stream, 5, time.Minute, tc.rec, false); err != nil {
+				t.Fatal(err)
+			}
+			if got := commandCalls(t, c, "hget") - from; got != tc.hgets {
+				t.Errorf("%s: %d HGETs, want %d", tc.what, got, tc.hgets)
+			}
+		}
+	})
+}
+
 // TestAWaitingTicketBelongsToItsCaller: another caller cannot refresh,
 // withdraw or be granted a ticket queued under a stream id it does not
 // own.
