@@ -9,7 +9,7 @@
 --               slot that has no record (taken by a version that wrote
 --               none); 0: none known. Or '=' and the slot's own ttl: its
 --               record is not read (see below).
--- returns {pruned, used, alive_1, expires_at_ms_1, ..., alive_n, expires_at_ms_n, {i, record_i, ...}}
+-- returns {pruned, used, alive_1, expires_at_ms_1, ..., alive_n, expires_at_ms_n[, {i, record_i, ...}]}
 --   pruned: the user's slots that had expired unreleased (these included),
 --   removed now with their records.
 --   used: the user's live slots after the call (the live-streams metric).
@@ -22,7 +22,8 @@
 --   ARGV[1]): left as it is, expires_at_ms 0.
 --   The last value lists, for the slots kept alive whose record names
 --   pool keys (';pools='), their place i and record: the caller keeps
---   their memberships alive too (see pkg/lua/records.go).
+--   their memberships alive too (see pkg/lua/records.go). It is left out
+--   when there are none.
 --
 -- The TTL is the record's leading digits (see acquire), so a slot keeps
 -- heartbeating after its plan is deleted, on any replica. A slot without
@@ -50,72 +51,62 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- Expired slots must go before the ZADD XX below, which would extend them.
 local out = {prune(key, meta, now), 0}
 
--- The ttls given ('=<ttl>'), and the records of the other slots. A
--- call's members mostly share one TTL argument: each is parsed once.
-local members, given, read = {}, {}, {}
-local parsed = {} -- a TTL argument -> its given ttl, false when not one
-local n = 0
-for i = 2, #ARGV, 2 do
-  n = n + 1
-  members[n] = ARGV[i]
-  local arg = ARGV[i + 1]
-  local ttl = parsed[arg]
-  if ttl == nil then
-    local digits = string.match(arg, '^=(%d+)$')
-    ttl = digits and tonumber(digits) or false
-    parsed[arg] = ttl
+local n = (#ARGV - 1) / 2
+local need, at = 0, 0 -- the key's expiry must reach need; it is set to at
+
+-- One pass sorts the members. Those given a TTL ('=<ttl>': a pool key's,
+-- with no record and no holder to check) go into one ZADD below, as
+-- expiry, member pairs (batch), with their places (batched); they are
+-- held unless the ZADD says otherwise. The others' records are read
+-- (places, names). Members next to each other mostly share one TTL
+-- argument, which is parsed and formatted once; a user's call makes no
+-- table it does not use (each costs Redis).
+local batch, batched, m = nil, nil, 0
+local bneed, bat = 0, 0 -- need and at, should every given member move
+local places, names
+local last, ttl, stamp -- the latest TTL argument, its given ttl, its expiry
+for i = 1, n do
+  local arg = ARGV[2 * i + 1]
+  if arg ~= last then
+    local digits = string.byte(arg) == 61 and string.match(arg, '^=(%d+)$')
+    last, ttl = arg, digits and tonumber(digits)
+    if ttl and ttl > 0 then
+      stamp = string.format('%d', now + ttl)
+      bneed, bat = math.max(bneed, now + 2 * ttl), math.max(bat, now + 3 * ttl)
+    end
   end
-  if ttl then
-    given[n] = ttl
+  if ttl and ttl > 0 then
+    if not batch then
+      batch, batched = {}, {}
+    end
+    m = m + 1
+    batch[2 * m - 1], batch[2 * m], batched[m] = stamp, ARGV[2 * i], i
+    out[2 * i + 1], out[2 * i + 2] = 1, now + ttl
   else
-    read[#read + 1] = n
-  end
-end
-local records = {}
-if #read == n then
-  records = redis.call('HMGET', meta, unpack(members))
-elseif #read > 0 then
-  local names = {}
-  for j, i in ipairs(read) do
-    names[j] = members[i]
-  end
-  for j, record in ipairs(redis.call('HMGET', meta, unpack(names))) do
-    records[read[j]] = record
+    if not places then
+      places, names = {}, {}
+    end
+    places[#places + 1], names[#names + 1] = i, ARGV[2 * i]
   end
 end
 
-local pooled = {} -- i, record of the slots alive with pool memberships
-local need, at = 0, 0 -- the key's expiry must reach need; it is set to at
+local pooled -- i, record of the slots alive with pool memberships
 local recorded = false -- a record was written: the hash may be new
-local function kept(expires, ttl)
-  need = math.max(need, expires + ttl)
-  at = math.max(at, expires + 2 * ttl)
-end
--- The members given their TTL (a pool key's, with no record and no
--- holder to check) move together in one ZADD below: their expiry,
--- member pairs, their places, and each TTL's expiry as a string.
-local batch, batched, stamps = {}, {}, {}
-for i, member in ipairs(members) do
-  local ttl = given[i]
-  if ttl and ttl > 0 then
-    local expires = now + ttl
-    local stamp = stamps[ttl]
-    if not stamp then
-      stamp = string.format('%d', expires)
-      stamps[ttl] = stamp
-    end
-    local m = #batched + 1
-    batch[2 * m - 1], batch[2 * m], batched[m] = stamp, member, i
-    out[2 * i + 1], out[2 * i + 2] = 1, expires -- held, unless the ZADD says otherwise
-  else
-    local digits = records[i] and string.match(records[i], '^%d+')
-    ttl = ttl or digits and tonumber(digits)
-    local fallback = not given[i] and (not ttl or ttl <= 0)
-    if fallback then
-      ttl = tonumber(ARGV[2 * i + 1])
+if places then
+  local records = redis.call('HMGET', meta, unpack(names))
+  for j, i in ipairs(places) do
+    local member, record = names[j], records[j]
+    local arg = ARGV[2 * i + 1]
+    local given = string.byte(arg) == 61 -- given no ttl ('=0'): its record is not looked at
+    local ttl, fallback = 0, false
+    if not given then
+      ttl = record and tonumber(string.match(record, '^%d+'))
+      if not ttl or ttl <= 0 then
+        fallback, ttl = true, tonumber(arg)
+      end
     end
     local alive, expires = 0, 0
-    if caller ~= '' and foreign(records[i], caller) then
+    if not given and caller ~= '' and foreign(record, caller) then
       alive = -2 -- another caller's: not this call's to keep
     elseif ttl > 0 then
       expires = now + ttl
@@ -130,15 +121,16 @@ for i, member in ipairs(members) do
         end
       end
       if alive == 1 then
-        if records[i] and string.find(records[i], ';pools=', 1, true) then
+        if record and string.find(record, ';pools=', 1, true) then
+          pooled = pooled or {}
           pooled[#pooled + 1] = i
-          pooled[#pooled + 1] = records[i]
+          pooled[#pooled + 1] = record
         end
         if fallback then
-          redis.call('HSET', meta, member, ARGV[2 * i + 1])
+          redis.call('HSET', meta, member, arg)
           recorded = true
         end
-        kept(expires, ttl)
+        need, at = math.max(need, expires + ttl), math.max(at, expires + 2 * ttl)
       else
         expires = 0
       end
@@ -156,36 +148,32 @@ end
 -- Lua stack), one command to run and to replicate, not one each. CH
 -- counts those whose expiry moved: when it is fewer than all, some are
 -- missing or already later, and their scores are read, as above.
-if #batched > 0 then
+if batch then
   local moved = 0
   for j = 1, #batch, 1000 do
     moved = moved + redis.call('ZADD', key, 'XX', 'GT', 'CH', unpack(batch, j, math.min(j + 999, #batch)))
   end
-  if moved < #batched then
-    local names = {}
-    for j, i in ipairs(batched) do
-      names[j] = members[i]
-    end
+  if moved == m then
+    need, at = math.max(need, bneed), math.max(at, bat)
+  else
     local scores = {}
-    for j = 1, #names, 1000 do
-      for _, score in ipairs(redis.call('ZMSCORE', key, unpack(names, j, math.min(j + 999, #names)))) do
+    for j = 1, m, 500 do
+      local chunk = {}
+      for k = j, math.min(j + 499, m) do
+        chunk[#chunk + 1] = batch[2 * k]
+      end
+      for _, score in ipairs(redis.call('ZMSCORE', key, unpack(chunk))) do
         scores[#scores + 1] = score
       end
     end
     for j, i in ipairs(batched) do
-      out[2 * i + 1] = scores[j] and 1 or 0
-      out[2 * i + 2] = scores[j] and tonumber(scores[j]) or 0
-    end
-  end
-  if moved == #batched then
-    for ttl in pairs(stamps) do
-      kept(now + ttl, ttl) -- every member of that TTL moved
-    end
-  else
-    for _, i in ipairs(batched) do
-      if out[2 * i + 1] == 1 then
-        kept(out[2 * i + 2], given[i])
+      local alive, expires = 0, 0
+      if scores[j] then
+        local ttl = tonumber(string.sub(ARGV[2 * i + 1], 2))
+        alive, expires = 1, tonumber(scores[j])
+        need, at = math.max(need, expires + ttl), math.max(at, expires + 2 * ttl)
       end
+      out[2 * i + 1], out[2 * i + 2] = alive, expires
     end
   end
 end
@@ -200,5 +188,5 @@ if need > 0 then
 end
 
 out[2] = redis.call('ZCARD', key)
-out[2 * n + 3] = pooled
+out[2 * n + 3] = pooled -- none: the answer ends at the last slot's
 return out

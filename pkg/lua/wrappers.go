@@ -17,8 +17,8 @@ type Acquired struct {
 	Granted bool
 	// Extended: the stream held its slot before the call (Granted too).
 	Extended bool
-	// NotHolder: the stream is held by another caller than rec's; nothing
-	// changed.
+	// NotHolder: the stream is held by another caller than rec's; its
+	// slot was left as it is.
 	NotHolder    bool
 	Used         int   // live slots after the call
 	ExpiresAtMs  int64 // Redis ms; 0 when denied
@@ -417,8 +417,9 @@ func parseBeats(resp rueidis.RedisResult, at []int, beats []Beat) error {
 	if err != nil {
 		return err
 	}
-	if len(arr) != 3+2*len(at) {
-		return fmt.Errorf("heartbeat script returned %d values, want %d", len(arr), 3+2*len(at))
+	// The list of pooled slots comes last, and not at all when empty.
+	if len(arr) != 2+2*len(at) && len(arr) != 3+2*len(at) {
+		return fmt.Errorf("heartbeat script returned %d values, want %d or %d", len(arr), 2+2*len(at), 3+2*len(at))
 	}
 	var head [2]int64
 	for j := range head {
@@ -438,6 +439,9 @@ func parseBeats(resp rueidis.RedisResult, at []int, beats []Beat) error {
 		beats[i] = Beat{Alive: alive == 1, NoTTL: alive == -1, NotHolder: alive == -2, ExpiresAtMs: expires, Used: int(head[1])}
 	}
 	beats[at[0]].Pruned = int(head[0])
+	if len(arr) == 2+2*len(at) {
+		return nil
+	}
 	pooled, err := arr[len(arr)-1].ToArray()
 	if err != nil {
 		return fmt.Errorf("heartbeat script: pooled slots: %w", err)
