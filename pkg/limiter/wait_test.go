@@ -56,9 +56,10 @@ func replicaStacks(t *testing.T, b limitertest.Backend, n int, poll time.Duratio
 	return out
 }
 
-// queueByHand queues a ticket for user as a server would, with ttl, and
-// never refreshes it: a waiter whose server died.
-func queueByHand(t *testing.T, s *limitertest.Stack, user, stream string, ttl time.Duration) {
+// queueByHand queues a ticket for user as a server would, under limit,
+// with ttl, and never refreshes it: a waiter whose server died, or has
+// not looked since.
+func queueByHand(t *testing.T, s *limitertest.Stack, user, stream string, limit int, ttl time.Duration) {
 	t.Helper()
 	key, err := s.Keys.UserKey(user)
 	if err != nil {
@@ -68,7 +69,7 @@ func queueByHand(t *testing.T, s *limitertest.Stack, user, stream string, ttl ti
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := lua.Wait(context.Background(), c, key, lua.WaitArgs{Limit: 1, SlotTTL: 10 * time.Second, TicketTTL: ttl, MaxQueue: 100,
+	got, err := lua.Wait(context.Background(), c, key, lua.WaitArgs{Limit: limit, SlotTTL: 10 * time.Second, TicketTTL: ttl, MaxQueue: 100,
 		Tickets: []lua.TicketArgs{{StreamID: stream}}})
 	if err != nil || got.Tickets[0].State != lua.TicketQueued {
 		t.Fatalf("queueing %s by hand: %+v, %v", stream, got, err)
@@ -268,7 +269,7 @@ func TestAWaiterWhoseServerDiedIsSkipped(t *testing.T) {
 		user := newUser(t)
 		hold(t, s.Limiter, user, "wait", "holder")
 		dead := time.Now()
-		queueByHand(t, s, user, "dead", time.Second)
+		queueByHand(t, s, user, "dead", 1, time.Second)
 		alive := startWaiting(t, context.Background(), s.Limiter, user, "wait", "alive", 5*time.Second, 2)
 		release(t, s.Limiter, user, "holder")
 		r := within(t, alive, 3*time.Second, "the waiter behind the dead one")
