@@ -46,7 +46,10 @@
 #                   acquires waiting in the queues of 10 full pool keys
 #                   (BenchmarkPoolWaitCost); the Redis time of the acquire
 #                   script as a pool key runs it, whole, its call alone and
-#                   each part (BenchmarkAcquireParts)
+#                   each part (BenchmarkAcquireParts); Redis's CPU per pair
+#                   joining none against joining two pools, as sent, with
+#                   the pools' work inside the user's call, and with it
+#                   stripped to the slot (BenchmarkPoolsBound)
 #
 # The table, on stdout, gives each ratio's median over the rounds with the
 # lowest and highest; progress and the raw benchmark lines go to stderr.
@@ -78,7 +81,7 @@ BENCH_DURATION=${BENCH_DURATION:-3}
 BENCH_SCALE_SLOTS=${BENCH_SCALE_SLOTS:-900000}
 BENCH_SCALE_ROUNDS=${BENCH_SCALE_ROUNDS:-3}
 BENCH_NPM_DIR=${BENCH_NPM_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/limiter/npm}
-readonly CLIENTS=50 USERS=1000000 PIPELINE=16 WARMUP_MS=500 ALLOC_REQUESTS=2000 PARTS_CALLS=50000 HTTP_SLICES=6
+readonly CLIENTS=50 USERS=1000000 PIPELINE=16 WARMUP_MS=500 ALLOC_REQUESTS=2000 PARTS_CALLS=50000 BOUND_PAIRS=20000 HTTP_SLICES=6
 
 step() { printf '==> [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
 die() {
@@ -150,6 +153,7 @@ for ((round = 1; round <= BENCH_ROUNDS; round++)); do
 	go_bench "$round" C "" limiter BenchmarkWaitCost
 	go_bench "$round" Q "" limiter BenchmarkPoolWaitCost
 	go_bench "$round" L "" lua BenchmarkAcquireParts
+	go_bench "$round" L "" lua BenchmarkPoolsBound
 	in_order "$round" "go_bench $round S standalone limiter BenchmarkAcquireRelease" "semaphore_bench $round"
 	go_bench "$round" R standalone limiter BenchmarkHeartbeatRefresh
 	go_bench "$round" M "" telemetry BenchmarkHandlerAllocs

@@ -221,8 +221,10 @@ go_bench() {
 	[[ -n "$d" ]] && pattern+="/^$d\$"
 	# Allocation counts need a fixed number of calls, not a time.
 	[[ "$*" == BenchmarkHandlerAllocs ]] && benchtime=${ALLOC_REQUESTS}x
-	# So is a profile read off INFO commandstats in turns of 5,000 calls.
+	# So is a profile read off INFO commandstats in turns of 5,000 calls, and
+	# the bound of pairs read off INFO cpu in turns of 2,000.
 	[[ "$*" == BenchmarkAcquireParts ]] && benchtime=${PARTS_CALLS}x
+	[[ "$*" == BenchmarkPoolsBound ]] && benchtime=${BOUND_PAIRS}x
 	flush "${d:-standalone}"
 	step "go test -bench '$pattern' ./pkg/$pkg (benchtime $benchtime)"
 	# LIMITER_TEST_REQUIRE: a missing server fails the benchmark instead of skipping it.

@@ -122,6 +122,10 @@ report() {
 	ratio_line "  acquire p50, both at a light 2,000 pairs/s" GO 'O/BenchmarkPoolsAcquireRelease/%d/two-light-acquire-p50-us' GO 'O/BenchmarkPoolsAcquireRelease/%d/none-light-acquire-p50-us' both
 	ratio_line "  heartbeat round, Redis CPU per stream" GO 'O/BenchmarkPoolsHeartbeat/%d/two-redis-cpu-us/stream' GO 'O/BenchmarkPoolsHeartbeat/%d/none-redis-cpu-us/stream' both
 	ratio_line "  the same, every stream in one hot pool key" GO 'O/BenchmarkPoolsHeartbeat/%d/hot-redis-cpu-us/stream' GO 'O/BenchmarkPoolsHeartbeat/%d/none-redis-cpu-us/stream' both
+	echo "the most pairs/s Redis allows two pools / none: its CPU per pair, none / two, pipelined (BenchmarkPoolsBound)"
+	spread_line "  each key's scripts a call of their own, as sent" %.2f GO 'L/BenchmarkPoolsBound/sent-bound'
+	spread_line "  the same work inside the user's one call" %.2f GO 'L/BenchmarkPoolsBound/inside-bound'
+	spread_line "  memberships stripped to the slot, inside it" %.2f GO 'L/BenchmarkPoolsBound/bare-bound'
 	echo "one hot pool key: acquire+release pairs/s / redis-benchmark EVALSHA of the acquire script on that key (BenchmarkPoolKeyHot)"
 	ratio_line "  pairs/s / EVALSHA rps" GO 'K/BenchmarkPoolKeyHot/%d/pairs/s' RPS '%d/pool' both
 	echo "waiting for a slot: the head's grant after a release / the release's own round trip (BenchmarkWakeUp)"
@@ -225,6 +229,10 @@ report() {
 	figure_line "  reading the key's override" %.2f GO 'L/BenchmarkAcquireParts/override-redis-µs/call'
 	figure_line "  looking at the key's queue" %.2f GO 'L/BenchmarkAcquireParts/queue-redis-µs/call'
 	figure_line "  its release script, Redis us per call" %.2f GO 'L/BenchmarkAcquireParts/release-redis-µs/call'
+	figure_line "Redis CPU us per pair, pipelined: joining none" %.1f GO 'L/BenchmarkPoolsBound/none-redis-cpu-µs/pair'
+	figure_line "  joining two, as sent" %.1f GO 'L/BenchmarkPoolsBound/sent-redis-cpu-µs/pair'
+	figure_line "  the pools' work inside the user's call" %.1f GO 'L/BenchmarkPoolsBound/inside-redis-cpu-µs/pair'
+	figure_line "  memberships stripped to the slot, inside it" %.1f GO 'L/BenchmarkPoolsBound/bare-redis-cpu-µs/pair'
 	figure_line "grant after a release, p50 us (BenchmarkWakeUp)" %.0f GO 'W/BenchmarkWakeUp/%d/p50-us' both
 	figure_line "  p99 us" %.0f GO 'W/BenchmarkWakeUp/%d/p99-us' both
 	figure_line "  the release's round trip, p50 us" %.0f GO 'W/BenchmarkWakeUp/%d/release-us' both

@@ -76,7 +76,7 @@ const acquirePartsPipeline = 100
 func without(b *testing.B, src, cut string, put ...string) string {
 	b.Helper()
 	if n := strings.Count(src, cut); n != 1 {
-		b.Fatalf("the acquire script holds %q %d times, want once: the profile's parts need updating", cut, n)
+		b.Fatalf("the script holds %q %d times, want once: the profile's parts need updating", cut, n)
 	}
 	return strings.Replace(src, cut, strings.Join(put, ""), 1)
 }
