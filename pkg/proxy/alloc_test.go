@@ -23,10 +23,7 @@ import (
 // holding the slot costs.
 func TestAStreamAllocatesLessThanAPlainReverseProxys(t *testing.T) {
 	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		// Read the request first, as a model server does: a plain
-		// ReverseProxy (not full duplex) closes the request body once the
-		// answer's headers are out, and a transport still sending it then
-		// closes the connection under the answer.
+		// Read the request first, as a model server does.
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
 		for i := range 4 {
@@ -41,11 +38,19 @@ func TestAStreamAllocatesLessThanAPlainReverseProxys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	plain := httptest.NewServer(&httputil.ReverseProxy{
+	rp := &httputil.ReverseProxy{
 		Rewrite:       func(r *httputil.ProxyRequest) { r.SetURL(target) },
 		Transport:     transport,
 		FlushInterval: -1,
-	})
+	}
+	// Full duplex, as the proxy forwards: otherwise net/http closes the
+	// request body once the answer's headers are out, and the transport,
+	// whose last read of it (for its end) may come after that, closes
+	// the upstream connection under the answer.
+	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = http.NewResponseController(w).EnableFullDuplex()
+		rp.ServeHTTP(w, r)
+	}))
 	t.Cleanup(plain.Close)
 
 	user := newUser()
