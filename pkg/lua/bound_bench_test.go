@@ -119,16 +119,8 @@ func boundWays(b *testing.B, c rueidis.Client) []boundWay {
 	}
 	acq, rel := load(acquire), load(release)
 	insideAcq, insideRel := load(inside(b, acquire, acquire, 5)), load(inside(b, release, release, 2))
-	bareAcq := load(inside(b, acquire, withoutAll(b, acquire,
-		"    redis.call('HSET', meta, member, record)\n", "",
-		"local pruned = prune(key, meta, now)\n", "local pruned = 0\n",
-		"local o = redis.call('HMGET', KEYS[3], 'limit', 'expires_at')\n", "local o = {}\n",
-		"local waiting = redis.call('ZCARD', expiry)\n", "local waiting = 0\n"), 5))
-	bareRel := load(inside(b, release, withoutAll(b, release,
-		"local record = redis.call('HGET', meta, ARGV[1])\n", "local record = false\n",
-		"local pruned = prune(key, meta, now)\n", "local pruned = 0\n",
-		"redis.call('HDEL', meta, ARGV[1])\n", "",
-		"redis.call('EXISTS', queue) == 1", "false"), 2))
+	bareAcq := load(inside(b, acquire, withoutAll(b, acquire, acquireParts), 5))
+	bareRel := load(inside(b, release, withoutAll(b, release, releaseParts), 2))
 	ev := func(sha string, args []string, keys ...[]string) rueidis.Completed {
 		var all []string
 		for _, k := range keys {
@@ -241,11 +233,20 @@ func splitBody(b *testing.B, src string) (pieces, body string) {
 	return src[:i], src[i:]
 }
 
-// withoutAll returns src with each cut of cutPut, a list of cuts each
-// followed by what replaces it, replaced (see without).
-func withoutAll(b *testing.B, src string, cutPut ...string) string {
-	for i := 0; i+1 < len(cutPut); i += 2 {
-		src = without(b, src, cutPut[i], cutPut[i+1])
+// releaseParts are acquireParts' counterparts in the release script, for
+// a membership that leaves: its record read and removed, pruning, the
+// queue's head.
+var releaseParts = []scriptPart{
+	{"record", "local record = redis.call('HGET', meta, ARGV[1])\n", "local record = false\n"},
+	{"prune", "local pruned = prune(key, meta, now)\n", "local pruned = 0\n"},
+	{"record", "redis.call('HDEL', meta, ARGV[1])\n", ""},
+	{"queue", "redis.call('EXISTS', queue) == 1", "false"},
+}
+
+// withoutAll returns src without any of parts (see without).
+func withoutAll(b *testing.B, src string, parts []scriptPart) string {
+	for _, p := range parts {
+		src = without(b, src, p.cut, p.put)
 	}
 	return src
 }

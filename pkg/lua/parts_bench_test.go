@@ -33,10 +33,9 @@ func BenchmarkAcquireParts(b *testing.B) {
 	variants := []struct{ name, src string }{
 		{"whole", whole},
 		{"call", "return 1"},
-		{"record", without(b, whole, "    redis.call('HSET', meta, member, record)\n")},
-		{"prune", without(b, whole, "local pruned = prune(key, meta, now)\n", "local pruned = 0\n")},
-		{"override", without(b, whole, "local o = redis.call('HMGET', KEYS[3], 'limit', 'expires_at')\n", "local o = {}\n")},
-		{"queue", without(b, whole, "local waiting = redis.call('ZCARD', expiry)\n", "local waiting = 0\n")},
+	}
+	for _, p := range acquireParts {
+		variants = append(variants, struct{ name, src string }{p.name, without(b, whole, p.cut, p.put)})
 	}
 	// In turns of acquirePartsTurn calls, each on a fresh key: every
 	// variant sees the same machine and keys of the same sizes.
@@ -57,9 +56,23 @@ func BenchmarkAcquireParts(b *testing.B) {
 	b.ReportMetric(us["whole"], "whole-redis-µs/call")
 	b.ReportMetric(us["call"], "call-redis-µs/call")
 	b.ReportMetric(us["release"], "release-redis-µs/call")
-	for _, part := range []string{"record", "prune", "override", "queue"} {
-		b.ReportMetric(us["whole"]-us[part], part+"-redis-µs/call")
+	for _, p := range acquireParts {
+		b.ReportMetric(us["whole"]-us[p.name], p.name+"-redis-µs/call")
 	}
+}
+
+// scriptPart is a part of a script: the line that does it (cut) and what
+// stands in for it without it (put).
+type scriptPart struct{ name, cut, put string }
+
+// acquireParts are the parts of the acquire script BenchmarkAcquireParts
+// profiles, one at a time, and BenchmarkPoolsBound strips a membership of
+// all at once: its record, pruning, the key's override, its queue.
+var acquireParts = []scriptPart{
+	{"record", "    redis.call('HSET', meta, member, record)\n", ""},
+	{"prune", "local pruned = prune(key, meta, now)\n", "local pruned = 0\n"},
+	{"override", "local o = redis.call('HMGET', KEYS[3], 'limit', 'expires_at')\n", "local o = {}\n"},
+	{"queue", "local waiting = redis.call('ZCARD', expiry)\n", "local waiting = 0\n"},
 }
 
 // acquirePartsTurn is how many acquires each variant of
