@@ -49,7 +49,10 @@
 #                   each part (BenchmarkAcquireParts); Redis's CPU per pair
 #                   joining none against joining two pools, as sent, with
 #                   the pools' work inside the user's call, and with it
-#                   stripped to the slot (BenchmarkPoolsBound)
+#                   stripped to the slot (BenchmarkPoolsBound); the
+#                   same ways' acquire p50, at full load and paced as
+#                   BenchmarkPoolsAcquireRelease paced its own in the round
+#                   (BenchmarkPoolsLatencyBound)
 #
 # The table, on stdout, gives each ratio's median over the rounds with the
 # lowest and highest; progress and the raw benchmark lines go to stderr.
@@ -81,7 +84,7 @@ BENCH_DURATION=${BENCH_DURATION:-3}
 BENCH_SCALE_SLOTS=${BENCH_SCALE_SLOTS:-900000}
 BENCH_SCALE_ROUNDS=${BENCH_SCALE_ROUNDS:-3}
 BENCH_NPM_DIR=${BENCH_NPM_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/limiter/npm}
-readonly CLIENTS=50 USERS=1000000 PIPELINE=16 WARMUP_MS=500 ALLOC_REQUESTS=2000 PARTS_CALLS=50000 BOUND_PAIRS=20000 HTTP_SLICES=6
+readonly CLIENTS=50 USERS=1000000 PIPELINE=16 WARMUP_MS=500 ALLOC_REQUESTS=2000 PARTS_CALLS=50000 BOUND_PAIRS=20000 LATENCY_PAIRS=10000 HTTP_SLICES=6
 
 step() { printf '==> [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
 die() {
@@ -154,6 +157,10 @@ for ((round = 1; round <= BENCH_ROUNDS; round++)); do
 	go_bench "$round" Q "" limiter BenchmarkPoolWaitCost
 	go_bench "$round" L "" lua BenchmarkAcquireParts
 	go_bench "$round" L "" lua BenchmarkPoolsBound
+	# The same ways' latency, paced as this round's BenchmarkPoolsAcquireRelease
+	# paced its own on the standalone Redis.
+	LIMITER_BENCH_PACED_RATE=${GO[$round/O/BenchmarkPoolsAcquireRelease/standalone/paced-pairs/s]} \
+		go_bench "$round" L "" lua BenchmarkPoolsLatencyBound
 	in_order "$round" "go_bench $round S standalone limiter BenchmarkAcquireRelease" "semaphore_bench $round"
 	go_bench "$round" R standalone limiter BenchmarkHeartbeatRefresh
 	go_bench "$round" M "" telemetry BenchmarkHandlerAllocs

@@ -222,9 +222,11 @@ go_bench() {
 	# Allocation counts need a fixed number of calls, not a time.
 	[[ "$*" == BenchmarkHandlerAllocs ]] && benchtime=${ALLOC_REQUESTS}x
 	# So is a profile read off INFO commandstats in turns of 5,000 calls, and
-	# the bound of pairs read off INFO cpu in turns of 2,000.
+	# the bounds of pairs read off INFO cpu in turns of 2,000 and of latency
+	# in turns of 500.
 	[[ "$*" == BenchmarkAcquireParts ]] && benchtime=${PARTS_CALLS}x
 	[[ "$*" == BenchmarkPoolsBound ]] && benchtime=${BOUND_PAIRS}x
+	[[ "$*" == BenchmarkPoolsLatencyBound ]] && benchtime=${LATENCY_PAIRS}x
 	flush "${d:-standalone}"
 	step "go test -bench '$pattern' ./pkg/$pkg (benchtime $benchtime)"
 	# LIMITER_TEST_REQUIRE: a missing server fails the benchmark instead of skipping it.

@@ -126,6 +126,12 @@ report() {
 	spread_line "  each key's scripts a call of their own, as sent" %.2f GO 'L/BenchmarkPoolsBound/sent-bound'
 	spread_line "  the same work inside the user's one call" %.2f GO 'L/BenchmarkPoolsBound/inside-bound'
 	spread_line "  memberships stripped to the slot, inside it" %.2f GO 'L/BenchmarkPoolsBound/bare-bound'
+	echo "acquire p50, two pools / none, the scripts sent by rueidis alone, no limiter code, in turns (BenchmarkPoolsLatencyBound)"
+	spread_line "  at full load, as sent" %.2f GO 'L/BenchmarkPoolsLatencyBound/full-sent-p50-bound'
+	spread_line "  at full load, stripped to the slot, inside the user's call" %.2f GO 'L/BenchmarkPoolsLatencyBound/full-bare-p50-bound'
+	spread_line "  paced as BenchmarkPoolsAcquireRelease's, as sent" %.2f GO 'L/BenchmarkPoolsLatencyBound/paced-sent-p50-bound'
+	spread_line "  the same work inside the user's one call" %.2f GO 'L/BenchmarkPoolsLatencyBound/paced-inside-p50-bound'
+	spread_line "  memberships stripped to the slot, inside it" %.2f GO 'L/BenchmarkPoolsLatencyBound/paced-bare-p50-bound'
 	echo "one hot pool key: acquire+release pairs/s / redis-benchmark EVALSHA of the acquire script on that key (BenchmarkPoolKeyHot)"
 	ratio_line "  pairs/s / EVALSHA rps" GO 'K/BenchmarkPoolKeyHot/%d/pairs/s' RPS '%d/pool' both
 	echo "waiting for a slot: the head's grant after a release / the release's own round trip (BenchmarkWakeUp)"
@@ -208,6 +214,8 @@ report() {
 	figure_line "  joining two" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/two-pairs/s' both
 	figure_line "  acquire p50 us joining none" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/none-acquire-p50-us' both
 	figure_line "  joining two" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/two-acquire-p50-us' both
+	figure_line "  the limiter's process CPU us per pair joining none" %.1f GO 'O/BenchmarkPoolsAcquireRelease/%d/none-client-cpu-us/pair' both
+	figure_line "  joining two" %.1f GO 'O/BenchmarkPoolsAcquireRelease/%d/two-client-cpu-us/pair' both
 	figure_line "  paced at half of two pools' pairs/s: pairs/s" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/paced-pairs/s' both
 	figure_line "  acquire p50 us joining none, paced" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/none-paced-acquire-p50-us' both
 	figure_line "  joining two, paced" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/two-paced-acquire-p50-us' both
@@ -233,6 +241,9 @@ report() {
 	figure_line "  joining two, as sent" %.1f GO 'L/BenchmarkPoolsBound/sent-redis-cpu-µs/pair'
 	figure_line "  the pools' work inside the user's call" %.1f GO 'L/BenchmarkPoolsBound/inside-redis-cpu-µs/pair'
 	figure_line "  memberships stripped to the slot, inside it" %.1f GO 'L/BenchmarkPoolsBound/bare-redis-cpu-µs/pair'
+	figure_line "acquire p50 us by rueidis alone, paced: joining none" %.0f GO 'L/BenchmarkPoolsLatencyBound/paced-none-acquire-p50-µs'
+	figure_line "  joining two, as sent" %.0f GO 'L/BenchmarkPoolsLatencyBound/paced-sent-acquire-p50-µs'
+	figure_line "  memberships stripped to the slot, inside the user's call" %.0f GO 'L/BenchmarkPoolsLatencyBound/paced-bare-acquire-p50-µs'
 	figure_line "grant after a release, p50 us (BenchmarkWakeUp)" %.0f GO 'W/BenchmarkWakeUp/%d/p50-us' both
 	figure_line "  p99 us" %.0f GO 'W/BenchmarkWakeUp/%d/p99-us' both
 	figure_line "  the release's round trip, p50 us" %.0f GO 'W/BenchmarkWakeUp/%d/release-us' both

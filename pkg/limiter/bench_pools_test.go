@@ -57,8 +57,9 @@ var (
 // BenchmarkPoolsAcquireRelease: BenchmarkAcquireRelease with each stream
 // joining no pool and two pools (a model's and an org's) on one limiter,
 // b.N pairs each way, the two ways in turns of benchTurn pairs. It
-// reports, per way (none-, two-): pairs/s and the acquire's median
-// latency, acquire-p50-us. At full load that latency is the queue of
+// reports, per way (none-, two-): pairs/s, the acquire's median
+// latency, acquire-p50-us, and this process's CPU per pair,
+// client-cpu-us/pair (the limiter's and the benchmark's callers'). At full load that latency is the queue of
 // every caller's calls, and follows pairs/s; so both ways run once more,
 // in turns, paced at half of the pairs/s joining two pools made, for the
 // latency the pools add at one load (paced-acquire-p50-us), and at last
@@ -144,6 +145,7 @@ type pairWay struct {
 	rate  float64 // pairs/s the callers start at most, in all; 0: as fast as they can
 	pairs int
 	wall  time.Duration
+	cpu   time.Duration   // this process's, in its runs
 	took  []time.Duration // each acquire's
 }
 
@@ -155,6 +157,7 @@ func (w *pairWay) run(b *testing.B, e *env, n int) {
 	var mu sync.Mutex
 	start := time.Now()
 	var wg sync.WaitGroup
+	cpu := cpuTime()
 	for range benchClients {
 		wg.Go(func() {
 			ctx := context.Background()
@@ -186,6 +189,7 @@ func (w *pairWay) run(b *testing.B, e *env, n int) {
 	}
 	wg.Wait()
 	w.wall += time.Since(start)
+	w.cpu += cpuTime() - cpu
 	w.pairs += n
 	if b.Failed() {
 		b.FailNow()
@@ -199,6 +203,7 @@ func (w *pairWay) report(b *testing.B) {
 		prefix = w.name + "-"
 	}
 	b.ReportMetric(float64(w.pairs)/w.wall.Seconds(), prefix+"pairs/s")
+	b.ReportMetric(float64(w.cpu.Microseconds())/float64(w.pairs), prefix+"client-cpu-us/pair")
 	slices.Sort(w.took)
 	if len(w.took) > 0 {
 		b.ReportMetric(float64(w.took[len(w.took)/2].Microseconds()), prefix+"acquire-p50-us")

@@ -3,9 +3,14 @@ package lua_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/rueidis"
 
@@ -64,6 +69,128 @@ func BenchmarkPoolsBound(b *testing.B) {
 	}
 }
 
+// BenchmarkPoolsLatencyBound measures how near an acquire that joins two
+// pools may come to one that joins none in latency (DESIGN §21 asks a
+// median at most 1.5 times none's), in the ways of BenchmarkPoolsBound,
+// each pair sent as the limiter sends it, by latencyCallers callers, as
+// BenchmarkPoolsAcquireRelease runs its own: the acquire's commands in one
+// round trip, then the release's steps. No code of the limiter's is on
+// the way, so what the memberships' ways add to none's is Redis's work and
+// its queue, and the calls they make.
+//
+// It runs every way at full load (each caller's next pair at once: the
+// full- metrics), then paced at LIMITER_BENCH_PACED_RATE pairs/s in all
+// (paced-), the rate at which BenchmarkPoolsAcquireRelease paces both of
+// its ways in the same run of hack/bench.sh; unset, half of the pairs/s
+// the sent way made at full load. The ways take turns of latencyTurn
+// pairs, in an order that reverses from one turn to the next. It reports
+// each way's acquire median (<load>-<way>-acquire-p50-µs), and the median
+// over the turns of its median's ratio to none's in the same turn
+// (<load>-<way>-p50-bound): each ratio of two ways run one after the
+// other, on the same machine.
+func BenchmarkPoolsLatencyBound(b *testing.B) {
+	u := newFullUser(b)
+	ways := boundWays(b, u.c)
+	// run runs b.N pairs each way at rate, in turns, and reports them as
+	// load; it returns each way's time.
+	run := func(load string, rate float64) (wall []time.Duration) {
+		wall = make([]time.Duration, len(ways))
+		took := make([][]time.Duration, len(ways))
+		ratios := make([][]float64, len(ways))
+		order := make([]int, len(ways))
+		for t := 0; t*latencyTurn < b.N; t++ {
+			n := min(latencyTurn, b.N-t*latencyTurn)
+			for i := range order {
+				order[i] = i
+			}
+			if t%2 == 1 {
+				slices.Reverse(order)
+			}
+			p50 := make([]float64, len(ways))
+			for _, i := range order {
+				start := time.Now()
+				mine := ways[i].paced(b, u, n, rate)
+				wall[i] += time.Since(start)
+				took[i] = append(took[i], mine...)
+				p50[i] = median(mine)
+			}
+			for i := range ways {
+				ratios[i] = append(ratios[i], p50[i]/p50[0])
+			}
+		}
+		for i, w := range ways {
+			b.ReportMetric(median(took[i]), load+"-"+w.name+"-acquire-p50-µs")
+			if i > 0 {
+				slices.Sort(ratios[i])
+				b.ReportMetric(ratios[i][len(ratios[i])/2], load+"-"+w.name+"-p50-bound")
+			}
+		}
+		return wall
+	}
+	b.ResetTimer()
+	wall := run("full", 0)
+	rate := float64(b.N) / wall[1].Seconds() / 2 // ways[1] is sent
+	if env := os.Getenv("LIMITER_BENCH_PACED_RATE"); env != "" {
+		var err error
+		if rate, err = strconv.ParseFloat(env, 64); err != nil || rate <= 0 {
+			b.Fatalf("LIMITER_BENCH_PACED_RATE=%q: want pairs/s, a number above 0", env)
+		}
+	}
+	run("paced", rate)
+	b.ReportMetric(rate, "paced-pairs/s")
+}
+
+// latencyTurn is how many pairs each way of BenchmarkPoolsLatencyBound
+// makes before the next takes its turn.
+const latencyTurn = 500
+
+// median returns the median of took, in µs; it sorts took.
+func median(took []time.Duration) float64 {
+	slices.Sort(took)
+	return float64(took[len(took)/2]) / float64(time.Microsecond)
+}
+
+// latencyCallers is how many callers BenchmarkPoolsLatencyBound's pairs
+// have: BenchmarkPoolsAcquireRelease's benchClients.
+const latencyCallers = 50
+
+// paced runs n new pairs of w by latencyCallers callers, pair k starting
+// k/rate seconds after the first (rate 0: each as soon as its caller is
+// free), and returns each acquire's time.
+func (w boundWay) paced(b *testing.B, u *fullUser, n int, rate float64) []time.Duration {
+	ctx := context.Background()
+	took := make([]time.Duration, n)
+	var next atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range latencyCallers {
+		wg.Go(func() {
+			for k := next.Add(1) - 1; k < int64(n) && !b.Failed(); k = next.Add(1) - 1 {
+				if rate > 0 {
+					time.Sleep(time.Until(start.Add(time.Duration(float64(k) / rate * float64(time.Second)))))
+				}
+				p := newBoundPair(u)
+				t0 := time.Now()
+				err := boundAnswers(u.c.DoMulti(ctx, w.acquire(p)...))
+				took[k] = time.Since(t0)
+				for _, step := range w.release(p) {
+					if err == nil {
+						err = boundAnswers(u.c.DoMulti(ctx, step...))
+					}
+				}
+				if err != nil {
+					b.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if b.Failed() {
+		b.FailNow()
+	}
+	return took
+}
+
 // boundTurn is how many pairs each way of BenchmarkPoolsBound makes
 // before the next takes its turn; boundPipeline, how many pairs' acquires
 // (then releases) one round trip sends.
@@ -72,12 +199,35 @@ const (
 	boundPipeline = 50
 )
 
-// boundWay is one way of BenchmarkPoolsBound: pairs sends n pairs' acquires in one
-// pipeline, then their releases; calls is the script calls a pair makes.
+// boundWay is one way of the bound benchmarks to send a pair: acquire, the
+// commands of its acquire, sent at once; release, those of its release,
+// each step a round trip after the one before; calls, the script calls a
+// pair makes.
 type boundWay struct {
-	name  string
-	calls int
-	pairs func(b *testing.B, u *fullUser, n int)
+	name    string
+	calls   int
+	acquire func(p boundPair) rueidis.Commands
+	release func(p boundPair) []rueidis.Commands
+}
+
+// pairs sends n new pairs of w in pipelines: their acquires in one round
+// trip, then each step of their releases in one.
+func (w boundWay) pairs(b *testing.B, u *fullUser, n int) {
+	var steps []rueidis.Commands
+	for range n {
+		p := newBoundPair(u)
+		for i, cmds := range append([]rueidis.Commands{w.acquire(p)}, w.release(p)...) {
+			if i == len(steps) {
+				steps = append(steps, nil)
+			}
+			steps[i] = append(steps[i], cmds...)
+		}
+	}
+	for _, cmds := range steps {
+		if err := boundAnswers(u.c.DoMulti(context.Background(), cmds...)); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
 
 // boundPair is one pair's stream: its user's keys and two pool keys, with
@@ -88,13 +238,13 @@ type boundPair struct {
 	stream, member     string
 }
 
-var boundSeq int
+var boundSeq atomic.Int64
 
 func newBoundPair(u *fullUser) boundPair {
-	boundSeq++
-	id := strconv.Itoa(boundSeq)
+	seq := boundSeq.Add(1)
+	id := strconv.FormatInt(seq, 10)
 	user, stream := "u"+id, "s"+id
-	model, org := "m"+strconv.Itoa(boundSeq%16), "o"+strconv.Itoa(boundSeq%100)
+	model, org := "m"+strconv.FormatInt(seq%16, 10), "o"+strconv.FormatInt(seq%100, 10)
 	return boundPair{
 		user:     u.key + ":{" + user + "}",
 		model:    u.key + ":pool:{model=" + model + "}",
@@ -106,8 +256,8 @@ func newBoundPair(u *fullUser) boundPair {
 	}
 }
 
-// boundWays are the ways of BenchmarkPoolsBound, none first, their scripts
-// loaded on c.
+// boundWays are the ways of the bound benchmarks, none first, their
+// scripts loaded on c.
 func boundWays(b *testing.B, c rueidis.Client) []boundWay {
 	acquire, release := lua.Sources()["acquire"], lua.Sources()["release"]
 	load := func(src string) string {
@@ -128,76 +278,71 @@ func boundWays(b *testing.B, c rueidis.Client) []boundWay {
 		}
 		return c.B().Evalsha().Sha1(sha).Numkeys(int64(len(all))).Key(all...).Arg(args...).Build()
 	}
-	// joined runs each pair's acquire and release as one call each: of
-	// acq and rel, which take the user's keys, then the two pool keys'.
-	joined := func(acq, rel string) func(b *testing.B, u *fullUser, n int) {
-		return func(b *testing.B, u *fullUser, n int) {
-			var acqs, rels rueidis.Commands
-			for range n {
-				p := newBoundPair(u)
-				acqs = append(acqs, ev(acq, append(append(append([]string{}, p.userArgs...), p.poolArgs...), p.poolArgs...),
-					lua.AcquireKeys(p.user), lua.AcquireKeys(p.model), lua.AcquireKeys(p.org)))
-				rels = append(rels, ev(rel, []string{p.stream, "", p.member, "", p.member, ""},
-					lua.ReleaseKeys(p.user), lua.ReleaseKeys(p.model), lua.ReleaseKeys(p.org)))
-			}
-			boundSend(b, u.c, acqs, rels)
-		}
+	// joined is the way that runs a pair's acquire and release as one
+	// call each: of acq and rel, which take the user's keys, then the two
+	// pool keys'.
+	joined := func(name, acq, rel string) boundWay {
+		return boundWay{name, 2,
+			func(p boundPair) rueidis.Commands {
+				return rueidis.Commands{ev(acq, append(append(append([]string{}, p.userArgs...), p.poolArgs...), p.poolArgs...),
+					lua.AcquireKeys(p.user), lua.AcquireKeys(p.model), lua.AcquireKeys(p.org))}
+			},
+			func(p boundPair) []rueidis.Commands {
+				return []rueidis.Commands{{ev(rel, []string{p.stream, "", p.member, "", p.member, ""},
+					lua.ReleaseKeys(p.user), lua.ReleaseKeys(p.model), lua.ReleaseKeys(p.org))}}
+			}}
 	}
 	return []boundWay{
-		{"none", 2, func(b *testing.B, u *fullUser, n int) {
-			var acqs, rels rueidis.Commands
-			for range n {
-				p := newBoundPair(u)
-				acqs = append(acqs, ev(acq, p.userArgs, lua.AcquireKeys(p.user)))
-				rels = append(rels, ev(rel, []string{p.stream, ""}, lua.ReleaseKeys(p.user)))
-			}
-			boundSend(b, u.c, acqs, rels)
-		}},
-		{"sent", 6, func(b *testing.B, u *fullUser, n int) {
-			var acqs, rels, leaves rueidis.Commands
-			for range n {
-				p := newBoundPair(u)
-				acqs = append(acqs, ev(acq, p.userArgs, lua.AcquireKeys(p.user)),
-					ev(acq, p.poolArgs, lua.AcquireKeys(p.model)), ev(acq, p.poolArgs, lua.AcquireKeys(p.org)))
-				rels = append(rels, ev(rel, []string{p.stream, ""}, lua.ReleaseKeys(p.user)))
-				leaves = append(leaves, ev(rel, []string{p.member, ""}, lua.ReleaseKeys(p.model)),
-					ev(rel, []string{p.member, ""}, lua.ReleaseKeys(p.org)))
-			}
-			boundSend(b, u.c, acqs, rels, leaves)
-		}},
-		{"inside", 2, joined(insideAcq, insideRel)},
-		{"bare", 2, joined(bareAcq, bareRel)},
+		{"none", 2,
+			func(p boundPair) rueidis.Commands {
+				return rueidis.Commands{ev(acq, p.userArgs, lua.AcquireKeys(p.user))}
+			},
+			func(p boundPair) []rueidis.Commands {
+				return []rueidis.Commands{{ev(rel, []string{p.stream, ""}, lua.ReleaseKeys(p.user))}}
+			}},
+		{"sent", 6,
+			func(p boundPair) rueidis.Commands {
+				return rueidis.Commands{ev(acq, p.userArgs, lua.AcquireKeys(p.user)),
+					ev(acq, p.poolArgs, lua.AcquireKeys(p.model)), ev(acq, p.poolArgs, lua.AcquireKeys(p.org))}
+			},
+			// The user's release, which names the stream's pools, then
+			// the keys'.
+			func(p boundPair) []rueidis.Commands {
+				return []rueidis.Commands{{ev(rel, []string{p.stream, ""}, lua.ReleaseKeys(p.user))},
+					{ev(rel, []string{p.member, ""}, lua.ReleaseKeys(p.model)), ev(rel, []string{p.member, ""}, lua.ReleaseKeys(p.org))}}
+			}},
+		joined("inside", insideAcq, insideRel),
+		joined("bare", bareAcq, bareRel),
 	}
 }
 
-// boundSend sends each of pipelines in turn, one round trip each, and
-// fails b unless every script answered 1 first (granted a new slot, or
-// released one): each user's and each key's, of a call that runs several.
-func boundSend(b *testing.B, c rueidis.Client, pipelines ...rueidis.Commands) {
-	for _, cmds := range pipelines {
-		for _, resp := range c.DoMulti(context.Background(), cmds...) {
-			arr, err := resp.ToArray()
-			if err != nil {
-				b.Fatal(err)
-			}
-			answers := [][]rueidis.RedisMessage{arr}
-			if len(arr) > 0 && arr[0].IsArray() { // one call's answers, a script's each
-				answers = answers[:0]
-				for _, m := range arr {
-					a, err := m.ToArray()
-					if err != nil {
-						b.Fatal(err)
-					}
-					answers = append(answers, a)
+// boundAnswers returns an error unless every script of resps answered 1
+// first (granted a new slot, or released one): each user's and each
+// key's, of a call that runs several.
+func boundAnswers(resps []rueidis.RedisResult) error {
+	for _, resp := range resps {
+		arr, err := resp.ToArray()
+		if err != nil {
+			return err
+		}
+		answers := [][]rueidis.RedisMessage{arr}
+		if len(arr) > 0 && arr[0].IsArray() { // one call's answers, a script's each
+			answers = answers[:0]
+			for _, m := range arr {
+				a, err := m.ToArray()
+				if err != nil {
+					return err
 				}
+				answers = append(answers, a)
 			}
-			for _, a := range answers {
-				if n, err := a[0].AsInt64(); err != nil || n != 1 {
-					b.Fatalf("a script answered %v, want 1 first (granted, released)", a)
-				}
+		}
+		for _, a := range answers {
+			if n, err := a[0].AsInt64(); err != nil || n != 1 {
+				return fmt.Errorf("a script answered %v, want 1 first (granted, released)", a)
 			}
 		}
 	}
+	return nil
 }
 
 // inside returns a script that runs script's body for its first six
