@@ -18,6 +18,7 @@ type Proxy struct {
 	holed  atomic.Bool
 	delay  atomic.Int64 // nanoseconds added before forwarding each read
 	drops  atomic.Int64 // script calls left whose reply is dropped (DropReplies)
+	passes atomic.Int64 // script calls left to relay before those (DropRepliesAfter)
 	mu     sync.Mutex
 	conns  []net.Conn
 	wg     sync.WaitGroup
@@ -65,7 +66,19 @@ func (p *Proxy) Accepted() int { return int(p.accepted.Load()) }
 // closes both ends of that connection instead of relaying the reply: the
 // call ran, its answer is lost, and the client sees the connection drop.
 // Other traffic (handshakes, PINGs) passes.
-func (p *Proxy) DropReplies(n int) { p.drops.Store(int64(n)) }
+func (p *Proxy) DropReplies(n int) { p.DropRepliesAfter(0, n) }
+
+// DropRepliesAfter is DropReplies for the n script calls that follow the
+// next skip, whose replies are relayed.
+func (p *Proxy) DropRepliesAfter(skip, n int) {
+	p.drops.Store(0)
+	p.passes.Store(int64(skip))
+	p.drops.Store(int64(n))
+}
+
+// DropsLeft is how many of the script calls DropReplies named have not
+// been made yet.
+func (p *Proxy) DropsLeft() int { return int(p.drops.Load()) }
 
 // Restore drops every connection (their data is lost, as after a network
 // partition) and forwards new ones again.
@@ -144,8 +157,17 @@ func (p *Proxy) pipe(l *link, dst, src net.Conn) {
 // takeDrop reports whether chunk is a script call whose reply DropReplies
 // asked to drop, and counts it.
 func (p *Proxy) takeDrop(chunk []byte) bool {
-	if !bytes.Contains(chunk, []byte("EVAL")) {
+	if !bytes.Contains(chunk, []byte("EVAL")) || p.drops.Load() <= 0 {
 		return false
+	}
+	for {
+		left := p.passes.Load()
+		if left <= 0 {
+			break
+		}
+		if p.passes.CompareAndSwap(left, left-1) {
+			return false
+		}
 	}
 	for {
 		left := p.drops.Load()

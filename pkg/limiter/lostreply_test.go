@@ -151,3 +151,50 @@ func TestAPooledAcquireWhoseRepliesAreLostIsAskedAgain(t *testing.T) {
 		t.Errorf("another user's acquire: %+v, %v; want refused by org=o", got, err)
 	}
 }
+
+// TestAPooledReleaseWhoseLeavesLoseTheirRepliesFreesEveryKey: on one
+// Redis a released stream leaves its pool keys in one pipeline; when the
+// connection drops before its replies (the leaves ran; each is asked
+// again, alone), the release still answers released, and both keys are
+// free at once, not after a TTL.
+func TestAPooledReleaseWhoseLeavesLoseTheirRepliesFreesEveryKey(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	proxy := testenv.StartProxy(t, srv.Addr())
+	table := poolTable(t,
+		pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1)},
+		pools.Pool{Pool: "org", MaxConcurrentStreams: ptr(1)},
+	)
+	e := newEnv(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{proxy.Addr()}, Timeout: 2 * time.Second},
+		Limiter: limiter.Options{Pools: table}})
+	ctx := context.Background()
+	named := map[string]string{"model": "m", "org": "o"}
+	user := newUser(t)
+	// Twice: the first loads the scripts (a NOSCRIPT answer would take
+	// the drop instead); the second's leaves lose their replies.
+	for i, drop := range []bool{false, true} {
+		if res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three", StreamID: "s", Pools: named}); err != nil || !res.Granted || len(res.Pools) != 2 {
+			t.Fatalf("acquire %d: %+v, %v; want granted in both pools", i+1, res, err)
+		}
+		if drop {
+			proxy.DropRepliesAfter(1, 1) // the user's release answers; the leaves' pipeline does not
+		}
+		if rel, err := e.lim.Release(ctx, user, "s"); err != nil || !rel.Released || rel.Degraded {
+			t.Fatalf("release %d: %+v, %v; want released by Redis", i+1, rel, err)
+		}
+		if drop && proxy.DropsLeft() != 0 {
+			t.Fatal("the leaves' replies were not dropped: the release made fewer script calls than the user's and one pipeline of leaves")
+		}
+	}
+	c := e.raw(t)
+	for pool, key := range named {
+		slots, _ := e.keys.PoolKey(pool, key)
+		if n, err := c.Do(ctx, c.B().Zcard().Key(slots).Build()).AsInt64(); err != nil || n != 0 {
+			t.Errorf("%s=%s holds %d members (%v) after the release, want 0", pool, key, n, err)
+		}
+	}
+	// Both keys hold their cap of 1 free: another user's stream joins them.
+	if got, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "three", Pools: named}); err != nil || !got.Granted {
+		t.Errorf("another user's acquire after the release: %+v, %v; want granted", got, err)
+	}
+}

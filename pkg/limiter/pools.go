@@ -266,18 +266,41 @@ func (l *Limiter) usersNode(key string, ms []membership) []bool {
 		return same
 	}
 	cluster := c.Mode() == rueidis.ClientModeCluster
-	nodeOf := func(k string) string {
-		cmd := c.B().Type().Key(k).Build()
-		return l.redis.NodeOf(cmd.Slot())
-	}
 	var node string
 	if cluster {
-		node = nodeOf(key)
+		node = l.nodeOf(c, key)
 	}
 	for i, m := range ms {
-		same[i] = !cluster || node != "" && nodeOf(m.slots) == node
+		same[i] = !cluster || node != "" && l.nodeOf(c, m.slots) == node
 	}
 	return same
+}
+
+// nodeOf returns the address of the cluster node that serves key, as c's
+// slot map says; "" while it is not known.
+func (l *Limiter) nodeOf(c rueidis.Client, key string) string {
+	cmd := c.B().Type().Key(key).Build()
+	return l.redis.NodeOf(cmd.Slot())
+}
+
+// oneNode reports whether one node serves every key of keys: always on
+// one Redis; on a cluster, as its slot map says (not while it is not
+// known).
+func (l *Limiter) oneNode(keys []string) bool {
+	c, err := l.client()
+	if err != nil {
+		return false
+	}
+	if c.Mode() != rueidis.ClientModeCluster {
+		return true
+	}
+	node := l.nodeOf(c, keys[0])
+	for _, k := range keys[1:] {
+		if node == "" || l.nodeOf(c, k) != node {
+			return false
+		}
+	}
+	return node != ""
 }
 
 // acquireTogether runs the user's acquire and the memberships of ms its
@@ -340,9 +363,18 @@ func each(n int, fn func(i int)) {
 // leaveAll removes member from each of the pool keys whose sorted sets
 // are slots, at once, by end, and returns those whose removal Redis did
 // not confirm.
+//
+// Where one node serves every key (always on one Redis), the removals go
+// in one pipeline from the caller's goroutine, as an acquire's scripts do
+// (see acquireTogether); otherwise each goes alone, at once, so that one
+// node's hang is its own keys' outage.
 func (l *Limiter) leaveAll(ctx context.Context, end time.Time, slots []string, member string) []string {
 	errs := make([]error, len(slots))
-	each(len(slots), func(i int) { errs[i] = l.leavePool(ctx, end, slots[i], member) })
+	if len(slots) > 1 && l.oneNode(slots) {
+		errs = l.leaveTogether(ctx, end, slots, member)
+	} else {
+		each(len(slots), func(i int) { errs[i] = l.leavePool(ctx, end, slots[i], member) })
+	}
 	var left []string
 	for i, err := range errs {
 		if err != nil {
@@ -403,6 +435,37 @@ func (l *Limiter) dropSlot(ctx context.Context, end time.Time, op, key, streamID
 		}
 		return err
 	})
+}
+
+// leaveTogether removes member from each of the pool keys whose sorted
+// sets are slots, one node's, in one pipeline, by end, wakes the acquire
+// each key's removal lets in, if one waits, and returns each removal's
+// error. A script whose connection failed, the reply lost, is asked again
+// alone, as a call of its own would be: a release is idempotent.
+func (l *Limiter) leaveTogether(ctx context.Context, end time.Time, slots []string, member string) []error {
+	errs := make([]error, len(slots))
+	var got []lua.Released
+	err := l.doBy(ctx, end, "release_pool", func(ctx context.Context, c rueidis.Client) error {
+		got, errs = lua.ReleaseEach(ctx, c, "", slots, member)
+		for i, err := range errs {
+			if _, replied := rueidis.IsRedisErr(err); err != nil && !replied && ctx.Err() == nil {
+				got[i], errs[i] = lua.Release(ctx, c, "", slots[i], member)
+			}
+		}
+		return errors.Join(errs...)
+	})
+	if got == nil { // the call was not made
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	for i, left := range got {
+		if errs[i] == nil && left.Head != "" {
+			l.wake(ctx, slots[i], left.Head)
+		}
+	}
+	return errs
 }
 
 // leavePool removes member from the pool key whose sorted set is slots,

@@ -238,3 +238,55 @@ func TestAPoolWaiterKeepsItsUsersSlot(t *testing.T) {
 		t.Fatalf("the granted stream's heartbeat: %+v, %v; want alive (its user's slot kept while it waited)", beat, err)
 	}
 }
+
+// TestAReleaseWakesTheWaiterOfEachPoolKeyItLeaves: a stream holds the
+// one place of two pool keys, and each key has a waiter; its release
+// leaves both keys (in one pipeline where one node serves them), and each
+// waiter is granted at once, woken, not found by a poll or a refresh of
+// its ticket (a minute and 20s here).
+func TestAReleaseWakesTheWaiterOfEachPoolKeyItLeaves(t *testing.T) {
+	eachWaitBackend(t, func(t *testing.T, b limitertest.Backend) {
+		table := poolTable(t,
+			pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second},
+			pools.Pool{Pool: "org", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second},
+		)
+		s := limitertest.New(t, limitertest.Options{Backend: b, Tiers: poolWaitTiers(),
+			Limiter: limiter.Options{Pools: table, WaitPoll: time.Minute, TicketTTL: time.Minute}})
+		ctx := context.Background()
+		holder := newUser(t)
+		res, err := s.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: holder, Plan: "low", Pools: map[string]string{"model": "m", "org": "o"}})
+		if err != nil || !res.Granted {
+			t.Fatalf("the holder's acquire: %+v, %v", res, err)
+		}
+		var waiters []*queued
+		for _, pool := range []string{"model", "org"} {
+			req := limiter.AcquireRequest{UserID: newUser(t), Plan: "low", Wait: 8 * time.Second, Pools: map[string]string{pool: map[string]string{"model": "m", "org": "o"}[pool]}}
+			q := &queued{done: make(chan acquired, 1)}
+			go func() {
+				res, err := s.Limiter.Acquire(ctx, req)
+				q.done <- acquired{res, err}
+			}()
+			slots, err := s.Keys.PoolKey(pool, req.Pools[pool])
+			if err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for zcard(t, s, keys.Queue(slots)) == 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("the %s waiter not queued within 5s", pool)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			waiters = append(waiters, q)
+		}
+		if rel, err := s.Limiter.Release(ctx, holder, res.StreamID); err != nil || !rel.Released {
+			t.Fatalf("the holder's release: %+v, %v", rel, err)
+		}
+		for i, q := range waiters {
+			a, ok := q.answer(2 * time.Second)
+			if !ok || a.err != nil || !a.res.Granted {
+				t.Errorf("waiter %d after the release: %+v (answered %v); want granted within 2s", i+1, a, ok)
+			}
+		}
+	})
+}

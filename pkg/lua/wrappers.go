@@ -486,6 +486,36 @@ func Release(ctx context.Context, c rueidis.Client, caller, key, streamID string
 	if err != nil {
 		return Released{}, err
 	}
+	return parseReleased(arr)
+}
+
+// ReleaseEach runs the release script for streamID on each of keys at
+// once, in one pipeline (on a cluster, one per node), as Release runs it
+// on one, and returns each one's answer and error, in order.
+func ReleaseEach(ctx context.Context, c rueidis.Client, caller string, keys []string, streamID string) ([]Released, []error) {
+	cmds := make(rueidis.Commands, len(keys))
+	for i, key := range keys {
+		cmds[i] = c.B().Evalsha().Sha1(releaseSHA).Numkeys(int64(len(releaseKeys(key)))).Key(releaseKeys(key)...).Arg(streamID, caller).Build()
+	}
+	resps := doMultiScripts(ctx, c, cmds, func(i int) rueidis.Completed {
+		return c.B().Eval().Script(releaseSource).Numkeys(int64(len(releaseKeys(keys[i])))).Key(releaseKeys(keys[i])...).Arg(streamID, caller).Build()
+	})
+	out := make([]Released, len(keys))
+	errs := make([]error, len(keys))
+	for i, resp := range resps {
+		arr, err := resp.ToArray()
+		if err == nil {
+			out[i], err = parseReleased(arr)
+		}
+		errs[i] = err
+	}
+	return out, errs
+}
+
+var releaseSHA = sha1Hex(releaseSource)
+
+// parseReleased reads the release script's answer.
+func parseReleased(arr []rueidis.RedisMessage) (Released, error) {
 	if len(arr) != 4 {
 		return Released{}, fmt.Errorf("release script returned %d values, want 4", len(arr))
 	}
