@@ -20,7 +20,9 @@
 #                   after a release against the release's round trip
 #                   (BenchmarkWakeUp); acquire+release joining two pools
 #                   against joining none (at full load, paced at half of
-#                   two pools' pairs/s, and at a light 2,000 pairs/s),
+#                   two pools' pairs/s beside the same pairs made by the
+#                   scripts alone on the limiter's client, and at a light
+#                   2,000 pairs/s),
 #                   and a heartbeat round's Redis
 #                   CPU the same ways, in turns (BenchmarkPoolsAcquireRelease,
 #                   BenchmarkPoolsHeartbeat); the pairs of one hot pool key

@@ -10,6 +10,8 @@ package limiter_test
 
 import (
 	"context"
+	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -19,6 +21,7 @@ import (
 	"time"
 
 	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/lua"
 	"github.com/joishi/limiter/pkg/pools"
 )
 
@@ -62,7 +65,10 @@ var (
 // client-cpu-us/pair (the limiter's and the benchmark's callers'). At full load that latency is the queue of
 // every caller's calls, and follows pairs/s; so both ways run once more,
 // in turns, paced at half of the pairs/s joining two pools made, for the
-// latency the pools add at one load (paced-acquire-p50-us), and at last
+// latency the pools add at one load (paced-acquire-p50-us), beside the
+// same pairs made by the scripts alone on the limiter's client, none of
+// its code on the way (none-sent-paced-, two-sent-paced-; see
+// scriptsAlone), and at last
 // at a light load, benchLightRate, over benchLightPairs pairs at most
 // (light-acquire-p50-us).
 func BenchmarkPoolsAcquireRelease(b *testing.B) {
@@ -79,7 +85,9 @@ func BenchmarkPoolsAcquireRelease(b *testing.B) {
 			w.report(b)
 		}
 		rate := float64(ways[1].pairs) / ways[1].wall.Seconds() / 2
-		paced := []*pairWay{{name: "none-paced", join: joinNone, rate: rate}, {name: "two-paced", join: joinTwo, rate: rate}}
+		sent := scriptsAlone(b, e)
+		paced := []*pairWay{{name: "none-paced", join: joinNone, rate: rate}, {name: "two-paced", join: joinTwo, rate: rate},
+			{name: "none-sent-paced", join: joinNone, rate: rate, sent: sent}, {name: "two-sent-paced", join: joinTwo, rate: rate, sent: sent}}
 		for done := 0; done < b.N; done += benchTurn {
 			for _, w := range paced {
 				w.run(b, e, min(benchTurn, b.N-done))
@@ -126,6 +134,66 @@ func BenchmarkPoolKeyHot(b *testing.B) {
 	})
 }
 
+// scriptsAlone returns a way to make a pair as the limiter does, with
+// none of its code: the scripts it runs, with the arguments it gives
+// them, sent on its own Redis client (so on the same connections) from
+// the caller's goroutine, the user's acquire and its pools' in one
+// pipeline, then the user's release, then the leaves of its pools in one
+// (on a cluster, one per node).
+// It returns the acquire's time, and an error unless each script granted,
+// then released.
+func scriptsAlone(b *testing.B, e *env) func(ctx context.Context, user, stream string, pools map[string]string) (time.Duration, error) {
+	c := e.raw(b)
+	tier, ok := e.table.Lookup(benchPlan)
+	if !ok {
+		b.Fatalf("no plan %q in the test tiers", benchPlan)
+	}
+	limit := pools.MaxConcurrentStreams // benchPools' caps
+	return func(ctx context.Context, user, stream string, named map[string]string) (time.Duration, error) {
+		key, err := e.keys.UserKey(user)
+		if err != nil {
+			return 0, err
+		}
+		names := slices.Sorted(maps.Keys(named))
+		held := make([]lua.PoolKey, len(names))
+		slots := make([]string, len(names))
+		for i, name := range names {
+			held[i] = lua.PoolKey{Pool: name, Key: named[name]}
+			if slots[i], err = e.keys.PoolKey(name, named[name]); err != nil {
+				return 0, err
+			}
+		}
+		acqs := []lua.AcquireArgs{{Key: key, StreamID: stream, Limit: tier.MaxConcurrentStreams, TTL: tier.SlotTTL,
+			Rec: lua.Record{Plan: tier.Plan, Pools: lua.EncodePools(held)}}}
+		member := stream + " " + user
+		for _, s := range slots {
+			acqs = append(acqs, lua.AcquireArgs{Key: s, StreamID: member, Limit: limit, TTL: tier.SlotTTL, Rec: lua.Record{Plan: tier.Plan, User: user}})
+		}
+		start := time.Now()
+		gots, errs := lua.AcquireAll(ctx, c, acqs)
+		took := time.Since(start)
+		for i, got := range gots {
+			if errs[i] != nil || !got.Granted {
+				return took, fmt.Errorf("the acquire script on %s: %+v, %v; want granted", acqs[i].Key, got, errs[i])
+			}
+		}
+		rel, err := lua.Release(ctx, c, "", key, stream)
+		if err != nil || !rel.Released || len(rel.Pools) != len(slots) {
+			return took, fmt.Errorf("the release script: %+v, %v; want released, naming %d pools", rel, err, len(slots))
+		}
+		if len(slots) == 0 {
+			return took, nil
+		}
+		left, errs := lua.ReleaseEach(ctx, c, "", slots, member)
+		for i, got := range left {
+			if errs[i] != nil || !got.Released {
+				return took, fmt.Errorf("the release script on %s: %+v, %v; want released", slots[i], got, errs[i])
+			}
+		}
+		return took, nil
+	}
+}
+
 // benchLightRate is the light load of BenchmarkPoolsAcquireRelease, in
 // pairs/s, and benchLightPairs how many pairs each way runs at it.
 const (
@@ -140,8 +208,11 @@ const benchTurn = 2000
 // pairWay is one way of running acquire+release pairs: the pools each
 // stream joins (join), and what its runs measured.
 type pairWay struct {
-	name  string // prefixes its metrics; "" for none
-	join  benchJoin
+	name string // prefixes its metrics; "" for none
+	join benchJoin
+	// sent, when set, makes each pair instead of the limiter: the scripts
+	// alone (see scriptsAlone). It returns the acquire's time.
+	sent  func(ctx context.Context, user, stream string, pools map[string]string) (time.Duration, error)
 	rate  float64 // pairs/s the callers start at most, in all; 0: as fast as they can
 	pairs int
 	wall  time.Duration
@@ -173,6 +244,15 @@ func (w *pairWay) run(b *testing.B, e *env, n int) {
 				}
 				u := rand.IntN(benchUsers)
 				user := run + "-" + strconv.Itoa(u)
+				if w.sent != nil {
+					took, err := w.sent(ctx, user, benchStream(), w.join(u))
+					mine = append(mine, took)
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					continue
+				}
 				t0 := time.Now()
 				res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: benchPlan, StreamID: benchStream(), Pools: w.join(u)})
 				mine = append(mine, time.Since(t0))
