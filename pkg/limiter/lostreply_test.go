@@ -106,20 +106,27 @@ func TestReleaseWhoseReplyIsLostIsNeverReportedNotHeld(t *testing.T) {
 	}
 }
 
+// lostPooledReplies is lostReplies with the pools model and org, capped
+// at models and orgs.
+func lostPooledReplies(t *testing.T, models, orgs int) (*env, *testenv.Proxy) {
+	t.Helper()
+	srv := testenv.StartRedis(t)
+	proxy := testenv.StartProxy(t, srv.Addr())
+	table := poolTable(t,
+		pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(models)},
+		pools.Pool{Pool: "org", MaxConcurrentStreams: ptr(orgs)},
+	)
+	return newEnv(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{proxy.Addr()}, Timeout: 2 * time.Second},
+		Limiter: limiter.Options{Pools: table}}), proxy
+}
+
 // TestAPooledAcquireWhoseRepliesAreLostIsAskedAgain: on one Redis a
 // pooled acquire's scripts go in one pipeline; when the connection drops
 // before their replies, each is asked again, as a call of its own is,
 // and the stream is granted once: one slot, one membership of each key.
 func TestAPooledAcquireWhoseRepliesAreLostIsAskedAgain(t *testing.T) {
 	t.Parallel()
-	srv := testenv.StartRedis(t)
-	proxy := testenv.StartProxy(t, srv.Addr())
-	table := poolTable(t,
-		pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(5)},
-		pools.Pool{Pool: "org", MaxConcurrentStreams: ptr(1)},
-	)
-	e := newEnv(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{proxy.Addr()}, Timeout: 2 * time.Second},
-		Limiter: limiter.Options{Pools: table}})
+	e, proxy := lostPooledReplies(t, 5, 1)
 	ctx := context.Background()
 	named := map[string]string{"model": "m", "org": "o"}
 	// Load the scripts: a NOSCRIPT answer would take the drop instead.
@@ -159,14 +166,7 @@ func TestAPooledAcquireWhoseRepliesAreLostIsAskedAgain(t *testing.T) {
 // free at once, not after a TTL.
 func TestAPooledReleaseWhoseLeavesLoseTheirRepliesFreesEveryKey(t *testing.T) {
 	t.Parallel()
-	srv := testenv.StartRedis(t)
-	proxy := testenv.StartProxy(t, srv.Addr())
-	table := poolTable(t,
-		pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1)},
-		pools.Pool{Pool: "org", MaxConcurrentStreams: ptr(1)},
-	)
-	e := newEnv(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{proxy.Addr()}, Timeout: 2 * time.Second},
-		Limiter: limiter.Options{Pools: table}})
+	e, proxy := lostPooledReplies(t, 1, 1)
 	ctx := context.Background()
 	named := map[string]string{"model": "m", "org": "o"}
 	user := newUser(t)
