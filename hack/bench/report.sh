@@ -120,7 +120,7 @@ report() {
 	ratio_line "  acquire p50 at full load (follows pairs/s)" GO 'O/BenchmarkPoolsAcquireRelease/%d/two-acquire-p50-us' GO 'O/BenchmarkPoolsAcquireRelease/%d/none-acquire-p50-us' both
 	ratio_line "  acquire p50, both paced at half of two pools' pairs/s" GO 'O/BenchmarkPoolsAcquireRelease/%d/two-paced-acquire-p50-us' GO 'O/BenchmarkPoolsAcquireRelease/%d/none-paced-acquire-p50-us' both
 	ratio_line "  the same, the scripts alone on the limiter's client" GO 'O/BenchmarkPoolsAcquireRelease/%d/two-sent-paced-acquire-p50-us' GO 'O/BenchmarkPoolsAcquireRelease/%d/none-sent-paced-acquire-p50-us' both
-	ratio_line "  paced two pools' acquire p50, the limiter / the scripts alone" GO 'O/BenchmarkPoolsAcquireRelease/%d/two-paced-acquire-p50-us' GO 'O/BenchmarkPoolsAcquireRelease/%d/two-sent-paced-acquire-p50-us' both
+	ratio_line "  two pools' paced acquire p50, limiter / the scripts alone" GO 'O/BenchmarkPoolsAcquireRelease/%d/two-paced-acquire-p50-us' GO 'O/BenchmarkPoolsAcquireRelease/%d/two-sent-paced-acquire-p50-us' both
 	ratio_line "  acquire p50, both at a light 2,000 pairs/s" GO 'O/BenchmarkPoolsAcquireRelease/%d/two-light-acquire-p50-us' GO 'O/BenchmarkPoolsAcquireRelease/%d/none-light-acquire-p50-us' both
 	ratio_line "  heartbeat round, Redis CPU per stream" GO 'O/BenchmarkPoolsHeartbeat/%d/two-redis-cpu-us/stream' GO 'O/BenchmarkPoolsHeartbeat/%d/none-redis-cpu-us/stream' both
 	ratio_line "  the same, every stream in one hot pool key" GO 'O/BenchmarkPoolsHeartbeat/%d/hot-redis-cpu-us/stream' GO 'O/BenchmarkPoolsHeartbeat/%d/none-redis-cpu-us/stream' both
