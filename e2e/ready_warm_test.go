@@ -31,6 +31,9 @@ func TestReadyServesTheFirstAcquireWarm(t *testing.T) {
 	}
 }
 
+// readyFloor is the least bound on the first acquire after readiness.
+const readyFloor = 50 * time.Millisecond
+
 // firstAcquireAtReady starts serve with config, sends an acquire the
 // moment /readyz turns 200, and checks it against the median of the
 // acquires after it, in the same run.
@@ -56,10 +59,15 @@ func firstAcquireAtReady(t *testing.T, start int, config string) {
 		warm = append(warm, float64(time.Since(began)))
 	}
 	median := time.Duration(limitertest.Median(warm))
-	bound := max(10*median, 15*time.Millisecond)
+	// At least readyFloor: on a loaded machine one call in a dozen now
+	// and then takes ten times the median (16.6ms against 1.4ms was seen
+	// in CI). A client that is not warm answers degraded (checked above)
+	// or makes the first call wait for its slot map, a dial and the
+	// scripts' load, each bounded by the per-call deadline.
+	bound := max(10*median, readyFloor)
 	t.Logf("start %d: first acquire %v, warm median %v (bound %v)", start, first, median, bound)
 	if first > bound {
-		t.Errorf("start %d: the first acquire took %v, want at most %v (10x the warm median %v, at least 15ms)", start, first, bound, median)
+		t.Errorf("start %d: the first acquire took %v, want at most %v (10x the warm median %v, at least %v)", start, first, bound, median, readyFloor)
 	}
 }
 
