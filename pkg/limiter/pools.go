@@ -369,10 +369,11 @@ func each(n int, fn func(i int)) {
 // (see acquireTogether); otherwise each goes alone, at once, so that one
 // node's hang is its own keys' outage.
 func (l *Limiter) leaveAll(ctx context.Context, end time.Time, slots []string, member string) []string {
-	errs := make([]error, len(slots))
+	var errs []error
 	if len(slots) > 1 && l.oneNode(slots) {
 		errs = l.leaveTogether(ctx, end, slots, member)
 	} else {
+		errs = make([]error, len(slots))
 		each(len(slots), func(i int) { errs[i] = l.leavePool(ctx, end, slots[i], member) })
 	}
 	var left []string
