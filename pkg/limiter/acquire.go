@@ -3,7 +3,6 @@ package limiter
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/joishi/limiter/pkg/keys"
@@ -188,22 +187,16 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	// answer (or before its wait), as a pool's refusal removes the user's
 	// slot.
 	//
-	// The pool keys that the node of the user's key serves too (all of them
-	// on one Redis) go with the user's script in one pipeline when no WAIT
-	// follows it, answered together: one wait for them all, not one for
-	// each on a goroutine of its own. The others each go alone, so that one
-	// node's hang is its own keys' outage, not the others'.
+	// The pool keys' scripts go with the user's in one pipeline when no
+	// WAIT follows it, answered together: one wait for them all, not one
+	// for each on a goroutine of its own. On a cluster each answer is its
+	// own node's, so one node's hang is its own keys' outage, not the
+	// others' (see deadlineClient.DoMulti).
 	var tries []poolTry
 	triesDone := func() {}
-	var beside []bool
-	together := false
-	if len(ms) > 0 {
-		beside = make([]bool, len(ms))
-		if l.syncReplicas == 0 {
-			beside = l.usersNode(key, ms)
-		}
-		together = slices.Contains(beside, true)
-		tries, triesDone = l.tryPools(ctx, end, req, tier, ms, beside)
+	together := len(ms) > 0 && l.syncReplicas == 0
+	if len(ms) > 0 && !together {
+		tries, triesDone = l.tryPools(ctx, end, req, tier, ms)
 	}
 	var got lua.Acquired
 	var replicas *replicaSync
@@ -211,7 +204,7 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		rec := lua.Record{Caller: req.Caller, Plan: tier.Plan, Pools: lua.EncodePools(held), Label: req.Label}
 		user := lua.AcquireArgs{Key: key, StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, TTL: tier.SlotTTL, Rec: rec, Shadow: !tier.Enforced()}
 		if together {
-			got, err = l.acquireTogether(ctx, c, user, req, tier, ms, beside, tries)
+			got, tries, err = l.acquireTogether(ctx, c, user, req, tier, ms)
 			return err
 		}
 		c, replicas = l.synced(c)

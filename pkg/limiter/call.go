@@ -161,29 +161,93 @@ func (c deadlineClient) do(ctx context.Context, cmd rueidis.Completed, done chan
 // allocations per call saved on the hot path.
 var resultChans = sync.Pool{New: func() any { return make(chan rueidis.RedisResult, 1) }}
 
+// DoMulti sends cmds as one pipeline. Each command's answer is its own:
+// on a cluster rueidis sends each node its commands, and a node that does
+// not answer by the deadline fails only its own. Where rueidis bounds the
+// call itself (see enter), it runs in the caller's goroutine; where it may
+// not, each node's commands go on a goroutine of their own (see byNode),
+// and those not answered by the deadline answer the context's error, so
+// that one node's hang is its own commands' outage there too.
 func (c deadlineClient) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
 	if ctx.Err() == nil && !slices.ContainsFunc(cmds, func(cmd rueidis.Completed) bool { return cmd.IsRetryable() }) && c.enter() {
 		// Not retried, so it reaches rueidis once (see reachesOnce); a pipeline
-		// takes one place in the queue.
+		// takes one place in each node's queue.
 		defer c.leave()
 		return c.Client.DoMulti(ctx, cmds...)
 	}
+	resps := make([]rueidis.RedisResult, len(cmds))
+	answered := make([]bool, len(cmds))
 	if ctx.Err() == nil {
+		groups := c.byNode(cmds)
 		c.goCalls.Add(1)
-		done := make(chan []rueidis.RedisResult, 1)
-		go func() { done <- c.Client.DoMulti(ctx, cmds...) }()
-		select {
-		case resps := <-done:
-			return resps
-		case <-ctx.Done():
-		case <-callerDone(ctx):
+		done := make(chan nodeAnswer, len(groups))
+		for _, at := range groups {
+			go func() {
+				group := make([]rueidis.Completed, len(at))
+				for j, i := range at {
+					group[j] = cmds[i]
+				}
+				done <- nodeAnswer{at: at, resps: c.Client.DoMulti(ctx, group...)}
+			}()
+		}
+	wait:
+		for range groups {
+			select {
+			case a := <-done:
+				for j, i := range a.at {
+					resps[i], answered[i] = a.resps[j], true
+				}
+			case <-ctx.Done(): // the rest are left to their late senders
+				break wait
+			case <-callerDone(ctx):
+				break wait
+			}
 		}
 	}
-	resps := make([]rueidis.RedisResult, len(cmds))
 	for i := range resps {
-		resps[i] = rueidis.NewErrorResult(ctx.Err())
+		if !answered[i] {
+			resps[i] = rueidis.NewErrorResult(ctx.Err())
+		}
 	}
 	return resps
+}
+
+// nodeAnswer is the answers of one node's commands of a pipeline, at
+// their indexes in it.
+type nodeAnswer struct {
+	at    []int
+	resps []rueidis.RedisResult
+}
+
+// byNode splits cmds into the indexes of each node's commands, as the
+// slot map says; a command whose node is not known goes alone, and on one
+// Redis all go together.
+func (c deadlineClient) byNode(cmds []rueidis.Completed) [][]int {
+	if c.Client.Mode() != rueidis.ClientModeCluster {
+		return [][]int{seq(len(cmds))}
+	}
+	var groups [][]int
+	nodes := map[string]int{} // a node's group in groups
+	for i, cmd := range cmds {
+		node := c.redis.NodeOf(cmd.Slot())
+		g, ok := nodes[node]
+		if !ok || node == "" {
+			g = len(groups)
+			groups = append(groups, nil)
+			nodes[node] = g
+		}
+		groups[g] = append(groups[g], i)
+	}
+	return groups
+}
+
+// seq returns 0, 1, ..., n-1.
+func seq(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i
+	}
+	return out
 }
 
 // classify sorts err, from the Redis call of op, into an outage or a final

@@ -82,6 +82,16 @@ func (c *callContext) Err() error {
 	return c.deadline.Err()
 }
 
+// callerOf returns the context of ctx's caller: its parent, for a
+// callContext. A call's own deadline passing is an outage of that call;
+// its caller's context ending is the caller's (see classify).
+func callerOf(ctx context.Context) context.Context {
+	if c, ok := ctx.(*callContext); ok {
+		return c.parent
+	}
+	return ctx
+}
+
 // callerDone is the channel that ends the wait of ctx's caller besides
 // ctx.Done(): its parent's, for a callContext (nil when it never ends).
 func callerDone(ctx context.Context) <-chan struct{} {

@@ -240,84 +240,31 @@ type poolTry struct {
 	err   error
 }
 
-// tryPools sends the script of each of ms but those beside the user's
-// (see usersNode) at once, by end, in the background, each on a goroutine
-// of its own (see acquire); their answers are in the slice it returns,
-// one for each of ms, once wait returns.
-func (l *Limiter) tryPools(ctx context.Context, end time.Time, req AcquireRequest, tier tiers.Tier, ms []membership, beside []bool) (tries []poolTry, wait func()) {
+// tryPools sends the script of each of ms at once, by end, in the
+// background, each on a goroutine of its own: for an acquire whose
+// user's call a WAIT follows (see acquire). Their answers are in the
+// slice it returns, one for each of ms, once wait returns.
+func (l *Limiter) tryPools(ctx context.Context, end time.Time, req AcquireRequest, tier tiers.Tier, ms []membership) (tries []poolTry, wait func()) {
 	tries = make([]poolTry, len(ms))
 	var wg sync.WaitGroup
 	for i, m := range ms {
 		tries[i].slots = m.slots
-		if !beside[i] {
-			wg.Go(func() { tries[i].got, tries[i].err = l.joinPool(ctx, end, req, tier, m) })
-		}
+		wg.Go(func() { tries[i].got, tries[i].err = l.joinPool(ctx, end, req, tier, m) })
 	}
 	return tries, wg.Wait
 }
 
-// usersNode reports which pool keys of ms the node that serves the user's
-// key serves too: all of them on one Redis; on a cluster, as its slot map
-// says (none while it is not known).
-func (l *Limiter) usersNode(key string, ms []membership) []bool {
-	same := make([]bool, len(ms))
-	c, err := l.client()
-	if err != nil {
-		return same
-	}
-	cluster := c.Mode() == rueidis.ClientModeCluster
-	var node string
-	if cluster {
-		node = l.nodeOf(c, key)
-	}
-	for i, m := range ms {
-		same[i] = !cluster || node != "" && l.nodeOf(c, m.slots) == node
-	}
-	return same
-}
-
-// nodeOf returns the address of the cluster node that serves key, as c's
-// slot map says; "" while it is not known.
-func (l *Limiter) nodeOf(c rueidis.Client, key string) string {
-	cmd := c.B().Type().Key(key).Build()
-	return l.redis.NodeOf(cmd.Slot())
-}
-
-// oneNode reports whether one node serves every key of keys: always on
-// one Redis; on a cluster, as its slot map says (not while it is not
-// known).
-func (l *Limiter) oneNode(keys []string) bool {
-	c, err := l.client()
-	if err != nil {
-		return false
-	}
-	if c.Mode() != rueidis.ClientModeCluster {
-		return true
-	}
-	node := l.nodeOf(c, keys[0])
-	for _, k := range keys[1:] {
-		if node == "" || l.nodeOf(c, k) != node {
-			return false
-		}
-	}
-	return node != ""
-}
-
-// acquireTogether runs the user's acquire and the memberships of ms its
-// node serves too (beside) in one pipeline on c (see acquire), returns
-// the user's answer and error, and puts the memberships' in tries as
-// tryPools would. A script whose connection failed, the reply lost, is
-// asked again alone, as a call of its own would be (see deadlineClient):
-// the acquire is idempotent on the stream id.
-func (l *Limiter) acquireTogether(ctx context.Context, c rueidis.Client, user lua.AcquireArgs, req AcquireRequest, tier tiers.Tier, ms []membership, beside []bool, tries []poolTry) (lua.Acquired, error) {
+// acquireTogether runs the user's acquire and the memberships of ms in
+// one pipeline on c (see acquire), and returns the user's answer and
+// error, and the memberships' as tryPools would. A script whose
+// connection failed, the reply lost, is asked again alone, as a call of
+// its own would be (see deadlineClient): the acquire is idempotent on
+// the stream id.
+func (l *Limiter) acquireTogether(ctx context.Context, c rueidis.Client, user lua.AcquireArgs, req AcquireRequest, tier tiers.Tier, ms []membership) (lua.Acquired, []poolTry, error) {
 	acqs := make([]lua.AcquireArgs, 1, 1+len(ms))
 	acqs[0] = user
-	var at []int // the index in ms of each of acqs[1:]
-	for i, m := range ms {
-		if beside[i] {
-			acqs = append(acqs, l.joinArgs(req, tier, m))
-			at = append(at, i)
-		}
+	for _, m := range ms {
+		acqs = append(acqs, l.joinArgs(req, tier, m))
 	}
 	start := time.Now()
 	gots, errs := lua.AcquireAll(ctx, c, acqs)
@@ -327,11 +274,12 @@ func (l *Limiter) acquireTogether(ctx context.Context, c rueidis.Client, user lu
 			gots[i], errs[i] = lua.AcquireWith(ctx, c, acqs[i])
 		}
 	}
-	for j, i := range at {
-		l.observer.RedisCall(ctx, "acquire_pool", took, errs[j+1])
-		tries[i] = poolTry{slots: ms[i].slots, got: gots[j+1], err: classify(ctx, "acquire_pool", errs[j+1])}
+	tries := make([]poolTry, len(ms))
+	for i, m := range ms {
+		l.observer.RedisCall(ctx, "acquire_pool", took, errs[i+1])
+		tries[i] = poolTry{slots: m.slots, got: gots[i+1], err: classify(callerOf(ctx), "acquire_pool", errs[i+1])}
 	}
-	return gots[0], errs[0]
+	return gots[0], tries, errs[0]
 }
 
 // takenOf returns the pool keys tries added a membership of: what undoing
@@ -346,38 +294,18 @@ func takenOf(tries []poolTry) []string {
 	return out
 }
 
-// each runs fn(0), ..., fn(n-1) at once, fn(0) on the calling goroutine,
-// and returns when all have: Redis calls to different keys, each one
-// round trip, in one round trip's time.
-func each(n int, fn func(i int)) {
-	var wg sync.WaitGroup
-	for i := 1; i < n; i++ {
-		wg.Go(func() { fn(i) })
-	}
-	if n > 0 {
-		fn(0)
-	}
-	wg.Wait()
-}
-
 // leaveAll removes member from each of the pool keys whose sorted sets
 // are slots, at once, by end, and returns those whose removal Redis did
-// not confirm.
-//
-// Where one node serves every key (always on one Redis), the removals go
-// in one pipeline from the caller's goroutine, as an acquire's scripts do
-// (see acquireTogether); otherwise each goes alone, at once, so that one
-// node's hang is its own keys' outage.
+// not confirm. The removals go in one pipeline from the caller's
+// goroutine, as an acquire's scripts do (see acquireTogether); on a
+// cluster each answer is its own node's, so that one node's hang is its
+// own keys' outage.
 func (l *Limiter) leaveAll(ctx context.Context, end time.Time, slots []string, member string) []string {
-	var errs []error
-	if len(slots) > 1 && l.oneNode(slots) {
-		errs = l.leaveTogether(ctx, end, slots, member)
-	} else {
-		errs = make([]error, len(slots))
-		each(len(slots), func(i int) { errs[i] = l.leavePool(ctx, end, slots[i], member) })
+	if len(slots) == 0 {
+		return nil
 	}
 	var left []string
-	for i, err := range errs {
+	for i, err := range l.leaveTogether(ctx, end, slots, member) {
 		if err != nil {
 			left = append(left, slots[i])
 		}
@@ -439,10 +367,11 @@ func (l *Limiter) dropSlot(ctx context.Context, end time.Time, op, key, streamID
 }
 
 // leaveTogether removes member from each of the pool keys whose sorted
-// sets are slots, one node's, in one pipeline, by end, wakes the acquire
-// each key's removal lets in, if one waits, and returns each removal's
-// error. A script whose connection failed, the reply lost, is asked again
-// alone, as a call of its own would be: a release is idempotent.
+// sets are slots, in one pipeline (on a cluster each node answers its
+// own: see deadlineClient.DoMulti), by end, wakes the acquire each key's
+// removal lets in, if one waits, and returns each removal's error. A
+// script whose connection failed, the reply lost, is asked again alone,
+// as a call of its own would be: a release is idempotent.
 func (l *Limiter) leaveTogether(ctx context.Context, end time.Time, slots []string, member string) []error {
 	errs := make([]error, len(slots))
 	var got []lua.Released

@@ -20,8 +20,11 @@ import (
 // §10 P4 and §16): with the master of some pool keys stopped (SIGSTOP, a
 // hung node), an acquire that joins two of them still answers within one
 // per-call deadline (+100ms), not one per pool: granted degraded when the
-// pools fail open; refused with ErrUnavailable when one fails closed, the
-// user's slot then free again. Streams whose scopes are on the healthy
+// pools fail open, a pool key on a healthy master counted all the same,
+// whether rueidis bounds the call itself (the first call after the stop)
+// or the limiter does (after the first timeout, see deadlineClient);
+// refused with ErrUnavailable when one fails closed, the user's slot then
+// free again. Streams whose scopes are on the healthy
 // masters keep beating, alone and in a batch beside a stream in a hung
 // pool, which is kept alive degraded.
 func TestAPoolOnAHungMasterAnswersByItsFailureModeWithinOneDeadline(t *testing.T) {
@@ -75,7 +78,8 @@ func TestAPoolOnAHungMasterAnswersByItsFailureModeWithinOneDeadline(t *testing.T
 	hungRegion := find("region key", true, poolKey("region"))
 	hungOrg := find("org key", true, poolKey("org"))
 	healthyModel := find("model key", false, poolKey("model"))
-	users := make([]string, 4)
+	healthyTeam := find("team key", false, poolKey("team"))
+	users := make([]string, 5)
 	for i := range users {
 		users[i] = find("user", false, userKey)
 	}
@@ -84,6 +88,7 @@ func TestAPoolOnAHungMasterAnswersByItsFailureModeWithinOneDeadline(t *testing.T
 		pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(10)},
 		pools.Pool{Pool: "region", MaxConcurrentStreams: ptr(10)},
 		pools.Pool{Pool: "org", MaxConcurrentStreams: ptr(10), FailureMode: tiers.FailClosed},
+		pools.Pool{Pool: "team", MaxConcurrentStreams: ptr(10)},
 	)
 	lim := limitertest.New(t, limitertest.Options{Redis: cluster.Options{Addrs: cl.Addrs, Timeout: timeout},
 		Limiter: limiter.Options{Keys: schema, Pools: table}}).Limiter
@@ -109,12 +114,46 @@ func TestAPoolOnAHungMasterAnswersByItsFailureModeWithinOneDeadline(t *testing.T
 	if res, err, _ := acquire(users[1], map[string]string{"model": hungModel, "region": hungRegion}); err != nil || !res.Granted || res.Degraded {
 		t.Fatalf("acquire before the stop: %+v, %v", res, err)
 	}
+	// Until two dial timeouts after the latest dial, the limiter bounds
+	// each call by its deadline itself; from then on rueidis does, and the
+	// calls run in their callers' goroutines (see cluster.Client.HonorsDeadlines).
+	inCaller := func() bool {
+		wrapped := limiter.WrappedCalls(lim)
+		if _, err := lim.Slots(ctx, users[0]); err != nil {
+			t.Fatalf("Slots: %v", err)
+		}
+		return limiter.WrappedCalls(lim) == wrapped
+	}
+	for deadline := time.Now().Add(10 * time.Second); !inCaller(); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the limiter's calls never ran in their callers' goroutines")
+		}
+	}
 	testenv.Pause(t, hung)
 
-	open, err, took := acquire(users[2], map[string]string{"model": hungModel, "region": hungRegion})
+	wrapped := limiter.WrappedCalls(lim)
+	open, err, took := acquire(users[2], map[string]string{"model": hungModel, "region": hungRegion, "team": healthyTeam})
 	within("an acquire joining two pools that fail open, both on the stopped master", took)
-	if err != nil || !open.Granted || !open.Degraded || len(open.Pools) != 2 || !open.Pools[0].Degraded || !open.Pools[1].Degraded {
+	if limiter.WrappedCalls(lim) != wrapped {
+		t.Errorf("the first acquire after the stop did not run in its caller's goroutine; want it bounded by rueidis")
+	}
+	if err != nil || !open.Granted || !open.Degraded || len(open.Pools) != 3 || !open.Pools[0].Degraded || !open.Pools[1].Degraded {
 		t.Errorf("acquire with two open pools on the stopped master: %+v, %v; want granted, degraded in both pools", open, err)
+	} else if team := open.Pools[2]; team.Degraded || team.Used != 1 {
+		t.Errorf("the same acquire's pool key on a healthy master: %+v; want counted, 1 used", team)
+	}
+	// From the first timeout on, the limiter bounds its calls by their
+	// deadline itself, each node's commands on a goroutine of their own.
+	wrapped = limiter.WrappedCalls(lim)
+	again, err, took := acquire(users[4], map[string]string{"model": hungModel, "team": healthyTeam})
+	within("an acquire joining a pool on the stopped master and one on a healthy one, the limiter bounding the call", took)
+	if limiter.WrappedCalls(lim) == wrapped {
+		t.Errorf("the acquire after the first timeout ran in its caller's goroutine; want it bounded by the limiter")
+	}
+	if err != nil || !again.Granted || len(again.Pools) != 2 || !again.Pools[0].Degraded {
+		t.Errorf("acquire with an open pool on the stopped master: %+v, %v; want granted, degraded in it", again, err)
+	} else if team := again.Pools[1]; team.Degraded || team.Used != 2 {
+		t.Errorf("the same acquire's pool key on a healthy master: %+v; want counted, 2 used", team)
 	}
 
 	closed, err, took := acquire(users[3], map[string]string{"model": healthyModel, "org": hungOrg})
