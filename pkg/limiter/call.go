@@ -220,18 +220,23 @@ type nodeAnswer struct {
 }
 
 // byNode splits cmds into the indexes of each node's commands, as the
-// slot map says; a command whose node is not known goes alone, and on one
-// Redis all go together.
+// slot map says. They go together on one Redis, and on a cluster when a
+// command's node is not known: the slot map's gap, or a command of no key
+// (a WAIT), which rueidis sends to the node of the others' slot.
 func (c deadlineClient) byNode(cmds []rueidis.Completed) [][]int {
+	all := [][]int{seq(len(cmds))}
 	if c.Client.Mode() != rueidis.ClientModeCluster {
-		return [][]int{seq(len(cmds))}
+		return all
 	}
 	var groups [][]int
 	nodes := map[string]int{} // a node's group in groups
 	for i, cmd := range cmds {
 		node := c.redis.NodeOf(cmd.Slot())
+		if node == "" {
+			return all
+		}
 		g, ok := nodes[node]
-		if !ok || node == "" {
+		if !ok {
 			g = len(groups)
 			groups = append(groups, nil)
 			nodes[node] = g
