@@ -6,6 +6,10 @@ import "github.com/redis/rueidis"
 // of their own (see deadlineClient), for the benchmarks.
 func WrappedCalls(l *Limiter) int64 { return l.goCalls.Load() }
 
+// NopObserver is the observer a limiter has when given none, for tests
+// to embed in one that counts what they need.
+var NopObserver Observer = nopObserver{}
+
 // PipelineGroups returns how l's client splits cmds, one pipeline, into
 // the commands of each node where it bounds the call itself (see
 // deadlineClient.byNode): indexes into cmds.

@@ -3,6 +3,7 @@ package limiter_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -38,7 +39,9 @@ func TestARetriedWaitKeepsItsSlotWhenTheFirstLeaves(t *testing.T) {
 	for _, b := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
 		t.Run(b.String(), func(t *testing.T) {
 			t.Parallel()
-			s := replicaStacks(t, b, 1, time.Minute)[0] // no poll: only this test's nudges call
+			waiting := &waitingCount{Observer: limiter.NopObserver}
+			s := limitertest.New(t, limitertest.Options{Backend: b, Redis: cluster.Options{Timeout: 5 * time.Second}, Tiers: waitTiers(),
+				Limiter: limiter.Options{WaitPoll: time.Minute, Observer: waiting}}) // no poll: only this test's nudges call
 			lim, user := s.Limiter, newUser(t)
 			if res, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "wait", StreamID: "holder"}); err != nil || !res.Granted {
 				t.Fatalf("holder: %+v, %v", res, err)
@@ -51,7 +54,13 @@ func TestARetriedWaitKeepsItsSlotWhenTheFirstLeaves(t *testing.T) {
 				res, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "wait", StreamID: "retried", Wait: 5 * time.Second})
 				second <- waitResult{res, err, time.Now()}
 			}()
-			time.Sleep(200 * time.Millisecond) // the retry joins the loop
+			// Both wait in the user's loop before anything frees.
+			for deadline := time.Now().Add(5 * time.Second); waiting.n.Load() < 2; time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("%d acquires waiting after 5s, want 2", waiting.n.Load())
+				}
+			}
+			time.Sleep(20 * time.Millisecond) // from counted to joined: a few instructions
 
 			// The holder's slot frees with no wake-up (a lost one), and the
 			// first waiter leaves: the loop's next call sees both at once.
@@ -82,6 +91,14 @@ func TestARetriedWaitKeepsItsSlotWhenTheFirstLeaves(t *testing.T) {
 		})
 	}
 }
+
+// waitingCount counts the acquires waiting in users' queues.
+type waitingCount struct {
+	limiter.Observer
+	n atomic.Int32
+}
+
+func (w *waitingCount) Waiting(_ context.Context, _ tiers.Tier, delta int) { w.n.Add(int32(delta)) }
 
 // TestAnAcquireWhoseAnswerIsLostLeavesNoSlot: the acquire script runs but
 // no answer comes back before the request's deadline (a Closed plan: an
