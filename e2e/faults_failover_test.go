@@ -297,9 +297,11 @@ func runHardFailover(t *testing.T, syncReplicas int) failoverFigures {
 	if !f.lin.OK() {
 		t.Errorf("histories not linearizable against the cap, fault window allowed for: illegal for %v, undecided for %v",
 			f.lin.Illegal, f.lin.Undecided)
+		named := f.lin.Undecided
 		if len(f.lin.Illegal) > 0 {
-			logUserHistory(t, load, f.lin.Illegal[0], f.kill)
+			named = f.lin.Illegal
 		}
+		logUserHistory(t, load, named[0], f.kill)
 	}
 	if f.counted != f.degradedSeen {
 		t.Errorf("limiter_acquire_total{outcome=\"degraded\"} summed over the servers = %d, want %d (the degraded grants the clients saw)",

@@ -24,6 +24,7 @@ package linearize
 import (
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -73,6 +74,9 @@ type Op struct {
 	// Fragile marks a call that ran before the end of a fault window that
 	// may lose acknowledged writes: a slot it granted may vanish.
 	Fragile bool
+	// lone marks an acquire without an answer whose stream no other call
+	// names: a slot it may have granted is anonymous (see slot).
+	lone bool
 }
 
 func (o Op) String() string {
@@ -123,27 +127,31 @@ func Check(history []Op, opts Options) Verdict {
 	}
 	byUser := map[string][]Op{}
 	var users []string
+	named := map[[2]string]int{}
+	for _, op := range history {
+		named[[2]string{op.User, op.Stream}]++
+	}
 	for _, op := range history {
 		if _, ok := byUser[op.User]; !ok {
 			users = append(users, op.User)
 		}
 		if op.Result == Unknown {
 			op.Return = max(op.Return, op.Call+opts.UnknownWithin.Nanoseconds())
+			op.lone = op.Kind == Acquire && named[[2]string{op.User, op.Stream}] == 1
 		}
 		byUser[op.User] = append(byUser[op.User], op)
 	}
 	sort.Strings(users)
 	v := Verdict{Users: len(users), Ops: len(history)}
-	model := capModel.ToModel()
 	deadline := time.Now().Add(opts.Timeout)
 	// porcupine reads a timeout of 0 as none.
 	left := func() time.Duration { return max(time.Until(deadline), time.Nanosecond) }
 	for _, user := range users {
 		ops := byUser[user]
-		res := porcupine.CheckOperationsTimeout(model, operations(strict(ops)), left())
+		res := porcupine.CheckOperationsTimeout(capModel, operations(strict(ops)), left())
 		if res != porcupine.Ok {
 			v.Widened++
-			res = porcupine.CheckOperationsTimeout(model, operations(ops), left())
+			res = porcupine.CheckOperationsTimeout(capModel, operations(ops), left())
 		}
 		switch res {
 		case porcupine.Illegal:
@@ -182,29 +190,51 @@ func operations(ops []Op) []porcupine.Operation {
 }
 
 // capModel is the specification of one user's slots. A state is the set
-// of held slots, encoded as a string (see slots) so states compare with ==.
-var capModel = porcupine.NondeterministicModel{
-	Init: func() []any { return []any{""} },
-	Step: func(state, input, output any) []any {
+// of slot sets the history so far may have left (porcupine's power-set
+// construction, built here so that merging is a map rather than pairwise,
+// and so that dominated sets are dropped: see prune). Each slot set is
+// encoded as a string (see slots) and the set of them is sorted.
+var capModel = porcupine.Model{
+	Init: func() any { return []string{""} },
+	Step: func(state, input, output any) (bool, any) {
 		op, result := input.(Op), output.(Result)
-		var next []any
-		for _, held := range decode(state.(string)).afterLosses(op) {
-			for _, s := range held.step(op, result) {
-				next = append(next, s.encode())
+		seen := map[string]bool{}
+		var next []string
+		for _, st := range state.([]string) {
+			for _, held := range decode(st).afterLosses(op) {
+				for _, s := range held.step(op, result) {
+					if e := s.encode(); !seen[e] {
+						seen[e] = true
+						next = append(next, e)
+					}
+				}
 			}
 		}
-		return next
+		next = prune(next)
+		return len(next) > 0, next
 	},
-	Equal: func(a, b any) bool { return a == b },
+	Equal: func(a, b any) bool { return slices.Equal(a.([]string), b.([]string)) },
 	Hash: func(state any) uint64 {
 		h := fnv.New64a()
-		h.Write([]byte(state.(string)))
+		for _, s := range state.([]string) {
+			h.Write([]byte(s))
+			h.Write([]byte{'/'})
+		}
 		return h.Sum64()
 	},
 	DescribeOperation: func(input, output any) string { return input.(Op).String() },
 }
 
 // slot is one held slot of the model; fragile slots may vanish.
+//
+// A slot of a lone acquire (see Op) is anonymous: its stream is "". No
+// call names it, so only the cap, its loss and its expiry can tell it
+// apart, and two sets that differ only in which lone acquires they hold
+// are one: a fragile anonymous slot keeps no time (it may vanish at any
+// moment anyway), and prune drops a set whose anonymous slots are each
+// matched by one of another set's that may vanish no later. Without
+// this, a burst of calls without an answer during an outage makes the
+// search try every subset of them.
 type slot struct {
 	stream  string
 	fragile bool
@@ -213,7 +243,20 @@ type slot struct {
 	refreshed int64
 }
 
-// slots is a state: held slots sorted by stream id.
+// before orders slots: by stream, then fragile first, then the earlier
+// refreshed. Among anonymous slots, a slot before another may vanish
+// whenever the other may.
+func (a slot) before(b slot) bool {
+	if a.stream != b.stream {
+		return a.stream < b.stream
+	}
+	if a.fragile != b.fragile {
+		return a.fragile
+	}
+	return a.refreshed < b.refreshed
+}
+
+// slots is a state: held slots in the order of before.
 type slots []slot
 
 // encode writes "id refreshed" or "id refreshed!" (fragile) joined by "|";
@@ -260,7 +303,7 @@ func (s slots) without(i int) slots {
 
 func (s slots) with(sl slot) slots {
 	out := append(append(slots(nil), s...), sl)
-	sort.Slice(out, func(i, j int) bool { return out[i].stream < out[j].stream })
+	sort.Slice(out, func(i, j int) bool { return out[i].before(out[j]) })
 	return out
 }
 
@@ -268,19 +311,76 @@ func (s slots) with(sl slot) slots {
 // effect by losing fragile slots and slots that may have expired: each
 // subset of them removed.
 func (s slots) afterLosses(op Op) []slots {
-	out := []slots{s}
-	for i := len(s) - 1; i >= 0; i-- {
-		expirable := op.TTL > 0 && op.Return >= s[i].refreshed+op.TTL
-		if !s[i].fragile && !expirable {
-			continue
+	var losable []int
+	for i, sl := range s {
+		if sl.fragile || op.TTL > 0 && op.Return >= sl.refreshed+op.TTL {
+			losable = append(losable, i)
 		}
-		for _, st := range out {
-			if j := st.find(s[i].stream); j >= 0 {
-				out = append(out, st.without(j))
+	}
+	out := make([]slots, 0, 1<<len(losable))
+	for lost := range 1 << len(losable) {
+		st := make(slots, 0, len(s))
+		for i, sl := range s {
+			if j := slices.Index(losable, i); j < 0 || lost&(1<<j) == 0 {
+				st = append(st, sl)
+			}
+		}
+		out = append(out, st)
+	}
+	return out
+}
+
+// prune drops from a set of encoded states each one that another
+// dominates: the same named slots, as many anonymous ones, each of them
+// before or equal to its match in order (see slot.before). Whatever may
+// follow the dominated state may follow the other. It returns the rest
+// sorted.
+func prune(states []string) []string {
+	type split struct {
+		named string
+		anon  slots
+	}
+	groups := map[string][]split{}
+	for _, e := range states {
+		var named, anon slots
+		for _, sl := range decode(e) {
+			if sl.stream == "" {
+				anon = append(anon, sl)
+			} else {
+				named = append(named, sl)
+			}
+		}
+		key := named.encode() + "#" + strconv.Itoa(len(anon))
+		groups[key] = append(groups[key], split{e, anon})
+	}
+	out := states[:0]
+	for _, g := range groups {
+		for i, a := range g {
+			dominated := false
+			for j, b := range g {
+				if i != j && b.named != a.named && covers(b.anon, a.anon) {
+					dominated = true
+					break
+				}
+			}
+			if !dominated {
+				out = append(out, a.named)
 			}
 		}
 	}
+	slices.Sort(out)
 	return out
+}
+
+// covers reports whether each anonymous slot of a is before or equal to
+// its match in b; both are in order.
+func covers(a, b slots) bool {
+	for i := range a {
+		if b[i].before(a[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // step returns the states op may leave s in, having answered result; none
@@ -295,7 +395,7 @@ func (s slots) step(op Op, result Result) []slots {
 		case held:
 			granted = []slots{s.confirmed(i, op)}
 		case len(s) < op.Limit:
-			granted = []slots{s.with(slot{op.Stream, op.Fragile, op.Call})}
+			granted = []slots{s.with(grantOf(op))}
 		}
 		switch result {
 		case Yes:
@@ -346,6 +446,18 @@ func (s slots) step(op Op, result Result) []slots {
 		}
 	}
 	return nil
+}
+
+// grantOf is the slot op grants: anonymous if op is lone, without a time
+// if it is fragile too.
+func grantOf(op Op) slot {
+	switch {
+	case op.lone && op.Fragile:
+		return slot{"", true, 0}
+	case op.lone:
+		return slot{"", false, op.Call}
+	}
+	return slot{op.Stream, op.Fragile, op.Call}
 }
 
 // confirmed returns s after op, which Redis answered for slot i: the slot
