@@ -187,11 +187,11 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	// answer (or before its wait), as a pool's refusal removes the user's
 	// slot.
 	//
-	// The pool keys' scripts go with the user's in one pipeline when no
-	// WAIT follows it, answered together: one wait for them all, not one
-	// for each on a goroutine of its own. On a cluster each answer is its
-	// own node's, so one node's hang is its own keys' outage, not the
-	// others' (see deadlineClient.DoMulti).
+	// The pool keys' scripts go with the user's, one pipeline per node,
+	// when no WAIT follows it, answered together. Each node's answers,
+	// and its EVALs where it lacks a script, are its own, so one node's
+	// hang is its own keys' outage, not the others' (see lua.AcquireAll
+	// and deadlineClient.DoMulti).
 	var tries []poolTry
 	triesDone := func() {}
 	together := len(ms) > 0 && l.syncReplicas == 0

@@ -170,7 +170,7 @@ func scriptsAlone(b *testing.B, e *env) func(ctx context.Context, user, stream s
 			acqs = append(acqs, lua.AcquireArgs{Key: s, StreamID: member, Limit: limit, TTL: tier.SlotTTL, Rec: lua.Record{Plan: tier.Plan, User: user}})
 		}
 		start := time.Now()
-		gots, errs := lua.AcquireAll(ctx, c, acqs)
+		gots, errs := lua.AcquireAll(ctx, c, acqs, e.redis.NodeOf)
 		took := time.Since(start)
 		for i, got := range gots {
 			if errs[i] != nil || !got.Granted {
@@ -184,7 +184,7 @@ func scriptsAlone(b *testing.B, e *env) func(ctx context.Context, user, stream s
 		if len(slots) == 0 {
 			return took, nil
 		}
-		left, errs := lua.ReleaseEach(ctx, c, "", slots, member)
+		left, errs := lua.ReleaseEach(ctx, c, "", slots, member, e.redis.NodeOf)
 		for i, got := range left {
 			if errs[i] != nil || !got.Released {
 				return took, fmt.Errorf("the release script on %s: %+v, %v; want released", slots[i], got, errs[i])

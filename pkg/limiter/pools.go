@@ -255,7 +255,7 @@ func (l *Limiter) tryPools(ctx context.Context, end time.Time, req AcquireReques
 }
 
 // acquireTogether runs the user's acquire and the memberships of ms in
-// one pipeline on c (see acquire), and returns the user's answer and
+// one pipeline per node on c (see acquire), and returns the user's answer and
 // error, and the memberships' as tryPools would. A script whose
 // connection failed, the reply lost, is asked again alone, as a call of
 // its own would be (see deadlineClient): the acquire is idempotent on
@@ -267,7 +267,7 @@ func (l *Limiter) acquireTogether(ctx context.Context, c rueidis.Client, user lu
 		acqs = append(acqs, l.joinArgs(req, tier, m))
 	}
 	start := time.Now()
-	gots, errs := lua.AcquireAll(ctx, c, acqs)
+	gots, errs := lua.AcquireAll(ctx, c, acqs, l.redis.NodeOf)
 	took := time.Since(start)
 	for i, err := range errs {
 		if _, replied := rueidis.IsRedisErr(err); err != nil && !replied && ctx.Err() == nil {
@@ -296,10 +296,9 @@ func takenOf(tries []poolTry) []string {
 
 // leaveAll removes member from each of the pool keys whose sorted sets
 // are slots, at once, by end, and returns those whose removal Redis did
-// not confirm. The removals go in one pipeline from the caller's
-// goroutine, as an acquire's scripts do (see acquireTogether); on a
-// cluster each answer is its own node's, so that one node's hang is its
-// own keys' outage.
+// not confirm. The removals go in one pipeline per node, as an
+// acquire's scripts do (see acquireTogether): each answer is its own
+// node's, so that one node's hang is its own keys' outage.
 func (l *Limiter) leaveAll(ctx context.Context, end time.Time, slots []string, member string) []string {
 	if len(slots) == 0 {
 		return nil
@@ -367,8 +366,7 @@ func (l *Limiter) dropSlot(ctx context.Context, end time.Time, op, key, streamID
 }
 
 // leaveTogether removes member from each of the pool keys whose sorted
-// sets are slots, in one pipeline (on a cluster each node answers its
-// own: see deadlineClient.DoMulti), by end, wakes the acquire each key's
+// sets are slots, in one pipeline per node (see lua.ReleaseEach), by end, wakes the acquire each key's
 // removal lets in, if one waits, and returns each removal's error. A
 // script whose connection failed, the reply lost, is asked again alone,
 // as a call of its own would be: a release is idempotent.
@@ -376,7 +374,7 @@ func (l *Limiter) leaveTogether(ctx context.Context, end time.Time, slots []stri
 	errs := make([]error, len(slots))
 	var got []lua.Released
 	err := l.doBy(ctx, end, "release_pool", func(ctx context.Context, c rueidis.Client) error {
-		got, errs = lua.ReleaseEach(ctx, c, "", slots, member)
+		got, errs = lua.ReleaseEach(ctx, c, "", slots, member, l.redis.NodeOf)
 		for i, err := range errs {
 			if _, replied := rueidis.IsRedisErr(err); err != nil && !replied && ctx.Err() == nil {
 				got[i], errs[i] = lua.Release(ctx, c, "", slots[i], member)

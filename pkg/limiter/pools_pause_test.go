@@ -21,11 +21,11 @@ import (
 // hung node), an acquire that joins two of them still answers within one
 // per-call deadline (+100ms), not one per pool: granted degraded when the
 // pools fail open, a pool key on a healthy master counted all the same,
+// though the healthy masters lack the scripts (NOSCRIPT, then EVAL),
 // whether rueidis bounds the call itself (the first call after the stop,
 // as a rule) or the limiter does (after the first timeout, see
-// deadlineClient);
-// refused with ErrUnavailable when one fails closed, the user's slot then
-// free again. Streams whose scopes are on the healthy
+// deadlineClient); refused with ErrUnavailable when one fails closed, the
+// user's slot then free again. Streams whose scopes are on the healthy
 // masters keep beating, alone and in a batch beside a stream in a hung
 // pool, which is kept alive degraded.
 func TestAPoolOnAHungMasterAnswersByItsFailureModeWithinOneDeadline(t *testing.T) {
@@ -42,7 +42,8 @@ func TestAPoolOnAHungMasterAnswersByItsFailureModeWithinOneDeadline(t *testing.T
 	// slots meanwhile, as a cluster that one hung node must not stop is
 	// configured: no failover within the test, and no CLUSTERDOWN for the
 	// slots that are served.
-	for _, n := range dialNodes(t, cl.Addrs) {
+	nodes := dialNodes(t, cl.Addrs)
+	for _, n := range nodes {
 		for _, set := range [][2]string{{"cluster-node-timeout", "60000"}, {"cluster-require-full-coverage", "no"}} {
 			if err := n.client.Do(context.Background(), n.client.B().ConfigSet().ParameterValue().ParameterValue(set[0], set[1]).Build()).Error(); err != nil {
 				t.Fatalf("CONFIG SET %s %s on %s: %v", set[0], set[1], n.addr, err)
@@ -130,6 +131,21 @@ func TestAPoolOnAHungMasterAnswersByItsFailureModeWithinOneDeadline(t *testing.T
 			t.Fatalf("the limiter's calls never ran in their callers' goroutines")
 		}
 	}
+	// The healthy nodes lack the scripts, as after a restart or a
+	// failover: each answers NOSCRIPT first, and must get its EVAL without
+	// waiting for the hung node's answers.
+	flushHealthy := func() {
+		t.Helper()
+		for _, n := range nodes {
+			if n.addr == hung {
+				continue
+			}
+			if err := n.client.Do(ctx, n.client.B().ScriptFlush().Build()).Error(); err != nil {
+				t.Fatalf("SCRIPT FLUSH on %s: %v", n.addr, err)
+			}
+		}
+	}
+	flushHealthy()
 	testenv.Pause(t, hung)
 
 	wrapped := limiter.WrappedCalls(lim)
@@ -145,6 +161,14 @@ func TestAPoolOnAHungMasterAnswersByItsFailureModeWithinOneDeadline(t *testing.T
 	}
 	// From the first timeout on, the limiter bounds its calls by their
 	// deadline itself, each node's commands on a goroutine of their own.
+	// The acquire may answer before the timeout of its hung node's
+	// commands is noted: wait for it.
+	for deadline := time.Now().Add(5 * time.Second); inCaller(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the limiter's calls still ran in their callers' goroutines 5s after a timeout")
+		}
+	}
+	flushHealthy()
 	wrapped = limiter.WrappedCalls(lim)
 	again, err, took := acquire(users[4], map[string]string{"model": hungModel, "team": healthyTeam})
 	within("an acquire joining a pool on the stopped master and one on a healthy one, the limiter bounding the call", took)

@@ -297,7 +297,7 @@ func TestAcquireAllDecidesEachAsAlone(t *testing.T) {
 		{Key: other, StreamID: "new", Limit: 5, TTL: time.Minute, Rec: lua.Record{Caller: "b"}},
 		{Key: full, StreamID: "second", Limit: 1, TTL: time.Minute},
 		{Key: other, StreamID: "theirs", Limit: 5, TTL: time.Minute, Rec: lua.Record{Caller: "b"}},
-	})
+	}, nil)
 	for i, err := range errs {
 		if err != nil {
 			t.Fatalf("entry %d: %v", i, err)

@@ -78,16 +78,16 @@ func (a AcquireArgs) args() []string {
 }
 
 // AcquireAll runs the acquire script for each of acqs at once, in one
-// pipeline (on a cluster, one per node), and returns each one's answer
-// and error, in order.
-func AcquireAll(ctx context.Context, c rueidis.Client, acqs []AcquireArgs) ([]Acquired, []error) {
+// pipeline (on a cluster, one per node as nodeOf says, concurrently: see
+// doMultiScripts), and returns each one's answer and error, in order.
+func AcquireAll(ctx context.Context, c rueidis.Client, acqs []AcquireArgs, nodeOf NodeOf) ([]Acquired, []error) {
 	cmds := make(rueidis.Commands, len(acqs))
 	for i, a := range acqs {
 		cmds[i] = c.B().Evalsha().Sha1(acquireSHA).Numkeys(6).Key(queueKeys(a.Key)...).Arg(a.args()...).Build()
 	}
 	resps := doMultiScripts(ctx, c, cmds, func(i int) rueidis.Completed {
 		return c.B().Eval().Script(acquireSource).Numkeys(6).Key(queueKeys(acqs[i].Key)...).Arg(acqs[i].args()...).Build()
-	})
+	}, nodeOf)
 	out := make([]Acquired, len(acqs))
 	errs := make([]error, len(acqs))
 	for i, resp := range resps {
@@ -222,73 +222,14 @@ func HeartbeatMulti(ctx context.Context, c rueidis.Client, slots []HeartbeatArgs
 	errs := make([]error, len(slots))
 	calls := byUser(slots)
 	cmds := make(rueidis.Commands, len(calls))
-	order := make([]int, len(calls)) // indices of calls, grouped by hash slot
 	for i, call := range calls {
 		cmds[i] = c.B().Evalsha().Sha1(heartbeatSHA).Numkeys(2).Key(userKeys(call.key)...).Arg(call.args...).Build().ToRetryable()
-		order[i] = i
 	}
-	if c.Mode() != rueidis.ClientModeCluster { // one node: one group
-		for j, resp := range heartbeatGroup(ctx, c, calls, cmds, order) {
-			calls[order[j]].fill(resp, beats, errs)
-		}
-		return beats, errs
-	}
-	// Group by node, then by hash slot where the node is not known.
-	node := make([]string, len(cmds))
-	for i, cmd := range cmds {
-		if nodeOf != nil {
-			node[i] = nodeOf(cmd.Slot())
-		}
-	}
-	sameGroup := func(a, b int) bool {
-		return node[a] == node[b] && (node[a] != "" || cmds[a].Slot() == cmds[b].Slot())
-	}
-	slices.SortFunc(order, func(a, b int) int {
-		return cmp.Or(cmp.Compare(node[a], node[b]), cmp.Compare(cmds[a].Slot(), cmds[b].Slot()))
+	resps := eachGroup(ctx, len(cmds), nodeGroups(c, cmds, nodeOf), func(group []int) []rueidis.RedisResult {
+		return scriptGroup(ctx, c, cmds, group, func(i int) rueidis.Completed { return heartbeatEval(c, calls[i]) })
 	})
-	// Each group runs in a goroutine of its own, and its answers are used
-	// only if they come by ctx's deadline: on a cluster rueidis may make a
-	// call wait past it (for a dial of a hung node that a topology refresh
-	// started). A late group writes nothing but its own answers.
-	var groups [][]int
-	for len(order) > 0 {
-		n := 1
-		for n < len(order) && sameGroup(order[n], order[0]) {
-			n++
-		}
-		groups = append(groups, order[:n])
-		order = order[n:]
-	}
-	type answer struct {
-		group int // index in groups
-		resps []rueidis.RedisResult
-	}
-	done := make(chan answer, len(groups))
-	for g, group := range groups {
-		go func() { done <- answer{g, heartbeatGroup(ctx, c, calls, cmds, group)} }()
-	}
-	left := make([]bool, len(groups)) // left[g]: group g did not answer
-	for g := range left {
-		left[g] = true
-	}
-	for range groups {
-		select {
-		case a := <-done:
-			left[a.group] = false
-			for j, resp := range a.resps {
-				calls[groups[a.group][j]].fill(resp, beats, errs)
-			}
-		case <-ctx.Done():
-			timeout := rueidis.NewErrorResult(ctx.Err())
-			for g, group := range groups {
-				for _, i := range group {
-					if left[g] {
-						calls[i].fill(timeout, beats, errs)
-					}
-				}
-			}
-			return beats, errs
-		}
+	for i, resp := range resps {
+		calls[i].fill(resp, beats, errs)
 	}
 	return beats, errs
 }
@@ -350,16 +291,30 @@ func byUser(slots []HeartbeatArgs) []userBeat {
 	return calls
 }
 
-// heartbeatGroup sends cmds[i] for each i of group (the calls of one node
-// or hash slot, or all of a client with one node), then EVAL for those
+// doMultiScripts sends cmds, EVALSHAs, then eval(i) for each cmds[i]
+// whose node answered NOSCRIPT (after a failover, a restart, a SCRIPT
+// FLUSH, a new script), and returns the answers in the order of cmds. On
+// a cluster each node's commands go as a pipeline of their own (see
+// nodeGroups), concurrently, each followed by its own EVALs: one pipeline
+// for them all would hold every node's EVAL until the slowest node
+// answered, so that with one node hung, another node's answers were lost
+// whenever it lacked the script.
+func doMultiScripts(ctx context.Context, c rueidis.Client, cmds rueidis.Commands, eval func(i int) rueidis.Completed, nodeOf NodeOf) []rueidis.RedisResult {
+	return eachGroup(ctx, len(cmds), nodeGroups(c, cmds, nodeOf), func(group []int) []rueidis.RedisResult {
+		return scriptGroup(ctx, c, cmds, group, eval)
+	})
+}
+
+// scriptGroup sends cmds[i] for each i of group (the calls of one node or
+// hash slot, or all of a client with one node), then eval(i) for those
 // whose node answered NOSCRIPT, and returns the answers in the order of
 // group.
-func heartbeatGroup(ctx context.Context, c rueidis.Client, calls []userBeat, cmds rueidis.Commands, group []int) []rueidis.RedisResult {
+func scriptGroup(ctx context.Context, c rueidis.Client, cmds rueidis.Commands, group []int, eval func(i int) rueidis.Completed) []rueidis.RedisResult {
 	if len(group) == 1 { // Do costs less than DoMulti
 		i := group[0]
 		resp := c.Do(ctx, cmds[i])
 		if rerr, ok := rueidis.IsRedisErr(resp.Error()); ok && rerr.IsNoScript() {
-			resp = c.Do(ctx, heartbeatEval(c, calls[i]))
+			resp = c.Do(ctx, eval(i))
 		}
 		return []rueidis.RedisResult{resp}
 	}
@@ -367,28 +322,98 @@ func heartbeatGroup(ctx context.Context, c rueidis.Client, calls []userBeat, cmd
 	for j, i := range group {
 		sent[j] = cmds[i]
 	}
-	return doMultiScripts(ctx, c, sent, func(j int) rueidis.Completed { return heartbeatEval(c, calls[group[j]]) })
-}
-
-// doMultiScripts sends cmds, EVALSHAs, in one pipeline (on a cluster, one
-// per node), then eval(i) for each cmds[i] whose node answered NOSCRIPT
-// (after a failover, a restart, a SCRIPT FLUSH, a new script), and
-// returns the answers in the order of cmds.
-func doMultiScripts(ctx context.Context, c rueidis.Client, cmds rueidis.Commands, eval func(i int) rueidis.Completed) []rueidis.RedisResult {
-	resps := c.DoMulti(ctx, cmds...)
-	var missing []int // positions in cmds whose node lacks the script
-	for i, resp := range resps {
+	resps := c.DoMulti(ctx, sent...)
+	var missing []int // positions in group whose node lacks the script
+	for j, resp := range resps {
 		if rerr, ok := rueidis.IsRedisErr(resp.Error()); ok && rerr.IsNoScript() {
-			missing = append(missing, i)
+			missing = append(missing, j)
 		}
 	}
 	if len(missing) > 0 {
 		evals := make(rueidis.Commands, len(missing))
-		for k, i := range missing {
-			evals[k] = eval(i)
+		for k, j := range missing {
+			evals[k] = eval(group[j])
 		}
 		for k, resp := range c.DoMulti(ctx, evals...) {
 			resps[missing[k]] = resp
+		}
+	}
+	return resps
+}
+
+// nodeGroups splits cmds into the indexes of each node's commands, as
+// nodeOf says, and by hash slot where it says "" (or is nil): one group
+// of all on a client of one node.
+func nodeGroups(c rueidis.Client, cmds rueidis.Commands, nodeOf NodeOf) [][]int {
+	order := make([]int, len(cmds))
+	for i := range order {
+		order[i] = i
+	}
+	if c.Mode() != rueidis.ClientModeCluster {
+		return [][]int{order}
+	}
+	node := make([]string, len(cmds))
+	for i, cmd := range cmds {
+		if nodeOf != nil {
+			node[i] = nodeOf(cmd.Slot())
+		}
+	}
+	sameGroup := func(a, b int) bool {
+		return node[a] == node[b] && (node[a] != "" || cmds[a].Slot() == cmds[b].Slot())
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		return cmp.Or(cmp.Compare(node[a], node[b]), cmp.Compare(cmds[a].Slot(), cmds[b].Slot()))
+	})
+	var groups [][]int
+	for len(order) > 0 {
+		n := 1
+		for n < len(order) && sameGroup(order[n], order[0]) {
+			n++
+		}
+		groups = append(groups, order[:n])
+		order = order[n:]
+	}
+	return groups
+}
+
+// eachGroup runs send for each of groups (indexes of n commands) and
+// returns the answers in the order of the commands. One group runs in the
+// caller's goroutine. Several run each in a goroutine of its own, and
+// only the groups that answer by ctx's deadline are used: on a cluster
+// rueidis may make a call wait past it (for a dial of a hung node that a
+// topology refresh started). The others' commands answer ctx's error,
+// and a late group writes nothing.
+func eachGroup(ctx context.Context, n int, groups [][]int, send func(group []int) []rueidis.RedisResult) []rueidis.RedisResult {
+	resps := make([]rueidis.RedisResult, n)
+	if len(groups) == 1 {
+		for j, resp := range send(groups[0]) {
+			resps[groups[0][j]] = resp
+		}
+		return resps
+	}
+	type answer struct {
+		group []int
+		resps []rueidis.RedisResult
+	}
+	done := make(chan answer, len(groups))
+	for _, group := range groups {
+		go func() { done <- answer{group, send(group)} }()
+	}
+	answered := make([]bool, n)
+wait:
+	for range groups {
+		select {
+		case a := <-done:
+			for j, i := range a.group {
+				resps[i], answered[i] = a.resps[j], true
+			}
+		case <-ctx.Done():
+			break wait
+		}
+	}
+	for i := range resps {
+		if !answered[i] {
+			resps[i] = rueidis.NewErrorResult(ctx.Err())
 		}
 	}
 	return resps
@@ -490,16 +515,17 @@ func Release(ctx context.Context, c rueidis.Client, caller, key, streamID string
 }
 
 // ReleaseEach runs the release script for streamID on each of keys at
-// once, in one pipeline (on a cluster, one per node), as Release runs it
+// once, in one pipeline (on a cluster, one per node as nodeOf says: see
+// doMultiScripts), as Release runs it
 // on one, and returns each one's answer and error, in order.
-func ReleaseEach(ctx context.Context, c rueidis.Client, caller string, keys []string, streamID string) ([]Released, []error) {
+func ReleaseEach(ctx context.Context, c rueidis.Client, caller string, keys []string, streamID string, nodeOf NodeOf) ([]Released, []error) {
 	cmds := make(rueidis.Commands, len(keys))
 	for i, key := range keys {
 		cmds[i] = c.B().Evalsha().Sha1(releaseSHA).Numkeys(int64(len(releaseKeys(key)))).Key(releaseKeys(key)...).Arg(streamID, caller).Build()
 	}
 	resps := doMultiScripts(ctx, c, cmds, func(i int) rueidis.Completed {
 		return c.B().Eval().Script(releaseSource).Numkeys(int64(len(releaseKeys(keys[i])))).Key(releaseKeys(keys[i])...).Arg(streamID, caller).Build()
-	})
+	}, nodeOf)
 	out := make([]Released, len(keys))
 	errs := make([]error, len(keys))
 	for i, resp := range resps {
