@@ -86,9 +86,25 @@ local ids, records, waiting = {}, {}, {}
 local states, values = {}, {}
 local granted = false -- a slot was granted or extended
 local denied = false  -- a ticket left or was not queued: retry_after_ms is due
+local prefix = ARGV[2] .. ';started=' .. string.format('%d', now)
 for i = 1, n do
-  local id, action = ARGV[3 + 3 * i], ARGV[4 + 3 * i]
-  ids[i], records[i] = id, ARGV[2] .. ';started=' .. string.format('%d', now) .. ARGV[5 + 3 * i]
+  ids[i] = ARGV[3 + 3 * i]
+end
+-- Which of the call's tickets are queued, read at once, then kept as the
+-- loop below queues and drops them; and the tickets it refreshes, whose
+-- expiries are written at once after it.
+local queued, refresh = {}, {}
+for from = 1, n, 1000 do
+  local chunk = {unpack(ids, from, math.min(from + 999, n))}
+  for k, score in ipairs(redis.call('ZMSCORE', queue, unpack(chunk))) do
+    if score then
+      queued[chunk[k]] = true
+    end
+  end
+end
+for i = 1, n do
+  local id, action = ids[i], ARGV[4 + 3 * i]
+  records[i] = prefix .. ARGV[5 + 3 * i]
   states[i], values[i] = -1, 0
   local caller = holder(records[i])
   local ticket = false
@@ -102,40 +118,49 @@ for i = 1, n do
     denied = true
   elseif action == 'l' then
     dropTicket(queue, expiry, recs, id)
+    queued[id], refresh[id] = nil, nil
+    denied = true
+  elseif not queued[id] and redis.call('ZSCORE', slots, id) then
+    -- Held already (granted to a call whose answer was lost): extend it.
+    redis.call('ZADD', slots, 'GT', now + ttl, id)
+    redis.call('HSETNX', meta, id, records[i])
+    redis.call('ZREM', expiry, id)
+    redis.call('HDEL', recs, id)
+    refresh[id] = nil
+    states[i], values[i] = 1, tonumber(redis.call('ZSCORE', slots, id))
+    granted = true
+  elseif not queued[id] and redis.call('ZCARD', queue) >= maxQueue then
+    states[i] = -2
     denied = true
   else
-    local queued = redis.call('ZSCORE', queue, id)
-    if not queued and redis.call('ZSCORE', slots, id) then
-      -- Held already (granted to a call whose answer was lost): extend it.
-      redis.call('ZADD', slots, 'GT', now + ttl, id)
-      redis.call('HSETNX', meta, id, records[i])
-      redis.call('ZREM', expiry, id)
-      redis.call('HDEL', recs, id)
-      states[i], values[i] = 1, tonumber(redis.call('ZSCORE', slots, id))
-      granted = true
-    elseif not queued and redis.call('ZCARD', queue) >= maxQueue then
-      states[i] = -2
-      denied = true
-    else
-      if not queued then
-        local arrival = nowUs
-        local last = redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')
-        if last[2] then
-          arrival = math.max(arrival, tonumber(last[2]) + 1)
-        end
-        redis.call('ZADD', queue, digits(arrival), id)
-        -- A ticket's record is written once: its plan's limit (and
-        -- priority) does not change while it waits (an override is
-        -- applied when it is read). After the limit come the fields of
-        -- its slot's record: who asks, the priority and the user that
-        -- order the queue (see owed).
-        redis.call('HSET', recs, id, ARGV[1] .. ARGV[5 + 3 * i])
+    if not queued[id] then
+      local arrival = nowUs
+      local last = redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')
+      if last[2] then
+        arrival = math.max(arrival, tonumber(last[2]) + 1)
       end
-      redis.call('ZADD', expiry, 'GT', now + ticketTTL, id)
-      waiting[id] = i
-      states[i] = 0
+      redis.call('ZADD', queue, digits(arrival), id)
+      queued[id] = true
+      -- A ticket's record is written once: its plan's limit (and
+      -- priority) does not change while it waits (an override is
+      -- applied when it is read). After the limit come the fields of
+      -- its slot's record: who asks, the priority and the user that
+      -- order the queue (see owed).
+      redis.call('HSET', recs, id, ARGV[1] .. ARGV[5 + 3 * i])
     end
+    refresh[id] = true
+    waiting[id] = i
+    states[i] = 0
   end
+end
+-- The refreshed tickets' expiries, in one command per thousand.
+local expiries = {}
+for id in pairs(refresh) do
+  expiries[#expiries + 1] = now + ticketTTL
+  expiries[#expiries + 1] = id
+end
+for from = 1, #expiries, 2000 do
+  redis.call('ZADD', expiry, 'GT', unpack(expiries, from, math.min(from + 1999, #expiries)))
 end
 
 -- The free slots go to the tickets owed them, in order: this call's

@@ -2,6 +2,7 @@ package lua_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -324,6 +325,58 @@ func TestWaitServesByPriorityThenTheUserHoldingFewest(t *testing.T) {
 				t.Fatalf("%s after the release: %+v, want granted", want.member, got)
 			}
 			leaving = want.member
+		}
+	})
+}
+
+// TestWaitRefreshesManyTicketsInOneCall: one server's call for more
+// tickets than one command of the script takes (1,000) queues them all in
+// order, and a second call refreshes every one's expiry, each still in
+// its place; a stream id queued and withdrawn in the same call is left
+// with neither a ticket nor an expiry.
+func TestWaitRefreshesManyTicketsInOneCall(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		mustAcquire(t, c, key, "holder", 1)
+		ids := make([]string, 1500)
+		for i := range ids {
+			ids[i] = fmt.Sprintf("t%04d", i)
+		}
+		a := waitArgs(1, ids)
+		a.MaxQueue, a.TicketTTL = 2000, time.Minute
+		first := mustWait(t, c, key, a)
+		for i, got := range first.Tickets {
+			wantTicket(t, ids[i], got, lua.TicketQueued, i+1)
+		}
+		expiries := func() []float64 {
+			t.Helper()
+			got, err := c.Do(ctx, c.B().Zmscore().Key(keys.QueueExpiry(key)).Member(ids...).Build()).AsFloatSlice()
+			if err != nil {
+				t.Fatalf("ZMSCORE expiry: %v", err)
+			}
+			return got
+		}
+		before := expiries()
+		time.Sleep(5 * time.Millisecond)
+		second := mustWait(t, c, key, a)
+		after := expiries()
+		for i, got := range second.Tickets {
+			wantTicket(t, ids[i]+" again", got, lua.TicketQueued, i+1)
+			if after[i] <= before[i] {
+				t.Fatalf("%s's expiry %v after the second call, %v before: want it refreshed", ids[i], after[i], before[i])
+			}
+		}
+
+		both := lua.WaitArgs{Limit: 1, SlotTTL: time.Minute, TicketTTL: time.Minute, MaxQueue: 2000,
+			Tickets: []lua.TicketArgs{{StreamID: "both"}, {StreamID: "both", Leave: true}}}
+		got := mustWait(t, c, key, both)
+		wantTicket(t, "both, queued", got.Tickets[0], lua.TicketLeft, 0)
+		wantTicket(t, "both, withdrawn", got.Tickets[1], lua.TicketLeft, 0)
+		for _, k := range []string{keys.Queue(key), keys.QueueExpiry(key)} {
+			if err := c.Do(ctx, c.B().Zscore().Key(k).Member("both").Build()).Error(); !rueidis.IsRedisNil(err) {
+				t.Errorf("%s holds the withdrawn stream id (%v); want it gone", k, err)
+			}
 		}
 	})
 }
