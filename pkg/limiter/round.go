@@ -24,13 +24,16 @@ type ticketCall struct {
 // and answers the waiters it decides; it returns when the next call is
 // due if nothing happens meanwhile.
 //
-// A ticket goes into the call when its waiter is new or leaves, when it
-// could be served next (its place is within the limit), when a wake-up
-// named it, when its refresh is half due (so the refreshes of tickets
-// that joined at different times fall into the same calls), and every
-// ticket does when a slot or a ticket may have expired. So a user with a
-// thousand waiters on this server costs one call per poll for the head
-// of the queue and one with all its tickets per TicketTTL/3.
+// A call is made when a waiter is new or leaves, when a wake-up named one
+// of the loop's tickets (or no one), when a ticket's refresh is due, when
+// a slot or a ticket may have expired, and, for a ticket that could be
+// served next (its place is within the limit), when a slot is free
+// (room). The tickets it carries are those, and every ticket whose
+// refresh is half due (so the refreshes of tickets that joined at
+// different times fall into the same calls); every ticket when a slot or
+// a ticket may have expired. So a user with a thousand waiters on this
+// server costs two reads per poll for the head of the queue and one call
+// with all its tickets per TicketTTL/3.
 func (q *scopeQueue) round() time.Time {
 	l := q.l
 	now := time.Now()
@@ -47,6 +50,9 @@ func (q *scopeQueue) round() time.Time {
 	// leaves when all of its waiters do.
 	calls := map[string]*ticketCall{}
 	leaves := make([]WaitOutcome, len(q.waiters))
+	// needed: a ticket of the loop needs the call; polled: one could be
+	// served next, so the loop looks for a free slot.
+	needed, polled := false, false
 	for j, w := range q.waiters {
 		outcome, leaving := w.gone(now)
 		leaves[j] = outcome
@@ -57,8 +63,11 @@ func (q *scopeQueue) round() time.Time {
 		}
 		c.leave = c.leave && leaving
 		place := q.places[w.streamID]
-		c.send = c.send || all || leaving || q.named[w.streamID] || place == 0 || place <= q.served() ||
-			now.Sub(q.refreshed[w.streamID]) >= refreshBy/2
+		since := now.Sub(q.refreshed[w.streamID])
+		need := all || leaving || q.named[w.streamID] || place == 0 || since >= refreshBy
+		poll := place <= q.served()
+		c.send = c.send || need || poll || since >= refreshBy/2
+		needed, polled = needed || need, polled || poll
 	}
 	clear(q.named)
 	q.namedAll = false
@@ -69,8 +78,17 @@ func (q *scopeQueue) round() time.Time {
 			c.at = len(args.Tickets) // 1-based, 0: not yet
 		}
 	}
-	if len(args.Tickets) == 0 {
+	if !needed && !polled {
 		return q.next(now)
+	}
+	if !needed {
+		switch room, err := q.room(now); {
+		case err != nil:
+			q.fail(mode, err, now)
+			return now.Add(refreshBy)
+		case !room:
+			return q.next(now)
+		}
 	}
 
 	var got lua.Waited
@@ -161,6 +179,20 @@ func (q *scopeQueue) round() time.Time {
 		return now
 	}
 	return q.next(now)
+}
+
+// room is a poll's look before its call: whether the scope has a slot
+// free under the limit of the loop's plan (lua.Room). Without one the
+// script could grant none of the loop's tickets, wake no one and queue
+// nothing, and the tickets' refreshes are not due, so the call is not
+// made: a poll that finds no wake-up was lost costs two reads, not a run
+// of the script.
+func (q *scopeQueue) room(now time.Time) (room bool, err error) {
+	err = q.l.do(context.Background(), "wait_poll", func(ctx context.Context, c rueidis.Client) (err error) {
+		room, err = lua.Room(ctx, c, q.key, q.limit, now)
+		return err
+	})
+	return room, err
 }
 
 // next is when the loop's next call is due unasked: a poll while one of

@@ -26,10 +26,11 @@ import (
 // release that frees a slot while tickets wait publishes the head's
 // stream id on the user's shard (SPUBLISH); the server holding it calls
 // the script at once, which grants the slot or, when the head's server is
-// gone, names the tickets owed it next. Without a wake-up a loop calls
-// the script every WaitPoll when one of its tickets could be served next,
-// else every TicketTTL/3 to refresh them, and at the moment a slot or a
-// ticket is due to expire. So the cost of waiting grows with the users
+// gone, names the tickets owed it next. Without a wake-up a loop looks
+// for a free slot every WaitPoll when one of its tickets could be served
+// next (two reads; the script only when one is free, see room), calls
+// the script every TicketTTL/3 to refresh its tickets, and at the moment
+// a slot or a ticket is due to expire. So the cost of waiting grows with the users
 // that have waiters, not with the waiters.
 
 // WaitOutcome says how a wait in the queue ended: the outcome label of the
