@@ -192,6 +192,8 @@ func queueUser(t *testing.T, ctx context.Context, s *limitertest.Stack, req limi
 // find no slot free, still refreshes its ticket when the refresh is due:
 // over five ticket TTLs of polling it keeps its place ahead of a ticket
 // another replica refreshes, and is served first when the slot frees.
+// (A TTL of 600ms: a refresh every 200ms, and 400ms of margin for a
+// loaded machine.)
 func TestATicketThatOnlyPollsIsStillRefreshed(t *testing.T) {
 	for _, b := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
 		t.Run(b.String(), func(t *testing.T) {
@@ -201,7 +203,7 @@ func TestATicketThatOnlyPollsIsStillRefreshed(t *testing.T) {
 			var addrs []string
 			for range 2 {
 				s := limitertest.New(t, limitertest.Options{Backend: b, Redis: cluster.Options{Addrs: addrs, Timeout: 5 * time.Second}, Tiers: poolWaitTiers(),
-					Limiter: limiter.Options{Keys: prefix, WaitPoll: 20 * time.Millisecond, TicketTTL: 300 * time.Millisecond}})
+					Limiter: limiter.Options{Keys: prefix, WaitPoll: 20 * time.Millisecond, TicketTTL: 600 * time.Millisecond}})
 				addrs = s.Redis.Addrs()
 				stacks = append(stacks, s)
 			}
@@ -220,7 +222,7 @@ func TestATicketThatOnlyPollsIsStillRefreshed(t *testing.T) {
 				res, err := stacks[1].Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "second", Wait: 10 * time.Second})
 				second.done <- acquired{res, err}
 			}()
-			time.Sleep(1500 * time.Millisecond)
+			time.Sleep(3 * time.Second)
 			listing, err := stacks[0].Limiter.Slots(ctx, user)
 			if err != nil {
 				t.Fatal(err)
