@@ -60,15 +60,22 @@ type acquired struct {
 // pool key's queue (of s's keys).
 func queue(t *testing.T, ctx context.Context, s *limitertest.Stack, lim *limiter.Limiter, req limiter.AcquireRequest, wait time.Duration) *queued {
 	t.Helper()
+	return startQueued(t, ctx, lim, req, wait, func() int64 { return queueLength(t, s, req.Pools["model"]) })
+}
+
+// startQueued starts req on lim with wait and returns once length, the
+// size of the queue it joins, has grown.
+func startQueued(t *testing.T, ctx context.Context, lim *limiter.Limiter, req limiter.AcquireRequest, wait time.Duration, length func() int64) *queued {
+	t.Helper()
 	req.Wait = wait
 	q := &queued{done: make(chan acquired, 1)}
-	before := queueLength(t, s, req.Pools["model"])
+	before := length()
 	go func() {
 		res, err := lim.Acquire(ctx, req)
 		q.done <- acquired{res, err}
 	}()
 	deadline := time.Now().Add(5 * time.Second)
-	for queueLength(t, s, req.Pools["model"]) <= before {
+	for length() <= before {
 		if time.Now().After(deadline) {
 			t.Fatalf("%s's acquire not queued within 5s", req.UserID)
 		}

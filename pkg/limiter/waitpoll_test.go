@@ -120,14 +120,14 @@ func TestAPollThatFindsNoFreeSlotRunsNoScript(t *testing.T) {
 			for _, stream := range []string{"a", "b", "c"} { // low's limit, 3
 				mustAcquireUser(t, s.Limiter, user, "low", stream)
 			}
-			q := queueUser(t, ctx, s, limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "waiter"}, key)
+			q := queueUser(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "waiter"}, key)
 			waitPolls(t, log, q)
 			freeByHand(t, s, key, "b")
 			served(t, q, "the user's waiter once a slot was freed with no wake-up")
 
 			// At the limit again (a, c, waiter): an override to 4 lets the
 			// next waiter in, with no wake-up either.
-			q = queueUser(t, ctx, s, limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "second"}, key)
+			q = queueUser(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "second"}, key)
 			waitPolls(t, log, q)
 			c, err := s.Redis.Redis()
 			if err != nil {
@@ -168,24 +168,11 @@ func mustAcquireUser(t *testing.T, lim *limiter.Limiter, user, plan, stream stri
 	}
 }
 
-// queueUser starts req, waiting up to 10s, and returns once its ticket is
-// in the user's queue (key).
-func queueUser(t *testing.T, ctx context.Context, s *limitertest.Stack, req limiter.AcquireRequest, key string) *queued {
+// queueUser starts req on lim, waiting up to 10s, and returns once its
+// ticket is in the user's queue (key, on s's Redis).
+func queueUser(t *testing.T, ctx context.Context, s *limitertest.Stack, lim *limiter.Limiter, req limiter.AcquireRequest, key string) *queued {
 	t.Helper()
-	req.Wait = 10 * time.Second
-	q := &queued{done: make(chan acquired, 1)}
-	go func() {
-		res, err := s.Limiter.Acquire(ctx, req)
-		q.done <- acquired{res, err}
-	}()
-	deadline := time.Now().Add(5 * time.Second)
-	for zcard(t, s, keys.Queue(key)) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s's acquire not queued within 5s", req.UserID)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return q
+	return startQueued(t, ctx, lim, req, 10*time.Second, func() int64 { return zcard(t, s, keys.Queue(key)) })
 }
 
 // TestATicketThatOnlyPollsIsStillRefreshed: the head's loop, whose looks
@@ -216,12 +203,8 @@ func TestATicketThatOnlyPollsIsStillRefreshed(t *testing.T) {
 			for _, stream := range []string{"a", "b", "c"} {
 				mustAcquireUser(t, stacks[0].Limiter, user, "low", stream)
 			}
-			head := queueUser(t, ctx, stacks[0], limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "head"}, key)
-			second := &queued{done: make(chan acquired, 1)}
-			go func() {
-				res, err := stacks[1].Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "second", Wait: 10 * time.Second})
-				second.done <- acquired{res, err}
-			}()
+			head := queueUser(t, ctx, stacks[0], stacks[0].Limiter, limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "head"}, key)
+			second := queueUser(t, ctx, stacks[0], stacks[1].Limiter, limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "second"}, key)
 			time.Sleep(3 * time.Second)
 			listing, err := stacks[0].Limiter.Slots(ctx, user)
 			if err != nil {
