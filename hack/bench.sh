@@ -25,9 +25,12 @@
 #                   2,000 pairs/s),
 #                   and a heartbeat round's Redis
 #                   CPU the same ways, in turns (BenchmarkPoolsAcquireRelease,
-#                   BenchmarkPoolsHeartbeat); the pairs of one hot pool key
-#                   against redis-benchmark EVALSHA of the acquire script
-#                   on that key (BenchmarkPoolKeyHot)
+#                   BenchmarkPoolsHeartbeat), with the Redis servers' and
+#                   the machine's CPU per pair (/proc/stat); the pairs of
+#                   one hot pool key against redis-benchmark EVALSHA of the
+#                   acquire script on that key (BenchmarkPoolKeyHot), and
+#                   the most the key's master, and the machine's cores with
+#                   only the servers on them, would allow (their CPU per pair)
 #   standalone      the library's Acquire+Release, redis-semaphore
 #                   (hack/bench/semaphore/semaphore.js); Redis' cost of a
 #                   heartbeat refresh against a plain ZADD+PEXPIREAT

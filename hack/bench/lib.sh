@@ -56,7 +56,7 @@ start_redis() {
 	(($1)) || unset LIMITER_TEST_REDIS_CLUSTER
 }
 
-declare -A PORTS=() MASTERS=() RPS=() GO=() SEM=() H=() URL=() PID=() SCALE=()
+declare -A PORTS=() MASTERS=() RPS=() GO=() SEM=() H=() URL=() PID=() SCALE=() MACHINE=()
 deployments=(standalone)
 
 port_of() { echo "${1##*:}"; }
@@ -182,11 +182,20 @@ rb_evalsha() {
 	printf '    %s rps\n' "$rps" >&2
 }
 
+# machine_times: the machine's processors' busy and all time since boot,
+# in /proc/stat's 1/100 s (as benchenv.ReadMachine counts them: stolen
+# time in neither).
+machine_times() {
+	awk '$1 == "cpu" { busy = $2 + $3 + $4 + $7 + $8; print busy, busy + $5 + $6; exit }' /proc/stat
+}
+
 # rb_pool_bench ROUND DEPLOYMENT: redis-benchmark EVALSHA of the acquire
 # script on one pool key, as the limiter runs it for a pool's membership
 # (member "<stream> <user>", the holder's user in the record), on the
 # master that holds the key; every call adds a member (the cap is the
-# most a pool key may have). RPS[<round>/<deployment>/pool].
+# most a pool key may have). RPS[<round>/<deployment>/pool]; the machine's
+# CPU per request in µs, MACHINE[<round>/<deployment>/pool/cpu-us], and the
+# share of its processors' time that was busy, MACHINE[.../busy].
 rb_pool_bench() {
 	local round=$1 d=$2 key='bench:pool:{hot=hot}' port moved
 	read -r port _ <<<"${MASTERS[$d]}"
@@ -196,9 +205,14 @@ rb_pool_bench() {
 	fi
 	flush "$d"
 	step "redis-benchmark $d: EVALSHA acquire on one pool key, -c $CLIENTS -n $BENCH_N"
+	local busy0 all0 busy1 all1
+	read -r busy0 all0 <<<"$(machine_times)"
 	rb_evalsha "$round/$d/pool" "$d" "$port" 1 "$BENCH_N" \
 		EVALSHA "$sha" 6 "$key" "$key:meta" "$key:override" "$key:q" "$key:q:expiry" "$key:q:rec" \
 		's__rand_int__ u__rand_int__' 100000 120000 ';user=13:u__rand_int__'
+	read -r busy1 all1 <<<"$(machine_times)"
+	MACHINE[$round/$d/pool/cpu-us]=$(awk -v b=$((busy1 - busy0)) -v n="$BENCH_N" 'BEGIN { printf "%.6g", b * 1e4 / n }')
+	MACHINE[$round/$d/pool/busy]=$(awk -v b=$((busy1 - busy0)) -v a=$((all1 - all0)) 'BEGIN { printf "%.6g", a ? b / a : 0 }')
 }
 
 rb_bench() { # rb_bench ROUND DEPLOYMENT: redis-benchmark unpipelined and -P 16

@@ -73,6 +73,23 @@ spread_line() {
 	line "$1" "$(per_round "$3" "${4//%d/standalone}" | spread "$2")" "$cluster"
 }
 
+# per_core_bound CORES US-ARRAY US-KEY RPS-ARRAY RPS-KEY: each round's most
+# ops/s that CORES processors allow at US-KEY's µs of CPU per op, divided
+# by RPS-KEY's measured ops/s.
+per_core_bound() {
+	paste <(per_round "$2" "$3") <(per_round "$4" "$5") | awk -v c="$1" '{ printf "%.6g\n", c * 1e6 / $1 / $2 }'
+}
+
+# bound_line LABEL CORES US-ARRAY US-KEY RPS-ARRAY RPS-KEY: a row of
+# per_core_bound, standalone and cluster (keys with a literal "%d").
+bound_line() {
+	local cluster=-
+	if has_cluster; then
+		cluster=$(per_core_bound "$2" "$3" "${4//%d/cluster}" "$5" "${6//%d/cluster}" | spread %.2f)
+	fi
+	line "$1" "$(per_core_bound "$2" "$3" "${4//%d/standalone}" "$5" "${6//%d/standalone}" | spread %.2f)" "$cluster"
+}
+
 report() {
 	local redis_version
 	redis_version=$(redis-server --version | sed -n 's/.* v=\([^ ]*\) .*/\1/p')
@@ -122,6 +139,8 @@ report() {
 	ratio_line "  the same, the scripts alone on the limiter's client" GO 'O/BenchmarkPoolsAcquireRelease/%d/two-sent-paced-acquire-p50-us' GO 'O/BenchmarkPoolsAcquireRelease/%d/none-sent-paced-acquire-p50-us' both
 	ratio_line "  two pools' paced acquire p50, limiter / the scripts alone" GO 'O/BenchmarkPoolsAcquireRelease/%d/two-paced-acquire-p50-us' GO 'O/BenchmarkPoolsAcquireRelease/%d/two-sent-paced-acquire-p50-us' both
 	ratio_line "  acquire p50, both at a light 2,000 pairs/s" GO 'O/BenchmarkPoolsAcquireRelease/%d/two-light-acquire-p50-us' GO 'O/BenchmarkPoolsAcquireRelease/%d/none-light-acquire-p50-us' both
+	ratio_line "  the most the servers allow: their CPU per pair, none / two" GO 'O/BenchmarkPoolsAcquireRelease/%d/none-servers-cpu-us/pair' GO 'O/BenchmarkPoolsAcquireRelease/%d/two-servers-cpu-us/pair' both
+	ratio_line "  the machine's CPU per pair, none / two" GO 'O/BenchmarkPoolsAcquireRelease/%d/none-machine-cpu-us/pair' GO 'O/BenchmarkPoolsAcquireRelease/%d/two-machine-cpu-us/pair' both
 	ratio_line "  heartbeat round, Redis CPU per stream" GO 'O/BenchmarkPoolsHeartbeat/%d/two-redis-cpu-us/stream' GO 'O/BenchmarkPoolsHeartbeat/%d/none-redis-cpu-us/stream' both
 	ratio_line "  the same, every stream in one hot pool key" GO 'O/BenchmarkPoolsHeartbeat/%d/hot-redis-cpu-us/stream' GO 'O/BenchmarkPoolsHeartbeat/%d/none-redis-cpu-us/stream' both
 	echo "the most pairs/s Redis allows two pools / none: its CPU per pair, none / two, pipelined (BenchmarkPoolsBound)"
@@ -136,6 +155,9 @@ report() {
 	spread_line "  memberships stripped to the slot, inside it" %.2f GO 'L/BenchmarkPoolsLatencyBound/paced-bare-p50-bound'
 	echo "one hot pool key: acquire+release pairs/s / redis-benchmark EVALSHA of the acquire script on that key (BenchmarkPoolKeyHot)"
 	ratio_line "  pairs/s / EVALSHA rps" GO 'K/BenchmarkPoolKeyHot/%d/pairs/s' RPS '%d/pool' both
+	bound_line "  the most the key's master allows (1 core) / EVALSHA rps" 1 GO 'K/BenchmarkPoolKeyHot/%d/hot-master-cpu-us/op' RPS '%d/pool'
+	bound_line "  the most $(nproc) cores allow the servers alone / EVALSHA rps" "$(nproc)" GO 'K/BenchmarkPoolKeyHot/%d/servers-cpu-us/pair' RPS '%d/pool'
+	ratio_line "  the machine's CPU, per EVALSHA / per pair" MACHINE '%d/pool/cpu-us' GO 'K/BenchmarkPoolKeyHot/%d/machine-cpu-us/pair' both
 	echo "waiting for a slot: the head's grant after a release / the release's own round trip (BenchmarkWakeUp)"
 	spread_line "  grant p50 / release round trip" %.2f GO 'W/BenchmarkWakeUp/%d/p50/release' both
 	spread_line "  grant p99 / release round trip" %.2f GO 'W/BenchmarkWakeUp/%d/p99/release' both
@@ -218,6 +240,12 @@ report() {
 	figure_line "  joining two" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/two-acquire-p50-us' both
 	figure_line "  the limiter's process CPU us per pair joining none" %.1f GO 'O/BenchmarkPoolsAcquireRelease/%d/none-client-cpu-us/pair' both
 	figure_line "  joining two" %.1f GO 'O/BenchmarkPoolsAcquireRelease/%d/two-client-cpu-us/pair' both
+	figure_line "  the Redis servers' CPU us per pair joining none" %.1f GO 'O/BenchmarkPoolsAcquireRelease/%d/none-servers-cpu-us/pair' both
+	figure_line "  joining two" %.1f GO 'O/BenchmarkPoolsAcquireRelease/%d/two-servers-cpu-us/pair' both
+	figure_line "  the machine's CPU us per pair joining none" %.1f GO 'O/BenchmarkPoolsAcquireRelease/%d/none-machine-cpu-us/pair' both
+	figure_line "  joining two" %.1f GO 'O/BenchmarkPoolsAcquireRelease/%d/two-machine-cpu-us/pair' both
+	figure_line "  the machine's processors busy, joining none" %.2f GO 'O/BenchmarkPoolsAcquireRelease/%d/none-machine-busy' both
+	figure_line "  joining two" %.2f GO 'O/BenchmarkPoolsAcquireRelease/%d/two-machine-busy' both
 	figure_line "  paced at half of two pools' pairs/s: pairs/s" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/paced-pairs/s' both
 	figure_line "  acquire p50 us joining none, paced" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/none-paced-acquire-p50-us' both
 	figure_line "  joining two, paced" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/two-paced-acquire-p50-us' both
@@ -233,7 +261,13 @@ report() {
 	figure_line "  heartbeat slots/s, every stream in one hot pool key" %.0f GO 'O/BenchmarkPoolsHeartbeat/%d/hot-slots/s' both
 	figure_line "hot pool key: acquire+release pairs/s" %.0f GO 'K/BenchmarkPoolKeyHot/%d/pairs/s' both
 	figure_line "  its master's Redis CPU us per pair" %.1f GO 'K/BenchmarkPoolKeyHot/%d/hot-master-cpu-us/op' both
+	figure_line "  all the Redis servers' CPU us per pair" %.1f GO 'K/BenchmarkPoolKeyHot/%d/servers-cpu-us/pair' both
+	figure_line "  the limiter's process CPU us per pair" %.1f GO 'K/BenchmarkPoolKeyHot/%d/client-cpu-us/pair' both
+	figure_line "  the machine's CPU us per pair" %.1f GO 'K/BenchmarkPoolKeyHot/%d/machine-cpu-us/pair' both
+	figure_line "  the machine's processors busy" %.2f GO 'K/BenchmarkPoolKeyHot/%d/machine-busy' both
 	figure_line "  redis-benchmark EVALSHA acquire on the key, rps" %.0f RPS '%d/pool' both
+	figure_line "    the machine's CPU us per request" %.1f MACHINE '%d/pool/cpu-us' both
+	figure_line "    the machine's processors busy" %.2f MACHINE '%d/pool/busy' both
 	figure_line "a pool membership's acquire script, Redis us per call" %.2f GO 'L/BenchmarkAcquireParts/whole-redis-µs/call'
 	figure_line "  of which the call itself (a script returning 1)" %.2f GO 'L/BenchmarkAcquireParts/call-redis-µs/call'
 	figure_line "  the membership's record" %.2f GO 'L/BenchmarkAcquireParts/record-redis-µs/call'

@@ -1,15 +1,20 @@
 // Package benchenv gives benchmarks direct connections to every node of a
 // Redis deployment, to load scripts on them and to read the servers' own
-// figures (CPU time, memory) around what they measure.
+// figures (CPU time, memory) around what they measure, and the machine's
+// own (ReadMachine).
 //
 // It is apart from testenv, which stays free of client libraries.
 package benchenv
 
 import (
 	"context"
+	"errors"
+	"io/fs"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/rueidis"
 )
@@ -104,4 +109,64 @@ func infoField(tb testing.TB, info, section, field string) string {
 	}
 	tb.Fatalf("INFO %s has no %s", section, field)
 	return ""
+}
+
+// Machine is what the machine's processors did, all of them together, as
+// /proc/stat counts it since boot: Busy running any process or the kernel
+// (user, nice, system, irq, softirq), and All, Busy and idle (idle,
+// iowait). Time stolen by a hypervisor is in neither: the machine could
+// not have used it.
+type Machine struct {
+	Busy, All time.Duration
+}
+
+// Sub is m less an earlier reading.
+func (m Machine) Sub(earlier Machine) Machine {
+	return Machine{Busy: m.Busy - earlier.Busy, All: m.All - earlier.All}
+}
+
+// Add is m and another reading's difference together.
+func (m Machine) Add(other Machine) Machine {
+	return Machine{Busy: m.Busy + other.Busy, All: m.All + other.All}
+}
+
+// BusyShare is the share of All that was Busy: 1 when every processor was
+// busy throughout.
+func (m Machine) BusyShare() float64 {
+	if m.All <= 0 {
+		return 0
+	}
+	return float64(m.Busy) / float64(m.All)
+}
+
+// userHZ is the unit of /proc/stat's times: 1/100 s on every Linux ABI
+// (USER_HZ, whatever the kernel's own tick).
+const userHZ = 100
+
+// ReadMachine reads /proc/stat's line of all processors; zero where there
+// is no /proc/stat (not Linux), so that a reading's All is 0.
+func ReadMachine(tb testing.TB) Machine {
+	tb.Helper()
+	stat, err := os.ReadFile("/proc/stat")
+	if errors.Is(err, fs.ErrNotExist) {
+		return Machine{}
+	}
+	if err != nil {
+		tb.Fatalf("the machine's CPU time: %v", err)
+	}
+	line, _, _ := strings.Cut(string(stat), "\n")
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		tb.Fatalf("/proc/stat begins %q, not the cpu line of user nice system idle iowait irq softirq", line)
+	}
+	var t [7]time.Duration
+	for i := range t {
+		n, err := strconv.ParseInt(f[i+1], 10, 64)
+		if err != nil {
+			tb.Fatalf("/proc/stat's cpu line %q: %v", line, err)
+		}
+		t[i] = time.Duration(n) * time.Second / userHZ
+	}
+	busy := t[0] + t[1] + t[2] + t[5] + t[6]
+	return Machine{Busy: busy, All: busy + t[3] + t[4]}
 }

@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/joishi/limiter/internal/benchenv"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/lua"
 	"github.com/joishi/limiter/pkg/pools"
@@ -62,7 +63,10 @@ var (
 // b.N pairs each way, the two ways in turns of benchTurn pairs. It
 // reports, per way (none-, two-): pairs/s, the acquire's median
 // latency, acquire-p50-us, and this process's CPU per pair,
-// client-cpu-us/pair (the limiter's and the benchmark's callers'). At full load that latency is the queue of
+// client-cpu-us/pair (the limiter's and the benchmark's callers'), and,
+// at full load, the Redis servers' CPU per pair (servers-cpu-us/pair)
+// and the machine's (machine-cpu-us/pair, with machine-busy, the share of
+// its processors' time that was busy). At full load that latency is the queue of
 // every caller's calls, and follows pairs/s; so both ways run once more,
 // in turns, paced at half of the pairs/s joining two pools made, for the
 // latency the pools add at one load (paced-acquire-p50-us), beside the
@@ -73,7 +77,8 @@ var (
 // (light-acquire-p50-us).
 func BenchmarkPoolsAcquireRelease(b *testing.B) {
 	eachBenchBackendWith(b, limiter.Options{Pools: benchPools(b)}, func(b *testing.B, e *env) {
-		ways := []*pairWay{{name: "none", join: joinNone}, {name: "two", join: joinTwo}}
+		servers := scaleServers(b, e.raw(b))
+		ways := []*pairWay{{name: "none", join: joinNone, servers: servers}, {name: "two", join: joinTwo, servers: servers}}
 		b.ResetTimer()
 		for done := 0; done < b.N; done += benchTurn {
 			for _, w := range ways {
@@ -114,12 +119,17 @@ func BenchmarkPoolsAcquireRelease(b *testing.B) {
 
 // BenchmarkPoolKeyHot: every stream joins one pool key, the most a pool
 // key serves: pairs/s (ops/s), and Redis CPU per pair on the master that
-// holds the key (hot-master-cpu-us/op). hack/bench.sh compares the pairs
-// with redis-benchmark running the acquire script on that key alone.
+// holds the key (hot-master-cpu-us/op), on all the servers
+// (servers-cpu-us/pair), in this process (client-cpu-us/pair) and on
+// the whole machine (machine-cpu-us/pair, and machine-busy, the share of
+// its processors' time that was busy). hack/bench.sh compares the pairs
+// with redis-benchmark running the acquire script on that key alone, and
+// reads from these what the key's master, and the machine's cores with
+// the servers alone on them, would allow.
 func BenchmarkPoolKeyHot(b *testing.B) {
 	eachBenchBackendWith(b, limiter.Options{Pools: benchPools(b)}, func(b *testing.B, e *env) {
 		servers := scaleServers(b, e.raw(b))
-		w := &pairWay{join: joinHot}
+		w := &pairWay{join: joinHot, servers: servers}
 		before := mastersCPU(b, servers)
 		b.ResetTimer()
 		w.run(b, e, b.N)
@@ -212,12 +222,18 @@ type pairWay struct {
 	join benchJoin
 	// sent, when set, makes each pair instead of the limiter: the scripts
 	// alone (see scriptsAlone). It returns the acquire's time.
-	sent  func(ctx context.Context, user, stream string, pools map[string]string) (time.Duration, error)
-	rate  float64 // pairs/s the callers start at most, in all; 0: as fast as they can
-	pairs int
-	wall  time.Duration
-	cpu   time.Duration   // this process's, in its runs
-	took  []time.Duration // each acquire's
+	sent func(ctx context.Context, user, stream string, pools map[string]string) (time.Duration, error)
+	rate float64 // pairs/s the callers start at most, in all; 0: as fast as they can
+	// servers, when set, are the deployment's Redis servers, whose CPU
+	// in w's runs (serversCPU, µs) is reported beside the machine's
+	// (machine): what a pair costs each part of the machine.
+	servers    *scaleNodes
+	serversCPU float64
+	pairs      int
+	wall       time.Duration
+	cpu        time.Duration    // this process's, in its runs
+	machine    benchenv.Machine // the machine's, in its runs
+	took       []time.Duration  // each acquire's
 }
 
 // run runs n acquire+release pairs of random users' streams with about
@@ -228,6 +244,12 @@ func (w *pairWay) run(b *testing.B, e *env, n int) {
 	var mu sync.Mutex
 	start := time.Now()
 	var wg sync.WaitGroup
+	var servers scaleCPU
+	var machine benchenv.Machine
+	if w.servers != nil {
+		servers = w.servers.cpu(b)
+		machine = benchenv.ReadMachine(b)
+	}
 	cpu := cpuTime()
 	for range benchClients {
 		wg.Go(func() {
@@ -270,6 +292,11 @@ func (w *pairWay) run(b *testing.B, e *env, n int) {
 	wg.Wait()
 	w.wall += time.Since(start)
 	w.cpu += cpuTime() - cpu
+	if w.servers != nil {
+		w.machine = w.machine.Add(benchenv.ReadMachine(b).Sub(machine))
+		after := w.servers.cpu(b)
+		w.serversCPU += after.masters + after.replicas - servers.masters - servers.replicas
+	}
 	w.pairs += n
 	if b.Failed() {
 		b.FailNow()
@@ -284,6 +311,13 @@ func (w *pairWay) report(b *testing.B) {
 	}
 	b.ReportMetric(float64(w.pairs)/w.wall.Seconds(), prefix+"pairs/s")
 	b.ReportMetric(float64(w.cpu.Microseconds())/float64(w.pairs), prefix+"client-cpu-us/pair")
+	if w.servers != nil {
+		b.ReportMetric(w.serversCPU/float64(w.pairs), prefix+"servers-cpu-us/pair")
+	}
+	if w.machine.All > 0 { // servers set, on Linux
+		b.ReportMetric(float64(w.machine.Busy.Microseconds())/float64(w.pairs), prefix+"machine-cpu-us/pair")
+		b.ReportMetric(w.machine.BusyShare(), prefix+"machine-busy")
+	}
 	slices.Sort(w.took)
 	if len(w.took) > 0 {
 		b.ReportMetric(float64(w.took[len(w.took)/2].Microseconds()), prefix+"acquire-p50-us")
