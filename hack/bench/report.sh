@@ -246,6 +246,10 @@ report() {
 	figure_line "  joining two" %.1f GO 'O/BenchmarkPoolsAcquireRelease/%d/two-machine-cpu-us/pair' both
 	figure_line "  the machine's processors busy, joining none" %.2f GO 'O/BenchmarkPoolsAcquireRelease/%d/none-machine-busy' both
 	figure_line "  joining two" %.2f GO 'O/BenchmarkPoolsAcquireRelease/%d/two-machine-busy' both
+	figure_line "  the same, paced: joining none" %.2f GO 'O/BenchmarkPoolsAcquireRelease/%d/none-paced-machine-busy' both
+	figure_line "  joining two" %.2f GO 'O/BenchmarkPoolsAcquireRelease/%d/two-paced-machine-busy' both
+	figure_line "  the same, at 2,000 pairs/s: joining none" %.2f GO 'O/BenchmarkPoolsAcquireRelease/%d/none-light-machine-busy' both
+	figure_line "  joining two" %.2f GO 'O/BenchmarkPoolsAcquireRelease/%d/two-light-machine-busy' both
 	figure_line "  paced at half of two pools' pairs/s: pairs/s" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/paced-pairs/s' both
 	figure_line "  acquire p50 us joining none, paced" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/none-paced-acquire-p50-us' both
 	figure_line "  joining two, paced" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/two-paced-acquire-p50-us' both

@@ -64,9 +64,9 @@ var (
 // reports, per way (none-, two-): pairs/s, the acquire's median
 // latency, acquire-p50-us, and this process's CPU per pair,
 // client-cpu-us/pair (the limiter's and the benchmark's callers'), and,
-// at full load, the Redis servers' CPU per pair (servers-cpu-us/pair)
-// and the machine's (machine-cpu-us/pair, with machine-busy, the share of
-// its processors' time that was busy). At full load that latency is the queue of
+// but for the scripts alone, the Redis servers' CPU per pair
+// (servers-cpu-us/pair) and the machine's (machine-cpu-us/pair, with
+// machine-busy, the share of its processors' time that was busy). At full load that latency is the queue of
 // every caller's calls, and follows pairs/s; so both ways run once more,
 // in turns, paced at half of the pairs/s joining two pools made, for the
 // latency the pools add at one load (paced-acquire-p50-us), beside the
@@ -91,7 +91,7 @@ func BenchmarkPoolsAcquireRelease(b *testing.B) {
 		}
 		rate := float64(ways[1].pairs) / ways[1].wall.Seconds() / 2
 		sent := scriptsAlone(b, e)
-		paced := []*pairWay{{name: "none-paced", join: joinNone, rate: rate}, {name: "two-paced", join: joinTwo, rate: rate},
+		paced := []*pairWay{{name: "none-paced", join: joinNone, rate: rate, servers: servers}, {name: "two-paced", join: joinTwo, rate: rate, servers: servers},
 			{name: "none-sent-paced", join: joinNone, rate: rate, sent: sent}, {name: "two-sent-paced", join: joinTwo, rate: rate, sent: sent}}
 		for done := 0; done < b.N; done += benchTurn {
 			for _, w := range paced {
@@ -104,7 +104,7 @@ func BenchmarkPoolsAcquireRelease(b *testing.B) {
 		b.ReportMetric(rate, "paced-pairs/s")
 		// And at a light load, where no queue forms: the latency of the
 		// calls themselves.
-		light := []*pairWay{{name: "none-light", join: joinNone, rate: benchLightRate}, {name: "two-light", join: joinTwo, rate: benchLightRate}}
+		light := []*pairWay{{name: "none-light", join: joinNone, rate: benchLightRate, servers: servers}, {name: "two-light", join: joinTwo, rate: benchLightRate, servers: servers}}
 		n := min(b.N, benchLightPairs)
 		for done := 0; done < n; done += benchTurn {
 			for _, w := range light {
