@@ -323,7 +323,10 @@ func TestAPIErrors(t *testing.T) {
 
 func TestAPIHeartbeats(t *testing.T) {
 	t.Parallel()
-	a := newAPI(t, limitertest.New(t, limitertest.Options{}).Limiter)
+	// A generous deadline: these cases are about what a batch answers, and
+	// a thousand slots' pipeline on a loaded machine can outlast the
+	// default 250ms, which answers them degraded rather than lost.
+	a := newAPI(t, limitertest.New(t, limitertest.Options{Redis: cluster.Options{Timeout: 5 * time.Second}}).Limiter)
 	user := newUser(t)
 	held := decode[httpapi.AcquireResponse](t, a.post(t, httpapi.PathAcquire, httpapi.AcquireRequest{UserID: user, Plan: "three", StreamID: "held"}), http.StatusOK)
 
