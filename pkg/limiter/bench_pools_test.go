@@ -66,14 +66,14 @@ var (
 // client-cpu-us/pair (the limiter's and the benchmark's callers'), and,
 // but for the scripts alone, the Redis servers' CPU per pair
 // (servers-cpu-us/pair) and the machine's (machine-cpu-us/pair, with
-// machine-busy, the share of its processors' time that was busy). At full load that latency is the queue of
-// every caller's calls, and follows pairs/s; so both ways run once more,
-// in turns, paced at half of the pairs/s joining two pools made, for the
-// latency the pools add at one load (paced-acquire-p50-us), beside the
-// same pairs made by the scripts alone on the limiter's client, none of
-// its code on the way (none-sent-paced-, two-sent-paced-; see
-// scriptsAlone), and at last
-// at a light load, benchLightRate, over benchLightPairs pairs at most
+// machine-busy, the share of its processors' time that was busy). At
+// full load that latency is the queue of every caller's calls, and
+// follows pairs/s; so both ways run once more, in turns, paced at half of
+// the pairs/s joining two pools made, for the latency the pools add at
+// one load (paced-acquire-p50-us), beside the same pairs made by the
+// scripts alone on the limiter's client, none of its code on the way
+// (none-sent-paced-, two-sent-paced-; see scriptsAlone), and at last at a
+// light load, benchLightRate, over benchLightPairs pairs at most
 // (light-acquire-p50-us).
 func BenchmarkPoolsAcquireRelease(b *testing.B) {
 	eachBenchBackendWith(b, limiter.Options{Pools: benchPools(b)}, func(b *testing.B, e *env) {
