@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/joishi/limiter/pkg/keys"
@@ -46,13 +47,37 @@ func (l *Limiter) ReleaseAs(ctx context.Context, caller, userID, streamID string
 	return res, err
 }
 
+// ReleaseJoined is Release for code that holds its own slots and kept
+// the pool keys its stream's grant joined (AcquireResult.Pools): their
+// memberships leave in the same round trip as the slot (one pipeline per
+// node), where Release drops them in a second one, after the slot's
+// record has named them. The record still decides what leaves: a pool
+// key it names that joined leaves out is dropped after, as by Release.
+// A membership is its stream's alone (the stream and user ids), so one
+// named in joined that the stream does not hold is not there to remove.
+// Errors: ErrInvalidUserID, ErrInvalidStreamID.
+func (l *Limiter) ReleaseJoined(ctx context.Context, userID, streamID string, joined []PoolGrant) (ReleaseResult, error) {
+	ctx, span := l.startSpan(ctx, "limiter.release")
+	res, err := l.releaseBy(ctx, time.Time{}, "", userID, streamID, joined)
+	if span.IsRecording() {
+		span.SetAttributes(attrReleased.Bool(res.Released), attrDegraded.Bool(res.Degraded))
+	}
+	endSpan(span, err)
+	l.observer.Released(ctx, res, err)
+	return res, err
+}
+
 func (l *Limiter) release(ctx context.Context, caller, userID, streamID string) (ReleaseResult, error) {
-	return l.releaseBy(ctx, time.Time{}, caller, userID, streamID)
+	return l.releaseBy(ctx, time.Time{}, caller, userID, streamID, nil)
 }
 
 // releaseBy is release as one decision, answered by end (a zero end: one
-// per-call timeout from now) with the memberships it drops.
-func (l *Limiter) releaseBy(ctx context.Context, end time.Time, caller, userID, streamID string) (ReleaseResult, error) {
+// per-call timeout from now) with the memberships it drops: those of
+// joined (see ReleaseJoined) beside the slot, when caller is "" (a
+// release on somebody's behalf may be refused, and must then drop
+// nothing), and those the slot's record names that joined does not,
+// after it.
+func (l *Limiter) releaseBy(ctx context.Context, end time.Time, caller, userID, streamID string, joined []PoolGrant) (ReleaseResult, error) {
 	if end.IsZero() {
 		end = l.decisionEnd()
 	}
@@ -63,11 +88,27 @@ func (l *Limiter) releaseBy(ctx context.Context, end time.Time, caller, userID, 
 	if err := keys.ValidateStreamID(streamID); err != nil {
 		return ReleaseResult{}, err
 	}
+	var along []lua.Member // the memberships that leave beside the slot
+	if caller == "" {
+		along = l.joinedMembers(userID, streamID, joined)
+	}
 	var got lua.Released
+	var left []lua.Released // along's answers
+	var leftErrs []error
 	err = l.doBy(ctx, end, "release", func(ctx context.Context, c rueidis.Client) (err error) {
-		got, err = lua.Release(ctx, c, caller, key, streamID)
-		return err
+		if len(along) == 0 {
+			got, err = lua.Release(ctx, c, caller, key, streamID)
+			return err
+		}
+		answers, errs := lua.ReleaseAt(ctx, c, "", append([]lua.Member{{Key: key, ID: streamID}}, along...), l.redis.NodeOf)
+		got, left, leftErrs = answers[0], answers[1:], errs[1:]
+		return errs[0]
 	})
+	for i, m := range left {
+		if leftErrs[i] == nil && m.Head != "" {
+			l.wake(ctx, along[i].Key, m.Head)
+		}
+	}
 	// Every plan's release fails open: a slot it misses frees itself when
 	// its TTL runs out.
 	if degrade(tiers.FailOpen, err) {
@@ -86,10 +127,43 @@ func (l *Limiter) releaseBy(ctx context.Context, end time.Time, caller, userID, 
 	if got.Head != "" {
 		l.wake(ctx, key, got.Head)
 	}
-	if len(got.Pools) > 0 {
-		l.leavePools(ctx, end, userID, streamID, got.Pools)
+	if held := l.notLeft(got.Pools, along, leftErrs); len(held) > 0 {
+		l.leaveAll(ctx, end, held, poolMember(userID, streamID))
 	}
 	return ReleaseResult{Released: got.Released}, nil
+}
+
+// joinedMembers are the memberships of the pool keys a stream's grant
+// joined (those a degraded grant did not count are not held).
+func (l *Limiter) joinedMembers(userID, streamID string, joined []PoolGrant) []lua.Member {
+	var out []lua.Member
+	for _, g := range joined {
+		if g.Degraded {
+			continue
+		}
+		if slots, err := l.keys.PoolKey(g.Pool, g.Key); err == nil {
+			out = append(out, lua.Member{Key: slots, ID: poolMember(userID, streamID)})
+		}
+	}
+	return out
+}
+
+// notLeft returns the sorted sets of the pool keys named (by a released
+// slot's record) whose membership did not leave beside the slot: not
+// among along, or along with an error (errs, along's).
+func (l *Limiter) notLeft(named []lua.PoolKey, along []lua.Member, errs []error) []string {
+	var out []string
+	for _, p := range named {
+		slots, err := l.keys.PoolKey(p.Pool, p.Key)
+		if err != nil {
+			continue
+		}
+		i := slices.IndexFunc(along, func(m lua.Member) bool { return m.Key == slots })
+		if i < 0 || i >= len(errs) || errs[i] != nil {
+			out = append(out, slots)
+		}
+	}
+	return out
 }
 
 // releasedAnswerKeep is how long release_all keeps its answer for a retry

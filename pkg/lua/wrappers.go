@@ -515,19 +515,36 @@ func Release(ctx context.Context, c rueidis.Client, caller, key, streamID string
 }
 
 // ReleaseEach runs the release script for streamID on each of keys at
-// once, in one pipeline (on a cluster, one per node as nodeOf says: see
-// doMultiScripts), as Release runs it
-// on one, and returns each one's answer and error, in order.
+// once, as ReleaseAt does, and returns each one's answer and error, in
+// order.
 func ReleaseEach(ctx context.Context, c rueidis.Client, caller string, keys []string, streamID string, nodeOf NodeOf) ([]Released, []error) {
-	cmds := make(rueidis.Commands, len(keys))
+	at := make([]Member, len(keys))
 	for i, key := range keys {
-		cmds[i] = c.B().Evalsha().Sha1(releaseSHA).Numkeys(int64(len(releaseKeys(key)))).Key(releaseKeys(key)...).Arg(streamID, caller).Build()
+		at[i] = Member{Key: key, ID: streamID}
+	}
+	return ReleaseAt(ctx, c, caller, at, nodeOf)
+}
+
+// Member is one member of a sorted set the release script runs on: a
+// user's slot (Key a keys.Schema.UserKey, ID the stream id) or a pool
+// key's membership (Key a keys.Schema.PoolKey, ID the member).
+type Member struct{ Key, ID string }
+
+// ReleaseAt runs the release script for each of members at once, in one
+// pipeline (on a cluster, one per node as nodeOf says: see
+// doMultiScripts), as Release runs it on one, and returns each one's
+// answer and error, in order.
+func ReleaseAt(ctx context.Context, c rueidis.Client, caller string, members []Member, nodeOf NodeOf) ([]Released, []error) {
+	cmds := make(rueidis.Commands, len(members))
+	for i, m := range members {
+		cmds[i] = c.B().Evalsha().Sha1(releaseSHA).Numkeys(int64(len(releaseKeys(m.Key)))).Key(releaseKeys(m.Key)...).Arg(m.ID, caller).Build()
 	}
 	resps := doMultiScripts(ctx, c, cmds, func(i int) rueidis.Completed {
-		return c.B().Eval().Script(releaseSource).Numkeys(int64(len(releaseKeys(keys[i])))).Key(releaseKeys(keys[i])...).Arg(streamID, caller).Build()
+		m := members[i]
+		return c.B().Eval().Script(releaseSource).Numkeys(int64(len(releaseKeys(m.Key)))).Key(releaseKeys(m.Key)...).Arg(m.ID, caller).Build()
 	}, nodeOf)
-	out := make([]Released, len(keys))
-	errs := make([]error, len(keys))
+	out := make([]Released, len(members))
+	errs := make([]error, len(members))
 	for i, resp := range resps {
 		arr, err := resp.ToArray()
 		if err == nil {
