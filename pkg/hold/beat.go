@@ -133,12 +133,17 @@ func fatal(err error) bool {
 		errors.Is(err, limiter.ErrInvalidUserID) || errors.Is(err, limiter.ErrInvalidStreamID)
 }
 
-// reacquire acquires a degraded stream's slot again under its stream id.
+// reacquire acquires a degraded stream's slot again under its stream id,
+// and its memberships of the pool keys its acquire named.
 func (h *Holder) reacquire(ctx context.Context, s *Stream) {
-	res, err := h.lim.Acquire(ctx, limiter.AcquireRequest{UserID: s.userID, Plan: s.plan, StreamID: s.id, Label: s.label})
+	res, err := h.lim.Acquire(ctx, limiter.AcquireRequest{UserID: s.userID, Plan: s.plan, StreamID: s.id, Label: s.label, Pools: s.named})
 	switch {
 	case err == nil && res.Granted:
-		s.update(res.ExpiresAt, res.Degraded)
+		s.rejoined(res)
+	case err == nil && res.RefusedBy != nil:
+		r := res.RefusedBy
+		h.lose(ctx, s, fmt.Errorf("%w: acquired while Redis did not answer, and refused now that it does by pool %s=%s (%d of its %d held)",
+			limiter.ErrSlotLost, r.Pool, r.Key, r.Used, r.Limit))
 	case err == nil:
 		h.lose(ctx, s, fmt.Errorf("%w: acquired while Redis did not answer, and refused now that it does (%d of %d slots held)",
 			limiter.ErrSlotLost, res.Used, res.Limit))

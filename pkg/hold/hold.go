@@ -195,7 +195,7 @@ func (h *Holder) Acquire(ctx context.Context, req limiter.AcquireRequest) (*Stre
 	s := newStream(h, req, res)
 	if !h.add(s) {
 		// Closed while the acquire was in flight: give the slot back.
-		_, _ = h.lim.Release(context.WithoutCancel(ctx), s.userID, s.id)
+		_, _ = h.lim.ReleaseJoined(context.WithoutCancel(ctx), s.userID, s.id, res.Pools)
 		return nil, res, ErrClosed
 	}
 	h.metrics.started(ctx)

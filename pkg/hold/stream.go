@@ -43,11 +43,13 @@ type Stream struct {
 	plan     string
 	label    string // the acquire's, for a re-acquire
 	id       string
+	named    map[string]string // the acquire's pools, for a re-acquire
 	interval time.Duration
 	started  time.Time
 	touched  atomic.Int64 // unix nanoseconds of the latest Touch
 
 	mu        sync.Mutex
+	pools     []limiter.PoolGrant // the pool keys the grant joined: they leave with the slot
 	degraded  bool
 	expiresAt time.Time
 	err       error // why the slot was lost; nil while held
@@ -60,7 +62,7 @@ type Stream struct {
 func newStream(h *Holder, req limiter.AcquireRequest, res limiter.AcquireResult) *Stream {
 	now := time.Now()
 	s := &Stream{
-		h: h, userID: req.UserID, plan: req.Plan, label: req.Label, id: res.StreamID, interval: intervalOf(res.Tier), started: now,
+		h: h, userID: req.UserID, plan: req.Plan, label: req.Label, id: res.StreamID, named: req.Pools, pools: res.Pools, interval: intervalOf(res.Tier), started: now,
 		degraded: res.Degraded, expiresAt: res.ExpiresAt, lost: make(chan struct{}),
 	}
 	s.touched.Store(now.UnixNano())
@@ -152,7 +154,7 @@ func (s *Stream) Release(ctx context.Context, end End) bool {
 		return false
 	}
 	s.released = true
-	gone := s.slotGone
+	gone, pools := s.slotGone, s.pools
 	cancels := s.cancels
 	s.cancels = nil
 	s.mu.Unlock()
@@ -166,7 +168,7 @@ func (s *Stream) Release(ctx context.Context, end End) bool {
 	if gone {
 		return true
 	}
-	if _, err := s.h.lim.Release(ctx, s.userID, s.id); err != nil {
+	if _, err := s.h.lim.ReleaseJoined(ctx, s.userID, s.id, pools); err != nil {
 		s.h.log.Warn("releasing a stream's slot failed; it expires after its TTL", "mode", s.h.opts.Mode, "stream_id", s.id, "err", err)
 	}
 	return true
@@ -199,6 +201,15 @@ func (s *Stream) lose(err error, slotGone bool, counted func()) bool {
 }
 
 // update records a heartbeat's or re-acquire's answer.
+// rejoined records a re-acquire's grant: its expiry, whether it is still
+// degraded, and the pool keys it joined.
+func (s *Stream) rejoined(res limiter.AcquireResult) {
+	s.update(res.ExpiresAt, res.Degraded)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pools = res.Pools
+}
+
 func (s *Stream) update(expiresAt time.Time, degraded bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

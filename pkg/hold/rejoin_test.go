@@ -1,0 +1,102 @@
+package hold_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/joishi/limiter/internal/limitertest"
+	"github.com/joishi/limiter/internal/testenv"
+	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/hold"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/pools"
+)
+
+// A stream granted degraded while Redis did not answer joins its pools
+// too when it is acquired again once Redis answers: the pool key counts
+// it, as it counts every stream granted while Redis answered, and its
+// release drops the membership.
+func TestDegradedStreamRejoinsItsPoolsOnceRedisAnswers(t *testing.T) {
+	path := testenv.StartProxy(t, testenv.Redis(t))
+	capped := 5
+	table := pools.NewTable()
+	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "model", MaxConcurrentStreams: &capped}.WithDefaults()}); err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, hold.Options{}, limitertest.Options{Redis: cluster.Options{Addrs: []string{path.Addr()}, Timeout: 200 * time.Millisecond},
+		Limiter: limiter.Options{Pools: table}})
+	user, key := newUser(), "m-"+newUser()
+	path.BlackHole()
+	st, res, err := e.Holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "short", Pools: map[string]string{"model": key}})
+	if err != nil || st == nil || !st.Degraded() {
+		t.Fatalf("Acquire while Redis is black-holed: %v, %+v, %v; want a degraded stream", st, res, err)
+	}
+	defer st.Release(context.Background(), hold.EndComplete)
+	time.Sleep(300 * time.Millisecond) // degraded heartbeats meanwhile
+	path.Restore()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		slots, err := e.Stack.Limiter.PoolSlots(context.Background(), "model", key)
+		if err == nil && slots.Used == 1 && !st.Degraded() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("5s after Redis came back: model=%s %+v (err %v), degraded %v; want the stream's membership counted", key, slots, err, st.Degraded())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	st.Release(context.Background(), hold.EndComplete)
+	if slots, err := e.Stack.Limiter.PoolSlots(context.Background(), "model", key); err != nil || slots.Used != 0 {
+		t.Errorf("after the release: model=%s %+v, %v; want no membership left", key, slots, err)
+	}
+}
+
+// A degraded stream whose pool key filled while Redis did not answer is
+// refused by it when acquired again: the stream is lost, and its loss
+// names the pool key; its user keeps no slot.
+func TestDegradedStreamRefusedByAFullPoolIsLost(t *testing.T) {
+	addr := testenv.Redis(t)
+	path := testenv.StartProxy(t, addr)
+	capped := 1
+	table := pools.NewTable()
+	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "model", MaxConcurrentStreams: &capped}.WithDefaults()}); err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, hold.Options{}, limitertest.Options{Redis: cluster.Options{Addrs: []string{path.Addr()}, Timeout: 200 * time.Millisecond},
+		Limiter: limiter.Options{Pools: table}})
+	user, key := newUser(), "m-"+newUser()
+	path.BlackHole()
+	st, res, err := e.Holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "short", Pools: map[string]string{"model": key}})
+	if err != nil || st == nil || !st.Degraded() {
+		t.Fatalf("Acquire while Redis is black-holed: %v, %+v, %v; want a degraded stream", st, res, err)
+	}
+	defer st.Release(context.Background(), hold.EndComplete)
+	// Another replica's stream holds the key's one membership meanwhile.
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	slots, _ := e.Stack.Keys.PoolKey("model", key)
+	expiry := float64(time.Now().Add(time.Minute).UnixMilli())
+	if err := c.Do(context.Background(), c.B().Zadd().Key(slots).ScoreMember().ScoreMember(expiry, "s-other u-other").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	path.Restore()
+	select {
+	case <-st.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("5s after Redis came back, the degraded stream of a full pool key is not lost")
+	}
+	if err := st.Err(); !errors.Is(err, limiter.ErrSlotLost) || !strings.Contains(err.Error(), "model="+key) {
+		t.Errorf("its loss: %v; want slot lost, naming model=%s", err, key)
+	}
+	if n := e.Used(t, user); n != 0 {
+		t.Errorf("its user holds %d slots after the pool refused it; want 0", n)
+	}
+}
