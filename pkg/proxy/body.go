@@ -31,7 +31,7 @@ func (p *Proxy) bufferBody(w http.ResponseWriter, r *http.Request, id *identity.
 	}
 	rc := http.NewResponseController(w)
 	_ = rc.SetReadDeadline(time.Now().Add(bodyReadTimeout))
-	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	body, err := readAll(io.LimitReader(r.Body, limit+1), r.ContentLength)
 	_ = rc.SetReadDeadline(time.Time{})
 	switch {
 	case r.Context().Err() != nil:
@@ -61,6 +61,30 @@ func (p *Proxy) bufferBody(w http.ResponseWriter, r *http.Request, id *identity.
 		return &refusal, false
 	}
 	return nil, true
+}
+
+// readAll is io.ReadAll into a buffer of the size the body declares
+// (Content-Length; -1 when unknown), so that a body of that length is
+// read into one allocation rather than grown into from 512 bytes.
+func readAll(r io.Reader, declared int64) ([]byte, error) {
+	if declared < 0 {
+		return io.ReadAll(r)
+	}
+	// One byte more, so that the read that finds the end needs no room.
+	b := make([]byte, 0, declared+1)
+	for {
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // a body longer than declared: grow as append does
+		}
+	}
 }
 
 func tooLarge(msg string) *hold.Refusal {

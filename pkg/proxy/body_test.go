@@ -181,6 +181,17 @@ func TestBodyOverTheBoundIs413(t *testing.T) {
 	if got := <-rec.hashes; got != sha256.Sum256([]byte(at)) { // the 200 came after the upstream's read
 		t.Error("the upstream read another body than the client's")
 	}
+	// The same body chunked, its length unknown until its end: read whole.
+	req := e.request(t, ctx, http.MethodPost, "/v1/chat/completions", newUser(), "three", io.MultiReader(strings.NewReader(at)))
+	req.ContentLength = -1
+	resp = e.do(t, req)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("a chunked body of %d bytes, the bound: %d; want 200", len(at), resp.StatusCode)
+	}
+	if got := <-rec.hashes; got != sha256.Sum256([]byte(at)) {
+		t.Error("the upstream read another body than the client's chunked one")
+	}
 
 	over := body(bound + 1)
 	resp = e.chat(t, ctx, newUser(), over)
@@ -193,7 +204,7 @@ func TestBodyOverTheBoundIs413(t *testing.T) {
 	// Chunked: no length to go by, so the proxy reads one byte past the
 	// bound.
 	user := newUser()
-	req := e.request(t, ctx, http.MethodPost, "/v1/chat/completions", user, "three", io.MultiReader(strings.NewReader(over)))
+	req = e.request(t, ctx, http.MethodPost, "/v1/chat/completions", user, "three", io.MultiReader(strings.NewReader(over)))
 	req.ContentLength = -1
 	resp = e.do(t, req)
 	if resp.StatusCode != http.StatusRequestEntityTooLarge {
