@@ -45,7 +45,12 @@
 #                   a pool and with one keyed by the body's model, against
 #                   the same streams through a plain httputil.ReverseProxy
 #                   and straight from the upstream (BenchmarkProxySSE, every
-#                   way inside); 1,000 waiting acquires against
+#                   way inside); the same streams as a new user runs them,
+#                   each side a process of its own (hack/bench/load -sse,
+#                   32 clients): `limiter proxy` as the README starts it,
+#                   without a pool and with one keyed by the body's model,
+#                   against a plain reverse proxy (hack/bench/sse), all
+#                   in turns of 6 slices; 1,000 waiting acquires against
 #                   1,000 clients polling once a second, in Redis commands
 #                   and CPU (BenchmarkWaitCost); the same for 1,000
 #                   acquires waiting in the queues of 10 full pool keys
@@ -89,7 +94,7 @@ BENCH_DURATION=${BENCH_DURATION:-3}
 BENCH_SCALE_SLOTS=${BENCH_SCALE_SLOTS:-900000}
 BENCH_SCALE_ROUNDS=${BENCH_SCALE_ROUNDS:-3}
 BENCH_NPM_DIR=${BENCH_NPM_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/limiter/npm}
-readonly CLIENTS=50 USERS=1000000 PIPELINE=16 WARMUP_MS=500 ALLOC_REQUESTS=2000 PARTS_CALLS=50000 BOUND_PAIRS=20000 LATENCY_PAIRS=10000 HTTP_SLICES=6
+readonly CLIENTS=50 PROXY_CLIENTS=32 USERS=1000000 PIPELINE=16 WARMUP_MS=500 ALLOC_REQUESTS=2000 PARTS_CALLS=50000 BOUND_PAIRS=20000 LATENCY_PAIRS=10000 HTTP_SLICES=6
 
 step() { printf '==> [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
 die() {
@@ -134,7 +139,7 @@ start_redis "$BENCH_CLUSTER"
 find_masters
 load_acquire_script
 
-step "building the benchmarks, limiter, hack/bench/trivial and hack/bench/load"
+step "building the benchmarks, limiter, hack/bench/trivial, hack/bench/load and hack/bench/sse"
 go test -c -o "$tmp/limiter.test" ./pkg/limiter
 go test -c -o "$tmp/telemetry.test" ./pkg/telemetry
 go test -c -o "$tmp/proxy.test" ./pkg/proxy
@@ -142,8 +147,10 @@ go test -c -o "$tmp/lua.test" ./pkg/lua
 go build -o "$tmp/limiter" ./cmd/limiter
 go build -o "$tmp/trivial" ./hack/bench/trivial
 go build -o "$tmp/load" ./hack/bench/load
+go build -o "$tmp/sse" ./hack/bench/sse
 install_semaphore
 start_http_servers
+start_proxy_servers
 
 load_start=$(cut -d' ' -f1 /proc/loadavg)
 # Other work on the machine comes and goes, so both sides of each ratio run
@@ -171,6 +178,7 @@ for ((round = 1; round <= BENCH_ROUNDS; round++)); do
 	go_bench "$round" M "" telemetry BenchmarkHandlerAllocs
 	go_bench "$round" B "" telemetry BenchmarkHeartbeatBatchHTTP
 	go_bench "$round" P "" proxy BenchmarkProxySSE
+	proxy_bench "$round"
 	http_bench "$round" max
 	rate=$(awk -v p="${H[$round/max/serve/pairs/s]}" 'BEGIN { printf "%.0f", p / 2 }')
 	http_bench "$round" lat "$rate"

@@ -11,6 +11,8 @@
 #   SEM[<round>/<field>]                     hack/bench/semaphore/semaphore.js
 #   H[<round>/<max|lat>/<target>/<field>]    hack/bench/load against serve or
 #                                            trivial
+#   H[<round>/sse/<target>/<field>]          hack/bench/load -sse against plain,
+#                                            proxy or pooled (start_proxy_servers)
 #   SCALE[<unit>]                            BenchmarkScale, once per run
 #
 # It uses tmp, started, CLIENTS, USERS, BENCH_* and the LIMITER_TEST_REDIS*
@@ -353,6 +355,73 @@ start_http_servers() {
 	for target in serve trivial; do
 		"$tmp/load" -url "${URL[$target]}" -pid "${PID[$target]}" -token "$api_token" -conns 4 \
 			-warmup 0ms -duration 300ms >"$tmp/load.txt" 2>&1 || die "warming up $target failed: $(cat "$tmp/load.txt")"
+	done
+}
+
+# start_proxy_servers starts, on the standalone Redis, what a new user runs
+# (the README): hack/bench/sse's upstream, a plain reverse proxy to it
+# (hack/bench/sse -plain), and two `limiter proxy` processes in front of
+# it, as the README starts one, logging each stream at the default level:
+# one without a pool (proxy) and one with a pool keyed by the request
+# body's model (pooled), every key capped, so that every stream joins one.
+# It fills URL and PID.
+start_proxy_servers() {
+	step "starting hack/bench/sse's upstream and plain reverse proxy, and two limiter proxy processes, on the standalone Redis"
+	"$tmp/sse" -upstream >"$tmp/upstream.log" 2>&1 &
+	PID[upstream]=$!
+	started+=("${PID[upstream]}")
+	await_log upstream '^listening http://'
+	URL[upstream]=$(sed -n 's/^listening //p' "$tmp/upstream.log")
+	"$tmp/sse" -plain "${URL[upstream]}" >"$tmp/plain.log" 2>&1 &
+	PID[plain]=$!
+	started+=("${PID[plain]}")
+	local target
+	for target in proxy pooled; do
+		local -a pools=()
+		[[ $target == pooled ]] && pools=(LIMITER_POOLS_STATIC='[{"pool":"model","maxConcurrentStreams":100000}]' LIMITER_IDENTITY_POOLS=model=body:model)
+		env "${pools[@]}" "$tmp/limiter" proxy --upstream "${URL[upstream]}" --redis-addrs "$LIMITER_TEST_REDIS" \
+			--redis-key-prefix "bench:$target:" --redis-timeout 10s --listen 127.0.0.1:0 --ops-addr 127.0.0.1:0 >"$tmp/$target.log" 2>&1 &
+		PID[$target]=$!
+		started+=("${PID[$target]}")
+	done
+	await_log plain '^listening http://'
+	URL[plain]=$(sed -n 's/^listening //p' "$tmp/plain.log")
+	for target in proxy pooled; do
+		await_log "$target" '"msg":"connected to redis"'
+		URL[$target]=$(sed -n 's/.*"msg":"proxying","listen":"\([^"]*\)".*/\1/p' "$tmp/$target.log")
+		[[ -n "${URL[$target]}" ]] || die "no listen address in $(cat "$tmp/$target.log")"
+	done
+	printf '    upstream %s, plain %s, proxy %s, pooled %s\n' "${URL[upstream]}" "${URL[plain]}" "${URL[proxy]}" "${URL[pooled]}" >&2
+	for target in plain proxy pooled; do
+		"$tmp/load" -sse -plan paid -url "${URL[$target]}" -conns 4 -warmup 0ms -duration 300ms >"$tmp/load.txt" 2>&1 ||
+			die "warming up $target failed: $(cat "$tmp/load.txt")"
+	done
+}
+
+# proxy_bench ROUND: hack/bench/load -sse against the plain reverse proxy
+# and both limiter proxies (start_proxy_servers) in one run, taking turns
+# in HTTP_SLICES slices each (the order reversed every other round), with
+# PROXY_CLIENTS streams at a time: SSE streams/s, time to the first chunk
+# and each process's CPU per stream.
+proxy_bench() {
+	local round=$1 targets=(plain proxy pooled) i urls pids
+	((round % 2)) || targets=(pooled proxy plain)
+	for i in 0 1 2; do
+		kill -0 "${PID[${targets[i]}]}" 2>/dev/null ||
+			die "${targets[i]} is no longer running: $(tail -n 20 "$tmp/${targets[i]}.log")"
+	done
+	flush standalone
+	urls=$(IFS=,; echo "${URL[${targets[0]}]},${URL[${targets[1]}]},${URL[${targets[2]}]}")
+	pids="${PID[${targets[0]}]},${PID[${targets[1]}]},${PID[${targets[2]}]}"
+	step "SSE streams through ${targets[*]} in turns: $PROXY_CLIENTS clients, ${BENCH_DURATION}s each in $HTTP_SLICES slices"
+	"$tmp/load" -sse -plan paid -url "$urls" -pid "$pids" -conns "$PROXY_CLIENTS" -warmup "${WARMUP_MS}ms" \
+		-duration "${BENCH_DURATION}s" -slices "$HTTP_SLICES" >"$tmp/load.txt" 2>&1 || die "SSE load failed: $(cat "$tmp/load.txt")"
+	for i in 0 1 2; do
+		local target=${targets[i]}
+		sed -n "$((i + 1))p" "$tmp/load.txt" >"$tmp/load-$target.txt"
+		sed "s/^/    $target: /" "$tmp/load-$target.txt" >&2
+		parse_fields H "$round/sse/$target" "$tmp/load-$target.txt"
+		[[ "${H[$round/sse/$target/streams/s]:-}" =~ ^[0-9.]+$ ]] || die "load printed no streams/s for $target: $(cat "$tmp/load.txt")"
 	done
 }
 

@@ -129,6 +129,12 @@ report() {
 	line "  the same, a pool keyed by the body's model, us" "$(paste <(per_round GO 'P/BenchmarkProxySSE/pooled_added_ttfb_vs_plain_us') <(per_round GO 'P/BenchmarkProxySSE/acquire_us') | awk '{ printf "%.6g\n", $1 - $2 }' | spread %.0f)"
 	line "  streams/s, a pool keyed by the body's model / plain" "$(per_round GO 'P/BenchmarkProxySSE/pooled_vs_plain_ratio' | spread %.2f)"
 	line "  streams/s, a pool keyed by the body's model / no pool" "$(per_round GO 'P/BenchmarkProxySSE/pooled_vs_proxied_ratio' | spread %.2f)"
+	echo "the same in processes, as a new user runs them: limiter proxy (README) / a plain reverse proxy process ($PROXY_CLIENTS clients, in turns)"
+	ratio_line "  streams/s, no pool / plain (goal >= 0.8)" H 'sse/proxy/streams/s' H 'sse/plain/streams/s'
+	ratio_line "  streams/s, body-keyed pool / plain (goal >= 0.8)" H 'sse/pooled/streams/s' H 'sse/plain/streams/s'
+	ratio_line "  process CPU per stream, no pool / plain" H 'sse/proxy/server-cpu-us/stream' H 'sse/plain/server-cpu-us/stream'
+	ratio_line "  process CPU per stream, body-keyed pool / plain" H 'sse/pooled/server-cpu-us/stream' H 'sse/plain/server-cpu-us/stream'
+	line "  first chunk p50 over plain's, no pool; pooled, us" "$(paste <(per_round H 'sse/proxy/first-chunk-p50-us') <(per_round H 'sse/plain/first-chunk-p50-us') | awk '{ printf "%.6g\n", $1 - $2 }' | spread %.0f); $(paste <(per_round H 'sse/pooled/first-chunk-p50-us') <(per_round H 'sse/plain/first-chunk-p50-us') | awk '{ printf "%.6g\n", $1 - $2 }' | spread %.0f)"
 	echo "heartbeat refresh, Redis' own cost: script (batched) / ZADD XX GT + PEXPIREAT"
 	ratio_line "  time in commands (INFO commandstats)" GO 'R/BenchmarkHeartbeatRefresh/%d/script-redis-us/refresh' GO 'R/BenchmarkHeartbeatRefresh/%d/plain-redis-us/refresh'
 	ratio_line "  server CPU (INFO cpu)" GO 'R/BenchmarkHeartbeatRefresh/%d/script-cpu-us/refresh' GO 'R/BenchmarkHeartbeatRefresh/%d/plain-cpu-us/refresh'
@@ -222,6 +228,13 @@ report() {
 	figure_line "  through a plain reverse proxy" %.0f GO 'P/BenchmarkProxySSE/plain_streams/s'
 	figure_line "  through the proxy" %.0f GO 'P/BenchmarkProxySSE/proxied_streams/s'
 	figure_line "  through the proxy, body-keyed pool" %.0f GO 'P/BenchmarkProxySSE/pooled_streams/s'
+	figure_line "proxy processes: streams/s, $PROXY_CLIENTS clients, plain" %.0f H 'sse/plain/streams/s'
+	figure_line "  limiter proxy, no pool" %.0f H 'sse/proxy/streams/s'
+	figure_line "  limiter proxy, body-keyed pool" %.0f H 'sse/pooled/streams/s'
+	figure_line "proxy processes: CPU us per stream, plain" %.0f H 'sse/plain/server-cpu-us/stream'
+	figure_line "  limiter proxy, no pool" %.0f H 'sse/proxy/server-cpu-us/stream'
+	figure_line "  limiter proxy, body-keyed pool" %.0f H 'sse/pooled/server-cpu-us/stream'
+	figure_line "  the load generator, per stream" %.0f H 'sse/plain/load-cpu-us/stream'
 	figure_line "allocs per HTTP acquire, request and recorder included" %.0f GO 'M/BenchmarkHandlerAllocs/allocs/op'
 	if [[ -n "${SCALE[http-round-s]:-}" ]]; then
 		line "round of $BENCH_SCALE_SLOTS slots over HTTP, s" - "$(printf %.2f "${SCALE[http-round-s]}")"

@@ -13,6 +13,15 @@
 // ones before (open loop), and a worker that takes it late still counts
 // its latency from when it was due, so queueing is not hidden.
 //
+// With -sse a pair is one stream instead, as an OpenAI SDK's client
+// sends it: POST /v1/chat/completions with a chat request whose model is
+// -model, the user (a random one of -users) and -plan in the X-User-Id and
+// X-Plan headers, read to its end; a target answers it with Server-Sent
+// Events (limiter proxy, or a plain reverse proxy, in front of
+// hack/bench/sse's upstream). It prints streams/s and first-chunk-p50-us
+// and first-chunk-p99-us (the time to the stream's first line) for
+// pairs/s and the acquire's latency, and any answer but 200 fails the run.
+//
 // -url and -pid may name several targets, comma separated, to compare
 // them: after -warmup of each, they take turns in -slices slices each of
 // -duration / -slices (in the order A B B A A B ...), each slice led in by
@@ -67,6 +76,8 @@ type options struct {
 	plan     string
 	users    int
 	token    string
+	sse      bool
+	model    string
 }
 
 // sliceLeadIn starts every slice unmeasured, so that it is measured with
@@ -86,6 +97,8 @@ func run() error {
 	flag.StringVar(&o.plan, "plan", "three", "plan of every acquire")
 	flag.IntVar(&o.users, "users", 1_000_000, "size of the random user pool")
 	flag.StringVar(&o.token, "token", "", "bearer token every request carries; empty: none")
+	flag.BoolVar(&o.sse, "sse", false, "send streams (POST /v1/chat/completions, read to the end) instead of acquire+release pairs")
+	flag.StringVar(&o.model, "model", "gpt-4o", "with -sse: the model of every chat request")
 	flag.Parse()
 	if urls != "" {
 		o.urls = strings.Split(urls, ",")
@@ -117,6 +130,8 @@ func run() error {
 		return fmt.Errorf("-rate must be >= 0, got %g", o.rate)
 	case o.users < 1:
 		return fmt.Errorf("-users must be >= 1, got %d", o.users)
+	case o.sse && o.model == "":
+		return errors.New("-model must not be empty with -sse")
 	}
 	lines, err := measure(o)
 	if err != nil {
@@ -263,16 +278,21 @@ func report(o options, pid int, t tally) (string, error) {
 	}
 	lat := t.acquireUs
 	slices.Sort(lat)
-	out := fmt.Sprintf("pairs/s=%.1f granted/pair=%.4f acquire-p50-us=%.0f acquire-p99-us=%.0f load-cpu-us/pair=%.2f",
-		float64(t.pairs)/t.seconds, float64(t.granted)/float64(t.pairs), percentile(lat, 0.50), percentile(lat, 0.99),
+	// A stream is answered from its first chunk: its "acquire".
+	pair, acquire := "pair", "acquire"
+	if o.sse {
+		pair, acquire = "stream", "first-chunk"
+	}
+	out := fmt.Sprintf("%[1]ss/s=%.1[3]f granted/%[1]s=%.4[4]f %[2]s-p50-us=%.0[5]f %[2]s-p99-us=%.0[6]f load-cpu-us/%[1]s=%.2[7]f",
+		pair, acquire, float64(t.pairs)/t.seconds, float64(t.granted)/float64(t.pairs), percentile(lat, 0.50), percentile(lat, 0.99),
 		float64(t.self.Microseconds())/float64(t.pairs))
 	if pid != 0 {
-		out += fmt.Sprintf(" server-cpu-us/pair=%.2f", float64(t.server.Microseconds())/float64(t.pairs))
+		out += fmt.Sprintf(" server-cpu-us/%s=%.2f", pair, float64(t.server.Microseconds())/float64(t.pairs))
 	}
 	if o.rate > 0 {
-		out += fmt.Sprintf(" offered-pairs/s=%.1f", o.rate)
+		out += fmt.Sprintf(" offered-%ss/s=%.1f", pair, o.rate)
 	}
-	return out + fmt.Sprintf(" pairs=%d", t.pairs), nil
+	return out + fmt.Sprintf(" %ss=%d", pair, t.pairs), nil
 }
 
 // percentile of sorted values, nearest rank.

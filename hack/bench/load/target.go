@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -45,6 +46,7 @@ type pairer struct {
 	seq    int
 	body   []byte
 	reply  bytes.Buffer
+	lines  *bufio.Reader // a stream's answer (-sse)
 }
 
 func (t *target) pairer(run string, worker int) *pairer {
@@ -54,6 +56,9 @@ func (t *target) pairer(run string, worker int) *pairer {
 // pair acquires a slot for a random user and releases it when granted. It
 // returns whether it was granted and when the acquire's answer was read.
 func (p *pairer) pair(ctx context.Context) (granted bool, acquired time.Time, err error) {
+	if p.t.o.sse {
+		return p.stream(ctx)
+	}
 	p.seq++
 	user := p.run + "-" + strconv.Itoa(rand.IntN(p.t.o.users))
 	stream := "w" + strconv.Itoa(p.worker) + "-" + strconv.Itoa(p.seq)
@@ -87,6 +92,49 @@ func (p *pairer) pair(ctx context.Context) (granted bool, acquired time.Time, er
 		return true, acquired, fmt.Errorf("release answered %d: %s", status, p.reply.Bytes())
 	}
 	return true, acquired, nil
+}
+
+// stream sends one chat completion request for a random user and reads
+// its answer to the end. It returns when its first line was read.
+func (p *pairer) stream(ctx context.Context) (granted bool, first time.Time, err error) {
+	if p.body == nil {
+		// A chat request as an SDK sends it: the conversation, then the model.
+		p.body = []byte(`{"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"` +
+			strings.Repeat("Tell me about streams. ", 40) + `"}],"model":` + strconv.Quote(p.t.o.model) + `,"stream":true}`)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.t.url+"/v1/chat/completions", bytes.NewReader(p.body))
+	if err != nil {
+		return false, first, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-User-Id", p.run+"-"+strconv.Itoa(rand.IntN(p.t.o.users)))
+	req.Header.Set("X-Plan", p.t.o.plan)
+	if p.t.auth != "" {
+		req.Header.Set("Authorization", p.t.auth)
+	}
+	resp, err := p.t.client.Do(req)
+	if err != nil {
+		return false, first, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		p.reply.Reset()
+		_, _ = io.Copy(&p.reply, resp.Body)
+		return false, first, fmt.Errorf("stream answered %d: %s", resp.StatusCode, p.reply.Bytes())
+	}
+	if p.lines == nil {
+		p.lines = bufio.NewReader(resp.Body)
+	} else {
+		p.lines.Reset(resp.Body)
+	}
+	if _, err := p.lines.ReadSlice('\n'); err != nil {
+		return false, first, fmt.Errorf("reading the stream's first chunk: %w", err)
+	}
+	first = time.Now()
+	if _, err := io.Copy(io.Discard, p.lines); err != nil {
+		return false, first, fmt.Errorf("reading the stream: %w", err)
+	}
+	return true, first, nil
 }
 
 // post sends p.body to path and reads the whole answer into p.reply, so
