@@ -134,7 +134,6 @@ report() {
 	ratio_line "  streams/s, body-keyed pool / plain (goal >= 0.8)" H 'sse/pooled/streams/s' H 'sse/plain/streams/s'
 	ratio_line "  process CPU per stream, no pool / plain" H 'sse/proxy/server-cpu-us/stream' H 'sse/plain/server-cpu-us/stream'
 	ratio_line "  process CPU per stream, body-keyed pool / plain" H 'sse/pooled/server-cpu-us/stream' H 'sse/plain/server-cpu-us/stream'
-	line "  first chunk p50 over plain's, no pool; pooled, us" "$(paste <(per_round H 'sse/proxy/first-chunk-p50-us') <(per_round H 'sse/plain/first-chunk-p50-us') | awk '{ printf "%.6g\n", $1 - $2 }' | spread %.0f); $(paste <(per_round H 'sse/pooled/first-chunk-p50-us') <(per_round H 'sse/plain/first-chunk-p50-us') | awk '{ printf "%.6g\n", $1 - $2 }' | spread %.0f)"
 	echo "heartbeat refresh, Redis' own cost: script (batched) / ZADD XX GT + PEXPIREAT"
 	ratio_line "  time in commands (INFO commandstats)" GO 'R/BenchmarkHeartbeatRefresh/%d/script-redis-us/refresh' GO 'R/BenchmarkHeartbeatRefresh/%d/plain-redis-us/refresh'
 	ratio_line "  server CPU (INFO cpu)" GO 'R/BenchmarkHeartbeatRefresh/%d/script-cpu-us/refresh' GO 'R/BenchmarkHeartbeatRefresh/%d/plain-cpu-us/refresh'
