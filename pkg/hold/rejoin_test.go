@@ -22,21 +22,7 @@ import (
 // it, as it counts every stream granted while Redis answered, and its
 // release drops the membership.
 func TestDegradedStreamRejoinsItsPoolsOnceRedisAnswers(t *testing.T) {
-	path := testenv.StartProxy(t, testenv.Redis(t))
-	capped := 5
-	table := pools.NewTable()
-	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "model", MaxConcurrentStreams: &capped}.WithDefaults()}); err != nil {
-		t.Fatal(err)
-	}
-	e := newEnv(t, hold.Options{}, limitertest.Options{Redis: cluster.Options{Addrs: []string{path.Addr()}, Timeout: 200 * time.Millisecond},
-		Limiter: limiter.Options{Pools: table}})
-	user, key := newUser(), "m-"+newUser()
-	path.BlackHole()
-	st, res, err := e.Holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "short", Pools: map[string]string{"model": key}})
-	if err != nil || st == nil || !st.Degraded() {
-		t.Fatalf("Acquire while Redis is black-holed: %v, %+v, %v; want a degraded stream", st, res, err)
-	}
-	defer st.Release(context.Background(), hold.EndComplete)
+	e, path, st, _, key := degradedPooled(t, 5)
 	time.Sleep(300 * time.Millisecond) // degraded heartbeats meanwhile
 	path.Restore()
 	deadline := time.Now().Add(5 * time.Second)
@@ -60,24 +46,9 @@ func TestDegradedStreamRejoinsItsPoolsOnceRedisAnswers(t *testing.T) {
 // refused by it when acquired again: the stream is lost, and its loss
 // names the pool key; its user keeps no slot.
 func TestDegradedStreamRefusedByAFullPoolIsLost(t *testing.T) {
-	addr := testenv.Redis(t)
-	path := testenv.StartProxy(t, addr)
-	capped := 1
-	table := pools.NewTable()
-	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "model", MaxConcurrentStreams: &capped}.WithDefaults()}); err != nil {
-		t.Fatal(err)
-	}
-	e := newEnv(t, hold.Options{}, limitertest.Options{Redis: cluster.Options{Addrs: []string{path.Addr()}, Timeout: 200 * time.Millisecond},
-		Limiter: limiter.Options{Pools: table}})
-	user, key := newUser(), "m-"+newUser()
-	path.BlackHole()
-	st, res, err := e.Holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "short", Pools: map[string]string{"model": key}})
-	if err != nil || st == nil || !st.Degraded() {
-		t.Fatalf("Acquire while Redis is black-holed: %v, %+v, %v; want a degraded stream", st, res, err)
-	}
-	defer st.Release(context.Background(), hold.EndComplete)
+	e, path, st, user, key := degradedPooled(t, 1)
 	// Another replica's stream holds the key's one membership meanwhile.
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true})
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{testenv.Redis(t)}, DisableCache: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,4 +70,27 @@ func TestDegradedStreamRefusedByAFullPoolIsLost(t *testing.T) {
 	if n := e.Used(t, user); n != 0 {
 		t.Errorf("its user holds %d slots after the pool refused it; want 0", n)
 	}
+}
+
+// degradedPooled starts a Holder whose Redis is reached through a proxy
+// that black-holes it, and acquires a stream of a new user that joins
+// a new key of pool model (capped at limit) while Redis does not
+// answer: a degraded stream. The proxy is black-holed on return.
+func degradedPooled(t *testing.T, limit int) (e *env, path *testenv.Proxy, st *hold.Stream, user, key string) {
+	t.Helper()
+	path = testenv.StartProxy(t, testenv.Redis(t))
+	table := pools.NewTable()
+	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "model", MaxConcurrentStreams: &limit}.WithDefaults()}); err != nil {
+		t.Fatal(err)
+	}
+	e = newEnv(t, hold.Options{}, limitertest.Options{Redis: cluster.Options{Addrs: []string{path.Addr()}, Timeout: 200 * time.Millisecond},
+		Limiter: limiter.Options{Pools: table}})
+	user, key = newUser(), "m-"+newUser()
+	path.BlackHole()
+	st, res, err := e.Holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "short", Pools: map[string]string{"model": key}})
+	if err != nil || st == nil || !st.Degraded() {
+		t.Fatalf("Acquire while Redis is black-holed: %v, %+v, %v; want a degraded stream", st, res, err)
+	}
+	t.Cleanup(func() { st.Release(context.Background(), hold.EndComplete) })
+	return e, path, st, user, key
 }
