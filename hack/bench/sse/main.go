@@ -17,19 +17,16 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
 	"os"
-	"os/signal"
-	"syscall"
-	"time"
+
+	"github.com/joishi/limiter/hack/bench/internal/listen"
 )
 
 func main() {
@@ -71,22 +68,7 @@ func run() error {
 	default:
 		return errors.New("give -upstream, or -plain URL, not both")
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	ln, err := net.Listen("tcp", *addr)
-	if err != nil {
-		return err
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		<-ctx.Done()
-		_ = srv.Close()
-	}()
-	fmt.Printf("listening http://%s\n", ln.Addr())
-	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	return listen.Serve(*addr, h)
 }
 
 // completion streams a short chat completion: 8 chunks and [DONE].

@@ -13,22 +13,19 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/redis/rueidis"
 
+	"github.com/joishi/limiter/hack/bench/internal/listen"
 	"github.com/joishi/limiter/pkg/httpapi"
 	"github.com/joishi/limiter/pkg/lua"
 )
@@ -50,9 +47,6 @@ func run() error {
 	if *redisAddr == "" {
 		return errors.New("-redis is required")
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-
 	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{*redisAddr}, DisableCache: true})
 	if err != nil {
 		return err
@@ -67,20 +61,7 @@ func run() error {
 		limit:   strconv.Itoa(*limit),
 		ttl:     strconv.FormatInt(ttl.Milliseconds(), 10),
 	}
-	ln, err := net.Listen("tcp", *addr)
-	if err != nil {
-		return err
-	}
-	srv := &http.Server{Handler: h.mux(), ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		<-ctx.Done()
-		_ = srv.Close()
-	}()
-	fmt.Printf("listening http://%s\n", ln.Addr())
-	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	return listen.Serve(*addr, h.mux())
 }
 
 type handler struct {
