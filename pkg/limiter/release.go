@@ -37,14 +37,7 @@ func (l *Limiter) Release(ctx context.Context, userID, streamID string) (Release
 // is ErrNotSlotHolder. caller "" releases any slot, as Release does.
 // Errors: ErrInvalidUserID, ErrInvalidStreamID, ErrNotSlotHolder.
 func (l *Limiter) ReleaseAs(ctx context.Context, caller, userID, streamID string) (ReleaseResult, error) {
-	ctx, span := l.startSpan(ctx, "limiter.release")
-	res, err := l.release(ctx, caller, userID, streamID)
-	if span.IsRecording() {
-		span.SetAttributes(attrReleased.Bool(res.Released), attrDegraded.Bool(res.Degraded))
-	}
-	endSpan(span, err)
-	l.observer.Released(ctx, res, err)
-	return res, err
+	return l.traced(ctx, caller, userID, streamID, nil)
 }
 
 // ReleaseJoined is Release for code that holds its own slots and kept
@@ -57,8 +50,13 @@ func (l *Limiter) ReleaseAs(ctx context.Context, caller, userID, streamID string
 // named in joined that the stream does not hold is not there to remove.
 // Errors: ErrInvalidUserID, ErrInvalidStreamID.
 func (l *Limiter) ReleaseJoined(ctx context.Context, userID, streamID string, joined []PoolGrant) (ReleaseResult, error) {
+	return l.traced(ctx, "", userID, streamID, joined)
+}
+
+// traced is a release (see releaseBy) in its span, observed.
+func (l *Limiter) traced(ctx context.Context, caller, userID, streamID string, joined []PoolGrant) (ReleaseResult, error) {
 	ctx, span := l.startSpan(ctx, "limiter.release")
-	res, err := l.releaseBy(ctx, time.Time{}, "", userID, streamID, joined)
+	res, err := l.releaseBy(ctx, time.Time{}, caller, userID, streamID, joined)
 	if span.IsRecording() {
 		span.SetAttributes(attrReleased.Bool(res.Released), attrDegraded.Bool(res.Degraded))
 	}
