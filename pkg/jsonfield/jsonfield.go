@@ -5,8 +5,9 @@
 // from a field such as "model" of an OpenAI-style chat request. That field
 // often comes after a large "messages" array, and decoding the whole body into
 // maps to read one string would cost far more than the rest of the request's
-// handling. Strings instead checks the body with json.Valid (fast and
-// allocation-free) and then, relying on that validity, scans the top-level
+// handling. Strings instead checks that the body is valid JSON, as
+// json.Valid would but in a pass several times faster (valid.go), without
+// allocating, and then, relying on that validity, scans the top-level
 // object, skipping every value it was not asked for without looking inside it.
 //
 // Because the limiter decides on what it reads, Strings is strict where JSON
@@ -70,7 +71,7 @@ func (e *FieldError) Is(target error) bool {
 // Values are returned unescaped, with invalid UTF-8 replaced by U+FFFD as
 // encoding/json does.
 func Strings(body []byte, names []string) (map[string]string, error) {
-	if !json.Valid(body) {
+	if !valid(body) {
 		return nil, notJSON(body)
 	}
 	i := skipSpace(body, 0)
@@ -86,7 +87,7 @@ func Strings(body []byte, names []string) (map[string]string, error) {
 	return values(found)
 }
 
-// notJSON returns the error for a body json.Valid rejected, saying where it
+// notJSON returns the error for a body that is not valid JSON, saying where it
 // broke.
 func notJSON(body []byte) error {
 	var raw json.RawMessage

@@ -328,15 +328,21 @@ func topLevelCounts(t *testing.T, body []byte) map[string]int {
 	return counts
 }
 
+// BenchmarkStrings reads the model of a chat request of 1 KiB (what the
+// proxy's benchmark sends) and of 1 MiB.
 func BenchmarkStrings(b *testing.B) {
-	body := chatBody(1 << 20)
-	b.SetBytes(int64(len(body)))
-	b.ReportAllocs()
-	for b.Loop() {
-		got, err := jsonfield.Strings(body, model)
-		if err != nil || got["model"] != "gpt-4o" {
-			b.Fatalf("Strings = %q, %v", got, err)
-		}
+	for _, size := range []int{1 << 10, 1 << 20} {
+		body := chatBody(size)
+		b.Run(fmt.Sprintf("%dKiB", size>>10), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				got, err := jsonfield.Strings(body, model)
+				if err != nil || got["model"] != "gpt-4o" {
+					b.Fatalf("Strings = %q, %v", got, err)
+				}
+			}
+		})
 	}
 }
 
