@@ -3,7 +3,6 @@ package keys
 import (
 	"errors"
 	"fmt"
-	"regexp"
 )
 
 // Bounds of a pool's name and keys.
@@ -21,16 +20,11 @@ var (
 	ErrInvalidPoolKey = errors.New("invalid pool key")
 )
 
-var (
-	poolNamePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*$`)
-	poolKeyPattern  = regexp.MustCompile(`^[A-Za-z0-9._:/@-]+$`)
-)
-
 // ValidatePoolName accepts a pool's name: 1-63 characters of
 // [a-z0-9._-], starting with a letter or digit. It goes into the pool
 // key's hash tag before an '=', so it holds neither '=' nor braces.
 func ValidatePoolName(name string) error {
-	if len(name) > MaxPoolNameLength || !poolNamePattern.MatchString(name) {
+	if !validPoolName(name) {
 		return fmt.Errorf("%w: %q must be 1-%d characters of [a-z0-9._-], starting with a letter or digit", ErrInvalidPool, name, MaxPoolNameLength)
 	}
 	return nil
@@ -42,11 +36,43 @@ func ValidatePoolName(name string) error {
 // holds a brace (it would move the hash tag), whitespace or a ';' or ','
 // (it would break the stream's record).
 func ValidatePoolKey(key string) error {
-	if len(key) > MaxPoolKeyBytes || !poolKeyPattern.MatchString(key) {
+	if !validPoolKey(key) {
 		return fmt.Errorf("%w: %q must be 1-%d bytes of [A-Za-z0-9._:/@-]", ErrInvalidPoolKey, key, MaxPoolKeyBytes)
 	}
 	return nil
 }
+
+// validPoolName reports whether name is 1-MaxPoolNameLength bytes of
+// [a-z0-9._-], its first a letter or digit. The checks of a pool's name
+// and key run on each pooled acquire, so they look at each byte once
+// rather than run a regular expression.
+func validPoolName(name string) bool {
+	if name == "" || len(name) > MaxPoolNameLength || !lowerOrDigit(name[0]) {
+		return false
+	}
+	for i := 1; i < len(name); i++ {
+		if c := name[i]; !lowerOrDigit(c) && c != '.' && c != '_' && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+// validPoolKey reports whether key is 1-MaxPoolKeyBytes bytes of
+// [A-Za-z0-9._:/@-].
+func validPoolKey(key string) bool {
+	if key == "" || len(key) > MaxPoolKeyBytes {
+		return false
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; !streamIDByte(c) && c != '/' && c != '@' {
+			return false
+		}
+	}
+	return true
+}
+
+func lowerOrDigit(c byte) bool { return 'a' <= c && c <= 'z' || '0' <= c && c <= '9' }
 
 // PoolKey returns the key of the sorted set holding the slots of one key
 // of a pool: <prefix>pool:{<pool>=<key>}. The braces make the pair the

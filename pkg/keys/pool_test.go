@@ -2,6 +2,8 @@ package keys_test
 
 import (
 	"errors"
+	"math/rand/v2"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -50,5 +52,61 @@ func TestPoolKeysNeverMeetUserKeys(t *testing.T) {
 	}
 	if !keys.IsQueue(keys.Queue(pool)) || !keys.IsOverride(keys.Override(pool)) {
 		t.Errorf("a pool key's queue and override are not read as such: %q, %q", keys.Queue(pool), keys.Override(pool))
+	}
+}
+
+// TestPoolNamesAndKeysAreCheckedAsTheirPatternsSay: the byte-wise checks
+// of a pool's name and key answer as the patterns the docs and the CRD
+// state, on every string of up to two bytes, on each length bound ± 1 and
+// on random strings of the bytes that matter.
+func TestPoolNamesAndKeysAreCheckedAsTheirPatternsSay(t *testing.T) {
+	namePattern := regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+	keyPattern := regexp.MustCompile(`^[A-Za-z0-9._:/@-]{1,128}$`)
+	schema := keys.Schema{}
+	check := func(s string) {
+		t.Helper()
+		if got, want := keys.ValidatePoolName(s) == nil, namePattern.MatchString(s); got != want {
+			t.Errorf("ValidatePoolName(%q) accepts: %v, the pattern: %v", s, got, want)
+		}
+		if got, want := keys.ValidatePoolKey(s) == nil, keyPattern.MatchString(s); got != want {
+			t.Errorf("ValidatePoolKey(%q) accepts: %v, the pattern: %v", s, got, want)
+		}
+		_, err := schema.PoolKey("model", s)
+		if got, want := err == nil, keyPattern.MatchString(s); got != want {
+			t.Errorf("PoolKey(model, %q) accepts: %v, the pattern: %v", s, got, want)
+		}
+	}
+	check("")
+	for a := range 256 {
+		check(string([]byte{byte(a)}))
+		for b := range 256 {
+			check(string([]byte{byte(a), byte(b)}))
+		}
+	}
+	for _, n := range []int{62, 63, 64, 127, 128, 129} {
+		check(strings.Repeat("a", n))
+		check(strings.Repeat("a", n-1) + "/")
+		check("-" + strings.Repeat("a", n-1))
+	}
+	good := []byte("az09AZ._-:/@")
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 20000 { // of good bytes, half of them with one byte of any value
+		b := make([]byte, 1+rng.IntN(135))
+		for i := range b {
+			b[i] = good[rng.IntN(len(good))]
+		}
+		if rng.IntN(2) == 0 {
+			b[rng.IntN(len(b))] = byte(rng.IntN(256))
+		}
+		check(string(b))
+	}
+}
+
+func BenchmarkPoolKey(b *testing.B) {
+	schema := keys.Schema{}
+	for b.Loop() {
+		if _, err := schema.PoolKey("model", "meta-llama/Llama-3.1-70B-Instruct"); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
