@@ -29,6 +29,7 @@ func TestPoolCapIsLinearizable(t *testing.T) {
 		users   = 30
 		poolCap = 5
 		run     = 4 * time.Second
+		ttl     = 2 * time.Second // incidentTiers' paid plan
 	)
 	prefix := "e2e-pools-lin-" + randomID() + ":"
 	config := serveConfig(testenv.Cluster(t), prefix, incidentTiers) + fmt.Sprintf(`pools:
@@ -80,9 +81,11 @@ func TestPoolCapIsLinearizable(t *testing.T) {
 			for n := 0; ctx.Err() == nil; n++ {
 				stream := fmt.Sprintf("s%d", n)
 				member := stream + "@" + user // one member of the key per user and stream
-				// TTL 0: no slot needs to expire (every hold is released well
-				// within the 2s TTL), and allowing it would only widen the search.
-				op := linearize.Op{User: scope, Limit: poolCap, Kind: linearize.Acquire, Stream: member}
+				// The plan's 2s TTL: a hold is meant to end well within it,
+				// but on a loaded machine a release may wait its turn (of
+				// inFlight) past it, and the membership then expires, as it
+				// should; the model lets it only then.
+				op := linearize.Op{User: scope, Limit: poolCap, TTL: int64(ttl), Kind: linearize.Acquire, Stream: member}
 				op.Call = time.Now().UnixNano()
 				status, data, err := post(srv.API+"/v1/slots/acquire",
 					fmt.Sprintf(`{"user_id":%q,"plan":"paid","stream_id":%q,"pools":{"model":"gpt-4o"}}`, user, stream))
