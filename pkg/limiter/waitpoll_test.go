@@ -32,6 +32,13 @@ func (c *callLog) RedisCall(_ context.Context, op string, _ time.Duration, _ err
 	c.ops[op]++
 }
 
+// count is op's count since the last take.
+func (c *callLog) count(op string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ops[op]
+}
+
 // take returns the counts since the last take.
 func (c *callLog) take() map[string]int {
 	c.mu.Lock()
@@ -78,6 +85,14 @@ func freeByHand(t *testing.T, s *limitertest.Stack, key, member string) {
 // most once (its ticket's refresh may fall due once).
 func waitPolls(t *testing.T, log *callLog, q *queued) {
 	t.Helper()
+	// Count from the loop's first look: the call that queued q is seen in
+	// Redis (startQueued) before its answer reaches the observer, and on a
+	// loaded machine it may be logged only after a take here.
+	for deadline := time.Now().Add(5 * time.Second); log.count("wait_poll") == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the waiting loop made no look within 5s")
+		}
+	}
 	log.take()
 	if a, ok := q.answer(time.Second); ok {
 		t.Fatalf("answered while every slot was held: %+v, %v", a.res, a.err)
