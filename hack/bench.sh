@@ -49,8 +49,11 @@
 #                   each side a process of its own (hack/bench/load -sse,
 #                   32 clients): `limiter proxy` as the README starts it,
 #                   without a pool and with one keyed by the body's model,
-#                   against a plain reverse proxy (hack/bench/sse), all
-#                   in turns of 6 slices; 1,000 waiting acquires against
+#                   against a plain reverse proxy (hack/bench/sse), and
+#                   against their bound, the plain reverse proxy running
+#                   the limiter's scripts around each stream (-scripts,
+#                   on the user's key, and on a pool key too), all in
+#                   turns of 6 slices; 1,000 waiting acquires against
 #                   1,000 clients polling once a second, in Redis commands
 #                   and CPU (BenchmarkWaitCost); the same for 1,000
 #                   acquires waiting in the queues of 10 full pool keys

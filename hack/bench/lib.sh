@@ -364,18 +364,26 @@ start_http_servers() {
 # it, as the README starts one, logging each stream at the default level:
 # one without a pool (proxy) and one with a pool keyed by the request
 # body's model (pooled), every key capped, so that every stream joins one.
-# It fills URL and PID.
+# Beside them, the two proxies' bound: the plain reverse proxy running the
+# limiter's scripts around each stream, and nothing else of the limiter's
+# (hack/bench/sse -scripts), on the user's key (scripted) and on a pool
+# key too (scripted-pooled). It fills URL and PID.
 start_proxy_servers() {
-	step "starting hack/bench/sse's upstream and plain reverse proxy, and two limiter proxy processes, on the standalone Redis"
+	step "starting hack/bench/sse's upstream, plain reverse proxy and the same running the limiter's scripts, and two limiter proxy processes, on the standalone Redis"
 	"$tmp/sse" -upstream >"$tmp/upstream.log" 2>&1 &
 	PID[upstream]=$!
 	started+=("${PID[upstream]}")
 	await_log upstream '^listening http://'
 	URL[upstream]=$(sed -n 's/^listening //p' "$tmp/upstream.log")
-	"$tmp/sse" -plain "${URL[upstream]}" >"$tmp/plain.log" 2>&1 &
-	PID[plain]=$!
-	started+=("${PID[plain]}")
 	local target
+	for target in plain scripted scripted-pooled; do
+		local -a scripts=()
+		[[ $target == scripted* ]] && scripts=(-scripts "$LIMITER_TEST_REDIS")
+		[[ $target == scripted-pooled ]] && scripts+=(-pool)
+		"$tmp/sse" -plain "${URL[upstream]}" "${scripts[@]}" >"$tmp/$target.log" 2>&1 &
+		PID[$target]=$!
+		started+=("${PID[$target]}")
+	done
 	for target in proxy pooled; do
 		local -a pools=()
 		[[ $target == pooled ]] && pools=(LIMITER_POOLS_STATIC='[{"pool":"model","maxConcurrentStreams":100000}]' LIMITER_IDENTITY_POOLS=model=body:model)
@@ -384,44 +392,53 @@ start_proxy_servers() {
 		PID[$target]=$!
 		started+=("${PID[$target]}")
 	done
-	await_log plain '^listening http://'
-	URL[plain]=$(sed -n 's/^listening //p' "$tmp/plain.log")
+	for target in plain scripted scripted-pooled; do
+		await_log "$target" '^listening http://'
+		URL[$target]=$(sed -n 's/^listening //p' "$tmp/$target.log")
+	done
 	for target in proxy pooled; do
 		await_log "$target" '"msg":"connected to redis"'
 		URL[$target]=$(sed -n 's/.*"msg":"proxying","listen":"\([^"]*\)".*/\1/p' "$tmp/$target.log")
 		[[ -n "${URL[$target]}" ]] || die "no listen address in $(cat "$tmp/$target.log")"
 	done
-	printf '    upstream %s, plain %s, proxy %s, pooled %s\n' "${URL[upstream]}" "${URL[plain]}" "${URL[proxy]}" "${URL[pooled]}" >&2
-	for target in plain proxy pooled; do
+	printf '    upstream %s, plain %s, scripted %s, scripted-pooled %s, proxy %s, pooled %s\n' "${URL[upstream]}" "${URL[plain]}" \
+		"${URL[scripted]}" "${URL[scripted-pooled]}" "${URL[proxy]}" "${URL[pooled]}" >&2
+	for target in "${PROXY_TARGETS[@]}"; do
 		"$tmp/load" -sse -plan paid -url "${URL[$target]}" -conns 4 -warmup 0ms -duration 300ms >"$tmp/load.txt" 2>&1 ||
 			die "warming up $target failed: $(cat "$tmp/load.txt")"
 	done
 }
 
-# proxy_bench ROUND: hack/bench/load -sse against the plain reverse proxy
-# and both limiter proxies (start_proxy_servers) in one run, taking turns
-# in HTTP_SLICES slices each (the order reversed every other round), with
-# PROXY_CLIENTS streams at a time: SSE streams/s, time to the first chunk
-# and each process's CPU per stream.
+# PROXY_TARGETS are the processes proxy_bench streams through, in turns.
+PROXY_TARGETS=(plain scripted proxy scripted-pooled pooled)
+
+# proxy_bench ROUND: hack/bench/load -sse against the plain reverse proxy,
+# its two bounds and both limiter proxies (start_proxy_servers) in one
+# run, taking turns in HTTP_SLICES slices each (the order reversed every
+# other round), with PROXY_CLIENTS streams at a time: SSE streams/s, time
+# to the first chunk and each process's CPU per stream.
 proxy_bench() {
-	local round=$1 targets=(plain proxy pooled) i urls pids
-	((round % 2)) || targets=(pooled proxy plain)
-	for i in 0 1 2; do
+	local round=$1 targets=("${PROXY_TARGETS[@]}") i urls pids
+	((round % 2)) || targets=($(printf '%s\n' "${PROXY_TARGETS[@]}" | tac))
+	for i in "${!targets[@]}"; do
 		kill -0 "${PID[${targets[i]}]}" 2>/dev/null ||
 			die "${targets[i]} is no longer running: $(tail -n 20 "$tmp/${targets[i]}.log")"
 	done
 	flush standalone
-	urls=$(IFS=,; echo "${URL[${targets[0]}]},${URL[${targets[1]}]},${URL[${targets[2]}]}")
-	pids="${PID[${targets[0]}]},${PID[${targets[1]}]},${PID[${targets[2]}]}"
+	urls=$(for i in "${!targets[@]}"; do printf '%s,' "${URL[${targets[i]}]}"; done)
+	pids=$(for i in "${!targets[@]}"; do printf '%s,' "${PID[${targets[i]}]}"; done)
 	step "SSE streams through ${targets[*]} in turns: $PROXY_CLIENTS clients, ${BENCH_DURATION}s each in $HTTP_SLICES slices"
-	"$tmp/load" -sse -plan paid -url "$urls" -pid "$pids" -conns "$PROXY_CLIENTS" -warmup "${WARMUP_MS}ms" \
+	"$tmp/load" -sse -plan paid -url "${urls%,}" -pid "${pids%,}" -conns "$PROXY_CLIENTS" -warmup "${WARMUP_MS}ms" \
 		-duration "${BENCH_DURATION}s" -slices "$HTTP_SLICES" >"$tmp/load.txt" 2>&1 || die "SSE load failed: $(cat "$tmp/load.txt")"
-	for i in 0 1 2; do
+	for i in "${!targets[@]}"; do
 		local target=${targets[i]}
 		sed -n "$((i + 1))p" "$tmp/load.txt" >"$tmp/load-$target.txt"
 		sed "s/^/    $target: /" "$tmp/load-$target.txt" >&2
 		parse_fields H "$round/sse/$target" "$tmp/load-$target.txt"
 		[[ "${H[$round/sse/$target/streams/s]:-}" =~ ^[0-9.]+$ ]] || die "load printed no streams/s for $target: $(cat "$tmp/load.txt")"
+	done
+	for target in scripted scripted-pooled; do
+		! grep -q '^sse: ' "$tmp/$target.log" || die "$target failed: $(grep -m 5 '^sse: ' "$tmp/$target.log")"
 	done
 }
 
