@@ -13,6 +13,7 @@ import (
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/exemplar"
 	"go.opentelemetry.io/otel/sdk/resource"
 )
 
@@ -34,7 +35,12 @@ func newMeterProvider(res *resource.Resource) (*sdkmetric.MeterProvider, http.Ha
 	if err != nil {
 		return nil, nil, fmt.Errorf("prometheus exporter: %w", err)
 	}
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp), sdkmetric.WithResource(res))
+	// No exemplars: /metrics is Prometheus's text format, which carries
+	// none, and the SDK's default looks each measurement's context over for
+	// a sampled span, a walk of the whole context of a request or a Redis
+	// call, on every measurement of every instrument.
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp), sdkmetric.WithResource(res),
+		sdkmetric.WithExemplarFilter(exemplar.AlwaysOffFilter))
 	return mp, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), nil
 }
 
