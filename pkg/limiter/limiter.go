@@ -109,7 +109,8 @@ type Limiter struct {
 	observer Observer
 	degraded *ratelog.Logger
 	tracer   trace.Tracer
-	// tracing: a TracerProvider was given; without one no span is started.
+	// tracing: a TracerProvider that records was given; without one no
+	// span is started.
 	tracing bool
 
 	deadlines deadlines
@@ -135,7 +136,10 @@ func New(redis *cluster.Client, table *tiers.Table, opts Options) *Limiter {
 	if opts.Observer == nil {
 		opts.Observer = nopObserver{}
 	}
-	tracing := opts.TracerProvider != nil
+	// The no-op provider (serve's when no exporter is configured) records
+	// nothing either: no span is started then (see startSpan).
+	_, off := opts.TracerProvider.(noop.TracerProvider)
+	tracing := opts.TracerProvider != nil && !off
 	if !tracing {
 		opts.TracerProvider = noop.NewTracerProvider()
 	}

@@ -35,8 +35,9 @@ const (
 )
 
 // startSpan starts the span name and returns ctx holding it. Without a
-// TracerProvider it starts none and returns ctx as it is: a no-op span in
-// the context would cost an allocation per operation and parent nothing.
+// TracerProvider, or with the no-op one, it starts none and returns ctx as
+// it is: a no-op span in the context would cost an allocation per
+// operation and parent nothing.
 func (l *Limiter) startSpan(ctx context.Context, name string) (context.Context, trace.Span) {
 	if !l.tracing {
 		return ctx, noSpan
