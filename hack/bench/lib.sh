@@ -222,6 +222,18 @@ rb_bench() { # rb_bench ROUND DEPLOYMENT: redis-benchmark unpipelined and -P 16
 	redis_bench "$1" "$2" "$PIPELINE" $((2 * BENCH_N))
 }
 
+# times_benchtime BENCHTIME N prints the -benchtime N times as long (a
+# duration, or a count of calls).
+times_benchtime() {
+	local t=$1 n=$2
+	if [[ "$t" =~ ^([1-9][0-9]*)x$ ]]; then
+		echo "$((BASH_REMATCH[1] * n))x"
+	else
+		[[ "$t" =~ ^([0-9]*\.?[0-9]+)(ns|us|ms|s|m)$ ]] || die "times_benchtime: '$t' is not a -benchtime"
+		awk -v v="${BASH_REMATCH[1]}" -v n="$n" -v u="${BASH_REMATCH[2]}" 'BEGIN { printf "%.10g%s\n", v * n, u }'
+	fi
+}
+
 # go_bench ROUND TAG DEPLOYMENT PACKAGE BENCHMARK...: runs the benchmarks of
 # pkg/PACKAGE (the binary go test -bench would run), on the deployment's
 # sub-benchmark (none: the benchmark itself, on the standalone Redis), and
@@ -243,6 +255,10 @@ go_bench() {
 	[[ "$*" == BenchmarkAcquireParts ]] && benchtime=${PARTS_CALLS}x
 	[[ "$*" == BenchmarkPoolsBound ]] && benchtime=${BOUND_PAIRS}x
 	[[ "$*" == BenchmarkPoolsLatencyBound ]] && benchtime=${LATENCY_PAIRS}x
+	# The library's pairs against raw rueidis' run RAW_TURNS times as long:
+	# in one BENCH_TIME each of their eight turns is short enough that a
+	# round's ratio moved 0.90-1.04 with both sides' CPU unchanged.
+	[[ "$*" == BenchmarkAcquireReleaseVsRaw ]] && benchtime=$(times_benchtime "$benchtime" "$RAW_TURNS")
 	flush "${d:-standalone}"
 	step "go test -bench '$pattern' ./pkg/$pkg (benchtime $benchtime)"
 	# LIMITER_TEST_REQUIRE: a missing server fails the benchmark instead of skipping it.

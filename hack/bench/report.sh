@@ -97,7 +97,7 @@ report() {
 	echo "limiter benchmarks: ratios against references measured on the same servers, same run (BENCHMARKS.md)"
 	echo "$started_at, $(nproc) cores shared by clients and servers, Redis $redis_version, $(go env GOVERSION), node $(node --version), redis-semaphore $semaphore_version, ioredis $ioredis_version"
 	echo "1-minute load average $load_start at the start, $load_end at the end (the run itself keeps about 2 busy); the run took $((elapsed / 60))m$((elapsed % 60))s"
-	echo "$CLIENTS clients everywhere; redis-benchmark -r $USERS -n $BENCH_N (-P $PIPELINE: $((2 * BENCH_N))); go benchtime $BENCH_TIME; load and redis-semaphore ${BENCH_DURATION}s each"
+	echo "$CLIENTS clients everywhere; redis-benchmark -r $USERS -n $BENCH_N (-P $PIPELINE: $((2 * BENCH_N))); go benchtime $BENCH_TIME (library against raw rueidis: $(times_benchtime "$BENCH_TIME" "$RAW_TURNS")); load and redis-semaphore ${BENCH_DURATION}s each"
 	echo "median of $BENCH_ROUNDS rounds [lowest-highest]; in each round both sides of a ratio run back to back (HTTP: in turns, $HTTP_SLICES slices each)"
 	echo
 	line "ratio" standalone "$(has_cluster && echo cluster)"
