@@ -65,7 +65,7 @@
 #                   stripped to the slot (BenchmarkPoolsBound); the
 #                   same ways' acquire p50, at full load and paced as
 #                   BenchmarkPoolsAcquireRelease paced its own in the round
-#                   (BenchmarkPoolsLatencyBound)
+#                   and at its light 2,000 pairs/s (BenchmarkPoolsLatencyBound)
 #
 # The table, on stdout, gives each ratio's median over the rounds with the
 # lowest and highest; progress and the raw benchmark lines go to stderr.

@@ -162,6 +162,9 @@ report() {
 	spread_line "  paced as BenchmarkPoolsAcquireRelease's, as sent" %.2f GO 'L/BenchmarkPoolsLatencyBound/paced-sent-p50-bound'
 	spread_line "  the same work inside the user's one call" %.2f GO 'L/BenchmarkPoolsLatencyBound/paced-inside-p50-bound'
 	spread_line "  memberships stripped to the slot, inside it" %.2f GO 'L/BenchmarkPoolsLatencyBound/paced-bare-p50-bound'
+	spread_line "  at a light 2,000 pairs/s, as sent" %.2f GO 'L/BenchmarkPoolsLatencyBound/light-sent-p50-bound'
+	spread_line "  the same work inside the user's one call" %.2f GO 'L/BenchmarkPoolsLatencyBound/light-inside-p50-bound'
+	spread_line "  memberships stripped to the slot, inside it" %.2f GO 'L/BenchmarkPoolsLatencyBound/light-bare-p50-bound'
 	echo "one hot pool key: acquire+release pairs/s / redis-benchmark EVALSHA of the acquire script on that key (BenchmarkPoolKeyHot)"
 	ratio_line "  pairs/s / EVALSHA rps" GO 'K/BenchmarkPoolKeyHot/%d/pairs/s' RPS '%d/pool' both
 	bound_line "  the most the key's master allows (1 core) / EVALSHA rps" 1 GO 'K/BenchmarkPoolKeyHot/%d/hot-master-cpu-us/op' RPS '%d/pool'
@@ -306,6 +309,8 @@ report() {
 	figure_line "acquire p50 us by rueidis alone, paced: joining none" %.0f GO 'L/BenchmarkPoolsLatencyBound/paced-none-acquire-p50-µs'
 	figure_line "  joining two, as sent" %.0f GO 'L/BenchmarkPoolsLatencyBound/paced-sent-acquire-p50-µs'
 	figure_line "  memberships stripped to the slot, inside the user's call" %.0f GO 'L/BenchmarkPoolsLatencyBound/paced-bare-acquire-p50-µs'
+	figure_line "acquire p50 us by rueidis alone, 2,000 pairs/s: joining none" %.0f GO 'L/BenchmarkPoolsLatencyBound/light-none-acquire-p50-µs'
+	figure_line "  joining two, as sent" %.0f GO 'L/BenchmarkPoolsLatencyBound/light-sent-acquire-p50-µs'
 	figure_line "grant after a release, p50 us (BenchmarkWakeUp)" %.0f GO 'W/BenchmarkWakeUp/%d/p50-us' both
 	figure_line "  p99 us" %.0f GO 'W/BenchmarkWakeUp/%d/p99-us' both
 	figure_line "  the release's round trip, p50 us" %.0f GO 'W/BenchmarkWakeUp/%d/release-us' both

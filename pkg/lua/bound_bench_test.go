@@ -82,11 +82,12 @@ func BenchmarkPoolsBound(b *testing.B) {
 // full- metrics), then paced at LIMITER_BENCH_PACED_RATE pairs/s in all
 // (paced-), the rate at which BenchmarkPoolsAcquireRelease paces both of
 // its ways in the same run of hack/bench.sh; unset, half of the pairs/s
-// the sent way made at full load. The ways take turns of latencyTurn
-// pairs, in an order that reverses from one turn to the next. It reports
-// each way's acquire median (<load>-<way>-acquire-p50-µs), and the median
-// over the turns of its median's ratio to none's in the same turn
-// (<load>-<way>-p50-bound): each ratio of two ways run one after the
+// the sent way made at full load; and then at latencyLightRate (light-),
+// the light load of BenchmarkPoolsAcquireRelease. The ways take turns of
+// latencyTurn pairs, in an order that reverses from one turn to the next.
+// It reports each way's acquire median (<load>-<way>-acquire-p50-µs), and
+// the median over the turns of its median's ratio to none's in the same
+// turn (<load>-<way>-p50-bound): each ratio of two ways run one after the
 // other, on the same machine.
 func BenchmarkPoolsLatencyBound(b *testing.B) {
 	u := newFullUser(b)
@@ -138,7 +139,12 @@ func BenchmarkPoolsLatencyBound(b *testing.B) {
 	}
 	run("paced", rate)
 	b.ReportMetric(rate, "paced-pairs/s")
+	run("light", latencyLightRate)
 }
+
+// latencyLightRate is the light load of BenchmarkPoolsLatencyBound, in
+// pairs/s: BenchmarkPoolsAcquireRelease's.
+const latencyLightRate = 2000
 
 // latencyTurn is how many pairs each way of BenchmarkPoolsLatencyBound
 // makes before the next takes its turn.
