@@ -19,6 +19,12 @@ import (
 	"github.com/redis/rueidis"
 )
 
+// LightRate is the light load, in pairs/s, at which the pool benchmarks
+// time an acquire (pkg/limiter's BenchmarkPoolsAcquireRelease) and its
+// bound (pkg/lua's BenchmarkPoolsLatencyBound): one rate for both, as
+// hack/bench.sh prints them side by side.
+const LightRate = 2000
+
 // Nodes are direct connections to every node of a deployment.
 type Nodes struct {
 	Masters, Replicas []rueidis.Client

@@ -73,7 +73,7 @@ var (
 // one load (paced-acquire-p50-us), beside the same pairs made by the
 // scripts alone on the limiter's client, none of its code on the way
 // (none-sent-paced-, two-sent-paced-; see scriptsAlone), and at last at a
-// light load, benchLightRate, over benchLightPairs pairs at most
+// light load, benchenv.LightRate, over benchLightPairs pairs at most
 // (light-acquire-p50-us).
 func BenchmarkPoolsAcquireRelease(b *testing.B) {
 	eachBenchBackendWith(b, limiter.Options{Pools: benchPools(b)}, func(b *testing.B, e *env) {
@@ -104,7 +104,7 @@ func BenchmarkPoolsAcquireRelease(b *testing.B) {
 		b.ReportMetric(rate, "paced-pairs/s")
 		// And at a light load, where no queue forms: the latency of the
 		// calls themselves.
-		light := []*pairWay{{name: "none-light", join: joinNone, rate: benchLightRate, servers: servers}, {name: "two-light", join: joinTwo, rate: benchLightRate, servers: servers}}
+		light := []*pairWay{{name: "none-light", join: joinNone, rate: benchenv.LightRate, servers: servers}, {name: "two-light", join: joinTwo, rate: benchenv.LightRate, servers: servers}}
 		n := min(b.N, benchLightPairs)
 		for done := 0; done < n; done += benchTurn {
 			for _, w := range light {
@@ -204,12 +204,9 @@ func scriptsAlone(b *testing.B, e *env) func(ctx context.Context, user, stream s
 	}
 }
 
-// benchLightRate is the light load of BenchmarkPoolsAcquireRelease, in
-// pairs/s, and benchLightPairs how many pairs each way runs at it.
-const (
-	benchLightRate  = 2000
-	benchLightPairs = 4000
-)
+// benchLightPairs is how many pairs each way of
+// BenchmarkPoolsAcquireRelease runs at its light load (benchenv.LightRate).
+const benchLightPairs = 4000
 
 // benchTurn is how many pairs one way runs before the other takes its
 // turn: both see the same machine, whatever else runs on it.

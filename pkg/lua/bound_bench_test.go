@@ -82,7 +82,7 @@ func BenchmarkPoolsBound(b *testing.B) {
 // full- metrics), then paced at LIMITER_BENCH_PACED_RATE pairs/s in all
 // (paced-), the rate at which BenchmarkPoolsAcquireRelease paces both of
 // its ways in the same run of hack/bench.sh; unset, half of the pairs/s
-// the sent way made at full load; and then at latencyLightRate (light-),
+// the sent way made at full load; and then at benchenv.LightRate (light-),
 // the light load of BenchmarkPoolsAcquireRelease. The ways take turns of
 // latencyTurn pairs, in an order that reverses from one turn to the next.
 // It reports each way's acquire median (<load>-<way>-acquire-p50-µs), and
@@ -139,12 +139,8 @@ func BenchmarkPoolsLatencyBound(b *testing.B) {
 	}
 	run("paced", rate)
 	b.ReportMetric(rate, "paced-pairs/s")
-	run("light", latencyLightRate)
+	run("light", benchenv.LightRate)
 }
-
-// latencyLightRate is the light load of BenchmarkPoolsLatencyBound, in
-// pairs/s: BenchmarkPoolsAcquireRelease's.
-const latencyLightRate = 2000
 
 // latencyTurn is how many pairs each way of BenchmarkPoolsLatencyBound
 // makes before the next takes its turn.
