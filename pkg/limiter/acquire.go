@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/joishi/limiter/pkg/keys"
@@ -120,6 +121,9 @@ func (l *Limiter) Acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		span.SetAttributes(attrCaller.String(req.Caller))
 	}
 	res, tier, err := l.acquire(ctx, req)
+	if err == nil && res.Granted && len(res.Pools) > 0 && req.Caller == "" {
+		l.joined.remember(req.UserID, res.StreamID, slices.Clone(res.Pools), time.Now())
+	}
 	if span.IsRecording() {
 		span.SetAttributes(tierAttrs(tier, attrGranted.Bool(res.Granted), attrUsed.Int(res.Used),
 			attrPruned.Int(res.Pruned), attrDegraded.Bool(res.Degraded))...)

@@ -120,6 +120,8 @@ type Limiter struct {
 
 	syncReplicas int
 
+	joined joinedGrants // the pool keys of this Limiter's grants, for Release
+
 	// Waiting acquires (see wait.go).
 	bus       wakeBus
 	queues    queues

@@ -160,10 +160,12 @@ func TestAPooledAcquireWhoseRepliesAreLostIsAskedAgain(t *testing.T) {
 }
 
 // TestAPooledReleaseWhoseLeavesLoseTheirRepliesFreesEveryKey: on one
-// Redis a released stream leaves its pool keys in one pipeline; when the
-// connection drops before its replies (the leaves ran; each is asked
-// again, alone), the release still answers released, and both keys are
-// free at once, not after a TTL.
+// Redis a released stream that the limiter did not grant on nobody's
+// behalf (so it knows its pool keys from the slot's record only) leaves
+// them in one pipeline after the slot; when the connection drops before
+// its replies (the leaves ran; each is asked again, alone), the release
+// still answers released, and both keys are free at once, not after a
+// TTL.
 func TestAPooledReleaseWhoseLeavesLoseTheirRepliesFreesEveryKey(t *testing.T) {
 	t.Parallel()
 	e, proxy := lostPooledReplies(t, 1, 1)
@@ -173,7 +175,7 @@ func TestAPooledReleaseWhoseLeavesLoseTheirRepliesFreesEveryKey(t *testing.T) {
 	// Twice: the first loads the scripts (a NOSCRIPT answer would take
 	// the drop instead); the second's leaves lose their replies.
 	for i, drop := range []bool{false, true} {
-		if res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three", StreamID: "s", Pools: named}); err != nil || !res.Granted || len(res.Pools) != 2 {
+		if res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three", StreamID: "s", Caller: "svc", Pools: named}); err != nil || !res.Granted || len(res.Pools) != 2 {
 			t.Fatalf("acquire %d: %+v, %v; want granted in both pools", i+1, res, err)
 		}
 		if drop {
@@ -196,5 +198,48 @@ func TestAPooledReleaseWhoseLeavesLoseTheirRepliesFreesEveryKey(t *testing.T) {
 	// Both keys hold their cap of 1 free: another user's stream joins them.
 	if got, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "three", Pools: named}); err != nil || !got.Granted {
 		t.Errorf("another user's acquire after the release: %+v, %v; want granted", got, err)
+	}
+}
+
+// TestAPooledReleaseBesideItsLeavesWhoseRepliesAreLostFreesEveryKey: a
+// stream this limiter granted on nobody's behalf is released with its
+// leaves in one pipeline (see Limiter.Release); when the connection
+// drops before that pipeline's replies (everything in it ran), the
+// release answers released or degraded (unknown), never released false,
+// and both keys are free at once, not after a TTL.
+func TestAPooledReleaseBesideItsLeavesWhoseRepliesAreLostFreesEveryKey(t *testing.T) {
+	t.Parallel()
+	e, proxy := lostPooledReplies(t, 1, 1)
+	ctx := context.Background()
+	named := map[string]string{"model": "m", "org": "o"}
+	user := newUser(t)
+	for i, drop := range []bool{false, true} { // the first loads the scripts
+		if res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three", StreamID: "s", Pools: named}); err != nil || !res.Granted || len(res.Pools) != 2 {
+			t.Fatalf("acquire %d: %+v, %v; want granted in both pools", i+1, res, err)
+		}
+		if drop {
+			proxy.DropReplies(1)
+		}
+		if rel, err := e.lim.Release(ctx, user, "s"); err != nil || (!rel.Released && !rel.Degraded) {
+			t.Fatalf("release %d: %+v, %v; want released, or degraded when its reply was lost", i+1, rel, err)
+		}
+		if drop && proxy.DropsLeft() != 0 {
+			t.Fatal("the release's replies were not dropped: it made no script call")
+		}
+	}
+	c := e.raw(t)
+	for pool, key := range named {
+		slots, _ := e.keys.PoolKey(pool, key)
+		n, err := c.Do(ctx, c.B().Zcard().Key(slots).Build()).AsInt64()
+		for deadline := time.Now().Add(3 * time.Second); err != nil && time.Now().Before(deadline); { // redialling
+			time.Sleep(50 * time.Millisecond)
+			n, err = c.Do(ctx, c.B().Zcard().Key(slots).Build()).AsInt64()
+		}
+		if err != nil || n != 0 {
+			t.Errorf("%s=%s holds %d members (%v) after the release, want 0", pool, key, n, err)
+		}
+	}
+	if slots, err := e.lim.Slots(ctx, user); err != nil || slots.Used != 0 {
+		t.Errorf("the user's slots after the release: %+v, %v; want none", slots, err)
 	}
 }

@@ -27,7 +27,11 @@ type ReleaseResult struct {
 
 // Release frees one slot, whichever caller holds it: for code that holds
 // its own slots (the proxy, ext_proc) and tests. A caller of the API
-// releases through ReleaseAs. Errors: ErrInvalidUserID, ErrInvalidStreamID.
+// releases through ReleaseAs. The memberships of a stream that this
+// Limiter granted on nobody's behalf leave beside its slot, in one round
+// trip, as ReleaseJoined's do (see joinedGrants); a stream another
+// replica granted takes two, as its record names them.
+// Errors: ErrInvalidUserID, ErrInvalidStreamID.
 func (l *Limiter) Release(ctx context.Context, userID, streamID string) (ReleaseResult, error) {
 	return l.ReleaseAs(ctx, "", userID, streamID)
 }
@@ -88,6 +92,10 @@ func (l *Limiter) releaseBy(ctx context.Context, end time.Time, caller, userID, 
 	}
 	var along []lua.Member // the memberships that leave beside the slot
 	if caller == "" {
+		// What this Limiter's grant joined, when the caller kept nothing.
+		if remembered := l.joined.take(userID, streamID); joined == nil {
+			joined = remembered
+		}
 		along = l.joinedMembers(userID, streamID, joined)
 	}
 	var got lua.Released

@@ -28,7 +28,7 @@ import (
 //   - none: the user's acquire and release scripts;
 //   - sent: two pool keys too (one of 16, one of 100), each key's scripts
 //     a call of their own, as the limiter sends them to one Redis (the
-//     acquires in one pipeline, the user's release, then the keys');
+//     acquires in one pipeline, the releases in another);
 //   - inside: the same scripts' work run inside the user's own call, one
 //     each way: the memberships without a call of their own;
 //   - bare: the same, each membership stripped to its slot (no record, no
@@ -307,11 +307,11 @@ func boundWays(b *testing.B, c rueidis.Client) []boundWay {
 				return rueidis.Commands{ev(acq, p.userArgs, lua.AcquireKeys(p.user)),
 					ev(acq, p.poolArgs, lua.AcquireKeys(p.model)), ev(acq, p.poolArgs, lua.AcquireKeys(p.org))}
 			},
-			// The user's release, which names the stream's pools, then
-			// the keys'.
+			// The user's release and the keys', in one round trip, as
+			// the limiter's Release sends them for a stream it granted.
 			func(p boundPair) []rueidis.Commands {
-				return []rueidis.Commands{{ev(rel, []string{p.stream, ""}, lua.ReleaseKeys(p.user))},
-					{ev(rel, []string{p.member, ""}, lua.ReleaseKeys(p.model)), ev(rel, []string{p.member, ""}, lua.ReleaseKeys(p.org))}}
+				return []rueidis.Commands{{ev(rel, []string{p.stream, ""}, lua.ReleaseKeys(p.user)),
+					ev(rel, []string{p.member, ""}, lua.ReleaseKeys(p.model)), ev(rel, []string{p.member, ""}, lua.ReleaseKeys(p.org))}}
 			}},
 		joined("inside", insideAcq, insideRel),
 		joined("bare", bareAcq, bareRel),
