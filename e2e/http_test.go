@@ -80,13 +80,23 @@ func randomID() string {
 // serveConfig renders a limiter config for redis with the given key prefix
 // and static tiers (YAML list items, indented by four spaces).
 func serveConfig(redis []string, keyPrefix, tiers string) string {
+	return serveConfigTimeout(redis, keyPrefix, tiers, 0)
+}
+
+// serveConfigTimeout is serveConfig with redis.timeout set to timeout (0:
+// the default, 250ms).
+func serveConfigTimeout(redis []string, keyPrefix, tiers string, timeout time.Duration) string {
+	var setTimeout string
+	if timeout > 0 {
+		setTimeout = fmt.Sprintf("\n  timeout: %s", timeout)
+	}
 	return fmt.Sprintf(`redis:
   addrs: ["%s"]
-  keyPrefix: %q
+  keyPrefix: %q%s
 tiers:
   source: static
   static:
-%s`, strings.Join(redis, `", "`), keyPrefix, tiers)
+%s`, strings.Join(redis, `", "`), keyPrefix, setTimeout, tiers)
 }
 
 // incidentTiers are free=1 and paid=3 with a 2s TTL.
