@@ -120,6 +120,26 @@ func lostPooledReplies(t *testing.T, models, orgs int) (*env, *testenv.Proxy) {
 		Limiter: limiter.Options{Pools: table}}), proxy
 }
 
+// requirePoolMembers fails t unless each of named's pool keys holds want
+// members, asking again for up to 3 s while the client redials a
+// connection that dropped its replies.
+func requirePoolMembers(t *testing.T, e *env, named map[string]string, want int64) {
+	t.Helper()
+	ctx := context.Background()
+	c := e.raw(t)
+	for pool, key := range named {
+		slots, _ := e.keys.PoolKey(pool, key)
+		n, err := c.Do(ctx, c.B().Zcard().Key(slots).Build()).AsInt64()
+		for deadline := time.Now().Add(3 * time.Second); err != nil && time.Now().Before(deadline); {
+			time.Sleep(50 * time.Millisecond)
+			n, err = c.Do(ctx, c.B().Zcard().Key(slots).Build()).AsInt64()
+		}
+		if err != nil || n != want {
+			t.Errorf("%s=%s holds %d members (%v), want %d", pool, key, n, err, want)
+		}
+	}
+}
+
 // TestAPooledAcquireWhoseRepliesAreLostIsAskedAgain: on one Redis a
 // pooled acquire's scripts go in one pipeline; when the connection drops
 // before their replies, each is asked again, as a call of its own is,
@@ -143,13 +163,7 @@ func TestAPooledAcquireWhoseRepliesAreLostIsAskedAgain(t *testing.T) {
 	if err != nil || !res.Granted || res.Degraded || len(res.Pools) != 2 {
 		t.Fatalf("acquire whose replies were lost: %+v, %v; want granted by Redis, in both pools", res, err)
 	}
-	c := e.raw(t)
-	for pool, key := range named {
-		slots, _ := e.keys.PoolKey(pool, key)
-		if n, err := c.Do(ctx, c.B().Zcard().Key(slots).Build()).AsInt64(); err != nil || n != 1 {
-			t.Errorf("%s=%s holds %d members (%v), want 1", pool, key, n, err)
-		}
-	}
+	requirePoolMembers(t, e, named, 1)
 	if slots, err := e.lim.Slots(ctx, user); err != nil || slots.Used != 1 {
 		t.Errorf("the user's slots: %+v, %v; want 1", slots, err)
 	}
@@ -188,13 +202,7 @@ func TestAPooledReleaseWhoseLeavesLoseTheirRepliesFreesEveryKey(t *testing.T) {
 			t.Fatal("the leaves' replies were not dropped: the release made fewer script calls than the user's and one pipeline of leaves")
 		}
 	}
-	c := e.raw(t)
-	for pool, key := range named {
-		slots, _ := e.keys.PoolKey(pool, key)
-		if n, err := c.Do(ctx, c.B().Zcard().Key(slots).Build()).AsInt64(); err != nil || n != 0 {
-			t.Errorf("%s=%s holds %d members (%v) after the release, want 0", pool, key, n, err)
-		}
-	}
+	requirePoolMembers(t, e, named, 0)
 	// Both keys hold their cap of 1 free: another user's stream joins them.
 	if got, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "three", Pools: named}); err != nil || !got.Granted {
 		t.Errorf("another user's acquire after the release: %+v, %v; want granted", got, err)
@@ -227,18 +235,7 @@ func TestAPooledReleaseBesideItsLeavesWhoseRepliesAreLostFreesEveryKey(t *testin
 			t.Fatal("the release's replies were not dropped: it made no script call")
 		}
 	}
-	c := e.raw(t)
-	for pool, key := range named {
-		slots, _ := e.keys.PoolKey(pool, key)
-		n, err := c.Do(ctx, c.B().Zcard().Key(slots).Build()).AsInt64()
-		for deadline := time.Now().Add(3 * time.Second); err != nil && time.Now().Before(deadline); { // redialling
-			time.Sleep(50 * time.Millisecond)
-			n, err = c.Do(ctx, c.B().Zcard().Key(slots).Build()).AsInt64()
-		}
-		if err != nil || n != 0 {
-			t.Errorf("%s=%s holds %d members (%v) after the release, want 0", pool, key, n, err)
-		}
-	}
+	requirePoolMembers(t, e, named, 0)
 	if slots, err := e.lim.Slots(ctx, user); err != nil || slots.Used != 0 {
 		t.Errorf("the user's slots after the release: %+v, %v; want none", slots, err)
 	}
