@@ -9,8 +9,8 @@
 # stderr), so callers can do:
 #   export KUBEBUILDER_ASSETS=$(hack/envtest-assets.sh | tail -1)
 #
-# With a warm cache the script returns immediately. Binaries are built under a
-# temporary name in the target folder and renamed into place, so an
+# With a warm cache the script returns immediately. Binaries are built into a
+# temporary folder inside the target folder and renamed into place, so an
 # interrupted build never leaves a half-written binary behind.
 #
 # With --cached it builds nothing: it prints the folder and exits 0 when the
@@ -18,7 +18,8 @@
 set -euo pipefail
 
 K8S_VERSION="1.37.2"
-ETCD_VERSION="3.6.16"
+# The etcd Kubernetes ${K8S_VERSION} is released with (its build/dependencies.yaml).
+ETCD_VERSION="3.7.0"
 # Staging modules (k8s.io/api, k8s.io/apimachinery, ...) are published as v0.<minor>.<patch>.
 K8S_STAGING_VERSION="v0.${K8S_VERSION#*.}"
 
@@ -50,10 +51,8 @@ if command -v flock >/dev/null 2>&1; then
 fi
 
 SCRATCH_DIRS=()
-TMP_BINS=()
 cleanup() {
   local p
-  for p in "${TMP_BINS[@]+"${TMP_BINS[@]}"}"; do rm -f -- "$p"; done
   for p in "${SCRATCH_DIRS[@]+"${SCRATCH_DIRS[@]}"}"; do
     # The module cache marks files read-only; make sure rm can descend.
     chmod -R u+w -- "$p" 2>/dev/null || true
@@ -78,36 +77,22 @@ new_scratch() {
   (cd "$scratch" && go mod init scratch >/dev/null 2>&1)
 }
 
-new_tmp_bin() {
-  tmp="$DIR/.$1.tmp.$$"
-  TMP_BINS+=("$tmp")
-  rm -f -- "$tmp"
-}
-
-build_etcd() {
-  local scratch tmp start
-  start=$SECONDS
-  log "building etcd v${ETCD_VERSION} (from go.etcd.io/etcd/server/v3)"
-  new_scratch etcd
-  new_tmp_bin etcd
-  (
-    cd "$scratch"
-    go get "go.etcd.io/etcd/server/v3@v${ETCD_VERSION}" >&2
-    go build -trimpath \
-      -ldflags="-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=v${ETCD_VERSION}" \
-      -o "$tmp" go.etcd.io/etcd/server/v3 >&2
-  )
-  "$tmp" --version >&2
-  mv -f -- "$tmp" "$DIR/etcd"
-  log "etcd done in $((SECONDS - start))s"
-}
-
-build_kube_apiserver() {
+# build_servers builds etcd and kube-apiserver with one `go build` in one
+# scratch module: kube-apiserver's dependencies (gRPC, protobuf,
+# OpenTelemetry, etcd's client, ...) are most of etcd's, so each is compiled
+# once, not once per server at two versions. etcd is the release
+# Kubernetes ${K8S_VERSION} names (its build/dependencies.yaml), and adds
+# no module version kube-apiserver's own build would not pick: MVS keeps
+# kube-apiserver's dependencies as its release pins them.
+build_servers() {
   local scratch tmp start gomod mods m ldflags build_date pkg
   start=$SECONDS
-  log "building kube-apiserver v${K8S_VERSION} (from k8s.io/kubernetes)"
-  new_scratch kube-apiserver
-  new_tmp_bin kube-apiserver
+  log "building kube-apiserver v${K8S_VERSION} (from k8s.io/kubernetes) and etcd v${ETCD_VERSION} (from go.etcd.io/etcd/server/v3)"
+  new_scratch servers
+  tmp="$DIR/.servers.tmp.$$"
+  SCRATCH_DIRS+=("$tmp")
+  rm -rf -- "$tmp"
+  mkdir -p -- "$tmp"
   (
     cd "$scratch"
     # k8s.io/kubernetes replaces its staging modules with ./staging/src/...,
@@ -127,11 +112,13 @@ build_kube_apiserver() {
     for m in $mods; do
       go mod edit "-replace=${m}=${m}@${K8S_STAGING_VERSION}"
     done
-    go get "k8s.io/kubernetes/cmd/kube-apiserver@v${K8S_VERSION}" >&2
+    go get "k8s.io/kubernetes/cmd/kube-apiserver@v${K8S_VERSION}" "go.etcd.io/etcd/server/v3@v${ETCD_VERSION}" >&2
 
-    # Same version stamping the upstream build does (hack/lib/version.sh).
+    # The version stamps the upstream builds set (Kubernetes'
+    # hack/lib/version.sh, etcd's scripts/build-binary.sh); each -X reaches
+    # the binaries that link its package.
     build_date="$(date -u +'%Y-%m-%dT%H:%M:%SZ')"
-    ldflags="-s -w"
+    ldflags="-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=v${ETCD_VERSION}"
     for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
       ldflags+=" -X ${pkg}.gitVersion=v${K8S_VERSION}"
       ldflags+=" -X ${pkg}.gitMajor=${K8S_VERSION%%.*}"
@@ -139,11 +126,18 @@ build_kube_apiserver() {
       ldflags+=" -X ${pkg}.gitTreeState=clean"
       ldflags+=" -X ${pkg}.buildDate=${build_date}"
     done
-    go build -trimpath -ldflags="$ldflags" -o "$tmp" k8s.io/kubernetes/cmd/kube-apiserver >&2
+    # Into a folder, each binary is named after its package: "server" for
+    # go.etcd.io/etcd/server/v3. Without the compiler's optimisations and
+    # inlining (-N -l): the build is the largest part of a cold `make test`,
+    # and these servers answer a test's few requests, not a cluster's load.
+    go build -trimpath -gcflags="all=-N -l" -ldflags="$ldflags" -o "$tmp/" \
+      k8s.io/kubernetes/cmd/kube-apiserver go.etcd.io/etcd/server/v3 >&2
   )
-  "$tmp" --version >&2
-  mv -f -- "$tmp" "$DIR/kube-apiserver"
-  log "kube-apiserver done in $((SECONDS - start))s"
+  "$tmp/server" --version >&2
+  "$tmp/kube-apiserver" --version >&2
+  mv -f -- "$tmp/server" "$DIR/etcd"
+  mv -f -- "$tmp/kube-apiserver" "$DIR/kube-apiserver"
+  log "kube-apiserver and etcd done in $((SECONDS - start))s"
 }
 
 link_kubectl() {
@@ -156,8 +150,7 @@ link_kubectl() {
   log "kubectl -> $k"
 }
 
-have etcd || build_etcd
-have kube-apiserver || build_kube_apiserver
+{ have etcd && have kube-apiserver; } || build_servers
 have kubectl || link_kubectl
 
 all_present || { log "assets incomplete in $DIR"; exit 1; }
