@@ -76,10 +76,13 @@ answer_cached() {
 	exit 0
 }
 
+# go_install builds a tool the tests run, without the compiler's
+# optimisations and inlining (-N -l): a tool renders or checks a few files
+# per test, and a cold build of it is minutes of a cold `make test`.
 go_install() {
 	local dir=$1 ldflags=$2 pkg=$3
 	(cd "$dir" && GOWORK=off GOFLAGS=-mod=mod CGO_ENABLED=0 GOBIN="$dir" \
-		go install -trimpath -ldflags "-s -w $ldflags" "$pkg" >&2)
+		go install -trimpath -gcflags "all=-N -l" -ldflags "-s -w $ldflags" "$pkg" >&2)
 }
 
 apt_install() {
