@@ -47,6 +47,7 @@ const pngSignature = "\x89PNG\r\n\x1a\n"
 // empty tables; each state is screenshot. The page must raise no console
 // error (a CSP violation is one).
 func TestAdminPageInChromium(t *testing.T) {
+	t.Parallel()
 	chromium := testenv.Chromium(t)
 	apiTokens := filepath.Join(t.TempDir(), "api-tokens")
 	if err := os.WriteFile(apiTokens, []byte("chat-api "+e2eAppToken+" *\n"), 0o600); err != nil {

@@ -107,6 +107,7 @@ func runSuite(t *testing.T, dir string, env []string, name string, args ...strin
 // TestPythonClient runs the Python client's unittest suite
 // (clients/python/tests) against real serve processes on real Redis.
 func TestPythonClient(t *testing.T) {
+	t.Parallel()
 	python := testenv.Python(t)
 	// No __pycache__ in the source tree.
 	env := append(startClientServers(t), "PYTHONDONTWRITEBYTECODE=1")
@@ -142,6 +143,7 @@ func TestPythonClient(t *testing.T) {
 // its tests with tsc (strict), then runs them with node --test against real
 // serve processes on real Redis.
 func TestTypeScriptClient(t *testing.T) {
+	t.Parallel()
 	node := testenv.Node(t, 18)
 	modules := testenv.TypeScriptModules(t)
 	env := startClientServers(t)
@@ -246,6 +248,7 @@ print("imported from", limiter_client.__file__)
 // with Debian's setuptools, then runs an application of it against a real
 // serve.
 func TestPythonClientInstall(t *testing.T) {
+	t.Parallel()
 	if err := exec.Command(debianPython, "-c", "import ensurepip, setuptools, wheel").Run(); err != nil {
 		missingTool(t, fmt.Sprintf("%s cannot build the package in a venv (%v)", debianPython, err),
 			"installs python3-venv, python3-setuptools and python3-wheel")
@@ -308,6 +311,7 @@ console.log("imported from " + import.meta.resolve("@joishi/limiter-client"));
 // ~/.cache/limiter/npm-cache), preferred to the registry: after a first run
 // the test needs no network.
 func TestTypeScriptClientInstall(t *testing.T) {
+	t.Parallel()
 	node := testenv.Node(t, 18)
 	npm, err := exec.LookPath("npm")
 	if err != nil {

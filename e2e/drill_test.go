@@ -59,6 +59,7 @@ const drillTiers = `    - plan: free
 //   - the admin API naming the hung worker's slots (age, caller, label),
 //     whose release returns the floor to 0.
 func TestIncidentDrill(t *testing.T) {
+	t.Parallel()
 	promtool := testenv.Promtool(t)
 	redis := testenv.Cluster(t)
 	run := randomID()

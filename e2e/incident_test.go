@@ -24,6 +24,7 @@ const (
 // crashed streams are counted as pruned. The INCR/DECR counter it replaced
 // stays leaked.
 func TestIncidentReplay(t *testing.T) {
+	t.Parallel()
 	redis := testenv.Cluster(t)
 	run := randomID()
 	userPrefix := "incident-" + run + "-"

@@ -5,9 +5,11 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -26,7 +28,22 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	flag.Parse()
+	setParallel(8)
 	os.Exit(m.Run())
+}
+
+// setParallel runs up to n tests of this package at once unless the
+// command line says how many (-parallel). Its parallel tests mostly wait:
+// on slot TTLs, a compressed clock, a browser, node and Python suites,
+// envtest's API servers. Tests that time calls or count a shared Redis's
+// commands stay sequential: they run before the parallel ones start.
+func setParallel(n int) {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		_ = flag.Set("test.parallel", strconv.Itoa(n))
+	}
 }
 
 // planOf gives the incident's users alternating plans: even users free (1

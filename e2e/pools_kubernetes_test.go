@@ -20,6 +20,7 @@ import (
 // streams of every user joining its keys, and its edits and deletion reach
 // serve too.
 func TestKubernetesPools(t *testing.T) {
+	t.Parallel()
 	k := &kubeTiers{kube: kubetest.Start(t), redis: testenv.Redis(t)}
 	ns := k.kube.Namespace(t)
 	ctx := t.Context()

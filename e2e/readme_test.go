@@ -180,6 +180,7 @@ admin:
 // status, a "code", "granted") must be in the output. Commands that need a
 // cluster or a container engine are listed in docSpecs with the reason.
 func TestReadmeCommands(t *testing.T) {
+	t.Parallel()
 	bin := servetest.Binary(t)
 	root := repoDir(t)
 	tmp := t.TempDir()

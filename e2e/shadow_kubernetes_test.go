@@ -25,6 +25,7 @@ import (
 // (would_refuse) and counts them (outcome shadow_refused); switching the
 // object to enforce: true, without a restart, refuses the next one.
 func TestKubernetesShadowMode(t *testing.T) {
+	t.Parallel()
 	k := &kubeTiers{kube: kubetest.Start(t), redis: testenv.Redis(t)}
 	ns := k.kube.Namespace(t)
 	p := k.serve(t, ns, k.kube.Kubeconfig, false)

@@ -26,6 +26,7 @@ const testLease = 2 * time.Second
 // TestKubernetesTiers runs `limiter serve` processes with tiers.source
 // kubernetes against a real API server (envtest), one for all subtests.
 func TestKubernetesTiers(t *testing.T) {
+	t.Parallel()
 	redis := testenv.Redis(t)
 	kube := kubetest.Start(t)
 	k := &kubeTiers{kube: kube, redis: redis}
