@@ -29,7 +29,7 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	flag.Parse()
-	setParallel(8)
+	setParallel(4)
 	os.Exit(m.Run())
 }
 
