@@ -80,10 +80,12 @@ wait_packages() {
 # kube-apiserver and etcd; helm and kube-score on the rendered chart;
 # Redocly's OpenAPI lint on api/openapi.yaml; Prometheus's rule tester,
 # promtool, on the shipped alert rules. Cold, the builds are most of a run,
-# so they run side by side (hack/lib/install.sh: install_tools).
+# so they run side by side (hack/lib/install.sh: install_tools), and
+# kube-apiserver, etcd and helm, which share most of their code, build in
+# one go build (hack/lib/kube.sh).
 install_tools \
 	"KUBEBUILDER_ASSETS|hack/envtest-assets.sh|building kube-apiserver and etcd for the envtest tests (api/v1alpha1, pkg/controller, config/envoy, charts/limiter/test, e2e)" \
-	"LIMITER_HELM|hack/helm.sh|building helm for the chart tests (charts/limiter/test)" \
+	"LIMITER_HELM|hack/helm.sh|building helm for the chart tests (charts/limiter/test), in kube-apiserver's go build" \
 	"LIMITER_KUBE_SCORE|hack/kube-score.sh|building kube-score for the chart tests (charts/limiter/test)" \
 	"LIMITER_REDOCLY|hack/redocly.sh|installing Redocly's CLI (npm) for the OpenAPI lint (internal/apitest)" \
 	"LIMITER_PROMTOOL|hack/promtool.sh|installing promtool, Debian's or else built from source, for the alert rule tests (e2e)"
