@@ -82,7 +82,10 @@ func freeByHand(t *testing.T, s *limitertest.Stack, key, member string) {
 
 // waitPolls lets a second pass while q waits with no slot free and
 // checks that the loop polled (wait_poll) but called the wait script at
-// most once (its ticket's refresh may fall due once).
+// most twice: once when its wake-up subscription is confirmed (a
+// wake-up may have been missed before it), which on a loaded machine
+// may come after the first poll, and once if its ticket's refresh falls
+// due. A poll that ran the script would call it some 50 times.
 func waitPolls(t *testing.T, log *callLog, q *queued) {
 	t.Helper()
 	// Count from the loop's first look: the call that queued q is seen in
@@ -98,8 +101,8 @@ func waitPolls(t *testing.T, log *callLog, q *queued) {
 		t.Fatalf("answered while every slot was held: %+v, %v", a.res, a.err)
 	}
 	got := log.take()
-	if got["wait_poll"] < 10 || got["wait"] > 1 {
-		t.Errorf("a second of polls with no slot free made %d looks and %d script calls; want at least 10 looks (every 20ms) and at most 1 call", got["wait_poll"], got["wait"])
+	if got["wait_poll"] < 10 || got["wait"] > 2 {
+		t.Errorf("a second of polls with no slot free made %d looks and %d script calls; want at least 10 looks (every 20ms) and at most 2 calls", got["wait_poll"], got["wait"])
 	}
 }
 
