@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/joishi/limiter/internal/servetest"
 	"github.com/joishi/limiter/pkg/client"
 	"github.com/redis/rueidis"
 )
@@ -30,7 +31,9 @@ func TestMain(m *testing.M) {
 	}
 	flag.Parse()
 	setParallel(4)
-	os.Exit(m.Run())
+	code := m.Run()
+	servetest.RemoveBinaries()
+	os.Exit(code)
 }
 
 // setParallel runs up to n tests of this package at once unless the
