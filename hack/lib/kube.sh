@@ -27,6 +27,9 @@
 #       holding $KUBE_CACHE/.kube-build.lock, so that side-by-side runs
 #       build once. Needs go in PATH.
 
+# shellcheck source=hack/lib/install.sh
+source "$(dirname "${BASH_SOURCE[0]}")/install.sh"
+
 KUBE_VERSION="1.37.2"
 KUBE_ETCD_VERSION="3.7.0"
 KUBE_HELM_VERSION="v3.22.0"
@@ -43,11 +46,7 @@ kube_build() {
 		exit 1
 	}
 	mkdir -p "$KUBE_CACHE"
-	if command -v flock >/dev/null 2>&1; then
-		exec 8>"$KUBE_CACHE/.kube-build.lock"
-		echo "$log: waiting for $KUBE_CACHE/.kube-build.lock" >&2
-		flock 8
-	fi
+	hold_lock "$KUBE_CACHE/.kube-build.lock"
 	# Each: its package, the name `go build -o DIR/` gives it, its place.
 	kube_missing k8s.io/kubernetes/cmd/kube-apiserver kube-apiserver "$KUBE_ENVTEST_DIR/kube-apiserver"
 	kube_missing go.etcd.io/etcd/server/v3 server "$KUBE_ENVTEST_DIR/etcd"
