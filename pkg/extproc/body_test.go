@@ -251,6 +251,21 @@ func TestPoolKeyAtItsCapIsRefusedAtTheBody(t *testing.T) {
 		t.Errorf("model=big holds %d streams, want the holder's 1", got)
 	}
 
+	// The field in another case is the field (an upstream in Go reads
+	// "MODEL" as its model): refused too.
+	for _, b := range []string{`{"MODEL":"big"}`, `{"\u004dodel":"big"}`} {
+		st := e.open(t)
+		heldHeaders(t, e, st, other)
+		resp, err := st.RequestBody([]byte(b), true)
+		if _, body := refusedWith(t, resp, err, 429, "pool_limit_reached"); body.Error.Key != "big" {
+			t.Errorf("%s: refused by key %q, want big", b, body.Error.Key)
+		}
+		st.Close()
+	}
+	if got := poolUsed(t, e, "model", "big"); got != 1 {
+		t.Errorf("model=big holds %d streams, want the holder's 1", got)
+	}
+
 	// Another key of the pool has room.
 	small := e.open(t)
 	heldHeaders(t, e, small, other)
@@ -294,6 +309,7 @@ func TestBadBodiesAreRefusedAtTheBody(t *testing.T) {
 		{"model outside the key charset", `{"model":"a b"}`, "invalid_pool_key"},
 		{"model twice", `{"model":"small","model":"big"}`, "invalid_body"},
 		{"model twice, spelt apart", `{"model":"big","mod\u0065l":"small"}`, "invalid_body"},
+		{"model twice, in two cases", `{"model":"small","Model":"big"}`, "invalid_body"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			user := newUser()

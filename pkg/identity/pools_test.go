@@ -172,6 +172,8 @@ func TestBodyPools(t *testing.T) {
 		{"model outside the key charset", `{"model":"a b"}`, nil, "", identity.ErrInvalidPoolValue, "invalid_pool_key"},
 		{"model twice", `{"model":"big","model":"small"}`, nil, "", identity.ErrInvalidBody, "invalid_body"},
 		{"model twice, spelt apart", `{"model":"big","mod\u0065l":"small"}`, nil, "", identity.ErrInvalidBody, "invalid_body"},
+		{"model in capitals", `{"MODEL":"gpt-4o","Organization":"acme"}`, map[string]string{"model": "gpt-4o", "org": "acme", "region": "eu"}, "gpt-4o", nil, ""},
+		{"model twice, in two cases", `{"Model":"big","model":"small"}`, nil, "", identity.ErrInvalidBody, "invalid_body"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

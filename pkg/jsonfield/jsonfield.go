@@ -12,8 +12,11 @@
 //
 // Because the limiter decides on what it reads, Strings is strict where JSON
 // parsers disagree: field names are compared after JSON unescaping (so
-// "mod\u0065l" is the field model), and a named field that appears more than
-// once is an error rather than a guess at which copy the upstream will use.
+// "mod\u0065l" is the field model) and in any case, as Go's encoding/json
+// matches a member to a field (so "MODEL" is the field model too, which an
+// upstream written in Go reads as its model), and a named field that appears
+// more than once, however spelt, is an error rather than a guess at which
+// copy the upstream will use.
 package jsonfield
 
 import (
@@ -21,6 +24,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -63,9 +67,11 @@ func (e *FieldError) Is(target error) bool {
 //
 // body must be a single valid JSON value, optionally surrounded by whitespace
 // (else the error wraps ErrNotJSON), and that value must be an object (else
-// ErrNotObject). Field names are compared after unescaping and are
-// case-sensitive. A named field that appears more than once at the top level,
-// however spelt, or whose value is not a string or null, is a *FieldError
+// ErrNotObject). Field names are compared after unescaping, under Unicode
+// simple case folding (as bytes.EqualFold, and so encoding/json, compares
+// them): "MODEL" is the field model. A named field that appears more than
+// once at the top level, however spelt, or whose value is not a string or
+// null, is a *FieldError
 // (for the first such name in names); fields not named, and fields nested
 // inside other values, are not looked at.
 // Values are returned unescaped, with invalid UTF-8 replaced by U+FFFD as
@@ -141,16 +147,15 @@ func memberName(key, scratch []byte) (name, scratchOut []byte) {
 	return key[1 : len(key)-1], scratch
 }
 
-// record counts the member with name name and value token value against the
-// entry of found with that name, if any.
+// record counts the member with name name and value token value against
+// each entry of found with that name in any case.
 func record(found []match, name, value []byte) {
 	for j := range found {
-		if m := &found[j]; string(name) == m.name {
+		if m := &found[j]; equalFold(name, m.name) {
 			if m.count == 0 {
 				m.value = value
 			}
 			m.count++
-			return
 		}
 	}
 }
@@ -162,7 +167,7 @@ func values(found []match) (map[string]string, error) {
 	for _, m := range found {
 		if m.count > 1 {
 			return nil, &FieldError{Field: m.name, Count: m.count, Problem: fmt.Sprintf(
-				"appears %d times in the body; JSON parsers disagree on which one counts "+
+				"appears %d times in the body, spellings in other cases included; JSON parsers disagree on which one counts "+
 					"(Go and Python take the last, others the first), so the limiter takes neither",
 				m.count)}
 		}
@@ -201,6 +206,42 @@ func kindOf(v []byte) string {
 	default:
 		return "a number"
 	}
+}
+
+// equalFold reports whether the name b and s are equal under Unicode simple
+// case folding, as bytes.EqualFold has it, without converting either.
+func equalFold(b []byte, s string) bool {
+	for len(b) > 0 && len(s) > 0 {
+		var r, q rune
+		if c, d := b[0], s[0]; c < utf8.RuneSelf && d < utf8.RuneSelf {
+			b, s = b[1:], s[1:]
+			if c == d {
+				continue
+			}
+			r, q = rune(c), rune(d)
+		} else {
+			var n, m int
+			r, n = utf8.DecodeRune(b)
+			q, m = utf8.DecodeRuneInString(s)
+			b, s = b[n:], s[m:]
+			if r == q {
+				continue
+			}
+		}
+		if q < r {
+			r, q = q, r
+		}
+		// unicode.SimpleFold walks the runes that fold to r upwards, then
+		// wraps round to the least of them.
+		f := unicode.SimpleFold(r)
+		for f != r && f < q {
+			f = unicode.SimpleFold(f)
+		}
+		if f != q {
+			return false
+		}
+	}
+	return len(b) == 0 && len(s) == 0
 }
 
 // needsUnquote reports whether the value of the valid JSON string token tok

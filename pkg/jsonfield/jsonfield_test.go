@@ -8,13 +8,15 @@ import (
 	"maps"
 	"strings"
 	"testing"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/joishi/limiter/pkg/jsonfield"
 )
 
 // dupProblem is FieldError.Problem for a field appearing n times.
 func dupProblem(n int) string {
-	return fmt.Sprintf("appears %d times in the body; JSON parsers disagree on which one counts "+
+	return fmt.Sprintf("appears %d times in the body, spellings in other cases included; JSON parsers disagree on which one counts "+
 		"(Go and Python take the last, others the first), so the limiter takes neither", n)
 }
 
@@ -74,17 +76,28 @@ var tests = []testCase{
 	},
 	{name: "scalar value last", body: `{"model":"m","n":12}`, names: model, want: map[string]string{"model": "m"}},
 
-	// Names are compared after unescaping, exactly.
+	// Names are compared after unescaping, in any case (as encoding/json
+	// matches a member to a field).
 	{name: "escaped name", body: `{"mod\u0065l":"m"}`, names: model, want: map[string]string{"model": "m"}},
 	{name: "escaped name upper hex", body: `{"\u006D\u006F\u0064\u0065\u006C":"m"}`, names: model, want: map[string]string{"model": "m"}},
 	{name: "escaped solidus in name", body: `{"a\/b":"m"}`, names: []string{"a/b"}, want: map[string]string{"a/b": "m"}},
-	{name: "other case", body: `{"Model":"m","MODEL":"n"}`, names: model, want: map[string]string{}},
-	{name: "escaped other case", body: `{"\u004dodel":"m"}`, names: model, want: map[string]string{}},
+	{name: "capitals", body: `{"MODEL":"m"}`, names: model, want: map[string]string{"model": "m"}},
+	{name: "escaped other case", body: `{"\u004dodel":"m"}`, names: model, want: map[string]string{"model": "m"}},
+	{name: "a name in capitals finds the field in lower case", body: `{"model":"m"}`, names: []string{"MODEL"}, want: map[string]string{"MODEL": "m"}},
+	{name: "Kelvin sign is k", body: `{"\u212aey":"v"}`, names: []string{"key"}, want: map[string]string{"key": "v"}},
+	{name: "long s is s", body: "{\"\u017ftream\":\"v\"}", names: []string{"stream"}, want: map[string]string{"stream": "v"}},
+	{name: "final sigma is sigma", body: `{"ΜΟΝΤΈΛΟΣ":"v"}`, names: []string{"μοντέλος"}, want: map[string]string{"μοντέλος": "v"}},
+	{name: "folding keeps letters apart", body: "{\"mode\u017f\":\"x\",\"modei\":\"y\",\"mode\u0130\":\"z\"}", names: []string{"model", "modes"}, want: map[string]string{"modes": "x"}},
+	{name: "a longer or shorter name is another", body: `{"MODELS":"x","MODE":"y"}`, names: model, want: map[string]string{}},
+	{name: "two names in two cases both find it", body: `{"Model":"m"}`, names: []string{"model", "MODEL"}, want: map[string]string{"model": "m", "MODEL": "m"}},
 	{name: "escaped quote in name", body: `{"\"model\"":"q","model":"m"}`, names: []string{`"model"`, "model"}, want: map[string]string{`"model"`: "q", "model": "m"}},
 	{name: "invalid UTF-8 name", body: "{\"\xff\":\"v\"}", names: []string{"\ufffd"}, want: map[string]string{"\ufffd": "v"}},
 
 	// Duplicates.
 	{name: "duplicate", body: `{"model":"a","model":"b"}`, names: model, err: jsonfield.ErrInvalidField, field: "model", problem: dupProblem(2)},
+	{name: "duplicate in another case", body: `{"model":"a","Model":"b"}`, names: model, err: jsonfield.ErrInvalidField, field: "model", problem: dupProblem(2)},
+	{name: "duplicate in two other cases", body: `{"MODEL":"a","Model":"b"}`, names: model, err: jsonfield.ErrInvalidField, field: "model", problem: dupProblem(2)},
+	{name: "duplicate by Kelvin sign", body: `{"key":"a","\u212aEY":"b"}`, names: []string{"key"}, err: jsonfield.ErrInvalidField, field: "key", problem: dupProblem(2)},
 	{name: "duplicate by escape", body: `{"model":"a","mod\u0065l":"a"}`, names: model, err: jsonfield.ErrInvalidField, field: "model", problem: dupProblem(2)},
 	{name: "duplicate both escaped", body: `{"\u006dodel":"a","m\u006fdel":"b"}`, names: model, err: jsonfield.ErrInvalidField, field: "model", problem: dupProblem(2)},
 	{name: "three times", body: `{"model":"a","x":1,"model":"b","model":null}`, names: model, err: jsonfield.ErrInvalidField, field: "model", problem: dupProblem(3)},
@@ -195,7 +208,7 @@ func TestNameUnescaping(t *testing.T) {
 
 func TestErrorMessages(t *testing.T) {
 	_, err := jsonfield.Strings([]byte(`{"model":"a","mod\u0065l":"b"}`), model)
-	want := `field "model" appears 2 times in the body; JSON parsers disagree on which one counts ` +
+	want := `field "model" appears 2 times in the body, spellings in other cases included; JSON parsers disagree on which one counts ` +
 		`(Go and Python take the last, others the first), so the limiter takes neither`
 	if err == nil || err.Error() != want {
 		t.Errorf("duplicate: %v, want %s", err, want)
@@ -267,22 +280,23 @@ func FuzzStrings(f *testing.F) {
 			t.Fatalf("Strings: unexpected error %v", err)
 		}
 
-		counts := topLevelCounts(t, body)
+		counts, values := topLevelCounts(t, body)
 		var fe *jsonfield.FieldError
 		if errors.As(err, &fe) {
-			if p := problem(counts[fe.Field], decoded[fe.Field]); p == "" {
-				t.Fatalf("Strings: %v, but field %q appears once as %s", err, fe.Field, decoded[fe.Field])
+			if p := problem(counts[fold(fe.Field)], values[fold(fe.Field)]); p == "" {
+				t.Fatalf("Strings: %v, but field %q appears once as %s", err, fe.Field, values[fold(fe.Field)])
 			}
 			return
 		}
 		for _, name := range names {
-			if p := problem(counts[name], decoded[name]); p != "" {
+			n, v := counts[fold(name)], values[fold(name)]
+			if p := problem(n, v); p != "" {
 				t.Fatalf("Strings = %q, nil; but field %q %s", got, name, p)
 			}
-			want, present := "", counts[name] == 1 && string(decoded[name]) != "null"
+			want, present := "", n == 1 && string(v) != "null"
 			if present {
-				if err := json.Unmarshal(decoded[name], &want); err != nil {
-					t.Fatalf("unmarshal %q: %v", decoded[name], err)
+				if err := json.Unmarshal(v, &want); err != nil {
+					t.Fatalf("unmarshal %q: %v", v, err)
 				}
 			}
 			if v, ok := got[name]; ok != present || v != want {
@@ -306,11 +320,12 @@ func problem(n int, v json.RawMessage) string {
 }
 
 // topLevelCounts counts the members of the valid JSON object body by name,
-// using encoding/json's Decoder.
-func topLevelCounts(t *testing.T, body []byte) map[string]int {
+// in any case (by fold of the name), with the value of the last member of
+// each, using encoding/json's Decoder.
+func topLevelCounts(t *testing.T, body []byte) (map[string]int, map[string]json.RawMessage) {
 	t.Helper()
 	dec := json.NewDecoder(bytes.NewReader(body))
-	counts := map[string]int{}
+	counts, values := map[string]int{}, map[string]json.RawMessage{}
 	if _, err := dec.Token(); err != nil { // '{'
 		t.Fatal(err)
 	}
@@ -323,9 +338,54 @@ func topLevelCounts(t *testing.T, body []byte) map[string]int {
 		if err := dec.Decode(&value); err != nil {
 			t.Fatal(err)
 		}
-		counts[key.(string)]++
+		counts[fold(key.(string))]++
+		values[fold(key.(string))] = value
 	}
-	return counts
+	return counts, values
+}
+
+// fold spells name with each rune replaced by the least rune of its
+// Unicode simple case folding orbit: two names have the same fold exactly
+// when bytes.EqualFold holds of them.
+func fold(name string) string {
+	var b strings.Builder
+	for _, r := range name {
+		least := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			least = min(least, f)
+		}
+		b.WriteRune(least)
+	}
+	return b.String()
+}
+
+// FuzzFoldedNames holds the comparison of names to bytes.EqualFold, which
+// encoding/json's matching of members to fields follows: a member named a
+// is the field b exactly when the two are equal in any case.
+func FuzzFoldedNames(f *testing.F) {
+	for _, seed := range [][2]string{
+		{"MODEL", "model"}, {"model", "MODEL"}, {"\u212aey", "key"}, {"\u017ftream", "stream"}, {"ß", "ẞ"},
+		{"modeİ", "modei"}, {"ΜΟΝΤΈΛΟΣ", "μοντέλος"}, {"models", "model"}, {"", ""}, {"\xff", "\ufffd"},
+	} {
+		f.Add(seed[0], seed[1])
+	}
+	f.Fuzz(func(t *testing.T, a, b string) {
+		if !utf8.ValidString(b) {
+			t.Skip("a field's name is valid UTF-8")
+		}
+		member, _ := json.Marshal(a) // invalid UTF-8 becomes U+FFFD, as Strings decodes it
+		var decoded string
+		if err := json.Unmarshal(member, &decoded); err != nil {
+			t.Fatal(err)
+		}
+		got, err := jsonfield.Strings([]byte(`{`+string(member)+`:"v"}`), []string{b})
+		if err != nil {
+			t.Fatalf("Strings: %v", err)
+		}
+		if _, found := got[b]; found != bytes.EqualFold([]byte(decoded), []byte(b)) {
+			t.Fatalf("member %q found as field %q: %t; bytes.EqualFold says %t", decoded, b, found, !found)
+		}
+	})
 }
 
 // BenchmarkStrings reads the model of a chat request of 1 KiB (what the

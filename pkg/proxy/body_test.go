@@ -281,3 +281,83 @@ func TestBodiesStreamWhereNoSourceReadsThem(t *testing.T) {
 }
 
 func jsonDecode(r io.Reader, v any) error { return json.NewDecoder(r).Decode(v) }
+
+// An upstream written in Go reads the body with encoding/json, which
+// matches a member to a field in any case ("MODEL" is its model) and,
+// of "model" and "Model", takes the last. The limiter reads the field as
+// such an upstream may, so no spelling of it runs a model past the
+// model's cap: another case is the same field, and two spellings of it
+// are refused as two copies are.
+func TestTheFieldInAnotherCaseIsTheField(t *testing.T) {
+	up := newSSE()
+	served := make(chan string, 16) // the model each stream ran, as a Go upstream reads it
+	e := bodyEnv(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Model string `json:"model"`
+		}
+		body, _ := io.ReadAll(r.Body)
+		if err := json.Unmarshal(body, &req); err != nil {
+			t.Errorf("the upstream could not read %s: %v", body, err)
+		}
+		served <- req.Model
+		up.ServeHTTP(w, r)
+	}), 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// send sends body as a new user's: on status it returns the answer;
+	// on any other, it says what the upstream ran, and returns nil.
+	send := func(body string, status int) *http.Response {
+		t.Helper()
+		resp := e.chat(t, ctx, newUser(), body)
+		if resp.StatusCode == status {
+			return resp
+		}
+		if resp.StatusCode == http.StatusOK {
+			<-up.started
+			t.Errorf("%s: 200, and the upstream ran %q; want %d", body, <-served, status)
+		} else {
+			t.Errorf("%s: %d %+v; want %d", body, resp.StatusCode, decodeError(t, resp), status)
+		}
+		resp.Body.Close()
+		return nil
+	}
+	// run sends body, to be granted, and returns the model the upstream ran.
+	run := func(body string) string {
+		t.Helper()
+		if resp := send(body, http.StatusOK); resp != nil {
+			t.Cleanup(func() { resp.Body.Close() })
+			<-up.started
+			return <-served
+		}
+		return ""
+	}
+
+	if got := run(`{"model":"big","messages":[]}`); got != "big" {
+		t.Fatalf("the upstream ran %q, want big", got)
+	}
+	for _, body := range []string{`{"MODEL":"big","messages":[]}`, `{"Model":"big"}`, `{"\u004dODEL":"big"}`, `{"mOdEl":"big"}`} {
+		if resp := send(body, http.StatusTooManyRequests); resp != nil {
+			if refusal := decodePoolError(t, resp); refusal.Code != "pool_limit_reached" || refusal.Pool != "model" || refusal.Key != "big" {
+				t.Errorf("%s: refusal %+v; want pool_limit_reached of model=big", body, refusal)
+			}
+		}
+	}
+	for _, body := range []string{`{"model":"small","Model":"big"}`, `{"MODEL":"big","model":"small"}`, `{"Model":"small","MODEL":"big"}`} {
+		if resp := send(body, http.StatusBadRequest); resp != nil {
+			if got := decodeError(t, resp); got.Error.Code != "invalid_body" || !strings.Contains(got.Error.Message, "appears 2 times") {
+				t.Errorf("%s: %+v; want invalid_body saying the field appears twice", body, got.Error)
+			}
+		}
+	}
+	up.checkNoneStarted(t)
+
+	// Another key, in another case, joins that key.
+	if got := run(`{"MODEL":"small"}`); got != "small" {
+		t.Errorf("the upstream ran %q, want small", got)
+	}
+	for key, want := range map[string]int{"big": 1, "small": 1} {
+		if got, err := e.Stack.Limiter.PoolSlots(ctx, "model", key); err != nil || got.Used != want {
+			t.Errorf("model=%s holds %d (%v); want %d", key, got.Used, err, want)
+		}
+	}
+}
