@@ -250,6 +250,15 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		return AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}, tier,
 			fmt.Errorf("%w: stream %q of user %q", ErrNotSlotHolder, req.StreamID, req.UserID)
 	}
+	// An extension joins no pool key the stream does not hold: what it
+	// took of others goes (those the stream holds were only extended).
+	if recorded := lua.DecodePools(lua.ParseRecord(got.Record).Pools); got.Extended && !samePools(recorded, held) {
+		undoTries()
+		return AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}, tier,
+			fmt.Errorf("%w: stream %q of user %q holds %s, and this acquire names %s; "+
+				"an acquire of a held stream extends it, naming the pools it holds (release it to take another)",
+				ErrPoolsDiffer, req.StreamID, req.UserID, poolsOf(recorded), poolsOf(held))
+	}
 	res.Granted = got.Granted
 	res.Used = got.Used
 	if got.Override >= 0 {
@@ -274,7 +283,7 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		if req.OnWait != nil {
 			req.OnWait(wait)
 		}
-		res, err = l.await(ctx, key, req, tier, wait, res, generated)
+		res, err = l.await(ctx, key, req, tier, wait, res, generated, lua.EncodePools(held))
 		if err == nil && res.Granted && !res.Degraded {
 			err = l.grantPools(ctx, l.decisionEnd(), waitUntil, req, tier, ms, true, nil, &res)
 		}
@@ -294,6 +303,9 @@ func (l *Limiter) grantPools(ctx context.Context, end, waitUntil time.Time, req 
 	}
 	j, err := l.joinPools(ctx, end, waitUntil, req, tier, ms, added, tries)
 	res.Waited += j.waited
+	if err == nil && j.refusal == nil && j.waited > 0 {
+		err = l.heldAfterWaiting(ctx, req, j.grants)
+	}
 	if err != nil {
 		res.Granted, res.ExpiresAt, res.WouldRefuse = false, time.Time{}, ""
 		return err
@@ -314,6 +326,46 @@ func (l *Limiter) grantPools(ctx context.Context, end, waitUntil time.Time, req 
 		res.WouldRefuse, res.WouldRefuseBy = CodePoolLimitReached, j.shadow
 	}
 	return nil
+}
+
+// heldAfterWaiting checks, for an acquire that waited for a place in a
+// pool key and joined grants, that the stream still holds its user's
+// slot. A stream released meanwhile (by its holder, or by support's
+// release of all its user's slots) is gone, and its release dropped the
+// memberships its record names before the wait took its place: the wait
+// must not leave a membership that nothing heartbeats or releases. It
+// leaves grants and answers ErrSlotLost. When Redis does not answer the
+// look, the grant stands: its memberships expire by their own score if
+// the slot went.
+func (l *Limiter) heldAfterWaiting(ctx context.Context, req AcquireRequest, grants []PoolGrant) error {
+	key, err := l.keys.UserKey(req.UserID)
+	if err != nil {
+		return err
+	}
+	held := true
+	lookErr := l.doBy(ctx, l.decisionEnd(), "wait_check", func(ctx context.Context, c rueidis.Client) error {
+		expiry, err := c.Do(ctx, c.B().Zscore().Key(key).Member(req.StreamID).Build()).AsInt64()
+		if rueidis.IsRedisNil(err) {
+			held = false
+			return nil
+		}
+		held = err != nil || msTime(expiry).After(time.Now())
+		return err
+	})
+	if lookErr != nil || held {
+		return nil
+	}
+	var slots []string
+	var left []lua.PoolKey
+	for _, g := range grants {
+		if s, err := l.keys.PoolKey(g.Pool, g.Key); err == nil && !g.Degraded {
+			slots = append(slots, s)
+			left = append(left, lua.PoolKey{Pool: g.Pool, Key: g.Key})
+		}
+	}
+	l.leaveAll(ctx, l.decisionEnd(), slots, poolMember(req.UserID, req.StreamID))
+	return fmt.Errorf("%w: stream %q was released while it waited for a place in %s; it holds none",
+		ErrSlotLost, req.StreamID, poolsOf(left))
 }
 
 // releaseUnanswered releases a slot that an acquire may have taken without

@@ -37,7 +37,35 @@ var (
 	// ErrInvalidPoolKey: an acquire names a pool key outside 1-128 bytes
 	// of [A-Za-z0-9._:/@-], or more than MaxPools pools.
 	ErrInvalidPoolKey = keys.ErrInvalidPoolKey
+	// ErrPoolsDiffer: an acquire of a held stream (an extension) names
+	// other capped pool keys than the stream holds. A stream's
+	// memberships are fixed when it is taken: its slot's record names
+	// them, and heartbeat and release cover those.
+	ErrPoolsDiffer = errors.New("a held stream's pools differ")
 )
+
+// samePools reports whether a and b name the same pool keys, in any
+// order.
+func samePools(a, b []lua.PoolKey) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for _, p := range a {
+		if !slices.Contains(b, p) {
+			return false
+		}
+	}
+	return true
+}
+
+// poolsOf says which pool keys held names, for a message: "model=gpt-4o,
+// org=acme", or "no pool".
+func poolsOf(held []lua.PoolKey) string {
+	if len(held) == 0 {
+		return "no pool"
+	}
+	return strings.ReplaceAll(lua.EncodePools(held), ",", ", ")
+}
 
 // PoolGrant is one pool key a granted stream holds a membership of.
 type PoolGrant struct {

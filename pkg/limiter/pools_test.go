@@ -436,3 +436,57 @@ func poolTable(tb testing.TB, ps ...pools.Pool) *pools.Table {
 	}
 	return table
 }
+
+// TestAReacquireNamesThePoolsTheStreamHolds: an acquire of a held stream
+// extends it, and a stream's memberships are those its slot's record
+// names, which heartbeat and release cover. A re-acquire naming other
+// pool keys (more, fewer or others) is refused and joins none of them:
+// joined, they would be held past the stream's release, beside no
+// record, until they expired (and kept by each re-acquire).
+func TestAReacquireNamesThePoolsTheStreamHolds(t *testing.T) {
+	t.Parallel()
+	for _, b := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
+		t.Run(b.String(), func(t *testing.T) {
+			t.Parallel()
+			lim := poolReplicas(t, b, 1)[0].Limiter
+			ctx := context.Background()
+			user := newUser(t)
+			acquire := func(streamID string, named map[string]string) (limiter.AcquireResult, error) {
+				return lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three", StreamID: streamID, Pools: named})
+			}
+			if res, err := acquire("bare", nil); err != nil || !res.Granted {
+				t.Fatalf("acquire of a stream joining no pool: %+v, %v", res, err)
+			}
+			if res, err := acquire("pooled", map[string]string{"model": "a"}); err != nil || !res.Granted {
+				t.Fatalf("acquire of a stream joining model=a: %+v, %v", res, err)
+			}
+			for _, tc := range []struct {
+				stream string
+				named  map[string]string
+			}{
+				{"bare", map[string]string{"org": "acme"}},
+				{"pooled", map[string]string{"model": "b"}},
+				{"pooled", map[string]string{"model": "a", "org": "acme"}},
+				{"pooled", nil},
+			} {
+				res, err := acquire(tc.stream, tc.named)
+				if !errors.Is(err, limiter.ErrPoolsDiffer) || res.Granted || !strings.Contains(fmt.Sprint(err), tc.stream) {
+					t.Errorf("re-acquire of %s with %v: %+v, %v; want ErrPoolsDiffer naming the stream", tc.stream, tc.named, res, err)
+				}
+			}
+			if res, err := acquire("pooled", map[string]string{"model": "a", "open": "x"}); err != nil || !res.Granted || len(res.Pools) != 1 {
+				t.Errorf("re-acquire of pooled with model=a (and open, which caps nothing): %+v, %v; want granted, one membership", res, err)
+			}
+			// Nothing refused was joined: org=acme (cap 1) and model=b (cap 2)
+			// are free for others; once pooled is released, model=a is too.
+			if rel, err := lim.Release(ctx, user, "pooled"); err != nil || !rel.Released {
+				t.Fatalf("release: %+v, %v", rel, err)
+			}
+			for _, named := range []map[string]string{{"org": "acme"}, {"model": "b"}, {"model": "b"}, {"model": "a"}, {"model": "a"}} {
+				if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "three", Pools: named}); err != nil || !res.Granted {
+					t.Errorf("another user's acquire of %v: %+v, %v; want granted", named, res, err)
+				}
+			}
+		})
+	}
+}

@@ -3,6 +3,8 @@ package limiter_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -296,4 +298,117 @@ func TestAReleaseWakesTheWaiterOfEachPoolKeyItLeaves(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestAReleaseDuringAPoolWaitEndsIt: a pooled acquire waiting for a full
+// pool key holds its user's slot meanwhile. Released then (by its holder,
+// or by support's release of all the user's slots), the stream is gone:
+// when the key frees up, the waiter does not take the place for a stream
+// nothing can heartbeat or release. It answers slot_lost, and the place
+// goes to whoever asks next.
+func TestAReleaseDuringAPoolWaitEndsIt(t *testing.T) {
+	t.Parallel()
+	for name, release := range map[string]func(lim *limiter.Limiter, user, streamID string) error{
+		"by its holder": func(lim *limiter.Limiter, user, streamID string) error {
+			rel, err := lim.Release(context.Background(), user, streamID)
+			if err == nil && !rel.Released {
+				err = errors.New("not released")
+			}
+			return err
+		},
+		"by support": func(lim *limiter.Limiter, user, streamID string) error {
+			ids, err := lim.ReleaseAll(context.Background(), user, newAuditID())
+			if err == nil && (len(ids) != 1 || ids[0] != streamID) {
+				err = errors.New("released " + strings.Join(ids, ","))
+			}
+			return err
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s := waitPoolReplicas(t, limitertest.RedisCluster, 1)[0]
+			ctx := context.Background()
+			holder, user := newUser(t), newUser(t)
+			held := mustAcquire(t, s.Limiter, holder, "low", "gpt-4o")
+			q := queue(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "waiting", Pools: map[string]string{"model": "gpt-4o"}}, 8*time.Second)
+			if err := release(s.Limiter, user, "waiting"); err != nil {
+				t.Fatalf("the waiting stream's release: %v", err)
+			}
+			if _, err := s.Limiter.Release(ctx, holder, held.StreamID); err != nil {
+				t.Fatal(err)
+			}
+			a, ok := q.answer(3 * time.Second)
+			if !ok || !errors.Is(a.err, limiter.ErrSlotLost) || a.res.Granted || !strings.Contains(fmt.Sprint(a.err), "model=gpt-4o") {
+				t.Fatalf("the released waiter once the key freed up: %+v (answered %v); want slot lost, naming model=gpt-4o", a, ok)
+			}
+			if key, err := s.Limiter.PoolSlots(ctx, "model", "gpt-4o"); err != nil || key.Used != 0 {
+				t.Errorf("model=gpt-4o holds %+v (%v); want none", key, err)
+			}
+			if slots, err := s.Limiter.Slots(ctx, user); err != nil || len(slots.Slots) != 0 {
+				t.Errorf("the user holds %+v (%v); want none", slots, err)
+			}
+			mustAcquire(t, s.Limiter, newUser(t), "low", "gpt-4o")
+		})
+	}
+}
+
+// TestAStreamThatWaitedForItsUsersSlotHoldsItsPools: an acquire that
+// waits for one of its user's slots, then joins its pools, records them
+// with the slot as one that did not wait: its heartbeats keep the
+// memberships alive past their TTL, and its release on a replica that
+// did not take it drops them.
+func TestAStreamThatWaitedForItsUsersSlotHoldsItsPools(t *testing.T) {
+	t.Parallel()
+	table := poolTable(t, pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1)})
+	tier := tiers.Tier{Plan: "one-brief", MaxConcurrentStreams: 1, MaxWait: 10 * time.Second, SlotTTL: 300 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond}.WithDefaults()
+	prefix := keys.Schema{Prefix: "limitertest:" + keys.NewStreamID()[:12] + ":"}
+	var reps []*limiter.Limiter
+	var s *limitertest.Stack
+	for range 2 {
+		var addrs []string
+		if s != nil {
+			addrs = s.Redis.Addrs()
+		}
+		s = limitertest.New(t, limitertest.Options{Backend: limitertest.RedisCluster, Redis: cluster.Options{Addrs: addrs, Timeout: 5 * time.Second},
+			Tiers: []tiers.Tier{tier}, Limiter: limiter.Options{Keys: prefix, Pools: table}})
+		reps = append(reps, s.Limiter)
+	}
+	ctx := context.Background()
+	user := newUser(t)
+	acquire := func(lim *limiter.Limiter, user string) limiter.AcquireResult {
+		t.Helper()
+		res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: tier.Plan, Pools: map[string]string{"model": "k"}})
+		if err != nil {
+			t.Fatalf("%s's acquire: %v", user, err)
+		}
+		return res
+	}
+	first := acquire(reps[0], user)
+	userKey, err := s.Keys.UserKey(user)
+	if err != nil || !first.Granted {
+		t.Fatalf("the first stream: %+v, %v", first, err)
+	}
+	q := startQueued(t, ctx, reps[0], limiter.AcquireRequest{UserID: user, Plan: tier.Plan, StreamID: "second", Pools: map[string]string{"model": "k"}},
+		5*time.Second, func() int64 { return zcard(t, s, keys.Queue(userKey)) })
+	if _, err := reps[0].Release(ctx, user, first.StreamID); err != nil {
+		t.Fatal(err)
+	}
+	if a, ok := q.answer(3 * time.Second); !ok || a.err != nil || !a.res.Granted || len(a.res.Pools) != 1 {
+		t.Fatalf("the waiting stream once the first ended: %+v (answered %v); want granted with model=k", a, ok)
+	}
+	for i := range 8 { // past two of its TTLs, on the replica that did not take it
+		time.Sleep(100 * time.Millisecond)
+		if beat, err := reps[1].Heartbeat(ctx, limiter.HeartbeatRequest{UserID: user, Plan: tier.Plan, StreamID: "second"}); err != nil || !beat.Alive {
+			t.Fatalf("heartbeat %d: %+v, %v", i+1, beat, err)
+		}
+	}
+	if res := acquire(reps[1], newUser(t)); res.Granted || res.RefusedBy == nil {
+		t.Errorf("another user's acquire of model=k while the stream beats: %+v; want refused by model=k", res)
+	}
+	if rel, err := reps[1].Release(ctx, user, "second"); err != nil || !rel.Released {
+		t.Fatalf("release: %+v, %v", rel, err)
+	}
+	if res := acquire(reps[1], newUser(t)); !res.Granted {
+		t.Errorf("another user's acquire of model=k after the release: %+v; want granted", res)
+	}
 }

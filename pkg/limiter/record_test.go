@@ -210,10 +210,11 @@ func TestASlotRecordsItsCaller(t *testing.T) {
 func TestAcquireKeepsTheKeysOneToTwoTTLsPastTheLatestSlot(t *testing.T) {
 	eachBackend(t, true, func(t *testing.T, e *env) {
 		// The embedded store keeps a TTL relative to when it was set, so
-		// what it reads back drifts by a few ms.
+		// what it reads back drifts: a few ms, and over 100 on a machine
+		// busy with other tests.
 		slack := int64(5)
 		if e.redis.Embedded() {
-			slack = 100
+			slack = 500
 		}
 		user := newUser(t)
 		key := e.key(t, user)

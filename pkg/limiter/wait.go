@@ -100,11 +100,13 @@ type waitResult struct {
 //
 // generated says the stream id was made for this acquire: a slot that a
 // call whose answer was lost may have granted it is released, as no one
-// else could.
-func (l *Limiter) await(ctx context.Context, key string, req AcquireRequest, tier tiers.Tier, wait time.Duration, res AcquireResult, generated bool) (AcquireResult, error) {
+// else could. pools are the pool keys the stream joins once its slot is
+// granted (lua.EncodePools), recorded with the slot as an acquire that
+// does not wait records them, so that heartbeat and release cover them.
+func (l *Limiter) await(ctx context.Context, key string, req AcquireRequest, tier tiers.Tier, wait time.Duration, res AcquireResult, generated bool, pools string) (AcquireResult, error) {
 	start := time.Now()
 	w := &waiter{
-		streamID: req.StreamID, stream: req.StreamID, record: lua.Record{Caller: req.Caller, Plan: tier.Plan, Label: req.Label, Priority: tier.Priority},
+		streamID: req.StreamID, stream: req.StreamID, record: lua.Record{Caller: req.Caller, Plan: tier.Plan, Pools: pools, Label: req.Label, Priority: tier.Priority},
 		ctx: ctx, deadline: start.Add(wait), done: make(chan waitResult, 1),
 	}
 	r := l.waitIn(ctx, queueScope{key: key, userID: req.UserID}, tier, w)

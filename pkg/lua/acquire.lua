@@ -17,7 +17,7 @@
 -- ARGV[5] -> '0': shadow mode (the scope's enforce: false): a stream the
 --            limit refuses is granted all the same, and counted
 --            (optional: absent enforces)
--- returns {granted (1|2|0|-1), used, expires_at_ms, pruned, retry_after_ms, override, {wake ids}, shadow}
+-- returns {granted (1|2|0|-1), used, expires_at_ms, pruned, retry_after_ms, override, {wake ids}, shadow, record}
 --   granted 1      a new slot; 2: the stream held one, now extended
 --   granted -1     the stream is held by another caller: its slot is left
 --                  as it is (expired slots and tickets still go, as on any
@@ -37,6 +37,9 @@
 --   shadow         1 when the limit would have refused the new slot and
 --                  shadow mode granted it (used then counts it, above the
 --                  limit), else 0
+--   record         when granted 2: the held slot's record, as kept (the
+--                  caller compares the pools it names with those asked
+--                  for); else ''
 --
 -- Idempotent on the stream id: acquiring a held stream extends it (never
 -- shortens it) and leaves used unchanged. A stream belongs to the caller
@@ -120,13 +123,19 @@ local recorded = false -- a record was written to a hash that may be new
 -- gets one, if it had none); unless another caller holds it, which is
 -- not this call's to extend (granted -1). Its record is read only then:
 -- a new stream's acquire reads none.
+local held = '' -- the extended slot's record, as kept
 local function extend()
-  if caller ~= '' and foreign(redis.call('HGET', meta, member), caller) then
+  local kept = redis.call('HGET', meta, member)
+  if caller ~= '' and foreign(kept, caller) then
     granted = -1
     return
   end
   redis.call('ZADD', key, 'GT', now + ttl, member)
-  recorded = redis.call('HSETNX', meta, member, record) == 1
+  if not kept then
+    kept = record
+    recorded = redis.call('HSET', meta, member, kept) == 1
+  end
+  held = kept
   granted = 2
   expires = tonumber(redis.call('ZSCORE', key, member))
 end
@@ -189,4 +198,4 @@ if pruned > 0 then
   wake = due
 end
 
-return {granted, used, expires, pruned, retry, override, wake, wouldRefuse}
+return {granted, used, expires, pruned, retry, override, wake, wouldRefuse, held}

@@ -33,6 +33,9 @@ type Acquired struct {
 	// WouldRefuse: the limit would have refused the new slot, and shadow
 	// mode (AcquireOptions.Shadow) granted it; Used counts it.
 	WouldRefuse bool
+	// Record is the held slot's record, as kept, when the call extended
+	// it (Extended); else "".
+	Record string
 }
 
 // Acquire runs the acquire script on key (a keys.Schema.UserKey), its
@@ -104,8 +107,8 @@ var acquireSHA = sha1Hex(acquireSource)
 
 // parseAcquired reads the acquire script's answer.
 func parseAcquired(arr []rueidis.RedisMessage) (Acquired, error) {
-	if len(arr) != 8 {
-		return Acquired{}, fmt.Errorf("acquire script returned %d values, want 8", len(arr))
+	if len(arr) != 9 {
+		return Acquired{}, fmt.Errorf("acquire script returned %d values, want 9", len(arr))
 	}
 	vals, err := int64s(arr[:6])
 	if err != nil {
@@ -119,6 +122,10 @@ func parseAcquired(arr []rueidis.RedisMessage) (Acquired, error) {
 	if err != nil {
 		return Acquired{}, fmt.Errorf("acquire script: shadow: %w", err)
 	}
+	record, err := arr[8].ToString()
+	if err != nil {
+		return Acquired{}, fmt.Errorf("acquire script: record: %w", err)
+	}
 	return Acquired{
 		Granted:      vals[0] >= 1,
 		Extended:     vals[0] == 2,
@@ -130,6 +137,7 @@ func parseAcquired(arr []rueidis.RedisMessage) (Acquired, error) {
 		Override:     int(vals[5]),
 		Wake:         wake,
 		WouldRefuse:  shadowed == 1,
+		Record:       record,
 	}, nil
 }
 

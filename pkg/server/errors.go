@@ -58,6 +58,7 @@ var sentinelErrors = []struct {
 	{err: limiter.ErrInvalidOverride, status: http.StatusBadRequest, code: httpapi.CodeInvalidRequest},
 	{err: limiter.ErrUnknownPool, status: http.StatusUnprocessableEntity, code: httpapi.CodeUnknownPool},
 	{err: limiter.ErrInvalidPoolKey, status: http.StatusBadRequest, code: httpapi.CodeInvalidPoolKey},
+	{err: limiter.ErrPoolsDiffer, status: http.StatusBadRequest, code: httpapi.CodeInvalidRequest},
 	{err: limiter.ErrUnknownPlan, status: http.StatusUnprocessableEntity, code: httpapi.CodeUnknownPlan},
 	{err: limiter.ErrSlotLost, status: http.StatusGone, code: httpapi.CodeSlotLost},
 	{err: ErrUnauthenticated, status: http.StatusUnauthorized, code: httpapi.CodeUnauthenticated}, // slot API (auth.go)
