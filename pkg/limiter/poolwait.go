@@ -68,6 +68,11 @@ func (l *Limiter) awaitPool(ctx context.Context, req AcquireRequest, tier tiers.
 	out := poolWaited{waited: time.Since(start), unsure: r.unsure}
 	outcome := r.outcome
 	limit := m.limit
+	if pool, ok := l.pools.Lookup(m.pool.Pool); ok {
+		if current, capped := pool.Limit(m.key); capped {
+			limit = current // the cap the queue served by, if it changed while the acquire waited
+		}
+	}
 	if r.override >= 0 && !r.degraded && (r.outcome == WaitGranted || r.outcome == WaitTimeout || r.outcome == WaitFull) {
 		limit = r.override
 	}

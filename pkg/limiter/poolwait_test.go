@@ -412,3 +412,63 @@ func TestAStreamThatWaitedForItsUsersSlotHoldsItsPools(t *testing.T) {
 		t.Errorf("another user's acquire of model=k after the release: %+v; want granted", res)
 	}
 }
+
+// TestAPoolKeysNewCapHoldsForItsWaiters: tickets queue under the cap of
+// their time, and a pool's cap may change while they wait (a LimitPool
+// edited, a rolling deploy). Lowered from 3 to 1 while three acquires
+// wait, the key grants one when its holders expire, not three; raised
+// from 1 to 3 while one waits, the waiter is granted a place at once,
+// not refused at the end of its wait while the key has room.
+func TestAPoolKeysNewCapHoldsForItsWaiters(t *testing.T) {
+	t.Parallel()
+	setup := func(t *testing.T, cap int) (*limitertest.Stack, func(int)) {
+		t.Helper()
+		table := poolTable(t)
+		setCap := func(cap int) {
+			if err := table.Replace([]pools.Pool{pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(cap), MaxWait: 10 * time.Second}.WithDefaults()}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		setCap(cap)
+		s := limitertest.New(t, limitertest.Options{Backend: limitertest.RedisCluster, Redis: cluster.Options{Timeout: 5 * time.Second},
+			Tiers: poolWaitTiers(), Limiter: limiter.Options{Pools: table}})
+		return s, setCap
+	}
+	t.Run("lowered", func(t *testing.T) {
+		t.Parallel()
+		s, setCap := setup(t, 3)
+		ctx := context.Background()
+		for range 3 { // never beat: they expire 300ms on
+			mustAcquire(t, s.Limiter, newUser(t), "brief", "k")
+		}
+		var waiters []*queued
+		for range 3 {
+			waiters = append(waiters, queue(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: newUser(t), Plan: "low", Pools: map[string]string{"model": "k"}}, 3*time.Second))
+		}
+		setCap(1)
+		granted := 0
+		for i, q := range waiters {
+			a, ok := q.answer(5 * time.Second)
+			if !ok || a.err != nil {
+				t.Fatalf("waiter %d: %+v (answered %v)", i+1, a, ok)
+			}
+			if a.res.Granted {
+				granted++
+			}
+		}
+		if key, err := s.Limiter.PoolSlots(ctx, "model", "k"); err != nil || granted != 1 || key.Used != 1 {
+			t.Errorf("%d of 3 waiters granted, model=k holds %+v (%v); want 1 under the cap of 1", granted, key, err)
+		}
+	})
+	t.Run("raised", func(t *testing.T) {
+		t.Parallel()
+		s, setCap := setup(t, 1)
+		ctx := context.Background()
+		mustAcquire(t, s.Limiter, newUser(t), "low", "k")
+		q := queue(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: newUser(t), Plan: "low", Pools: map[string]string{"model": "k"}}, 5*time.Second)
+		setCap(3)
+		if a, ok := q.answer(3 * time.Second); !ok || a.err != nil || !a.res.Granted || a.res.Pools[0].Limit != 3 {
+			t.Errorf("the waiter once the cap is 3: %+v (answered %v); want granted within 3s, judged by 3", a, ok)
+		}
+	})
+}

@@ -61,7 +61,7 @@ local function ticketOf(rec)
   return limit, prio, user
 end
 
--- owed(queue, expiry, recs, used, override, stop, slots): the live
+-- owed(queue, expiry, recs, used, override, stop, slots, cap): the live
 -- tickets owed a slot, in the order they are served; the slots taken then
 -- (used plus them); and each owed ticket's slack: how many more slots may
 -- be granted ahead of it before it no longer fits under its own limit.
@@ -74,13 +74,16 @@ end
 --
 -- A ticket is owed a slot while fewer slots than its own limit (override,
 -- when one is in force, else its record's) are taken, counting those owed
--- to the tickets served before it. A ticket whose limit is reached is
+-- to the tickets served before it. A pool key's tickets (those naming a
+-- user) all wait for the key's one cap: cap, when the caller knows it
+-- (>= 0), is their limit rather than the one recorded when they queued,
+-- so that a cap lowered or raised meanwhile holds for them at once. A ticket whose limit is reached is
 -- passed over: it holds no place against an acquire it could not itself
 -- be granted the slot of, so a waiter of one plan never blocks the user's
 -- acquires under a larger one. The selection ends once stop slots are
 -- taken (math.huge: never): a caller that only needs to know whether a
 -- slot is left over.
-local function owed(queue, expiry, recs, used, override, stop, slots)
+local function owed(queue, expiry, recs, used, override, stop, slots, cap)
   local out, slack, taken = {}, {}, used
   if taken >= stop then
     return out, taken, slack
@@ -99,6 +102,9 @@ local function owed(queue, expiry, recs, used, override, stop, slots)
     for i, id in ipairs(ids) do
       if live[i] then
         local limit, prio, user = ticketOf(rec[i])
+        if cap >= 0 and user ~= '' then
+          limit = cap
+        end
         if override >= 0 then
           limit = override
         end

@@ -173,15 +173,16 @@ local wake = {}
 local due, slack = {}, {}
 if used < limit then
   local taken -- unused
-  due, taken, slack = owed(queue, expiry, recs, used, override, math.huge, slots)
+  due, taken, slack = owed(queue, expiry, recs, used, override, math.huge, slots, limit)
 end
 -- A ticket of this call behind others' tickets owed a slot is granted
 -- before them only while each of them keeps room under its own limit
--- (room: the least slack among them, less this call's grants so far).
+-- (room: the least slack among them, less this call's grants so far),
+-- and none once this call's limit is reached.
 local room = math.huge
 for k, head in ipairs(due) do
   local i = waiting[head]
-  if i and room < 1 then
+  if i and (room < 1 or used >= limit) then
     i = nil -- its turn comes when those ahead are served
   elseif not i then
     room = math.min(room, slack[k])
