@@ -383,3 +383,35 @@ func waitMetric(t *testing.T, e *env, series, want string) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// An upgrade to any protocol but WebSocket does not reach the upstream:
+// after an h2c upgrade (which some servers take from "Upgrade: h2c"
+// alone, such as Python's Hypercorn) the connection would carry HTTP/2
+// streams that the proxy only relays, each a stream past every cap. The
+// request goes on as plain HTTP/1.1; a WebSocket upgrade still passes.
+func TestOnlyWebSocketUpgradesReachTheUpstream(t *testing.T) {
+	upgrades := make(chan string, 8)
+	e := newEnv(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		upgrades <- r.Header.Get("Upgrade") + "|" + r.Header.Get("Connection") + "|" + r.Header.Get("Http2-Settings")
+		w.WriteHeader(http.StatusOK)
+	}), envOptions{})
+	for _, path := range []string{"/v1/models", "/v1/chat/completions"} {
+		for _, upgrade := range []string{"h2c", "H2C", "websocket, h2c", "h2c, websocket", "tls/1.2"} {
+			conn, err := net.Dial("tcp", strings.TrimPrefix(e.proxy.URL, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: x\r\nUpgrade: %s\r\nConnection: Upgrade, HTTP2-Settings\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\nX-User-Id: %s\r\nX-Plan: three\r\n\r\n",
+				path, upgrade, newUser())
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			conn.Close()
+			if err != nil || resp.StatusCode != http.StatusOK {
+				t.Errorf("%s with Upgrade: %s: %v, %v; want 200, the request served as HTTP/1.1", path, upgrade, resp, err)
+				continue
+			}
+			if got := <-upgrades; got != "||" {
+				t.Errorf("%s with Upgrade: %s: the upstream read Upgrade|Connection|HTTP2-Settings %q; want none", path, upgrade, got)
+			}
+		}
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -88,6 +89,15 @@ func (copyBuffers) Put(b []byte) { copyBufferPool.Put(&b) }
 
 func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	pr.SetURL(p.opts.Upstream)
+	// Only a WebSocket upgrade is tunnelled. After any other (h2c above
+	// all, which some servers accept from "Upgrade: h2c" alone) the
+	// connection would carry HTTP/2 streams that the proxy only relays,
+	// each one past every cap; without the header the request is served
+	// as plain HTTP/1.1.
+	if up := pr.Out.Header.Get("Upgrade"); up != "" && !strings.EqualFold(strings.TrimSpace(up), "websocket") {
+		pr.Out.Header.Del("Upgrade")
+		pr.Out.Header.Del("Connection")
+	}
 	// Append to the X-Forwarded-For of the hops in front, as a proxy in a
 	// chain should; Host and Proto are this hop's.
 	if xff := pr.In.Header.Values("X-Forwarded-For"); len(xff) > 0 {
