@@ -85,6 +85,7 @@ func newVerifier(opts JWT, log *slog.Logger) (*verifier, error) {
 		jwt.WithLeeway(opts.Leeway),
 		jwt.WithExpirationRequired(),
 		jwt.WithIssuedAt(),
+		jwt.WithJSONNumber(), // a numeric claim keeps its digits (see claimKey)
 	)}
 	if opts.JWKSFile != "" {
 		f := &fileSource{path: opts.JWKSFile, log: log}

@@ -1,6 +1,7 @@
 package identity
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -105,7 +106,9 @@ func decodePayload(value string) (map[string]any, error) {
 		}
 	}
 	var claims map[string]any
-	if err := json.Unmarshal(data, &claims); err != nil || claims == nil {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber() // a numeric claim keeps its digits (see claimKey)
+	if err := dec.Decode(&claims); err != nil || claims == nil || dec.More() {
 		return nil, errors.New("not a JSON object")
 	}
 	return claims, nil

@@ -1,6 +1,7 @@
 package identity
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -174,7 +175,10 @@ func (ps PoolSources) fromRequest(h Headers, claims map[string]any) (map[string]
 }
 
 // claimKey is the key in a claim: a string, or a number written as JSON
-// writes it (an organisation id of 42 is the key "42").
+// writes it (an organisation id of 42 is the key "42"). An integer keeps
+// its digits however long: ids past 2^53, which a float64 rounds, would
+// otherwise share one key that is neither's (1234567890123456789 and
+// 1234567890123456700 both 1234567890123456800).
 func claimKey(claims map[string]any, s PoolSource) (string, error) {
 	v, ok := claimAt(claims, s.Name)
 	if !ok || v == nil {
@@ -183,6 +187,13 @@ func claimKey(claims map[string]any, s PoolSource) (string, error) {
 	switch v := v.(type) {
 	case string:
 		return strings.TrimSpace(v), nil
+	case json.Number:
+		if digits := strings.TrimPrefix(v.String(), "-"); digits != "" && strings.Trim(digits, "0123456789") == "" {
+			return v.String(), nil
+		}
+		if f, err := v.Float64(); err == nil {
+			return strconv.FormatFloat(f, 'f', -1, 64), nil
+		}
 	case float64:
 		return strconv.FormatFloat(v, 'f', -1, 64), nil
 	}
@@ -197,6 +208,8 @@ func jsonKind(v any) string {
 		return "object"
 	case []any:
 		return "array"
+	case json.Number:
+		return "number beyond a float64's range"
 	}
 	return fmt.Sprintf("%T", v)
 }

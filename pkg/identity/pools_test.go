@@ -1,6 +1,7 @@
 package identity_test
 
 import (
+	"encoding/base64"
 	"errors"
 	"net/http"
 	"path/filepath"
@@ -127,6 +128,12 @@ func TestPoolKeysFromClaims(t *testing.T) {
 			map[string]string{"org": "acme", "team": "42"}, nil},
 		{"absent", nil, nil, nil},
 		{"null", func(c jwt.MapClaims) { c["team"] = nil }, nil, nil},
+		{"an integer past 2^53 keeps its digits", func(c jwt.MapClaims) { c["team"] = int64(1234567890123456789) },
+			map[string]string{"team": "1234567890123456789"}, nil},
+		{"and one a float64 rounds alike is another key", func(c jwt.MapClaims) { c["team"] = int64(1234567890123456700) },
+			map[string]string{"team": "1234567890123456700"}, nil},
+		{"a negative integer", func(c jwt.MapClaims) { c["team"] = -7 }, map[string]string{"team": "-7"}, nil},
+		{"a fraction", func(c jwt.MapClaims) { c["team"] = 4.5 }, map[string]string{"team": "4.5"}, nil},
 		{"an object", func(c jwt.MapClaims) { c["team"] = map[string]any{"a": 1} }, nil, identity.ErrInvalidPoolValue},
 		{"a boolean", func(c jwt.MapClaims) { c["team"] = true }, nil, identity.ErrInvalidPoolValue},
 	}
@@ -192,5 +199,34 @@ func TestBodyPools(t *testing.T) {
 				t.Errorf("Pools %v label %q; want %v label %q", id.Pools, id.BodyLabel, tc.want, tc.wantLabel)
 			}
 		})
+	}
+}
+
+// TestNumericClaimsInAPayloadKeepTheirDigits: a payload verified in front
+// is read as the JWT's claims are: two organisation ids that differ past
+// 2^53 are two keys, each the id's own digits.
+func TestNumericClaimsInAPayloadKeepTheirDigits(t *testing.T) {
+	sources, err := identity.ParsePoolSources(map[string]string{"org": "claim:org"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := identity.New(identity.Options{DefaultPlan: "paid", Payload: &identity.Payload{Header: "X-Jwt-Payload"}, Pools: sources})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for payload, want := range map[string]string{
+		`{"sub":"u","org":1234567890123456789}`: "1234567890123456789",
+		`{"sub":"u","org":1234567890123456700}`: "1234567890123456700",
+		`{"sub":"u","org":42}`:                  "42",
+		`{"sub":"u","org":42.0}`:                "42",
+		`{"sub":"u","org":1e3}`:                 "1000",
+	} {
+		id, err := r.Resolve(http.Header{"X-Jwt-Payload": {base64.RawURLEncoding.EncodeToString([]byte(payload))}})
+		if err != nil || id.Pools["org"] != want {
+			t.Errorf("%s: pools %v, %v; want org %s", payload, id.Pools, err, want)
+		}
+	}
+	if _, err := r.Resolve(http.Header{"X-Jwt-Payload": {base64.RawURLEncoding.EncodeToString([]byte(`{"sub":"u","org":1e400}`))}}); !errors.Is(err, identity.ErrInvalidPoolValue) {
+		t.Errorf("an org of 1e400: %v; want ErrInvalidPoolValue", err)
 	}
 }
