@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -117,9 +118,13 @@ type Options struct {
 
 // Proxy is the handler of `limiter proxy`.
 type Proxy struct {
-	holder   *hold.Holder
-	ident    *identity.Resolver
-	routes   route.Set
+	holder *hold.Holder
+	ident  *identity.Resolver
+	routes route.Set
+	// under are the routes under the upstream's own path (base), for an
+	// upstream such as http://gw/openai: see New.
+	under    route.Set
+	base     string
 	opts     Options
 	log      *slog.Logger
 	rp       *httputil.ReverseProxy
@@ -167,6 +172,21 @@ func New(h *hold.Holder, ident *identity.Resolver, opts Options) (*Proxy, error)
 		opts.Transport = t
 	}
 	p := &Proxy{holder: h, ident: ident, routes: routes, opts: opts, log: opts.Logger}
+	// An upstream under a path (http://gw/openai) reads a request's path
+	// after its own, and resolves a dot-dot across both:
+	// /../openai/v1/chat/completions reaches its /openai/v1/chat/completions.
+	// A request is judged as that upstream reads it too, against the
+	// routes under its path.
+	if base := strings.TrimRight(opts.Upstream.EscapedPath(), "/"); base != "" && len(opts.Routes) > 0 {
+		under := make([]string, len(opts.Routes))
+		for i, r := range opts.Routes {
+			under[i] = base + r
+		}
+		if p.under, err = route.New(under); err != nil {
+			return nil, fmt.Errorf("proxy: the upstream's path %q with the routes: %w", base, err)
+		}
+		p.base = base
+	}
 	p.upErrors, err = opts.MeterProvider.Meter(meterName).Int64Counter("limiter.proxy.upstream.errors", metric.WithUnit("{error}"),
 		metric.WithDescription("Requests the upstream failed, by phase: response (no response: refused, timed out; answered 502 or 504) or body (the response broke off mid-stream)."))
 	if err != nil {
@@ -201,7 +221,8 @@ func (p *Proxy) limited(r *http.Request) bool {
 	if len(p.opts.Routes) == 0 {
 		return true
 	}
-	return p.routes.Match(r.RequestURI) || p.routes.Match(r.URL.EscapedPath())
+	return p.routes.Match(r.RequestURI) || p.routes.Match(r.URL.EscapedPath()) ||
+		p.under.Match(p.base+r.URL.EscapedPath()) || strings.HasPrefix(r.RequestURI, "/") && p.under.Match(p.base+r.RequestURI)
 }
 
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {

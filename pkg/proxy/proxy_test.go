@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -413,5 +414,49 @@ func TestOnlyWebSocketUpgradesReachTheUpstream(t *testing.T) {
 				t.Errorf("%s with Upgrade: %s: the upstream read Upgrade|Connection|HTTP2-Settings %q; want none", path, upgrade, got)
 			}
 		}
+	}
+}
+
+// An upstream under a path (http://gw/openai) that resolves dot segments
+// reads /../openai/v1/chat/completions as its chat route: the proxy
+// judges the path as that upstream reads it too, and a stream so spelt
+// holds a slot. Two slashes first (//evil/v1/chat/completions), which a
+// server parsing the target against a base URL reads as a host and the
+// route, hold one as well.
+func TestNoSpellingOfAPathClimbsPastTheUpstreamsPath(t *testing.T) {
+	up := newSSE()
+	srv := httptest.NewServer(up)
+	t.Cleanup(srv.Close)
+	e := newEnv(t, nil, envOptions{upstream: srv.URL + "/openai/", proxy: proxy.Options{Routes: []string{"/v1/chat/completions"}}})
+	user := newUser()
+	send := func(path string) int {
+		t.Helper()
+		conn, err := net.Dial("tcp", strings.TrimPrefix(e.proxy.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\nX-User-Id: %s\r\nX-Plan: one\r\n\r\n{}", path, user)
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		return resp.StatusCode
+	}
+	if got := send("/v1/chat/completions"); got != http.StatusOK {
+		t.Fatalf("the user's one stream: %d, want 200", got)
+	}
+	if got := (<-up.started).URL.Path; got != "/openai/v1/chat/completions" {
+		t.Errorf("the upstream read %q, want /openai/v1/chat/completions", got)
+	}
+	for _, path := range []string{"/../openai/v1/chat/completions", "/%2e%2e/openai/v1/chat/completions", "/x/../../openai/v1/chat/completions",
+		"//evil/v1/chat/completions", `/\evil/v1/chat/completions`} {
+		if got := send(path); got != http.StatusTooManyRequests {
+			t.Errorf("%s beside the user's one stream: %d, want 429", path, got)
+		}
+	}
+	up.checkNoneStarted(t)
+	if got := send("/v1/models"); got != http.StatusOK {
+		t.Errorf("/v1/models: %d, want 200 (not limited)", got)
 	}
 }

@@ -98,6 +98,39 @@ func (s Set) Match(target string) bool {
 		return false
 	}
 	path := pathOf(target)
+	if s.matchPath(path) {
+		return true
+	}
+	// A path that starts with two slashes (or backslashes, which WHATWG
+	// URL parsers take for slashes) is, to a server that resolves the
+	// request target as a reference against a base URL (Node's
+	// new URL(req.url, base)), an authority and then a path:
+	// //evil/v1/chat/completions is /v1/chat/completions on host evil.
+	if rest, ok := afterAuthority(path); ok {
+		return s.matchPath(rest)
+	}
+	return false
+}
+
+// afterAuthority returns the path that follows the authority of path, a
+// network-path reference (two slashes or backslashes first), and whether
+// path is one.
+func afterAuthority(path string) (string, bool) {
+	if len(path) < 2 || !isSlash(path[0]) || !isSlash(path[1]) {
+		return "", false
+	}
+	rest := path[2:]
+	if i := strings.IndexAny(rest, `/\`); i >= 0 {
+		return rest[i:], true
+	}
+	return "/", true
+}
+
+func isSlash(c byte) bool { return c == '/' || c == '\\' }
+
+// matchPath reports whether path is under a route of s by any reading
+// of it.
+func (s Set) matchPath(path string) bool {
 	choices := choicesOf(path)
 	// Every combination of the choices, all of them first.
 	for rd := choices; ; rd = (rd - 1) & choices {

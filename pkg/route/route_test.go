@@ -78,6 +78,15 @@ func TestMatch(t *testing.T) {
 		{"an encoded slash inside another resource's segment", "/v1/models/org%2Fmodel", false},
 		{"a double-encoded slash, decoded once as servers do", "/v1%252Fchat%252Fcompletions", false},
 		{"an absolute-form target for another resource", "http://llm.example/v1/models", false},
+		// Read as a reference against a base URL (Node's new URL(req.url,
+		// base)), two slashes first start an authority, not a path.
+		{"an authority before the route", "//evil/v1/chat/completions", true},
+		{"an authority spelt with backslashes", `/\evil/v1/chat/completions`, true},
+		{"an authority after a backslash and a slash", `\/evil\v1/chat/completions`, true},
+		{"an authority and a query", "//evil/v1/chat/completions?x=/", true},
+		{"an authority before another resource", "//evil/v1/models", false},
+		{"an authority alone", "//v1", false},
+		{"one slash and a host-like segment", "/evil/v1/chat/completions", false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
