@@ -379,6 +379,14 @@ func TestAPIHeartbeats(t *testing.T) {
 		}
 	})
 
+	t.Run("a batch slot without a plan is 400, as a single heartbeat is", func(t *testing.T) {
+		body := mustJSON(t, httpapi.HeartbeatsRequest{Slots: []httpapi.HeartbeatRequest{{UserID: user, Plan: "three", StreamID: "held"}, {UserID: user, StreamID: "held"}}})
+		got := a.call(t, http.MethodPost, httpapi.PathHeartbeats, body, true)
+		if code := errorCode(t, got); got.status != http.StatusBadRequest || code != httpapi.CodeInvalidRequest || !strings.Contains(string(got.body), "slots[1].plan is required") {
+			t.Errorf("got %d %s, want 400 invalid_request naming slots[1].plan", got.status, got.body)
+		}
+	})
+
 	t.Run("a batch of 1000 slots over 64 KiB is answered", func(t *testing.T) {
 		req := httpapi.HeartbeatsRequest{Slots: make([]httpapi.HeartbeatRequest, httpapi.MaxBatch)}
 		for i := range req.Slots {

@@ -65,7 +65,7 @@ func TestAcquirePoolsAreChecked(t *testing.T) {
 	}{
 		{"an unknown pool", `{"user_id":"u","plan":"one","pools":{"region":"eu"}}`, false, 422, httpapi.CodeUnknownPool, `region`},
 		{"a key outside the charset", `{"user_id":"u","plan":"one","pools":{"model":"gpt 4o"}}`, true, 400, httpapi.CodeInvalidPoolKey, `gpt 4o`},
-		{"five pools", `{"user_id":"u","plan":"one","pools":{"a":"1","b":"2","c":"3","d":"4","e":"5"}}`, true, 400, httpapi.CodeInvalidRequest, "more than 4"},
+		{"five pools", `{"user_id":"u","plan":"one","pools":{"a":"1","b":"2","c":"3","d":"4","e":"5"}}`, true, 400, httpapi.CodeInvalidPoolKey, "more than 4 pools"},
 		{"a pool named twice", `{"user_id":"u","plan":"one","pools":{"model":"a","model":"b"}}`, true, 400, httpapi.CodeInvalidRequest, "given twice"},
 		{"pools not an object", `{"user_id":"u","plan":"one","pools":["model"]}`, true, 400, httpapi.CodeInvalidRequest, "pools"},
 		{"a key not a string", `{"user_id":"u","plan":"one","pools":{"model":4}}`, true, 400, httpapi.CodeInvalidRequest, "pools.model"},

@@ -168,6 +168,12 @@ func (s *Server) heartbeats(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, badRequest("slots must hold 1 to %d entries, got %d", httpapi.MaxBatch, n))
 		return
 	}
+	for i, slot := range req.Slots {
+		if slot.Plan == "" { // as a single heartbeat's, whatever plans the caller may use
+			s.fail(w, r, badRequest("slots[%d].plan is required", i))
+			return
+		}
+	}
 	results, errs := s.heartbeatBatch(r, req.Slots)
 	// A HeartbeatsResponse, written as the results are read.
 	a := newAnswer()
