@@ -472,3 +472,27 @@ func TestAPoolKeysNewCapHoldsForItsWaiters(t *testing.T) {
 		}
 	})
 }
+
+// TestAPoolInShadowModeLetsItsWaitersIn: shadow mode (enforce: false)
+// refuses no acquire (DESIGN §18), and that holds for the acquires that
+// queued while the pool still enforced its cap: switched to shadow mode,
+// the pool grants its waiter a place beside the holder, counted.
+func TestAPoolInShadowModeLetsItsWaitersIn(t *testing.T) {
+	t.Parallel()
+	table := poolTable(t, pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second})
+	s := limitertest.New(t, limitertest.Options{Backend: limitertest.RedisCluster, Redis: cluster.Options{Timeout: 5 * time.Second},
+		Tiers: poolWaitTiers(), Limiter: limiter.Options{Pools: table}})
+	ctx := context.Background()
+	mustAcquire(t, s.Limiter, newUser(t), "low", "k")
+	q := queue(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: newUser(t), Plan: "low", Pools: map[string]string{"model": "k"}}, 5*time.Second)
+	shadow := false
+	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second, Enforce: &shadow}.WithDefaults()}); err != nil {
+		t.Fatal(err)
+	}
+	if a, ok := q.answer(3 * time.Second); !ok || a.err != nil || !a.res.Granted {
+		t.Fatalf("the waiter once the pool is in shadow mode: %+v (answered %v); want granted within 3s", a, ok)
+	}
+	if key, err := s.Limiter.PoolSlots(ctx, "model", "k"); err != nil || key.Used != 2 {
+		t.Errorf("model=k holds %+v (%v); want 2, the holder and the waiter, counted above the cap of 1", key, err)
+	}
+}

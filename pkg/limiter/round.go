@@ -238,8 +238,8 @@ func (q *scopeQueue) bounds() (tiers.Tier, tiers.FailureMode, error) {
 		return tier, tiers.DefaultFailureMode, fmt.Errorf("%w: %q was removed while acquires waited for it", ErrUnknownPool, q.pool)
 	}
 	limit, capped := pool.Limit(q.poolKey)
-	if !capped {
-		limit = pools.MaxConcurrentStreams // no longer capped: nothing to wait for
+	if !capped || !pool.Enforced() {
+		limit = pools.MaxConcurrentStreams // no longer capped, or in shadow mode, which refuses none: nothing to wait for
 	}
 	q.limit = limit
 	return tier, pool.FailureMode, nil
