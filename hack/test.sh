@@ -173,8 +173,20 @@ step "go vet"
 go vet ./...
 
 step "go test"
-# shellcheck disable=SC2086
-LIMITER_TEST_REQUIRE=1 go test -race -count=1 -timeout 25m ${TEST_ARGS:-} ${TEST_PKGS:-./...}
+# The tests that time every decision of a burst against P4's bound
+# (DESIGN §10: the per-call timeout + 100ms, Redis black-holed, down or
+# redialled) run after the rest, alone: beside e2e's servers, browsers
+# and API servers the two cores are so busy that a goroutine can wait
+# past the bound for a core, whatever the limiter does.
+timed='^(TestBlackHoleAtConcurrency|TestRedisDownAtConcurrency|TestRedisStopped|TestRedisBlackHoled|TestClusterSeedsUnreachable)'
+if [[ -z "${TEST_ARGS:-}${TEST_PKGS:-}" ]]; then
+	LIMITER_TEST_REQUIRE=1 go test -race -count=1 -timeout 25m -skip "$timed" ./...
+	step "go test, the outage bounds alone"
+	LIMITER_TEST_REQUIRE=1 go test -race -count=1 -timeout 5m -run "$timed" ./pkg/limiter
+else
+	# shellcheck disable=SC2086
+	LIMITER_TEST_REQUIRE=1 go test -race -count=1 -timeout 25m ${TEST_ARGS:-} ${TEST_PKGS:-./...}
+fi
 
 if [[ -z "${TEST_ARGS:-}${TEST_PKGS:-}" ]]; then
 	# make bench's Go benchmarks, once each, so that a change that breaks
