@@ -24,7 +24,8 @@ const (
 // crashed streams are counted as pruned. The INCR/DECR counter it replaced
 // stays leaked.
 func TestIncidentReplay(t *testing.T) {
-	t.Parallel()
+	// Alone, not beside the tests that mostly wait: it times how soon every
+	// user has their limit back after the crash (within TTL + 1s).
 	redis := testenv.Cluster(t)
 	run := randomID()
 	userPrefix := "incident-" + run + "-"

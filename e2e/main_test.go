@@ -30,7 +30,7 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	flag.Parse()
-	setParallel(4)
+	setParallel(2)
 	code := m.Run()
 	servetest.RemoveBinaries()
 	os.Exit(code)
