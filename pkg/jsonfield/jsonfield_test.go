@@ -371,7 +371,7 @@ func FuzzFoldedNames(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, a, b string) {
 		if !utf8.ValidString(b) {
-			t.Skip("a field's name is valid UTF-8")
+			return // not a field's name: those are valid UTF-8
 		}
 		member, _ := json.Marshal(a) // invalid UTF-8 becomes U+FFFD, as Strings decodes it
 		var decoded string
