@@ -73,7 +73,8 @@ class Fake:
     """Answers acquires with grants (or acquire_answers first, in turn;
     None drops the connection), releases with released (or
     release_answer), and heartbeat batches with results[stream_id] (alive
-    by default)."""
+    by default). A stream it grants is held again, so its batch result is
+    forgotten: alive."""
 
     def __init__(self) -> None:
         self.results: Dict[str, Dict] = {}
@@ -90,6 +91,7 @@ class Fake:
                 return self.acquire_answers.pop(0)
             if self.acquire_answer is not None:
                 return self.acquire_answer
+            self.results.pop(rec.json["stream_id"], None)
             return granted(rec, degraded=self.degraded)
         if rec.path == Paths.RELEASE:
             if self.release_answer is not None:
@@ -221,6 +223,18 @@ class RequestTest(unittest.TestCase):
             (again["stream_id"], again["label"], again["pools"]),
             (lease.stream_id, "pod-7", {"model": "gpt-4o"}),
         )
+        # Rounds after the re-acquire find it held: the lease goes on. A
+        # round starts once the one before it is applied, so the second is
+        # the proof.
+        after = len(self.fake.batches)
+
+        def beaten() -> int:
+            return sum(1 for b in self.fake.batches[after:] if any(s["stream_id"] == lease.stream_id for s in b.json["slots"]))
+
+        deadline = time.time() + 2
+        while beaten() < 2 and time.time() < deadline:
+            time.sleep(0.01)
+        self.assertGreaterEqual(beaten(), 2, "no two rounds after the re-acquire")
         self.assertFalse(lease.lost.is_set())
 
     def test_degraded_lease_refused_by_its_pool_on_reacquire_is_lost(self) -> None:

@@ -50,7 +50,8 @@ function notSlotHolder(userId: string, streamId: string) {
 /**
  * Answers acquires with grants (or acquireAnswers first, in turn; undefined
  * drops the connection), releases with released (or releaseAnswer), and
- * batches with results[stream_id] (alive by default).
+ * batches with results[stream_id] (alive by default). A stream it grants
+ * is held again, so its batch result is forgotten: alive.
  */
 class Fake {
   results = new Map<string, Record<string, unknown>>();
@@ -66,7 +67,11 @@ class Fake {
         if (this.acquireAnswers.length > 0) {
           return this.acquireAnswers.shift();
         }
-        return this.acquireAnswer ?? granted(rec, this.degraded);
+        if (this.acquireAnswer !== undefined) {
+          return this.acquireAnswer;
+        }
+        this.results.delete(rec.json.stream_id);
+        return granted(rec, this.degraded);
       case Paths.release:
         return this.releaseAnswer ?? jsonAnswer(200, { released: true, degraded: false });
       case Paths.heartbeats:
@@ -202,6 +207,11 @@ describe("requests and answers", () => {
     assert.ok(await eventually(() => server.received(Paths.acquire).length >= 2));
     const again = server.received(Paths.acquire)[1]!.json;
     assert.deepEqual([again.stream_id, again.label, again.pools], [lease.streamId, "pod-7", { model: "gpt-4o" }]);
+    // Rounds after the re-acquire find it held: the lease goes on. A round
+    // starts once the one before it is applied, so the second is the proof.
+    const after = fake.batches.length;
+    const beaten = () => fake.batches.slice(after).filter((b) => b.json.slots.some((s: { stream_id: string }) => s.stream_id === lease.streamId)).length;
+    assert.ok(await eventually(() => beaten() >= 2), "no two rounds after the re-acquire");
     assert.equal(lease.error, undefined);
   });
 
