@@ -214,8 +214,9 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 				}
 				switch {
 				case w.grant != nil && w.err == nil:
-					l.observer.Joined(ctx, m.pool.Pool, JoinGranted, w.grant.Used, w.grant.Limit)
-					out.grants = append(out.grants, *w.grant)
+					g := *w.grant
+					l.observer.Joined(ctx, m.pool.Pool, out.outcome(g), g.Used, g.Limit)
+					out.grants = append(out.grants, g)
 					continue
 				case w.err != nil:
 					l.undo(ctx, end, req, taken, added)
@@ -230,18 +231,23 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 		if !got.Extended {
 			taken = append(taken, m.slots)
 		}
-		outcome := JoinGranted
-		if got.WouldRefuse {
-			outcome = JoinShadowRefused
-			if out.shadow == nil {
-				out.shadow = &PoolRefusal{Pool: m.pool.Pool, Key: m.key, Used: got.Used, Limit: limit}
-			}
-		}
-		l.observer.Joined(ctx, m.pool.Pool, outcome, got.Used, limit)
-		out.grants = append(out.grants, PoolGrant{Pool: m.pool.Pool, Key: m.key, Used: got.Used, Limit: limit,
-			Overridden: got.Override >= 0, WouldRefuse: got.WouldRefuse})
+		g := PoolGrant{Pool: m.pool.Pool, Key: m.key, Used: got.Used, Limit: limit, Overridden: got.Override >= 0, WouldRefuse: got.WouldRefuse}
+		l.observer.Joined(ctx, m.pool.Pool, out.outcome(g), got.Used, limit)
+		out.grants = append(out.grants, g)
 	}
 	return out, nil
+}
+
+// outcome is how g joined its key: granted, or let in over its cap by
+// shadow mode, which the first such key then says of the acquire.
+func (j *joined) outcome(g PoolGrant) JoinOutcome {
+	if !g.WouldRefuse {
+		return JoinGranted
+	}
+	if j.shadow == nil {
+		j.shadow = &PoolRefusal{Pool: g.Pool, Key: g.Key, Used: g.Used, Limit: g.Limit}
+	}
+	return JoinShadowRefused
 }
 
 // joinPool asks for a membership of m's key for the stream req names, by

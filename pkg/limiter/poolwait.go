@@ -67,18 +67,20 @@ func (l *Limiter) awaitPool(ctx context.Context, req AcquireRequest, tier tiers.
 	r := l.waitIn(ctx, queueScope{key: m.slots, userID: req.UserID, pool: m.pool.Pool, poolKey: m.key}, tier, w)
 	out := poolWaited{waited: time.Since(start), unsure: r.unsure}
 	outcome := r.outcome
-	limit := m.limit
+	limit, shadow := m.limit, false
 	if pool, ok := l.pools.Lookup(m.pool.Pool); ok {
 		if current, capped := pool.Limit(m.key); capped {
 			limit = current // the cap the queue served by, if it changed while the acquire waited
 		}
+		shadow = !pool.Enforced()
 	}
 	if r.override >= 0 && !r.degraded && (r.outcome == WaitGranted || r.outcome == WaitTimeout || r.outcome == WaitFull) {
 		limit = r.override
 	}
 	switch r.outcome {
 	case WaitGranted:
-		out.grant = &PoolGrant{Pool: m.pool.Pool, Key: m.key, Used: r.used, Limit: limit, Overridden: r.override >= 0, Degraded: r.degraded}
+		out.grant = &PoolGrant{Pool: m.pool.Pool, Key: m.key, Used: r.used, Limit: limit, Overridden: r.override >= 0, Degraded: r.degraded,
+			WouldRefuse: shadow && r.used > limit} // let in by shadow mode, over the cap
 		if r.degraded {
 			out.grant.Used, out.grant.Limit, out.grant.Overridden = 0, m.limit, false
 		}

@@ -489,8 +489,13 @@ func TestAPoolInShadowModeLetsItsWaitersIn(t *testing.T) {
 	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second, Enforce: &shadow}.WithDefaults()}); err != nil {
 		t.Fatal(err)
 	}
-	if a, ok := q.answer(3 * time.Second); !ok || a.err != nil || !a.res.Granted {
+	a, ok := q.answer(3 * time.Second)
+	if !ok || a.err != nil || !a.res.Granted {
 		t.Fatalf("the waiter once the pool is in shadow mode: %+v (answered %v); want granted within 3s", a, ok)
+	}
+	if a.res.WouldRefuse != limiter.CodePoolLimitReached || a.res.WouldRefuseBy == nil || a.res.WouldRefuseBy.Key != "k" ||
+		len(a.res.Pools) != 1 || !a.res.Pools[0].WouldRefuse || a.res.Pools[0].Used != 2 || a.res.Pools[0].Limit != 1 {
+		t.Errorf("the waiter's grant: would refuse %q by %+v, pools %+v; want pool_limit_reached by model=k, 2 of 1", a.res.WouldRefuse, a.res.WouldRefuseBy, a.res.Pools)
 	}
 	if key, err := s.Limiter.PoolSlots(ctx, "model", "k"); err != nil || key.Used != 2 {
 		t.Errorf("model=k holds %+v (%v); want 2, the holder and the waiter, counted above the cap of 1", key, err)

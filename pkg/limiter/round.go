@@ -3,12 +3,12 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
 	"github.com/joishi/limiter/pkg/lua"
-	"github.com/joishi/limiter/pkg/pools"
 	"github.com/joishi/limiter/pkg/tiers"
 	"github.com/redis/rueidis"
 )
@@ -220,6 +220,12 @@ func minTime(t time.Time, others ...time.Time) time.Time {
 	return t
 }
 
+// unbounded is the limit of a scope that refuses no acquire: a plan or a
+// pool in shadow mode, or a pool key no longer capped. Its waiters are
+// granted at the loop's next call (the scripts take it for their plan's
+// or key's tickets, see lib_tickets.lua's owed).
+const unbounded = math.MaxInt32
+
 // bounds reads what limits the loop's scope now: the waiters' tier (their
 // slots' TTL) and the scope's limit (into q.limit) and failure mode: the
 // tier's for a user, the pool's for a pool key. Errors: the plan or the
@@ -231,6 +237,9 @@ func (q *scopeQueue) bounds() (tiers.Tier, tiers.FailureMode, error) {
 	}
 	if q.pool == "" {
 		q.limit = tier.MaxConcurrentStreams
+		if !tier.Enforced() {
+			q.limit = unbounded // shadow mode refuses none: nothing to wait for
+		}
 		return tier, tier.FailureMode, nil
 	}
 	pool, ok := q.l.pools.Lookup(q.pool)
@@ -239,7 +248,7 @@ func (q *scopeQueue) bounds() (tiers.Tier, tiers.FailureMode, error) {
 	}
 	limit, capped := pool.Limit(q.poolKey)
 	if !capped || !pool.Enforced() {
-		limit = pools.MaxConcurrentStreams // no longer capped, or in shadow mode, which refuses none: nothing to wait for
+		limit = unbounded // no longer capped, or in shadow mode, which refuses none: nothing to wait for
 	}
 	q.limit = limit
 	return tier, pool.FailureMode, nil

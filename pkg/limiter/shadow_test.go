@@ -2,10 +2,12 @@ package limiter_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/joishi/limiter/internal/limitertest"
+	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/pools"
 	"github.com/joishi/limiter/pkg/tiers"
@@ -96,5 +98,77 @@ func TestAShadowPoolGrantsAndNamesTheKey(t *testing.T) {
 	key, err := lim.PoolSlots(ctx, "model", "big")
 	if err != nil || key.Used != 2 {
 		t.Errorf("model=big: used %d (%v); want the 2 live members, above its cap", key.Used, err)
+	}
+}
+
+// TestAPlansNewBoundsHoldForItsWaiters: the acquires queued in a user's
+// own queue are judged by their plan as it is now, not as it was when
+// they queued. Switched to shadow mode (which refuses none, DESIGN §18),
+// the plan grants its waiter a slot beside the holder, counted; its limit
+// raised from 1 to 2, the waiter is granted at once, not refused at the
+// end of its wait while the user has room; lowered from 2 to 1, a slot
+// freed (1 held, the new limit) lets no waiter in, and the next does.
+func TestAPlansNewBoundsHoldForItsWaiters(t *testing.T) {
+	t.Parallel()
+	off := false
+	plan := func(limit int, enforce *bool) tiers.Tier {
+		return tiers.Tier{Plan: "p", MaxConcurrentStreams: limit, MaxWait: 10 * time.Second, Enforce: enforce}.WithDefaults()
+	}
+	for name, c := range map[string]struct {
+		from, to    tiers.Tier
+		limit       int
+		wouldRefuse string
+	}{
+		"shadow":  {plan(1, nil), plan(1, &off), 1, limiter.CodeStreamLimitReached},
+		"raised":  {plan(1, nil), plan(2, nil), 2, ""},
+		"lowered": {plan(2, nil), plan(1, nil), 1, ""},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s := limitertest.New(t, limitertest.Options{Backend: limitertest.RedisCluster, Redis: cluster.Options{Timeout: 5 * time.Second},
+				Tiers: []tiers.Tier{c.from}})
+			ctx := context.Background()
+			user := newUser(t)
+			key, err := s.Keys.UserKey(user)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var held []string
+			for i := range c.from.MaxConcurrentStreams {
+				held = append(held, fmt.Sprintf("holder-%d", i))
+				mustAcquireUser(t, s.Limiter, user, "p", held[i])
+			}
+			q := queueUser(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: user, Plan: "p", StreamID: "waiter"}, key)
+			if err := s.Table.Replace([]tiers.Tier{c.to}); err != nil {
+				t.Fatal(err)
+			}
+			if name == "lowered" {
+				// One released: 1 held, the new limit. Then the other.
+				release := func() {
+					t.Helper()
+					if _, err := s.Limiter.Release(ctx, user, held[len(held)-1]); err != nil {
+						t.Fatal(err)
+					}
+					held = held[:len(held)-1]
+				}
+				release()
+				if a, ok := q.answer(time.Second); ok {
+					t.Fatalf("the waiter with 1 held under the new limit of 1: %+v; want it still waiting", a)
+				}
+				release()
+			}
+			a, ok := q.answer(3 * time.Second)
+			if !ok || a.err != nil || !a.res.Granted {
+				t.Fatalf("the waiter once the plan is %s: %+v (answered %v); want granted within 3s", name, a, ok)
+			}
+			want := len(held) + 1
+			if a.res.Used != want || a.res.Limit != c.limit || a.res.WouldRefuse != c.wouldRefuse {
+				t.Errorf("the waiter's grant: used %d of %d, would refuse %q; want %d of %d, would refuse %q",
+					a.res.Used, a.res.Limit, a.res.WouldRefuse, want, c.limit, c.wouldRefuse)
+			}
+			if slots, err := s.Limiter.Slots(ctx, user); err != nil || slots.Used != want {
+				t.Errorf("the user holds %+v (%v); want %d, the holders and the waiter", slots, err, want)
+			}
+		})
 	}
 }

@@ -115,8 +115,14 @@ func (l *Limiter) await(ctx context.Context, key string, req AcquireRequest, tie
 	outcome := r.outcome
 	defer func() { l.observer.Waited(ctx, tier, outcome, took) }()
 
+	shadow := false
 	if (r.outcome == WaitGranted || r.outcome == WaitTimeout) && !r.degraded {
 		res.Limit, res.Overridden = tier.MaxConcurrentStreams, r.override >= 0
+		if now, ok := l.tiers.Lookup(tier.Plan); ok {
+			// The plan as the queue served it, if it changed while the
+			// acquire waited.
+			res.Limit, shadow = now.MaxConcurrentStreams, !now.Enforced()
+		}
 		if r.override >= 0 {
 			res.Limit = r.override
 		}
@@ -124,6 +130,9 @@ func (l *Limiter) await(ctx context.Context, key string, req AcquireRequest, tie
 	switch r.outcome {
 	case WaitGranted:
 		res.Granted, res.RetryAfter, res.Used = true, 0, r.used
+		if shadow && r.used > res.Limit {
+			res.WouldRefuse = CodeStreamLimitReached // let in by shadow mode, over the limit
+		}
 		res.ExpiresAt = msTime(r.expiresAtMs)
 		if r.degraded {
 			res.Degraded, res.Used = true, 0

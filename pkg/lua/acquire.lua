@@ -99,7 +99,7 @@ if waiting > 0 then
   if pruned > 0 then
     stop = math.huge -- all those owed the slots pruned are woken
   end
-  due, taken, slack = owed(queue, expiry, recs, used, override, stop, key, limit)
+  due, taken, slack = owed(queue, expiry, recs, used, override, stop, key, limit, planOf(ARGV[4]))
 end
 -- A new stream takes its slot before those owed theirs are granted: only
 -- if each of them still fits under its own limit with one more held.

@@ -27,19 +27,20 @@ local function dropTicket(queue, expiry, recs, id)
   redis.call('HDEL', recs, id)
 end
 
--- ticketOf(rec): the limit, priority and user a ticket's record names.
--- The record is the ticket's limit, then its stream's slot record fields
--- (see pkg/lua/records.go): ';caller=', ';plan=', ';pools=' and ';prio='
--- hold no ';', the user id goes with its length and the label runs to the
--- end, so the fields are read in order up to the user. A record with no
--- limit (queued by an earlier version) fits any; no priority is 0; no
--- user (a user's own queue) is ''.
+-- ticketOf(rec): the limit, priority, user and plan a ticket's record
+-- names. The record is the ticket's limit, then its stream's slot record
+-- fields (see pkg/lua/records.go): ';caller=', ';plan=', ';pools=' and
+-- ';prio=' hold no ';', the user id goes with its length and the label
+-- runs to the end, so the fields are read in order up to the user. A
+-- record with no limit (queued by an earlier version, or a slot's record
+-- with no ticket's limit before it) fits any; no priority is 0; no user
+-- (a user's own queue) and no plan are ''.
 local function ticketOf(rec)
   if not rec then
-    return math.huge, 0, ''
+    return math.huge, 0, '', ''
   end
-  local limit = tonumber(string.match(rec, '^%d+')) or math.huge
-  local prio, user = 0, ''
+  local limit = tonumber((string.match(rec, '^%d+'))) or math.huge -- (): one value, nil when none (the embedded store's match returns none)
+  local prio, user, plan = 0, '', ''
   local pos = string.find(rec, ';', 1, true)
   while pos do
     local name, from = string.match(rec, '^;(%a+)=()', pos)
@@ -56,12 +57,20 @@ local function ticketOf(rec)
     pos = string.find(rec, ';', from, true)
     if name == 'prio' then
       prio = tonumber(string.sub(rec, from, (pos or 0) - 1)) or 0
+    elseif name == 'plan' then
+      plan = string.sub(rec, from, (pos or 0) - 1)
     end
   end
-  return limit, prio, user
+  return limit, prio, user, plan
 end
 
--- owed(queue, expiry, recs, used, override, stop, slots, cap): the live
+-- planOf(rec): the plan a slot's or ticket's record names ('' for none).
+local function planOf(rec)
+  local _, _, _, plan = ticketOf(rec)
+  return plan
+end
+
+-- owed(queue, expiry, recs, used, override, stop, slots, cap, plan): the live
 -- tickets owed a slot, in the order they are served; the slots taken then
 -- (used plus them); and each owed ticket's slack: how many more slots may
 -- be granted ahead of it before it no longer fits under its own limit.
@@ -74,16 +83,19 @@ end
 --
 -- A ticket is owed a slot while fewer slots than its own limit (override,
 -- when one is in force, else its record's) are taken, counting those owed
--- to the tickets served before it. A pool key's tickets (those naming a
--- user) all wait for the key's one cap: cap, when the caller knows it
--- (>= 0), is their limit rather than the one recorded when they queued,
--- so that a cap lowered or raised meanwhile holds for them at once. A ticket whose limit is reached is
--- passed over: it holds no place against an acquire it could not itself
+-- to the tickets served before it. When the caller knows the limit of
+-- the scope as it is now (cap >= 0), it holds at once for the tickets it
+-- bounds, rather than the one recorded when they queued, so that a limit
+-- lowered or raised meanwhile, or a scope put in shadow mode (a cap no
+-- ticket reaches), holds for them: a pool key's tickets (those naming a
+-- user) all wait for the key's one cap, and a user's own tickets of
+-- plan, the caller's, for that plan's limit. A ticket whose limit is
+-- reached is passed over: it holds no place against an acquire it could not itself
 -- be granted the slot of, so a waiter of one plan never blocks the user's
 -- acquires under a larger one. The selection ends once stop slots are
 -- taken (math.huge: never): a caller that only needs to know whether a
 -- slot is left over.
-local function owed(queue, expiry, recs, used, override, stop, slots, cap)
+local function owed(queue, expiry, recs, used, override, stop, slots, cap, plan)
   local out, slack, taken = {}, {}, used
   if taken >= stop then
     return out, taken, slack
@@ -101,8 +113,8 @@ local function owed(queue, expiry, recs, used, override, stop, slots, cap)
     local rec = redis.call('HMGET', recs, unpack(ids))
     for i, id in ipairs(ids) do
       if live[i] then
-        local limit, prio, user = ticketOf(rec[i])
-        if cap >= 0 and user ~= '' then
+        local limit, prio, user, of = ticketOf(rec[i])
+        if cap >= 0 and (user ~= '' or (plan ~= '' and of == plan)) then
           limit = cap
         end
         if override >= 0 then

@@ -45,7 +45,7 @@ if released + pruned > 0 and redis.call('EXISTS', queue) == 1 then
     override = tonumber(o[1])
   end
   local used = redis.call('ZCARD', key)
-  local due = owed(queue, expiry, recs, used, override, used + 1, KEYS[1], -1)
+  local due = owed(queue, expiry, recs, used, override, used + 1, KEYS[1], -1, '')
   head = due[1] or ''
 end
 return {released, pruned, head, record or ''}

@@ -10,8 +10,9 @@
 -- KEYS[5] -> <prefix>{<user id>}:q:expiry  sorted set: member = stream id, score = ticket expiry (Redis ms)
 -- KEYS[6] -> <prefix>{<user id>}:q:rec     hash: field = stream id, value = the ticket's record:
 --            its limit (ARGV[1]), then the fields of its slot's record
--- ARGV[1] -> limit (max concurrent streams, >= 0): the plan's; an override
---            in force replaces it
+-- ARGV[1] -> limit (max concurrent streams, >= 0): the plan's as it is
+--            now (the call's tickets are all of one plan, the one their
+--            records name); an override in force replaces it
 -- ARGV[2] -> slot ttl (ms, > 0, decimal digits)
 -- ARGV[3] -> ticket ttl (ms, > 0)
 -- ARGV[4] -> the most tickets the queue may hold (> 0)
@@ -141,11 +142,12 @@ for i = 1, n do
       end
       redis.call('ZADD', queue, digits(arrival), id)
       queued[id] = true
-      -- A ticket's record is written once: its plan's limit (and
-      -- priority) does not change while it waits (an override is
-      -- applied when it is read). After the limit come the fields of
-      -- its slot's record: who asks, the priority and the user that
-      -- order the queue (see owed).
+      -- A ticket's record is written once, with its plan's limit as
+      -- it queued: a call of its plan holds the plan's limit as it is
+      -- then for it instead, and an override is applied when it is read
+      -- (see owed). After the limit come the fields of its slot's
+      -- record: who asks, the plan, the priority and the user that
+      -- order the queue.
       redis.call('HSET', recs, id, ARGV[1] .. ARGV[5 + 3 * i])
     end
     refresh[id] = true
@@ -173,7 +175,7 @@ local wake = {}
 local due, slack = {}, {}
 if used < limit then
   local taken -- unused
-  due, taken, slack = owed(queue, expiry, recs, used, override, math.huge, slots, limit)
+  due, taken, slack = owed(queue, expiry, recs, used, override, math.huge, slots, limit, planOf(ARGV[8]))
 end
 -- A ticket of this call behind others' tickets owed a slot is granted
 -- before them only while each of them keeps room under its own limit

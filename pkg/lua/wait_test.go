@@ -380,3 +380,35 @@ func TestWaitRefreshesManyTicketsInOneCall(t *testing.T) {
 		}
 	})
 }
+
+// TestAPlansLimitNowHoldsForItsTicketsAlone: a call of a plan holds the
+// plan's limit as it is now for the tickets of that plan, not the limit
+// they queued under, and for no other plan's: a user's ticket of plan a
+// (queued under a's limit of 1) is not granted nor woken by a call of
+// plan b with a limit of 3; raised to 2 with 2 held, a's ticket still
+// waits; raised to 3, it is granted.
+func TestAPlansLimitNowHoldsForItsTicketsAlone(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		ticket := func(limit int, plan, id string) lua.TicketResult {
+			t.Helper()
+			a := lua.WaitArgs{Limit: limit, SlotTTL: 10 * time.Second, TicketTTL: 10 * time.Second, MaxQueue: 100,
+				Tickets: []lua.TicketArgs{{StreamID: id, Record: lua.Record{Plan: plan}}}}
+			got := mustWait(t, c, key, a)
+			for _, w := range got.Wake {
+				if w == "wa" && plan != "a" {
+					t.Errorf("a call of plan %s under %d woke plan a's ticket, owed none under a's limit of 1", plan, limit)
+				}
+			}
+			return got.Tickets[0]
+		}
+		if got, err := lua.Acquire(ctx, c, key, "holder", 1, 10*time.Second, lua.Record{Plan: "a"}, false); err != nil || !got.Granted {
+			t.Fatalf("the holder: %+v, %v", got, err)
+		}
+		wantTicket(t, "wa queued under a's limit of 1", ticket(1, "a", "wa"), lua.TicketQueued, 1)
+		wantTicket(t, "wb granted under b's limit of 3, past wa", ticket(3, "b", "wb"), lua.TicketGranted, 0)
+		wantTicket(t, "wa with a's limit raised to 2, 2 held", ticket(2, "a", "wa"), lua.TicketQueued, 1)
+		wantTicket(t, "wa with a's limit raised to 3", ticket(3, "a", "wa"), lua.TicketGranted, 0)
+	})
+}
