@@ -20,6 +20,7 @@ package route
 import (
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Set is a list of routes: path prefixes matched on whole segments, case
@@ -155,11 +156,28 @@ next:
 			continue
 		}
 		for i, p := range prefix {
-			if !strings.EqualFold(segs[i], p) {
+			if !sameName(segs[i], p) {
 				continue next
 			}
 		}
 		return true
+	}
+	return false
+}
+
+// sameName reports whether seg is name, a route's segment, to some
+// server that compares without case: under Unicode folding (ſ is s, K
+// is k), or one character at a time upper- or lower-cased, as .NET's
+// OrdinalIgnoreCase and Java's equalsIgnoreCase do, which take ı and İ
+// for i where folding keeps them apart.
+func sameName(seg, name string) bool {
+	if strings.EqualFold(seg, name) {
+		return true
+	}
+	for i := range len(seg) {
+		if seg[i] >= utf8.RuneSelf {
+			return strings.EqualFold(strings.ToUpper(seg), name) || strings.EqualFold(strings.ToLower(seg), name)
+		}
 	}
 	return false
 }

@@ -54,6 +54,15 @@ func TestMatch(t *testing.T) {
 		{"an encoded letter", "/v1/%63hat/completions", true},
 		{"upper case", "/V1/CHAT/COMPLETIONS", true},
 		{"mixed case", "/v1/Chat/completions", true},
+		// Servers that compare case-insensitively one character at a time
+		// (.NET's OrdinalIgnoreCase upper-cases, Java's equalsIgnoreCase
+		// upper- and lower-cases) take ı for i and İ for i, which Unicode
+		// folding keeps apart; ſ folds to s, K (Kelvin) to k.
+		{"a dotless i", "/v1/chat/completıons", true},
+		{"an encoded dotless i", "/v1/chat/complet%C4%B1ons", true},
+		{"a dotted capital I", "/v1/chat/completİons", true},
+		{"a long s", "/v1/chat/completionſ", true},
+		{"a dotless i in a name extending the route", "/v1/chat/completıonsX", false},
 		{"backslashes", `/v1\chat\completions`, true},
 		{"encoded backslashes", "/v1%5Cchat%5ccompletions", true},
 		{"a backslash dot-dot", `/x\..\v1/chat/completions`, true},
@@ -157,10 +166,10 @@ func TestCheck(t *testing.T) {
 
 // Whatever a client sends, a path that path.Clean (the canonical form:
 // decoded, backslashes as slashes, slashes merged, dot segments resolved)
-// puts under a route is matched.
+// puts under a route, lower- or upper-cased, is matched.
 func FuzzMatchHoldsTheCleanedPath(f *testing.F) {
 	for _, seed := range []string{"/v1/chat/completions", "//v1/chat/completions", "/x/../v1/chat/completions", "/v1/chat/./completions",
-		"/v1%2Fchat%2Fcompletions", `/v1\chat\completions`, "/V1/CHAT/COMPLETIONS/", "/../v1/chat/completions?x=/..", "/v1/models"} {
+		"/v1%2Fchat%2Fcompletions", `/v1\chat\completions`, "/V1/CHAT/COMPLETIONS/", "/../v1/chat/completions?x=/..", "/v1/models", "/v1/chat/completıons"} {
 		f.Add(seed)
 	}
 	s, err := route.New([]string{"/v1/chat/completions"})
@@ -174,9 +183,11 @@ func FuzzMatchHoldsTheCleanedPath(f *testing.F) {
 		if err != nil || strings.Contains(p, "://") {
 			return
 		}
-		clean := strings.ToLower(path.Clean("/" + strings.ReplaceAll(decoded, `\`, "/")))
-		if (clean == "/v1/chat/completions" || strings.HasPrefix(clean, "/v1/chat/completions/")) && !s.Match(target) {
-			t.Errorf("Match(%q) = false, but it cleans to %q", target, clean)
+		clean := path.Clean("/" + strings.ReplaceAll(decoded, `\`, "/"))
+		for _, c := range []string{strings.ToLower(clean), strings.ToLower(strings.ToUpper(clean))} {
+			if (c == "/v1/chat/completions" || strings.HasPrefix(c, "/v1/chat/completions/")) && !s.Match(target) {
+				t.Errorf("Match(%q) = false, but it cleans to %q", target, c)
+			}
 		}
 	})
 }
