@@ -6,6 +6,7 @@ package envoy_test
 
 import (
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -123,6 +124,13 @@ func TestBootstrapParses(t *testing.T) {
 		hcm.GetPathWithEscapedSlashesAction() != hcmv3.HttpConnectionManager_UNESCAPE_AND_REDIRECT {
 		t.Errorf("normalize_path %v, merge_slashes %v, path_with_escaped_slashes_action %v: want the path normalized before routes match",
 			hcm.GetNormalizePath(), hcm.GetMergeSlashes(), hcm.GetPathWithEscapedSlashesAction())
+	}
+
+	// No header names the upstream another path than the one routed.
+	for _, h := range []string{"x-original-url", "x-rewrite-url", "x-original-uri"} {
+		if !slices.Contains(hcm.GetRouteConfig().GetRequestHeadersToRemove(), h) {
+			t.Errorf("request_headers_to_remove %v: want %s, which names another path to servers that honour it", hcm.GetRouteConfig().GetRequestHeadersToRemove(), h)
+		}
 	}
 
 	// The routes: the chat completions route holds a slot, the rest not.

@@ -109,6 +109,27 @@ func TestGatewayManifestsAreAccepted(t *testing.T) {
 	if len(target) != 1 || target[0].(map[string]any)["name"] != "chat-completions" {
 		t.Errorf("the EnvoyExtensionPolicy targets %v, want the HTTPRoute chat-completions", target)
 	}
+	// No rule lets a header name the upstream another path than the one
+	// it matched.
+	for _, o := range objs {
+		if o.GetKind() != "HTTPRoute" {
+			continue
+		}
+		rules, _, _ := unstructured.NestedSlice(o.Object, "spec", "rules")
+		for i, r := range rules {
+			var removed []string
+			filters, _, _ := unstructured.NestedSlice(r.(map[string]any), "filters")
+			for _, f := range filters {
+				names, _, _ := unstructured.NestedStringSlice(f.(map[string]any), "requestHeaderModifier", "remove")
+				removed = append(removed, names...)
+			}
+			for _, h := range []string{"X-Original-URL", "X-Rewrite-URL", "X-Original-URI"} {
+				if !slices.ContainsFunc(removed, func(n string) bool { return strings.EqualFold(n, h) }) {
+					t.Errorf("HTTPRoute %s rule %d removes %v: want %s, which names another path to servers that honour it", o.GetName(), i, removed, h)
+				}
+			}
+		}
+	}
 	proc, _, _ := unstructured.NestedSlice(policy.Object, "spec", "extProc")
 	ext := proc[0].(map[string]any)
 	if _, ok, _ := unstructured.NestedMap(ext, "processingMode", "request"); !ok {

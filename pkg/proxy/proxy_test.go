@@ -417,6 +417,36 @@ func TestOnlyWebSocketUpgradesReachTheUpstream(t *testing.T) {
 	}
 }
 
+// A server behind IIS's URL Rewrite (and frameworks that honour it)
+// serves the path X-Original-URL or X-Rewrite-URL names, not the request
+// target: /v1/models, which passes through, would be served as the chat
+// route with no slot. The upstream reads no such header, in any spelling.
+func TestNoHeaderNamesAnotherPathToTheUpstream(t *testing.T) {
+	seen := make(chan http.Header, 8)
+	e := newEnv(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Header.Clone()
+		w.WriteHeader(http.StatusOK)
+	}), envOptions{})
+	for _, name := range []string{"X-Original-URL", "x-original-url", "X-Rewrite-URL", "X-Original-URI"} {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(e.proxy.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(conn, "GET /v1/models HTTP/1.1\r\nHost: x\r\n%s: /v1/chat/completions\r\nX-User-Id: %s\r\nX-Plan: three\r\n\r\n", name, newUser())
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		conn.Close()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("/v1/models with %s: %v, %v; want 200", name, resp, err)
+		}
+		h := <-seen
+		for _, got := range []string{"X-Original-Url", "X-Rewrite-Url", "X-Original-Uri"} {
+			if v := h.Values(got); len(v) > 0 {
+				t.Errorf("sent %s: the upstream read %s: %q; want none", name, got, v)
+			}
+		}
+	}
+}
+
 // An upstream under a path (http://gw/openai) that resolves dot segments
 // reads /../openai/v1/chat/completions as its chat route: the proxy
 // judges the path as that upstream reads it too, and a stream so spelt

@@ -87,6 +87,10 @@ var copyBufferPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); retu
 func (copyBuffers) Get() []byte  { return *copyBufferPool.Get().(*[]byte) }
 func (copyBuffers) Put(b []byte) { copyBufferPool.Put(&b) }
 
+// pathHeaders name a request's path in place of its target, to the
+// servers that read them.
+var pathHeaders = [...]string{"X-Original-Url", "X-Rewrite-Url", "X-Original-Uri"}
+
 func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	pr.SetURL(p.opts.Upstream)
 	// Only a WebSocket upgrade is tunnelled. After any other (h2c above
@@ -97,6 +101,13 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	if up := pr.Out.Header.Get("Upgrade"); up != "" && !strings.EqualFold(strings.TrimSpace(up), "websocket") {
 		pr.Out.Header.Del("Upgrade")
 		pr.Out.Header.Del("Connection")
+	}
+	// The path the proxy judged is the one the upstream serves: headers
+	// that name another one to servers that honour them (IIS's URL
+	// Rewrite, frameworks behind it) are a client's to spoof, and would
+	// serve a limited route on a path that passes through.
+	for _, h := range pathHeaders {
+		pr.Out.Header.Del(h)
 	}
 	// Append to the X-Forwarded-For of the hops in front, as a proxy in a
 	// chain should; Host and Proto are this hop's.
