@@ -50,6 +50,11 @@ type Proxy struct {
 	// IdleConnTimeout is how long an idle upstream connection is kept.
 	// Default 90s.
 	IdleConnTimeout time.Duration `mapstructure:"idleConnTimeout"`
+	// StallTimeout bounds each write of a stream to its client: a client
+	// that reads nothing for that long, its connection open, has its
+	// stream cut and its slot (and pool places) released, as one that
+	// went away. 1s-1h. Default 2m, a slot's default TTL.
+	StallTimeout time.Duration `mapstructure:"stallTimeout"`
 	// MaxHeaderBytes bounds a request's headers; larger ones are refused
 	// with 431 and no slot. Default 32768.
 	MaxHeaderBytes int `mapstructure:"maxHeaderBytes"`
@@ -135,6 +140,7 @@ func defaultProxy() Proxy {
 		Listen: ":8000", Routes: []string{}, PassAuthorization: true,
 		DialTimeout: proxy.DefaultDialTimeout, TLSHandshakeTimeout: proxy.DefaultTLSHandshakeTimeout,
 		ResponseHeaderTimeout: proxy.DefaultResponseHeaderTimeout, IdleConnTimeout: proxy.DefaultIdleConnTimeout,
+		StallTimeout:   proxy.DefaultStallTimeout,
 		MaxHeaderBytes: proxy.DefaultMaxHeaderBytes, MaxBodyBytes: proxy.DefaultMaxBodyBytes, LabelHeader: proxy.DefaultLabelHeader,
 	}
 }
@@ -157,6 +163,8 @@ const (
 	MaxJWTLeeway      = 5 * time.Minute
 	MinMaxBodyBytes   = 1 << 10
 	MaxMaxBodyBytes   = 256 << 20
+	MinStallTimeout   = time.Second
+	MaxStallTimeout   = time.Hour
 )
 
 // IdentityOptions returns the options of identity.New.
@@ -191,6 +199,7 @@ func (c Config) ProxyOptions() (proxy.Options, error) {
 	return proxy.Options{
 		Upstream: upstream, Routes: append([]string(nil), p.Routes...), StripAuthorization: !p.PassAuthorization,
 		MaxHeaderBytes: p.MaxHeaderBytes, MaxBodyBytes: p.MaxBodyBytes, Transport: transport, LabelHeader: p.LabelHeader,
+		StallTimeout: p.StallTimeout,
 	}, nil
 }
 
@@ -244,6 +253,9 @@ func (c Config) validateProxy(v *validator) {
 	}
 	if p.LabelHeader != "" && !identity.ValidHeaderName(p.LabelHeader) {
 		v.add("proxy.labelHeader", "must be an HTTP header name, or empty for no label", strconv.Quote(p.LabelHeader))
+	}
+	if p.StallTimeout < MinStallTimeout || p.StallTimeout > MaxStallTimeout {
+		v.add("proxy.stallTimeout", "must be between 1s and 1h: how long a client may read nothing of its stream before the stream is cut and its slot released", p.StallTimeout.String())
 	}
 	if p.Wait < 0 || p.Wait > tiers.MaxMaxWait {
 		v.add("proxy.wait", "must be between 0s (no waiting) and 60s (the plan's maxWait caps it)", p.Wait.String())

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestDefaultIsValid(t *testing.T) {
@@ -64,6 +65,8 @@ func TestInvalidValuesNameTheirKey(t *testing.T) {
 		{"a negative limit", "tiers.static[0].maxConcurrentStreams", map[string]string{"LIMITER_TIERS_STATIC": `[{"plan":"free","maxConcurrentStreams":-1}]`}, "must be >= 0 (env LIMITER_TIERS_STATIC), got -1"},
 		{"a tier with an unknown failure mode", "tiers.static[0].failureMode", map[string]string{"LIMITER_TIERS_STATIC": `[{"plan":"free","maxConcurrentStreams":1,"failureMode":"open"}]`}, `must be Open or Closed (env LIMITER_TIERS_STATIC), got "open"`},
 		{"a proxy wait above 60s", "proxy.wait", map[string]string{"LIMITER_PROXY_WAIT": "90s"}, "proxy.wait: must be between 0s (no waiting) and 60s (the plan's maxWait caps it) (env LIMITER_PROXY_WAIT, flag --wait), got 1m30s"},
+		{"a stall timeout under 1s", "proxy.stallTimeout", map[string]string{"LIMITER_PROXY_STALLTIMEOUT": "999ms"}, "proxy.stallTimeout: must be between 1s and 1h: how long a client may read nothing of its stream before the stream is cut and its slot released (env LIMITER_PROXY_STALLTIMEOUT), got 999ms"},
+		{"a stall timeout over 1h", "proxy.stallTimeout", map[string]string{"LIMITER_PROXY_STALLTIMEOUT": "1h0m1s"}, "got 1h0m1s"},
 		{"a tier waiting longer than 60s", "tiers.static[0].maxWait", map[string]string{"LIMITER_TIERS_STATIC": `[{"plan":"free","maxConcurrentStreams":1,"maxWait":"2m"}]`}, `tiers.static[0].maxWait: must be between 0s (no waiting) and 60s (env LIMITER_TIERS_STATIC), got 2m0s`},
 		{"a tier with a maxWait without a unit", "tiers.static[0].maxWait", map[string]string{"LIMITER_TIERS_STATIC": `[{"plan":"free","maxConcurrentStreams":1,"maxWait":10}]`}, "cannot be read: 10 has no unit"},
 		{"a tier without a plan", "tiers.static[0].plan", map[string]string{"LIMITER_TIERS_STATIC": `[{"maxConcurrentStreams":1}]`}, "is required"},
@@ -109,6 +112,21 @@ func TestInvalidValuesNameTheirKey(t *testing.T) {
 				t.Errorf("errors.Is(%v, ErrInvalid) = false, want true", err)
 			}
 		})
+	}
+}
+
+// The stall timeout's bounds themselves are accepted, and reach the
+// proxy's options.
+func TestStallTimeoutBounds(t *testing.T) {
+	for _, d := range []string{"1s", "1h"} {
+		c, err := load(t, "", map[string]string{"LIMITER_PROXY_STALLTIMEOUT": d, "LIMITER_PROXY_UPSTREAM": "http://vllm:8000"})
+		if err != nil {
+			t.Fatalf("proxy.stallTimeout %s: %v", d, err)
+		}
+		opts, err := c.ProxyOptions()
+		if want, _ := time.ParseDuration(d); err != nil || opts.StallTimeout != want {
+			t.Errorf("proxy.stallTimeout %s: the proxy's StallTimeout %s (%v), want %s", d, opts.StallTimeout, err, want)
+		}
 	}
 }
 

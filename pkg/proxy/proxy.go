@@ -44,6 +44,10 @@ const (
 	DefaultTLSHandshakeTimeout   = 5 * time.Second
 	DefaultResponseHeaderTimeout = 5 * time.Minute
 	DefaultIdleConnTimeout       = 90 * time.Second
+	// DefaultStallTimeout is how long a write to a limited request's
+	// client may block: a slot's default TTL, the time after which a
+	// client that crashed would have lost its slot anyway.
+	DefaultStallTimeout = 2 * time.Minute
 )
 
 // Options configure a Proxy. Zero values take the documented defaults.
@@ -91,6 +95,13 @@ type Options struct {
 	TLSHandshakeTimeout   time.Duration
 	ResponseHeaderTimeout time.Duration
 	IdleConnTimeout       time.Duration
+	// StallTimeout bounds each write of a limited request's response to
+	// its client: a client that reads nothing for that long (its
+	// connection open, its buffers full) has its stream cut and its slot
+	// released, as one that went away, rather than holding the slot and
+	// its pool places for as long as the connection stays open. Default
+	// DefaultStallTimeout; negative: never cut.
+	StallTimeout time.Duration
 	// Tiers is the table the limiter enforces; /readyz waits for it to
 	// sync. Required.
 	Tiers *tiers.Table
@@ -151,6 +162,9 @@ func New(h *hold.Holder, ident *identity.Resolver, opts Options) (*Proxy, error)
 	}
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if opts.StallTimeout == 0 {
+		opts.StallTimeout = DefaultStallTimeout
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -289,6 +303,10 @@ func (p *Proxy) stream(w http.ResponseWriter, r *http.Request, st *hold.Stream, 
 			p.log.ErrorContext(r.Context(), "proxy handler panicked; slot released", "stream_id", st.ID(), "path", r.URL.Path, "panic", v)
 		}
 		st.Release(r.Context(), end)
+		if state.stalled.Load() {
+			p.log.WarnContext(r.Context(), "the client read nothing for proxy.stallTimeout; stream cut, slot released",
+				"stream_id", st.ID(), "stall_timeout", p.opts.StallTimeout.String())
+		}
 		if p.log.Enabled(r.Context(), slog.LevelInfo) {
 			p.log.LogAttrs(r.Context(), slog.LevelInfo, "stream ended", slog.String("stream_id", st.ID()), slog.String("end", string(end)),
 				slog.String("took", time.Since(st.Started()).Round(time.Millisecond).String()))
@@ -311,6 +329,9 @@ func (p *Proxy) stream(w http.ResponseWriter, r *http.Request, st *hold.Stream, 
 			attrs = attrs[:len(attrs)-1]
 		}
 		p.log.LogAttrs(ctx, slog.LevelInfo, "stream granted", attrs...)
+	}
+	if p.opts.StallTimeout > 0 {
+		w = &stallWriter{ResponseWriter: w, rc: http.NewResponseController(w), timeout: p.opts.StallTimeout, x: state}
 	}
 	p.forward(w, r.WithContext(ctx))
 	end = p.endOf(r, st, state)
@@ -338,9 +359,10 @@ func (p *Proxy) endOf(r *http.Request, st *hold.Stream, state *exchange) hold.En
 		return hold.EndClientGone
 	case state.failed.Load():
 		return hold.EndUpstreamError
-	case state.aborted.Load():
+	case state.aborted.Load(), state.stalled.Load():
 		// The copy to the client failed with the upstream still
-		// answering: the client went away.
+		// answering: the client went away, or read nothing for
+		// Options.StallTimeout.
 		return hold.EndClientGone
 	}
 	return hold.EndComplete

@@ -36,6 +36,8 @@ type exchange struct {
 	failed atomic.Bool
 	// aborted: copying the response to the client stopped short.
 	aborted atomic.Bool
+	// stalled: a write to the client blocked for Options.StallTimeout.
+	stalled atomic.Bool
 	// wouldRefuse is a shadow grant's hold.WouldRefuse; "" on others.
 	wouldRefuse string
 }
