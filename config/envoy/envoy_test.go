@@ -146,10 +146,11 @@ func TestBootstrapParses(t *testing.T) {
 			disabled = per.GetDisabled()
 		}
 		switch r.GetMatch().GetPathSpecifier().(type) {
-		case *routev3.RouteMatch_PathSeparatedPrefix:
-			// Anything under the route, in any case, holds a slot too.
-			if r.GetMatch().GetPathSeparatedPrefix() == "/v1/chat/completions" && !disabled &&
-				r.GetMatch().GetCaseSensitive() != nil && !r.GetMatch().GetCaseSensitive().GetValue() {
+		case *routev3.RouteMatch_SafeRegex:
+			// Every spelling of the route Envoy does not normalize, and
+			// anything under it, holds a slot too (chatroute_test.go).
+			if !disabled {
+				checkChatRoute(t, bootstrapFile, r.GetMatch().GetSafeRegex().GetRegex())
 				limited = true
 				if r.GetRoute().GetTimeout().AsDuration() != 0 {
 					t.Errorf("the streaming route has a timeout of %s, want none", r.GetRoute().GetTimeout().AsDuration())
