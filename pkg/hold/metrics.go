@@ -42,7 +42,7 @@ const (
 )
 
 var (
-	allEnds    = []End{EndComplete, EndClientGone, EndUpstreamError, EndPanic, EndShutdown, EndLost, EndIdle}
+	allEnds    = []End{EndComplete, EndClientGone, EndUpstreamError, EndPanic, EndShutdown, EndLost, EndIdle, EndStalled}
 	allReasons = []Reason{ReasonLimit, ReasonUnavailable, ReasonUnknownPlan, ReasonUnknownPool, ReasonIdentity, ReasonPlanNotAllowed, ReasonInvalid, ReasonError}
 	// durationBuckets span a short completion to an hour-long session.
 	durationBuckets = []float64{0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600}
@@ -90,7 +90,7 @@ func newMetrics(mp metric.MeterProvider, mode string) (*metrics, error) {
 	o.active, errs[0] = m.Int64UpDownCounter("limiter.streams.active", metric.WithUnit("{stream}"),
 		metric.WithDescription("Streams holding a slot now, by mode (proxy, extproc)."))
 	o.held, errs[1] = m.Int64Counter("limiter.streams.held", metric.WithUnit("{stream}"),
-		metric.WithDescription("Streams that held a slot, counted when they end, by mode and end: complete, client_gone, upstream_error, panic, shutdown, lost, idle."))
+		metric.WithDescription("Streams that held a slot, counted when they end, by mode and end: complete, client_gone, upstream_error, panic, shutdown, lost, idle, stalled."))
 	o.duration, errs[2] = m.Float64Histogram("limiter.streams.duration", metric.WithUnit("s"),
 		metric.WithDescription("How long streams held their slot, by mode and end."),
 		metric.WithExplicitBucketBoundaries(durationBuckets...))

@@ -30,6 +30,9 @@ const (
 	EndLost End = "lost"
 	// EndIdle: the stream was not touched for Options.IdleTimeout.
 	EndIdle End = "idle"
+	// EndStalled: the client read nothing of the stream for the proxy's
+	// proxy.stallTimeout, and the proxy cut it.
+	EndStalled End = "stalled"
 )
 
 // errReleased is the cause of a Stream Context cancelled by Release.

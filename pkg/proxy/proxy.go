@@ -355,14 +355,17 @@ func (p *Proxy) endOf(r *http.Request, st *hold.Stream, state *exchange) hold.En
 		return hold.EndShutdown
 	case err != nil:
 		return hold.EndLost
+	case state.stalled.Load():
+		// The client read nothing for Options.StallTimeout: the proxy
+		// cut the stream (its connection may be gone by now too).
+		return hold.EndStalled
 	case r.Context().Err() != nil:
 		return hold.EndClientGone
 	case state.failed.Load():
 		return hold.EndUpstreamError
-	case state.aborted.Load(), state.stalled.Load():
+	case state.aborted.Load():
 		// The copy to the client failed with the upstream still
-		// answering: the client went away, or read nothing for
-		// Options.StallTimeout.
+		// answering: the client went away.
 		return hold.EndClientGone
 	}
 	return hold.EndComplete

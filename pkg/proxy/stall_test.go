@@ -85,6 +85,11 @@ func TestAClientThatReadsNothingLosesItsSlot(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Error("the upstream's request did not end once the stream was cut")
 		}
+		// Counted apart from clients that went away.
+		waitMetric(t, e, `limiter_streams_held_total{end="stalled",mode="proxy"}`, "1")
+		if got := e.Metric(t, `limiter_streams_held_total{end="client_gone",mode="proxy"}`); got != "" && got != "0" {
+			t.Errorf("the stalled stream counted as client_gone too: %s", got)
+		}
 	})
 
 	t.Run("quiet", func(t *testing.T) {
