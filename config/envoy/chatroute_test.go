@@ -3,81 +3,104 @@ package envoy_test
 import (
 	"regexp"
 	"regexp/syntax"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/joishi/limiter/pkg/route"
 )
 
-// The chat route's expression, the bootstrap's safe_regex and the
-// HTTPRoute's RegularExpression, is matched by Envoy's RE2 against the
-// whole path as Envoy normalizes it first: dot segments resolved,
+// The routes through the filter, the bootstrap's safe_regex routes and
+// the HTTPRoute's RegularExpression matches, are matched by Envoy's RE2
+// against the whole path as Envoy normalizes it first: dot segments resolved,
 // backslashes made slashes, slashes merged, %2F and %5C unescaped, the
 // escapes of letters, digits and -._~ decoded, bytes above 0x7f escaped
 // (%C4%B1), other escapes kept as they came (%c4%b1 too).
 //
-// On such a path the expression must match exactly when the proxy's
-// route matcher, pkg/route, takes the path for /v1/chat/completions: when
-// some server behind would serve the route. Besides case, that is ı and İ
-// for i (.NET's OrdinalIgnoreCase, Java's equalsIgnoreCase), ſ for s
-// (Unicode folding), raw or escaped, and ";" parameters after a segment
-// (Tomcat, Jetty, Spring): Envoy normalizes none of them.
+// On such a path Envoy must take a slot whenever the proxy's route
+// matcher, pkg/route, takes the path for /v1/chat/completions: whenever
+// some server behind may serve it as the route. Besides case, that is ı
+// and İ for i (.NET's OrdinalIgnoreCase, Java's equalsIgnoreCase) and ſ
+// for s (Unicode folding), raw or escaped, which the chat route's
+// expression spells out; and ";" parameters, which Tomcat, Jetty and
+// Spring cut off segments, so that /v1/x/..;/chat/completions is the
+// route to them. No expression follows those through dot segments, so a
+// second route sends every path holding a ";" (or %3B) through the
+// filter: the one spelling Envoy limits that the proxy's matcher may
+// not, and one no OpenAI-compatible path has.
 const chatRoute = "/v1/chat/completions"
 
-// maxChatRouteInsts bounds the expression's size. Envoy refuses a regex
+// maxRouteInsts bounds each expression's size. Envoy refuses a regex
 // whose RE2 program is over 100 instructions (re2.max_program_size.
-// error_level); the expression's is 75, by RE2's own ProgramSize.
-// Go's compiler counts its program in runes rather than bytes, 48 then:
-// an expression that grows past that is measured with RE2 again.
-const maxChatRouteInsts = 48
+// error_level); the chat route's is 52 by RE2's own ProgramSize, the
+// parameters' 24. Go's compiler counts its program in runes rather than
+// bytes, 40 and 11: an expression that grows past 40 is measured with
+// RE2 again.
+const maxRouteInsts = 40
 
-// checkChatRoute checks expr, the chat route's expression in what.
-func checkChatRoute(t *testing.T, what, expr string) {
+// checkChatRoute checks exprs, the expressions of the routes through the
+// filter in what.
+func checkChatRoute(t *testing.T, what string, exprs []string) {
 	t.Helper()
-	re, err := regexp.Compile(`^(?:` + expr + `)$`)
-	if err != nil {
-		t.Fatalf("%s: the chat route's expression %q: %v", what, expr, err)
+	var res []*regexp.Regexp
+	for _, expr := range exprs {
+		re, err := regexp.Compile(`^(?:` + expr + `)$`)
+		if err != nil {
+			t.Fatalf("%s: the limited route's expression %q: %v", what, expr, err)
+		}
+		res = append(res, re)
+		parsed, err := syntax.Parse(expr, syntax.Perl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		prog, err := syntax.Compile(parsed.Simplify())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(prog.Inst); n > maxRouteInsts {
+			t.Errorf("%s: the expression %q compiles to %d instructions, over %d: measure its RE2 program size (Envoy refuses it over 100) and set maxRouteInsts",
+				what, expr, n, maxRouteInsts)
+		}
 	}
-	parsed, err := syntax.Parse(expr, syntax.Perl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	prog, err := syntax.Compile(parsed.Simplify())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := len(prog.Inst); n > maxChatRouteInsts {
-		t.Errorf("%s: the chat route's expression compiles to %d instructions, over %d: measure its RE2 program size (Envoy refuses it over 100) and set maxChatRouteInsts",
-			what, n, maxChatRouteInsts)
+	limited := func(p string) bool {
+		return slices.ContainsFunc(res, func(re *regexp.Regexp) bool { return re.MatchString(p) })
 	}
 
 	routes, err := route.New([]string{chatRoute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var matched int
+	var n int
 	for _, p := range chatRouteSpellings() {
-		got, want := re.MatchString(p), routes.Match(p)
-		if got != want {
-			t.Errorf("%s: the chat route's expression on %s: %v; the proxy's route matcher says %v", what, p, got, want)
+		got, want := limited(p), routes.Match(p)
+		switch {
+		case want && !got:
+			t.Errorf("%s: %s passes to the catch-all route; the proxy's route matcher limits it", what, p)
+		case got && !want && !strings.Contains(strings.ToLower(p), ";") && !strings.Contains(strings.ToLower(p), "%3b"):
+			t.Errorf("%s: %s is limited; the proxy's route matcher does not limit it, and it holds no parameter", what, p)
 		}
 		if got {
-			matched++
+			n++
 		}
 	}
-	// The spellings the expression exists for, so that it cannot agree
+	// The spellings the expressions exist for, so that they cannot agree
 	// with the matcher by both missing them.
 	for _, p := range []string{
 		"/v1/chat/completions", "/V1/Chat/Completions/", "/v1/chat/completions/x",
 		"/v1/chat/completıons", "/v1/chat/complet%C4%B1ons", "/v1/chat/complet%c4%b0ons",
 		"/v1/chat/completionſ", "/v1/chat/completion%C5%BF",
-		"/v1/chat/completions;jsessionid=1", "/v1;x/chat;y/completions",
+		"/v1/chat/completions;jsessionid=1", "/v1;x/chat;y/completions", "/v1/x/..;/chat/completions",
 	} {
-		if !re.MatchString(p) {
-			t.Errorf("%s: the chat route's expression passes %s over to the catch-all route", what, p)
+		if !limited(p) {
+			t.Errorf("%s: %s passes to the catch-all route", what, p)
 		}
 	}
-	t.Logf("%s: %d spellings, %d of them the route", what, len(chatRouteSpellings()), matched)
+	for _, p := range []string{"/v1/models", "/v1/chat/completionsX", "/v1/chat/complet%C3%ADons", "/x/v1/chat/completions"} {
+		if limited(p) {
+			t.Errorf("%s: %s is limited; it is not the route", what, p)
+		}
+	}
+	t.Logf("%s: %d spellings, %d of them limited", what, len(chatRouteSpellings()), n)
 }
 
 // chatRouteSpellings returns paths as Envoy hands them to its routes
@@ -105,12 +128,9 @@ func chatRouteSpellings() []string {
 			names = append(names, name[:i]+alt+name[i+1:])
 		}
 	}
-	heads := []string{"/v1/chat/", "/V1/CHAT/", "/v1;x/chat/", "/v1/Chat;a=b;c/", "/v1;/chat;/"}
-	// Not %3B: the proxy's matcher also takes an escaped ";" for a
-	// parameter's start (decoding before cutting), which no server is
-	// known to do; the expression leaves it out to stay under Envoy's
-	// size limit.
-	tails := []string{"", "/", "/x", "/x/y", ";p", ";p/x", ";", "x", "s", ".json", "-x"}
+	heads := []string{"/v1/chat/", "/V1/CHAT/", "/v1;x/chat/", "/v1/Chat;a=b;c/", "/v1;/chat;/",
+		"/;x/v1/chat/", "/v1/;/chat/", "/v1/x/..;/chat/", "/v1%3Bx/chat/", "/v1/x;/chat/"}
+	tails := []string{"", "/", "/x", "/x/y", ";p", ";p/x", ";", "%3Bp", "x", "s", ".json", "-x"}
 	var out []string
 	for _, h := range heads {
 		for _, n := range names {
@@ -123,5 +143,6 @@ func chatRouteSpellings() []string {
 		"/v1/chat", "/v1/chat/", "/v1/completions", "/chat/completions", "/v2/chat/completions",
 		"/x/v1/chat/completions", "/v1/v1/chat/completions", "/v1/chat/x/completions",
 		"/v1x/chat/completions", "/v1/chatx/completions", "/v1/models", "/",
+		"/v1/models;x", "/v1/models%3bx", "/v1/chat/x/..;/completions",
 	)
 }

@@ -135,7 +135,8 @@ func TestBootstrapParses(t *testing.T) {
 
 	// The routes: the chat completions route holds a slot, the rest not.
 	routes := hcm.GetRouteConfig().GetVirtualHosts()[0].GetRoutes()
-	var limited, passed bool
+	var limited []string
+	var passed bool
 	for _, r := range routes {
 		disabled := false
 		if cfg, ok := r.GetTypedPerFilterConfig()["envoy.filters.http.ext_proc"]; ok {
@@ -150,8 +151,7 @@ func TestBootstrapParses(t *testing.T) {
 			// Every spelling of the route Envoy does not normalize, and
 			// anything under it, holds a slot too (chatroute_test.go).
 			if !disabled {
-				checkChatRoute(t, bootstrapFile, r.GetMatch().GetSafeRegex().GetRegex())
-				limited = true
+				limited = append(limited, r.GetMatch().GetSafeRegex().GetRegex())
 				if r.GetRoute().GetTimeout().AsDuration() != 0 {
 					t.Errorf("the streaming route has a timeout of %s, want none", r.GetRoute().GetTimeout().AsDuration())
 				}
@@ -160,9 +160,10 @@ func TestBootstrapParses(t *testing.T) {
 			passed = disabled
 		}
 	}
-	if !limited || !passed {
+	if len(limited) == 0 || !passed {
 		t.Errorf("routes %v: want /v1/chat/completions through the filter and the rest with it disabled", routes)
 	}
+	checkChatRoute(t, bootstrapFile, limited)
 
 	// The limiter's cluster: HTTP/2 with keepalive, gRPC health checked.
 	var grpcCluster *clusterv3.Cluster

@@ -113,11 +113,15 @@ func TestGatewayManifestsAreAccepted(t *testing.T) {
 	// does not normalize (chatroute_test.go).
 	chat := find(t, objs, "HTTPRoute")
 	rules, _, _ := unstructured.NestedSlice(chat.Object, "spec", "rules")
-	path := rules[0].(map[string]any)["matches"].([]any)[0].(map[string]any)["path"].(map[string]any)
-	if chat.GetName() != "chat-completions" || path["type"] != "RegularExpression" {
-		t.Fatalf("the first HTTPRoute %s matches %v, want chat-completions matching a RegularExpression", chat.GetName(), path)
+	var exprs []string
+	for _, m := range rules[0].(map[string]any)["matches"].([]any) {
+		path := m.(map[string]any)["path"].(map[string]any)
+		if chat.GetName() != "chat-completions" || path["type"] != "RegularExpression" {
+			t.Fatalf("the first HTTPRoute %s matches %v, want chat-completions matching RegularExpressions", chat.GetName(), path)
+		}
+		exprs = append(exprs, path["value"].(string))
 	}
-	checkChatRoute(t, "httproute.yaml", path["value"].(string))
+	checkChatRoute(t, "httproute.yaml", exprs)
 
 	// No rule lets a header name the upstream another path than the one
 	// it matched.
