@@ -303,7 +303,7 @@ func (p *Proxy) stream(w http.ResponseWriter, r *http.Request, st *hold.Stream, 
 			p.log.ErrorContext(r.Context(), "proxy handler panicked; slot released", "stream_id", st.ID(), "path", r.URL.Path, "panic", v)
 		}
 		st.Release(r.Context(), end)
-		if state.stalled.Load() {
+		if end == hold.EndStalled {
 			p.log.WarnContext(r.Context(), "the client read nothing for proxy.stallTimeout; stream cut, slot released",
 				"stream_id", st.ID(), "stall_timeout", p.opts.StallTimeout.String())
 		}
