@@ -3,6 +3,7 @@ package extproc_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -513,5 +514,50 @@ func TestNoRequestBodyModeDecidesAtTheHeaders(t *testing.T) {
 	grant(t, e.open(t), user, "three")
 	if got := poolUsed(t, e, "model", "big"); got != 0 {
 		t.Errorf("model=big holds %d streams, want 0", got)
+	}
+}
+
+// A BUFFERED body comes in one gRPC message, as large as Envoy's buffer
+// allows. gRPC's own bound on a message (4 MiB unless set) must not stop
+// it before the limiter reads it: a body under MaxBodyBytes is decided
+// whatever its size, and one over it refused with 413, however far over,
+// rather than the stream failing, which Envoy with failure_mode_allow
+// would take for leave to pass the request upstream without a slot.
+func TestLargeBufferedBodies(t *testing.T) {
+	body := func(size int) []byte {
+		b := []byte(`{"model":"big","messages":[{"role":"user","content":"`)
+		b = append(b, strings.Repeat("A", size-len(b)-4)...)
+		return append(b, `"}]}`...)
+	}
+	t.Run("under MaxBodyBytes, over gRPC's default", func(t *testing.T) {
+		e := newEnv(t, bodyEnvOptions(t, filterv3.ProcessingMode_BUFFERED, modelBody))
+		user := newUser()
+		st := e.open(t)
+		heldHeaders(t, e, st, user)
+		resp, err := st.RequestBody(body(extproc.DefaultMaxBodyBytes), true)
+		grantedBody(t, resp, err)
+		if got := poolUsed(t, e, "model", "big"); got != 1 {
+			t.Errorf("model=big holds %d streams, want 1", got)
+		}
+		st.Close()
+	})
+	o := bodyEnvOptions(t, filterv3.ProcessingMode_BUFFERED, modelBody)
+	o.extproc.MaxBodyBytes = 1024
+	e := newEnv(t, o)
+	for _, size := range []int{1025, 5 << 20} { // over the bound by 1; over gRPC's default too
+		t.Run(fmt.Sprintf("%d bytes over a bound of 1024", size), func(t *testing.T) {
+			user := newUser()
+			st := e.open(t)
+			heldHeaders(t, e, st, user)
+			resp, err := st.RequestBody(body(size), true)
+			refusedWith(t, resp, err, 413, "request_too_large")
+			st.Close()
+			if got := e.Used(t, user); got != 0 {
+				t.Errorf("the user holds %d slots, want 0", got)
+			}
+			if got := poolUsed(t, e, "model", "big"); got != 0 {
+				t.Errorf("model=big holds %d streams, want 0", got)
+			}
+		})
 	}
 }

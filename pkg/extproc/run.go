@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"time"
 
@@ -48,6 +49,14 @@ func (s *Server) Run(ctx context.Context, ln net.Listener, tlsConfig *tls.Config
 		// Envoy pings its HTTP/2 connections (connection_keepalive), idle
 		// or not: allow it, down to MinPingInterval.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: s.opts.MinPingInterval, PermitWithoutStream: true}),
+		// A BUFFERED body comes in one message, as large as Envoy's buffer
+		// limit lets it be. gRPC's own bound (4 MiB unless set) would end
+		// the stream with an error at a larger one, which Envoy with
+		// failure_mode_allow takes for leave to send the request upstream
+		// without a slot; and gRPC answers that error itself, before the
+		// limiter could answer 413. So gRPC takes any message, and the
+		// limiter refuses a body over MaxBodyBytes (requestBody).
+		grpc.MaxRecvMsgSize(math.MaxInt32),
 	}
 	if tlsConfig != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsConfig)))
