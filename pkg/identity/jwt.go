@@ -173,16 +173,28 @@ func hasClaim(claims jwt.MapClaims, path string) bool {
 	return ok
 }
 
+// claimAt returns the claim at path: a name, or names joined by dots
+// that reach into objects. A claim's own name may hold dots (a namespaced
+// claim such as "https://acme.example.com/org"), so at each level the
+// rest of the path is first looked up whole, then split at each of its
+// dots in turn.
 func claimAt(claims jwt.MapClaims, path string) (any, bool) {
-	var cur any = map[string]any(claims)
-	for part := range strings.SplitSeq(path, ".") {
-		m, ok := cur.(map[string]any)
-		if !ok {
-			return nil, false
+	return claimIn(map[string]any(claims), path)
+}
+
+func claimIn(m map[string]any, path string) (any, bool) {
+	if v, ok := m[path]; ok {
+		return v, true
+	}
+	for i := range len(path) {
+		if path[i] != '.' {
+			continue
 		}
-		if cur, ok = m[part]; !ok {
-			return nil, false
+		if inner, ok := m[path[:i]].(map[string]any); ok {
+			if v, ok := claimIn(inner, path[i+1:]); ok {
+				return v, true
+			}
 		}
 	}
-	return cur, true
+	return nil, false
 }

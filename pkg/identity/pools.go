@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -192,12 +193,23 @@ func claimKey(claims map[string]any, s PoolSource) (string, error) {
 			return v.String(), nil
 		}
 		if f, err := v.Float64(); err == nil {
-			return strconv.FormatFloat(f, 'f', -1, 64), nil
+			return s.doubleKey(f)
 		}
-	case float64:
-		return strconv.FormatFloat(v, 'f', -1, 64), nil
+	case float64: // Envoy's dynamic metadata carries a claim's number so
+		return s.doubleKey(v)
 	}
 	return "", fmt.Errorf("%w: pool %s (from %s): the claim is a %s; want a string or a number", ErrInvalidPoolValue, s.Pool, s, jsonKind(v))
+}
+
+// doubleKey is the key of a claim's number read as a double. Past 2^53
+// an integer's digits are lost, and two ids would read as one key that is
+// neither's: refused.
+func (s PoolSource) doubleKey(f float64) (string, error) {
+	if math.Abs(f) >= 1<<53 {
+		return "", fmt.Errorf("%w: pool %s (from %s): the claim is a number past 2^53 read as a double (as Envoy's metadata carries numbers), whose digits are lost; send it as a string",
+			ErrInvalidPoolValue, s.Pool, s)
+	}
+	return strconv.FormatFloat(f, 'f', -1, 64), nil
 }
 
 func jsonKind(v any) string {

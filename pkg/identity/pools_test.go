@@ -3,6 +3,7 @@ package identity_test
 import (
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"net/http"
 	"path/filepath"
 	"reflect"
@@ -228,5 +229,101 @@ func TestNumericClaimsInAPayloadKeepTheirDigits(t *testing.T) {
 	}
 	if _, err := r.Resolve(http.Header{"X-Jwt-Payload": {base64.RawURLEncoding.EncodeToString([]byte(`{"sub":"u","org":1e400}`))}}); !errors.Is(err, identity.ErrInvalidPoolValue) {
 		t.Errorf("an org of 1e400: %v; want ErrInvalidPoolValue", err)
+	}
+}
+
+// TestClaimNamesWithDots: a claim's name may hold dots of its own, as
+// namespaced claims do (`https://acme.example.com/org`, which some issuers
+// require of custom claims). A name is first read whole, then split at
+// its dots into objects, at every level; whole wins where both are there.
+func TestClaimNamesWithDots(t *testing.T) {
+	dir := t.TempDir()
+	s := newSigner(t, "k1", "ES256")
+	file := filepath.Join(dir, "jwks.json")
+	writeFile(t, file, jwks(s))
+	sources, err := identity.ParsePoolSources(map[string]string{"org": "claim:https://acme.example.com/org", "team": "claim:app.team.id"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := identity.New(identity.Options{Pools: sources, JWT: &identity.JWT{JWKSFile: file, Issuer: issuer, Audience: audience, PlanClaim: "https://acme.example.com/plan"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(jwt.MapClaims)
+		want map[string]string
+	}{
+		{"a namespaced claim, whole", func(c jwt.MapClaims) {
+			c["https://acme.example.com/org"] = "acme"
+		}, map[string]string{"org": "acme"}},
+		{"objects all the way", func(c jwt.MapClaims) {
+			c["app"] = map[string]any{"team": map[string]any{"id": "red"}}
+		}, map[string]string{"team": "red"}},
+		{"a dotted name inside an object", func(c jwt.MapClaims) {
+			c["app"] = map[string]any{"team.id": "blue"}
+		}, map[string]string{"team": "blue"}},
+		{"a dotted name holding an object", func(c jwt.MapClaims) {
+			c["app.team"] = map[string]any{"id": "green"}
+		}, map[string]string{"team": "green"}},
+		{"whole before objects", func(c jwt.MapClaims) {
+			c["app.team.id"] = "whole"
+			c["app"] = map[string]any{"team": map[string]any{"id": "split"}}
+		}, map[string]string{"team": "whole"}},
+		{"a namespaced name split at every dot", func(c jwt.MapClaims) {
+			c["https://acme"] = map[string]any{"example": map[string]any{"com/org": "objects"}}
+		}, map[string]string{"org": "objects"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id, err := r.Resolve(bearer(s.sign(t, claims("u", func(c jwt.MapClaims) {
+				c["https://acme.example.com/plan"] = "paid"
+				tc.edit(c)
+			}))))
+			if err != nil || !reflect.DeepEqual(id.Pools, tc.want) {
+				t.Errorf("Resolve = %v, %v; want %v", id.Pools, err, tc.want)
+			}
+			if id.Plan != "paid" {
+				t.Errorf("plan %q, want paid from the namespaced plan claim", id.Plan)
+			}
+		})
+	}
+}
+
+// TestNumericClaimsAsDoubles: Envoy's dynamic metadata (jwt_authn's
+// payload_in_metadata) carries a claim's number as a double, whose
+// digits past 2^53 are lost: two organisations would share one key that
+// is neither's. Such a number is refused; below 2^53 it is its digits.
+func TestNumericClaimsAsDoubles(t *testing.T) {
+	sources, err := identity.ParsePoolSources(map[string]string{"org": "claim:org"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := identity.New(identity.Options{Pools: sources, Payload: &identity.Payload{}, DefaultPlan: "paid"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		org  float64
+		want string
+	}{
+		{42, "42"},
+		{-7, "-7"},
+		{4.5, "4.5"},
+		{1<<53 - 1, "9007199254740991"},
+		{1 << 53, ""},
+		{-(1 << 53), ""},
+		{1234567890123456789, ""},
+		{1e300, ""},
+	} {
+		id, err := r.FromClaims(map[string]any{"sub": "u", "org": tc.org}, nil)
+		if tc.want == "" {
+			if !errors.Is(err, identity.ErrInvalidPoolValue) || !strings.Contains(fmt.Sprint(err), "2^53") {
+				t.Errorf("org %g: pools %v, %v; want ErrInvalidPoolValue naming 2^53", tc.org, id.Pools, err)
+			}
+			continue
+		}
+		if err != nil || id.Pools["org"] != tc.want {
+			t.Errorf("org %g: pools %v, %v; want org %s", tc.org, id.Pools, err, tc.want)
+		}
 	}
 }
