@@ -561,3 +561,21 @@ func TestLargeBufferedBodies(t *testing.T) {
 		})
 	}
 }
+
+// A pool keyed by header:Host reads the request's :authority, which is
+// how Envoy hands the Host to its filters.
+func TestHostHeaderSourceReadsTheAuthority(t *testing.T) {
+	e := newEnv(t, bodyEnvOptions(t, filterv3.ProcessingMode_NONE, map[string]string{"org": "header:Host"}))
+	to := func(authority string) (*extprocv3.ProcessingResponse, error) {
+		return e.open(t).RequestHeaders(envoytest.Headers(":method", "POST", ":path", "/v1/chat/completions", ":authority", authority,
+			":scheme", "https", "x-user-id", newUser(), "x-plan", "three"), false)
+	}
+	mustContinue(t)(to("acme"))
+	if got := poolUsed(t, e, "org", "acme"); got != 1 {
+		t.Errorf("org=acme holds %d streams, want 1", got)
+	}
+	resp, err := to("acme")
+	if ir, refusal := refusedWith(t, resp, err, 429, "pool_limit_reached"); refusal.Error.Pool != "org" || refusal.Error.Key != "acme" {
+		t.Errorf("refusal %s, want one naming org=acme", ir.GetBody())
+	}
+}

@@ -23,6 +23,7 @@ import (
 type headerMap struct{ m *corev3.HeaderMap }
 
 func (h headerMap) Get(name string) string {
+	name = envoyName(name)
 	for _, hv := range h.m.GetHeaders() {
 		if strings.EqualFold(hv.GetKey(), name) {
 			return valueOf(hv)
@@ -32,6 +33,7 @@ func (h headerMap) Get(name string) string {
 }
 
 func (h headerMap) Values(name string) []string {
+	name = envoyName(name)
 	var values []string
 	for _, hv := range h.m.GetHeaders() {
 		if strings.EqualFold(hv.GetKey(), name) {
@@ -39,6 +41,15 @@ func (h headerMap) Values(name string) []string {
 		}
 	}
 	return values
+}
+
+// envoyName is the name Envoy gives a header: Host is :authority (HTTP/1's
+// Host header included), so that a pool keyed by header:Host reads it.
+func envoyName(name string) string {
+	if strings.EqualFold(name, "Host") {
+		return ":authority"
+	}
+	return name
 }
 
 func valueOf(hv *corev3.HeaderValue) string {

@@ -47,6 +47,7 @@ func (p *Proxy) bufferBody(w http.ResponseWriter, r *http.Request, id *identity.
 		return tooLarge(fmt.Sprintf("the request body is over the %d bytes proxy.maxBodyBytes allows", limit)), false
 	}
 	r.Body.Close()
+	r.TransferEncoding = nil // read whole: it goes upstream with its length, even if it came chunked
 	if len(body) == 0 {
 		r.Body, r.ContentLength = http.NoBody, 0
 		return nil, true

@@ -361,3 +361,83 @@ func TestTheFieldInAnotherCaseIsTheField(t *testing.T) {
 		}
 	}
 }
+
+// A pool keyed by the request's Host (header:Host): net/http moves Host
+// out of the headers (into Request.Host), and the proxy reads it there,
+// in any case of the name. Two streams to one host share its key; another
+// host is another key.
+func TestHostHeaderSourceCapsAHost(t *testing.T) {
+	for _, name := range []string{"Host", "host"} {
+		t.Run(name, func(t *testing.T) {
+			up := newSSE()
+			table := pools.NewTable()
+			one := 1
+			if err := table.Replace([]pools.Pool{pools.Pool{Pool: "site", MaxConcurrentStreams: &one}.WithDefaults()}); err != nil {
+				t.Fatal(err)
+			}
+			sources, err := identity.ParsePoolSources(map[string]string{"site": "header:" + name})
+			if err != nil {
+				t.Fatal(err)
+			}
+			e := newEnv(t, up, envOptions{
+				stack:    limitertest.Options{Limiter: limiter.Options{Pools: table}},
+				identity: identity.Options{Pools: sources},
+			})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			to := func(host string) *http.Response {
+				req := e.request(t, ctx, http.MethodPost, "/v1/chat/completions", newUser(), "three", nil)
+				req.Host = host
+				return e.do(t, req)
+			}
+			first := to("a.example")
+			defer first.Body.Close()
+			if first.StatusCode != http.StatusOK {
+				t.Fatalf("the first stream to a.example: %d", first.StatusCode)
+			}
+			<-up.started
+			if key, err := e.Stack.Limiter.PoolSlots(ctx, "site", "a.example"); err != nil || key.Used != 1 {
+				t.Errorf("site=a.example holds %d (%v); want 1", key.Used, err)
+			}
+			second := to("a.example")
+			if second.StatusCode != http.StatusTooManyRequests {
+				second.Body.Close()
+				t.Fatalf("a second stream to a.example: %d; want 429", second.StatusCode)
+			}
+			if refusal := decodePoolError(t, second); refusal.Pool != "site" || refusal.Key != "a.example" {
+				t.Errorf("a second stream to a.example refused with %+v; want site=a.example", refusal)
+			}
+			other := to("b.example")
+			defer other.Body.Close()
+			if other.StatusCode != http.StatusOK {
+				t.Errorf("a stream to b.example beside a full a.example: %d; want 200", other.StatusCode)
+			}
+			<-up.started
+		})
+	}
+}
+
+// A buffered body goes upstream with its Content-Length, also when the
+// client sent it chunked: the proxy knows its length once it has read it.
+func TestAChunkedBodyGoesUpstreamWithItsLength(t *testing.T) {
+	type seen struct {
+		length   int64
+		encoding []string
+		body     string
+	}
+	got := make(chan seen, 1)
+	e := bodyEnv(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got <- seen{r.ContentLength, r.TransferEncoding, string(b)}
+	}), 0)
+	body := `{"model":"small","messages":[]}`
+	req := e.request(t, context.Background(), http.MethodPost, "/v1/chat/completions", newUser(), "three", io.MultiReader(strings.NewReader(body)))
+	req.ContentLength = -1 // sent chunked
+	resp := e.do(t, req)
+	resp.Body.Close()
+	s := <-got
+	if s.body != body || s.length != int64(len(body)) || len(s.encoding) != 0 {
+		t.Errorf("the upstream read %q with Content-Length %d, Transfer-Encoding %v; want the body with Content-Length %d, not chunked",
+			s.body, s.length, s.encoding, len(body))
+	}
+}

@@ -251,7 +251,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("the request's headers are %d bytes, over the %d allowed", n, p.opts.MaxHeaderBytes)).Write(w)
 		return
 	}
-	id, err := p.ident.Resolve(r.Header)
+	id, err := p.ident.Resolve(requestHeaders{r})
 	if err != nil {
 		p.holder.Refused(ctx, hold.ReasonIdentity)
 		identity.Refusal(err).Write(w)
@@ -399,4 +399,26 @@ func headerBytes(r *http.Request) int {
 		}
 	}
 	return n
+}
+
+// requestHeaders reads a request's headers as identity.Headers, Host
+// among them: net/http moves it out of the header map into Request.Host,
+// and a pool may be keyed by it (header:Host).
+type requestHeaders struct{ r *http.Request }
+
+func (h requestHeaders) Get(name string) string {
+	if v := h.Values(name); len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+func (h requestHeaders) Values(name string) []string {
+	if strings.EqualFold(name, "Host") {
+		if h.r.Host == "" {
+			return nil
+		}
+		return []string{h.r.Host}
+	}
+	return h.r.Header.Values(name)
 }
