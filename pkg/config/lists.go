@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"reflect"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -95,6 +96,10 @@ func (l listKey) decode(typ reflect.Type, node *yaml.Node, where func(line int) 
 		entry := reflect.New(typ.Elem()).Elem()
 		eachPair(item, func(k, v *yaml.Node) {
 			f, _ := fieldOf(typ.Elem(), k.Value)
+			if sub, problem, got, line := checkScalars(v, f.Type); problem != "" {
+				errs = append(errs, &KeyError{Key: l.name, Field: index + "." + fieldName(f) + sub, Problem: problem, Got: got, Source: where(line)})
+				return
+			}
 			val, err := decodeValue(v, f.Type)
 			if err != nil {
 				errs = append(errs, &KeyError{Key: l.name, Field: index + "." + fieldName(f), Problem: "cannot be read: " + decodeMessage(err), Source: where(k.Line), Err: err})
@@ -120,6 +125,94 @@ func decodeValue(n *yaml.Node, typ reflect.Type) (reflect.Value, error) {
 		err = dec.Decode(raw)
 	}
 	return val.Elem(), err
+}
+
+// checkScalars says what is wrong with n as a value of typ that the weakly
+// typed decode would let through, turning it into another value: a whole
+// number written 0.5, true, an empty string or nothing (read as 0 or 1, a cap that
+// shuts a key), a boolean written 0. It returns where below the field
+// (".<key>" in a map), the problem, the value as written, and its line;
+// no problem when there is none. A mapping's keys are strings as written
+// (a key 007 or 1.10 is "007" or "1.10", not the number's "7" or "1.1").
+func checkScalars(n *yaml.Node, typ reflect.Type) (sub, problem, got string, line int) {
+	n = resolve(n)
+	if typ.Kind() == reflect.Pointer {
+		if isNull(n) {
+			return "", "", "", 0 // as if left out
+		}
+		typ = typ.Elem()
+	}
+	if typ == reflect.TypeFor[time.Duration]() {
+		return "", "", "", 0 // "10s": decodeHook reads it
+	}
+	switch typ.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		if !wholeNumber(n) {
+			return "", "must be a whole number", asWritten(n), nodeLine(n)
+		}
+	case reflect.Bool:
+		if !boolean(n) {
+			return "", "must be true or false", asWritten(n), nodeLine(n)
+		}
+	case reflect.Map:
+		eachPair(n, func(k, v *yaml.Node) {
+			if k.Kind == yaml.ScalarNode {
+				k.Tag = "!!str"
+			}
+			if problem != "" {
+				return
+			}
+			if s, p, g, l := checkScalars(v, typ.Elem()); p != "" {
+				sub, problem, got, line = "."+k.Value+s, p, g, l
+			}
+		})
+	}
+	return sub, problem, got, line
+}
+
+// wholeNumber reports whether n is written as a whole number that fits
+// 64 bits: a YAML integer (42, -7, +2, 0x10), or a string of decimal
+// digits as the environment's keys are.
+func wholeNumber(n *yaml.Node) bool {
+	if isNull(n) || n.Kind != yaml.ScalarNode {
+		return !isNull(n) // not a scalar: the decode says what is wrong
+	}
+	switch n.Tag {
+	case "!!int":
+		_, err := strconv.ParseInt(n.Value, 0, 64)
+		return err == nil
+	case "!!str":
+		_, err := strconv.ParseInt(strings.TrimSpace(n.Value), 10, 64)
+		return err == nil
+	}
+	return false
+}
+
+// boolean reports whether n is written true or false.
+func boolean(n *yaml.Node) bool {
+	if isNull(n) || n.Kind != yaml.ScalarNode {
+		return !isNull(n)
+	}
+	return n.Tag == "!!bool" || (n.Tag == "!!str" && (strings.EqualFold(n.Value, "true") || strings.EqualFold(n.Value, "false")))
+}
+
+// asWritten is a scalar as the file wrote it: a string quoted, nothing
+// (null) as "nothing".
+func asWritten(n *yaml.Node) string {
+	switch {
+	case isNull(n):
+		return "nothing"
+	case n.Tag == "!!str":
+		return strconv.Quote(n.Value)
+	}
+	return n.Value
+}
+
+func nodeLine(n *yaml.Node) int {
+	if n == nil {
+		return 0
+	}
+	return n.Line
 }
 
 // checkFields refuses the keys of the mapping m that are no field of the

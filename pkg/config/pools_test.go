@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -138,4 +139,70 @@ func TestLoadMergesTierAnchors(t *testing.T) {
 		withDefaults(tiers.Tier{Plan: "free", MaxConcurrentStreams: 1, FailureMode: tiers.FailClosed}),
 		withDefaults(tiers.Tier{Plan: "paid", MaxConcurrentStreams: 1, FailureMode: tiers.FailClosed}),
 	})
+}
+
+// TestLoadPoolKeysAsWritten: a key that YAML would read as a number or a
+// boolean (007, 1.10, 0x1F, 1e3, true) is the key as written, not the
+// number's spelling ("7", "1.1"), which would put the cap on another key
+// and leave the written one uncapped.
+func TestLoadPoolKeysAsWritten(t *testing.T) {
+	cfg, err := load(t, "pools:\n  static:\n    - pool: org\n      keys: {007: 3, 1.10: 5, 0x1F: 2, 1e3: 1, true: 4, -0: 6, gpt-4o: 7}\n", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := cfg.StaticPools()
+	want := map[string]int{"007": 3, "1.10": 5, "0x1F": 2, "1e3": 1, "true": 4, "-0": 6, "gpt-4o": 7}
+	if len(got) != 1 || !reflect.DeepEqual(got[0].Keys, want) {
+		t.Errorf("keys %v, want %v", got[0].Keys, want)
+	}
+}
+
+// TestLoadListsWantWholeNumbers: a cap, a key's cap or a priority is a
+// whole number, and enforce a boolean, as written; 0.5, true, an empty string or
+// nothing is an error naming the field, never a cap of 0 or 1.
+func TestLoadListsWantWholeNumbers(t *testing.T) {
+	tier := "tiers:\n  static:\n    - plan: free\n      "
+	pool := "pools:\n  static:\n    - pool: model\n      "
+	for _, tc := range []struct{ name, file, want string }{ // want: "field: problem, got value"
+		{"a tier's cap of 0.5", tier + "maxConcurrentStreams: 0.5\n", `tiers.static[0].maxConcurrentStreams: must be a whole number, got 0.5`},
+		{"a tier's cap of 2.0", tier + "maxConcurrentStreams: 2.0\n", `tiers.static[0].maxConcurrentStreams: must be a whole number, got 2.0`},
+		{"a tier's cap of true", tier + "maxConcurrentStreams: true\n", `tiers.static[0].maxConcurrentStreams: must be a whole number, got true`},
+		{"a tier's cap of ''", tier + "maxConcurrentStreams: ''\n", `tiers.static[0].maxConcurrentStreams: must be a whole number, got ""`},
+		{"a tier's cap of nothing", tier + "maxConcurrentStreams:\n", `tiers.static[0].maxConcurrentStreams: must be a whole number, got nothing`},
+		{"a tier's cap past int64", tier + "maxConcurrentStreams: 9223372036854775808\n", `tiers.static[0].maxConcurrentStreams: must be a whole number, got 9223372036854775808`},
+		{"a priority of 1.5", tier + "priority: 1.5\n", `tiers.static[0].priority: must be a whole number, got 1.5`},
+		{"enforce of 0", tier + "enforce: 0\n", `tiers.static[0].enforce: must be true or false, got 0`},
+		{"a pool's cap of 2.9", pool + "maxConcurrentStreams: 2.9\n", `pools.static[0].maxConcurrentStreams: must be a whole number, got 2.9`},
+		{"a key's cap of 1.7", pool + "keys: {gpt-4o: 1.7}\n", `pools.static[0].keys.gpt-4o: must be a whole number, got 1.7`},
+		{"a key's cap of true", pool + "keys: {gpt-4o: true}\n", `pools.static[0].keys.gpt-4o: must be a whole number, got true`},
+		{"a key's cap of nothing", pool + "keys: {gpt-4o: }\n", `pools.static[0].keys.gpt-4o: must be a whole number, got nothing`},
+		{"a key's cap of nothing, in block style", pool + "keys:\n        gpt-4o:\n", `pools.static[0].keys.gpt-4o: must be a whole number, got nothing`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := load(t, tc.file, nil)
+			problem, got, _ := strings.Cut(tc.want, ", got ")
+			if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), problem+" (") || !strings.HasSuffix(err.Error(), ", got "+got) {
+				t.Errorf("Load: %v\nwant ErrInvalid saying %s (where), got %s", err, problem, got)
+			}
+		})
+	}
+
+	// What a whole number may look like: quoted as the environment's other
+	// keys are, signed, in the environment's JSON; a pool's cap of nothing
+	// is no cap, as when it is left out.
+	cfg, err := load(t, tier+"maxConcurrentStreams: '3'\n      priority: +2\n"+
+		"pools:\n  static:\n    - pool: model\n      maxConcurrentStreams: ~\n      keys: {a: 0x10}\n", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.StaticTiers()[0]; got.MaxConcurrentStreams != 3 || got.Priority != 2 {
+		t.Errorf("tier %+v, want a cap of 3 and priority 2", got)
+	}
+	if got := cfg.StaticPools()[0]; got.MaxConcurrentStreams != nil || got.Keys["a"] != 16 {
+		t.Errorf("pool %+v, want no default cap and a's cap of 16", got)
+	}
+	cfg, err = load(t, "", map[string]string{"LIMITER_POOLS_STATIC": `[{"pool":"model","maxConcurrentStreams":5,"keys":{"a":1},"enforce":false}]`})
+	if got := cfg.StaticPools(); err != nil || len(got) != 1 || *got[0].MaxConcurrentStreams != 5 || got[0].Keys["a"] != 1 || got[0].Enforced() {
+		t.Errorf("pools from JSON %+v, %v", got, err)
+	}
 }
