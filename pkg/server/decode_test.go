@@ -121,6 +121,7 @@ func TestDecodeRefusals(t *testing.T) {
 		{"a wait past 64 bits is refused", `{"wait_ms":9223372036854775808}`, requestTypes[0], `field "wait_ms" is out of range`},
 		{"wait_ms on a heartbeat is an unknown field", `{"wait_ms":1}`, requestTypes[1], `unknown field "wait_ms"`},
 		{"an object for a string is a wrong type", `{"slots":[{"plan":{}}]}`, requestTypes[3], `field "slots[0].plan" must be a string, got object`},
+		{"null for a pool's key is a wrong type", `{"pools":{"model":null}}`, requestTypes[0], `field "pools.model" must be a string, got null`},
 		{"a string for slots is a wrong type", `{"slots":"all"}`, requestTypes[3], `field "slots" must be an array, got string`},
 		{"a number for a slot is a wrong type", `{"slots":[1]}`, requestTypes[3], `field "slots[0]" must be an object, got number`},
 		{"invalid UTF-8 is refused", `{"user_id":"` + "\xff" + `"}`, requestTypes[0], "not valid UTF-8"},

@@ -113,6 +113,8 @@ func (d *jsonReader) typeError(path, want string) error {
 		got = "bool"
 	case c == '-' || (c >= '0' && c <= '9'):
 		got = "number"
+	case strings.HasPrefix(rest, "null"):
+		got = "null"
 	default:
 		return d.syntaxError("looking for beginning of value")
 	}
