@@ -196,10 +196,14 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	// and its EVALs where it lacks a script, are its own, so one node's
 	// hang is its own keys' outage, not the others' (see lua.AcquireAll
 	// and deadlineClient.DoMulti).
+	//
+	// Not for a user its own limit lately refused (see atLimit): its
+	// pools are joined once its slot is granted, by grantPools.
 	var tries []poolTry
 	triesDone := func() {}
-	together := len(ms) > 0 && l.syncReplicas == 0
-	if len(ms) > 0 && !together {
+	beside := len(ms) > 0 && !l.atLimit.has(req.UserID, time.Now())
+	together := beside && l.syncReplicas == 0
+	if beside && !together {
 		tries, triesDone = l.tryPools(ctx, end, req, tier, ms)
 	}
 	var got lua.Acquired
@@ -278,6 +282,9 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		return res, tier, err
 	}
 	undoTries()
+	if len(ms) > 0 {
+		l.atLimit.mark(req.UserID, time.Now())
+	}
 	res.RetryAfter = time.Duration(got.RetryAfterMs) * time.Millisecond
 	if wait > 0 && res.Limit > 0 {
 		if req.OnWait != nil {

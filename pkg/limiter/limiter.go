@@ -120,7 +120,8 @@ type Limiter struct {
 
 	syncReplicas int
 
-	joined joinedGrants // the pool keys of this Limiter's grants, for Release
+	joined  joinedGrants // the pool keys of this Limiter's grants, for Release
+	atLimit atLimit      // users lately refused by their own limit (atlimit.go)
 
 	// Waiting acquires (see wait.go).
 	bus       wakeBus

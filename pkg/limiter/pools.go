@@ -205,7 +205,8 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 		if !got.Granted {
 			refusal := &PoolRefusal{Pool: m.pool.Pool, Key: m.key, Used: got.Used, Limit: limit,
 				RetryAfter: time.Duration(got.RetryAfterMs) * time.Millisecond}
-			if wait := poolWait(waitUntil, tier, m.pool); wait > 0 {
+			// A key capped at 0 admits no one, however long one waits.
+			if wait := poolWait(waitUntil, tier, m.pool); wait > 0 && limit > 0 {
 				w := l.awaitPool(ctx, req, tier, m, wait, time.Until(waitUntil), taken)
 				out.waited += w.waited
 				end = l.decisionEnd() // the next step is a decision of its own
@@ -400,18 +401,30 @@ func (l *Limiter) dropSlot(ctx context.Context, end time.Time, op, key, streamID
 }
 
 // leaveTogether removes member from each of the pool keys whose sorted
-// sets are slots, in one pipeline per node (see lua.ReleaseEach), by end, wakes the acquire each key's
-// removal lets in, if one waits, and returns each removal's error. A
-// script whose connection failed, the reply lost, is asked again alone,
-// as a call of its own would be: a release is idempotent.
+// sets are slots, by end, as leaveMembers does, and returns each
+// removal's error.
 func (l *Limiter) leaveTogether(ctx context.Context, end time.Time, slots []string, member string) []error {
-	errs := make([]error, len(slots))
+	members := make([]lua.Member, len(slots))
+	for i, s := range slots {
+		members[i] = lua.Member{Key: s, ID: member}
+	}
+	return l.leaveMembers(ctx, end, members)
+}
+
+// leaveMembers removes each of members (a pool key's sorted set and a
+// stream's member of it) in one pipeline per node (see lua.ReleaseAt),
+// by end, wakes the acquire each key's removal lets in, if one waits,
+// and returns each removal's error. A script whose connection failed,
+// the reply lost, is asked again alone, as a call of its own would be: a
+// release is idempotent.
+func (l *Limiter) leaveMembers(ctx context.Context, end time.Time, members []lua.Member) []error {
+	errs := make([]error, len(members))
 	var got []lua.Released
 	err := l.doBy(ctx, end, "release_pool", func(ctx context.Context, c rueidis.Client) error {
-		got, errs = lua.ReleaseEach(ctx, c, "", slots, member, l.redis.NodeOf)
+		got, errs = lua.ReleaseAt(ctx, c, "", members, l.redis.NodeOf)
 		for i, err := range errs {
 			if _, replied := rueidis.IsRedisErr(err); err != nil && !replied && ctx.Err() == nil {
-				got[i], errs[i] = lua.Release(ctx, c, "", slots[i], member)
+				got[i], errs[i] = lua.Release(ctx, c, "", members[i].Key, members[i].ID)
 			}
 		}
 		return errors.Join(errs...)
@@ -424,10 +437,22 @@ func (l *Limiter) leaveTogether(ctx context.Context, end time.Time, slots []stri
 	}
 	for i, left := range got {
 		if errs[i] == nil && left.Head != "" {
-			l.wake(ctx, slots[i], left.Head)
+			l.wake(ctx, members[i].Key, left.Head)
 		}
 	}
 	return errs
+}
+
+// leaveLater removes members once more, beside an answer that does not
+// wait for it: the memberships of released streams that Redis did not
+// confirm removed by the decision's end. What fails again expires by its
+// own score.
+func (l *Limiter) leaveLater(ctx context.Context, members []lua.Member) {
+	if len(members) == 0 {
+		return
+	}
+	ctx = context.WithoutCancel(ctx)
+	go l.leaveMembers(ctx, time.Time{}, members)
 }
 
 // leavePool removes member from the pool key whose sorted set is slots,
@@ -437,16 +462,17 @@ func (l *Limiter) leavePool(ctx context.Context, end time.Time, slots, member st
 	return l.dropSlot(ctx, end, "release_pool", slots, member)
 }
 
-// leavePools drops the memberships a released stream's record names, by
-// end. A membership that cannot be dropped now expires by its own score.
-func (l *Limiter) leavePools(ctx context.Context, end time.Time, userID, streamID string, held []lua.PoolKey) {
-	var slots []string
+// heldMembers are the memberships of userID's stream streamID in the
+// pool keys held, as its slot's record names them.
+func (l *Limiter) heldMembers(userID, streamID string, held []lua.PoolKey) []lua.Member {
+	var out []lua.Member
+	member := poolMember(userID, streamID)
 	for _, p := range held {
 		if s, err := l.keys.PoolKey(p.Pool, p.Key); err == nil {
-			slots = append(slots, s)
+			out = append(out, lua.Member{Key: s, ID: member})
 		}
 	}
-	l.leaveAll(ctx, end, slots, poolMember(userID, streamID))
+	return out
 }
 
 // poolBeat is one membership a heartbeat keeps alive: of reqs[at].

@@ -134,7 +134,12 @@ func (l *Limiter) releaseBy(ctx context.Context, end time.Time, caller, userID, 
 		l.wake(ctx, key, got.Head)
 	}
 	if held := l.notLeft(got.Pools, along, leftErrs); len(held) > 0 {
-		l.leaveAll(ctx, end, held, poolMember(userID, streamID))
+		member := poolMember(userID, streamID)
+		var left []lua.Member
+		for _, slots := range l.leaveAll(ctx, end, held, member) {
+			left = append(left, lua.Member{Key: slots, ID: member})
+		}
+		l.leaveLater(ctx, left)
 	}
 	return ReleaseResult{Released: got.Released}, nil
 }
@@ -224,9 +229,18 @@ func (l *Limiter) releaseAll(ctx context.Context, userID, callID string) ([]stri
 	if got.Head != "" {
 		l.wake(ctx, key, got.Head)
 	}
-	end := l.decisionEnd()
+	// Every stream's memberships at once, one pipeline per node; what
+	// is not confirmed by the decision's end is asked again beside the
+	// answer.
+	var members, left []lua.Member
 	for i, held := range got.Pools {
-		l.leavePools(ctx, end, userID, got.IDs[i], held)
+		members = append(members, l.heldMembers(userID, got.IDs[i], held)...)
 	}
+	for i, err := range l.leaveMembers(ctx, l.decisionEnd(), members) {
+		if err != nil {
+			left = append(left, members[i])
+		}
+	}
+	l.leaveLater(ctx, left)
 	return got.IDs, nil
 }

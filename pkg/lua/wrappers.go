@@ -522,17 +522,6 @@ func Release(ctx context.Context, c rueidis.Client, caller, key, streamID string
 	return parseReleased(arr)
 }
 
-// ReleaseEach runs the release script for streamID on each of keys at
-// once, as ReleaseAt does, and returns each one's answer and error, in
-// order.
-func ReleaseEach(ctx context.Context, c rueidis.Client, caller string, keys []string, streamID string, nodeOf NodeOf) ([]Released, []error) {
-	at := make([]Member, len(keys))
-	for i, key := range keys {
-		at[i] = Member{Key: key, ID: streamID}
-	}
-	return ReleaseAt(ctx, c, caller, at, nodeOf)
-}
-
 // Member is one member of a sorted set the release script runs on: a
 // user's slot (Key a keys.Schema.UserKey, ID the stream id) or a pool
 // key's membership (Key a keys.Schema.PoolKey, ID the member).
