@@ -124,11 +124,7 @@ func (l *Limiter) RemovePoolOverride(ctx context.Context, pool, key string) (boo
 func (l *Limiter) poolScope(name, key string) (pools.Pool, overrideScope, error) {
 	pool, ok := l.pools.Lookup(name)
 	if !ok {
-		known := make([]string, 0, l.pools.Len())
-		for _, p := range l.pools.List() {
-			known = append(known, p.Pool)
-		}
-		return pools.Pool{}, overrideScope{}, fmt.Errorf("%w: %q is not one of the pools configured (%s)", ErrUnknownPool, name, strings.Join(known, ", "))
+		return pools.Pool{}, overrideScope{}, l.unknownPool(name)
 	}
 	slots, err := l.keys.PoolKey(name, key)
 	return pool, overrideScope{slots: slots, index: slots, most: pools.MaxConcurrentStreams}, err

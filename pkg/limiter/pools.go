@@ -119,11 +119,7 @@ func (l *Limiter) memberships(named map[string]string) ([]membership, error) {
 	for _, name := range names {
 		pool, ok := l.pools.Lookup(name)
 		if !ok {
-			var known []string
-			for _, p := range l.pools.List() {
-				known = append(known, p.Pool)
-			}
-			return nil, fmt.Errorf("%w: %q is not one of the pools configured (%s)", ErrUnknownPool, name, strings.Join(known, ", "))
+			return nil, l.unknownPool(name)
 		}
 		key := named[name]
 		slots, err := l.keys.PoolKey(name, key)
@@ -135,6 +131,19 @@ func (l *Limiter) memberships(named map[string]string) ([]membership, error) {
 		}
 	}
 	return out, nil
+}
+
+// unknownPool is ErrUnknownPool for the pool name, which is not in
+// force, naming those that are.
+func (l *Limiter) unknownPool(name string) error {
+	var known []string
+	for _, p := range l.pools.List() {
+		known = append(known, p.Pool)
+	}
+	if len(known) == 0 {
+		return fmt.Errorf("%w: %q is not a pool: none is configured (pools.static, or LimitPool resources)", ErrUnknownPool, name)
+	}
+	return fmt.Errorf("%w: %q is not one of the pools configured (%s)", ErrUnknownPool, name, strings.Join(known, ", "))
 }
 
 // poolMember is a stream's member in a pool key's sorted set: the stream

@@ -232,6 +232,16 @@ func TestAnAcquireNamesPoolsThatExist(t *testing.T) {
 			t.Errorf("%s: %+v, %v; want %v saying %s", tc.name, res, err, tc.want, tc.says)
 		}
 	}
+	// With no pool at all, the message says so rather than listing none.
+	bare := limitertest.New(t, limitertest.Options{Backend: limitertest.Standalone}).Limiter
+	res, err := bare.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "three", Pools: map[string]string{"model": "m"}})
+	want := `"model" is not a pool: none is configured`
+	if !errors.Is(err, limiter.ErrUnknownPool) || !strings.Contains(fmt.Sprint(err), want) || res.Granted {
+		t.Errorf("a pool named where none is configured: %+v, %v; want ErrUnknownPool saying %s", res, err, want)
+	}
+	if _, err := bare.PoolSlots(ctx, "model", "m"); !errors.Is(err, limiter.ErrUnknownPool) || !strings.Contains(fmt.Sprint(err), want) {
+		t.Errorf("PoolSlots where none is configured: %v; want ErrUnknownPool saying %s", err, want)
+	}
 }
 
 // TestReleaseAllDropsEveryMembership: support's release of every slot of
