@@ -484,6 +484,30 @@ func (l *Limiter) heldMembers(userID, streamID string, held []lua.PoolKey) []lua
 	return out
 }
 
+// dropLost removes the slots of the streams reqs[lost], which a lost
+// membership ended, and their memberships pooled names, in one round trip
+// per node, by a decision's end; what Redis did not confirm is asked
+// again beside the answer (see leaveLater). Nobody's behalf: the
+// heartbeat's caller holds them (the heartbeat script checked).
+func (l *Limiter) dropLost(ctx context.Context, reqs []HeartbeatRequest, pooled [][]lua.PoolKey, lost []int) {
+	if len(lost) == 0 {
+		return
+	}
+	var members, left []lua.Member
+	for _, i := range lost {
+		if key, err := l.keys.UserKey(reqs[i].UserID); err == nil {
+			members = append(members, lua.Member{Key: key, ID: reqs[i].StreamID})
+		}
+		members = append(members, l.heldMembers(reqs[i].UserID, reqs[i].StreamID, pooled[i])...)
+	}
+	for i, err := range l.leaveMembers(ctx, l.decisionEnd(), members) {
+		if err != nil {
+			left = append(left, members[i])
+		}
+	}
+	l.leaveLater(ctx, left)
+}
+
 // poolBeat is one membership a heartbeat keeps alive: of reqs[at].
 type poolBeat struct {
 	at   int
@@ -510,9 +534,12 @@ func membersTTL(beat lua.Beat, tier tiers.Tier) memberTTL {
 
 // beatPools keeps alive the memberships of the slots beats found alive,
 // in one call per pool key and node, and turns the results of the slots
-// whose membership is lost into ErrSlotLost naming the pool key, by end. A pool
-// whose shard does not answer applies its failure mode: Open keeps the
-// slot alive (degraded), Closed answers ErrUnavailable.
+// whose membership is lost into ErrSlotLost naming the pool key, by end.
+// Such a stream is over: its slot, just kept alive, and its other
+// memberships are dropped too (dropLost), not left to hold the user's
+// and the pools' places for a TTL. A pool whose shard does not answer
+// applies its failure mode: Open keeps the slot alive (degraded), Closed
+// answers ErrUnavailable.
 func (l *Limiter) beatPools(ctx context.Context, end time.Time, reqs []HeartbeatRequest, ttls []memberTTL, pooled [][]lua.PoolKey, results []HeartbeatResult, errs []error) {
 	var beats []poolBeat
 	var args []lua.HeartbeatArgs
@@ -535,6 +562,8 @@ func (l *Limiter) beatPools(ctx context.Context, end time.Time, reqs []Heartbeat
 		got, gotErrs = lua.HeartbeatMulti(ctx, c, args, l.redis.NodeOf)
 		return errors.Join(gotErrs...)
 	})
+	var lost []int // the requests whose stream a lost membership ended
+	defer func() { l.dropLost(ctx, reqs, pooled, lost) }()
 	for j, b := range beats {
 		i := b.at
 		if errs[i] != nil || !results[i].Alive {
@@ -554,6 +583,7 @@ func (l *Limiter) beatPools(ctx context.Context, end time.Time, reqs []Heartbeat
 		case err == nil:
 			results[i].Alive, results[i].ExpiresAt = false, time.Time{}
 			errs[i] = fmt.Errorf("%w: stream %q: its membership of pool %s", ErrSlotLost, reqs[i].StreamID, scope)
+			lost = append(lost, i)
 		default:
 			pool, ok := l.pools.LookupHeld(b.pool.Pool)
 			if ok && pool.FailureMode == tiers.FailClosed {

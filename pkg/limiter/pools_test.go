@@ -143,7 +143,8 @@ func TestAPoolRefusalLeavesTheUsersSlotsFree(t *testing.T) {
 
 // TestHeartbeatAndReleaseCoverEveryMembership: a stream's memberships live
 // as long as its heartbeats, whatever the caller resends; a release drops
-// them; a membership lost answers slot_lost naming the pool key.
+// them; a membership lost answers slot_lost naming the pool key, and the
+// lost stream's slot and other memberships go with it, not a TTL later.
 func TestHeartbeatAndReleaseCoverEveryMembership(t *testing.T) {
 	t.Parallel()
 	s := poolReplicas(t, limitertest.RedisCluster, 1)[0]
@@ -171,28 +172,36 @@ func TestHeartbeatAndReleaseCoverEveryMembership(t *testing.T) {
 	if rel, err := lim.Release(ctx, user, res.StreamID); err != nil || !rel.Released {
 		t.Fatalf("release: %+v, %v", rel, err)
 	}
-	secondUser := newUser(t)
-	second, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: secondUser, Plan: "three", Pools: map[string]string{"org": "acme"}})
-	if err != nil || !second.Granted {
-		t.Fatalf("org=acme after the release: %+v, %v; want granted", second, err)
-	}
-
 	// The pool key is lost (deleted, a failover): the next heartbeat of
-	// the stream is slot_lost, naming it.
+	// a stream of it is slot_lost, naming it, single or batched.
 	c, err := s.Redis.Redis()
 	if err != nil {
 		t.Fatal(err)
 	}
 	poolKey, _ := s.Keys.PoolKey("org", "acme")
-	if err := c.Do(ctx, c.B().Del().Key(poolKey).Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
-	req := limiter.HeartbeatRequest{UserID: secondUser, Plan: "three", StreamID: second.StreamID}
-	if beat, err := lim.Heartbeat(ctx, req); !errors.Is(err, limiter.ErrSlotLost) || beat.Alive || !strings.Contains(err.Error(), "org=acme") {
-		t.Errorf("heartbeat with its pool key lost: %+v, %v; want slot lost, naming org=acme", beat, err)
-	}
-	if beats, errs := lim.HeartbeatBatch(ctx, []limiter.HeartbeatRequest{req}); !errors.Is(errs[0], limiter.ErrSlotLost) || beats[0].Alive || !strings.Contains(errs[0].Error(), "org=acme") {
-		t.Errorf("batch heartbeat with its pool key lost: %+v, %v; want slot lost, naming org=acme", beats[0], errs[0])
+	for _, batched := range []bool{false, true} {
+		secondUser := newUser(t)
+		second, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: secondUser, Plan: "three", Pools: map[string]string{"org": "acme", "model": "m"}})
+		if err != nil || !second.Granted || len(second.Pools) != 2 {
+			t.Fatalf("org=acme and model=m after the release: %+v, %v; want granted with both", second, err)
+		}
+		if err := c.Do(ctx, c.B().Del().Key(poolKey).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		req := limiter.HeartbeatRequest{UserID: secondUser, Plan: "three", StreamID: second.StreamID}
+		if !batched {
+			if beat, err := lim.Heartbeat(ctx, req); !errors.Is(err, limiter.ErrSlotLost) || beat.Alive || !strings.Contains(err.Error(), "org=acme") {
+				t.Errorf("heartbeat with its pool key lost: %+v, %v; want slot lost, naming org=acme", beat, err)
+			}
+		} else if beats, errs := lim.HeartbeatBatch(ctx, []limiter.HeartbeatRequest{req}); !errors.Is(errs[0], limiter.ErrSlotLost) || beats[0].Alive || !strings.Contains(errs[0].Error(), "org=acme") {
+			t.Errorf("batch heartbeat with its pool key lost: %+v, %v; want slot lost, naming org=acme", beats[0], errs[0])
+		}
+		if got, err := lim.Slots(ctx, secondUser); err != nil || len(got.Slots) != 0 {
+			t.Errorf("batched %v: the lost stream's user holds %+v, %v; want its slot gone with the stream", batched, got.Slots, err)
+		}
+		if got, err := lim.PoolSlots(ctx, "model", "m"); err != nil || got.Used != 0 {
+			t.Errorf("batched %v: model=m holds %d, %v; want the lost stream's membership gone with it", batched, got.Used, err)
+		}
 	}
 }
 
