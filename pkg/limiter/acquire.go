@@ -220,6 +220,15 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		return err
 	})
 	triesDone()
+	if generated {
+		// No one held a stream id the limiter chose before this call: an
+		// answer that it is held (an extension) is this call's own first
+		// attempt, its reply lost, and what that took is this call's.
+		got.Extended = false
+		for i := range tries {
+			tries[i].got.Extended = false
+		}
+	}
 	atFault("after-acquire-calls") // a crash here leaves the slot and the memberships, to expire
 	// undoTries removes the memberships tries took, for an acquire that
 	// answers without them.

@@ -173,6 +173,31 @@ func TestAPooledAcquireWhoseRepliesAreLostIsAskedAgain(t *testing.T) {
 	}
 }
 
+// TestARefusedAcquireWhoseRepliesAreLostLeavesNoMembership: a pooled
+// acquire its user's limit refuses, whose replies are lost after the pool
+// keys' scripts added the stream: asked again, those scripts answer the
+// stream held (an extension). The limiter chose the stream id, so no one
+// held it before the call: those memberships are the call's own, and
+// are removed with its refusal, not left to hold the keys for a TTL.
+func TestARefusedAcquireWhoseRepliesAreLostLeavesNoMembership(t *testing.T) {
+	t.Parallel()
+	e, proxy := lostPooledReplies(t, 5, 5)
+	ctx := context.Background()
+	named := map[string]string{"model": "m", "org": "o"}
+	user := newUser(t)
+	for _, id := range []string{"a", "b", "c"} { // plan three: at its limit
+		if res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three", StreamID: id}); err != nil || !res.Granted {
+			t.Fatalf("acquire %s: %+v, %v", id, res, err)
+		}
+	}
+	proxy.DropReplies(1)
+	res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three", Pools: named})
+	if err != nil || res.Granted || res.RefusedBy != nil {
+		t.Fatalf("acquire over the limit whose replies were lost: %+v, %v; want refused by the user's limit", res, err)
+	}
+	requirePoolMembers(t, e, named, 0)
+}
+
 // TestAPooledReleaseWhoseLeavesLoseTheirRepliesFreesEveryKey: on one
 // Redis a released stream that the limiter did not grant on nobody's
 // behalf (so it knows its pool keys from the slot's record only) leaves
