@@ -119,10 +119,13 @@ func (l *Limiter) RemovePoolOverride(ctx context.Context, pool, key string) (boo
 	return removed, err
 }
 
-// poolScope returns the pool named name, which must be in force, and the
-// override scope of its key. Errors: ErrUnknownPool, ErrInvalidPoolKey.
+// poolScope returns the pool named name and the override scope of its
+// key: the pool in force or, for one since removed, its last definition,
+// under which its keys' memberships are still held and beat, and which
+// support must still see and whose overrides it must still be able to
+// remove. Errors: ErrUnknownPool, ErrInvalidPoolKey.
 func (l *Limiter) poolScope(name, key string) (pools.Pool, overrideScope, error) {
-	pool, ok := l.pools.Lookup(name)
+	pool, ok := l.pools.LookupHeld(name)
 	if !ok {
 		return pools.Pool{}, overrideScope{}, l.unknownPool(name)
 	}
@@ -130,8 +133,12 @@ func (l *Limiter) poolScope(name, key string) (pools.Pool, overrideScope, error)
 	return pool, overrideScope{slots: slots, index: slots, most: pools.MaxConcurrentStreams}, err
 }
 
-// cappedPoolScope is poolScope for an override: of a key the pool caps.
+// cappedPoolScope is poolScope for a new override: of a key the pool in
+// force caps.
 func (l *Limiter) cappedPoolScope(name, key string) (overrideScope, error) {
+	if _, ok := l.pools.Lookup(name); !ok {
+		return overrideScope{}, l.unknownPool(name)
+	}
 	pool, scope, err := l.poolScope(name, key)
 	if err != nil {
 		return overrideScope{}, err

@@ -144,3 +144,45 @@ func TestPoolKeyAdminRefusals(t *testing.T) {
 		t.Errorf("ActiveOverrides after refusals only: got %d, %v; want 0", n, err)
 	}
 }
+
+// TestADeletedPoolsKeysStaySeen: a pool deleted while streams hold its
+// keys (its LimitPool removed, or taken out of pools.static) lets them
+// beat on, by its last definition; support still sees who holds a key
+// and can remove its override, which would otherwise judge the key again,
+// unannounced, were the pool made anew. A new override needs the pool in
+// force.
+func TestADeletedPoolsKeysStaySeen(t *testing.T) {
+	t.Parallel()
+	model := pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(3)}.WithDefaults()
+	org := pools.Pool{Pool: "org", MaxConcurrentStreams: ptr(3)}.WithDefaults()
+	table := poolTable(t, model, org)
+	lim := limitertest.New(t, limitertest.Options{Backend: limitertest.Standalone, Limiter: limiter.Options{Pools: table}}).Limiter
+	ctx := context.Background()
+	user := newUser(t)
+	res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three", Pools: map[string]string{"model": "gpt-4o"}})
+	if err != nil || !res.Granted {
+		t.Fatalf("acquire: %+v, %v", res, err)
+	}
+	if _, err := lim.SetPoolOverride(ctx, "model", "gpt-4o", limiter.OverrideRequest{MaxConcurrentStreams: 50, For: time.Hour, Actor: "t", Reason: "launch"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := table.Replace([]pools.Pool{org}); err != nil { // model is deleted
+		t.Fatal(err)
+	}
+	if beat, err := lim.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: user, Plan: "three", StreamID: res.StreamID}); err != nil || !beat.Alive {
+		t.Fatalf("heartbeat after the pool's deletion: %+v, %v; want alive", beat, err)
+	}
+	got, err := lim.PoolSlots(ctx, "model", "gpt-4o")
+	if err != nil || got.Used != 1 || len(got.Holders) != 1 || got.Holders[0].StreamID != res.StreamID || got.Limit != 3 || got.Override == nil {
+		t.Errorf("PoolSlots of the deleted pool's key: %+v, %v; want its holder, its last cap of 3 and the override", got, err)
+	}
+	if removed, err := lim.RemovePoolOverride(ctx, "model", "gpt-4o"); err != nil || !removed {
+		t.Errorf("removing the deleted pool's key's override: %v, %v; want removed", removed, err)
+	}
+	if _, err := lim.SetPoolOverride(ctx, "model", "gpt-4o", limiter.OverrideRequest{MaxConcurrentStreams: 50, For: time.Hour, Actor: "t", Reason: "again"}); !errors.Is(err, limiter.ErrUnknownPool) {
+		t.Errorf("a new override of the deleted pool's key: %v; want ErrUnknownPool", err)
+	}
+	if _, err := lim.PoolSlots(ctx, "region", "eu"); !errors.Is(err, limiter.ErrUnknownPool) {
+		t.Errorf("PoolSlots of a pool never configured: %v; want ErrUnknownPool", err)
+	}
+}
