@@ -14,7 +14,9 @@ import (
 // poolKeyHelp says how a pool key is named on the command line.
 const poolKeyHelp = `POOL is a pool's name as configured (model); KEY one of its keys, as an
 acquire names it: case-sensitive, 1-128 bytes of [A-Za-z0-9._:/@-], a '/'
-written as it is (meta-llama/Llama-3.1-70B-Instruct).`
+written as it is (meta-llama/Llama-3.1-70B-Instruct). A key that starts
+with '-' follows "--", which ends the flags: put the flags before it
+(model -- -eu).`
 
 func newAdminPoolCommand(f *adminFlags) *cobra.Command {
 	return &cobra.Command{

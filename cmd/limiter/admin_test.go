@@ -85,6 +85,17 @@ func TestAdminPoolCommandsAddressAnyKey(t *testing.T) {
 		})
 	}
 
+	// A key that starts with '-' comes after "--", which ends the flags.
+	for _, key := range []string{"-eu", "-1", "--x"} {
+		var shown httpapi.AdminPoolKeyResponse
+		runAdmin(t, &shown, "pool", "--url", srv.URL, "--token", "t", "-o", "json", "model", "--", key)
+		if shown.Pool != "model" || shown.Key != key {
+			t.Errorf("pool model -- %q: the server got %s=%s", key, shown.Pool, shown.Key)
+		}
+		var removed httpapi.AdminOverrideRemoveResponse
+		runAdmin(t, &removed, "pool-override", "remove", "--reason", "test", "--url", srv.URL, "--token", "t", "-o", "json", "--", "model", key)
+	}
+
 	for _, tc := range []struct {
 		name string
 		args []string
