@@ -82,11 +82,12 @@ type reconciler[O client.Object, S any, E entry] struct {
 	k     kind[O, S, E]
 	table *tiers.Catalog[E]
 	c     *Controller
+	seen  *seenSpecs[S] // shared by the table's and the status's passes
 }
 
 // serve binds k to table.
 func serve[O client.Object, S any, E entry](c *Controller, k kind[O, S, E], table *tiers.Catalog[E]) *reconciler[O, S, E] {
-	return &reconciler[O, S, E]{k: k, table: table, c: c}
+	return &reconciler[O, S, E]{k: k, table: table, c: c, seen: &seenSpecs[S]{}}
 }
 
 func (r *reconciler[O, S, E]) kindName() string         { return r.k.name() }

@@ -6,11 +6,14 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/joishi/limiter/api/v1alpha1"
+	"github.com/joishi/limiter/pkg/controller"
 )
 
 func newLimitPool(ns, name, pool string, def int32, keys map[string]int32) *v1alpha1.LimitPool {
@@ -269,4 +272,71 @@ func TestPoolsAreNotWatchedWithoutAPoolTable(t *testing.T) {
 		}
 		return ""
 	})
+}
+
+// TestAnInvalidEditAfterAValidOneKeepsTheValidOne: the last valid spec is
+// the one in force while the current one is invalid, even when no status
+// recorded it yet: here no replica holds the Lease (another holder keeps
+// it, as a crashed one does for its term), so no status is written
+// between a valid edit and an invalid one. Generation 1 must not come
+// back; when a replica is elected, it records generation 2 as accepted.
+func TestAnInvalidEditAfterAValidOneKeepsTheValidOne(t *testing.T) {
+	env := kube.Get(t)
+	ns := env.Namespace(t)
+	ctx := t.Context()
+
+	first := startController(t, env.Config, ns)
+	name := strings.Repeat("m", 64) // a name, too long for a pool's
+	lp := newLimitPool(ns, name, "model", 100, map[string]int32{"gpt-4o": 5})
+	if err := env.Client.Create(ctx, lp); err != nil {
+		t.Fatal(err)
+	}
+	wantPoolStatus(t, env.Client, ns, name, v1alpha1.ReasonAccepted, `pool "model" is in force`)
+	first.Stop() // gives the Lease up
+
+	kc := kubernetes.NewForConfigOrDie(env.Config)
+	lease, err := kc.CoordinationV1().Leases(ns).Get(ctx, controller.DefaultLeaseName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now, holder, term := metav1.NewMicroTime(time.Now()), "elsewhere", int32(3600)
+	lease.Spec = coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &term, AcquireTime: &now, RenewTime: &now}
+	if _, err := kc.CoordinationV1().Leases(ns).Update(ctx, lease, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	r := startController(t, env.Config, ns)
+	eventually(t, 5*time.Second, capsOf("model", "gpt-4o", 5, r))
+	if err := patchPool(t, env.Client, lp, func(lp *v1alpha1.LimitPool) { lp.Spec.Keys["gpt-4o"] = 7 }); err != nil { // generation 2
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, capsOf("model", "gpt-4o", 7, r))
+	if err := patchPool(t, env.Client, lp, func(lp *v1alpha1.LimitPool) { lp.Spec.Pool = "" }); err != nil { // 3: the name is no pool's
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second) // for the watch to deliver it, and the table to follow
+	if msg := capsOf("model", "gpt-4o", 7, r)(); msg != "" {
+		t.Errorf("after the invalid generation 3: %s (generation 2, the last valid, caps it at 7)", msg)
+	}
+
+	if err := kc.CoordinationV1().Leases(ns).Delete(ctx, controller.DefaultLeaseName, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var got v1alpha1.LimitPool
+	eventually(t, 15*time.Second, func() string {
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(lp), &got); err != nil {
+			return err.Error()
+		}
+		if got.Status.ObservedGeneration != 3 {
+			return "no status written for generation 3 yet"
+		}
+		return ""
+	})
+	if got.Status.AcceptedGeneration != 2 || got.Status.AcceptedSpec == nil || got.Status.AcceptedSpec.Keys["gpt-4o"] != 7 ||
+		!strings.Contains(got.Status.Conditions[0].Message, "generation 2 stays in force") {
+		t.Errorf("status: acceptedGeneration %d, acceptedSpec %+v, %q; want generation 2, gpt-4o: 7, in force", got.Status.AcceptedGeneration, got.Status.AcceptedSpec, got.Status.Conditions[0].Message)
+	}
+	if msg := capsOf("model", "gpt-4o", 7, r)(); msg != "" {
+		t.Errorf("once status is written: %s", msg)
+	}
 }

@@ -46,7 +46,7 @@ func poolEditedInvalid(lp v1alpha1.LimitPool) v1alpha1.LimitPool {
 
 // resolvePools is resolve of the LimitPools items.
 func resolvePools(items []v1alpha1.LimitPool) resolution[pools.Pool] {
-	return resolve(poolKind{}, addrs(items))
+	return resolve(poolKind{}, addrs(items), nil)
 }
 
 // poolCaps is "model=100 org=-": each pool of list with its default cap

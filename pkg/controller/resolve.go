@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/joishi/limiter/api/v1alpha1"
@@ -23,8 +24,12 @@ type verdict struct {
 	message string
 	// acceptedGeneration is the generation to record as accepted
 	// (status.acceptedGeneration): the current one when the spec is valid,
-	// else the one recorded before; 0 when none.
+	// else the one recorded before, or a newer one this replica saw; 0
+	// when none.
 	acceptedGeneration int64
+	// acceptedSpec, when set, is the spec (a *S) of acceptedGeneration to
+	// record, one this replica saw and status does not hold.
+	acceptedSpec any
 }
 
 // accepted reports whether the object's current spec is in force.
@@ -51,24 +56,30 @@ type resolution[E entry] struct {
 // the oldest (by creationTimestamp, then by name) wins and the others are
 // in Conflict. Only the objects decide the outcome, not the order they are
 // listed or watched in, so every replica reaches the same one.
-func resolve[O client.Object, S any, E entry](k kind[O, S, E], items []O) resolution[E] {
+//
+// seen, when not nil, is the newest valid spec this replica saw of each
+// object, which resolve updates (see seenSpecs).
+func resolve[O client.Object, S any, E entry](k kind[O, S, E], items []O, seen *seenSpecs[S]) resolution[E] {
 	ordered := make([]O, 0, len(items))
+	live := make(map[types.UID]bool, len(items))
 	for _, o := range items {
+		live[o.GetUID()] = true
 		if o.GetDeletionTimestamp() == nil {
 			ordered = append(ordered, o)
 		}
 	}
+	seen.keep(live)
 	slices.SortFunc(ordered, olderFirst)
 
 	res := resolution[E]{verdicts: make(map[string]verdict, len(ordered))}
 	owner := map[string]string{} // claim → name of the object in force
 	for _, o := range ordered {
 		v := verdict{claim: claimOf(k, o.GetName(), k.spec(o))}
-		def := definitionOf(k, o)
+		def := definitionOf(k, o, seen)
 		if def.ok {
 			v.claim = def.entry.Name()
 		}
-		v.acceptedGeneration = def.acceptedGeneration
+		v.acceptedGeneration, v.acceptedSpec = def.acceptedGeneration, def.acceptedSpec
 		switch {
 		case !def.ok:
 			v.reason, v.message = v1alpha1.ReasonInvalid, def.invalid
@@ -102,22 +113,32 @@ type definition[E entry] struct {
 	ok         bool
 	entry      E
 	generation int64 // of entry
-	// acceptedGeneration is what status.acceptedGeneration should hold.
+	// acceptedGeneration is what status.acceptedGeneration should hold,
+	// and acceptedSpec, when set, the spec it should record with it (a
+	// *S): one this replica saw, newer than status holds.
 	acceptedGeneration int64
+	acceptedSpec       any
 	// invalid, when the spec is invalid, says so and why.
 	invalid string
 }
 
 // definitionOf returns o's definition: its spec when valid, else its
-// status.acceptedSpec when that is still valid.
-func definitionOf[O client.Object, S any, E entry](k kind[O, S, E], o O) definition[E] {
+// status.acceptedSpec when that is still valid; or, until status says
+// the current generation was judged, the newest valid spec seen holds
+// when it is newer than that (see seenSpecs).
+func definitionOf[O client.Object, S any, E entry](k kind[O, S, E], o O, seen *seenSpecs[S]) definition[E] {
 	e, err := toEntry(k, o.GetName(), k.spec(o))
 	if err == nil {
+		seen.note(o.GetUID(), o.GetGeneration(), k.spec(o.DeepCopyObject().(O)))
 		return definition[E]{ok: true, entry: e, generation: o.GetGeneration(), acceptedGeneration: o.GetGeneration()}
 	}
 	status := k.status(o)
 	acceptedSpec, acceptedGeneration := *status.acceptedSpec, *status.acceptedGeneration
 	d := definition[E]{invalid: fmt.Sprintf("generation %d is invalid: %v", o.GetGeneration(), err), acceptedGeneration: acceptedGeneration}
+	if s, ok := seen.get(o.GetUID()); ok && s.generation > acceptedGeneration && *status.observedGeneration < o.GetGeneration() {
+		acceptedSpec, acceptedGeneration = s.spec, s.generation
+		d.acceptedGeneration, d.acceptedSpec = s.generation, s.spec
+	}
 	switch {
 	case acceptedSpec == nil:
 		d.invalid += fmt.Sprintf("; no generation of this %s was accepted, so it enforces nothing", k.name())

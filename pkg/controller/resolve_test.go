@@ -33,7 +33,7 @@ func limitTier(name, plan string, limit int32, createdAt int) v1alpha1.LimitTier
 
 // resolveTiers is resolve of the LimitTiers items.
 func resolveTiers(items []v1alpha1.LimitTier) resolution[tiers.Tier] {
-	return resolve(tierKind{}, addrs(items))
+	return resolve(tierKind{}, addrs(items), nil)
 }
 
 // addrs points at each of items, as a kind's list hands them to resolve.

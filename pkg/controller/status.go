@@ -73,7 +73,7 @@ func (r *reconciler[O, S, E]) syncStatus(ctx context.Context, wroteFrom map[stri
 	if err != nil {
 		return err
 	}
-	res := resolve(r.k, items)
+	res := resolve(r.k, items, r.seen)
 	for name := range wroteFrom {
 		if _, ok := res.verdicts[name]; !ok {
 			delete(wroteFrom, name) // deleted
@@ -112,10 +112,16 @@ func setStatus[O client.Object, S any, E entry](k kind[O, S, E], o O, v verdict)
 	before := o.DeepCopyObject()
 	s := k.status(o)
 	*s.observedGeneration = o.GetGeneration()
-	if v.acceptedGeneration == o.GetGeneration() {
+	switch {
+	case v.acceptedGeneration == o.GetGeneration():
 		// The spec is valid: it is the one to fall back on from now on.
 		*s.acceptedSpec = k.spec(o.DeepCopyObject().(O))
 		*s.acceptedGeneration = o.GetGeneration()
+	case v.acceptedSpec != nil:
+		// A valid generation this replica saw, newer than the one
+		// recorded (see seenSpecs).
+		*s.acceptedSpec = v.acceptedSpec.(*S)
+		*s.acceptedGeneration = v.acceptedGeneration
 	}
 	ready := metav1.ConditionFalse
 	if v.accepted() {

@@ -85,7 +85,7 @@ func (r *reconciler[O, S, E]) syncTable(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	res := resolve(r.k, items)
+	res := resolve(r.k, items, r.seen)
 	same := func(a, b E) bool { return reflect.DeepEqual(a, b) } // a pool holds a map
 	if r.table.IsSynced() && slices.EqualFunc(res.entries, r.table.List(), same) {
 		return nil
