@@ -55,7 +55,7 @@ func TestPoolCapIsLinearizable(t *testing.T) {
 	const scope = "model=gpt-4o"
 	var mu sync.Mutex
 	var history []linearize.Op
-	var granted, refused, other int
+	var granted, refused, degraded, other int
 	record := func(op linearize.Op) {
 		mu.Lock()
 		history = append(history, op)
@@ -92,7 +92,14 @@ func TestPoolCapIsLinearizable(t *testing.T) {
 				op.Return = time.Now().UnixNano()
 				var e httpapi.ErrorResponse
 				_ = json.Unmarshal(data, &e)
+				var g httpapi.AcquireResponse
+				_ = json.Unmarshal(data, &g)
 				switch {
+				case err == nil && status == http.StatusOK && g.Degraded:
+					// Granted by the plan's failure mode when Redis did not
+					// answer in time (a loaded machine): whether the scripts
+					// ran is not known, so neither is the membership.
+					op.Result = linearize.Unknown
 				case err == nil && status == http.StatusOK:
 					op.Result = linearize.Yes
 				case err == nil && status == http.StatusTooManyRequests && e.Error.Code == httpapi.CodePoolLimitReached:
@@ -102,11 +109,13 @@ func TestPoolCapIsLinearizable(t *testing.T) {
 				}
 				record(op)
 				mu.Lock()
-				switch op.Result {
-				case linearize.Yes:
+				switch {
+				case op.Result == linearize.Yes:
 					granted++
-				case linearize.No:
+				case op.Result == linearize.No:
 					refused++
+				case g.Degraded:
+					degraded++
 				default:
 					other++
 				}
@@ -136,7 +145,7 @@ func TestPoolCapIsLinearizable(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	t.Logf("%d users on 3 processes for %v: %d grants, %d pool refusals, %d other answers", users, run, granted, refused, other)
+	t.Logf("%d users on 3 processes for %v: %d grants, %d pool refusals, %d degraded grants, %d other answers", users, run, granted, refused, degraded, other)
 	if granted < 20 || refused < 20 {
 		t.Fatalf("%d grants and %d refusals: too little contention to check anything", granted, refused)
 	}
