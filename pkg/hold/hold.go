@@ -158,10 +158,11 @@ func New(lim *limiter.Limiter, opts Options) (*Holder, error) {
 // is held all the same, and its slot is acquired again, under the same
 // stream id, once Redis answers. Refusals are counted by reason.
 //
-// With a wait (req.Wait, else Options.Wait) the acquire may wait in the
-// user's queue for a slot, until the wait (capped by the tier's maxWait)
-// runs out (a denial, res.Waited set), ctx ends (the request's client
-// left: its place is given up at once) or the holder closes (ErrClosed).
+// With a wait (req.Wait, else Options.Wait; a negative req.Wait: none)
+// the acquire may wait in the user's queue for a slot, until the wait
+// (capped by the tier's maxWait) runs out (a denial, res.Waited set), ctx
+// ends (the request's client left: its place is given up at once) or the
+// holder closes (ErrClosed).
 func (h *Holder) Acquire(ctx context.Context, req limiter.AcquireRequest) (*Stream, limiter.AcquireResult, error) {
 	if h.isClosed() {
 		return nil, limiter.AcquireResult{}, ErrClosed
@@ -201,6 +202,10 @@ func (h *Holder) Acquire(ctx context.Context, req limiter.AcquireRequest) (*Stre
 	h.metrics.started(ctx)
 	return s, res, nil
 }
+
+// Waits reports whether the holder's requests may wait for a slot
+// (Options.Wait).
+func (h *Holder) Waits() bool { return h.opts.Wait > 0 }
 
 // Refused counts a refusal decided before Acquire (an unauthenticated
 // request: ReasonIdentity; a malformed one: ReasonInvalid), so that every

@@ -29,31 +29,17 @@ func (p *Proxy) bufferBody(w http.ResponseWriter, r *http.Request, id *identity.
 	if r.ContentLength > limit {
 		return tooLarge(fmt.Sprintf("the request body is %d bytes (Content-Length), over the %d bytes proxy.maxBodyBytes allows", r.ContentLength, limit)), false
 	}
-	rc := http.NewResponseController(w)
-	_ = rc.SetReadDeadline(time.Now().Add(bodyReadTimeout))
-	body, err := readAll(io.LimitReader(r.Body, limit+1), r.ContentLength)
-	_ = rc.SetReadDeadline(time.Time{})
-	switch {
-	case r.Context().Err() != nil:
-		return nil, false
-	case errors.Is(err, os.ErrDeadlineExceeded):
-		refusal := hold.Refused(http.StatusRequestTimeout, hold.TypeInvalidRequest, hold.CodeInvalidBody,
-			fmt.Sprintf("the request body did not arrive within %s", bodyReadTimeout))
-		return &refusal, false
-	case err != nil:
-		refusal := hold.Refused(http.StatusBadRequest, hold.TypeInvalidRequest, hold.CodeInvalidBody, "reading the request body: "+err.Error())
-		return &refusal, false
-	case int64(len(body)) > limit:
+	body, refusal, ok := p.readBody(w, r)
+	if !ok {
+		return refusal, false
+	}
+	if int64(len(body)) > limit {
 		return tooLarge(fmt.Sprintf("the request body is over the %d bytes proxy.maxBodyBytes allows", limit)), false
 	}
-	r.Body.Close()
-	r.TransferEncoding = nil // read whole: it goes upstream with its length, even if it came chunked
+	keepBody(r, body)
 	if len(body) == 0 {
-		r.Body, r.ContentLength = http.NoBody, 0
 		return nil, true
 	}
-	r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
-	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	if err := p.ident.BodyPools(id, body); err != nil {
 		refusal := identity.Refusal(err)
 		if ct := r.Header.Get("Content-Type"); errors.Is(err, identity.ErrInvalidBody) && ct != "" && !isJSON(ct) {
@@ -62,6 +48,70 @@ func (p *Proxy) bufferBody(w http.ResponseWriter, r *http.Request, id *identity.
 		return &refusal, false
 	}
 	return nil, true
+}
+
+// readAhead reads r's body before an acquire that may wait, up to
+// MaxBodyBytes: net/http notices a client that goes away only once the
+// request's body is read, so a request waiting with its body unread
+// would keep its place in the queue, and be granted, forwarded and
+// counted, after its client left. whole is false when the body is longer:
+// r then carries what was read followed by the rest, and the request is
+// not to wait. Not ok: as bufferBody.
+func (p *Proxy) readAhead(w http.ResponseWriter, r *http.Request) (refusal *hold.Refusal, whole, ok bool) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, true, true
+	}
+	if r.ContentLength > p.opts.MaxBodyBytes {
+		return nil, false, true
+	}
+	body, refusal, ok := p.readBody(w, r)
+	if !ok {
+		return refusal, false, false
+	}
+	if int64(len(body)) > p.opts.MaxBodyBytes {
+		r.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(bytes.NewReader(body), r.Body), r.Body}
+		return nil, false, true
+	}
+	keepBody(r, body)
+	return nil, true, true
+}
+
+// readBody reads r's body, up to one byte over MaxBodyBytes, within
+// bodyReadTimeout. Not ok: the request is answered with the refusal, or,
+// nil, not at all (its client left).
+func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *hold.Refusal, bool) {
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(bodyReadTimeout))
+	body, err := readAll(io.LimitReader(r.Body, p.opts.MaxBodyBytes+1), r.ContentLength)
+	_ = rc.SetReadDeadline(time.Time{})
+	switch {
+	case r.Context().Err() != nil:
+		return nil, nil, false
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		refusal := hold.Refused(http.StatusRequestTimeout, hold.TypeInvalidRequest, hold.CodeInvalidBody,
+			fmt.Sprintf("the request body did not arrive within %s", bodyReadTimeout))
+		return nil, &refusal, false
+	case err != nil:
+		refusal := hold.Refused(http.StatusBadRequest, hold.TypeInvalidRequest, hold.CodeInvalidBody, "reading the request body: "+err.Error())
+		return nil, &refusal, false
+	}
+	return body, nil, true
+}
+
+// keepBody makes body, read whole from r, r's body again: it goes
+// upstream with its length, even if it came chunked.
+func keepBody(r *http.Request, body []byte) {
+	r.Body.Close()
+	r.TransferEncoding = nil
+	if len(body) == 0 {
+		r.Body, r.ContentLength = http.NoBody, 0
+		return
+	}
+	r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 }
 
 // readAll is io.ReadAll into a buffer of the size the body declares

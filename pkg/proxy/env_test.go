@@ -40,6 +40,8 @@ type envOptions struct {
 	// upstream, when set, is the upstream's URL instead of a test server
 	// running handler.
 	upstream string
+	// wait is how long a request may wait for a slot (hold.Options.Wait).
+	wait time.Duration
 }
 
 func newEnv(t *testing.T, handler http.Handler, o envOptions) *env {
@@ -47,7 +49,7 @@ func newEnv(t *testing.T, handler http.Handler, o envOptions) *env {
 	spans := tracetest.NewInMemoryExporter()
 	e := &env{spans: spans, Env: holdtest.New(t, holdtest.Options{
 		Stack:     o.stack,
-		Hold:      hold.Options{Mode: "proxy"},
+		Hold:      hold.Options{Mode: "proxy", Wait: o.wait},
 		Telemetry: telemetry.Options{SpanExporter: spans},
 	})}
 	ident, err := identity.New(o.identity)

@@ -257,14 +257,24 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 		identity.Refusal(err).Write(w)
 		return
 	}
-	if p.ident.ReadsBody() {
-		if refusal, ok := p.bufferBody(w, r, &id); !ok {
-			if refusal != nil {
-				p.holder.Refused(ctx, hold.ReasonInvalid)
-				refusal.Write(w)
-			}
-			return
+	var wait time.Duration // the holder's
+	var refusal *hold.Refusal
+	ok := true
+	switch {
+	case p.ident.ReadsBody():
+		refusal, ok = p.bufferBody(w, r, &id)
+	case p.holder.Waits():
+		var whole bool
+		if refusal, whole, ok = p.readAhead(w, r); !whole {
+			wait = -1 // too long to hold: the request does not wait
 		}
+	}
+	if !ok {
+		if refusal != nil {
+			p.holder.Refused(ctx, hold.ReasonInvalid)
+			refusal.Write(w)
+		}
+		return
 	}
 	var label string
 	if p.opts.LabelHeader != "" {
@@ -273,7 +283,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	if label == "" {
 		label = id.BodyLabel
 	}
-	st, res, err := p.holder.Acquire(ctx, limiter.AcquireRequest{UserID: id.UserID, Plan: id.Plan, Label: label, Pools: id.Pools})
+	st, res, err := p.holder.Acquire(ctx, limiter.AcquireRequest{UserID: id.UserID, Plan: id.Plan, Label: label, Pools: id.Pools, Wait: wait})
 	switch {
 	case err != nil:
 		p.refuse(w, r, err)
