@@ -76,6 +76,11 @@ var sentinelErrors = []struct {
 		message: "the limiter's Redis refused the call (a misconfiguration); the limiter's log names it"},
 }
 
+// statusClientGone is the status of a request whose client left before
+// its answer (nginx's 499, "client closed request"): counted as the
+// client's doing, not as the limiter failing.
+const statusClientGone = 499
+
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	status, e := apiError(err)
 	s.answerError(w, r, err, status, e)
@@ -84,6 +89,12 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 // answerError logs a failure of the service itself and answers e, the
 // mapping of err (see apiError), with status.
 func (s *Server) answerError(w http.ResponseWriter, r *http.Request, err error, status int, e httpapi.Error) {
+	if r.Context().Err() != nil && errors.Is(err, context.Canceled) {
+		// The client left (a wait it gave up on): no one reads the answer,
+		// and it is no outage of the limiter's.
+		w.WriteHeader(statusClientGone)
+		return
+	}
 	caller := ""
 	if info := infoOf(r.Context()); info != nil {
 		caller = info.who.name

@@ -1,9 +1,13 @@
 package server_test
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -117,5 +121,49 @@ func TestFailedRequestsLogTheSuppressedCount(t *testing.T) {
 	}
 	if got[1]["level"] != "WARN" || got[1]["status"] != float64(http.StatusServiceUnavailable) {
 		t.Errorf("second line %v, want a WARN with status 503", got[1])
+	}
+}
+
+// TestAClientThatLeavesIsNoFailure: an acquire waiting for a slot whose
+// client goes away ends as the client's doing, not the limiter's: no
+// "request failed" warning (of an outage) in the log, and no 503.
+func TestAClientThatLeavesIsNoFailure(t *testing.T) {
+	t.Parallel()
+	var sink logSink
+	logger := slog.New(slog.NewJSONHandler(&sink, nil))
+	lim := limitertest.New(t, limitertest.Options{Tiers: waitTiers(), Limiter: limiter.Options{Logger: logger}}).Limiter
+	srv := httptest.NewServer(server.New(lim, server.Options{Logger: logger}).Handler())
+	t.Cleanup(srv.Close)
+	a := &api{url: srv.URL, client: &http.Client{Timeout: 10 * time.Second}}
+	user := newUser(t)
+	if r := a.post(t, httpapi.PathAcquire, map[string]any{"user_id": user, "plan": "wait"}); r.status != http.StatusOK {
+		t.Fatalf("the user's one slot: %d %s", r.status, r.body)
+	}
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := fmt.Sprintf(`{"user_id":%q,"plan":"wait","wait_ms":5000}`, user)
+	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", httpapi.PathAcquire, len(body), body)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if got, err := lim.Slots(context.Background(), user); err == nil && len(got.Queue) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the acquire never waited")
+		}
+	}
+	conn.Close()
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if got, err := lim.Slots(context.Background(), user); err == nil && len(got.Queue) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the acquire still waits 2s after its client left")
+		}
+	}
+	time.Sleep(100 * time.Millisecond) // for the handler to answer
+	if log := sink.String(); strings.Contains(log, "request failed") {
+		t.Errorf("a client that left is logged as a failure of the limiter: %s", log)
 	}
 }
