@@ -70,17 +70,27 @@ func (s *Server) Run(ctx context.Context, ln net.Listener, tlsConfig *tls.Config
 	}
 	healthpb.RegisterHealthServer(srv, hs)
 
+	serving := func() {
+		for _, name := range services {
+			hs.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
+		}
+	}
 	synced, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
-	go func() {
-		select {
-		case <-s.opts.Tiers.Synced():
-			for _, name := range services {
-				hs.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
+	select {
+	case <-s.opts.Tiers.Synced():
+		// Already synced (a static table): SERVING before the first
+		// probe can ask, not whenever a goroutine gets to it.
+		serving()
+	default:
+		go func() {
+			select {
+			case <-s.opts.Tiers.Synced():
+				serving()
+			case <-synced.Done():
 			}
-		case <-synced.Done():
-		}
-	}()
+		}()
+	}
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
