@@ -233,8 +233,8 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	// undoTries removes the memberships tries took, for an acquire that
 	// answers without them.
 	undoTries := func() {
-		if taken := takenOf(tries); len(taken) > 0 {
-			l.undo(ctx, end, req, taken, false)
+		if taken := takenOf(tries, poolMember(req.UserID, req.StreamID)); len(taken) > 0 {
+			l.undo(ctx, end, taken, false, lua.Member{})
 		}
 	}
 	res := AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}
@@ -287,7 +287,7 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 			undoTries()
 			return res, tier, err
 		}
-		err := l.grantPools(ctx, end, waitUntil, req, tier, ms, !got.Extended, tries, &res)
+		err := l.grantPools(ctx, end, waitUntil, req, tier, ms, userSlot{added: !got.Extended, again: got.Again()}, tries, &res)
 		return res, tier, err
 	}
 	undoTries()
@@ -301,7 +301,7 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		}
 		res, err = l.await(ctx, key, req, tier, wait, res, generated, lua.EncodePools(held))
 		if err == nil && res.Granted && !res.Degraded {
-			err = l.grantPools(ctx, l.decisionEnd(), waitUntil, req, tier, ms, true, nil, &res)
+			err = l.grantPools(ctx, l.decisionEnd(), waitUntil, req, tier, ms, userSlot{added: true}, nil, &res)
 		}
 	}
 	return res, tier, err
@@ -313,11 +313,11 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 // and turns res into the
 // pool's refusal when one refuses. A membership granted degraded makes
 // the grant degraded.
-func (l *Limiter) grantPools(ctx context.Context, end, waitUntil time.Time, req AcquireRequest, tier tiers.Tier, ms []membership, added bool, tries []poolTry, res *AcquireResult) error {
+func (l *Limiter) grantPools(ctx context.Context, end, waitUntil time.Time, req AcquireRequest, tier tiers.Tier, ms []membership, slot userSlot, tries []poolTry, res *AcquireResult) error {
 	if len(ms) == 0 {
 		return nil
 	}
-	j, err := l.joinPools(ctx, end, waitUntil, req, tier, ms, added, tries)
+	j, err := l.joinPools(ctx, end, waitUntil, req, tier, ms, slot, tries)
 	res.Waited += j.waited
 	if err == nil && j.refusal == nil && j.waited > 0 {
 		err = l.heldAfterWaiting(ctx, req, j.grants)
@@ -329,7 +329,7 @@ func (l *Limiter) grantPools(ctx context.Context, end, waitUntil time.Time, req 
 	if r := j.refusal; r != nil {
 		res.Granted, res.ExpiresAt, res.RefusedBy, res.RetryAfter = false, time.Time{}, r, r.RetryAfter
 		res.WouldRefuse = "" // said of grants only
-		if added {
+		if slot.added {
 			res.Used--
 		}
 		return nil
@@ -371,15 +371,13 @@ func (l *Limiter) heldAfterWaiting(ctx context.Context, req AcquireRequest, gran
 	if lookErr != nil || held {
 		return nil
 	}
-	var slots []string
 	var left []lua.PoolKey
 	for _, g := range grants {
-		if s, err := l.keys.PoolKey(g.Pool, g.Key); err == nil && !g.Degraded {
-			slots = append(slots, s)
+		if !g.Degraded {
 			left = append(left, lua.PoolKey{Pool: g.Pool, Key: g.Key})
 		}
 	}
-	l.leaveAll(ctx, l.decisionEnd(), slots, poolMember(req.UserID, req.StreamID))
+	l.leaveAll(ctx, l.decisionEnd(), l.heldMembers(req.UserID, req.StreamID, left))
 	return fmt.Errorf("%w: stream %q was released while it waited for a place in %s; it holds none",
 		ErrSlotLost, req.StreamID, poolsOf(left))
 }

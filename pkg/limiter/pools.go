@@ -166,8 +166,8 @@ type joined struct {
 // order, each decided by end. A full key's queue is waited in until
 // waitUntil at the most (see poolWait), and the next step is decided by
 // a new end. A refusal, or an outage of a pool that fails closed, removes
-// the memberships this call added and, when added says the user's slot is
-// new, that slot too, before it answers (see undo).
+// the memberships this call added and the user's slot (see own, below),
+// before it answers (see undo).
 //
 // tries, when not nil, are the answers of the scripts already sent for
 // ms, all at once beside the user's (tryPools). At the first key that
@@ -175,17 +175,29 @@ type joined struct {
 // else, so that an acquire waiting in a key's queue holds only the keys
 // before it, as one joining them in turn would; the keys after it are
 // then asked for in turn.
-func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req AcquireRequest, tier tiers.Tier, ms []membership, added bool, tries []poolTry) (joined, error) {
+func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req AcquireRequest, tier tiers.Tier, ms []membership, slot userSlot, tries []poolTry) (joined, error) {
 	member := poolMember(req.UserID, req.StreamID)
 	var out joined
-	var taken []string // the pool keys added by this call
+	var taken []lua.Member // the memberships added by this call, as it left them
+	var holding []string   // the pool keys held so far, added or extended
+	// The user's slot, as this acquire left it. A refusal (or a wait
+	// that ends without a place) removes it when the acquire took it, and
+	// also when the acquire extended it: a stream refused a key that its
+	// record names holds no membership of it, so no grant of the stream
+	// is running; it is then a retry's to remove, of an acquire whose
+	// answer never reached its caller. Either way it goes only if no
+	// later acquire of the stream extended it since (lua.Member.Owned).
+	var own lua.Member
+	if key, err := l.keys.UserKey(req.UserID); err == nil {
+		own = lua.Member{Key: key, ID: req.StreamID, Owned: true, Again: slot.again}
+	}
 	for i, m := range ms {
 		var got lua.Acquired
 		var err error
 		if tries != nil {
 			got, err = tries[i].got, tries[i].err
 			if stops := err != nil && !degrade(m.pool.FailureMode, err) || err == nil && !got.Granted; stops {
-				l.leaveAll(ctx, end, takenOf(tries[i+1:]), member)
+				l.leaveAll(ctx, end, takenOf(tries[i+1:], member))
 				tries = nil
 			}
 		} else {
@@ -204,7 +216,9 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 			if errors.Is(err, ErrUnavailable) { // not the caller leaving, nor a refusing Redis
 				l.observer.Joined(ctx, m.pool.Pool, JoinUnavailable, 0, m.limit)
 			}
-			l.undo(ctx, end, req, taken, added)
+			// Whether the stream held m's key is not known: a slot it
+			// extended may be a running grant's, and stays.
+			l.undo(ctx, end, taken, slot.added, own)
 			return joined{}, fmt.Errorf("pool %s=%s: %w", m.pool.Pool, m.key, err)
 		}
 		limit := m.limit
@@ -216,11 +230,13 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 				RetryAfter: time.Duration(got.RetryAfterMs) * time.Millisecond}
 			// A key capped at 0 admits no one, however long one waits.
 			if wait := poolWait(waitUntil, tier, m.pool); wait > 0 && limit > 0 {
-				w := l.awaitPool(ctx, req, tier, m, wait, time.Until(waitUntil), taken)
+				w := l.awaitPool(ctx, req, tier, m, wait, time.Until(waitUntil), holding)
 				out.waited += w.waited
 				end = l.decisionEnd() // the next step is a decision of its own
 				if w.unsure || w.grant != nil {
-					taken = append(taken, m.slots) // the undo's to remove, whatever happens next
+					// The undo's to remove, whatever happens next.
+					taken = append(taken, lua.Member{Key: m.slots, ID: member, Owned: true})
+					holding = append(holding, m.slots)
 				}
 				switch {
 				case w.grant != nil && w.err == nil:
@@ -229,18 +245,19 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 					out.grants = append(out.grants, g)
 					continue
 				case w.err != nil:
-					l.undo(ctx, end, req, taken, added)
+					l.undo(ctx, end, taken, true, own)
 					return joined{waited: out.waited}, fmt.Errorf("pool %s=%s: %w", m.pool.Pool, m.key, w.err)
 				}
 				refusal = w.refusal
 			}
 			l.observer.Joined(ctx, m.pool.Pool, JoinLimited, refusal.Used, refusal.Limit)
-			l.undo(ctx, end, req, taken, added)
+			l.undo(ctx, end, taken, true, own)
 			return joined{refusal: refusal, waited: out.waited}, nil
 		}
 		if !got.Extended {
-			taken = append(taken, m.slots)
+			taken = append(taken, lua.Member{Key: m.slots, ID: member, Owned: true, Again: got.Again()})
 		}
+		holding = append(holding, m.slots)
 		g := PoolGrant{Pool: m.pool.Pool, Key: m.key, Used: got.Used, Limit: limit, Overridden: got.Override >= 0, WouldRefuse: got.WouldRefuse}
 		l.observer.Joined(ctx, m.pool.Pool, out.outcome(g), got.Used, limit)
 		out.grants = append(out.grants, g)
@@ -275,6 +292,14 @@ func (l *Limiter) joinPool(ctx context.Context, end time.Time, req AcquireReques
 func (l *Limiter) joinArgs(req AcquireRequest, tier tiers.Tier, m membership) lua.AcquireArgs {
 	return lua.AcquireArgs{Key: m.slots, StreamID: poolMember(req.UserID, req.StreamID), Limit: m.limit, TTL: tier.SlotTTL,
 		Rec: lua.Record{Caller: req.Caller, Plan: tier.Plan, User: req.UserID, Label: req.Label}, Shadow: !m.pool.Enforced()}
+}
+
+// userSlot is the user's slot of a pooled acquire, as the acquire left
+// it: added, when the acquire took it rather than extending it; again,
+// its record's count of extensions then (lua.Member.Owned).
+type userSlot struct {
+	added bool
+	again int
 }
 
 // poolTry is the answer of a pool key's script sent beside the user's.
@@ -326,31 +351,31 @@ func (l *Limiter) acquireTogether(ctx context.Context, c rueidis.Client, user lu
 	return gots[0], tries, errs[0]
 }
 
-// takenOf returns the pool keys tries added a membership of: what undoing
-// them removes.
-func takenOf(tries []poolTry) []string {
-	var out []string
+// takenOf returns the memberships (member of their keys) tries added,
+// as they left them: what undoing them removes.
+func takenOf(tries []poolTry, member string) []lua.Member {
+	var out []lua.Member
 	for _, t := range tries {
 		if t.err == nil && t.got.Granted && !t.got.Extended {
-			out = append(out, t.slots)
+			out = append(out, lua.Member{Key: t.slots, ID: member, Owned: true, Again: t.got.Again()})
 		}
 	}
 	return out
 }
 
-// leaveAll removes member from each of the pool keys whose sorted sets
-// are slots, at once, by end, and returns those whose removal Redis did
-// not confirm. The removals go in one pipeline per node, as an
-// acquire's scripts do (see acquireTogether): each answer is its own
-// node's, so that one node's hang is its own keys' outage.
-func (l *Limiter) leaveAll(ctx context.Context, end time.Time, slots []string, member string) []string {
-	if len(slots) == 0 {
+// leaveAll removes members (of pool keys' sorted sets) at once, by end,
+// and returns those whose removal Redis did not confirm. The removals go
+// in one pipeline per node, as an acquire's scripts do (see
+// acquireTogether): each answer is its own node's, so that one node's
+// hang is its own keys' outage.
+func (l *Limiter) leaveAll(ctx context.Context, end time.Time, members []lua.Member) []lua.Member {
+	if len(members) == 0 {
 		return nil
 	}
-	var left []string
-	for i, err := range l.leaveTogether(ctx, end, slots, member) {
+	var left []lua.Member
+	for i, err := range l.leaveMembers(ctx, end, members) {
 		if err != nil {
-			left = append(left, slots[i])
+			left = append(left, members[i])
 		}
 	}
 	return left
@@ -363,61 +388,40 @@ func (l *Limiter) leaveAll(ctx context.Context, end time.Time, slots []string, m
 // the per-call deadline.
 const undoWithin = 50 * time.Millisecond
 
-// undo removes what a refused acquire took: the memberships of the pool
-// keys taken (their sorted sets) and, when added, the user's slot. It
-// does so before the answer, by end + undoWithin; what Redis did not
-// confirm removed by then is removed once more beside the answer, which
-// does not wait for it, and otherwise expires by its own score.
-func (l *Limiter) undo(ctx context.Context, end time.Time, req AcquireRequest, taken []string, added bool) {
+// undo removes what a refused acquire took: the memberships taken and,
+// when drop says so, the user's slot, each only as the acquire left it
+// (lua.Member.Owned). It does so before the answer, by end +
+// undoWithin; what Redis did not confirm removed by then is removed once
+// more beside the answer, which does not wait for it, and otherwise
+// expires by its own score.
+func (l *Limiter) undo(ctx context.Context, end time.Time, taken []lua.Member, drop bool, slot lua.Member) {
 	end = end.Add(undoWithin)
-	member := poolMember(req.UserID, req.StreamID)
-	var left []string
+	var left []lua.Member
 	var wg sync.WaitGroup
-	wg.Go(func() { left = l.leaveAll(ctx, end, taken, member) })
-	var user string // the user's slots, when its slot is left to remove
-	if added {
-		if key, err := l.keys.UserKey(req.UserID); err == nil && l.dropSlot(ctx, end, "release", key, req.StreamID) != nil {
-			user = key
-		}
-	}
+	wg.Go(func() { left = l.leaveAll(ctx, end, taken) })
+	drop = drop && slot.Key != "" && l.dropSlot(ctx, end, "release", slot) != nil // still to drop
 	wg.Wait()
-	if len(left) == 0 && user == "" {
+	if len(left) == 0 && !drop {
 		return
 	}
-	ctx = context.WithoutCancel(ctx)
-	go func() {
-		for _, slots := range left {
-			_ = l.leavePool(ctx, time.Time{}, slots, member)
-		}
-		if user != "" {
-			_ = l.dropSlot(ctx, time.Time{}, "release", user, req.StreamID)
-		}
-	}()
+	l.leaveLater(ctx, left)
+	if drop {
+		go l.dropSlot(context.WithoutCancel(ctx), time.Time{}, "release", slot)
+	}
 }
 
-// dropSlot removes streamID's slot from key, a user's slots (or a pool
-// key's member), by end, in a Redis call of op, and wakes the acquire its release lets in, if
-// one waits. It leaves the stream's memberships alone: for a slot whose
+// dropSlot removes m, a user's slot (or a pool key's member), by end, in
+// a Redis call of op, and wakes the acquire its release lets in, if one
+// waits. It leaves the stream's memberships alone: for a slot whose
 // acquire is being undone.
-func (l *Limiter) dropSlot(ctx context.Context, end time.Time, op, key, streamID string) error {
+func (l *Limiter) dropSlot(ctx context.Context, end time.Time, op string, m lua.Member) error {
 	return l.doBy(ctx, end, op, func(ctx context.Context, c rueidis.Client) error {
-		got, err := lua.Release(ctx, c, "", key, streamID)
+		got, err := lua.ReleaseMember(ctx, c, "", m)
 		if got.Head != "" {
-			l.wake(ctx, key, got.Head)
+			l.wake(ctx, m.Key, got.Head)
 		}
 		return err
 	})
-}
-
-// leaveTogether removes member from each of the pool keys whose sorted
-// sets are slots, by end, as leaveMembers does, and returns each
-// removal's error.
-func (l *Limiter) leaveTogether(ctx context.Context, end time.Time, slots []string, member string) []error {
-	members := make([]lua.Member, len(slots))
-	for i, s := range slots {
-		members[i] = lua.Member{Key: s, ID: member}
-	}
-	return l.leaveMembers(ctx, end, members)
 }
 
 // leaveMembers removes each of members (a pool key's sorted set and a
@@ -433,7 +437,7 @@ func (l *Limiter) leaveMembers(ctx context.Context, end time.Time, members []lua
 		got, errs = lua.ReleaseAt(ctx, c, "", members, l.redis.NodeOf)
 		for i, err := range errs {
 			if _, replied := rueidis.IsRedisErr(err); err != nil && !replied && ctx.Err() == nil {
-				got[i], errs[i] = lua.Release(ctx, c, "", members[i].Key, members[i].ID)
+				got[i], errs[i] = lua.ReleaseMember(ctx, c, "", members[i])
 			}
 		}
 		return errors.Join(errs...)
@@ -468,7 +472,7 @@ func (l *Limiter) leaveLater(ctx context.Context, members []lua.Member) {
 // by end, and wakes the acquire waiting for the key that its leaving lets
 // in, if one waits.
 func (l *Limiter) leavePool(ctx context.Context, end time.Time, slots, member string) error {
-	return l.dropSlot(ctx, end, "release_pool", slots, member)
+	return l.dropSlot(ctx, end, "release_pool", lua.Member{Key: slots, ID: member})
 }
 
 // heldMembers are the memberships of userID's stream streamID in the

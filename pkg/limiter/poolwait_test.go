@@ -501,3 +501,109 @@ func TestAPoolInShadowModeLetsItsWaitersIn(t *testing.T) {
 		t.Errorf("model=k holds %+v (%v); want 2, the holder and the waiter, counted above the cap of 1", key, err)
 	}
 }
+
+// TestARetryOfAWaitingAcquireKeepsItsSlotWhenTheFirstLeaves: an acquire
+// waits for a full pool key; its caller, tired of waiting, retries with
+// the same stream id (on the same replica, or another), which extends
+// the user's slot and waits too; then the first request ends (its caller
+// gone). When the key frees up, the retry is granted and its stream
+// holds its user's slot and the membership: the first's undo leaves the
+// slot the retry extended, rather than answering the retry 410.
+func TestARetryOfAWaitingAcquireKeepsItsSlotWhenTheFirstLeaves(t *testing.T) {
+	t.Parallel()
+	for name, replica := range map[string]int{"on the same replica": 0, "on another replica": 1} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			stacks := waitPoolReplicas(t, limitertest.RedisCluster, 2)
+			ctx := context.Background()
+			holder, user := newUser(t), newUser(t)
+			held := mustAcquire(t, stacks[0].Limiter, holder, "low", "gpt-4o")
+			req := limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "retried", Pools: map[string]string{"model": "gpt-4o"}}
+			leave, cancel := context.WithCancel(ctx)
+			defer cancel()
+			first := queue(t, leave, stacks[0], stacks[0].Limiter, req, 8*time.Second)
+
+			retry := retryWaiting(t, ctx, stacks[replica].Limiter, req)
+			cancel()
+			if a, ok := first.answer(2 * time.Second); !ok || !errors.Is(a.err, context.Canceled) {
+				t.Fatalf("the first request, its caller gone: %+v (answered %v); want context.Canceled", a, ok)
+			}
+			if _, err := stacks[0].Limiter.Release(ctx, holder, held.StreamID); err != nil {
+				t.Fatal(err)
+			}
+			a, ok := retry.answer(3 * time.Second)
+			if !ok || a.err != nil || !a.res.Granted || len(a.res.Pools) != 1 {
+				t.Fatalf("the retry once the key freed up: %+v, %v (answered %v); want granted with model=gpt-4o", a.res, a.err, ok)
+			}
+			if beat, err := stacks[1].Limiter.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: user, Plan: "low", StreamID: "retried"}); err != nil || !beat.Alive {
+				t.Fatalf("the retried stream's heartbeat: %+v, %v; want alive", beat, err)
+			}
+			if key, err := stacks[1].Limiter.PoolSlots(ctx, "model", "gpt-4o"); err != nil || key.Used != 1 {
+				t.Errorf("model=gpt-4o holds %+v (%v); want the retried stream alone", key, err)
+			}
+		})
+	}
+}
+
+// retryWaiting starts req again on lim, waiting up to 8s, and returns
+// once it waits (for a pool key: its ticket is the first's, under the
+// same member, so the queue does not grow).
+func retryWaiting(t *testing.T, ctx context.Context, lim *limiter.Limiter, req limiter.AcquireRequest) *queued {
+	t.Helper()
+	waiting := make(chan struct{})
+	retry := &queued{done: make(chan acquired, 1)}
+	go func() {
+		r := req
+		r.Wait = 8 * time.Second
+		r.OnWait = func(time.Duration) { close(waiting) }
+		res, err := lim.Acquire(ctx, r)
+		retry.done <- acquired{res, err}
+	}()
+	select {
+	case <-waiting:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the retry did not wait within 5s")
+	}
+	return retry
+}
+
+// TestAWaitingAcquireAndItsRetryBothLeavingFreeTheSlot: the first request
+// leaves the user's slot to its retry, which extended it; when the retry
+// leaves too, the slot goes at once, not a TTL later, and so does the
+// key's queue ticket.
+func TestAWaitingAcquireAndItsRetryBothLeavingFreeTheSlot(t *testing.T) {
+	t.Parallel()
+	stacks := waitPoolReplicas(t, limitertest.RedisCluster, 2)
+	ctx := context.Background()
+	mustAcquire(t, stacks[0].Limiter, newUser(t), "low", "gpt-4o")
+	user := newUser(t)
+	req := limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "retried", Pools: map[string]string{"model": "gpt-4o"}}
+	leaveFirst, cancelFirst := context.WithCancel(ctx)
+	defer cancelFirst()
+	first := queue(t, leaveFirst, stacks[0], stacks[0].Limiter, req, 8*time.Second)
+	leaveRetry, cancelRetry := context.WithCancel(ctx)
+	defer cancelRetry()
+	retry := retryWaiting(t, leaveRetry, stacks[1].Limiter, req)
+	cancelFirst()
+	if a, ok := first.answer(2 * time.Second); !ok || !errors.Is(a.err, context.Canceled) {
+		t.Fatalf("the first request, its caller gone: %+v (answered %v); want context.Canceled", a, ok)
+	}
+	if slots, err := stacks[1].Limiter.Slots(ctx, user); err != nil || len(slots.Slots) != 1 {
+		t.Fatalf("the user holds %+v (%v) while the retry waits; want its one slot", slots, err)
+	}
+	cancelRetry()
+	if a, ok := retry.answer(2 * time.Second); !ok || !errors.Is(a.err, context.Canceled) {
+		t.Fatalf("the retry, its caller gone: %+v (answered %v); want context.Canceled", a, ok)
+	}
+	deadline := time.Now().Add(time.Second)
+	for {
+		slots, err := stacks[0].Limiter.Slots(ctx, user)
+		if err == nil && len(slots.Slots) == 0 && queueLength(t, stacks[0], "gpt-4o") == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("1s after both requests left, the user holds %+v (%v) and %d tickets wait; want none", slots, err, queueLength(t, stacks[0], "gpt-4o"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -133,13 +133,8 @@ func (l *Limiter) releaseBy(ctx context.Context, end time.Time, caller, userID, 
 	if got.Head != "" {
 		l.wake(ctx, key, got.Head)
 	}
-	if held := l.notLeft(got.Pools, along, leftErrs); len(held) > 0 {
-		member := poolMember(userID, streamID)
-		var left []lua.Member
-		for _, slots := range l.leaveAll(ctx, end, held, member) {
-			left = append(left, lua.Member{Key: slots, ID: member})
-		}
-		l.leaveLater(ctx, left)
+	if held := l.notLeft(got.Pools, along, leftErrs, poolMember(userID, streamID)); len(held) > 0 {
+		l.leaveLater(ctx, l.leaveAll(ctx, end, held))
 	}
 	return ReleaseResult{Released: got.Released}, nil
 }
@@ -162,8 +157,8 @@ func (l *Limiter) joinedMembers(userID, streamID string, joined []PoolGrant) []l
 // notLeft returns the sorted sets of the pool keys named (by a released
 // slot's record) whose membership did not leave beside the slot: not
 // among along, or along with an error (errs, along's).
-func (l *Limiter) notLeft(named []lua.PoolKey, along []lua.Member, errs []error) []string {
-	var out []string
+func (l *Limiter) notLeft(named []lua.PoolKey, along []lua.Member, errs []error, member string) []lua.Member {
+	var out []lua.Member
 	for _, p := range named {
 		slots, err := l.keys.PoolKey(p.Pool, p.Key)
 		if err != nil {
@@ -171,7 +166,7 @@ func (l *Limiter) notLeft(named []lua.PoolKey, along []lua.Member, errs []error)
 		}
 		i := slices.IndexFunc(along, func(m lua.Member) bool { return m.Key == slots })
 		if i < 0 || i >= len(errs) || errs[i] != nil {
-			out = append(out, slots)
+			out = append(out, lua.Member{Key: slots, ID: member})
 		}
 	}
 	return out

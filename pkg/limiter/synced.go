@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/joishi/limiter/pkg/lua"
 	"github.com/joishi/limiter/pkg/tiers"
 	"github.com/redis/rueidis"
 )
@@ -81,7 +82,7 @@ func (l *Limiter) confirmGrant(ctx context.Context, s *replicaSync, tier tiers.T
 		l.warnDegraded(ctx, "slot not confirmed by replicas; keeping the grant (failureMode Open)", "plan", tier.Plan, "reason", why)
 		return nil
 	}
-	_ = l.dropSlot(ctx, time.Time{}, "release", key, res.StreamID)
+	_ = l.dropSlot(ctx, time.Time{}, "release", lua.Member{Key: key, ID: res.StreamID})
 	res.Granted, res.ExpiresAt = false, time.Time{}
 	return fmt.Errorf("%w: acquire: %s (redis.syncReplicas %d)", ErrUnavailable, why, s.want)
 }

@@ -39,7 +39,7 @@
 --                  limit), else 0
 --   record         when granted 2: the held slot's record, as kept (the
 --                  caller compares the pools it names with those asked
---                  for); else ''
+--                  for, and reads its count of extensions); else ''
 --
 -- Idempotent on the stream id: acquiring a held stream extends it (never
 -- shortens it) and leaves used unchanged. A stream belongs to the caller
@@ -56,7 +56,10 @@
 -- keep the slot by its own TTL whatever happens to its plan; then
 -- ';started=<now>' (Redis ms) and the fields of ARGV[4] (who took it, for
 -- what), each after a ';'. A new slot's record is written with it; a held
--- slot keeps the record it has (and gets one if it had none). Both keys
+-- slot keeps the record it has (and gets one if it had none), counting
+-- one more extension (';again=<n>' after its head: see again), so that
+-- an earlier acquire of the stream that gives up leaves what a later one
+-- holds now (see release's ARGV[3]). Both keys
 -- expire together, at least one TTL and at most two after the latest
 -- slot (see below; heartbeat keeps them so too). The override is only
 -- read: it has its own expiry.
@@ -134,6 +137,9 @@ local function extend()
   if not kept then
     kept = record
     recorded = redis.call('HSET', meta, member, kept) == 1
+  else
+    kept = extended(kept)
+    redis.call('HSET', meta, member, kept)
   end
   held = kept
   granted = 2

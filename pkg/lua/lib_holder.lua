@@ -20,3 +20,41 @@ local function foreign(record, caller)
   local h = holder(record)
   return h ~= '' and h ~= caller
 end
+
+-- The head of a record that has a start: its TTL, its start and its
+-- caller (if it names one), which an extension count follows (see
+-- again); nil for a record without a start (an older version's).
+local function recordHead(record)
+  return string.match(record, '^%d*;started=%d+;caller=[^;]*')
+    or string.match(record, '^%d*;started=%d+')
+end
+
+-- again(record): how many acquires of the stream extended its slot (or
+-- membership) after the one that took it: the ';again=' field right
+-- after the record's head, 0 when none. Read at that place only, as
+-- holder reads the caller: a label or a user id may hold ';again=' too.
+local function again(record)
+  if not record then
+    return 0
+  end
+  local head = recordHead(record)
+  if not head then
+    return 0
+  end
+  return tonumber(string.match(record, '^;again=(%d+)', #head + 1)) or 0
+end
+
+-- extended(record): the record of a slot one more acquire extended. A
+-- record without a start is not counted (again reads 0 of it).
+local function extended(record)
+  local head = recordHead(record)
+  if not head then
+    return record
+  end
+  local rest = string.sub(record, #head + 1)
+  local n, after = string.match(rest, '^;again=(%d+)(.*)$')
+  if n then
+    rest = after
+  end
+  return head .. ';again=' .. string.format('%d', (tonumber(n) or 0) + 1) .. rest
+end

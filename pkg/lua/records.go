@@ -51,6 +51,7 @@ const (
 	fieldPriority = "prio"
 	fieldUser     = "user"
 	fieldLabel    = "label"
+	fieldAgain    = "again"
 )
 
 // encode returns the fields after the TTL and start, each with its leading
@@ -113,6 +114,9 @@ type StoredRecord struct {
 	// StartedAtMs is when the slot was taken (Redis ms); 0 when not
 	// recorded (taken by a version that recorded no start).
 	StartedAtMs int64
+	// Again counts the acquires of the stream that extended the slot
+	// after the one that took it (acquire.lua's again).
+	Again int
 	Record
 }
 
@@ -153,6 +157,8 @@ func ParseRecord(s string) StoredRecord {
 			out.Pools = value
 		case fieldPriority:
 			out.Priority, _ = strconv.Atoi(value)
+		case fieldAgain:
+			out.Again, _ = strconv.Atoi(value)
 		}
 	}
 	return out

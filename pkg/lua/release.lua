@@ -8,10 +8,17 @@
 -- KEYS[6] -> <prefix>{<user id>}:override  hash: support's override of the limit (see set_override)
 -- ARGV[1] -> stream id
 -- ARGV[2] -> who releases: a caller name, '' for none (optional: absent is '')
--- returns {released (1|0|-1), pruned, head, record}
+-- ARGV[3] -> the count of extensions (see acquire) the slot's record had
+--            when the acquire that releases it left it: an acquire that
+--            gives up releases only what no later acquire of the stream
+--            extended since (optional: absent or '' releases whatever the
+--            count)
+-- returns {released (1|0|-1|-2), pruned, head, record}
 --   released 0: the slot was not held (never, already released, or expired)
 --   released -1: the slot is held by another caller (its record names
 --   one other than ARGV[2]): nothing changed
+--   released -2: a later acquire extended the slot after ARGV[3]'s count:
+--   it holds it now, and nothing changed
 --   pruned: the user's slots that had expired unreleased, removed now
 --   head: the stream id of the first acquire in the user's queue owed a
 --   slot (see owed) when this call freed one (released or pruned), ''
@@ -28,6 +35,9 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local record = redis.call('HGET', meta, ARGV[1])
 if foreign(record, ARGV[2] or '') then
   return {-1, 0, '', ''}
+end
+if record and (ARGV[3] or '') ~= '' and again(record) ~= tonumber(ARGV[3]) then
+  return {-2, 0, '', ''}
 end
 
 local pruned = prune(key, meta, now)

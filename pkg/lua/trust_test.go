@@ -287,3 +287,59 @@ func TestTheCallerIsReadOnlyWhereItIsRecorded(t *testing.T) {
 		}
 	})
 }
+
+// TestAnAcquireThatGivesUpReleasesOnlyWhatNoLaterAcquireExtended: each
+// acquire of a held stream counts one more extension in its record
+// (after the caller, where a label spelling ';again=' is not read); a
+// release owned by an acquire that left the count at n releases the slot
+// only while the count is n, one either side changes nothing; a release
+// not owned releases it whatever the count. The record's caller still
+// holds the slot after its extensions.
+func TestAnAcquireThatGivesUpReleasesOnlyWhatNoLaterAcquireExtended(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		for _, rec := range []lua.Record{{Caller: "chat", Plan: "paid", Label: ";again=7"}, {Plan: "paid", Label: "x;again=7"}} {
+			first, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, rec, false)
+			if err != nil || !first.Granted || first.Extended || first.Again() != 0 {
+				t.Fatalf("the first acquire (%+v): %+v, %v; want a new slot, no extension counted", rec, first, err)
+			}
+			for n := 1; n <= 2; n++ {
+				got, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, rec, false)
+				if err != nil || !got.Extended || got.Again() != n {
+					t.Fatalf("acquire %d of the held stream: %+v (again %d), %v; want extended, counting %d", n+1, got, got.Again(), err, n)
+				}
+				if r := lua.ParseRecord(got.Record); r.Caller != rec.Caller || r.Label != rec.Label || r.Plan != rec.Plan {
+					t.Fatalf("the extended record reads %+v; want the caller, plan and label of %+v", r, rec)
+				}
+			}
+			if rec.Caller != "" {
+				if beat, err := lua.Heartbeat(ctx, c, "mallory", key, "s", time.Minute); err != nil || !beat.NotHolder {
+					t.Errorf("another caller's heartbeat of the extended slot: %+v, %v; want NotHolder", beat, err)
+				}
+			}
+			for _, stale := range []int{0, 1, 3} {
+				rel, err := lua.ReleaseMember(ctx, c, "", lua.Member{Key: key, ID: "s", Owned: true, Again: stale})
+				if err != nil || rel.Released || !rel.Superseded {
+					t.Fatalf("a release owned at count %d of a slot counting 2: %+v, %v; want superseded", stale, rel, err)
+				}
+			}
+			if _, err := c.Do(ctx, c.B().Zscore().Key(key).Member("s").Build()).AsInt64(); err != nil {
+				t.Fatalf("the slot after the superseded releases: %v; want held", err)
+			}
+			rel, err := lua.ReleaseMember(ctx, c, "", lua.Member{Key: key, ID: "s", Owned: true, Again: 2})
+			if err != nil || !rel.Released {
+				t.Fatalf("a release owned at the slot's count: %+v, %v; want released", rel, err)
+			}
+		}
+		if got, err := lua.Acquire(ctx, c, key, "u", 3, time.Minute, lua.Record{}, false); err != nil || !got.Granted {
+			t.Fatalf("acquire: %+v, %v", got, err)
+		}
+		if got, err := lua.Acquire(ctx, c, key, "u", 3, time.Minute, lua.Record{}, false); err != nil || got.Again() != 1 {
+			t.Fatalf("re-acquire: %+v, %v; want counting 1", got, err)
+		}
+		if rel, err := lua.Release(ctx, c, "", key, "u"); err != nil || !rel.Released {
+			t.Fatalf("a release not owned of an extended slot: %+v, %v; want released", rel, err)
+		}
+	})
+}

@@ -54,6 +54,11 @@ func Acquire(ctx context.Context, c rueidis.Client, key, streamID string, limit 
 	return AcquireWith(ctx, c, AcquireArgs{Key: key, StreamID: streamID, Limit: limit, TTL: ttl, Rec: rec, Shadow: shadow})
 }
 
+// Again is how many acquires of the stream extended the slot after the
+// one that took it, this call included, as the call left it: 0 for a
+// slot the call took (see Member.Owned).
+func (a Acquired) Again() int { return ParseRecord(a.Record).Again }
+
 // AcquireWith is Acquire of a's arguments.
 func AcquireWith(ctx context.Context, c rueidis.Client, a AcquireArgs) (Acquired, error) {
 	arr, err := acquireScript.Exec(ctx, c, queueKeys(a.Key), a.args()).ToArray()
@@ -509,13 +514,23 @@ type Released struct {
 	// queue, when the call freed a slot and one waits: the caller wakes
 	// it. "" otherwise.
 	Head string
+	// Superseded: the release was an acquire's giving up (Member.Owned),
+	// and a later acquire of the stream extended the slot since; it holds
+	// the slot now, and nothing changed.
+	Superseded bool
 }
 
 // Release runs the release script on key (a keys.Schema.UserKey), its
 // slot records and its queue. caller is who releases ("" for none): a slot
 // another caller holds is not released (NotHolder).
 func Release(ctx context.Context, c rueidis.Client, caller, key, streamID string) (Released, error) {
-	arr, err := releaseScript.Exec(ctx, c, releaseKeys(key), []string{streamID, caller}).ToArray()
+	return ReleaseMember(ctx, c, caller, Member{Key: key, ID: streamID})
+}
+
+// ReleaseMember runs the release script on m, as Release does; only as
+// the acquire that took it left it, when m is Owned.
+func ReleaseMember(ctx context.Context, c rueidis.Client, caller string, m Member) (Released, error) {
+	arr, err := releaseScript.Exec(ctx, c, releaseKeys(m.Key), m.args(caller)).ToArray()
 	if err != nil {
 		return Released{}, err
 	}
@@ -525,7 +540,24 @@ func Release(ctx context.Context, c rueidis.Client, caller, key, streamID string
 // Member is one member of a sorted set the release script runs on: a
 // user's slot (Key a keys.Schema.UserKey, ID the stream id) or a pool
 // key's membership (Key a keys.Schema.PoolKey, ID the member).
-type Member struct{ Key, ID string }
+type Member struct {
+	Key, ID string
+	// Owned releases the member only if no acquire of the stream
+	// extended it after the one releasing it, which left its record
+	// counting Again extensions (see Acquired.Again): an acquire that
+	// gives up leaves what a later acquire of the same stream id (a
+	// client's retry) holds now. Not Owned: released whatever the count.
+	Owned bool
+	Again int
+}
+
+// args are the release script's ARGV for m, released on caller's behalf.
+func (m Member) args(caller string) []string {
+	if !m.Owned {
+		return []string{m.ID, caller}
+	}
+	return []string{m.ID, caller, strconv.Itoa(m.Again)}
+}
 
 // ReleaseAt runs the release script for each of members at once, in one
 // pipeline (on a cluster, one per node as nodeOf says: see
@@ -534,11 +566,11 @@ type Member struct{ Key, ID string }
 func ReleaseAt(ctx context.Context, c rueidis.Client, caller string, members []Member, nodeOf NodeOf) ([]Released, []error) {
 	cmds := make(rueidis.Commands, len(members))
 	for i, m := range members {
-		cmds[i] = c.B().Evalsha().Sha1(releaseSHA).Numkeys(int64(len(releaseKeys(m.Key)))).Key(releaseKeys(m.Key)...).Arg(m.ID, caller).Build()
+		cmds[i] = c.B().Evalsha().Sha1(releaseSHA).Numkeys(int64(len(releaseKeys(m.Key)))).Key(releaseKeys(m.Key)...).Arg(m.args(caller)...).Build()
 	}
 	resps := doMultiScripts(ctx, c, cmds, func(i int) rueidis.Completed {
 		m := members[i]
-		return c.B().Eval().Script(releaseSource).Numkeys(int64(len(releaseKeys(m.Key)))).Key(releaseKeys(m.Key)...).Arg(m.ID, caller).Build()
+		return c.B().Eval().Script(releaseSource).Numkeys(int64(len(releaseKeys(m.Key)))).Key(releaseKeys(m.Key)...).Arg(m.args(caller)...).Build()
 	}, nodeOf)
 	out := make([]Released, len(members))
 	errs := make([]error, len(members))
@@ -571,7 +603,7 @@ func parseReleased(arr []rueidis.RedisMessage) (Released, error) {
 	if err != nil {
 		return Released{}, fmt.Errorf("release script: record: %w", err)
 	}
-	return Released{Released: vals[0] == 1, NotHolder: vals[0] == -1, Pruned: int(vals[1]), Head: head,
+	return Released{Released: vals[0] == 1, NotHolder: vals[0] == -1, Superseded: vals[0] == -2, Pruned: int(vals[1]), Head: head,
 		Pools: DecodePools(ParseRecord(record).Pools)}, nil
 }
 
