@@ -301,7 +301,8 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		}
 		res, err = l.await(ctx, key, req, tier, wait, res, generated, lua.EncodePools(held))
 		if err == nil && res.Granted && !res.Degraded {
-			err = l.grantPools(ctx, l.decisionEnd(), waitUntil, req, tier, ms, userSlot{added: true}, nil, &res)
+			// The pools as they are now, not as they were before the wait.
+			err = l.grantPools(ctx, l.decisionEnd(), waitUntil, req, tier, l.current(ms), userSlot{added: true}, nil, &res)
 		}
 	}
 	return res, tier, err

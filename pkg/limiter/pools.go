@@ -133,6 +133,26 @@ func (l *Limiter) memberships(named map[string]string) ([]membership, error) {
 	return out, nil
 }
 
+// current returns ms as the pool table has them now, for an acquire that
+// waited since it resolved them (in its user's queue, or a pool key's):
+// each pool's definition (enforce, maxWait, failureMode) and its key's
+// cap, as a new acquire would be judged. A key no longer capped, or of a
+// pool since removed, keeps what it had: the stream's record names it,
+// and its heartbeats keep its membership.
+func (l *Limiter) current(ms []membership) []membership {
+	out := slices.Clone(ms)
+	for i, m := range out {
+		pool, ok := l.pools.Lookup(m.pool.Pool)
+		if !ok {
+			continue
+		}
+		if limit, capped := pool.Limit(m.key); capped {
+			out[i].pool, out[i].limit = pool, limit
+		}
+	}
+	return out
+}
+
 // unknownPool is ErrUnknownPool for the pool name, which is not in
 // force, naming those that are.
 func (l *Limiter) unknownPool(name string) error {
@@ -191,7 +211,8 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 	if key, err := l.keys.UserKey(req.UserID); err == nil {
 		own = lua.Member{Key: key, ID: req.StreamID, Owned: true, Again: slot.again}
 	}
-	for i, m := range ms {
+	for i := range ms {
+		m := ms[i] // as current last resolved it
 		var got lua.Acquired
 		var err error
 		if tries != nil {
@@ -233,6 +254,7 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 				w := l.awaitPool(ctx, req, tier, m, wait, time.Until(waitUntil), holding)
 				out.waited += w.waited
 				end = l.decisionEnd() // the next step is a decision of its own
+				ms = l.current(ms)    // and of the pools as they are now
 				if w.unsure || w.grant != nil {
 					// The undo's to remove, whatever happens next.
 					taken = append(taken, lua.Member{Key: m.slots, ID: member, Owned: true})

@@ -607,3 +607,75 @@ func TestAWaitingAcquireAndItsRetryBothLeavingFreeTheSlot(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestAnAcquireThatWaitedJoinsItsPoolsAsTheyAreNow: an acquire waits in
+// its user's queue, then joins its pool; the pool changed meanwhile (its
+// key's cap, or its enforce), and the acquire is judged by the pool as
+// it is when it joins, as a new acquire is, not as it was when it began.
+func TestAnAcquireThatWaitedJoinsItsPoolsAsTheyAreNow(t *testing.T) {
+	t.Parallel()
+	off := false
+	for name, change := range map[string]struct {
+		before, after pools.Pool
+		granted       bool // the waiter, once its user's slot frees
+	}{
+		"a cap lowered": {
+			before: pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(2)},
+			after:  pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1)},
+		},
+		"shadow mode ended": {
+			before: pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), Enforce: &off},
+			after:  pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1)},
+		},
+		"shadow mode begun": {
+			before:  pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1)},
+			after:   pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), Enforce: &off},
+			granted: true,
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			table := poolTable(t, change.before)
+			s := limitertest.New(t, limitertest.Options{Backend: limitertest.RedisCluster, Redis: cluster.Options{Timeout: 5 * time.Second},
+				Tiers:   []tiers.Tier{tiers.Tier{Plan: "one", MaxConcurrentStreams: 1, MaxWait: 10 * time.Second}.WithDefaults()},
+				Limiter: limiter.Options{Pools: table}})
+			ctx := context.Background()
+			if _, err := s.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "one", Pools: map[string]string{"model": "k"}}); err != nil {
+				t.Fatal(err)
+			}
+			user := newUser(t)
+			own, err := s.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "one"})
+			if err != nil || !own.Granted {
+				t.Fatalf("the user's own stream: %+v, %v", own, err)
+			}
+			userKey, err := s.Keys.UserKey(user)
+			if err != nil {
+				t.Fatal(err)
+			}
+			q := startQueued(t, ctx, s.Limiter, limiter.AcquireRequest{UserID: user, Plan: "one", Pools: map[string]string{"model": "k"}}, 5*time.Second,
+				func() int64 { return zcard(t, s, keys.Queue(userKey)) })
+			if err := table.Replace([]pools.Pool{change.after.WithDefaults()}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Limiter.Release(ctx, user, own.StreamID); err != nil {
+				t.Fatal(err)
+			}
+			a, ok := q.answer(3 * time.Second)
+			if !ok || a.err != nil {
+				t.Fatalf("the waiter once its user's slot freed: %+v, %v (answered %v)", a.res, a.err, ok)
+			}
+			if change.granted {
+				if !a.res.Granted || a.res.WouldRefuse != limiter.CodePoolLimitReached || len(a.res.Pools) != 1 || a.res.Pools[0].Used != 2 {
+					t.Fatalf("the waiter, its pool now in shadow mode: %+v; want granted over the cap, saying the pool would refuse it", a.res)
+				}
+				return
+			}
+			if a.res.Granted || a.res.RefusedBy == nil || a.res.RefusedBy.Limit != 1 || a.res.RefusedBy.Used != 1 {
+				t.Fatalf("the waiter, the pool now enforcing 1: %+v, refused by %+v; want refused by model=k at 1 of 1", a.res, a.res.RefusedBy)
+			}
+			if key, err := s.Limiter.PoolSlots(ctx, "model", "k"); err != nil || key.Used != 1 {
+				t.Errorf("model=k holds %+v (%v); want its one holder", key, err)
+			}
+		})
+	}
+}
