@@ -153,6 +153,7 @@ func limitedRefusal(retryAfter time.Duration, body ErrorBody, waited time.Durati
 // error, answered as internal_error: the caller logs it (unless its
 // request is gone, and nobody reads the answer).
 func AcquireRefusal(err error) (r Refusal, known bool) {
+	var poolErr *limiter.PoolUnavailableError
 	switch {
 	case errors.Is(err, limiter.ErrUnknownPlan):
 		return Refused(http.StatusUnprocessableEntity, TypeInvalidRequest, CodeUnknownPlan,
@@ -168,6 +169,9 @@ func AcquireRefusal(err error) (r Refusal, known bool) {
 	case errors.Is(err, ErrClosed):
 		return Refused(http.StatusServiceUnavailable, TypeServer, CodeUnavailable,
 			"this stream limiter is shutting down; retry shortly"), true
+	case errors.As(err, &poolErr) && errors.Is(err, limiter.ErrUnavailable):
+		return Refused(http.StatusServiceUnavailable, TypeServer, CodeUnavailable,
+			fmt.Sprintf("the stream limiter cannot reach its store and pool %q fails closed; retry shortly", poolErr.Pool)), true
 	case errors.Is(err, limiter.ErrUnavailable):
 		return Refused(http.StatusServiceUnavailable, TypeServer, CodeUnavailable,
 			"the stream limiter cannot reach its store and this plan fails closed; retry shortly"), true

@@ -240,9 +240,25 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	res := AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}
 	if degrade(tier.FailureMode, err) {
 		undoTries() // a stream granted degraded is counted nowhere
+		// Nor can its memberships be: without the user's slot no record
+		// names them, for heartbeats to keep and a release to drop. Each
+		// pool's failureMode decides, as when its own key's shard fails: a
+		// pool that fails closed refuses the stream rather than let it in
+		// uncounted.
+		for _, m := range ms {
+			if m.pool.FailureMode == tiers.FailClosed {
+				l.observer.Joined(ctx, m.pool.Pool, JoinUnavailable, 0, m.limit)
+				return AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}, tier,
+					&PoolUnavailableError{Pool: m.pool.Pool, Key: m.key, Err: fmt.Errorf("the user's slot: %w", err)}
+			}
+		}
 		l.warnDegraded(ctx, "redis unavailable; granting acquire degraded (failureMode Open)", "plan", tier.Plan, "err", err)
 		res.Granted, res.Degraded = true, true
 		res.ExpiresAt = time.Now().Add(tier.SlotTTL).UTC()
+		for _, m := range ms {
+			l.observer.Joined(ctx, m.pool.Pool, JoinDegraded, 0, m.limit)
+			res.Pools = append(res.Pools, PoolGrant{Pool: m.pool.Pool, Key: m.key, Limit: m.limit, Degraded: true})
+		}
 		return res, tier, nil
 	}
 	if err != nil {

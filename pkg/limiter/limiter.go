@@ -59,6 +59,22 @@ var (
 	ErrOutcomeUnknown = errors.New("outcome unknown")
 )
 
+// PoolUnavailableError is the ErrUnavailable of an acquire that a pool
+// failing closed refused: Redis did not answer for its key (or for the
+// user's slot, without which the membership cannot be recorded with the
+// stream), and the pool's failureMode is Closed.
+type PoolUnavailableError struct {
+	Pool, Key string
+	// Err wraps ErrUnavailable, with the outage's cause.
+	Err error
+}
+
+func (e *PoolUnavailableError) Error() string {
+	return fmt.Sprintf("pool %s=%s: %v", e.Pool, e.Key, e.Err)
+}
+
+func (e *PoolUnavailableError) Unwrap() error { return e.Err }
+
 // Options configure a Limiter.
 type Options struct {
 	// Keys builds key names. Default prefix keys.DefaultKeyPrefix.

@@ -240,6 +240,9 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 			// Whether the stream held m's key is not known: a slot it
 			// extended may be a running grant's, and stays.
 			l.undo(ctx, end, taken, slot.added, own)
+			if errors.Is(err, ErrUnavailable) {
+				return joined{}, &PoolUnavailableError{Pool: m.pool.Pool, Key: m.key, Err: err}
+			}
 			return joined{}, fmt.Errorf("pool %s=%s: %w", m.pool.Pool, m.key, err)
 		}
 		limit := m.limit

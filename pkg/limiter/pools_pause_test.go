@@ -231,3 +231,34 @@ func mustPoolKey(t *testing.T, schema keys.Schema, pool, key string) string {
 	}
 	return k
 }
+
+// TestAPoolThatFailsClosedRefusesWhenTheUsersSlotCannotBeTaken: Redis
+// does not answer (black-holed) and the plan fails open: an acquire that
+// names a pool failing closed is refused with ErrUnavailable naming that
+// pool, not granted degraded past its cap uncounted; one naming pools
+// that fail open is granted degraded, and says so of each pool key.
+func TestAPoolThatFailsClosedRefusesWhenTheUsersSlotCannotBeTaken(t *testing.T) {
+	t.Parallel()
+	proxy := testenv.StartProxy(t, testenv.Redis(t))
+	table := poolTable(t,
+		pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(10)},
+		pools.Pool{Pool: "org", MaxConcurrentStreams: ptr(10), FailureMode: tiers.FailClosed},
+	)
+	lim := limitertest.New(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{proxy.Addr()}, Timeout: 300 * time.Millisecond},
+		Limiter: limiter.Options{Pools: table}}).Limiter
+	ctx := context.Background()
+	if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "three", Pools: map[string]string{"org": "acme"}}); err != nil || !res.Granted || res.Degraded {
+		t.Fatalf("acquire before the outage: %+v, %v", res, err)
+	}
+	proxy.BlackHole()
+
+	res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "three", Pools: map[string]string{"model": "m", "org": "acme"}})
+	var poolErr *limiter.PoolUnavailableError
+	if !errors.Is(err, limiter.ErrUnavailable) || !errors.As(err, &poolErr) || poolErr.Pool != "org" || poolErr.Key != "acme" || res.Granted {
+		t.Fatalf("an acquire joining org (failing closed) in the outage: %+v, %v; want ErrUnavailable naming org=acme", res, err)
+	}
+	res, err = lim.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "three", Pools: map[string]string{"model": "m"}})
+	if err != nil || !res.Granted || !res.Degraded || len(res.Pools) != 1 || !res.Pools[0].Degraded || res.Pools[0].Key != "m" {
+		t.Fatalf("an acquire joining model (failing open) in the outage: %+v, %v; want granted degraded, model=m degraded", res, err)
+	}
+}

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 
@@ -15,11 +16,14 @@ import (
 func apiError(err error) (int, httpapi.Error) {
 	var reqErr *requestError
 	var typeErr *mediaTypeError
+	var poolErr *limiter.PoolUnavailableError
 	switch {
 	case errors.As(err, &reqErr):
 		return http.StatusBadRequest, httpapi.Error{Code: httpapi.CodeInvalidRequest, Message: err.Error()}
 	case errors.As(err, &typeErr):
 		return http.StatusUnsupportedMediaType, httpapi.Error{Code: httpapi.CodeUnsupportedMediaType, Message: err.Error()}
+	case errors.As(err, &poolErr) && errors.Is(err, limiter.ErrUnavailable) && !errors.Is(err, limiter.ErrOutcomeUnknown):
+		return http.StatusServiceUnavailable, httpapi.Error{Code: httpapi.CodeUnavailable, Message: poolUnavailable(poolErr)}
 	}
 	for _, m := range sentinelErrors {
 		if errors.Is(err, m.err) {
@@ -41,6 +45,12 @@ const (
 	// The cause (a Redis error, node addresses) stays in the log.
 	messageUnavailable = "the limiter's Redis did not answer within its deadline and this plan fails closed; retry later"
 )
+
+// poolUnavailable is the message of an acquire that a pool failing
+// closed refused in an outage.
+func poolUnavailable(e *limiter.PoolUnavailableError) string {
+	return fmt.Sprintf("the limiter's Redis did not answer within its deadline and pool %q fails closed (its key %s=%s); retry later", e.Pool, e.Pool, e.Key)
+}
 
 // sentinelErrors map the sentinels of the limiter and of this package to
 // the status and code apiError answers, in order: the first that the

@@ -12,3 +12,6 @@ func SetFailureLogEvery(s *Server, every time.Duration) {
 	s.failedInternal = ratelog.New(s.log, every)
 	s.failedUnavailable = ratelog.New(s.log, every)
 }
+
+// APIError is apiError, for the mapping's own tests.
+var APIError = apiError
