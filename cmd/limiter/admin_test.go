@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -279,5 +280,31 @@ func TestAdminShowsShadowMode(t *testing.T) {
 				t.Errorf("admin %v: got %q, marked shadow %v, want %v", tc.args, out, got, tc.wantShadow)
 			}
 		})
+	}
+}
+
+// A word that names no admin command is a usage error (exit 2), with the
+// command it was likely meant for, not the help with exit 0 that a
+// script would take for done; a group alone prints its help.
+func TestAdminRefusesAnUnknownCommand(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"admin", "relase", "ana"}, 2, `unknown command "relase" for "limiter admin"; did you mean release?`},
+		{[]string{"admin", "override", "delete", "ana"}, 2, `unknown command "delete" for "limiter admin override"`},
+		{[]string{"admin", "pool-override", "unset", "model", "k"}, 2, `unknown command "unset" for "limiter admin pool-override"`},
+		{[]string{"admin", "override"}, 0, ""},
+		{[]string{"admin"}, 0, ""},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(context.Background(), tc.args, &stdout, &stderr)
+		if code != tc.code || !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("limiter %v: exit %d, stderr %q; want exit %d saying %q", tc.args, code, stderr.String(), tc.code, tc.want)
+		}
+		if tc.code == 0 && !strings.Contains(stdout.String(), "Usage:") {
+			t.Errorf("limiter %v printed %q; want its help", tc.args, stdout.String())
+		}
 	}
 }

@@ -82,7 +82,33 @@ Redis with their own expiry, so a crashed holder's slot frees itself.`,
 		return fmt.Errorf("%w (see %s --help)", err, cmd.CommandPath())
 	})
 	root.AddCommand(newServeCommand(deps), newProxyCommand(deps), newVersionCommand(), newAdminCommand())
+	refuseUnknownSubcommands(root)
 	return root
+}
+
+// refuseUnknownSubcommands makes each command below root that only groups
+// others (admin, admin override, ...) answer a word that names none of
+// them as the usage error it is (exit 2), as root does, rather than with
+// its help and exit 0: a script whose `limiter admin relase ana` has a
+// typo must not take it for done. Alone, such a command prints its help.
+func refuseUnknownSubcommands(root *cobra.Command) {
+	for _, cmd := range root.Commands() {
+		refuseUnknownSubcommands(cmd)
+		if !cmd.HasSubCommands() || cmd.Runnable() {
+			continue
+		}
+		cmd.SuggestionsMinimumDistance = 2
+		cmd.RunE = func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return cmd.Help()
+			}
+			msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+			if suggestions := cmd.SuggestionsFor(args[0]); len(suggestions) > 0 {
+				msg += "; did you mean " + strings.Join(suggestions, " or ") + "?"
+			}
+			return fmt.Errorf("%s (see %s --help)", msg, cmd.CommandPath())
+		}
+	}
 }
 
 func newServeCommand(deps serveDeps) *cobra.Command {
