@@ -2,8 +2,10 @@ package config
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/go-viper/mapstructure/v2"
+	"github.com/joishi/limiter/pkg/tiers"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -22,10 +25,24 @@ type listKey struct {
 	name    string // "tiers.static"
 	entry   string // "tier"
 	example string // a list in the environment's form
+	// required are the fields an entry must write, each with why: those
+	// whose zero is no default but a value that would surprise.
+	required map[string]string
+	// notZero are the fields whose zero stands for their default when
+	// left out, each with what it may be: written as zero, one is
+	// refused, not silently given the default.
+	notZero map[string]string
 }
 
 var listKeys = []listKey{
-	{name: "tiers.static", entry: "tier", example: "[{plan: free, maxConcurrentStreams: 1}]"},
+	{name: "tiers.static", entry: "tier", example: "[{plan: free, maxConcurrentStreams: 1}]",
+		required: map[string]string{
+			"maxConcurrentStreams": fmt.Sprintf("the streams one user of the plan may hold at once, 0 to %d (0 refuses every stream)", tiers.MaxConcurrentStreams),
+		},
+		notZero: map[string]string{
+			"slotTTL":           fmt.Sprintf("must be between %s and %s (leave it out for the default, %s)", tiers.MinSlotTTL, tiers.MaxSlotTTL, tiers.DefaultSlotTTL),
+			"heartbeatInterval": fmt.Sprintf("must be > 0 and <= slotTTL/3 (leave it out for the default, %s or slotTTL/3)", tiers.DefaultHeartbeatInterval),
+		}},
 	{name: "pools.static", entry: "pool", example: "[{pool: model, keys: {gpt-4o: 500}}]"},
 }
 
@@ -94,8 +111,10 @@ func (l listKey) decode(typ reflect.Type, node *yaml.Node, where func(line int) 
 			continue
 		}
 		entry := reflect.New(typ.Elem()).Elem()
+		written := map[string]bool{}
 		eachPair(item, func(k, v *yaml.Node) {
 			f, _ := fieldOf(typ.Elem(), k.Value)
+			written[fieldName(f)] = true
 			if sub, problem, got, line := checkScalars(v, f.Type); problem != "" {
 				errs = append(errs, &KeyError{Key: l.name, Field: index + "." + fieldName(f) + sub, Problem: problem, Got: got, Source: where(line)})
 				return
@@ -105,8 +124,17 @@ func (l listKey) decode(typ reflect.Type, node *yaml.Node, where func(line int) 
 				errs = append(errs, &KeyError{Key: l.name, Field: index + "." + fieldName(f), Problem: "cannot be read: " + decodeMessage(err), Source: where(k.Line), Err: err})
 				return
 			}
+			if problem, ok := l.notZero[fieldName(f)]; ok && val.IsZero() {
+				errs = append(errs, &KeyError{Key: l.name, Field: index + "." + fieldName(f), Problem: problem, Got: asWritten(v), Source: where(v.Line)})
+				return
+			}
 			entry.FieldByIndex(f.Index).Set(val)
 		})
+		for _, name := range slices.Sorted(maps.Keys(l.required)) {
+			if !written[name] {
+				errs = append(errs, &KeyError{Key: l.name, Field: index + "." + name, Problem: "is required: " + l.required[name], Source: where(item.Line)})
+			}
+		}
 		out = reflect.Append(out, entry)
 	}
 	return out, errs

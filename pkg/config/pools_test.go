@@ -157,6 +157,38 @@ func TestLoadPoolKeysAsWritten(t *testing.T) {
 	}
 }
 
+// TestLoadTiersWantTheirCapAndNoZeroTTL: a tier that leaves its cap out
+// is an error naming the field and its line, not a plan whose cap of 0
+// refuses every stream; a slotTTL or heartbeatInterval written as 0 is an
+// error with the bounds, not the default it would silently become. Left
+// out, they take their defaults; a cap written as 0 is a cap of 0.
+func TestLoadTiersWantTheirCapAndNoZeroTTL(t *testing.T) {
+	for _, tc := range []struct{ name, file, want string }{
+		{"no cap", "tiers:\n  static:\n    - plan: free\n      slotTTL: 1m\n",
+			"tiers.static[0].maxConcurrentStreams: is required: the streams one user of the plan may hold at once, 0 to 1000 (0 refuses every stream) ("},
+		{"no cap, the second tier", "tiers:\n  static:\n    - plan: free\n      maxConcurrentStreams: 1\n    - plan: paid\n",
+			"tiers.static[1].maxConcurrentStreams: is required"},
+		{"a slotTTL of 0s", "tiers:\n  static:\n    - plan: free\n      maxConcurrentStreams: 1\n      slotTTL: 0s\n",
+			"tiers.static[0].slotTTL: must be between 100ms and 24h0m0s (leave it out for the default, 2m0s) ("},
+		{"a heartbeatInterval of 0", "tiers:\n  static:\n    - plan: free\n      maxConcurrentStreams: 1\n      heartbeatInterval: 0\n",
+			"tiers.static[0].heartbeatInterval: must be > 0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := load(t, tc.file, nil)
+			if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "line ") {
+				t.Errorf("Load: %v\nwant ErrInvalid saying %q, with the line", err, tc.want)
+			}
+		})
+	}
+	cfg, err := load(t, "tiers:\n  static:\n    - plan: free\n      maxConcurrentStreams: 0\n", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.StaticTiers(); len(got) != 1 || got[0].MaxConcurrentStreams != 0 || got[0].SlotTTL != 2*time.Minute {
+		t.Errorf("a tier capped at 0 with no slotTTL: %+v; want a cap of 0 and the default slotTTL", got)
+	}
+}
+
 // TestLoadListsWantWholeNumbers: a cap, a key's cap or a priority is a
 // whole number, and enforce a boolean, as written; 0.5, true, an empty string or
 // nothing is an error naming the field, never a cap of 0 or 1.
@@ -170,8 +202,8 @@ func TestLoadListsWantWholeNumbers(t *testing.T) {
 		{"a tier's cap of ''", tier + "maxConcurrentStreams: ''\n", `tiers.static[0].maxConcurrentStreams: must be a whole number, got ""`},
 		{"a tier's cap of nothing", tier + "maxConcurrentStreams:\n", `tiers.static[0].maxConcurrentStreams: must be a whole number, got nothing`},
 		{"a tier's cap past int64", tier + "maxConcurrentStreams: 9223372036854775808\n", `tiers.static[0].maxConcurrentStreams: must be a whole number, got 9223372036854775808`},
-		{"a priority of 1.5", tier + "priority: 1.5\n", `tiers.static[0].priority: must be a whole number, got 1.5`},
-		{"enforce of 0", tier + "enforce: 0\n", `tiers.static[0].enforce: must be true or false, got 0`},
+		{"a priority of 1.5", tier + "maxConcurrentStreams: 1\n      priority: 1.5\n", `tiers.static[0].priority: must be a whole number, got 1.5`},
+		{"enforce of 0", tier + "maxConcurrentStreams: 1\n      enforce: 0\n", `tiers.static[0].enforce: must be true or false, got 0`},
 		{"a pool's cap of 2.9", pool + "maxConcurrentStreams: 2.9\n", `pools.static[0].maxConcurrentStreams: must be a whole number, got 2.9`},
 		{"a key's cap of 1.7", pool + "keys: {gpt-4o: 1.7}\n", `pools.static[0].keys.gpt-4o: must be a whole number, got 1.7`},
 		{"a key's cap of true", pool + "keys: {gpt-4o: true}\n", `pools.static[0].keys.gpt-4o: must be a whole number, got true`},
