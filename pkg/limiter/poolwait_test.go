@@ -475,30 +475,47 @@ func TestAPoolKeysNewCapHoldsForItsWaiters(t *testing.T) {
 
 // TestAPoolInShadowModeLetsItsWaitersIn: shadow mode (enforce: false)
 // refuses no acquire (DESIGN §18), and that holds for the acquires that
-// queued while the pool still enforced its cap: switched to shadow mode,
-// the pool grants its waiter a place beside the holder, counted.
+// queued while the pool still enforced its cap, or a support override of
+// the key's: switched to shadow mode, the pool grants its waiter a place
+// beside the holder, counted, and says the cap (the override's, when one
+// is in force) would have refused it.
 func TestAPoolInShadowModeLetsItsWaitersIn(t *testing.T) {
 	t.Parallel()
-	table := poolTable(t, pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second})
-	s := limitertest.New(t, limitertest.Options{Backend: limitertest.RedisCluster, Redis: cluster.Options{Timeout: 5 * time.Second},
-		Tiers: poolWaitTiers(), Limiter: limiter.Options{Pools: table}})
-	ctx := context.Background()
-	mustAcquire(t, s.Limiter, newUser(t), "low", "k")
-	q := queue(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: newUser(t), Plan: "low", Pools: map[string]string{"model": "k"}}, 5*time.Second)
-	shadow := false
-	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second, Enforce: &shadow}.WithDefaults()}); err != nil {
-		t.Fatal(err)
-	}
-	a, ok := q.answer(3 * time.Second)
-	if !ok || a.err != nil || !a.res.Granted {
-		t.Fatalf("the waiter once the pool is in shadow mode: %+v (answered %v); want granted within 3s", a, ok)
-	}
-	if a.res.WouldRefuse != limiter.CodePoolLimitReached || a.res.WouldRefuseBy == nil || a.res.WouldRefuseBy.Key != "k" ||
-		len(a.res.Pools) != 1 || !a.res.Pools[0].WouldRefuse || a.res.Pools[0].Used != 2 || a.res.Pools[0].Limit != 1 {
-		t.Errorf("the waiter's grant: would refuse %q by %+v, pools %+v; want pool_limit_reached by model=k, 2 of 1", a.res.WouldRefuse, a.res.WouldRefuseBy, a.res.Pools)
-	}
-	if key, err := s.Limiter.PoolSlots(ctx, "model", "k"); err != nil || key.Used != 2 {
-		t.Errorf("model=k holds %+v (%v); want 2, the holder and the waiter, counted above the cap of 1", key, err)
+	for name, capped := range map[string]struct{ cap, override int }{
+		"at its cap":        {cap: 1, override: -1},
+		"at a key override": {cap: 5, override: 1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			table := poolTable(t, pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(capped.cap), MaxWait: 10 * time.Second})
+			s := limitertest.New(t, limitertest.Options{Backend: limitertest.RedisCluster, Redis: cluster.Options{Timeout: 5 * time.Second},
+				Tiers: poolWaitTiers(), Limiter: limiter.Options{Pools: table}})
+			ctx := context.Background()
+			limit := capped.cap
+			if capped.override >= 0 {
+				limit = capped.override
+				if _, err := s.Limiter.SetPoolOverride(ctx, "model", "k", limiter.OverrideRequest{MaxConcurrentStreams: capped.override, For: time.Hour, Actor: "test", Reason: "test"}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			mustAcquire(t, s.Limiter, newUser(t), "low", "k")
+			q := queue(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: newUser(t), Plan: "low", Pools: map[string]string{"model": "k"}}, 5*time.Second)
+			shadow := false
+			if err := table.Replace([]pools.Pool{pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(capped.cap), MaxWait: 10 * time.Second, Enforce: &shadow}.WithDefaults()}); err != nil {
+				t.Fatal(err)
+			}
+			a, ok := q.answer(3 * time.Second)
+			if !ok || a.err != nil || !a.res.Granted {
+				t.Fatalf("the waiter once the pool is in shadow mode: %+v, %v (answered %v); want granted within 3s", a.res, a.err, ok)
+			}
+			if a.res.WouldRefuse != limiter.CodePoolLimitReached || a.res.WouldRefuseBy == nil || a.res.WouldRefuseBy.Key != "k" ||
+				len(a.res.Pools) != 1 || !a.res.Pools[0].WouldRefuse || a.res.Pools[0].Used != 2 || a.res.Pools[0].Limit != limit {
+				t.Errorf("the waiter's grant: would refuse %q by %+v, pools %+v; want pool_limit_reached by model=k, 2 of %d", a.res.WouldRefuse, a.res.WouldRefuseBy, a.res.Pools, limit)
+			}
+			if key, err := s.Limiter.PoolSlots(ctx, "model", "k"); err != nil || key.Used != 2 {
+				t.Errorf("model=k holds %+v (%v); want 2, the holder and the waiter, counted above the cap of %d", key, err, limit)
+			}
+		})
 	}
 }
 

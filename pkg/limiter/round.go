@@ -3,7 +3,6 @@ package limiter
 import (
 	"context"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"sync/atomic"
 	"time"
@@ -222,9 +221,10 @@ func minTime(t time.Time, others ...time.Time) time.Time {
 
 // unbounded is the limit of a scope that refuses no acquire: a plan or a
 // pool in shadow mode, or a pool key no longer capped. Its waiters are
-// granted at the loop's next call (the scripts take it for their plan's
-// or key's tickets, see lib_tickets.lua's owed).
-const unbounded = math.MaxInt32
+// granted at the loop's next call, whatever override is in force (the
+// scripts take it for their plan's or key's tickets, see wait.lua and
+// lib_tickets.lua's owed).
+const unbounded = lua.Unbounded
 
 // bounds reads what limits the loop's scope now: the waiters' tier (their
 // slots' TTL) and the scope's limit (into q.limit) and failure mode: the
@@ -255,9 +255,10 @@ func (q *scopeQueue) bounds() (tiers.Tier, tiers.FailureMode, error) {
 }
 
 // served is how many of the queue's tickets the scope's limit serves at
-// once: its override as the latest call found it, else its limit.
+// once: its override as the latest call found it, else its limit (shadow
+// mode's, unbounded, whatever the override).
 func (q *scopeQueue) served() int {
-	if q.override >= 0 {
+	if q.override >= 0 && q.limit < unbounded {
 		return q.override
 	}
 	return q.limit

@@ -8,6 +8,7 @@ import (
 
 	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/pools"
 	"github.com/joishi/limiter/pkg/tiers"
@@ -170,5 +171,36 @@ func TestAPlansNewBoundsHoldForItsWaiters(t *testing.T) {
 				t.Errorf("the user holds %+v (%v); want %d, the holders and the waiter", slots, err, want)
 			}
 		})
+	}
+}
+
+// A plan switched to shadow mode lets in the user's waiter that queued
+// while a support override of the user's limit (1) held it, as it lets in
+// a new stream at once: shadow mode refuses nothing, overrides included.
+func TestAPlanInShadowModeLetsInTheWaitersAnOverrideHeld(t *testing.T) {
+	t.Parallel()
+	plan := func(enforce bool) []tiers.Tier {
+		return []tiers.Tier{tiers.Tier{Plan: "p", MaxConcurrentStreams: 5, MaxWait: 10 * time.Second, Enforce: &enforce}.WithDefaults()}
+	}
+	s := limitertest.New(t, limitertest.Options{Backend: limitertest.RedisCluster, Redis: cluster.Options{Timeout: 5 * time.Second}, Tiers: plan(true)})
+	ctx := context.Background()
+	user := newUser(t)
+	if _, err := s.Limiter.SetOverride(ctx, user, limiter.OverrideRequest{MaxConcurrentStreams: 1, For: time.Hour, Actor: "test", Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := s.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "p"}); err != nil || !res.Granted {
+		t.Fatalf("the first stream: %+v, %v", res, err)
+	}
+	userKey, err := s.Keys.UserKey(user)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := startQueued(t, ctx, s.Limiter, limiter.AcquireRequest{UserID: user, Plan: "p"}, 5*time.Second, func() int64 { return zcard(t, s, keys.Queue(userKey)) })
+	if err := s.Table.Replace(plan(false)); err != nil {
+		t.Fatal(err)
+	}
+	a, ok := q.answer(3 * time.Second)
+	if !ok || a.err != nil || !a.res.Granted || a.res.WouldRefuse != limiter.CodeStreamLimitReached || a.res.Used != 2 || a.res.Limit != 1 {
+		t.Fatalf("the waiter once the plan is in shadow mode: %+v, %v (answered %v); want granted within 3s, 2 of the override's 1, saying the limit would refuse it", a.res, a.err, ok)
 	}
 }

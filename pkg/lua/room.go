@@ -3,6 +3,7 @@ package lua
 import (
 	"context"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
@@ -11,7 +12,8 @@ import (
 )
 
 // Room reports whether key (a user's slots, or a pool key's) has a slot
-// free under limit, or under the override in force, which replaces it:
+// free under limit, or under the override in force, which replaces it
+// unless limit is Unbounded (shadow mode, which refuses none):
 // the wait script's own test before it grants anything (used < limit),
 // made with two reads (ZCOUNT of the live slots, HMGET of the override)
 // in one round trip instead of a script run. now is the caller's clock,
@@ -19,6 +21,11 @@ import (
 // the other reads as live or as expired for as long as the clocks differ,
 // so Room answers the question of a poll that may be early or late, never
 // the decision itself, which the script makes.
+// Unbounded is the limit of a scope that refuses no acquire (a plan or a
+// pool in shadow mode, a pool key no longer capped): the wait script
+// grants its tickets whatever override is in force.
+const Unbounded = math.MaxInt32
+
 func Room(ctx context.Context, c rueidis.Client, key string, limit int, now time.Time) (bool, error) {
 	at := "(" + strconv.FormatInt(now.UnixMilli(), 10)
 	res := c.DoMulti(ctx,
@@ -38,7 +45,7 @@ func Room(ctx context.Context, c rueidis.Client, key string, limit int, now time
 		if oerr != nil || uerr != nil {
 			return false, fmt.Errorf("override of %q: limit %v, expires_at %v", key, oerr, uerr)
 		}
-		if until > now.UnixMilli() {
+		if until > now.UnixMilli() && limit < Unbounded {
 			limit = int(override)
 		}
 	}

@@ -12,7 +12,9 @@
 --            its limit (ARGV[1]), then the fields of its slot's record
 -- ARGV[1] -> limit (max concurrent streams, >= 0): the plan's as it is
 --            now (the call's tickets are all of one plan, the one their
---            records name); an override in force replaces it
+--            records name); an override in force replaces it, unless
+--            it is 2147483647 (2^31-1): a scope in shadow mode, which
+--            refuses none, its override included
 -- ARGV[2] -> slot ttl (ms, > 0, decimal digits)
 -- ARGV[3] -> ticket ttl (ms, > 0)
 -- ARGV[4] -> the most tickets the queue may hold (> 0)
@@ -23,7 +25,7 @@
 -- returns {used, override, pruned, next_ms, retry_after_ms, {wake ids}, state_1, value_1, ..., state_n, value_n}
 --   used       slots held after the call
 --   override   the override's limit when one was in force (and so
---              applied instead of ARGV[1]), else -1
+--              applied instead of ARGV[1], unless shadow mode), else -1
 --   pruned     slots that had expired unreleased, removed now with their
 --              records
 --   next_ms    ms until the answer may change by time alone (the earliest
@@ -67,12 +69,16 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local nowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
--- A support override in force replaces the plan's limit.
+-- A support override in force replaces the plan's limit; not in shadow
+-- mode, which refuses none.
+local shadow = limit >= 2147483647
 local override = -1
 local o = redis.call('HMGET', KEYS[3], 'limit', 'expires_at')
 if o[1] and o[2] and tonumber(o[2]) > now then
   override = tonumber(o[1])
-  limit = override
+  if not shadow then
+    limit = override
+  end
 end
 
 -- Scores above 10^14 need all their digits: tostring keeps 14.
@@ -175,7 +181,11 @@ local wake = {}
 local due, slack = {}, {}
 if used < limit then
   local taken -- unused
-  due, taken, slack = owed(queue, expiry, recs, used, override, math.huge, slots, limit, planOf(ARGV[8]))
+  local applied = override
+  if shadow then
+    applied = -1 -- the tickets' limit is the call's, unbounded
+  end
+  due, taken, slack = owed(queue, expiry, recs, used, applied, math.huge, slots, limit, planOf(ARGV[8]))
 end
 -- A ticket of this call behind others' tickets owed a slot is granted
 -- before them only while each of them keeps room under its own limit
