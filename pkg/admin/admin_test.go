@@ -465,8 +465,15 @@ func TestAdminSlots(t *testing.T) {
 			t.Errorf("record: got %+v, want audit id %s, outcome method_not_allowed 405, actor ola, action list_slots, user %s, detail naming DELETE",
 				rec, r.Header.Get(httpapi.HeaderAuditID), user)
 		}
-		if lines[0]["level"] != "WARN" || lines[0]["outcome"] != httpapi.CodeMethodNotAllowed {
-			t.Errorf("log record: got %v, want a WARN with outcome method_not_allowed", lines[0])
+		if lines[0]["level"] != "INFO" || lines[0]["outcome"] != httpapi.CodeMethodNotAllowed {
+			t.Errorf("log record: got %v, want an INFO with outcome method_not_allowed (the caller's mistake, not the operator's page)", lines[0])
+		}
+		// A call its role may not make is for the operator on call: WARN.
+		logBefore = len(auditLines(t, e.log))
+		r = e.do(t, adminCall{method: "POST", path: httpapi.AdminUserReleasePath(user), token: viewerToken, body: `{"reason":"no"}`})
+		apitest.WantError(t, r, http.StatusForbidden, httpapi.CodeForbidden)
+		if lines := auditLines(t, e.log)[logBefore:]; len(lines) != 1 || lines[0]["level"] != "WARN" || lines[0]["outcome"] != httpapi.CodeForbidden {
+			t.Errorf("log records of a viewer's release: %v; want one WARN with outcome forbidden", lines)
 		}
 	})
 }

@@ -53,8 +53,11 @@ func newAuditID() string {
 // is only logged, rate-limited. The stream write outlives the request's
 // context: a caller hanging up must not skip its audit.
 func (a *auditor) write(ctx context.Context, rec httpapi.AuditRecord) {
+	// What an operator on call looks at: a call refused for its token or
+	// role, or one the limiter failed. A mistyped request (400, 404, 405,
+	// 415, 422) is the caller's, as on the slot API, and stays at INFO.
 	level := slog.LevelInfo
-	if rec.Outcome != httpapi.OutcomeOK {
+	if rec.Status >= 500 || rec.Status == http.StatusUnauthorized || rec.Status == http.StatusForbidden {
 		level = slog.LevelWarn
 	}
 	if rec.Actor == "" {
