@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
@@ -167,8 +168,14 @@ func (f *adminFlags) client() (*client.Admin, error) {
 // words an answer of the admin API for the command line.
 func adminFailure(err error) error {
 	var answer *client.Error
-	if errors.As(err, &answer) {
+	var unreached *url.Error
+	switch {
+	case errors.As(err, &answer):
 		err = adminRefusal{answer}
+	case errors.Is(err, client.ErrUnavailable) && errors.As(err, &unreached):
+		// No answer at all: the admin listener, not the limiter's Redis.
+		err = fmt.Errorf("the admin API did not answer %s %s: %w (is --url, env %s, the admin listener, admin.addr?)",
+			strings.ToUpper(unreached.Op), unreached.URL, unreached.Err, envAdminURL)
 	}
 	return serveFailure{err}
 }

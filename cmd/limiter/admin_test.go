@@ -308,3 +308,15 @@ func TestAdminRefusesAnUnknownCommand(t *testing.T) {
 		}
 	}
 }
+
+// An admin URL where nothing listens is said to be that (exit 1), not
+// "limiter unavailable", the API's word for a Redis outage, and the
+// message is prefixed once.
+func TestAdminSaysWhenItsURLDoesNotAnswer(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"admin", "slots", "B", "--url", "http://127.0.0.1:1", "--token", "t"}, &stdout, &stderr)
+	want := "limiter: the admin API did not answer GET http://127.0.0.1:1/v1/admin/users/B/slots: "
+	if code != 1 || !strings.HasPrefix(stderr.String(), want) || strings.Contains(stderr.String(), "limiter unavailable") || !strings.Contains(stderr.String(), "admin.addr") {
+		t.Errorf("exit %d, stderr %q; want exit 1, starting %q and naming admin.addr", code, stderr.String(), want)
+	}
+}
