@@ -218,6 +218,15 @@ func TestCountersStartAtZero(t *testing.T) {
 			t.Errorf("/metrics at start: got %q, want %s", got, want)
 		}
 	}
+	// plan="" is the reclaimed slots of a release or an unlock alone: no
+	// acquire or wait is of it.
+	for _, name := range []string{"limiter_acquire_total", "limiter_acquire_wait_total", "limiter_acquire_waiting"} {
+		for _, line := range scrapeLines(t, tel, name) {
+			if strings.Contains(line, `plan=""`) {
+				t.Errorf("/metrics at start: %s; want no series of plan \"\"", line)
+			}
+		}
+	}
 }
 
 // The counters of every request count each outcome they are told, by
@@ -246,20 +255,15 @@ func TestRequestCountersCountEachOutcome(t *testing.T) {
 	o.Released(ctx, limiter.ReleaseResult{Degraded: true}, nil) // not answered by Redis: not counted
 
 	for name, want := range map[string][]string{
-		"limiter_acquire_total": { // plan "" is that of releases, made at start like the table's
-			`limiter_acquire_total{outcome="degraded",plan=""} 0`,
+		"limiter_acquire_total": { // no plan "": that is of releases alone
 			`limiter_acquire_total{outcome="degraded",plan="free"} 0`,
 			`limiter_acquire_total{outcome="degraded",plan="paid"} 1`,
-			`limiter_acquire_total{outcome="granted",plan=""} 0`,
 			`limiter_acquire_total{outcome="granted",plan="free"} 3`,
 			`limiter_acquire_total{outcome="granted",plan="paid"} 0`,
-			`limiter_acquire_total{outcome="limited",plan=""} 0`,
 			`limiter_acquire_total{outcome="limited",plan="free"} 1`,
 			`limiter_acquire_total{outcome="limited",plan="paid"} 0`,
-			`limiter_acquire_total{outcome="shadow_refused",plan=""} 0`,
 			`limiter_acquire_total{outcome="shadow_refused",plan="free"} 0`,
 			`limiter_acquire_total{outcome="shadow_refused",plan="paid"} 0`,
-			`limiter_acquire_total{outcome="unavailable",plan=""} 0`,
 			`limiter_acquire_total{outcome="unavailable",plan="free"} 0`,
 			`limiter_acquire_total{outcome="unavailable",plan="paid"} 1`,
 		},

@@ -108,7 +108,7 @@ func (o *Observer) planLabels(plan string) *planLabels {
 	}
 	got, loaded := o.plans.LoadOrStore(plan, l)
 	if !loaded {
-		o.zero(l)
+		o.zero(plan, l)
 	}
 	return got.(*planLabels)
 }
@@ -118,10 +118,15 @@ func (o *Observer) planLabels(plan string) *planLabels {
 // the plan is first seen (or at start for the table's plans): a counter
 // that first appears at the value of its first increase (a wave of slots
 // reclaimed after a deploy, on a new replica) is one that rate() and
-// increase() cannot count.
-func (o *Observer) zero(l *planLabels) {
+// increase() cannot count. plan "" (the reclaimed slots of a release or
+// an unlock, which name no plan) is no plan an acquire or a wait is of:
+// it has its reclaimed counter alone.
+func (o *Observer) zero(plan string, l *planLabels) {
 	ctx := context.Background()
 	o.reclaimed.Add(ctx, 0, l.plan)
+	if plan == "" {
+		return
+	}
 	o.waiting.Add(ctx, 0, l.plan)
 	for _, set := range l.waits {
 		o.waits.Add(ctx, 0, set)
@@ -202,7 +207,10 @@ func NewObserver(mp metric.MeterProvider, table *tiers.Table, opts ObserverOptio
 	_, errs[0] = m.Int64ObservableCounter("limiter.acquire", metric.WithUnit("{acquire}"),
 		metric.WithDescription("Acquires by plan and outcome: granted, limited (429), degraded (granted uncounted: Redis down, fail-open), unavailable (503: Redis down, fail-closed), shadow_refused (the plan is in shadow mode, enforce: false: its limit would have refused the acquire, which was granted and counted)."),
 		metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
-			o.plans.Range(func(_, v any) bool {
+			o.plans.Range(func(plan, v any) bool {
+				if plan == "" {
+					return true // no acquire is of plan "" (see zero)
+				}
 				l := v.(*planLabels)
 				for outcome, n := range l.acquires {
 					obs.Observe(n.Load(), l.outcomes[outcome])
