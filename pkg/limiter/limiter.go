@@ -100,8 +100,11 @@ type Options struct {
 	// looks for a free slot by itself, in case the wake-up of a release
 	// was lost; jittered by up to a fifth either way. Default 250ms.
 	WaitPoll time.Duration
-	// MaxQueue bounds the acquires waiting in one user's queue; one more
-	// is refused at once, as if it did not wait. Default 1000.
+	// MaxQueue bounds the acquires waiting in one user's queue, and in
+	// one pool key's; one more is refused at once, as if it did not wait,
+	// unless it would be served before the queue's last, whose place it
+	// then takes (a higher priority; in a pool key's queue, a user holding
+	// and waiting for fewer of the key's places). Default 1000.
 	MaxQueue int
 	// Pools are the pools acquires may name (AcquireRequest.Pools).
 	// Default: none (an acquire naming a pool is ErrUnknownPool).

@@ -696,3 +696,43 @@ func TestAnAcquireThatWaitedJoinsItsPoolsAsTheyAreNow(t *testing.T) {
 		})
 	}
 }
+
+// TestOneUsersWaitersDoNotShutOthersOutOfAFullQueue (DESIGN §17): one
+// user's waiters fill a pool key's queue (3 here); a user of a higher
+// priority holding nothing is queued in the place of the last of them,
+// not refused at once, and is the first served when the key frees up.
+func TestOneUsersWaitersDoNotShutOthersOutOfAFullQueue(t *testing.T) {
+	t.Parallel()
+	table := poolTable(t, pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second})
+	s := limitertest.New(t, limitertest.Options{Backend: limitertest.RedisCluster, Redis: cluster.Options{Timeout: 5 * time.Second},
+		Tiers: poolWaitTiers(), Limiter: limiter.Options{Pools: table, MaxQueue: 3}})
+	ctx := context.Background()
+	holder := newUser(t)
+	held := mustAcquire(t, s.Limiter, holder, "low", "k")
+	hog := newUser(t)
+	for range 3 {
+		queue(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: hog, Plan: "low", Pools: map[string]string{"model": "k"}}, 8*time.Second)
+	}
+	other := newUser(t)
+	waiting := make(chan struct{})
+	q := &queued{done: make(chan acquired, 1)}
+	go func() {
+		res, err := s.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: other, Plan: "high", Pools: map[string]string{"model": "k"}, Wait: 8 * time.Second,
+			OnWait: func(time.Duration) { close(waiting) }})
+		q.done <- acquired{res, err}
+	}()
+	select {
+	case <-waiting:
+	case a := <-q.done:
+		t.Fatalf("the priority-5 user holding nothing, behind one user's 3 waiters: %+v, %v; want it queued", a.res, a.err)
+	}
+	if a, ok := q.answer(300 * time.Millisecond); ok {
+		t.Fatalf("the priority-5 user answered %+v, %v while the key is held; want it waiting", a.res, a.err)
+	}
+	if _, err := s.Limiter.Release(ctx, holder, held.StreamID); err != nil {
+		t.Fatal(err)
+	}
+	if a, ok := q.answer(2 * time.Second); !ok || a.err != nil || !a.res.Granted {
+		t.Fatalf("the priority-5 user once the key freed up: %+v, %v (answered %v); want granted first", a.res, a.err, ok)
+	}
+}

@@ -158,3 +158,62 @@ local function owed(queue, expiry, recs, used, override, stop, slots, cap, plan)
   end
   return out, taken, slack
 end
+
+-- displace(queue, expiry, recs, slots, prio, user): for a full queue, and
+-- a new ticket of priority prio and user's: takes out the ticket that
+-- would be served last, and returns true, when the new one would be
+-- served before it (see owed); else changes nothing and returns false.
+-- So a full queue holds the tickets served first, and one user's many
+-- tickets do not shut out a user with none (DESIGN §17), nor lower
+-- priorities a higher one.
+--
+-- The last is of the lowest priority; within it, of the user who holds
+-- and waits for the most members of slots (a user's own queue names no
+-- user: all alike); then the latest to arrive. The new ticket goes
+-- before it when its priority is higher, or, at the same priority, when
+-- its user holds and waits for fewer than that user, less the one taken
+-- out.
+local function displace(queue, expiry, recs, slots, prio, user)
+  local last, lastPrio, lastUser
+  local count = {}
+  local tickets = {}
+  local from = 0
+  while true do
+    local ids = redis.call('ZRANGE', queue, from, from + 99)
+    if #ids == 0 then
+      break
+    end
+    from = from + #ids
+    local live = redis.call('ZMSCORE', expiry, unpack(ids))
+    local rec = redis.call('HMGET', recs, unpack(ids))
+    for i, id in ipairs(ids) do
+      if live[i] then
+        local _, p, u = ticketOf(rec[i])
+        tickets[#tickets + 1] = {id = id, prio = p, user = u}
+        count[u] = (count[u] or 0) + 1
+      end
+    end
+  end
+  if user ~= '' then
+    for _, member in ipairs(redis.call('ZRANGE', slots, 0, -1)) do
+      local u = string.match(member, ' (.*)$')
+      if u then
+        count[u] = (count[u] or 0) + 1
+      end
+    end
+  end
+  -- In arrival order: a later ticket of the same rank is later served.
+  for _, t in ipairs(tickets) do
+    if not last or t.prio < lastPrio or (t.prio == lastPrio and count[t.user] >= count[lastUser]) then
+      last, lastPrio, lastUser = t.id, t.prio, t.user
+    end
+  end
+  if not last then
+    return false
+  end
+  if prio > lastPrio or (prio == lastPrio and user ~= lastUser and (count[user] or 0) < count[lastUser] - 1) then
+    dropTicket(queue, expiry, recs, last)
+    return true
+  end
+  return false
+end

@@ -44,7 +44,9 @@ const (
 	TicketQueued TicketState = 0
 	// TicketLeft: the ticket is not in the queue (it left).
 	TicketLeft TicketState = -1
-	// TicketFull: not queued, the queue holds MaxQueue tickets.
+	// TicketFull: not queued, the queue holds MaxQueue tickets, each
+	// served before it would be (a new ticket that would be served before
+	// the last takes its place: see lib_tickets.lua's displace).
 	TicketFull TicketState = -2
 	// TicketNotHolder: the stream is another caller's (its ticket or its
 	// slot records another caller than the ticket's Record); nothing

@@ -42,7 +42,11 @@
 --   state 0    queued; value = its place in the queue by arrival (1 =
 --              first; the order it is served in is owed's)
 --   state -1   left the queue (or was not in it); value 0
---   state -2   not queued: the queue holds its most tickets; value 0
+--   state -2   not queued: the queue holds its most tickets, each
+--              served before it would be; value 0. A new ticket that
+--              would be served before the last takes its place (see
+--              displace): that one's next call finds it not queued, and
+--              queues it again if the queue has room, else answers -2
 --   state -3   the stream (held, or queued) is another caller's: nothing
 --              changed for it; value 0
 --
@@ -109,6 +113,12 @@ for from = 1, n, 1000 do
     end
   end
 end
+-- displaces(i): whether the call's i-th ticket, new to a full queue,
+-- takes the place of the ticket that would be served last (displace).
+local function displaces(i)
+  local _, prio, user = ticketOf(ARGV[1] .. ARGV[5 + 3 * i])
+  return displace(queue, expiry, recs, slots, prio, user)
+end
 for i = 1, n do
   local id, action = ids[i], ARGV[4 + 3 * i]
   records[i] = prefix .. ARGV[5 + 3 * i]
@@ -136,7 +146,7 @@ for i = 1, n do
     refresh[id] = nil
     states[i], values[i] = 1, tonumber(redis.call('ZSCORE', slots, id))
     granted = true
-  elseif not queued[id] and redis.call('ZCARD', queue) >= maxQueue then
+  elseif not queued[id] and redis.call('ZCARD', queue) >= maxQueue and not displaces(i) then
     states[i] = -2
     denied = true
   else

@@ -418,3 +418,66 @@ func TestAPlansLimitNowHoldsForItsTicketsAlone(t *testing.T) {
 		wantTicket(t, "wa with a's limit raised to 3", ticket(3, "a", "wa"), lua.TicketGranted, 0)
 	})
 }
+
+// TestAFullQueueKeepsTheTicketsServedFirst (DESIGN §17): a full queue of
+// a pool key takes a new ticket that would be served before its last one
+// (of the lowest priority, the user holding and waiting for the most
+// members, the latest), in that one's place; one that would not be is
+// refused, as is the displaced ticket when it comes back to a full queue.
+// Bounds: a user holding and waiting for one fewer than the last's user,
+// less the displaced ticket, is not served first and is refused; one
+// fewer still is taken.
+func TestAFullQueueKeepsTheTicketsServedFirst(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		key := newKey(t)
+		ticket := func(id, user string, prio int) lua.WaitArgs {
+			a := waitArgs(1, nil)
+			a.MaxQueue = 2
+			a.Tickets = []lua.TicketArgs{{StreamID: id + " " + user, Record: lua.Record{Priority: prio, User: user}}}
+			return a
+		}
+		hold := func(id, user string) {
+			t.Helper()
+			got, err := lua.Acquire(context.Background(), c, key, id+" "+user, 2, 10*time.Second, lua.Record{User: user}, false)
+			if err != nil || !got.Granted {
+				t.Fatalf("acquire %s of %s: %+v, %v", id, user, got, err)
+			}
+		}
+		wait := func(what, id, user string, prio int, state lua.TicketState) {
+			t.Helper()
+			if got := mustWait(t, c, key, ticket(id, user, prio)).Tickets[0]; got.State != state {
+				t.Fatalf("%s: %+v, want state %d", what, got, state)
+			}
+		}
+		queued := func(want ...string) {
+			t.Helper()
+			got, err := c.Do(context.Background(), c.B().Zrange().Key(keys.Queue(key)).Min("0").Max("-1").Build()).AsStrSlice()
+			if err != nil || !slices.Equal(got, want) {
+				t.Fatalf("the queue: %q, %v; want %q", got, err, want)
+			}
+		}
+		hold("h1", "x")
+		hold("h2", "z")
+		wait("x's first", "w1", "x", 0, lua.TicketQueued)
+		wait("x's second", "w2", "x", 0, lua.TicketQueued)
+		// x holds 1 and waits for 2: y, holding nothing, goes before x's
+		// second, which leaves.
+		wait("y's, in a queue x fills", "w3", "y", 0, lua.TicketQueued)
+		queued("w1 x", "w3 y")
+		wait("x's second, back", "w2", "x", 0, lua.TicketFull)
+		wait("x's third", "w4", "x", 0, lua.TicketFull)
+		// x holds 1 and waits for 1 (2), y 1: z holds 1, not fewer than
+		// x less the ticket that would leave.
+		wait("z's, holding 1", "w5", "z", 0, lua.TicketFull)
+		queued("w1 x", "w3 y")
+		// v holds nothing: it goes before x's first.
+		wait("v's, holding nothing", "w6", "v", 0, lua.TicketQueued)
+		queued("w3 y", "w6 v")
+		// A higher priority goes before the last of a lower one, of any
+		// user: v's, the later of two alike (y and v hold none, each waits
+		// for one).
+		wait("x's at priority 1", "w7", "x", 1, lua.TicketQueued)
+		queued("w3 y", "w7 x")
+		wait("v's, back", "w6", "v", 0, lua.TicketFull)
+	})
+}
