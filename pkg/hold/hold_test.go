@@ -61,6 +61,7 @@ func (c *callCounter) Waiting(context.Context, tiers.Tier, int)                 
 func (c *callCounter) Waited(context.Context, tiers.Tier, limiter.WaitOutcome, time.Duration) {
 }
 func (c *callCounter) Joined(context.Context, string, limiter.JoinOutcome, int, int) {}
+func (c *callCounter) PoolReclaimed(context.Context, string, int)                    {}
 func (c *callCounter) PoolWaiting(context.Context, string, int, int)                 {}
 func (c *callCounter) PoolWaited(context.Context, string, int, limiter.WaitOutcome, time.Duration) {
 }

@@ -46,6 +46,11 @@ type Observer interface {
 	// JoinUnavailable). The key is not passed: metrics are labelled by
 	// pool name only.
 	Joined(ctx context.Context, pool string, outcome JoinOutcome, used, limit int)
+	// PoolReclaimed reports memberships of a key of pool that had expired
+	// instead of being left, found and removed by an acquire, a wait or
+	// a heartbeat on the key (members > 0 only). As for Joined, the key
+	// is not passed.
+	PoolReclaimed(ctx context.Context, pool string, members int)
 }
 
 // JoinOutcome says how one pool step of an acquire ended: the outcome
@@ -83,5 +88,6 @@ func (nopObserver) RedisCall(context.Context, string, time.Duration, error)     
 func (nopObserver) Waiting(context.Context, tiers.Tier, int)                            {}
 func (nopObserver) Waited(context.Context, tiers.Tier, WaitOutcome, time.Duration)      {}
 func (nopObserver) Joined(context.Context, string, JoinOutcome, int, int)               {}
+func (nopObserver) PoolReclaimed(context.Context, string, int)                          {}
 func (nopObserver) PoolWaiting(context.Context, string, int, int)                       {}
 func (nopObserver) PoolWaited(context.Context, string, int, WaitOutcome, time.Duration) {}

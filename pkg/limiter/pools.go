@@ -227,6 +227,9 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 		if err == nil && len(got.Wake) > 0 {
 			l.wake(ctx, m.slots, got.Wake...) // members expired: those owed their places look
 		}
+		if err == nil && got.Pruned > 0 {
+			l.observer.PoolReclaimed(ctx, m.pool.Pool, got.Pruned)
+		}
 		switch {
 		case err != nil && degrade(m.pool.FailureMode, err):
 			l.warnDegraded(ctx, "redis unavailable; granting a pool's membership degraded (failureMode Open)", "pool", m.pool.Pool, "err", err)
@@ -605,6 +608,7 @@ func (l *Limiter) beatPools(ctx context.Context, end time.Time, reqs []Heartbeat
 		}
 		if err == nil && beat.Pruned > 0 {
 			l.wake(ctx, args[j].Key) // members expired: whoever waits for them looks
+			l.observer.PoolReclaimed(ctx, b.pool.Pool, beat.Pruned)
 		}
 		scope := b.pool.Pool + "=" + b.pool.Key
 		switch {

@@ -7,13 +7,16 @@ import (
 	"time"
 
 	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/pools"
 	"github.com/joishi/limiter/pkg/tiers"
 )
 
-// reclaimLog records Reclaimed reports; the rest of Observer is ignored.
+// reclaimLog records Reclaimed and PoolReclaimed reports; the rest of
+// Observer is ignored.
 type reclaimLog struct {
 	mu    sync.Mutex
 	plans map[string]int
+	pools map[string]int
 }
 
 func (r *reclaimLog) Acquired(context.Context, tiers.Tier, limiter.AcquireResult, error) {}
@@ -24,7 +27,12 @@ func (r *reclaimLog) Waiting(context.Context, tiers.Tier, int)                  
 func (r *reclaimLog) Waited(context.Context, tiers.Tier, limiter.WaitOutcome, time.Duration) {
 }
 func (r *reclaimLog) Joined(context.Context, string, limiter.JoinOutcome, int, int) {}
-func (r *reclaimLog) PoolWaiting(context.Context, string, int, int)                 {}
+func (r *reclaimLog) PoolReclaimed(_ context.Context, pool string, members int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.pools[pool] += members
+}
+func (r *reclaimLog) PoolWaiting(context.Context, string, int, int) {}
 func (r *reclaimLog) PoolWaited(context.Context, string, int, limiter.WaitOutcome, time.Duration) {
 }
 func (r *reclaimLog) Reclaimed(_ context.Context, plan string, slots int) {
@@ -41,12 +49,20 @@ func (r *reclaimLog) take() map[string]int {
 	return got
 }
 
+func (r *reclaimLog) takePools() map[string]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	got := r.pools
+	r.pools = map[string]int{}
+	return got
+}
+
 // TestEveryOperationCountsExpiredSlots: a slot that expired unreleased is
 // counted as reclaimed by whichever operation finds it first, so the leak
 // signal does not depend on the user acquiring again.
 func TestEveryOperationCountsExpiredSlots(t *testing.T) {
 	eachBackend(t, true, func(t *testing.T, e *env) {
-		log := &reclaimLog{plans: map[string]int{}}
+		log := &reclaimLog{plans: map[string]int{}, pools: map[string]int{}}
 		lim := limiter.New(e.redis, e.table, limiter.Options{Keys: e.keys, Observer: log})
 		ctx := context.Background()
 		expire := func(user string, streams ...string) {
@@ -84,6 +100,46 @@ func TestEveryOperationCountsExpiredSlots(t *testing.T) {
 		}
 		if got := log.take(); got[""] != 1 {
 			t.Errorf("ReleaseAll reclaimed %v, want the 1 expired slot", got)
+		}
+	})
+}
+
+// TestPoolMembershipsThatExpireAreCountedByPool: a pool key's membership
+// that expired instead of being left (its holder crashed) is counted by
+// pool, not as a slot of the plan of whoever found it, when an acquire
+// joining the key or a heartbeat of another member finds it.
+func TestPoolMembershipsThatExpireAreCountedByPool(t *testing.T) {
+	eachBackend(t, true, func(t *testing.T, e *env) {
+		log := &reclaimLog{plans: map[string]int{}, pools: map[string]int{}}
+		lim := limiter.New(e.redis, e.table, limiter.Options{Keys: e.keys, Observer: log,
+			Pools: poolTable(t, pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(5)})})
+		ctx := context.Background()
+		key := "k-" + newUser(t)
+		crash := func(n int) {
+			t.Helper()
+			for range n {
+				if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "short", Pools: map[string]string{"model": key}}); err != nil || !res.Granted {
+					t.Fatalf("acquire: %+v, %v", res, err)
+				}
+			}
+		}
+		crash(2)
+		time.Sleep(400 * time.Millisecond) // > the 300ms TTL
+		liveUser := newUser(t)
+		live, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: liveUser, Plan: "three", Pools: map[string]string{"model": key}})
+		if err != nil || !live.Granted {
+			t.Fatalf("acquire: %+v, %v", live, err)
+		}
+		if got, plans := log.takePools(), log.take(); got["model"] != 2 || len(plans) != 0 {
+			t.Errorf("an acquire found 2 expired members of model=%s: pools %v, plans %v; want model 2 and no plan", key, got, plans)
+		}
+		crash(1)
+		time.Sleep(400 * time.Millisecond)
+		if res, err := lim.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: liveUser, Plan: "three", StreamID: live.StreamID}); err != nil || !res.Alive {
+			t.Fatalf("the live stream's heartbeat: %+v, %v", res, err)
+		}
+		if got, plans := log.takePools(), log.take(); got["model"] != 1 || len(plans) != 0 {
+			t.Errorf("a heartbeat found 1 expired member of model=%s: pools %v, plans %v; want model 1 and no plan", key, got, plans)
 		}
 	})
 }

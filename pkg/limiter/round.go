@@ -102,7 +102,9 @@ func (q *scopeQueue) round() time.Time {
 		q.fail(mode, err, now)
 		return now.Add(refreshBy)
 	}
-	if got.Pruned > 0 {
+	if got.Pruned > 0 && q.pool != "" {
+		l.observer.PoolReclaimed(ctx, q.pool, got.Pruned) // a pool key's members, not the user's slots
+	} else if got.Pruned > 0 {
 		l.observer.Reclaimed(ctx, tier.Plan, got.Pruned)
 	}
 	// Of the tickets owed a slot, those of this loop left out of the call

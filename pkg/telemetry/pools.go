@@ -50,6 +50,9 @@ type poolLabels struct {
 	pool     metric.MeasurementOption                    // {pool}
 	outcomes [len(joinOutcomes)]metric.MeasurementOption // {pool, outcome}, by joinOutcomes
 	joins    [len(joinOutcomes)]atomic.Int64             // by joinOutcomes
+	// reclaimed counts the pool's memberships that expired instead of
+	// being left, found by any operation on their key.
+	reclaimed atomic.Int64
 	// waits are the pool's waits by priority (poolwait.go).
 	waits [tiers.MaxPriority + 1]poolPriority
 }
@@ -86,7 +89,7 @@ func (o *Observer) rangePools(fn func(*poolLabels)) {
 
 // registerPools creates the pool instruments on m.
 func (o *Observer) registerPools(m metric.Meter) error {
-	var errs [4]error
+	var errs [5]error
 	_, errs[0] = m.Int64ObservableCounter("limiter.pool.acquire", metric.WithUnit("{acquire}"),
 		metric.WithDescription("Pool steps of acquires, by pool and outcome: granted (the key had room; counted even when a later pool of the acquire refused it and the membership was given back), limited (the key was at its cap: 429 pool_limit_reached), degraded (the key's shard did not answer, the pool fails open: granted uncounted), unavailable (the same, failing closed: 503), shadow_refused (the key was at its cap and the pool is in shadow mode, enforce: false: joined and counted all the same). The pools after the one that refused are not asked, nor counted."),
 		metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
@@ -115,7 +118,23 @@ func (o *Observer) registerPools(m metric.Meter) error {
 			return nil
 		}))
 	errs[3] = o.registerPoolWaits(m)
+	_, errs[4] = m.Int64ObservableCounter("limiter.pool.reclaimed", metric.WithUnit("{membership}"),
+		metric.WithDescription("By pool: memberships that expired instead of being left (their holder crashed, or stopped beating), removed by whichever acquire, wait or heartbeat on the key finds them first. The pool's leak and crash signal."),
+		metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
+			o.rangePools(func(l *poolLabels) {
+				obs.Observe(l.reclaimed.Load(), l.pool)
+			})
+			return nil
+		}))
 	return errors.Join(errs[:]...)
+}
+
+// PoolReclaimed counts memberships of a key of pool that had expired
+// instead of being left, found and removed by an operation on the key.
+func (o *Observer) PoolReclaimed(_ context.Context, pool string, members int) {
+	if members > 0 {
+		o.poolLabels(pool).reclaimed.Add(int64(members))
+	}
 }
 
 // Joined counts one pool step of an acquire and, when Redis counted the

@@ -253,6 +253,7 @@ func TestPoolSeriesStartAtZero(t *testing.T) {
 			`limiter_pool_acquire_total{outcome="shadow_refused",pool="` + pool + `"} 0`,
 			`limiter_pool_fill_max{pool="` + pool + `"} 0`,
 			`limiter_pool_used_max{pool="` + pool + `"} 0`,
+			`limiter_pool_reclaimed_total{pool="` + pool + `"} 0`,
 		}
 	}
 
@@ -265,6 +266,20 @@ func TestPoolSeriesStartAtZero(t *testing.T) {
 
 	bare := newPoolStack(t, false, model)
 	expectLines(t, bare.tel, "limiter_pool_")
+}
+
+// Memberships that expired instead of being left are counted by pool, as
+// a counter: the pool's leak and crash signal.
+func TestPoolReclaimedCountsByPool(t *testing.T) {
+	tel, o, _ := newTestObserver(t)
+	ctx := context.Background()
+	o.PoolReclaimed(ctx, "model", 2)
+	o.PoolReclaimed(ctx, "model", 1)
+	o.PoolReclaimed(ctx, "model", 0)
+	expectLines(t, tel, "limiter_pool_reclaimed_total", `limiter_pool_reclaimed_total{pool="model"} 3`)
+	if meta := scrapeLines(t, tel, "# TYPE limiter_pool_reclaimed_total"); !slices.Equal(meta, []string{"# TYPE limiter_pool_reclaimed_total counter"}) {
+		t.Errorf("got %q, want a counter", meta)
+	}
 }
 
 // Counting a pool step allocates nothing once its pool was seen: it runs
