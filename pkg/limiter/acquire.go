@@ -254,7 +254,7 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		}
 		l.warnDegraded(ctx, "redis unavailable; granting acquire degraded (failureMode Open)", "plan", tier.Plan, "err", err)
 		res.Granted, res.Degraded = true, true
-		res.ExpiresAt = time.Now().Add(tier.SlotTTL).UTC()
+		res.ExpiresAt = degradedExpiry(tier.SlotTTL)
 		for _, m := range ms {
 			l.observer.Joined(ctx, m.pool.Pool, JoinDegraded, 0, m.limit)
 			res.Pools = append(res.Pools, PoolGrant{Pool: m.pool.Pool, Key: m.key, Limit: m.limit, Degraded: true})

@@ -204,7 +204,7 @@ func (l *Limiter) beatResult(ctx context.Context, req HeartbeatRequest, tier tie
 		if ttl == 0 {
 			ttl = tiers.DefaultSlotTTL
 		}
-		res.ExpiresAt = time.Now().Add(ttl).UTC()
+		res.ExpiresAt = degradedExpiry(ttl)
 		return res, nil
 	default:
 		return res, err

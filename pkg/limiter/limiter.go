@@ -206,3 +206,9 @@ func (l *Limiter) tier(plan string) (tiers.Tier, error) {
 }
 
 func msTime(ms int64) time.Time { return time.UnixMilli(ms).UTC() }
+
+// degradedExpiry is the expiry a degraded answer gives a slot Redis did
+// not count: a TTL from now, in whole milliseconds as Redis's are.
+func degradedExpiry(ttl time.Duration) time.Time {
+	return msTime(time.Now().Add(ttl).UnixMilli())
+}

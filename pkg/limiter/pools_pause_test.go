@@ -273,4 +273,14 @@ func TestAPoolThatFailsClosedRefusesWhenTheUsersSlotCannotBeTaken(t *testing.T) 
 	if err != nil || !res.Granted || !res.Degraded || len(res.Pools) != 1 || !res.Pools[0].Degraded || res.Pools[0].Key != "m" {
 		t.Fatalf("an acquire joining model (failing open) in the outage: %+v, %v; want granted degraded, model=m degraded", res, err)
 	}
+	// A degraded expiry is in whole milliseconds, as Redis's are.
+	beat, err := lim.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: newUser(t), Plan: "three", StreamID: res.StreamID})
+	if err != nil || !beat.Degraded {
+		t.Fatalf("a heartbeat in the outage: %+v, %v; want degraded", beat, err)
+	}
+	for what, at := range map[string]time.Time{"the acquire's": res.ExpiresAt, "the heartbeat's": beat.ExpiresAt} {
+		if at.IsZero() || !at.Equal(at.Truncate(time.Millisecond)) {
+			t.Errorf("%s degraded expiry %s; want whole milliseconds", what, at.Format(time.RFC3339Nano))
+		}
+	}
 }

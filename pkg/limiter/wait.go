@@ -136,7 +136,7 @@ func (l *Limiter) await(ctx context.Context, key string, req AcquireRequest, tie
 		res.ExpiresAt = msTime(r.expiresAtMs)
 		if r.degraded {
 			res.Degraded, res.Used = true, 0
-			res.ExpiresAt = time.Now().Add(tier.SlotTTL).UTC()
+			res.ExpiresAt = degradedExpiry(tier.SlotTTL)
 		}
 		if err := l.confirmGrant(ctx, r.replicas, tier, key, &res); err != nil {
 			outcome = WaitFailed
