@@ -117,10 +117,14 @@ func poolLimited(res limiter.AcquireResult) Refusal {
 	p := res.RefusedBy
 	ms := p.RetryAfter.Milliseconds()
 	used, limit := p.Used, p.Limit
-	msg := fmt.Sprintf("pool %s=%s holds %d of its %d concurrent streams (the pool's cap, shared by every user); wait for one to finish", p.Pool, p.Key, used, limit)
+	whose := "the pool's cap"
+	if p.Overridden {
+		whose = "a support override of the key's cap"
+	}
+	msg := fmt.Sprintf("pool %s=%s holds %d of its %d concurrent streams (%s, shared by every user); wait for one to finish", p.Pool, p.Key, used, limit, whose)
 	if res.Waited > 0 {
-		msg = fmt.Sprintf("pool %s=%s holds %d of its %d concurrent streams (the pool's cap, shared by every user), and none finished in the %s this request waited in line",
-			p.Pool, p.Key, used, limit, res.Waited.Round(time.Millisecond))
+		msg = fmt.Sprintf("pool %s=%s holds %d of its %d concurrent streams (%s, shared by every user), and none finished in the %s this request waited in line",
+			p.Pool, p.Key, used, limit, whose, res.Waited.Round(time.Millisecond))
 	}
 	return limitedRefusal(p.RetryAfter, ErrorBody{
 		Type: TypeRateLimit, Code: CodePoolLimitReached,

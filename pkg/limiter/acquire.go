@@ -84,6 +84,10 @@ type AcquireResult struct {
 	// AcquireRequest.Wait): before it was granted, or, when it was not,
 	// before its wait ran out. 0 when it did not wait.
 	Waited time.Duration
+	// QueueFull, on a denial that asked to wait: it did not, as the
+	// queue it was to wait in (its user's, or RefusedBy's key's) held
+	// its most waiters (Options.MaxQueue), each served before it.
+	QueueFull bool
 	// Pools are the capped pool keys the granted stream holds a
 	// membership of, in the order of the pools' names.
 	Pools []PoolGrant
@@ -344,7 +348,7 @@ func (l *Limiter) grantPools(ctx context.Context, end, waitUntil time.Time, req 
 		return err
 	}
 	if r := j.refusal; r != nil {
-		res.Granted, res.ExpiresAt, res.RefusedBy, res.RetryAfter = false, time.Time{}, r, r.RetryAfter
+		res.Granted, res.ExpiresAt, res.RefusedBy, res.RetryAfter, res.QueueFull = false, time.Time{}, r, r.RetryAfter, j.full
 		res.WouldRefuse = "" // said of grants only
 		if slot.added {
 			res.Used--

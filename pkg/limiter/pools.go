@@ -88,6 +88,8 @@ type PoolGrant struct {
 type PoolRefusal struct {
 	Pool, Key   string
 	Used, Limit int
+	// Overridden: Limit is a support override of the key's cap.
+	Overridden bool
 	// RetryAfter is how long until a membership of the key frees up.
 	RetryAfter time.Duration
 }
@@ -180,6 +182,9 @@ type joined struct {
 	shadow *PoolRefusal
 	// waited is how long the acquire waited in pool keys' queues.
 	waited time.Duration
+	// full: the refusing key's queue held its most waiters, and the
+	// acquire did not wait.
+	full bool
 }
 
 // joinPools takes a membership of each of ms for the stream req names, in
@@ -253,7 +258,7 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 			limit = got.Override
 		}
 		if !got.Granted {
-			refusal := &PoolRefusal{Pool: m.pool.Pool, Key: m.key, Used: got.Used, Limit: limit,
+			refusal := &PoolRefusal{Pool: m.pool.Pool, Key: m.key, Used: got.Used, Limit: limit, Overridden: got.Override >= 0,
 				RetryAfter: time.Duration(got.RetryAfterMs) * time.Millisecond}
 			// A key capped at 0 admits no one, however long one waits.
 			if wait := poolWait(waitUntil, tier, m.pool); wait > 0 && limit > 0 {
@@ -276,11 +281,11 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 					l.undo(ctx, end, taken, true, own)
 					return joined{waited: out.waited}, fmt.Errorf("pool %s=%s: %w", m.pool.Pool, m.key, w.err)
 				}
-				refusal = w.refusal
+				refusal, out.full = w.refusal, w.full
 			}
 			l.observer.Joined(ctx, m.pool.Pool, JoinLimited, refusal.Used, refusal.Limit)
 			l.undo(ctx, end, taken, true, own)
-			return joined{refusal: refusal, waited: out.waited}, nil
+			return joined{refusal: refusal, waited: out.waited, full: out.full}, nil
 		}
 		if !got.Extended {
 			taken = append(taken, lua.Member{Key: m.slots, ID: member, Owned: true, Again: got.Again()})

@@ -38,8 +38,9 @@ func poolWait(waitUntil time.Time, tier tiers.Tier, pool pools.Pool) time.Durati
 type poolWaited struct {
 	// grant, when the key granted the membership (err nil).
 	grant *PoolGrant
-	// refusal, when the wait ran out (or the queue was full).
+	// refusal, when the wait ran out (or the queue was full: full).
 	refusal *PoolRefusal
+	full    bool
 	// err: the caller left, or the wait failed (Redis, a pool removed).
 	err error
 	// unsure: the membership may have been granted without the answer
@@ -89,7 +90,11 @@ func (l *Limiter) awaitPool(ctx context.Context, req AcquireRequest, tier tiers.
 			outcome = WaitCancelled
 		}
 	case WaitTimeout, WaitFull:
-		out.refusal = &PoolRefusal{Pool: m.pool.Pool, Key: m.key, Used: r.used, Limit: limit, RetryAfter: r.retry}
+		out.refusal = &PoolRefusal{Pool: m.pool.Pool, Key: m.key, Used: r.used, Limit: limit, RetryAfter: r.retry,
+			Overridden: r.override >= 0 && !r.degraded}
+		if r.outcome == WaitFull {
+			out.full, out.waited = true, 0 // refused at once, as a user's full queue is
+		}
 	case WaitCancelled:
 		out.err = cmp.Or(ctx.Err(), context.Canceled)
 	default:

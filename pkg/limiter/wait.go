@@ -156,7 +156,7 @@ func (l *Limiter) await(ctx context.Context, key string, req AcquireRequest, tie
 		res.Used, res.RetryAfter = r.used, r.retry
 		return res, nil
 	case WaitFull:
-		res.Waited = 0
+		res.Waited, res.QueueFull = 0, true
 		return res, nil
 	}
 	if r.unsure && generated {

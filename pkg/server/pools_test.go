@@ -104,3 +104,84 @@ func TestAPoolWaitThatRunsOutIsThePoolsRefusal(t *testing.T) {
 		t.Fatalf("an acquire waiting 300ms for the full key: %d %s; want 429 pool_limit_reached with waited_ms", r.status, r.body)
 	}
 }
+
+// TestAPoolRefusalSaysWhyItDidNotWait: a refusal says whose cap refused
+// it, a support override's when one is in force, and why an acquire that
+// asked to wait did not: the key capped at 0 (no place will free), or
+// its queue full of waiters served first (waited_ms absent), not the
+// pool's maxWait, which allows the wait.
+func TestAPoolRefusalSaysWhyItDidNotWait(t *testing.T) {
+	table := pools.NewTable()
+	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "model", Keys: map[string]int{"gpt-4o": 1, "shut": 5}, MaxWait: 5 * time.Second}.WithDefaults()}); err != nil {
+		t.Fatal(err)
+	}
+	lim := limitertest.New(t, limitertest.Options{Tiers: waitTiers(), Limiter: limiter.Options{Pools: table, MaxQueue: 1}}).Limiter
+	a := newAPIOf(t, server.New(lim, server.Options{}))
+	ctx := t.Context()
+	if _, err := lim.SetPoolOverride(ctx, "model", "shut", limiter.OverrideRequest{MaxConcurrentStreams: 0, For: time.Hour, Actor: "test", Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	suffix := time.Now().Format("150405.000000")
+	acquire := func(user, key string, waitMs int) httpapi.Error {
+		t.Helper()
+		r := a.post(t, "/v1/slots/acquire", map[string]any{"user_id": user + "-" + suffix, "plan": "wait", "wait_ms": waitMs, "pools": map[string]string{"model": key}})
+		var refused httpapi.ErrorResponse
+		if r.status != http.StatusTooManyRequests || json.Unmarshal(r.body, &refused) != nil || refused.Error.Code != httpapi.CodePoolLimitReached {
+			t.Fatalf("%s's acquire of model=%s: %d %s; want 429 pool_limit_reached", user, key, r.status, r.body)
+		}
+		return refused.Error
+	}
+	e := acquire("ana", "shut", 400)
+	if !strings.Contains(e.Message, "(a support override of the key's cap") || !strings.Contains(e.Message, "model=shut is capped at 0, so no place will free") ||
+		strings.Contains(e.Message, "maxWait") || e.WaitedMs != nil {
+		t.Errorf("a wait for a key an override caps at 0: %+v; want the override named, and the cap of 0 as why it did not wait", e)
+	}
+
+	if r := a.post(t, "/v1/slots/acquire", map[string]any{"user_id": "holder-" + suffix, "plan": "wait", "pools": map[string]string{"model": "gpt-4o"}}); r.status != http.StatusOK {
+		t.Fatalf("the holder: %d %s", r.status, r.body)
+	}
+	waiting := make(chan reply, 1)
+	go func() {
+		waiting <- a.post(t, "/v1/slots/acquire", map[string]any{"user_id": "bo-" + suffix, "plan": "wait", "wait_ms": 3000, "pools": map[string]string{"model": "gpt-4o"}})
+	}()
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if key, err := lim.PoolSlots(ctx, "model", "gpt-4o"); err == nil && len(key.Waiters) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("bo's acquire did not queue within 3s")
+		}
+	}
+	e = acquire("cy", "gpt-4o", 400) // cy holds none of the key, as bo: served after bo, who came first
+	if !strings.Contains(e.Message, "the queue of pool key model=gpt-4o holds its most waiters") || strings.Contains(e.Message, "maxWait") || e.WaitedMs != nil {
+		t.Errorf("a wait for a key whose queue is full: %+v; want the full queue as why it did not wait, no waited_ms", e)
+	}
+	if e.Limit == nil || *e.Limit != 1 || strings.Contains(e.Message, "override") {
+		t.Errorf("the refusal of model=gpt-4o: %+v; want the pool's cap of 1", e)
+	}
+	<-waiting
+
+	// The user's own queue, full (MaxQueue 1) of the user's first waiter.
+	dee := "dee-" + suffix
+	if r := a.post(t, "/v1/slots/acquire", map[string]any{"user_id": dee, "plan": "wait"}); r.status != http.StatusOK {
+		t.Fatalf("dee's first: %d %s", r.status, r.body)
+	}
+	go func() {
+		waiting <- a.post(t, "/v1/slots/acquire", map[string]any{"user_id": dee, "plan": "wait", "wait_ms": 1000})
+	}()
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if slots, err := lim.Slots(ctx, dee); err == nil && len(slots.Queue) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("dee's second acquire did not queue within 3s")
+		}
+	}
+	r := a.post(t, "/v1/slots/acquire", map[string]any{"user_id": dee, "plan": "wait", "wait_ms": 400})
+	var refused httpapi.ErrorResponse
+	if r.status != http.StatusTooManyRequests || json.Unmarshal(r.body, &refused) != nil || refused.Error.Code != httpapi.CodeStreamLimitReached ||
+		!strings.Contains(refused.Error.Message, "the user's queue holds its most waiters") || refused.Error.WaitedMs != nil {
+		t.Errorf("a wait in a full user's queue: %d %s; want 429 stream_limit_reached saying the queue is full, no waited_ms", r.status, r.body)
+	}
+	<-waiting
+}

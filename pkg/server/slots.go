@@ -251,6 +251,14 @@ func noWait(asked time.Duration, res limiter.AcquireResult) string {
 	switch {
 	case asked <= 0 || res.Waited > 0:
 		return ""
+	case res.QueueFull && res.RefusedBy != nil:
+		return fmt.Sprintf("; not waited: wait_ms asked %dms, but the queue of pool key %s=%s holds its most waiters, each served before this one would be", asked.Milliseconds(), res.RefusedBy.Pool, res.RefusedBy.Key)
+	case res.QueueFull:
+		return fmt.Sprintf("; not waited: wait_ms asked %dms, but the user's queue holds its most waiters", asked.Milliseconds())
+	case res.RefusedBy != nil && res.RefusedBy.Limit == 0:
+		return fmt.Sprintf("; not waited: wait_ms asked %dms, but pool key %s=%s is capped at 0, so no place will free", asked.Milliseconds(), res.RefusedBy.Pool, res.RefusedBy.Key)
+	case res.RefusedBy == nil && res.Limit == 0:
+		return fmt.Sprintf("; not waited: wait_ms asked %dms, but the user's limit is 0, so no slot will free", asked.Milliseconds())
 	case res.Tier.MaxWait <= 0:
 		return fmt.Sprintf("; not waited: wait_ms asked %dms, but plan %q has maxWait 0s (no waiting), which caps it", asked.Milliseconds(), res.Tier.Plan)
 	case res.RefusedBy != nil:
@@ -259,13 +267,22 @@ func noWait(asked time.Duration, res limiter.AcquireResult) string {
 	return ""
 }
 
+// poolCapOf says whose cap refused r: the pool's, or a support override
+// of the key's.
+func poolCapOf(r *limiter.PoolRefusal) string {
+	if r.Overridden {
+		return "a support override of the key's cap"
+	}
+	return "the pool's cap"
+}
+
 func writePoolRefusal(w http.ResponseWriter, r *limiter.PoolRefusal, waited time.Duration, note string) {
 	retryMs := r.RetryAfter.Milliseconds()
 	w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(r.RetryAfter), 10))
 	used, limit := r.Used, r.Limit
 	e := httpapi.Error{
 		Code:         httpapi.CodePoolLimitReached,
-		Message:      fmt.Sprintf("pool %s=%s holds %d of its %d concurrent streams (the pool's cap, shared by every user)", r.Pool, r.Key, used, limit),
+		Message:      fmt.Sprintf("pool %s=%s holds %d of its %d concurrent streams (%s, shared by every user)", r.Pool, r.Key, used, limit, poolCapOf(r)),
 		Used:         &used,
 		Limit:        &limit,
 		RetryAfterMs: &retryMs,
