@@ -3,7 +3,13 @@
 // in what holds its replica back from ready.
 package opsmux
 
-import "net/http"
+import (
+	"encoding/json"
+	"net/http"
+	"path"
+
+	"github.com/joishi/limiter/pkg/httpapi"
+)
 
 // Check is one reason a replica is not ready yet.
 type Check struct {
@@ -16,12 +22,21 @@ type Check struct {
 
 // Handler serves /healthz (the process answers: 200 "ok"), /readyz (503
 // with the Reason of the first of checks failing, in their order; else 200
-// "ok") and, when metrics is not nil, /metrics. Every body but metrics' is
-// one line of plain text.
+// "ok") and, when metrics is not nil, /metrics, to GET and HEAD. Every
+// body but metrics' is one line of plain text; another method is 405, and
+// another path (or one not in its canonical form) 404, each with the
+// API's JSON error, as the other listeners answer.
 func Handler(metrics http.Handler, checks ...Check) http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { plain(w, http.StatusOK, "ok") })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+	route := func(path string, h http.Handler) {
+		mux.Handle("GET "+path, h)
+		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", "GET, HEAD")
+			jsonError(w, http.StatusMethodNotAllowed, httpapi.CodeMethodNotAllowed, path+" accepts GET (or HEAD) only")
+		})
+	}
+	route("/healthz", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { plain(w, http.StatusOK, "ok") }))
+	route("/readyz", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		for _, c := range checks {
 			if c.Failing() {
 				plain(w, http.StatusServiceUnavailable, c.Reason)
@@ -29,11 +44,30 @@ func Handler(metrics http.Handler, checks ...Check) http.Handler {
 			}
 		}
 		plain(w, http.StatusOK, "ok")
-	})
+	}))
 	if metrics != nil {
-		mux.Handle("GET /metrics", metrics)
+		route("/metrics", metrics)
 	}
-	return mux
+	notFound := func(w http.ResponseWriter, r *http.Request) {
+		jsonError(w, http.StatusNotFound, httpapi.CodeNotFound, "no route "+r.Method+" "+r.URL.Path)
+	}
+	mux.HandleFunc("/", notFound)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p := r.URL.EscapedPath(); p != "" && p != path.Clean(p) {
+			notFound(w, r) // not redirected: no ops path ends in a slash
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// jsonError answers status with the API's error body of code.
+func jsonError(w http.ResponseWriter, status int, code, message string) {
+	body, _ := json.Marshal(httpapi.ErrorResponse{Error: httpapi.Error{Code: code, Message: message}})
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
 }
 
 func plain(w http.ResponseWriter, status int, line string) {

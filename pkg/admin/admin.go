@@ -14,6 +14,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -113,7 +114,8 @@ type adminRoute struct {
 }
 
 // route serves each of routes on path, and answers any other method on
-// path 405, audited as the first route's action like every call.
+// path 405 (HEAD included), audited as the first route's action like
+// every call.
 func (a *Admin) route(mux *http.ServeMux, path string, routes ...adminRoute) {
 	methods := make([]string, len(routes))
 	for i, rt := range routes {
@@ -121,7 +123,7 @@ func (a *Admin) route(mux *http.ServeMux, path string, routes ...adminRoute) {
 		methods[i] = rt.method
 	}
 	allow := strings.Join(methods, ", ")
-	mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+	notAllowed := func(w http.ResponseWriter, r *http.Request) {
 		rec := a.newRecord(w, r, routes[0].action)
 		// Name a known caller in the record; a 405 needs no token, so a
 		// missing or unknown one is no reason to answer otherwise.
@@ -134,7 +136,13 @@ func (a *Admin) route(mux *http.ServeMux, path string, routes ...adminRoute) {
 			Code:    httpapi.CodeMethodNotAllowed,
 			Message: r.Method + " is not allowed: " + path + " accepts " + strings.Join(methods, " or ") + " only",
 		})
-	})
+	}
+	mux.HandleFunc(path, notAllowed)
+	if slices.Contains(methods, http.MethodGet) {
+		// A GET pattern serves HEAD too: a HEAD would read Redis and be
+		// audited as the call it is not.
+		mux.HandleFunc(http.MethodHead+" "+path, notAllowed)
+	}
 }
 
 // adminHandler does the work of one admin call: it fills rec (released

@@ -468,6 +468,16 @@ func TestAdminSlots(t *testing.T) {
 		if lines[0]["level"] != "INFO" || lines[0]["outcome"] != httpapi.CodeMethodNotAllowed {
 			t.Errorf("log record: got %v, want an INFO with outcome method_not_allowed (the caller's mistake, not the operator's page)", lines[0])
 		}
+		// HEAD, which a GET pattern would serve, reading Redis and
+		// recording a listing that was never made, is 405 too.
+		streamBefore = len(e.streamRecords(t))
+		head := e.do(t, adminCall{method: "HEAD", path: httpapi.AdminUserSlotsPath(user), token: operatorToken, invalid: true})
+		if head.Status != http.StatusMethodNotAllowed || head.Header.Get("Allow") != http.MethodGet {
+			t.Errorf("HEAD: %d, Allow %q; want 405, Allow GET", head.Status, head.Header.Get("Allow"))
+		}
+		if stream := e.streamRecords(t); len(stream)-streamBefore != 1 || stream[0].Outcome != httpapi.CodeMethodNotAllowed {
+			t.Errorf("the HEAD's audit records: %d, the newest %+v; want one, method_not_allowed", len(stream)-streamBefore, stream[0])
+		}
 		// A call its role may not make is for the operator on call: WARN.
 		logBefore = len(auditLines(t, e.log))
 		r = e.do(t, adminCall{method: "POST", path: httpapi.AdminUserReleasePath(user), token: viewerToken, body: `{"reason":"no"}`})

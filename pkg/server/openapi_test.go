@@ -306,6 +306,9 @@ func TestAPIErrors(t *testing.T) {
 		{name: "GET on acquire is 405 method_not_allowed", method: "GET", path: httpapi.PathAcquire, status: 405, code: httpapi.CodeMethodNotAllowed, allow: "POST"},
 		{name: "DELETE on release is 405 method_not_allowed", method: "DELETE", path: httpapi.PathRelease, status: 405, code: httpapi.CodeMethodNotAllowed, allow: "POST"},
 		{name: "POST on tiers is 405 method_not_allowed", method: "POST", path: httpapi.PathTiers, body: `{}`, status: 405, code: httpapi.CodeMethodNotAllowed, allow: "GET"},
+		{name: "a doubled slash is 404 not_found, not a redirect", method: "POST", path: "/v1//slots/acquire", body: `{}`, status: 404, code: httpapi.CodeNotFound},
+		{name: "a dot segment is 404 not_found, not a redirect", method: "POST", path: "/v1/./slots/acquire", body: `{}`, status: 404, code: httpapi.CodeNotFound},
+		{name: "a dot-dot segment is 404 not_found, not a redirect", method: "GET", path: "/v1/x/../tiers", status: 404, code: httpapi.CodeNotFound},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var body []byte
@@ -536,5 +539,24 @@ func TestOpsListener(t *testing.T) {
 				t.Errorf("GET %s: body %q, want %q", tc.path, body, tc.body)
 			}
 		})
+	}
+}
+
+// A GET route is not served to HEAD (which Go's mux would): it is 405
+// with Allow: GET, as any other method.
+func TestHeadOnAGetRouteIsNotAllowed(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t, limitertest.New(t, limitertest.Options{}).Limiter)
+	req, err := http.NewRequest(http.MethodHead, a.url+httpapi.PathTiers, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := a.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != http.MethodGet {
+		t.Errorf("HEAD %s: %d, Allow %q; want 405, Allow GET", httpapi.PathTiers, resp.StatusCode, resp.Header.Get("Allow"))
 	}
 }

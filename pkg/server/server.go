@@ -6,6 +6,7 @@ package server
 import (
 	"log/slog"
 	"net/http"
+	"path"
 	"sync/atomic"
 	"time"
 
@@ -101,13 +102,23 @@ func (s *Server) AdminHandler() http.Handler {
 	return s.wrap(mux)
 }
 
-// wrap answers mux's unknown paths 404 and adds the access log, panic
-// recovery and Options.Middleware.
+// wrap answers mux's unknown paths 404, and so a path not in its
+// canonical form (//v1/..., /v1/./slots/...), which the mux would
+// redirect, and adds the access log, panic recovery and
+// Options.Middleware.
 func (s *Server) wrap(mux *http.ServeMux) http.Handler {
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+	notFound := func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, httpapi.Error{Code: httpapi.CodeNotFound, Message: "no route " + r.Method + " " + r.URL.Path})
+	}
+	mux.HandleFunc("/", notFound)
+	var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p := r.URL.EscapedPath(); p != "" && p != cleanPath(p) { // as the mux sees it: an escaped "." is a user id
+			notFound(w, r)
+			return
+		}
+		mux.ServeHTTP(w, r)
 	})
-	h := s.logAccess(mux)
+	h = s.logAccess(h)
 	h = s.recoverPanics(h)
 	if s.opts.Middleware != nil {
 		h = s.opts.Middleware(h)
@@ -116,13 +127,34 @@ func (s *Server) wrap(mux *http.ServeMux) http.Handler {
 }
 
 // route registers handler for method and path, and a JSON 405 for the
-// path's other methods.
+// path's other methods, HEAD included (a GET pattern would serve it).
 func (s *Server) route(mux *http.ServeMux, method, path string, handler http.HandlerFunc) {
 	mux.HandleFunc(method+" "+path, handler)
-	mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+	notAllowed := func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", method)
 		writeError(w, http.StatusMethodNotAllowed, httpapi.Error{Code: httpapi.CodeMethodNotAllowed, Message: path + " accepts " + method + " only"})
-	})
+	}
+	mux.HandleFunc(path, notAllowed)
+	if method == http.MethodGet {
+		mux.HandleFunc(http.MethodHead+" "+path, notAllowed)
+	}
+}
+
+// cleanPath is p as http.ServeMux cleans it before routing (path.Clean,
+// keeping a trailing slash): a path that differs from it is one the mux
+// would redirect.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	if p[0] != '/' {
+		p = "/" + p
+	}
+	np := path.Clean(p)
+	if p[len(p)-1] == '/' && np != "/" {
+		np += "/"
+	}
+	return np
 }
 
 func (s *Server) recoverPanics(next http.Handler) http.Handler {
