@@ -9,9 +9,11 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/joishi/limiter/pkg/client"
 	"github.com/joishi/limiter/pkg/httpapi"
@@ -81,23 +83,36 @@ Exit codes: 0 on success, 1 when the server refused or failed the call,
 		newAdminOverrideCommand(&f),
 		newAdminPoolCommand(&f),
 		newAdminPoolOverrideCommand(&f),
-		&cobra.Command{
-			Use:   "audit",
-			Short: "List the most recent admin calls, newest first (role viewer or operator)",
-			Args:  cobra.NoArgs,
-			RunE: func(cmd *cobra.Command, _ []string) error {
-				c, err := f.client()
-				if err != nil {
-					return err
-				}
-				out, err := c.Audit(cmd.Context())
-				if err != nil {
-					return adminFailure(err)
-				}
-				return f.print(cmd.OutOrStdout(), out, func(w io.Writer) { printAudit(w, out.Records) })
-			},
-		},
+		newAdminAuditCommand(&f),
 	)
+	return cmd
+}
+
+func newAdminAuditCommand(f *adminFlags) *cobra.Command {
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "audit",
+		Short: "List the most recent admin calls, newest first (role viewer or operator)",
+		Long: `List the most recent admin calls, newest first: --limit of them (1 to
+` + strconv.Itoa(httpapi.MaxAuditLimit) + `, default ` + strconv.Itoa(httpapi.DefaultAuditLimit) + `). The text output cuts a reason past ` + strconv.Itoa(auditReasonWidth) + ` characters;
+-o json gives every record whole.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if limit < 1 || limit > httpapi.MaxAuditLimit {
+				return fmt.Errorf("--limit must be 1 to %d, got %d", httpapi.MaxAuditLimit, limit)
+			}
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			out, err := c.AuditLast(cmd.Context(), limit)
+			if err != nil {
+				return adminFailure(err)
+			}
+			return f.print(cmd.OutOrStdout(), out, func(w io.Writer) { printAudit(w, out.Records) })
+		},
+	}
+	cmd.Flags().IntVar(&limit, "limit", httpapi.DefaultAuditLimit, "how many of the most recent calls to list")
 	return cmd
 }
 
@@ -303,9 +318,21 @@ func printAudit(w io.Writer, records []httpapi.AuditRecord) {
 			subject = r.Pool + "=" + r.Key
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Time.UTC().Format(time.RFC3339), dash(r.Actor), dash(r.Role),
-			r.Action, dash(subject), r.Outcome, released, dash(r.Reason), r.AuditID)
+			r.Action, dash(subject), r.Outcome, released, dash(cut(r.Reason, auditReasonWidth)), r.AuditID)
 	}
 	tw.Flush()
+}
+
+// auditReasonWidth is how much of a reason the audit's text shows: a
+// reason may be 500 characters, which would widen every row.
+const auditReasonWidth = 60
+
+// cut is s cut to at most n characters, the last an ellipsis when cut.
+func cut(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	return string([]rune(s)[:n-1]) + "…"
 }
 
 func plural(n int, one, many string) string {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -318,5 +319,41 @@ func TestAdminSaysWhenItsURLDoesNotAnswer(t *testing.T) {
 	want := "limiter: the admin API did not answer GET http://127.0.0.1:1/v1/admin/users/B/slots: "
 	if code != 1 || !strings.HasPrefix(stderr.String(), want) || strings.Contains(stderr.String(), "limiter unavailable") || !strings.Contains(stderr.String(), "admin.addr") {
 		t.Errorf("exit %d, stderr %q; want exit 1, starting %q and naming admin.addr", code, stderr.String(), want)
+	}
+}
+
+// audit asks for --limit records (1 to 1000; 0 and 1001 are usage
+// errors), and its text output cuts a long reason so that one 500
+// characters long does not widen every row; -o json gives it whole.
+func TestAdminAuditTakesALimitAndCutsLongReasons(t *testing.T) {
+	long := strings.Repeat("r", 500)
+	var asked []string
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+httpapi.PathAdminAudit, func(w http.ResponseWriter, r *http.Request) {
+		asked = append(asked, r.URL.Query().Get("limit"))
+		_ = json.NewEncoder(w).Encode(httpapi.AuditResponse{Records: []httpapi.AuditRecord{{Actor: "ops", Action: httpapi.ActionReleaseAll, Outcome: httpapi.OutcomeOK, Reason: long, AuditID: "a1"}}})
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	text := runAdminText(t, "audit", "--limit", "2", "--url", srv.URL, "--token", "t")
+	if strings.Contains(text, long) || !strings.Contains(text, strings.Repeat("r", 59)+"…") {
+		t.Errorf("audit's text: %q; want the reason cut to 60 characters", text)
+	}
+	var out httpapi.AuditResponse
+	runAdmin(t, &out, "audit", "--url", srv.URL, "--token", "t", "-o", "json")
+	if len(out.Records) != 1 || out.Records[0].Reason != long {
+		t.Errorf("audit -o json: %+v; want the reason whole", out.Records)
+	}
+	runAdminText(t, "audit", "--limit", "1000", "--url", srv.URL, "--token", "t")
+	runAdminText(t, "audit", "--limit", "1", "--url", srv.URL, "--token", "t")
+	if want := []string{"2", "50", "1000", "1"}; !slices.Equal(asked, want) {
+		t.Errorf("the limits asked: %q; want %q", asked, want)
+	}
+	for _, bad := range []string{"0", "1001"} {
+		var stderr bytes.Buffer
+		if code := run(context.Background(), []string{"admin", "audit", "--limit", bad, "--url", srv.URL, "--token", "t"}, io.Discard, &stderr); code != 2 || !strings.Contains(stderr.String(), "--limit must be 1 to 1000, got "+bad) {
+			t.Errorf("audit --limit %s: exit %d, %q; want exit 2 naming the bounds", bad, code, stderr.String())
+		}
 	}
 }

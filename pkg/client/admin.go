@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -152,7 +153,18 @@ func (a *Admin) RemovePoolOverride(ctx context.Context, pool, key, reason string
 // service returns by default (httpapi.DefaultAuditLimit) (GET
 // /v1/admin/audit; role viewer or operator).
 func (a *Admin) Audit(ctx context.Context) (httpapi.AuditResponse, error) {
+	return a.AuditLast(ctx, 0)
+}
+
+// AuditLast lists the n most recent admin calls, newest first: 1 to
+// httpapi.MaxAuditLimit, or 0 for the service's default (GET
+// /v1/admin/audit?limit=n; role viewer or operator).
+func (a *Admin) AuditLast(ctx context.Context, n int) (httpapi.AuditResponse, error) {
+	path := httpapi.PathAdminAudit
+	if n != 0 {
+		path += "?limit=" + strconv.Itoa(n)
+	}
 	var out httpapi.AuditResponse
-	err := a.api.do(ctx, http.MethodGet, httpapi.PathAdminAudit, nil, &out)
+	err := a.api.do(ctx, http.MethodGet, path, nil, &out)
 	return out, err
 }
