@@ -292,6 +292,14 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 				"an acquire of a held stream extends it, naming the pools it holds (release it to take another)",
 				ErrPoolsDiffer, req.StreamID, req.UserID, poolsOf(recorded), poolsOf(held))
 	}
+	// An extension keeps the plan the stream was taken under: the answer
+	// is that plan's (a retry naming another plan, its user's plan
+	// changed meanwhile, is not told a limit the slot was not judged by).
+	if held := lua.ParseRecord(got.Record).Plan; got.Extended && held != "" && held != tier.Plan {
+		if t, ok := l.tiers.Lookup(held); ok {
+			res.Limit, res.Tier = t.MaxConcurrentStreams, t
+		}
+	}
 	res.Granted = got.Granted
 	res.Used = got.Used
 	if got.Override >= 0 {

@@ -254,3 +254,26 @@ func TestAcquireKeepsTheKeysOneToTwoTTLsPastTheLatestSlot(t *testing.T) {
 		}
 	})
 }
+
+// TestAnExtensionAnswersThePlanTheStreamWasTakenUnder: a retry of a held
+// stream naming another plan (the user's plan changed between the two) is
+// an extension of the slot as it was taken: the answer gives that plan's
+// limit and tier, not a limit of 1 beside 2 used that looks like a grant
+// past it.
+func TestAnExtensionAnswersThePlanTheStreamWasTakenUnder(t *testing.T) {
+	lim := limitertest.New(t, limitertest.Options{}).Limiter
+	ctx := context.Background()
+	user := newUser(t)
+	for _, id := range []string{"a", "b"} {
+		if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three", StreamID: id}); err != nil || !res.Granted {
+			t.Fatalf("acquire %s: %+v, %v", id, res, err)
+		}
+	}
+	res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "one", StreamID: "b"})
+	if err != nil || !res.Granted || res.Used != 2 || res.Limit != 3 || res.Tier.Plan != "three" || res.WouldRefuse != "" {
+		t.Fatalf("a retry of b under plan one: %+v, %v; want granted, 2 of plan three's 3", res, err)
+	}
+	if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "one", StreamID: "c"}); err != nil || res.Granted {
+		t.Errorf("a new stream under plan one, 2 held: %+v, %v; want refused", res, err)
+	}
+}
