@@ -205,13 +205,11 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 	var out joined
 	var taken []lua.Member // the memberships added by this call, as it left them
 	var holding []string   // the pool keys held so far, added or extended
-	// The user's slot, as this acquire left it. A refusal (or a wait
-	// that ends without a place) removes it when the acquire took it, and
-	// also when the acquire extended it: a stream refused a key that its
-	// record names holds no membership of it, so no grant of the stream
-	// is running; it is then a retry's to remove, of an acquire whose
-	// answer never reached its caller. Either way it goes only if no
-	// later acquire of the stream extended it since (lua.Member.Owned).
+	// The user's slot, as this acquire left it. A refusal, an outage of a
+	// pool failing closed, or a wait that ends without a place removes it
+	// when the acquire took it (slot.added), and only if no later acquire
+	// of the stream (a retry) extended it since (lua.Member.Owned). One
+	// the acquire extended stays: it may be a running grant's.
 	var own lua.Member
 	if key, err := l.keys.UserKey(req.UserID); err == nil {
 		own = lua.Member{Key: key, ID: req.StreamID, Owned: true, Again: slot.again}
@@ -245,8 +243,6 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 			if errors.Is(err, ErrUnavailable) { // not the caller leaving, nor a refusing Redis
 				l.observer.Joined(ctx, m.pool.Pool, JoinUnavailable, 0, m.limit)
 			}
-			// Whether the stream held m's key is not known: a slot it
-			// extended may be a running grant's, and stays.
 			l.undo(ctx, end, taken, slot.added, own)
 			if errors.Is(err, ErrUnavailable) {
 				return joined{}, &PoolUnavailableError{Pool: m.pool.Pool, Key: m.key, Err: err}
@@ -278,13 +274,13 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 					out.grants = append(out.grants, g)
 					continue
 				case w.err != nil:
-					l.undo(ctx, end, taken, true, own)
+					l.undo(ctx, end, taken, slot.added, own)
 					return joined{waited: out.waited}, fmt.Errorf("pool %s=%s: %w", m.pool.Pool, m.key, w.err)
 				}
 				refusal, out.full = w.refusal, w.full
 			}
 			l.observer.Joined(ctx, m.pool.Pool, JoinLimited, refusal.Used, refusal.Limit)
-			l.undo(ctx, end, taken, true, own)
+			l.undo(ctx, end, taken, slot.added, own)
 			return joined{refusal: refusal, waited: out.waited, full: out.full}, nil
 		}
 		if !got.Extended {
