@@ -159,24 +159,13 @@ local function owed(queue, expiry, recs, used, override, stop, slots, cap, plan)
   return out, taken, slack
 end
 
--- displace(queue, expiry, recs, slots, prio, user): for a full queue, and
--- a new ticket of priority prio and user's: takes out the ticket that
--- would be served last, and returns true, when the new one would be
--- served before it (see owed); else changes nothing and returns false.
--- So a full queue holds the tickets served first, and one user's many
--- tickets do not shut out a user with none (DESIGN §17), nor lower
--- priorities a higher one.
---
--- The last is of the lowest priority; within it, of the user who holds
--- and waits for the most members of slots (a user's own queue names no
--- user: all alike); then the latest to arrive. The new ticket goes
--- before it when its priority is higher, or, at the same priority, when
--- its user holds and waits for fewer than that user, less the one taken
--- out.
-local function displace(queue, expiry, recs, slots, prio, user)
-  local last, lastPrio, lastUser
-  local count = {}
-  local tickets = {}
+-- fullQueue(queue, expiry, recs, slots): what displace weighs, read once
+-- per call that finds the queue full: its live tickets in arrival order,
+-- each with its priority and user, and how many of slots' members each
+-- user holds and how many tickets it has.
+local function fullQueue(queue, expiry, recs, slots)
+  local q = {tickets = {}, count = {}}
+  local users = false
   local from = 0
   while true do
     local ids = redis.call('ZRANGE', queue, from, from + 99)
@@ -189,31 +178,65 @@ local function displace(queue, expiry, recs, slots, prio, user)
     for i, id in ipairs(ids) do
       if live[i] then
         local _, p, u = ticketOf(rec[i])
-        tickets[#tickets + 1] = {id = id, prio = p, user = u}
-        count[u] = (count[u] or 0) + 1
+        q.tickets[#q.tickets + 1] = {id = id, prio = p, user = u}
+        q.count[u] = (q.count[u] or 0) + 1
+        users = users or u ~= ''
       end
     end
   end
-  if user ~= '' then
+  if users then
     for _, member in ipairs(redis.call('ZRANGE', slots, 0, -1)) do
       local u = string.match(member, ' (.*)$')
       if u then
-        count[u] = (count[u] or 0) + 1
+        q.count[u] = (q.count[u] or 0) + 1
       end
     end
   end
-  -- In arrival order: a later ticket of the same rank is later served.
-  for _, t in ipairs(tickets) do
-    if not last or t.prio < lastPrio or (t.prio == lastPrio and count[t.user] >= count[lastUser]) then
-      last, lastPrio, lastUser = t.id, t.prio, t.user
+  return q
+end
+
+-- displace(q, queue, expiry, recs, id, prio, user): for a full queue (q,
+-- see fullQueue) and a new ticket id of priority prio and user's: takes
+-- out the ticket that would be served last, and returns its id, when the
+-- new one would be served before it (see owed), noting the swap in q for
+-- the call's next new ticket; else changes nothing and returns nil. So
+-- a full queue holds the tickets served first, and one user's many
+-- tickets do not shut out a user with none (DESIGN §17), nor lower
+-- priorities a higher one.
+--
+-- The last is of the lowest priority; within it, of the user who holds
+-- and waits for the most members of the key (a user's own queue names no
+-- user: all alike); then the latest to arrive. The new ticket goes
+-- before it when its priority is higher, or, at the same priority, when
+-- its user holds and waits for fewer than that user, less the one taken
+-- out.
+local function displace(q, queue, expiry, recs, id, prio, user)
+  -- The last, found again only after a swap: a call whose new tickets
+  -- displace none reads the queue's tickets once.
+  local last = q.last
+  if not last then
+    -- In arrival order: a later ticket of the same rank is later served.
+    for k, t in ipairs(q.tickets) do
+      if not t.gone then
+        local l = last and q.tickets[last]
+        if not l or t.prio < l.prio or (t.prio == l.prio and q.count[t.user] >= q.count[l.user]) then
+          last = k
+        end
+      end
     end
+    q.last = last
   end
   if not last then
-    return false
+    return nil
   end
-  if prio > lastPrio or (prio == lastPrio and user ~= lastUser and (count[user] or 0) < count[lastUser] - 1) then
-    dropTicket(queue, expiry, recs, last)
-    return true
+  local l = q.tickets[last]
+  if prio > l.prio or (prio == l.prio and user ~= l.user and (q.count[user] or 0) < q.count[l.user] - 1) then
+    dropTicket(queue, expiry, recs, l.id)
+    l.gone, q.last = true, nil
+    q.count[l.user] = q.count[l.user] - 1
+    q.tickets[#q.tickets + 1] = {id = id, prio = prio, user = user}
+    q.count[user] = (q.count[user] or 0) + 1
+    return l.id
   end
-  return false
+  return nil
 end

@@ -11,6 +11,11 @@ import (
 	"github.com/redis/rueidis"
 )
 
+// Unbounded is the limit of a scope that refuses no acquire (a plan or a
+// pool in shadow mode, a pool key no longer capped): the wait script
+// grants its tickets whatever override is in force.
+const Unbounded = math.MaxInt32
+
 // Room reports whether key (a user's slots, or a pool key's) has a slot
 // free under limit, or under the override in force, which replaces it
 // unless limit is Unbounded (shadow mode, which refuses none):
@@ -21,11 +26,6 @@ import (
 // the other reads as live or as expired for as long as the clocks differ,
 // so Room answers the question of a poll that may be early or late, never
 // the decision itself, which the script makes.
-// Unbounded is the limit of a scope that refuses no acquire (a plan or a
-// pool in shadow mode, a pool key no longer capped): the wait script
-// grants its tickets whatever override is in force.
-const Unbounded = math.MaxInt32
-
 func Room(ctx context.Context, c rueidis.Client, key string, limit int, now time.Time) (bool, error) {
 	at := "(" + strconv.FormatInt(now.UnixMilli(), 10)
 	res := c.DoMulti(ctx,

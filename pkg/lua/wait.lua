@@ -115,9 +115,16 @@ for from = 1, n, 1000 do
 end
 -- displaces(i): whether the call's i-th ticket, new to a full queue,
 -- takes the place of the ticket that would be served last (displace).
+-- The queue is read once, at the first such ticket of the call.
+local full
 local function displaces(i)
   local _, prio, user = ticketOf(ARGV[1] .. ARGV[5 + 3 * i])
-  return displace(queue, expiry, recs, slots, prio, user)
+  full = full or fullQueue(queue, expiry, recs, slots)
+  local out = displace(full, queue, expiry, recs, ids[i], prio, user)
+  if out then
+    queued[out], refresh[out] = nil, nil -- one of this call's: no expiry left behind
+  end
+  return out ~= nil
 end
 for i = 1, n do
   local id, action = ids[i], ARGV[4 + 3 * i]
