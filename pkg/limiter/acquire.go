@@ -84,9 +84,11 @@ type AcquireResult struct {
 	// AcquireRequest.Wait): before it was granted, or, when it was not,
 	// before its wait ran out. 0 when it did not wait.
 	Waited time.Duration
-	// QueueFull, on a denial that asked to wait: it did not, as the
-	// queue it was to wait in (its user's, or RefusedBy's key's) held
-	// its most waiters (Options.MaxQueue), each served before it.
+	// QueueFull, on a denial that asked to wait: the queue it was to wait
+	// in (its user's, or RefusedBy's key's) held its most waiters
+	// (Options.MaxQueue), each served before it: it did not wait
+	// (Waited 0), or a waiter served before it took its place (Waited
+	// says how long it had waited).
 	QueueFull bool
 	// Pools are the capped pool keys the granted stream holds a
 	// membership of, in the order of the pools' names.

@@ -93,7 +93,10 @@ func (l *Limiter) awaitPool(ctx context.Context, req AcquireRequest, tier tiers.
 		out.refusal = &PoolRefusal{Pool: m.pool.Pool, Key: m.key, Used: r.used, Limit: limit, RetryAfter: r.retry,
 			Overridden: r.override >= 0 && !r.degraded}
 		if r.outcome == WaitFull {
-			out.full, out.waited = true, 0 // refused at once, as a user's full queue is
+			out.full = true
+			if !r.displaced {
+				out.waited = 0 // refused at once, as a user's full queue is
+			}
 		}
 	case WaitCancelled:
 		out.err = cmp.Or(ctx.Err(), context.Canceled)

@@ -727,3 +727,26 @@ func TestOneUsersWaitersDoNotShutOthersOutOfAFullQueue(t *testing.T) {
 		t.Fatalf("the priority-5 user once the key freed up: %+v, %v (answered %v); want granted first", a.res, a.err, ok)
 	}
 }
+
+// TestADisplacedWaiterSaysHowLongItWaited: a waiter whose place in a
+// full pool key's queue went to one served before it (a higher priority)
+// is refused by the key as a full queue, with how long it had waited, not
+// as one that never waited.
+func TestADisplacedWaiterSaysHowLongItWaited(t *testing.T) {
+	t.Parallel()
+	table := poolTable(t, pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second})
+	s := limitertest.New(t, limitertest.Options{Backend: limitertest.Standalone, Redis: cluster.Options{Timeout: 5 * time.Second},
+		Tiers: poolWaitTiers(), Limiter: limiter.Options{Pools: table, MaxQueue: 1}})
+	ctx := context.Background()
+	mustAcquire(t, s.Limiter, newUser(t), "low", "k")
+	low := queue(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: newUser(t), Plan: "low", Pools: map[string]string{"model": "k"}}, 9*time.Second)
+	time.Sleep(200 * time.Millisecond)
+	high := newUser(t)
+	go func() {
+		_, _ = s.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: high, Plan: "high", Pools: map[string]string{"model": "k"}, Wait: 9 * time.Second})
+	}()
+	a, ok := low.answer(8 * time.Second)
+	if !ok || a.err != nil || a.res.Granted || !a.res.QueueFull || a.res.RefusedBy == nil || a.res.Waited < 200*time.Millisecond {
+		t.Fatalf("the displaced waiter: %+v, %v (answered %v); want refused by model=k as a full queue, having waited", a.res, a.err, ok)
+	}
+}

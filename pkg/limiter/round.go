@@ -155,7 +155,9 @@ func (q *scopeQueue) round() time.Time {
 		case leaving:
 			w.answer(waitResult{outcome: outcome, used: got.Used, override: got.Override, retry: got.RetryAfter})
 		case t.State == lua.TicketFull:
-			w.answer(waitResult{outcome: WaitFull, used: got.Used, override: got.Override, retry: got.RetryAfter})
+			// One that had a place was displaced by a waiter served
+			// before it (see lib_tickets.lua's displace).
+			w.answer(waitResult{outcome: WaitFull, used: got.Used, override: got.Override, retry: got.RetryAfter, displaced: q.places[w.streamID] > 0})
 		default:
 			// Queued; or, withdrawn while another waiter of its stream id
 			// left, queued again at the next call (place 0).

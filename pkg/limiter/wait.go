@@ -91,6 +91,9 @@ type waitResult struct {
 	// unsure: the call that answered never got Redis's answer, so it may
 	// have granted the ticket a slot that nobody holds.
 	unsure bool
+	// displaced, of WaitFull: the ticket had a place in the queue, and
+	// a waiter served before it took it (the queue holds its most).
+	displaced bool
 }
 
 // await waits for a slot for req, denied at once with res, for up to
@@ -156,7 +159,10 @@ func (l *Limiter) await(ctx context.Context, key string, req AcquireRequest, tie
 		res.Used, res.RetryAfter = r.used, r.retry
 		return res, nil
 	case WaitFull:
-		res.Waited, res.QueueFull = 0, true
+		res.QueueFull = true
+		if !r.displaced {
+			res.Waited = 0 // refused at once: it did not wait
+		}
 		return res, nil
 	}
 	if r.unsure && generated {

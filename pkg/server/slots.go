@@ -44,7 +44,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !res.Granted && res.RefusedBy != nil {
-		writePoolRefusal(w, res.RefusedBy, res.Waited, noWait(wait, res))
+		writePoolRefusal(w, res.RefusedBy, res.Waited, res.QueueFull, noWait(wait, res))
 		return
 	}
 	if !res.Granted {
@@ -61,8 +61,11 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 			Limit:        &res.Limit,
 			RetryAfterMs: &retryMs,
 		}
-		if res.Waited > 0 {
-			waited := waitedMs(res.Waited)
+		switch waited := waitedMs(res.Waited); {
+		case res.Waited > 0 && res.QueueFull:
+			e.WaitedMs = &waited
+			e.Message += fmt.Sprintf("; waited %dms in the queue, then its place went to a waiter served before it (the queue holds its most)", waited)
+		case res.Waited > 0:
 			e.WaitedMs = &waited
 			e.Message += fmt.Sprintf("; waited %dms in the queue (wait_ms, capped by the plan's maxWait of %s) without a slot freeing up", waited, res.Tier.MaxWait)
 		}
@@ -276,7 +279,7 @@ func poolCapOf(r *limiter.PoolRefusal) string {
 	return "the pool's cap"
 }
 
-func writePoolRefusal(w http.ResponseWriter, r *limiter.PoolRefusal, waited time.Duration, note string) {
+func writePoolRefusal(w http.ResponseWriter, r *limiter.PoolRefusal, waited time.Duration, displaced bool, note string) {
 	retryMs := r.RetryAfter.Milliseconds()
 	w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(r.RetryAfter), 10))
 	used, limit := r.Used, r.Limit
@@ -289,8 +292,11 @@ func writePoolRefusal(w http.ResponseWriter, r *limiter.PoolRefusal, waited time
 		Pool:         r.Pool,
 		Key:          r.Key,
 	}
-	if waited > 0 {
-		ms := waitedMs(waited)
+	switch ms := waitedMs(waited); {
+	case waited > 0 && displaced:
+		e.WaitedMs = &ms
+		e.Message += fmt.Sprintf("; waited %dms in the key's queue, then its place went to a waiter served before it (the queue holds its most)", ms)
+	case waited > 0:
 		e.WaitedMs = &ms
 		e.Message += fmt.Sprintf("; waited %dms (wait_ms, capped by the plan's and the pool's maxWait) without a place freeing up", ms)
 	}
