@@ -149,8 +149,10 @@ func (c *Client) reacquire(ctx context.Context, l *Lease) {
 		l.update(out.ExpiresAt, out.Degraded)
 		c.setInterval(l, heartbeatInterval(out))
 		if !c.holds(l) {
-			// Released while the acquire was in flight: give it back.
-			_ = l.release(ctx)
+			// Released while the acquire was in flight, perhaps before it
+			// reached the limiter, which then took the slot again: give it
+			// back, whatever the release before it answered.
+			_ = l.sendRelease(ctx)
 		}
 	case definite(err):
 		if c.lose(l, err) {

@@ -297,6 +297,39 @@ func TestDegradedLease(t *testing.T) {
 			t.Errorf("the re-acquire sent %+v; want the pools and label of the acquire", req)
 		}
 	})
+	t.Run("released while its re-acquire is in flight, the slot it took again is given back", func(t *testing.T) {
+		f := newFake(t)
+		f.degraded = true
+		c := newClient(t, f.URL())
+		lease, err := c.Acquire(context.Background(), "u1", "free", client.WithStreamID("s"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var once sync.Once
+		f.onAcquire = func(w http.ResponseWriter, r *http.Request) bool {
+			// The re-acquire: the caller's release lands before it.
+			once.Do(func() {
+				if err := lease.Release(context.Background()); err != nil {
+					t.Errorf("Release: %v", err)
+				}
+			})
+			return false
+		}
+		f.set(func(f *fakeLimiter) { f.degraded = false })
+		deadline := time.Now().Add(2 * time.Second)
+		for {
+			f.mu.Lock()
+			releases := f.releases
+			f.mu.Unlock()
+			if releases >= 2 && f.used("u1") == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("after the re-acquire: %d releases, used %d; want the re-taken slot given back (used 0)", releases, f.used("u1"))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
 	t.Run("lost when the re-acquire is refused", func(t *testing.T) {
 		f := newFake(t)
 		f.degraded = true

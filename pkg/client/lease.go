@@ -97,6 +97,13 @@ func (l *Lease) release(ctx context.Context) error {
 	if done {
 		return nil
 	}
+	return l.sendRelease(ctx)
+}
+
+// sendRelease asks the limiter to free the slot, whether or not a release
+// of the lease succeeded before: for a slot a re-acquire took again after
+// it (see Client.reacquire).
+func (l *Lease) sendRelease(ctx context.Context) error {
 	var out httpapi.ReleaseResponse
 	err := l.client.api.do(ctx, http.MethodPost, httpapi.PathRelease, httpapi.ReleaseRequest{UserID: l.userID, StreamID: l.streamID}, &out)
 	if err != nil {
