@@ -329,10 +329,11 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		if req.OnWait != nil {
 			req.OnWait(wait)
 		}
-		res, err = l.await(ctx, key, req, tier, wait, res, generated, lua.EncodePools(held))
+		var slot userSlot
+		res, slot, err = l.await(ctx, key, req, tier, wait, res, generated, lua.EncodePools(held))
 		if err == nil && res.Granted && !res.Degraded {
 			// The pools as they are now, not as they were before the wait.
-			err = l.grantPools(ctx, l.decisionEnd(), waitUntil, req, tier, l.current(ms), userSlot{added: true}, nil, &res)
+			err = l.grantPools(ctx, l.decisionEnd(), waitUntil, req, tier, l.current(ms), slot, nil, &res)
 		}
 	}
 	return res, tier, err

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/joishi/limiter/pkg/keys"
@@ -203,8 +204,9 @@ type joined struct {
 func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req AcquireRequest, tier tiers.Tier, ms []membership, slot userSlot, tries []poolTry) (joined, error) {
 	member := poolMember(req.UserID, req.StreamID)
 	var out joined
-	var taken []lua.Member // the memberships added by this call, as it left them
-	var holding []string   // the pool keys held so far, added or extended
+	var taken []lua.Member              // the memberships added by this call, as it left them
+	var shared map[string]*atomic.Int32 // of taken, those a wait granted to others too
+	var holding []string                // the pool keys held so far, added or extended
 	// The user's slot, as this acquire left it. A refusal, an outage of a
 	// pool failing closed, or a wait that ends without a place removes it
 	// when the acquire took it (slot.added), and only if no later acquire
@@ -243,7 +245,7 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 			if errors.Is(err, ErrUnavailable) { // not the caller leaving, nor a refusing Redis
 				l.observer.Joined(ctx, m.pool.Pool, JoinUnavailable, 0, m.limit)
 			}
-			l.undo(ctx, end, taken, slot.added, own)
+			l.undo(ctx, end, ours(taken, shared), slot.owns(), own)
 			if errors.Is(err, ErrUnavailable) {
 				return joined{}, &PoolUnavailableError{Pool: m.pool.Pool, Key: m.key, Err: err}
 			}
@@ -263,9 +265,18 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 				end = l.decisionEnd() // the next step is a decision of its own
 				ms = l.current(ms)    // and of the pools as they are now
 				if w.unsure || w.grant != nil {
-					// The undo's to remove, whatever happens next.
-					taken = append(taken, lua.Member{Key: m.slots, ID: member, Owned: true})
 					holding = append(holding, m.slots)
+				}
+				if (w.unsure || w.grant != nil) && !w.extended {
+					// The undo's to remove, whatever happens next; not one
+					// another request of the stream took (extended).
+					taken = append(taken, lua.Member{Key: m.slots, ID: member, Owned: true})
+					if w.holders != nil {
+						if shared == nil {
+							shared = map[string]*atomic.Int32{}
+						}
+						shared[m.slots] = w.holders
+					}
 				}
 				switch {
 				case w.grant != nil && w.err == nil:
@@ -274,13 +285,13 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 					out.grants = append(out.grants, g)
 					continue
 				case w.err != nil:
-					l.undo(ctx, end, taken, slot.added, own)
+					l.undo(ctx, end, ours(taken, shared), slot.owns(), own)
 					return joined{waited: out.waited}, fmt.Errorf("pool %s=%s: %w", m.pool.Pool, m.key, w.err)
 				}
 				refusal, out.full = w.refusal, w.full
 			}
 			l.observer.Joined(ctx, m.pool.Pool, JoinLimited, refusal.Used, refusal.Limit)
-			l.undo(ctx, end, taken, slot.added, own)
+			l.undo(ctx, end, ours(taken, shared), slot.owns(), own)
 			return joined{refusal: refusal, waited: out.waited, full: out.full}, nil
 		}
 		if !got.Extended {
@@ -329,6 +340,30 @@ func (l *Limiter) joinArgs(req AcquireRequest, tier tiers.Tier, m membership) lu
 type userSlot struct {
 	added bool
 	again int
+	// shared counts the requests of the stream on this replica that a
+	// wait granted the slot to at once: only the last of them to give up
+	// removes it.
+	shared *atomic.Int32
+}
+
+// owns reports whether an acquire that gives up removes the slot: one it
+// took, the last of those sharing it to go. Asked once, as it gives up.
+func (s userSlot) owns() bool {
+	return s.added && (s.shared == nil || s.shared.Add(-1) == 0)
+}
+
+// ours returns the memberships of taken that an acquire that gives up
+// removes: all but those a wait granted to several requests of the
+// stream on this replica at once (shared, by key: their count), which the
+// last of them to go removes. Asked once, as it gives up.
+func ours(taken []lua.Member, shared map[string]*atomic.Int32) []lua.Member {
+	var out []lua.Member
+	for _, m := range taken {
+		if n := shared[m.Key]; n == nil || n.Add(-1) == 0 {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // poolTry is the answer of a pool key's script sent beside the user's.

@@ -750,3 +750,121 @@ func TestADisplacedWaiterSaysHowLongItWaited(t *testing.T) {
 		t.Fatalf("the displaced waiter: %+v, %v (answered %v); want refused by model=k as a full queue, having waited", a.res, a.err, ok)
 	}
 }
+
+// TestARetrySharingAUserQueueWaitKeepsItsSlot: an acquire waits in its
+// user's queue (the user holds its 3), its retry (same stream id, on the
+// same replica or another) waits too; a slot frees, the wait grants it
+// to both, and both then wait for a full pool key; the first request
+// leaves. The retry is granted once the key frees up: the first leaves
+// the slot the retry shares, as the one that took it or the last of
+// those that got it on its replica.
+func TestARetrySharingAUserQueueWaitKeepsItsSlot(t *testing.T) {
+	t.Parallel()
+	for name, replica := range map[string]int{"on the same replica": 0, "on another replica": 1} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			stacks := waitPoolReplicas(t, limitertest.RedisCluster, 2)
+			ctx := context.Background()
+			user := newUser(t)
+			var mine []string
+			for range 3 {
+				res, err := stacks[0].Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "low"})
+				if err != nil || !res.Granted {
+					t.Fatalf("the user's slots: %+v, %v", res, err)
+				}
+				mine = append(mine, res.StreamID)
+			}
+			holder := newUser(t)
+			held := mustAcquire(t, stacks[0].Limiter, holder, "low", "gpt-4o")
+			req := limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "retried", Pools: map[string]string{"model": "gpt-4o"}}
+			leave, cancel := context.WithCancel(ctx)
+			defer cancel()
+			first := retryWaiting(t, leave, stacks[0].Limiter, req)
+			retry := retryWaiting(t, ctx, stacks[replica].Limiter, req)
+			if _, err := stacks[0].Limiter.Release(ctx, user, mine[0]); err != nil {
+				t.Fatal(err)
+			}
+			for deadline := time.Now().Add(3 * time.Second); queueLength(t, stacks[0], "gpt-4o") == 0; time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("neither request waited for gpt-4o within 3s")
+				}
+			}
+			time.Sleep(300 * time.Millisecond) // both wait for gpt-4o
+			cancel()
+			if a, ok := first.answer(2 * time.Second); !ok || !errors.Is(a.err, context.Canceled) {
+				t.Fatalf("the first request, its caller gone: %+v, %v (answered %v)", a.res, a.err, ok)
+			}
+			if _, err := stacks[0].Limiter.Release(ctx, holder, held.StreamID); err != nil {
+				t.Fatal(err)
+			}
+			if b, ok := retry.answer(3 * time.Second); !ok || b.err != nil || !b.res.Granted {
+				t.Fatalf("the retry once the key freed up: %+v, %v (answered %v); want granted", b.res, b.err, ok)
+			}
+			if beat, err := stacks[1].Limiter.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: user, Plan: "low", StreamID: "retried"}); err != nil || !beat.Alive {
+				t.Errorf("the retried stream's heartbeat: %+v, %v; want alive", beat, err)
+			}
+		})
+	}
+}
+
+// TestARetrySharingAPoolWaitKeepsTheMembershipItGranted: an acquire and
+// its retry (same stream id, on the same replica or another) both wait
+// for model=gpt-4o (cap 1), are both granted it as a place frees, and
+// both wait for org=acme (cap 1); the first leaves. Its undo leaves the
+// gpt-4o membership the retry shares: once acme frees up, the retry holds
+// both, and gpt-4o admits no one else (its cap of 1 holds).
+func TestARetrySharingAPoolWaitKeepsTheMembershipItGranted(t *testing.T) {
+	t.Parallel()
+	for name, replica := range map[string]int{"on the same replica": 0, "on another replica": 1} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			table := poolTable(t,
+				pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(2), Keys: map[string]int{"gpt-4o": 1}, MaxWait: 10 * time.Second},
+				pools.Pool{Pool: "org", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second},
+			)
+			prefix := keys.Schema{Prefix: "limitertest:" + keys.NewStreamID()[:12] + ":"}
+			var stacks []*limitertest.Stack
+			var addrs []string
+			for range 2 {
+				s := limitertest.New(t, limitertest.Options{Backend: limitertest.RedisCluster, Redis: cluster.Options{Addrs: addrs, Timeout: 5 * time.Second},
+					Tiers: poolWaitTiers(), Limiter: limiter.Options{Keys: prefix, Pools: table}})
+				addrs = s.Redis.Addrs()
+				stacks = append(stacks, s)
+			}
+			ctx := context.Background()
+			u1, u2 := newUser(t), newUser(t)
+			h1 := mustAcquire(t, stacks[0].Limiter, u1, "low", "gpt-4o")
+			h2, err := stacks[0].Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: u2, Plan: "low", Pools: map[string]string{"org": "acme"}})
+			if err != nil || !h2.Granted {
+				t.Fatalf("acme's holder: %+v, %v", h2, err)
+			}
+			user := newUser(t)
+			req := limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "retried", Pools: map[string]string{"model": "gpt-4o", "org": "acme"}}
+			leave, cancel := context.WithCancel(ctx)
+			defer cancel()
+			first := queue(t, leave, stacks[0], stacks[0].Limiter, req, 8*time.Second)
+			retry := retryWaiting(t, ctx, stacks[replica].Limiter, req)
+			if _, err := stacks[0].Limiter.Release(ctx, u1, h1.StreamID); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(500 * time.Millisecond) // both granted gpt-4o, both wait for acme
+			cancel()
+			if a, ok := first.answer(2 * time.Second); !ok || !errors.Is(a.err, context.Canceled) {
+				t.Fatalf("the first request, its caller gone: %+v, %v (answered %v)", a.res, a.err, ok)
+			}
+			if _, err := stacks[0].Limiter.Release(ctx, u2, h2.StreamID); err != nil {
+				t.Fatal(err)
+			}
+			b, ok := retry.answer(3 * time.Second)
+			if !ok || b.err != nil || !b.res.Granted || len(b.res.Pools) != 2 {
+				t.Fatalf("the retry once acme freed up: %+v, %v (answered %v); want granted, holding both keys", b.res, b.err, ok)
+			}
+			if key, err := stacks[0].Limiter.PoolSlots(ctx, "model", "gpt-4o"); err != nil || key.Used != 1 {
+				t.Errorf("model=gpt-4o holds %+v (%v); want the retried stream, 1 of 1", key, err)
+			}
+			if other, err := stacks[0].Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "low", Pools: map[string]string{"model": "gpt-4o"}}); err != nil || other.Granted {
+				t.Errorf("another stream's acquire of gpt-4o: %+v, %v; want refused, the key at its cap of 1", other, err)
+			}
+		})
+	}
+}

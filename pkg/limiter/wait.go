@@ -81,6 +81,10 @@ type waitResult struct {
 	// share its slot): one that finds its caller gone releases the slot
 	// only when it is the last of them to go.
 	holders *atomic.Int32
+	// extended, of a grant: the stream held its slot already, taken by
+	// another request of it (on another replica), which removes it when
+	// it gives up; this one only extended it (lua.TicketResult.Extended).
+	extended bool
 	// granted, timeout: the user's slots, and the limit of the user's
 	// override when one applied (-1: the plan's)
 	used     int
@@ -106,7 +110,13 @@ type waitResult struct {
 // else could. pools are the pool keys the stream joins once its slot is
 // granted (lua.EncodePools), recorded with the slot as an acquire that
 // does not wait records them, so that heartbeat and release cover them.
-func (l *Limiter) await(ctx context.Context, key string, req AcquireRequest, tier tiers.Tier, wait time.Duration, res AcquireResult, generated bool, pools string) (AcquireResult, error) {
+func (l *Limiter) await(ctx context.Context, key string, req AcquireRequest, tier tiers.Tier, wait time.Duration, res AcquireResult, generated bool, pools string) (AcquireResult, userSlot, error) {
+	res, r, err := l.awaitSlot(ctx, key, req, tier, wait, res, generated, pools)
+	return res, userSlot{added: !r.extended, shared: r.holders}, err
+}
+
+// awaitSlot is await, and how its wait ended.
+func (l *Limiter) awaitSlot(ctx context.Context, key string, req AcquireRequest, tier tiers.Tier, wait time.Duration, res AcquireResult, generated bool, pools string) (AcquireResult, waitResult, error) {
 	start := time.Now()
 	w := &waiter{
 		streamID: req.StreamID, stream: req.StreamID, record: lua.Record{Caller: req.Caller, Plan: tier.Plan, Pools: pools, Label: req.Label, Priority: tier.Priority},
@@ -143,35 +153,36 @@ func (l *Limiter) await(ctx context.Context, key string, req AcquireRequest, tie
 		}
 		if err := l.confirmGrant(ctx, r.replicas, tier, key, &res); err != nil {
 			outcome = WaitFailed
-			return res, err
+			return res, r, err
 		}
 		if ctx.Err() != nil {
 			// Granted as the caller left: nobody will hold it, unless
-			// another waiter of the stream id got it too and stays.
-			if r.holders == nil || r.holders.Add(-1) == 0 {
+			// another waiter of the stream id got it too and stays, or
+			// another request of it took it (extended).
+			if !r.extended && (r.holders == nil || r.holders.Add(-1) == 0) {
 				_, _ = l.release(context.WithoutCancel(ctx), "", req.UserID, req.StreamID)
 			}
 			outcome = WaitCancelled
-			return AcquireResult{StreamID: req.StreamID, Limit: res.Limit, Tier: tier, Waited: took}, ctx.Err()
+			return AcquireResult{StreamID: req.StreamID, Limit: res.Limit, Tier: tier, Waited: took}, r, ctx.Err()
 		}
-		return res, nil
+		return res, r, nil
 	case WaitTimeout:
 		res.Used, res.RetryAfter = r.used, r.retry
-		return res, nil
+		return res, r, nil
 	case WaitFull:
 		res.QueueFull = true
 		if !r.displaced {
 			res.Waited = 0 // refused at once: it did not wait
 		}
-		return res, nil
+		return res, r, nil
 	}
 	if r.unsure && generated {
 		l.releaseUnanswered(ctx, req.UserID, req.StreamID)
 	}
 	if r.outcome == WaitCancelled {
-		return AcquireResult{StreamID: req.StreamID, Limit: res.Limit, Tier: tier, Waited: took}, ctx.Err()
+		return AcquireResult{StreamID: req.StreamID, Limit: res.Limit, Tier: tier, Waited: took}, r, ctx.Err()
 	}
-	return AcquireResult{StreamID: req.StreamID, Limit: res.Limit, Tier: tier, Waited: took}, r.err
+	return AcquireResult{StreamID: req.StreamID, Limit: res.Limit, Tier: tier, Waited: took}, r, r.err
 }
 
 // waitIn queues w for scope's slots under tier, and returns how its wait

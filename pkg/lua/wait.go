@@ -40,6 +40,9 @@ type TicketState int
 const (
 	// TicketGranted: the stream holds a slot now.
 	TicketGranted TicketState = 1
+	// ticketExtended is the script's TicketGranted of a stream that held
+	// its slot already (TicketResult.Extended).
+	ticketExtended TicketState = 2
 	// TicketQueued: the ticket waits; Place says where.
 	TicketQueued TicketState = 0
 	// TicketLeft: the ticket is not in the queue (it left).
@@ -59,6 +62,11 @@ type TicketResult struct {
 	State TicketState
 	// ExpiresAtMs is the granted slot's expiry (Redis ms).
 	ExpiresAtMs int64
+	// Extended, of a granted ticket: the stream held its slot already
+	// (another request of the stream took it), which the call extended,
+	// counting it in the slot's record (see Acquired.Again): it is that
+	// request's to remove, not this one's.
+	Extended bool
 	// Place is a queued ticket's place in the queue: 1 is next.
 	Place int
 }
@@ -125,6 +133,9 @@ func Wait(ctx context.Context, c rueidis.Client, key string, a WaitArgs) (Waited
 	}
 	for i := range out.Tickets {
 		r := TicketResult{State: TicketState(states[2*i])}
+		if r.State == ticketExtended {
+			r.State, r.Extended = TicketGranted, true
+		}
 		switch r.State {
 		case TicketGranted:
 			r.ExpiresAtMs = states[2*i+1]

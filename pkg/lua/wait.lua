@@ -39,6 +39,10 @@
 --   wake ids   tickets of other callers now owed a free slot: the caller
 --              wakes them (their servers call this script for them)
 --   state 1    granted: the stream holds a slot; value = its expires_at_ms
+--   state 2    granted, the stream held its slot already (another request
+--              of the stream, a retry, took it): extended, counting one
+--              more extension in its record (see acquire); value = its
+--              expires_at_ms
 --   state 0    queued; value = its place in the queue by arrival (1 =
 --              first; the order it is served in is owed's)
 --   state -1   left the queue (or was not in it); value 0
@@ -145,13 +149,19 @@ for i = 1, n do
     queued[id], refresh[id] = nil, nil
     denied = true
   elseif not queued[id] and redis.call('ZSCORE', slots, id) then
-    -- Held already (granted to a call whose answer was lost): extend it.
+    -- Held already (granted to a call whose answer was lost, or to
+    -- another request of the stream): extend it, as acquire does.
     redis.call('ZADD', slots, 'GT', now + ttl, id)
-    redis.call('HSETNX', meta, id, records[i])
+    local kept = redis.call('HGET', meta, id)
+    if kept then
+      redis.call('HSET', meta, id, extended(kept))
+    else
+      redis.call('HSET', meta, id, records[i])
+    end
     redis.call('ZREM', expiry, id)
     redis.call('HDEL', recs, id)
     refresh[id] = nil
-    states[i], values[i] = 1, tonumber(redis.call('ZSCORE', slots, id))
+    states[i], values[i] = 2, tonumber(redis.call('ZSCORE', slots, id))
     granted = true
   elseif not queued[id] and redis.call('ZCARD', queue) >= maxQueue and not displaces(i) then
     states[i] = -2
