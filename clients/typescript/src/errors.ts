@@ -29,9 +29,10 @@ export interface LimiterErrorFields {
  * ClientCode, or `http_<status>` when an answer was not the limiter's JSON
  * (a proxy's page). `used`, `limit` and `retryAfterMs` are set on
  * `stream_limit_reached`, and on `pool_limit_reached` as the pool key's;
- * `retryAfterMs` also from a Retry-After header. `pool` and `key` name the
- * pool key of a `pool_limit_reached`. `streamId` names the stream id of an
- * acquire answered `limiter_unavailable`.
+ * `retryAfterMs` also from a Retry-After header, when the body names none
+ * or 0. `pool` and `key` name the pool key of a `pool_limit_reached`.
+ * `streamId` names the stream id of an acquire answered
+ * `limiter_unavailable`.
  */
 export class LimiterError extends Error {
   readonly code: string;
@@ -152,8 +153,12 @@ export function fromAnswer(status: number, body: string, retryAfterHeader: strin
     const code = status === 502 || status === 503 || status === 504 ? ErrorCode.LimiterUnavailable : `http_${status}`;
     wire = { code, message: message || `HTTP ${status}` };
   }
-  if (wire.retry_after_ms === undefined) {
-    wire = { ...wire, retry_after_ms: parseRetryAfter(retryAfterHeader) };
+  // A body's retry_after_ms of 0 names no wait: the header may.
+  if (!wire.retry_after_ms) {
+    const header = parseRetryAfter(retryAfterHeader);
+    if (header !== undefined) {
+      wire = { ...wire, retry_after_ms: header };
+    }
   }
   return fromWire(wire, status);
 }

@@ -35,6 +35,12 @@ export class Keeper {
   private readonly stopping = new AbortController();
   private wake: (() => void) | undefined;
   private readonly done: Promise<void>;
+  private rounds = 0;
+  // The round each degraded lease's latest re-acquire started in, so that
+  // those waiting longest go first when a round cannot take them all.
+  private readonly tried = new WeakMap<Lease, number>();
+  // Releases of slots re-acquired after their lease's release.
+  private readonly givingBack = new Set<Promise<void>>();
 
   constructor(
     private readonly api: Endpoint,
@@ -115,9 +121,10 @@ export class Keeper {
     return held;
   }
 
-  /** Resolves once the loop has stopped. */
-  stopped(): Promise<void> {
-    return this.done;
+  /** Resolves once the loop has stopped and the slots it re-acquired for released leases are given back. */
+  async stopped(): Promise<void> {
+    await this.done;
+    await Promise.all([...this.givingBack]);
   }
 
   private count(interval: number, delta: number): void {
@@ -174,11 +181,8 @@ export class Keeper {
         continue;
       }
       last = now;
-      // A round may take no longer than the interval: a request hung on a
-      // dead connection must not hold up the next round while the slots'
-      // TTLs run out.
       try {
-        await this.round([...this.leases.values()], Math.min(every, this.api.timeoutMs));
+        await this.round([...this.leases.values()], every);
       } catch (err) {
         // A bug must not stop the heartbeats of every lease.
         this.log.error("limiter: heartbeat round failed; retrying next round", { err: String(err) });
@@ -186,29 +190,59 @@ export class Keeper {
     }
   }
 
-  private async round(leases: Lease[], timeoutMs: number): Promise<void> {
-    const batches: Lease[][] = [];
-    for (let i = 0; i < leases.length; i += HeartbeatsRequestSlotsMaxItems) {
-      batches.push(leases.slice(i, i + HeartbeatsRequestSlotsMaxItems));
+  /**
+   * Heartbeats leases, then acquires again the degraded ones the limiter no
+   * longer holds. The round, re-acquires included, may take no longer than
+   * the interval (every): a request hung on a dead connection, or many slow
+   * re-acquires, must not hold up the next round while the slots' TTLs run
+   * out. What is still running at its end is abandoned, and what has not
+   * started is not sent: a lease whose re-acquire did not finish stays
+   * degraded, and is acquired again next round.
+   */
+  private async round(leases: Lease[], every: number): Promise<void> {
+    const round = ++this.rounds;
+    const deadline = new AbortController();
+    const timer = setTimeout(
+      () => deadline.abort(new LimiterError(ErrorCode.LimiterUnavailable, `heartbeat round: no answer within the ${Math.round(every)}ms interval`)),
+      every,
+    );
+    timer.unref();
+    const stop = () => deadline.abort(this.stopping.signal.reason);
+    this.stopping.signal.addEventListener("abort", stop, { once: true });
+    if (this.stopping.signal.aborted) {
+      stop();
     }
-    const again: Lease[] = [];
-    await forEach(batches, MAX_IN_FLIGHT, async (batch) => {
-      again.push(...(await this.beat(batch, timeoutMs)));
-    });
-    await forEach(again, MAX_IN_FLIGHT, (lease) => this.reacquire(lease));
+    const signal = deadline.signal;
+    try {
+      const batches: Lease[][] = [];
+      for (let i = 0; i < leases.length; i += HeartbeatsRequestSlotsMaxItems) {
+        batches.push(leases.slice(i, i + HeartbeatsRequestSlotsMaxItems));
+      }
+      const again: Lease[] = [];
+      await forEach(
+        batches,
+        MAX_IN_FLIGHT,
+        async (batch) => {
+          again.push(...(await this.beat(batch, signal)));
+        },
+        signal,
+      );
+      again.sort((a, b) => (this.tried.get(a) ?? 0) - (this.tried.get(b) ?? 0));
+      await forEach(again, MAX_IN_FLIGHT, (lease) => this.reacquire(lease, round, signal), signal);
+    } finally {
+      clearTimeout(timer);
+      this.stopping.signal.removeEventListener("abort", stop);
+    }
   }
 
   /** Sends one batch and applies its results; returns the degraded leases the limiter no longer holds, to acquire again. */
-  private async beat(batch: Lease[], timeoutMs: number): Promise<Lease[]> {
+  private async beat(batch: Lease[], signal: AbortSignal): Promise<Lease[]> {
     const body: HeartbeatsRequest = {
       slots: batch.map((l) => ({ user_id: l.userId, plan: l.plan, stream_id: l.streamId })),
     };
     let results;
     try {
-      ({ results } = await this.api.call("POST", Paths.heartbeats, body, "HeartbeatsResponse", {
-        signal: this.stopping.signal,
-        timeoutMs,
-      }));
+      ({ results } = await this.api.call("POST", Paths.heartbeats, body, "HeartbeatsResponse", { signal }));
     } catch (err) {
       if (!this.closed) {
         this.log.warn("limiter: heartbeat batch failed; the slots keep their TTL, retrying next round", { slots: batch.length, err: String(err) });
@@ -255,13 +289,14 @@ export class Keeper {
     return again;
   }
 
-  private async reacquire(lease: Lease): Promise<void> {
+  private async reacquire(lease: Lease, round: number, signal: AbortSignal): Promise<void> {
     if (!this.holds(lease)) {
       return;
     }
+    this.tried.set(lease, round);
     let answer: AcquireResponse;
     try {
-      answer = await this.owner.reacquire(lease, this.stopping.signal);
+      answer = await this.owner.reacquire(lease, signal);
     } catch (err) {
       if (definite(err)) {
         if (this.lose(lease, err as LimiterError)) {
@@ -275,8 +310,20 @@ export class Keeper {
     lease.update(answer.expires_at, answer.degraded);
     this.setInterval(lease, this.owner.intervalOf(answer));
     if (!this.holds(lease)) {
-      // Released while the acquire was in flight: give it back.
-      await lease.releaseSlot().catch(() => undefined);
+      // Released while the acquire was in flight: give the slot back, even
+      // when the lease's release succeeded, since it may have reached the
+      // limiter before the acquire. Outside the round's bound (it is no
+      // heartbeat); stopped() waits for it.
+      const back: Promise<void> = lease
+        .releaseSlot(true)
+        .catch((err: unknown) => {
+          this.log.warn("limiter: giving back the slot of a lease released while re-acquired failed; it expires after its TTL", {
+            stream_id: lease.streamId,
+            err: String(err),
+          });
+        })
+        .finally(() => this.givingBack.delete(back));
+      this.givingBack.add(back);
     }
   }
 }
@@ -285,11 +332,11 @@ function keyOf(userId: string, streamId: string): string {
   return JSON.stringify([userId, streamId]);
 }
 
-/** Runs fn over items, at most limit at a time. */
-export async function forEach<T>(items: readonly T[], limit: number, fn: (item: T) => Promise<void>): Promise<void> {
+/** Runs fn over items, at most limit at a time; starts none once signal aborted. */
+export async function forEach<T>(items: readonly T[], limit: number, fn: (item: T) => Promise<void>, signal?: AbortSignal): Promise<void> {
   let next = 0;
   const worker = async () => {
-    while (next < items.length) {
+    while (next < items.length && !signal?.aborted) {
       await fn(items[next++]!);
     }
   };

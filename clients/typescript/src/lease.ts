@@ -109,9 +109,13 @@ export class Lease {
     await this.releaseSlot();
   }
 
-  /** @internal Frees the slot without touching the heartbeats. */
-  async releaseSlot(): Promise<void> {
-    if (this.released) {
+  /**
+   * @internal Frees the slot without touching the heartbeats. again sends
+   * the release even after one succeeded: for a slot a re-acquire took
+   * again after that release reached the limiter.
+   */
+  async releaseSlot(again = false): Promise<void> {
+    if (this.released && !again) {
       return;
     }
     const body: ReleaseRequest = { user_id: this.userId, stream_id: this.streamId };

@@ -49,21 +49,24 @@ function notSlotHolder(userId: string, streamId: string) {
 
 /**
  * Answers acquires with grants (or acquireAnswers first, in turn; undefined
- * drops the connection), releases with released (or releaseAnswer), and
- * batches with results[stream_id] (alive by default). A stream it grants
- * is held again, so its batch result is forgotten: alive.
+ * drops the connection), once acquireHold (if set) resolves, releases with
+ * released (or releaseAnswer), and batches with results[stream_id] (alive,
+ * and degraded as its grants are, by default). A stream it grants is held
+ * again, so its batch result is forgotten: alive.
  */
 class Fake {
   results = new Map<string, Record<string, unknown>>();
   degraded = false;
   acquireAnswer: Answer | undefined;
   acquireAnswers: Answer[] = [];
+  acquireHold: Promise<void> | undefined;
   releaseAnswer: Answer | undefined;
   batches: Recorded[] = [];
 
-  answer(rec: Recorded): Answer {
+  async answer(rec: Recorded): Promise<Answer> {
     switch (rec.path) {
       case Paths.acquire:
+        await this.acquireHold;
         if (this.acquireAnswers.length > 0) {
           return this.acquireAnswers.shift();
         }
@@ -80,7 +83,7 @@ class Fake {
           results: rec.json.slots.map((slot: { stream_id: string }) => ({
             stream_id: slot.stream_id,
             alive: true,
-            degraded: false,
+            degraded: this.degraded,
             expires_at: "2030-01-02T03:04:06Z",
             ...this.results.get(slot.stream_id),
           })),
@@ -225,6 +228,84 @@ describe("requests and answers", () => {
     const err = lease.error;
     assert.ok(isPoolLimited(err), String(err));
     assert.deepEqual([err.pool, err.key], ["model", "gpt-4o"]);
+  });
+
+  test("a degraded lease released while its re-acquire is in flight is given back", async () => {
+    // Rounds far apart, so that the re-acquire ends well within its round.
+    const c = newClient({ heartbeatIntervalMs: 500 });
+    fake.degraded = true;
+    const lease = await c.acquire("user-1", "paid");
+    fake.degraded = false;
+    fake.results.set(lease.streamId, { alive: false, expires_at: null });
+    let answer!: () => void;
+    fake.acquireHold = new Promise((resolve) => (answer = resolve));
+    assert.ok(await eventually(() => server.received(Paths.acquire).length === 2), "not acquired again");
+    // The release reaches the limiter first; the re-acquire takes the slot again after it.
+    await lease.release();
+    assert.equal(server.received(Paths.release).length, 1);
+    answer();
+    assert.ok(await eventually(() => server.received(Paths.release).length === 2), "the slot taken again is not given back");
+    assert.deepEqual(
+      server.received(Paths.release).map((r) => r.json.stream_id),
+      [lease.streamId, lease.streamId],
+    );
+    assert.equal(lease.error, undefined, "a released lease is not lost");
+  });
+
+  test("slow re-acquires hold up no round past its interval", async () => {
+    let acquiring = 0;
+    let most = 0;
+    const counting: typeof fetch = async (input, init) => {
+      const acquire = String(input).endsWith(Paths.acquire) ? 1 : 0;
+      acquiring += acquire;
+      most = Math.max(most, acquiring);
+      try {
+        return await fetch(input, init);
+      } finally {
+        acquiring -= acquire;
+      }
+    };
+    const c = newClient({ heartbeatIntervalMs: 100, fetch: counting });
+    const healthy = await c.acquire("user-0", "paid");
+    fake.degraded = true;
+    const degraded: Lease[] = [];
+    for (let i = 1; i <= 9; i++) {
+      degraded.push(await c.acquire(`user-${i}`, "paid"));
+    }
+    for (const lease of degraded) {
+      fake.results.set(lease.streamId, { alive: false, expires_at: null });
+    }
+    let answer!: () => void;
+    fake.acquireHold = new Promise((resolve) => (answer = resolve)); // the re-acquires hang
+    try {
+      assert.ok(await eventually(() => server.received(Paths.acquire).length > 10), "not acquired again");
+      const from = fake.batches.length;
+      await new Promise((r) => setTimeout(r, 1000));
+      const beaten = fake.batches.slice(from).filter((b) => b.json.slots.some((s: { stream_id: string }) => s.stream_id === healthy.streamId)).length;
+      assert.ok(beaten >= 5, `the healthy lease was heartbeated ${beaten} times in 1s at a 100ms interval`);
+      assert.ok(most <= 4, `${most} acquires in flight at once`);
+      const tried = server.received(Paths.acquire).slice(10).map((r) => r.json.stream_id);
+      assert.ok(tried.length > degraded.length, "a re-acquire abandoned at the end of its round is retried");
+      assert.deepEqual([...new Set(tried)].sort(), degraded.map((l) => l.streamId).sort(), "every degraded lease gets its turn");
+      for (const lease of [healthy, ...degraded]) {
+        assert.equal(lease.error, undefined);
+      }
+      assert.ok(degraded.every((l) => l.degraded), "a lease whose re-acquire was abandoned stays degraded");
+    } finally {
+      answer();
+    }
+  });
+
+  test("a retry_after_ms of 0 falls back to the Retry-After header", async () => {
+    const limited = { code: "stream_limit_reached", message: "3 of 3", used: 3, limit: 3, retry_after_ms: 0 };
+    for (const [headers, want] of [[{ "Retry-After": "1" }, 1000], [{}, 0]] as const) {
+      fake.acquireAnswer = jsonAnswer(429, { error: limited }, headers);
+      const err = await newClient()
+        .acquire("user-1", "paid")
+        .then(() => assert.fail("resolved"), (e: unknown) => e);
+      assert.ok(isLimited(err), String(err));
+      assert.equal(err.retryAfterMs, want, JSON.stringify(headers));
+    }
   });
 
   test("error answers become typed errors", async () => {
