@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -35,13 +36,16 @@ class Keeper:
     per interval, the smallest among held leases (or the fixed one), idle
     while none is held. A failed round (no answer, 5xx) never loses a lease:
     the slots keep their TTL and the next round retries. Only the limiter's
-    answer that a slot is gone loses it."""
+    answer that a slot is gone loses it. A round takes no longer than the
+    interval, re-acquiring degraded leases included: they run MAX_IN_FLIGHT
+    at a time in what is left of it, and the next round retries those that
+    do not finish."""
 
     def __init__(
         self,
         api: Endpoint,
         fixed_interval: Optional[float],
-        reacquire: Callable[[Lease], AcquireResponse],
+        reacquire: Callable[[Lease, float], AcquireResponse],  # lease, timeout
         interval_of: Callable[[AcquireResponse], float],
     ) -> None:
         self._api = api
@@ -176,14 +180,28 @@ class Keeper:
                 log.exception("limiter: heartbeat round failed; retrying next round")
 
     def _round(self, leases: List[Lease], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
         batches = [leases[i : i + MAX_BATCH] for i in range(0, len(leases), MAX_BATCH)]
         if len(batches) == 1:
             again = self._beat(batches[0], timeout)
         else:
             with ThreadPoolExecutor(max_workers=MAX_IN_FLIGHT, thread_name_prefix="limiter-heartbeats") as pool:
                 again = [lease for found in pool.map(lambda b: self._beat(b, timeout), batches) for lease in found]
-        for lease in again:
-            self._reacquire(lease)
+        if not again:
+            return
+        # Many degraded leases and a slow limiter must not stretch the round
+        # past the interval, or every held slot's TTL runs out meanwhile:
+        # the re-acquires share what is left of it. Shuffled, so that when
+        # not all fit, the ones left for the next round differ each round.
+        random.shuffle(again)
+        if len(again) == 1:
+            tried = [self._reacquire(again[0], deadline)]
+        else:
+            with ThreadPoolExecutor(max_workers=MAX_IN_FLIGHT, thread_name_prefix="limiter-heartbeats") as pool:
+                tried = list(pool.map(lambda l: self._reacquire(l, deadline), again))
+        left_out = tried.count(False)
+        if left_out and not self.closed:
+            log.warning("limiter: %d degraded leases not re-acquired within the round; retrying next round", left_out)
 
     def _beat(self, batch: List[Lease], timeout: float) -> List[Lease]:
         """Sends one batch and applies its results; returns the degraded
@@ -225,23 +243,48 @@ class Keeper:
             log.info("limiter: %d leases lost", lost)
         return again
 
-    def _reacquire(self, lease: Lease) -> None:
+    def _reacquire(self, lease: Lease, deadline: float) -> bool:
+        """Acquires a degraded lease again, by deadline (time.monotonic());
+        False when the round left it no time: it stays degraded, and the
+        next round retries it."""
         if not self.holds(lease):
-            return
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
         try:
-            out = self._reacquire_call(lease)
+            out = self._reacquire_call(lease, left)
         except LimiterError as err:
             if definite(err):
                 if self.lose(lease, err):
                     log.info("limiter: degraded lease %s refused on re-acquire: %s", lease.stream_id, err)
             elif not self.closed:
                 log.warning("limiter: re-acquiring degraded lease %s failed; retrying next round: %s", lease.stream_id, err)
-            return
+            return True
         lease._update(out.expires_at, out.degraded)
         self.set_interval(lease, self._interval_of(out))
         if not self.holds(lease):
-            # Released while the acquire was in flight: give it back.
+            # Released (or the client closed) while the acquire was in
+            # flight: that release reached the limiter first, and the acquire
+            # took the slot anew.
+            self._give_back(lease, deadline)
+        return True
+
+    def _give_back(self, lease: Lease, deadline: float) -> None:
+        """Releases the slot a re-acquire took for a lease released
+        meanwhile, by deadline like the re-acquire: sent though the lease
+        counts as released, since that release came before the slot was
+        taken again."""
+        left = deadline - time.monotonic()
+        failure = "no time left in the round"
+        if left > 0:
             try:
-                lease._release()
-            except LimiterError:
-                pass
+                lease._release(force=True, timeout=left)
+                return
+            except LimiterError as err:
+                failure = str(err)
+        log.warning(
+            "limiter: giving back the slot re-acquired for released lease %s failed; it expires after its TTL: %s",
+            lease.stream_id,
+            failure,
+        )

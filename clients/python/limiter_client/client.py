@@ -131,12 +131,12 @@ class Client:
         PoolLimitReached (with pool, key, and the key's used, limit,
         retry_after), UnknownPlan, UnknownPool, PlanNotAllowed,
         NotSlotHolder (a stream_id another caller holds), Unauthenticated,
-        InvalidRequest (also for a malformed pool key), Unavailable (also
-        when the limiter cannot be reached), ClientClosed after close, and
-        ValueError for a label over 128 bytes. Acquiring a stream id this
-        client already holds returns the held Lease. A grant made while the
-        limiter could not reach Redis (a tier failing open) is a Lease with
-        degraded True.
+        InvalidRequest (also for a malformed pool key or label),
+        Unavailable (also when the limiter cannot be reached), ClientClosed
+        after close, and ValueError for a label over 128 bytes. Acquiring a
+        stream id this client already holds returns the held Lease. A grant
+        made while the limiter could not reach Redis (a tier failing open)
+        is a Lease with degraded True.
         """
         if self._keeper.closed:
             raise ClientClosed("client_closed", "the limiter client is closed")
@@ -227,8 +227,8 @@ class Client:
 
     # Acquiring.
 
-    def _acquire_once(self, body: Dict[str, Any]) -> AcquireResponse:
-        out = self._api.call("POST", Paths.ACQUIRE, body, AcquireResponse)
+    def _acquire_once(self, body: Dict[str, Any], timeout: Optional[float] = None) -> AcquireResponse:
+        out = self._api.call("POST", Paths.ACQUIRE, body, AcquireResponse, timeout=timeout)
         if not out.granted or not out.stream_id:
             # The contract refuses with 429; a 200 without a grant is a server bug.
             raise ProtocolError(
@@ -306,13 +306,15 @@ class Client:
             self._again = [t for t in self._again if t.is_alive()] + [thread]
             thread.start()
 
-    def _reacquire(self, lease: Lease) -> AcquireResponse:
+    def _reacquire(self, lease: Lease, timeout: float) -> AcquireResponse:
+        """Acquires a degraded lease's slot again under its stream id, the
+        call bounded by timeout (what is left of the heartbeat round)."""
         body = encode(AcquireRequest(user_id=lease.user_id, plan=lease.plan, stream_id=lease.stream_id))
         if lease.label:
             body["label"] = lease.label
         if lease._pools:
             body["pools"] = dict(lease._pools)
-        return self._acquire_once(body)
+        return self._acquire_once(body, timeout)
 
 
 def new_stream_id() -> str:

@@ -28,9 +28,10 @@ class LimiterError(Exception):
     for humans. ``status`` is the HTTP status, 0 when there was no answer.
     ``used``, ``limit`` and ``retry_after`` (seconds, float) are set on
     ``stream_limit_reached``, and on ``pool_limit_reached`` as the pool
-    key's; ``retry_after`` also from a Retry-After header. ``pool`` and
-    ``key`` name the pool key of a ``pool_limit_reached``. ``stream_id``
-    names the stream id of an acquire answered ``limiter_unavailable``.
+    key's; ``retry_after`` also from a Retry-After header, when the body
+    gives none or 0. ``pool`` and ``key`` name the pool key of a
+    ``pool_limit_reached``. ``stream_id`` names the stream id of an acquire
+    answered ``limiter_unavailable``.
     """
 
     def __init__(
@@ -127,8 +128,8 @@ class NotSlotHolder(LimiterError):
 
 
 class InvalidRequest(LimiterError):
-    """400 invalid_request, invalid_user_id, invalid_stream_id or
-    invalid_pool_key."""
+    """400 invalid_request, invalid_user_id, invalid_stream_id,
+    invalid_label or invalid_pool_key."""
 
 
 class ProtocolError(LimiterError):
@@ -155,6 +156,7 @@ _BY_CODE = {
     ErrorCode.INVALID_REQUEST: InvalidRequest,
     ErrorCode.INVALID_USER_ID: InvalidRequest,
     ErrorCode.INVALID_STREAM_ID: InvalidRequest,
+    ErrorCode.INVALID_LABEL: InvalidRequest,
     ErrorCode.INVALID_POOL_KEY: InvalidRequest,
 }
 
@@ -170,11 +172,18 @@ _STATUS = {
     ErrorCode.INVALID_REQUEST: 400,
     ErrorCode.INVALID_USER_ID: 400,
     ErrorCode.INVALID_STREAM_ID: 400,
+    ErrorCode.INVALID_LABEL: 400,
     ErrorCode.INVALID_POOL_KEY: 400,
 }
 
 INVALID_CODES = frozenset(
-    (ErrorCode.INVALID_REQUEST, ErrorCode.INVALID_USER_ID, ErrorCode.INVALID_STREAM_ID, ErrorCode.INVALID_POOL_KEY)
+    (
+        ErrorCode.INVALID_REQUEST,
+        ErrorCode.INVALID_USER_ID,
+        ErrorCode.INVALID_STREAM_ID,
+        ErrorCode.INVALID_LABEL,
+        ErrorCode.INVALID_POOL_KEY,
+    )
 )
 
 
@@ -209,8 +218,13 @@ def from_answer(status: int, body: bytes, retry_after_header: Optional[str]) -> 
         code = ErrorCode.LIMITER_UNAVAILABLE if status in (502, 503, 504) else "http_%d" % status
         cls = Unavailable if code == ErrorCode.LIMITER_UNAVAILABLE else LimiterError
         err = cls(code, message or "HTTP %d" % status, status=status)
-    if err.retry_after is None:
-        err.retry_after = parse_retry_after(retry_after_header)
+    if not err.retry_after:
+        # A body's retry_after_ms of 0 (a slot expiring within the
+        # millisecond) would retry at once, only to be refused again; the
+        # header rounds up to whole seconds, at least 1 (as the Go client).
+        header = parse_retry_after(retry_after_header)
+        if header is not None:
+            err.retry_after = header
     return err
 
 

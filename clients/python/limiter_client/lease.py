@@ -115,15 +115,20 @@ class Lease:
         self._client._forget(self)
         self._release()
 
-    def _release(self) -> None:
+    def _release(self, *, force: bool = False, timeout: Optional[float] = None) -> None:
+        """Sends the release, unless one succeeded already. force sends it
+        regardless: a re-acquire answered after the release took the slot
+        anew, and only another release frees it. timeout bounds the call
+        (default: the client's request_timeout)."""
         with self._lock:
-            if self._released:
+            if self._released and not force:
                 return
         self._client._api.call(
             "POST",
             Paths.RELEASE,
             encode(ReleaseRequest(user_id=self._user_id, stream_id=self._stream_id)),
             ReleaseResponse,
+            timeout=timeout,
         )
         with self._lock:
             self._released = True

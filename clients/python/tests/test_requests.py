@@ -74,19 +74,26 @@ class Fake:
     None drops the connection), releases with released (or
     release_answer), and heartbeat batches with results[stream_id] (alive
     by default). A stream it grants is held again, so its batch result is
-    forgotten: alive."""
+    forgotten: alive. While acquire_gate is set to an Event, acquires wait
+    for it (at most 5s) before answering: a slow limiter, or an acquire
+    held in flight."""
 
     def __init__(self) -> None:
         self.results: Dict[str, Dict] = {}
         self.degraded = False
         self.acquire_answer = None
         self.acquire_answers: List[Optional[Answer]] = []
+        self.acquire_gate: Optional[threading.Event] = None
         self.release_answer = None
         self.batches: List[Recorded] = []
+        self.batch_times: List[float] = []  # time.monotonic() of each batch's arrival
         self.batch_seen = threading.Event()
 
     def answer(self, rec: Recorded) -> Optional[Answer]:
         if rec.path == Paths.ACQUIRE:
+            gate = self.acquire_gate
+            if gate is not None:
+                gate.wait(5)
             if self.acquire_answers:
                 return self.acquire_answers.pop(0)
             if self.acquire_answer is not None:
@@ -98,6 +105,7 @@ class Fake:
                 return self.release_answer
             return json_answer(200, {"released": True, "degraded": False})
         if rec.path == Paths.HEARTBEATS:
+            self.batch_times.append(time.monotonic())
             self.batches.append(rec)
             self.batch_seen.set()
             results = []
@@ -247,6 +255,89 @@ class RequestTest(unittest.TestCase):
         self.assertIsInstance(lease.error, PoolLimitReached)
         self.assertEqual((lease.error.pool, lease.error.key), ("model", "gpt-4o"))
 
+    def test_degraded_lease_released_during_its_reacquire_is_given_back(self) -> None:
+        # A fixed interval long enough for the release to happen while the
+        # round's re-acquire is held in flight.
+        client = self.client(heartbeat_interval=1.0)
+        self.fake.degraded = True
+        lease = client.acquire("user-1", "paid")
+        self.fake.degraded = False
+        self.fake.acquire_gate = gate = threading.Event()
+        self.addCleanup(gate.set)
+        self.fake.results[lease.stream_id] = {"alive": False, "expires_at": None}
+        deadline = time.time() + 3
+        while len(self.server.received(Paths.ACQUIRE)) < 2 and time.time() < deadline:
+            time.sleep(0.01)
+        self.assertEqual(len(self.server.received(Paths.ACQUIRE)), 2, "no re-acquire")
+        # The release reaches the limiter first; the re-acquire then takes
+        # the slot again, which the client must free once more.
+        lease.release()
+        gate.set()
+        deadline = time.time() + 2
+        while len(self.server.received(Paths.RELEASE)) < 2 and time.time() < deadline:
+            time.sleep(0.01)
+        self.assertEqual(
+            [r.json["stream_id"] for r in self.server.received(Paths.RELEASE)],
+            [lease.stream_id] * 2,
+            "the slot the re-acquire took again must be released",
+        )
+
+    def test_slow_reacquires_hold_up_no_round(self) -> None:
+        client = self.client(heartbeat_interval=0.2)
+        self.fake.degraded = True
+        leases = [client.acquire("user-%d" % i, "paid") for i in range(12)]
+        self.fake.degraded = False
+        # Every re-acquire hangs until the test ends: one after the other,
+        # twelve of them would hold up the round far past the interval.
+        self.fake.acquire_gate = gate = threading.Event()
+        self.addCleanup(gate.set)
+        for lease in leases:
+            self.fake.results[lease.stream_id] = {"alive": False, "expires_at": None}
+        start = len(self.fake.batches)
+        with self.assertLogs("limiter_client", "WARNING") as logged:
+            deadline = time.time() + 3
+            while len(self.fake.batches) < start + 5 and time.time() < deadline:
+                time.sleep(0.01)
+            self.assertGreaterEqual(len(self.fake.batches), start + 5, "rounds held up by the re-acquires")
+        # Four rounds: 0.8s. Were each re-acquire given the whole round, its
+        # three waves of MAX_IN_FLIGHT would make them 2.4s.
+        span = self.fake.batch_times[start + 4] - self.fake.batch_times[start]
+        self.assertLess(span, 4 * 0.2 + 0.4, "a round must take no longer than the interval: 4 rounds took %.2fs" % span)
+        self.assertIn("retrying next round", "\n".join(logged.output))
+        # Unfinished re-acquires are retried, and the leases kept degraded.
+        sent = [r.json["stream_id"] for r in self.server.received(Paths.ACQUIRE)[len(leases) :]]
+        self.assertGreater(len(sent), len(set(sent)), "an unfinished re-acquire is retried next round")
+        for lease in leases:
+            self.assertFalse(lease.lost.is_set())
+            self.assertTrue(lease.degraded)
+
+    def test_retry_after_of_zero_falls_back_to_the_header(self) -> None:
+        self.fake.acquire_answer = json_answer(
+            429,
+            {"error": {"code": "stream_limit_reached", "message": "3 of 3", "used": 3, "limit": 3, "retry_after_ms": 0}},
+            **{"Retry-After": "1"},
+        )
+        with self.assertRaises(LimitReached) as caught:
+            self.client().acquire("user-1", "paid")
+        self.assertEqual(caught.exception.retry_after, 1.0)
+
+    def test_invalid_label_is_an_invalid_request(self) -> None:
+        self.fake.acquire_answer = json_answer(400, {"error": {"code": "invalid_label", "message": "label has a space"}})
+        with self.assertRaises(InvalidRequest) as caught:
+            self.client().acquire("user-1", "paid", label="pod 7")
+        self.assertEqual((caught.exception.status, caught.exception.code), (400, "invalid_label"))
+        # In a batch too: the limiter answers the same on every heartbeat.
+        self.fake.acquire_answer = None
+        lease = self.client().acquire("user-1", "paid")
+        self.fake.results[lease.stream_id] = {
+            "alive": False,
+            "expires_at": None,
+            "error": {"code": "invalid_label", "message": "label has a space"},
+        }
+        self.assertTrue(lease.lost.wait(2))
+        self.assertIsInstance(lease.error, InvalidRequest)
+        self.assertEqual(lease.error.status, 400)
+
     def test_error_answers_become_typed_errors(self) -> None:
         cases = [
             (
@@ -275,9 +366,9 @@ class RequestTest(unittest.TestCase):
             ),
             (
                 "a code this client does not know",
-                json_answer(400, {"error": {"code": "invalid_label", "message": "label has a space"}}),
+                json_answer(409, {"error": {"code": "stream_conflict", "message": "not a code of this contract"}}),
                 LimiterError,
-                {"status": 400, "code": "invalid_label", "message": "label has a space"},
+                {"status": 409, "code": "stream_conflict", "message": "not a code of this contract"},
             ),
             ("a status without a body", (418, {}, b""), LimiterError, {"status": 418, "code": "http_418"}),
         ]
