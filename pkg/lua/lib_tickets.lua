@@ -70,6 +70,44 @@ local function planOf(rec)
   return plan
 end
 
+-- liveTickets(queue, expiry, recs): the live tickets, in arrival order,
+-- each {id, limit, prio, user, plan} as its record names them (ticketOf),
+-- read a hundred at a time; and whether any names a user (a pool key's
+-- queue).
+local function liveTickets(queue, expiry, recs)
+  local tickets, users = {}, false
+  local from = 0
+  while true do
+    local ids = redis.call('ZRANGE', queue, from, from + 99)
+    if #ids == 0 then
+      break
+    end
+    from = from + #ids
+    local live = redis.call('ZMSCORE', expiry, unpack(ids))
+    local rec = redis.call('HMGET', recs, unpack(ids))
+    for i, id in ipairs(ids) do
+      if live[i] then
+        local limit, prio, user, plan = ticketOf(rec[i])
+        tickets[#tickets + 1] = {id = id, limit = limit, prio = prio, user = user, plan = plan}
+        users = users or user ~= ''
+      end
+    end
+  end
+  return tickets, users
+end
+
+-- heldBy(slots, count): adds to count[user] the members of slots each
+-- user holds (a pool key's members are '<stream id> <user id>').
+local function heldBy(slots, count)
+  for _, member in ipairs(redis.call('ZRANGE', slots, 0, -1)) do
+    local user = string.match(member, ' (.*)$')
+    if user then
+      count[user] = (count[user] or 0) + 1
+    end
+  end
+  return count
+end
+
 -- owed(queue, expiry, recs, used, override, stop, slots, cap, plan): the live
 -- tickets owed a slot, in the order they are served; the slots taken then
 -- (used plus them); and each owed ticket's slack: how many more slots may
@@ -101,39 +139,19 @@ local function owed(queue, expiry, recs, used, override, stop, slots, cap, plan)
     return out, taken, slack
   end
   -- Every live ticket: the order depends on all of them.
-  local tickets, users = {}, false
-  local from = 0
-  while true do
-    local ids = redis.call('ZRANGE', queue, from, from + 99)
-    if #ids == 0 then
-      break
+  local tickets, users = liveTickets(queue, expiry, recs)
+  for _, t in ipairs(tickets) do
+    if cap >= 0 and (t.user ~= '' or (plan ~= '' and t.plan == plan)) then
+      t.limit = cap
     end
-    from = from + #ids
-    local live = redis.call('ZMSCORE', expiry, unpack(ids))
-    local rec = redis.call('HMGET', recs, unpack(ids))
-    for i, id in ipairs(ids) do
-      if live[i] then
-        local limit, prio, user, of = ticketOf(rec[i])
-        if cap >= 0 and (user ~= '' or (plan ~= '' and of == plan)) then
-          limit = cap
-        end
-        if override >= 0 then
-          limit = override
-        end
-        tickets[#tickets + 1] = {id = id, limit = limit, prio = prio, user = user}
-        users = users or user ~= ''
-      end
+    if override >= 0 then
+      t.limit = override
     end
   end
   -- How many members each user holds, when the tickets name users.
   local held = {}
   if users then
-    for _, member in ipairs(redis.call('ZRANGE', slots, 0, -1)) do
-      local user = string.match(member, ' (.*)$')
-      if user then
-        held[user] = (held[user] or 0) + 1
-      end
-    end
+    heldBy(slots, held)
   end
   local served = {}
   while taken < stop do
@@ -164,33 +182,13 @@ end
 -- each with its priority and user, and how many of slots' members each
 -- user holds and how many tickets it has.
 local function fullQueue(queue, expiry, recs, slots)
-  local q = {tickets = {}, count = {}}
-  local users = false
-  local from = 0
-  while true do
-    local ids = redis.call('ZRANGE', queue, from, from + 99)
-    if #ids == 0 then
-      break
-    end
-    from = from + #ids
-    local live = redis.call('ZMSCORE', expiry, unpack(ids))
-    local rec = redis.call('HMGET', recs, unpack(ids))
-    for i, id in ipairs(ids) do
-      if live[i] then
-        local _, p, u = ticketOf(rec[i])
-        q.tickets[#q.tickets + 1] = {id = id, prio = p, user = u}
-        q.count[u] = (q.count[u] or 0) + 1
-        users = users or u ~= ''
-      end
-    end
+  local tickets, users = liveTickets(queue, expiry, recs)
+  local q = {tickets = tickets, count = {}}
+  for _, t in ipairs(tickets) do
+    q.count[t.user] = (q.count[t.user] or 0) + 1
   end
   if users then
-    for _, member in ipairs(redis.call('ZRANGE', slots, 0, -1)) do
-      local u = string.match(member, ' (.*)$')
-      if u then
-        q.count[u] = (q.count[u] or 0) + 1
-      end
-    end
+    heldBy(slots, q.count)
   end
   return q
 end
