@@ -868,3 +868,128 @@ func TestARetrySharingAPoolWaitKeepsTheMembershipItGranted(t *testing.T) {
 		})
 	}
 }
+
+// TestARequestAndItsRetryBothLeavingFreeThePoolKeyTheyShared: an
+// acquire and its retry (one stream id, on one replica) are both
+// granted model=gpt-4o by its queue, both wait for org=acme, and both
+// leave: the key holds nothing of the stream after, and admits another.
+func TestARequestAndItsRetryBothLeavingFreeThePoolKeyTheyShared(t *testing.T) {
+	t.Parallel()
+	for name, replica := range map[string]int{"on the same replica": 0} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			table := poolTable(t,
+				pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(2), Keys: map[string]int{"gpt-4o": 1}, MaxWait: 10 * time.Second},
+				pools.Pool{Pool: "org", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second},
+			)
+			prefix := keys.Schema{Prefix: "limitertest:" + keys.NewStreamID()[:12] + ":"}
+			var stacks []*limitertest.Stack
+			var addrs []string
+			for range 2 {
+				s := limitertest.New(t, limitertest.Options{Backend: limitertest.RedisCluster, Redis: cluster.Options{Addrs: addrs, Timeout: 5 * time.Second},
+					Tiers: poolWaitTiers(), Limiter: limiter.Options{Keys: prefix, Pools: table}})
+				addrs = s.Redis.Addrs()
+				stacks = append(stacks, s)
+			}
+			ctx := context.Background()
+			u1, u2 := newUser(t), newUser(t)
+			h1 := mustAcquire(t, stacks[0].Limiter, u1, "low", "gpt-4o")
+			h2, err := stacks[0].Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: u2, Plan: "low", Pools: map[string]string{"org": "acme"}})
+			if err != nil || !h2.Granted {
+				t.Fatalf("acme's holder: %+v, %v", h2, err)
+			}
+			user := newUser(t)
+			req := limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "retried", Pools: map[string]string{"model": "gpt-4o", "org": "acme"}}
+			leave1, cancel1 := context.WithCancel(ctx)
+			defer cancel1()
+			leave2, cancel2 := context.WithCancel(ctx)
+			defer cancel2()
+			first := queue(t, leave1, stacks[0], stacks[0].Limiter, req, 8*time.Second)
+			retry := retryWaiting(t, leave2, stacks[replica].Limiter, req)
+			if _, err := stacks[0].Limiter.Release(ctx, u1, h1.StreamID); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(500 * time.Millisecond) // both granted gpt-4o, both wait for acme
+			cancel1()
+			a, _ := first.answer(2 * time.Second)
+			cancel2()
+			b, _ := retry.answer(2 * time.Second)
+			if !errors.Is(a.err, context.Canceled) || !errors.Is(b.err, context.Canceled) {
+				t.Fatalf("the requests, their callers gone: %v and %v; want both cancelled", a.err, b.err)
+			}
+			for deadline := time.Now().Add(time.Second); ; time.Sleep(10 * time.Millisecond) {
+				key, err := stacks[0].Limiter.PoolSlots(ctx, "model", "gpt-4o")
+				if err == nil && key.Used == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("model=gpt-4o holds %+v (%v) 1s after both requests left; want nothing", key, err)
+				}
+			}
+			if other, err := stacks[0].Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "low", Pools: map[string]string{"model": "gpt-4o"}}); err != nil || !other.Granted {
+				t.Errorf("another stream's acquire of gpt-4o: %+v, %v; want granted", other, err)
+			}
+		})
+	}
+}
+
+// TestARequestAndItsRetryBothLeavingFreeTheSlotTheyShared: an acquire
+// and its retry (one stream id, on one replica) wait in the user's
+// queue, are both granted the slot that frees, both wait for a full pool
+// key, and both leave: the user holds its 2 other streams alone after.
+func TestARequestAndItsRetryBothLeavingFreeTheSlotTheyShared(t *testing.T) {
+	t.Parallel()
+	for name, replica := range map[string]int{"on the same replica": 0} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			stacks := waitPoolReplicas(t, limitertest.RedisCluster, 2)
+			ctx := context.Background()
+			user := newUser(t)
+			var mine []string
+			for range 3 {
+				res, err := stacks[0].Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "low"})
+				if err != nil || !res.Granted {
+					t.Fatalf("the user's slots: %+v, %v", res, err)
+				}
+				mine = append(mine, res.StreamID)
+			}
+			holder := newUser(t)
+			mustAcquire(t, stacks[0].Limiter, holder, "low", "gpt-4o")
+			req := limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "retried", Pools: map[string]string{"model": "gpt-4o"}}
+			leave1, cancel1 := context.WithCancel(ctx)
+			defer cancel1()
+			leave2, cancel2 := context.WithCancel(ctx)
+			defer cancel2()
+			first := retryWaiting(t, leave1, stacks[0].Limiter, req)
+			retry := retryWaiting(t, leave2, stacks[replica].Limiter, req)
+			if _, err := stacks[0].Limiter.Release(ctx, user, mine[0]); err != nil {
+				t.Fatal(err)
+			}
+			for deadline := time.Now().Add(3 * time.Second); queueLength(t, stacks[0], "gpt-4o") == 0; time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("neither request waited for gpt-4o within 3s")
+				}
+			}
+			time.Sleep(300 * time.Millisecond) // both wait for gpt-4o
+			cancel1()
+			a, _ := first.answer(2 * time.Second)
+			cancel2()
+			b, _ := retry.answer(2 * time.Second)
+			if !errors.Is(a.err, context.Canceled) || !errors.Is(b.err, context.Canceled) {
+				t.Fatalf("the requests, their callers gone: %v and %v; want both cancelled", a.err, b.err)
+			}
+			for deadline := time.Now().Add(time.Second); ; time.Sleep(10 * time.Millisecond) {
+				slots, err := stacks[0].Limiter.Slots(ctx, user)
+				if err == nil && slots.Used == 2 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the user holds %+v (%v) 1s after both requests left; want its 2 other streams", slots, err)
+				}
+			}
+			if res, err := stacks[0].Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "low"}); err != nil || !res.Granted {
+				t.Errorf("the user's next acquire: %+v, %v; want granted", res, err)
+			}
+		})
+	}
+}
