@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/joishi/limiter/internal/limitertest"
-	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/pools"
@@ -24,21 +23,11 @@ func ptr(n int) *int { return &n }
 // org caps acme at 1; open caps nothing.
 func poolReplicas(t *testing.T, b limitertest.Backend, n int) []*limitertest.Stack {
 	t.Helper()
-	table := poolTable(t,
+	return replicasOf(t, b, n, nil, poolTable(t,
 		pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(2), Keys: map[string]int{"gpt-4o": 5}},
 		pools.Pool{Pool: "org", Keys: map[string]int{"acme": 1}},
 		pools.Pool{Pool: "open"},
-	)
-	prefix := keys.Schema{Prefix: "limitertest:" + keys.NewStreamID()[:12] + ":"}
-	var out []*limitertest.Stack
-	var addrs []string
-	for range n {
-		s := limitertest.New(t, limitertest.Options{Backend: b, Redis: cluster.Options{Addrs: addrs, Timeout: 5 * time.Second},
-			Limiter: limiter.Options{Keys: prefix, Pools: table}})
-		addrs = s.Redis.Addrs()
-		out = append(out, s)
-	}
-	return out
+	))
 }
 
 // TestAPoolKeyAdmitsExactlyItsCap: 30 users on 3 replicas acquire a

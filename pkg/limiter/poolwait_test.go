@@ -32,15 +32,21 @@ func poolWaitTiers() []tiers.Tier {
 // a wait of up to 10s.
 func waitPoolReplicas(t *testing.T, b limitertest.Backend, n int) []*limitertest.Stack {
 	t.Helper()
-	table := poolTable(t,
+	return replicasOf(t, b, n, poolWaitTiers(), poolTable(t,
 		pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(2), Keys: map[string]int{"gpt-4o": 1}, MaxWait: 10 * time.Second},
-	)
+	))
+}
+
+// replicasOf returns n limiters on b sharing one key prefix, the tiers ts
+// (nil: limitertest's) and the pools of table.
+func replicasOf(t *testing.T, b limitertest.Backend, n int, ts []tiers.Tier, table *pools.Table) []*limitertest.Stack {
+	t.Helper()
 	prefix := keys.Schema{Prefix: "limitertest:" + keys.NewStreamID()[:12] + ":"}
 	var out []*limitertest.Stack
 	var addrs []string
 	for range n {
 		s := limitertest.New(t, limitertest.Options{Backend: b, Redis: cluster.Options{Addrs: addrs, Timeout: 5 * time.Second},
-			Tiers: poolWaitTiers(), Limiter: limiter.Options{Keys: prefix, Pools: table}})
+			Tiers: ts, Limiter: limiter.Options{Keys: prefix, Pools: table}})
 		addrs = s.Redis.Addrs()
 		out = append(out, s)
 	}
@@ -818,19 +824,10 @@ func TestARetrySharingAPoolWaitKeepsTheMembershipItGranted(t *testing.T) {
 	for name, replica := range map[string]int{"on the same replica": 0, "on another replica": 1} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			table := poolTable(t,
+			stacks := replicasOf(t, limitertest.RedisCluster, 2, poolWaitTiers(), poolTable(t,
 				pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(2), Keys: map[string]int{"gpt-4o": 1}, MaxWait: 10 * time.Second},
 				pools.Pool{Pool: "org", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second},
-			)
-			prefix := keys.Schema{Prefix: "limitertest:" + keys.NewStreamID()[:12] + ":"}
-			var stacks []*limitertest.Stack
-			var addrs []string
-			for range 2 {
-				s := limitertest.New(t, limitertest.Options{Backend: limitertest.RedisCluster, Redis: cluster.Options{Addrs: addrs, Timeout: 5 * time.Second},
-					Tiers: poolWaitTiers(), Limiter: limiter.Options{Keys: prefix, Pools: table}})
-				addrs = s.Redis.Addrs()
-				stacks = append(stacks, s)
-			}
+			))
 			ctx := context.Background()
 			u1, u2 := newUser(t), newUser(t)
 			h1 := mustAcquire(t, stacks[0].Limiter, u1, "low", "gpt-4o")
