@@ -239,7 +239,7 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	// undoTries removes the memberships tries took, for an acquire that
 	// answers without them.
 	undoTries := func() {
-		if taken := takenOf(tries, poolMember(req.UserID, req.StreamID)); len(taken) > 0 {
+		if taken := takenOf(tries, poolMember(req.UserID, req.StreamID), generated); len(taken) > 0 {
 			l.undo(ctx, end, taken, false, lua.Member{})
 		}
 	}
@@ -317,7 +317,7 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 			undoTries()
 			return res, tier, err
 		}
-		err := l.grantPools(ctx, end, waitUntil, req, tier, ms, userSlot{added: !got.Extended, again: got.Again()}, tries, &res)
+		err := l.grantPools(ctx, end, waitUntil, req, tier, ms, userSlot{added: !got.Extended, share: got.Share(), whole: generated}, tries, &res)
 		return res, tier, err
 	}
 	undoTries()
@@ -362,7 +362,7 @@ func (l *Limiter) grantPools(ctx context.Context, end, waitUntil time.Time, req 
 		res.Granted, res.ExpiresAt, res.RefusedBy, res.RetryAfter, res.QueueFull = false, time.Time{}, r, r.RetryAfter, j.full
 		res.WouldRefuse = "" // said of grants only
 		if slot.added {
-			res.Used--
+			res.Used-- // the undo left it: the last share, unless a retry shares it
 		}
 		return nil
 	}

@@ -204,17 +204,18 @@ type joined struct {
 func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req AcquireRequest, tier tiers.Tier, ms []membership, slot userSlot, tries []poolTry) (joined, error) {
 	member := poolMember(req.UserID, req.StreamID)
 	var out joined
-	var taken []lua.Member              // the memberships added by this call, as it left them
+	var taken []lua.Member              // this call's shares of the memberships it holds
 	var shared map[string]*atomic.Int32 // of taken, those a wait granted to others too
 	var holding []string                // the pool keys held so far, added or extended
-	// The user's slot, as this acquire left it. A refusal, an outage of a
-	// pool failing closed, or a wait that ends without a place removes it
-	// when the acquire took it (slot.added), and only if no later acquire
-	// of the stream (a retry) extended it since (lua.Member.Owned). One
-	// the acquire extended stays: it may be a running grant's.
+	// The user's slot, as this acquire holds it. A refusal, an outage of
+	// a pool failing closed, or a wait that ends without a place leaves
+	// the acquire's share of it (lua.Member.Owned), as it leaves its
+	// shares of the memberships: what it took goes, unless another
+	// request of the stream (a retry, or the running grant it extended)
+	// holds a share too.
 	var own lua.Member
 	if key, err := l.keys.UserKey(req.UserID); err == nil {
-		own = lua.Member{Key: key, ID: req.StreamID, Owned: true, Again: slot.again}
+		own = lua.Member{Key: key, ID: req.StreamID, Owned: !slot.whole, Share: slot.share}
 	}
 	for i := range ms {
 		m := ms[i] // as current last resolved it
@@ -223,7 +224,7 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 		if tries != nil {
 			got, err = tries[i].got, tries[i].err
 			if stops := err != nil && !degrade(m.pool.FailureMode, err) || err == nil && !got.Granted; stops {
-				l.leaveAll(ctx, end, takenOf(tries[i+1:], member))
+				l.leaveAll(ctx, end, takenOf(tries[i+1:], member, slot.whole))
 				tries = nil
 			}
 		} else {
@@ -267,10 +268,9 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 				if w.unsure || w.grant != nil {
 					holding = append(holding, m.slots)
 				}
-				if (w.unsure || w.grant != nil) && !w.extended {
-					// The undo's to remove, whatever happens next; not one
-					// another request of the stream took (extended).
-					taken = append(taken, lua.Member{Key: m.slots, ID: member, Owned: true})
+				if w.unsure || w.grant != nil {
+					// The undo's to leave, whatever happens next.
+					taken = append(taken, lua.Member{Key: m.slots, ID: member, Owned: !slot.whole, Share: w.share})
 					if w.holders != nil {
 						if shared == nil {
 							shared = map[string]*atomic.Int32{}
@@ -294,9 +294,7 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 			l.undo(ctx, end, ours(taken, shared), slot.owns(), own)
 			return joined{refusal: refusal, waited: out.waited, full: out.full}, nil
 		}
-		if !got.Extended {
-			taken = append(taken, lua.Member{Key: m.slots, ID: member, Owned: true, Again: got.Again()})
-		}
+		taken = append(taken, lua.Member{Key: m.slots, ID: member, Owned: !slot.whole, Share: got.Share()})
 		holding = append(holding, m.slots)
 		g := PoolGrant{Pool: m.pool.Pool, Key: m.key, Used: got.Used, Limit: limit, Overridden: got.Override >= 0, WouldRefuse: got.WouldRefuse}
 		l.observer.Joined(ctx, m.pool.Pool, out.outcome(g), got.Used, limit)
@@ -334,22 +332,27 @@ func (l *Limiter) joinArgs(req AcquireRequest, tier tiers.Tier, m membership) lu
 		Rec: lua.Record{Caller: req.Caller, Plan: tier.Plan, User: req.UserID, Label: req.Label}, Shadow: !m.pool.Enforced()}
 }
 
-// userSlot is the user's slot of a pooled acquire, as the acquire left
-// it: added, when the acquire took it rather than extending it; again,
-// its record's count of extensions then (lua.Member.Owned).
+// userSlot is the user's slot of a pooled acquire: the acquire's share
+// of it, which it leaves if it gives up (lua.Member.Owned).
 type userSlot struct {
+	// added: the acquire took the slot rather than extending it.
 	added bool
-	again int
+	share lua.Share
+	// whole: the slot is this acquire's alone, whatever its shares say:
+	// its stream id was made for it, and a share of its own counted twice
+	// (a reply lost and the call asked again) is still its own.
+	whole bool
 	// shared counts the requests of the stream on this replica that a
-	// wait granted the slot to at once: only the last of them to give up
-	// removes it.
+	// wait granted the slot to at once, one share for them all: only the
+	// last of them to give up leaves it.
 	shared *atomic.Int32
 }
 
-// owns reports whether an acquire that gives up removes the slot: one it
-// took, the last of those sharing it to go. Asked once, as it gives up.
+// owns reports whether an acquire that gives up leaves its share of the
+// slot: the last of those sharing it on this replica to go. Asked once,
+// as it gives up.
 func (s userSlot) owns() bool {
-	return s.added && (s.shared == nil || s.shared.Add(-1) == 0)
+	return s.shared == nil || s.shared.Add(-1) == 0
 }
 
 // ours returns the memberships of taken that an acquire that gives up
@@ -415,13 +418,14 @@ func (l *Limiter) acquireTogether(ctx context.Context, c rueidis.Client, user lu
 	return gots[0], tries, errs[0]
 }
 
-// takenOf returns the memberships (member of their keys) tries added,
-// as they left them: what undoing them removes.
-func takenOf(tries []poolTry, member string) []lua.Member {
+// takenOf returns the shares of the memberships (member of their keys)
+// tries granted, added or extended: what undoing them leaves. whole: the
+// stream id was made for the acquire, and what they hold is its alone.
+func takenOf(tries []poolTry, member string, whole bool) []lua.Member {
 	var out []lua.Member
 	for _, t := range tries {
-		if t.err == nil && t.got.Granted && !t.got.Extended {
-			out = append(out, lua.Member{Key: t.slots, ID: member, Owned: true, Again: t.got.Again()})
+		if t.err == nil && t.got.Granted {
+			out = append(out, lua.Member{Key: t.slots, ID: member, Owned: !whole, Share: t.got.Share()})
 		}
 	}
 	return out

@@ -47,12 +47,12 @@ type poolWaited struct {
 	// unsure: the membership may have been granted without the answer
 	// reaching the loop; the undo removes it.
 	unsure bool
-	// extended: the grant was of a membership another request of the
-	// stream took (see waitResult.extended); holders, of one this
-	// replica's loop granted to several waiters of the stream at once.
-	extended bool
-	holders  *atomic.Int32
-	waited   time.Duration
+	// share: the grant's share of the membership, which the undo leaves
+	// (see waitResult.share); holders, of one this replica's loop granted
+	// to several waiters of the stream at once, who share it.
+	share   lua.Share
+	holders *atomic.Int32
+	waited  time.Duration
 }
 
 // awaitPool waits up to wait for a membership of m's key for the stream
@@ -72,7 +72,7 @@ func (l *Limiter) awaitPool(ctx context.Context, req AcquireRequest, tier tiers.
 		ctx:    ctx, deadline: start.Add(wait), done: make(chan waitResult, 1),
 	}
 	r := l.waitIn(ctx, queueScope{key: m.slots, userID: req.UserID, pool: m.pool.Pool, poolKey: m.key}, tier, w)
-	out := poolWaited{waited: time.Since(start), unsure: r.unsure, extended: r.extended, holders: r.holders}
+	out := poolWaited{waited: time.Since(start), unsure: r.unsure, share: r.share, holders: r.holders}
 	outcome := r.outcome
 	limit, shadow := m.limit, false
 	if pool, ok := l.pools.Lookup(m.pool.Pool); ok {

@@ -865,3 +865,170 @@ func TestARetrySharingAPoolWaitKeepsTheMembershipItGranted(t *testing.T) {
 		})
 	}
 }
+
+// eventually fails t unless ok holds within 2s (an undo beside the
+// answer has 50ms past the decision's end; a loaded machine more).
+func eventually(t *testing.T, what string, ok func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		held, got := ok()
+		if held {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %s", what, got)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// userHolds fails t unless user holds n slots within 2s.
+func userHolds(t *testing.T, lim *limiter.Limiter, user string, n int, why string) {
+	t.Helper()
+	eventually(t, why, func() (bool, string) {
+		held, err := lim.Slots(context.Background(), user)
+		return err == nil && held.Used == n, fmt.Sprintf("the user holds %+v (%v); want %d slots", held, err, n)
+	})
+}
+
+// keyHolds fails t unless pool key model=key holds n members within 2s.
+func keyHolds(t *testing.T, lim *limiter.Limiter, pool, key string, n int, why string) {
+	t.Helper()
+	eventually(t, why, func() (bool, string) {
+		got, err := lim.PoolSlots(context.Background(), pool, key)
+		return err == nil && got.Used == n, fmt.Sprintf("%s=%s holds %+v (%v); want %d", pool, key, got, err, n)
+	})
+}
+
+// TestAnAcquireAndItsRetryThatBothLeaveFreeTheSlot: an acquire waits for
+// a full pool key, holding its user's slot; its retry (same stream id, on
+// the same replica or another) extends that slot and waits too; then
+// both callers go, the first before the retry or after it. The user's
+// slot goes with the last: the user holds nothing, rather than a slot
+// nobody holds until its TTL.
+func TestAnAcquireAndItsRetryThatBothLeaveFreeTheSlot(t *testing.T) {
+	t.Parallel()
+	for name, c := range map[string]struct{ replica, firstLeaves int }{
+		"on the same replica, the first leaving first": {0, 0},
+		"on the same replica, the retry leaving first": {0, 1},
+		"on another replica, the first leaving first":  {1, 0},
+		"on another replica, the retry leaving first":  {1, 1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			stacks := waitPoolReplicas(t, limitertest.RedisCluster, 2)
+			ctx := context.Background()
+			mustAcquire(t, stacks[0].Limiter, newUser(t), "low", "gpt-4o")
+			user := newUser(t)
+			req := limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "retried", Pools: map[string]string{"model": "gpt-4o"}}
+			leaveFirst, cancelFirst := context.WithCancel(ctx)
+			defer cancelFirst()
+			leaveRetry, cancelRetry := context.WithCancel(ctx)
+			defer cancelRetry()
+			requests := []*queued{queue(t, leaveFirst, stacks[0], stacks[0].Limiter, req, 8*time.Second), nil}
+			requests[1] = retryWaiting(t, leaveRetry, stacks[c.replica].Limiter, req)
+			cancels := []context.CancelFunc{cancelFirst, cancelRetry}
+			for _, i := range []int{c.firstLeaves, 1 - c.firstLeaves} {
+				cancels[i]()
+				if a, ok := requests[i].answer(2 * time.Second); !ok || !errors.Is(a.err, context.Canceled) {
+					t.Fatalf("request %d, its caller gone: %+v, %v (answered %v); want context.Canceled", i, a.res, a.err, ok)
+				}
+			}
+			userHolds(t, stacks[1].Limiter, user, 0, "both requests gone")
+			keyHolds(t, stacks[1].Limiter, "model", "gpt-4o", 1, "both requests gone")
+		})
+	}
+}
+
+// TestAnAcquireAndItsRetryGrantedOneMembershipThatBothLeaveFreeIt: an
+// acquire and its retry (on the same replica or another) both wait for
+// model=gpt-4o (cap 1), are both granted it as a place frees, and both
+// wait for org=acme; both callers go. The membership of gpt-4o goes with
+// the last of them, as does the user's slot: gpt-4o admits another
+// stream at once.
+func TestAnAcquireAndItsRetryGrantedOneMembershipThatBothLeaveFreeIt(t *testing.T) {
+	t.Parallel()
+	for name, replica := range map[string]int{"on the same replica": 0, "on another replica": 1} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			stacks := replicasOf(t, limitertest.RedisCluster, 2, poolWaitTiers(), poolTable(t,
+				pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(2), Keys: map[string]int{"gpt-4o": 1}, MaxWait: 10 * time.Second},
+				pools.Pool{Pool: "org", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second},
+			))
+			ctx := context.Background()
+			u1 := newUser(t)
+			h1 := mustAcquire(t, stacks[0].Limiter, u1, "low", "gpt-4o")
+			if h2, err := stacks[0].Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "low", Pools: map[string]string{"org": "acme"}}); err != nil || !h2.Granted {
+				t.Fatalf("acme's holder: %+v, %v", h2, err)
+			}
+			user := newUser(t)
+			req := limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "retried", Pools: map[string]string{"model": "gpt-4o", "org": "acme"}}
+			leave, cancel := context.WithCancel(ctx)
+			defer cancel()
+			first := queue(t, leave, stacks[0], stacks[0].Limiter, req, 8*time.Second)
+			retry := retryWaiting(t, leave, stacks[replica].Limiter, req)
+			if _, err := stacks[0].Limiter.Release(ctx, u1, h1.StreamID); err != nil {
+				t.Fatal(err)
+			}
+			keyHolds(t, stacks[0].Limiter, "model", "gpt-4o", 1, "gpt-4o granted to the waiting requests")
+			time.Sleep(300 * time.Millisecond) // both granted gpt-4o, both wait for acme
+			cancel()
+			for i, q := range []*queued{first, retry} {
+				if a, ok := q.answer(2 * time.Second); !ok || !errors.Is(a.err, context.Canceled) {
+					t.Fatalf("request %d, its caller gone: %+v, %v (answered %v); want context.Canceled", i, a.res, a.err, ok)
+				}
+			}
+			keyHolds(t, stacks[1].Limiter, "model", "gpt-4o", 0, "both requests gone")
+			userHolds(t, stacks[1].Limiter, user, 0, "both requests gone")
+			if other, err := stacks[1].Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "low", Pools: map[string]string{"model": "gpt-4o"}}); err != nil || !other.Granted {
+				t.Errorf("another stream's acquire of gpt-4o once both left: %+v, %v; want granted", other, err)
+			}
+		})
+	}
+}
+
+// TestAnAcquireAndItsRetryGrantedOneSlotByTheQueueThatBothLeaveFreeIt:
+// an acquire and its retry (on the same replica or another) wait in the
+// user's queue (the user holds its 3); a slot frees, the queue grants it
+// to both, and both wait for a full pool key; both callers go. The slot
+// goes with the last of them: the user holds its other 2.
+func TestAnAcquireAndItsRetryGrantedOneSlotByTheQueueThatBothLeaveFreeIt(t *testing.T) {
+	t.Parallel()
+	for name, replica := range map[string]int{"on the same replica": 0, "on another replica": 1} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			stacks := waitPoolReplicas(t, limitertest.RedisCluster, 2)
+			ctx := context.Background()
+			user := newUser(t)
+			var mine []string
+			for range 3 {
+				res, err := stacks[0].Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "low"})
+				if err != nil || !res.Granted {
+					t.Fatalf("the user's slots: %+v, %v", res, err)
+				}
+				mine = append(mine, res.StreamID)
+			}
+			mustAcquire(t, stacks[0].Limiter, newUser(t), "low", "gpt-4o")
+			req := limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "retried", Pools: map[string]string{"model": "gpt-4o"}}
+			leave, cancel := context.WithCancel(ctx)
+			defer cancel()
+			first := retryWaiting(t, leave, stacks[0].Limiter, req)
+			retry := retryWaiting(t, leave, stacks[replica].Limiter, req)
+			if _, err := stacks[0].Limiter.Release(ctx, user, mine[0]); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "a request waiting for gpt-4o", func() (bool, string) {
+				return queueLength(t, stacks[0], "gpt-4o") > 0, "none waits for it"
+			})
+			time.Sleep(300 * time.Millisecond) // both wait for gpt-4o
+			cancel()
+			for i, q := range []*queued{first, retry} {
+				if a, ok := q.answer(2 * time.Second); !ok || !errors.Is(a.err, context.Canceled) {
+					t.Fatalf("request %d, its caller gone: %+v, %v (answered %v); want context.Canceled", i, a.res, a.err, ok)
+				}
+			}
+			userHolds(t, stacks[1].Limiter, user, 2, "both requests gone")
+		})
+	}
+}

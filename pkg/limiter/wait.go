@@ -82,9 +82,10 @@ type waitResult struct {
 	// only when it is the last of them to go.
 	holders *atomic.Int32
 	// extended, of a grant: the stream held its slot already, taken by
-	// another request of it (on another replica), which removes it when
-	// it gives up; this one only extended it (lua.TicketResult.Extended).
+	// another request of it (lua.TicketResult.Extended); share is the
+	// grant's share of the slot, which a waiter that gives up leaves.
 	extended bool
+	share    lua.Share
 	// granted, timeout: the user's slots, and the limit of the user's
 	// override when one applied (-1: the plan's)
 	used     int
@@ -112,7 +113,7 @@ type waitResult struct {
 // does not wait records them, so that heartbeat and release cover them.
 func (l *Limiter) await(ctx context.Context, key string, req AcquireRequest, tier tiers.Tier, wait time.Duration, res AcquireResult, generated bool, pools string) (AcquireResult, userSlot, error) {
 	res, r, err := l.awaitSlot(ctx, key, req, tier, wait, res, generated, pools)
-	return res, userSlot{added: !r.extended, shared: r.holders}, err
+	return res, userSlot{added: !r.extended, share: r.share, whole: generated, shared: r.holders}, err
 }
 
 // awaitSlot is await, and how its wait ended.
@@ -156,11 +157,11 @@ func (l *Limiter) awaitSlot(ctx context.Context, key string, req AcquireRequest,
 			return res, r, err
 		}
 		if ctx.Err() != nil {
-			// Granted as the caller left: nobody will hold it, unless
-			// another waiter of the stream id got it too and stays, or
-			// another request of it took it (extended).
-			if !r.extended && (r.holders == nil || r.holders.Add(-1) == 0) {
-				_, _ = l.release(context.WithoutCancel(ctx), "", req.UserID, req.StreamID)
+			// Granted as the caller left: its share goes, unless another
+			// waiter of the stream id got it too and stays (the slot goes
+			// with the last share, another request's kept).
+			if r.holders == nil || r.holders.Add(-1) == 0 {
+				_ = l.dropSlot(context.WithoutCancel(ctx), time.Time{}, "release", lua.Member{Key: key, ID: req.StreamID, Owned: !generated, Share: r.share})
 			}
 			outcome = WaitCancelled
 			return AcquireResult{StreamID: req.StreamID, Limit: res.Limit, Tier: tier, Waited: took}, r, ctx.Err()

@@ -57,9 +57,10 @@
 -- ';started=<now>' (Redis ms) and the fields of ARGV[4] (who took it, for
 -- what), each after a ';'. A new slot's record is written with it; a held
 -- slot keeps the record it has (and gets one if it had none), counting
--- one more extension (';again=<n>' after its head: see again), so that
--- an earlier acquire of the stream that gives up leaves what a later one
--- holds now (see release's ARGV[3]). Both keys
+-- one more extension (';again=<n>' after its head: see again): each
+-- request of the stream holding the slot has a share of its own (0 the
+-- one that took it, n the n-th extension), which it leaves if it gives
+-- up, and the slot goes with the last share (see release's ARGV[3]). Both keys
 -- expire together, at least one TTL and at most two after the latest
 -- slot (see below; heartbeat keeps them so too). The override is only
 -- read: it has its own expiry.

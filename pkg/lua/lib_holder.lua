@@ -31,7 +31,8 @@ end
 
 -- again(record): how many acquires of the stream extended its slot (or
 -- membership) after the one that took it: the ';again=' field right
--- after the record's head, 0 when none. Read at that place only, as
+-- after the record's head, 0 when none. The n-th holds share n of the
+-- slot (see leave). Read at that place only, as
 -- holder reads the caller: a label or a user id may hold ';again=' too.
 local function again(record)
   if not record then
@@ -57,4 +58,64 @@ local function extended(record)
     rest = after
   end
   return head .. ';again=' .. string.format('%d', (tonumber(n) or 0) + 1) .. rest
+end
+
+-- startedAt(record): the record's start (Redis ms, as written), '' when
+-- it has none.
+local function startedAt(record)
+  return string.match(record, '^%d*;started=(%d+)') or ''
+end
+
+-- leave(record, share, start): the request that holds share of a
+-- stream's slot (0: the acquire that took it; n: the n-th that extended
+-- it, see again) gives it up. The requests that gave theirs up are
+-- listed in ';left=' after the count, so that a leave asked again
+-- changes nothing more. Answers true when every share has gone (the slot
+-- goes), the record to keep while another request holds one, and false
+-- when the record is not of the slot the share is of: it counts fewer
+-- extensions, or it started at another time than start ('' when not
+-- known): a later slot of the stream, taken after that one was released.
+local function leave(record, share, start)
+  local head = recordHead(record)
+  if not head then
+    return share == 0
+  end
+  if start ~= '' and startedAt(record) ~= start then
+    return false
+  end
+  local rest = string.sub(record, #head + 1)
+  local n, list, after = string.match(rest, '^;again=(%d+);left=([%d%.]*)(.*)$')
+  if not n then
+    list = ''
+    n, after = string.match(rest, '^;again=(%d+)(.*)$')
+    if not n then
+      n, after = '0', rest
+    end
+  end
+  n = tonumber(n)
+  if share > n then
+    return false
+  end
+  local gone, count = {}, 0
+  for s in string.gmatch(list, '%d+') do
+    if not gone[s] then
+      gone[s], count = true, count + 1
+    end
+  end
+  local mine = string.format('%d', share)
+  if not gone[mine] then
+    if #list > 200 then
+      return record -- a list that long is not grown: the slot expires
+    end
+    count = count + 1
+    if list == '' then
+      list = mine
+    else
+      list = list .. '.' .. mine
+    end
+  end
+  if count > n then
+    return true
+  end
+  return head .. ';again=' .. string.format('%d', n) .. ';left=' .. list .. after
 end

@@ -9,10 +9,12 @@ import (
 // Record is what a slot's record holds besides what the acquire script
 // writes itself. The whole record reads
 //
-//	<ttl ms>;started=<Redis ms>;caller=<name>;plan=<plan>;pools=<pool>=<key>,...;prio=<0-9>;user=<n>:<user id>;label=<label>
+//	<ttl ms>;started=<Redis ms>;caller=<name>;again=<n>;left=<i>.<j>...;plan=<plan>;pools=<pool>=<key>,...;prio=<0-9>;user=<n>:<user id>;label=<label>
 //
 // the TTL first (heartbeats parse only its leading digits), each field
-// after a ';', an empty one left out, in this order. Caller names are
+// after a ';', an empty one left out, in this order. The scripts write
+// again (the acquires that extended the slot: see Share) and left (the
+// shares given up) themselves, and read them at that place only. Caller names are
 // [A-Za-z0-9._@-], plans [A-Za-z0-9._-], pool names and keys hold neither
 // ';' nor ',', so none of them holds a ';'. A user id may hold any
 // character but whitespace and braces, so it goes with its length in

@@ -8,17 +8,23 @@
 -- KEYS[6] -> <prefix>{<user id>}:override  hash: support's override of the limit (see set_override)
 -- ARGV[1] -> stream id
 -- ARGV[2] -> who releases: a caller name, '' for none (optional: absent is '')
--- ARGV[3] -> the count of extensions (see acquire) the slot's record had
---            when the acquire that releases it left it: an acquire that
---            gives up releases only what no later acquire of the stream
---            extended since (optional: absent or '' releases whatever the
---            count)
+-- ARGV[3] -> the share of the slot the request that releases it holds,
+--            when that request gives up (see acquire): 0 for the acquire
+--            that took it, n for its n-th extension. Several requests of
+--            one stream (a client's retries) may hold it at once; each
+--            that gives up leaves its share, and the slot goes with the
+--            last (see lib_holder.lua's leave). Optional: absent or ''
+--            releases the slot whatever its shares.
+-- ARGV[4] -> with ARGV[3]: the slot's start (Redis ms) as the request
+--            knew it, so that a later slot of the stream is not left
+--            for it (optional: absent or '' is not checked)
 -- returns {released (1|0|-1|-2), pruned, head, record}
 --   released 0: the slot was not held (never, already released, or expired)
 --   released -1: the slot is held by another caller (its record names
 --   one other than ARGV[2]): nothing changed
---   released -2: a later acquire extended the slot after ARGV[3]'s count:
---   it holds it now, and nothing changed
+--   released -2: another request of the stream holds a share of the slot
+--   still (ARGV[3]'s left), or the slot is not the one the share was of:
+--   it is kept
 --   pruned: the user's slots that had expired unreleased, removed now
 --   head: the stream id of the first acquire in the user's queue owed a
 --   slot (see owed) when this call freed one (released or pruned), ''
@@ -36,8 +42,19 @@ local record = redis.call('HGET', meta, ARGV[1])
 if foreign(record, ARGV[2] or '') then
   return {-1, 0, '', ''}
 end
-if record and (ARGV[3] or '') ~= '' and again(record) ~= tonumber(ARGV[3]) then
-  return {-2, 0, '', ''}
+if (ARGV[3] or '') ~= '' then
+  local kept = true
+  if record then
+    kept = leave(record, tonumber(ARGV[3]), ARGV[4] or '')
+  elseif ARGV[3] ~= '0' then
+    kept = false -- an extension's share of a slot without a record
+  end
+  if kept ~= true then
+    if kept then
+      redis.call('HSET', meta, ARGV[1], kept)
+    end
+    return {-2, 0, '', ''}
+  end
 end
 
 local pruned = prune(key, meta, now)

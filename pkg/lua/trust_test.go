@@ -288,48 +288,70 @@ func TestTheCallerIsReadOnlyWhereItIsRecorded(t *testing.T) {
 	})
 }
 
-// TestAnAcquireThatGivesUpReleasesOnlyWhatNoLaterAcquireExtended: each
-// acquire of a held stream counts one more extension in its record
-// (after the caller, where a label spelling ';again=' is not read); a
-// release owned by an acquire that left the count at n releases the slot
-// only while the count is n, one either side changes nothing; a release
-// not owned releases it whatever the count. The record's caller still
-// holds the slot after its extensions.
-func TestAnAcquireThatGivesUpReleasesOnlyWhatNoLaterAcquireExtended(t *testing.T) {
+// TestEachRequestOfAStreamLeavesItsShareOfTheSlot: each acquire of a
+// held stream counts one more extension in its record (after the caller,
+// where a label spelling ';again=' or ';left=' is not read), and holds
+// that share of the slot: a request that gives up leaves its share, asked
+// once or again, and the slot goes with the last share, in any order.
+// A share of a later slot of the stream (another start), or one past the
+// count, changes nothing; a release not owned releases the slot whatever
+// its shares. The record's caller still holds the slot after its
+// extensions and leaves.
+func TestEachRequestOfAStreamLeavesItsShareOfTheSlot(t *testing.T) {
 	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
 		ctx := context.Background()
 		key := newKey(t)
-		for _, rec := range []lua.Record{{Caller: "chat", Plan: "paid", Label: ";again=7"}, {Plan: "paid", Label: "x;again=7"}} {
-			first, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, rec, false)
-			if err != nil || !first.Granted || first.Extended || first.Again() != 0 {
-				t.Fatalf("the first acquire (%+v): %+v, %v; want a new slot, no extension counted", rec, first, err)
+		held := func() bool {
+			t.Helper()
+			_, err := c.Do(ctx, c.B().Zscore().Key(key).Member("s").Build()).AsInt64()
+			if err != nil && !rueidis.IsRedisNil(err) {
+				t.Fatal(err)
 			}
-			for n := 1; n <= 2; n++ {
-				got, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, rec, false)
-				if err != nil || !got.Extended || got.Again() != n {
-					t.Fatalf("acquire %d of the held stream: %+v (again %d), %v; want extended, counting %d", n+1, got, got.Again(), err, n)
+			return err == nil
+		}
+		for _, order := range [][]int{{0, 1, 2}, {2, 1, 0}, {1, 2, 0}} {
+			for _, rec := range []lua.Record{{Caller: "chat", Plan: "paid", Label: ";again=7;left=0.1.2"}, {Plan: "paid", Label: "x;left=9"}} {
+				first, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, rec, false)
+				if err != nil || !first.Granted || first.Extended || first.Share().Index != 0 || first.StartedAtMs == 0 {
+					t.Fatalf("the first acquire (%+v): %+v, %v; want a new slot, share 0, its start", rec, first, err)
 				}
-				if r := lua.ParseRecord(got.Record); r.Caller != rec.Caller || r.Label != rec.Label || r.Plan != rec.Plan {
-					t.Fatalf("the extended record reads %+v; want the caller, plan and label of %+v", r, rec)
+				shares := []lua.Share{first.Share()}
+				for n := 1; n <= 2; n++ {
+					got, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, rec, false)
+					if err != nil || !got.Extended || got.Share() != (lua.Share{Index: n, StartedAtMs: first.StartedAtMs}) {
+						t.Fatalf("acquire %d of the held stream: %+v (share %+v), %v; want extended, share %d of the first's start", n+1, got, got.Share(), err, n)
+					}
+					if r := lua.ParseRecord(got.Record); r.Caller != rec.Caller || r.Label != rec.Label || r.Plan != rec.Plan {
+						t.Fatalf("the extended record reads %+v; want the caller, plan and label of %+v", r, rec)
+					}
+					shares = append(shares, got.Share())
 				}
-			}
-			if rec.Caller != "" {
-				if beat, err := lua.Heartbeat(ctx, c, "mallory", key, "s", time.Minute); err != nil || !beat.NotHolder {
-					t.Errorf("another caller's heartbeat of the extended slot: %+v, %v; want NotHolder", beat, err)
+				for _, stale := range []lua.Share{{Index: 3, StartedAtMs: first.StartedAtMs}, {Index: 0, StartedAtMs: first.StartedAtMs - 1}, {Index: 0, StartedAtMs: first.StartedAtMs + 1}} {
+					rel, err := lua.ReleaseMember(ctx, c, "", lua.Member{Key: key, ID: "s", Owned: true, Share: stale})
+					if err != nil || rel.Released || !rel.Superseded || !held() {
+						t.Fatalf("leaving share %+v of a slot started at %d with 3 shares: %+v, %v; want kept", stale, first.StartedAtMs, rel, err)
+					}
 				}
-			}
-			for _, stale := range []int{0, 1, 3} {
-				rel, err := lua.ReleaseMember(ctx, c, "", lua.Member{Key: key, ID: "s", Owned: true, Again: stale})
-				if err != nil || rel.Released || !rel.Superseded {
-					t.Fatalf("a release owned at count %d of a slot counting 2: %+v, %v; want superseded", stale, rel, err)
+				for k, i := range order {
+					for range 2 { // a leave asked again changes nothing more
+						rel, err := lua.ReleaseMember(ctx, c, "", lua.Member{Key: key, ID: "s", Owned: true, Share: shares[i]})
+						last := k == len(order)-1
+						if err != nil || rel.Released != last || held() == last {
+							t.Fatalf("order %v, leaving share %d (%d of 3 left): %+v, %v, held %v; want released only by the last", order, i, k+1, rel, err, held())
+						}
+						if last {
+							break
+						}
+						if rec.Caller != "" {
+							if beat, err := lua.Heartbeat(ctx, c, "mallory", key, "s", time.Minute); err != nil || !beat.NotHolder {
+								t.Fatalf("another caller's heartbeat of the slot shares left: %+v, %v; want NotHolder", beat, err)
+							}
+						}
+						if beat, err := lua.Heartbeat(ctx, c, rec.Caller, key, "s", time.Minute); err != nil || !beat.Alive {
+							t.Fatalf("the holder's heartbeat of the slot shares left: %+v, %v; want alive", beat, err)
+						}
+					}
 				}
-			}
-			if _, err := c.Do(ctx, c.B().Zscore().Key(key).Member("s").Build()).AsInt64(); err != nil {
-				t.Fatalf("the slot after the superseded releases: %v; want held", err)
-			}
-			rel, err := lua.ReleaseMember(ctx, c, "", lua.Member{Key: key, ID: "s", Owned: true, Again: 2})
-			if err != nil || !rel.Released {
-				t.Fatalf("a release owned at the slot's count: %+v, %v; want released", rel, err)
 			}
 		}
 		if got, err := lua.Acquire(ctx, c, key, "u", 3, time.Minute, lua.Record{}, false); err != nil || !got.Granted {

@@ -64,9 +64,11 @@ type TicketResult struct {
 	ExpiresAtMs int64
 	// Extended, of a granted ticket: the stream held its slot already
 	// (another request of the stream took it), which the call extended,
-	// counting it in the slot's record (see Acquired.Again): it is that
-	// request's to remove, not this one's.
+	// counting it in the slot's record (see Acquired.Again).
 	Extended bool
+	// Share, of a granted ticket: its share of the slot, which a request
+	// that gives up leaves (see Share).
+	Share Share
 	// Place is a queued ticket's place in the queue: 1 is next.
 	Place int
 }
@@ -111,8 +113,8 @@ func Wait(ctx context.Context, c rueidis.Client, key string, a WaitArgs) (Waited
 	if err != nil {
 		return Waited{}, err
 	}
-	if len(arr) != 6+2*len(a.Tickets) {
-		return Waited{}, fmt.Errorf("wait script returned %d values, want %d", len(arr), 6+2*len(a.Tickets))
+	if len(arr) != 6+4*len(a.Tickets) {
+		return Waited{}, fmt.Errorf("wait script returned %d values, want %d", len(arr), 6+4*len(a.Tickets))
 	}
 	head, err := int64s(arr[:5])
 	if err != nil {
@@ -132,15 +134,16 @@ func Wait(ctx context.Context, c rueidis.Client, key string, a WaitArgs) (Waited
 		out.Next = time.Duration(head[3]) * time.Millisecond
 	}
 	for i := range out.Tickets {
-		r := TicketResult{State: TicketState(states[2*i])}
+		v := states[4*i : 4*i+4]
+		r := TicketResult{State: TicketState(v[0])}
 		if r.State == ticketExtended {
 			r.State, r.Extended = TicketGranted, true
 		}
 		switch r.State {
 		case TicketGranted:
-			r.ExpiresAtMs = states[2*i+1]
+			r.ExpiresAtMs, r.Share = v[1], Share{Index: int(v[2]), StartedAtMs: v[3]}
 		case TicketQueued:
-			r.Place = int(states[2*i+1])
+			r.Place = int(v[1])
 		}
 		out.Tickets[i] = r
 	}

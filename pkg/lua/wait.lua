@@ -22,7 +22,7 @@
 -- ARGV[3+3i], ARGV[4+3i], ARGV[5+3i] (i = 1..n) -> the i-th ticket:
 --            stream id; 'w' (waits on) or 'l' (leaves the queue); the
 --            rest of its slot's record ('' or ';name=value' fields)
--- returns {used, override, pruned, next_ms, retry_after_ms, {wake ids}, state_1, value_1, ..., state_n, value_n}
+-- returns {used, override, pruned, next_ms, retry_after_ms, {wake ids}, state_1, value_1, share_1, started_1, ..., state_n, value_n, share_n, started_n}
 --   used       slots held after the call
 --   override   the override's limit when one was in force (and so
 --              applied instead of ARGV[1], unless shadow mode), else -1
@@ -53,6 +53,10 @@
 --              queues it again if the queue has room, else answers -2
 --   state -3   the stream (held, or queued) is another caller's: nothing
 --              changed for it; value 0
+--   share      of a granted ticket: its share of the slot (0 when the
+--              call took it, n when it counted the n-th extension), which
+--              a request that gives up leaves (see release); else 0
+--   started    of a granted ticket: the slot's start (Redis ms); else 0
 --
 -- The order is the queue's alone: a slot goes to the first ticket owed
 -- one (see owed: by priority, then the fewest members of its user, then
@@ -98,7 +102,7 @@ local pruned = prune(slots, meta, now)
 dropDead(queue, expiry, recs, now)
 
 local ids, records, waiting = {}, {}, {}
-local states, values = {}, {}
+local states, values, shares, starts = {}, {}, {}, {}
 local granted = false -- a slot was granted or extended
 local denied = false  -- a ticket left or was not queued: retry_after_ms is due
 local prefix = ARGV[2] .. ';started=' .. string.format('%d', now)
@@ -133,7 +137,7 @@ end
 for i = 1, n do
   local id, action = ids[i], ARGV[4 + 3 * i]
   records[i] = prefix .. ARGV[5 + 3 * i]
-  states[i], values[i] = -1, 0
+  states[i], values[i], shares[i], starts[i] = -1, 0, 0, 0
   local caller = holder(records[i])
   local ticket = false
   if caller ~= '' then -- an open API's calls are nobody's: nothing to read
@@ -154,10 +158,12 @@ for i = 1, n do
     redis.call('ZADD', slots, 'GT', now + ttl, id)
     local kept = redis.call('HGET', meta, id)
     if kept then
-      redis.call('HSET', meta, id, extended(kept))
+      kept = extended(kept)
     else
-      redis.call('HSET', meta, id, records[i])
+      kept = records[i]
     end
+    redis.call('HSET', meta, id, kept)
+    shares[i], starts[i] = again(kept), tonumber(startedAt(kept)) or 0
     redis.call('ZREM', expiry, id)
     redis.call('HDEL', recs, id)
     refresh[id] = nil
@@ -233,6 +239,7 @@ for k, head in ipairs(due) do
     redis.call('HSET', meta, head, records[i])
     waiting[head] = nil
     states[i], values[i] = 1, now + ttl
+    starts[i] = now
     used = used + 1
     granted = true
   elseif not waiting[head] then
@@ -301,5 +308,7 @@ local out = {used, override, pruned, nextMs, retry, wake}
 for i = 1, n do
   out[#out + 1] = states[i]
   out[#out + 1] = values[i]
+  out[#out + 1] = shares[i]
+  out[#out + 1] = starts[i]
 end
 return out

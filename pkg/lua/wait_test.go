@@ -481,3 +481,31 @@ func TestAFullQueueKeepsTheTicketsServedFirst(t *testing.T) {
 		wait("v's, back", "w6", "v", 0, lua.TicketFull)
 	})
 }
+
+// TestAWaitGrantSaysItsShareOfTheSlot: a ticket granted a new slot holds
+// share 0 of it, started at the grant; the same stream's ticket granted
+// again (a retry, served by another call) extends it and holds share 1
+// of the same start. The slot goes with the last of the two to leave.
+func TestAWaitGrantSaysItsShareOfTheSlot(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		mustAcquire(t, c, key, "holder", 1)
+		mustWait(t, c, key, waitArgs(1, []string{"s"}))
+		mustRelease(t, c, key, "holder")
+		a := mustWait(t, c, key, waitArgs(1, []string{"s"})).Tickets[0]
+		if a.State != lua.TicketGranted || a.Extended || a.Share != (lua.Share{Index: 0, StartedAtMs: a.ExpiresAtMs - 10_000}) {
+			t.Fatalf("the ticket's grant: %+v; want a new slot, share 0 started 10s before its expiry", a)
+		}
+		b := mustWait(t, c, key, waitArgs(1, []string{"s"})).Tickets[0]
+		if b.State != lua.TicketGranted || !b.Extended || b.Share != (lua.Share{Index: 1, StartedAtMs: a.Share.StartedAtMs}) {
+			t.Fatalf("the stream's ticket granted again: %+v; want extended, share 1 of %+v's start", b, a)
+		}
+		for i, share := range []lua.Share{b.Share, a.Share} {
+			rel, err := lua.ReleaseMember(ctx, c, "", lua.Member{Key: key, ID: "s", Owned: true, Share: share})
+			if err != nil || rel.Released != (i == 1) || zcard(t, c, key) != int64(1-i) {
+				t.Fatalf("leaving share %d: %+v, %v, %d slots; want the slot released by the last share only", share.Index, rel, err, zcard(t, c, key))
+			}
+		}
+	})
+}

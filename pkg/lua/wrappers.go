@@ -36,6 +36,25 @@ type Acquired struct {
 	// Record is the held slot's record, as kept, when the call extended
 	// it (Extended); else "".
 	Record string
+	// StartedAtMs is the granted slot's start (Redis ms): the call's
+	// time for a slot it took, the record's for one it extended; 0 when
+	// denied or not recorded.
+	StartedAtMs int64
+}
+
+// Share is one request's part in a slot (or a membership) that several
+// requests of a stream may hold at once, a client's retries: Index 0 for
+// the acquire that took it, n for the n-th that extended it (its
+// record's count of extensions then: see Acquired.Again). A request that
+// gives up leaves its share (Member.Owned), and the slot goes with the
+// last share left: whichever order they leave in, and however often each
+// is asked.
+type Share struct {
+	Index int
+	// StartedAtMs is the slot's start (Redis ms), so that a later slot of
+	// the stream, taken after this one was released, is not left for
+	// it; 0 when not known (not checked).
+	StartedAtMs int64
 }
 
 // Acquire runs the acquire script on key (a keys.Schema.UserKey), its
@@ -56,8 +75,22 @@ func Acquire(ctx context.Context, c rueidis.Client, key, streamID string, limit 
 
 // Again is how many acquires of the stream extended the slot after the
 // one that took it, this call included, as the call left it: 0 for a
-// slot the call took (see Member.Owned).
+// slot the call took.
 func (a Acquired) Again() int { return ParseRecord(a.Record).Again }
+
+// Share is the call's share of the slot it granted (see Share).
+func (a Acquired) Share() Share { return Share{Index: a.Again(), StartedAtMs: a.StartedAtMs} }
+
+// started sets a.StartedAtMs of a call whose slot TTL was ttl: a new
+// slot's expiry is its start plus ttl.
+func (a *Acquired) started(ttl time.Duration) {
+	switch {
+	case a.Extended:
+		a.StartedAtMs = ParseRecord(a.Record).StartedAtMs
+	case a.Granted:
+		a.StartedAtMs = a.ExpiresAtMs - ttl.Milliseconds()
+	}
+}
 
 // AcquireWith is Acquire of a's arguments.
 func AcquireWith(ctx context.Context, c rueidis.Client, a AcquireArgs) (Acquired, error) {
@@ -65,7 +98,9 @@ func AcquireWith(ctx context.Context, c rueidis.Client, a AcquireArgs) (Acquired
 	if err != nil {
 		return Acquired{}, err
 	}
-	return parseAcquired(arr)
+	got, err := parseAcquired(arr)
+	got.started(a.TTL)
+	return got, err
 }
 
 // AcquireArgs are one acquire's, as Acquire takes them.
@@ -102,6 +137,7 @@ func AcquireAll(ctx context.Context, c rueidis.Client, acqs []AcquireArgs, nodeO
 		arr, err := resp.ToArray()
 		if err == nil {
 			out[i], err = parseAcquired(arr)
+			out[i].started(acqs[i].TTL)
 		}
 		errs[i] = err
 	}
@@ -514,9 +550,10 @@ type Released struct {
 	// queue, when the call freed a slot and one waits: the caller wakes
 	// it. "" otherwise.
 	Head string
-	// Superseded: the release was an acquire's giving up (Member.Owned),
-	// and a later acquire of the stream extended the slot since; it holds
-	// the slot now, and nothing changed.
+	// Superseded: the release was a request's leaving its share
+	// (Member.Owned), and another request of the stream holds a share
+	// still, or the slot is a later one than the share was of: the slot
+	// is kept.
 	Superseded bool
 }
 
@@ -527,8 +564,8 @@ func Release(ctx context.Context, c rueidis.Client, caller, key, streamID string
 	return ReleaseMember(ctx, c, caller, Member{Key: key, ID: streamID})
 }
 
-// ReleaseMember runs the release script on m, as Release does; only as
-// the acquire that took it left it, when m is Owned.
+// ReleaseMember runs the release script on m, as Release does; leaving
+// m's share of it, when m is Owned.
 func ReleaseMember(ctx context.Context, c rueidis.Client, caller string, m Member) (Released, error) {
 	arr, err := releaseScript.Exec(ctx, c, releaseKeys(m.Key), m.args(caller)).ToArray()
 	if err != nil {
@@ -542,13 +579,12 @@ func ReleaseMember(ctx context.Context, c rueidis.Client, caller string, m Membe
 // key's membership (Key a keys.Schema.PoolKey, ID the member).
 type Member struct {
 	Key, ID string
-	// Owned releases the member only if no acquire of the stream
-	// extended it after the one releasing it, which left its record
-	// counting Again extensions (see Acquired.Again): an acquire that
-	// gives up leaves what a later acquire of the same stream id (a
-	// client's retry) holds now. Not Owned: released whatever the count.
+	// Owned: the release is a request's giving up, which leaves its
+	// Share of the member; the member goes with the last share (see
+	// Share), and stays while another request of the stream id (a
+	// client's retry) holds one. Not Owned: released whatever its shares.
 	Owned bool
-	Again int
+	Share Share
 }
 
 // args are the release script's ARGV for m, released on caller's behalf.
@@ -556,7 +592,11 @@ func (m Member) args(caller string) []string {
 	if !m.Owned {
 		return []string{m.ID, caller}
 	}
-	return []string{m.ID, caller, strconv.Itoa(m.Again)}
+	started := ""
+	if m.Share.StartedAtMs > 0 {
+		started = strconv.FormatInt(m.Share.StartedAtMs, 10)
+	}
+	return []string{m.ID, caller, strconv.Itoa(m.Share.Index), started}
 }
 
 // ReleaseAt runs the release script for each of members at once, in one
