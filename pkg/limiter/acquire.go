@@ -288,7 +288,10 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	// An extension joins no pool key the stream does not hold: what it
 	// took of others goes (those the stream holds were only extended).
 	if recorded := lua.DecodePools(lua.ParseRecord(got.Record).Pools); got.Extended && !samePools(recorded, held) {
-		undoTries()
+		// What this acquire took goes: the memberships, and its share of
+		// the slot it extended (the stream's other requests keep theirs).
+		l.undo(ctx, end, takenOf(tries, poolMember(req.UserID, req.StreamID), generated), true,
+			userSlot{share: got.Share(), whole: generated}.member(key, req.StreamID))
 		return AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}, tier,
 			fmt.Errorf("%w: stream %q of user %q holds %s, and this acquire names %s; "+
 				"an acquire of a held stream extends it, naming the pools it holds (release it to take another)",
@@ -313,11 +316,12 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		if got.WouldRefuse {
 			res.WouldRefuse = CodeStreamLimitReached
 		}
-		if err := l.confirmGrant(ctx, replicas, tier, key, &res); err != nil {
+		slot := userSlot{added: !got.Extended, share: got.Share(), whole: generated}
+		if err := l.confirmGrant(ctx, replicas, tier, slot.member(key, req.StreamID), &res); err != nil {
 			undoTries()
 			return res, tier, err
 		}
-		err := l.grantPools(ctx, end, waitUntil, req, tier, ms, userSlot{added: !got.Extended, share: got.Share(), whole: generated}, tries, &res)
+		err := l.grantPools(ctx, end, waitUntil, req, tier, ms, slot, tries, &res)
 		return res, tier, err
 	}
 	undoTries()

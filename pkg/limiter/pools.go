@@ -215,7 +215,7 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 	// holds a share too.
 	var own lua.Member
 	if key, err := l.keys.UserKey(req.UserID); err == nil {
-		own = lua.Member{Key: key, ID: req.StreamID, Owned: !slot.whole, Share: slot.share}
+		own = slot.member(key, req.StreamID)
 	}
 	for i := range ms {
 		m := ms[i] // as current last resolved it
@@ -224,7 +224,7 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 		if tries != nil {
 			got, err = tries[i].got, tries[i].err
 			if stops := err != nil && !degrade(m.pool.FailureMode, err) || err == nil && !got.Granted; stops {
-				l.leaveAll(ctx, end, takenOf(tries[i+1:], member, slot.whole))
+				l.leaveLater(ctx, l.leaveAll(ctx, end, takenOf(tries[i+1:], member, slot.whole)))
 				tries = nil
 			}
 		} else {
@@ -268,9 +268,9 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 				if w.unsure || w.grant != nil {
 					holding = append(holding, m.slots)
 				}
-				if w.unsure || w.grant != nil {
+				if left := leaving(m.slots, member, w.share, slot.whole); left.Key != "" && (w.unsure || w.grant != nil) {
 					// The undo's to leave, whatever happens next.
-					taken = append(taken, lua.Member{Key: m.slots, ID: member, Owned: !slot.whole, Share: w.share})
+					taken = append(taken, left)
 					if w.holders != nil {
 						if shared == nil {
 							shared = map[string]*atomic.Int32{}
@@ -294,7 +294,9 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 			l.undo(ctx, end, ours(taken, shared), slot.owns(), own)
 			return joined{refusal: refusal, waited: out.waited, full: out.full}, nil
 		}
-		taken = append(taken, lua.Member{Key: m.slots, ID: member, Owned: !slot.whole, Share: got.Share()})
+		if left := leaving(m.slots, member, got.Share(), slot.whole); left.Key != "" {
+			taken = append(taken, left)
+		}
 		holding = append(holding, m.slots)
 		g := PoolGrant{Pool: m.pool.Pool, Key: m.key, Used: got.Used, Limit: limit, Overridden: got.Override >= 0, WouldRefuse: got.WouldRefuse}
 		l.observer.Joined(ctx, m.pool.Pool, out.outcome(g), got.Used, limit)
@@ -353,6 +355,29 @@ type userSlot struct {
 // as it gives up.
 func (s userSlot) owns() bool {
 	return s.shared == nil || s.shared.Add(-1) == 0
+}
+
+// member is the release of the slot (key's stream id) the acquire sends
+// if it gives up (see leaving).
+func (s userSlot) member(key, streamID string) lua.Member {
+	return leaving(key, streamID, s.share, s.whole)
+}
+
+// leaving is the release a request that gives up sends for its part of
+// key's member id: its share (lua.Member.Owned), or the whole member when
+// whole (a stream id made for the request: no one else holds it). A share
+// whose slot's start is not known (a grant whose answer was lost, or one
+// granted degraded, with nothing in Redis) may be another request's: the
+// zero Member then, which leaves nothing; a place the request did take
+// expires by its score.
+func leaving(key, id string, share lua.Share, whole bool) lua.Member {
+	switch {
+	case whole:
+		return lua.Member{Key: key, ID: id}
+	case share.StartedAtMs > 0:
+		return lua.Member{Key: key, ID: id, Owned: true, Share: share}
+	}
+	return lua.Member{}
 }
 
 // ours returns the memberships of taken that an acquire that gives up
@@ -424,8 +449,8 @@ func (l *Limiter) acquireTogether(ctx context.Context, c rueidis.Client, user lu
 func takenOf(tries []poolTry, member string, whole bool) []lua.Member {
 	var out []lua.Member
 	for _, t := range tries {
-		if t.err == nil && t.got.Granted {
-			out = append(out, lua.Member{Key: t.slots, ID: member, Owned: !whole, Share: t.got.Share()})
+		if left := leaving(t.slots, member, t.got.Share(), whole); t.err == nil && t.got.Granted && left.Key != "" {
+			out = append(out, left)
 		}
 	}
 	return out

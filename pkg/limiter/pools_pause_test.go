@@ -284,3 +284,68 @@ func TestAPoolThatFailsClosedRefusesWhenTheUsersSlotCannotBeTaken(t *testing.T) 
 		}
 	}
 }
+
+// TestADegradedPoolGrantLeavesNoOtherRequestsPlace: an acquire (on
+// replica A) and its retry (on replica B) wait for model=k (cap 1, failing
+// open); B loses Redis. A's loop grants k to the first, which then waits
+// for org=acme; B's loop fails and grants the retry k degraded (nothing in
+// Redis, no share known), and the retry's join of org (failing closed)
+// fails. Its undo leaves nothing of k: the first, granted once acme frees
+// up, holds k, and k (cap 1) admits no other stream.
+func TestADegradedPoolGrantLeavesNoOtherRequestsPlace(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	proxy := testenv.StartProxy(t, srv.Addr())
+	table := poolTable(t,
+		pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second, FailureMode: tiers.FailOpen},
+		pools.Pool{Pool: "org", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second, FailureMode: tiers.FailClosed},
+	)
+	prefix := keys.Schema{Prefix: "limitertest:" + keys.NewStreamID()[:12] + ":"}
+	a := limitertest.New(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{srv.Addr()}, Timeout: 5 * time.Second},
+		Tiers: poolWaitTiers(), Limiter: limiter.Options{Keys: prefix, Pools: table}})
+	b := limitertest.New(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{proxy.Addr()}, Timeout: time.Second},
+		Tiers: poolWaitTiers(), Limiter: limiter.Options{Keys: prefix, Pools: table}})
+	ctx := context.Background()
+	acquire := func(user string, pools map[string]string) limiter.AcquireResult {
+		t.Helper()
+		res, err := a.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "low", Pools: pools})
+		if err != nil || !res.Granted || res.Degraded {
+			t.Fatalf("acquire of %v: %+v, %v", pools, res, err)
+		}
+		return res
+	}
+	u1, u2 := newUser(t), newUser(t)
+	h1 := acquire(u1, map[string]string{"model": "k"})
+	h2 := acquire(u2, map[string]string{"org": "acme"})
+	user := newUser(t)
+	req := limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "s", Pools: map[string]string{"model": "k", "org": "acme"}}
+	first := queue(t, ctx, a, a.Limiter, req, 9*time.Second)
+	retry := retryWaiting(t, ctx, b.Limiter, req)
+	proxy.BlackHole()
+	if _, err := a.Limiter.Release(ctx, u1, h1.StreamID); err != nil {
+		t.Fatal(err)
+	}
+	keyHolds(t, a.Limiter, "model", "k", 1, "k granted to the first")
+	if _, ok := retry.answer(6 * time.Second); !ok {
+		t.Fatal("the retry, its Redis black-holed, did not answer within 6s")
+	}
+	proxy.Restore()
+	time.Sleep(1500 * time.Millisecond) // what the undo left beside the answer, asked again
+	if f, ok := first.answer(0); ok {
+		t.Fatalf("the first answered %+v, %v; want it waiting for acme", f.res, f.err)
+	}
+	keyHolds(t, a.Limiter, "model", "k", 1, "the retry's undo done")
+	if _, err := a.Limiter.Release(ctx, u2, h2.StreamID); err != nil {
+		t.Fatal(err)
+	}
+	f, ok := first.answer(3 * time.Second)
+	if !ok || f.err != nil || !f.res.Granted || len(f.res.Pools) != 2 {
+		t.Fatalf("the first once acme freed: %+v, %v (answered %v); want granted in both", f.res, f.err, ok)
+	}
+	if other, err := a.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "low", Pools: map[string]string{"model": "k"}}); err != nil || other.Granted {
+		t.Errorf("another stream's acquire of k (cap 1) while the first holds it: %+v, %v; want refused", other, err)
+	}
+	if beat, err := a.Limiter.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: user, Plan: "low", StreamID: "s"}); err != nil || !beat.Alive {
+		t.Errorf("the first's heartbeat: %+v, %v; want alive, holding k", beat, err)
+	}
+}

@@ -1032,3 +1032,31 @@ func TestAnAcquireAndItsRetryGrantedOneSlotByTheQueueThatBothLeaveFreeIt(t *test
 		})
 	}
 }
+
+// TestARetryRefusedForOtherPoolsLeavesItsShare: an acquire waits for a
+// full pool key holding its user's slot; its retry names other pools (a
+// client retrying without the pool, say), extends the slot and is refused
+// (ErrPoolsDiffer), leaving its share; when the first gives up too, the
+// user holds nothing.
+func TestARetryRefusedForOtherPoolsLeavesItsShare(t *testing.T) {
+	t.Parallel()
+	s := waitPoolReplicas(t, limitertest.RedisCluster, 1)[0]
+	ctx := context.Background()
+	mustAcquire(t, s.Limiter, newUser(t), "low", "gpt-4o")
+	user := newUser(t)
+	req := limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "retried", Pools: map[string]string{"model": "gpt-4o"}}
+	leave, cancel := context.WithCancel(ctx)
+	defer cancel()
+	first := queue(t, leave, s, s.Limiter, req, 8*time.Second)
+	retry := req
+	retry.Pools = nil
+	if res, err := s.Limiter.Acquire(ctx, retry); !errors.Is(err, limiter.ErrPoolsDiffer) {
+		t.Fatalf("the retry naming no pool: %+v, %v; want ErrPoolsDiffer", res, err)
+	}
+	userHolds(t, s.Limiter, user, 1, "the first still waiting")
+	cancel()
+	if a, ok := first.answer(2 * time.Second); !ok || !errors.Is(a.err, context.Canceled) {
+		t.Fatalf("the first request, its caller gone: %+v, %v (answered %v)", a.res, a.err, ok)
+	}
+	userHolds(t, s.Limiter, user, 0, "both requests gone")
+}

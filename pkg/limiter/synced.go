@@ -67,9 +67,10 @@ func (l *Limiter) synced(c rueidis.Client) (rueidis.Client, *replicaSync) {
 
 // confirmGrant applies the outcome of the WAIT after a granted acquire.
 // Fewer replicas than wanted: res is marked Unsynced; on a Closed plan the
-// slot is released (best effort: it expires anyway) and ErrUnavailable
-// returned, on an Open plan the grant stands.
-func (l *Limiter) confirmGrant(ctx context.Context, s *replicaSync, tier tiers.Tier, key string, res *AcquireResult) error {
+// acquire's part of the slot (own: its share, see userSlot.member) is
+// released (best effort: it expires anyway) and ErrUnavailable returned,
+// on an Open plan the grant stands.
+func (l *Limiter) confirmGrant(ctx context.Context, s *replicaSync, tier tiers.Tier, own lua.Member, res *AcquireResult) error {
 	if s == nil || (s.waited && s.err == nil && s.acked >= s.want) {
 		return nil
 	}
@@ -82,7 +83,9 @@ func (l *Limiter) confirmGrant(ctx context.Context, s *replicaSync, tier tiers.T
 		l.warnDegraded(ctx, "slot not confirmed by replicas; keeping the grant (failureMode Open)", "plan", tier.Plan, "reason", why)
 		return nil
 	}
-	_ = l.dropSlot(ctx, time.Time{}, "release", lua.Member{Key: key, ID: res.StreamID})
+	if own.Key != "" {
+		_ = l.dropSlot(ctx, time.Time{}, "release", own)
+	}
 	res.Granted, res.ExpiresAt = false, time.Time{}
 	return fmt.Errorf("%w: acquire: %s (redis.syncReplicas %d)", ErrUnavailable, why, s.want)
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 )
 
@@ -53,5 +54,30 @@ func TestSyncReplicas(t *testing.T) {
 				t.Errorf("slots held after the acquire: %+v; want the slot kept only when granted", slots.Slots)
 			}
 		})
+	}
+}
+
+// TestARetryWhoseReplicasDoNotConfirmKeepsTheRunningStream: a stream runs
+// (its slot granted on one replica); a retry of it on another replica
+// whose WAIT is not confirmed (a Closed plan wanting 2 replicas, the
+// cluster's masters having one each) is refused, and leaves only its own
+// share of the slot: the running stream keeps it.
+func TestARetryWhoseReplicasDoNotConfirmKeepsTheRunningStream(t *testing.T) {
+	t.Parallel()
+	prefix := keys.Schema{Prefix: "limitertest:" + keys.NewStreamID()[:12] + ":"}
+	a := limitertest.New(t, limitertest.Options{Backend: limitertest.RedisCluster, Redis: cluster.Options{Timeout: time.Second},
+		Limiter: limiter.Options{Keys: prefix}})
+	b := limitertest.New(t, limitertest.Options{Backend: limitertest.RedisCluster, Redis: cluster.Options{Addrs: a.Redis.Addrs(), Timeout: time.Second},
+		Limiter: limiter.Options{Keys: prefix, SyncReplicas: 2}})
+	ctx := context.Background()
+	user := newUser(t)
+	if res, err := a.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "closed", StreamID: "s"}); err != nil || !res.Granted {
+		t.Fatalf("the running stream: %+v, %v", res, err)
+	}
+	if res, err := b.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "closed", StreamID: "s"}); !errors.Is(err, limiter.ErrUnavailable) {
+		t.Fatalf("the retry, unconfirmed: %+v, %v; want ErrUnavailable", res, err)
+	}
+	if beat, err := a.Limiter.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: user, Plan: "closed", StreamID: "s"}); err != nil || !beat.Alive {
+		t.Fatalf("the running stream's heartbeat after its retry was refused: %+v, %v; want alive", beat, err)
 	}
 }

@@ -152,7 +152,7 @@ func (l *Limiter) awaitSlot(ctx context.Context, key string, req AcquireRequest,
 			res.Degraded, res.Used = true, 0
 			res.ExpiresAt = degradedExpiry(tier.SlotTTL)
 		}
-		if err := l.confirmGrant(ctx, r.replicas, tier, key, &res); err != nil {
+		if err := l.confirmGrant(ctx, r.replicas, tier, leaving(key, req.StreamID, r.share, generated), &res); err != nil {
 			outcome = WaitFailed
 			return res, r, err
 		}
@@ -160,8 +160,8 @@ func (l *Limiter) awaitSlot(ctx context.Context, key string, req AcquireRequest,
 			// Granted as the caller left: its share goes, unless another
 			// waiter of the stream id got it too and stays (the slot goes
 			// with the last share, another request's kept).
-			if r.holders == nil || r.holders.Add(-1) == 0 {
-				_ = l.dropSlot(context.WithoutCancel(ctx), time.Time{}, "release", lua.Member{Key: key, ID: req.StreamID, Owned: !generated, Share: r.share})
+			if own := leaving(key, req.StreamID, r.share, generated); own.Key != "" && !r.degraded && (r.holders == nil || r.holders.Add(-1) == 0) {
+				_ = l.dropSlot(context.WithoutCancel(ctx), time.Time{}, "release", own)
 			}
 			outcome = WaitCancelled
 			return AcquireResult{StreamID: req.StreamID, Limit: res.Limit, Tier: tier, Waited: took}, r, ctx.Err()

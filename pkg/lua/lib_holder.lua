@@ -72,15 +72,18 @@ end
 -- listed in ';left=' after the count, so that a leave asked again
 -- changes nothing more. Answers true when every share has gone (the slot
 -- goes), the record to keep while another request holds one, and false
--- when the record is not of the slot the share is of: it counts fewer
--- extensions, or it started at another time than start ('' when not
--- known): a later slot of the stream, taken after that one was released.
+-- when the record is not known to be of the slot the share is of: it
+-- counts fewer extensions, or it started at another time than start (a
+-- later slot of the stream, taken after that one was released), or start
+-- is '' (a share whose grant's answer was lost: it may be another
+-- request's). A record without a start (an older version's) counts no
+-- extensions: share 0 of it leaves it.
 local function leave(record, share, start)
   local head = recordHead(record)
   if not head then
     return share == 0
   end
-  if start ~= '' and startedAt(record) ~= start then
+  if startedAt(record) ~= start then
     return false
   end
   local rest = string.sub(record, #head + 1)

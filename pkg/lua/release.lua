@@ -17,7 +17,8 @@
 --            releases the slot whatever its shares.
 -- ARGV[4] -> with ARGV[3]: the slot's start (Redis ms) as the request
 --            knew it, so that a later slot of the stream is not left
---            for it (optional: absent or '' is not checked)
+--            for it; a slot whose record has a start is not left for a
+--            share without one (absent or '')
 -- returns {released (1|0|-1|-2), pruned, head, record}
 --   released 0: the slot was not held (never, already released, or expired)
 --   released -1: the slot is held by another caller (its record names

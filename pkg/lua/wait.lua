@@ -106,6 +106,23 @@ local states, values, shares, starts = {}, {}, {}, {}
 local granted = false -- a slot was granted or extended
 local denied = false  -- a ticket left or was not queued: retry_after_ms is due
 local prefix = ARGV[2] .. ';started=' .. string.format('%d', now)
+
+-- extendHeld(i, id): ticket i's stream holds its slot already (another
+-- request of it took it): the slot is extended (never shortened) as
+-- acquire extends it, counting one more extension in its record, and the
+-- ticket is answered granted with its share (state 2).
+local function extendHeld(i, id)
+  redis.call('ZADD', slots, 'GT', now + ttl, id)
+  local kept = redis.call('HGET', meta, id)
+  if kept then
+    kept = extended(kept)
+  else
+    kept = records[i]
+  end
+  redis.call('HSET', meta, id, kept)
+  states[i], values[i] = 2, tonumber(redis.call('ZSCORE', slots, id))
+  shares[i], starts[i] = again(kept), tonumber(startedAt(kept)) or 0
+end
 for i = 1, n do
   ids[i] = ARGV[3 + 3 * i]
 end
@@ -155,19 +172,10 @@ for i = 1, n do
   elseif not queued[id] and redis.call('ZSCORE', slots, id) then
     -- Held already (granted to a call whose answer was lost, or to
     -- another request of the stream): extend it, as acquire does.
-    redis.call('ZADD', slots, 'GT', now + ttl, id)
-    local kept = redis.call('HGET', meta, id)
-    if kept then
-      kept = extended(kept)
-    else
-      kept = records[i]
-    end
-    redis.call('HSET', meta, id, kept)
-    shares[i], starts[i] = again(kept), tonumber(startedAt(kept)) or 0
+    extendHeld(i, id)
     redis.call('ZREM', expiry, id)
     redis.call('HDEL', recs, id)
     refresh[id] = nil
-    states[i], values[i] = 2, tonumber(redis.call('ZSCORE', slots, id))
     granted = true
   elseif not queued[id] and redis.call('ZCARD', queue) >= maxQueue and not displaces(i) then
     states[i] = -2
@@ -235,12 +243,18 @@ for k, head in ipairs(due) do
   if i then
     room = room - 1
     dropTicket(queue, expiry, recs, head)
-    redis.call('ZADD', slots, now + ttl, head)
-    redis.call('HSET', meta, head, records[i])
+    if redis.call('ZSCORE', slots, head) then
+      -- Another request of the stream took its slot while the ticket
+      -- waited (under a plan whose limit let it): this one shares it.
+      extendHeld(i, head)
+    else
+      redis.call('ZADD', slots, now + ttl, head)
+      redis.call('HSET', meta, head, records[i])
+      states[i], values[i] = 1, now + ttl
+      starts[i] = now
+      used = used + 1
+    end
     waiting[head] = nil
-    states[i], values[i] = 1, now + ttl
-    starts[i] = now
-    used = used + 1
     granted = true
   elseif not waiting[head] then
     wake[#wake + 1] = head

@@ -509,3 +509,64 @@ func TestAWaitGrantSaysItsShareOfTheSlot(t *testing.T) {
 		}
 	})
 }
+
+// TestAWaitGrantOfAHeldStreamExtendsIt: a stream's ticket waits under
+// plan free (limit 2, reached); another request of the stream under plan
+// paid (limit 3; the free ticket, at its own limit, is owed nothing)
+// takes the slot and runs. When slots free, the wait grants the ticket by
+// extending that slot (share 1 of its start), not by writing a new
+// record over it: the waiter's leave of its share keeps the running
+// stream's slot.
+func TestAWaitGrantOfAHeldStreamExtendsIt(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		free, paid := lua.Record{Plan: "free"}, lua.Record{Plan: "paid"}
+		for _, id := range []string{"x", "y"} {
+			if got, err := lua.Acquire(ctx, c, key, id, 2, 10*time.Second, free, false); err != nil || !got.Granted {
+				t.Fatalf("acquire %s: %+v, %v", id, got, err)
+			}
+		}
+		ticket := func() lua.TicketResult {
+			a := waitArgs(2, nil)
+			a.Tickets = []lua.TicketArgs{{StreamID: "s", Record: free}}
+			return mustWait(t, c, key, a).Tickets[0]
+		}
+		if got := ticket(); got.State != lua.TicketQueued {
+			t.Fatalf("the free ticket: %+v; want queued", got)
+		}
+		live, err := lua.Acquire(ctx, c, key, "s", 3, 10*time.Second, paid, false)
+		if err != nil || !live.Granted || live.Extended {
+			t.Fatalf("the paid request of the stream: %+v, %v; want a new slot", live, err)
+		}
+		mustRelease(t, c, key, "x")
+		mustRelease(t, c, key, "y")
+		got := ticket()
+		if got.State != lua.TicketGranted || !got.Extended || got.Share != (lua.Share{Index: 1, StartedAtMs: live.StartedAtMs}) {
+			t.Fatalf("the ticket's grant of the held stream: %+v; want it extended, share 1 of %+v's start", got, live.Share())
+		}
+		if rel, err := lua.ReleaseMember(ctx, c, "", lua.Member{Key: key, ID: "s", Owned: true, Share: got.Share}); err != nil || rel.Released {
+			t.Fatalf("the waiter leaving its share: %+v, %v; want the slot kept", rel, err)
+		}
+		if n := zcard(t, c, key); n != 1 {
+			t.Fatalf("the user holds %d slots after the waiter left its share; want 1, the running stream's", n)
+		}
+		if beat, err := lua.Heartbeat(ctx, c, "", key, "s", 10*time.Second); err != nil || !beat.Alive {
+			t.Fatalf("the running stream's heartbeat: %+v, %v; want alive", beat, err)
+		}
+	})
+}
+
+// TestAShareWithoutAStartLeavesNothing: a leave naming a share but not
+// the slot's start (a grant whose answer was lost) changes nothing: the
+// slot may be another request's.
+func TestAShareWithoutAStartLeavesNothing(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		mustAcquire(t, c, key, "s", 1)
+		if rel, err := lua.ReleaseMember(ctx, c, "", lua.Member{Key: key, ID: "s", Owned: true}); err != nil || rel.Released || !rel.Superseded || zcard(t, c, key) != 1 {
+			t.Fatalf("leaving share 0 with no start: %+v, %v, %d slots; want the slot kept", rel, err, zcard(t, c, key))
+		}
+	})
+}
