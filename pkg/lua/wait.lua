@@ -243,19 +243,25 @@ for k, head in ipairs(due) do
   if i then
     room = room - 1
     dropTicket(queue, expiry, recs, head)
-    if redis.call('ZSCORE', slots, head) then
-      -- Another request of the stream took its slot while the ticket
-      -- waited (under a plan whose limit let it): this one shares it.
-      extendHeld(i, head)
-    else
+    waiting[head] = nil
+    if not redis.call('ZSCORE', slots, head) then
       redis.call('ZADD', slots, now + ttl, head)
       redis.call('HSET', meta, head, records[i])
       states[i], values[i] = 1, now + ttl
       starts[i] = now
       used = used + 1
+      granted = true
+    elseif foreign(redis.call('HGET', meta, head), holder(records[i])) then
+      -- Another caller took a slot for the stream while the ticket
+      -- waited: not this call's to extend.
+      states[i] = -3
+      denied = true
+    else
+      -- Another request of the stream took its slot while the ticket
+      -- waited (under a plan whose limit let it): this one shares it.
+      extendHeld(i, head)
+      granted = true
     end
-    waiting[head] = nil
-    granted = true
   elseif not waiting[head] then
     wake[#wake + 1] = head
   end

@@ -570,3 +570,45 @@ func TestAShareWithoutAStartLeavesNothing(t *testing.T) {
 		}
 	})
 }
+
+// TestAWaitGrantLeavesAnotherCallersSlotOfTheStream: caller chat's ticket
+// for stream s waits (limit 2, reached); caller mallory takes a slot for
+// s under a larger limit. When slots free, chat's ticket is answered
+// not the holder: mallory's slot and record are left as they are, neither
+// extended for chat nor written over.
+func TestAWaitGrantLeavesAnotherCallersSlotOfTheStream(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		for _, id := range []string{"x", "y"} {
+			if got, err := lua.Acquire(ctx, c, key, id, 2, 10*time.Second, lua.Record{}, false); err != nil || !got.Granted {
+				t.Fatalf("acquire %s: %+v, %v", id, got, err)
+			}
+		}
+		ticket := func() lua.TicketResult {
+			a := waitArgs(2, nil)
+			a.Tickets = []lua.TicketArgs{{StreamID: "s", Record: lua.Record{Caller: "chat", Plan: "free"}}}
+			return mustWait(t, c, key, a).Tickets[0]
+		}
+		if got := ticket(); got.State != lua.TicketQueued {
+			t.Fatalf("chat's ticket: %+v; want queued", got)
+		}
+		theirs, err := lua.Acquire(ctx, c, key, "s", 3, 10*time.Second, lua.Record{Caller: "mallory", Plan: "paid"}, false)
+		if err != nil || !theirs.Granted || theirs.Extended {
+			t.Fatalf("mallory's acquire of s: %+v, %v; want a new slot", theirs, err)
+		}
+		before, err := c.Do(ctx, c.B().Hget().Key(keys.SlotRecords(key)).Field("s").Build()).ToString()
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustRelease(t, c, key, "x")
+		mustRelease(t, c, key, "y")
+		if got := ticket(); got.State != lua.TicketNotHolder {
+			t.Fatalf("chat's ticket once slots freed: %+v; want not the holder of mallory's slot", got)
+		}
+		after, err := c.Do(ctx, c.B().Hget().Key(keys.SlotRecords(key)).Field("s").Build()).ToString()
+		if err != nil || after != before {
+			t.Fatalf("mallory's record after chat's ticket was served: %q, %v; want %q, as it was", after, err, before)
+		}
+	})
+}
