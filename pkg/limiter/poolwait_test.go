@@ -762,11 +762,19 @@ func TestADisplacedWaiterSaysHowLongItWaited(t *testing.T) {
 // same replica or another) waits too; a slot frees, the wait grants it
 // to both, and both then wait for a full pool key; the first request
 // leaves. The retry is granted once the key frees up: the first leaves
-// the slot the retry shares, as the one that took it or the last of
-// those that got it on its replica.
+// its share of the slot the retry shares. When the retry leaves too, the
+// slot goes with it: the user holds its other 2.
 func TestARetrySharingAUserQueueWaitKeepsItsSlot(t *testing.T) {
 	t.Parallel()
-	for name, replica := range map[string]int{"on the same replica": 0, "on another replica": 1} {
+	for name, c := range map[string]struct {
+		replica   int
+		bothLeave bool
+	}{
+		"on the same replica":               {0, false},
+		"on another replica":                {1, false},
+		"on the same replica, both leaving": {0, true},
+		"on another replica, both leaving":  {1, true},
+	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			stacks := waitPoolReplicas(t, limitertest.RedisCluster, 2)
@@ -785,20 +793,32 @@ func TestARetrySharingAUserQueueWaitKeepsItsSlot(t *testing.T) {
 			req := limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "retried", Pools: map[string]string{"model": "gpt-4o"}}
 			leave, cancel := context.WithCancel(ctx)
 			defer cancel()
+			stay := ctx
+			if c.bothLeave {
+				stay = leave
+			}
 			first := retryWaiting(t, leave, stacks[0].Limiter, req)
-			retry := retryWaiting(t, ctx, stacks[replica].Limiter, req)
+			retry := retryWaiting(t, stay, stacks[c.replica].Limiter, req)
 			if _, err := stacks[0].Limiter.Release(ctx, user, mine[0]); err != nil {
 				t.Fatal(err)
 			}
-			for deadline := time.Now().Add(3 * time.Second); queueLength(t, stacks[0], "gpt-4o") == 0; time.Sleep(5 * time.Millisecond) {
-				if time.Now().After(deadline) {
-					t.Fatal("neither request waited for gpt-4o within 3s")
-				}
-			}
+			eventually(t, "a request waiting for gpt-4o", func() (bool, string) {
+				return queueLength(t, stacks[0], "gpt-4o") > 0, "none waits for it"
+			})
 			time.Sleep(300 * time.Millisecond) // both wait for gpt-4o
 			cancel()
-			if a, ok := first.answer(2 * time.Second); !ok || !errors.Is(a.err, context.Canceled) {
-				t.Fatalf("the first request, its caller gone: %+v, %v (answered %v)", a.res, a.err, ok)
+			leaving := []*queued{first}
+			if c.bothLeave {
+				leaving = append(leaving, retry)
+			}
+			for i, q := range leaving {
+				if a, ok := q.answer(2 * time.Second); !ok || !errors.Is(a.err, context.Canceled) {
+					t.Fatalf("request %d, its caller gone: %+v, %v (answered %v); want context.Canceled", i, a.res, a.err, ok)
+				}
+			}
+			if c.bothLeave {
+				userHolds(t, stacks[1].Limiter, user, 2, "both requests gone")
+				return
 			}
 			if _, err := stacks[0].Limiter.Release(ctx, holder, held.StreamID); err != nil {
 				t.Fatal(err)
@@ -984,51 +1004,6 @@ func TestAnAcquireAndItsRetryGrantedOneMembershipThatBothLeaveFreeIt(t *testing.
 			if other, err := stacks[1].Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "low", Pools: map[string]string{"model": "gpt-4o"}}); err != nil || !other.Granted {
 				t.Errorf("another stream's acquire of gpt-4o once both left: %+v, %v; want granted", other, err)
 			}
-		})
-	}
-}
-
-// TestAnAcquireAndItsRetryGrantedOneSlotByTheQueueThatBothLeaveFreeIt:
-// an acquire and its retry (on the same replica or another) wait in the
-// user's queue (the user holds its 3); a slot frees, the queue grants it
-// to both, and both wait for a full pool key; both callers go. The slot
-// goes with the last of them: the user holds its other 2.
-func TestAnAcquireAndItsRetryGrantedOneSlotByTheQueueThatBothLeaveFreeIt(t *testing.T) {
-	t.Parallel()
-	for name, replica := range map[string]int{"on the same replica": 0, "on another replica": 1} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			stacks := waitPoolReplicas(t, limitertest.RedisCluster, 2)
-			ctx := context.Background()
-			user := newUser(t)
-			var mine []string
-			for range 3 {
-				res, err := stacks[0].Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "low"})
-				if err != nil || !res.Granted {
-					t.Fatalf("the user's slots: %+v, %v", res, err)
-				}
-				mine = append(mine, res.StreamID)
-			}
-			mustAcquire(t, stacks[0].Limiter, newUser(t), "low", "gpt-4o")
-			req := limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "retried", Pools: map[string]string{"model": "gpt-4o"}}
-			leave, cancel := context.WithCancel(ctx)
-			defer cancel()
-			first := retryWaiting(t, leave, stacks[0].Limiter, req)
-			retry := retryWaiting(t, leave, stacks[replica].Limiter, req)
-			if _, err := stacks[0].Limiter.Release(ctx, user, mine[0]); err != nil {
-				t.Fatal(err)
-			}
-			eventually(t, "a request waiting for gpt-4o", func() (bool, string) {
-				return queueLength(t, stacks[0], "gpt-4o") > 0, "none waits for it"
-			})
-			time.Sleep(300 * time.Millisecond) // both wait for gpt-4o
-			cancel()
-			for i, q := range []*queued{first, retry} {
-				if a, ok := q.answer(2 * time.Second); !ok || !errors.Is(a.err, context.Canceled) {
-					t.Fatalf("request %d, its caller gone: %+v, %v (answered %v); want context.Canceled", i, a.res, a.err, ok)
-				}
-			}
-			userHolds(t, stacks[1].Limiter, user, 2, "both requests gone")
 		})
 	}
 }
