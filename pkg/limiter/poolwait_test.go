@@ -757,6 +757,19 @@ func TestADisplacedWaiterSaysHowLongItWaited(t *testing.T) {
 	}
 }
 
+// sharingRetries are the cases of a request and its retry sharing a
+// grant: the retry on the same replica or another (replica), and staying
+// or leaving too (bothLeave).
+var sharingRetries = map[string]struct {
+	replica   int
+	bothLeave bool
+}{
+	"on the same replica":               {0, false},
+	"on another replica":                {1, false},
+	"on the same replica, both leaving": {0, true},
+	"on another replica, both leaving":  {1, true},
+}
+
 // TestARetrySharingAUserQueueWaitKeepsItsSlot: an acquire waits in its
 // user's queue (the user holds its 3), its retry (same stream id, on the
 // same replica or another) waits too; a slot frees, the wait grants it
@@ -766,15 +779,7 @@ func TestADisplacedWaiterSaysHowLongItWaited(t *testing.T) {
 // slot goes with it: the user holds its other 2.
 func TestARetrySharingAUserQueueWaitKeepsItsSlot(t *testing.T) {
 	t.Parallel()
-	for name, c := range map[string]struct {
-		replica   int
-		bothLeave bool
-	}{
-		"on the same replica":               {0, false},
-		"on another replica":                {1, false},
-		"on the same replica, both leaving": {0, true},
-		"on another replica, both leaving":  {1, true},
-	} {
+	for name, c := range sharingRetries {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			stacks := waitPoolReplicas(t, limitertest.RedisCluster, 2)
@@ -811,11 +816,7 @@ func TestARetrySharingAUserQueueWaitKeepsItsSlot(t *testing.T) {
 			if c.bothLeave {
 				leaving = append(leaving, retry)
 			}
-			for i, q := range leaving {
-				if a, ok := q.answer(2 * time.Second); !ok || !errors.Is(a.err, context.Canceled) {
-					t.Fatalf("request %d, its caller gone: %+v, %v (answered %v); want context.Canceled", i, a.res, a.err, ok)
-				}
-			}
+			gone(t, leaving...)
 			if c.bothLeave {
 				userHolds(t, stacks[1].Limiter, user, 2, "both requests gone")
 				return
@@ -836,12 +837,14 @@ func TestARetrySharingAUserQueueWaitKeepsItsSlot(t *testing.T) {
 // TestARetrySharingAPoolWaitKeepsTheMembershipItGranted: an acquire and
 // its retry (same stream id, on the same replica or another) both wait
 // for model=gpt-4o (cap 1), are both granted it as a place frees, and
-// both wait for org=acme (cap 1); the first leaves. Its undo leaves the
-// gpt-4o membership the retry shares: once acme frees up, the retry holds
-// both, and gpt-4o admits no one else (its cap of 1 holds).
+// both wait for org=acme (cap 1); the first leaves. Its undo leaves its
+// share of the gpt-4o membership the retry shares: once acme frees up,
+// the retry holds both, and gpt-4o admits no one else (its cap of 1
+// holds). When the retry leaves too, the membership goes with it, as
+// does the user's slot: gpt-4o admits another stream at once.
 func TestARetrySharingAPoolWaitKeepsTheMembershipItGranted(t *testing.T) {
 	t.Parallel()
-	for name, replica := range map[string]int{"on the same replica": 0, "on another replica": 1} {
+	for name, c := range sharingRetries {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			stacks := replicasOf(t, limitertest.RedisCluster, 2, poolWaitTiers(), poolTable(t,
@@ -859,15 +862,30 @@ func TestARetrySharingAPoolWaitKeepsTheMembershipItGranted(t *testing.T) {
 			req := limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "retried", Pools: map[string]string{"model": "gpt-4o", "org": "acme"}}
 			leave, cancel := context.WithCancel(ctx)
 			defer cancel()
+			stay := ctx
+			if c.bothLeave {
+				stay = leave
+			}
 			first := queue(t, leave, stacks[0], stacks[0].Limiter, req, 8*time.Second)
-			retry := retryWaiting(t, ctx, stacks[replica].Limiter, req)
+			retry := retryWaiting(t, stay, stacks[c.replica].Limiter, req)
 			if _, err := stacks[0].Limiter.Release(ctx, u1, h1.StreamID); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(500 * time.Millisecond) // both granted gpt-4o, both wait for acme
+			keyHolds(t, stacks[0].Limiter, "model", "gpt-4o", 1, "gpt-4o granted to the waiting requests")
+			time.Sleep(300 * time.Millisecond) // both granted gpt-4o, both wait for acme
 			cancel()
-			if a, ok := first.answer(2 * time.Second); !ok || !errors.Is(a.err, context.Canceled) {
-				t.Fatalf("the first request, its caller gone: %+v, %v (answered %v)", a.res, a.err, ok)
+			leaving := []*queued{first}
+			if c.bothLeave {
+				leaving = append(leaving, retry)
+			}
+			gone(t, leaving...)
+			if c.bothLeave {
+				keyHolds(t, stacks[1].Limiter, "model", "gpt-4o", 0, "both requests gone")
+				userHolds(t, stacks[1].Limiter, user, 0, "both requests gone")
+				if other, err := stacks[1].Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "low", Pools: map[string]string{"model": "gpt-4o"}}); err != nil || !other.Granted {
+					t.Errorf("another stream's acquire of gpt-4o once both left: %+v, %v; want granted", other, err)
+				}
+				return
 			}
 			if _, err := stacks[0].Limiter.Release(ctx, u2, h2.StreamID); err != nil {
 				t.Fatal(err)
@@ -883,6 +901,17 @@ func TestARetrySharingAPoolWaitKeepsTheMembershipItGranted(t *testing.T) {
 				t.Errorf("another stream's acquire of gpt-4o: %+v, %v; want refused, the key at its cap of 1", other, err)
 			}
 		})
+	}
+}
+
+// gone fails t unless each of qs, its caller gone, answers
+// context.Canceled within 2s.
+func gone(t *testing.T, qs ...*queued) {
+	t.Helper()
+	for i, q := range qs {
+		if a, ok := q.answer(2 * time.Second); !ok || !errors.Is(a.err, context.Canceled) {
+			t.Fatalf("request %d, its caller gone: %+v, %v (answered %v); want context.Canceled", i, a.res, a.err, ok)
+		}
 	}
 }
 
@@ -951,59 +980,10 @@ func TestAnAcquireAndItsRetryThatBothLeaveFreeTheSlot(t *testing.T) {
 			cancels := []context.CancelFunc{cancelFirst, cancelRetry}
 			for _, i := range []int{c.firstLeaves, 1 - c.firstLeaves} {
 				cancels[i]()
-				if a, ok := requests[i].answer(2 * time.Second); !ok || !errors.Is(a.err, context.Canceled) {
-					t.Fatalf("request %d, its caller gone: %+v, %v (answered %v); want context.Canceled", i, a.res, a.err, ok)
-				}
+				gone(t, requests[i])
 			}
 			userHolds(t, stacks[1].Limiter, user, 0, "both requests gone")
 			keyHolds(t, stacks[1].Limiter, "model", "gpt-4o", 1, "both requests gone")
-		})
-	}
-}
-
-// TestAnAcquireAndItsRetryGrantedOneMembershipThatBothLeaveFreeIt: an
-// acquire and its retry (on the same replica or another) both wait for
-// model=gpt-4o (cap 1), are both granted it as a place frees, and both
-// wait for org=acme; both callers go. The membership of gpt-4o goes with
-// the last of them, as does the user's slot: gpt-4o admits another
-// stream at once.
-func TestAnAcquireAndItsRetryGrantedOneMembershipThatBothLeaveFreeIt(t *testing.T) {
-	t.Parallel()
-	for name, replica := range map[string]int{"on the same replica": 0, "on another replica": 1} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			stacks := replicasOf(t, limitertest.RedisCluster, 2, poolWaitTiers(), poolTable(t,
-				pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(2), Keys: map[string]int{"gpt-4o": 1}, MaxWait: 10 * time.Second},
-				pools.Pool{Pool: "org", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second},
-			))
-			ctx := context.Background()
-			u1 := newUser(t)
-			h1 := mustAcquire(t, stacks[0].Limiter, u1, "low", "gpt-4o")
-			if h2, err := stacks[0].Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "low", Pools: map[string]string{"org": "acme"}}); err != nil || !h2.Granted {
-				t.Fatalf("acme's holder: %+v, %v", h2, err)
-			}
-			user := newUser(t)
-			req := limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "retried", Pools: map[string]string{"model": "gpt-4o", "org": "acme"}}
-			leave, cancel := context.WithCancel(ctx)
-			defer cancel()
-			first := queue(t, leave, stacks[0], stacks[0].Limiter, req, 8*time.Second)
-			retry := retryWaiting(t, leave, stacks[replica].Limiter, req)
-			if _, err := stacks[0].Limiter.Release(ctx, u1, h1.StreamID); err != nil {
-				t.Fatal(err)
-			}
-			keyHolds(t, stacks[0].Limiter, "model", "gpt-4o", 1, "gpt-4o granted to the waiting requests")
-			time.Sleep(300 * time.Millisecond) // both granted gpt-4o, both wait for acme
-			cancel()
-			for i, q := range []*queued{first, retry} {
-				if a, ok := q.answer(2 * time.Second); !ok || !errors.Is(a.err, context.Canceled) {
-					t.Fatalf("request %d, its caller gone: %+v, %v (answered %v); want context.Canceled", i, a.res, a.err, ok)
-				}
-			}
-			keyHolds(t, stacks[1].Limiter, "model", "gpt-4o", 0, "both requests gone")
-			userHolds(t, stacks[1].Limiter, user, 0, "both requests gone")
-			if other, err := stacks[1].Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "low", Pools: map[string]string{"model": "gpt-4o"}}); err != nil || !other.Granted {
-				t.Errorf("another stream's acquire of gpt-4o once both left: %+v, %v; want granted", other, err)
-			}
 		})
 	}
 }
