@@ -287,23 +287,15 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	}
 	// An extension joins no pool key the stream does not hold: what it
 	// took of others goes (those the stream holds were only extended).
-	if recorded := lua.DecodePools(lua.ParseRecord(got.Record).Pools); got.Extended && !samePools(recorded, held) {
+	if err := poolsDiffer(req, got.Record, held); got.Extended && err != nil {
 		// What this acquire took goes: the memberships, and its share of
 		// the slot it extended (the stream's other requests keep theirs).
 		l.undo(ctx, end, takenOf(tries, poolMember(req.UserID, req.StreamID), generated), true,
 			userSlot{share: got.Share(), whole: generated}.member(key, req.StreamID))
-		return AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}, tier,
-			fmt.Errorf("%w: stream %q of user %q holds %s, and this acquire names %s; "+
-				"an acquire of a held stream extends it, naming the pools it holds (release it to take another)",
-				ErrPoolsDiffer, req.StreamID, req.UserID, poolsOf(recorded), poolsOf(held))
+		return AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}, tier, err
 	}
-	// An extension keeps the plan the stream was taken under: the answer
-	// is that plan's (a retry naming another plan, its user's plan
-	// changed meanwhile, is not told a limit the slot was not judged by).
-	if held := lua.ParseRecord(got.Record).Plan; got.Extended && held != "" && held != tier.Plan {
-		if t, ok := l.tiers.Lookup(held); ok {
-			res.Limit, res.Tier = t.MaxConcurrentStreams, t
-		}
+	if got.Extended {
+		l.heldPlan(got.Record, tier, &res)
 	}
 	res.Granted = got.Granted
 	res.Used = got.Used
@@ -341,6 +333,32 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		}
 	}
 	return res, tier, err
+}
+
+// poolsDiffer is the refusal of an extension of req's held stream, whose
+// record names other pool keys than held, those req names: an extension
+// joins no pool key the stream does not hold. nil when they are the same.
+func poolsDiffer(req AcquireRequest, record string, held []lua.PoolKey) error {
+	recorded := lua.DecodePools(lua.ParseRecord(record).Pools)
+	if samePools(recorded, held) {
+		return nil
+	}
+	return fmt.Errorf("%w: stream %q of user %q holds %s, and this acquire names %s; "+
+		"an acquire of a held stream extends it, naming the pools it holds (release it to take another)",
+		ErrPoolsDiffer, req.StreamID, req.UserID, poolsOf(recorded), poolsOf(held))
+}
+
+// heldPlan answers, in res, an extension of a held stream whose record
+// is record by the plan the stream was taken under, when that is
+// another than tier's (a retry naming another plan, its user's plan
+// changed meanwhile, is not told a limit the slot was not judged by, nor
+// a TTL its record does not keep).
+func (l *Limiter) heldPlan(record string, tier tiers.Tier, res *AcquireResult) {
+	if held := lua.ParseRecord(record).Plan; held != "" && held != tier.Plan {
+		if t, ok := l.tiers.Lookup(held); ok {
+			res.Limit, res.Tier = t.MaxConcurrentStreams, t
+		}
+	}
 }
 
 // grantPools joins the pool keys ms of a stream whose user's slot res

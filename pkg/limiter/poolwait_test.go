@@ -1015,3 +1015,68 @@ func TestARetryRefusedForOtherPoolsLeavesItsShare(t *testing.T) {
 	}
 	userHolds(t, s.Limiter, user, 0, "both requests gone")
 }
+
+// TestAWaitGrantOfAHeldStreamIsAnsweredAsAnExtension: a request of stream
+// s waits in its user's queue under plan small (limit 2, reached); its
+// retry under plan big (limit 3: the small ticket, at its own limit, is
+// owed nothing) takes s. When slots free, the wait grants the first by
+// extending s, and answers it as an acquire of a held stream is answered:
+// naming other pools than s holds, it is refused (ErrPoolsDiffer) and
+// joins none, s held by the retry still; naming the same, it is answered
+// by big's tier (s's TTL and heartbeat), not small's.
+func TestAWaitGrantOfAHeldStreamIsAnsweredAsAnExtension(t *testing.T) {
+	t.Parallel()
+	for name, pooled := range map[string]bool{"naming a pool the stream does not hold": true, "naming the same": false} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ts := []tiers.Tier{
+				tiers.Tier{Plan: "small", MaxConcurrentStreams: 2, MaxWait: 10 * time.Second, SlotTTL: 3 * time.Second, HeartbeatInterval: time.Second}.WithDefaults(),
+				tiers.Tier{Plan: "big", MaxConcurrentStreams: 3, MaxWait: 10 * time.Second, SlotTTL: 600 * time.Millisecond, HeartbeatInterval: 200 * time.Millisecond}.WithDefaults(),
+			}
+			lim := replicasOf(t, limitertest.RedisCluster, 1, ts, poolTable(t,
+				pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second},
+			))[0].Limiter
+			ctx := context.Background()
+			user := newUser(t)
+			var mine []string
+			for range 2 {
+				res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "small"})
+				if err != nil || !res.Granted {
+					t.Fatalf("the user's slots: %+v, %v", res, err)
+				}
+				mine = append(mine, res.StreamID)
+			}
+			req := limiter.AcquireRequest{UserID: user, Plan: "small", StreamID: "s"}
+			if pooled {
+				req.Pools = map[string]string{"model": "gpt-4o"}
+			}
+			first := retryWaiting(t, ctx, lim, req)
+			if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "big", StreamID: "s"}); err != nil || !res.Granted {
+				t.Fatalf("the retry under big, naming no pool: %+v, %v; want granted", res, err)
+			}
+			for _, id := range mine {
+				if _, err := lim.Release(ctx, user, id); err != nil {
+					t.Fatal(err)
+				}
+			}
+			a, ok := first.answer(3 * time.Second)
+			if pooled {
+				if !ok || !errors.Is(a.err, limiter.ErrPoolsDiffer) || a.res.Granted {
+					t.Fatalf("the first, naming gpt-4o, once slots freed: %+v, %v (answered %v); want ErrPoolsDiffer", a.res, a.err, ok)
+				}
+				keyHolds(t, lim, "model", "gpt-4o", 0, "the first refused")
+				userHolds(t, lim, user, 1, "the retry holding s")
+				return
+			}
+			if !ok || a.err != nil || !a.res.Granted || a.res.Tier.Plan != "big" || a.res.Limit != 3 {
+				t.Fatalf("the first once slots freed: %+v, %v (answered %v); want granted by big's tier, s's", a.res, a.err, ok)
+			}
+			for i := range 4 {
+				time.Sleep(a.res.Tier.HeartbeatInterval)
+				if _, err := lim.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: user, Plan: a.res.Tier.Plan, StreamID: "s"}); err != nil {
+					t.Fatalf("heartbeat %d, every %v as answered: %v", i+1, a.res.Tier.HeartbeatInterval, err)
+				}
+			}
+		})
+	}
+}

@@ -149,7 +149,7 @@ func (q *scopeQueue) round() time.Time {
 		outcome, leaving := leaves[j], leaves[j] != ""
 		switch {
 		case t.State == lua.TicketGranted && !leaving:
-			w.answer(waitResult{outcome: WaitGranted, expiresAtMs: t.ExpiresAtMs, replicas: replicas, used: got.Used, override: got.Override, holders: holders[w.streamID], extended: t.Extended, share: t.Share})
+			w.answer(waitResult{outcome: WaitGranted, expiresAtMs: t.ExpiresAtMs, replicas: replicas, used: got.Used, override: got.Override, holders: holders[w.streamID], extended: t.Extended, share: t.Share, record: t.Record})
 		case t.State == lua.TicketNotHolder:
 			w.answer(waitResult{outcome: WaitFailed, err: fmt.Errorf("%w: stream %q of user %q", ErrNotSlotHolder, w.stream, q.userID)})
 		case leaving:

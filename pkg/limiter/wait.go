@@ -86,6 +86,7 @@ type waitResult struct {
 	// grant's share of the slot, which a waiter that gives up leaves.
 	extended bool
 	share    lua.Share
+	record   string // of an extension: the held slot's record, as kept
 	// granted, timeout: the user's slots, and the limit of the user's
 	// override when one applied (-1: the plan's)
 	used     int
@@ -155,6 +156,21 @@ func (l *Limiter) awaitSlot(ctx context.Context, key string, req AcquireRequest,
 		if err := l.confirmGrant(ctx, r.replicas, tier, leaving(key, req.StreamID, r.share, generated), &res); err != nil {
 			outcome = WaitFailed
 			return res, r, err
+		}
+		if r.extended && !r.degraded {
+			// Another request of the stream took its slot: the grant is an
+			// extension, answered as an acquire's of a held stream is.
+			if err := poolsDiffer(req, r.record, lua.DecodePools(pools)); err != nil {
+				if own := leaving(key, req.StreamID, r.share, generated); own.Key != "" && (r.holders == nil || r.holders.Add(-1) == 0) {
+					_ = l.dropSlot(context.WithoutCancel(ctx), time.Time{}, "release", own)
+				}
+				outcome = WaitFailed
+				return AcquireResult{StreamID: req.StreamID, Limit: res.Limit, Tier: tier, Waited: took}, r, err
+			}
+			l.heldPlan(r.record, tier, &res)
+			if r.override >= 0 {
+				res.Limit = r.override
+			}
 		}
 		if ctx.Err() != nil {
 			// Granted as the caller left: its share goes, unless another

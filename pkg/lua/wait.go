@@ -69,6 +69,9 @@ type TicketResult struct {
 	// Share, of a granted ticket: its share of the slot, which a request
 	// that gives up leaves (see Share).
 	Share Share
+	// Record, of an Extended ticket: the held slot's record, as kept (see
+	// Acquired.Record).
+	Record string
 	// Place is a queued ticket's place in the queue: 1 is next.
 	Place int
 }
@@ -113,8 +116,8 @@ func Wait(ctx context.Context, c rueidis.Client, key string, a WaitArgs) (Waited
 	if err != nil {
 		return Waited{}, err
 	}
-	if len(arr) != 6+4*len(a.Tickets) {
-		return Waited{}, fmt.Errorf("wait script returned %d values, want %d", len(arr), 6+4*len(a.Tickets))
+	if len(arr) != 6+5*len(a.Tickets) {
+		return Waited{}, fmt.Errorf("wait script returned %d values, want %d", len(arr), 6+5*len(a.Tickets))
 	}
 	head, err := int64s(arr[:5])
 	if err != nil {
@@ -124,20 +127,23 @@ func Wait(ctx context.Context, c rueidis.Client, key string, a WaitArgs) (Waited
 	if err != nil {
 		return Waited{}, fmt.Errorf("wait script: wake ids: %w", err)
 	}
-	states, err := int64s(arr[6:])
-	if err != nil {
-		return Waited{}, fmt.Errorf("wait script: tickets: %w", err)
-	}
 	out := Waited{Used: int(head[0]), Override: int(head[1]), Pruned: int(head[2]), Next: -1, RetryAfter: time.Duration(head[4]) * time.Millisecond,
 		Wake: wake, Tickets: make([]TicketResult, len(a.Tickets))}
 	if head[3] >= 0 {
 		out.Next = time.Duration(head[3]) * time.Millisecond
 	}
 	for i := range out.Tickets {
-		v := states[4*i : 4*i+4]
+		at := 6 + 5*i
+		v, err := int64s(arr[at : at+4])
+		if err != nil {
+			return Waited{}, fmt.Errorf("wait script: ticket %d: %w", i+1, err)
+		}
 		r := TicketResult{State: TicketState(v[0])}
 		if r.State == ticketExtended {
 			r.State, r.Extended = TicketGranted, true
+			if r.Record, err = arr[at+4].ToString(); err != nil {
+				return Waited{}, fmt.Errorf("wait script: ticket %d: record: %w", i+1, err)
+			}
 		}
 		switch r.State {
 		case TicketGranted:

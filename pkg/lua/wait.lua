@@ -22,7 +22,7 @@
 -- ARGV[3+3i], ARGV[4+3i], ARGV[5+3i] (i = 1..n) -> the i-th ticket:
 --            stream id; 'w' (waits on) or 'l' (leaves the queue); the
 --            rest of its slot's record ('' or ';name=value' fields)
--- returns {used, override, pruned, next_ms, retry_after_ms, {wake ids}, state_1, value_1, share_1, started_1, ..., state_n, value_n, share_n, started_n}
+-- returns {used, override, pruned, next_ms, retry_after_ms, {wake ids}, state_1, value_1, share_1, started_1, record_1, ..., state_n, value_n, share_n, started_n, record_n}
 --   used       slots held after the call
 --   override   the override's limit when one was in force (and so
 --              applied instead of ARGV[1], unless shadow mode), else -1
@@ -57,6 +57,9 @@
 --              call took it, n when it counted the n-th extension), which
 --              a request that gives up leaves (see release); else 0
 --   started    of a granted ticket: the slot's start (Redis ms); else 0
+--   record     of a ticket granted state 2: the held slot's record, as
+--              kept (the caller compares the pools and the plan it names
+--              with its own, as acquire's caller does); else ''
 --
 -- The order is the queue's alone: a slot goes to the first ticket owed
 -- one (see owed: by priority, then the fewest members of its user, then
@@ -102,7 +105,7 @@ local pruned = prune(slots, meta, now)
 dropDead(queue, expiry, recs, now)
 
 local ids, records, waiting = {}, {}, {}
-local states, values, shares, starts = {}, {}, {}, {}
+local states, values, shares, starts, kepts = {}, {}, {}, {}, {}
 local granted = false -- a slot was granted or extended
 local denied = false  -- a ticket left or was not queued: retry_after_ms is due
 local prefix = ARGV[2] .. ';started=' .. string.format('%d', now)
@@ -121,7 +124,7 @@ local function extendHeld(i, id)
   end
   redis.call('HSET', meta, id, kept)
   states[i], values[i] = 2, tonumber(redis.call('ZSCORE', slots, id))
-  shares[i], starts[i] = again(kept), tonumber(startedAt(kept)) or 0
+  shares[i], starts[i], kepts[i] = again(kept), tonumber(startedAt(kept)) or 0, kept
 end
 for i = 1, n do
   ids[i] = ARGV[3 + 3 * i]
@@ -154,7 +157,7 @@ end
 for i = 1, n do
   local id, action = ids[i], ARGV[4 + 3 * i]
   records[i] = prefix .. ARGV[5 + 3 * i]
-  states[i], values[i], shares[i], starts[i] = -1, 0, 0, 0
+  states[i], values[i], shares[i], starts[i], kepts[i] = -1, 0, 0, 0, ''
   local caller = holder(records[i])
   local ticket = false
   if caller ~= '' then -- an open API's calls are nobody's: nothing to read
@@ -330,5 +333,6 @@ for i = 1, n do
   out[#out + 1] = values[i]
   out[#out + 1] = shares[i]
   out[#out + 1] = starts[i]
+  out[#out + 1] = kepts[i]
 end
 return out
