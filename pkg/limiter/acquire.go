@@ -287,7 +287,7 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	}
 	// An extension joins no pool key the stream does not hold: what it
 	// took of others goes (those the stream holds were only extended).
-	if err := poolsDiffer(req, got.Record, held); got.Extended && err != nil {
+	if err := poolsDiffer(req, lua.DecodePools(lua.ParseRecord(got.Record).Pools), held); got.Extended && err != nil {
 		// What this acquire took goes: the memberships, and its share of
 		// the slot it extended (the stream's other requests keep theirs).
 		l.undo(ctx, end, takenOf(tries, poolMember(req.UserID, req.StreamID), generated), true,
@@ -313,7 +313,8 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 			undoTries()
 			return res, tier, err
 		}
-		err := l.grantPools(ctx, end, waitUntil, req, tier, ms, slot, tries, &res)
+		// The stream's plan: the held one for an extension (see heldPlan).
+		err := l.grantPools(ctx, end, waitUntil, req, res.Tier, ms, slot, tries, &res)
 		return res, tier, err
 	}
 	undoTries()
@@ -329,17 +330,17 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		res, slot, err = l.await(ctx, key, req, tier, wait, res, generated, lua.EncodePools(held))
 		if err == nil && res.Granted && !res.Degraded {
 			// The pools as they are now, not as they were before the wait.
-			err = l.grantPools(ctx, l.decisionEnd(), waitUntil, req, tier, l.current(ms), slot, nil, &res)
+			err = l.grantPools(ctx, l.decisionEnd(), waitUntil, req, res.Tier, l.current(ms), slot, nil, &res)
 		}
 	}
 	return res, tier, err
 }
 
 // poolsDiffer is the refusal of an extension of req's held stream, whose
-// record names other pool keys than held, those req names: an extension
-// joins no pool key the stream does not hold. nil when they are the same.
-func poolsDiffer(req AcquireRequest, record string, held []lua.PoolKey) error {
-	recorded := lua.DecodePools(lua.ParseRecord(record).Pools)
+// record names other pool keys (recorded) than held, those req names: an
+// extension joins no pool key the stream does not hold. nil when they
+// are the same.
+func poolsDiffer(req AcquireRequest, recorded, held []lua.PoolKey) error {
 	if samePools(recorded, held) {
 		return nil
 	}

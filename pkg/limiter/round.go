@@ -146,10 +146,17 @@ func (q *scopeQueue) round() time.Time {
 			continue
 		}
 		t := got.Tickets[c.at-1]
+		// The pools the granted slot's record names: the held one's for an
+		// extension, else those of the ticket the call sent for the stream
+		// (the first of its waiters here).
+		pools := args.Tickets[c.at-1].Record.Pools
+		if t.Extended {
+			pools = lua.ParseRecord(t.Record).Pools
+		}
 		outcome, leaving := leaves[j], leaves[j] != ""
 		switch {
 		case t.State == lua.TicketGranted && !leaving:
-			w.answer(waitResult{outcome: WaitGranted, expiresAtMs: t.ExpiresAtMs, replicas: replicas, used: got.Used, override: got.Override, holders: holders[w.streamID], extended: t.Extended, share: t.Share, record: t.Record})
+			w.answer(waitResult{outcome: WaitGranted, expiresAtMs: t.ExpiresAtMs, replicas: replicas, used: got.Used, override: got.Override, holders: holders[w.streamID], extended: t.Extended, share: t.Share, record: t.Record, pools: pools})
 		case t.State == lua.TicketNotHolder:
 			w.answer(waitResult{outcome: WaitFailed, err: fmt.Errorf("%w: stream %q of user %q", ErrNotSlotHolder, w.stream, q.userID)})
 		case leaving:

@@ -87,6 +87,9 @@ type waitResult struct {
 	extended bool
 	share    lua.Share
 	record   string // of an extension: the held slot's record, as kept
+	// pools, of a grant: the pool keys the slot's record names
+	// (lua.EncodePools), which its waiters must name too.
+	pools string
 	// granted, timeout: the user's slots, and the limit of the user's
 	// override when one applied (-1: the plan's)
 	used     int
@@ -145,7 +148,7 @@ func (l *Limiter) awaitSlot(ctx context.Context, key string, req AcquireRequest,
 	switch r.outcome {
 	case WaitGranted:
 		res.Granted, res.RetryAfter, res.Used = true, 0, r.used
-		if shadow && r.used > res.Limit {
+		if shadow && r.used > res.Limit && !r.extended { // an extension is never refused
 			res.WouldRefuse = CodeStreamLimitReached // let in by shadow mode, over the limit
 		}
 		res.ExpiresAt = msTime(r.expiresAtMs)
@@ -157,16 +160,21 @@ func (l *Limiter) awaitSlot(ctx context.Context, key string, req AcquireRequest,
 			outcome = WaitFailed
 			return res, r, err
 		}
-		if r.extended && !r.degraded {
-			// Another request of the stream took its slot: the grant is an
-			// extension, answered as an acquire's of a held stream is.
-			if err := poolsDiffer(req, r.record, lua.DecodePools(pools)); err != nil {
+		if !r.degraded {
+			// The slot's record names the pools its heartbeats and release
+			// cover: another request of the stream took it (an extension),
+			// or a waiter of the stream here sent the ticket. One naming
+			// others is refused, as an acquire of a held stream is.
+			if err := poolsDiffer(req, lua.DecodePools(r.pools), lua.DecodePools(pools)); err != nil {
 				if own := leaving(key, req.StreamID, r.share, generated); own.Key != "" && (r.holders == nil || r.holders.Add(-1) == 0) {
 					_ = l.dropSlot(context.WithoutCancel(ctx), time.Time{}, "release", own)
 				}
 				outcome = WaitFailed
 				return AcquireResult{StreamID: req.StreamID, Limit: res.Limit, Tier: tier, Waited: took}, r, err
 			}
+		}
+		if r.extended && !r.degraded {
+			// The answer is the plan the stream was taken under.
 			l.heldPlan(r.record, tier, &res)
 			if r.override >= 0 {
 				res.Limit = r.override
