@@ -313,8 +313,7 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 			undoTries()
 			return res, tier, err
 		}
-		// The stream's plan: the held one for an extension (see heldPlan).
-		err := l.grantPools(ctx, end, waitUntil, req, res.Tier, ms, slot, tries, &res)
+		err := l.grantPools(ctx, end, waitUntil, req, poolTier(res.Tier, tier), ms, slot, tries, &res)
 		return res, tier, err
 	}
 	undoTries()
@@ -330,10 +329,20 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		res, slot, err = l.await(ctx, key, req, tier, wait, res, generated, lua.EncodePools(held))
 		if err == nil && res.Granted && !res.Degraded {
 			// The pools as they are now, not as they were before the wait.
-			err = l.grantPools(ctx, l.decisionEnd(), waitUntil, req, res.Tier, l.current(ms), slot, nil, &res)
+			err = l.grantPools(ctx, l.decisionEnd(), waitUntil, req, poolTier(res.Tier, tier), l.current(ms), slot, nil, &res)
 		}
 	}
 	return res, tier, err
+}
+
+// poolTier is the tier a granted acquire joins its pools by: the
+// stream's, answered (the held plan's for an extension, see heldPlan:
+// its TTL, heartbeat interval and priority), with the request's own wait
+// budget (its plan's MaxWait caps wait_ms across the user's queue and
+// every pool's).
+func poolTier(answered, requested tiers.Tier) tiers.Tier {
+	answered.MaxWait = requested.MaxWait
+	return answered
 }
 
 // poolsDiffer is the refusal of an extension of req's held stream, whose

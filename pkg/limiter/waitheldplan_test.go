@@ -99,3 +99,61 @@ func TestAnExtendedWaitGrantJoinsItsPoolsByTheHeldPlan(t *testing.T) {
 		})
 	}
 }
+
+// TestAnExtensionsPoolWaitKeepsTheRequestsBudget: stream s is held
+// under plan h (maxWait 1s) by request B, which waits for gpt-4o (cap 1,
+// held by another user). Request A of s under plan w (maxWait 10s) asks
+// wait 10s: it extends s and waits for gpt-4o too. gpt-4o frees 2.5s
+// later: A, whose budget (wait_ms capped by its plan's maxWait) is 10s,
+// is granted.
+func TestAnExtensionsPoolWaitKeepsTheRequestsBudget(t *testing.T) {
+	t.Parallel()
+	ts := []tiers.Tier{
+		tiers.Tier{Plan: "w", MaxConcurrentStreams: 3, MaxWait: 10 * time.Second}.WithDefaults(),
+		tiers.Tier{Plan: "h", MaxConcurrentStreams: 3, MaxWait: time.Second}.WithDefaults(),
+	}
+	lim := replicasOf(t, limitertest.RedisCluster, 1, ts, poolTable(t,
+		pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second},
+	))[0].Limiter
+	ctx := context.Background()
+	pooled := map[string]string{"model": "gpt-4o"}
+	holder := newUser(t)
+	held, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: holder, Plan: "w", Pools: pooled})
+	if err != nil || !held.Granted {
+		t.Fatalf("gpt-4o's holder: %+v, %v", held, err)
+	}
+	user := newUser(t)
+	bDone := make(chan struct{})
+	bWaits := make(chan struct{})
+	go func() {
+		defer close(bDone)
+		_, _ = lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "h", StreamID: "s", Pools: pooled, Wait: time.Second,
+			OnWait: func(time.Duration) { close(bWaits) }})
+	}()
+	<-bWaits
+	time.Sleep(100 * time.Millisecond)
+	type ans struct {
+		res limiter.AcquireResult
+		err error
+	}
+	aDone := make(chan ans, 1)
+	start := time.Now()
+	go func() {
+		res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "w", StreamID: "s", Pools: pooled, Wait: 10 * time.Second})
+		aDone <- ans{res, err}
+	}()
+	time.Sleep(2500 * time.Millisecond)
+	if _, err := lim.Release(ctx, holder, held.StreamID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case a := <-aDone:
+		if a.err != nil || !a.res.Granted {
+			t.Fatalf("A (plan w, wait 10s) after %v: granted %v, tier %s, refused by %+v, waited %v, err %v; want granted once gpt-4o freed at 2.5s",
+				time.Since(start).Round(time.Millisecond), a.res.Granted, a.res.Tier.Plan, a.res.RefusedBy, a.res.Waited, a.err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("A not answered")
+	}
+	<-bDone
+}
