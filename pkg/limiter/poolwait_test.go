@@ -1080,3 +1080,286 @@ func TestAWaitGrantOfAHeldStreamIsAnsweredAsAnExtension(t *testing.T) {
 		})
 	}
 }
+
+// TestAnExtendedWaitGrantJoinsItsPoolsByTheHeldPlan: request A of stream
+// s waits in its user's queue under plan w (limit 2, reached); its retry
+// B under plan h (limit 3) takes s, naming the same pool key gpt-4o (cap
+// 1, held by another user), and waits for it. Slots free: the wait grants
+// A by extending s, answered by h's tier (the one s's record keeps), and
+// A waits for gpt-4o too; B gives up, gpt-4o frees and A is granted it.
+// A's pool wait and membership run by h's tier, as it is answered: with
+// w's TTL shorter than h's heartbeat interval, its membership keeps h's
+// TTL (it survives A's heartbeats every 1s, and gpt-4o admits no other
+// stream); with w's heartbeat interval longer than h's TTL, the slot is
+// kept alive while A waits (no ErrSlotLost).
+func TestAnExtendedWaitGrantJoinsItsPoolsByTheHeldPlan(t *testing.T) {
+	t.Parallel()
+	short := func(plan string, limit int) tiers.Tier {
+		return tiers.Tier{Plan: plan, MaxConcurrentStreams: limit, MaxWait: 10 * time.Second, SlotTTL: 600 * time.Millisecond, HeartbeatInterval: 200 * time.Millisecond}.WithDefaults()
+	}
+	long := func(plan string, limit int) tiers.Tier {
+		return tiers.Tier{Plan: plan, MaxConcurrentStreams: limit, MaxWait: 10 * time.Second, SlotTTL: 3 * time.Second, HeartbeatInterval: time.Second}.WithDefaults()
+	}
+	for name, ts := range map[string][]tiers.Tier{
+		"the waiter's TTL shorter than the held plan's heartbeat": {short("w", 2), long("h", 3)},
+		"the waiter's heartbeat longer than the held plan's TTL":  {long("w", 2), short("h", 3)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			lim := replicasOf(t, limitertest.RedisCluster, 1, ts, poolTable(t,
+				pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second},
+			))[0].Limiter
+			ctx := context.Background()
+			holder := newUser(t)
+			held, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: holder, Plan: "h", Pools: map[string]string{"model": "gpt-4o"}})
+			if err != nil || !held.Granted {
+				t.Fatalf("gpt-4o's holder: %+v, %v", held, err)
+			}
+			// gpt-4o's holder heartbeats by itself meanwhile.
+			beatCtx, stopBeats := context.WithCancel(ctx)
+			defer stopBeats()
+			go func() {
+				for beatCtx.Err() == nil {
+					_, _ = lim.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: holder, Plan: "h", StreamID: held.StreamID})
+					time.Sleep(100 * time.Millisecond)
+				}
+			}()
+			user := newUser(t)
+			var mine []string
+			for range 2 {
+				res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "w"})
+				if err != nil || !res.Granted {
+					t.Fatalf("the user's slots: %+v, %v", res, err)
+				}
+				mine = append(mine, res.StreamID)
+			}
+			pooled := map[string]string{"model": "gpt-4o"}
+			a := retryWaiting(t, ctx, lim, limiter.AcquireRequest{UserID: user, Plan: "w", StreamID: "s", Pools: pooled})
+			leave, cancel := context.WithCancel(ctx)
+			defer cancel()
+			b := retryWaiting(t, leave, lim, limiter.AcquireRequest{UserID: user, Plan: "h", StreamID: "s", Pools: pooled})
+			for _, id := range mine {
+				if _, err := lim.Release(ctx, user, id); err != nil {
+					t.Fatal(err)
+				}
+			}
+			time.Sleep(500 * time.Millisecond) // A granted s (extended), waits for gpt-4o beside B
+			cancel()
+			gone(t, b)
+			time.Sleep(3500 * time.Millisecond) // A waits alone, past the 3s its grant extended s by
+			stopBeats()
+			if _, err := lim.Release(ctx, holder, held.StreamID); err != nil {
+				t.Fatal(err)
+			}
+			got, ok := a.answer(5 * time.Second)
+			if !ok || got.err != nil || !got.res.Granted || len(got.res.Pools) != 1 {
+				t.Fatalf("A once gpt-4o freed: %+v, %v (answered %v); want granted with gpt-4o", got.res, got.err, ok)
+			}
+			for i := range 3 {
+				time.Sleep(got.res.Tier.HeartbeatInterval)
+				if i == 0 {
+					if other, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "h", Pools: pooled}); err != nil || other.Granted {
+						t.Errorf("another stream's acquire of gpt-4o while A runs: %+v, %v; want refused (cap 1)", other, err)
+					}
+				}
+				if beat, err := lim.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: user, Plan: got.res.Tier.Plan, StreamID: "s"}); err != nil || !beat.Alive {
+					t.Fatalf("A's heartbeat %d, every %v as answered: %+v, %v; want alive", i+1, got.res.Tier.HeartbeatInterval, beat, err)
+				}
+			}
+		})
+	}
+}
+
+// TestAnExtensionsPoolWaitKeepsTheRequestsBudget: stream s is held
+// under plan h (maxWait 1s) by request B, which waits for gpt-4o (cap 1,
+// held by another user). Request A of s under plan w (maxWait 10s) asks
+// wait 10s: it extends s and waits for gpt-4o too. gpt-4o frees 2.5s
+// later: A, whose budget (wait_ms capped by its plan's maxWait) is 10s,
+// is granted.
+func TestAnExtensionsPoolWaitKeepsTheRequestsBudget(t *testing.T) {
+	t.Parallel()
+	ts := []tiers.Tier{
+		tiers.Tier{Plan: "w", MaxConcurrentStreams: 3, MaxWait: 10 * time.Second}.WithDefaults(),
+		tiers.Tier{Plan: "h", MaxConcurrentStreams: 3, MaxWait: time.Second}.WithDefaults(),
+	}
+	lim := replicasOf(t, limitertest.RedisCluster, 1, ts, poolTable(t,
+		pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second},
+	))[0].Limiter
+	ctx := context.Background()
+	pooled := map[string]string{"model": "gpt-4o"}
+	holder := newUser(t)
+	held, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: holder, Plan: "w", Pools: pooled})
+	if err != nil || !held.Granted {
+		t.Fatalf("gpt-4o's holder: %+v, %v", held, err)
+	}
+	user := newUser(t)
+	bDone := make(chan struct{})
+	bWaits := make(chan struct{})
+	go func() {
+		defer close(bDone)
+		_, _ = lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "h", StreamID: "s", Pools: pooled, Wait: time.Second,
+			OnWait: func(time.Duration) { close(bWaits) }})
+	}()
+	<-bWaits
+	time.Sleep(100 * time.Millisecond)
+	type ans struct {
+		res limiter.AcquireResult
+		err error
+	}
+	aDone := make(chan ans, 1)
+	start := time.Now()
+	go func() {
+		res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "w", StreamID: "s", Pools: pooled, Wait: 10 * time.Second})
+		aDone <- ans{res, err}
+	}()
+	time.Sleep(2500 * time.Millisecond)
+	if _, err := lim.Release(ctx, holder, held.StreamID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case a := <-aDone:
+		if a.err != nil || !a.res.Granted {
+			t.Fatalf("A (plan w, wait 10s) after %v: granted %v, tier %s, refused by %+v, waited %v, err %v; want granted once gpt-4o freed at 2.5s",
+				time.Since(start).Round(time.Millisecond), a.res.Granted, a.res.Tier.Plan, a.res.RefusedBy, a.res.Waited, a.err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("A not answered")
+	}
+	<-bDone
+}
+
+// TestAnExtendedWaitGrantInShadowModeRefusesNothing: request A of stream
+// s waits under plan p (limit 1, reached); its retry under plan big
+// (limit 3) takes s. p then goes to shadow mode, and A's wait is granted
+// by extending s. An extension adds no slot: like an acquire of a held
+// stream, the grant says no would-refuse, and is answered by big's limit
+// (2 of 3).
+func TestAnExtendedWaitGrantInShadowModeRefusesNothing(t *testing.T) {
+	t.Parallel()
+	off := false
+	p := func(enforce *bool) tiers.Tier {
+		return tiers.Tier{Plan: "p", MaxConcurrentStreams: 1, MaxWait: 10 * time.Second, Enforce: enforce}.WithDefaults()
+	}
+	big := tiers.Tier{Plan: "big", MaxConcurrentStreams: 3, MaxWait: 10 * time.Second}.WithDefaults()
+	s := limitertest.New(t, limitertest.Options{Backend: limitertest.RedisCluster, Redis: cluster.Options{Timeout: 5 * time.Second},
+		Tiers: []tiers.Tier{p(nil), big}})
+	ctx := context.Background()
+	user := newUser(t)
+	mustAcquireUser(t, s.Limiter, user, "p", "x")
+	key, err := s.Keys.UserKey(user)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := startQueued(t, ctx, s.Limiter, limiter.AcquireRequest{UserID: user, Plan: "p", StreamID: "s"}, 8*time.Second,
+		func() int64 { return zcard(t, s, keys.Queue(key)) })
+	if res, err := s.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "big", StreamID: "s"}); err != nil || !res.Granted {
+		t.Fatalf("the retry under big: %+v, %v", res, err)
+	}
+	if err := s.Table.Replace([]tiers.Tier{p(&off), big}); err != nil {
+		t.Fatal(err)
+	}
+	got, ok := a.answer(3 * time.Second)
+	if !ok || got.err != nil || !got.res.Granted {
+		t.Fatalf("A once p is in shadow mode: %+v, %v (answered %v); want granted", got.res, got.err, ok)
+	}
+	if got.res.WouldRefuse != "" {
+		t.Errorf("A, granted by extending s: used %d of %d (tier %s), would refuse %q; want no WouldRefuse, as an acquire of a held stream answers",
+			got.res.Used, got.res.Limit, got.res.Tier.Plan, got.res.WouldRefuse)
+	}
+}
+
+// TestWaitersSharingATicketNameTheSamePools: two requests of stream s on
+// one replica, under one plan (limit 1, reached), wait in their user's
+// queue, one naming pool key gpt-4o (cap 1), the other none; they share
+// one ticket, whose record is the first waiter's. When a slot frees, the
+// one whose pools the record does not name is refused (ErrPoolsDiffer),
+// as an acquire of a held stream naming other pools is: no membership
+// that no heartbeat of s keeps (gpt-4o would admit another stream a TTL
+// later), and no grant whose heartbeat loses s.
+func TestWaitersSharingATicketNameTheSamePools(t *testing.T) {
+	t.Parallel()
+	for name, pooledFirst := range map[string]bool{"the pool-less request first": false, "the pooled request first": true} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s := limitertest.New(t, limitertest.Options{Backend: limitertest.RedisCluster, Redis: cluster.Options{Timeout: 5 * time.Second},
+				Tiers: []tiers.Tier{tiers.Tier{Plan: "one", MaxConcurrentStreams: 1, MaxWait: 10 * time.Second,
+					SlotTTL: 600 * time.Millisecond, HeartbeatInterval: 200 * time.Millisecond}.WithDefaults()},
+				Limiter: limiter.Options{Pools: poolTable(t, pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1)})}})
+			lim := s.Limiter
+			ctx := context.Background()
+			pooled := map[string]string{"model": "gpt-4o"}
+			if pooledFirst { // gpt-4o full: the pooled request is refused by it
+				owner := newUser(t)
+				holder, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: owner, Plan: "one", Pools: pooled})
+				if err != nil || !holder.Granted {
+					t.Fatalf("gpt-4o's holder: %+v, %v", holder, err)
+				}
+				beats, stop := context.WithCancel(ctx)
+				defer stop()
+				go func() { // which heartbeats meanwhile
+					for beats.Err() == nil {
+						_, _ = lim.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: owner, Plan: "one", StreamID: holder.StreamID})
+						time.Sleep(100 * time.Millisecond)
+					}
+				}()
+			}
+			user := newUser(t)
+			x, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "one"})
+			if err != nil || !x.Granted {
+				t.Fatalf("the user's slot: %+v, %v", x, err)
+			}
+			key, err := s.Keys.UserKey(user)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bare := limiter.AcquireRequest{UserID: user, Plan: "one", StreamID: "s"}
+			withPool := bare
+			withPool.Pools = pooled
+			first, second := bare, withPool
+			if pooledFirst {
+				first, second = withPool, bare
+			}
+			q1 := startQueued(t, ctx, lim, first, 8*time.Second, func() int64 { return zcard(t, s, keys.Queue(key)) })
+			time.Sleep(100 * time.Millisecond)
+			q2 := retryWaiting(t, ctx, lim, second)
+			time.Sleep(100 * time.Millisecond)
+			if _, err := lim.Release(ctx, user, x.StreamID); err != nil {
+				t.Fatal(err)
+			}
+			a1, ok1 := q1.answer(3 * time.Second)
+			a2, ok2 := q2.answer(3 * time.Second)
+			if !ok1 || !ok2 {
+				t.Fatalf("answers: %+v (%v), %+v (%v)", a1, ok1, a2, ok2)
+			}
+			if !errors.Is(a2.err, limiter.ErrPoolsDiffer) || a2.res.Granted {
+				t.Fatalf("the second waiter, its pools not those of the ticket's record: %+v, %v; want ErrPoolsDiffer", a2.res, a2.err)
+			}
+			bareA, pooledA := a1, a2
+			if pooledFirst {
+				bareA, pooledA = a2, a1
+			}
+			if pooledFirst {
+				if a1.err != nil || a1.res.Granted || a1.res.RefusedBy == nil {
+					t.Fatalf("the pooled waiter, gpt-4o full: %+v, %v; want refused by gpt-4o", a1.res, a1.err)
+				}
+				userHolds(t, lim, user, 0, "both refused")
+				return
+			}
+			if !bareA.res.Granted {
+				t.Fatalf("the pool-less request: %+v, %v", bareA.res, bareA.err)
+			}
+			// s runs, heartbeating as answered, past a TTL.
+			for i := range 5 {
+				time.Sleep(bareA.res.Tier.HeartbeatInterval)
+				if beat, err := lim.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: user, Plan: "one", StreamID: "s"}); err != nil || !beat.Alive {
+					t.Fatalf("s's heartbeat %d, the pool-less request answered granted: %+v, %v; want alive", i+1, beat, err)
+				}
+			}
+			if pooledA.res.Granted {
+				if other, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "one", Pools: pooled}); err != nil || other.Granted {
+					t.Errorf("another stream's acquire of gpt-4o while s runs holding it: %+v, %v; want refused (cap 1)", other, err)
+				}
+			}
+		})
+	}
+}
