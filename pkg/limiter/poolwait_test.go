@@ -785,14 +785,7 @@ func TestARetrySharingAUserQueueWaitKeepsItsSlot(t *testing.T) {
 			stacks := waitPoolReplicas(t, limitertest.RedisCluster, 2)
 			ctx := context.Background()
 			user := newUser(t)
-			var mine []string
-			for range 3 {
-				res, err := stacks[0].Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "low"})
-				if err != nil || !res.Granted {
-					t.Fatalf("the user's slots: %+v, %v", res, err)
-				}
-				mine = append(mine, res.StreamID)
-			}
+			mine := holdSlots(t, stacks[0].Limiter, user, "low", 3)
 			holder := newUser(t)
 			held := mustAcquire(t, stacks[0].Limiter, holder, "low", "gpt-4o")
 			req := limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "retried", Pools: map[string]string{"model": "gpt-4o"}}
@@ -1038,14 +1031,7 @@ func TestAWaitGrantOfAHeldStreamIsAnsweredAsAnExtension(t *testing.T) {
 			))[0].Limiter
 			ctx := context.Background()
 			user := newUser(t)
-			var mine []string
-			for range 2 {
-				res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "small"})
-				if err != nil || !res.Granted {
-					t.Fatalf("the user's slots: %+v, %v", res, err)
-				}
-				mine = append(mine, res.StreamID)
-			}
+			mine := holdSlots(t, lim, user, "small", 2)
 			req := limiter.AcquireRequest{UserID: user, Plan: "small", StreamID: "s"}
 			if pooled {
 				req.Pools = map[string]string{"model": "gpt-4o"}
@@ -1125,14 +1111,7 @@ func TestAnExtendedWaitGrantJoinsItsPoolsByTheHeldPlan(t *testing.T) {
 				}
 			}()
 			user := newUser(t)
-			var mine []string
-			for range 2 {
-				res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "w"})
-				if err != nil || !res.Granted {
-					t.Fatalf("the user's slots: %+v, %v", res, err)
-				}
-				mine = append(mine, res.StreamID)
-			}
+			mine := holdSlots(t, lim, user, "w", 2)
 			pooled := map[string]string{"model": "gpt-4o"}
 			a := retryWaiting(t, ctx, lim, limiter.AcquireRequest{UserID: user, Plan: "w", StreamID: "s", Pools: pooled})
 			leave, cancel := context.WithCancel(ctx)
@@ -1362,4 +1341,19 @@ func TestWaitersSharingATicketNameTheSamePools(t *testing.T) {
 			}
 		})
 	}
+}
+
+// holdSlots takes n slots of plan for user on lim, and returns their
+// stream ids.
+func holdSlots(t *testing.T, lim *limiter.Limiter, user, plan string, n int) []string {
+	t.Helper()
+	var out []string
+	for range n {
+		res, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: plan})
+		if err != nil || !res.Granted {
+			t.Fatalf("the user's slots: %+v, %v", res, err)
+		}
+		out = append(out, res.StreamID)
+	}
+	return out
 }
