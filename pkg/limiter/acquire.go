@@ -49,6 +49,10 @@ type AcquireRequest struct {
 	// message_timeout) can extend that deadline first. Not called when
 	// the acquire answers at once.
 	OnWait func(wait time.Duration)
+
+	// token names the request in what it takes (lua.Record.Token), for a
+	// stream id its client chose; set by acquire.
+	token string
 }
 
 // AcquireResult is the answer to an acquire. A denial is a result
@@ -154,6 +158,11 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		req.StreamID = keys.NewStreamID()
 	} else if err := keys.ValidateStreamID(req.StreamID); err != nil {
 		return AcquireResult{}, tiers.Tier{}, err
+	} else {
+		// Other requests of the stream (the client's retries) may hold
+		// it too: this one's calls, asked again after a lost reply, are
+		// known for the share they took.
+		req.token = lua.NewToken()
 	}
 	if err := keys.ValidateLabel(req.Label); err != nil {
 		return AcquireResult{}, tiers.Tier{}, err
@@ -215,7 +224,7 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	var got lua.Acquired
 	var replicas *replicaSync
 	err = l.doBy(ctx, end, "acquire", func(ctx context.Context, c rueidis.Client) (err error) {
-		rec := lua.Record{Caller: req.Caller, Plan: tier.Plan, Pools: lua.EncodePools(held), Label: req.Label}
+		rec := lua.Record{Caller: req.Caller, Plan: tier.Plan, Pools: lua.EncodePools(held), Label: req.Label, Token: req.token}
 		user := lua.AcquireArgs{Key: key, StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, TTL: tier.SlotTTL, Rec: rec, Shadow: !tier.Enforced()}
 		if together {
 			got, tries, err = l.acquireTogether(ctx, c, user, req, tier, ms)

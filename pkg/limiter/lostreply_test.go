@@ -265,3 +265,35 @@ func TestAPooledReleaseBesideItsLeavesWhoseRepliesAreLostFreesEveryKey(t *testin
 		t.Errorf("the user's slots after the release: %+v, %v; want none", slots, err)
 	}
 }
+
+// TestAnAcquireWhoseRepliesAreLostThenRefusedLeavesNothing: an acquire
+// of a stream id the client chose, whose replies are lost after its
+// scripts took the user's slot and a membership (asked again, each finds
+// the stream held), and which a full pool then refuses: what its first
+// try took is still its own, not another request's share, so its
+// refusal leaves the slot and the membership free at once, not held for
+// a TTL.
+func TestAnAcquireWhoseRepliesAreLostThenRefusedLeavesNothing(t *testing.T) {
+	t.Parallel()
+	e, proxy := lostPooledReplies(t, 5, 1)
+	ctx := context.Background()
+	named := map[string]string{"model": "m", "org": "o"}
+	// Another user's stream fills org=o (cap 1), and loads the scripts: a
+	// NOSCRIPT answer would take the drop instead.
+	if res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "three", StreamID: "held", Pools: named}); err != nil || !res.Granted {
+		t.Fatalf("the other user's acquire: %+v, %v", res, err)
+	}
+	user := newUser(t)
+	proxy.DropReplies(1)
+	res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three", StreamID: "s", Pools: named})
+	if err != nil || res.Granted || res.RefusedBy == nil || res.RefusedBy.Pool != "org" {
+		t.Fatalf("acquire whose replies were lost: %+v, %v; want refused by org=o", res, err)
+	}
+	if proxy.DropsLeft() != 0 {
+		t.Fatal("the acquire's replies were not dropped")
+	}
+	if slots, err := e.lim.Slots(ctx, user); err != nil || slots.Used != 0 {
+		t.Errorf("the user's slots after the refusal: %+v, %v; want none", slots, err)
+	}
+	requirePoolMembers(t, e, map[string]string{"model": "m"}, 1) // the other user's
+}

@@ -331,7 +331,7 @@ func (l *Limiter) joinPool(ctx context.Context, end time.Time, req AcquireReques
 // names.
 func (l *Limiter) joinArgs(req AcquireRequest, tier tiers.Tier, m membership) lua.AcquireArgs {
 	return lua.AcquireArgs{Key: m.slots, StreamID: poolMember(req.UserID, req.StreamID), Limit: m.limit, TTL: tier.SlotTTL,
-		Rec: lua.Record{Caller: req.Caller, Plan: tier.Plan, User: req.UserID, Label: req.Label}, Shadow: !m.pool.Enforced()}
+		Rec: lua.Record{Caller: req.Caller, Plan: tier.Plan, User: req.UserID, Label: req.Label, Token: req.token}, Shadow: !m.pool.Enforced()}
 }
 
 // userSlot is the user's slot of a pooled acquire: the acquire's share

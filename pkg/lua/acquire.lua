@@ -13,12 +13,14 @@
 -- ARGV[3] -> slot ttl (ms, > 0, decimal digits)
 -- ARGV[4] -> the rest of a new slot's record: '' or ';name=value' fields
 --            (optional: absent is ''); its caller, when it names one, is
---            who asks
+--            who asks; its ';again=0@<token>', when it has one, names the
+--            request (see below)
 -- ARGV[5] -> '0': shadow mode (the scope's enforce: false): a stream the
 --            limit refuses is granted all the same, and counted
 --            (optional: absent enforces)
 -- returns {granted (1|2|0|-1), used, expires_at_ms, pruned, retry_after_ms, override, {wake ids}, shadow, record}
---   granted 1      a new slot; 2: the stream held one, now extended
+--   granted 1      a new slot; 2: the stream held one, now extended (or
+--                  asked again, see below: as the first try answered)
 --   granted -1     the stream is held by another caller: its slot is left
 --                  as it is (expired slots and tickets still go, as on any
 --                  call, and pruned and wake ids say so)
@@ -39,7 +41,9 @@
 --                  limit), else 0
 --   record         when granted 2: the held slot's record, as kept (the
 --                  caller compares the pools it names with those asked
---                  for, and reads its count of extensions); else ''
+--                  for, and reads its count of extensions); when granted
+--                  1 by a call asked again (see below), the record its
+--                  first try wrote; else ''
 --
 -- Idempotent on the stream id: acquiring a held stream extends it (never
 -- shortens it) and leaves used unchanged. A stream belongs to the caller
@@ -60,7 +64,14 @@
 -- one more extension (';again=<n>' after its head: see again): each
 -- request of the stream holding the slot has a share of its own (0 the
 -- one that took it, n the n-th extension), which it leaves if it gives
--- up, and the slot goes with the last share (see release's ARGV[3]). Both keys
+-- up, and the slot goes with the last share (see release's ARGV[3]).
+-- The record keeps the token of the request that took the latest share
+-- (ARGV[4]'s, see sharesOf): the same request's call asked again, after
+-- its reply was lost, changes nothing and is answered the share its
+-- first try took, so that the share it leaves if it gives up is that one,
+-- not one nobody holds. (Only the latest share's token is kept: asked
+-- again after another request extended the slot in between, it counts
+-- one more share, which holds the slot until it expires.) Both keys
 -- expire together, at least one TTL and at most two after the latest
 -- slot (see below; heartbeat keeps them so too). The override is only
 -- read: it has its own expiry.
@@ -134,16 +145,25 @@ local function extend()
     granted = -1
     return
   end
-  redis.call('ZADD', key, 'GT', now + ttl, member)
+  local mine = tokenOf(record)
+  granted = 2
   if not kept then
+    redis.call('ZADD', key, 'GT', now + ttl, member)
     kept = record
     recorded = redis.call('HSET', meta, member, kept) == 1
+  elseif mine ~= '' and tokenOf(kept) == mine then
+    -- This request's own call, asked again after its reply was lost: it
+    -- holds the share its first try took, which is answered as it was
+    -- (a new slot for share 0, with its record), not counted twice.
+    if again(kept) == 0 then
+      granted = 1
+    end
   else
-    kept = extended(kept)
+    redis.call('ZADD', key, 'GT', now + ttl, member)
+    kept = extended(kept, mine)
     redis.call('HSET', meta, member, kept)
   end
   held = kept
-  granted = 2
   expires = tonumber(redis.call('ZSCORE', key, member))
 end
 

@@ -29,35 +29,84 @@ local function recordHead(record)
     or string.match(record, '^%d*;started=%d+')
 end
 
--- again(record): how many acquires of the stream extended its slot (or
--- membership) after the one that took it: the ';again=' field right
--- after the record's head, 0 when none. The n-th holds share n of the
--- slot (see leave). Read at that place only, as
--- holder reads the caller: a label or a user id may hold ';again=' too.
+-- sharesOf(record): a record with a start, taken apart where it keeps its
+-- shares: its head; n, how many acquires of the stream extended its slot
+-- (or membership) after the one that took it (';again=<n>' right after
+-- the head, 0 when none: the n-th holds share n, see leave); the token of
+-- the request that took share n ('@<token>' after n, '' when none: see
+-- extended); the shares given up (';left=<i>.<j>', '' when none); and
+-- the rest. Nil for a record without a start (an older version's), which
+-- counts no extensions. Read at that place only, as holder reads the
+-- caller: a label or a user id may hold ';again=' too.
+local function sharesOf(record)
+  local head = recordHead(record)
+  if not head then
+    return nil
+  end
+  local rest = string.sub(record, #head + 1)
+  local n, after = string.match(rest, '^;again=(%d+)(.*)$')
+  if not n then
+    n, after = '0', rest
+  end
+  local by, tail = string.match(after, '^@([%w_%-]+)(.*)$')
+  if by then
+    after = tail
+  else
+    by = ''
+  end
+  local list
+  list, tail = string.match(after, '^;left=([%d%.]*)(.*)$')
+  if list then
+    after = tail
+  else
+    list = ''
+  end
+  return head, tonumber(n), by, list, after
+end
+
+-- withShares(head, n, by, list, rest): the record sharesOf took apart.
+local function withShares(head, n, by, list, rest)
+  if n == 0 and by == '' and list == '' then
+    return head .. rest
+  end
+  local s = head .. ';again=' .. string.format('%d', n)
+  if by ~= '' then
+    s = s .. '@' .. by
+  end
+  if list ~= '' then
+    s = s .. ';left=' .. list
+  end
+  return s .. rest
+end
+
+-- again(record): the record's count of extensions (see sharesOf), 0 when
+-- none.
 local function again(record)
   if not record then
     return 0
   end
-  local head = recordHead(record)
-  if not head then
-    return 0
-  end
-  return tonumber(string.match(record, '^;again=(%d+)', #head + 1)) or 0
+  local _, n = sharesOf(record)
+  return n or 0
 end
 
--- extended(record): the record of a slot one more acquire extended. A
--- record without a start is not counted (again reads 0 of it).
-local function extended(record)
-  local head = recordHead(record)
+-- tokenOf(record): the token of the request that took the record's
+-- latest share (see sharesOf), '' when none.
+local function tokenOf(record)
+  local _, _, by = sharesOf(record)
+  return by or ''
+end
+
+-- extended(record, by): the record of a slot one more acquire extended,
+-- by the request of token by ('' for none): that request's token
+-- replaces the one before, so that its call, asked again after its reply
+-- was lost, is known for the share it took (see acquire). A record
+-- without a start is not counted (again reads 0 of it).
+local function extended(record, by)
+  local head, n, _, list, rest = sharesOf(record)
   if not head then
     return record
   end
-  local rest = string.sub(record, #head + 1)
-  local n, after = string.match(rest, '^;again=(%d+)(.*)$')
-  if n then
-    rest = after
-  end
-  return head .. ';again=' .. string.format('%d', (tonumber(n) or 0) + 1) .. rest
+  return withShares(head, n + 1, by, list, rest)
 end
 
 -- startedAt(record): the record's start (Redis ms, as written), '' when
@@ -79,23 +128,13 @@ end
 -- request's). A record without a start (an older version's) counts no
 -- extensions: share 0 of it leaves it.
 local function leave(record, share, start)
-  local head = recordHead(record)
+  local head, n, by, list, rest = sharesOf(record)
   if not head then
     return share == 0
   end
   if startedAt(record) ~= start then
     return false
   end
-  local rest = string.sub(record, #head + 1)
-  local n, list, after = string.match(rest, '^;again=(%d+);left=([%d%.]*)(.*)$')
-  if not n then
-    list = ''
-    n, after = string.match(rest, '^;again=(%d+)(.*)$')
-    if not n then
-      n, after = '0', rest
-    end
-  end
-  n = tonumber(n)
   if share > n then
     return false
   end
@@ -120,5 +159,5 @@ local function leave(record, share, start)
   if count > n then
     return true
   end
-  return head .. ';again=' .. string.format('%d', n) .. ';left=' .. list .. after
+  return withShares(head, n, by, list, rest)
 end

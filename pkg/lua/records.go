@@ -1,6 +1,9 @@
 package lua
 
 import (
+	"encoding/base64"
+	"encoding/binary"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"time"
@@ -9,12 +12,14 @@ import (
 // Record is what a slot's record holds besides what the acquire script
 // writes itself. The whole record reads
 //
-//	<ttl ms>;started=<Redis ms>;caller=<name>;again=<n>;left=<i>.<j>...;plan=<plan>;pools=<pool>=<key>,...;prio=<0-9>;user=<n>:<user id>;label=<label>
+//	<ttl ms>;started=<Redis ms>;caller=<name>;again=<n>@<token>;left=<i>.<j>...;plan=<plan>;pools=<pool>=<key>,...;prio=<0-9>;user=<n>:<user id>;label=<label>
 //
 // the TTL first (heartbeats parse only its leading digits), each field
 // after a ';', an empty one left out, in this order. The scripts write
-// again (the acquires that extended the slot: see Share) and left (the
-// shares given up) themselves, and read them at that place only. Caller names are
+// again (the acquires that extended the slot: see Share, and the token
+// of the request that took its latest share) and left (the shares given
+// up) themselves, and read them at that place only; a new slot's
+// request writes its token as again=0@<token> (see Token). Caller names are
 // [A-Za-z0-9._@-], plans [A-Za-z0-9._-], pool names and keys hold neither
 // ';' nor ',', so none of them holds a ';'. A user id may hold any
 // character but whitespace and braces, so it goes with its length in
@@ -42,6 +47,22 @@ type Record struct {
 	// Label is what the caller says the stream is (keys.ValidateLabel).
 	// Empty: none.
 	Label string
+	// Token names the request that acquires ([A-Za-z0-9_-], see
+	// NewToken), for a stream whose id its client chose, which several
+	// requests (a client's retries) may hold at once: its acquire, asked
+	// again after its reply was lost, is answered the share its first try
+	// took, not counted as another request's extension. Empty: none (an
+	// id the limiter made is one request's only). Only the scripts read
+	// it back (ParseRecord leaves it out).
+	Token string
+}
+
+// NewToken returns a request's Token: 64 random bits, so that two
+// requests of a stream share one by chance once in 2^64.
+func NewToken() string {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], rand.Uint64())
+	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
 // Field names of a record.
@@ -63,7 +84,13 @@ func (r Record) encode() string {
 		return ""
 	}
 	var b strings.Builder
-	for _, f := range [...]struct{ name, value string }{{fieldCaller, r.Caller}, {fieldPlan, r.Plan}, {fieldPools, r.Pools}} {
+	if r.Caller != "" {
+		b.WriteString(";" + fieldCaller + "=" + r.Caller)
+	}
+	if r.Token != "" {
+		b.WriteString(";" + fieldAgain + "=0@" + r.Token)
+	}
+	for _, f := range [...]struct{ name, value string }{{fieldPlan, r.Plan}, {fieldPools, r.Pools}} {
 		if f.value != "" {
 			b.WriteString(";" + f.name + "=" + f.value)
 		}
@@ -159,8 +186,9 @@ func ParseRecord(s string) StoredRecord {
 			out.Pools = value
 		case fieldPriority:
 			out.Priority, _ = strconv.Atoi(value)
-		case fieldAgain:
-			out.Again, _ = strconv.Atoi(value)
+		case fieldAgain: // <n>@<token>, or <n>: the token is the scripts'
+			n, _, _ := strings.Cut(value, "@")
+			out.Again, _ = strconv.Atoi(n)
 		}
 	}
 	return out

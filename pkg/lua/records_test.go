@@ -1,6 +1,7 @@
 package lua
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -23,6 +24,10 @@ func TestRecordsReadBackAsWritten(t *testing.T) {
 		{"a user's slot's pools", "3000;started=5;plan=paid;pools=model=gpt-4o,org=acme",
 			StoredRecord{TTL: 3 * time.Second, StartedAtMs: 5, Record: Record{Plan: "paid", Pools: "model=gpt-4o,org=acme"}}},
 		{"a user id cut short reads no further", "3000;started=5;user=9:abc", StoredRecord{TTL: 3 * time.Second, StartedAtMs: 5}},
+		{"extensions, the latest share's token (the scripts' alone) and the shares left", "3000;started=5;caller=c;again=2@tok-9_Z;left=0;plan=paid",
+			StoredRecord{TTL: 3 * time.Second, StartedAtMs: 5, Again: 2, Record: Record{Caller: "c", Plan: "paid"}}},
+		{"extensions without a token, as the shares version wrote", "3000;started=5;again=3;left=1.2;plan=paid",
+			StoredRecord{TTL: 3 * time.Second, StartedAtMs: 5, Again: 3, Record: Record{Plan: "paid"}}},
 		{"no record", "", StoredRecord{}},
 	}
 	for _, tc := range cases {
@@ -44,15 +49,33 @@ func TestRecordEncodeLeavesEmptyFieldsOutAndTheLabelLast(t *testing.T) {
 		{Record{Plan: "free", Label: "m;x=y"}, ";plan=free;label=m;x=y"},
 		{Record{Caller: "c", Plan: "p", Label: "l"}, ";caller=c;plan=p;label=l"},
 		{Record{Caller: "c", Plan: "p", Pools: "model=m/x", User: "u;1", Label: "l"}, ";caller=c;plan=p;pools=model=m/x;user=3:u;1;label=l"},
+		{Record{Caller: "c", Plan: "p", Token: "t0k"}, ";caller=c;again=0@t0k;plan=p"},
+		{Record{Plan: "p", Token: "t0k"}, ";again=0@t0k;plan=p"},
 	}
 	for _, tc := range cases {
 		got := tc.rec.encode()
 		if got != tc.want {
 			t.Errorf("%+v.encode() = %q, want %q", tc.rec, got, tc.want)
 		}
-		if back := ParseRecord("100;started=1" + got).Record; back != tc.rec {
+		want := tc.rec
+		want.Token = "" // the scripts' alone
+		if back := ParseRecord("100;started=1" + got); back.Record != want || back.Again != 0 {
 			t.Errorf("%+v read back as %+v", tc.rec, back)
 		}
+	}
+}
+
+func TestTokensAreUnlikeAndOfTheCharactersTheScriptsRead(t *testing.T) {
+	seen := map[string]bool{}
+	for range 1000 {
+		tok := NewToken()
+		if len(tok) != 11 || strings.Trim(tok, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-") != "" {
+			t.Fatalf("NewToken() = %q; want 11 characters of [A-Za-z0-9_-]", tok)
+		}
+		if seen[tok] {
+			t.Fatalf("NewToken() gave %q twice in 1000", tok)
+		}
+		seen[tok] = true
 	}
 }
 

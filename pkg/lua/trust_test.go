@@ -365,3 +365,63 @@ func TestEachRequestOfAStreamLeavesItsShareOfTheSlot(t *testing.T) {
 		}
 	})
 }
+
+// TestAnAcquireAskedAgainIsAnsweredTheShareItTook: a request's acquire
+// whose reply was lost is sent again (rueidis does, on a fresh
+// connection); the record keeps the token of the request that took the
+// latest share, so the call asked again is answered the share its first
+// try took, with nothing counted twice: a new slot as a new slot (share
+// 0, its start), an extension as that extension. Another token, one that
+// differs by one character, or a label spelling the token's field, is
+// another request: one more extension.
+func TestAnAcquireAskedAgainIsAnsweredTheShareItTook(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		acquire := func(key string, rec lua.Record) lua.Acquired {
+			t.Helper()
+			got, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, rec, false)
+			if err != nil || !got.Granted {
+				t.Fatalf("acquire %+v: %+v, %v", rec, got, err)
+			}
+			return got
+		}
+		key := newKey(t)
+		first := acquire(key, lua.Record{Caller: "chat", Plan: "paid", Token: "tokA"})
+		again := acquire(key, lua.Record{Caller: "chat", Plan: "paid", Token: "tokA"})
+		if first.Extended || again.Extended || again.Share() != first.Share() || again.Share().Index != 0 || again.Used != 1 {
+			t.Fatalf("a new slot's acquire asked again: %+v after %+v; want a new slot, share 0 of its start, as the first try", again, first)
+		}
+		b1 := acquire(key, lua.Record{Caller: "chat", Plan: "paid", Token: "tokB"})
+		b2 := acquire(key, lua.Record{Caller: "chat", Plan: "paid", Token: "tokB"})
+		if !b1.Extended || !b2.Extended || b1.Share() != (lua.Share{Index: 1, StartedAtMs: first.StartedAtMs}) || b2.Share() != b1.Share() {
+			t.Fatalf("another request's extension, asked again: %+v, then %+v; want share 1 of the first's start both times", b1.Share(), b2.Share())
+		}
+		// Share 0 leaves; the record keeps B's token: B asked again is
+		// still share 1.
+		if rel, err := lua.ReleaseMember(ctx, c, "", lua.Member{Key: key, ID: "s", Owned: true, Share: first.Share()}); err != nil || !rel.Superseded {
+			t.Fatalf("leaving share 0 while share 1 is held: %+v, %v; want kept", rel, err)
+		}
+		if b3 := acquire(key, lua.Record{Caller: "chat", Plan: "paid", Token: "tokB"}); b3.Share() != b1.Share() {
+			t.Fatalf("B asked again after share 0 left: share %+v; want %+v", b3.Share(), b1.Share())
+		}
+		for i, other := range []lua.Record{{Caller: "chat", Plan: "paid", Token: "tokC"}, {Caller: "chat", Plan: "paid", Token: "tokB0"}, {Caller: "chat", Plan: "paid", Token: "tok"}} {
+			if got := acquire(key, other); got.Share().Index != 2+i {
+				t.Fatalf("request %+v: share %d; want %d, one more extension", other, got.Share().Index, 2+i)
+			}
+		}
+		// The slot goes with the last share: B's (1) and the three others'.
+		for i := 1; i <= 4; i++ {
+			rel, err := lua.ReleaseMember(ctx, c, "", lua.Member{Key: key, ID: "s", Owned: true, Share: lua.Share{Index: i, StartedAtMs: first.StartedAtMs}})
+			if err != nil || rel.Released != (i == 4) {
+				t.Fatalf("leaving share %d of 4: %+v, %v; want released by the last only", i, rel, err)
+			}
+		}
+
+		// A label spelling the token's field is not read as one.
+		key = newKey(t)
+		acquire(key, lua.Record{Plan: "paid", Label: ";again=0@tokL"})
+		if got := acquire(key, lua.Record{Plan: "paid", Token: "tokL"}); !got.Extended || got.Share().Index != 1 {
+			t.Fatalf("a request whose token a label spells: %+v; want an extension, share 1", got)
+		}
+	})
+}

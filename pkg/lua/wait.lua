@@ -118,7 +118,7 @@ local function extendHeld(i, id)
   redis.call('ZADD', slots, 'GT', now + ttl, id)
   local kept = redis.call('HGET', meta, id)
   if kept then
-    kept = extended(kept)
+    kept = extended(kept, '')
   else
     kept = records[i]
   end

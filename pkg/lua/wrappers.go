@@ -34,7 +34,8 @@ type Acquired struct {
 	// mode (AcquireOptions.Shadow) granted it; Used counts it.
 	WouldRefuse bool
 	// Record is the held slot's record, as kept, when the call extended
-	// it (Extended); else "".
+	// it (Extended), or when it took the slot in a try whose reply was
+	// lost and was asked again (see Record.Token); else "".
 	Record string
 	// StartedAtMs is the granted slot's start (Redis ms): the call's
 	// time for a slot it took, the record's for one it extended; 0 when
@@ -85,7 +86,7 @@ func (a Acquired) Share() Share { return Share{Index: a.Again(), StartedAtMs: a.
 // slot's expiry is its start plus ttl.
 func (a *Acquired) started(ttl time.Duration) {
 	switch {
-	case a.Extended:
+	case a.Record != "":
 		a.StartedAtMs = ParseRecord(a.Record).StartedAtMs
 	case a.Granted:
 		a.StartedAtMs = a.ExpiresAtMs - ttl.Milliseconds()
