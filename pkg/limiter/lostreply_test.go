@@ -10,8 +10,10 @@ import (
 	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/pools"
+	"github.com/joishi/limiter/pkg/tiers"
 )
 
 // lostReplies is a limiter whose Redis runs every call but can be made to
@@ -296,4 +298,100 @@ func TestAnAcquireWhoseRepliesAreLostThenRefusedLeavesNothing(t *testing.T) {
 		t.Errorf("the user's slots after the refusal: %+v, %v; want none", slots, err)
 	}
 	requirePoolMembers(t, e, map[string]string{"model": "m"}, 1) // the other user's
+}
+
+// TestAWaitGrantWhoseReplyIsLostThenRefusedLeavesNothing is
+// TestAnAcquireWhoseRepliesAreLostThenRefusedLeavesNothing for the wait
+// path: an acquire of a client-chosen stream id waits in its user's
+// queue; the wait call that grants it a new slot loses its reply and is
+// sent again, which finds the stream held: it is the same request's
+// grant, not another request's extension. A full pool then refuses the
+// stream, and its user's slot goes with it, not held until its TTL.
+func TestAWaitGrantWhoseReplyIsLostThenRefusedLeavesNothing(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	proxy := testenv.StartProxy(t, srv.Addr())
+	table := poolTable(t,
+		pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(5)},
+		pools.Pool{Pool: "org", MaxConcurrentStreams: ptr(1)},
+	)
+	e := newEnv(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{proxy.Addr()}, Timeout: 2 * time.Second},
+		Tiers:   []tiers.Tier{tiers.Tier{Plan: "w1", MaxConcurrentStreams: 1, SlotTTL: 10 * time.Second, MaxWait: 10 * time.Second}.WithDefaults()},
+		Limiter: limiter.Options{Pools: table}})
+	ctx := context.Background()
+	named := map[string]string{"model": "m", "org": "o"}
+	// Another user fills org=o (and loads the scripts).
+	if res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "w1", StreamID: "held", Pools: named}); err != nil || !res.Granted {
+		t.Fatalf("the other user's acquire: %+v, %v", res, err)
+	}
+	user := newUser(t)
+	e.acquire(t, user, "w1", "x") // the user's limit (1) is reached
+	type answer struct {
+		res limiter.AcquireResult
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "w1", StreamID: "s", Pools: named, Wait: 5 * time.Second})
+		done <- answer{res, err}
+	}()
+	// Wait until the ticket is queued.
+	c := e.raw(t)
+	q := keys.Queue(e.key(t, user))
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if n, _ := c.Do(ctx, c.B().Zcard().Key(q).Build()).AsInt64(); n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the acquire never queued")
+		}
+	}
+	// The release's reply passes; the next script call, the wait call
+	// that grants "s", loses its reply.
+	proxy.DropRepliesAfter(1, 1)
+	if _, err := e.lim.Release(ctx, user, "x"); err != nil {
+		t.Fatal(err)
+	}
+	a := <-done
+	if a.err != nil || a.res.Granted || a.res.RefusedBy == nil || a.res.RefusedBy.Pool != "org" {
+		t.Fatalf("acquire: %+v, %v; want refused by org=o", a.res, a.err)
+	}
+	if proxy.DropsLeft() != 0 {
+		t.Fatal("no reply was dropped")
+	}
+	var slots limiter.UserSlots
+	var err error
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if slots, err = e.lim.Slots(ctx, user); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil || slots.Used != 0 {
+		t.Errorf("the user's slots after the refusal: %+v, %v; want none (the request that took \"s\" gave up)", slots, err)
+	}
+}
+
+// TestAShadowAcquireWhoseReplyIsLostSaysItWouldRefuse: in a plan in
+// shadow mode, an acquire over the limit whose reply is lost is asked
+// again; the answer still says it would have been refused, so that the
+// shadow refusal is counted (metrics, the proxy's header).
+func TestAShadowAcquireWhoseReplyIsLostSaysItWouldRefuse(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	proxy := testenv.StartProxy(t, srv.Addr())
+	off := false
+	e := newEnv(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{proxy.Addr()}, Timeout: 2 * time.Second},
+		Tiers: []tiers.Tier{tiers.Tier{Plan: "shadow1", MaxConcurrentStreams: 1, SlotTTL: 10 * time.Second, Enforce: &off}.WithDefaults()}})
+	ctx := context.Background()
+	user := newUser(t)
+	e.acquire(t, user, "shadow1", "x") // at the limit (loads the scripts)
+	proxy.DropReplies(1)
+	res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "shadow1", StreamID: "s"})
+	if err != nil || !res.Granted || proxy.DropsLeft() != 0 {
+		t.Fatalf("acquire: %+v, %v (drops left %d)", res, err, proxy.DropsLeft())
+	}
+	if res.WouldRefuse != limiter.CodeStreamLimitReached || res.Used != 2 {
+		t.Errorf("a shadow grant over the limit whose reply was lost: WouldRefuse %q, Used %d; want %q, 2 (as without the lost reply)",
+			res.WouldRefuse, res.Used, limiter.CodeStreamLimitReached)
+	}
 }

@@ -124,7 +124,7 @@ func (l *Limiter) await(ctx context.Context, key string, req AcquireRequest, tie
 func (l *Limiter) awaitSlot(ctx context.Context, key string, req AcquireRequest, tier tiers.Tier, wait time.Duration, res AcquireResult, generated bool, pools string) (AcquireResult, waitResult, error) {
 	start := time.Now()
 	w := &waiter{
-		streamID: req.StreamID, stream: req.StreamID, record: lua.Record{Caller: req.Caller, Plan: tier.Plan, Pools: pools, Label: req.Label, Priority: tier.Priority},
+		streamID: req.StreamID, stream: req.StreamID, record: lua.Record{Caller: req.Caller, Plan: tier.Plan, Pools: pools, Label: req.Label, Priority: tier.Priority, Token: req.token},
 		ctx: ctx, deadline: start.Add(wait), done: make(chan waitResult, 1),
 	}
 	r := l.waitIn(ctx, queueScope{key: key, userID: req.UserID}, tier, w)

@@ -13,7 +13,7 @@
 -- ARGV[3] -> slot ttl (ms, > 0, decimal digits)
 -- ARGV[4] -> the rest of a new slot's record: '' or ';name=value' fields
 --            (optional: absent is ''); its caller, when it names one, is
---            who asks; its ';again=0@<token>', when it has one, names the
+--            who asks; its ';by=0@<token>', when it has one, names the
 --            request (see below)
 -- ARGV[5] -> '0': shadow mode (the scope's enforce: false): a stream the
 --            limit refuses is granted all the same, and counted
@@ -65,8 +65,8 @@
 -- request of the stream holding the slot has a share of its own (0 the
 -- one that took it, n the n-th extension), which it leaves if it gives
 -- up, and the slot goes with the last share (see release's ARGV[3]).
--- The record keeps the token of the request that took the latest share
--- (ARGV[4]'s, see sharesOf): the same request's call asked again, after
+-- The record names the request that took the latest share (ARGV[4]'s
+-- token, see sharesOf): the same request's call asked again, after
 -- its reply was lost, changes nothing and is answered the share its
 -- first try took, so that the share it leaves if it gives up is that one,
 -- not one nobody holds. (Only the latest share's token is kept: asked
@@ -139,6 +139,7 @@ local recorded = false -- a record was written to a hash that may be new
 -- not this call's to extend (granted -1). Its record is read only then:
 -- a new stream's acquire reads none.
 local held = '' -- the extended slot's record, as kept
+local retaken = false -- this request took the slot in a try whose reply was lost
 local function extend()
   local kept = redis.call('HGET', meta, member)
   if caller ~= '' and foreign(kept, caller) then
@@ -151,12 +152,13 @@ local function extend()
     redis.call('ZADD', key, 'GT', now + ttl, member)
     kept = record
     recorded = redis.call('HSET', meta, member, kept) == 1
-  elseif mine ~= '' and tokenOf(kept) == mine then
+  elseif owned(kept, mine) then
     -- This request's own call, asked again after its reply was lost: it
     -- holds the share its first try took, which is answered as it was
     -- (a new slot for share 0, with its record), not counted twice.
     if again(kept) == 0 then
       granted = 1
+      retaken = true
     end
   else
     redis.call('ZADD', key, 'GT', now + ttl, member)
@@ -181,6 +183,14 @@ if fits then
   end
 elseif redis.call('ZSCORE', key, member) then
   extend()
+end
+if retaken then
+  -- As its first try answered: shadow mode granted it over the limit if
+  -- it is over the limit with its slot counted.
+  wouldRefuse = 0
+  if shadow and used > limit then
+    wouldRefuse = 1
+  end
 end
 
 if granted < 0 then

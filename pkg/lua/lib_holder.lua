@@ -32,12 +32,15 @@ end
 -- sharesOf(record): a record with a start, taken apart where it keeps its
 -- shares: its head; n, how many acquires of the stream extended its slot
 -- (or membership) after the one that took it (';again=<n>' right after
--- the head, 0 when none: the n-th holds share n, see leave); the token of
--- the request that took share n ('@<token>' after n, '' when none: see
--- extended); the shares given up (';left=<i>.<j>', '' when none); and
+-- the head, 0 when none: the n-th holds share n, see leave); the shares
+-- given up (';left=<i>.<j>', '' when none); the request that took the
+-- latest share, as '<n>@<token>' (';by=', '' when none: see owned); and
 -- the rest. Nil for a record without a start (an older version's), which
 -- counts no extensions. Read at that place only, as holder reads the
--- caller: a label or a user id may hold ';again=' too.
+-- caller: a label or a user id may hold ';again=' too. The previous
+-- version knew again and left only, and kept what follows them as it
+-- was: so by comes last, and names its share, which an extension by that
+-- version leaves behind.
 local function sharesOf(record)
   local head = recordHead(record)
   if not head then
@@ -48,35 +51,45 @@ local function sharesOf(record)
   if not n then
     n, after = '0', rest
   end
-  local by, tail = string.match(after, '^@([%w_%-]+)(.*)$')
-  if by then
-    after = tail
-  else
-    by = ''
-  end
-  local list
-  list, tail = string.match(after, '^;left=([%d%.]*)(.*)$')
+  local list, tail = string.match(after, '^;left=([%d%.]*)(.*)$')
   if list then
     after = tail
   else
     list = ''
   end
-  return head, tonumber(n), by, list, after
+  local by
+  by, tail = string.match(after, '^;by=(%d+@[%w_%-]+)(.*)$')
+  if by then
+    after = tail
+  else
+    by = ''
+  end
+  return head, tonumber(n), list, by, after
 end
 
--- withShares(head, n, by, list, rest): the record sharesOf took apart.
-local function withShares(head, n, by, list, rest)
-  if n == 0 and by == '' and list == '' then
-    return head .. rest
+-- withShares(head, n, list, by, rest): the record sharesOf took apart.
+local function withShares(head, n, list, by, rest)
+  local s = head
+  if n > 0 then
+    s = s .. ';again=' .. string.format('%d', n)
+    if list ~= '' then
+      s = s .. ';left=' .. list
+    end
   end
-  local s = head .. ';again=' .. string.format('%d', n)
   if by ~= '' then
-    s = s .. '@' .. by
-  end
-  if list ~= '' then
-    s = s .. ';left=' .. list
+    s = s .. ';by=' .. by
   end
   return s .. rest
+end
+
+-- isLeft(list, share): whether share is in list, the shares given up.
+local function isLeft(list, share)
+  for s in string.gmatch(list, '%d+') do
+    if tonumber(s) == share then
+      return true
+    end
+  end
+  return false
 end
 
 -- again(record): the record's count of extensions (see sharesOf), 0 when
@@ -90,23 +103,36 @@ local function again(record)
 end
 
 -- tokenOf(record): the token of the request that took the record's
--- latest share (see sharesOf), '' when none.
+-- latest share (see sharesOf), '' when none: what a new slot's record,
+-- as a request writes it (';by=0@<token>'), names.
 local function tokenOf(record)
-  local _, _, by = sharesOf(record)
-  return by or ''
+  local _, _, _, by = sharesOf(record)
+  return string.match(by or '', '@(.*)$') or ''
 end
 
--- extended(record, by): the record of a slot one more acquire extended,
--- by the request of token by ('' for none): that request's token
--- replaces the one before, so that its call, asked again after its reply
--- was lost, is known for the share it took (see acquire). A record
--- without a start is not counted (again reads 0 of it).
-local function extended(record, by)
-  local head, n, _, list, rest = sharesOf(record)
+-- owned(record, token): whether the request of token (not '') took the
+-- record's latest share and has not left it: its call, asked again after
+-- the reply was lost, which changes nothing and is answered that share.
+local function owned(record, token)
+  local head, n, list, by = sharesOf(record)
+  return token ~= '' and head ~= nil and by == string.format('%d', n) .. '@' .. token
+    and not isLeft(list, n)
+end
+
+-- extended(record, token): the record of a slot one more acquire
+-- extended, by the request of token ('' for none), which is named as
+-- the latest share's (see owned). A record without a start is not
+-- counted (again reads 0 of it).
+local function extended(record, token)
+  local head, n, list, _, rest = sharesOf(record)
   if not head then
     return record
   end
-  return withShares(head, n + 1, by, list, rest)
+  local by = ''
+  if token ~= '' then
+    by = string.format('%d', n + 1) .. '@' .. token
+  end
+  return withShares(head, n + 1, list, by, rest)
 end
 
 -- startedAt(record): the record's start (Redis ms, as written), '' when
@@ -128,7 +154,7 @@ end
 -- request's). A record without a start (an older version's) counts no
 -- extensions: share 0 of it leaves it.
 local function leave(record, share, start)
-  local head, n, by, list, rest = sharesOf(record)
+  local head, n, list, by, rest = sharesOf(record)
   if not head then
     return share == 0
   end
@@ -159,5 +185,5 @@ local function leave(record, share, start)
   if count > n then
     return true
   end
-  return withShares(head, n, by, list, rest)
+  return withShares(head, n, list, by, rest)
 end

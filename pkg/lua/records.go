@@ -12,14 +12,14 @@ import (
 // Record is what a slot's record holds besides what the acquire script
 // writes itself. The whole record reads
 //
-//	<ttl ms>;started=<Redis ms>;caller=<name>;again=<n>@<token>;left=<i>.<j>...;plan=<plan>;pools=<pool>=<key>,...;prio=<0-9>;user=<n>:<user id>;label=<label>
+//	<ttl ms>;started=<Redis ms>;caller=<name>;again=<n>;left=<i>.<j>...;by=<n>@<token>;plan=<plan>;pools=<pool>=<key>,...;prio=<0-9>;user=<n>:<user id>;label=<label>
 //
 // the TTL first (heartbeats parse only its leading digits), each field
 // after a ';', an empty one left out, in this order. The scripts write
-// again (the acquires that extended the slot: see Share, and the token
-// of the request that took its latest share) and left (the shares given
-// up) themselves, and read them at that place only; a new slot's
-// request writes its token as again=0@<token> (see Token). Caller names are
+// again (the acquires that extended the slot: see Share), left (the
+// shares given up) and by (the request that took the latest share, see
+// Token) themselves, and read them at that place only; a new slot's
+// request writes by=0@<token>. Caller names are
 // [A-Za-z0-9._@-], plans [A-Za-z0-9._-], pool names and keys hold neither
 // ';' nor ',', so none of them holds a ';'. A user id may hold any
 // character but whitespace and braces, so it goes with its length in
@@ -75,6 +75,7 @@ const (
 	fieldUser     = "user"
 	fieldLabel    = "label"
 	fieldAgain    = "again"
+	fieldBy       = "by" // the scripts' alone: ParseRecord skips it
 )
 
 // encode returns the fields after the TTL and start, each with its leading
@@ -88,7 +89,7 @@ func (r Record) encode() string {
 		b.WriteString(";" + fieldCaller + "=" + r.Caller)
 	}
 	if r.Token != "" {
-		b.WriteString(";" + fieldAgain + "=0@" + r.Token)
+		b.WriteString(";" + fieldBy + "=0@" + r.Token)
 	}
 	for _, f := range [...]struct{ name, value string }{{fieldPlan, r.Plan}, {fieldPools, r.Pools}} {
 		if f.value != "" {
@@ -186,9 +187,8 @@ func ParseRecord(s string) StoredRecord {
 			out.Pools = value
 		case fieldPriority:
 			out.Priority, _ = strconv.Atoi(value)
-		case fieldAgain: // <n>@<token>, or <n>: the token is the scripts'
-			n, _, _ := strings.Cut(value, "@")
-			out.Again, _ = strconv.Atoi(n)
+		case fieldAgain:
+			out.Again, _ = strconv.Atoi(value)
 		}
 	}
 	return out

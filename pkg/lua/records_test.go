@@ -24,7 +24,7 @@ func TestRecordsReadBackAsWritten(t *testing.T) {
 		{"a user's slot's pools", "3000;started=5;plan=paid;pools=model=gpt-4o,org=acme",
 			StoredRecord{TTL: 3 * time.Second, StartedAtMs: 5, Record: Record{Plan: "paid", Pools: "model=gpt-4o,org=acme"}}},
 		{"a user id cut short reads no further", "3000;started=5;user=9:abc", StoredRecord{TTL: 3 * time.Second, StartedAtMs: 5}},
-		{"extensions, the latest share's token (the scripts' alone) and the shares left", "3000;started=5;caller=c;again=2@tok-9_Z;left=0;plan=paid",
+		{"extensions, the shares left and the latest share's request (the scripts' alone)", "3000;started=5;caller=c;again=2;left=0;by=2@tok-9_Z;plan=paid",
 			StoredRecord{TTL: 3 * time.Second, StartedAtMs: 5, Again: 2, Record: Record{Caller: "c", Plan: "paid"}}},
 		{"extensions without a token, as the shares version wrote", "3000;started=5;again=3;left=1.2;plan=paid",
 			StoredRecord{TTL: 3 * time.Second, StartedAtMs: 5, Again: 3, Record: Record{Plan: "paid"}}},
@@ -49,8 +49,8 @@ func TestRecordEncodeLeavesEmptyFieldsOutAndTheLabelLast(t *testing.T) {
 		{Record{Plan: "free", Label: "m;x=y"}, ";plan=free;label=m;x=y"},
 		{Record{Caller: "c", Plan: "p", Label: "l"}, ";caller=c;plan=p;label=l"},
 		{Record{Caller: "c", Plan: "p", Pools: "model=m/x", User: "u;1", Label: "l"}, ";caller=c;plan=p;pools=model=m/x;user=3:u;1;label=l"},
-		{Record{Caller: "c", Plan: "p", Token: "t0k"}, ";caller=c;again=0@t0k;plan=p"},
-		{Record{Plan: "p", Token: "t0k"}, ";again=0@t0k;plan=p"},
+		{Record{Caller: "c", Plan: "p", Token: "t0k"}, ";caller=c;by=0@t0k;plan=p"},
+		{Record{Plan: "p", Token: "t0k"}, ";by=0@t0k;plan=p"},
 	}
 	for _, tc := range cases {
 		got := tc.rec.encode()

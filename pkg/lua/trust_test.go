@@ -419,9 +419,120 @@ func TestAnAcquireAskedAgainIsAnsweredTheShareItTook(t *testing.T) {
 
 		// A label spelling the token's field is not read as one.
 		key = newKey(t)
-		acquire(key, lua.Record{Plan: "paid", Label: ";again=0@tokL"})
+		acquire(key, lua.Record{Plan: "paid", Label: ";by=0@tokL;again=0@tokL"})
 		if got := acquire(key, lua.Record{Plan: "paid", Token: "tokL"}); !got.Extended || got.Share().Index != 1 {
 			t.Fatalf("a request whose token a label spells: %+v; want an extension, share 1", got)
+		}
+	})
+}
+
+// TestAShadowGrantAskedAgainSaysItWouldRefuse: a new slot shadow mode
+// let in over the limit (WouldRefuse), whose reply is lost, is asked
+// again: it is answered as the first try was, WouldRefuse too, so that
+// the grant is counted as a shadow refusal.
+func TestAShadowGrantAskedAgainSaysItWouldRefuse(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		if got, err := lua.Acquire(ctx, c, key, "other", 1, time.Minute, lua.Record{Plan: "p"}, true); err != nil || !got.Granted {
+			t.Fatalf("other: %+v, %v", got, err)
+		}
+		rec := lua.Record{Plan: "p", Token: "tokA"}
+		first, err := lua.Acquire(ctx, c, key, "s", 1, time.Minute, rec, true)
+		if err != nil || !first.Granted || !first.WouldRefuse {
+			t.Fatalf("first try: %+v, %v", first, err)
+		}
+		again, err := lua.Acquire(ctx, c, key, "s", 1, time.Minute, rec, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again.Extended || again.WouldRefuse != first.WouldRefuse || again.Used != first.Used {
+			t.Errorf("asked again: Extended %v WouldRefuse %v Used %d; want as the first try: Extended false WouldRefuse %v Used %d",
+				again.Extended, again.WouldRefuse, again.Used, first.WouldRefuse, first.Used)
+		}
+	})
+}
+
+// TestAWaitGrantAskedAgainIsAnsweredAsItWas: the wait script is sent
+// again after a lost reply too. A call that granted its ticket a new
+// slot (share 0), asked again, finds the ticket gone and the stream
+// held: it is the same request (its ticket's token), answered the new
+// slot and share 0 as the first try was, so that leaving that share
+// releases the slot. Another request's ticket (another token) is an
+// extension.
+func TestAWaitGrantAskedAgainIsAnsweredAsItWas(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		if got, err := lua.Acquire(ctx, c, key, "x", 1, time.Minute, lua.Record{Plan: "one"}, false); err != nil || !got.Granted {
+			t.Fatalf("x: %+v, %v", got, err)
+		}
+		args := lua.WaitArgs{Limit: 1, SlotTTL: time.Minute, TicketTTL: 10 * time.Second, MaxQueue: 10,
+			Tickets: []lua.TicketArgs{{StreamID: "s", Record: lua.Record{Plan: "one", Token: "tokW"}}}}
+		if w, err := lua.Wait(ctx, c, key, args); err != nil || w.Tickets[0].State != lua.TicketQueued {
+			t.Fatalf("queue: %+v, %v", w, err)
+		}
+		if _, err := lua.Release(ctx, c, "", key, "x"); err != nil {
+			t.Fatal(err)
+		}
+		first, err := lua.Wait(ctx, c, key, args)
+		if err != nil || first.Tickets[0].State != lua.TicketGranted || first.Tickets[0].Extended {
+			t.Fatalf("grant: %+v, %v", first, err)
+		}
+		again, err := lua.Wait(ctx, c, key, args) // the same call, sent again
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := again.Tickets[0]
+		if g.Extended || g.Share != first.Tickets[0].Share {
+			t.Errorf("the grant asked again: Extended %v share %+v; want the first try's answer: a new slot, share %+v", g.Extended, g.Share, first.Tickets[0].Share)
+		}
+		rel, err := lua.ReleaseMember(ctx, c, "", lua.Member{Key: key, ID: "s", Owned: true, Share: g.Share})
+		if err != nil || !rel.Released {
+			t.Errorf("the request gives up, leaving the share it was answered: %+v, %v; want the slot released (no other request holds it)", rel, err)
+		}
+	})
+}
+
+// TestARequestThatLeftItsShareAndAcquiresAgainTakesAnother: a request
+// that left its share (a pooled acquire leaves the later keys its tries
+// took before it waits in a full key's queue, then joins them again in
+// turn, with the same token) and acquires again while another request of
+// the stream holds its share is not answered the share it left: it
+// extends the slot, so that the other request's leaving does not release
+// the slot under it.
+func TestARequestThatLeftItsShareAndAcquiresAgainTakesAnother(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		acq := func(tok string) lua.Acquired {
+			t.Helper()
+			got, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, lua.Record{Plan: "paid", Token: tok}, false)
+			if err != nil || !got.Granted {
+				t.Fatalf("acquire %s: %+v, %v", tok, got, err)
+			}
+			return got
+		}
+		leave := func(s lua.Share) lua.Released {
+			t.Helper()
+			rel, err := lua.ReleaseMember(ctx, c, "", lua.Member{Key: key, ID: "s", Owned: true, Share: s})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return rel
+		}
+		r1 := acq("tok1")
+		r := acq("tokR")
+		if rel := leave(r.Share()); !rel.Superseded {
+			t.Fatalf("R leaves share 1: %+v", rel)
+		}
+		again := acq("tokR") // R joins the key again, after its wait
+		if !again.Extended || again.Share().Index != 2 {
+			t.Errorf("R's acquire after it left share %d: %+v; want an extension, share 2", r.Share().Index, again)
+		}
+		if rel := leave(r1.Share()); rel.Released {
+			t.Errorf("R1 left share 0 while R holds the grant it acquired again (answered share %d, already left): the slot was released under R",
+				again.Share().Index)
 		}
 	})
 }

@@ -71,8 +71,9 @@
 -- ticket's score when the clock did not move (or went back, after a
 -- failover), so arrival order is total. Idempotent: a ticket already
 -- queued keeps its place (a retry under the same stream id), one already
--- granted is granted again and its slot extended, and a ticket that
--- left is not queued.
+-- granted is granted again and its slot extended (or, asked again by the
+-- same request, whose reply was lost, answered as it was: see
+-- extendHeld), and a ticket that left is not queued.
 local slots, meta, queue, expiry, recs = KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6]
 local limit = tonumber(ARGV[1])
 local ttl = tonumber(ARGV[2])
@@ -115,10 +116,24 @@ local prefix = ARGV[2] .. ';started=' .. string.format('%d', now)
 -- acquire extends it, counting one more extension in its record, and the
 -- ticket is answered granted with its share (state 2).
 local function extendHeld(i, id)
-  redis.call('ZADD', slots, 'GT', now + ttl, id)
   local kept = redis.call('HGET', meta, id)
+  local mine = tokenOf(records[i])
+  if kept and owned(kept, mine) then
+    -- The ticket's own grant, by this call asked again after its reply
+    -- was lost: answered as it was, nothing counted twice.
+    local n = again(kept)
+    values[i] = tonumber(redis.call('ZSCORE', slots, id))
+    shares[i], starts[i] = n, tonumber(startedAt(kept)) or 0
+    if n == 0 then
+      states[i], kepts[i] = 1, ''
+    else
+      states[i], kepts[i] = 2, kept
+    end
+    return
+  end
+  redis.call('ZADD', slots, 'GT', now + ttl, id)
   if kept then
-    kept = extended(kept, '')
+    kept = extended(kept, mine)
   else
     kept = records[i]
   end
