@@ -12,6 +12,7 @@ import (
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/lua"
 	"github.com/joishi/limiter/pkg/pools"
 	"github.com/joishi/limiter/pkg/tiers"
 )
@@ -393,5 +394,56 @@ func TestAShadowAcquireWhoseReplyIsLostSaysItWouldRefuse(t *testing.T) {
 	if res.WouldRefuse != limiter.CodeStreamLimitReached || res.Used != 2 {
 		t.Errorf("a shadow grant over the limit whose reply was lost: WouldRefuse %q, Used %d; want %q, 2 (as without the lost reply)",
 			res.WouldRefuse, res.Used, limiter.CodeStreamLimitReached)
+	}
+}
+
+// TestAShadowAcquireBehindAWaiterWhoseReplyIsLostSaysItWouldRefuse: a
+// user's slot is owed to a waiting acquire of an enforced plan; an
+// acquire of a shadow plan is let in over the limit and says so
+// (WouldRefuse), with its reply lost and the script sent again as
+// without.
+func TestAShadowAcquireBehindAWaiterWhoseReplyIsLostSaysItWouldRefuse(t *testing.T) {
+	t.Parallel()
+	for _, drop := range []bool{false, true} {
+		srv := testenv.StartRedis(t)
+		proxy := testenv.StartProxy(t, srv.Addr())
+		off := false
+		e := newEnv(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{proxy.Addr()}, Timeout: 2 * time.Second},
+			Tiers: []tiers.Tier{
+				tiers.Tier{Plan: "w1", MaxConcurrentStreams: 1, SlotTTL: 10 * time.Second, MaxWait: 10 * time.Second}.WithDefaults(),
+				tiers.Tier{Plan: "shadow1", MaxConcurrentStreams: 1, SlotTTL: 10 * time.Second, Enforce: &off}.WithDefaults(),
+			}})
+		ctx := context.Background()
+		user := newUser(t)
+		e.acquire(t, user, "shadow1", "warm") // loads the scripts
+		if _, err := e.lim.Release(ctx, user, "warm"); err != nil {
+			t.Fatal(err)
+		}
+		c := e.raw(t)
+		key := e.key(t, user)
+		if got, err := lua.Acquire(ctx, c, key, "x", 1, 10*time.Second, lua.Record{Plan: "w1"}, false); err != nil || !got.Granted {
+			t.Fatalf("x: %+v, %v", got, err)
+		}
+		// A waiter of plan w1 (another replica's ticket), then x goes
+		// without waking it: the free slot is owed to it.
+		args := lua.WaitArgs{Limit: 1, SlotTTL: 10 * time.Second, TicketTTL: 10 * time.Second, MaxQueue: 10,
+			Tickets: []lua.TicketArgs{{StreamID: "q", Record: lua.Record{Plan: "w1", Token: "tokQ"}}}}
+		if w, err := lua.Wait(ctx, c, key, args); err != nil || w.Tickets[0].State != lua.TicketQueued {
+			t.Fatalf("queue q: %+v, %v", w, err)
+		}
+		if _, err := lua.Release(ctx, c, "", key, "x"); err != nil {
+			t.Fatal(err)
+		}
+		if drop {
+			proxy.DropReplies(1)
+		}
+		res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "shadow1", StreamID: "s"})
+		if err != nil || !res.Granted || proxy.DropsLeft() != 0 {
+			t.Fatalf("drop %v: acquire: %+v, %v (drops left %d)", drop, res, err, proxy.DropsLeft())
+		}
+		if res.WouldRefuse != limiter.CodeStreamLimitReached {
+			t.Errorf("reply lost %v: WouldRefuse %q Used %d; want %q (the free slot was owed to the waiter, as the answer without a lost reply says)",
+				drop, res.WouldRefuse, res.Used, limiter.CodeStreamLimitReached)
+		}
 	}
 }

@@ -172,6 +172,9 @@ end
 if fits then
   -- NX adds a new stream and answers 1; 0 means it is held already.
   if redis.call('ZADD', key, 'NX', now + ttl, member) == 1 then
+    if wouldRefuse == 1 then
+      record = overLimit(record) -- for its call asked again to say so too
+    end
     redis.call('HSET', meta, member, record)
     granted = 1
     expires = now + ttl
@@ -185,10 +188,9 @@ elseif redis.call('ZSCORE', key, member) then
   extend()
 end
 if retaken then
-  -- As its first try answered: shadow mode granted it over the limit if
-  -- it is over the limit with its slot counted.
+  -- As its first try answered, which its record keeps.
   wouldRefuse = 0
-  if shadow and used > limit then
+  if wasOverLimit(held) then
     wouldRefuse = 1
   end
 end

@@ -34,7 +34,9 @@ end
 -- (or membership) after the one that took it (';again=<n>' right after
 -- the head, 0 when none: the n-th holds share n, see leave); the shares
 -- given up (';left=<i>.<j>', '' when none); the request that took the
--- latest share, as '<n>@<token>' (';by=', '' when none: see owned); and
+-- latest share, as '<n>@<token>' (';by=', '' when none: see owned; a
+-- '!' after it says that shadow mode let a new slot in over its limit,
+-- for its call asked again to say so too); and
 -- the rest. Nil for a record without a start (an older version's), which
 -- counts no extensions. Read at that place only, as holder reads the
 -- caller: a label or a user id may hold ';again=' too. The previous
@@ -58,7 +60,7 @@ local function sharesOf(record)
     list = ''
   end
   local by
-  by, tail = string.match(after, '^;by=(%d+@[%w_%-]+)(.*)$')
+  by, tail = string.match(after, '^;by=(%d+@[%w_%-]+!?)(.*)$')
   if by then
     after = tail
   else
@@ -107,7 +109,7 @@ end
 -- as a request writes it (';by=0@<token>'), names.
 local function tokenOf(record)
   local _, _, _, by = sharesOf(record)
-  return string.match(by or '', '@(.*)$') or ''
+  return string.match(by or '', '@([%w_%-]*)') or ''
 end
 
 -- owned(record, token): whether the request of token (not '') took the
@@ -115,8 +117,27 @@ end
 -- the reply was lost, which changes nothing and is answered that share.
 local function owned(record, token)
   local head, n, list, by = sharesOf(record)
-  return token ~= '' and head ~= nil and by == string.format('%d', n) .. '@' .. token
+  local mine = string.format('%d', n) .. '@' .. token
+  return token ~= '' and head ~= nil and (by == mine or by == mine .. '!')
     and not isLeft(list, n)
+end
+
+-- overLimit(record): the record of a new slot, marked as let in over its
+-- limit by shadow mode (see sharesOf), when it names its request; as it
+-- is when it does not.
+local function overLimit(record)
+  local head, n, list, by, rest = sharesOf(record)
+  if not head or by == '' then
+    return record
+  end
+  return withShares(head, n, list, by .. '!', rest)
+end
+
+-- wasOverLimit(record): whether the record says shadow mode let its
+-- slot in over its limit (see overLimit).
+local function wasOverLimit(record)
+  local _, _, _, by = sharesOf(record)
+  return string.sub(by or '', -1) == '!'
 end
 
 -- extended(record, token): the record of a slot one more acquire

@@ -536,3 +536,65 @@ func TestARequestThatLeftItsShareAndAcquiresAgainTakesAnother(t *testing.T) {
 		}
 	})
 }
+
+// TestAShadowGrantBehindAWaiterAskedAgainSaysItWouldRefuse: a
+// shadow-mode acquire whose slot is owed to a waiting ticket (of an
+// enforced plan of the same user) is granted over the limit
+// (WouldRefuse) with used == limit; the same call sent again (its reply
+// lost) says so too: the record keeps what its first try answered.
+func TestAShadowGrantBehindAWaiterAskedAgainSaysItWouldRefuse(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		if got, err := lua.Acquire(ctx, c, key, "x", 1, time.Minute, lua.Record{Plan: "one"}, false); err != nil || !got.Granted {
+			t.Fatalf("x: %+v, %v", got, err)
+		}
+		args := lua.WaitArgs{Limit: 1, SlotTTL: time.Minute, TicketTTL: 30 * time.Second, MaxQueue: 10,
+			Tickets: []lua.TicketArgs{{StreamID: "q", Record: lua.Record{Plan: "one", Token: "tokQ"}}}}
+		if w, err := lua.Wait(ctx, c, key, args); err != nil || w.Tickets[0].State != lua.TicketQueued {
+			t.Fatalf("queue q: %+v, %v", w, err)
+		}
+		if _, err := lua.Release(ctx, c, "", key, "x"); err != nil { // the free slot is owed to q
+			t.Fatal(err)
+		}
+		rec := lua.Record{Plan: "shadowplan", Token: "tokS"}
+		first, err := lua.Acquire(ctx, c, key, "s", 1, time.Minute, rec, true)
+		if err != nil || !first.Granted || !first.WouldRefuse {
+			t.Fatalf("first try: %+v, %v; want granted with WouldRefuse (the slot is owed to q)", first, err)
+		}
+		again, err := lua.Acquire(ctx, c, key, "s", 1, time.Minute, rec, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again.Extended || again.WouldRefuse != first.WouldRefuse || again.Used != first.Used {
+			t.Errorf("asked again: Extended %v WouldRefuse %v Used %d; first try: WouldRefuse %v Used %d",
+				again.Extended, again.WouldRefuse, again.Used, first.WouldRefuse, first.Used)
+		}
+	})
+}
+
+// TestAShadowGrantAskedAgainAfterAnotherStreamSaysWhatItSaid: a shadow
+// acquire under the limit (WouldRefuse false) is sent again after
+// another stream was let in over the limit between the two runs: the
+// re-run says what the first try said, not that it would be refused.
+func TestAShadowGrantAskedAgainAfterAnotherStreamSaysWhatItSaid(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		rec := lua.Record{Plan: "p", Token: "tokS"}
+		first, err := lua.Acquire(ctx, c, key, "s", 1, time.Minute, rec, true)
+		if err != nil || !first.Granted || first.WouldRefuse {
+			t.Fatalf("first: %+v, %v", first, err)
+		}
+		if got, err := lua.Acquire(ctx, c, key, "other", 1, time.Minute, lua.Record{Plan: "p"}, true); err != nil || !got.Granted || !got.WouldRefuse {
+			t.Fatalf("other: %+v, %v", got, err)
+		}
+		again, err := lua.Acquire(ctx, c, key, "s", 1, time.Minute, rec, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again.Extended || again.WouldRefuse != first.WouldRefuse {
+			t.Errorf("asked again: Extended %v WouldRefuse %v; first try: WouldRefuse %v", again.Extended, again.WouldRefuse, first.WouldRefuse)
+		}
+	})
+}

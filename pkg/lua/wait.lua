@@ -120,7 +120,10 @@ local function extendHeld(i, id)
   local mine = tokenOf(records[i])
   if kept and owned(kept, mine) then
     -- The ticket's own grant, by this call asked again after its reply
-    -- was lost: answered as it was, nothing counted twice.
+    -- was lost: answered as it was, nothing counted twice. (Only the
+    -- latest share's request is named, as in acquire: asked again after
+    -- another request of the stream extended the slot in between, it
+    -- counts one more share, which holds the slot until it expires.)
     local n = again(kept)
     values[i] = tonumber(redis.call('ZSCORE', slots, id))
     shares[i], starts[i] = n, tonumber(startedAt(kept)) or 0
