@@ -235,6 +235,33 @@ const overrideSuffix = ":override"
 // expiry is not applied.
 func Override(userKey string) string { return userKey + overrideSuffix }
 
+// Companions are the keys a user key's (or a pool key's) scripts read
+// beside it: SlotRecords, Override, Queue, QueueExpiry and QueueRecords
+// of userKey, as those build them.
+type Companions struct {
+	SlotRecords, Override, Queue, QueueExpiry, QueueRecords string
+}
+
+// CompanionsOf returns userKey's companion keys, made in one allocation:
+// every script call names them.
+func CompanionsOf(userKey string) Companions {
+	suffixes := [...]string{slotRecordsSuffix, overrideSuffix, queueSuffix, queueExpirySuffix, queueRecordsSuffix}
+	var b strings.Builder
+	b.Grow(len(suffixes)*len(userKey) + len(slotRecordsSuffix) + len(overrideSuffix) +
+		len(queueSuffix) + len(queueExpirySuffix) + len(queueRecordsSuffix))
+	for _, s := range suffixes {
+		b.WriteString(userKey)
+		b.WriteString(s)
+	}
+	all := b.String()
+	var out [len(suffixes)]string
+	for i, s := range suffixes {
+		n := len(userKey) + len(s)
+		out[i], all = all[:n], all[n:]
+	}
+	return Companions{SlotRecords: out[0], Override: out[1], Queue: out[2], QueueExpiry: out[3], QueueRecords: out[4]}
+}
+
 // IsOverride reports whether key is a name Override builds (the first '}'
 // ends the user's hash tag, as in IsReleasedAnswer).
 func IsOverride(key string) bool {

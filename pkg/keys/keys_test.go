@@ -193,3 +193,18 @@ func FuzzUserKeyHashTag(f *testing.F) {
 		}
 	})
 }
+
+func TestCompanionsOfAreTheKeysEachBuilds(t *testing.T) {
+	pool, err := Schema{Prefix: "x:"}.PoolKey("model", "gpt-4o")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"x:{u1}", "joishi:streams:{é-ü}", pool, "{}"} {
+		got := CompanionsOf(key)
+		want := Companions{SlotRecords: SlotRecords(key), Override: Override(key), Queue: Queue(key),
+			QueueExpiry: QueueExpiry(key), QueueRecords: QueueRecords(key)}
+		if got != want {
+			t.Errorf("CompanionsOf(%q) = %+v, want %+v", key, got, want)
+		}
+	}
+}

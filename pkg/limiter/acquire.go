@@ -294,16 +294,16 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		return AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}, tier,
 			fmt.Errorf("%w: stream %q of user %q", ErrNotSlotHolder, req.StreamID, req.UserID)
 	}
-	// An extension joins no pool key the stream does not hold: what it
-	// took of others goes (those the stream holds were only extended).
-	if err := poolsDiffer(req, lua.DecodePools(lua.ParseRecord(got.Record).Pools), held); got.Extended && err != nil {
-		// What this acquire took goes: the memberships, and its share of
-		// the slot it extended (the stream's other requests keep theirs).
-		l.undo(ctx, end, takenOf(tries, poolMember(req.UserID, req.StreamID), generated), true,
-			userSlot{share: got.Share(), whole: generated}.member(key, req.StreamID))
-		return AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}, tier, err
-	}
 	if got.Extended {
+		// An extension joins no pool key the stream does not hold: what it
+		// took of others goes (those the stream holds were only extended).
+		if err := poolsDiffer(req, lua.DecodePools(lua.ParseRecord(got.Record).Pools), held); err != nil {
+			// What this acquire took goes: the memberships, and its share of
+			// the slot it extended (the stream's other requests keep theirs).
+			l.undo(ctx, end, takenOf(tries, poolMember(req.UserID, req.StreamID), generated), true,
+				userSlot{share: got.Share(), whole: generated}.member(key, req.StreamID))
+			return AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}, tier, err
+		}
 		l.heldPlan(got.Record, tier, &res)
 	}
 	res.Granted = got.Granted

@@ -113,12 +113,13 @@ func (l *Limiter) memberships(named map[string]string) ([]membership, error) {
 	if len(named) > MaxPools {
 		return nil, fmt.Errorf("%w: %d pools named, the limit is %d", ErrInvalidPoolKey, len(named), MaxPools)
 	}
-	names := make([]string, 0, len(named))
+	var buf [MaxPools]string
+	names := buf[:0]
 	for name := range named {
 		names = append(names, name)
 	}
 	slices.Sort(names)
-	var out []membership
+	out := make([]membership, 0, len(names))
 	for _, name := range names {
 		pool, ok := l.pools.Lookup(name)
 		if !ok {
@@ -203,10 +204,10 @@ type joined struct {
 // then asked for in turn.
 func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req AcquireRequest, tier tiers.Tier, ms []membership, slot userSlot, tries []poolTry) (joined, error) {
 	member := poolMember(req.UserID, req.StreamID)
-	var out joined
-	var taken []lua.Member              // this call's shares of the memberships it holds
-	var shared map[string]*atomic.Int32 // of taken, those a wait granted to others too
-	var holding []string                // the pool keys held so far, added or extended
+	out := joined{grants: make([]PoolGrant, 0, len(ms))}
+	taken := make([]lua.Member, 0, len(ms)) // this call's shares of the memberships it holds
+	var shared map[string]*atomic.Int32     // of taken, those a wait granted to others too
+	holding := make([]string, 0, len(ms))   // the pool keys held so far, added or extended
 	// The user's slot, as this acquire holds it. A refusal, an outage of
 	// a pool failing closed, or a wait that ends without a place leaves
 	// the acquire's share of it (lua.Member.Owned), as it leaves its

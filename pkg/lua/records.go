@@ -85,25 +85,44 @@ func (r Record) encode() string {
 		return ""
 	}
 	var b strings.Builder
+	// Room for every field (names, separators and numbers within the 64),
+	// so that the record is one allocation.
+	b.Grow(len(r.Caller) + len(r.Token) + len(r.Plan) + len(r.Pools) + len(r.User) + len(r.Label) + 64)
+	field := func(name string) {
+		b.WriteByte(';')
+		b.WriteString(name)
+		b.WriteByte('=')
+	}
 	if r.Caller != "" {
-		b.WriteString(";" + fieldCaller + "=" + r.Caller)
+		field(fieldCaller)
+		b.WriteString(r.Caller)
 	}
 	if r.Token != "" {
-		b.WriteString(";" + fieldBy + "=0@" + r.Token)
+		field(fieldBy)
+		b.WriteString("0@")
+		b.WriteString(r.Token)
 	}
-	for _, f := range [...]struct{ name, value string }{{fieldPlan, r.Plan}, {fieldPools, r.Pools}} {
-		if f.value != "" {
-			b.WriteString(";" + f.name + "=" + f.value)
-		}
+	if r.Plan != "" {
+		field(fieldPlan)
+		b.WriteString(r.Plan)
+	}
+	if r.Pools != "" {
+		field(fieldPools)
+		b.WriteString(r.Pools)
 	}
 	if r.Priority != 0 {
-		b.WriteString(";" + fieldPriority + "=" + strconv.Itoa(r.Priority))
+		field(fieldPriority)
+		b.WriteString(strconv.Itoa(r.Priority))
 	}
 	if r.User != "" {
-		b.WriteString(";" + fieldUser + "=" + strconv.Itoa(len(r.User)) + ":" + r.User)
+		field(fieldUser)
+		b.WriteString(strconv.Itoa(len(r.User)))
+		b.WriteByte(':')
+		b.WriteString(r.User)
 	}
 	if r.Label != "" {
-		b.WriteString(";" + fieldLabel + "=" + r.Label)
+		field(fieldLabel)
+		b.WriteString(r.Label)
 	}
 	return b.String()
 }
@@ -113,12 +132,19 @@ type PoolKey struct{ Pool, Key string }
 
 // EncodePools returns the Pools field of a record holding memberships.
 func EncodePools(memberships []PoolKey) string {
+	n := 0
+	for _, m := range memberships {
+		n += len(m.Pool) + len(m.Key) + 2
+	}
 	var b strings.Builder
+	b.Grow(n)
 	for i, m := range memberships {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		b.WriteString(m.Pool + "=" + m.Key)
+		b.WriteString(m.Pool)
+		b.WriteByte('=')
+		b.WriteString(m.Key)
 	}
 	return b.String()
 }
@@ -154,6 +180,9 @@ type StoredRecord struct {
 // are skipped, so a record written by a later version still reads.
 func ParseRecord(s string) StoredRecord {
 	var out StoredRecord
+	if s == "" { // a call's answer that holds none, on every grant of a new slot
+		return out
+	}
 	head, rest, _ := strings.Cut(s, ";")
 	if ttl, err := strconv.ParseInt(head, 10, 64); err == nil && ttl > 0 {
 		out.TTL = time.Duration(ttl) * time.Millisecond

@@ -356,21 +356,25 @@ func doMultiScripts(ctx context.Context, c rueidis.Client, cmds rueidis.Commands
 }
 
 // scriptGroup sends cmds[i] for each i of group (the calls of one node or
-// hash slot, or all of a client with one node), then eval(i) for those
-// whose node answered NOSCRIPT, and returns the answers in the order of
-// group.
+// hash slot; nil: all of cmds, on a client of one node), then eval(i)
+// for those whose node answered NOSCRIPT, and returns the answers in the
+// order of group.
 func scriptGroup(ctx context.Context, c rueidis.Client, cmds rueidis.Commands, group []int, eval func(i int) rueidis.Completed) []rueidis.RedisResult {
-	if len(group) == 1 { // Do costs less than DoMulti
-		i := group[0]
-		resp := c.Do(ctx, cmds[i])
+	at := func(j int) int { return j }
+	sent := cmds
+	if group != nil {
+		at = func(j int) int { return group[j] }
+		sent = make(rueidis.Commands, len(group))
+		for j, i := range group {
+			sent[j] = cmds[i]
+		}
+	}
+	if len(sent) == 1 { // Do costs less than DoMulti
+		resp := c.Do(ctx, sent[0])
 		if rerr, ok := rueidis.IsRedisErr(resp.Error()); ok && rerr.IsNoScript() {
-			resp = c.Do(ctx, eval(i))
+			resp = c.Do(ctx, eval(at(0)))
 		}
 		return []rueidis.RedisResult{resp}
-	}
-	sent := make(rueidis.Commands, len(group))
-	for j, i := range group {
-		sent[j] = cmds[i]
 	}
 	resps := c.DoMulti(ctx, sent...)
 	var missing []int // positions in group whose node lacks the script
@@ -382,7 +386,7 @@ func scriptGroup(ctx context.Context, c rueidis.Client, cmds rueidis.Commands, g
 	if len(missing) > 0 {
 		evals := make(rueidis.Commands, len(missing))
 		for k, j := range missing {
-			evals[k] = eval(group[j])
+			evals[k] = eval(at(j))
 		}
 		for k, resp := range c.DoMulti(ctx, evals...) {
 			resps[missing[k]] = resp
@@ -392,15 +396,15 @@ func scriptGroup(ctx context.Context, c rueidis.Client, cmds rueidis.Commands, g
 }
 
 // nodeGroups splits cmds into the indexes of each node's commands, as
-// nodeOf says, and by hash slot where it says "" (or is nil): one group
-// of all on a client of one node.
+// nodeOf says, and by hash slot where it says "" (or is nil); nil on a
+// client of one node: one group of all, in order (see eachGroup).
 func nodeGroups(c rueidis.Client, cmds rueidis.Commands, nodeOf NodeOf) [][]int {
+	if c.Mode() != rueidis.ClientModeCluster {
+		return nil
+	}
 	order := make([]int, len(cmds))
 	for i := range order {
 		order[i] = i
-	}
-	if c.Mode() != rueidis.ClientModeCluster {
-		return [][]int{order}
 	}
 	node := make([]string, len(cmds))
 	for i, cmd := range cmds {
@@ -434,6 +438,12 @@ func nodeGroups(c rueidis.Client, cmds rueidis.Commands, nodeOf NodeOf) [][]int 
 // topology refresh started). The others' commands answer ctx's error,
 // and a late group writes nothing.
 func eachGroup(ctx context.Context, n int, groups [][]int, send func(group []int) []rueidis.RedisResult) []rueidis.RedisResult {
+	if n == 0 {
+		return nil
+	}
+	if groups == nil { // all n, on one node, in order
+		return send(nil)
+	}
 	resps := make([]rueidis.RedisResult, n)
 	if len(groups) == 1 {
 		for j, resp := range send(groups[0]) {
@@ -720,12 +730,14 @@ func ReleaseKeys(key string) []string { return releaseKeys(key) }
 // limit replaces the plan's), then the queue's two sorted sets, under the
 // same hash tag.
 func queueKeys(key string) []string {
-	return []string{key, keys.SlotRecords(key), keys.Override(key), keys.Queue(key), keys.QueueExpiry(key), keys.QueueRecords(key)}
+	c := keys.CompanionsOf(key)
+	return []string{key, c.SlotRecords, c.Override, c.Queue, c.QueueExpiry, c.QueueRecords}
 }
 
 // releaseKeys are the KEYS of the release script: userKeys, then the
 // queue's keys, whose first ticket owed the freed slot a release names,
 // and the override its limit is read from.
 func releaseKeys(key string) []string {
-	return []string{key, keys.SlotRecords(key), keys.Queue(key), keys.QueueExpiry(key), keys.QueueRecords(key), keys.Override(key)}
+	c := keys.CompanionsOf(key)
+	return []string{key, c.SlotRecords, c.Queue, c.QueueExpiry, c.QueueRecords, c.Override}
 }
