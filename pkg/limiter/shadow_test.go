@@ -126,8 +126,9 @@ func TestAPlansNewBoundsHoldForItsWaiters(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
+			log := newCallLog()
 			s := limitertest.New(t, limitertest.Options{Backend: limitertest.RedisCluster, Redis: cluster.Options{Timeout: 5 * time.Second},
-				Tiers: []tiers.Tier{c.from}})
+				Tiers: []tiers.Tier{c.from}, Limiter: limiter.Options{Observer: log, WaitPoll: 20 * time.Millisecond, TicketTTL: 1500 * time.Millisecond}})
 			ctx := context.Background()
 			user := newUser(t)
 			key, err := s.Keys.UserKey(user)
@@ -144,6 +145,17 @@ func TestAPlansNewBoundsHoldForItsWaiters(t *testing.T) {
 				t.Fatal(err)
 			}
 			if name == "lowered" {
+				// A round of the queue's loop reads the plan as it starts:
+				// one that started before the change may grant by the old
+				// limit once the slot below frees. A round makes at most
+				// two calls (a look, then the wait), so three ended since
+				// the change mean that round is over.
+				rounds := func() int { return log.count("wait") + log.count("wait_poll") }
+				for since, deadline := rounds(), time.Now().Add(5*time.Second); rounds() < since+3; time.Sleep(5 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatalf("the waiter's loop made %d calls in 5s since the plan changed; want 3 (a refresh every 500ms)", rounds()-since)
+					}
+				}
 				// One released: 1 held, the new limit. Then the other.
 				release := func() {
 					t.Helper()

@@ -18,7 +18,7 @@
 -- ARGV[5] -> '0': shadow mode (the scope's enforce: false): a stream the
 --            limit refuses is granted all the same, and counted
 --            (optional: absent enforces)
--- returns {granted (1|2|0|-1), used, expires_at_ms, pruned, retry_after_ms, override, {wake ids}, shadow, record}
+-- returns {granted (1|2|0|-1), used, expires_at_ms, pruned, retry_after_ms, override, {wake ids}, shadow, record, share}
 --   granted 1      a new slot; 2: the stream held one, now extended (or
 --                  asked again, see below: as the first try answered)
 --   granted -1     the stream is held by another caller: its slot is left
@@ -41,9 +41,11 @@
 --                  limit), else 0
 --   record         when granted 2: the held slot's record, as kept (the
 --                  caller compares the pools it names with those asked
---                  for, and reads its count of extensions); when granted
---                  1 by a call asked again (see below), the record its
---                  first try wrote; else ''
+--                  for); when granted 1 by a call asked again (see
+--                  below), the record its first try wrote; else ''
+--   share          when granted: the share of the slot the call's request
+--                  holds (0 the one that took it, n the n-th extension;
+--                  see sharesOf), 0 else
 --
 -- Idempotent on the stream id: acquiring a held stream extends it (never
 -- shortens it) and leaves used unchanged. A stream belongs to the caller
@@ -65,12 +67,12 @@
 -- request of the stream holding the slot has a share of its own (0 the
 -- one that took it, n the n-th extension), which it leaves if it gives
 -- up, and the slot goes with the last share (see release's ARGV[3]).
--- The record names the request that took the latest share (ARGV[4]'s
--- token, see sharesOf): the same request's call asked again, after
--- its reply was lost, changes nothing and is answered the share its
--- first try took, so that the share it leaves if it gives up is that one,
--- not one nobody holds. (Only the latest share's token is kept: asked
--- again after another request extended the slot in between, it counts
+-- The record names the requests that took the shares held (ARGV[4]'s
+-- token, see sharesOf): the same request's call asked again, after its
+-- reply was lost, changes nothing and is answered the share its first
+-- try took, so that the share it leaves if it gives up is that one, not
+-- one nobody holds. (The latest eight requests are named: asked again
+-- after more than seven others extended the slot in between, it counts
 -- one more share, which holds the slot until it expires.) Both keys
 -- expire together, at least one TTL and at most two after the latest
 -- slot (see below; heartbeat keeps them so too). The override is only
@@ -139,6 +141,7 @@ local recorded = false -- a record was written to a hash that may be new
 -- not this call's to extend (granted -1). Its record is read only then:
 -- a new stream's acquire reads none.
 local held = '' -- the extended slot's record, as kept
+local share = 0 -- the share of the slot this request holds (see sharesOf)
 local retaken = false -- this request took the slot in a try whose reply was lost
 local function extend()
   local kept = redis.call('HGET', meta, member)
@@ -148,15 +151,17 @@ local function extend()
   end
   local mine = tokenOf(record)
   granted = 2
+  local owned = kept and ownedShare(kept, mine)
   if not kept then
     redis.call('ZADD', key, 'GT', now + ttl, member)
     kept = record
     recorded = redis.call('HSET', meta, member, kept) == 1
-  elseif owned(kept, mine) then
+  elseif owned then
     -- This request's own call, asked again after its reply was lost: it
     -- holds the share its first try took, which is answered as it was
     -- (a new slot for share 0, with its record), not counted twice.
-    if again(kept) == 0 then
+    share = owned
+    if owned == 0 then
       granted = 1
       retaken = true
     end
@@ -164,6 +169,7 @@ local function extend()
     redis.call('ZADD', key, 'GT', now + ttl, member)
     kept = extended(kept, mine)
     redis.call('HSET', meta, member, kept)
+    share = again(kept)
   end
   held = kept
   expires = tonumber(redis.call('ZSCORE', key, member))
@@ -237,4 +243,4 @@ if pruned > 0 then
   wake = due
 end
 
-return {granted, used, expires, pruned, retry, override, wake, wouldRefuse, held}
+return {granted, used, expires, pruned, retry, override, wake, wouldRefuse, held, share}

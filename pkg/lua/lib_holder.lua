@@ -33,16 +33,17 @@ end
 -- shares: its head; n, how many acquires of the stream extended its slot
 -- (or membership) after the one that took it (';again=<n>' right after
 -- the head, 0 when none: the n-th holds share n, see leave); the shares
--- given up (';left=<i>.<j>', '' when none); the request that took the
--- latest share, as '<n>@<token>' (';by=', '' when none: see owned; a
--- '!' after it says that shadow mode let a new slot in over its limit,
--- for its call asked again to say so too); and
--- the rest. Nil for a record without a start (an older version's), which
--- counts no extensions. Read at that place only, as holder reads the
--- caller: a label or a user id may hold ';again=' too. The previous
--- version knew again and left only, and kept what follows them as it
--- was: so by comes last, and names its share, which an extension by that
--- version leaves behind.
+-- given up (';left=<i>.<j>', '' when none); the requests that took the
+-- shares held, as '<n>@<token>' each, the latest first, joined by '.'
+-- (';by=', '' when none: see ownedShare; a '!' after share 0's says that
+-- shadow mode let a new slot in over its limit, for its call asked again
+-- to say so too); and the rest. Nil for a record without a start (an
+-- older version's), which counts no extensions. Read at that place only,
+-- as holder reads the caller: a label or a user id may hold ';again='
+-- too. The previous versions knew again and left, and the one before
+-- this one by's first entry alone, and kept what follows as it was: so
+-- by comes last, and its first entry is the latest share's, which an
+-- extension by that version replaces.
 local function sharesOf(record)
   local head = recordHead(record)
   if not head then
@@ -60,7 +61,7 @@ local function sharesOf(record)
     list = ''
   end
   local by
-  by, tail = string.match(after, '^;by=(%d+@[%w_%-]+!?)(.*)$')
+  by, tail = string.match(after, '^;by=([%w_%-@!%.]*)(.*)$')
   if by then
     after = tail
   else
@@ -109,17 +110,25 @@ end
 -- as a request writes it (';by=0@<token>'), names.
 local function tokenOf(record)
   local _, _, _, by = sharesOf(record)
-  return string.match(by or '', '@([%w_%-]*)') or ''
+  return string.match(by or '', '^%d+@([%w_%-]*)') or ''
 end
 
--- owned(record, token): whether the request of token (not '') took the
--- record's latest share and has not left it: its call, asked again after
--- the reply was lost, which changes nothing and is answered that share.
-local function owned(record, token)
+-- ownedShare(record, token): the share the request of token (not '')
+-- took and holds (not left), nil when none: its call, asked again after
+-- the reply was lost, which changes nothing and is answered that share,
+-- whichever requests extended the slot meanwhile.
+local function ownedShare(record, token)
   local head, n, list, by = sharesOf(record)
-  local mine = string.format('%d', n) .. '@' .. token
-  return token ~= '' and head ~= nil and (by == mine or by == mine .. '!')
-    and not isLeft(list, n)
+  if token == '' or not head then
+    return nil
+  end
+  for share, tok in string.gmatch(by, '(%d+)@([%w_%-]+)') do
+    local k = tonumber(share)
+    if tok == token and k <= n and not isLeft(list, k) then
+      return k
+    end
+  end
+  return nil
 end
 
 -- overLimit(record): the record of a new slot, marked as let in over its
@@ -134,26 +143,46 @@ local function overLimit(record)
 end
 
 -- wasOverLimit(record): whether the record says shadow mode let its
--- slot in over its limit (see overLimit).
+-- slot in over its limit (see overLimit): share 0's request is marked.
 local function wasOverLimit(record)
   local _, _, _, by = sharesOf(record)
-  return string.sub(by or '', -1) == '!'
+  for share, mark in string.gmatch(by or '', '(%d+)@[%w_%-]+(!?)') do
+    if share == '0' then
+      return mark == '!'
+    end
+  end
+  return false
 end
 
+-- heldRequests is how many requests' shares a record names at most (see
+-- extended): a request asked again after more than that many others
+-- extended the slot in between counts one more share, which holds the
+-- slot until it expires.
+local heldRequests = 8
+
 -- extended(record, token): the record of a slot one more acquire
--- extended, by the request of token ('' for none), which is named as
--- the latest share's (see owned). A record without a start is not
--- counted (again reads 0 of it).
+-- extended, by the request of token ('' for none), which is named first
+-- (see ownedShare), before those of the shares still held, at most
+-- heldRequests. A record without a start is not counted (again reads 0
+-- of it).
 local function extended(record, token)
-  local head, n, list, _, rest = sharesOf(record)
+  local head, n, list, by, rest = sharesOf(record)
   if not head then
     return record
   end
-  local by = ''
+  local named = {}
   if token ~= '' then
-    by = string.format('%d', n + 1) .. '@' .. token
+    named[1] = string.format('%d', n + 1) .. '@' .. token
   end
-  return withShares(head, n + 1, list, by, rest)
+  for entry, share in string.gmatch(by, '((%d+)@[%w_%-]+!?)') do
+    if #named >= heldRequests then
+      break
+    end
+    if not isLeft(list, tonumber(share)) then
+      named[#named + 1] = entry
+    end
+  end
+  return withShares(head, n + 1, list, table.concat(named, '.'), rest)
 end
 
 -- startedAt(record): the record's start (Redis ms, as written), '' when

@@ -12,14 +12,14 @@ import (
 // Record is what a slot's record holds besides what the acquire script
 // writes itself. The whole record reads
 //
-//	<ttl ms>;started=<Redis ms>;caller=<name>;again=<n>;left=<i>.<j>...;by=<n>@<token>;plan=<plan>;pools=<pool>=<key>,...;prio=<0-9>;user=<n>:<user id>;label=<label>
+//	<ttl ms>;started=<Redis ms>;caller=<name>;again=<n>;left=<i>.<j>...;by=<n>@<token>.<m>@<token>...;plan=<plan>;pools=<pool>=<key>,...;prio=<0-9>;user=<n>:<user id>;label=<label>
 //
 // the TTL first (heartbeats parse only its leading digits), each field
 // after a ';', an empty one left out, in this order. The scripts write
 // again (the acquires that extended the slot: see Share), left (the
-// shares given up) and by (the request that took the latest share, see
-// Token) themselves, and read them at that place only; a new slot's
-// request writes by=0@<token>. Caller names are
+// shares given up) and by (the requests that took the shares held, the
+// latest first, at most eight: see Token) themselves, and read them at
+// that place only; a new slot's request writes by=0@<token>. Caller names are
 // [A-Za-z0-9._@-], plans [A-Za-z0-9._-], pool names and keys hold neither
 // ';' nor ',', so none of them holds a ';'. A user id may hold any
 // character but whitespace and braces, so it goes with its length in

@@ -26,6 +26,8 @@ func TestRecordsReadBackAsWritten(t *testing.T) {
 		{"a user id cut short reads no further", "3000;started=5;user=9:abc", StoredRecord{TTL: 3 * time.Second, StartedAtMs: 5}},
 		{"extensions, the shares left and the latest share's request (the scripts' alone)", "3000;started=5;caller=c;again=2;left=0;by=2@tok-9_Z;plan=paid",
 			StoredRecord{TTL: 3 * time.Second, StartedAtMs: 5, Again: 2, Record: Record{Caller: "c", Plan: "paid"}}},
+		{"the requests of the shares held (the scripts' alone)", "3000;started=5;again=2;by=2@tokB.1@tokA.0@tok0!;plan=paid",
+			StoredRecord{TTL: 3 * time.Second, StartedAtMs: 5, Again: 2, Record: Record{Plan: "paid"}}},
 		{"extensions without a token, as the shares version wrote", "3000;started=5;again=3;left=1.2;plan=paid",
 			StoredRecord{TTL: 3 * time.Second, StartedAtMs: 5, Again: 3, Record: Record{Plan: "paid"}}},
 		{"no record", "", StoredRecord{}},

@@ -2,6 +2,7 @@ package lua_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -368,8 +369,8 @@ func TestEachRequestOfAStreamLeavesItsShareOfTheSlot(t *testing.T) {
 
 // TestAnAcquireAskedAgainIsAnsweredTheShareItTook: a request's acquire
 // whose reply was lost is sent again (rueidis does, on a fresh
-// connection); the record keeps the token of the request that took the
-// latest share, so the call asked again is answered the share its first
+// connection); the record keeps the tokens of the requests that took
+// the shares held, so the call asked again is answered the share its first
 // try took, with nothing counted twice: a new slot as a new slot (share
 // 0, its start), an extension as that extension. Another token, one that
 // differs by one character, or a label spelling the token's field, is
@@ -595,6 +596,121 @@ func TestAShadowGrantAskedAgainAfterAnotherStreamSaysWhatItSaid(t *testing.T) {
 		}
 		if again.Extended || again.WouldRefuse != first.WouldRefuse {
 			t.Errorf("asked again: Extended %v WouldRefuse %v; first try: WouldRefuse %v", again.Extended, again.WouldRefuse, first.WouldRefuse)
+		}
+	})
+}
+
+// TestAnAcquireAskedAgainAfterOthersExtendedIsAnsweredItsShare: a
+// request's call, asked again after its reply was lost, is answered the
+// share its first try took even when other requests of the stream (a
+// client's retries, another replica's waiters of a ticket) extended the
+// slot in between: up to seven of them; past that it counts one more
+// share, as the record names the latest eight requests. Leaving each
+// share answered then releases the slot with the last, and not before.
+func TestAnAcquireAskedAgainAfterOthersExtendedIsAnsweredItsShare(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		var key string
+		acq := func(tok string) lua.Acquired {
+			t.Helper()
+			got, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, lua.Record{Plan: "paid", Token: tok}, false)
+			if err != nil || !got.Granted {
+				t.Fatalf("acquire %s: %+v, %v", tok, got, err)
+			}
+			return got
+		}
+		leave := func(s lua.Share) lua.Released {
+			t.Helper()
+			rel, err := lua.ReleaseMember(ctx, c, "", lua.Member{Key: key, ID: "s", Owned: true, Share: s})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return rel
+		}
+
+		// A new slot's acquire, asked again after B extended it.
+		key = newKey(t)
+		a := acq("tokA")
+		b := acq("tokB")
+		a2 := acq("tokA")
+		if a2.Extended || a2.Share() != a.Share() {
+			t.Fatalf("A asked again after B extended: Extended %v share %+v; want the first try's answer: a new slot, share %+v", a2.Extended, a2.Share(), a.Share())
+		}
+		// An extension asked again after C extended the slot too.
+		c3 := acq("tokC")
+		b2 := acq("tokB")
+		if !b2.Extended || b2.Share() != b.Share() {
+			t.Fatalf("B asked again after C extended: share %+v; want %+v", b2.Share(), b.Share())
+		}
+		for _, s := range []lua.Share{a.Share(), b.Share()} {
+			if rel := leave(s); rel.Released {
+				t.Fatalf("leaving share %d of three: released; want kept for C's", s.Index)
+			}
+		}
+		if rel := leave(c3.Share()); !rel.Released {
+			t.Fatalf("leaving C's share, the last: %+v; want released", rel)
+		}
+
+		// The bound: seven other requests in between keep A's share named,
+		// eight do not.
+		for others, named := range map[int]bool{7: true, 8: false} {
+			key = newKey(t)
+			a := acq("tokA")
+			for i := range others {
+				acq("tokX" + strconv.Itoa(i))
+			}
+			a2 := acq("tokA")
+			if named && (a2.Extended || a2.Share() != a.Share()) {
+				t.Errorf("A asked again after %d others extended: share %+v; want its first try's, %+v", others, a2.Share(), a.Share())
+			}
+			if !named && (!a2.Extended || a2.Share().Index != others+1) {
+				t.Errorf("A asked again after %d others extended: %+v; want one more share, %d (the record names eight requests)", others, a2.Share(), others+1)
+			}
+		}
+	})
+}
+
+// TestAWaitGrantAskedAgainAfterAnotherRequestExtendedIsAnsweredAsItWas:
+// the waiters of one stream on two replicas share a ticket and are woken
+// together, so another request's call can land between a wait grant
+// whose reply was lost and the same call sent again. That call is
+// answered as its first try was, and the request's share is the slot's
+// first: leaving it and the other request's releases the slot.
+func TestAWaitGrantAskedAgainAfterAnotherRequestExtendedIsAnsweredAsItWas(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		if got, err := lua.Acquire(ctx, c, key, "x", 1, time.Minute, lua.Record{Plan: "one"}, false); err != nil || !got.Granted {
+			t.Fatalf("x: %+v, %v", got, err)
+		}
+		args := lua.WaitArgs{Limit: 1, SlotTTL: time.Minute, TicketTTL: 10 * time.Second, MaxQueue: 10,
+			Tickets: []lua.TicketArgs{{StreamID: "s", Record: lua.Record{Plan: "one", Token: "tokW"}}}}
+		if w, err := lua.Wait(ctx, c, key, args); err != nil || w.Tickets[0].State != lua.TicketQueued {
+			t.Fatalf("queue: %+v, %v", w, err)
+		}
+		if _, err := lua.Release(ctx, c, "", key, "x"); err != nil {
+			t.Fatal(err)
+		}
+		first, err := lua.Wait(ctx, c, key, args)
+		if err != nil || first.Tickets[0].State != lua.TicketGranted || first.Tickets[0].Extended {
+			t.Fatalf("grant: %+v, %v", first, err)
+		}
+		other, err := lua.Acquire(ctx, c, key, "s", 1, time.Minute, lua.Record{Plan: "one", Token: "tokO"}, false)
+		if err != nil || !other.Extended {
+			t.Fatalf("the other request: %+v, %v; want an extension", other, err)
+		}
+		again, err := lua.Wait(ctx, c, key, args) // the first call, sent again
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g := again.Tickets[0]; g.Extended || g.Share != first.Tickets[0].Share {
+			t.Fatalf("the grant asked again: Extended %v share %+v; want the first try's answer: a new slot, share %+v", g.Extended, g.Share, first.Tickets[0].Share)
+		}
+		for i, s := range []lua.Share{again.Tickets[0].Share, other.Share()} {
+			rel, err := lua.ReleaseMember(ctx, c, "", lua.Member{Key: key, ID: "s", Owned: true, Share: s})
+			if err != nil || rel.Released != (i == 1) {
+				t.Fatalf("leaving share %d: %+v, %v; want the slot released with the second of two", s.Index, rel, err)
+			}
 		}
 	})
 }

@@ -118,13 +118,11 @@ local prefix = ARGV[2] .. ';started=' .. string.format('%d', now)
 local function extendHeld(i, id)
   local kept = redis.call('HGET', meta, id)
   local mine = tokenOf(records[i])
-  if kept and owned(kept, mine) then
+  local n = kept and ownedShare(kept, mine)
+  if n then
     -- The ticket's own grant, by this call asked again after its reply
-    -- was lost: answered as it was, nothing counted twice. (Only the
-    -- latest share's request is named, as in acquire: asked again after
-    -- another request of the stream extended the slot in between, it
-    -- counts one more share, which holds the slot until it expires.)
-    local n = again(kept)
+    -- was lost: answered as it was, nothing counted twice. (The latest
+    -- eight requests are named, as in acquire.)
     values[i] = tonumber(redis.call('ZSCORE', slots, id))
     shares[i], starts[i] = n, tonumber(startedAt(kept)) or 0
     if n == 0 then

@@ -41,6 +41,7 @@ type Acquired struct {
 	// time for a slot it took, the record's for one it extended; 0 when
 	// denied or not recorded.
 	StartedAtMs int64
+	share       int // see Share
 }
 
 // Share is one request's part in a slot (or a membership) that several
@@ -79,8 +80,11 @@ func Acquire(ctx context.Context, c rueidis.Client, key, streamID string, limit 
 // slot the call took.
 func (a Acquired) Again() int { return ParseRecord(a.Record).Again }
 
-// Share is the call's share of the slot it granted (see Share).
-func (a Acquired) Share() Share { return Share{Index: a.Again(), StartedAtMs: a.StartedAtMs} }
+// Share is the call's share of the slot it granted (see Share): the
+// one its request holds, which is the record's latest unless the call
+// was asked again after its reply was lost and other requests extended
+// the slot in between.
+func (a Acquired) Share() Share { return Share{Index: a.share, StartedAtMs: a.StartedAtMs} }
 
 // started sets a.StartedAtMs of a call whose slot TTL was ttl: a new
 // slot's expiry is its start plus ttl.
@@ -149,8 +153,12 @@ var acquireSHA = sha1Hex(acquireSource)
 
 // parseAcquired reads the acquire script's answer.
 func parseAcquired(arr []rueidis.RedisMessage) (Acquired, error) {
-	if len(arr) != 9 {
-		return Acquired{}, fmt.Errorf("acquire script returned %d values, want 9", len(arr))
+	if len(arr) != 10 {
+		return Acquired{}, fmt.Errorf("acquire script returned %d values, want 10", len(arr))
+	}
+	share, err := arr[9].AsInt64()
+	if err != nil {
+		return Acquired{}, fmt.Errorf("acquire script: share: %w", err)
 	}
 	vals, err := int64s(arr[:6])
 	if err != nil {
@@ -180,6 +188,7 @@ func parseAcquired(arr []rueidis.RedisMessage) (Acquired, error) {
 		Wake:         wake,
 		WouldRefuse:  shadowed == 1,
 		Record:       record,
+		share:        int(share),
 	}, nil
 }
 
