@@ -1,0 +1,95 @@
+package lua_test
+
+import (
+	"context"
+	_ "embed"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/pkg/lua"
+	"github.com/redis/rueidis"
+)
+
+// The previous release's scripts (testdata/previous/README.md).
+var (
+	//go:embed testdata/previous/acquire.lua
+	previousAcquireSource string
+	//go:embed testdata/previous/release.lua
+	previousReleaseSource string
+
+	previousAcquire = rueidis.NewLuaScript(previousAcquireSource)
+	previousRelease = rueidis.NewLuaScript(previousReleaseSource)
+)
+
+// TestARollingUpdateKeepsEachRequestsShare: while a rolling update runs,
+// replicas of the previous release and of this one act on the same
+// slots. The previous scripts read the first request a record names, as
+// the one they knew, and keep the others; so a request this version
+// named keeps its share through an extension by the previous version,
+// and its call asked again is answered that share. However the two
+// versions leave the shares, the slot goes with the last of them, and
+// not before.
+func TestARollingUpdateKeepsEachRequestsShare(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		rec := func(tok string) lua.Record { return lua.Record{Plan: "paid", Token: tok} }
+		acquire := func(tok string) lua.Acquired {
+			t.Helper()
+			got, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, rec(tok), false)
+			if err != nil || !got.Granted {
+				t.Fatalf("acquire %s: %+v, %v", tok, got, err)
+			}
+			return got
+		}
+		previous := func(tok string) int64 {
+			t.Helper()
+			arr, err := previousAcquire.Exec(ctx, c, lua.AcquireKeys(key),
+				[]string{"s", "3", "60000", ";by=0@" + tok + ";plan=paid", "1"}).ToArray()
+			if err != nil || len(arr) != 9 {
+				t.Fatalf("the previous acquire script, %s: %v, %v", tok, arr, err)
+			}
+			granted, err := arr[0].AsInt64()
+			if err != nil || granted < 1 {
+				t.Fatalf("the previous acquire script, %s: granted %d, %v", tok, granted, err)
+			}
+			return granted
+		}
+
+		a := acquire("tokA")
+		acquire("tokB")
+		if got := previous("tokC"); got != 2 {
+			t.Fatalf("the previous version's acquire of the held stream: %d; want 2, an extension", got)
+		}
+		again := acquire("tokA")
+		if again.Extended || again.Share() != a.Share() {
+			t.Fatalf("A asked again after the previous version extended: Extended %v share %+v; want its first try's answer, a new slot, share %+v",
+				again.Extended, again.Share(), a.Share())
+		}
+
+		// Shares 0 (A), 1 (B) and 2 (C), left in turn by this version and
+		// the previous one.
+		start := strconv.FormatInt(a.Share().StartedAtMs, 10)
+		for share := range 3 {
+			last := share == 2
+			if share%2 == 1 {
+				arr, err := previousRelease.Exec(ctx, c, lua.ReleaseKeys(key), []string{"s", "", strconv.Itoa(share), start}).ToArray()
+				if err != nil || len(arr) == 0 {
+					t.Fatalf("the previous release script, share %d: %v, %v", share, arr, err)
+				}
+				if released, _ := arr[0].AsInt64(); (released == 1) != last {
+					t.Fatalf("the previous version leaves share %d of 3: answered %d; want the slot released by the last share only", share, released)
+				}
+				continue
+			}
+			rel, err := lua.ReleaseMember(ctx, c, "", lua.Member{Key: key, ID: "s", Owned: true, Share: lua.Share{Index: share, StartedAtMs: a.Share().StartedAtMs}})
+			if err != nil || rel.Released != last {
+				t.Fatalf("this version leaves share %d of 3: %+v, %v; want the slot released by the last share only", share, rel, err)
+			}
+		}
+		if listed, err := lua.Slots(ctx, c, key); err != nil || len(listed.Slots) != 0 {
+			t.Errorf("after every share left: %+v, %v; want no slot", listed.Slots, err)
+		}
+	})
+}
