@@ -2,7 +2,9 @@ package lua_test
 
 import (
 	"context"
+	"crypto/sha1"
 	_ "embed"
+	"encoding/hex"
 	"strconv"
 	"testing"
 	"time"
@@ -11,16 +13,35 @@ import (
 	"github.com/redis/rueidis"
 )
 
-// The previous release's scripts (testdata/previous/README.md).
+// The previous release's scripts (testdata/previous/README.md): its
+// acquire body and its lib_holder.lua, with the pieces it shares with
+// this release.
 var (
 	//go:embed testdata/previous/acquire.lua
-	previousAcquireSource string
-	//go:embed testdata/previous/release.lua
-	previousReleaseSource string
+	previousAcquireBody string
+	//go:embed testdata/previous/lib_holder.lua
+	previousLibHolder string
 
-	previousAcquire = rueidis.NewLuaScript(previousAcquireSource)
-	previousRelease = rueidis.NewLuaScript(previousReleaseSource)
+	previousAcquireSource = lua.Compose(previousAcquireBody, lua.LibPrune, previousLibHolder, lua.LibTickets)
+	previousReleaseSource = lua.Compose(lua.ReleaseBody, lua.LibPrune, previousLibHolder, lua.LibTickets)
+	previousAcquire       = rueidis.NewLuaScript(previousAcquireSource)
+	previousRelease       = rueidis.NewLuaScript(previousReleaseSource)
 )
+
+// TestThePreviousScriptsAreThePreviousRelease: composed here, the
+// previous release's scripts are the ones its replicas load (their SHA1,
+// the name Redis keeps a script by). When one of the pieces they share
+// with this release changes, its previous version goes to testdata too.
+func TestThePreviousScriptsAreThePreviousRelease(t *testing.T) {
+	for name, c := range map[string]struct{ source, sha string }{
+		"acquire": {previousAcquireSource, "738630d7b27464716e75d22318c97c7e36f974c5"},
+		"release": {previousReleaseSource, "9c4d321cd5757cb4649a8c2802de1c1c73f1166b"},
+	} {
+		if sum := sha1.Sum([]byte(c.source)); hex.EncodeToString(sum[:]) != c.sha {
+			t.Errorf("the previous %s script composed here has SHA1 %x; want %s, the previous release's", name, sum, c.sha)
+		}
+	}
+}
 
 // TestARollingUpdateKeepsEachRequestsShare: while a rolling update runs,
 // replicas of the previous release and of this one act on the same

@@ -454,6 +454,30 @@ func TestAShadowGrantAskedAgainSaysItWouldRefuse(t *testing.T) {
 	})
 }
 
+// grantedTicket queues stream "s" of a request (token tokW) behind
+// another stream on a plan of 1, releases that one, and returns the wait
+// call and its first answer, which granted the ticket a new slot.
+func grantedTicket(t *testing.T, c rueidis.Client, key string) (lua.WaitArgs, lua.Waited) {
+	t.Helper()
+	ctx := context.Background()
+	if got, err := lua.Acquire(ctx, c, key, "x", 1, time.Minute, lua.Record{Plan: "one"}, false); err != nil || !got.Granted {
+		t.Fatalf("x: %+v, %v", got, err)
+	}
+	args := lua.WaitArgs{Limit: 1, SlotTTL: time.Minute, TicketTTL: 10 * time.Second, MaxQueue: 10,
+		Tickets: []lua.TicketArgs{{StreamID: "s", Record: lua.Record{Plan: "one", Token: "tokW"}}}}
+	if w, err := lua.Wait(ctx, c, key, args); err != nil || w.Tickets[0].State != lua.TicketQueued {
+		t.Fatalf("queue: %+v, %v", w, err)
+	}
+	if _, err := lua.Release(ctx, c, "", key, "x"); err != nil {
+		t.Fatal(err)
+	}
+	first, err := lua.Wait(ctx, c, key, args)
+	if err != nil || first.Tickets[0].State != lua.TicketGranted || first.Tickets[0].Extended {
+		t.Fatalf("grant: %+v, %v", first, err)
+	}
+	return args, first
+}
+
 // TestAWaitGrantAskedAgainIsAnsweredAsItWas: the wait script is sent
 // again after a lost reply too. A call that granted its ticket a new
 // slot (share 0), asked again, finds the ticket gone and the stream
@@ -465,21 +489,7 @@ func TestAWaitGrantAskedAgainIsAnsweredAsItWas(t *testing.T) {
 	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
 		ctx := context.Background()
 		key := newKey(t)
-		if got, err := lua.Acquire(ctx, c, key, "x", 1, time.Minute, lua.Record{Plan: "one"}, false); err != nil || !got.Granted {
-			t.Fatalf("x: %+v, %v", got, err)
-		}
-		args := lua.WaitArgs{Limit: 1, SlotTTL: time.Minute, TicketTTL: 10 * time.Second, MaxQueue: 10,
-			Tickets: []lua.TicketArgs{{StreamID: "s", Record: lua.Record{Plan: "one", Token: "tokW"}}}}
-		if w, err := lua.Wait(ctx, c, key, args); err != nil || w.Tickets[0].State != lua.TicketQueued {
-			t.Fatalf("queue: %+v, %v", w, err)
-		}
-		if _, err := lua.Release(ctx, c, "", key, "x"); err != nil {
-			t.Fatal(err)
-		}
-		first, err := lua.Wait(ctx, c, key, args)
-		if err != nil || first.Tickets[0].State != lua.TicketGranted || first.Tickets[0].Extended {
-			t.Fatalf("grant: %+v, %v", first, err)
-		}
+		args, first := grantedTicket(t, c, key)
 		again, err := lua.Wait(ctx, c, key, args) // the same call, sent again
 		if err != nil {
 			t.Fatal(err)
@@ -495,6 +505,32 @@ func TestAWaitGrantAskedAgainIsAnsweredAsItWas(t *testing.T) {
 	})
 }
 
+// streamS acquires and leaves shares of stream "s" of key, on a plan
+// of 3, for requests named by their tokens.
+type streamS struct {
+	t   *testing.T
+	c   rueidis.Client
+	key string
+}
+
+func (s *streamS) acquire(tok string) lua.Acquired {
+	s.t.Helper()
+	got, err := lua.Acquire(context.Background(), s.c, s.key, "s", 3, time.Minute, lua.Record{Plan: "paid", Token: tok}, false)
+	if err != nil || !got.Granted {
+		s.t.Fatalf("acquire %s: %+v, %v", tok, got, err)
+	}
+	return got
+}
+
+func (s *streamS) leave(share lua.Share) lua.Released {
+	s.t.Helper()
+	rel, err := lua.ReleaseMember(context.Background(), s.c, "", lua.Member{Key: s.key, ID: "s", Owned: true, Share: share})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return rel
+}
+
 // TestARequestThatLeftItsShareAndAcquiresAgainTakesAnother: a request
 // that left its share (a pooled acquire leaves the later keys its tries
 // took before it waits in a full key's queue, then joins them again in
@@ -504,24 +540,8 @@ func TestAWaitGrantAskedAgainIsAnsweredAsItWas(t *testing.T) {
 // the slot under it.
 func TestARequestThatLeftItsShareAndAcquiresAgainTakesAnother(t *testing.T) {
 	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
-		ctx := context.Background()
-		key := newKey(t)
-		acq := func(tok string) lua.Acquired {
-			t.Helper()
-			got, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, lua.Record{Plan: "paid", Token: tok}, false)
-			if err != nil || !got.Granted {
-				t.Fatalf("acquire %s: %+v, %v", tok, got, err)
-			}
-			return got
-		}
-		leave := func(s lua.Share) lua.Released {
-			t.Helper()
-			rel, err := lua.ReleaseMember(ctx, c, "", lua.Member{Key: key, ID: "s", Owned: true, Share: s})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return rel
-		}
+		st := &streamS{t: t, c: c, key: newKey(t)}
+		acq, leave := st.acquire, st.leave
 		r1 := acq("tok1")
 		r := acq("tokR")
 		if rel := leave(r.Share()); !rel.Superseded {
@@ -609,27 +629,11 @@ func TestAShadowGrantAskedAgainAfterAnotherStreamSaysWhatItSaid(t *testing.T) {
 // share answered then releases the slot with the last, and not before.
 func TestAnAcquireAskedAgainAfterOthersExtendedIsAnsweredItsShare(t *testing.T) {
 	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
-		ctx := context.Background()
-		var key string
-		acq := func(tok string) lua.Acquired {
-			t.Helper()
-			got, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, lua.Record{Plan: "paid", Token: tok}, false)
-			if err != nil || !got.Granted {
-				t.Fatalf("acquire %s: %+v, %v", tok, got, err)
-			}
-			return got
-		}
-		leave := func(s lua.Share) lua.Released {
-			t.Helper()
-			rel, err := lua.ReleaseMember(ctx, c, "", lua.Member{Key: key, ID: "s", Owned: true, Share: s})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return rel
-		}
+		st := &streamS{t: t, c: c}
+		acq, leave := st.acquire, st.leave
 
 		// A new slot's acquire, asked again after B extended it.
-		key = newKey(t)
+		st.key = newKey(t)
 		a := acq("tokA")
 		b := acq("tokB")
 		a2 := acq("tokA")
@@ -654,7 +658,7 @@ func TestAnAcquireAskedAgainAfterOthersExtendedIsAnsweredItsShare(t *testing.T) 
 		// The bound: seven other requests in between keep A's share named,
 		// eight do not.
 		for others, named := range map[int]bool{7: true, 8: false} {
-			key = newKey(t)
+			st.key = newKey(t)
 			a := acq("tokA")
 			for i := range others {
 				acq("tokX" + strconv.Itoa(i))
@@ -680,21 +684,7 @@ func TestAWaitGrantAskedAgainAfterAnotherRequestExtendedIsAnsweredAsItWas(t *tes
 	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
 		ctx := context.Background()
 		key := newKey(t)
-		if got, err := lua.Acquire(ctx, c, key, "x", 1, time.Minute, lua.Record{Plan: "one"}, false); err != nil || !got.Granted {
-			t.Fatalf("x: %+v, %v", got, err)
-		}
-		args := lua.WaitArgs{Limit: 1, SlotTTL: time.Minute, TicketTTL: 10 * time.Second, MaxQueue: 10,
-			Tickets: []lua.TicketArgs{{StreamID: "s", Record: lua.Record{Plan: "one", Token: "tokW"}}}}
-		if w, err := lua.Wait(ctx, c, key, args); err != nil || w.Tickets[0].State != lua.TicketQueued {
-			t.Fatalf("queue: %+v, %v", w, err)
-		}
-		if _, err := lua.Release(ctx, c, "", key, "x"); err != nil {
-			t.Fatal(err)
-		}
-		first, err := lua.Wait(ctx, c, key, args)
-		if err != nil || first.Tickets[0].State != lua.TicketGranted || first.Tickets[0].Extended {
-			t.Fatalf("grant: %+v, %v", first, err)
-		}
+		args, first := grantedTicket(t, c, key)
 		other, err := lua.Acquire(ctx, c, key, "s", 1, time.Minute, lua.Record{Plan: "one", Token: "tokO"}, false)
 		if err != nil || !other.Extended {
 			t.Fatalf("the other request: %+v, %v; want an extension", other, err)

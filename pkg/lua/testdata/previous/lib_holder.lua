@@ -1,0 +1,210 @@
+-- holder(record): the caller a slot's (or a ticket's) record names, ''
+-- when none. The caller is the first field after the TTL and start (see
+-- pkg/lua/records.go), so only that place is read: fields after it (a
+-- user id, a label) may hold any character, ';caller=' too.
+local function holder(record)
+  if not record then
+    return ''
+  end
+  return string.match(record, '^%d*;started=%d+;caller=([^;]*)')
+    or string.match(record, '^%d*;caller=([^;]*)') or ''
+end
+
+-- foreign(record, caller): whether the record names a caller other than
+-- caller. A call with no caller (an open API) and a record with none (a
+-- slot taken while the API was open) are nobody's: never foreign.
+local function foreign(record, caller)
+  if caller == '' then
+    return false
+  end
+  local h = holder(record)
+  return h ~= '' and h ~= caller
+end
+
+-- The head of a record that has a start: its TTL, its start and its
+-- caller (if it names one), which an extension count follows (see
+-- again); nil for a record without a start (an older version's).
+local function recordHead(record)
+  return string.match(record, '^%d*;started=%d+;caller=[^;]*')
+    or string.match(record, '^%d*;started=%d+')
+end
+
+-- sharesOf(record): a record with a start, taken apart where it keeps its
+-- shares: its head; n, how many acquires of the stream extended its slot
+-- (or membership) after the one that took it (';again=<n>' right after
+-- the head, 0 when none: the n-th holds share n, see leave); the shares
+-- given up (';left=<i>.<j>', '' when none); the request that took the
+-- latest share, as '<n>@<token>' (';by=', '' when none: see owned; a
+-- '!' after it says that shadow mode let a new slot in over its limit,
+-- for its call asked again to say so too); and
+-- the rest. Nil for a record without a start (an older version's), which
+-- counts no extensions. Read at that place only, as holder reads the
+-- caller: a label or a user id may hold ';again=' too. The previous
+-- version knew again and left only, and kept what follows them as it
+-- was: so by comes last, and names its share, which an extension by that
+-- version leaves behind.
+local function sharesOf(record)
+  local head = recordHead(record)
+  if not head then
+    return nil
+  end
+  local rest = string.sub(record, #head + 1)
+  local n, after = string.match(rest, '^;again=(%d+)(.*)$')
+  if not n then
+    n, after = '0', rest
+  end
+  local list, tail = string.match(after, '^;left=([%d%.]*)(.*)$')
+  if list then
+    after = tail
+  else
+    list = ''
+  end
+  local by
+  by, tail = string.match(after, '^;by=(%d+@[%w_%-]+!?)(.*)$')
+  if by then
+    after = tail
+  else
+    by = ''
+  end
+  return head, tonumber(n), list, by, after
+end
+
+-- withShares(head, n, list, by, rest): the record sharesOf took apart.
+local function withShares(head, n, list, by, rest)
+  local s = head
+  if n > 0 then
+    s = s .. ';again=' .. string.format('%d', n)
+    if list ~= '' then
+      s = s .. ';left=' .. list
+    end
+  end
+  if by ~= '' then
+    s = s .. ';by=' .. by
+  end
+  return s .. rest
+end
+
+-- isLeft(list, share): whether share is in list, the shares given up.
+local function isLeft(list, share)
+  for s in string.gmatch(list, '%d+') do
+    if tonumber(s) == share then
+      return true
+    end
+  end
+  return false
+end
+
+-- again(record): the record's count of extensions (see sharesOf), 0 when
+-- none.
+local function again(record)
+  if not record then
+    return 0
+  end
+  local _, n = sharesOf(record)
+  return n or 0
+end
+
+-- tokenOf(record): the token of the request that took the record's
+-- latest share (see sharesOf), '' when none: what a new slot's record,
+-- as a request writes it (';by=0@<token>'), names.
+local function tokenOf(record)
+  local _, _, _, by = sharesOf(record)
+  return string.match(by or '', '@([%w_%-]*)') or ''
+end
+
+-- owned(record, token): whether the request of token (not '') took the
+-- record's latest share and has not left it: its call, asked again after
+-- the reply was lost, which changes nothing and is answered that share.
+local function owned(record, token)
+  local head, n, list, by = sharesOf(record)
+  local mine = string.format('%d', n) .. '@' .. token
+  return token ~= '' and head ~= nil and (by == mine or by == mine .. '!')
+    and not isLeft(list, n)
+end
+
+-- overLimit(record): the record of a new slot, marked as let in over its
+-- limit by shadow mode (see sharesOf), when it names its request; as it
+-- is when it does not.
+local function overLimit(record)
+  local head, n, list, by, rest = sharesOf(record)
+  if not head or by == '' then
+    return record
+  end
+  return withShares(head, n, list, by .. '!', rest)
+end
+
+-- wasOverLimit(record): whether the record says shadow mode let its
+-- slot in over its limit (see overLimit).
+local function wasOverLimit(record)
+  local _, _, _, by = sharesOf(record)
+  return string.sub(by or '', -1) == '!'
+end
+
+-- extended(record, token): the record of a slot one more acquire
+-- extended, by the request of token ('' for none), which is named as
+-- the latest share's (see owned). A record without a start is not
+-- counted (again reads 0 of it).
+local function extended(record, token)
+  local head, n, list, _, rest = sharesOf(record)
+  if not head then
+    return record
+  end
+  local by = ''
+  if token ~= '' then
+    by = string.format('%d', n + 1) .. '@' .. token
+  end
+  return withShares(head, n + 1, list, by, rest)
+end
+
+-- startedAt(record): the record's start (Redis ms, as written), '' when
+-- it has none.
+local function startedAt(record)
+  return string.match(record, '^%d*;started=(%d+)') or ''
+end
+
+-- leave(record, share, start): the request that holds share of a
+-- stream's slot (0: the acquire that took it; n: the n-th that extended
+-- it, see again) gives it up. The requests that gave theirs up are
+-- listed in ';left=' after the count, so that a leave asked again
+-- changes nothing more. Answers true when every share has gone (the slot
+-- goes), the record to keep while another request holds one, and false
+-- when the record is not known to be of the slot the share is of: it
+-- counts fewer extensions, or it started at another time than start (a
+-- later slot of the stream, taken after that one was released), or start
+-- is '' (a share whose grant's answer was lost: it may be another
+-- request's). A record without a start (an older version's) counts no
+-- extensions: share 0 of it leaves it.
+local function leave(record, share, start)
+  local head, n, list, by, rest = sharesOf(record)
+  if not head then
+    return share == 0
+  end
+  if startedAt(record) ~= start then
+    return false
+  end
+  if share > n then
+    return false
+  end
+  local gone, count = {}, 0
+  for s in string.gmatch(list, '%d+') do
+    if not gone[s] then
+      gone[s], count = true, count + 1
+    end
+  end
+  local mine = string.format('%d', share)
+  if not gone[mine] then
+    if #list > 200 then
+      return record -- a list that long is not grown: the slot expires
+    end
+    count = count + 1
+    if list == '' then
+      list = mine
+    else
+      list = list .. '.' .. mine
+    end
+  end
+  if count > n then
+    return true
+  end
+  return withShares(head, n, list, by, rest)
+end
