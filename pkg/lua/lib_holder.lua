@@ -43,7 +43,8 @@ end
 -- too. The previous versions knew again and left, and the one before
 -- this one by's first entry alone, and kept what follows as it was: so
 -- by comes last, and its first entry is the latest share's, which an
--- extension by that version replaces.
+-- extension by that version replaces (while both run, that request,
+-- asked again, counts one more share, as it did before the list).
 local function sharesOf(record)
   local head = recordHead(record)
   if not head then
@@ -155,9 +156,9 @@ local function wasOverLimit(record)
 end
 
 -- heldRequests is how many requests' shares a record names at most (see
--- extended): a request asked again after more than that many others
--- extended the slot in between counts one more share, which holds the
--- slot until it expires.
+-- extended): a request asked again after as many others extended the
+-- slot in between counts one more share, which holds the slot until it
+-- expires.
 local heldRequests = 8
 
 -- extended(record, token): the record of a slot one more acquire

@@ -47,10 +47,12 @@ func TestThePreviousScriptsAreThePreviousRelease(t *testing.T) {
 // replicas of the previous release and of this one act on the same
 // slots. The previous scripts read the first request a record names, as
 // the one they knew, and keep the others; so a request this version
-// named keeps its share through an extension by the previous version,
-// and its call asked again is answered that share. However the two
-// versions leave the shares, the slot goes with the last of them, and
-// not before.
+// named behind the latest keeps its share through an extension by the
+// previous version, and its call asked again is answered that share.
+// (The latest request's entry is the one the previous version replaces:
+// that request, asked again, counts one more share, as before the
+// list.) However the two versions leave the shares, the slot goes with
+// the last of them, and not before.
 func TestARollingUpdateKeepsEachRequestsShare(t *testing.T) {
 	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
 		ctx := context.Background()

@@ -704,3 +704,75 @@ func TestAWaitGrantAskedAgainAfterAnotherRequestExtendedIsAnsweredAsItWas(t *tes
 		}
 	})
 }
+
+// TestTokensThatSpellSharesOrPrefixesAreEachTheirOwn: tokens are
+// base64url, so one may be all digits, spell a share's number, or be a
+// prefix of another; and a label may spell the list of requests. Eight
+// requests so named take the slot and extend it, each is asked again
+// after all of them, and each is answered its own share; leaving them
+// releases the slot with the last, and not before.
+func TestTokensThatSpellSharesOrPrefixesAreEachTheirOwn(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		acquire := func(rec lua.Record) lua.Acquired {
+			t.Helper()
+			got, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, rec, false)
+			if err != nil || !got.Granted {
+				t.Fatalf("acquire %+v: %+v, %v", rec, got, err)
+			}
+			return got
+		}
+		tokens := []string{"1", "10", "0", "1-", "01", "A", "A_", "a"}
+		shares := make([]lua.Share, len(tokens))
+		for i, tok := range tokens {
+			shares[i] = acquire(lua.Record{Plan: "p", Token: tok, Label: ";by=0@1.1@10"}).Share()
+		}
+		for i, tok := range tokens {
+			if got := acquire(lua.Record{Plan: "p", Token: tok}); got.Share() != shares[i] || got.Extended != (i > 0) {
+				t.Errorf("token %q asked again: share %d, Extended %v; want share %d, as its first try", tok, got.Share().Index, got.Extended, shares[i].Index)
+			}
+		}
+		st := &streamS{t: t, c: c, key: key}
+		for i, s := range shares {
+			if rel := st.leave(s); rel.Released != (i == len(shares)-1) {
+				t.Errorf("leaving share %d of %d: %+v; want the slot released by the last only", s.Index, len(shares), rel)
+			}
+		}
+	})
+}
+
+// TestAShadowGrantAskedAgainAfterOthersExtendedSaysItWouldRefuse: a new
+// slot shadow mode let in over its limit, asked again after two other
+// requests extended it, is answered as its first try was (a new slot,
+// WouldRefuse); another request's extension asked again is its own share,
+// and is never a shadow refusal.
+func TestAShadowGrantAskedAgainAfterOthersExtendedSaysItWouldRefuse(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		acquire := func(stream, tok string) lua.Acquired {
+			t.Helper()
+			got, err := lua.Acquire(ctx, c, key, stream, 1, time.Minute, lua.Record{Plan: "p", Token: tok}, true)
+			if err != nil || !got.Granted {
+				t.Fatalf("acquire %s by %q: %+v, %v", stream, tok, got, err)
+			}
+			return got
+		}
+		acquire("x", "")
+		a := acquire("s", "tokA")
+		if !a.WouldRefuse {
+			t.Fatalf("A over the limit of 1: %+v; want WouldRefuse", a)
+		}
+		b := acquire("s", "tokB")
+		acquire("s", "tokC")
+		if again := acquire("s", "tokA"); again.Extended || !again.WouldRefuse || again.Share() != a.Share() {
+			t.Errorf("A asked again after B and C: Extended %v WouldRefuse %v share %+v; want a new slot, WouldRefuse, share %+v",
+				again.Extended, again.WouldRefuse, again.Share(), a.Share())
+		}
+		if again := acquire("s", "tokB"); !again.Extended || again.WouldRefuse || again.Share() != b.Share() {
+			t.Errorf("B asked again after C: Extended %v WouldRefuse %v share %+v; want an extension, no refusal, share %+v",
+				again.Extended, again.WouldRefuse, again.Share(), b.Share())
+		}
+	})
+}
