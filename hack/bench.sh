@@ -61,8 +61,10 @@
 #                   script as a pool key runs it, whole, its call alone and
 #                   each part (BenchmarkAcquireParts); Redis's CPU per pair
 #                   joining none against joining two pools, as sent, with
-#                   the pools' work inside the user's call, and with it
-#                   stripped to the slot (BenchmarkPoolsBound); the
+#                   the pools' work inside the user's call, with it
+#                   stripped to the slot, with each membership a lean
+#                   script of its own, and with each the least any
+#                   capped, expiring member is (BenchmarkPoolsBound); the
 #                   same ways' acquire p50, at full load and paced as
 #                   BenchmarkPoolsAcquireRelease paced its own in the round
 #                   and at its light 2,000 pairs/s (BenchmarkPoolsLatencyBound)

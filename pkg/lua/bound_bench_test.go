@@ -33,7 +33,13 @@ import (
 //     each way: the memberships without a call of their own;
 //   - bare: the same, each membership stripped to its slot (no record, no
 //     pruning, no override, no queue): what a membership costs at least
-//     while it is a member of a sorted set that carries its own expiry.
+//     while it is a slot of its key (DESIGN §16);
+//   - lean: each pool key's membership a script of its own, sent as the
+//     limiter sends its calls, that does only what a pool's member needs
+//     (leanAcquire): a design whose memberships are not slots;
+//   - least: the same, each membership only a capped member that carries
+//     its own expiry (leastAcquire): what a crash-safe membership costs
+//     at least, in any design.
 //
 // It reports none's CPU per pair ÷ each way's: the most pairs/s each way
 // allows against none where Redis is what bounds them (hack/bench.sh
@@ -280,6 +286,33 @@ func boundWays(b *testing.B, c rueidis.Client) []boundWay {
 		}
 		return c.B().Evalsha().Sha1(sha).Numkeys(int64(len(all))).Key(all...).Arg(args...).Build()
 	}
+	lna, lnr := load(leanAcquire), load(leanRelease)
+	lsa, lsr := load(leastAcquire), load(leastRelease)
+	// own is the way that sends each pool key's membership as a call of
+	// its own to mAcq and mRel, with the keys of it they name and the first
+	// acqArgs and relArgs of the arguments the limiter sends (the member,
+	// its limit, TTL and record; the member), beside the user's scripts.
+	own := func(name, mAcq, mRel string, acqKeys, relKeys []int, acqArgs, relArgs int) boundWay {
+		pick := func(keys []string, of []int) []string {
+			picked := make([]string, len(of))
+			for i, k := range of {
+				picked[i] = keys[k]
+			}
+			return picked
+		}
+		member := func(p boundPair) []string { return []string{p.member, ""}[:relArgs] }
+		return boundWay{name, 6,
+			func(p boundPair) rueidis.Commands {
+				return rueidis.Commands{ev(acq, p.userArgs, lua.AcquireKeys(p.user)),
+					ev(mAcq, p.poolArgs[:acqArgs], pick(lua.AcquireKeys(p.model), acqKeys)),
+					ev(mAcq, p.poolArgs[:acqArgs], pick(lua.AcquireKeys(p.org), acqKeys))}
+			},
+			func(p boundPair) []rueidis.Commands {
+				return []rueidis.Commands{{ev(rel, []string{p.stream, ""}, lua.ReleaseKeys(p.user)),
+					ev(mRel, member(p), pick(lua.ReleaseKeys(p.model), relKeys)),
+					ev(mRel, member(p), pick(lua.ReleaseKeys(p.org), relKeys))}}
+			}}
+	}
 	// joined is the way that runs a pair's acquire and release as one
 	// call each: of acq and rel, which take the user's keys, then the two
 	// pool keys'.
@@ -315,6 +348,10 @@ func boundWays(b *testing.B, c rueidis.Client) []boundWay {
 			}},
 		joined("inside", insideAcq, insideRel),
 		joined("bare", bareAcq, bareRel),
+		// The key, its records, its override and its queue's expiries
+		// (AcquireKeys); the key, its records and its queue (ReleaseKeys).
+		own("lean", lna, lnr, []int{0, 1, 2, 4}, []int{0, 1, 2}, 4, 1),
+		own("least", lsa, lsr, []int{0}, []int{0}, 3, 1),
 	}
 }
 
@@ -380,6 +417,67 @@ func splitBody(b *testing.B, src string) (pieces, body string) {
 	return src[:i], src[i:]
 }
 
+// leanAcquire and leanRelease are a pool key's membership as a script of
+// its own that does what a pool's member needs and nothing else, in as
+// few calls as it can: the key's override read, its queue looked at (a
+// new member waits behind the acquires queued), the live members counted
+// (ZCOUNT: nothing is pruned, so the members that expired stay), the
+// member added with its record, and the keys' expiry moved when it must;
+// then the member and its record removed, and the queue looked at for a
+// head to wake. No shares, no caller, no shadow mode and no pruning: less
+// than a pool of DESIGN §16-§20 does (BenchmarkPoolsBound's lean way).
+//
+//	KEYS: the key, its records, its override, its queue's expiries
+//	ARGV: the member, its limit, TTL (ms) and record's fields
+//	release KEYS: the key, its records, its queue; ARGV: the member
+const (
+	leanAcquire = `local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local limit, ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
+local o = redis.call('HMGET', KEYS[3], 'limit', 'expires_at')
+if o[1] and o[2] and tonumber(o[2]) > now then
+  limit = tonumber(o[1])
+end
+if redis.call('ZCARD', KEYS[4]) > 0 or
+    redis.call('ZCOUNT', KEYS[1], '(' .. string.format('%d', now), '+inf') >= limit then
+  return {0}
+end
+local expires = now + ttl
+if redis.call('ZADD', KEYS[1], 'NX', expires, ARGV[1]) == 1 then
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[3] .. ';started=' .. string.format('%d', now) .. ARGV[4])
+end
+if redis.call('PEXPIRETIME', KEYS[1]) < expires + ttl then
+  local at = string.format('%d', expires + 2 * ttl)
+  redis.call('PEXPIREAT', KEYS[1], at)
+  redis.call('PEXPIREAT', KEYS[2], at)
+end
+return {1}`
+	leanRelease = `local released = redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+if released == 1 and redis.call('EXISTS', KEYS[3]) == 1 then
+  return {1, 'a head to wake'}
+end
+return {released}`
+)
+
+// leastAcquire and leastRelease are a membership that is only what any
+// crash-safe capped membership is, in any design: a member of a sorted
+// set whose score is its expiry, added while fewer than the limit are
+// live, then removed (BenchmarkPoolsBound's least way). No record, no
+// override, no queue, no expiry of the key, no pruning.
+//
+//	KEYS: the key; ARGV: the member, its limit, TTL (ms); release: the member
+const (
+	leastAcquire = `local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if redis.call('ZCOUNT', KEYS[1], '(' .. string.format('%d', now), '+inf') >= tonumber(ARGV[2]) then
+  return {0}
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+return {1}`
+	leastRelease = "return {redis.call('ZREM', KEYS[1], ARGV[1])}"
+)
+
 // releaseParts are acquireParts' counterparts in the release script, for
 // a membership that leaves: its record read and removed, pruning, the
 // queue's head.
@@ -396,4 +494,79 @@ func withoutAll(b *testing.B, src string, parts []scriptPart) string {
 		src = without(b, src, p.cut, p.put)
 	}
 	return src
+}
+
+// TestTheBoundsMembershipsAreCappedAndExpire checks that the memberships
+// BenchmarkPoolsBound's lean and least ways measure are what they stand
+// for: a member is added while fewer than its limit are live and refused
+// at the limit, a member that expired or was released frees its place,
+// and the lean one's waits behind the acquires queued on its key.
+func TestTheBoundsMembershipsAreCappedAndExpire(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		for _, way := range []struct {
+			name                    string
+			acquire, release        string
+			acquireKeys, releaseKey []int
+		}{
+			{"lean", leanAcquire, leanRelease, []int{0, 1, 2, 4}, []int{0, 1, 2}},
+			{"least", leastAcquire, leastRelease, []int{0}, []int{0}},
+		} {
+			key := newKey(t)
+			pick := func(all []string, of []int) []string {
+				var picked []string
+				for _, i := range of {
+					picked = append(picked, all[i])
+				}
+				return picked
+			}
+			run := func(src string, keys []string, args ...string) int64 {
+				t.Helper()
+				arr, err := c.Do(ctx, c.B().Eval().Script(src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).ToArray()
+				if err != nil {
+					t.Fatalf("%s: %v", way.name, err)
+				}
+				n, err := arr[0].AsInt64()
+				if err != nil {
+					t.Fatalf("%s: %v", way.name, err)
+				}
+				return n
+			}
+			grant := func(member, limit, ttl string) int64 {
+				t.Helper()
+				return run(way.acquire, pick(lua.AcquireKeys(key), way.acquireKeys), member, limit, ttl, ";plan=free")
+			}
+			for i, step := range []struct {
+				member, limit, ttl string
+				want               int64
+			}{{"a", "2", "60000", 1}, {"b", "2", "60000", 1}, {"c", "2", "60000", 0}, {"c", "3", "1", 1}} {
+				if got := grant(step.member, step.limit, step.ttl); got != step.want {
+					t.Fatalf("%s: acquire %d (%s under %s) = %d, want %d", way.name, i, step.member, step.limit, got, step.want)
+				}
+			}
+			time.Sleep(20 * time.Millisecond) // c's 1 ms are over
+			if got := grant("d", "3", "60000"); got != 1 {
+				t.Fatalf("%s: d under 3 with c expired = %d, want 1 (granted)", way.name, got)
+			}
+			if got := grant("e", "3", "60000"); got != 0 {
+				t.Fatalf("%s: e under 3 with a, b, d live = %d, want 0 (refused)", way.name, got)
+			}
+			if got := run(way.release, pick(lua.ReleaseKeys(key), way.releaseKey), "a"); got != 1 {
+				t.Fatalf("%s: release of a = %d, want 1", way.name, got)
+			}
+			if got := grant("e", "3", "60000"); got != 1 {
+				t.Fatalf("%s: e under 3 with a released = %d, want 1 (granted)", way.name, got)
+			}
+			if way.name != "lean" {
+				continue
+			}
+			// An acquire queued on the key: the next member waits behind it.
+			if err := c.Do(ctx, c.B().Zadd().Key(lua.AcquireKeys(key)[4]).ScoreMember().ScoreMember(1e15, "w").Build()).Error(); err != nil {
+				t.Fatal(err)
+			}
+			if got := grant("f", "10", "60000"); got != 0 {
+				t.Fatalf("lean: f with an acquire queued = %d, want 0 (refused)", got)
+			}
+		}
+	})
 }
