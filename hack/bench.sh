@@ -63,8 +63,9 @@
 #                   joining none against joining two pools, as sent, with
 #                   the pools' work inside the user's call, with it
 #                   stripped to the slot, with each membership a lean
-#                   script of its own, and with each the least any
-#                   capped, expiring member is (BenchmarkPoolsBound); the
+#                   script of its own, the same folded into fewer calls,
+#                   and with each the least any capped, expiring member
+#                   is (BenchmarkPoolsBound); the
 #                   same ways' acquire p50, at full load and paced as
 #                   BenchmarkPoolsAcquireRelease paced its own in the round
 #                   and at its light 2,000 pairs/s (BenchmarkPoolsLatencyBound)

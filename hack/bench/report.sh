@@ -157,11 +157,13 @@ report() {
 	spread_line "  the same work inside the user's one call" %.2f GO 'L/BenchmarkPoolsBound/inside-bound'
 	spread_line "  memberships stripped to the slot, inside it" %.2f GO 'L/BenchmarkPoolsBound/bare-bound'
 	spread_line "  memberships not slots: a lean script of their own, sent" %.2f GO 'L/BenchmarkPoolsBound/lean-bound'
+	spread_line "  the same, folded: no record, override and queue read at once" %.2f GO 'L/BenchmarkPoolsBound/folded-bound'
 	spread_line "  the least: a capped member with its expiry, nothing else" %.2f GO 'L/BenchmarkPoolsBound/least-bound'
 	echo "acquire p50, two pools / none, the scripts sent by rueidis alone, no limiter code, in turns (BenchmarkPoolsLatencyBound)"
 	spread_line "  at full load, as sent" %.2f GO 'L/BenchmarkPoolsLatencyBound/full-sent-p50-bound'
 	spread_line "  at full load, stripped to the slot, inside the user's call" %.2f GO 'L/BenchmarkPoolsLatencyBound/full-bare-p50-bound'
 	spread_line "  at full load, memberships a lean script of their own" %.2f GO 'L/BenchmarkPoolsLatencyBound/full-lean-p50-bound'
+	spread_line "  at full load, the same folded" %.2f GO 'L/BenchmarkPoolsLatencyBound/full-folded-p50-bound'
 	spread_line "  at full load, the least memberships" %.2f GO 'L/BenchmarkPoolsLatencyBound/full-least-p50-bound'
 	spread_line "  paced as BenchmarkPoolsAcquireRelease's, as sent" %.2f GO 'L/BenchmarkPoolsLatencyBound/paced-sent-p50-bound'
 	spread_line "  the same work inside the user's one call" %.2f GO 'L/BenchmarkPoolsLatencyBound/paced-inside-p50-bound'
@@ -170,6 +172,7 @@ report() {
 	spread_line "  the same work inside the user's one call" %.2f GO 'L/BenchmarkPoolsLatencyBound/light-inside-p50-bound'
 	spread_line "  memberships stripped to the slot, inside it" %.2f GO 'L/BenchmarkPoolsLatencyBound/light-bare-p50-bound'
 	spread_line "  memberships a lean script of their own" %.2f GO 'L/BenchmarkPoolsLatencyBound/light-lean-p50-bound'
+	spread_line "  the same folded" %.2f GO 'L/BenchmarkPoolsLatencyBound/light-folded-p50-bound'
 	spread_line "  the least memberships" %.2f GO 'L/BenchmarkPoolsLatencyBound/light-least-p50-bound'
 	echo "one hot pool key: acquire+release pairs/s / redis-benchmark EVALSHA of the acquire script on that key (BenchmarkPoolKeyHot)"
 	ratio_line "  pairs/s / EVALSHA rps" GO 'K/BenchmarkPoolKeyHot/%d/pairs/s' RPS '%d/pool' both
@@ -313,6 +316,7 @@ report() {
 	figure_line "  the pools' work inside the user's call" %.1f GO 'L/BenchmarkPoolsBound/inside-redis-cpu-µs/pair'
 	figure_line "  memberships stripped to the slot, inside it" %.1f GO 'L/BenchmarkPoolsBound/bare-redis-cpu-µs/pair'
 	figure_line "  memberships a lean script of their own" %.1f GO 'L/BenchmarkPoolsBound/lean-redis-cpu-µs/pair'
+	figure_line "  the same folded" %.1f GO 'L/BenchmarkPoolsBound/folded-redis-cpu-µs/pair'
 	figure_line "  the least memberships" %.1f GO 'L/BenchmarkPoolsBound/least-redis-cpu-µs/pair'
 	figure_line "acquire p50 us by rueidis alone, paced: joining none" %.0f GO 'L/BenchmarkPoolsLatencyBound/paced-none-acquire-p50-µs'
 	figure_line "  joining two, as sent" %.0f GO 'L/BenchmarkPoolsLatencyBound/paced-sent-acquire-p50-µs'

@@ -37,6 +37,9 @@ import (
 //   - lean: each pool key's membership a script of its own, sent as the
 //     limiter sends its calls, that does only what a pool's member needs
 //     (leanAcquire): a design whose memberships are not slots;
+//   - folded: the same, each membership lean and folded (foldedAcquire):
+//     no record of its own (the user's slot's names its pools), its key's
+//     override and a mark of its queue read at once;
 //   - least: the same, each membership only a capped member that carries
 //     its own expiry (leastAcquire): what a crash-safe membership costs
 //     at least, in any design.
@@ -287,6 +290,7 @@ func boundWays(b *testing.B, c rueidis.Client) []boundWay {
 		return c.B().Evalsha().Sha1(sha).Numkeys(int64(len(all))).Key(all...).Arg(args...).Build()
 	}
 	lna, lnr := load(leanAcquire), load(leanRelease)
+	lfa, lfr := load(foldedAcquire), load(foldedRelease)
 	lsa, lsr := load(leastAcquire), load(leastRelease)
 	// own is the way that sends each pool key's membership as a call of
 	// its own to mAcq and mRel, with the keys of it they name and the first
@@ -351,6 +355,8 @@ func boundWays(b *testing.B, c rueidis.Client) []boundWay {
 		// The key, its records, its override and its queue's expiries
 		// (AcquireKeys); the key, its records and its queue (ReleaseKeys).
 		own("lean", lna, lnr, []int{0, 1, 2, 4}, []int{0, 1, 2}, 4, 1),
+		// The key and its override (of AcquireKeys; of ReleaseKeys).
+		own("folded", lfa, lfr, []int{0, 2}, []int{0, 5}, 3, 1),
 		own("least", lsa, lsr, []int{0}, []int{0}, 3, 1),
 	}
 }
@@ -460,6 +466,43 @@ end
 return {released}`
 )
 
+// foldedAcquire and foldedRelease are leanAcquire's membership folded
+// into fewer calls (BenchmarkPoolsBound's folded way): it has no record
+// of its own (the user's slot's record names the pools its stream is a
+// member of, and a member names its stream and user), the key's override
+// and a mark of its queue are fields of one hash read at once (the mark:
+// the time until which acquires may be queued, which each wait would
+// move, so that it lapses by itself, and a marked key is refused here
+// where the pool would look at its queue), and the key's expiry is set
+// without reading it first, to twice the longest slot TTL a plan may
+// have (tiers.MaxSlotTTL, a day), so that it never falls before a
+// member's; its release removes the member and reads the
+// mark to know whether to look for a head to wake.
+//
+//	KEYS: the key, its override (fields limit, expires_at, queued_until)
+//	ARGV: the member, its limit, TTL (ms); release: the member
+const (
+	foldedAcquire = `local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local limit, ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
+local o = redis.call('HMGET', KEYS[2], 'limit', 'expires_at', 'queued_until')
+if o[1] and o[2] and tonumber(o[2]) > now then
+  limit = tonumber(o[1])
+end
+if (o[3] and tonumber(o[3]) > now) or
+    redis.call('ZCOUNT', KEYS[1], '(' .. string.format('%d', now), '+inf') >= limit then
+  return {0}
+end
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], 172800000)
+return {1}`
+	foldedRelease = `local released = redis.call('ZREM', KEYS[1], ARGV[1])
+if released == 1 and redis.call('HGET', KEYS[2], 'queued_until') then
+  return {1, 'a head to look for'}
+end
+return {released}`
+)
+
 // leastAcquire and leastRelease are a membership that is only what any
 // crash-safe capped membership is, in any design: a member of a sorted
 // set whose score is its expiry, added while fewer than the limit are
@@ -510,6 +553,7 @@ func TestTheBoundsMembershipsAreCappedAndExpire(t *testing.T) {
 			acquireKeys, releaseKey []int
 		}{
 			{"lean", leanAcquire, leanRelease, []int{0, 1, 2, 4}, []int{0, 1, 2}},
+			{"folded", foldedAcquire, foldedRelease, []int{0, 2}, []int{0, 5}},
 			{"least", leastAcquire, leastRelease, []int{0}, []int{0}},
 		} {
 			key := newKey(t)
@@ -557,15 +601,35 @@ func TestTheBoundsMembershipsAreCappedAndExpire(t *testing.T) {
 			if got := grant("e", "3", "60000"); got != 1 {
 				t.Fatalf("%s: e under 3 with a released = %d, want 1 (granted)", way.name, got)
 			}
-			if way.name != "lean" {
+			// An acquire queued on the key (for folded, its mark): the
+			// next member waits behind it. An override lowers the limit.
+			var queued, override rueidis.Completed
+			switch way.name {
+			case "least":
 				continue
+			case "lean":
+				queued = c.B().Zadd().Key(lua.AcquireKeys(key)[4]).ScoreMember().ScoreMember(1e15, "w").Build()
+			case "folded":
+				queued = c.B().Hset().Key(lua.AcquireKeys(key)[2]).FieldValue().FieldValue("queued_until", "1000000000000000").Build()
 			}
-			// An acquire queued on the key: the next member waits behind it.
-			if err := c.Do(ctx, c.B().Zadd().Key(lua.AcquireKeys(key)[4]).ScoreMember().ScoreMember(1e15, "w").Build()).Error(); err != nil {
+			override = c.B().Hset().Key(lua.AcquireKeys(key)[2]).FieldValue().FieldValue("limit", "4").FieldValue("expires_at", "1000000000000000").Build()
+			if err := c.Do(ctx, override).Error(); err != nil {
 				t.Fatal(err)
 			}
-			if got := grant("f", "10", "60000"); got != 0 {
-				t.Fatalf("lean: f with an acquire queued = %d, want 0 (refused)", got)
+			if got := grant("f", "10", "60000"); got != 1 {
+				t.Fatalf("%s: f under an override of 4 with b, d, e live = %d, want 1 (granted)", way.name, got)
+			}
+			if got := grant("g", "10", "60000"); got != 0 {
+				t.Fatalf("%s: g under an override of 4 with 4 live = %d, want 0 (refused)", way.name, got)
+			}
+			if got := run(way.release, pick(lua.ReleaseKeys(key), way.releaseKey), "f"); got != 1 {
+				t.Fatalf("%s: release of f = %d, want 1", way.name, got)
+			}
+			if err := c.Do(ctx, queued).Error(); err != nil {
+				t.Fatal(err)
+			}
+			if got := grant("g", "10", "60000"); got != 0 {
+				t.Fatalf("%s: g with an acquire queued = %d, want 0 (refused)", way.name, got)
 			}
 		}
 	})
