@@ -476,8 +476,8 @@ return {released}`
 // where the pool would look at its queue), and the key's expiry is set
 // without reading it first, to twice the longest slot TTL a plan may
 // have (tiers.MaxSlotTTL, a day), so that it never falls before a
-// member's; its release removes the member and reads the
-// mark to know whether to look for a head to wake.
+// member's. Its release removes the member, and reads the mark to know
+// whether to look for a head to wake.
 //
 //	KEYS: the key, its override (fields limit, expires_at, queued_until)
 //	ARGV: the member, its limit, TTL (ms); release: the member
