@@ -289,32 +289,20 @@ func boundWays(b *testing.B, c rueidis.Client) []boundWay {
 		}
 		return c.B().Evalsha().Sha1(sha).Numkeys(int64(len(all))).Key(all...).Arg(args...).Build()
 	}
-	lna, lnr := load(leanAcquire), load(leanRelease)
-	lfa, lfr := load(foldedAcquire), load(foldedRelease)
-	lsa, lsr := load(leastAcquire), load(leastRelease)
-	// own is the way that sends each pool key's membership as a call of
-	// its own to mAcq and mRel, with the keys of it they name and the first
-	// acqArgs and relArgs of the arguments the limiter sends (the member,
-	// its limit, TTL and record; the member), beside the user's scripts.
-	own := func(name, mAcq, mRel string, acqKeys, relKeys []int, acqArgs, relArgs int) boundWay {
-		pick := func(keys []string, of []int) []string {
-			picked := make([]string, len(of))
-			for i, k := range of {
-				picked[i] = keys[k]
-			}
-			return picked
-		}
-		member := func(p boundPair) []string { return []string{p.member, ""}[:relArgs] }
-		return boundWay{name, 6,
+	// own is the way that sends each pool key's membership m as a call
+	// of its own, beside the user's scripts.
+	own := func(m ownMembership) boundWay {
+		mAcq, mRel := load(m.acquire), load(m.release)
+		return boundWay{m.name, 6,
 			func(p boundPair) rueidis.Commands {
 				return rueidis.Commands{ev(acq, p.userArgs, lua.AcquireKeys(p.user)),
-					ev(mAcq, p.poolArgs[:acqArgs], pick(lua.AcquireKeys(p.model), acqKeys)),
-					ev(mAcq, p.poolArgs[:acqArgs], pick(lua.AcquireKeys(p.org), acqKeys))}
+					ev(mAcq, p.poolArgs[:m.args], pick(lua.AcquireKeys(p.model), m.acquireKeys)),
+					ev(mAcq, p.poolArgs[:m.args], pick(lua.AcquireKeys(p.org), m.acquireKeys))}
 			},
 			func(p boundPair) []rueidis.Commands {
 				return []rueidis.Commands{{ev(rel, []string{p.stream, ""}, lua.ReleaseKeys(p.user)),
-					ev(mRel, member(p), pick(lua.ReleaseKeys(p.model), relKeys)),
-					ev(mRel, member(p), pick(lua.ReleaseKeys(p.org), relKeys))}}
+					ev(mRel, []string{p.member}, pick(lua.ReleaseKeys(p.model), m.releaseKeys)),
+					ev(mRel, []string{p.member}, pick(lua.ReleaseKeys(p.org), m.releaseKeys))}}
 			}}
 	}
 	// joined is the way that runs a pair's acquire and release as one
@@ -331,7 +319,7 @@ func boundWays(b *testing.B, c rueidis.Client) []boundWay {
 					lua.ReleaseKeys(p.user), lua.ReleaseKeys(p.model), lua.ReleaseKeys(p.org))}}
 			}}
 	}
-	return []boundWay{
+	ways := []boundWay{
 		{"none", 2,
 			func(p boundPair) rueidis.Commands {
 				return rueidis.Commands{ev(acq, p.userArgs, lua.AcquireKeys(p.user))}
@@ -352,13 +340,42 @@ func boundWays(b *testing.B, c rueidis.Client) []boundWay {
 			}},
 		joined("inside", insideAcq, insideRel),
 		joined("bare", bareAcq, bareRel),
-		// The key, its records, its override and its queue's expiries
-		// (AcquireKeys); the key, its records and its queue (ReleaseKeys).
-		own("lean", lna, lnr, []int{0, 1, 2, 4}, []int{0, 1, 2}, 4, 1),
-		// The key and its override (of AcquireKeys; of ReleaseKeys).
-		own("folded", lfa, lfr, []int{0, 2}, []int{0, 5}, 3, 1),
-		own("least", lsa, lsr, []int{0}, []int{0}, 3, 1),
 	}
+	for _, m := range ownMemberships {
+		ways = append(ways, own(m))
+	}
+	return ways
+}
+
+// ownMembership is a membership of BenchmarkPoolsBound's that is a script
+// of its own: its acquire and release sources, which of a pool key's
+// lua.AcquireKeys and lua.ReleaseKeys each takes, and how many of the
+// arguments the limiter sends a pool key (the member, its limit, TTL and
+// record's fields) its acquire takes; its release takes the member.
+type ownMembership struct {
+	name                     string
+	acquire, release         string
+	acquireKeys, releaseKeys []int
+	args                     int
+}
+
+// ownMemberships are BenchmarkPoolsBound's lean, folded and least ways.
+var ownMemberships = []ownMembership{
+	// The key, its records, its override and its queue's expiries; the
+	// key, its records and its queue.
+	{"lean", leanAcquire, leanRelease, []int{0, 1, 2, 4}, []int{0, 1, 2}, 4},
+	// The key and its override.
+	{"folded", foldedAcquire, foldedRelease, []int{0, 2}, []int{0, 5}, 3},
+	{"least", leastAcquire, leastRelease, []int{0}, []int{0}, 3},
+}
+
+// pick returns the keys at the indexes of.
+func pick(keys []string, of []int) []string {
+	picked := make([]string, len(of))
+	for i, k := range of {
+		picked[i] = keys[k]
+	}
+	return picked
 }
 
 // boundAnswers returns an error unless every script of resps answered 1
@@ -547,23 +564,8 @@ func withoutAll(b *testing.B, src string, parts []scriptPart) string {
 func TestTheBoundsMembershipsAreCappedAndExpire(t *testing.T) {
 	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
 		ctx := context.Background()
-		for _, way := range []struct {
-			name                    string
-			acquire, release        string
-			acquireKeys, releaseKey []int
-		}{
-			{"lean", leanAcquire, leanRelease, []int{0, 1, 2, 4}, []int{0, 1, 2}},
-			{"folded", foldedAcquire, foldedRelease, []int{0, 2}, []int{0, 5}},
-			{"least", leastAcquire, leastRelease, []int{0}, []int{0}},
-		} {
+		for _, way := range ownMemberships {
 			key := newKey(t)
-			pick := func(all []string, of []int) []string {
-				var picked []string
-				for _, i := range of {
-					picked = append(picked, all[i])
-				}
-				return picked
-			}
 			run := func(src string, keys []string, args ...string) int64 {
 				t.Helper()
 				arr, err := c.Do(ctx, c.B().Eval().Script(src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).ToArray()
@@ -595,7 +597,7 @@ func TestTheBoundsMembershipsAreCappedAndExpire(t *testing.T) {
 			if got := grant("e", "3", "60000"); got != 0 {
 				t.Fatalf("%s: e under 3 with a, b, d live = %d, want 0 (refused)", way.name, got)
 			}
-			if got := run(way.release, pick(lua.ReleaseKeys(key), way.releaseKey), "a"); got != 1 {
+			if got := run(way.release, pick(lua.ReleaseKeys(key), way.releaseKeys), "a"); got != 1 {
 				t.Fatalf("%s: release of a = %d, want 1", way.name, got)
 			}
 			if got := grant("e", "3", "60000"); got != 1 {
@@ -622,7 +624,7 @@ func TestTheBoundsMembershipsAreCappedAndExpire(t *testing.T) {
 			if got := grant("g", "10", "60000"); got != 0 {
 				t.Fatalf("%s: g under an override of 4 with 4 live = %d, want 0 (refused)", way.name, got)
 			}
-			if got := run(way.release, pick(lua.ReleaseKeys(key), way.releaseKey), "f"); got != 1 {
+			if got := run(way.release, pick(lua.ReleaseKeys(key), way.releaseKeys), "f"); got != 1 {
 				t.Fatalf("%s: release of f = %d, want 1", way.name, got)
 			}
 			if err := c.Do(ctx, queued).Error(); err != nil {
