@@ -22,8 +22,8 @@ var (
 	//go:embed testdata/previous/lib_holder.lua
 	previousLibHolder string
 
-	previousAcquireSource = lua.Compose(previousAcquireBody, lua.LibPrune, previousLibHolder, lua.LibTickets)
-	previousReleaseSource = lua.Compose(lua.ReleaseBody, lua.LibPrune, previousLibHolder, lua.LibTickets)
+	previousAcquireSource = lua.ComposeWhole(previousAcquireBody, lua.LibPrune, previousLibHolder, lua.LibTickets)
+	previousReleaseSource = lua.ComposeWhole(lua.ReleaseBody, lua.LibPrune, previousLibHolder, lua.LibTickets)
 	previousAcquire       = rueidis.NewLuaScript(previousAcquireSource)
 	previousRelease       = rueidis.NewLuaScript(previousReleaseSource)
 )

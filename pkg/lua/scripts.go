@@ -25,6 +25,7 @@ import (
 	"crypto/sha1"
 	_ "embed"
 	"encoding/hex"
+	"regexp"
 	"strings"
 
 	"github.com/redis/rueidis"
@@ -50,7 +51,7 @@ var (
 
 	// The pieces scripts share, each a file of local functions composed
 	// in front of the scripts that call them (compose): one copy of each
-	// in the tree, and a script carries only the pieces it uses.
+	// in the tree, and a script carries only the functions it uses.
 	//go:embed lib_prune.lua
 	libPrune string
 	//go:embed lib_holder.lua
@@ -67,20 +68,100 @@ var (
 	waitSource      = compose(waitBody, libPrune, libHolder, libTickets)
 )
 
-// compose returns body after pieces. The body keeps its contract header
-// on top, so a script read off Redis (SCRIPT, a slow log) still opens with
-// what it does; the pieces' local functions follow the header, before the
-// first line of code.
+// compose returns body after the parts of pieces it uses. The body keeps
+// its contract header on top, so a script read off Redis (SCRIPT, a slow
+// log) still opens with what it does; the parts' local functions follow
+// the header, before the first line of code.
+//
+// A part is one top-level local of a piece (a function or a value) with
+// the comment above it. Only the parts the body's code names, and those
+// they name in turn, are kept, in their pieces' order: Redis runs a
+// script's whole text on each call, and each local function it defines
+// is a closure made anew, so a part the script never calls costs every
+// call and does nothing.
 func compose(body string, pieces ...string) string {
-	var b strings.Builder
 	header, code := splitHeader(body)
-	b.WriteString(header)
+	var parts []part
 	for _, p := range pieces {
-		b.WriteString(p)
-		b.WriteString("\n")
+		parts = append(parts, splitParts(p)...)
 	}
+	needed := map[string]bool{}
+	for _, name := range names(code) {
+		needed[name] = true
+	}
+	// A part names only parts before it (a local is seen after it is
+	// defined), so one pass from the last part back finds them all.
+	keep := make([]bool, len(parts))
+	for i := len(parts) - 1; i >= 0; i-- {
+		if needed[parts[i].name] {
+			keep[i] = true
+			for _, name := range names(parts[i].text) {
+				needed[name] = true
+			}
+		}
+	}
+	var b strings.Builder
+	b.WriteString(header)
+	for i, p := range parts {
+		if keep[i] {
+			b.WriteString(p.text)
+		}
+	}
+	b.WriteString("\n")
 	b.WriteString(code)
 	return b.String()
+}
+
+// part is a top-level local of a piece: its name and its text, the
+// comment above it included.
+type part struct{ name, text string }
+
+// topLocal is a line that starts a piece's top-level local: a function or
+// a value.
+var topLocal = regexp.MustCompile(`(?m)^local (?:function )?([A-Za-z_][A-Za-z0-9_]*)`)
+
+// splitParts cuts a piece into its top-level locals, each starting at the
+// comment lines above it. Text before the first one is kept with it.
+func splitParts(piece string) []part {
+	starts := topLocal.FindAllStringSubmatchIndex(piece, -1)
+	parts := make([]part, 0, len(starts))
+	begin := 0
+	for i, m := range starts {
+		end := len(piece)
+		if i+1 < len(starts) {
+			end = commentStart(piece, starts[i+1][0])
+		}
+		parts = append(parts, part{name: piece[m[2]:m[3]], text: piece[begin:end]})
+		begin = end
+	}
+	return parts
+}
+
+// commentStart returns where the comment lines just above offset at
+// (the start of a line) begin: at itself when there are none.
+func commentStart(src string, at int) int {
+	for at > 0 {
+		prev := strings.LastIndexByte(src[:at-1], '\n') + 1
+		if !strings.HasPrefix(src[prev:at], "--") {
+			break
+		}
+		at = prev
+	}
+	return at
+}
+
+// identifier is a Lua name; unnamed is what holds no code's names: a
+// string or a comment to the end of its line, whichever starts first.
+// (The scripts use no long brackets.)
+var (
+	identifier = regexp.MustCompile(`[A-Za-z_][A-Za-z0-9_]*`)
+	unnamed    = regexp.MustCompile(`'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*"|--[^\n]*`)
+)
+
+// names returns the names Lua code uses, its strings and comments left
+// out.
+func names(code string) []string {
+	return identifier.FindAllString(unnamed.ReplaceAllString(code, " "), -1)
 }
 
 // splitHeader cuts a script's leading comment lines from the rest.
