@@ -435,8 +435,8 @@ func TestAdminSlots(t *testing.T) {
 			t.Errorf("record: got %+v, want outcome invalid_user_id for user a{b}", rec)
 		}
 	})
-	t.Run("the users . and .. are listed and released, not their parent path", func(t *testing.T) {
-		for _, dots := range []string{".", ".."} {
+	t.Run("the users ., .., / and a/ are listed and released, not another path's", func(t *testing.T) {
+		for _, dots := range []string{".", "..", "/", "a/"} {
 			held := e.hold(t, dots, 1)
 			got := apitest.Decode[httpapi.AdminSlotsResponse](t, e.do(t, adminCall{method: "GET", path: httpapi.AdminUserSlotsPath(dots), token: viewerToken}), http.StatusOK)
 			if got.UserID != dots || got.Used != 1 {
@@ -446,6 +446,26 @@ func TestAdminSlots(t *testing.T) {
 			if res := apitest.Decode[httpapi.AdminReleaseResponse](t, r, http.StatusOK); !sameIDs(res.Released, held) {
 				t.Errorf("release of %q: got %v, want %v", dots, res.Released, held)
 			}
+		}
+	})
+	t.Run("the user / is one user however its slash is escaped, and its wrong method is 405", func(t *testing.T) {
+		e.hold(t, "/", 1)
+		for _, path := range []string{"/v1/admin/users/%2F/slots", "/v1/admin/users/%2f/slots"} {
+			got := apitest.Decode[httpapi.AdminSlotsResponse](t, e.do(t, adminCall{method: "GET", path: path, token: viewerToken}), http.StatusOK)
+			if got.UserID != "/" || got.Used != 1 {
+				t.Errorf("GET %s: got %+v, want the user /'s 1 slot", path, got)
+			}
+		}
+		r := e.do(t, adminCall{method: "DELETE", path: "/v1/admin/users/%2F/slots", token: operatorToken})
+		apitest.WantError(t, r, http.StatusMethodNotAllowed, httpapi.CodeMethodNotAllowed)
+		if rec := e.streamRecords(t)[0]; rec.UserID != "/" || rec.Action != httpapi.ActionListSlots {
+			t.Errorf("record: got %+v, want list_slots of the user /", rec)
+		}
+		r = e.do(t, adminCall{method: "GET", path: "/v1/admin/users/%2F/nothing", token: viewerToken})
+		apitest.WantError(t, r, http.StatusNotFound, httpapi.CodeNotFound)
+		r = e.do(t, adminCall{method: "POST", path: httpapi.AdminUserReleasePath("/"), token: operatorToken, body: `{"reason":"slash"}`})
+		if res := apitest.Decode[httpapi.AdminReleaseResponse](t, r, http.StatusOK); len(res.Released) != 1 {
+			t.Errorf("release of /: got %v, want its 1 slot", res.Released)
 		}
 	})
 	t.Run("a wrong method is 405, audited once", func(t *testing.T) {

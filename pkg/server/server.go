@@ -6,7 +6,10 @@ package server
 import (
 	"log/slog"
 	"net/http"
+	"net/url"
 	"path"
+	"regexp"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -112,8 +115,13 @@ func (s *Server) wrap(mux *http.ServeMux) http.Handler {
 	}
 	mux.HandleFunc("/", notFound)
 	var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if p := r.URL.EscapedPath(); p != "" && p != cleanPath(p) { // as the mux sees it: an escaped "." is a user id
+		p := r.URL.EscapedPath()
+		if p != "" && p != cleanPath(p) { // as the mux sees it: an escaped "." is a user id
 			notFound(w, r)
+			return
+		}
+		if escapedSlash.MatchString(p) {
+			serveEscapedSlash(mux, w, r, p)
 			return
 		}
 		mux.ServeHTTP(w, r)
@@ -143,6 +151,48 @@ func (s *Server) route(mux *http.ServeMux, method, path string, handler http.Han
 // cleanPath is p as http.ServeMux cleans it before routing (path.Clean,
 // keeping a trailing slash): a path that differs from it is one the mux
 // would redirect.
+// escapedSlash matches a path with a segment that is an escaped slash
+// alone: a user id or a pool key "/" (%2F).
+var escapedSlash = regexp.MustCompile(`(?i)/%2F(/|$)`)
+
+// serveEscapedSlash serves the escaped path p, one of whose segments is
+// an escaped slash alone. The mux would take that segment for a trailing
+// slash, which no wildcard matches, and answer 404: it routes a copy of
+// the request whose such segments are a stand-in no path segment of a
+// route is (%00), and the route's wildcards are then given p's own
+// segments.
+func serveEscapedSlash(mux *http.ServeMux, w http.ResponseWriter, r *http.Request, p string) {
+	segs := strings.Split(p, "/")
+	stand := make([]string, len(segs))
+	for i, seg := range segs {
+		stand[i] = seg
+		if strings.EqualFold(seg, "%2F") {
+			stand[i] = "%00"
+		}
+	}
+	u, err := url.Parse(strings.Join(stand, "/"))
+	if err != nil { // p parsed once already, and its copy parses alike
+		mux.ServeHTTP(w, r)
+		return
+	}
+	standIn := r.Clone(r.Context())
+	standIn.URL = u
+	h, pattern := mux.Handler(standIn)
+	r.Pattern = pattern
+	route := pattern
+	if i := strings.IndexByte(route, ' '); i >= 0 {
+		route = route[i+1:] // after its method
+	}
+	for i, part := range strings.Split(route, "/") {
+		if name, ok := strings.CutPrefix(part, "{"); ok && i < len(segs) {
+			if value, err := url.PathUnescape(segs[i]); err == nil {
+				r.SetPathValue(strings.TrimSuffix(name, "}"), value)
+			}
+		}
+	}
+	h.ServeHTTP(w, r)
+}
+
 func cleanPath(p string) string {
 	if p == "" {
 		return "/"
