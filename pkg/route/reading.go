@@ -26,8 +26,13 @@ const (
 	// keepEmpty keeps the empty segment between two slashes (no slash
 	// merging, so /a//.. is /a/); without it slashes are merged.
 	keepEmpty
+	// trimEnds cuts the dots and spaces a segment ends with (IIS, servers
+	// on Windows, where no file name ends in either), so that
+	// /v1/chat/completions. and /v1/chat/completions%20 are the route; a
+	// segment of dots and spaces alone ("." and ".." too) stays as it is.
+	trimEnds
 
-	everyChoice = decodeFirst | backslash | params | keepDots | keepEmpty
+	everyChoice = decodeFirst | backslash | params | keepDots | keepEmpty | trimEnds
 )
 
 // choicesOf returns the choices worth trying on path: those that act on
@@ -45,7 +50,10 @@ func choicesOf(path string) reading {
 		choices |= params | keepEmpty
 	}
 	if strings.IndexByte(path, '.') >= 0 {
-		choices |= keepDots
+		choices |= keepDots | trimEnds
+	}
+	if strings.IndexByte(path, ' ') >= 0 {
+		choices |= trimEnds
 	}
 	if strings.Contains(path, "//") {
 		choices |= keepEmpty
@@ -74,6 +82,11 @@ func (rd reading) segments(path string) []string {
 		}
 		if rd&decodeFirst == 0 {
 			seg = decode(seg)
+		}
+		if rd&trimEnds != 0 {
+			if name := strings.TrimRight(seg, ". "); name != "" {
+				seg = name
+			}
 		}
 		switch {
 		case rd&keepDots == 0 && seg == ".":
