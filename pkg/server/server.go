@@ -147,9 +147,6 @@ func (s *Server) route(mux *http.ServeMux, method, path string, handler http.Han
 	}
 }
 
-// cleanPath is p as http.ServeMux cleans it before routing (path.Clean,
-// keeping a trailing slash): a path that differs from it is one the mux
-// would redirect.
 // escapedSlash reports whether the escaped path p has a segment that is
 // an escaped slash alone: a user id or a pool key "/" (%2F). Every
 // request's path passes it, so it allocates nothing.
@@ -204,6 +201,9 @@ func serveEscapedSlash(mux *http.ServeMux, w http.ResponseWriter, r *http.Reques
 	h.ServeHTTP(w, r)
 }
 
+// cleanPath is p as http.ServeMux cleans it before routing (path.Clean,
+// keeping a trailing slash): a path that differs from it is one the mux
+// would redirect.
 func cleanPath(p string) string {
 	if p == "" {
 		return "/"
