@@ -46,6 +46,8 @@ func TestRouteSpellingsCannotEscapeTheProxysCap(t *testing.T) {
 		{"a query string", "/v1/chat/completions?stream=true"},
 		{"backslashes", `/v1\chat\completions`},
 		{"a path parameter", "/v1/chat/completions;a=b"},
+		{"a trailing dot", "/v1/chat/completions."},
+		{"an encoded final newline", "/v1/chat/completions%0A"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp := rawProxyRequest(t, e.proc.API, "POST", tc.target, "fast", header)

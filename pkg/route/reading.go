@@ -31,8 +31,14 @@ const (
 	// /v1/chat/completions. and /v1/chat/completions%20 are the route; a
 	// segment of dots and spaces alone ("." and ".." too) stays as it is.
 	trimEnds
+	// finalNewline drops one newline the path ends with, once decoded:
+	// Starlette (FastAPI, vLLM's OpenAI server) routes by Python regular
+	// expressions ending in "$", which matches before a final newline too,
+	// so that /v1/chat/completions%0A is its chat route. A newline
+	// anywhere else, or a second one, routes nowhere there.
+	finalNewline
 
-	everyChoice = decodeFirst | backslash | params | keepDots | keepEmpty | trimEnds
+	everyChoice = decodeFirst | backslash | params | keepDots | keepEmpty | trimEnds | finalNewline
 )
 
 // choicesOf returns the choices worth trying on path: those that act on
@@ -82,6 +88,9 @@ func (rd reading) segments(path string) []string {
 		}
 		if rd&decodeFirst == 0 {
 			seg = decode(seg)
+		}
+		if rd&finalNewline != 0 && !more {
+			seg = strings.TrimSuffix(seg, "\n")
 		}
 		if rd&trimEnds != 0 {
 			if name := strings.TrimRight(seg, ". "); name != "" {

@@ -84,6 +84,14 @@ func TestMatch(t *testing.T) {
 		{"trailing dots and spaces mixed", "/v1/chat/completions.%20.", true},
 		{"a trailing dot on a middle segment", "/v1/chat./completions", true},
 		{"a trailing dot and a query", "/v1/chat/completions.?stream=true", true},
+		// Starlette's routes end in Python's "$", which matches before a
+		// final newline.
+		{"an encoded final newline", "/v1/chat/completions%0A", true},
+		{"an encoded final newline in lower case", "/v1/chat/completions%0a", true},
+		{"an encoded final newline and a query", "/v1/chat/completions%0a?stream=true", true},
+		{"an encoded final newline after doubled slashes", "//v1/chat/completions%0A", true},
+		{"an encoded final newline after a trailing dot", "/v1/chat/completions.%0A", true},
+		{"an encoded final newline after a trailing slash", "/v1/chat/completions/%0A", true},
 
 		{"the root", "/", false},
 		{"the empty path", "", false},
@@ -92,6 +100,11 @@ func TestMatch(t *testing.T) {
 		{"an extension after the route's last segment", "/v1/chat/completions.json", false},
 		{"a dot before the route's last segment", "/v1/chat/.completions", false},
 		{"a trailing dot on another resource", "/v1/models.", false},
+		{"two encoded final newlines", "/v1/chat/completions%0A%0A", false},
+		{"an encoded newline before a name", "/v1/chat/completions%0Ax", false},
+		{"an encoded newline ending a middle segment", "/v1/chat/completions%0A/x", false},
+		{"an encoded newline before a dot", "/v1/chat/completions%0A.", false},
+		{"an encoded final newline on another resource", "/v1/models%0A", false},
 		{"a segment of three dots before the route is a name, not cut away", "/v1/.../chat/completions", false},
 		{"a segment of an encoded space before the route is a name", "/v1/%20/chat/completions", false},
 		{"a trailing dot-dot segment climbing out before the route", "/v1/chat/../completions.", false},
