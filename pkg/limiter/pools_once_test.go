@@ -15,6 +15,7 @@ import (
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/lua"
 	"github.com/joishi/limiter/pkg/pools"
 )
 
@@ -84,6 +85,44 @@ func TestAPooledAcquireKeepsNothingItRefuses(t *testing.T) {
 			}
 			if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "one", Pools: map[string]string{"org": "acme"}}); err != nil || !res.Granted {
 				t.Errorf("the refused user's next acquire (plan one, org=acme cap 1): %+v, %v; want granted, nothing of it left", res, err)
+			}
+		})
+	}
+}
+
+// TestAnotherCallersMembershipIsNotAFullPool: a pool key holding the
+// stream as another caller's (alice's membership, which her slot, gone,
+// left behind until it expires) answers bob's acquire of that stream
+// ErrNotSlotHolder (403 not_slot_holder), not a refusal by the key, which
+// has room; bob keeps no slot, and alice's membership stays as it was.
+func TestAnotherCallersMembershipIsNotAFullPool(t *testing.T) {
+	for _, b := range []limitertest.Backend{limitertest.RedisCluster, limitertest.Standalone} {
+		t.Run(b.String(), func(t *testing.T) {
+			t.Parallel()
+			s := poolReplicas(t, b, 1)[0]
+			lim, ctx := s.Limiter, context.Background()
+			c, err := s.Redis.Redis()
+			if err != nil {
+				t.Fatal(err)
+			}
+			user := newUser(t)
+			slots, err := s.Keys.PoolKey("model", "llama") // cap 2
+			if err != nil {
+				t.Fatal(err)
+			}
+			left, err := lua.Acquire(ctx, c, slots, "s-1 "+user, 2, 10*time.Second, lua.Record{Caller: "alice", Plan: "three", User: user}, false)
+			if err != nil || !left.Granted {
+				t.Fatalf("alice's membership: %+v, %v", left, err)
+			}
+			res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three", Caller: "bob", StreamID: "s-1", Pools: map[string]string{"model": "llama"}})
+			if !errors.Is(err, limiter.ErrNotSlotHolder) || res.Granted || res.RefusedBy != nil {
+				t.Fatalf("bob's acquire of the stream alice's membership holds: %+v (refused by %+v), %v; want ErrNotSlotHolder", res, res.RefusedBy, err)
+			}
+			if held, err := lim.Slots(ctx, user); err != nil || held.Used != 0 {
+				t.Errorf("bob's user after the refusal holds %+v, %v; want no slot", held.Slots, err)
+			}
+			if n := members(t, s, "model", "llama"); n != 1 {
+				t.Errorf("model=llama holds %d members; want alice's one", n)
 			}
 		})
 	}
