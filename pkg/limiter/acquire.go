@@ -301,7 +301,7 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 			// What this acquire took goes: the memberships, and its share of
 			// the slot it extended (the stream's other requests keep theirs).
 			l.undo(ctx, end, takenOf(tries, poolMember(req.UserID, req.StreamID), generated), true,
-				userSlot{share: got.Share(), whole: generated}.member(key, req.StreamID))
+				userSlot{share: got.Share(), back: got.Extension(), whole: generated}.member(key, req.StreamID))
 			return AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}, tier, err
 		}
 		l.heldPlan(got.Record, tier, &res)
@@ -317,7 +317,7 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		if got.WouldRefuse {
 			res.WouldRefuse = CodeStreamLimitReached
 		}
-		slot := userSlot{added: !got.Extended, share: got.Share(), whole: generated}
+		slot := userSlot{added: !got.Extended, share: got.Share(), back: got.Extension(), whole: generated}
 		if err := l.confirmGrant(ctx, replicas, tier, slot.member(key, req.StreamID), &res); err != nil {
 			undoTries()
 			return res, tier, err

@@ -276,7 +276,7 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 				if w.unsure || w.grant != nil {
 					holding = append(holding, m.slots)
 				}
-				if left := leaving(m.slots, member, w.share, slot.whole); left.Key != "" && (w.unsure || w.grant != nil) {
+				if left := leaving(m.slots, member, w.share, lua.Extension{}, slot.whole); left.Key != "" && (w.unsure || w.grant != nil) {
 					// The undo's to leave, whatever happens next.
 					taken = append(taken, left)
 					if w.holders != nil {
@@ -302,7 +302,7 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 			l.undo(ctx, end, ours(taken, shared), slot.owns(), own)
 			return joined{refusal: refusal, waited: out.waited, full: out.full}, nil
 		}
-		if left := leaving(m.slots, member, got.Share(), slot.whole); left.Key != "" {
+		if left := leaving(m.slots, member, got.Share(), got.Extension(), slot.whole); left.Key != "" {
 			taken = append(taken, left)
 		}
 		holding = append(holding, m.slots)
@@ -348,6 +348,9 @@ type userSlot struct {
 	// added: the acquire took the slot rather than extending it.
 	added bool
 	share lua.Share
+	// back: how the acquire moved the slot's expiry, if it extended it,
+	// which it gives back if it gives up.
+	back lua.Extension
 	// whole: the slot is this acquire's alone, whatever its shares say:
 	// its stream id was made for it, and a share of its own counted twice
 	// (a reply lost and the call asked again) is still its own.
@@ -368,22 +371,23 @@ func (s userSlot) owns() bool {
 // member is the release of the slot (key's stream id) the acquire sends
 // if it gives up (see leaving).
 func (s userSlot) member(key, streamID string) lua.Member {
-	return leaving(key, streamID, s.share, s.whole)
+	return leaving(key, streamID, s.share, s.back, s.whole)
 }
 
 // leaving is the release a request that gives up sends for its part of
-// key's member id: its share (lua.Member.Owned), or the whole member when
-// whole (a stream id made for the request: no one else holds it). A share
+// key's member id: its share (lua.Member.Owned), with the time its
+// extension added (back), or the whole member when whole (a stream id
+// made for the request: no one else holds it). A share
 // whose slot's start is not known (a grant whose answer was lost, or one
 // granted degraded, with nothing in Redis) may be another request's: the
 // zero Member then, which leaves nothing; a place the request did take
 // expires by its score.
-func leaving(key, id string, share lua.Share, whole bool) lua.Member {
+func leaving(key, id string, share lua.Share, back lua.Extension, whole bool) lua.Member {
 	switch {
 	case whole:
 		return lua.Member{Key: key, ID: id}
 	case share.StartedAtMs > 0:
-		return lua.Member{Key: key, ID: id, Owned: true, Share: share}
+		return lua.Member{Key: key, ID: id, Owned: true, Share: share, Back: back}
 	}
 	return lua.Member{}
 }
@@ -457,7 +461,7 @@ func (l *Limiter) acquireTogether(ctx context.Context, c rueidis.Client, user lu
 func takenOf(tries []poolTry, member string, whole bool) []lua.Member {
 	var out []lua.Member
 	for _, t := range tries {
-		if left := leaving(t.slots, member, t.got.Share(), whole); t.err == nil && t.got.Granted && left.Key != "" {
+		if left := leaving(t.slots, member, t.got.Share(), t.got.Extension(), whole); t.err == nil && t.got.Granted && left.Key != "" {
 			out = append(out, left)
 		}
 	}

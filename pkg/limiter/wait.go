@@ -156,7 +156,7 @@ func (l *Limiter) awaitSlot(ctx context.Context, key string, req AcquireRequest,
 			res.Degraded, res.Used = true, 0
 			res.ExpiresAt = degradedExpiry(tier.SlotTTL)
 		}
-		if err := l.confirmGrant(ctx, r.replicas, tier, leaving(key, req.StreamID, r.share, generated), &res); err != nil {
+		if err := l.confirmGrant(ctx, r.replicas, tier, leaving(key, req.StreamID, r.share, lua.Extension{}, generated), &res); err != nil {
 			outcome = WaitFailed
 			return res, r, err
 		}
@@ -166,7 +166,7 @@ func (l *Limiter) awaitSlot(ctx context.Context, key string, req AcquireRequest,
 			// or a waiter of the stream here sent the ticket. One naming
 			// others is refused, as an acquire of a held stream is.
 			if err := poolsDiffer(req, lua.DecodePools(r.pools), lua.DecodePools(pools)); err != nil {
-				if own := leaving(key, req.StreamID, r.share, generated); own.Key != "" && (r.holders == nil || r.holders.Add(-1) == 0) {
+				if own := leaving(key, req.StreamID, r.share, lua.Extension{}, generated); own.Key != "" && (r.holders == nil || r.holders.Add(-1) == 0) {
 					_ = l.dropSlot(context.WithoutCancel(ctx), time.Time{}, "release", own)
 				}
 				outcome = WaitFailed
@@ -184,7 +184,7 @@ func (l *Limiter) awaitSlot(ctx context.Context, key string, req AcquireRequest,
 			// Granted as the caller left: its share goes, unless another
 			// waiter of the stream id got it too and stays (the slot goes
 			// with the last share, another request's kept).
-			if own := leaving(key, req.StreamID, r.share, generated); own.Key != "" && !r.degraded && (r.holders == nil || r.holders.Add(-1) == 0) {
+			if own := leaving(key, req.StreamID, r.share, lua.Extension{}, generated); own.Key != "" && !r.degraded && (r.holders == nil || r.holders.Add(-1) == 0) {
 				_ = l.dropSlot(context.WithoutCancel(ctx), time.Time{}, "release", own)
 			}
 			outcome = WaitCancelled

@@ -18,7 +18,7 @@
 -- ARGV[5] -> '0': shadow mode (the scope's enforce: false): a stream the
 --            limit refuses is granted all the same, and counted
 --            (optional: absent enforces)
--- returns {granted (1|2|0|-1), used, expires_at_ms, pruned, retry_after_ms, override, {wake ids}, shadow, record, share}
+-- returns {granted (1|2|0|-1), used, expires_at_ms, pruned, retry_after_ms, override, {wake ids}, shadow, record, share, extended_from_ms}
 --   granted 1      a new slot; 2: the stream held one, now extended (or
 --                  asked again, see below: as the first try answered)
 --   granted -1     the stream is held by another caller: its slot is left
@@ -46,6 +46,10 @@
 --   share          when granted: the share of the slot the call's request
 --                  holds (0 the one that took it, n the n-th extension;
 --                  see sharesOf), 0 else
+--   extended_from_ms when this call moved a held slot's expiry later: the
+--                  expiry it had before (Redis ms), which the request,
+--                  if it gives up, gives back (see release's ARGV[5]);
+--                  0 else
 --
 -- Idempotent on the stream id: acquiring a held stream extends it (never
 -- shortens it) and leaves used unchanged. A stream belongs to the caller
@@ -143,7 +147,10 @@ local recorded = false -- a record was written to a hash that may be new
 local held = '' -- the extended slot's record, as kept
 local share = 0 -- the share of the slot this request holds (see sharesOf)
 local retaken = false -- this request took the slot in a try whose reply was lost
-local function extend()
+local from = 0 -- the held slot's expiry before this call moved it
+-- extend(score): extends the held slot, whose expiry is score (Redis ms,
+-- as ZSCORE answers it).
+local function extend(score)
   local kept = redis.call('HGET', meta, member)
   if caller ~= '' and foreign(kept, caller) then
     granted = -1
@@ -151,7 +158,11 @@ local function extend()
   end
   local mine = tokenOf(record)
   granted = 2
+  expires = tonumber(score)
   local owned = kept and ownedShare(kept, mine)
+  if not owned and now + ttl > expires then
+    from, expires = expires, now + ttl
+  end
   if not kept then
     redis.call('ZADD', key, 'GT', now + ttl, member)
     kept = record
@@ -172,7 +183,6 @@ local function extend()
     share = again(kept)
   end
   held = kept
-  expires = tonumber(redis.call('ZSCORE', key, member))
 end
 
 if fits then
@@ -187,11 +197,14 @@ if fits then
     fresh = used == 0
     used = used + 1
   else
-    extend()
+    extend(redis.call('ZSCORE', key, member))
     wouldRefuse = 0 -- a held stream is extended, whatever the limit
   end
-elseif redis.call('ZSCORE', key, member) then
-  extend()
+else
+  local score = redis.call('ZSCORE', key, member)
+  if score then
+    extend(score)
+  end
 end
 if retaken then
   -- As its first try answered, which its record keeps.
@@ -243,4 +256,4 @@ if pruned > 0 then
   wake = due
 end
 
-return {granted, used, expires, pruned, retry, override, wake, wouldRefuse, held, share}
+return {granted, used, expires, pruned, retry, override, wake, wouldRefuse, held, share, from}

@@ -6,7 +6,6 @@ import "strings"
 // to compose the previous release's with those it shares.
 var (
 	ComposeWhole = composeWhole
-	ReleaseBody  = releaseBody
 	LibPrune     = libPrune
 	LibTickets   = libTickets
 )

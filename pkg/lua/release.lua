@@ -19,6 +19,14 @@
 --            knew it, so that a later slot of the stream is not left
 --            for it; a slot whose record has a start is not left for a
 --            share without one (absent or '')
+-- ARGV[5] -> with ARGV[3], of a share whose acquire moved the held slot's
+--            expiry later (see acquire's extended_from_ms): the expiry
+--            before it (Redis ms); ARGV[6] the one it set. A slot kept
+--            for the other shares gets the former back while it has the
+--            latter (no heartbeat or acquire moved it since): a request
+--            that gives up keeps alive none of what the others hold,
+--            nor a slot a crashed request left, which then expires by
+--            its own score. Optional: absent or '' gives nothing back.
 -- returns {released (1|0|-1|-2), pruned, head, record}
 --   released 0: the slot was not held (never, already released, or expired)
 --   released -1: the slot is held by another caller (its record names
@@ -53,6 +61,9 @@ if (ARGV[3] or '') ~= '' then
   if kept ~= true then
     if kept then
       redis.call('HSET', meta, ARGV[1], kept)
+      if (ARGV[5] or '') ~= '' and tonumber(redis.call('ZSCORE', key, ARGV[1])) == tonumber(ARGV[6]) then
+        redis.call('ZADD', key, 'XX', ARGV[5], ARGV[1])
+      end
     end
     return {-2, 0, '', ''}
   end

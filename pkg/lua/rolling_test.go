@@ -14,16 +14,18 @@ import (
 )
 
 // The previous release's scripts (testdata/previous/README.md): its
-// acquire body and its lib_holder.lua, with the pieces it shares with
-// this release.
+// acquire and release bodies and its lib_holder.lua, with the pieces it
+// shares with this release.
 var (
 	//go:embed testdata/previous/acquire.lua
 	previousAcquireBody string
+	//go:embed testdata/previous/release.lua
+	previousReleaseBody string
 	//go:embed testdata/previous/lib_holder.lua
 	previousLibHolder string
 
 	previousAcquireSource = lua.ComposeWhole(previousAcquireBody, lua.LibPrune, previousLibHolder, lua.LibTickets)
-	previousReleaseSource = lua.ComposeWhole(lua.ReleaseBody, lua.LibPrune, previousLibHolder, lua.LibTickets)
+	previousReleaseSource = lua.ComposeWhole(previousReleaseBody, lua.LibPrune, previousLibHolder, lua.LibTickets)
 	previousAcquire       = rueidis.NewLuaScript(previousAcquireSource)
 	previousRelease       = rueidis.NewLuaScript(previousReleaseSource)
 )

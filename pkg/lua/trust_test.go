@@ -427,6 +427,84 @@ func TestAnAcquireAskedAgainIsAnsweredTheShareItTook(t *testing.T) {
 	})
 }
 
+// TestARequestThatGivesUpGivesBackTheTimeItAdded: a request's acquire
+// that extended a held slot to a later expiry says by how much
+// (Extension); the request, giving up, leaves its share and gives the
+// time back, so that a slot a crashed try left expires by its own score
+// however often a retry, refused, extends it. Time a heartbeat added
+// since is not given back, nor is any by a share that is not the
+// slot's; an extension that added none gives none back.
+func TestARequestThatGivesUpGivesBackTheTimeItAdded(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		acquire := func(tok string, ttl time.Duration) lua.Acquired {
+			t.Helper()
+			got, err := lua.Acquire(ctx, c, key, "s", 3, ttl, lua.Record{Plan: "paid", Token: tok}, false)
+			if err != nil || !got.Granted {
+				t.Fatalf("acquire %s: %+v, %v", tok, got, err)
+			}
+			return got
+		}
+		score := func() int64 {
+			t.Helper()
+			n, err := c.Do(ctx, c.B().Zscore().Key(key).Member("s").Build()).AsInt64()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		leave := func(a lua.Acquired) lua.Released {
+			t.Helper()
+			rel, err := lua.ReleaseMember(ctx, c, "", lua.Member{Key: key, ID: "s", Owned: true, Share: a.Share(), Back: a.Extension()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return rel
+		}
+		first := acquire("tokA", time.Minute)
+		if first.Extension() != (lua.Extension{}) {
+			t.Fatalf("a new slot's acquire: extension %+v; want none", first.Extension())
+		}
+		for i, tok := range []string{"tokB", "tokC"} {
+			time.Sleep(3 * time.Millisecond) // a later expiry
+			retry := acquire(tok, time.Minute)
+			if ext := retry.Extension(); !retry.Extended || ext.FromMs != first.ExpiresAtMs || ext.ToMs != retry.ExpiresAtMs || ext.ToMs <= ext.FromMs || score() != ext.ToMs {
+				t.Fatalf("extension %d: %+v (extension %+v), score %d; want from %d to its expiry", i+1, retry, ext, score(), first.ExpiresAtMs)
+			}
+			if rel := leave(retry); !rel.Superseded || score() != first.ExpiresAtMs {
+				t.Fatalf("extension %d, given up: %+v, score %d; want the slot kept for share 0, at its expiry %d", i+1, rel, score(), first.ExpiresAtMs)
+			}
+		}
+
+		// A heartbeat since: its time stays.
+		time.Sleep(3 * time.Millisecond)
+		d := acquire("tokD", time.Minute)
+		time.Sleep(3 * time.Millisecond)
+		beat, err := lua.Heartbeat(ctx, c, "", key, "s", time.Minute)
+		if err != nil || !beat.Alive || beat.ExpiresAtMs <= d.Extension().ToMs {
+			t.Fatalf("heartbeat: %+v, %v; want alive, later than %d", beat, err, d.Extension().ToMs)
+		}
+		if rel := leave(d); !rel.Superseded || score() != beat.ExpiresAtMs {
+			t.Fatalf("an extension given up after a heartbeat: %+v, score %d; want the heartbeat's %d", rel, score(), beat.ExpiresAtMs)
+		}
+
+		// A share that is not the slot's gives nothing back.
+		time.Sleep(3 * time.Millisecond)
+		e := acquire("tokE", time.Minute)
+		stale := lua.Member{Key: key, ID: "s", Owned: true, Share: lua.Share{Index: e.Share().Index, StartedAtMs: first.StartedAtMs + 1}, Back: e.Extension()}
+		if rel, err := lua.ReleaseMember(ctx, c, "", stale); err != nil || !rel.Superseded || score() != e.ExpiresAtMs {
+			t.Fatalf("a share of another start, given up: %+v, %v, score %d; want kept at %d", rel, err, score(), e.ExpiresAtMs)
+		}
+
+		// An extension to an earlier expiry than the slot's moves nothing.
+		short := acquire("tokF", time.Second)
+		if !short.Extended || short.Extension() != (lua.Extension{}) || short.ExpiresAtMs != e.ExpiresAtMs {
+			t.Fatalf("an extension by a shorter TTL: %+v (extension %+v); want extended, nothing moved", short, short.Extension())
+		}
+	})
+}
+
 // TestAShadowGrantAskedAgainSaysItWouldRefuse: a new slot shadow mode
 // let in over the limit (WouldRefuse), whose reply is lost, is asked
 // again: it is answered as the first try was, WouldRefuse too, so that

@@ -41,7 +41,8 @@ type Acquired struct {
 	// time for a slot it took, the record's for one it extended; 0 when
 	// denied or not recorded.
 	StartedAtMs int64
-	share       int // see Share
+	share       int   // see Share
+	fromMs      int64 // see Extension
 }
 
 // Share is one request's part in a slot (or a membership) that several
@@ -57,6 +58,17 @@ type Share struct {
 	// the stream, taken after this one was released, is not left for
 	// it; 0 when not known (not checked).
 	StartedAtMs int64
+}
+
+// Extension is how an acquire moved a held slot's expiry: from FromMs to
+// ToMs (Redis ms), later. A request that gives up gives the time back
+// (Member.Back) unless the slot was moved since, so that it keeps alive
+// nothing the stream's other requests hold, nor a slot a crashed try
+// left, which then expires by its own score: a client's retries, refused
+// (a full pool), keep no membership of its crashed try. The zero
+// Extension moved nothing.
+type Extension struct {
+	FromMs, ToMs int64
 }
 
 // Acquire runs the acquire script on key (a keys.Schema.UserKey), its
@@ -85,6 +97,15 @@ func (a Acquired) Again() int { return ParseRecord(a.Record).Again }
 // was asked again after its reply was lost and other requests extended
 // the slot in between.
 func (a Acquired) Share() Share { return Share{Index: a.share, StartedAtMs: a.StartedAtMs} }
+
+// Extension is how the call moved the held slot's expiry: the zero
+// Extension unless it extended the slot (Extended) to a later expiry.
+func (a Acquired) Extension() Extension {
+	if a.fromMs == 0 {
+		return Extension{}
+	}
+	return Extension{FromMs: a.fromMs, ToMs: a.ExpiresAtMs}
+}
 
 // started sets a.StartedAtMs of a call whose slot TTL was ttl: a new
 // slot's expiry is its start plus ttl.
@@ -153,12 +174,16 @@ var acquireSHA = sha1Hex(acquireSource)
 
 // parseAcquired reads the acquire script's answer.
 func parseAcquired(arr []rueidis.RedisMessage) (Acquired, error) {
-	if len(arr) != 10 {
-		return Acquired{}, fmt.Errorf("acquire script returned %d values, want 10", len(arr))
+	if len(arr) != 11 {
+		return Acquired{}, fmt.Errorf("acquire script returned %d values, want 11", len(arr))
 	}
 	share, err := arr[9].AsInt64()
 	if err != nil {
 		return Acquired{}, fmt.Errorf("acquire script: share: %w", err)
+	}
+	from, err := arr[10].AsInt64()
+	if err != nil {
+		return Acquired{}, fmt.Errorf("acquire script: extended from: %w", err)
 	}
 	vals, err := int64s(arr[:6])
 	if err != nil {
@@ -189,6 +214,7 @@ func parseAcquired(arr []rueidis.RedisMessage) (Acquired, error) {
 		WouldRefuse:  shadowed == 1,
 		Record:       record,
 		share:        int(share),
+		fromMs:       from,
 	}, nil
 }
 
@@ -605,6 +631,10 @@ type Member struct {
 	// client's retry) holds one. Not Owned: released whatever its shares.
 	Owned bool
 	Share Share
+	// Back, of an Owned release: the extension its request made, given
+	// back if the member is kept for the other shares and still has
+	// Back.ToMs (see Extension).
+	Back Extension
 }
 
 // args are the release script's ARGV for m, released on caller's behalf.
@@ -616,7 +646,11 @@ func (m Member) args(caller string) []string {
 	if m.Share.StartedAtMs > 0 {
 		started = strconv.FormatInt(m.Share.StartedAtMs, 10)
 	}
-	return []string{m.ID, caller, strconv.Itoa(m.Share.Index), started}
+	args := []string{m.ID, caller, strconv.Itoa(m.Share.Index), started}
+	if m.Back.FromMs > 0 {
+		args = append(args, strconv.FormatInt(m.Back.FromMs, 10), strconv.FormatInt(m.Back.ToMs, 10))
+	}
+	return args
 }
 
 // ReleaseAt runs the release script for each of members at once, in one
