@@ -62,7 +62,7 @@ func BenchmarkAcquireReleaseVsRaw(b *testing.B) {
 			key := prefix + strconv.Itoa(rand.IntN(benchUsers)) + "}"
 			stream := benchStream()
 			got, err := scriptInts(c.Do(ctx, c.B().Evalsha().Sha1(acquireSHA).Numkeys(int64(len(lua.AcquireKeys(key)))).Key(lua.AcquireKeys(key)...).Arg(stream, limit, ttl, record).Build()))
-			if err != nil || len(got) != 10 {
+			if err != nil || len(got) != lua.AcquireReplyLen {
 				return false, fmt.Errorf("EVALSHA acquire: %v, %v", got, err)
 			}
 			if got[0] != 1 {

@@ -172,10 +172,14 @@ func AcquireAll(ctx context.Context, c rueidis.Client, acqs []AcquireArgs, nodeO
 
 var acquireSHA = sha1Hex(acquireSource)
 
+// AcquireReplyLen is how many values the acquire script answers (see
+// acquire.lua): for callers that run it themselves, as a reference does.
+const AcquireReplyLen = 11
+
 // parseAcquired reads the acquire script's answer.
 func parseAcquired(arr []rueidis.RedisMessage) (Acquired, error) {
-	if len(arr) != 11 {
-		return Acquired{}, fmt.Errorf("acquire script returned %d values, want 11", len(arr))
+	if len(arr) != AcquireReplyLen {
+		return Acquired{}, fmt.Errorf("acquire script returned %d values, want %d", len(arr), AcquireReplyLen)
 	}
 	share, err := arr[9].AsInt64()
 	if err != nil {

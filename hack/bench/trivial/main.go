@@ -91,7 +91,7 @@ func (h *handler) serveAcquire(w http.ResponseWriter, r *http.Request) {
 		v, err = arr[i].AsInt64()
 		vals = append(vals, v)
 	}
-	if err != nil || len(arr) != 10 {
+	if err != nil || len(arr) != lua.AcquireReplyLen {
 		http.Error(w, fmt.Sprintf("acquire script: %v %v", vals, err), http.StatusInternalServerError)
 		return
 	}
