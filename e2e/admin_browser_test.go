@@ -503,6 +503,25 @@ func TestAdminPageInChromium(t *testing.T) {
 		t.Errorf("holder age: got %q then %q 1.5s later, want m:ss going up", holderAge, later)
 	}
 
+	// A pool deleted while streams hold its keys: the page says so, and
+	// offers no new override. It is shown its own answer as a replica
+	// started since the deletion gives it: deleted, no cap known.
+	eval(`window.realFetch = window.fetch;
+		window.fetch = async (...args) => {
+			const resp = await window.realFetch(...args);
+			if (!String(args[0]).includes("/v1/admin/pools/")) return resp;
+			const data = await resp.json();
+			data.deleted = true;
+			delete data.limit;
+			return new Response(JSON.stringify(data), { status: resp.status, headers: resp.headers });
+		};
+		""`)
+	step("refresh the pool key, told its pool is deleted", chromedp.Click(chromedp.ID("refresh-pool")))
+	poll("the pool key's pool is said deleted, no override offered", `document.getElementById("pool-limit").textContent === "pool deleted: its holders run on until they end, none joins it" && document.getElementById("set-pool-override").disabled`)
+	eval(`window.fetch = window.realFetch; ""`)
+	step("refresh the pool key", chromedp.Click(chromedp.ID("refresh-pool")))
+	poll("the pool key's cap is back", `document.getElementById("pool-limit").textContent === "the pool's cap: 2" && !document.getElementById("set-pool-override").disabled`)
+
 	const poolReason = "ticket 4900: launch traffic"
 	step("open the pool key's override dialog",
 		chromedp.Click(chromedp.ID("set-pool-override")),

@@ -88,6 +88,12 @@ func printPoolKey(w io.Writer, p httpapi.AdminPoolKeyResponse) {
 			limit += " (" + shadowMark + ": nothing is refused, streams over it are counted as would_refuse)"
 		}
 	}
+	if p.Deleted {
+		limit = "pool deleted: its holders run on until they end, none joins it"
+		if p.Limit != nil {
+			limit += fmt.Sprintf(" (its last cap %d)", *p.Limit)
+		}
+	}
 	fmt.Fprintf(w, "pool key %s=%s: %d live %s, %s\n", p.Pool, p.Key, p.Used, plural(p.Used, "membership", "memberships"), limit)
 	if o := p.Override; o != nil {
 		printOverride(w, *o)

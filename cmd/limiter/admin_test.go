@@ -248,6 +248,10 @@ func TestAdminShowsShadowMode(t *testing.T) {
 			out.Used, out.Limit = 3, &three
 		case "uncapped":
 			out.Enforce = &shadowed
+		case "deleted": // as the replica that saw the deletion lists it
+			out.Used, out.Limit, out.Enforce, out.Deleted = 1, &three, &shadowed, true
+		case "gone": // as one started since does
+			out.Used, out.Enforce, out.Deleted = 1, &enforce, true
 		}
 		_ = json.NewEncoder(w).Encode(out)
 	})
@@ -271,6 +275,10 @@ func TestAdminShowsShadowMode(t *testing.T) {
 		{"a pool that refuses", []string{"pool", "model", "gpt-4o"}, "pool key model=gpt-4o: 3 live memberships, the pool's cap 3\n", false},
 		{"a pool from a server older than the field", []string{"pool", "old", "k"}, "pool key old=k: 3 live memberships, the pool's cap 3\n", false},
 		{"a key not capped has no cap to mark", []string{"pool", "uncapped", "k"}, "pool key uncapped=k: 0 live memberships, not capped\n", false},
+		{"a deleted pool, its last cap known", []string{"pool", "deleted", "k"},
+			"pool key deleted=k: 1 live membership, pool deleted: its holders run on until they end, none joins it (its last cap 3)\n", false},
+		{"a deleted pool, its last cap not known", []string{"pool", "gone", "k"},
+			"pool key gone=k: 1 live membership, pool deleted: its holders run on until they end, none joins it\n", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out := runAdminText(t, append(tc.args, "--url", srv.URL, "--token", "t")...)

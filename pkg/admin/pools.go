@@ -17,7 +17,7 @@ func (a *Admin) listPoolKey(_ http.ResponseWriter, r *http.Request, _ *httpapi.A
 	}
 	out := httpapi.AdminPoolKeyResponse{Pool: listed.Pool, Key: listed.Key, Used: listed.Used, Enforce: new(listed.Enforce),
 		Override: adminOverrideOf(listed.Override), Holders: make([]httpapi.AdminSlot, len(listed.Holders)),
-		Waiters: make([]httpapi.AdminTicket, len(listed.Waiters))}
+		Waiters: make([]httpapi.AdminTicket, len(listed.Waiters)), Deleted: listed.Deleted}
 	if listed.Capped {
 		out.Limit = &listed.Limit
 	}

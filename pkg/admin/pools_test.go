@@ -266,3 +266,62 @@ func TestAdminPoolOverride(t *testing.T) {
 		}
 	})
 }
+
+// TestAdminDeletedPoolKeyOnEveryReplica: a pool deleted while a stream
+// holds its key (DESIGN §16: support sees who holds a key, and removes
+// its override) is listed, deleted, on the replica that saw it go and on
+// one started since, which knows no definition of it; there, its key's
+// override is removed, audited. A key of it that holds nothing is
+// unknown, as is a new override.
+func TestAdminDeletedPoolKeyOnEveryReplica(t *testing.T) {
+	t.Parallel()
+	three := 3
+	model := pools.Pool{Pool: "model", MaxConcurrentStreams: &three}.WithDefaults()
+	org := pools.Pool{Pool: "org", MaxConcurrentStreams: &three}.WithDefaults()
+	table := pools.NewTable()
+	if err := table.Replace([]pools.Pool{model, org}); err != nil {
+		t.Fatal(err)
+	}
+	e := newAdminEnvOn(t, limitertest.Options{Backend: limitertest.Standalone, Limiter: limiter.Options{Pools: table}}, nil)
+	held := e.join(t, newUser(), "gpt-4o", "pod-a")
+	r := e.do(t, adminCall{method: "POST", path: httpapi.AdminPoolKeyOverridePath("model", "gpt-4o"), token: operatorToken,
+		body: `{"max_concurrent_streams":800,"expires_in":2592000,"reason":"launch"}`})
+	apitest.Decode[httpapi.AdminPoolOverrideResponse](t, r, http.StatusOK)
+	if err := table.Replace([]pools.Pool{org}); err != nil { // model is deleted
+		t.Fatal(err)
+	}
+	later := pools.NewTable()
+	if err := later.Replace([]pools.Pool{org}); err != nil {
+		t.Fatal(err)
+	}
+	e2 := newAdminEnvOn(t, limitertest.Options{Backend: limitertest.Standalone, Limiter: limiter.Options{Pools: later, Keys: e.keys}}, nil)
+
+	for _, c := range []struct {
+		name  string
+		e     *adminEnv
+		limit *int
+	}{{"the replica that saw the deletion", e, &three}, {"a replica started since", e2, nil}} {
+		got := apitest.Decode[httpapi.AdminPoolKeyResponse](t, c.e.do(t, adminCall{method: "GET", path: httpapi.AdminPoolKeyPath("model", "gpt-4o"), token: viewerToken}), http.StatusOK)
+		if !got.Deleted || len(got.Holders) != 1 || got.Holders[0].StreamID != held.StreamID || got.Override == nil ||
+			(got.Limit == nil) != (c.limit == nil) || got.Limit != nil && *got.Limit != *c.limit {
+			t.Errorf("%s lists the deleted pool's key: %+v; want deleted, its holder %s, its override, limit %v", c.name, got, held.StreamID, c.limit)
+		}
+	}
+	r = e2.do(t, adminCall{method: "GET", path: httpapi.AdminPoolKeyPath("model", "llama"), token: viewerToken})
+	apitest.WantError(t, r, http.StatusUnprocessableEntity, httpapi.CodeUnknownPool)
+	r = e2.do(t, adminCall{method: "POST", path: httpapi.AdminPoolKeyOverridePath("model", "gpt-4o"), token: operatorToken,
+		body: `{"max_concurrent_streams":5,"expires_in":60,"reason":"again"}`})
+	apitest.WantError(t, r, http.StatusUnprocessableEntity, httpapi.CodeUnknownPool)
+
+	r = e2.do(t, adminCall{method: "DELETE", path: httpapi.AdminPoolKeyOverridePath("model", "gpt-4o"), token: operatorToken, body: `{"reason":"pool gone"}`})
+	if got := apitest.Decode[httpapi.AdminOverrideRemoveResponse](t, r, http.StatusOK); !got.Removed {
+		t.Errorf("removing the deleted pool key's override on a replica started since: %+v; want removed", got)
+	}
+	if rec := e2.streamRecords(t)[0]; rec.Action != httpapi.ActionRemoveOverride || rec.Pool != "model" || rec.Key != "gpt-4o" || rec.Outcome != httpapi.OutcomeOK {
+		t.Errorf("audit record of the removal: %+v; want remove_override of model=gpt-4o, ok", rec)
+	}
+	got := apitest.Decode[httpapi.AdminPoolKeyResponse](t, e.do(t, adminCall{method: "GET", path: httpapi.AdminPoolKeyPath("model", "gpt-4o"), token: viewerToken}), http.StatusOK)
+	if got.Override != nil || len(got.Holders) != 1 {
+		t.Errorf("the key after the removal: %+v; want its holder, no override", got)
+	}
+}

@@ -266,6 +266,12 @@ type AdminPoolKeyResponse struct {
 	// they are served: by priority, then the user holding fewest of the
 	// key's memberships, then arrival; each naming its user.
 	Waiters []AdminTicket `json:"waiters"`
+	// Deleted: the pool is no longer configured. Its holders run on by
+	// its last definition until they end (Limit and Enforce are that
+	// definition's, from a replica that saw it; absent Limit from one
+	// started since); no stream joins its keys, and an override can be
+	// removed but not set.
+	Deleted bool `json:"deleted,omitempty"`
 }
 
 // AdminPoolOverrideResponse is the 200 answer of POST

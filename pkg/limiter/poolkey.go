@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/pools"
 )
 
@@ -48,6 +49,11 @@ type PoolKeySlots struct {
 	Override *Override
 	Holders  []Holder
 	Waiters  []Waiter
+	// Deleted: the pool is no longer configured. Its holders run on by
+	// its last definition, which Limit and Enforce give when this
+	// replica saw it (one started since the pool was deleted knows none:
+	// Capped false) until they end; no stream joins its keys.
+	Deleted bool
 }
 
 // PoolSlots lists the holders of key of pool, its cap and override.
@@ -61,7 +67,7 @@ func (l *Limiter) PoolSlots(ctx context.Context, pool, key string) (PoolKeySlots
 }
 
 func (l *Limiter) poolSlots(ctx context.Context, name, key string) (PoolKeySlots, error) {
-	pool, scope, err := l.poolScope(name, key)
+	pool, known, scope, err := l.poolScope(name, key)
 	if err != nil {
 		return PoolKeySlots{}, err
 	}
@@ -69,7 +75,11 @@ func (l *Limiter) poolSlots(ctx context.Context, name, key string) (PoolKeySlots
 	if err != nil {
 		return PoolKeySlots{}, err
 	}
-	out := PoolKeySlots{Pool: name, Key: key, Used: len(listing.Slots), Holders: make([]Holder, len(listing.Slots))}
+	_, configured := l.pools.Lookup(name)
+	if !known && len(listing.Slots) == 0 && len(listing.Queue) == 0 && listing.Override == nil {
+		return PoolKeySlots{}, l.unknownPool(name) // nothing held under such a name: a typo, most likely
+	}
+	out := PoolKeySlots{Pool: name, Key: key, Used: len(listing.Slots), Holders: make([]Holder, len(listing.Slots)), Deleted: !configured}
 	out.Limit, out.Capped = pool.Limit(key)
 	out.Enforce = pool.Enforced()
 	for i, s := range listing.Slots {
@@ -111,10 +121,14 @@ func (l *Limiter) SetPoolOverride(ctx context.Context, pool, key string, req Ove
 // then as RemoveOverride.
 func (l *Limiter) RemovePoolOverride(ctx context.Context, pool, key string) (bool, error) {
 	ctx, span := l.startSpan(ctx, "limiter.remove_pool_override")
-	removed, err := l.removeOverride(ctx, func() (overrideScope, error) {
-		_, scope, err := l.poolScope(pool, key)
+	var known bool
+	removed, err := l.removeOverride(ctx, func() (scope overrideScope, err error) {
+		_, known, scope, err = l.poolScope(pool, key)
 		return scope, err
 	})
+	if err == nil && !known && !removed {
+		err = l.unknownPool(pool) // no override under such a name: a typo, most likely
+	}
 	endSpan(span, err)
 	return removed, err
 }
@@ -123,14 +137,18 @@ func (l *Limiter) RemovePoolOverride(ctx context.Context, pool, key string) (boo
 // key: the pool in force or, for one since removed, its last definition,
 // under which its keys' memberships are still held and beat, and which
 // support must still see and whose overrides it must still be able to
-// remove. Errors: ErrUnknownPool, ErrInvalidPoolKey.
-func (l *Limiter) poolScope(name, key string) (pools.Pool, overrideScope, error) {
-	pool, ok := l.pools.LookupHeld(name)
-	if !ok {
-		return pools.Pool{}, overrideScope{}, l.unknownPool(name)
+// remove. A replica started since the pool was removed knows no
+// definition of it: for a valid name, known is then false and the pool
+// the zero Pool, which caps nothing, for a caller that finds something
+// held under the name (see poolSlots). Errors: ErrUnknownPool (a name no
+// pool can have), ErrInvalidPoolKey.
+func (l *Limiter) poolScope(name, key string) (pool pools.Pool, known bool, scope overrideScope, err error) {
+	pool, known = l.pools.LookupHeld(name)
+	if err := keys.ValidatePoolName(name); err != nil {
+		return pools.Pool{}, false, overrideScope{}, l.unknownPool(name)
 	}
 	slots, err := l.keys.PoolKey(name, key)
-	return pool, overrideScope{slots: slots, index: slots, most: pools.MaxConcurrentStreams}, err
+	return pool, known, overrideScope{slots: slots, index: slots, most: pools.MaxConcurrentStreams}, err
 }
 
 // cappedPoolScope is poolScope for a new override: of a key the pool in
@@ -139,7 +157,7 @@ func (l *Limiter) cappedPoolScope(name, key string) (overrideScope, error) {
 	if _, ok := l.pools.Lookup(name); !ok {
 		return overrideScope{}, l.unknownPool(name)
 	}
-	pool, scope, err := l.poolScope(name, key)
+	pool, _, scope, err := l.poolScope(name, key)
 	if err != nil {
 		return overrideScope{}, err
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/joishi/limiter/internal/limitertest"
+	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/pools"
 )
@@ -148,15 +149,18 @@ func TestPoolKeyAdminRefusals(t *testing.T) {
 // TestADeletedPoolsKeysStaySeen: a pool deleted while streams hold its
 // keys (its LimitPool removed, or taken out of pools.static) lets them
 // beat on, by its last definition; support still sees who holds a key
-// and can remove its override, which would otherwise judge the key again,
-// unannounced, were the pool made anew. A new override needs the pool in
-// force.
+// (Deleted) and can remove its override, which would otherwise judge the
+// key again, unannounced, were the pool made anew: on the replica that
+// saw the deletion, and on one started since, which knows no definition
+// of the pool (no cap). A new override needs the pool in force; a name
+// no pool has, under which nothing is held, is unknown.
 func TestADeletedPoolsKeysStaySeen(t *testing.T) {
 	t.Parallel()
 	model := pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(3)}.WithDefaults()
 	org := pools.Pool{Pool: "org", MaxConcurrentStreams: ptr(3)}.WithDefaults()
 	table := poolTable(t, model, org)
-	lim := limitertest.New(t, limitertest.Options{Backend: limitertest.Standalone, Limiter: limiter.Options{Pools: table}}).Limiter
+	first := limitertest.New(t, limitertest.Options{Backend: limitertest.Standalone, Limiter: limiter.Options{Pools: table}})
+	lim := first.Limiter
 	ctx := context.Background()
 	user := newUser(t)
 	res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three", Pools: map[string]string{"model": "gpt-4o"}})
@@ -173,11 +177,32 @@ func TestADeletedPoolsKeysStaySeen(t *testing.T) {
 		t.Fatalf("heartbeat after the pool's deletion: %+v, %v; want alive", beat, err)
 	}
 	got, err := lim.PoolSlots(ctx, "model", "gpt-4o")
-	if err != nil || got.Used != 1 || len(got.Holders) != 1 || got.Holders[0].StreamID != res.StreamID || got.Limit != 3 || got.Override == nil {
-		t.Errorf("PoolSlots of the deleted pool's key: %+v, %v; want its holder, its last cap of 3 and the override", got, err)
+	if err != nil || got.Used != 1 || len(got.Holders) != 1 || got.Holders[0].StreamID != res.StreamID || got.Limit != 3 || got.Override == nil || !got.Deleted {
+		t.Errorf("PoolSlots of the deleted pool's key: %+v, %v; want its holder, its last cap of 3, the override, deleted", got, err)
 	}
-	if removed, err := lim.RemovePoolOverride(ctx, "model", "gpt-4o"); err != nil || !removed {
-		t.Errorf("removing the deleted pool's key's override: %v, %v; want removed", removed, err)
+
+	// A replica started since: the same Redis and prefix, org alone.
+	later := limitertest.New(t, limitertest.Options{Backend: limitertest.Standalone,
+		Limiter: limiter.Options{Pools: poolTable(t, org), Keys: keys.Schema{Prefix: first.Keys.Prefix}}}).Limiter
+	got, err = later.PoolSlots(ctx, "model", "gpt-4o")
+	if err != nil || got.Used != 1 || len(got.Holders) != 1 || got.Holders[0].StreamID != res.StreamID || got.Holders[0].UserID != user ||
+		got.Capped || got.Override == nil || !got.Deleted {
+		t.Errorf("PoolSlots of the deleted pool's key on a replica started since: %+v, %v; want its holder, no cap known, the override, deleted", got, err)
+	}
+	if _, err := later.PoolSlots(ctx, "model", "llama"); !errors.Is(err, limiter.ErrUnknownPool) {
+		t.Errorf("PoolSlots of a key of the deleted pool that holds nothing, on a replica started since: %v; want ErrUnknownPool", err)
+	}
+	if removed, err := later.RemovePoolOverride(ctx, "model", "gpt-4o"); err != nil || !removed {
+		t.Errorf("removing the deleted pool's key's override on a replica started since: %v, %v; want removed", removed, err)
+	}
+	if removed, err := later.RemovePoolOverride(ctx, "model", "gpt-4o"); !errors.Is(err, limiter.ErrUnknownPool) || removed {
+		t.Errorf("removing it again there: %v, %v; want ErrUnknownPool (no pool, no override)", removed, err)
+	}
+	if removed, err := lim.RemovePoolOverride(ctx, "model", "gpt-4o"); err != nil || removed {
+		t.Errorf("removing it again on the replica that saw the deletion: %v, %v; want none to remove", removed, err)
+	}
+	if _, err := later.SetPoolOverride(ctx, "model", "gpt-4o", limiter.OverrideRequest{MaxConcurrentStreams: 50, For: time.Hour, Actor: "t", Reason: "again"}); !errors.Is(err, limiter.ErrUnknownPool) {
+		t.Errorf("a new override of the deleted pool's key on a replica started since: %v; want ErrUnknownPool", err)
 	}
 	if _, err := lim.SetPoolOverride(ctx, "model", "gpt-4o", limiter.OverrideRequest{MaxConcurrentStreams: 50, For: time.Hour, Actor: "t", Reason: "again"}); !errors.Is(err, limiter.ErrUnknownPool) {
 		t.Errorf("a new override of the deleted pool's key: %v; want ErrUnknownPool", err)

@@ -507,6 +507,12 @@ class AdminPoolKeyResponse:
     override: Optional[AdminOverride] = None
     """The key's override of the cap in force; absent when none."""
 
+    deleted: Optional[bool] = None
+    """True when the pool is no longer configured: its holders run on by its last definition until they end (`limit` and
+    `enforce` are that definition's, from a replica that saw it; `limit` is absent from one started since), no stream
+    joins its keys, and its override can be removed but not set. Absent otherwise.
+    """
+
 
 @dataclasses.dataclass(frozen=True)
 class AdminPoolOverrideResponse:
@@ -884,6 +890,7 @@ _FIELDS: Dict[type, Tuple[Tuple[str, Any, bool], ...]] = {
         ("override", AdminOverride, False),
         ("holders", ("array", AdminSlot), True),
         ("waiters", ("array", AdminTicket), True),
+        ("deleted", "boolean", False),
     ),
     AdminPoolOverrideResponse: (
         ("pool", "string", True),

@@ -482,6 +482,13 @@ export interface AdminPoolKeyResponse {
 
   /** The acquires waiting for the key (`wait_ms`), in the order they are served - higher `priority` first; within a priority, the user holding the fewest of the key's memberships; then arrival. Each names the user whose stream waits (`user_id`). */
   waiters: AdminTicket[];
+
+  /**
+   * True when the pool is no longer configured: its holders run on by its last definition until they end (`limit` and
+   * `enforce` are that definition's, from a replica that saw it; `limit` is absent from one started since), no stream
+   * joins its keys, and its override can be removed but not set. Absent otherwise.
+   */
+  deleted?: boolean;
 }
 
 /** Schema AdminPoolOverrideResponse of the contract. */
@@ -891,6 +898,7 @@ const FIELDS: { readonly [K in keyof Schemas]: readonly Field[] } = {
     ["override", { object: "AdminOverride" }, false],
     ["holders", { array: { object: "AdminSlot" } }, true],
     ["waiters", { array: { object: "AdminTicket" } }, true],
+    ["deleted", "boolean", false],
   ],
   AdminPoolOverrideResponse: [
     ["pool", "string", true],

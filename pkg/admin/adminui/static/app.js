@@ -21,7 +21,7 @@
   let role = "";
   let signedIn = false;
   let shown = null; // {user, slots, used, queue, override, planLimits, fetchedAt}
-  let shownPool = null; // {pool, key, slots (its holders), waiters, used, limit, enforce, override, fetchedAt}
+  let shownPool = null; // {pool, key, slots (its holders), waiters, used, limit, enforce, override, deleted, fetchedAt}
   let target = null; // what the override dialogs act on (userTarget, poolTarget)
   let ticker = 0;
 
@@ -426,7 +426,7 @@
       const d = res.data;
       shownPool = {
         pool: d.pool, key: d.key, slots: d.holders, waiters: d.waiters || [], used: d.used, limit: d.limit,
-        enforce: d.enforce !== false, override: d.override || null, fetchedAt: performance.now(),
+        enforce: d.enforce !== false, override: d.override || null, deleted: d.deleted === true, fetchedAt: performance.now(),
       };
       renderPool();
     } catch (err) {
@@ -449,7 +449,9 @@
     $("pool-name").textContent = p.pool + "=" + p.key;
     $("pool-used").textContent = String(p.used);
     $("pool-used-label").textContent = p.used === 1 ? "live membership" : "live memberships";
-    $("pool-limit").textContent = p.limit === undefined ? "not capped" : "the pool's cap: " + p.limit;
+    $("pool-limit").textContent = p.deleted ?
+      "pool deleted: its holders run on until they end, none joins it" + (p.limit === undefined ? "" : " (its last cap: " + p.limit + ")") :
+      p.limit === undefined ? "not capped" : "the pool's cap: " + p.limit;
     // A pool in shadow mode refuses nothing: its key can hold more than
     // its cap. The mark qualifies the cap, so a key not capped has none.
     const shadow = !p.enforce && p.limit !== undefined;
@@ -467,7 +469,7 @@
     show($("no-waiters"), p.waiters.length === 0);
     show($("pool-no-caller"), p.slots.concat(p.waiters).some((s) => !s.caller));
     const operator = role === "operator";
-    $("set-pool-override").disabled = !operator || p.limit === undefined;
+    $("set-pool-override").disabled = !operator || p.limit === undefined || p.deleted;
     $("remove-pool-override").disabled = !operator;
     show($("pool-note"), !operator);
     renderOverride("pool-", p.override);
