@@ -253,7 +253,7 @@ func (l listKey) checkFields(m *yaml.Node, typ reflect.Type, path string, where 
 		return nil // no fields to check: decoding says what is wrong
 	}
 	names := fieldNames(typ)
-	var errs []error
+	errs := twice(l.name, m, typ, path, where)
 	eachPair(m, func(k, v *yaml.Node) {
 		f, ok := fieldOf(typ, k.Value)
 		if !ok {
@@ -270,6 +270,32 @@ func (l listKey) checkFields(m *yaml.Node, typ reflect.Type, path string, where 
 			errs = append(errs, l.checkFields(v, f.Type, path+"."+fieldName(f), where)...)
 		}
 	})
+	return errs
+}
+
+// twice refuses each field of the struct typ that the mapping m, at path
+// in key, sets more than once, in one case or another: the file's reader
+// refuses a key written twice, but the environment's JSON does not, and
+// names match without case, so the last would win unseen (a cap of 100
+// behind a cap of 1). A merge (<<: *defaults) is overridden, as it is
+// meant to be, not set twice.
+func twice(key string, m *yaml.Node, typ reflect.Type, path string, where func(line int) string) []error {
+	var errs []error
+	first := map[string]*yaml.Node{} // field → the key that set it
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		k := m.Content[i]
+		f, ok := fieldOf(typ, k.Value)
+		if k.Tag == "!!merge" || !ok {
+			continue
+		}
+		name := fieldName(f)
+		if prev, set := first[name]; set {
+			errs = append(errs, &KeyError{Key: key, Field: path + "." + name,
+				Problem: fmt.Sprintf("is set twice (%q, then %q): write each field once", prev.Value, k.Value), Source: where(k.Line)})
+			continue
+		}
+		first[name] = k
+	}
 	return errs
 }
 

@@ -128,6 +128,52 @@ func TestLoadNamesMisspeltListFields(t *testing.T) {
 	}
 }
 
+// A field of a pool or tier set twice, in the environment's JSON (whose
+// reader keeps the last) or in another case (names match without case),
+// is refused with both spellings and where: the cap in force would not be
+// the one a reader of the first sees. A merged anchor's field that the
+// entry overrides is not set twice.
+func TestLoadRefusesAListFieldSetTwice(t *testing.T) {
+	cases := []struct {
+		name string
+		file string
+		env  map[string]string
+		want string // %s is the file's path
+	}{
+		{"a pool's cap in the environment", "",
+			map[string]string{"LIMITER_POOLS_STATIC": `[{"pool":"model","maxConcurrentStreams":1,"maxConcurrentStreams":100}]`},
+			`pools.static[0].maxConcurrentStreams: is set twice ("maxConcurrentStreams", then "maxConcurrentStreams"): write each field once (env LIMITER_POOLS_STATIC)`},
+		{"a pool's name in the environment", "",
+			map[string]string{"LIMITER_POOLS_STATIC": `[{"pool":"model","keys":{"gpt-4o":1},"pool":"org"}]`},
+			`pools.static[0].pool: is set twice ("pool", then "pool")`},
+		{"a pool's cap in another case in the file", "pools:\n  static:\n    - pool: model\n      maxConcurrentStreams: 1\n      MaxConcurrentStreams: 100\n", nil,
+			`pools.static[0].maxConcurrentStreams: is set twice ("maxConcurrentStreams", then "MaxConcurrentStreams"): write each field once (%s line 5)`},
+		{"a tier's cap in the environment", "",
+			map[string]string{"LIMITER_TIERS_STATIC": `[{"plan":"free","maxConcurrentStreams":1,"maxconcurrentstreams":3}]`},
+			`tiers.static[0].maxConcurrentStreams: is set twice ("maxConcurrentStreams", then "maxconcurrentstreams")`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := ""
+			if tc.file != "" {
+				path = writeFile(t, "limiter.yaml", tc.file)
+			}
+			_, err := loadFile(t, path, tc.env)
+			want := tc.want
+			if strings.Contains(want, "%s") {
+				want = fmt.Sprintf(want, path)
+			}
+			if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
+				t.Errorf("Load() = %v\nwant ErrInvalid saying %s", err, want)
+			}
+		})
+	}
+	cfg, err := load(t, "pools:\n  static:\n    - &base\n      pool: model\n      maxConcurrentStreams: 1\n    - <<: *base\n      pool: org\n      maxConcurrentStreams: 2\n", nil)
+	if err != nil || len(cfg.StaticPools()) != 2 || *cfg.StaticPools()[1].MaxConcurrentStreams != 2 {
+		t.Errorf("a pool overriding a merged anchor's name and cap: %+v, %v; want org capped at 2", cfg.StaticPools(), err)
+	}
+}
+
 // A tier may take its fields from another's anchor (<<: *base), the keys
 // of its own winning.
 func TestLoadMergesTierAnchors(t *testing.T) {
