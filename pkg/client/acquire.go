@@ -19,7 +19,8 @@ const MaxWait = 60 * time.Second
 // WithWait lets the Acquire wait up to d for one of the user's slots when
 // all are held, instead of failing with ErrLimitReached at once: it takes
 // a place in the user's queue, and the slots go to the queue first come,
-// first served, whichever replica each request reached. The plan's
+// first served, whichever replica each request reached (the user's
+// requests under a plan of higher priority first). The plan's
 // maxWait caps d (0: the plan never waits); a wait that runs out is the
 // usual ErrLimitReached, with Error.Waited set. The request's timeout is
 // extended by d, and a retry of an unanswered attempt keeps its place

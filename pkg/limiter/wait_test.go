@@ -24,6 +24,7 @@ func waitTiers() []tiers.Tier {
 		{Plan: "wait-closed", MaxConcurrentStreams: 1, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailClosed, MaxWait: 5 * time.Second},
 		{Plan: "short-wait", MaxConcurrentStreams: 1, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen, MaxWait: 300 * time.Millisecond},
 		{Plan: "no-wait", MaxConcurrentStreams: 1, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen},
+		{Plan: "wait-high", MaxConcurrentStreams: 1, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen, MaxWait: 5 * time.Second, Priority: 5},
 	}
 }
 
@@ -178,6 +179,33 @@ func TestWaitingAcquiresAreServedInArrivalOrder(t *testing.T) {
 				}
 			}
 			prev, prevLim = r.res.StreamID, lims[i%len(lims)]
+		}
+	})
+}
+
+// TestAUsersQueueServesAHigherPriorityPlanFirst: one user's acquires
+// under two plans wait in the user's queue; the later one's plan has the
+// higher priority (5), and it is served first, as in a pool key's queue
+// (DESIGN §17; within one plan, arrival decides), then the earlier one.
+func TestAUsersQueueServesAHigherPriorityPlanFirst(t *testing.T) {
+	eachWaitBackend(t, func(t *testing.T, b limitertest.Backend) {
+		lim := replicas(t, b, 1, time.Hour)[0]
+		user := newUser(t)
+		hold(t, lim, user, "wait", "holder")
+		low := startWaiting(t, context.Background(), lim, user, "wait", "w-low", 5*time.Second, 1)
+		high := startWaiting(t, context.Background(), lim, user, "wait-high", "w-high", 5*time.Second, 1)
+		release(t, lim, user, "holder")
+		if r := within(t, high, 2*time.Second, "w-high after the holder released"); r.err != nil || !r.res.Granted {
+			t.Fatalf("w-high, priority 5, queued after w-low: %+v, %v; want granted first", r.res, r.err)
+		}
+		select {
+		case r := <-low:
+			t.Fatalf("w-low, priority 0, answered before w-high released: %+v, %v", r.res, r.err)
+		default:
+		}
+		release(t, lim, user, "w-high")
+		if r := within(t, low, 2*time.Second, "w-low after w-high released"); r.err != nil || !r.res.Granted {
+			t.Fatalf("w-low: %+v, %v; want granted next", r.res, r.err)
 		}
 	})
 }
