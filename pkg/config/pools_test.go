@@ -111,20 +111,7 @@ func TestLoadNamesMisspeltListFields(t *testing.T) {
 			`tiers.static[0]: unknown field "maxConcurrentStream" (%s line 5); did you mean "maxConcurrentStreams"?`},
 	}
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			path := ""
-			if tc.file != "" {
-				path = writeFile(t, "limiter.yaml", tc.file)
-			}
-			_, err := loadFile(t, path, tc.env)
-			want := tc.want
-			if strings.Contains(want, "%s") {
-				want = fmt.Sprintf(want, path)
-			}
-			if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
-				t.Errorf("Load() = %v\nwant ErrInvalid saying %s", err, want)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { wantLoadError(t, tc.file, tc.env, tc.want) })
 	}
 }
 
@@ -153,24 +140,28 @@ func TestLoadRefusesAListFieldSetTwice(t *testing.T) {
 			`tiers.static[0].maxConcurrentStreams: is set twice ("maxConcurrentStreams", then "maxconcurrentstreams")`},
 	}
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			path := ""
-			if tc.file != "" {
-				path = writeFile(t, "limiter.yaml", tc.file)
-			}
-			_, err := loadFile(t, path, tc.env)
-			want := tc.want
-			if strings.Contains(want, "%s") {
-				want = fmt.Sprintf(want, path)
-			}
-			if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
-				t.Errorf("Load() = %v\nwant ErrInvalid saying %s", err, want)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { wantLoadError(t, tc.file, tc.env, tc.want) })
 	}
 	cfg, err := load(t, "pools:\n  static:\n    - &base\n      pool: model\n      maxConcurrentStreams: 1\n    - <<: *base\n      pool: org\n      maxConcurrentStreams: 2\n", nil)
 	if err != nil || len(cfg.StaticPools()) != 2 || *cfg.StaticPools()[1].MaxConcurrentStreams != 2 {
 		t.Errorf("a pool overriding a merged anchor's name and cap: %+v, %v; want org capped at 2", cfg.StaticPools(), err)
+	}
+}
+
+// wantLoadError loads file (none when "") and env, and wants ErrInvalid
+// saying want, in which %s is the file's path.
+func wantLoadError(t *testing.T, file string, env map[string]string, want string) {
+	t.Helper()
+	path := ""
+	if file != "" {
+		path = writeFile(t, "limiter.yaml", file)
+	}
+	_, err := loadFile(t, path, env)
+	if strings.Contains(want, "%s") {
+		want = fmt.Sprintf(want, path)
+	}
+	if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
+		t.Errorf("Load() = %v\nwant ErrInvalid saying %s", err, want)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/lua"
 	"github.com/joishi/limiter/pkg/pools"
+	"github.com/redis/rueidis"
 )
 
 // members is how many members the pool key pool=key holds.
@@ -96,36 +97,28 @@ func TestAPooledAcquireKeepsNothingItRefuses(t *testing.T) {
 // ErrNotSlotHolder (403 not_slot_holder), not a refusal by the key, which
 // has room; bob keeps no slot, and alice's membership stays as it was.
 func TestAnotherCallersMembershipIsNotAFullPool(t *testing.T) {
-	for _, b := range []limitertest.Backend{limitertest.RedisCluster, limitertest.Standalone} {
-		t.Run(b.String(), func(t *testing.T) {
-			t.Parallel()
-			s := poolReplicas(t, b, 1)[0]
-			lim, ctx := s.Limiter, context.Background()
-			c, err := s.Redis.Redis()
-			if err != nil {
-				t.Fatal(err)
-			}
-			user := newUser(t)
-			slots, err := s.Keys.PoolKey("model", "llama") // cap 2
-			if err != nil {
-				t.Fatal(err)
-			}
-			left, err := lua.Acquire(ctx, c, slots, "s-1 "+user, 2, 10*time.Second, lua.Record{Caller: "alice", Plan: "three", User: user}, false)
-			if err != nil || !left.Granted {
-				t.Fatalf("alice's membership: %+v, %v", left, err)
-			}
-			res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three", Caller: "bob", StreamID: "s-1", Pools: map[string]string{"model": "llama"}})
-			if !errors.Is(err, limiter.ErrNotSlotHolder) || res.Granted || res.RefusedBy != nil {
-				t.Fatalf("bob's acquire of the stream alice's membership holds: %+v (refused by %+v), %v; want ErrNotSlotHolder", res, res.RefusedBy, err)
-			}
-			if held, err := lim.Slots(ctx, user); err != nil || held.Used != 0 {
-				t.Errorf("bob's user after the refusal holds %+v, %v; want no slot", held.Slots, err)
-			}
-			if n := members(t, s, "model", "llama"); n != 1 {
-				t.Errorf("model=llama holds %d members; want alice's one", n)
-			}
-		})
-	}
+	eachPoolStack(t, func(t *testing.T, s *limitertest.Stack, c rueidis.Client) {
+		lim, ctx := s.Limiter, context.Background()
+		user := newUser(t)
+		slots, err := s.Keys.PoolKey("model", "llama") // cap 2
+		if err != nil {
+			t.Fatal(err)
+		}
+		left, err := lua.Acquire(ctx, c, slots, "s-1 "+user, 2, 10*time.Second, lua.Record{Caller: "alice", Plan: "three", User: user}, false)
+		if err != nil || !left.Granted {
+			t.Fatalf("alice's membership: %+v, %v", left, err)
+		}
+		res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three", Caller: "bob", StreamID: "s-1", Pools: map[string]string{"model": "llama"}})
+		if !errors.Is(err, limiter.ErrNotSlotHolder) || res.Granted || res.RefusedBy != nil {
+			t.Fatalf("bob's acquire of the stream alice's membership holds: %+v (refused by %+v), %v; want ErrNotSlotHolder", res, res.RefusedBy, err)
+		}
+		if held, err := lim.Slots(ctx, user); err != nil || held.Used != 0 {
+			t.Errorf("bob's user after the refusal holds %+v, %v; want no slot", held.Slots, err)
+		}
+		if n := members(t, s, "model", "llama"); n != 1 {
+			t.Errorf("model=llama holds %d members; want alice's one", n)
+		}
+	})
 }
 
 // TestRefusedRetriesKeepNoCrashedMembershipAlive: a crash between an
@@ -136,73 +129,81 @@ func TestAnotherCallersMembershipIsNotAFullPool(t *testing.T) {
 // other pools (ErrPoolsDiffer). Retried every 100 ms, they keep it no
 // longer than its TTL (300 ms).
 func TestRefusedRetriesKeepNoCrashedMembershipAlive(t *testing.T) {
+	eachPoolStack(t, func(t *testing.T, s *limitertest.Stack, c rueidis.Client) {
+		lim, ctx := s.Limiter, context.Background()
+		mustJoin(t, lim, newUser(t), map[string]string{"org": "acme"}) // cap 1: full
+		fullPool := func(res limiter.AcquireResult, err error) bool {
+			return err == nil && !res.Granted && res.RefusedBy != nil && res.RefusedBy.Pool == "org"
+		}
+		for _, tc := range []struct {
+			name     string
+			slotLeft bool              // the crash left the user's slot, not a membership of model=b
+			slot     map[string]string // the stream's slot, taken first; nil: none
+			retry    map[string]string
+			want     func(limiter.AcquireResult, error) bool
+		}{
+			{"a membership, refused by a full pool", false, nil, map[string]string{"model": "b", "org": "acme"}, fullPool},
+			{"a membership, refused for naming other pools", false, map[string]string{"model": "a"}, map[string]string{"model": "b"}, func(res limiter.AcquireResult, err error) bool {
+				return errors.Is(err, limiter.ErrPoolsDiffer) && !res.Granted
+			}},
+			{"the user's slot, refused by a full pool", true, nil, map[string]string{"org": "acme"}, fullPool},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				user := newUser(t)
+				key, err := s.Keys.PoolKey("model", "b")
+				id, rec := "s1 "+user, lua.Record{Plan: "short", User: user, Token: "crashed"}
+				if tc.slotLeft {
+					key, err = s.Keys.UserKey(user)
+					id, rec = "s1", lua.Record{Plan: "short", Pools: "org=acme", Token: "crashed"}
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				// What the crashed acquire left: its membership, or its
+				// slot, alone.
+				if got, err := lua.Acquire(ctx, c, key, id, 2, 300*time.Millisecond, rec, false); err != nil || !got.Granted {
+					t.Fatalf("what the crashed acquire left: %+v, %v", got, err)
+				}
+				if tc.slot != nil {
+					if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "short", StreamID: "s1", Pools: tc.slot}); err != nil || !res.Granted {
+						t.Fatalf("s1 naming %v: %+v, %v", tc.slot, res, err)
+					}
+				}
+				for start := time.Now(); time.Since(start) < 1200*time.Millisecond; time.Sleep(100 * time.Millisecond) {
+					if tc.slot != nil {
+						if beat, err := lim.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: user, Plan: "short", StreamID: "s1"}); err != nil || !beat.Alive {
+							t.Fatalf("the slot's heartbeat: %+v, %v", beat, err)
+						}
+					}
+					if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "short", StreamID: "s1", Pools: tc.retry}); !tc.want(res, err) {
+						t.Fatalf("a retry naming %v: %+v, %v; want refused", tc.retry, res, err)
+					}
+				}
+				if n := members(t, s, "model", "b"); n != 0 {
+					got, _ := lim.PoolSlots(ctx, "model", "b")
+					t.Errorf("model=b 1.2 s (4 TTLs) after the crash, refused retries since: %d held %+v; want none", got.Used, got.Holders)
+				}
+				if n := zcard(t, s, key); tc.slotLeft && n != 0 {
+					got, _ := lim.Slots(ctx, user)
+					t.Errorf("the user 1.2 s (4 TTLs) after the crash, refused retries since: %d held %+v; want none", got.Used, got.Slots)
+				}
+			})
+		}
+	})
+}
+
+// eachPoolStack runs fn, in parallel, on a limiter of poolReplicas on
+// Redis Cluster and on standalone Redis, with a client of its Redis.
+func eachPoolStack(t *testing.T, fn func(t *testing.T, s *limitertest.Stack, c rueidis.Client)) {
 	for _, b := range []limitertest.Backend{limitertest.RedisCluster, limitertest.Standalone} {
 		t.Run(b.String(), func(t *testing.T) {
 			t.Parallel()
 			s := poolReplicas(t, b, 1)[0]
-			lim, ctx := s.Limiter, context.Background()
 			c, err := s.Redis.Redis()
 			if err != nil {
 				t.Fatal(err)
 			}
-			mustJoin(t, lim, newUser(t), map[string]string{"org": "acme"}) // cap 1: full
-			fullPool := func(res limiter.AcquireResult, err error) bool {
-				return err == nil && !res.Granted && res.RefusedBy != nil && res.RefusedBy.Pool == "org"
-			}
-			for _, tc := range []struct {
-				name     string
-				slotLeft bool              // the crash left the user's slot, not a membership of model=b
-				slot     map[string]string // the stream's slot, taken first; nil: none
-				retry    map[string]string
-				want     func(limiter.AcquireResult, error) bool
-			}{
-				{"a membership, refused by a full pool", false, nil, map[string]string{"model": "b", "org": "acme"}, fullPool},
-				{"a membership, refused for naming other pools", false, map[string]string{"model": "a"}, map[string]string{"model": "b"}, func(res limiter.AcquireResult, err error) bool {
-					return errors.Is(err, limiter.ErrPoolsDiffer) && !res.Granted
-				}},
-				{"the user's slot, refused by a full pool", true, nil, map[string]string{"org": "acme"}, fullPool},
-			} {
-				t.Run(tc.name, func(t *testing.T) {
-					user := newUser(t)
-					key, err := s.Keys.PoolKey("model", "b")
-					id, rec := "s1 "+user, lua.Record{Plan: "short", User: user, Token: "crashed"}
-					if tc.slotLeft {
-						key, err = s.Keys.UserKey(user)
-						id, rec = "s1", lua.Record{Plan: "short", Pools: "org=acme", Token: "crashed"}
-					}
-					if err != nil {
-						t.Fatal(err)
-					}
-					// What the crashed acquire left: its membership, or its
-					// slot, alone.
-					if got, err := lua.Acquire(ctx, c, key, id, 2, 300*time.Millisecond, rec, false); err != nil || !got.Granted {
-						t.Fatalf("what the crashed acquire left: %+v, %v", got, err)
-					}
-					if tc.slot != nil {
-						if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "short", StreamID: "s1", Pools: tc.slot}); err != nil || !res.Granted {
-							t.Fatalf("s1 naming %v: %+v, %v", tc.slot, res, err)
-						}
-					}
-					for start := time.Now(); time.Since(start) < 1200*time.Millisecond; time.Sleep(100 * time.Millisecond) {
-						if tc.slot != nil {
-							if beat, err := lim.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: user, Plan: "short", StreamID: "s1"}); err != nil || !beat.Alive {
-								t.Fatalf("the slot's heartbeat: %+v, %v", beat, err)
-							}
-						}
-						if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "short", StreamID: "s1", Pools: tc.retry}); !tc.want(res, err) {
-							t.Fatalf("a retry naming %v: %+v, %v; want refused", tc.retry, res, err)
-						}
-					}
-					if n := members(t, s, "model", "b"); n != 0 {
-						got, _ := lim.PoolSlots(ctx, "model", "b")
-						t.Errorf("model=b 1.2 s (4 TTLs) after the crash, refused retries since: %d held %+v; want none", got.Used, got.Holders)
-					}
-					if n := zcard(t, s, key); tc.slotLeft && n != 0 {
-						got, _ := lim.Slots(ctx, user)
-						t.Errorf("the user 1.2 s (4 TTLs) after the crash, refused retries since: %d held %+v; want none", got.Used, got.Slots)
-					}
-				})
-			}
+			fn(t, s, c)
 		})
 	}
 }
