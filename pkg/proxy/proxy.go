@@ -239,8 +239,19 @@ func (p *Proxy) limited(r *http.Request) bool {
 		p.under.Match(p.base+r.URL.EscapedPath()) || strings.HasPrefix(r.RequestURI, "/") && p.under.Match(p.base+r.RequestURI)
 }
 
+// preflight reports whether r is a browser's CORS preflight: OPTIONS
+// with an Origin and an Access-Control-Request-Method, which a browser
+// sends, without credentials, before a page's cross-origin POST. No
+// server streams in answer to one, and refusing it (401: no identity)
+// would keep every page on another origin from calling the route at
+// all: it goes upstream without an identity or a slot, and the POST that
+// follows holds one.
+func preflight(r *http.Request) bool {
+	return r.Method == http.MethodOptions && r.Header.Get("Origin") != "" && r.Header.Get("Access-Control-Request-Method") != ""
+}
+
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
-	if !p.limited(r) {
+	if !p.limited(r) || preflight(r) {
 		p.forward(w, r)
 		return
 	}

@@ -157,6 +157,62 @@ func TestUnlimitedRoutesPassThrough(t *testing.T) {
 	}
 }
 
+// A browser's CORS preflight of a limited route (OPTIONS with Origin and
+// Access-Control-Request-Method) reaches the upstream, which answers it,
+// without an identity and without a slot, even for a user at its limit;
+// an OPTIONS without both headers, or a POST with them, is limited as
+// any request of the route is.
+func TestACORSPreflightPassesWithoutASlot(t *testing.T) {
+	done := make(chan struct{})
+	e := newEnv(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodOptions {
+			w.Header().Set("Access-Control-Allow-Origin", r.Header.Get("Origin"))
+			w.Header().Set("Access-Control-Allow-Headers", "authorization, content-type")
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		fmt.Fprint(w, "data: tok\n\n") // a stream that runs until the test ends
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-done:
+		}
+	}), envOptions{proxy: proxy.Options{Routes: []string{"/v1/chat/completions"}}})
+	t.Cleanup(func() { close(done) })
+	user := newUser()
+	held := e.do(t, e.request(t, context.Background(), "POST", "/v1/chat/completions", user, "one", nil))
+	defer held.Body.Close()
+	cors := http.Header{"Origin": {"https://chat.example"}, "Access-Control-Request-Method": {"POST"}}
+	for _, tc := range []struct {
+		name, method string
+		header       http.Header
+		user         string
+		want         int
+	}{
+		{"a preflight", "OPTIONS", cors, "", http.StatusNoContent},
+		{"a preflight of a user at its limit", "OPTIONS", cors, user, http.StatusNoContent},
+		{"an OPTIONS without Origin", "OPTIONS", http.Header{"Access-Control-Request-Method": {"POST"}}, "", http.StatusUnauthorized},
+		{"an OPTIONS without Access-Control-Request-Method", "OPTIONS", http.Header{"Origin": {"https://chat.example"}}, "", http.StatusUnauthorized},
+		{"a POST with a preflight's headers", "POST", cors, "", http.StatusUnauthorized},
+		{"a POST with a preflight's headers, of a user at its limit", "POST", cors, user, http.StatusTooManyRequests},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := e.request(t, context.Background(), tc.method, "/v1/chat/completions", tc.user, "one", nil)
+			for k, v := range tc.header {
+				req.Header[k] = v
+			}
+			resp := e.do(t, req)
+			resp.Body.Close()
+			if resp.StatusCode != tc.want {
+				t.Errorf("%s: %d, want %d", tc.name, resp.StatusCode, tc.want)
+			}
+			if tc.want == http.StatusNoContent && (resp.Header.Get("Access-Control-Allow-Origin") != "https://chat.example" || resp.Header.Get(proxy.HeaderStreamID) != "") {
+				t.Errorf("%s: the upstream's CORS answer %q, stream id %q; want the upstream's, no slot", tc.name, resp.Header.Get("Access-Control-Allow-Origin"), resp.Header.Get(proxy.HeaderStreamID))
+			}
+		})
+	}
+}
+
 func TestClientDisconnectFreesTheSlot(t *testing.T) {
 	up := newSSE()
 	e := newEnv(t, up, envOptions{})
