@@ -173,8 +173,12 @@ func (c Config) IdentityOptions() identity.Options {
 	opts := identity.Options{UserHeader: i.UserHeader, PlanHeader: i.PlanHeader, DefaultPlan: i.DefaultPlan}
 	if i.JWT.Enabled() {
 		j := i.JWT
+		leeway := j.Leeway
+		if leeway == 0 { // leeway: 0s, as written (the default is DefaultLeeway's 30s)
+			leeway = identity.NoLeeway
+		}
 		opts.JWT = &identity.JWT{JWKSFile: j.JWKSFile, JWKSURL: j.JWKSURL, Issuer: j.Issuer, Audience: j.Audience,
-			UserClaim: j.UserClaim, PlanClaim: j.PlanClaim, Leeway: j.Leeway, CacheTTL: j.CacheTTL}
+			UserClaim: j.UserClaim, PlanClaim: j.PlanClaim, Leeway: leeway, CacheTTL: j.CacheTTL}
 	}
 	opts.Payload = i.JWTPayload.payloadOptions()
 	opts.Pools, _ = identity.ParsePoolSources(i.Pools) // Validate reported any error

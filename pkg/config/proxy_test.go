@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/joishi/limiter/pkg/identity"
 	"github.com/joishi/limiter/pkg/pools"
 	"github.com/spf13/pflag"
 )
@@ -126,6 +127,11 @@ func TestIdentityOptions(t *testing.T) {
 	opts := c.IdentityOptions()
 	if opts.JWT == nil || opts.JWT.JWKSURL != "https://auth/jwks" || opts.JWT.PlanClaim != "plan" || opts.JWT.Leeway != time.Second {
 		t.Errorf("JWT identity options %+v, want the configured JWT", opts.JWT)
+	}
+	// leeway: 0s allows none; it is not taken for unset.
+	c.Identity.JWT.Leeway = 0
+	if opts := c.IdentityOptions(); opts.JWT.Leeway != identity.NoLeeway {
+		t.Errorf("JWT identity options of leeway 0s: leeway %v, want identity.NoLeeway", opts.JWT.Leeway)
 	}
 }
 

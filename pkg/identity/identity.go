@@ -24,6 +24,9 @@ const (
 	// DefaultLeeway absorbs clock skew between the issuer and this host
 	// when checking exp, nbf and iat.
 	DefaultLeeway = 30 * time.Second
+	// NoLeeway, as JWT.Leeway, allows no clock skew at all (a zero
+	// Leeway is DefaultLeeway).
+	NoLeeway time.Duration = -1
 	// DefaultJWKSCacheTTL is how long a JWKS fetched from a URL is used
 	// before it is fetched again.
 	DefaultJWKSCacheTTL = 5 * time.Minute

@@ -290,6 +290,95 @@ func TestJWKSURLIsCachedAndRefetchedForANewKid(t *testing.T) {
 	}
 }
 
+// A zero Leeway is DefaultLeeway's 30 s; NoLeeway allows none: a token
+// that expired 2 s ago passes the one and not the other.
+func TestJWTLeeway(t *testing.T) {
+	rs := newSigner(t, "a", "RS256")
+	file := filepath.Join(t.TempDir(), "jwks.json")
+	writeFile(t, file, jwks(rs))
+	token := bearer(rs.sign(t, claims("alice", func(c jwt.MapClaims) { c["exp"] = time.Now().Add(-2 * time.Second).Unix() })))
+	for _, tc := range []struct {
+		leeway time.Duration
+		ok     bool
+	}{{0, true}, {identity.NoLeeway, false}} {
+		r := jwtResolver(t, file, func(j *identity.JWT) { j.Leeway = tc.leeway })
+		if _, err := r.Resolve(token); (err == nil) != tc.ok || err != nil && !errors.Is(err, identity.ErrInvalidToken) {
+			t.Errorf("Leeway %v, a token expired 2s ago: %v; want accepted %v", tc.leeway, err, tc.ok)
+		}
+	}
+}
+
+// TestAnIssuerThatHangsHoldsUpNoKnownKey: the JWKS URL stops answering
+// once its copy is older than CacheTTL. Tokens of a key the copy holds
+// verify while the fetch hangs, none waiting on it, and no second fetch
+// starts meanwhile; tokens of a kid the copy lacks (a key rotated in)
+// wait, all for that one fetch, and verify once it answers.
+func TestAnIssuerThatHangsHoldsUpNoKnownKey(t *testing.T) {
+	known, rotated := newSigner(t, "a", "EdDSA"), newSigner(t, "b", "EdDSA")
+	var served atomic.Value
+	served.Store(jwks(known))
+	var fetches atomic.Int32
+	var hanging atomic.Bool
+	answer := make(chan struct{}) // closed: the issuer answers again
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fetches.Add(1)
+		if hanging.Load() {
+			select {
+			case <-answer:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(served.Load().([]byte))
+	}))
+	defer srv.Close()
+	r := jwtResolver(t, "", func(j *identity.JWT) {
+		j.JWKSURL, j.CacheTTL, j.HTTPClient = srv.URL, time.Millisecond, &http.Client{Timeout: time.Minute}
+	})
+	resolve := func(s signer, user string) <-chan error {
+		done := make(chan error, 1)
+		token := bearer(s.sign(t, claims(user, nil)))
+		go func() { _, err := r.Resolve(token); done <- err }()
+		return done
+	}
+	if err := <-resolve(known, "alice"); err != nil {
+		t.Fatal(err)
+	}
+	hanging.Store(true)
+	served.Store(jwks(known, rotated))
+	time.Sleep(1100 * time.Millisecond) // the copy is stale, and the fetch ended over a second ago
+	for i := range 5 {
+		select {
+		case err := <-resolve(known, "alice"):
+			if err != nil {
+				t.Fatalf("token %d of a known key while the issuer hangs: %v", i, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("token %d of a known key: no answer while the issuer hangs; want the copy in force used", i)
+		}
+	}
+	waitFor(t, func() bool { return fetches.Load() == 2 }, "one fetch of the stale copy, in the background")
+	var waiting []<-chan error
+	for range 3 {
+		waiting = append(waiting, resolve(rotated, "bob"))
+	}
+	select {
+	case err := <-waiting[0]:
+		t.Fatalf("a token of a kid the copy lacks answered %v while the fetch hangs; want it to wait for the fetch", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(answer)
+	for i, done := range waiting {
+		if err := <-done; err != nil {
+			t.Errorf("token %d of the key rotated in, once the issuer answered: %v", i, err)
+		}
+	}
+	if got := fetches.Load(); got != 2 {
+		t.Errorf("fetches: %d, want 2: the one that hung served every token that waited", got)
+	}
+}
+
 func TestJWTOptionsAreRequired(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "jwks.json")
 	writeFile(t, file, jwks(newSigner(t, "a", "RS256")))

@@ -210,6 +210,13 @@ func sameFile(a, b os.FileInfo) bool {
 // urlSource is a JWKS URL, fetched on first use and when its copy is older
 // than ttl; an unknown kid fetches it again at most every 10s. A failed
 // fetch keeps the copy in force.
+//
+// No request waits on the issuer for keys the copy in force holds: a copy
+// older than ttl is used while a fetch runs in the background. The first
+// fetch, and one for a kid the copy lacks (a key rotated in), are waited
+// for, by those requests only; and every request that waits at one time
+// waits for one fetch, never one behind another. So an issuer that is
+// slow or down holds up no token whose key is known.
 type urlSource struct {
 	url    string
 	client *http.Client
@@ -218,42 +225,66 @@ type urlSource struct {
 
 	mu        sync.Mutex
 	set       *keySet
-	fetched   time.Time // of the copy in force
-	tried     time.Time // of the latest fetch, failed or not
-	refreshed time.Time // of the latest fetch for an unknown kid
+	fetched   time.Time     // of the copy in force
+	ended     time.Time     // when the latest fetch ended, failed or not
+	lastErr   error         // of the latest fetch; nil when it succeeded
+	refreshed time.Time     // when the latest fetch for an unknown kid began
+	running   chan struct{} // closed when the fetch under way ends; nil when none is
 }
 
 func (u *urlSource) keys(refresh bool) (*keySet, error) {
 	u.mu.Lock()
-	defer u.mu.Unlock()
-	if u.set != nil && !refresh && time.Since(u.fetched) < u.ttl {
-		return u.set, nil
-	}
 	// Bound the fetches a flood of tokens with unknown key ids (or an
-	// issuer that is down) can cause.
+	// issuer that is down) can cause: one at a time, a second after the
+	// last ended, and for unknown kids every urlRefreshEvery.
+	idle := u.running == nil && time.Since(u.ended) >= time.Second
 	switch {
-	case u.set != nil && refresh && time.Since(u.refreshed) < urlRefreshEvery:
-		return u.set, nil
-	case u.set != nil && !refresh && time.Since(u.tried) < time.Second:
-		return u.set, nil
-	case u.set == nil && time.Since(u.tried) < time.Second:
-		return nil, fmt.Errorf("identity.jwt.jwksURL %s: not fetched yet (retrying)", u.url)
-	}
-	u.tried = time.Now()
-	if refresh && u.set != nil {
-		u.refreshed = u.tried
-	}
-	set, err := u.fetch()
-	if err != nil {
-		err = fmt.Errorf("identity.jwt.jwksURL %s: %w", u.url, err)
-		if u.set == nil {
-			return nil, err
+	case u.set == nil && !idle && u.running == nil:
+		err := u.lastErr
+		u.mu.Unlock()
+		return nil, fmt.Errorf("identity.jwt.jwksURL %s: not fetched yet (retrying): %w", u.url, err)
+	case u.set == nil, refresh && (u.running != nil || time.Since(u.refreshed) >= urlRefreshEvery):
+		if refresh && u.running == nil {
+			u.refreshed = time.Now()
 		}
-		u.log.Warn("fetching the JWKS failed; keeping the keys in force", "err", err)
+		done := u.start()
+		u.mu.Unlock()
+		<-done
+		u.mu.Lock()
+		defer u.mu.Unlock()
+		if u.set == nil {
+			return nil, fmt.Errorf("identity.jwt.jwksURL %s: %w", u.url, u.lastErr)
+		}
 		return u.set, nil
+	case !refresh && idle && time.Since(u.fetched) >= u.ttl:
+		u.start() // the copy in force serves meanwhile
 	}
-	u.set, u.fetched = set, time.Now()
-	return set, nil
+	defer u.mu.Unlock()
+	return u.set, nil
+}
+
+// start starts a fetch, unless one is under way, and returns the channel
+// closed when it ends. u.mu is held.
+func (u *urlSource) start() <-chan struct{} {
+	if u.running != nil {
+		return u.running
+	}
+	done := make(chan struct{})
+	u.running = done
+	go func() {
+		set, err := u.fetch()
+		u.mu.Lock()
+		defer u.mu.Unlock()
+		u.running, u.ended, u.lastErr = nil, time.Now(), err
+		switch {
+		case err == nil:
+			u.set, u.fetched = set, time.Now()
+		case u.set != nil:
+			u.log.Warn("fetching the JWKS failed; keeping the keys in force", "err", fmt.Errorf("identity.jwt.jwksURL %s: %w", u.url, err))
+		}
+		close(done)
+	}()
+	return done
 }
 
 func (u *urlSource) fetch() (*keySet, error) {

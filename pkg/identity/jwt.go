@@ -43,7 +43,8 @@ type JWT struct {
 	// PlanClaim names the claim holding the plan, dotted as UserClaim.
 	// Default "": the plan is Options.DefaultPlan.
 	PlanClaim string
-	// Leeway is the clock skew allowed on exp, nbf and iat. Default 30s.
+	// Leeway is the clock skew allowed on exp, nbf and iat. Default (0)
+	// DefaultLeeway; NoLeeway allows none.
 	Leeway time.Duration
 	// CacheTTL is how long a set fetched from JWKSURL is used. Default 5m.
 	CacheTTL time.Duration
@@ -73,7 +74,12 @@ func newVerifier(opts JWT, log *slog.Logger) (*verifier, error) {
 		return nil, errors.New("identity: a JWT needs an issuer and an audience")
 	}
 	opts.UserClaim = cmp.Or(opts.UserClaim, DefaultUserClaim)
-	opts.Leeway = cmp.Or(opts.Leeway, DefaultLeeway)
+	switch {
+	case opts.Leeway == 0:
+		opts.Leeway = DefaultLeeway
+	case opts.Leeway < 0: // NoLeeway
+		opts.Leeway = 0
+	}
 	opts.CacheTTL = cmp.Or(opts.CacheTTL, DefaultJWKSCacheTTL)
 	if opts.HTTPClient == nil {
 		opts.HTTPClient = &http.Client{Timeout: 5 * time.Second}
