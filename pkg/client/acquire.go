@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"time"
 
@@ -62,6 +63,7 @@ func WithLabel(label string) AcquireOption {
 // limiter keeps the stream's memberships with its slot: heartbeats and
 // the release cover them. Default: none.
 func WithPools(pools map[string]string) AcquireOption {
+	pools = maps.Clone(pools) // fixed when the stream is taken, whatever the caller does with its map
 	return func(r *httpapi.AcquireRequest) {
 		if len(pools) > 0 {
 			r.Pools = pools
@@ -81,7 +83,10 @@ func WithPools(pools map[string]string) AcquireOption {
 // of WithStreamID), so that an attempt whose answer is lost can be told
 // apart: Acquire retries it under the same id and, when it gives up,
 // releases that id (see WithAcquireRetries). A refusal (429, 4xx) is never
-// retried.
+// retried. An Acquire given up once its ctx ended releases the id in the
+// background; an Acquire of that WithStreamID meanwhile (the
+// application's retry) waits for that release first, so that the slot it
+// is granted is not freed by it.
 //
 // A grant made while the limiter could not reach Redis (a tier failing
 // open) is a Lease with Degraded true. Acquiring a stream id this Client
@@ -100,6 +105,8 @@ func (c *Client) Acquire(ctx context.Context, userID, plan string, opts ...Acqui
 	generated := req.StreamID == ""
 	if generated {
 		req.StreamID = keys.NewStreamID()
+	} else if err := c.givenBack(ctx, userID, req.StreamID); err != nil {
+		return nil, err
 	}
 	if req.WaitMs < 0 {
 		req.WaitMs = 0

@@ -45,6 +45,11 @@ type Client struct {
 
 	mu     sync.Mutex
 	leases map[leaseKey]*Lease
+	// givingBack holds the background releases of unanswered acquires
+	// under way, by stream id: each channel closes when its release has
+	// been answered (or given up). An Acquire of such a stream id waits
+	// for it, lest the release land after the new grant and free its slot.
+	givingBack map[leaseKey]chan struct{}
 	// intervals counts held leases by heartbeat interval, so the smallest
 	// is found in O(tiers), not O(leases), whenever a lease comes or goes.
 	intervals map[time.Duration]int

@@ -36,6 +36,8 @@ type fakeLimiter struct {
 	onHeartbeats func(w http.ResponseWriter, r *http.Request) bool
 	// onAcquire likewise for POST /v1/slots/acquire.
 	onAcquire func(w http.ResponseWriter, r *http.Request) bool
+	// onRelease, when set, runs before a release is applied: a slow one.
+	onRelease func()
 	// slotError, when set, gives the per-slot error of a batch result.
 	slotError func(streamID string) *httpapi.Error
 	headers   []http.Header // of every request
@@ -172,6 +174,9 @@ func (f *fakeLimiter) release(w http.ResponseWriter, r *http.Request) {
 	var req httpapi.ReleaseRequest
 	if !decode(w, r, &req) {
 		return
+	}
+	if f.onRelease != nil {
+		f.onRelease()
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()

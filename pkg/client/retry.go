@@ -64,7 +64,10 @@ func (c *Client) acquireRetrying(ctx context.Context, req httpapi.AcquireRequest
 // each drawn from its upper half so that clients cut off by one outage
 // do not all come back at once.
 func retryWait(err error, attempt int) time.Duration {
-	wait := min(firstAcquireBackoff<<attempt, maxAcquireBackoff)
+	wait := maxAcquireBackoff
+	if attempt < 8 { // beyond, the doubling is past the cap (and the shift past int64)
+		wait = min(firstAcquireBackoff<<attempt, maxAcquireBackoff)
+	}
 	var e *Error
 	if errors.As(err, &e) && e.RetryAfter > 0 {
 		wait = e.RetryAfter
@@ -94,6 +97,26 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // sends an acquire script again after a broken connection).
 const releaseAgainAfter = time.Second
 
+// givenBack waits until no release of an unanswered acquire of userID's
+// streamID is under way in the background (see releaseUnanswered), or
+// ctx ends: an acquire of that stream id sent before it was answered
+// could be granted, and then have its slot freed by it.
+func (c *Client) givenBack(ctx context.Context, userID, streamID string) error {
+	for {
+		c.mu.Lock()
+		given := c.givingBack[leaseKey{userID, streamID}]
+		c.mu.Unlock()
+		if given == nil {
+			return nil
+		}
+		select {
+		case <-given:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
 // releaseUnanswered frees the slot an unanswered acquire of req may have
 // taken. While ctx lives the release is sent before Acquire returns, so
 // that the caller's next acquire finds the slot free; once ctx has ended
@@ -112,8 +135,14 @@ func (c *Client) releaseUnanswered(ctx context.Context, req httpapi.AcquireReque
 	}
 	background := ctx.Err() != nil && !c.closed
 	again := generated && !c.closed
+	var given chan struct{} // closed once the background release is answered
 	if background {
 		c.releasing.Add(1)
+		given = make(chan struct{})
+		if c.givingBack == nil {
+			c.givingBack = map[leaseKey]chan struct{}{}
+		}
+		c.givingBack[leaseKey{req.UserID, req.StreamID}] = given
 	}
 	if again {
 		c.releasing.Add(1)
@@ -134,6 +163,13 @@ func (c *Client) releaseUnanswered(ctx context.Context, req httpapi.AcquireReque
 		go func() {
 			defer c.releasing.Done()
 			release(context.WithoutCancel(ctx))
+			c.mu.Lock()
+			key := leaseKey{req.UserID, req.StreamID}
+			if c.givingBack[key] == given {
+				delete(c.givingBack, key)
+			}
+			c.mu.Unlock()
+			close(given)
 		}()
 	default:
 		// Closed already, so nothing would wait for a background release;

@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -249,5 +251,104 @@ func TestAcquireRetriesUnderOneStreamID(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// TestRetryWaitStaysWithinItsBounds: the wait before each retry of an
+// unanswered acquire doubles from 200ms up to 2s (drawn from the upper
+// half), however many retries WithAcquireRetries allows: at the 37th the
+// doubling would pass int64, and a wait below zero made Acquire panic.
+func TestRetryWaitStaysWithinItsBounds(t *testing.T) {
+	err := fmt.Errorf("limiter: POST %s: %w: connection refused", httpapi.PathAcquire, client.ErrUnavailable)
+	for attempt := range 100 {
+		want := min(200*time.Millisecond<<min(attempt, 8), 2*time.Second)
+		if w := client.RetryWait(err, attempt); w < want/2 || w > want {
+			t.Errorf("the wait before retry %d: %s; want %s-%s", attempt+1, w, want/2, want)
+		}
+	}
+}
+
+// TestAStreamsPoolsAreFixedWhenItIsTaken: WithPools keeps the pools it is
+// given, not the caller's map: a degraded lease's re-acquire, once the
+// limiter answers, joins the pool key its acquire named, though the
+// caller has since reused its map for another request.
+func TestAStreamsPoolsAreFixedWhenItIsTaken(t *testing.T) {
+	f := newFake(t)
+	f.degraded = true
+	var mu sync.Mutex
+	var sent []map[string]string
+	f.onAcquire = func(w http.ResponseWriter, r *http.Request) bool {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		var req httpapi.AcquireRequest
+		if json.Unmarshal(body, &req) == nil {
+			mu.Lock()
+			sent = append(sent, req.Pools)
+			mu.Unlock()
+		}
+		return false
+	}
+	c := newClient(t, f.URL())
+	pools := map[string]string{"model": "gpt-4o"}
+	if _, err := c.Acquire(context.Background(), "u1", "paid", client.WithStreamID("s"), client.WithPools(pools)); err != nil {
+		t.Fatal(err)
+	}
+	pools["model"] = "llama-70b" // the caller's next request
+	f.set(func(f *fakeLimiter) { f.degraded = false })
+	for deadline := time.Now().Add(5 * time.Second); f.used("u1") != 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the degraded lease was not re-acquired")
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if got := sent[len(sent)-1]["model"]; got != "gpt-4o" {
+		t.Errorf("the degraded lease's re-acquire joined model=%s; want gpt-4o, as its acquire named (acquires sent: %v)", got, sent)
+	}
+}
+
+// TestARetryIsNotFreedByTheGiveBackOfTheAttemptBefore: an Acquire given
+// up (its ctx cancelled) while its attempt is unanswered gives its stream
+// id back in the background. The application's retry under that id, sent
+// at once as docs/api.md asks, waits for that give-back (a slow one here)
+// before it is sent, so that it does not free the slot the retry is
+// granted: the lease holds the user's one slot, and a second stream of
+// the user is refused.
+func TestARetryIsNotFreedByTheGiveBackOfTheAttemptBefore(t *testing.T) {
+	f := newFake(t)
+	var attempts atomic.Int32
+	landed := make(chan struct{})
+	f.onAcquire = func(w http.ResponseWriter, r *http.Request) bool {
+		if attempts.Add(1) > 1 {
+			return false
+		}
+		// The first attempt takes the slot; its answer is lost.
+		f.set(func(f *fakeLimiter) { f.slots["u1"] = map[string]bool{"req-42": true} })
+		close(landed)
+		hang(r)
+		return true
+	}
+	f.onRelease = func() { time.Sleep(300 * time.Millisecond) } // slower than an acquire
+	c := newClient(t, f.URL(), client.WithAcquireRetries(0))
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { <-landed; cancel() }()
+	if _, err := c.Acquire(ctx, "u1", "free", client.WithStreamID("req-42")); !errors.Is(err, context.Canceled) {
+		t.Fatalf("the Acquire given up: %v; want context.Canceled", err)
+	}
+	lease, err := c.Acquire(context.Background(), "u1", "free", client.WithStreamID("req-42"))
+	if err != nil {
+		t.Fatalf("the retry: %v; want a lease", err)
+	}
+	time.Sleep(400 * time.Millisecond) // past any release still on its way
+	if n := f.used("u1"); n != 1 {
+		t.Errorf("with the retry's lease held, the limiter holds %d slots of the user; want 1", n)
+	}
+	if other, err := c.Acquire(context.Background(), "u1", "free"); err == nil {
+		t.Errorf("a second stream of the limit-1 user was granted (%s) while the retry's lease is held", other.StreamID())
+	}
+	select {
+	case <-lease.Lost():
+		t.Errorf("the retry's lease was lost: %v", lease.Err())
+	default:
 	}
 }

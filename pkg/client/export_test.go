@@ -1,0 +1,4 @@
+package client
+
+// RetryWait is retryWait, for TestRetryWaitStaysWithinItsBounds.
+var RetryWait = retryWait
