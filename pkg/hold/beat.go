@@ -139,7 +139,13 @@ func (h *Holder) reacquire(ctx context.Context, s *Stream) {
 	res, err := h.lim.Acquire(ctx, limiter.AcquireRequest{UserID: s.userID, Plan: s.plan, StreamID: s.id, Label: s.label, Pools: s.named})
 	switch {
 	case err == nil && res.Granted:
-		s.rejoined(res)
+		if !s.rejoined(res) {
+			// The stream ended while its re-acquire was on its way: its
+			// release found nothing to free, and the grant is nobody's.
+			if _, err := h.lim.ReleaseJoined(context.WithoutCancel(ctx), s.userID, s.id, res.Pools); err != nil {
+				h.log.Warn("giving back the re-acquire of a stream released meanwhile failed; it expires after its TTL", "mode", h.opts.Mode, "stream_id", s.id, "err", err)
+			}
+		}
 	case err == nil && res.RefusedBy != nil:
 		r := res.RefusedBy
 		h.lose(ctx, s, fmt.Errorf("%w: acquired while Redis did not answer, and refused now that it does by pool %s=%s (%d of its %d held)",

@@ -360,3 +360,60 @@ func TestDegradedStreamIsCountedOnceRedisAnswers(t *testing.T) {
 	default:
 	}
 }
+
+// releaseOnLost releases a stream from inside the heartbeat batch's
+// answer that says its degraded slot is not in Redis: the stream ends
+// just before the holder acquires it again.
+type releaseOnLost struct {
+	callCounter
+	mu       sync.Mutex
+	st       *hold.Stream
+	released bool
+}
+
+func (o *releaseOnLost) Heartbeated(_ context.Context, _ limiter.HeartbeatResult, err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.st != nil && errors.Is(err, limiter.ErrSlotLost) {
+		o.released = o.st.Release(context.Background(), hold.EndComplete)
+		o.st = nil
+	}
+}
+
+// A degraded stream that ends while its re-acquire is on its way (Redis
+// answering again) gives the slot the re-acquire takes back: its user,
+// whose plan allows 1, streams again at once, and holds no slot in Redis.
+func TestADegradedStreamEndedWhileRejoiningKeepsNoSlot(t *testing.T) {
+	path := testenv.StartProxy(t, testenv.Redis(t))
+	obs := &releaseOnLost{callCounter: callCounter{ops: map[string]int{}}}
+	stackOpts := limitertest.Options{Redis: cluster.Options{Addrs: []string{path.Addr()}, Timeout: 200 * time.Millisecond}}
+	stackOpts.Limiter.Observer = obs
+	e := &env{Env: holdtest.New(t, holdtest.Options{Stack: stackOpts}), calls: &obs.callCounter}
+	user := newUser()
+	path.BlackHole()
+	st := e.acquire(t, user, "one")
+	if !st.Degraded() {
+		t.Fatal("Acquire while Redis is black-holed was not degraded")
+	}
+	obs.mu.Lock()
+	obs.st = st
+	obs.mu.Unlock()
+	path.Restore()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		obs.mu.Lock()
+		released := obs.released
+		obs.mu.Unlock()
+		if released {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the stream was not released from the heartbeat's answer within 5s")
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // the re-acquire lands, and its give-back
+	if got := e.Used(t, user); got != 0 {
+		t.Errorf("the stream ended while it rejoined; its user holds %d slots in Redis, want 0", got)
+	}
+	next := e.acquire(t, user, "one")
+	next.Release(context.Background(), hold.EndComplete)
+}

@@ -205,12 +205,20 @@ func (s *Stream) lose(err error, slotGone bool, counted func()) bool {
 
 // update records a heartbeat's or re-acquire's answer.
 // rejoined records a re-acquire's grant: its expiry, whether it is still
-// degraded, and the pool keys it joined.
-func (s *Stream) rejoined(res limiter.AcquireResult) {
-	s.update(res.ExpiresAt, res.Degraded)
+// degraded, and the pool keys it joined. It reports false, recording
+// nothing, when the stream was released meanwhile: the grant is nobody's,
+// and the caller gives it back.
+func (s *Stream) rejoined(res limiter.AcquireResult) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.pools = res.Pools
+	if s.released {
+		return false
+	}
+	if !res.ExpiresAt.IsZero() {
+		s.expiresAt = res.ExpiresAt
+	}
+	s.degraded, s.pools = res.Degraded, res.Pools
+	return true
 }
 
 func (s *Stream) update(expiresAt time.Time, degraded bool) {
