@@ -100,7 +100,7 @@ if places then
     local given = string.byte(arg) == 61 -- given no ttl ('=0'): its record is not looked at
     local ttl, fallback = 0, false
     if not given then
-      ttl = record and tonumber(string.match(record, '^%d+'))
+      ttl = record and tonumber((string.match(record, '^%d+'))) -- (): one value, nil when none (the embedded store's match returns none)
       if not ttl or ttl <= 0 then
         fallback, ttl = true, tonumber(arg)
       end

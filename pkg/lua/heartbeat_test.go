@@ -399,3 +399,24 @@ func TestHeartbeatMovesGivenMembersInOneZADD(t *testing.T) {
 		}
 	})
 }
+
+// TestAHeartbeatOfARecordWithoutItsTTLIsOneEverywhere: a slot whose
+// record holds no TTL first (";caller=x") is kept by the heartbeat's
+// fallback TTL on every backend: Redis, and the embedded store, whose
+// string.match answers nothing (not nil) when there is no match.
+func TestAHeartbeatOfARecordWithoutItsTTLIsOneEverywhere(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, embedded bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		if err := c.Do(ctx, c.B().Zadd().Key(key).ScoreMember().ScoreMember(float64(time.Now().Add(time.Minute).UnixMilli()), "s").Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Do(ctx, c.B().Hset().Key(keys.SlotRecords(key)).FieldValue().FieldValue("s", ";caller=x").Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		beat, err := lua.Heartbeat(ctx, c, "", key, "s", 2*time.Minute)
+		if err != nil || !beat.Alive || time.Until(time.UnixMilli(beat.ExpiresAtMs)) < 90*time.Second {
+			t.Errorf("embedded %v: the heartbeat of a slot whose record has no TTL: %+v, %v; want alive for the fallback's 2m", embedded, beat, err)
+		}
+	})
+}
