@@ -210,6 +210,7 @@ func TestCountersStartAtZero(t *testing.T) {
 		`limiter_slots_reclaimed_total{plan=""} 0`,
 		`limiter_acquire_total{outcome="granted",plan="free"} 0`,
 		`limiter_acquire_total{outcome="limited",plan="free"} 0`,
+		`limiter_acquire_total{outcome="pool_limited",plan="free"} 0`,
 		`limiter_heartbeat_total{outcome="alive"} 0`,
 		`limiter_release_total{released="true"} 0`,
 	} {
@@ -262,6 +263,8 @@ func TestRequestCountersCountEachOutcome(t *testing.T) {
 			`limiter_acquire_total{outcome="granted",plan="paid"} 0`,
 			`limiter_acquire_total{outcome="limited",plan="free"} 1`,
 			`limiter_acquire_total{outcome="limited",plan="paid"} 0`,
+			`limiter_acquire_total{outcome="pool_limited",plan="free"} 0`,
+			`limiter_acquire_total{outcome="pool_limited",plan="paid"} 0`,
 			`limiter_acquire_total{outcome="shadow_refused",plan="free"} 0`,
 			`limiter_acquire_total{outcome="shadow_refused",plan="paid"} 0`,
 			`limiter_acquire_total{outcome="unavailable",plan="free"} 0`,

@@ -24,8 +24,12 @@ const (
 	// outcomeShadowRefused: the plan is in shadow mode (enforce: false)
 	// and its limit would have refused the acquire, which was granted.
 	outcomeShadowRefused = "shadow_refused"
-	outcomeAlive         = "alive"
-	outcomeLost          = "lost"
+	// outcomePoolLimited: a pool key the acquire named was at its cap
+	// (429 pool_limit_reached), not the plan's limit: counted by pool in
+	// limiter_pool_acquire_total.
+	outcomePoolLimited = "pool_limited"
+	outcomeAlive       = "alive"
+	outcomeLost        = "lost"
 )
 
 // Histogram buckets.
@@ -99,7 +103,7 @@ func (o *Observer) planLabels(plan string) *planLabels {
 	p := attribute.String("plan", plan)
 	l := &planLabels{plan: metric.WithAttributeSet(attribute.NewSet(p)), outcomes: map[string]metric.MeasurementOption{},
 		acquires: map[string]*atomic.Int64{}, waits: map[limiter.WaitOutcome]metric.MeasurementOption{}}
-	for _, outcome := range []string{outcomeGranted, outcomeLimited, outcomeDegraded, outcomeUnavailable, outcomeShadowRefused} {
+	for _, outcome := range []string{outcomeGranted, outcomeLimited, outcomeDegraded, outcomeUnavailable, outcomeShadowRefused, outcomePoolLimited} {
 		l.outcomes[outcome] = metric.WithAttributeSet(attribute.NewSet(p, attribute.String("outcome", outcome)))
 		l.acquires[outcome] = new(atomic.Int64)
 	}
@@ -300,6 +304,8 @@ func (o *Observer) Acquired(ctx context.Context, tier tiers.Tier, res limiter.Ac
 		outcome = outcomeShadowRefused
 	case res.Granted:
 		outcome = outcomeGranted
+	case res.RefusedBy != nil:
+		outcome = outcomePoolLimited
 	default:
 		outcome = outcomeLimited
 	}

@@ -151,6 +151,16 @@ func TestPoolMetricsOfAKeyAtItsCap(t *testing.T) {
 	)
 	expectLines(t, s.tel, "limiter_pool_used_max", `limiter_pool_used_max{pool="model"} 1`)
 	expectLines(t, s.tel, "limiter_pool_fill_max", `limiter_pool_fill_max{pool="model"} 1`)
+	// The plan's count says the pool refused, not the plan's limit: the
+	// second user held none of its streams.
+	for _, line := range []string{
+		`limiter_acquire_total{outcome="granted",plan="three"} 1`,
+		`limiter_acquire_total{outcome="limited",plan="three"} 0`,
+		`limiter_acquire_total{outcome="pool_limited",plan="three"} 1`,
+	} {
+		series, _, _ := strings.Cut(line, " ")
+		expectLines(t, s.tel, series+" ", line)
+	}
 }
 
 // Each pool step is counted under its own pool, in the order the limiter
