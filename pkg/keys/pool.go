@@ -1,8 +1,10 @@
 package keys
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Bounds of a pool's name and keys.
@@ -92,4 +94,15 @@ func (k Schema) PoolKey(pool, key string) (string, error) {
 		prefix = DefaultKeyPrefix
 	}
 	return prefix + "pool:{" + pool + "=" + key + "}", nil
+}
+
+// PoolOf returns the pool of slots, a PoolKey of k, and whether slots is
+// one (a UserKey is not).
+func (k Schema) PoolOf(slots string) (string, bool) {
+	rest, ok := strings.CutPrefix(slots, cmp.Or(k.Prefix, DefaultKeyPrefix)+"pool:{")
+	if !ok {
+		return "", false
+	}
+	pool, _, ok := strings.Cut(rest, "=")
+	return pool, ok && validPoolName(pool)
 }

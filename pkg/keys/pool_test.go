@@ -110,3 +110,30 @@ func BenchmarkPoolKey(b *testing.B) {
 		}
 	}
 }
+
+// PoolOf reads the pool back from any PoolKey of its schema, and from
+// nothing else: a user's key (whose id may spell "pool:model=k"), another
+// prefix's pool key, a key with no pool name.
+func TestPoolOfReadsThePoolOfAPoolKey(t *testing.T) {
+	for _, k := range []keys.Schema{{}, {Prefix: "app:"}} {
+		for _, c := range [][2]string{{"model", "gpt-4o"}, {"a.b_c-9", "meta-llama/Llama-3.1-70B-Instruct"}, {"org", "a:b@c"}} {
+			slots, err := k.PoolKey(c[0], c[1])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pool, ok := k.PoolOf(slots); !ok || pool != c[0] {
+				t.Errorf("prefix %q: PoolOf(%q) = %q, %v; want %q", k.Prefix, slots, pool, ok, c[0])
+			}
+		}
+		user, err := k.UserKey("pool:model=gpt-4o")
+		if err != nil {
+			t.Fatal(err)
+		}
+		other, _ := keys.Schema{Prefix: "other:"}.PoolKey("model", "k")
+		for _, notPool := range []string{user, other, k.Prefix + "pool:{=k}", k.Prefix + "pool:{model}"} {
+			if pool, ok := k.PoolOf(notPool); ok {
+				t.Errorf("prefix %q: PoolOf(%q) = %q; want no pool key", k.Prefix, notPool, pool)
+			}
+		}
+	}
+}

@@ -525,8 +525,23 @@ func (l *Limiter) dropSlot(ctx context.Context, end time.Time, op string, m lua.
 		if got.Head != "" {
 			l.wake(ctx, m.Key, got.Head)
 		}
+		l.reclaimedAt(ctx, m.Key, got.Pruned)
 		return err
 	})
+}
+
+// reclaimedAt counts n members of key (a user's slots, or a pool key's)
+// that a release found expired and removed: the leak signal, by pool for
+// a pool key (the plan of a user's is not known here).
+func (l *Limiter) reclaimedAt(ctx context.Context, key string, n int) {
+	if n == 0 {
+		return
+	}
+	if pool, ok := l.keys.PoolOf(key); ok {
+		l.observer.PoolReclaimed(ctx, pool, n)
+		return
+	}
+	l.observer.Reclaimed(ctx, "", n)
 }
 
 // leaveMembers removes each of members (a pool key's sorted set and a
@@ -556,6 +571,9 @@ func (l *Limiter) leaveMembers(ctx context.Context, end time.Time, members []lua
 	for i, left := range got {
 		if errs[i] == nil && left.Head != "" {
 			l.wake(ctx, members[i].Key, left.Head)
+		}
+		if errs[i] == nil {
+			l.reclaimedAt(ctx, members[i].Key, left.Pruned)
 		}
 	}
 	return errs
@@ -675,17 +693,20 @@ func (l *Limiter) beatPools(ctx context.Context, end time.Time, reqs []Heartbeat
 	defer func() { l.dropLost(ctx, reqs, pooled, lost) }()
 	for j, b := range beats {
 		i := b.at
-		if errs[i] != nil || !results[i].Alive {
-			continue // already lost or failed: one reason is enough
-		}
 		err := callErr
 		var beat lua.Beat
 		if got != nil {
 			beat, err = got[j], classify(ctx, "heartbeat_pools", gotErrs[j])
 		}
 		if err == nil && beat.Pruned > 0 {
-			l.wake(ctx, args[j].Key) // members expired: whoever waits for them looks
+			// Members expired: whoever waits for them looks. (Counted
+			// whatever became of this stream: the call's pruning is of
+			// its key, on its first member.)
+			l.wake(ctx, args[j].Key)
 			l.observer.PoolReclaimed(ctx, b.pool.Pool, beat.Pruned)
+		}
+		if errs[i] != nil || !results[i].Alive {
+			continue // already lost or failed: one reason is enough
 		}
 		scope := b.pool.Pool + "=" + b.pool.Key
 		switch {

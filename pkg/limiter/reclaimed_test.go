@@ -2,6 +2,7 @@ package limiter_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -140,6 +141,53 @@ func TestPoolMembershipsThatExpireAreCountedByPool(t *testing.T) {
 		}
 		if got, plans := log.takePools(), log.take(); got["model"] != 1 || len(plans) != 0 {
 			t.Errorf("a heartbeat found 1 expired member of model=%s: pools %v, plans %v; want model 1 and no plan", key, got, plans)
+		}
+		crash(1)
+		time.Sleep(400 * time.Millisecond)
+		if rel, err := lim.Release(ctx, liveUser, live.StreamID); err != nil || !rel.Released {
+			t.Fatalf("the live stream's release: %+v, %v", rel, err)
+		}
+		if got, plans := log.takePools(), log.take(); got["model"] != 1 || len(plans) != 0 {
+			t.Errorf("a release found 1 expired member of model=%s: pools %v, plans %v; want model 1 and no plan", key, got, plans)
+		}
+	})
+}
+
+// TestAStreamLostAtOnePoolStillCountsWhatItsBeatOfAnotherFound: stream S
+// holds memberships of a=ka and b=kb; its membership of a=ka is removed
+// (support, a failover), and a crashed stream's membership of b=kb has
+// expired. S's heartbeat answers slot_lost naming a=ka; its beat of b=kb
+// removed the expired membership, which is counted all the same: nothing
+// later can count it.
+func TestAStreamLostAtOnePoolStillCountsWhatItsBeatOfAnotherFound(t *testing.T) {
+	eachBackend(t, true, func(t *testing.T, e *env) {
+		log := &reclaimLog{plans: map[string]int{}, pools: map[string]int{}}
+		lim := limiter.New(e.redis, e.table, limiter.Options{Keys: e.keys, Observer: log,
+			Pools: poolTable(t, pools.Pool{Pool: "a", MaxConcurrentStreams: ptr(5)}, pools.Pool{Pool: "b", MaxConcurrentStreams: ptr(5)})})
+		ctx := context.Background()
+		ka, kb, user := "ka-"+newUser(t), "kb-"+newUser(t), newUser(t)
+		s, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three", Pools: map[string]string{"a": ka, "b": kb}})
+		if err != nil || !s.Granted || len(s.Pools) != 2 {
+			t.Fatalf("acquire: %+v, %v", s, err)
+		}
+		if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "short", Pools: map[string]string{"b": kb}}); err != nil || !res.Granted {
+			t.Fatalf("the crashed stream's acquire: %+v, %v", res, err)
+		}
+		time.Sleep(400 * time.Millisecond) // > the 300ms TTL
+		slots, err := e.keys.PoolKey("a", ka)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := e.raw(t)
+		if err := c.Do(ctx, c.B().Zrem().Key(slots).Member(s.StreamID+" "+user).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		log.takePools()
+		if _, err := lim.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: user, Plan: "three", StreamID: s.StreamID}); !errors.Is(err, limiter.ErrSlotLost) {
+			t.Fatalf("the heartbeat of S, its membership of a=%s gone: %v; want ErrSlotLost", ka, err)
+		}
+		if got := log.takePools(); got["b"] != 1 {
+			t.Errorf("S's beat of b=%s removed the crashed stream's expired membership: pools reclaimed %v; want b 1", kb, got)
 		}
 	})
 }

@@ -114,6 +114,9 @@ func (l *Limiter) releaseBy(ctx context.Context, end time.Time, caller, userID, 
 		if leftErrs[i] == nil && m.Head != "" {
 			l.wake(ctx, along[i].Key, m.Head)
 		}
+		if leftErrs[i] == nil {
+			l.reclaimedAt(ctx, along[i].Key, m.Pruned)
+		}
 	}
 	// Every plan's release fails open: a slot it misses frees itself when
 	// its TTL runs out.
