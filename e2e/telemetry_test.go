@@ -193,6 +193,9 @@ func TestTelemetryMetricsCountExactly(t *testing.T) {
 		`limiter_pool_used_max{pool="model"}`:                            1,
 		`limiter_pool_fill_max{pool="model"}`:                            1,
 		`limiter_redis_duration_seconds_count{op="acquire_pool"}`:        2,
+		// The plan's count says a pool refused, not the plan's limit.
+		`limiter_acquire_total{outcome="limited",plan="team"}`:      1,
+		`limiter_acquire_total{outcome="pool_limited",plan="team"}`: 1,
 	})
 
 	// A user of queue (priority 3) holds model=llama-70b; another waits
@@ -219,7 +222,8 @@ func TestTelemetryMetricsCountExactly(t *testing.T) {
 		`limiter_acquire_waiting{plan="queue"}`:                                                         0,
 		`limiter_acquire_wait_total{outcome="timeout",plan="queue"}`:                                    1, // the earlier wait, in a user's queue
 		`limiter_acquire_total{outcome="granted",plan="queue"}`:                                         2,
-		`limiter_acquire_total{outcome="limited",plan="queue"}`:                                         2,
+		`limiter_acquire_total{outcome="limited",plan="queue"}`:                                         1, // the user's wait
+		`limiter_acquire_total{outcome="pool_limited",plan="queue"}`:                                    1, // the pool key's
 		`limiter_redis_duration_seconds_count{op="acquire_pool"}`:                                       4,
 	})
 
@@ -242,7 +246,8 @@ func TestTelemetryMetricsCountExactly(t *testing.T) {
 	final := scrape(t, proc)
 	expectMetrics(t, "at the end", final, map[string]float64{
 		`limiter_acquire_total{outcome="granted",plan="team"}`:       4 + 1,
-		`limiter_acquire_total{outcome="limited",plan="team"}`:       1 + 1,
+		`limiter_acquire_total{outcome="limited",plan="team"}`:       1,
+		`limiter_acquire_total{outcome="pool_limited",plan="team"}`:  1,
 		`limiter_acquire_total{outcome="degraded",plan="team"}`:      1,
 		`limiter_acquire_total{outcome="granted",plan="strict"}`:     1,
 		`limiter_acquire_total{outcome="unavailable",plan="strict"}`: 1,
