@@ -86,7 +86,9 @@ export interface AcquireOptions {
   /**
    * Gives up the acquire: it rejects with the signal's reason, and the
    * stream id is released in the background (close waits for it), in case
-   * the attempt in flight took the slot.
+   * the attempt in flight took the slot. An acquire of that `streamId`
+   * meanwhile (the application's retry) waits for that release first, so
+   * that the slot it is granted is not freed by it.
    */
   signal?: AbortSignal;
 }
@@ -111,6 +113,8 @@ export class Client {
   private readonly log: Logger;
   private readonly closing = new AbortController(); // cuts retry waits short
   private readonly releasing = new Set<Promise<void>>();
+  /** The background releases of given-up acquires, by user and stream id. */
+  private readonly givingBack = new Map<string, Promise<void>>();
   private closed: Promise<number> | undefined;
 
   /** baseURL is the API listener, e.g. "http://limiter.default.svc:8080" (a path prefix is kept). */
@@ -165,6 +169,11 @@ export class Client {
     }
     if (options.pools && Object.keys(options.pools).length > 0) {
       body.pools = { ...options.pools };
+    }
+    if (options.streamId) {
+      // A release of a given-up acquire of this id, still on its way,
+      // would free the slot this one is granted: it goes first.
+      await this.givingBack.get(givingBackKey(userId, options.streamId));
     }
     const answer = await this.acquireRetrying(body, !options.streamId, options.signal);
     const lease = new Lease(
@@ -340,6 +349,15 @@ export class Client {
       return tracked;
     };
     const sent = track(send());
+    if (givenUp) {
+      const key = givingBackKey(body.user_id, streamId);
+      this.givingBack.set(key, sent);
+      void sent.then(() => {
+        if (this.givingBack.get(key) === sent) {
+          this.givingBack.delete(key);
+        }
+      });
+    }
     if (generated && this.closed === undefined) {
       track(sent.then(() => new Promise<void>((resolve) => setTimeout(resolve, RELEASE_AGAIN_AFTER_MS))).then(send));
     }
@@ -356,6 +374,11 @@ export class Client {
     }
     return this.acquireOnce(body, signal);
   }
+}
+
+/** The key of a stream id's background release in Client.givingBack. */
+function givingBackKey(userId: string, streamId: string): string {
+  return `${userId}\u0000${streamId}`;
 }
 
 /** A random 128-bit stream id, as hex. */

@@ -439,3 +439,51 @@ describe("requests and answers", () => {
     }
   });
 });
+
+// An acquire given up by its signal releases its stream id in the
+// background. The application's retry under that streamId, at once, waits
+// for that release (a slow one here) before it is sent, so that it does
+// not free the slot the retry is granted.
+test("a retry under a given-up acquire's streamId keeps the slot it is granted", async () => {
+  const slots = new Set<string>();
+  let hangNext = false;
+  let landed: (() => void) | undefined;
+  const server = await TestServer.start(async (rec: Recorded): Promise<Answer> => {
+    const key = `${rec.json?.user_id}/${rec.json?.stream_id}`;
+    if (rec.path === Paths.acquire) {
+      slots.add(key); // the slot is taken in Redis
+      if (hangNext) {
+        hangNext = false;
+        landed?.();
+        return new Promise<Answer>(() => undefined); // its answer never comes
+      }
+      return jsonAnswer(200, {
+        granted: true, stream_id: rec.json.stream_id, used: 1, limit: 1,
+        expires_at: "2030-01-02T03:04:05Z", ttl_ms: 30000, heartbeat_interval_ms: 10000, pruned: 0, degraded: false,
+      });
+    }
+    if (rec.path === Paths.release) {
+      await new Promise((r) => setTimeout(r, 50)); // slower than an acquire
+      return jsonAnswer(200, { released: slots.delete(key), degraded: false });
+    }
+    return jsonAnswer(200, { results: [] });
+  });
+  const client = new Client(server.url, { logger: new MemoryLogger(), acquireRetries: 0 });
+  try {
+    for (let i = 0; i < 5; i++) {
+      const user = `u${i}`;
+      const streamId = `req-${i}`;
+      hangNext = true;
+      const controller = new AbortController();
+      landed = () => controller.abort(new Error("the caller gave up"));
+      await assert.rejects(client.acquire(user, "free", { streamId, signal: controller.signal }));
+      const lease = await client.acquire(user, "free", { streamId }); // the retry
+      await new Promise((r) => setTimeout(r, 100)); // past any release on its way
+      assert.ok(slots.has(`${user}/${streamId}`), `run ${i}: the retry's slot was freed by the given-up acquire's release`);
+      await lease.release();
+    }
+  } finally {
+    await client.close();
+    await server.close();
+  }
+});
