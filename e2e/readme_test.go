@@ -107,9 +107,9 @@ var docSpecs = map[string]docSpec{
 	// README.md and docs/envoy.md: the ext_proc server.
 	`limiter serve --config limiter.yaml --extproc-addr :9091`: {how: docServe},
 	// README.md and docs/envoy.md: Helm.
-	`helm install limiter charts/limiter --namespace limiter --create-namespace --set 'redis.addrs={redis-cluster-0.redis:6379,redis-cluster-1.redis:6379}'`:                  {how: docNotRun, why: needsCluster},
-	`kubectl -n limiter get secret limiter-api-tokens -o jsonpath='{.data.tokens}' | base64 -d | awk '$1 == "default" {print $2}'`:                                            {how: docNotRun, why: needsCluster},
-	`helm upgrade --install limiter charts/limiter --namespace limiter --set extproc.enabled=true --set server.tls.existingSecret=limiter-tls --set server.tls.clientCA=true`: {how: docNotRun, why: needsCluster},
+	`helm install limiter charts/limiter --namespace limiter --create-namespace --set 'redis.addrs={redis-cluster-0.redis:6379,redis-cluster-1.redis:6379}'`:                                 {how: docNotRun, why: needsCluster},
+	`kubectl -n limiter get secret limiter-api-tokens -o jsonpath='{.data.tokens}' | base64 -d | awk '$1 == "default" {print $2}'`:                                                           {how: docNotRun, why: needsCluster},
+	`helm upgrade --install limiter charts/limiter --namespace limiter --reuse-values --set extproc.enabled=true --set server.tls.existingSecret=limiter-tls --set server.tls.clientCA=true`: {how: docNotRun, why: needsCluster},
 	// docs/configuration.md: LimitTier objects.
 	`kubectl apply -k config/crd`:                {how: docNotRun, why: needsCluster},
 	`kubectl apply -k config/rbac`:               {how: docNotRun, why: needsCluster},
