@@ -3,6 +3,7 @@ package extproc_test
 import (
 	"github.com/joishi/limiter/internal/holdtest"
 	"log/slog"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -26,7 +27,8 @@ const headerWouldRefuse = "x-limiter-would-refuse"
 
 // responseWouldRefuse sends the response headers and returns the
 // x-limiter-would-refuse the answer sets for the client ("" when none),
-// checking that it carries the stream id and overwrites the upstream's.
+// checking that it carries the stream id and overwrites the upstream's,
+// or, setting none, removes it: the header is the limiter's word alone.
 func responseWouldRefuse(t *testing.T, st *envoytest.Stream, id, what string) string {
 	t.Helper()
 	resp := mustContinue(t)(st.ResponseHeaders(envoytest.Headers(":status", "200", "content-type", "text/event-stream",
@@ -48,6 +50,9 @@ func responseWouldRefuse(t *testing.T, st *envoytest.Stream, id, what string) st
 		t.Errorf("%s: %s set %d times, want once", what, headerWouldRefuse, n)
 	}
 	got, _ := envoytest.HeaderValue(m, headerWouldRefuse)
+	if removed := slices.Contains(m.GetRemoveHeaders(), headerWouldRefuse); got == "" && !removed || got != "" && removed {
+		t.Errorf("%s: %s set to %q, removed %v: want the limiter's value set, or else the upstream's removed", what, headerWouldRefuse, got, removed)
+	}
 	return got
 }
 

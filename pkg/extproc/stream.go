@@ -215,6 +215,15 @@ func (x *exchange) handle(ctx context.Context, req *extprocv3.ProcessingRequest)
 		} else {
 			resp = responseHeadersContinue()
 		}
+		if x.wouldRefuse == "" {
+			// One the upstream sent (a limiter behind this one) is not this
+			// limiter's word: the client hears none.
+			common := resp.GetResponseHeaders().GetResponse()
+			if common.HeaderMutation == nil {
+				common.HeaderMutation = &extprocv3.HeaderMutation{}
+			}
+			common.HeaderMutation.RemoveHeaders = append(common.HeaderMutation.RemoveHeaders, headerWouldRefuse)
+		}
 		if r.ResponseHeaders.GetEndOfStream() {
 			x.release(ctx, hold.EndComplete)
 		}

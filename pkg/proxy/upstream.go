@@ -53,6 +53,8 @@ func (x *exchange) answerHeaders(h http.Header) {
 	h.Set(HeaderStreamID, x.stream.ID())
 	if x.wouldRefuse != "" {
 		h.Set(hold.HeaderWouldRefuse, x.wouldRefuse)
+	} else {
+		h.Del(hold.HeaderWouldRefuse) // the upstream's (a limiter behind this one) is not this one's word
 	}
 }
 
