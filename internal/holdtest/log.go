@@ -52,3 +52,10 @@ func (b *LogBuffer) Granted(t *testing.T) map[string]string {
 	}
 	return out
 }
+
+// String returns the log as written so far.
+func (b *LogBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

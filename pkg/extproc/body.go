@@ -24,6 +24,9 @@ type pendingAcquire struct {
 	id     identity.Identity
 	caller string
 	body   []byte
+	// cut: Envoy may have cut the body at its buffer limit
+	// (BUFFERED_PARTIAL, end_of_stream false).
+	cut bool
 }
 
 // heldHeadersContinue answers the request headers of a request whose slot
@@ -53,6 +56,7 @@ func (x *exchange) requestBody(ctx context.Context, b *extprocv3.HttpBody) *extp
 	}
 	p.body = append(p.body, b.GetBody()...)
 	whole := x.modeKnown && (x.requestBodyMode == filterv3.ProcessingMode_BUFFERED || x.requestBodyMode == filterv3.ProcessingMode_BUFFERED_PARTIAL)
+	p.cut = x.requestBodyMode == filterv3.ProcessingMode_BUFFERED_PARTIAL && !b.GetEndOfStream()
 	if !b.GetEndOfStream() && !whole {
 		return bodyContinue(b, false, false) // STREAMED: the rest is to come
 	}
@@ -73,6 +77,12 @@ func (x *exchange) decidePending(ctx context.Context, next func(...*corev3.Heade
 	if len(p.body) > 0 {
 		if err := x.s.ident.BodyPools(&p.id, p.body); err != nil {
 			x.s.holder.Refused(ctx, hold.ReasonInvalid)
+			if p.cut {
+				// Not the client's body: the part of it Envoy's buffer held.
+				return x.refuse(hold.Refused(http.StatusRequestEntityTooLarge, hold.TypeInvalidRequest, hold.CodeBodyTooLarge,
+					fmt.Sprintf("the request body was cut at Envoy's buffer limit (request_body_mode BUFFERED_PARTIAL, %d bytes sent), "+
+						"and a pool's key is not read from part of a body: %v", len(p.body), err)))
+			}
 			return x.refuse(identity.Refusal(err))
 		}
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,6 +16,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
 	"github.com/joishi/limiter/internal/envoytest"
+	"github.com/joishi/limiter/internal/holdtest"
 	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/pkg/extproc"
 	"github.com/joishi/limiter/pkg/identity"
@@ -578,4 +581,69 @@ func TestHostHeaderSourceReadsTheAuthority(t *testing.T) {
 	if ir, refusal := refusedWith(t, resp, err, 429, "pool_limit_reached"); refusal.Error.Pool != "org" || refusal.Error.Key != "acme" {
 		t.Errorf("refusal %s, want one naming org=acme", ir.GetBody())
 	}
+}
+
+// With a body source, every request_body_mode but BUFFERED falls short,
+// and the limiter says so at ERROR, naming the setting: STREAMED (the
+// slot is decided after the upstream has the request), BUFFERED_PARTIAL
+// (a body over Envoy's buffer comes cut) and NONE (no body comes).
+func TestABodyModeThatFallsShortIsLogged(t *testing.T) {
+	for _, c := range []struct {
+		mode   filterv3.ProcessingMode_BodySendMode
+		logged string
+	}{
+		{filterv3.ProcessingMode_STREAMED, "request_body_mode STREAMED"},
+		{filterv3.ProcessingMode_BUFFERED_PARTIAL, "request_body_mode BUFFERED_PARTIAL"},
+		{filterv3.ProcessingMode_NONE, "request_body_mode NONE"},
+		{filterv3.ProcessingMode_BUFFERED, ""},
+	} {
+		t.Run(c.mode.String(), func(t *testing.T) {
+			logs := &holdtest.LogBuffer{}
+			o := bodyEnvOptions(t, c.mode, modelBody)
+			o.extproc.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+			e := newEnv(t, o)
+			st := e.open(t)
+			if c.mode == filterv3.ProcessingMode_NONE {
+				grant(t, st, newUser(), "three")
+			} else {
+				heldHeaders(t, e, st, newUser())
+				grantedAtBody(t)(st.RequestBody([]byte(`{"model":"small"}`), true))
+			}
+			st.Close()
+			logged := strings.Count(logs.String(), `"level":"ERROR"`)
+			switch {
+			case c.logged == "" && logged > 0:
+				t.Errorf("request_body_mode BUFFERED logged an ERROR: %s", logs.String())
+			case c.logged != "" && (logged == 0 || !strings.Contains(logs.String(), c.logged)):
+				t.Errorf("request_body_mode %s with a body source: want an ERROR naming %q; log:\n%s", c.mode, c.logged, logs.String())
+			}
+		})
+	}
+}
+
+// In BUFFERED_PARTIAL mode Envoy sends a body over its buffer limit cut
+// there, end_of_stream false: a pool's key is not read from part of a
+// JSON body, and the request is refused 413, saying so, not 400
+// invalid_body as though the client's body were not JSON. A body within
+// the limit is decided as in BUFFERED mode.
+func TestABufferedPartialBodyCutAtTheBufferIsTooLarge(t *testing.T) {
+	e := newEnv(t, bodyEnvOptions(t, filterv3.ProcessingMode_BUFFERED_PARTIAL, modelBody))
+	user := newUser()
+	st := e.open(t)
+	heldHeaders(t, e, st, user)
+	full := `{"model":"small","messages":[{"role":"user","content":"` + strings.Repeat("A", 4096) + `"}]}`
+	resp, err := st.RequestBody([]byte(full[:1024]), false) // what Envoy's buffer held
+	ir, _ := refusedWith(t, resp, err, http.StatusRequestEntityTooLarge, "request_too_large")
+	if !strings.Contains(string(ir.GetBody()), "BUFFERED_PARTIAL") {
+		t.Errorf("the refusal of a cut body: %s; want it to name request_body_mode BUFFERED_PARTIAL", ir.GetBody())
+	}
+	st.Close()
+	if got := e.Used(t, user); got != 0 {
+		t.Errorf("the user holds %d slots, want 0", got)
+	}
+	within := e.open(t)
+	heldHeaders(t, e, within, user)
+	grantedAtBody(t)(within.RequestBody([]byte(`{"model":"big"}`), true))
+	within.Close()
+	e.AwaitUsed(t, user, 0, time.Second)
 }

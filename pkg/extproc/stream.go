@@ -282,6 +282,14 @@ func (x *exchange) requestHeaders(ctx context.Context, req *extprocv3.Processing
 			s.modeWarn.Log(ctx, slog.LevelError, "a pool's key comes from the request body, and Envoy sends none (request_body_mode NONE): "+
 				"acquiring at the request headers, without the body's pools; set the filter's processing_mode.request_body_mode to BUFFERED")
 		default:
+			switch {
+			case x.modeKnown && x.requestBodyMode == filterv3.ProcessingMode_STREAMED:
+				s.modeWarn.Log(ctx, slog.LevelError, "a pool's key comes from the request body, and Envoy streams it (request_body_mode STREAMED): "+
+					"the slot is decided at its last chunk, after the upstream has the request; set the filter's processing_mode.request_body_mode to BUFFERED")
+			case x.modeKnown && x.requestBodyMode == filterv3.ProcessingMode_BUFFERED_PARTIAL:
+				s.modeWarn.Log(ctx, slog.LevelError, "a pool's key comes from the request body, and Envoy cuts it at its buffer limit (request_body_mode BUFFERED_PARTIAL): "+
+					"a body over the limit is refused, its key unread; set the filter's processing_mode.request_body_mode to BUFFERED")
+			}
 			x.pending = &pendingAcquire{msg: req, id: id, caller: callerName}
 			return heldHeadersContinue(s.opts.StreamIDHeader)
 		}
