@@ -165,6 +165,7 @@ func New(lim *limiter.Limiter, opts Options) (*Holder, error) {
 // holder closes (ErrClosed).
 func (h *Holder) Acquire(ctx context.Context, req limiter.AcquireRequest) (*Stream, limiter.AcquireResult, error) {
 	if h.isClosed() {
+		h.metrics.refuse(ctx, ReasonUnavailable) // answered 503: shutting down
 		return nil, limiter.AcquireResult{}, ErrClosed
 	}
 	if req.Wait == 0 {
@@ -181,6 +182,7 @@ func (h *Holder) Acquire(ctx context.Context, req limiter.AcquireRequest) (*Stre
 	}
 	res, err := h.lim.Acquire(ctx, req)
 	if err != nil && errors.Is(context.Cause(ctx), ErrClosed) {
+		h.metrics.refuse(ctx, ReasonUnavailable) // the wait Close ended
 		return nil, res, ErrClosed
 	}
 	if err != nil {
@@ -197,6 +199,7 @@ func (h *Holder) Acquire(ctx context.Context, req limiter.AcquireRequest) (*Stre
 	if !h.add(s) {
 		// Closed while the acquire was in flight: give the slot back.
 		_, _ = h.lim.ReleaseJoined(context.WithoutCancel(ctx), s.userID, s.id, res.Pools)
+		h.metrics.refuse(ctx, ReasonUnavailable)
 		return nil, res, ErrClosed
 	}
 	h.metrics.started(ctx)

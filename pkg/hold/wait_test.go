@@ -80,4 +80,12 @@ func TestClosingTheHolderEndsWaits(t *testing.T) {
 	if got, err := e.Stack.Limiter.Slots(context.Background(), user); err != nil || len(got.Queue) != 0 {
 		t.Errorf("queue after Close: %+v, %v; want empty", got.Queue, err)
 	}
+	// Refused a slot (the front ends answer 503), it is counted so, as is
+	// an Acquire after Close.
+	if _, _, err := e.Holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: newUser(), Plan: "queued"}); !errors.Is(err, hold.ErrClosed) {
+		t.Fatalf("Acquire after Close: %v; want ErrClosed", err)
+	}
+	if got := e.Metric(t, `limiter_streams_refused_total{mode="test",reason="unavailable"}`); got != "2" {
+		t.Errorf("refused as unavailable: %q; want 2, the wait Close ended and the Acquire after it", got)
+	}
 }
