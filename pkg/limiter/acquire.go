@@ -255,25 +255,12 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	res := AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}
 	if degrade(tier.FailureMode, err) {
 		undoTries() // a stream granted degraded is counted nowhere
-		// Nor can its memberships be: without the user's slot no record
-		// names them, for heartbeats to keep and a release to drop. Each
-		// pool's failureMode decides, as when its own key's shard fails: a
-		// pool that fails closed refuses the stream rather than let it in
-		// uncounted.
-		for _, m := range ms {
-			if m.pool.FailureMode == tiers.FailClosed {
-				l.observer.Joined(ctx, m.pool.Pool, JoinUnavailable, 0, m.limit)
-				return AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}, tier,
-					&PoolUnavailableError{Pool: m.pool.Pool, Key: m.key, Err: fmt.Errorf("the user's slot: %w", err)}
-			}
+		if err := l.degradedPools(ctx, ms, err, &res); err != nil {
+			return AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}, tier, err
 		}
 		l.warnDegraded(ctx, "redis unavailable; granting acquire degraded (failureMode Open)", "plan", tier.Plan, "err", err)
 		res.Granted, res.Degraded = true, true
 		res.ExpiresAt = degradedExpiry(tier.SlotTTL)
-		for _, m := range ms {
-			l.observer.Joined(ctx, m.pool.Pool, JoinDegraded, 0, m.limit)
-			res.Pools = append(res.Pools, PoolGrant{Pool: m.pool.Pool, Key: m.key, Limit: m.limit, Degraded: true})
-		}
 		return res, tier, nil
 	}
 	if err != nil {
@@ -336,12 +323,44 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		}
 		var slot userSlot
 		res, slot, err = l.await(ctx, key, req, tier, wait, res, generated, lua.EncodePools(held))
-		if err == nil && res.Granted && !res.Degraded {
+		switch {
+		case err == nil && res.Granted && !res.Degraded:
 			// The pools as they are now, not as they were before the wait.
 			err = l.grantPools(ctx, l.decisionEnd(), waitUntil, req, poolTier(res.Tier, tier), l.current(ms), slot, nil, &res)
+		case err == nil && res.Granted:
+			// Redis stopped answering the wait, and the plan fails open:
+			// the pools' own failure modes decide, as for an acquire that
+			// did not wait.
+			if err = l.degradedPools(ctx, l.current(ms), fmt.Errorf("its wait unanswered: %w", ErrUnavailable), &res); err != nil {
+				res = AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}
+				if generated {
+					l.releaseUnanswered(ctx, req.UserID, req.StreamID) // the wait's grant may have landed
+				}
+			}
 		}
 	}
 	return res, tier, err
+}
+
+// degradedPools answers the pools ms of an acquire granted degraded (its
+// user's slot unanswered, err, on a plan that fails open): counted
+// nowhere, nor can its memberships be, since without the user's slot no
+// record names them for heartbeats to keep and a release to drop. Each
+// pool's failureMode decides, as when its own key's shard fails: one that
+// fails closed refuses the stream (a *PoolUnavailableError) rather than
+// let it in uncounted; the others are granted degraded, in res.
+func (l *Limiter) degradedPools(ctx context.Context, ms []membership, err error, res *AcquireResult) error {
+	for _, m := range ms {
+		if m.pool.FailureMode == tiers.FailClosed {
+			l.observer.Joined(ctx, m.pool.Pool, JoinUnavailable, 0, m.limit)
+			return &PoolUnavailableError{Pool: m.pool.Pool, Key: m.key, Err: fmt.Errorf("the user's slot: %w", err)}
+		}
+	}
+	for _, m := range ms {
+		l.observer.Joined(ctx, m.pool.Pool, JoinDegraded, 0, m.limit)
+		res.Pools = append(res.Pools, PoolGrant{Pool: m.pool.Pool, Key: m.key, Limit: m.limit, Degraded: true})
+	}
+	return nil
 }
 
 // poolTier is the tier a granted acquire joins its pools by: the

@@ -13,6 +13,7 @@ import (
 	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/lua"
+	"github.com/joishi/limiter/pkg/pools"
 	"github.com/joishi/limiter/pkg/tiers"
 )
 
@@ -332,5 +333,44 @@ func TestAnOutageWhileWaitingAppliesTheFailureMode(t *testing.T) {
 	}
 	if r := within(t, closed, 3*time.Second, "the Closed waiter"); !errors.Is(r.err, limiter.ErrUnavailable) {
 		t.Errorf("Closed waiter during the outage: %+v, %v; want ErrUnavailable", r.res, r.err)
+	}
+}
+
+// TestAnOutageWhileWaitingAppliesThePoolsFailureModes: a waiting acquire
+// of an Open plan whose wait Redis stops answering is granted degraded
+// only if each pool it names lets a degraded stream in, as one that did
+// not wait: a pool failing closed refuses it (its key full besides), one
+// failing open grants it a degraded membership.
+func TestAnOutageWhileWaitingAppliesThePoolsFailureModes(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []tiers.FailureMode{tiers.FailClosed, tiers.FailOpen} {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			proxy := testenv.StartProxy(t, testenv.Redis(t))
+			table := poolTable(t, pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), FailureMode: mode})
+			s := limitertest.New(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{proxy.Addr()}, Timeout: 250 * time.Millisecond},
+				Tiers: waitTiers(), Limiter: limiter.Options{Pools: table, WaitPoll: 50 * time.Millisecond}})
+			pooled := map[string]string{"model": "k"}
+			if res, err := s.Limiter.Acquire(context.Background(), limiter.AcquireRequest{UserID: newUser(t), Plan: "wait", Pools: pooled}); err != nil || !res.Granted {
+				t.Fatalf("another user's stream of model=k: %+v, %v", res, err)
+			}
+			user := newUser(t)
+			hold(t, s.Limiter, user, "wait", "held")
+			done := make(chan waitResult, 1)
+			go func() {
+				res, err := s.Limiter.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "wait", Wait: 3 * time.Second, Pools: pooled})
+				done <- waitResult{res, err, time.Now()}
+			}()
+			awaitQueue(t, s.Limiter, user, func(q []limiter.Ticket) bool { return len(q) == 1 }, "the pooled acquire waiting")
+			proxy.BlackHole()
+			r := within(t, done, 5*time.Second, "the waiter")
+			var closed *limiter.PoolUnavailableError
+			switch {
+			case mode == tiers.FailClosed && (!errors.As(r.err, &closed) || closed.Pool != "model" || r.res.Granted):
+				t.Errorf("the waiter, model failing closed: %+v, %v; want refused by model (PoolUnavailableError)", r.res, r.err)
+			case mode == tiers.FailOpen && (r.err != nil || !r.res.Granted || !r.res.Degraded || len(r.res.Pools) != 1 || !r.res.Pools[0].Degraded):
+				t.Errorf("the waiter, model failing open: %+v, %v; want granted degraded, its membership of model=k degraded", r.res, r.err)
+			}
+		})
 	}
 }
