@@ -86,6 +86,7 @@ func (c Config) ExtProcOptions() extproc.Options {
 		StreamIDHeader: strings.ToLower(e.StreamIDHeader),
 		PayloadKey:     p.MetadataKey, PayloadNamespace: p.MetadataNamespace,
 		KeepaliveTime: e.KeepaliveTime, KeepaliveTimeout: e.KeepaliveTimeout, MinPingInterval: e.MinPingInterval,
+		MaxBodyBytes: int(c.Proxy.MaxBodyBytes), // the body a body: source reads, whichever front end reads it
 	}
 }
 

@@ -28,7 +28,7 @@ func TestExtProcValidation(t *testing.T) {
 }
 
 func TestExtProcOptions(t *testing.T) {
-	c, err := load(t, "extproc:\n  addr: \":9091\"\n  streamIdHeader: X-Stream\nidentity:\n  jwtPayload:\n    metadataKey: jwt_payload\n    planClaim: plan\n", nil,
+	c, err := load(t, "extproc:\n  addr: \":9091\"\n  streamIdHeader: X-Stream\nproxy:\n  maxBodyBytes: 65536\nidentity:\n  jwtPayload:\n    metadataKey: jwt_payload\n    planClaim: plan\n", nil,
 		"--extproc-addr", "127.0.0.1:9191", "--extproc-wait", "15s")
 	if err != nil {
 		t.Fatal(err)
@@ -40,6 +40,7 @@ func TestExtProcOptions(t *testing.T) {
 	want(t, "PayloadKey", opts.PayloadKey, "jwt_payload")
 	want(t, "PayloadNamespace", opts.PayloadNamespace, "envoy.filters.http.jwt_authn")
 	want(t, "KeepaliveTime", opts.KeepaliveTime, 30*time.Second)
+	want(t, "MaxBodyBytes", opts.MaxBodyBytes, 65536) // proxy.maxBodyBytes: a body: source's bound, in both front ends
 	p := c.IdentityOptions().Payload
 	if p == nil || p.Header != "" || p.UserClaim != "sub" || p.PlanClaim != "plan" {
 		t.Errorf("identity payload options %+v, want claims sub and plan from metadata", p)
