@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -102,6 +103,43 @@ type syncLog struct {
 func (s *syncLog) Write(p []byte) (int, error) {
 	s.ch <- string(p)
 	return len(p), nil
+}
+
+// A tokens file rewritten in place with the same size and modification
+// time (cp -p of a copy, tar over it) is re-read all the same: a token
+// taken out of it is refused, one put in it is known.
+func TestATokensFileRewrittenToTheSameSizeAndTimeIsReRead(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tokens")
+	first := "alice viewer " + aliceToken + "\n"
+	second := "carol viewer " + strings.Repeat("c", len(aliceToken)) + "\n"
+	if err := os.WriteFile(path, []byte(first), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := loadAdminTokens(path, slog.New(slog.NewJSONHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(second), 0o600); err != nil { // in place: the same file
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(path, fi.ModTime(), fi.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	if now, err := os.Stat(path); err != nil || now.Size() != fi.Size() || !now.ModTime().Equal(fi.ModTime()) {
+		t.Fatalf("the rewrite: %v, %v; want the same size and time", now, err)
+	}
+	f.reload()
+	f.reload() // a change is acted on once it has stayed for one poll
+	if _, ok := f.current().lookup(aliceToken); ok {
+		t.Errorf("alice's token, taken out of the file: still known")
+	}
+	if _, ok := f.current().lookup(strings.Repeat("c", len(aliceToken))); !ok {
+		t.Errorf("carol's token, put in the file: unknown")
+	}
 }
 
 func TestTokenFileReload(t *testing.T) {

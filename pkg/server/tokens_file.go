@@ -2,7 +2,9 @@ package server
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -41,10 +43,14 @@ type tokensFile[S any] struct {
 	warnedLoose bool // the file is readable by others and that was logged
 }
 
-// fileStamp tells whether a file changed since it was read.
+// fileStamp tells whether a file changed since it was read: its time and
+// size and, for a tokens file, a digest of what it holds, so that a
+// rewrite that keeps both (cp -p, tar over it) is seen too: a token
+// taken out of it must not stay valid.
 type fileStamp struct {
 	modTime time.Time
 	size    int64
+	sum     [sha256.Size]byte
 }
 
 // removed is the stamp of a file that is gone.
@@ -54,33 +60,50 @@ var removed = fileStamp{size: -1}
 // line. count says how many tokens a set holds, for the log.
 func loadTokensFile[S any](path, what string, parse func(io.Reader) (*S, error), count func(*S) int, log *slog.Logger) (*tokensFile[S], error) {
 	f := &tokensFile[S]{path: path, what: what, parse: parse, count: count, log: log}
-	set, fi, err := f.read()
+	set, fi, stamp, err := f.read()
 	if err != nil {
 		return nil, err
 	}
 	f.set.Store(set)
-	f.stamp = stampOf(fi)
+	f.stamp = stamp
 	f.checkMode(fi)
 	return f, nil
 }
 
 // read parses the file and returns it with the file it read (the
-// symlink's target, as a Kubernetes Secret volume mounts it).
-func (f *tokensFile[S]) read() (*S, os.FileInfo, error) {
-	file, err := os.Open(f.path)
+// symlink's target, as a Kubernetes Secret volume mounts it) and its
+// stamp.
+func (f *tokensFile[S]) read() (*S, os.FileInfo, fileStamp, error) {
+	data, fi, stamp, err := readStamped(f.path)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fileStamp{}, err
+	}
+	set, err := f.parse(bytes.NewReader(data))
+	if err != nil {
+		return nil, nil, fileStamp{}, fmt.Errorf("%s: %w", f.path, err)
+	}
+	return set, fi, stamp, nil
+}
+
+// readStamped reads a tokens file (one byte past the most a parse
+// accepts, which refuses it) with the file it read and its stamp.
+func readStamped(path string) ([]byte, os.FileInfo, fileStamp, error) {
+	file, err := os.Open(path)
+	if err != nil {
+		return nil, nil, fileStamp{}, err
 	}
 	defer file.Close()
 	fi, err := file.Stat()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fileStamp{}, err
 	}
-	set, err := f.parse(file)
+	data, err := io.ReadAll(io.LimitReader(file, maxTokensFileBytes+1))
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", f.path, err)
+		return nil, nil, fileStamp{}, err
 	}
-	return set, fi, nil
+	stamp := stampOf(fi)
+	stamp.sum = sha256.Sum256(data)
+	return data, fi, stamp, nil
 }
 
 func stampOf(fi os.FileInfo) fileStamp { return fileStamp{modTime: fi.ModTime(), size: fi.Size()} }
@@ -88,8 +111,8 @@ func stampOf(fi os.FileInfo) fileStamp { return fileStamp{modTime: fi.ModTime(),
 // current returns the tokens in force.
 func (f *tokensFile[S]) current() *S { return f.set.Load() }
 
-// watch re-reads the file when its modification time or size changes
-// (within two intervals), checking every interval until ctx ends. A removed
+// watch re-reads the file when its modification time, size or content
+// changes (within two intervals), checking every interval until ctx ends. A removed
 // file revokes every token: removing it (or the Secret) is how to shut the
 // door to everyone. A file that cannot be read or parsed keeps the tokens
 // in force, so a bad edit locks nobody out: the error is logged once per
@@ -110,10 +133,10 @@ func (f *tokensFile[S]) watch(ctx context.Context, interval time.Duration) {
 
 func (f *tokensFile[S]) reload() {
 	seen := removed
-	fi, err := os.Stat(f.path) // follows symlinks: a dangling one is a removed file
+	_, fi, stamp, err := readStamped(f.path) // follows symlinks: a dangling one is a removed file
 	switch {
 	case err == nil:
-		seen = stampOf(fi)
+		seen = stamp
 		f.checkMode(fi)
 	case !errors.Is(err, fs.ErrNotExist):
 		f.failed(err)
@@ -138,7 +161,7 @@ func (f *tokensFile[S]) reload() {
 		f.log.Warn(f.what+" file removed: every one of its tokens is revoked until it is back", "file", f.path)
 		return
 	}
-	set, fi, err := f.read()
+	set, _, stamp, err := f.read()
 	if err != nil {
 		// Remember the bad version, so it is reported once, not every poll.
 		f.stamp = seen
@@ -147,7 +170,7 @@ func (f *tokensFile[S]) reload() {
 		return
 	}
 	f.set.Store(set)
-	f.stamp, f.lastErr = stampOf(fi), ""
+	f.stamp, f.lastErr = stamp, ""
 	f.log.Info(f.what+" reloaded", "file", f.path, "tokens", f.count(set))
 }
 
