@@ -203,7 +203,6 @@ func (s *Stream) lose(err error, slotGone bool, counted func()) bool {
 	return true
 }
 
-// update records a heartbeat's or re-acquire's answer.
 // rejoined records a re-acquire's grant: its expiry, whether it is still
 // degraded, and the pool keys it joined. It reports false, recording
 // nothing, when the stream was released meanwhile: the grant is nobody's,
@@ -214,16 +213,21 @@ func (s *Stream) rejoined(res limiter.AcquireResult) bool {
 	if s.released {
 		return false
 	}
-	if !res.ExpiresAt.IsZero() {
-		s.expiresAt = res.ExpiresAt
-	}
-	s.degraded, s.pools = res.Degraded, res.Pools
+	s.updateLocked(res.ExpiresAt, res.Degraded)
+	s.pools = res.Pools
 	return true
 }
 
+// update records a heartbeat's answer.
 func (s *Stream) update(expiresAt time.Time, degraded bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.updateLocked(expiresAt, degraded)
+}
+
+// updateLocked records an expiry (when known) and whether the slot is
+// degraded; s.mu is held.
+func (s *Stream) updateLocked(expiresAt time.Time, degraded bool) {
 	if !expiresAt.IsZero() {
 		s.expiresAt = expiresAt
 	}
