@@ -3,7 +3,6 @@ package limiter
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/joishi/limiter/pkg/keys"
@@ -131,8 +130,8 @@ func (l *Limiter) Acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		span.SetAttributes(attrCaller.String(req.Caller))
 	}
 	res, tier, err := l.acquire(ctx, req)
-	if err == nil && res.Granted && len(res.Pools) > 0 && req.Caller == "" {
-		l.joined.remember(req.UserID, res.StreamID, slices.Clone(res.Pools), time.Now())
+	if held := counted(res.Pools); err == nil && res.Granted && len(held) > 0 {
+		l.joined.remember(req.UserID, res.StreamID, req.Caller, held, time.Now())
 	}
 	if span.IsRecording() {
 		span.SetAttributes(tierAttrs(tier, attrGranted.Bool(res.Granted), attrUsed.Int(res.Used),

@@ -63,18 +63,32 @@ func (l *Limiter) heartbeat(ctx context.Context, req HeartbeatRequest) (Heartbea
 		return HeartbeatResult{StreamID: req.StreamID}, tier, err
 	}
 	end := l.decisionEnd() // the slot's and its memberships' (DESIGN §10 P4)
+	later := l.beatRememberedLater(ctx, end, []HeartbeatRequest{req}, []tiers.Tier{tier}, []int{0})
 	var beat lua.Beat
 	err = l.doBy(ctx, end, "heartbeat", func(ctx context.Context, c rueidis.Client) (err error) {
 		beat, err = lua.Heartbeat(ctx, c, req.Caller, key, req.StreamID, tier.SlotTTL)
 		return err
 	})
+	later.wait()
 	if err == nil && beat.Pruned > 0 {
 		l.wake(ctx, key) // slots freed: whoever waits for them looks
 	}
 	res, err := l.beatResult(ctx, req, tier, beat, err)
-	if err == nil && res.Alive && !res.Degraded && len(beat.Pools) > 0 {
+	if err != nil {
+		return res, tier, err
+	}
+	held, ttl := beat.Pools, membersTTL(beat, tier)
+	switch {
+	case res.Degraded && later.apply(0, &res, &err):
+		return res, tier, err
+	case res.Degraded:
+		held, ttl = l.joined.peek(req.UserID, req.StreamID), degradedTTL(tier)
+	case res.Alive && len(held) > 0:
+		l.joined.remember(req.UserID, req.StreamID, req.Caller, held, time.Now())
+	}
+	if res.Alive && len(held) > 0 {
 		results, errs := []HeartbeatResult{res}, []error{nil}
-		l.beatPools(ctx, end, []HeartbeatRequest{req}, []memberTTL{membersTTL(beat, tier)}, [][]lua.PoolKey{beat.Pools}, results, errs)
+		l.beatPools(ctx, end, []HeartbeatRequest{req}, []memberTTL{ttl}, [][]lua.PoolKey{held}, results, errs)
 		res, err = results[0], errs[0]
 	}
 	return res, tier, err
@@ -105,13 +119,16 @@ func (l *Limiter) HeartbeatBatch(ctx context.Context, reqs []HeartbeatRequest) (
 	if len(args) > 0 {
 		var pooled [][]lua.PoolKey // the memberships of the slots kept alive, by request; nil: none
 		var ttls []memberTTL
+		beaten := false // a slot kept alive in Redis names pool keys: remembered
 		var beats []lua.Beat
 		var beatErrs []error
 		end := l.decisionEnd() // the slots' and their memberships' (DESIGN §10 P4)
+		later := l.beatRememberedLater(ctx, end, reqs, tiersOf, index)
 		callErr := l.doBy(ctx, end, "heartbeat_batch", func(ctx context.Context, c rueidis.Client) error {
 			beats, beatErrs = lua.HeartbeatMulti(ctx, c, args, l.redis.NodeOf)
 			return errors.Join(beatErrs...)
 		})
+		later.wait()
 		for j, i := range index {
 			var beat lua.Beat
 			err := callErr // set alone when not connected
@@ -122,12 +139,23 @@ func (l *Limiter) HeartbeatBatch(ctx context.Context, reqs []HeartbeatRequest) (
 				l.wake(ctx, args[j].Key) // slots freed: whoever waits for them looks
 			}
 			results[i], errs[i] = l.beatResult(ctx, reqs[i], tiersOf[i], beat, err)
-			if errs[i] == nil && results[i].Alive && !results[i].Degraded && len(beat.Pools) > 0 {
+			held, ttl := beat.Pools, membersTTL(beat, tiersOf[i])
+			switch {
+			case results[i].Degraded && later.apply(i, &results[i], &errs[i]):
+				continue
+			case results[i].Degraded:
+				held, ttl = l.joined.peek(reqs[i].UserID, reqs[i].StreamID), degradedTTL(tiersOf[i])
+			}
+			if errs[i] == nil && results[i].Alive && len(held) > 0 {
 				if pooled == nil {
 					pooled, ttls = make([][]lua.PoolKey, len(reqs)), make([]memberTTL, len(reqs))
 				}
-				pooled[i], ttls[i] = beat.Pools, membersTTL(beat, tiersOf[i])
+				pooled[i], ttls[i] = held, ttl
+				beaten = beaten || !results[i].Degraded
 			}
+		}
+		if beaten {
+			l.joined.rememberBeats(reqs, results, pooled, time.Now())
 		}
 		if pooled != nil {
 			l.beatPools(ctx, end, reqs, ttls, pooled, results, errs)
@@ -209,4 +237,81 @@ func (l *Limiter) beatResult(ctx context.Context, req HeartbeatRequest, tier tie
 	default:
 		return res, err
 	}
+}
+
+// rememberedLater is the refresh of the memberships this Limiter
+// remembers (joinedGrants) for streams whose heartbeat their users' slots
+// have not answered half a per-call timeout in: sent then, beside the
+// users' call still on its way, so that a stream its user's shard leaves
+// degraded (down, hung, slower than the timeout) keeps its places in the
+// pool keys whose shards answer within the same decision (DESIGN §10: a
+// node that is down never stops heartbeats to slots on healthy nodes;
+// P4). They are kept as for a degraded stream (see beatPools), and the
+// answers are used for the streams the users' call left degraded. A
+// heartbeat answered in time sends nothing more; one answered degraded
+// at once (its node refused the connection) refreshes them after, with
+// the decision's time left.
+type rememberedLater struct {
+	timer   *time.Timer
+	done    chan struct{}
+	ran     bool            // set before done is closed
+	pooled  [][]lua.PoolKey // by request; nil: none remembered
+	results []HeartbeatResult
+	errs    []error
+}
+
+// beatRememberedLater starts the rememberedLater of reqs[index[j]] (their
+// tiers tiersOf), by end; nil when this Limiter remembers no stream's
+// pool keys. reqs, tiersOf and index must not change until wait returns.
+func (l *Limiter) beatRememberedLater(ctx context.Context, end time.Time, reqs []HeartbeatRequest, tiersOf []tiers.Tier, index []int) *rememberedLater {
+	if l.joined.len() == 0 {
+		return nil
+	}
+	r := &rememberedLater{done: make(chan struct{})}
+	r.timer = time.AfterFunc(l.redis.Timeout()/2, func() {
+		defer close(r.done)
+		var pooled [][]lua.PoolKey
+		var ttls []memberTTL
+		var results []HeartbeatResult
+		for _, i := range index {
+			held := l.joined.peek(reqs[i].UserID, reqs[i].StreamID)
+			if len(held) == 0 {
+				continue
+			}
+			if pooled == nil {
+				pooled, ttls, results = make([][]lua.PoolKey, len(reqs)), make([]memberTTL, len(reqs)), make([]HeartbeatResult, len(reqs))
+			}
+			pooled[i], ttls[i] = held, degradedTTL(tiersOf[i])
+			results[i] = HeartbeatResult{Alive: true, Degraded: true}
+		}
+		if pooled == nil {
+			return
+		}
+		errs := make([]error, len(reqs))
+		l.beatPools(ctx, end, reqs, ttls, pooled, results, errs)
+		r.ran, r.pooled, r.results, r.errs = true, pooled, results, errs
+	})
+	return r
+}
+
+// wait stops the refresh if it has not started, else waits for its end.
+func (r *rememberedLater) wait() {
+	if r != nil && !r.timer.Stop() {
+		<-r.done
+	}
+}
+
+// apply answers request i, left degraded by its user's slot, from the
+// refresh of its memberships, when the refresh ran for it: alive and
+// degraded still, or what a membership answered (lost, another caller's,
+// its pool failing closed). It reports whether it did. After wait.
+func (r *rememberedLater) apply(i int, res *HeartbeatResult, err *error) bool {
+	if r == nil || !r.ran || r.pooled[i] == nil {
+		return false
+	}
+	if e := r.errs[i]; e != nil {
+		res.Alive, res.ExpiresAt, res.Degraded = false, time.Time{}, r.results[i].Degraded
+		*err = e
+	}
+	return true
 }

@@ -645,9 +645,21 @@ type poolBeat struct {
 // TTL, as the slot's record holds it (own), so that the memberships' own
 // records need not be read; else the plan's, a fallback for memberships
 // without a record of their own TTL.
+//
+// unchecked: the user's slot did not answer (degraded), so no script
+// checked who holds the stream: the memberships' own records give their
+// TTL and are checked against the heartbeat's caller, and a lost one is
+// not dropped beside the slot (see beatPools).
 type memberTTL struct {
-	ttl time.Duration
-	own bool
+	ttl       time.Duration
+	own       bool
+	unchecked bool
+}
+
+// degradedTTL is the memberTTL of a stream whose heartbeat its user's
+// slot did not answer, of tier.
+func degradedTTL(tier tiers.Tier) memberTTL {
+	return memberTTL{ttl: tier.SlotTTL, unchecked: true}
 }
 
 // membersTTL is the memberTTL of the stream whose slot beat kept alive,
@@ -667,6 +679,14 @@ func membersTTL(beat lua.Beat, tier tiers.Tier) memberTTL {
 // and the pools' places for a TTL. A pool whose shard does not answer
 // applies its failure mode: Open keeps the slot alive (degraded), Closed
 // answers ErrUnavailable.
+//
+// A stream whose user's slot did not answer (ttls[i].unchecked: the
+// heartbeat is degraded, and its pool keys are those this Limiter
+// remembers) keeps its memberships all the same, on the shards that
+// answer, for the caller their records name (ErrNotSlotHolder for
+// another); one found lost ends it (ErrSlotLost), but is not dropped
+// beside its slot: no script checked who holds that, and it frees
+// itself by its TTL.
 func (l *Limiter) beatPools(ctx context.Context, end time.Time, reqs []HeartbeatRequest, ttls []memberTTL, pooled [][]lua.PoolKey, results []HeartbeatResult, errs []error) {
 	var beats []poolBeat
 	var args []lua.HeartbeatArgs
@@ -677,7 +697,11 @@ func (l *Limiter) beatPools(ctx context.Context, end time.Time, reqs []Heartbeat
 				continue
 			}
 			beats = append(beats, poolBeat{at: i, pool: p})
-			args = append(args, lua.HeartbeatArgs{Key: slots, StreamID: poolMember(reqs[i].UserID, reqs[i].StreamID), TTL: ttls[i].ttl, Own: ttls[i].own})
+			arg := lua.HeartbeatArgs{Key: slots, StreamID: poolMember(reqs[i].UserID, reqs[i].StreamID), TTL: ttls[i].ttl, Own: ttls[i].own}
+			if ttls[i].unchecked {
+				arg.Caller = reqs[i].Caller
+			}
+			args = append(args, arg)
 		}
 	}
 	if len(args) == 0 {
@@ -710,11 +734,20 @@ func (l *Limiter) beatPools(ctx context.Context, end time.Time, reqs []Heartbeat
 		}
 		scope := b.pool.Pool + "=" + b.pool.Key
 		switch {
-		case err == nil && beat.Alive:
+		case err == nil && (beat.Alive || beat.NoTTL):
+			// Alive; or held, with no TTL of its own (a stream's own
+			// records always have one): left as it is.
+		case err == nil && beat.NotHolder:
+			// Another caller's stream (its user's slot did not answer,
+			// so this is the first script to check): nothing changed.
+			results[i].Alive, results[i].ExpiresAt, results[i].Degraded = false, time.Time{}, false
+			errs[i] = fmt.Errorf("%w: stream %q of user %q, a member of pool %s", ErrNotSlotHolder, reqs[i].StreamID, reqs[i].UserID, scope)
 		case err == nil:
 			results[i].Alive, results[i].ExpiresAt = false, time.Time{}
 			errs[i] = fmt.Errorf("%w: stream %q: its membership of pool %s", ErrSlotLost, reqs[i].StreamID, scope)
-			lost = append(lost, i)
+			if !ttls[i].unchecked {
+				lost = append(lost, i)
+			}
 		default:
 			pool, ok := l.pools.LookupHeld(b.pool.Pool)
 			if ok && pool.FailureMode == tiers.FailClosed {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,22 +35,11 @@ func TestAPoolOnAHungMasterAnswersByItsFailureModeWithinOneDeadline(t *testing.T
 	// P4's bound, and room for a loaded machine under -race: still less
 	// than the two deadlines of an acquire whose pool steps had one each.
 	const bound, slack = timeout + 100*time.Millisecond, 200 * time.Millisecond
-	cl := testenv.StartPrivateCluster(t)
+	cl := startHangableCluster(t)
+	nodes := dialNodes(t, cl.Addrs)
 	schema := keys.Schema{Prefix: "limitertest:" + keys.NewStreamID()[:12] + ":"}
 
 	// Pool keys and users on the master to stop and on the others.
-	// The stopped master stays a master, and the others serve their own
-	// slots meanwhile, as a cluster that one hung node must not stop is
-	// configured: no failover within the test, and no CLUSTERDOWN for the
-	// slots that are served.
-	nodes := dialNodes(t, cl.Addrs)
-	for _, n := range nodes {
-		for _, set := range [][2]string{{"cluster-node-timeout", "60000"}, {"cluster-require-full-coverage", "no"}} {
-			if err := n.client.Do(context.Background(), n.client.B().ConfigSet().ParameterValue().ParameterValue(set[0], set[1]).Build()).Error(); err != nil {
-				t.Fatalf("CONFIG SET %s %s on %s: %v", set[0], set[1], n.addr, err)
-			}
-		}
-	}
 	hung := cl.MasterOf(mustPoolKey(t, schema, "model", "m-0"))
 	find := func(what string, on bool, key func(i int) (string, string)) string {
 		t.Helper()
@@ -232,6 +222,117 @@ func TestAPoolOnAHungMasterAnswersByItsFailureModeWithinOneDeadline(t *testing.T
 	}
 	if errs[1] != nil || !beats[1].Alive || !beats[1].Degraded {
 		t.Errorf("batch: the stream in pools on the stopped master: %+v, %v; want alive, degraded", beats[1], errs[1])
+	}
+}
+
+// startHangableCluster starts a private cluster configured as one that a
+// hung node must not stop: its stopped master stays a master, and the
+// others serve their own slots meanwhile (no failover within a test,
+// and no CLUSTERDOWN for the slots that are served).
+func startHangableCluster(t *testing.T) *testenv.PrivateCluster {
+	t.Helper()
+	cl := testenv.StartPrivateCluster(t)
+	for _, n := range dialNodes(t, cl.Addrs) {
+		for _, set := range [][2]string{{"cluster-node-timeout", "60000"}, {"cluster-require-full-coverage", "no"}} {
+			if err := n.client.Do(context.Background(), n.client.B().ConfigSet().ParameterValue().ParameterValue(set[0], set[1]).Build()).Error(); err != nil {
+				t.Fatalf("CONFIG SET %s %s on %s: %v", set[0], set[1], n.addr, err)
+			}
+		}
+	}
+	return cl
+}
+
+// TestMembershipsOnHealthyShardsOutliveTheUsersShardsOutage (DESIGN §10:
+// a node that is down never stops heartbeats to slots on healthy nodes;
+// §16: no cap is exceeded): the master of a user's slot hangs (SIGSTOP)
+// while the pool key its stream joined (cap 1, failing closed) is on a
+// healthy master. The stream heartbeats for three TTLs, degraded (its plan
+// fails open), alone and in a batch: its membership, whose key answers,
+// is kept alive all the same, so the key still refuses another stream.
+// Another caller's heartbeat of it is ErrNotSlotHolder, and a
+// membership removed meanwhile ends the stream (ErrSlotLost naming the
+// pool).
+func TestMembershipsOnHealthyShardsOutliveTheUsersShardsOutage(t *testing.T) {
+	t.Parallel()
+	cl := startHangableCluster(t)
+	schema := keys.Schema{Prefix: "limitertest:" + keys.NewStreamID()[:12] + ":"}
+	hung := cl.MasterOf(mustPoolKey(t, schema, "model", "m-0"))
+	var user, other, model string
+	for i := 0; i < 5000 && (user == "" || other == "" || model == ""); i++ {
+		u := newUser(t)
+		k, _ := schema.UserKey(u)
+		switch {
+		case cl.MasterOf(k) == hung && user == "":
+			user = u
+		case cl.MasterOf(k) != hung && other == "":
+			other = u
+		}
+		if mk := fmt.Sprintf("k-%d", i); model == "" && cl.MasterOf(mustPoolKey(t, schema, "model", mk)) != hung {
+			model = mk
+		}
+	}
+	if user == "" || other == "" || model == "" {
+		t.Fatalf("no user on %s, or no user or pool key off it", hung)
+	}
+	const ttl, timeout = 2 * time.Second, 200 * time.Millisecond
+	table := poolTable(t, pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), FailureMode: tiers.FailClosed})
+	ts := []tiers.Tier{{Plan: "t", MaxConcurrentStreams: 3, SlotTTL: ttl, HeartbeatInterval: ttl / 4, FailureMode: tiers.FailOpen}}
+	lim := limitertest.New(t, limitertest.Options{Redis: cluster.Options{Addrs: cl.Addrs, Timeout: timeout},
+		Tiers: ts, Limiter: limiter.Options{Keys: schema, Pools: table}}).Limiter
+	ctx := context.Background()
+	joins := map[string]string{"model": model}
+	res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "t", Caller: "a", Pools: joins})
+	if err != nil || !res.Granted || res.Degraded {
+		t.Fatalf("acquire: %+v, %v", res, err)
+	}
+	if r, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: other, Plan: "t", Caller: "a", Pools: joins}); err != nil || r.Granted {
+		t.Fatalf("another stream before the outage: %+v, %v; want refused by model=%s", r, err, model)
+	}
+	testenv.Pause(t, hung)
+
+	req := limiter.HeartbeatRequest{UserID: user, Plan: "t", StreamID: res.StreamID, Caller: "a"}
+	for i, end := 0, time.Now().Add(3*ttl); time.Now().Before(end); i++ {
+		start := time.Now()
+		beat, err := lim.Heartbeat(ctx, req)
+		if i%2 == 1 {
+			beats, errs := lim.HeartbeatBatch(ctx, []limiter.HeartbeatRequest{req})
+			beat, err = beats[0], errs[0]
+		}
+		if err != nil || !beat.Alive || !beat.Degraded {
+			t.Fatalf("heartbeat %d in the user's shard's outage: %+v, %v; want alive, degraded", i, beat, err)
+		}
+		// One decision (P4: the timeout + 100ms; and room for -race).
+		if d := time.Since(start); d > timeout+300*time.Millisecond {
+			t.Errorf("heartbeat %d in the user's shard's outage answered in %v; want within one decision", i, d)
+		}
+		time.Sleep(ttl / 4)
+	}
+	if key, err := lim.PoolSlots(ctx, "model", model); err != nil || key.Used != 1 {
+		t.Errorf("model=%s after three TTLs of degraded heartbeats: used %d, %v; want its one member", model, key.Used, err)
+	}
+	r, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: other, Plan: "t", Caller: "a", Pools: joins})
+	if err != nil || r.Granted || r.RefusedBy == nil || r.RefusedBy.Key != model {
+		t.Errorf("another stream joining model=%s (cap 1, its shard healthy) while the first runs on: %+v, %v; want refused", model, r, err)
+	}
+
+	hostile := req
+	hostile.Caller = "b"
+	if beat, err := lim.Heartbeat(ctx, hostile); !errors.Is(err, limiter.ErrNotSlotHolder) || beat.Alive {
+		t.Errorf("caller b's heartbeat of caller a's stream in the outage: %+v, %v; want ErrNotSlotHolder", beat, err)
+	}
+	if key, err := lim.PoolSlots(ctx, "model", model); err != nil || key.Used != 1 {
+		t.Errorf("model=%s after caller b's heartbeat: used %d, %v; want caller a's member kept", model, key.Used, err)
+	}
+
+	// The membership removed (support, or its TTL run out unseen): the
+	// stream is over, and the heartbeat says which scope lost it.
+	pk := mustPoolKey(t, schema, "model", model)
+	n := dialNodes(t, []string{cl.MasterOf(pk)})[0]
+	if err := n.client.Do(ctx, n.client.B().Zrem().Key(pk).Member(res.StreamID+" "+user).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if beat, err := lim.Heartbeat(ctx, req); !errors.Is(err, limiter.ErrSlotLost) || !strings.Contains(err.Error(), "pool model="+model) || beat.Alive {
+		t.Errorf("heartbeat after the membership went: %+v, %v; want ErrSlotLost naming pool model=%s", beat, err, model)
 	}
 }
 

@@ -93,10 +93,11 @@ func (l *Limiter) releaseBy(ctx context.Context, end time.Time, caller, userID, 
 	var along []lua.Member // the memberships that leave beside the slot
 	if caller == "" {
 		// What this Limiter's grant joined, when the caller kept nothing.
-		if remembered := l.joined.take(userID, streamID); joined == nil {
-			joined = remembered
+		held := l.joined.take(userID, streamID)
+		if joined != nil {
+			held = counted(joined)
 		}
-		along = l.joinedMembers(userID, streamID, joined)
+		along = l.heldMembers(userID, streamID, held)
 	}
 	var got lua.Released
 	var left []lua.Released // along's answers
@@ -140,21 +141,6 @@ func (l *Limiter) releaseBy(ctx context.Context, end time.Time, caller, userID, 
 		l.leaveLater(ctx, l.leaveAll(ctx, end, held))
 	}
 	return ReleaseResult{Released: got.Released}, nil
-}
-
-// joinedMembers are the memberships of the pool keys a stream's grant
-// joined (those a degraded grant did not count are not held).
-func (l *Limiter) joinedMembers(userID, streamID string, joined []PoolGrant) []lua.Member {
-	var out []lua.Member
-	for _, g := range joined {
-		if g.Degraded {
-			continue
-		}
-		if slots, err := l.keys.PoolKey(g.Pool, g.Key); err == nil {
-			out = append(out, lua.Member{Key: slots, ID: poolMember(userID, streamID)})
-		}
-	}
-	return out
 }
 
 // notLeft returns the sorted sets of the pool keys named (by a released
