@@ -13,7 +13,55 @@ import (
 // decodeHook turns what the file, the environment and flags hold into
 // Config's field types.
 func decodeHook() mapstructure.DecodeHookFunc {
-	return mapstructure.ComposeDecodeHookFunc(durationHook, stringListHook, stringMapHook)
+	return mapstructure.ComposeDecodeHookFunc(typeHook, durationHook, stringListHook, stringMapHook)
+}
+
+// typeHook refuses the values of another type that the decoder, weakly
+// typed for the environment's strings, would turn into something else
+// without a word: true as a duration (1ns) or a number (1), a fraction
+// as a whole number (1.5 as 1), a number as true or false (1 as true),
+// and true or false as a string ("1"). A number as a string ("123" for
+// a password written unquoted) is taken as written.
+func typeHook(from, to reflect.Type, data any) (any, error) {
+	for to.Kind() == reflect.Pointer {
+		to = to.Elem() // an optional field: the value's type is its element's
+	}
+	switch {
+	case from.Kind() == reflect.Bool && to.Kind() != reflect.Bool && to.Kind() != reflect.Interface:
+		return nil, fmt.Errorf("%v is true or false, not %s", data, kindName(to))
+	case to.Kind() == reflect.Bool && from.Kind() != reflect.Bool && from.Kind() != reflect.String:
+		return nil, fmt.Errorf("%v is not true or false", data)
+	case isFloat(from.Kind()) && isWhole(to) && to != reflect.TypeFor[time.Duration]():
+		if f := reflect.ValueOf(data).Float(); f != float64(int64(f)) {
+			return nil, fmt.Errorf("%v is not a whole number", data)
+		}
+	}
+	return data, nil
+}
+
+func isFloat(k reflect.Kind) bool { return k == reflect.Float32 || k == reflect.Float64 }
+
+// isWhole reports whether t is an integer type.
+func isWhole(t reflect.Type) bool {
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return true
+	}
+	return false
+}
+
+// kindName names what a field of type t holds, for an error.
+func kindName(t reflect.Type) string {
+	switch {
+	case t == reflect.TypeFor[time.Duration]():
+		return "a duration: write one like 250ms, 15s or 2m"
+	case isWhole(t):
+		return "a whole number"
+	case t.Kind() == reflect.String:
+		return "a string (quote it)"
+	}
+	return "a " + t.Kind().String()
 }
 
 // durationHook parses durations and refuses bare numbers: "timeout: 250"

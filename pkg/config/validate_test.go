@@ -189,3 +189,30 @@ func checkEdits(t *testing.T, cases []editCase) {
 		})
 	}
 }
+
+// TestLoadRefusesAValueOfAnotherType: a scalar key written in the file
+// with a value of another type stops the start naming the key, rather
+// than being turned into something else (true as a timeout was 1ns, and
+// every acquire of a plan failing open was granted degraded, uncapped);
+// the environment's strings are read as before.
+func TestLoadRefusesAValueOfAnotherType(t *testing.T) {
+	cases := []struct{ file, want string }{
+		{"redis:\n  timeout: true\n", "redis.timeout"},
+		{"http:\n  shutdownGrace: true\n", "true is true or false, not a duration"},
+		{"http:\n  readHeaderTimeout: false\n", "http.readHeaderTimeout"},
+		{"admin:\n  auditMaxLen: 1.5\n", "1.5 is not a whole number"},
+		{"admin:\n  auditMaxLen: true\n", "not a whole number"},
+		{"redis:\n  addrs: [r:6379]\n  syncReplicas: 1.9\n", "redis.syncReplicas"},
+		{"redis:\n  requiredForReadiness: 1\n", "1 is not true or false"},
+		{"redis:\n  keyPrefix: true\n", "not a string (quote it)"},
+	}
+	for _, c := range cases {
+		wantLoadError(t, c.file, nil, c.want)
+	}
+	cfg, err := load(t, "redis:\n  keyPrefix: 123456\n  syncReplicas: 1.0\n  addrs: [r:6379]\n", map[string]string{
+		"LIMITER_REDIS_TIMEOUT": "2s", "LIMITER_REDIS_REQUIREDFORREADINESS": "true", "LIMITER_ADMIN_AUDITMAXLEN": "500"})
+	if err != nil || cfg.Redis.KeyPrefix != "123456" || cfg.Redis.SyncReplicas != 1 || cfg.Redis.Timeout != 2*time.Second ||
+		!cfg.Redis.RequiredForReadiness || cfg.Admin.AuditMaxLen != 500 {
+		t.Errorf("a number as a key prefix, a whole 1.0 and the environment's strings: %+v, %v; want them read", cfg.Redis, err)
+	}
+}
