@@ -2,13 +2,19 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/joishi/limiter/internal/servetest"
+	"github.com/joishi/limiter/internal/testenv"
 )
 
 // proxyError is the OpenAI-shaped error body of the proxy.
@@ -155,5 +161,51 @@ func TestProxyRefusesBadInput(t *testing.T) {
 	resp.Body.Close()
 	if e.llm.requests.Load() != 1 {
 		t.Error("GET /v1/models (not a limited route) did not reach the upstream")
+	}
+}
+
+// TestProxyServesHTTPTLS: with http.tls set, `limiter proxy` serves its
+// listener over TLS, as serve does its API (a plain-HTTP request is
+// refused, not served), and a stream through it holds its slot as any;
+// the ops listener stays plain HTTP for the probes.
+func TestProxyServesHTTPTLS(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	ca := testenv.NewCA(t)
+	certFile, keyFile := ca.IssueFiles(t, dir, "proxy", testenv.CertSpec{CommonName: "limiter", IPs: []string{"127.0.0.1"}})
+	e := startProxy(t, fmt.Sprintf("http:\n  tls:\n    certFile: %q\n    keyFile: %q\n", certFile, keyFile))
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca.PEM)
+	transport := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}
+	t.Cleanup(transport.CloseIdleConnections)
+	client := &http.Client{Transport: transport, Timeout: 10 * time.Second}
+	url := strings.Replace(e.proc.API, "http://", "https://", 1) + "/v1/chat/completions"
+	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+
+	plain, err := http.Post(e.proc.API+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err == nil {
+		plain.Body.Close()
+		if plain.StatusCode != http.StatusBadRequest {
+			t.Errorf("plain HTTP to the TLS listener: %d; want refused", plain.StatusCode)
+		}
+	}
+
+	user := "tls-" + randomID()
+	req, _ := http.NewRequest("POST", url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-User-Id", user)
+	req.Header.Set("X-Plan", "free")
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("a stream over TLS: %v\n%s", err, e.proc.Output())
+	}
+	data, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.TLS == nil || !strings.Contains(string(data), "[DONE]") {
+		t.Fatalf("a stream over TLS: %d, TLS %v, %q; want the llm's stream", resp.StatusCode, resp.TLS != nil, data)
+	}
+	e.awaitUsed(t, user, 0, 5*time.Second)
+	if status, _ := servetest.Get(e.proc.Ops + "/readyz"); status != http.StatusOK {
+		t.Errorf("ops /readyz over plain HTTP: %d; want 200", status)
 	}
 }

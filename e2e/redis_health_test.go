@@ -81,41 +81,53 @@ func TestServeShowsARedisThatAnswers(t *testing.T) {
 
 // TestServeReadinessRequiringRedis: with redis.requiredForReadiness, /readyz
 // is 503 until Redis first answers, then 200, and stays 200 through a later
-// outage (it gates the start, it never follows Redis). Without it, serve is
-// ready while Redis is unreachable (the test above).
+// outage (it gates the start, it never follows Redis); for serve and for
+// `limiter proxy` alike. Without it, serve is ready while Redis is
+// unreachable (the test above).
 func TestServeReadinessRequiringRedis(t *testing.T) {
 	t.Parallel()
-	proxy := testenv.StartProxy(t, testenv.Redis(t))
-	proxy.BlackHole()
-	config := serveConfig([]string{proxy.Addr()}, "e2e-health:", "    - plan: free\n      maxConcurrentStreams: 1\n")
-	proc := servetest.Start(t, servetest.Options{
-		Config:      config,
-		Env:         []string{"LIMITER_REDIS_REQUIREDFORREADINESS=true"},
-		NoWaitReady: true,
-	})
-	for range 10 {
-		if status, body := servetest.Get(proc.Ops + "/readyz"); status != http.StatusServiceUnavailable || !strings.Contains(body, "redis") {
-			t.Fatalf("/readyz before Redis answered: %d %q, want 503 naming redis", status, body)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	for _, command := range []string{"serve", "proxy"} {
+		t.Run(command, func(t *testing.T) {
+			t.Parallel()
+			proxy := testenv.StartProxy(t, testenv.Redis(t))
+			proxy.BlackHole()
+			config := serveConfig([]string{proxy.Addr()}, "e2e-health:", "    - plan: free\n      maxConcurrentStreams: 1\n")
+			if command == "proxy" {
+				config += "proxy:\n  upstream: \"http://127.0.0.1:1\"\n"
+			}
+			proc := servetest.Start(t, servetest.Options{
+				Command:     command,
+				Config:      config,
+				Env:         []string{"LIMITER_REDIS_REQUIREDFORREADINESS=true"},
+				NoWaitReady: true,
+			})
+			// Past the client's warm-up bound too (2s): then only the
+			// setting holds readiness.
+			for range 30 {
+				if status, body := servetest.Get(proc.Ops + "/readyz"); status != http.StatusServiceUnavailable || !strings.Contains(body, "redis") {
+					t.Fatalf("/readyz before Redis answered: %d %q, want 503 naming redis", status, body)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
 
-	proxy.Restore()
-	ready := false
-	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if status, _ := servetest.Get(proc.Ops + "/readyz"); status == http.StatusOK {
-			ready = true
-			break
-		}
-	}
-	if !ready {
-		t.Fatalf("/readyz not 200 within 15s of Redis answering\n%s", proc.Output())
-	}
-	redisUp(t, proc, 1, 5*time.Second)
+			proxy.Restore()
+			ready := false
+			for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+				if status, _ := servetest.Get(proc.Ops + "/readyz"); status == http.StatusOK {
+					ready = true
+					break
+				}
+			}
+			if !ready {
+				t.Fatalf("/readyz not 200 within 15s of Redis answering\n%s", proc.Output())
+			}
+			redisUp(t, proc, 1, 5*time.Second)
 
-	proxy.BlackHole()
-	redisUp(t, proc, 0, 15*time.Second)
-	if status, body := servetest.Get(proc.Ops + "/readyz"); status != http.StatusOK {
-		t.Errorf("/readyz during a later outage: %d %q, want 200 (readiness never follows Redis once it answered)", status, body)
+			proxy.BlackHole()
+			redisUp(t, proc, 0, 15*time.Second)
+			if status, body := servetest.Get(proc.Ops + "/readyz"); status != http.StatusOK {
+				t.Errorf("/readyz during a later outage: %d %q, want 200 (readiness never follows Redis once it answered)", status, body)
+			}
+		})
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -99,14 +100,20 @@ func runProxy(ctx context.Context, cfg config.Config, deps serveDeps) error {
 		if err != nil {
 			return err
 		}
-		opts.Tiers, opts.Logger, opts.Warmed = s.tables.tiers, logger, s.engine.redis.Warmed
+		opts.Tiers, opts.Logger, opts.Warmed = s.tables.tiers, logger, redisReady(s.engine.redis, cfg.Redis.RequiredForReadiness)
 		opts.MeterProvider, opts.Propagator = tel.MeterProvider, tel.Propagator
 		opts.Middleware, opts.Metrics = tel.Middleware, tel.MetricsHandler()
 		p, err := proxy.New(holder, ident, opts)
 		if err != nil {
 			return fmt.Errorf("%w: %w", config.ErrInvalid, err)
 		}
-		err = p.Run(ctx, proxy.Listeners{Proxy: cfg.Proxy.Listen, Ops: cfg.Ops.Addr,
+		var tlsConfig *tls.Config // http.tls: the proxy's listener serves it, as serve's API listener does
+		if files := cfg.HTTP.TLS.Files(); files.CertFile != "" || files.KeyFile != "" {
+			if tlsConfig, err = files.Config(logger); err != nil {
+				return fmt.Errorf("%w: %w", config.ErrInvalid, err)
+			}
+		}
+		err = p.Run(ctx, proxy.Listeners{Proxy: cfg.Proxy.Listen, Ops: cfg.Ops.Addr, TLS: tlsConfig,
 			ReadHeaderTimeout: cfg.HTTP.ReadHeaderTimeout, IdleTimeout: cfg.HTTP.IdleTimeout}, cfg.HTTP.ShutdownGrace)
 		return upstreamHint(listenError(err, "proxy.listen", "ops.addr"), cfg)
 	})

@@ -108,8 +108,9 @@ type Options struct {
 	// Warmed reports whether the Redis client has warmed up (learnt the
 	// cluster's slots, dialled every node, loaded the scripts) or given up
 	// within its bound (cluster.Client.Warmed): /readyz waits for it, so a
-	// new replica's first streams are neither unenforced nor slow. Default
-	// nil: not waited for.
+	// new replica's first streams are neither unenforced nor slow; and,
+	// with redis.requiredForReadiness, Redis's first answer too. It must
+	// stay true once true. Default nil: not waited for.
 	Warmed func() bool
 	// Logger receives stream grants, ends and upstream failures. Default
 	// slog.Default().

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -24,6 +25,11 @@ type Listeners struct {
 	// IdleTimeout bounds a kept-alive connection's wait for its next
 	// request. Default 2m.
 	IdleTimeout time.Duration
+	// TLS, when set, serves the proxy's listener over TLS (http.tls, see
+	// server.TLSFiles.Config). The ops listener stays plain HTTP, as
+	// serve's: probes and scrapers reach it inside the pod's network.
+	// Default nil: plain HTTP.
+	TLS *tls.Config
 }
 
 // Run serves until ctx ends, then drains: /readyz turns false, the
@@ -62,6 +68,7 @@ func (p *Proxy) Run(ctx context.Context, l Listeners, grace time.Duration) error
 		// text; up to it, the handler answers a JSON 431 past
 		// MaxHeaderBytes.
 		MaxHeaderBytes: 2 * p.opts.MaxHeaderBytes,
+		TLSConfig:      l.TLS,
 	}
 	ops := &http.Server{Handler: p.OpsHandler(), ReadHeaderTimeout: l.ReadHeaderTimeout, ReadTimeout: 10 * time.Second,
 		WriteTimeout: 10 * time.Second, IdleTimeout: l.IdleTimeout}
@@ -69,7 +76,11 @@ func (p *Proxy) Run(ctx context.Context, l Listeners, grace time.Duration) error
 	errc := make(chan error, 2)
 	go func() { errc <- serve(srv, proxyLn) }()
 	go func() { errc <- serve(ops, opsLn) }()
-	p.log.Info("proxying", "listen", "http://"+proxyLn.Addr().String(), "upstream", p.opts.Upstream.Redacted(),
+	scheme := "http://"
+	if l.TLS != nil {
+		scheme = "https://"
+	}
+	p.log.Info("proxying", "listen", scheme+proxyLn.Addr().String(), "upstream", p.opts.Upstream.Redacted(),
 		"ops", "http://"+opsLn.Addr().String(), "routes", p.opts.Routes)
 
 	select {
@@ -103,8 +114,15 @@ func (p *Proxy) Run(ctx context.Context, l Listeners, grace time.Duration) error
 	return drainErr
 }
 
+// serve serves srv on ln, over TLS when srv has a TLS configuration.
 func serve(srv *http.Server, ln net.Listener) error {
-	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+	var err error
+	if srv.TLSConfig != nil {
+		err = srv.ServeTLS(ln, "", "") // the certificate comes from TLSConfig.GetCertificate
+	} else {
+		err = srv.Serve(ln)
+	}
+	if !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil
@@ -119,6 +137,6 @@ func (p *Proxy) OpsHandler() http.Handler {
 	return opsmux.Handler(p.opts.Metrics,
 		opsmux.Check{Reason: "draining", Failing: p.draining.Load},
 		opsmux.Check{Reason: "tiers not synced yet", Failing: func() bool { return !p.opts.Tiers.IsSynced() }},
-		opsmux.Check{Reason: "redis client warming up", Failing: func() bool { return p.opts.Warmed != nil && !p.opts.Warmed() }},
+		opsmux.Check{Reason: "redis client warming up, or redis has not answered yet", Failing: func() bool { return p.opts.Warmed != nil && !p.opts.Warmed() }},
 	)
 }
