@@ -2,16 +2,18 @@ package admin_test
 
 import (
 	"context"
-	"github.com/joishi/limiter/internal/apitest"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/joishi/limiter/internal/apitest"
 	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/httpapi"
 	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/pools"
 )
 
 // TestAdminReleaseWhoseReplyIsLost: the connection to Redis drops after
@@ -79,4 +81,76 @@ func TestAdminReleaseWhoseReplyIsLost(t *testing.T) {
 			t.Errorf("override after the lost apitest.Reply: got %+v, %v; want it gone (the script ran)", listed.Override, err)
 		}
 	})
+}
+
+// TestAdminOverrideWhoseReplyIsLost: the set_override and remove_override
+// scripts run, and their replies are lost (every attempt's). The answer,
+// its audit record and limiter_overrides_active's count say what Redis
+// holds after: a set in force is answered and recorded as set, and
+// counted; a removal is outcome_unknown (whether it or the expiry took
+// the override is not known), and the override gone is no longer
+// counted. The admin API's outage answers name no plan and no user's
+// slots for a pool key.
+func TestAdminOverrideWhoseReplyIsLost(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	proxy := testenv.StartProxy(t, srv.Addr())
+	two := 2
+	table := pools.NewTable()
+	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "model", MaxConcurrentStreams: &two}.WithDefaults()}); err != nil {
+		t.Fatal(err)
+	}
+	e := newAdminEnvOn(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{proxy.Addr()}},
+		Limiter: limiter.Options{Pools: table}}, nil)
+	ctx := context.Background()
+	count := func() int {
+		t.Helper()
+		n, err := e.lim.ActiveOverrides(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// Loads the scripts.
+	warm := httpapi.AdminUserOverridePath(newUser())
+	r := e.do(t, adminCall{method: "POST", path: warm, token: operatorToken, body: `{"max_concurrent_streams":5,"expires_in":3600,"reason":"warm"}`})
+	apitest.Decode[httpapi.AdminOverrideResponse](t, r, http.StatusOK)
+	r = e.do(t, adminCall{method: "DELETE", path: warm, token: operatorToken, body: `{"reason":"warm"}`})
+	apitest.Decode[httpapi.AdminOverrideRemoveResponse](t, r, http.StatusOK)
+	for _, path := range []string{httpapi.AdminUserOverridePath(newUser()), httpapi.AdminPoolKeyOverridePath("model", "lost-"+strings.ToLower(newUser()))} {
+		before := count()
+
+		proxy.DropReplies(1 << 20)
+		r = e.do(t, adminCall{method: "POST", path: path, token: operatorToken, body: `{"max_concurrent_streams":5,"expires_in":3600,"reason":"ticket 1"}`})
+		proxy.DropReplies(0)
+		if r.Status != http.StatusOK {
+			t.Fatalf("%s: a set whose replies were lost, in force: %d %s; want 200", path, r.Status, r.Body)
+		}
+		if rec := e.streamRecords(t)[0]; rec.Outcome != httpapi.OutcomeOK || rec.Override == nil || rec.Override.MaxConcurrentStreams != 5 {
+			t.Errorf("%s: audit record of the set in force: outcome %q, override %+v; want ok, 5 streams", path, rec.Outcome, rec.Override)
+		}
+		if n := count(); n != before+1 {
+			t.Errorf("%s: limiter_overrides_active after the set in force: %d; want %d", path, n, before+1)
+		}
+
+		proxy.DropReplies(1 << 20)
+		r = e.do(t, adminCall{method: "DELETE", path: path, token: operatorToken, body: `{"reason":"ticket 1 done"}`})
+		proxy.DropReplies(0)
+		got := apitest.WantError(t, r, http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
+		if strings.Contains(got.Message, "user's slots") || strings.Contains(got.Message, "plan") {
+			t.Errorf("%s: the removal's answer %q names a user's slots or a plan", path, got.Message)
+		}
+		if rec := e.streamRecords(t)[0]; rec.Outcome != httpapi.CodeOutcomeUnknown {
+			t.Errorf("%s: audit record of the removal: outcome %q; want %s", path, rec.Outcome, httpapi.CodeOutcomeUnknown)
+		}
+		if n := count(); n != before {
+			t.Errorf("%s: limiter_overrides_active after the override went: %d; want %d", path, n, before)
+		}
+	}
+
+	proxy.BlackHole()
+	r = e.do(t, adminCall{method: "GET", path: httpapi.AdminUserSlotsPath(newUser()), token: viewerToken})
+	if got := apitest.WantError(t, r, http.StatusServiceUnavailable, httpapi.CodeUnavailable); strings.Contains(got.Message, "plan") {
+		t.Errorf("an admin listing in an outage answers %q: no plan fails closed here", got.Message)
+	}
 }

@@ -121,10 +121,18 @@ func (l *Limiter) setOverride(ctx context.Context, resolve func() (overrideScope
 		return Override{}, err
 	}
 	var stored lua.Override
+	sent := false
 	err = l.do(ctx, "set_override", func(ctx context.Context, c rueidis.Client) (err error) {
+		sent = true
 		stored, err = lua.SetOverride(ctx, c, scope.slots, req.MaxConcurrentStreams, req.For, req.Actor, req.Reason)
 		return err
 	})
+	if sent && err != nil && !errors.Is(err, ErrRedisRefused) {
+		// Its answer was lost: what Redis holds now says whether it is in
+		// force, so that the answer, its audit record and the count of
+		// overrides in force say so too.
+		stored, err = l.setAfterAll(ctx, scope, req, err)
+	}
 	if err != nil {
 		return Override{}, err
 	}
@@ -143,6 +151,28 @@ func (l *Limiter) setOverride(ctx context.Context, resolve func() (overrideScope
 		l.log.WarnContext(ctx, "override set, but not counted in limiter_overrides_active until it expires", "err", err)
 	}
 	return *overrideOf(stored, stored.SetAtMs), nil
+}
+
+// setAfterAll answers a set of req on scope whose answer was lost (lost,
+// its error) from the scope's override as Redis holds it now: set (this
+// call's, by its limit, actor and reason, in force), not set
+// (ErrUnavailable, as when the call never ran), or unknown when Redis
+// does not answer that either (ErrOutcomeUnknown).
+func (l *Limiter) setAfterAll(ctx context.Context, scope overrideScope, req OverrideRequest, lost error) (lua.Override, error) {
+	var now lua.Override
+	var found bool
+	err := l.do(ctx, "read_override", func(ctx context.Context, c rueidis.Client) (err error) {
+		now, found, err = lua.ReadOverride(ctx, c, scope.slots)
+		return err
+	})
+	switch {
+	case err != nil:
+		return lua.Override{}, fmt.Errorf("%w: %w", ErrOutcomeUnknown, lost)
+	case found && now.Limit == req.MaxConcurrentStreams && now.Actor == req.Actor && now.Reason == req.Reason &&
+		now.ExpiresAtMs > time.Now().UnixMilli():
+		return now, nil
+	}
+	return lua.Override{}, lost
 }
 
 // RemoveOverride ends userID's override now; the plan's limit applies
@@ -171,18 +201,32 @@ func (l *Limiter) removeOverride(ctx context.Context, resolve func() (overrideSc
 		return err
 	})
 	if sent && err != nil && !errors.Is(err, ErrRedisRefused) {
+		// Its answer was lost: an override gone now is no longer counted
+		// (whether this call removed it or not).
+		var found bool
+		if l.do(ctx, "read_override", func(ctx context.Context, c rueidis.Client) (err error) {
+			_, found, err = lua.ReadOverride(ctx, c, scope.slots)
+			return err
+		}) == nil && !found {
+			l.unindex(ctx, scope)
+		}
 		return false, fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
 	}
 	if err != nil {
 		return false, err
 	}
+	l.unindex(ctx, scope)
+	return removed, nil
+}
+
+// unindex takes scope out of the index of overrides in force.
+func (l *Limiter) unindex(ctx context.Context, scope overrideScope) {
 	index := l.keys.Overrides()
 	if err := l.do(ctx, "index_override", func(ctx context.Context, c rueidis.Client) error {
 		return c.Do(ctx, c.B().Zrem().Key(index).Member(scope.index).Build()).Error()
 	}); err != nil {
 		l.log.WarnContext(ctx, "override removed, but still counted in limiter_overrides_active until it would have expired", "err", err)
 	}
-	return removed, nil
 }
 
 // ActiveOverrides counts the overrides in force, users' and pool keys',

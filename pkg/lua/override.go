@@ -30,3 +30,25 @@ func RemoveOverride(ctx context.Context, c rueidis.Client, key string) (bool, er
 	n, err := removeOverrideScript.Exec(ctx, c, []string{keys.Override(key)}, nil).AsInt64()
 	return n == 1, err
 }
+
+// ReadOverride reads key's override (key a keys.Schema.UserKey or
+// PoolKey) as Redis holds it, whether in force or not (ExpiresAtMs says);
+// found false when there is none.
+func ReadOverride(ctx context.Context, c rueidis.Client, key string) (o Override, found bool, err error) {
+	vals, err := c.Do(ctx, c.B().Hmget().Key(keys.Override(key)).Field("limit", "expires_at", "set_at", "actor", "reason").Build()).ToArray()
+	if err != nil {
+		return Override{}, false, err
+	}
+	if len(vals) != 5 || vals[0].IsNil() || vals[1].IsNil() {
+		return Override{}, false, nil
+	}
+	limit, err1 := vals[0].AsInt64()
+	expires, err2 := vals[1].AsInt64()
+	set, _ := vals[2].AsInt64()
+	actor, _ := vals[3].ToString()
+	reason, _ := vals[4].ToString()
+	if err1 != nil || err2 != nil {
+		return Override{}, false, fmt.Errorf("override of %q: limit %v, expires_at %v", key, err1, err2)
+	}
+	return Override{Limit: int(limit), ExpiresAtMs: expires, SetAtMs: set, Actor: actor, Reason: reason}, true, nil
+}

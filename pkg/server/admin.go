@@ -47,8 +47,26 @@ func Decode(w http.ResponseWriter, r *http.Request, limit int64, dst any) error 
 func BadRequest(format string, args ...any) error { return badRequest(format, args...) }
 
 // MapError maps err, from Decode or from the limiter, to the HTTP status
-// and error of the API (apiError, the one place that does).
-func MapError(err error) (status int, e httpapi.Error) { return apiError(err) }
+// and error of the API (apiError, the one place that does), in the admin
+// API's words where the slot API's would name a plan or a user that the
+// call is not about.
+func MapError(err error) (status int, e httpapi.Error) {
+	status, e = apiError(err)
+	switch e.Code {
+	case httpapi.CodeUnavailable:
+		e.Message = adminUnavailable
+	case httpapi.CodeOutcomeUnknown:
+		e.Message = adminOutcomeUnknown
+	}
+	return status, e
+}
+
+// The admin API's answers to an outage: an admin call applies no plan's
+// failure mode, and is about a user or a pool key.
+const (
+	adminUnavailable    = "the limiter's Redis did not answer within its deadline: nothing was changed; retry later"
+	adminOutcomeUnknown = "the call reached the limiter's Redis but its answer was lost: it may or may not have taken effect (a release: some or all of the slots; a removal: the override); list the slots of the user or the pool key to see what holds now"
+)
 
 // WriteError answers e with status, as every error of the API is
 // answered (with Retry-After on a 503).
