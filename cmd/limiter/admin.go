@@ -66,7 +66,7 @@ Exit codes: 0 on success, 1 when the server refused or failed the call,
 		&cobra.Command{
 			Use:   "slots USER",
 			Short: "List a user's live slots, who holds them since when, the user's override and waiting acquires (role viewer or operator)",
-			Args:  cobra.ExactArgs(1),
+			Args:  namedArgs("USER"),
 			RunE: func(cmd *cobra.Command, args []string) error {
 				c, err := f.client()
 				if err != nil {
@@ -124,7 +124,7 @@ func newAdminReleaseCommand(f *adminFlags) *cobra.Command {
 		Long: `Release every slot of a user (role operator). The holders' next heartbeat
 is answered 410 slot_lost, so their streams stop. --reason is required and
 recorded in the audit with your token's name.`,
-		Args: cobra.ExactArgs(1),
+		Args: namedArgs("USER"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkReasonFlag(reason, `--reason "ticket 4812: locked out after a crash"`); err != nil {
 				return err
@@ -347,4 +347,21 @@ func dash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// namedArgs accepts exactly the arguments names names ("USER", "POOL",
+// "KEY"), each of them not empty: an empty one would address another
+// path of the admin API (no route), not the user or key it names.
+func namedArgs(names ...string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := cobra.ExactArgs(len(names))(cmd, args); err != nil {
+			return err
+		}
+		for i, a := range args {
+			if strings.TrimSpace(a) == "" {
+				return fmt.Errorf("%s is empty: name one (see %s --help)", names[i], cmd.CommandPath())
+			}
+		}
+		return nil
+	}
 }

@@ -85,7 +85,7 @@ for --expires-in (whole seconds, %s to %s), replacing any override before
 it. Streams already held are kept. --reason is required and recorded in the
 audit with your token's name.`, target.limit, target.most, lo, hi),
 		Example: "  " + target.setExample,
-		Args:    cobra.ExactArgs(len(strings.Fields(target.args))),
+		Args:    namedArgs(strings.Fields(target.args)...),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if !cmd.Flags().Changed("max-streams") {
 				return fmt.Errorf("--max-streams is required: %s while the override is in force, 0 to %d", target.limit, target.most)
@@ -129,7 +129,7 @@ func newOverrideRemoveCommand(f *adminFlags, target overrideTarget) *cobra.Comma
 		Use:     "remove " + target.args + " --reason TEXT",
 		Short:   fmt.Sprintf("End the override now: %s applies again", target.fallback),
 		Example: "  " + target.removeExample,
-		Args:    cobra.ExactArgs(len(strings.Fields(target.args))),
+		Args:    namedArgs(strings.Fields(target.args)...),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkReasonFlag(reason, `--reason "ticket 4812: plan upgraded"`); err != nil {
 				return err
@@ -162,8 +162,10 @@ func checkReasonFlag(reason, example string) error {
 	if strings.TrimSpace(reason) == "" {
 		return errors.New("--reason is required: say why, e.g. " + example)
 	}
-	if n := len([]rune(reason)); n > httpapi.MaxReasonLength {
-		return fmt.Errorf("--reason is %d characters, the limit is %d", n, httpapi.MaxReasonLength)
+	// Measured as the admin API measures it: runs of whitespace count as
+	// one space.
+	if n := len([]rune(strings.Join(strings.Fields(reason), " "))); n > httpapi.MaxReasonLength {
+		return fmt.Errorf("--reason is %d characters (runs of whitespace counted as one), the limit is %d", n, httpapi.MaxReasonLength)
 	}
 	return nil
 }

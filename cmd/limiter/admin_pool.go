@@ -30,7 +30,7 @@ the fewest of the key's memberships, then arrival.
 
 ` + poolKeyHelp,
 		Example: "  limiter admin pool model gpt-4o",
-		Args:    cobra.ExactArgs(2),
+		Args:    namedArgs("POOL", "KEY"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := f.client()
 			if err != nil {

@@ -125,9 +125,9 @@ func TestAdminPoolCommandsAddressAnyKey(t *testing.T) {
 	}
 }
 
-// The pool commands check their arguments and flags before any call, as
-// the user's do.
-func TestAdminPoolCommandsCheckTheirArguments(t *testing.T) {
+// The admin commands, the pool keys' and the users', check their
+// arguments and flags before any call.
+func TestAdminCommandsCheckTheirArguments(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -141,6 +141,14 @@ func TestAdminPoolCommandsCheckTheirArguments(t *testing.T) {
 		{"30 days and a second is refused", []string{"pool-override", "set", "model", "gpt-4o", "--max-streams", "1", "--expires-in", "720h0m1s", "--reason", "r"}, "got 720h0m1s"},
 		{"no limit names the pool key's cap", []string{"pool-override", "set", "model", "gpt-4o", "--expires-in", "1h", "--reason", "r"}, "--max-streams is required: the pool key's cap while the override is in force"},
 		{"a removal needs a reason", []string{"pool-override", "remove", "model", "gpt-4o"}, "--reason is required"},
+		// An empty argument would address another path (no route), not
+		// the user or key: a usage error naming it.
+		{"an empty user", []string{"slots", ""}, "USER is empty"},
+		{"an empty user to release", []string{"release", " ", "--reason", "r"}, "USER is empty"},
+		{"an empty user's override", []string{"override", "set", "", "--max-streams", "1", "--expires-in", "1h", "--reason", "r"}, "USER is empty"},
+		{"an empty key", []string{"pool", "model", ""}, "KEY is empty"},
+		{"an empty pool's override", []string{"pool-override", "remove", "", "k", "--reason", "r"}, "POOL is empty"},
+		{"a reason of 501 characters", []string{"release", "u", "--reason", strings.Repeat("a", 501)}, "--reason is 501 characters"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := newAdminCommand()
@@ -362,6 +370,24 @@ func TestAdminAuditTakesALimitAndCutsLongReasons(t *testing.T) {
 		var stderr bytes.Buffer
 		if code := run(context.Background(), []string{"admin", "audit", "--limit", bad, "--url", srv.URL, "--token", "t"}, io.Discard, &stderr); code != 2 || !strings.Contains(stderr.String(), "--limit must be 1 to 1000, got "+bad) {
 			t.Errorf("audit --limit %s: exit %d, %q; want exit 2 naming the bounds", bad, code, stderr.String())
+		}
+	}
+}
+
+// --reason is measured as the admin API measures it, runs of whitespace
+// as one space: 500 characters so counted pass, 501 do not.
+func TestAdminReasonIsMeasuredAsTheAPIMeasuresIt(t *testing.T) {
+	for _, tc := range []struct {
+		reason string
+		ok     bool
+	}{
+		{strings.Repeat("a", 490) + strings.Repeat(" ", 10) + strings.Repeat("x", 9), true}, // 509 written, 500 counted
+		{strings.Repeat("a", 490) + "\n\n\t" + strings.Repeat("x", 9), true},
+		{strings.Repeat("a", 500), true},
+		{strings.Repeat("a", 490) + strings.Repeat(" ", 10) + strings.Repeat("x", 10), false}, // 501 counted
+	} {
+		if err := checkReasonFlag(tc.reason, ""); (err == nil) != tc.ok {
+			t.Errorf("a reason of %d characters written (%d counted): %v; want accepted %t", len(tc.reason), len(strings.Join(strings.Fields(tc.reason), " ")), err, tc.ok)
 		}
 	}
 }
