@@ -9,7 +9,7 @@ import ssl
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ._heartbeat import MAX_IN_FLIGHT, Keeper
 from ._http import Endpoint, caller_token
@@ -100,6 +100,10 @@ class Client:
         self._again: List[threading.Thread] = []
         self._again_lock = threading.Lock()
         self._again_closed = False
+        # The stream ids those releases are for: an acquire under one (the
+        # caller retrying under the id an Unavailable names) calls its
+        # release off, or waits for it, before it is sent.
+        self._again_for: Dict[Tuple[str, str], _Again] = {}
         self._keeper = Keeper(self._api, heartbeat_interval, self._reacquire, heartbeat_interval_of)
 
     def acquire(
@@ -142,6 +146,8 @@ class Client:
             raise ClientClosed("client_closed", "the limiter client is closed")
         body = encode(AcquireRequest(user_id=user_id, plan=plan, stream_id=stream_id or new_stream_id()))
         generated = not stream_id
+        if stream_id:
+            self._call_off_again(user_id, stream_id)
         if label:
             size = len(label.encode("utf-8"))
             if size > MAX_LABEL_BYTES:
@@ -295,16 +301,39 @@ class Client:
         if not generated:
             return
 
+        key = (user_id, stream_id)
+        pending = _Again()
+
         def again() -> None:
             time.sleep(RELEASE_AGAIN_AFTER)
-            release()
+            with pending.lock:
+                if not pending.off:
+                    release()
+                pending.off = True
+            with self._again_lock:
+                if self._again_for.get(key) is pending:
+                    del self._again_for[key]
 
         thread = threading.Thread(target=again, name="limiter-release-again", daemon=True)
         with self._again_lock:
             if self._again_closed:
                 return  # closed: nothing would wait for it
             self._again = [t for t in self._again if t.is_alive()] + [thread]
+            self._again_for[key] = pending
             thread.start()
+
+    def _call_off_again(self, user_id: str, stream_id: str) -> None:
+        """Calls off the release sent once more for user_id's stream_id
+        (see _release_unanswered), or waits for it if it is on its way: an
+        acquire under that id (the caller's retry under the id an
+        Unavailable names) would be granted, then freed by it. The id is
+        the caller's from then on: a late attempt that took a slot under it
+        took the retry's, which its lease releases."""
+        with self._again_lock:
+            pending = self._again_for.pop((user_id, stream_id), None)
+        if pending is not None:
+            with pending.lock:
+                pending.off = True
 
     def _reacquire(self, lease: Lease, timeout: float) -> AcquireResponse:
         """Acquires a degraded lease's slot again under its stream id, the
@@ -315,6 +344,16 @@ class Client:
         if lease._pools:
             body["pools"] = dict(lease._pools)
         return self._acquire_once(body, timeout)
+
+
+class _Again:
+    """A release sent once more (see Client._release_unanswered): off once
+    sent, or called off by an acquire of its stream id; lock is held while
+    it is sent."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.off = False
 
 
 def new_stream_id() -> str:

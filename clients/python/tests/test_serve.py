@@ -31,6 +31,7 @@ from limiter_client import (
     UnknownPlan,
     UnknownPool,
 )
+from limiter_client.client import RELEASE_AGAIN_AFTER
 from limiter_client.schemas import Paths
 
 from .support import FaultProxy, env, scrape, total, user
@@ -245,6 +246,26 @@ class ServeTest(unittest.TestCase):
             client.close()
             self.assertEqual([r.json["stream_id"] for r in proxy.received(Paths.RELEASE)], sent * 2)
             self.assertEqual(self.used(u), 0, "the slot the late attempt took should have been released")
+
+    def test_a_retry_under_the_id_an_unavailable_names_keeps_its_slot(self) -> None:
+        with FaultProxy(self.url) as proxy:
+            u = user()
+            proxy.fail(Paths.ACQUIRE, "503", "503", "503")
+            client = self.new_client(proxy.url, acquire_retries=2)
+            with self.assertRaises(Unavailable) as caught:
+                client.acquire(u, "free")
+            sid = caught.exception.stream_id
+            self.assertTrue(sid)
+            # As docs/api.md says: retry under the id the 503 names. The
+            # release of the given-up acquire sent once more must not free
+            # the slot the retry is granted.
+            lease = client.acquire(u, "free", stream_id=sid)
+            time.sleep(RELEASE_AGAIN_AFTER + 0.5)
+            self.assertEqual(self.used(u), 1, "the retry's slot was freed by the give-back of the acquire before it")
+            with self.assertRaises(LimitReached):
+                client.acquire(u, "free")
+            self.assertFalse(lease.lost.is_set(), "the retry's lease was lost: %s" % lease.error)
+            self.assertEqual([r.json["stream_id"] for r in proxy.received(Paths.RELEASE)], [sid])
 
     def test_refusal_is_not_retried(self) -> None:
         with FaultProxy(self.url) as proxy:
