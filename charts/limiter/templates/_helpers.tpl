@@ -200,6 +200,20 @@ rather than a pod or the API server later.
 {{- if le (include "limiter.durationNs" .Values.redis.shardsRefreshInterval | int64) 0 }}
 {{- fail (printf "redis.shardsRefreshInterval %q: must be above 0s" (toString .Values.redis.shardsRefreshInterval)) }}
 {{- end }}
+{{- /* name, value, least and most (ns), and the range as the limiter words it. */}}
+{{- range $c := list
+  (list "extproc.wait" .Values.extproc.wait 0 60000000000 "0s and 60s")
+  (list "proxy.wait" .Values.proxy.wait 0 60000000000 "0s and 60s")
+  (list "proxy.stallTimeout" .Values.proxy.stallTimeout 1000000000 3600000000000 "1s and 1h")
+  (list "telemetry.slotsUsedMaxWindow" .Values.telemetry.slotsUsedMaxWindow 1000000000 3600000000000 "1s and 1h") }}
+{{- $v := index $c 1 }}
+{{- if not (kindIs "invalid" $v) }}
+{{- $ns := include "limiter.durationNs" $v | int64 }}
+{{- if or (lt $ns (index $c 2 | int64)) (gt $ns (index $c 3 | int64)) }}
+{{- fail (printf "%s %q: must be between %s" (index $c 0) (toString $v) (index $c 4)) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if include "limiter.kubernetesTiers" . }}
 {{- $lease := include "limiter.durationNs" .Values.tiers.leaseDuration | int64 }}
 {{- if or (lt $lease 1000000000) (gt $lease 300000000000) }}
@@ -210,7 +224,7 @@ rather than a pod or the API server later.
 {{- $names := dict }}
 {{- range $i, $t := .Values.tiers.items }}
 {{- $where := printf "tiers.items[%d] (%s)" $i $t.name }}
-{{- range $field := list "slotTTL" "heartbeatInterval" }}
+{{- range $field := list "slotTTL" "heartbeatInterval" "maxWait" }}
 {{- $v := get $t $field | toString }}
 {{- if or (contains "µ" $v) (contains "μ" $v) }}
 {{- fail (printf "%s: %s %q: write microseconds as \"us\" (a LimitTier's durations take ns, us, ms, s, m or h)" $where $field $v) }}
@@ -232,6 +246,9 @@ rather than a pod or the API server later.
 {{- if gt (mul $hb 3) $ttl }}
 {{- fail (printf "%s: heartbeatInterval %q: must be at most a third of slotTTL (%s), so that two lost heartbeats do not lose a slot; leave it unset for min(20s, slotTTL/3)" $where (toString $t.heartbeatInterval) (toString ($t.slotTTL | default "120s, the default"))) }}
 {{- end }}
+{{- end }}
+{{- if and (hasKey $t "maxWait") (gt (include "limiter.durationNs" $t.maxWait | int64) 60000000000) }}
+{{- fail (printf "%s: maxWait %q: must be between 0s (no waiting) and 60s" $where (toString $t.maxWait)) }}
 {{- end }}
 {{- if hasKey $names $t.name }}
 {{- fail (printf "tiers.items[%d]: name %q is already used by tiers.items[%v]" $i $t.name (get $names $t.name)) }}

@@ -165,6 +165,22 @@ func TestBadValuesAreRefused(t *testing.T) {
 			want:   []string{`limitPools[0] (model): maxWait "61s": must be between 0s and 60s`},
 		},
 		{
+			name:   "a tier maxWait above 60s",
+			values: "tiers:\n  items:\n    - name: free\n      maxConcurrentStreams: 1\n      maxWait: 61s\n",
+			want:   []string{`tiers.items[0] (free): maxWait "61s": must be between 0s (no waiting) and 60s`},
+		},
+		{
+			name:   "a tier maxWait in µs",
+			values: "tiers:\n  items:\n    - name: free\n      maxConcurrentStreams: 1\n      maxWait: 5µs\n",
+			want:   []string{`maxWait "5µs": write microseconds as "us"`},
+		},
+		{name: "extproc.wait above 60s", values: "extproc:\n  wait: 61s\n", want: []string{`extproc.wait "61s": must be between 0s and 60s`}},
+		{name: "proxy.wait above 60s", values: "proxy:\n  wait: 60.001s\n", want: []string{`proxy.wait "60.001s": must be between 0s and 60s`}},
+		{name: "proxy.stallTimeout under 1s", values: "proxy:\n  stallTimeout: 999ms\n", want: []string{`proxy.stallTimeout "999ms": must be between 1s and 1h`}},
+		{name: "proxy.stallTimeout above 1h", values: "proxy:\n  stallTimeout: 1h0m1s\n", want: []string{`proxy.stallTimeout "1h0m1s": must be between 1s and 1h`}},
+		{name: "telemetry.slotsUsedMaxWindow under 1s", values: "telemetry:\n  slotsUsedMaxWindow: 0s\n", want: []string{`telemetry.slotsUsedMaxWindow "0s": must be between 1s and 1h`}},
+		{name: "telemetry.slotsUsedMaxWindow above 1h", values: "telemetry:\n  slotsUsedMaxWindow: 61m\n", want: []string{`telemetry.slotsUsedMaxWindow "61m": must be between 1s and 1h`}},
+		{
 			name:   "LimitPools with the static tier source",
 			values: "tiers:\n  source: static\nlimitPools:\n  - name: model\n",
 			want:   []string{"limitPools needs tiers.source kubernetes"},
@@ -201,6 +217,12 @@ func TestDurationsInRangeAreAccepted(t *testing.T) {
 		"redis:\n  timeout: 10s\n",
 		"limitPools:\n  - name: model\n    maxWait: 60s\n",
 		"limitPools:\n  - name: model\n    maxWait: 1m\n",
+		"tiers:\n  items:\n    - name: free\n      maxConcurrentStreams: 1\n      maxWait: 60s\n",
+		"extproc:\n  wait: 60s\n",
+		"proxy:\n  wait: 1m\n  stallTimeout: 1s\n",
+		"proxy:\n  stallTimeout: 1h\n",
+		"telemetry:\n  slotsUsedMaxWindow: 1s\n",
+		"telemetry:\n  slotsUsedMaxWindow: 60m\n",
 	} {
 		if _, stderr, err := runHelm(t, templateArgs([]string{redisValues, writeValues(t, values)})...); err != nil {
 			t.Errorf("helm template refused %q: %v\n%s", values, err, stderr)
