@@ -111,6 +111,11 @@ func Load(opts LoadOptions) (Config, error) {
 		cfg.Tiers.Namespace = podNamespace(opts.NamespaceFile)
 	}
 	err := cfg.Validate()
+	if cfg.Tiers.Source == SourceKubernetes && (os.Getenv(EnvVar("tiers.static")) != "" || file.lookup("tiers.static") != nil) {
+		// Tiers come from LimitTiers alone, as pools from LimitPools: the
+		// plans it lists would be unknown_plan to every acquire, unseen.
+		err = errors.Join(err, &KeyError{Key: "tiers.static", Problem: "must be unset with tiers.source kubernetes: tiers come from the LimitTier objects of tiers.namespace (config/samples), and the plans it lists would be unknown_plan to every acquire"})
+	}
 	if opts.Command == CommandProxy {
 		err = errors.Join(err, cfg.ValidateProxy())
 	}

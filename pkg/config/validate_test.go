@@ -216,3 +216,22 @@ func TestLoadRefusesAValueOfAnotherType(t *testing.T) {
 		t.Errorf("a number as a key prefix, a whole 1.0 and the environment's strings: %+v, %v; want them read", cfg.Redis, err)
 	}
 }
+
+// TestKubernetesTiersRefuseAStaticList: with tiers.source kubernetes the
+// tiers come from LimitTiers alone; a tiers.static list, in the file or
+// the environment, would be taken silently and enforced nowhere (nor
+// checked: a limit above 1000 passed), so the start is refused naming it.
+func TestKubernetesTiersRefuseAStaticList(t *testing.T) {
+	const kube = "tiers:\n  source: kubernetes\n  namespace: limits\n"
+	t.Run("file", func(t *testing.T) {
+		wantLoadError(t, kube+"  static:\n    - {plan: enterprise, maxConcurrentStreams: 5000}\n", nil, "tiers.static")
+	})
+	t.Run("env", func(t *testing.T) {
+		wantLoadError(t, kube, map[string]string{"LIMITER_TIERS_STATIC": `[{plan: enterprise, maxConcurrentStreams: 5}]`}, "must be unset with tiers.source kubernetes")
+	})
+	t.Run("none", func(t *testing.T) {
+		if _, err := load(t, kube, nil); err != nil {
+			t.Errorf("tiers.source kubernetes without tiers.static: %v; want loaded", err)
+		}
+	})
+}
