@@ -115,6 +115,9 @@ func stringMapHook(from, to reflect.Type, data any) (any, error) {
 		if err := json.Unmarshal([]byte(t), &out); err != nil {
 			return nil, fmt.Errorf("%q is not a JSON object of strings: %v", s, err)
 		}
+		if k, twice := twiceInJSON(t); twice {
+			return nil, fmt.Errorf("%q is set twice: write each key once", k)
+		}
 		return out, nil
 	}
 	for item := range strings.SplitSeq(s, ",") {
@@ -132,4 +135,30 @@ func stringMapHook(from, to reflect.Type, data any) (any, error) {
 		out[k] = strings.TrimSpace(v)
 	}
 	return out, nil
+}
+
+// twiceInJSON returns a key that the JSON object s (valid) names twice:
+// json.Unmarshal takes the last silently.
+func twiceInJSON(s string) (string, bool) {
+	dec := json.NewDecoder(strings.NewReader(s))
+	if _, err := dec.Token(); err != nil { // {
+		return "", false
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return "", false
+		}
+		k, _ := tok.(string)
+		if seen[k] {
+			return k, true
+		}
+		seen[k] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return "", false
+		}
+	}
+	return "", false
 }

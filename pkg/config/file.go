@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
@@ -73,12 +74,16 @@ func (f *configFile) checkKeys() error {
 	var errs []error
 	var walk func(m *yaml.Node, prefix string)
 	walk = func(m *yaml.Node, prefix string) {
+		errs = append(errs, twiceInCases(m, prefix)...)
 		eachPair(m, func(k, v *yaml.Node) {
 			name := prefix + k.Value
 			if isNull(v) { // "redis:" with nothing under it
 				return
 			}
-			if _, ok := lookupKey(name); ok {
+			if key, ok := lookupKey(name); ok {
+				if key.typ.Kind() == reflect.Map {
+					errs = append(errs, twiceInCases(v, name+".")...) // identity.pools: model and Model are one pool
+				}
 				return
 			}
 			section := sectionKeys(names, name)
@@ -101,6 +106,32 @@ func (f *configFile) checkKeys() error {
 		return nil
 	}
 	return fmt.Errorf("config file %s: %w", f.path, errors.Join(errs...))
+}
+
+// twiceInCases names the keys of the mapping m (its own, not merged)
+// written twice in two cases ("redis" and "Redis", "timeout" and
+// "Timeout"): keys are read without case, so one of them would be
+// dropped unseen.
+func twiceInCases(m *yaml.Node, prefix string) []error {
+	m = resolve(m)
+	if m == nil || m.Kind != yaml.MappingNode {
+		return nil
+	}
+	var errs []error
+	first := map[string]*yaml.Node{}
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		k := m.Content[i]
+		if k.Tag == "!!merge" {
+			continue
+		}
+		lower := strings.ToLower(k.Value)
+		if prev, ok := first[lower]; ok {
+			errs = append(errs, fmt.Errorf("line %d: %q is %q again (line %d; keys are read without case): write it once", k.Line, prefix+k.Value, prefix+prev.Value, prev.Line))
+			continue
+		}
+		first[lower] = k
+	}
+	return errs
 }
 
 // eachPair calls fn with each key and value of the mapping m, aliases

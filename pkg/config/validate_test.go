@@ -235,3 +235,26 @@ func TestKubernetesTiersRefuseAStaticList(t *testing.T) {
 		}
 	})
 }
+
+// TestLoadRefusesAKeyWrittenTwiceInTwoCases: keys are read without case,
+// so a section or key written twice in two cases ("redis" and "Redis",
+// "timeout" and "Timeout"), or a pool of identity.pools in two (the file,
+// and the environment's JSON), would lose one of them unseen.
+func TestLoadRefusesAKeyWrittenTwiceInTwoCases(t *testing.T) {
+	const pools = "pools:\n  static:\n    - {pool: model, maxConcurrentStreams: 1}\n"
+	for name, c := range map[string]struct {
+		file string
+		env  map[string]string
+		want string
+	}{
+		"two sections":      {file: "redis:\n  timeout: 100ms\nRedis:\n  keyPrefix: \"b:\"\n", want: `"Redis" is "redis" again`},
+		"two keys":          {file: "redis:\n  timeout: 100ms\n  Timeout: 2s\n", want: `"redis.Timeout" is "redis.timeout" again`},
+		"a pool twice":      {file: pools + "identity:\n  pools:\n    model: body:model\n    Model: header:X-M\n", want: `"identity.pools.Model" is "identity.pools.model" again`},
+		"a pool twice, env": {file: pools, env: map[string]string{"LIMITER_IDENTITY_POOLS": `{"model":"body:model","model":"header:X-M"}`}, want: `"model" is set twice`},
+	} {
+		t.Run(name, func(t *testing.T) { wantLoadError(t, c.file, c.env, c.want) })
+	}
+	if _, err := load(t, pools+"identity:\n  pools:\n    model: body:model\nredis:\n  timeout: 100ms\n", map[string]string{"LIMITER_IDENTITY_POOLS": `{"model":"header:X-M"}`}); err != nil {
+		t.Errorf("each key once: %v; want loaded", err)
+	}
+}
