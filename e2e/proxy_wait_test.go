@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -101,4 +102,36 @@ func TestProxyHoldsARequestInTheQueue(t *testing.T) {
 		t.Errorf("a second stream on queued-short: %d %s after %v, want 429 once its 1s wait ran out", timedOut.status, timedOut.body, time.Since(start))
 	}
 	e.llm.Release()
+}
+
+// SIGTERM ends the waits with a 503 at once (docs/proxy.md), not at the
+// grace's end, while the stream held goes on through the grace.
+func TestProxySIGTERMEndsTheWaits(t *testing.T) {
+	e := startProxy(t, "http:\n  shutdownGrace: 5s\n", "--wait", "10s")
+	user := "term-queue-" + randomID()
+	first := e.chat(t, context.Background(), user, "queued", "slow:10:300", nil)
+	defer first.Body.Close()
+	firstData, _ := sseData(first.Body)
+	within(t, firstData, 5*time.Second, "the first stream's first chunk")
+	second := e.chatAsync(user, "queued", "fast")
+	e.awaitQueued(t, user, 1)
+
+	if err := e.proc.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	sent := time.Now()
+	a := within(t, second, 5*time.Second, "the waiting request's answer")
+	if a.status != http.StatusServiceUnavailable || a.at.Sub(sent) > 2*time.Second {
+		t.Errorf("the waiting request after SIGTERM: %d %q after %v; want 503 at once, not at the 5s grace", a.status, a.body, a.at.Sub(sent).Round(time.Millisecond))
+	}
+	var got []string
+	for data := range firstData {
+		got = append(got, data)
+	}
+	if len(got) == 0 || got[len(got)-1] != "[DONE]" {
+		t.Errorf("the stream held through the grace got %d events; want it whole, ending [DONE]", len(got))
+	}
+	if _, err := e.proc.Wait(10 * time.Second); err != nil {
+		t.Fatalf("the proxy did not exit: %v", err)
+	}
 }

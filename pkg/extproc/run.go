@@ -107,7 +107,8 @@ func (s *Server) Run(ctx context.Context, ln net.Listener, tlsConfig *tls.Config
 	case <-ctx.Done():
 	}
 	stopWatch()
-	hs.Shutdown() // NOT_SERVING, and stays so
+	hs.Shutdown()       // NOT_SERVING, and stays so
+	s.holder.EndWaits() // answered 503 now, not cut at the grace's end
 	s.log.Info("ext_proc draining", "grace", grace.String(), "streams", s.holder.Held())
 	stopped := make(chan struct{})
 	go func() { srv.GracefulStop(); close(stopped) }()

@@ -109,8 +109,10 @@ type Holder struct {
 
 	stopLoop context.CancelFunc
 	loopDone chan struct{}
-	// closing ends with Close: waiting acquires stop waiting.
-	closing context.Context
+	// waitsOver ends with EndWaits or Close: waiting acquires stop
+	// waiting.
+	waitsOver context.Context
+	endWaits  context.CancelFunc
 }
 
 // group is the streams of one heartbeat interval: one batch per interval.
@@ -140,10 +142,12 @@ func New(lim *limiter.Limiter, opts Options) (*Holder, error) {
 		return nil, err
 	}
 	loopCtx, stop := context.WithCancel(context.Background())
+	waitsOver, endWaits := context.WithCancel(loopCtx)
 	h := &Holder{
 		lim: lim, opts: opts, log: opts.Logger, warn: ratelog.New(opts.Logger, warnEvery), metrics: m,
 		held: map[*Stream]struct{}{}, groups: map[time.Duration]*group{},
-		wake: make(chan struct{}, 1), stopLoop: stop, loopDone: make(chan struct{}), closing: loopCtx,
+		wake: make(chan struct{}, 1), stopLoop: stop, loopDone: make(chan struct{}),
+		waitsOver: waitsOver, endWaits: endWaits,
 	}
 	go h.loop(loopCtx)
 	return h, nil
@@ -162,7 +166,7 @@ func New(lim *limiter.Limiter, opts Options) (*Holder, error) {
 // the acquire may wait in the user's queue for a slot, until the wait
 // (capped by the tier's maxWait) runs out (a denial, res.Waited set), ctx
 // ends (the request's client left: its place is given up at once) or the
-// holder closes (ErrClosed).
+// holder ends its waits (EndWaits) or closes (ErrClosed).
 func (h *Holder) Acquire(ctx context.Context, req limiter.AcquireRequest) (*Stream, limiter.AcquireResult, error) {
 	if h.isClosed() {
 		h.metrics.refuse(ctx, ReasonUnavailable) // answered 503: shutting down
@@ -173,7 +177,7 @@ func (h *Holder) Acquire(ctx context.Context, req limiter.AcquireRequest) (*Stre
 	}
 	if req.Wait > 0 {
 		waitCtx, cancel := context.WithCancelCause(ctx)
-		stop := context.AfterFunc(h.closing, func() { cancel(ErrClosed) })
+		stop := context.AfterFunc(h.waitsOver, func() { cancel(ErrClosed) })
 		defer func() {
 			stop()
 			cancel(nil)
@@ -182,7 +186,7 @@ func (h *Holder) Acquire(ctx context.Context, req limiter.AcquireRequest) (*Stre
 	}
 	res, err := h.lim.Acquire(ctx, req)
 	if err != nil && errors.Is(context.Cause(ctx), ErrClosed) {
-		h.metrics.refuse(ctx, ReasonUnavailable) // the wait Close ended
+		h.metrics.refuse(ctx, ReasonUnavailable) // the wait EndWaits or Close ended
 		return nil, res, ErrClosed
 	}
 	if err != nil {
@@ -236,6 +240,14 @@ func (h *Holder) Drain(ctx context.Context) bool {
 	}
 	return true
 }
+
+// EndWaits ends the waits of the acquires waiting for a slot, now and
+// from then on (ErrClosed: the front end answers 503), as a front end
+// that starts draining does: a request that holds no slot yet is not kept
+// waiting through the grace, to be cut at its end. Streams held go on,
+// and acquires that do not wait are taken as before. Close ends the waits
+// too.
+func (h *Holder) EndWaits() { h.endWaits() }
 
 // Close stops the heartbeats, refuses new acquires, and releases every
 // slot still held: each such stream is marked lost with ErrShutdown (its

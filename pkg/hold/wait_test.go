@@ -89,3 +89,39 @@ func TestClosingTheHolderEndsWaits(t *testing.T) {
 		t.Errorf("refused as unavailable: %q; want 2, the wait Close ended and the Acquire after it", got)
 	}
 }
+
+// TestEndingWaitsKeepsTheStreamsHeld: EndWaits (a front end starting to
+// drain) ends the waiting acquires with ErrClosed at once, and any
+// acquire that would wait after it; the streams held go on, and an
+// acquire that does not wait is granted as before, until Close.
+func TestEndingWaitsKeepsTheStreamsHeld(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, hold.Options{Wait: 10 * time.Second}, limitertest.Options{Tiers: waitTiers})
+	user := newUser()
+	held := e.acquire(t, user, "queued")
+	waiting := e.acquireAsync(t, context.Background(), user, 1)
+	e.Holder.EndWaits()
+	select {
+	case a := <-waiting:
+		if !errors.Is(a.err, hold.ErrClosed) || a.st != nil {
+			t.Fatalf("waiting Acquire after EndWaits = %v, %v; want ErrClosed", a.st, a.err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("a waiting Acquire outlived EndWaits")
+	}
+	if _, _, err := e.Holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "queued"}); !errors.Is(err, hold.ErrClosed) {
+		t.Errorf("an Acquire that would wait, after EndWaits: %v; want ErrClosed", err)
+	}
+	other, res, err := e.Holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: newUser(), Plan: "queued", Wait: -1})
+	if err != nil || other == nil || !res.Granted {
+		t.Fatalf("an Acquire that does not wait, after EndWaits: %+v, %v; want granted", res, err)
+	}
+	if n := e.Holder.Held(); n != 2 {
+		t.Errorf("%d streams held after EndWaits; want both", n)
+	}
+	select {
+	case <-held.Lost():
+		t.Error("the stream held was lost at EndWaits")
+	default:
+	}
+}

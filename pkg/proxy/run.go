@@ -93,6 +93,7 @@ func (p *Proxy) Run(ctx context.Context, l Listeners, grace time.Duration) error
 	}
 
 	p.draining.Store(true)
+	p.holder.EndWaits() // answered 503 now, not cut at the grace's end
 	p.log.Info("draining", "grace", grace.String(), "streams", p.holder.Held())
 	drainCtx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
