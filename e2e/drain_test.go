@@ -1,7 +1,10 @@
 package e2e
 
 import (
+	"context"
+	"encoding/json"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -109,4 +112,40 @@ func refusedWithin(d time.Duration, connect func() (*http.Response, error)) bool
 		resp.Body.Close()
 	}
 	return false
+}
+
+// TestSIGTERMEndsTheWaitsAtOnce: an acquire waiting for a slot (wait_ms)
+// when serve gets SIGTERM is answered 503 limiter_unavailable at once,
+// saying the replica is shutting down (its client retries on another),
+// not cut with no answer at the grace's end.
+func TestSIGTERMEndsTheWaitsAtOnce(t *testing.T) {
+	t.Parallel()
+	config := serveConfig([]string{testenv.Redis(t)}, "e2e-drain-wait-"+randomID()+":", waitTiers) + "http:\n  shutdownGrace: 8s\n"
+	proc := servetest.Start(t, servetest.Options{Config: config, AwaitRedis: true})
+	user := "drain-wait-" + randomID()
+	if a := post(context.Background(), proc.API+httpapi.PathAcquire, httpapi.AcquireRequest{UserID: user, Plan: "solo"}); a.status != http.StatusOK {
+		t.Fatalf("the first acquire: %d %s", a.status, a.body)
+	}
+	waiting := waitingAcquire(context.Background(), proc.API, user, "solo", "", 20_000)
+	time.Sleep(500 * time.Millisecond) // in the queue
+	if err := proc.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	sent := time.Now()
+	select {
+	case a := <-waiting:
+		var e httpapi.ErrorResponse
+		_ = json.Unmarshal(a.body, &e)
+		if a.status != http.StatusServiceUnavailable || e.Error.Code != httpapi.CodeUnavailable || !strings.Contains(e.Error.Message, "shutting down") {
+			t.Errorf("the waiting acquire after SIGTERM: %d %s; want 503 limiter_unavailable saying the replica is shutting down", a.status, a.body)
+		}
+		if took := a.at.Sub(sent); took > 2*time.Second {
+			t.Errorf("the waiting acquire was answered %v after SIGTERM; want at once, not at the 8s grace", took)
+		}
+	case <-time.After(6 * time.Second):
+		t.Fatal("the waiting acquire was not answered within 6s of SIGTERM (grace 8s)")
+	}
+	if _, err := proc.Wait(10 * time.Second); err != nil {
+		t.Fatalf("serve did not exit: %v", err)
+	}
 }

@@ -77,6 +77,7 @@ var sentinelErrors = []struct {
 		hint: "a slot belongs to the caller that took it; support releases it through the admin API"},
 	{err: ErrAdminUnauthorized, status: http.StatusUnauthorized, code: httpapi.CodeUnauthorized}, // admin API (pkg/admin)
 	{err: ErrAdminForbidden, status: http.StatusForbidden, code: httpapi.CodeForbidden},
+	{err: ErrShuttingDown, status: http.StatusServiceUnavailable, code: httpapi.CodeUnavailable},
 	// Before the outage it wraps.
 	{err: limiter.ErrOutcomeUnknown, status: http.StatusServiceUnavailable, code: httpapi.CodeOutcomeUnknown, message: messageOutcomeUnknown},
 	{err: limiter.ErrUnavailable, status: http.StatusServiceUnavailable, code: httpapi.CodeUnavailable, message: messageUnavailable},

@@ -151,6 +151,7 @@ func (s *Server) Run(ctx context.Context, l Listeners, grace time.Duration) erro
 	}
 
 	s.draining.Store(true)
+	s.endWaits() // the waiting acquires are answered now, not cut at the grace's end
 	s.log.Info("draining", "grace", grace.String())
 	drainCtx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()

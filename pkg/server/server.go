@@ -4,6 +4,8 @@
 package server
 
 import (
+	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -53,6 +55,11 @@ type Server struct {
 	opts     Options
 	log      *slog.Logger
 	draining atomic.Bool
+	// waitsOver ends when the server starts draining: acquires waiting
+	// for a slot are answered then (ErrShuttingDown), not cut at the
+	// grace's end.
+	waitsOver context.Context
+	endWaits  context.CancelFunc
 	// listening holds the Timeouts Run serves with; before Run, the
 	// defaults.
 	listening atomic.Pointer[Timeouts]
@@ -67,12 +74,19 @@ func New(lim *limiter.Limiter, opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	waitsOver, endWaits := context.WithCancel(context.Background())
 	return &Server{
 		lim: lim, opts: opts, log: opts.Logger,
 		failedInternal:    ratelog.New(opts.Logger, failureLogEvery),
 		failedUnavailable: ratelog.New(opts.Logger, failureLogEvery),
+		waitsOver:         waitsOver, endWaits: endWaits,
 	}
 }
+
+// ErrShuttingDown ends an acquire's wait when the server starts draining
+// (503 limiter_unavailable): the client retries, and another replica
+// takes it.
+var ErrShuttingDown = errors.New("this limiter replica is shutting down and ended the acquire's wait; retry: another replica takes it")
 
 // timeouts returns the listeners' timeouts.
 func (s *Server) timeouts() Timeouts {

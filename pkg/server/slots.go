@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -34,7 +35,20 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	if streamID == "" {
 		streamID = keys.NewStreamID()
 	}
-	res, err := s.lim.Acquire(r.Context(), limiter.AcquireRequest{UserID: req.UserID, Plan: req.Plan, StreamID: streamID, Caller: callerOf(r).name, Label: req.Label, Wait: wait, Pools: req.Pools})
+	ctx := r.Context()
+	if wait > 0 {
+		waitCtx, cancel := context.WithCancelCause(ctx)
+		stop := context.AfterFunc(s.waitsOver, func() { cancel(ErrShuttingDown) })
+		defer func() {
+			stop()
+			cancel(nil)
+		}()
+		ctx = waitCtx
+	}
+	res, err := s.lim.Acquire(ctx, limiter.AcquireRequest{UserID: req.UserID, Plan: req.Plan, StreamID: streamID, Caller: callerOf(r).name, Label: req.Label, Wait: wait, Pools: req.Pools})
+	if err != nil && errors.Is(context.Cause(ctx), ErrShuttingDown) {
+		err = ErrShuttingDown
+	}
 	if err != nil {
 		status, e := apiError(err)
 		if status == http.StatusServiceUnavailable {
