@@ -530,9 +530,13 @@ func TestAdminPageInChromium(t *testing.T) {
 	if got := text("#override-dialog h2"); got != "Override the cap of model="+browserLlama {
 		t.Errorf("override dialog title: got %q, want it to name the pool key's cap", got)
 	}
-	setOverride("3", "1", "3600", poolReason)
-	poll("the pool key's override is shown", `!document.getElementById("pool-override").hidden && document.getElementById("pool-override-limit").textContent === "3 streams"`)
-	if notice := text("#notice"); !strings.HasPrefix(notice, "Override set for model="+browserLlama+": 3 streams until") {
+	// Above a plan's most (1000): a pool key's cap goes to 100000.
+	if got := text("label[for=override-streams]"); got != "Concurrent streams (0–100000)" {
+		t.Errorf("pool key's override field: label %q; want it bounded by a pool key's cap, 0–100000", got)
+	}
+	setOverride("5000", "1", "3600", poolReason)
+	poll("the pool key's override is shown", `!document.getElementById("pool-override").hidden && document.getElementById("pool-override-limit").textContent === "5000 streams"`)
+	if notice := text("#notice"); !strings.HasPrefix(notice, "Override set for model="+browserLlama+": 5000 streams until") {
 		t.Errorf("notice: got %q, want the pool key's override confirmed", notice)
 	}
 	if got := text("#pool-override"); !strings.Contains(got, "set by opal: "+poolReason) {
@@ -540,7 +544,7 @@ func TestAdminPageInChromium(t *testing.T) {
 	}
 	shot("admin-pool-key.png")
 	if status := joinLlama("page-pool-c-" + randomID()); status != http.StatusOK {
-		t.Fatalf("a 3rd stream joining model=%s under an override of 3: got %d, want 200", browserLlama, status)
+		t.Fatalf("a 3rd stream joining model=%s under an override of 5000: got %d, want 200", browserLlama, status)
 	}
 	step("remove the pool key's override",
 		chromedp.Click(chromedp.ID("remove-pool-override")),

@@ -525,7 +525,7 @@
   function userTarget() {
     const user = shown.user;
     return {
-      kind: "user", name: user, what: "limit",
+      kind: "user", name: user, what: "limit", most: 1000, // a plan's limit, at most
       explain: "Until it expires, every acquire of this user, on any plan, is judged by this limit instead of the plan's. Slots already held are kept.",
       removeExplain: "The plan's limit applies again from the user's next acquire. Slots already held are kept.",
       path: () => userPath(user, "override"),
@@ -536,7 +536,7 @@
   function poolTarget() {
     const { pool, key } = shownPool;
     return {
-      kind: "pool", name: pool + "=" + key, what: "cap",
+      kind: "pool", name: pool + "=" + key, what: "cap", most: 100000, // a pool key's cap, at most
       explain: "Until it expires, every stream that joins this pool key is judged by this limit instead of the pool's cap. Memberships already held are kept.",
       removeExplain: "The pool's cap applies again from the next stream that joins the key. Memberships already held are kept.",
       path: () => poolPath(pool, key, "override"),
@@ -549,6 +549,8 @@
     $("override-user").textContent = t.name;
     $("override-what").textContent = t.what;
     $("override-explain").textContent = t.explain;
+    $("override-streams").max = String(t.most);
+    $("override-most").textContent = String(t.most);
     $("override-why").value = "";
     updateOverride();
     setError($("override-error"), null);
