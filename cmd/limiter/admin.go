@@ -187,6 +187,11 @@ func adminFailure(err error) error {
 	switch {
 	case errors.As(err, &answer):
 		err = adminRefusal{answer}
+	case errors.Is(err, client.ErrUnavailable) && errors.As(err, &unreached) && unreached.Timeout() && unreached.Op != http.MethodGet && unreached.Op != "Get":
+		// Sent, and no answer within --timeout: a change may have been
+		// made all the same.
+		err = fmt.Errorf("the admin API did not answer %s %s within --timeout: %w; it may have been done all the same: list the slots (limiter admin slots USER, limiter admin pool POOL KEY) to see what holds now",
+			strings.ToUpper(unreached.Op), unreached.URL, unreached.Err)
 	case errors.Is(err, client.ErrUnavailable) && errors.As(err, &unreached):
 		// No answer at all: the admin listener, not the limiter's Redis.
 		err = fmt.Errorf("the admin API did not answer %s %s: %w (is --url, env %s, the admin listener, admin.addr?)",

@@ -391,3 +391,27 @@ func TestAdminReasonIsMeasuredAsTheAPIMeasuresIt(t *testing.T) {
 		}
 	}
 }
+
+// A change sent that the admin API did not answer within --timeout may
+// have been made all the same: the CLI says so, and how to see; a
+// listing that timed out is only unanswered.
+func TestAdminSaysAChangeUnansweredMayHaveBeenDone(t *testing.T) {
+	hang := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-hang }))
+	t.Cleanup(func() { close(hang); srv.Close() })
+	for _, tc := range []struct {
+		args  []string
+		maybe bool
+	}{
+		{[]string{"admin", "release", "u-1", "--reason", "ticket 1"}, true},
+		{[]string{"admin", "override", "remove", "u-1", "--reason", "ticket 1"}, true},
+		{[]string{"admin", "slots", "u-1"}, false},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(context.Background(), append(tc.args, "--url", srv.URL, "--token", "t", "--timeout", "200ms"), &stdout, &stderr)
+		said := strings.Contains(stderr.String(), "it may have been done all the same")
+		if code != 1 || said != tc.maybe {
+			t.Errorf("limiter %v unanswered: exit %d, stderr %q; want exit 1, saying it may have been done: %t", tc.args, code, stderr.String(), tc.maybe)
+		}
+	}
+}
