@@ -177,7 +177,18 @@ local function extend(score)
       retaken = true
     end
   else
-    redis.call('ZADD', key, 'GT', now + ttl, member)
+    if from == 0 then
+      -- Held as late as this call would extend it, or later: another
+      -- request of the stream moved it (in this ms, or by a longer TTL),
+      -- which it gives back if it gives up (see release), from under the
+      -- expiry this call answers. One ms more makes it this call's own:
+      -- the other, giving up, finds it moved since and gives nothing
+      -- back; this request gives back the ms.
+      from, expires = expires, expires + 1
+      redis.call('ZADD', key, 'XX', string.format('%d', expires), member)
+    else
+      redis.call('ZADD', key, 'GT', now + ttl, member)
+    end
     kept = extended(kept, mine)
     redis.call('HSET', meta, member, kept)
     share = again(kept)

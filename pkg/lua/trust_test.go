@@ -497,10 +497,19 @@ func TestARequestThatGivesUpGivesBackTheTimeItAdded(t *testing.T) {
 			t.Fatalf("a share of another start, given up: %+v, %v, score %d; want kept at %d", rel, err, score(), e.ExpiresAtMs)
 		}
 
-		// An extension to an earlier expiry than the slot's moves nothing.
+		// An extension to an earlier expiry than the slot's, which another
+		// request's extension set: answered that expiry, made its own by a
+		// ms, so that the other, giving up, gives nothing back from under
+		// it; giving up itself, it gives back the ms.
 		short := acquire("tokF", time.Second)
-		if !short.Extended || short.Extension() != (lua.Extension{}) || short.ExpiresAtMs != e.ExpiresAtMs {
-			t.Fatalf("an extension by a shorter TTL: %+v (extension %+v); want extended, nothing moved", short, short.Extension())
+		if want := (lua.Extension{FromMs: e.ExpiresAtMs, ToMs: e.ExpiresAtMs + 1}); !short.Extended || short.Extension() != want || short.ExpiresAtMs != want.ToMs || score() != want.ToMs {
+			t.Fatalf("an extension by a shorter TTL: %+v (extension %+v), score %d; want extended by a ms, %+v", short, short.Extension(), score(), want)
+		}
+		if rel := leave(e); !rel.Superseded || score() != short.ExpiresAtMs {
+			t.Fatalf("the longer extension given up under the shorter one's: %+v, score %d; want kept at the expiry the shorter one was answered, %d", rel, score(), short.ExpiresAtMs)
+		}
+		if rel := leave(short); !rel.Superseded || score() != e.ExpiresAtMs {
+			t.Fatalf("the shorter extension given up: %+v, score %d; want its ms given back, %d", rel, score(), e.ExpiresAtMs)
 		}
 	})
 }
