@@ -115,6 +115,12 @@ export class Client {
   private readonly releasing = new Set<Promise<void>>();
   /** The background releases of given-up acquires, by user and stream id. */
   private readonly givingBack = new Map<string, Promise<void>>();
+  /**
+   * The releases sent once more (see releaseUnanswered), by stream id: an
+   * acquire under that id (the caller's retry under the `streamId` an
+   * error names) calls its release off, or waits for it once sent.
+   */
+  private readonly againFor = new Map<string, { off: boolean; sending?: Promise<void> }>();
   private closed: Promise<number> | undefined;
 
   /** baseURL is the API listener, e.g. "http://limiter.default.svc:8080" (a path prefix is kept). */
@@ -173,7 +179,15 @@ export class Client {
     if (options.streamId) {
       // A release of a given-up acquire of this id, still on its way,
       // would free the slot this one is granted: it goes first.
-      await this.givingBack.get(givingBackKey(userId, options.streamId));
+      const key = givingBackKey(userId, options.streamId);
+      await this.givingBack.get(key);
+      // The id is the caller's from here: a late attempt that took a slot
+      // under it took this acquire's, which its lease releases.
+      const again = this.againFor.get(key);
+      if (again) {
+        again.off = true;
+        await again.sending;
+      }
     }
     const answer = await this.acquireRetrying(body, !options.streamId, options.signal);
     const lease = new Lease(
@@ -359,7 +373,26 @@ export class Client {
       });
     }
     if (generated && this.closed === undefined) {
-      track(sent.then(() => new Promise<void>((resolve) => setTimeout(resolve, RELEASE_AGAIN_AFTER_MS))).then(send));
+      const key = givingBackKey(body.user_id, streamId);
+      const again: { off: boolean; sending?: Promise<void> } = { off: false };
+      this.againFor.set(key, again);
+      const forget = (): void => {
+        if (this.againFor.get(key) === again) {
+          this.againFor.delete(key);
+        }
+      };
+      track(
+        sent
+          .then(() => new Promise<void>((resolve) => setTimeout(resolve, RELEASE_AGAIN_AFTER_MS)))
+          .then(() => {
+            if (again.off) {
+              forget();
+              return undefined;
+            }
+            again.sending = send().finally(forget);
+            return again.sending;
+          }),
+      );
     }
     return sent;
   }

@@ -58,7 +58,7 @@ class Fake {
   results = new Map<string, Record<string, unknown>>();
   degraded = false;
   acquireAnswer: Answer | undefined;
-  acquireAnswers: Answer[] = [];
+  acquireAnswers: (Answer | ((rec: Recorded) => Answer))[] = [];
   acquireHold: Promise<void> | undefined;
   releaseAnswer: Answer | undefined;
   batches: Recorded[] = [];
@@ -68,7 +68,8 @@ class Fake {
       case Paths.acquire:
         await this.acquireHold;
         if (this.acquireAnswers.length > 0) {
-          return this.acquireAnswers.shift();
+          const a = this.acquireAnswers.shift();
+          return typeof a === "function" ? a(rec) : a;
         }
         if (this.acquireAnswer !== undefined) {
           return this.acquireAnswer;
@@ -383,6 +384,26 @@ describe("requests and answers", () => {
       // release: only the client's own is released twice.
       assert.deepEqual(server.received(Paths.release).map((r) => r.json.stream_id), given ? sent : [...sent, ...sent], `streamId ${given}`);
     }
+  });
+
+  test("a retry under the streamId an unavailable names calls off the release sent once more", async () => {
+    // As serve answers it: naming the stream id the acquire was sent under.
+    const unavailable = (rec: Recorded): Answer =>
+      jsonAnswer(503, { error: { code: "limiter_unavailable", message: "redis did not answer in time", stream_id: rec.json.stream_id } });
+    server.requests.length = 0;
+    fake.acquireAnswers = [unavailable];
+    const c = newClient({ acquireRetries: 0 });
+    let named: string | undefined;
+    await assert.rejects(c.acquire("user-1", "paid"), (err: unknown) => {
+      named = err instanceof LimiterError ? err.streamId : undefined;
+      return err instanceof LimiterError && err.status === 503;
+    });
+    assert.ok(named, "the 503 names the stream id to retry under");
+    const lease = await c.acquire("user-1", "paid", { streamId: named });
+    await new Promise((r) => setTimeout(r, 1300)); // past RELEASE_AGAIN_AFTER_MS
+    assert.deepEqual(server.received(Paths.release).map((r) => r.json.stream_id), [named], "released once: the retry's slot is not freed");
+    await lease.release();
+    await c.close();
   });
 
   test("a release of a slot another caller holds is not_slot_holder", async () => {
