@@ -247,13 +247,23 @@ func (p *Proxy) limited(r *http.Request) bool {
 // would keep every page on another origin from calling the route at
 // all: it goes upstream without an identity or a slot, and the POST that
 // follows holds one.
+//
+// A preflight has no body (an OPTIONS with one is a request like any
+// other, limited), and its answer is relayed without one (see
+// modifyResponse): an upstream that serves the route for any method
+// streams nothing to a hostile client through it.
 func preflight(r *http.Request) bool {
-	return r.Method == http.MethodOptions && r.Header.Get("Origin") != "" && r.Header.Get("Access-Control-Request-Method") != ""
+	return r.Method == http.MethodOptions && r.Header.Get("Origin") != "" && r.Header.Get("Access-Control-Request-Method") != "" &&
+		r.ContentLength == 0 && len(r.TransferEncoding) == 0
 }
 
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
-	if !p.limited(r) || preflight(r) {
+	switch {
+	case !p.limited(r):
 		p.forward(w, r)
+		return
+	case preflight(r):
+		p.forward(w, r.WithContext(context.WithValue(r.Context(), preflightKey{}, true)))
 		return
 	}
 	ctx := r.Context()

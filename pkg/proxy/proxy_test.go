@@ -10,6 +10,8 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -164,8 +166,14 @@ func TestUnlimitedRoutesPassThrough(t *testing.T) {
 // any request of the route is.
 func TestACORSPreflightPassesWithoutASlot(t *testing.T) {
 	done := make(chan struct{})
+	var upstreamOptions atomic.Int32 // OPTIONS the upstream saw
+	cut := make(chan struct{})       // an OPTIONS's stream was cut
+	var cutOnce sync.Once
 	e := newEnv(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodOptions {
+			upstreamOptions.Add(1)
+		}
+		if r.Method == http.MethodOptions && r.Header.Get("X-Any-Method") == "" {
 			w.Header().Set("Access-Control-Allow-Origin", r.Header.Get("Origin"))
 			w.Header().Set("Access-Control-Allow-Headers", "authorization, content-type")
 			w.WriteHeader(http.StatusNoContent)
@@ -175,6 +183,9 @@ func TestACORSPreflightPassesWithoutASlot(t *testing.T) {
 		w.(http.Flusher).Flush()
 		select {
 		case <-r.Context().Done():
+			if r.Method == http.MethodOptions {
+				cutOnce.Do(func() { close(cut) })
+			}
 		case <-done:
 		}
 	}), envOptions{proxy: proxy.Options{Routes: []string{"/v1/chat/completions"}}})
@@ -195,9 +206,16 @@ func TestACORSPreflightPassesWithoutASlot(t *testing.T) {
 		{"an OPTIONS without Access-Control-Request-Method", "OPTIONS", http.Header{"Origin": {"https://chat.example"}}, "", http.StatusUnauthorized},
 		{"a POST with a preflight's headers", "POST", cors, "", http.StatusUnauthorized},
 		{"a POST with a preflight's headers, of a user at its limit", "POST", cors, user, http.StatusTooManyRequests},
+		// A preflight has no body: an OPTIONS with one, to an upstream
+		// that streams for any method, is limited as any request.
+		{"an OPTIONS with a preflight's headers and a body, of a user at its limit", "OPTIONS", withBody(cors), user, http.StatusTooManyRequests},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			req := e.request(t, context.Background(), tc.method, "/v1/chat/completions", tc.user, "one", nil)
+			var body io.Reader
+			if tc.header.Get("X-Body") != "" {
+				body = strings.NewReader(`{"model":"m","stream":true}`)
+			}
+			req := e.request(t, context.Background(), tc.method, "/v1/chat/completions", tc.user, "one", body)
 			for k, v := range tc.header {
 				req.Header[k] = v
 			}
@@ -211,6 +229,37 @@ func TestACORSPreflightPassesWithoutASlot(t *testing.T) {
 			}
 		})
 	}
+
+	// A preflight to an upstream that streams in answer to any method:
+	// its status and headers come back with an empty body, at once, and
+	// the upstream's stream is cut, however long it runs.
+	seen := upstreamOptions.Load()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req := e.request(t, ctx, "OPTIONS", "/v1/chat/completions", user, "one", nil)
+	for k, v := range cors {
+		req.Header[k] = v
+	}
+	req.Header.Set("X-Any-Method", "1")
+	start := time.Now()
+	resp := e.do(t, req)
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK || len(got) != 0 || time.Since(start) > 5*time.Second || upstreamOptions.Load() != seen+1 {
+		t.Errorf("a preflight the upstream streams in answer to: %d, body %q, %v, after %v; want its status, an empty body, at once", resp.StatusCode, got, err, time.Since(start))
+	}
+	select {
+	case <-cut:
+	case <-time.After(5 * time.Second):
+		t.Error("the upstream's stream in answer to a preflight still ran 5s on; want it cut")
+	}
+}
+
+// withBody is h with X-Body set: the case sends a body.
+func withBody(h http.Header) http.Header {
+	out := h.Clone()
+	out.Set("X-Body", "1")
+	return out
 }
 
 func TestClientDisconnectFreesTheSlot(t *testing.T) {

@@ -60,6 +60,10 @@ func (x *exchange) answerHeaders(h http.Header) {
 
 type exchangeKey struct{}
 
+// preflightKey marks the context of a CORS preflight's request (see
+// preflight): its answer goes back without a body.
+type preflightKey struct{}
+
 func exchangeOf(ctx context.Context) *exchange {
 	x, _ := ctx.Value(exchangeKey{}).(*exchange)
 	return x
@@ -133,6 +137,15 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 // response, and watches its body, to tell an upstream that broke off from
 // a client that went away.
 func (p *Proxy) modifyResponse(resp *http.Response) error {
+	if resp.Request.Context().Value(preflightKey{}) != nil {
+		// A preflight's answer: its status and headers, and no body (a
+		// browser reads none). Closing the upstream's ends whatever it
+		// streams: nothing runs uncounted through a preflight.
+		resp.Body.Close()
+		resp.Body, resp.ContentLength, resp.TransferEncoding = http.NoBody, 0, nil
+		resp.Header.Set("Content-Length", "0")
+		return nil
+	}
 	x := exchangeOf(resp.Request.Context())
 	if x == nil {
 		return nil
