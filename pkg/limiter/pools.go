@@ -743,7 +743,9 @@ func (l *Limiter) beatPools(ctx context.Context, end time.Time, reqs []Heartbeat
 			results[i].Alive, results[i].ExpiresAt, results[i].Degraded = false, time.Time{}, false
 			errs[i] = fmt.Errorf("%w: stream %q of user %q, a member of pool %s", ErrNotSlotHolder, reqs[i].StreamID, reqs[i].UserID, scope)
 		case err == nil:
-			results[i].Alive, results[i].ExpiresAt = false, time.Time{}
+			// Lost, whatever the user's slot answered (degraded: not
+			// "assumed alive" any more).
+			results[i].Alive, results[i].ExpiresAt, results[i].Degraded = false, time.Time{}, false
 			errs[i] = fmt.Errorf("%w: stream %q: its membership of pool %s", ErrSlotLost, reqs[i].StreamID, scope)
 			if !ttls[i].unchecked {
 				lost = append(lost, i)
@@ -751,7 +753,7 @@ func (l *Limiter) beatPools(ctx context.Context, end time.Time, reqs []Heartbeat
 		default:
 			pool, ok := l.pools.LookupHeld(b.pool.Pool)
 			if ok && pool.FailureMode == tiers.FailClosed {
-				results[i].Alive, results[i].ExpiresAt = false, time.Time{}
+				results[i].Alive, results[i].ExpiresAt, results[i].Degraded = false, time.Time{}, false
 				errs[i] = fmt.Errorf("pool %s: %w", scope, err)
 				continue
 			}

@@ -331,8 +331,13 @@ func TestMembershipsOnHealthyShardsOutliveTheUsersShardsOutage(t *testing.T) {
 	if err := n.client.Do(ctx, n.client.B().Zrem().Key(pk).Member(res.StreamID+" "+user).Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	if beat, err := lim.Heartbeat(ctx, req); !errors.Is(err, limiter.ErrSlotLost) || !strings.Contains(err.Error(), "pool model="+model) || beat.Alive {
-		t.Errorf("heartbeat after the membership went: %+v, %v; want ErrSlotLost naming pool model=%s", beat, err, model)
+	if beat, err := lim.Heartbeat(ctx, req); !errors.Is(err, limiter.ErrSlotLost) || !strings.Contains(err.Error(), "pool model="+model) || beat.Alive || beat.Degraded {
+		t.Errorf("heartbeat after the membership went: %+v, %v; want ErrSlotLost naming pool model=%s, not degraded", beat, err, model)
+	}
+	// Lost, not "assumed alive": the API's batch result would read
+	// {alive: false, degraded: true}.
+	if beats, errs := lim.HeartbeatBatch(ctx, []limiter.HeartbeatRequest{req}); !errors.Is(errs[0], limiter.ErrSlotLost) || beats[0].Alive || beats[0].Degraded {
+		t.Errorf("batch heartbeat after the membership went: %+v, %v; want ErrSlotLost, not degraded", beats[0], errs[0])
 	}
 }
 
