@@ -132,7 +132,15 @@ local function extendHeld(i, id)
     end
     return
   end
-  redis.call('ZADD', slots, 'GT', now + ttl, id)
+  local score = tonumber(redis.call('ZSCORE', slots, id))
+  if now + ttl > score then
+    redis.call('ZADD', slots, 'GT', now + ttl, id)
+  else
+    -- Held as late or later by another request of the stream, which
+    -- gives its time back if it gives up (see release): one ms more makes
+    -- the expiry answered this ticket's own, as acquire's extend does.
+    redis.call('ZADD', slots, 'XX', string.format('%d', score + 1), id)
+  end
   if kept then
     kept = extended(kept, mine)
   else

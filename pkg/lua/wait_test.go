@@ -612,3 +612,48 @@ func TestAWaitGrantLeavesAnotherCallersSlotOfTheStream(t *testing.T) {
 		}
 	})
 }
+
+// TestAWaitedExtensionKeepsTheExpiryItAnswers: a ticket granted on a held
+// stream (extendHeld) whose own TTL would not move its expiry, which
+// another request of the stream set later (a longer TTL), is answered
+// that expiry, made its own by a ms, as acquire's extension does: the
+// other request giving up gives nothing back from under it.
+func TestAWaitedExtensionKeepsTheExpiryItAnswers(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		score := func() int64 {
+			t.Helper()
+			n, err := c.Do(ctx, c.B().Zscore().Key(key).Member("s").Build()).AsInt64()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		first, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, lua.Record{Plan: "paid", Token: "tokA"}, false)
+		if err != nil || !first.Granted {
+			t.Fatalf("acquire: %+v, %v", first, err)
+		}
+		time.Sleep(3 * time.Millisecond)
+		long, err := lua.Acquire(ctx, c, key, "s", 3, 10*time.Minute, lua.Record{Plan: "paid", Token: "tokB"}, false)
+		if err != nil || !long.Extended || long.Extension().FromMs != first.ExpiresAtMs {
+			t.Fatalf("the longer extension: %+v (extension %+v), %v", long, long.Extension(), err)
+		}
+		w, err := lua.Wait(ctx, c, key, lua.WaitArgs{Limit: 3, SlotTTL: time.Minute, TicketTTL: 5 * time.Second, MaxQueue: 10,
+			Tickets: []lua.TicketArgs{{StreamID: "s", Record: lua.Record{Plan: "paid", Token: "tokW"}}}})
+		if err != nil || w.Tickets[0].State != lua.TicketGranted || !w.Tickets[0].Extended {
+			t.Fatalf("wait: %+v, %v; want granted, extended", w, err)
+		}
+		answered := w.Tickets[0].ExpiresAtMs
+		if answered != long.ExpiresAtMs+1 || score() != answered {
+			t.Fatalf("the waited extension: answered %d, score %d; want the longer one's expiry and a ms, %d", answered, score(), long.ExpiresAtMs+1)
+		}
+		rel, err := lua.ReleaseMember(ctx, c, "", lua.Member{Key: key, ID: "s", Owned: true, Share: long.Share(), Back: long.Extension()})
+		if err != nil || !rel.Superseded {
+			t.Fatalf("the longer extension given up: %+v, %v", rel, err)
+		}
+		if got := score(); got != answered {
+			t.Errorf("the waited request was answered expiry %d; after the longer extension was given up the slot expires at %d; want it kept", answered, got)
+		}
+	})
+}
