@@ -18,6 +18,7 @@ type Proxy struct {
 	holed  atomic.Bool
 	delay  atomic.Int64 // nanoseconds added before forwarding each read
 	drops  atomic.Int64 // script calls left whose reply is dropped (DropReplies)
+	losses atomic.Int64 // script calls left that are dropped on their way (DropCalls)
 	passes atomic.Int64 // script calls left to relay before those (DropRepliesAfter)
 	mu     sync.Mutex
 	conns  []net.Conn
@@ -67,6 +68,13 @@ func (p *Proxy) Accepted() int { return int(p.accepted.Load()) }
 // call ran, its answer is lost, and the client sees the connection drop.
 // Other traffic (handshakes, PINGs) passes.
 func (p *Proxy) DropReplies(n int) { p.DropRepliesAfter(0, n) }
+
+// DropCalls makes the next n script calls (as DropReplies counts them)
+// never reach the target: the proxy closes both ends of the connection
+// instead of forwarding the chunk that holds one. The call did not run,
+// and the client sees the connection drop, as it does when a reply is
+// lost.
+func (p *Proxy) DropCalls(n int) { p.losses.Store(int64(n)) }
 
 // DropRepliesAfter is DropReplies for the n script calls that follow the
 // next skip, whose replies are relayed.
@@ -140,6 +148,11 @@ func (p *Proxy) pipe(l *link, dst, src net.Conn) {
 			l.server.Close()
 			return
 		}
+		if n > 0 && src == l.client && p.takeLoss(buf[:n]) {
+			l.client.Close()
+			l.server.Close()
+			return
+		}
 		if n > 0 && src == l.client && p.takeDrop(buf[:n]) {
 			l.dropReply.Store(true)
 		}
@@ -175,6 +188,23 @@ func (p *Proxy) takeDrop(chunk []byte) bool {
 			return false
 		}
 		if p.drops.CompareAndSwap(left, left-1) {
+			return true
+		}
+	}
+}
+
+// takeLoss reports whether chunk is a script call DropCalls asked to
+// drop on its way, and counts it.
+func (p *Proxy) takeLoss(chunk []byte) bool {
+	if !bytes.Contains(chunk, []byte("EVAL")) {
+		return false
+	}
+	for {
+		left := p.losses.Load()
+		if left <= 0 {
+			return false
+		}
+		if p.losses.CompareAndSwap(left, left-1) {
 			return true
 		}
 	}

@@ -154,3 +154,31 @@ func TestAdminOverrideWhoseReplyIsLost(t *testing.T) {
 		t.Errorf("an admin listing in an outage answers %q: no plan fails closed here", got.Message)
 	}
 }
+
+// TestAnOverrideSetThatNeverRanIsNotAnsweredSet: an operator sets a
+// user's override again (the same limit, actor and reason, for longer),
+// and the set_override call is lost on its way (it never runs). The
+// override read back is the earlier one, not this call's: the answer and
+// its audit record say outcome_unknown, not a set, and the override
+// keeps its earlier expiry.
+func TestAnOverrideSetThatNeverRanIsNotAnsweredSet(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	proxy := testenv.StartProxy(t, srv.Addr())
+	e := newAdminEnvOn(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{proxy.Addr()}}}, nil)
+	path := httpapi.AdminUserOverridePath(newUser())
+	r := e.do(t, adminCall{method: "POST", path: path, token: operatorToken, body: `{"max_concurrent_streams":5,"expires_in":600,"reason":"ticket 1"}`})
+	first := apitest.Decode[httpapi.AdminOverrideResponse](t, r, http.StatusOK)
+
+	proxy.DropCalls(1 << 20) // every try of the next set is lost on its way
+	r = e.do(t, adminCall{method: "POST", path: path, token: operatorToken, body: `{"max_concurrent_streams":5,"expires_in":86400,"reason":"ticket 1"}`})
+	proxy.DropCalls(0)
+	apitest.WantError(t, r, http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
+	if rec := e.streamRecords(t)[0]; rec.Outcome != httpapi.CodeOutcomeUnknown || rec.Override != nil {
+		t.Errorf("audit record of a set that never ran: outcome %q, override %+v; want %s, none", rec.Outcome, rec.Override, httpapi.CodeOutcomeUnknown)
+	}
+	listed, err := e.lim.Slots(context.Background(), strings.TrimSuffix(strings.TrimPrefix(path, "/v1/admin/users/"), "/override"))
+	if err != nil || listed.Override == nil || !listed.Override.ExpiresAt.Equal(first.Override.ExpiresAt) {
+		t.Errorf("the override after a set that never ran: %+v, %v; want the earlier one, until %v", listed.Override, err, first.Override.ExpiresAt)
+	}
+}

@@ -98,8 +98,10 @@ func (l *Limiter) userScope(userID string) (overrideScope, error) {
 // SetOverride replaces userID's limit with req's until it expires, in
 // place of any override before it; the user's next acquire is judged by
 // it, on every plan. Slots already held are kept. Errors:
-// ErrInvalidUserID, ErrInvalidOverride, ErrUnavailable (it may or may not
-// be in force: setting it again is safe), ErrRedisRefused.
+// ErrInvalidUserID, ErrInvalidOverride, ErrUnavailable (the call did not
+// run), ErrOutcomeUnknown (it was sent, its answer lost, and what Redis
+// holds now is not this call's override: it may or may not have been
+// set; setting it again is safe), ErrRedisRefused.
 //
 // The override is also counted in the index of overrides in force
 // (ActiveOverrides), a separate key: when that write fails the override
@@ -122,16 +124,17 @@ func (l *Limiter) setOverride(ctx context.Context, resolve func() (overrideScope
 	}
 	var stored lua.Override
 	sent := false
+	call := lua.NewToken() // tells this call's set from another's, read back
 	err = l.do(ctx, "set_override", func(ctx context.Context, c rueidis.Client) (err error) {
 		sent = true
-		stored, err = lua.SetOverride(ctx, c, scope.slots, req.MaxConcurrentStreams, req.For, req.Actor, req.Reason)
+		stored, err = lua.SetOverrideAs(ctx, c, scope.slots, req.MaxConcurrentStreams, req.For, req.Actor, req.Reason, call)
 		return err
 	})
 	if sent && err != nil && !errors.Is(err, ErrRedisRefused) {
 		// Its answer was lost: what Redis holds now says whether it is in
 		// force, so that the answer, its audit record and the count of
 		// overrides in force say so too.
-		stored, err = l.setAfterAll(ctx, scope, req, err)
+		stored, err = l.setAfterAll(ctx, scope, call, err)
 	}
 	if err != nil {
 		return Override{}, err
@@ -153,26 +156,22 @@ func (l *Limiter) setOverride(ctx context.Context, resolve func() (overrideScope
 	return *overrideOf(stored, stored.SetAtMs), nil
 }
 
-// setAfterAll answers a set of req on scope whose answer was lost (lost,
-// its error) from the scope's override as Redis holds it now: set (this
-// call's, by its limit, actor and reason, in force), not set
-// (ErrUnavailable, as when the call never ran), or unknown when Redis
-// does not answer that either (ErrOutcomeUnknown).
-func (l *Limiter) setAfterAll(ctx context.Context, scope overrideScope, req OverrideRequest, lost error) (lua.Override, error) {
+// setAfterAll answers a set on scope whose answer was lost (lost, its
+// error) from the scope's override as Redis holds it now: this call's
+// (call, its id), in force, is set; anything else (none, an earlier one,
+// one set since by another call, or no answer) may or may not have
+// followed this call's, which is ErrOutcomeUnknown.
+func (l *Limiter) setAfterAll(ctx context.Context, scope overrideScope, call string, lost error) (lua.Override, error) {
 	var now lua.Override
 	var found bool
 	err := l.do(ctx, "read_override", func(ctx context.Context, c rueidis.Client) (err error) {
 		now, found, err = lua.ReadOverride(ctx, c, scope.slots)
 		return err
 	})
-	switch {
-	case err != nil:
-		return lua.Override{}, fmt.Errorf("%w: %w", ErrOutcomeUnknown, lost)
-	case found && now.Limit == req.MaxConcurrentStreams && now.Actor == req.Actor && now.Reason == req.Reason &&
-		now.ExpiresAtMs > time.Now().UnixMilli():
+	if err == nil && found && now.Call == call && now.ExpiresAtMs > time.Now().UnixMilli() {
 		return now, nil
 	}
-	return lua.Override{}, lost
+	return lua.Override{}, fmt.Errorf("%w: %w", ErrOutcomeUnknown, lost)
 }
 
 // RemoveOverride ends userID's override now; the plan's limit applies

@@ -6,6 +6,8 @@
 -- ARGV[2] -> how long it stays in force (ms, > 0, decimal digits)
 -- ARGV[3] -> actor: who set it (the admin token's name)
 -- ARGV[4] -> reason (recorded with it, and in the audit)
+-- ARGV[5] -> optional: the call's id, recorded with it ('call'), by which
+--            a caller whose reply was lost tells its own set from another
 -- returns {expires_at_ms, set_at_ms}
 --
 -- The hash replaces any override before it and expires with it; acquire
@@ -20,5 +22,8 @@ local at = string.format('%d', expires)
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'limit', ARGV[1], 'expires_at', at,
   'set_at', string.format('%d', now), 'actor', ARGV[3], 'reason', ARGV[4])
+if (ARGV[5] or '') ~= '' then
+  redis.call('HSET', KEYS[1], 'call', ARGV[5])
+end
 redis.call('PEXPIREAT', KEYS[1], at)
 return {expires, now}

@@ -26,6 +26,9 @@ type Override struct {
 	SetAtMs     int64 // Redis ms
 	Actor       string
 	Reason      string
+	// Call is the id of the call that set it (SetOverrideAs), "" for
+	// none; read back by ReadOverride only.
+	Call string
 }
 
 // Ticket is one waiting acquire as stored.
