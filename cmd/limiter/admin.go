@@ -1,16 +1,19 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 	"unicode/utf8"
@@ -36,6 +39,20 @@ type adminFlags struct {
 	token   string
 	timeout time.Duration
 	output  string
+	// wrote: a request of the command's call was written to the admin
+	// API (see ctx): unanswered, it may have been done.
+	wrote atomic.Bool
+}
+
+// ctx is cmd's context, noting in f.wrote when a request is written.
+func (f *adminFlags) ctx(cmd *cobra.Command) context.Context {
+	return httptrace.WithClientTrace(cmd.Context(), &httptrace.ClientTrace{
+		WroteRequest: func(info httptrace.WroteRequestInfo) {
+			if info.Err == nil {
+				f.wrote.Store(true)
+			}
+		},
+	})
 }
 
 func newAdminCommand() *cobra.Command {
@@ -72,9 +89,9 @@ Exit codes: 0 on success, 1 when the server refused or failed the call,
 				if err != nil {
 					return err
 				}
-				out, err := c.Slots(cmd.Context(), args[0])
+				out, err := c.Slots(f.ctx(cmd), args[0])
 				if err != nil {
-					return adminFailure(err)
+					return f.failure(err)
 				}
 				return f.print(cmd.OutOrStdout(), out, func(w io.Writer) { printSlots(w, out) })
 			},
@@ -105,9 +122,9 @@ func newAdminAuditCommand(f *adminFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			out, err := c.AuditLast(cmd.Context(), limit)
+			out, err := c.AuditLast(f.ctx(cmd), limit)
 			if err != nil {
-				return adminFailure(err)
+				return f.failure(err)
 			}
 			return f.print(cmd.OutOrStdout(), out, func(w io.Writer) { printAudit(w, out.Records) })
 		},
@@ -133,9 +150,9 @@ recorded in the audit with your token's name.`,
 			if err != nil {
 				return err
 			}
-			out, err := c.ReleaseAll(cmd.Context(), args[0], reason)
+			out, err := c.ReleaseAll(f.ctx(cmd), args[0], reason)
 			if err != nil {
-				return adminFailure(err)
+				return f.failure(err)
 			}
 			return f.print(cmd.OutOrStdout(), out, func(w io.Writer) {
 				fmt.Fprintf(w, "released %d %s of user %s", len(out.Released), plural(len(out.Released), "slot", "slots"), args[0])
@@ -179,15 +196,15 @@ func (f *adminFlags) client() (*client.Admin, error) {
 	return c, nil
 }
 
-// adminFailure marks err of an admin call as the server's failure, and
-// words an answer of the admin API for the command line.
-func adminFailure(err error) error {
+// failure marks err of an admin call as the server's failure, and words
+// an answer of the admin API for the command line.
+func (f *adminFlags) failure(err error) error {
 	var answer *client.Error
 	var unreached *url.Error
 	switch {
 	case errors.As(err, &answer):
 		err = adminRefusal{answer}
-	case errors.Is(err, client.ErrUnavailable) && errors.As(err, &unreached) && unreached.Timeout() && unreached.Op != http.MethodGet && unreached.Op != "Get":
+	case errors.Is(err, client.ErrUnavailable) && errors.As(err, &unreached) && f.wrote.Load() && unreached.Op != http.MethodGet && unreached.Op != "Get":
 		// Sent, and no answer within --timeout: a change may have been
 		// made all the same.
 		err = fmt.Errorf("the admin API did not answer %s %s within --timeout: %w; it may have been done all the same: list the slots (limiter admin slots USER, limiter admin pool POOL KEY) to see what holds now",

@@ -106,9 +106,9 @@ audit with your token's name.`, target.limit, target.most, lo, hi),
 			if err != nil {
 				return err
 			}
-			out, o, auditID, err := target.set(cmd.Context(), c, args, streams, expiresIn, reason)
+			out, o, auditID, err := target.set(f.ctx(cmd), c, args, streams, expiresIn, reason)
 			if err != nil {
-				return adminFailure(err)
+				return f.failure(err)
 			}
 			return f.print(cmd.OutOrStdout(), out, func(w io.Writer) {
 				fmt.Fprintf(w, "%s: ", target.name(args))
@@ -138,9 +138,9 @@ func newOverrideRemoveCommand(f *adminFlags, target overrideTarget) *cobra.Comma
 			if err != nil {
 				return err
 			}
-			out, err := target.remove(cmd.Context(), c, args, reason)
+			out, err := target.remove(f.ctx(cmd), c, args, reason)
 			if err != nil {
-				return adminFailure(err)
+				return f.failure(err)
 			}
 			return f.print(cmd.OutOrStdout(), out, func(w io.Writer) {
 				if out.Removed {

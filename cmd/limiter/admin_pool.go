@@ -36,9 +36,9 @@ the fewest of the key's memberships, then arrival.
 			if err != nil {
 				return err
 			}
-			out, err := c.PoolKey(cmd.Context(), args[0], args[1])
+			out, err := c.PoolKey(f.ctx(cmd), args[0], args[1])
 			if err != nil {
-				return adminFailure(err)
+				return f.failure(err)
 			}
 			return f.print(cmd.OutOrStdout(), out, func(w io.Writer) { printPoolKey(w, out) })
 		},

@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -414,4 +417,45 @@ func TestAdminSaysAChangeUnansweredMayHaveBeenDone(t *testing.T) {
 			t.Errorf("limiter %v unanswered: exit %d, stderr %q; want exit 1, saying it may have been done: %t", tc.args, code, stderr.String(), tc.maybe)
 		}
 	}
+
+	// A --url whose connection never opens (its host drops the SYN, its
+	// dial times out): nothing was sent, so --url is to blame.
+	addr := fullBacklogAddr(t)
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"admin", "release", "u-1", "--reason", "ticket 1", "--url", "http://" + addr, "--token", "t", "--timeout", "500ms"}, &stdout, &stderr)
+	if code != 1 || strings.Contains(stderr.String(), "it may have been done all the same") || !strings.Contains(stderr.String(), "--url") {
+		t.Errorf("limiter admin release, its --url never connected: exit %d, stderr %q; want exit 1, naming --url, not saying it may have been done", code, stderr.String())
+	}
+}
+
+// fullBacklogAddr is the address of a socket that listens with a backlog
+// of 0, never accepts, and whose queue is full: a further connect's SYN
+// is dropped, and its dial times out.
+func fullBacklogAddr(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+	for range 8 {
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err != nil {
+			return addr // full
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	t.Fatalf("could not fill the accept queue of %s", addr)
+	return ""
 }
