@@ -146,8 +146,6 @@ class Client:
             raise ClientClosed("client_closed", "the limiter client is closed")
         body = encode(AcquireRequest(user_id=user_id, plan=plan, stream_id=stream_id or new_stream_id()))
         generated = not stream_id
-        if stream_id:
-            self._call_off_again(user_id, stream_id)
         if label:
             size = len(label.encode("utf-8"))
             if size > MAX_LABEL_BYTES:
@@ -155,6 +153,8 @@ class Client:
             body["label"] = label
         if pools:
             body["pools"] = dict(pools)
+        if stream_id:
+            self._call_off_again(user_id, stream_id)  # once the acquire is sure to be sent
         out = self._acquire_retrying(body, generated)
         lease = Lease(
             self,

@@ -267,6 +267,21 @@ class ServeTest(unittest.TestCase):
             self.assertFalse(lease.lost.is_set(), "the retry's lease was lost: %s" % lease.error)
             self.assertEqual([r.json["stream_id"] for r in proxy.received(Paths.RELEASE)], [sid])
 
+    def test_an_acquire_refused_before_it_is_sent_calls_nothing_off(self) -> None:
+        with FaultProxy(self.url) as proxy:
+            u = user()
+            proxy.fail(Paths.ACQUIRE, "503")
+            client = self.new_client(proxy.url, acquire_retries=0)
+            with self.assertRaises(Unavailable) as caught:
+                client.acquire(u, "free")
+            sid = caught.exception.stream_id
+            # Refused by the client itself, never sent: the release of the
+            # given-up acquire sent once more is still due.
+            with self.assertRaises(ValueError):
+                client.acquire(u, "free", stream_id=sid, label="x" * 129)
+            client.close()  # waits for it
+            self.assertEqual([r.json["stream_id"] for r in proxy.received(Paths.RELEASE)], [sid, sid])
+
     def test_refusal_is_not_retried(self) -> None:
         with FaultProxy(self.url) as proxy:
             u = user()
