@@ -270,7 +270,7 @@ export interface Tier {
  * - `pool_limit_reached` (429, with `Retry-After`): a pool key's cap, shared by every user.
  * - `slot_lost` (410).
  * - `limiter_unavailable` (503): Redis unreachable and the tier fails closed.
- * - `outcome_unknown` (503): admin release and override removal only -
+ * - `outcome_unknown` (503): admin release, override set and removal only -
  *   the call reached Redis but its answer was lost, so what it did is
  *   not known.
  * - `not_found` (404), `method_not_allowed` (405).
