@@ -36,6 +36,20 @@ func (e *env) acquireAsync(t *testing.T, ctx context.Context, user string, queue
 	return done
 }
 
+// wantClosed wants the waiting Acquire to end with ErrClosed within 3s of
+// what (the call that ends the waits).
+func wantClosed(t *testing.T, waiting <-chan acquired, what string) {
+	t.Helper()
+	select {
+	case a := <-waiting:
+		if !errors.Is(a.err, hold.ErrClosed) || a.st != nil {
+			t.Fatalf("waiting Acquire after %s = %v, %v; want ErrClosed", what, a.st, a.err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatalf("a waiting Acquire outlived %s", what)
+	}
+}
+
 // The holder's Wait lets a stream wait for the slot another one releases,
 // and holds it like any other.
 func TestHolderWaitsForASlot(t *testing.T) {
@@ -69,14 +83,7 @@ func TestClosingTheHolderEndsWaits(t *testing.T) {
 	e.acquire(t, user, "queued")
 	waiting := e.acquireAsync(t, context.Background(), user, 1)
 	e.Holder.Close(context.Background())
-	select {
-	case a := <-waiting:
-		if !errors.Is(a.err, hold.ErrClosed) || a.st != nil {
-			t.Fatalf("waiting Acquire after Close = %v, %v; want ErrClosed", a.st, a.err)
-		}
-	case <-time.After(3 * time.Second):
-		t.Fatal("a waiting Acquire outlived Close")
-	}
+	wantClosed(t, waiting, "Close")
 	if got, err := e.Stack.Limiter.Slots(context.Background(), user); err != nil || len(got.Queue) != 0 {
 		t.Errorf("queue after Close: %+v, %v; want empty", got.Queue, err)
 	}
@@ -101,14 +108,7 @@ func TestEndingWaitsKeepsTheStreamsHeld(t *testing.T) {
 	held := e.acquire(t, user, "queued")
 	waiting := e.acquireAsync(t, context.Background(), user, 1)
 	e.Holder.EndWaits()
-	select {
-	case a := <-waiting:
-		if !errors.Is(a.err, hold.ErrClosed) || a.st != nil {
-			t.Fatalf("waiting Acquire after EndWaits = %v, %v; want ErrClosed", a.st, a.err)
-		}
-	case <-time.After(3 * time.Second):
-		t.Fatal("a waiting Acquire outlived EndWaits")
-	}
+	wantClosed(t, waiting, "EndWaits")
 	if _, _, err := e.Holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "queued"}); !errors.Is(err, hold.ErrClosed) {
 		t.Errorf("an Acquire that would wait, after EndWaits: %v; want ErrClosed", err)
 	}

@@ -446,14 +446,7 @@ func TestARequestThatGivesUpGivesBackTheTimeItAdded(t *testing.T) {
 			}
 			return got
 		}
-		score := func() int64 {
-			t.Helper()
-			n, err := c.Do(ctx, c.B().Zscore().Key(key).Member("s").Build()).AsInt64()
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
+		score := func() int64 { t.Helper(); return scoreOf(t, c, key, "s") }
 		leave := func(a lua.Acquired) lua.Released {
 			t.Helper()
 			rel, err := lua.ReleaseMember(ctx, c, "", lua.Member{Key: key, ID: "s", Owned: true, Share: a.Share(), Back: a.Extension()})

@@ -269,6 +269,16 @@ func zcard(t *testing.T, c rueidis.Client, key string) int64 {
 }
 
 // newKey returns a user key of the test's own.
+// scoreOf is member's score (expiry) in the sorted set key.
+func scoreOf(t *testing.T, c rueidis.Client, key, member string) int64 {
+	t.Helper()
+	n, err := c.Do(context.Background(), c.B().Zscore().Key(key).Member(member).Build()).AsInt64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 func newKey(t *testing.T) string {
 	key, err := keys.Schema{Prefix: "lua-wait:" + keys.NewStreamID()[:12] + ":"}.UserKey("user")
 	if err != nil {
@@ -622,14 +632,7 @@ func TestAWaitedExtensionKeepsTheExpiryItAnswers(t *testing.T) {
 	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
 		ctx := context.Background()
 		key := newKey(t)
-		score := func() int64 {
-			t.Helper()
-			n, err := c.Do(ctx, c.B().Zscore().Key(key).Member("s").Build()).AsInt64()
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
+		score := func() int64 { t.Helper(); return scoreOf(t, c, key, "s") }
 		first, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, lua.Record{Plan: "paid", Token: "tokA"}, false)
 		if err != nil || !first.Granted {
 			t.Fatalf("acquire: %+v, %v", first, err)

@@ -3,12 +3,12 @@ package proxy
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"time"
 
+	"github.com/joishi/limiter/internal/httpserve"
 	"github.com/joishi/limiter/internal/opsmux"
 )
 
@@ -74,8 +74,8 @@ func (p *Proxy) Run(ctx context.Context, l Listeners, grace time.Duration) error
 		WriteTimeout: 10 * time.Second, IdleTimeout: l.IdleTimeout}
 
 	errc := make(chan error, 2)
-	go func() { errc <- serve(srv, proxyLn) }()
-	go func() { errc <- serve(ops, opsLn) }()
+	go func() { errc <- httpserve.Serve(srv, proxyLn) }()
+	go func() { errc <- httpserve.Serve(ops, opsLn) }()
 	scheme := "http://"
 	if l.TLS != nil {
 		scheme = "https://"
@@ -113,20 +113,6 @@ func (p *Proxy) Run(ctx context.Context, l Listeners, grace time.Duration) error
 	_ = ops.Shutdown(releaseCtx)
 	p.log.Info("stopped")
 	return drainErr
-}
-
-// serve serves srv on ln, over TLS when srv has a TLS configuration.
-func serve(srv *http.Server, ln net.Listener) error {
-	var err error
-	if srv.TLSConfig != nil {
-		err = srv.ServeTLS(ln, "", "") // the certificate comes from TLSConfig.GetCertificate
-	} else {
-		err = srv.Serve(ln)
-	}
-	if !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
 }
 
 // OpsHandler serves /healthz (the process answers), /readyz (the tier

@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/joishi/limiter/internal/httpserve"
 )
 
 // Defaults of Timeouts.
@@ -126,8 +128,8 @@ func (s *Server) Run(ctx context.Context, l Listeners, grace time.Duration) erro
 	servers := []*http.Server{api, ops}
 
 	errc := make(chan error, 3)
-	go func() { errc <- serve(api, apiLn) }()
-	go func() { errc <- serve(ops, opsLn) }()
+	go func() { errc <- httpserve.Serve(api, apiLn) }()
+	go func() { errc <- httpserve.Serve(ops, opsLn) }()
 	scheme := "http://"
 	if tlsConfig != nil {
 		scheme = "https://"
@@ -136,7 +138,7 @@ func (s *Server) Run(ctx context.Context, l Listeners, grace time.Duration) erro
 	if adminLn != nil {
 		admin := timeouts.server(s.AdminHandler())
 		servers = append(servers, admin)
-		go func() { errc <- serve(admin, adminLn) }()
+		go func() { errc <- httpserve.Serve(admin, adminLn) }()
 		attrs = append(attrs, "admin", "http://"+adminLn.Addr().String())
 	}
 	s.log.Info("listening", attrs...)
@@ -167,18 +169,4 @@ func (s *Server) Run(ctx context.Context, l Listeners, grace time.Duration) erro
 	}
 	s.log.Info("stopped")
 	return errors.Join(errs...)
-}
-
-// serve serves srv on ln, over TLS when srv has a TLS configuration.
-func serve(srv *http.Server, ln net.Listener) error {
-	var err error
-	if srv.TLSConfig != nil {
-		err = srv.ServeTLS(ln, "", "") // the certificate comes from TLSConfig.GetCertificate
-	} else {
-		err = srv.Serve(ln)
-	}
-	if !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
 }
