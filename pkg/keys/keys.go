@@ -37,8 +37,11 @@ var (
 	ErrInvalidLabel = errors.New("invalid label")
 )
 
-// ValidateUserID accepts 1-256 bytes of valid UTF-8 with no whitespace, no
-// control characters and no braces. Braces are refused, not escaped: the
+// ValidateUserID accepts 1-256 bytes of valid UTF-8 with no whitespace,
+// control or format characters and no braces. Format characters (U+200B,
+// a bidirectional override) are invisible or reorder what follows, so an id
+// holding one would read as another user's on the admin page and in logs.
+// Braces are refused, not escaped: the
 // user id is the key's hash tag, and a '}' inside it would end the tag early
 // ("a}b" would hash like "a", sharing a cluster slot and a bucket boundary
 // with another user's id).
@@ -73,8 +76,8 @@ func checkUserIDRune(r rune) error {
 	switch {
 	case r == '{' || r == '}':
 		return fmt.Errorf("%w: must not contain '{' or '}'", ErrInvalidUserID)
-	case unicode.IsSpace(r) || unicode.IsControl(r) || r == utf8.RuneError:
-		return fmt.Errorf("%w: must not contain whitespace or control characters (found %U)", ErrInvalidUserID, r)
+	case unicode.IsSpace(r) || unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == utf8.RuneError:
+		return fmt.Errorf("%w: must not contain whitespace, control or format characters (found %U)", ErrInvalidUserID, r)
 	}
 	return nil
 }

@@ -30,6 +30,12 @@ func TestValidateUserID(t *testing.T) {
 		{"invalid UTF-8", "a\xffb", false},
 		{"a non-breaking space", "a\u00a0b", false},
 		{"a DEL control character", "a\x7fb", false},
+		{"a zero-width space reads as another id", "us\u200ber-42", false},
+		{"a bidirectional override", "a\u202eb", false},
+		{"a byte order mark", "\ufeffuser-42", false},
+		{"a soft hyphen", "a\u00adb", false},
+		{"a tag character", "a\U000E0041b", false},
+		{"letters and an emoji", "ユーザー-😀", true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -41,8 +41,9 @@ class Paths:
 UserID = str
 """The user the slot counts against: 1-256 **bytes** of valid UTF-8
 (JSON Schema counts characters, so the byte bound is the server's),
-no whitespace, no control characters, no `{` or `}`. Otherwise
-`400 invalid_user_id`.
+no whitespace, control or format characters (such as U+200B or a
+bidirectional override, which would make it read as another id),
+no `{` or `}`. Otherwise `400 invalid_user_id`.
 """
 
 
