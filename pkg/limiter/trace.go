@@ -62,11 +62,36 @@ func tierAttrs(tier tiers.Tier, more ...attribute.KeyValue) []attribute.KeyValue
 }
 
 // endSpan marks span failed when err is a failure (a lost slot is an
-// answer, not a failure) and ends it.
+// answer, not a failure) and ends it. The span is told the failure's kind
+// (spanError), never err's text: that names the user and the stream, for
+// the logs, and a span leaves the process for a collector.
 func endSpan(span trace.Span, err error) {
 	if err != nil && !errors.Is(err, ErrSlotLost) {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
+		kind := spanError(err)
+		span.RecordError(kind)
+		span.SetStatus(codes.Error, kind.Error())
 	}
 	span.End()
+}
+
+// spanErrors are the kinds of failure a span names, the first err is
+// found to be (ErrOutcomeUnknown comes wrapped with ErrUnavailable).
+var spanErrors = []error{
+	ErrOutcomeUnknown, ErrUnavailable, ErrRedisRefused, ErrNotSlotHolder,
+	ErrUnknownPlan, ErrUnknownPool, ErrPoolsDiffer, ErrInvalidUserID,
+	ErrInvalidStreamID, ErrInvalidLabel, ErrInvalidPoolKey, ErrInvalidOverride,
+	context.Canceled, context.DeadlineExceeded,
+}
+
+// errFailed names on a span a failure of no kind spanErrors holds.
+var errFailed = errors.New("limiter call failed")
+
+// spanError is the kind of failure err is, as a span may name it.
+func spanError(err error) error {
+	for _, kind := range spanErrors {
+		if errors.Is(err, kind) {
+			return kind
+		}
+	}
+	return errFailed
 }

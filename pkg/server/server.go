@@ -130,6 +130,7 @@ func (s *Server) wrap(mux *http.ServeMux) http.Handler {
 	var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p := r.URL.EscapedPath()
 		if p != "" && p != cleanPath(p) { // as the mux sees it: an escaped "." is a user id
+			r.Pattern = "/" // the route of the mux's own 404, not the path: it may name a user
 			notFound(w, r)
 			return
 		}
