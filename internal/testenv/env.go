@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"strconv"
@@ -157,4 +158,18 @@ func redisBinary(t testing.TB, name string) string {
 		missing(t, name+" is not installed", "installs it")
 	}
 	return path
+}
+
+// RedisUserWithoutScripts makes a user of the shared standalone Redis that
+// may run every command but EVAL and EVALSHA, as a misconfigured ACL
+// would, and returns its name and password; t.Cleanup deletes it.
+func RedisUserWithoutScripts(t testing.TB) (user, password string) {
+	t.Helper()
+	addr := Redis(t)
+	user, password = fmt.Sprintf("noscripts-%d", rand.Uint64()), "pw-"+strconv.FormatUint(rand.Uint64(), 36)
+	if reply, ok := RawRESP(addr, "ACL", "SETUSER", user, "reset", "on", ">"+password, "~*", "&*", "+@all", "-evalsha", "-eval"); reply != "+OK" {
+		t.Fatalf("ACL SETUSER %s: %q (answered %t)", user, reply, ok)
+	}
+	t.Cleanup(func() { RawRESP(addr, "ACL", "DELUSER", user) })
+	return user, password
 }

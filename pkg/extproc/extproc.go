@@ -66,8 +66,8 @@ const (
 	DefaultMinPingInterval = 5 * time.Second
 )
 
-// warnEvery bounds the repeated warnings (failed authentication, streams
-// without request headers).
+// warnEvery bounds the repeated lines (failed authentication, streams
+// without request headers, acquires that failed).
 const warnEvery = 10 * time.Second
 
 // tracerName is the instrumentation scope of the per-stream spans.
@@ -131,6 +131,9 @@ type Server struct {
 	// processing mode repeats on every request.
 	authWarn *ratelog.Logger
 	modeWarn *ratelog.Logger
+	// failed logs acquires that failed past any refusal (Redis refusing
+	// the scripts): in a misconfiguration every request fails alike.
+	failed *ratelog.Logger
 
 	stopping chan struct{} // closed when the drain's grace is over
 }
@@ -179,6 +182,7 @@ func New(h *hold.Holder, ident *identity.Resolver, opts Options) (*Server, error
 		tracer:   opts.TracerProvider.Tracer(tracerName),
 		authWarn: ratelog.New(opts.Logger, warnEvery),
 		modeWarn: ratelog.New(opts.Logger, warnEvery),
+		failed:   ratelog.New(opts.Logger, warnEvery),
 		stopping: make(chan struct{}),
 	}, nil
 }

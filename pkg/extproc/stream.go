@@ -347,7 +347,7 @@ func (x *exchange) refuseAcquire(ctx context.Context, err error) *extprocv3.Proc
 		if ctx.Err() != nil {
 			return nil // Envoy is gone; nobody reads an answer
 		}
-		x.s.log.ErrorContext(ctx, "acquire failed", "mode", "extproc", "err", err)
+		x.s.failed.Log(ctx, slog.LevelError, "acquire failed", "mode", "extproc", "err", err)
 	}
 	return x.refuse(refusal)
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/joishi/limiter/pkg/hold"
 	"github.com/joishi/limiter/pkg/identity"
 	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/ratelog"
 	"github.com/joishi/limiter/pkg/route"
 	"github.com/joishi/limiter/pkg/tiers"
 	"go.opentelemetry.io/otel/attribute"
@@ -135,10 +136,14 @@ type Proxy struct {
 	routes route.Set
 	// under are the routes under the upstream's own path (base), for an
 	// upstream such as http://gw/openai: see New.
-	under    route.Set
-	base     string
-	opts     Options
-	log      *slog.Logger
+	under route.Set
+	base  string
+	opts  Options
+	log   *slog.Logger
+	// failed logs acquires that failed past any refusal (Redis refusing
+	// the scripts) at most once per failedEvery: in a misconfiguration
+	// every request fails alike.
+	failed   *ratelog.Logger
 	rp       *httputil.ReverseProxy
 	upErrors metric.Int64Counter
 	phases   map[string]metric.MeasurementOption
@@ -186,7 +191,8 @@ func New(h *hold.Holder, ident *identity.Resolver, opts Options) (*Proxy, error)
 		}
 		opts.Transport = t
 	}
-	p := &Proxy{holder: h, ident: ident, routes: routes, opts: opts, log: opts.Logger}
+	p := &Proxy{holder: h, ident: ident, routes: routes, opts: opts, log: opts.Logger,
+		failed: ratelog.New(opts.Logger, failedEvery)}
 	// An upstream under a path (http://gw/openai) reads a request's path
 	// after its own, and resolves a dot-dot across both:
 	// /../openai/v1/chat/completions reaches its /openai/v1/chat/completions.
@@ -217,6 +223,10 @@ func New(h *hold.Holder, ident *identity.Resolver, opts Options) (*Proxy, error)
 
 // meterName is the instrumentation scope of the proxy's own metrics.
 const meterName = "github.com/joishi/limiter/pkg/proxy"
+
+// failedEvery bounds the "acquire failed" lines, as serve bounds its
+// "request failed" ones (docs/observability.md).
+const failedEvery = 10 * time.Second
 
 // Handler returns the proxy's handler, wrapped in Options.Middleware.
 func (p *Proxy) Handler() http.Handler {
@@ -416,7 +426,7 @@ func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, err error) {
 		if r.Context().Err() != nil {
 			return // the client left while the acquire was in flight; nobody reads an answer
 		}
-		p.log.ErrorContext(r.Context(), "acquire failed", "path", r.URL.Path, "err", err)
+		p.failed.Log(r.Context(), slog.LevelError, "acquire failed", "path", r.URL.Path, "err", err)
 	}
 	refusal.Write(w)
 }
