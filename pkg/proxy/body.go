@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/joishi/limiter/pkg/hold"
@@ -160,4 +161,39 @@ func poolsAttr(grants []limiter.PoolGrant) string {
 		b.WriteString(g.Pool + "=" + g.Key)
 	}
 	return b.String()
+}
+
+// handlerBody is a request's body that can be read only until its
+// handler returns (end), whoever reads it.
+type handlerBody struct {
+	mu    sync.Mutex // held by a read under way
+	rc    io.ReadCloser
+	w     http.ResponseWriter
+	ended bool
+}
+
+func (b *handlerBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ended {
+		return 0, http.ErrBodyReadAfterClose
+	}
+	return b.rc.Read(p)
+}
+
+// Close does nothing: the handler closes the body (end).
+func (b *handlerBody) Close() error { return nil }
+
+// end closes the body for good. A read under way (the upstream answered
+// before the client sent all of it) is ended by the connection's read
+// deadline, so that the answer ends now and not when the client sends
+// more.
+func (b *handlerBody) end() {
+	if !b.mu.TryLock() {
+		_ = http.NewResponseController(b.w).SetReadDeadline(time.Now())
+		b.mu.Lock()
+	}
+	defer b.mu.Unlock()
+	b.ended = true
+	_ = b.rc.Close()
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -42,6 +43,9 @@ type envOptions struct {
 	upstream string
 	// wait is how long a request may wait for a slot (hold.Options.Wait).
 	wait time.Duration
+	// serverLog, when set, is the proxy's http.Server's ErrorLog (where
+	// net/http reports a handler's panic).
+	serverLog *log.Logger
 }
 
 func newEnv(t *testing.T, handler http.Handler, o envOptions) *env {
@@ -74,7 +78,9 @@ func newEnv(t *testing.T, handler http.Handler, o envOptions) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.proxy = httptest.NewServer(p.Handler())
+	e.proxy = httptest.NewUnstartedServer(p.Handler())
+	e.proxy.Config.ErrorLog = o.serverLog
+	e.proxy.Start()
 	t.Cleanup(e.proxy.Close)
 	return e
 }

@@ -385,8 +385,21 @@ func (p *Proxy) stream(w http.ResponseWriter, r *http.Request, st *hold.Stream, 
 // here: a refusal must leave net/http to read what is left of the body,
 // or closing the connection over unread bytes resets it before the
 // client reads the answer.)
+//
+// In full duplex, the transport may close the body it was given after
+// the handler has returned (it does, on a failed dial): net/http's body
+// then reads to its end beside the next request's read, and panics. The
+// transport is given a body whose Close does nothing and whose reads end
+// with the handler; the handler closes the request's own.
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {
 	_ = http.NewResponseController(w).EnableFullDuplex()
+	if r.Body == nil || r.Body == http.NoBody {
+		p.rp.ServeHTTP(w, r)
+		return
+	}
+	body := &handlerBody{rc: r.Body, w: w}
+	defer body.end()
+	r.Body = body
 	p.rp.ServeHTTP(w, r)
 }
 
