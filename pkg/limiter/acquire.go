@@ -157,12 +157,12 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		req.StreamID = keys.NewStreamID()
 	} else if err := keys.ValidateStreamID(req.StreamID); err != nil {
 		return AcquireResult{}, tiers.Tier{}, err
-	} else {
-		// Other requests of the stream (the client's retries) may hold
-		// it too: this one's calls, asked again after a lost reply, are
-		// known for the share they took.
-		req.token = lua.NewToken()
 	}
+	// Other requests of the stream (the client's retries) may hold it
+	// too: this one's calls, asked again after a lost reply, are known for
+	// the share they took, and answer as its first try did (a new slot, a
+	// shadow scope's would_refuse), whoever chose the id.
+	req.token = lua.NewToken()
 	if err := keys.ValidateLabel(req.Label); err != nil {
 		return AcquireResult{}, tiers.Tier{}, err
 	}

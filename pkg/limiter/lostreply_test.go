@@ -375,25 +375,58 @@ func TestAWaitGrantWhoseReplyIsLostThenRefusedLeavesNothing(t *testing.T) {
 // TestAShadowAcquireWhoseReplyIsLostSaysItWouldRefuse: in a plan in
 // shadow mode, an acquire over the limit whose reply is lost is asked
 // again; the answer still says it would have been refused, so that the
-// shadow refusal is counted (metrics, the proxy's header).
+// shadow refusal is counted (metrics, the proxy's header). So too when
+// the limiter chose the stream id, as for the proxy's and ext_proc's
+// streams.
 func TestAShadowAcquireWhoseReplyIsLostSaysItWouldRefuse(t *testing.T) {
 	t.Parallel()
-	srv := testenv.StartRedis(t)
-	proxy := testenv.StartProxy(t, srv.Addr())
-	off := false
-	e := newEnv(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{proxy.Addr()}, Timeout: 2 * time.Second},
-		Tiers: []tiers.Tier{tiers.Tier{Plan: "shadow1", MaxConcurrentStreams: 1, SlotTTL: 10 * time.Second, Enforce: &off}.WithDefaults()}})
-	ctx := context.Background()
-	user := newUser(t)
-	e.acquire(t, user, "shadow1", "x") // at the limit (loads the scripts)
-	proxy.DropReplies(1)
-	res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "shadow1", StreamID: "s"})
-	if err != nil || !res.Granted || proxy.DropsLeft() != 0 {
-		t.Fatalf("acquire: %+v, %v (drops left %d)", res, err, proxy.DropsLeft())
+	for _, id := range []string{"s", ""} {
+		srv := testenv.StartRedis(t)
+		proxy := testenv.StartProxy(t, srv.Addr())
+		off := false
+		e := newEnv(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{proxy.Addr()}, Timeout: 2 * time.Second},
+			Tiers: []tiers.Tier{tiers.Tier{Plan: "shadow1", MaxConcurrentStreams: 1, SlotTTL: 10 * time.Second, Enforce: &off}.WithDefaults()}})
+		ctx := context.Background()
+		user := newUser(t)
+		e.acquire(t, user, "shadow1", "x") // at the limit (loads the scripts)
+		proxy.DropReplies(1)
+		res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "shadow1", StreamID: id})
+		if err != nil || !res.Granted || proxy.DropsLeft() != 0 {
+			t.Fatalf("acquire (stream id %q): %+v, %v (drops left %d)", id, res, err, proxy.DropsLeft())
+		}
+		if res.WouldRefuse != limiter.CodeStreamLimitReached || res.Used != 2 {
+			t.Errorf("a shadow grant over the limit (stream id %q) whose reply was lost: WouldRefuse %q, Used %d; want %q, 2 (as without the lost reply)",
+				id, res.WouldRefuse, res.Used, limiter.CodeStreamLimitReached)
+		}
 	}
-	if res.WouldRefuse != limiter.CodeStreamLimitReached || res.Used != 2 {
-		t.Errorf("a shadow grant over the limit whose reply was lost: WouldRefuse %q, Used %d; want %q, 2 (as without the lost reply)",
-			res.WouldRefuse, res.Used, limiter.CodeStreamLimitReached)
+}
+
+// TestAShadowPoolJoinWhoseReplyIsLostSaysItWouldRefuse: the same for a
+// full key of a pool in shadow mode, the stream id the caller's or the
+// limiter's.
+func TestAShadowPoolJoinWhoseReplyIsLostSaysItWouldRefuse(t *testing.T) {
+	t.Parallel()
+	for _, id := range []string{"given", ""} {
+		srv := testenv.StartRedis(t)
+		proxy := testenv.StartProxy(t, srv.Addr())
+		off := false
+		table := poolTable(t, pools.Pool{Pool: "provider", Keys: map[string]int{"openai": 1}, Enforce: &off})
+		e := newEnv(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{proxy.Addr()}, Timeout: 2 * time.Second},
+			Limiter: limiter.Options{Pools: table}})
+		ctx := context.Background()
+		named := map[string]string{"provider": "openai"}
+		if res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "three", Pools: named}); err != nil || !res.Granted || res.WouldRefuse != "" {
+			t.Fatalf("the first stream: %+v, %v", res, err) // the key at its cap; the scripts loaded
+		}
+		proxy.DropReplies(1)
+		res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "three", StreamID: id, Pools: named})
+		if err != nil || !res.Granted || proxy.DropsLeft() != 0 {
+			t.Fatalf("acquire (stream id %q): %+v, %v (drops left %d)", id, res, err, proxy.DropsLeft())
+		}
+		if res.WouldRefuse != limiter.CodePoolLimitReached || res.WouldRefuseBy == nil || len(res.Pools) != 1 || !res.Pools[0].WouldRefuse || res.Pools[0].Used != 2 {
+			t.Errorf("a join of a full shadow pool key (stream id %q) whose reply was lost: WouldRefuse %q by %+v, pools %+v; want %q by provider=openai, 2 of 1 (as without the lost reply)",
+				id, res.WouldRefuse, res.WouldRefuseBy, res.Pools, limiter.CodePoolLimitReached)
+		}
 	}
 }
 
