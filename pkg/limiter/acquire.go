@@ -252,7 +252,7 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		}
 	}
 	res := AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}
-	if degrade(tier.FailureMode, err) {
+	if degrade(tier.OutageMode(), err) {
 		undoTries() // a stream granted degraded is counted nowhere
 		if err := l.degradedPools(ctx, ms, err, &res); err != nil {
 			return AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}, tier, err
@@ -350,7 +350,7 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 // let it in uncounted; the others are granted degraded, in res.
 func (l *Limiter) degradedPools(ctx context.Context, ms []membership, err error, res *AcquireResult) error {
 	for _, m := range ms {
-		if m.pool.FailureMode == tiers.FailClosed {
+		if m.pool.OutageMode() == tiers.FailClosed {
 			l.observer.Joined(ctx, m.pool.Pool, JoinUnavailable, 0, m.limit)
 			return &PoolUnavailableError{Pool: m.pool.Pool, Key: m.key, Err: fmt.Errorf("the user's slot: %w", err)}
 		}

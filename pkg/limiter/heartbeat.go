@@ -223,7 +223,7 @@ func (l *Limiter) beatResult(ctx context.Context, req HeartbeatRequest, tier tie
 		return res, fmt.Errorf("%w: %q, and stream %q has no recorded TTL", ErrUnknownPlan, req.Plan, req.StreamID)
 	case err == nil:
 		return res, fmt.Errorf("%w: stream %q", ErrSlotLost, req.StreamID)
-	case degrade(tier.FailureMode, err):
+	case degrade(tier.OutageMode(), err):
 		l.warnDegraded(ctx, "redis unavailable; heartbeat answered degraded (failureMode Open)", "plan", tier.Plan, "err", err)
 		res.Alive, res.Degraded = true, true
 		// An estimate, as every degraded expiry: the slot's own TTL is in

@@ -224,7 +224,7 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 		var err error
 		if tries != nil {
 			got, err = tries[i].got, tries[i].err
-			if stops := err != nil && !degrade(m.pool.FailureMode, err) || err == nil && !got.Granted; stops {
+			if stops := err != nil && !degrade(m.pool.OutageMode(), err) || err == nil && !got.Granted; stops {
 				l.leaveLater(ctx, l.leaveAll(ctx, end, takenOf(tries[i+1:], member, slot.whole)))
 				tries = nil
 			}
@@ -238,7 +238,7 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 			l.observer.PoolReclaimed(ctx, m.pool.Pool, got.Pruned)
 		}
 		switch {
-		case err != nil && degrade(m.pool.FailureMode, err):
+		case err != nil && degrade(m.pool.OutageMode(), err):
 			l.warnDegraded(ctx, "redis unavailable; granting a pool's membership degraded (failureMode Open)", "pool", m.pool.Pool, "err", err)
 			l.observer.Joined(ctx, m.pool.Pool, JoinDegraded, 0, m.limit)
 			out.grants = append(out.grants, PoolGrant{Pool: m.pool.Pool, Key: m.key, Limit: m.limit, Degraded: true})
@@ -752,7 +752,7 @@ func (l *Limiter) beatPools(ctx context.Context, end time.Time, reqs []Heartbeat
 			}
 		default:
 			pool, ok := l.pools.LookupHeld(b.pool.Pool)
-			if ok && pool.FailureMode == tiers.FailClosed {
+			if ok && pool.OutageMode() == tiers.FailClosed {
 				results[i].Alive, results[i].ExpiresAt, results[i].Degraded = false, time.Time{}, false
 				errs[i] = fmt.Errorf("pool %s: %w", scope, err)
 				continue

@@ -251,7 +251,7 @@ func (q *scopeQueue) bounds() (tiers.Tier, tiers.FailureMode, error) {
 		if !tier.Enforced() {
 			q.limit = unbounded // shadow mode refuses none: nothing to wait for
 		}
-		return tier, tier.FailureMode, nil
+		return tier, tier.OutageMode(), nil
 	}
 	pool, ok := q.l.pools.Lookup(q.pool)
 	if !ok {
@@ -262,7 +262,7 @@ func (q *scopeQueue) bounds() (tiers.Tier, tiers.FailureMode, error) {
 		limit = unbounded // no longer capped, or in shadow mode, which refuses none: nothing to wait for
 	}
 	q.limit = limit
-	return tier, pool.FailureMode, nil
+	return tier, pool.OutageMode(), nil
 }
 
 // served is how many of the queue's tickets the scope's limit serves at

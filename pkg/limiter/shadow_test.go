@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/joishi/limiter/internal/limitertest"
+	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
@@ -214,5 +215,46 @@ func TestAPlanInShadowModeLetsInTheWaitersAnOverrideHeld(t *testing.T) {
 	a, ok := q.answer(3 * time.Second)
 	if !ok || a.err != nil || !a.res.Granted || a.res.WouldRefuse != limiter.CodeStreamLimitReached || a.res.Used != 2 || a.res.Limit != 1 {
 		t.Fatalf("the waiter once the plan is in shadow mode: %+v, %v (answered %v); want granted within 3s, 2 of the override's 1, saying the limit would refuse it", a.res, a.err, ok)
+	}
+}
+
+// TestAShadowScopeNeverRefusesInAnOutage: a scope in shadow mode refuses
+// no one (DESIGN §18), in an outage too: one that fails Closed (set so
+// ahead of turning it on) grants degraded, as Open does, where it
+// refused every stream with 503 limiter_unavailable while Redis did not
+// answer, and none while it did; and its held streams' heartbeats answer
+// degraded, not an error.
+func TestAShadowScopeNeverRefusesInAnOutage(t *testing.T) {
+	proxy := testenv.StartProxy(t, testenv.Redis(t))
+	off := false
+	table := poolTable(t, pools.Pool{Pool: "watch", MaxConcurrentStreams: ptr(1), FailureMode: tiers.FailClosed, Enforce: &off})
+	lim := limitertest.New(t, limitertest.Options{
+		Redis: cluster.Options{Addrs: []string{proxy.Addr()}, Timeout: 300 * time.Millisecond},
+		Tiers: []tiers.Tier{
+			tiers.Tier{Plan: "open", MaxConcurrentStreams: 1}.WithDefaults(),
+			tiers.Tier{Plan: "shadowclosed", MaxConcurrentStreams: 1, FailureMode: tiers.FailClosed, Enforce: &off}.WithDefaults(),
+		},
+		Limiter: limiter.Options{Pools: table}}).Limiter
+	ctx := context.Background()
+	if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "open", Pools: map[string]string{"watch": "k"}}); err != nil || !res.Granted {
+		t.Fatalf("before the outage: %+v, %v", res, err)
+	}
+	held := newUser(t)
+	if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: held, Plan: "shadowclosed", StreamID: "s"}); err != nil || !res.Granted {
+		t.Fatalf("before the outage: %+v, %v", res, err)
+	}
+	proxy.BlackHole()
+
+	if beat, err := lim.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: held, Plan: "shadowclosed", StreamID: "s"}); err != nil || !beat.Alive || !beat.Degraded {
+		t.Errorf("a heartbeat of plan shadowclosed (shadow mode, failureMode Closed) in an outage: %+v, %v; want alive, degraded", beat, err)
+	}
+
+	res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "open", Pools: map[string]string{"watch": "k"}})
+	if err != nil || !res.Granted || len(res.Pools) != 1 || !res.Pools[0].Degraded {
+		t.Errorf("a stream joining pool watch (shadow mode, failureMode Closed) in an outage: %+v, %v; want granted (degraded): a pool in shadow mode refuses nothing", res, err)
+	}
+	res, err = lim.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "shadowclosed"})
+	if err != nil || !res.Granted || !res.Degraded {
+		t.Errorf("a stream of plan shadowclosed (shadow mode, failureMode Closed) in an outage: %+v, %v; want granted (degraded): a plan in shadow mode refuses nothing", res, err)
 	}
 }

@@ -79,7 +79,7 @@ func (l *Limiter) confirmGrant(ctx context.Context, s *replicaSync, tier tiers.T
 	if s.err != nil {
 		why = "WAIT failed: " + s.err.Error()
 	}
-	if tier.FailureMode != tiers.FailClosed {
+	if tier.OutageMode() != tiers.FailClosed {
 		l.warnDegraded(ctx, "slot not confirmed by replicas; keeping the grant (failureMode Open)", "plan", tier.Plan, "reason", why)
 		return nil
 	}

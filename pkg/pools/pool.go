@@ -60,6 +60,16 @@ type Pool struct {
 // true), rather than only saying what they would refuse.
 func (p Pool) Enforced() bool { return p.Enforce == nil || *p.Enforce }
 
+// OutageMode is the failure mode that answers when a key's shard does
+// not: the pool's FailureMode, or Open in shadow mode, whose caps refuse
+// no one (see tiers.Tier.OutageMode).
+func (p Pool) OutageMode() tiers.FailureMode {
+	if !p.Enforced() {
+		return tiers.FailOpen
+	}
+	return p.FailureMode
+}
+
 // Name is the pool's key in a Table: its name.
 func (p Pool) Name() string { return p.Pool }
 

@@ -99,6 +99,17 @@ type Tier struct {
 // true), rather than only saying what it would refuse.
 func (t Tier) Enforced() bool { return t.Enforce == nil || *t.Enforce }
 
+// OutageMode is the failure mode that answers when Redis does not: the
+// plan's FailureMode, or Open in shadow mode, whose limit refuses no one
+// (a Closed shadow plan would refuse every stream in an outage, and
+// none when Redis answers).
+func (t Tier) OutageMode() FailureMode {
+	if !t.Enforced() {
+		return FailOpen
+	}
+	return t.FailureMode
+}
+
 // WithDefaults returns t with its zero-valued optional fields set to their
 // defaults.
 func (t Tier) WithDefaults() Tier {
