@@ -49,4 +49,13 @@ func TestExtProcOptions(t *testing.T) {
 	if err := c.ValidateProxy(); err == nil || !strings.Contains(err.Error(), "identity.jwtPayload.metadataKey") {
 		t.Errorf("ValidateProxy with a metadata-only payload: %v, want an error naming identity.jwtPayload.metadataKey", err)
 	}
+	// Nor does it serve ext_proc: an Envoy pointed at extproc.addr would
+	// find nothing there.
+	if err := c.ValidateProxy(); err == nil || !strings.Contains(err.Error(), "extproc.addr") || !strings.Contains(err.Error(), "`limiter serve` only") {
+		t.Errorf("ValidateProxy with extproc.addr set: %v, want an error naming extproc.addr", err)
+	}
+	c.ExtProc.Addr = ""
+	if err := c.ValidateProxy(); err != nil && strings.Contains(err.Error(), "extproc.addr") {
+		t.Errorf("ValidateProxy without extproc.addr: %v, want no error naming it", err)
+	}
 }

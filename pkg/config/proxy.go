@@ -208,7 +208,9 @@ func (c Config) ProxyOptions() (proxy.Options, error) {
 }
 
 // ValidateProxy reports, beyond Validate, what `limiter proxy` needs:
-// proxy.upstream, and a listen address apart from ops.addr.
+// proxy.upstream, and a listen address apart from ops.addr; and refuses
+// extproc.addr, which it would not serve: an Envoy sent there, failing
+// open, would let every request through uncapped.
 func (c Config) ValidateProxy() error {
 	v := validator{}
 	if c.Proxy.Upstream == "" {
@@ -216,6 +218,9 @@ func (c Config) ValidateProxy() error {
 	}
 	if sameListener(c.Proxy.Listen, c.Ops.Addr) {
 		v.add("ops.addr", "must not be the address of proxy.listen ("+c.Proxy.Listen+")", strconv.Quote(c.Ops.Addr))
+	}
+	if c.ExtProc.Addr != "" {
+		v.add("extproc.addr", "is served by `limiter serve` only: `limiter proxy` serves no ext_proc; run `limiter serve` for Envoy, or unset it", strconv.Quote(c.ExtProc.Addr))
 	}
 	if p := c.Identity.JWTPayload; p.MetadataKey != "" && p.Header == "" {
 		v.add("identity.jwtPayload.metadataKey", "is read by the ext_proc server only: the proxy receives no Envoy metadata; set identity.jwtPayload.header", strconv.Quote(p.MetadataKey))
