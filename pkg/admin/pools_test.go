@@ -272,7 +272,7 @@ func TestAdminPoolOverride(t *testing.T) {
 // its override) is listed, deleted, on the replica that saw it go and on
 // one started since, which knows no definition of it; there, its key's
 // override is removed, audited. A key of it that holds nothing is
-// unknown, as is a new override.
+// unknown on both, its override's removal too, as is a new override.
 func TestAdminDeletedPoolKeyOnEveryReplica(t *testing.T) {
 	t.Parallel()
 	three := 3
@@ -307,8 +307,12 @@ func TestAdminDeletedPoolKeyOnEveryReplica(t *testing.T) {
 			t.Errorf("%s lists the deleted pool's key: %+v; want deleted, its holder %s, its override, limit %v", c.name, got, held.StreamID, c.limit)
 		}
 	}
-	r = e2.do(t, adminCall{method: "GET", path: httpapi.AdminPoolKeyPath("model", "llama"), token: viewerToken})
-	apitest.WantError(t, r, http.StatusUnprocessableEntity, httpapi.CodeUnknownPool)
+	for _, replica := range []*adminEnv{e, e2} {
+		r = replica.do(t, adminCall{method: "GET", path: httpapi.AdminPoolKeyPath("model", "llama"), token: viewerToken})
+		apitest.WantError(t, r, http.StatusUnprocessableEntity, httpapi.CodeUnknownPool)
+		r = replica.do(t, adminCall{method: "DELETE", path: httpapi.AdminPoolKeyOverridePath("model", "llama"), token: operatorToken, body: `{"reason":"r"}`})
+		apitest.WantError(t, r, http.StatusUnprocessableEntity, httpapi.CodeUnknownPool)
+	}
 	r = e2.do(t, adminCall{method: "POST", path: httpapi.AdminPoolKeyOverridePath("model", "gpt-4o"), token: operatorToken,
 		body: `{"max_concurrent_streams":5,"expires_in":60,"reason":"again"}`})
 	apitest.WantError(t, r, http.StatusUnprocessableEntity, httpapi.CodeUnknownPool)

@@ -67,7 +67,7 @@ func (l *Limiter) PoolSlots(ctx context.Context, pool, key string) (PoolKeySlots
 }
 
 func (l *Limiter) poolSlots(ctx context.Context, name, key string) (PoolKeySlots, error) {
-	pool, known, scope, err := l.poolScope(name, key)
+	pool, _, scope, err := l.poolScope(name, key)
 	if err != nil {
 		return PoolKeySlots{}, err
 	}
@@ -75,9 +75,13 @@ func (l *Limiter) poolSlots(ctx context.Context, name, key string) (PoolKeySlots
 	if err != nil {
 		return PoolKeySlots{}, err
 	}
+	// A pool not configured, under which the key holds nothing, is
+	// unknown: a typo, most likely, or a deleted pool's key long empty.
+	// Whether this replica saw the pool go does not matter, so that every
+	// replica answers alike.
 	_, configured := l.pools.Lookup(name)
-	if !known && len(listing.Slots) == 0 && len(listing.Queue) == 0 && listing.Override == nil {
-		return PoolKeySlots{}, l.unknownPool(name) // nothing held under such a name: a typo, most likely
+	if !configured && len(listing.Slots) == 0 && len(listing.Queue) == 0 && listing.Override == nil {
+		return PoolKeySlots{}, l.unknownPool(name)
 	}
 	out := PoolKeySlots{Pool: name, Key: key, Used: len(listing.Slots), Holders: make([]Holder, len(listing.Slots)), Deleted: !configured}
 	out.Limit, out.Capped = pool.Limit(key)
@@ -121,13 +125,12 @@ func (l *Limiter) SetPoolOverride(ctx context.Context, pool, key string, req Ove
 // then as RemoveOverride.
 func (l *Limiter) RemovePoolOverride(ctx context.Context, pool, key string) (bool, error) {
 	ctx, span := l.startSpan(ctx, "limiter.remove_pool_override")
-	var known bool
 	removed, err := l.removeOverride(ctx, func() (scope overrideScope, err error) {
-		_, known, scope, err = l.poolScope(pool, key)
+		_, _, scope, err = l.poolScope(pool, key)
 		return scope, err
 	})
-	if err == nil && !known && !removed {
-		err = l.unknownPool(pool) // no override under such a name: a typo, most likely
+	if _, configured := l.pools.Lookup(pool); err == nil && !configured && !removed {
+		err = l.unknownPool(pool) // no override under a pool not configured: a typo, most likely, as for PoolSlots
 	}
 	endSpan(span, err)
 	return removed, err

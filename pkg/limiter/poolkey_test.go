@@ -198,8 +198,11 @@ func TestADeletedPoolsKeysStaySeen(t *testing.T) {
 	if removed, err := later.RemovePoolOverride(ctx, "model", "gpt-4o"); !errors.Is(err, limiter.ErrUnknownPool) || removed {
 		t.Errorf("removing it again there: %v, %v; want ErrUnknownPool (no pool, no override)", removed, err)
 	}
-	if removed, err := lim.RemovePoolOverride(ctx, "model", "gpt-4o"); err != nil || removed {
-		t.Errorf("removing it again on the replica that saw the deletion: %v, %v; want none to remove", removed, err)
+	if removed, err := lim.RemovePoolOverride(ctx, "model", "gpt-4o"); !errors.Is(err, limiter.ErrUnknownPool) || removed {
+		t.Errorf("removing it again on the replica that saw the deletion: %v, %v; want ErrUnknownPool, as the other replica answers", removed, err)
+	}
+	if _, err := lim.PoolSlots(ctx, "model", "llama"); !errors.Is(err, limiter.ErrUnknownPool) {
+		t.Errorf("PoolSlots of a key of the deleted pool that holds nothing, on the replica that saw the deletion: %v; want ErrUnknownPool, as the other replica answers", err)
 	}
 	if _, err := later.SetPoolOverride(ctx, "model", "gpt-4o", limiter.OverrideRequest{MaxConcurrentStreams: 50, For: time.Hour, Actor: "t", Reason: "again"}); !errors.Is(err, limiter.ErrUnknownPool) {
 		t.Errorf("a new override of the deleted pool's key on a replica started since: %v; want ErrUnknownPool", err)
