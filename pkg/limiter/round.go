@@ -16,7 +16,9 @@ import (
 // whether it leaves.
 type ticketCall struct {
 	send, leave bool
-	at          int // index in WaitArgs.Tickets when sent
+	// retry: a waiter of the ticket leaves, while another stays.
+	retry bool
+	at    int // index in WaitArgs.Tickets when sent
 }
 
 // round makes one call to the wait script, for the tickets that need one,
@@ -61,6 +63,7 @@ func (q *scopeQueue) round() time.Time {
 			calls[w.streamID] = c
 		}
 		c.leave = c.leave && leaving
+		c.retry = c.retry || leaving
 		place := q.places[w.streamID]
 		since := now.Sub(q.refreshed[w.streamID])
 		need := all || leaving || q.named[w.streamID] || place == 0 || since >= refreshBy
@@ -73,7 +76,7 @@ func (q *scopeQueue) round() time.Time {
 	args := lua.WaitArgs{Limit: q.limit, SlotTTL: tier.SlotTTL, TicketTTL: l.ticketTTL, MaxQueue: l.maxQueue}
 	for _, w := range q.waiters {
 		if c := calls[w.streamID]; c.send && c.at == 0 {
-			args.Tickets = append(args.Tickets, lua.TicketArgs{StreamID: w.streamID, Leave: c.leave, Record: w.record})
+			args.Tickets = append(args.Tickets, lua.TicketArgs{StreamID: w.streamID, Leave: c.leave, Retry: c.retry, Record: w.record})
 			c.at = len(args.Tickets) // 1-based, 0: not yet
 		}
 	}

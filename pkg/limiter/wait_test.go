@@ -245,6 +245,41 @@ func TestAWaitThatRunsOutIsADenial(t *testing.T) {
 	})
 }
 
+// TestARetryThatRunsOutBesideItsStreamsOtherWaiterSaysWhenToComeBack:
+// two requests of one stream (a client's retry) wait on one replica; the
+// one whose wait is shorter runs out while the other waits on, and its
+// denial says when to come back, as a lone waiter's does: when the held
+// slot expires (10s), not 0.
+func TestARetryThatRunsOutBesideItsStreamsOtherWaiterSaysWhenToComeBack(t *testing.T) {
+	eachWaitBackend(t, func(t *testing.T, b limitertest.Backend) {
+		lim := replicas(t, b, 1, 0)[0]
+		ctx := context.Background()
+		user := newUser(t)
+		if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "wait", StreamID: "holder"}); err != nil || !res.Granted {
+			t.Fatalf("Acquire of a free slot = %+v, %v", res, err)
+		}
+		long := make(chan error, 1)
+		go func() {
+			_, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "wait", StreamID: "s", Wait: 3 * time.Second})
+			long <- err
+		}()
+		awaitQueue(t, lim, user, func(q []limiter.Ticket) bool { return len(q) == 1 }, "the first request queued")
+		res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "wait", StreamID: "s", Wait: 300 * time.Millisecond})
+		if err != nil || res.Granted || res.Used != 1 {
+			t.Fatalf("the retry's Acquire = %+v, %v; want denied, used 1", res, err)
+		}
+		if res.RetryAfter < 5*time.Second || res.RetryAfter > 10*time.Second {
+			t.Errorf("the retry's denial: RetryAfter %v; want about 10s, until the held slot expires", res.RetryAfter)
+		}
+		if got, err := lim.Slots(ctx, user); err != nil || len(got.Queue) != 1 {
+			t.Errorf("the queue after the retry ran out: %+v, %v; want the stream's ticket, for the first request", got.Queue, err)
+		}
+		if err := <-long; err != nil {
+			t.Errorf("the first request: %v", err)
+		}
+	})
+}
+
 // TestNoWaitPlansAnswerAtOnce: on a plan without maxWait, an acquire that
 // asks to wait is denied at once and queues nothing.
 func TestNoWaitPlansAnswerAtOnce(t *testing.T) {

@@ -29,6 +29,10 @@ type TicketArgs struct {
 	StreamID string
 	// Leave takes the ticket out of the queue: its acquire gave up.
 	Leave bool
+	// Retry keeps the ticket, for another request of its stream that
+	// waits on, while one of its requests gives up: Waited.RetryAfter is
+	// then answered, for that one's 429.
+	Retry bool
 	// Record is written as the slot's record if the ticket is granted.
 	Record Record
 }
@@ -107,8 +111,11 @@ func Wait(ctx context.Context, c rueidis.Client, key string, a WaitArgs) (Waited
 	args = append(args, strconv.Itoa(a.Limit), ms(a.SlotTTL), ms(a.TicketTTL), strconv.Itoa(a.MaxQueue), strconv.Itoa(len(a.Tickets)))
 	for _, t := range a.Tickets {
 		action := "w"
-		if t.Leave {
+		switch {
+		case t.Leave:
 			action = "l"
+		case t.Retry:
+			action = "r"
 		}
 		args = append(args, t.StreamID, action, t.Record.encode())
 	}

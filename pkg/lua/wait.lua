@@ -20,8 +20,10 @@
 -- ARGV[4] -> the most tickets the queue may hold (> 0)
 -- ARGV[5] -> n, the number of tickets that follow (>= 1)
 -- ARGV[3+3i], ARGV[4+3i], ARGV[5+3i] (i = 1..n) -> the i-th ticket:
---            stream id; 'w' (waits on) or 'l' (leaves the queue); the
---            rest of its slot's record ('' or ';name=value' fields)
+--            stream id; 'w' (waits on), 'r' (waits on, for another request
+--            of its stream, while one gives up: retry_after_ms is due) or
+--            'l' (leaves the queue); the rest of its slot's record ('' or
+--            ';name=value' fields)
 -- returns {used, override, pruned, next_ms, retry_after_ms, {wake ids}, state_1, value_1, share_1, started_1, record_1, ..., state_n, value_n, share_n, started_n, record_n}
 --   used       slots held after the call
 --   override   the override's limit when one was in force (and so
@@ -31,7 +33,8 @@
 --   next_ms    ms until the answer may change by time alone (the earliest
 --              slot or ticket expiry), when a ticket of the call still
 --              waits; -1 otherwise
---   retry_after_ms  when a ticket of the call left or was not queued,
+--   retry_after_ms  when a ticket of the call left, was not queued or
+--              lost a request ('r'),
 --              what a denial answers (as acquire's): until enough slots
 --              expire for one to be free; until the earliest slot expires
 --              when slots are free but owed to the queue; the ticket ttl
@@ -180,6 +183,9 @@ local function displaces(i)
 end
 for i = 1, n do
   local id, action = ids[i], ARGV[4 + 3 * i]
+  if action == 'r' then
+    denied = true -- the request that gives up is answered a denial's retry
+  end
   records[i] = prefix .. ARGV[5 + 3 * i]
   states[i], values[i], shares[i], starts[i], kepts[i] = -1, 0, 0, 0, ''
   local caller = holder(records[i])
