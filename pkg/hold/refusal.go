@@ -122,7 +122,7 @@ func poolLimited(res limiter.AcquireResult) Refusal {
 		whose = "a support override of the key's cap"
 	}
 	msg := fmt.Sprintf("pool %s=%s holds %d of its %d concurrent streams (%s, shared by every user); wait for one to finish", p.Pool, p.Key, used, limit, whose)
-	if res.Waited > 0 {
+	if p.Waited > 0 { // in the key's queue, not only the user's
 		msg = fmt.Sprintf("pool %s=%s holds %d of its %d concurrent streams (%s, shared by every user), and none finished in the %s this request waited in line",
 			p.Pool, p.Key, used, limit, whose, res.Waited.Round(time.Millisecond))
 	}

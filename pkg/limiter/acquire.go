@@ -89,9 +89,9 @@ type AcquireResult struct {
 	Waited time.Duration
 	// QueueFull, on a denial that asked to wait: the queue it was to wait
 	// in (its user's, or RefusedBy's key's) held its most waiters
-	// (Options.MaxQueue), each served before it: it did not wait
-	// (Waited 0), or a waiter served before it took its place (Waited
-	// says how long it had waited).
+	// (Options.MaxQueue), each served before it: it did not wait there
+	// (Waited, or RefusedBy.Waited, 0), or a waiter served before it took
+	// its place (they say how long it had waited).
 	QueueFull bool
 	// Pools are the capped pool keys the granted stream holds a
 	// membership of, in the order of the pools' names.
@@ -418,6 +418,7 @@ func (l *Limiter) grantPools(ctx context.Context, end, waitUntil time.Time, req 
 		return err
 	}
 	if r := j.refusal; r != nil {
+		r.Waited = j.waited
 		res.Granted, res.ExpiresAt, res.RefusedBy, res.RetryAfter, res.QueueFull = false, time.Time{}, r, r.RetryAfter, j.full
 		res.WouldRefuse = "" // said of grants only
 		if slot.added {

@@ -93,6 +93,9 @@ type PoolRefusal struct {
 	Overridden bool
 	// RetryAfter is how long until a membership of the key frees up.
 	RetryAfter time.Duration
+	// Waited is how long the acquire waited in the key's queue: the part
+	// of AcquireResult.Waited after its wait for the user's own slot.
+	Waited time.Duration
 }
 
 // membership is one capped pool key an acquire joins.

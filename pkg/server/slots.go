@@ -58,7 +58,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !res.Granted && res.RefusedBy != nil {
-		writePoolRefusal(w, res.RefusedBy, res.Waited, res.QueueFull, noWait(wait, res))
+		writePoolRefusal(w, res, noWait(wait, res))
 		return
 	}
 	if !res.Granted {
@@ -265,8 +265,12 @@ func (s *Server) tiers(w http.ResponseWriter, r *http.Request) {
 // not let: the plan's maxWait (or the pool's) is 0s, which caps wait_ms
 // to no waiting.
 func noWait(asked time.Duration, res limiter.AcquireResult) string {
+	waited := res.Waited // in the queue of the scope that refused
+	if res.RefusedBy != nil {
+		waited = res.RefusedBy.Waited
+	}
 	switch {
-	case asked <= 0 || res.Waited > 0:
+	case asked <= 0 || waited > 0:
 		return ""
 	case res.QueueFull && res.RefusedBy != nil:
 		return fmt.Sprintf("; not waited: wait_ms asked %dms, but the queue of pool key %s=%s holds its most waiters, each served before this one would be", asked.Milliseconds(), res.RefusedBy.Pool, res.RefusedBy.Key)
@@ -293,7 +297,8 @@ func poolCapOf(r *limiter.PoolRefusal) string {
 	return "the pool's cap"
 }
 
-func writePoolRefusal(w http.ResponseWriter, r *limiter.PoolRefusal, waited time.Duration, displaced bool, note string) {
+func writePoolRefusal(w http.ResponseWriter, res limiter.AcquireResult, note string) {
+	r := res.RefusedBy
 	retryMs := r.RetryAfter.Milliseconds()
 	w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(r.RetryAfter), 10))
 	used, limit := r.Used, r.Limit
@@ -306,13 +311,19 @@ func writePoolRefusal(w http.ResponseWriter, r *limiter.PoolRefusal, waited time
 		Pool:         r.Pool,
 		Key:          r.Key,
 	}
-	switch ms := waitedMs(waited); {
-	case waited > 0 && displaced:
+	// waited_ms is the whole wait, the user's queue's and the key's; the
+	// message says which queue it was in.
+	if res.Waited > 0 {
+		ms := waitedMs(res.Waited)
 		e.WaitedMs = &ms
-		e.Message += fmt.Sprintf("; waited %dms in the key's queue, then its place went to a waiter served before it (the queue holds its most)", ms)
-	case waited > 0:
-		e.WaitedMs = &ms
-		e.Message += fmt.Sprintf("; waited %dms (wait_ms, capped by the plan's and the pool's maxWait) without a place freeing up", ms)
+	}
+	switch inKey := waitedMs(r.Waited); {
+	case r.Waited > 0 && res.QueueFull:
+		e.Message += fmt.Sprintf("; waited %dms in the key's queue, then its place went to a waiter served before it (the queue holds its most)", inKey)
+	case r.Waited > 0:
+		e.Message += fmt.Sprintf("; waited %dms (wait_ms, capped by the plan's and the pool's maxWait) without a place freeing up", *e.WaitedMs)
+	case res.Waited > 0:
+		e.Message += fmt.Sprintf("; waited %dms for the user's own slot, then not for the key", *e.WaitedMs)
 	}
 	e.Message += note
 	writeError(w, http.StatusTooManyRequests, e)

@@ -1,0 +1,108 @@
+package server_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/internal/limitertest"
+	"github.com/joishi/limiter/pkg/httpapi"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/pools"
+	"github.com/joishi/limiter/pkg/server"
+)
+
+// TestAPoolRefusalAfterAUserWaitSaysWhyThePoolWasNotWaited: an acquire
+// waits in its user's queue (plan "wait", maxWait 5s), is granted the
+// user's slot, and is then refused at once by pool "nowait" (maxWait 0s:
+// never waited for). The 429 says it waited for the user's own slot and
+// not for the key, whose pool has maxWait 0s; not that it waited without
+// a place of the pool freeing up. waited_ms is the whole wait.
+func TestAPoolRefusalAfterAUserWaitSaysWhyThePoolWasNotWaited(t *testing.T) {
+	table := pools.NewTable()
+	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "nowait", Keys: map[string]int{"k": 1}}.WithDefaults()}); err != nil {
+		t.Fatal(err)
+	}
+	lim := limitertest.New(t, limitertest.Options{Tiers: waitTiers(), Limiter: limiter.Options{Pools: table}}).Limiter
+	a := newAPIOf(t, server.New(lim, server.Options{}))
+	suffix := time.Now().Format("150405.000000")
+	ana, bo := "ana-"+suffix, "bo-"+suffix
+	// bo holds the pool key; ana holds her one slot.
+	if r := a.post(t, "/v1/slots/acquire", map[string]any{"user_id": bo, "plan": "wait", "pools": map[string]string{"nowait": "k"}}); r.status != http.StatusOK {
+		t.Fatalf("bo: %d %s", r.status, r.body)
+	}
+	r := a.post(t, "/v1/slots/acquire", map[string]any{"user_id": ana, "plan": "wait"})
+	var first httpapi.AcquireResponse
+	if r.status != http.StatusOK || json.Unmarshal(r.body, &first) != nil {
+		t.Fatalf("ana: %d %s", r.status, r.body)
+	}
+	waiting := a.postAsync(t, "/v1/slots/acquire", map[string]any{"user_id": ana, "plan": "wait", "wait_ms": 3000, "pools": map[string]string{"nowait": "k"}})
+	time.Sleep(300 * time.Millisecond)
+	if r := a.post(t, "/v1/slots/release", map[string]any{"user_id": ana, "stream_id": first.StreamID}); r.status != http.StatusOK {
+		t.Fatalf("release: %d %s", r.status, r.body)
+	}
+	got := <-waiting
+	if got.err != nil {
+		t.Fatal(got.err)
+	}
+	var refused httpapi.ErrorResponse
+	if got.status != http.StatusTooManyRequests || json.Unmarshal(got.body, &refused) != nil || refused.Error.Code != httpapi.CodePoolLimitReached {
+		t.Fatalf("%d %s; want 429 pool_limit_reached", got.status, got.body)
+	}
+	if !strings.Contains(refused.Error.Message, `pool "nowait" has maxWait 0s`) || !strings.Contains(refused.Error.Message, "for the user's own slot") {
+		t.Errorf("the refusal does not say the pool is never waited for (maxWait 0s): %q", refused.Error.Message)
+	}
+	if strings.Contains(refused.Error.Message, "without a place freeing up") {
+		t.Errorf("the refusal says the acquire waited for a place of the pool without one freeing up, yet it never waited in the pool's queue: %q", refused.Error.Message)
+	}
+	if w := refused.Error.WaitedMs; w == nil || *w < 250 {
+		t.Errorf("waited_ms %v; want the wait for the user's slot, about 300", w)
+	}
+}
+
+// TestAFullPoolQueueAfterAUserWaitIsNotADisplacement: after a wait in the
+// user's queue, the pool key's queue is full (MaxQueue 1) and the acquire
+// is refused without ever having had a place in it. The 429 says the
+// key's queue was full, not that it had a place there and lost it.
+func TestAFullPoolQueueAfterAUserWaitIsNotADisplacement(t *testing.T) {
+	table := pools.NewTable()
+	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "model", Keys: map[string]int{"k": 1}, MaxWait: 5 * time.Second}.WithDefaults()}); err != nil {
+		t.Fatal(err)
+	}
+	lim := limitertest.New(t, limitertest.Options{Tiers: waitTiers(), Limiter: limiter.Options{Pools: table, MaxQueue: 1}}).Limiter
+	a := newAPIOf(t, server.New(lim, server.Options{}))
+	suffix := time.Now().Format("150405.000000")
+	ana, bo, carl := "ana-"+suffix, "bo-"+suffix, "carl-"+suffix
+	if r := a.post(t, "/v1/slots/acquire", map[string]any{"user_id": bo, "plan": "wait", "pools": map[string]string{"model": "k"}}); r.status != http.StatusOK {
+		t.Fatalf("bo: %d %s", r.status, r.body)
+	}
+	carlWaits := a.postAsync(t, "/v1/slots/acquire", map[string]any{"user_id": carl, "plan": "wait", "wait_ms": 4000, "pools": map[string]string{"model": "k"}})
+	r := a.post(t, "/v1/slots/acquire", map[string]any{"user_id": ana, "plan": "wait"})
+	var first httpapi.AcquireResponse
+	if r.status != http.StatusOK || json.Unmarshal(r.body, &first) != nil {
+		t.Fatalf("ana: %d %s", r.status, r.body)
+	}
+	time.Sleep(200 * time.Millisecond) // carl queued in model=k
+	waiting := a.postAsync(t, "/v1/slots/acquire", map[string]any{"user_id": ana, "plan": "wait", "wait_ms": 3000, "pools": map[string]string{"model": "k"}})
+	time.Sleep(300 * time.Millisecond)
+	if r := a.post(t, "/v1/slots/release", map[string]any{"user_id": ana, "stream_id": first.StreamID}); r.status != http.StatusOK {
+		t.Fatalf("release: %d %s", r.status, r.body)
+	}
+	got := <-waiting
+	if got.err != nil {
+		t.Fatal(got.err)
+	}
+	var refused httpapi.ErrorResponse
+	if got.status != http.StatusTooManyRequests || json.Unmarshal(got.body, &refused) != nil || refused.Error.Code != httpapi.CodePoolLimitReached {
+		t.Fatalf("%d %s; want 429 pool_limit_reached", got.status, got.body)
+	}
+	if strings.Contains(refused.Error.Message, "its place went to a waiter served before it") {
+		t.Errorf("the refusal says the acquire had a place in the key's queue and was displaced, yet it never queued there: %q", refused.Error.Message)
+	}
+	if !strings.Contains(refused.Error.Message, "holds its most waiters") {
+		t.Errorf("the refusal does not say the key's queue was full: %q", refused.Error.Message)
+	}
+	<-carlWaits
+}
