@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"sync"
 	"time"
@@ -89,7 +90,14 @@ func (c *Client) heartbeatBatch(ctx context.Context, batch []*Lease) (reacquire 
 	}
 	var out httpapi.HeartbeatsResponse
 	if err := c.api.do(ctx, http.MethodPost, httpapi.PathHeartbeats, req, &out); err != nil {
-		if c.loopCtx.Err() == nil { // not closing
+		var refused *Error
+		switch {
+		case c.loopCtx.Err() != nil: // closing
+		case errors.As(err, &refused) && refused.Status >= 400 && refused.Status < 500:
+			// Not an outage: the next tick sends the same batch, refused
+			// the same, while the slots' TTLs run out.
+			c.log.Error("limiter: heartbeat batch refused; its slots will expire unless this is fixed", "slots", len(batch), "err", err)
+		default:
 			c.log.Warn("limiter: heartbeat batch failed; the slots keep their TTL, retrying next tick", "slots", len(batch), "err", err)
 		}
 		return nil

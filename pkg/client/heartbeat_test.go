@@ -7,13 +7,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/client"
 	"github.com/joishi/limiter/pkg/httpapi"
 )
@@ -375,4 +378,38 @@ func TestAHungHeartbeatDoesNotDelayTheNext(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.waitBatches(3, time.Second) // the first hangs; two more follow well within 1s
+}
+
+// TestARefusedBatchIsLoggedAsAnError: a batch the limiter refuses as a
+// request (a 4xx: here 400, as a body past its bound) is sent again the
+// same at every tick while its slots' TTLs run out: the client says so
+// at ERROR, where an outage (503) is a WARN that the slots keep their TTL.
+func TestARefusedBatchIsLoggedAsAnError(t *testing.T) {
+	for _, c := range []struct {
+		status int
+		level  string
+		says   string
+	}{
+		{http.StatusBadRequest, "ERROR", "heartbeat batch refused"},
+		{http.StatusServiceUnavailable, "WARN", "retrying next tick"},
+	} {
+		t.Run(strconv.Itoa(c.status), func(t *testing.T) {
+			f := newFake(t)
+			logs := &testenv.Buffer{}
+			cl := newClient(t, f.URL(), client.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
+			if _, err := cl.Acquire(context.Background(), "u1", "paid"); err != nil {
+				t.Fatal(err)
+			}
+			f.set(func(f *fakeLimiter) {
+				f.onHeartbeats = func(w http.ResponseWriter, r *http.Request) bool {
+					writeError(w, c.status, httpapi.Error{Code: httpapi.CodeInvalidRequest, Message: "no"})
+					return true
+				}
+			})
+			f.waitBatches(len(f.batches())+2, 2*time.Second)
+			if got := logs.String(); !strings.Contains(got, "level="+c.level) || !strings.Contains(got, c.says) {
+				t.Errorf("a batch answered %d logged:\n%s\nwant %s saying %q", c.status, got, c.level, c.says)
+			}
+		})
+	}
 }

@@ -65,11 +65,15 @@ func (e *endpoint) do(ctx context.Context, method, path string, in, out any) err
 func (e *endpoint) doWithin(ctx context.Context, timeout time.Duration, method, path string, in, out any) error {
 	var body io.Reader
 	if in != nil {
-		data, err := json.Marshal(in)
-		if err != nil {
+		// Not HTML-escaped: '<' in an id would take 6 bytes where it takes
+		// 1, and a batch of 1000 valid ids grow past the server's bound.
+		var data bytes.Buffer
+		enc := json.NewEncoder(&data)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(in); err != nil {
 			return fmt.Errorf("limiter: %s %s: encoding request: %w", method, path, err)
 		}
-		body = bytes.NewReader(data)
+		body = &data
 	}
 	callCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
