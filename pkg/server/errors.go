@@ -106,6 +106,15 @@ func (s *Server) answerError(w http.ResponseWriter, r *http.Request, err error, 
 		w.WriteHeader(statusClientGone)
 		return
 	}
+	s.logFailure(r, status, err)
+	writeError(w, status, e)
+}
+
+// logFailure logs err, a failure of the service itself answered with
+// status (of the request, or of one slot of a batch), at most once per
+// failureLogEvery a kind: ERROR for a 500 (a misconfiguration), WARN for
+// an outage.
+func (s *Server) logFailure(r *http.Request, status int, err error) {
 	caller := ""
 	if info := infoOf(r.Context()); info != nil {
 		caller = info.who.name
@@ -116,5 +125,4 @@ func (s *Server) answerError(w http.ResponseWriter, r *http.Request, err error, 
 	case status > 500:
 		s.failedUnavailable.Log(r.Context(), slog.LevelWarn, "request failed", "path", r.URL.Path, "status", status, "caller", caller, "err", err)
 	}
-	writeError(w, status, e)
 }

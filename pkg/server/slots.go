@@ -203,7 +203,8 @@ func (s *Server) heartbeats(w http.ResponseWriter, r *http.Request) {
 			item.ExpiresAt = &res.ExpiresAt
 		}
 		if err := errs[i]; err != nil && !errors.Is(err, limiter.ErrSlotLost) {
-			_, e := apiError(err)
+			status, e := apiError(err)
+			s.logFailure(r, status, err) // a slot's 500 is as much the service's as a request's
 			item.Error = &e
 			if e.Code == httpapi.CodeUnavailable {
 				unavailable++
