@@ -63,6 +63,7 @@ func TestProxyModeRefusesWhatCannotWork(t *testing.T) {
 		{"a key set without an issuer", "mode: proxy\nproxy:\n  upstream: http://v:8000\nidentity:\n  jwt:\n    jwksURL: https://auth/jwks\n    audience: llm\n", "identity.jwt needs identity.jwt.issuer"},
 		{"an issuer without a key set", "mode: proxy\nproxy:\n  upstream: http://v:8000\nidentity:\n  jwt:\n    issuer: https://auth\n", "need a key set"},
 		{"the admin API", "mode: proxy\nproxy:\n  upstream: http://v:8000\nadmin:\n  existingSecret: tokens\n", "serves no admin API"},
+		{"the ext_proc server", "mode: proxy\nproxy:\n  upstream: http://v:8000\nextproc:\n  enabled: true\n", "extproc.enabled is set with mode proxy, which serves no ext_proc"},
 		{"an unknown mode", "mode: gateway\n", "/mode"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
