@@ -110,9 +110,17 @@ terminationGracePeriodSeconds: the preStop delay, then the drain
 {{- if include "limiter.proxyMode" . }}{{ int .Values.proxy.port }}{{ else }}{{ int .Values.server.apiPort }}{{ end }}
 {{- end }}
 
-{{/* The mounted JWKS file, when mode proxy has one. */}}
+{{/*
+Whether the pods read identity.*: `limiter proxy`, and the ext_proc server
+of `limiter serve` (extproc.enabled).
+*/}}
+{{- define "limiter.readsIdentity" -}}
+{{- if or (include "limiter.proxyMode" .) .Values.extproc.enabled }}true{{ end }}
+{{- end }}
+
+{{/* The mounted JWKS file, when the pods read identity.* and it names one. */}}
 {{- define "limiter.jwksFile" -}}
-{{- if and (include "limiter.proxyMode" .) .Values.identity.jwt.jwks.existingConfigMap }}{{ include "limiter.jwksDir" . }}/jwks.json{{ end }}
+{{- if and (include "limiter.readsIdentity" .) .Values.identity.jwt.jwks.existingConfigMap }}{{ include "limiter.jwksDir" . }}/jwks.json{{ end }}
 {{- end }}
 
 {{/* Where the pod mounts its files. */}}
@@ -158,6 +166,11 @@ rather than a pod or the API server later.
 {{- if .Values.extproc.enabled }}
 {{- fail "extproc.enabled is set with mode proxy, which serves no ext_proc server (`limiter proxy` never listens on extproc.addr): Envoy would find nothing there and, failing open, let every request through uncapped. Run a release in mode serve for Envoy, or unset extproc.enabled" }}
 {{- end }}
+{{- if eq (int .Values.proxy.port) (int .Values.server.opsPort) }}
+{{- fail (printf "proxy.port %d is server.opsPort's: give them different ports" (int .Values.proxy.port)) }}
+{{- end }}
+{{- end }}
+{{- if include "limiter.readsIdentity" . }}
 {{- $jwt := .Values.identity.jwt }}
 {{- if or $jwt.jwks.existingConfigMap $jwt.jwksURL }}
 {{- if or (empty $jwt.issuer) (empty $jwt.audience) }}
@@ -166,12 +179,9 @@ rather than a pod or the API server later.
 {{- else if or $jwt.issuer $jwt.audience $jwt.planClaim }}
 {{- fail "identity.jwt.issuer, audience and planClaim need a key set: identity.jwt.jwks.existingConfigMap or identity.jwt.jwksURL" }}
 {{- end }}
-{{- if eq (int .Values.proxy.port) (int .Values.server.opsPort) }}
-{{- fail (printf "proxy.port %d is server.opsPort's: give them different ports" (int .Values.proxy.port)) }}
-{{- end }}
 {{- end }}
 {{- with .Values.identity.pools }}
-{{- if not (or (include "limiter.proxyMode" $) $.Values.extproc.enabled) }}
+{{- if not (include "limiter.readsIdentity" $) }}
 {{- fail "identity.pools is read by mode proxy and by the ext_proc server (extproc.enabled) only: set one of them, or unset identity.pools" }}
 {{- end }}
 {{- if not (include "limiter.kubernetesTiers" $) }}

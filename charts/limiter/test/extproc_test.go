@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/joishi/limiter/pkg/config"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
@@ -137,5 +138,82 @@ func TestListenerTLS(t *testing.T) {
 	_, stderr, err := runHelm(t, templateArgs([]string{redisValues}, "--set", "server.tls.clientCA=true")...)
 	if err == nil || !strings.Contains(stderr, "server.tls.clientCA needs server.tls.existingSecret") {
 		t.Errorf("clientCA without a Secret: %v %s, want the render refused", err, stderr)
+	}
+}
+
+// The ext_proc server reads identity.* as `limiter proxy` does, so with
+// extproc.enabled the chart renders the whole identity block, not only
+// identity.pools: the headers, the default plan and the JWT (with the JWKS
+// ConfigMap mounted), in a config file `limiter serve` accepts. Dropping
+// identity.jwt would leave the server trusting the identity headers
+// instead of verifying tokens.
+func TestExtProcIdentity(t *testing.T) {
+	jwt := []string{
+		"--set", "identity.jwt.issuer=https://auth.example.com",
+		"--set", "identity.jwt.audience=llm",
+		"--set", "identity.jwt.userClaim=uid",
+		"--set", "identity.jwt.planClaim=plan",
+	}
+	tests := []struct {
+		name  string
+		flags []string
+		want  config.Identity // the fields compared below
+		jwks  bool            // the JWKS ConfigMap is mounted
+	}{
+		{
+			name: "the default headers",
+			want: config.Identity{UserHeader: "X-User-Id", PlanHeader: "X-Plan"},
+		},
+		{
+			name:  "other headers and a default plan",
+			flags: []string{"--set", "identity.userHeader=X-Caller", "--set", "identity.planHeader=X-Tier", "--set", "identity.defaultPlan=free"},
+			want:  config.Identity{UserHeader: "X-Caller", PlanHeader: "X-Tier", DefaultPlan: "free"},
+		},
+		{
+			name:  "a JWT from a key set URL",
+			flags: append([]string{"--set", "identity.jwt.jwksURL=https://auth.example.com/.well-known/jwks.json"}, jwt...),
+			want: config.Identity{UserHeader: "X-User-Id", PlanHeader: "X-Plan", JWT: config.JWT{
+				JWKSURL: "https://auth.example.com/.well-known/jwks.json", Issuer: "https://auth.example.com", Audience: "llm", UserClaim: "uid", PlanClaim: "plan"}},
+		},
+		{
+			name:  "a JWT from a key set ConfigMap",
+			flags: append([]string{"--set", "identity.jwt.jwks.existingConfigMap=llm-jwks"}, jwt...),
+			want: config.Identity{UserHeader: "X-User-Id", PlanHeader: "X-Plan", JWT: config.JWT{
+				JWKSFile: "/etc/limiter/jwks/jwks.json", Issuer: "https://auth.example.com", Audience: "llm", UserClaim: "uid", PlanClaim: "plan"}},
+			jwks: true,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			objs := render(t, []string{redisValues, extprocValues}, tt.flags...)
+			cfg := loadRendered(t, objs, config.CommandServe)
+			got := cfg.Identity
+			if got.UserHeader != tt.want.UserHeader || got.PlanHeader != tt.want.PlanHeader || got.DefaultPlan != tt.want.DefaultPlan {
+				t.Errorf("limiter serve reads identity headers %q/%q, default plan %q; want %q/%q, %q",
+					got.UserHeader, got.PlanHeader, got.DefaultPlan, tt.want.UserHeader, tt.want.PlanHeader, tt.want.DefaultPlan)
+			}
+			w := tt.want.JWT
+			if got.JWT.Enabled() != w.Enabled() || got.JWT.JWKSFile != w.JWKSFile || got.JWT.JWKSURL != w.JWKSURL ||
+				got.JWT.Issuer != w.Issuer || got.JWT.Audience != w.Audience || got.JWT.PlanClaim != w.PlanClaim ||
+				(w.Enabled() && got.JWT.UserClaim != w.UserClaim) {
+				t.Errorf("limiter serve reads identity.jwt %+v, want %+v", got.JWT, w)
+			}
+
+			pod := podSpec(t, find(t, objs, "Deployment", ""))
+			var mounted, fromConfigMap bool
+			for _, m := range container(t, pod)["volumeMounts"].([]any) {
+				if m.(map[string]any)["mountPath"] == "/etc/limiter/jwks" {
+					mounted = true
+				}
+			}
+			for _, v := range pod["volumes"].([]any) {
+				if cm, _ := v.(map[string]any)["configMap"].(map[string]any); cm != nil && cm["name"] == "llm-jwks" {
+					fromConfigMap = true
+				}
+			}
+			if mounted != tt.jwks || fromConfigMap != tt.jwks {
+				t.Errorf("JWKS: mounted %v, from ConfigMap llm-jwks %v; want %v", mounted, fromConfigMap, tt.jwks)
+			}
+		})
 	}
 }

@@ -9,8 +9,9 @@ import (
 )
 
 // identity.pools and proxy.maxBodyBytes reach the config file the pods
-// read, which the limiter accepts: in mode proxy with the rest of
-// identity.*, and for the ext_proc server of mode serve on their own.
+// read, which the limiter accepts: identity.pools with the rest of
+// identity.*, in mode proxy and for the ext_proc server of mode serve
+// (TestExtProcIdentity has the rest).
 func TestIdentityPoolsRender(t *testing.T) {
 	t.Run("mode proxy with a body source", func(t *testing.T) {
 		values := writeValues(t, "identity:\n  pools:\n    model: body:model\n    org: header:X-Org\nproxy:\n  maxBodyBytes: 1048576\n")
@@ -47,8 +48,14 @@ func TestIdentityPoolsRender(t *testing.T) {
 		}
 	})
 	t.Run("the ext_proc server without pools", func(t *testing.T) {
-		if _, ok := configFile(t, render(t, []string{redisValues, extprocValues}))["identity"]; ok {
-			t.Error("mode serve without identity.pools renders an identity section")
+		identity, _ := configFile(t, render(t, []string{redisValues, extprocValues}))["identity"].(map[string]any)
+		if pools, ok := identity["pools"].(map[string]any); !ok || len(pools) != 0 {
+			t.Errorf("config identity.pools %v, want {}", identity["pools"])
+		}
+	})
+	t.Run("mode serve without the ext_proc server", func(t *testing.T) {
+		if identity, ok := configFile(t, render(t, []string{redisValues}))["identity"]; ok {
+			t.Errorf("mode serve without extproc.enabled renders identity %v, which nothing reads", identity)
 		}
 	})
 }

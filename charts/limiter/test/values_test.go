@@ -180,6 +180,17 @@ func TestBadValuesAreRefused(t *testing.T) {
 		{name: "proxy.stallTimeout above 1h", values: "proxy:\n  stallTimeout: 1h0m1s\n", want: []string{`proxy.stallTimeout "1h0m1s": must be between 1s and 1h`}},
 		{name: "telemetry.slotsUsedMaxWindow under 1s", values: "telemetry:\n  slotsUsedMaxWindow: 0s\n", want: []string{`telemetry.slotsUsedMaxWindow "0s": must be between 1s and 1h`}},
 		{name: "telemetry.slotsUsedMaxWindow above 1h", values: "telemetry:\n  slotsUsedMaxWindow: 61m\n", want: []string{`telemetry.slotsUsedMaxWindow "61m": must be between 1s and 1h`}},
+		// The ext_proc server verifies JWTs as the proxy does.
+		{
+			name:   "the ext_proc server with a key set and no issuer",
+			values: "extproc:\n  enabled: true\nidentity:\n  jwt:\n    jwksURL: https://auth/jwks\n    audience: llm\n",
+			want:   []string{"identity.jwt needs identity.jwt.issuer and identity.jwt.audience with a key set"},
+		},
+		{
+			name:   "the ext_proc server with an audience and no key set",
+			values: "extproc:\n  enabled: true\nidentity:\n  jwt:\n    issuer: https://auth\n    audience: llm\n",
+			want:   []string{"identity.jwt.issuer, audience and planClaim need a key set"},
+		},
 		{
 			name:   "LimitPools with the static tier source",
 			values: "tiers:\n  source: static\nlimitPools:\n  - name: model\n",
