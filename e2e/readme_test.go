@@ -105,7 +105,7 @@ var docSpecs = map[string]docSpec{
 	`curl -i https://llm.example.com/v1/chat/completions -H "Authorization: Bearer $KEY" -d '{"model":"big","stream":true}'`: {how: docNotRun,
 		why: "needs Envoy and Envoy AI Gateway, which cannot run here; pkg/extproc's tests play the filter's messages (pool keys from headers and from a buffered body), and the answer is the 429 the proxy's command above shows"},
 	// README.md and docs/envoy.md: the ext_proc server.
-	`limiter serve --config limiter.yaml --extproc-addr :9091`: {how: docServe},
+	`limiter serve --extproc-addr :9091`: {how: docServe},
 	// README.md and docs/envoy.md: Helm.
 	`helm install limiter charts/limiter --namespace limiter --create-namespace --set 'redis.addrs={redis-cluster-0.redis:6379,redis-cluster-1.redis:6379}'`:                                 {how: docNotRun, why: needsCluster},
 	`kubectl -n limiter get secret limiter-api-tokens -o jsonpath='{.data.tokens}' | base64 -d | awk '$1 == "default" {print $2}'`:                                                           {how: docNotRun, why: needsCluster},
@@ -184,9 +184,6 @@ func TestReadmeCommands(t *testing.T) {
 	bin := servetest.Binary(t)
 	root := repoDir(t)
 	tmp := t.TempDir()
-	if err := os.WriteFile(filepath.Join(tmp, "limiter.yaml"), []byte("log:\n  level: warn\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	adminToken := "docs-operator-" + randomID()
 	adminTokens := filepath.Join(tmp, "admin-tokens")
 	if err := os.WriteFile(adminTokens, []byte("docs operator "+adminToken+"\n"), 0o600); err != nil {
@@ -252,7 +249,6 @@ func TestReadmeCommands(t *testing.T) {
 			"http://<limiter admin listener>:8081", docsServe.Admin,
 			"LIMITER_ADMIN_TOKEN=<token>", "LIMITER_ADMIN_TOKEN="+adminToken,
 			"LIMITER_ADMIN_TOKEN=...", "LIMITER_ADMIN_TOKEN="+adminToken,
-			"--config limiter.yaml", "--config "+filepath.Join(tmp, "limiter.yaml"),
 			"--extproc-addr :9091", "--extproc-addr "+testenv.FreeAddr(t),
 		)
 		for _, c := range docCommandsOf(t, file) {
