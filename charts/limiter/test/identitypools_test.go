@@ -2,6 +2,7 @@ package chart
 
 import (
 	"maps"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -37,14 +38,19 @@ func TestIdentityPoolsRender(t *testing.T) {
 		}
 	})
 	t.Run("the ext_proc server with Envoy AI Gateway's model header", func(t *testing.T) {
-		values := writeValues(t, "identity:\n  pools:\n    model: header:x-ai-eg-model\n")
+		values := writeValues(t, "identity:\n  pools:\n    model: header:x-ai-eg-model\nproxy:\n  maxBodyBytes: 1048576\n")
 		objs := render(t, []string{redisValues, extprocValues, values})
-		if _, ok := configFile(t, objs)["proxy"]; ok {
-			t.Error("mode serve renders a proxy section")
+		// The ext_proc server reads a body: source's body up to
+		// proxy.maxBodyBytes; nothing else of proxy.* is mode serve's.
+		if got := configFile(t, objs)["proxy"]; !reflect.DeepEqual(got, map[string]any{"maxBodyBytes": int64(1048576)}) {
+			t.Errorf("config proxy %v, want maxBodyBytes 1048576 alone", got)
 		}
 		cfg := loadRendered(t, objs, config.CommandServe)
 		if want := map[string]string{"model": "header:x-ai-eg-model"}; !maps.Equal(cfg.Identity.Pools, want) {
 			t.Errorf("limiter serve reads identity.pools %v, want %v", cfg.Identity.Pools, want)
+		}
+		if cfg.Proxy.MaxBodyBytes != 1048576 {
+			t.Errorf("limiter serve reads proxy.maxBodyBytes %d, want 1048576", cfg.Proxy.MaxBodyBytes)
 		}
 	})
 	t.Run("the ext_proc server without pools", func(t *testing.T) {
@@ -54,8 +60,11 @@ func TestIdentityPoolsRender(t *testing.T) {
 		}
 	})
 	t.Run("mode serve without the ext_proc server", func(t *testing.T) {
-		if identity, ok := configFile(t, render(t, []string{redisValues}))["identity"]; ok {
-			t.Errorf("mode serve without extproc.enabled renders identity %v, which nothing reads", identity)
+		file := configFile(t, render(t, []string{redisValues}))
+		for _, key := range []string{"identity", "proxy"} {
+			if v, ok := file[key]; ok {
+				t.Errorf("mode serve without extproc.enabled renders %s %v, which nothing reads", key, v)
+			}
 		}
 	})
 }
