@@ -58,4 +58,17 @@ func TestExtProcOptions(t *testing.T) {
 	if err := c.ValidateProxy(); err != nil && strings.Contains(err.Error(), "extproc.addr") {
 		t.Errorf("ValidateProxy without extproc.addr: %v, want no error naming it", err)
 	}
+	// Nor does it ask for tokens: an operator setting a tokens file would
+	// take the proxy's callers for authenticated.
+	for _, key := range []string{"api.tokensFile", "admin.tokensFile"} {
+		c := c
+		if key == "api.tokensFile" {
+			c.API.TokensFile = "/etc/limiter/api/tokens"
+		} else {
+			c.Admin.TokensFile = "/etc/limiter/admin/tokens"
+		}
+		if err := c.ValidateProxy(); err == nil || !strings.Contains(err.Error(), key) || !strings.Contains(err.Error(), "`limiter serve` only") {
+			t.Errorf("ValidateProxy with %s set: %v, want an error naming it", key, err)
+		}
+	}
 }

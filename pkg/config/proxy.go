@@ -209,8 +209,10 @@ func (c Config) ProxyOptions() (proxy.Options, error) {
 
 // ValidateProxy reports, beyond Validate, what `limiter proxy` needs:
 // proxy.upstream, and a listen address apart from ops.addr; and refuses
-// extproc.addr, which it would not serve: an Envoy sent there, failing
-// open, would let every request through uncapped.
+// what it would not do: serve extproc.addr (an Envoy sent there, failing
+// open, would let every request through uncapped), or ask callers for the
+// tokens of api.tokensFile and admin.tokensFile (an operator would take
+// its callers for authenticated).
 func (c Config) ValidateProxy() error {
 	v := validator{}
 	if c.Proxy.Upstream == "" {
@@ -218,6 +220,11 @@ func (c Config) ValidateProxy() error {
 	}
 	if sameListener(c.Proxy.Listen, c.Ops.Addr) {
 		v.add("ops.addr", "must not be the address of proxy.listen ("+c.Proxy.Listen+")", strconv.Quote(c.Ops.Addr))
+	}
+	for _, f := range []struct{ key, file string }{{"api.tokensFile", c.API.TokensFile}, {"admin.tokensFile", c.Admin.TokensFile}} {
+		if f.file != "" {
+			v.add(f.key, "is read by `limiter serve` only: `limiter proxy` serves no slot or admin API, and takes its callers' identity from identity.jwt (verified) or identity headers (trusted as they come); unset it", strconv.Quote(f.file))
+		}
 	}
 	if c.ExtProc.Addr != "" {
 		v.add("extproc.addr", "is served by `limiter serve` only: `limiter proxy` serves no ext_proc; run `limiter serve` for Envoy, or unset it", strconv.Quote(c.ExtProc.Addr))
