@@ -179,6 +179,11 @@ func AcquireRefusal(err error) (r Refusal, known bool) {
 	case errors.Is(err, limiter.ErrUnavailable):
 		return Refused(http.StatusServiceUnavailable, TypeServer, CodeUnavailable,
 			"the stream limiter cannot reach its store and this plan fails closed; retry shortly"), true
+	case errors.Is(err, limiter.ErrSlotLost):
+		// Its slot was released (by support) while it waited for a pool
+		// key: it joins nothing, as ext_proc cuts a stream so released.
+		return Refused(http.StatusServiceUnavailable, TypeServer, CodeSlotLost,
+			"this request's slot was released while it waited for a pool key (support released the user's streams); retry"), true
 	}
 	return Refused(http.StatusInternalServerError, TypeServer, CodeInternal, "the stream limiter failed; its log says why"), false
 }

@@ -182,3 +182,77 @@ func TestWhatIsReadBeforeAWaitGoesUpstream(t *testing.T) {
 		t.Errorf("the upstream read %q, want the waiting request's body %q", got, small)
 	}
 }
+
+// A request waiting for a pool key whose user's slot support releases
+// meanwhile (release all of the user's streams) is refused 503 slot_lost
+// once the key frees, as ext_proc cuts a stream whose slot was released:
+// it joins nothing and goes nowhere. It was a 500 internal_error, logged
+// as a failure of the limiter's.
+func TestAPoolWaitWhoseSlotSupportReleasedIsRefusedSlotLost(t *testing.T) {
+	table := pools.NewTable()
+	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "org", Keys: map[string]int{"acme": 1}, MaxWait: 10 * time.Second}.WithDefaults()}); err != nil {
+		t.Fatal(err)
+	}
+	sources, err := identity.ParsePoolSources(map[string]string{"org": "header:X-Org"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := newSSE()
+	e := newEnv(t, up, envOptions{
+		stack:    limitertest.Options{Tiers: append(limitertest.Tiers(), waitOne), Limiter: limiter.Options{Pools: table}},
+		identity: identity.Options{Pools: sources},
+		wait:     10 * time.Second,
+	})
+	ana, bo := newUser(), newUser()
+	ctx, endAna := context.WithCancel(context.Background())
+	defer endAna()
+	req := e.request(t, ctx, "GET", "/v1/chat/completions", ana, "wait-one", nil)
+	req.Header.Set("X-Org", "acme")
+	first := e.do(t, req)
+	defer first.Body.Close()
+	<-up.started
+
+	answered := make(chan *http.Response, 1)
+	boCtx, endBo := context.WithCancel(context.Background())
+	defer endBo() // a failed test leaves no request waiting
+	go func() {
+		req := e.request(t, boCtx, "GET", "/v1/chat/completions", bo, "wait-one", nil)
+		req.Header.Set("X-Org", "acme")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err)
+			resp = nil
+		}
+		answered <- resp
+	}()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		got, err := e.Stack.Limiter.PoolSlots(context.Background(), "org", "acme")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got.Waiters) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("bo's request never waited for org=acme")
+		}
+	}
+	if released, err := e.Stack.Limiter.ReleaseAll(context.Background(), bo, "support-1"); err != nil || len(released) != 1 {
+		t.Fatalf("support's release of bo's streams: %v, %v; want the waiting request's slot", released, err)
+	}
+	endAna()
+	resp := <-answered
+	if resp == nil {
+		return
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), `"code":"slot_lost"`) {
+		t.Errorf("bo's request, its slot released while it waited: %d %s; want 503 slot_lost", resp.StatusCode, body)
+	}
+	select {
+	case r := <-up.started:
+		t.Errorf("bo's %s, its slot released while it waited, reached the upstream", r.Method)
+	default:
+	}
+}
