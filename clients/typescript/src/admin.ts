@@ -77,9 +77,17 @@ export class Admin {
 /**
  * value (a user id, a pool's name or key) escaped as one path segment: a
  * "/" is %2F; a dot-only one is written %2E..., or it would be resolved
- * away as a directory.
+ * away as a directory. "." and ".." cannot be sent at all: fetch resolves
+ * even %2E and %2E%2E away (WHATWG URL), and the service would answer
+ * another path's 404; they are refused here, naming what can reach them.
  */
 export function segment(value: string): string {
+  if (value === "." || value === "..") {
+    throw new TypeError(
+      `${JSON.stringify(value)} cannot be a path segment of a fetch URL (it is resolved away); ` +
+        "reach it with the limiter admin CLI, the Go or Python client, or curl --path-as-is",
+    );
+  }
   if (value !== "" && /^\.+$/.test(value)) {
     return "%2E".repeat(value.length);
   }

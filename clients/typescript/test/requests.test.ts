@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { afterEach, beforeEach, describe, test } from "node:test";
 
-import { Client, ErrorCode, LimiterError, Paths, isLimited, isNotSlotHolder, isPoolLimited, type ClientOptions, type Lease } from "../src/index.js";
+import { Admin, Client, ErrorCode, LimiterError, Paths, isLimited, isNotSlotHolder, isPoolLimited, type ClientOptions, type Lease } from "../src/index.js";
 import { MemoryLogger, TestServer, eventually, jsonAnswer, type Answer, type Recorded } from "./support.js";
 
 const STREAM_ID = /^[0-9a-f]{32}$/;
@@ -150,6 +150,17 @@ describe("requests and answers", () => {
     assert.match(err.message, /\(pool model=gpt-4o, used 1 of 1, retry after 1500ms\)$/);
     assert.equal(server.received(Paths.acquire).length, 1, "a refusal is not retried");
     assert.deepEqual(server.received(Paths.release), []);
+  });
+
+  test("an admin call for a user or pool key named . or .. is refused before sending", async () => {
+    const admin = new Admin(server.url, "admin-token");
+    for (const name of [".", ".."]) {
+      assert.throws(() => admin.slots(name), TypeError);
+      assert.throws(() => admin.poolKey("model", name), TypeError);
+    }
+    assert.equal(server.requests.length, 0);
+    await admin.slots("...").catch(() => undefined); // three dots are a name like any other
+    assert.equal(server.requests.at(-1)?.path, "/v1/admin/users/%2E%2E%2E/slots");
   });
 
   test("a label over 128 bytes is refused before sending", async () => {
