@@ -46,6 +46,36 @@ func rawRequest(t *testing.T, e *env, method, user, body string, headers ...stri
 	return conn
 }
 
+// orgWaitEnv is a proxy whose requests join org (the X-Org header), whose
+// key acme caps 1 stream and may be waited for 10s, with ana's stream,
+// of plan wait-one, holding org=acme until endAna.
+func orgWaitEnv(t *testing.T) (e *env, up *sse, ana string, endAna context.CancelFunc) {
+	t.Helper()
+	table := pools.NewTable()
+	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "org", Keys: map[string]int{"acme": 1}, MaxWait: 10 * time.Second}.WithDefaults()}); err != nil {
+		t.Fatal(err)
+	}
+	sources, err := identity.ParsePoolSources(map[string]string{"org": "header:X-Org"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	up = newSSE()
+	e = newEnv(t, up, envOptions{
+		stack:    limitertest.Options{Tiers: append(limitertest.Tiers(), waitOne), Limiter: limiter.Options{Pools: table}},
+		identity: identity.Options{Pools: sources},
+		wait:     10 * time.Second,
+	})
+	ana = newUser()
+	ctx, endAna := context.WithCancel(context.Background())
+	t.Cleanup(endAna)
+	req := e.request(t, ctx, "GET", "/v1/chat/completions", ana, "wait-one", nil)
+	req.Header.Set("X-Org", "acme")
+	first := e.do(t, req)
+	t.Cleanup(func() { first.Body.Close() })
+	<-up.started
+	return e, up, ana, endAna
+}
+
 // A request waiting for the user's slot (proxy.wait) whose client leaves
 // gives its place up at once, with a body as without: net/http notices a
 // client leaving only once the request's body is read, so the proxy reads
@@ -82,28 +112,8 @@ func TestAWaitingClientThatLeavesLeavesTheQueue(t *testing.T) {
 // The same for a request waiting for a pool key: its user's slot, taken
 // before the wait, is not kept alive for a client that left.
 func TestAClientWaitingForAPoolKeyThatLeavesLeavesIt(t *testing.T) {
-	table := pools.NewTable()
-	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "org", Keys: map[string]int{"acme": 1}, MaxWait: 10 * time.Second}.WithDefaults()}); err != nil {
-		t.Fatal(err)
-	}
-	sources, err := identity.ParsePoolSources(map[string]string{"org": "header:X-Org"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	up := newSSE()
-	e := newEnv(t, up, envOptions{
-		stack:    limitertest.Options{Tiers: append(limitertest.Tiers(), waitOne), Limiter: limiter.Options{Pools: table}},
-		identity: identity.Options{Pools: sources},
-		wait:     10 * time.Second,
-	})
-	ana, bo := newUser(), newUser()
-	ctx, endAna := context.WithCancel(context.Background())
-	defer endAna()
-	req := e.request(t, ctx, "GET", "/v1/chat/completions", ana, "wait-one", nil)
-	req.Header.Set("X-Org", "acme")
-	first := e.do(t, req)
-	defer first.Body.Close()
-	<-up.started
+	e, up, _, endAna := orgWaitEnv(t)
+	bo := newUser()
 
 	conn := rawRequest(t, e, "POST", bo, `{"stream":true}`, "X-Org: acme")
 	waiters := func() int {
@@ -189,28 +199,8 @@ func TestWhatIsReadBeforeAWaitGoesUpstream(t *testing.T) {
 // it joins nothing and goes nowhere. It was a 500 internal_error, logged
 // as a failure of the limiter's.
 func TestAPoolWaitWhoseSlotSupportReleasedIsRefusedSlotLost(t *testing.T) {
-	table := pools.NewTable()
-	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "org", Keys: map[string]int{"acme": 1}, MaxWait: 10 * time.Second}.WithDefaults()}); err != nil {
-		t.Fatal(err)
-	}
-	sources, err := identity.ParsePoolSources(map[string]string{"org": "header:X-Org"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	up := newSSE()
-	e := newEnv(t, up, envOptions{
-		stack:    limitertest.Options{Tiers: append(limitertest.Tiers(), waitOne), Limiter: limiter.Options{Pools: table}},
-		identity: identity.Options{Pools: sources},
-		wait:     10 * time.Second,
-	})
-	ana, bo := newUser(), newUser()
-	ctx, endAna := context.WithCancel(context.Background())
-	defer endAna()
-	req := e.request(t, ctx, "GET", "/v1/chat/completions", ana, "wait-one", nil)
-	req.Header.Set("X-Org", "acme")
-	first := e.do(t, req)
-	defer first.Body.Close()
-	<-up.started
+	e, up, _, endAna := orgWaitEnv(t)
+	bo := newUser()
 
 	answered := make(chan *http.Response, 1)
 	boCtx, endBo := context.WithCancel(context.Background())

@@ -38,19 +38,7 @@ func TestAPoolRefusalAfterAUserWaitSaysWhyThePoolWasNotWaited(t *testing.T) {
 	if r.status != http.StatusOK || json.Unmarshal(r.body, &first) != nil {
 		t.Fatalf("ana: %d %s", r.status, r.body)
 	}
-	waiting := a.postAsync(t, "/v1/slots/acquire", map[string]any{"user_id": ana, "plan": "wait", "wait_ms": 3000, "pools": map[string]string{"nowait": "k"}})
-	time.Sleep(300 * time.Millisecond)
-	if r := a.post(t, "/v1/slots/release", map[string]any{"user_id": ana, "stream_id": first.StreamID}); r.status != http.StatusOK {
-		t.Fatalf("release: %d %s", r.status, r.body)
-	}
-	got := <-waiting
-	if got.err != nil {
-		t.Fatal(got.err)
-	}
-	var refused httpapi.ErrorResponse
-	if got.status != http.StatusTooManyRequests || json.Unmarshal(got.body, &refused) != nil || refused.Error.Code != httpapi.CodePoolLimitReached {
-		t.Fatalf("%d %s; want 429 pool_limit_reached", got.status, got.body)
-	}
+	refused := waitThenRefused(t, a, ana, first.StreamID, "nowait")
 	if !strings.Contains(refused.Error.Message, `pool "nowait" has maxWait 0s`) || !strings.Contains(refused.Error.Message, "for the user's own slot") {
 		t.Errorf("the refusal does not say the pool is never waited for (maxWait 0s): %q", refused.Error.Message)
 	}
@@ -85,9 +73,25 @@ func TestAFullPoolQueueAfterAUserWaitIsNotADisplacement(t *testing.T) {
 		t.Fatalf("ana: %d %s", r.status, r.body)
 	}
 	time.Sleep(200 * time.Millisecond) // carl queued in model=k
-	waiting := a.postAsync(t, "/v1/slots/acquire", map[string]any{"user_id": ana, "plan": "wait", "wait_ms": 3000, "pools": map[string]string{"model": "k"}})
+	refused := waitThenRefused(t, a, ana, first.StreamID, "model")
+	if strings.Contains(refused.Error.Message, "its place went to a waiter served before it") {
+		t.Errorf("the refusal says the acquire had a place in the key's queue and was displaced, yet it never queued there: %q", refused.Error.Message)
+	}
+	if !strings.Contains(refused.Error.Message, "holds its most waiters") {
+		t.Errorf("the refusal does not say the key's queue was full: %q", refused.Error.Message)
+	}
+	<-carlWaits
+}
+
+// waitThenRefused sends an acquire of user's that waits up to 3s in its
+// queue (user holds stream, its one slot) and then joins pool's key k,
+// releases stream 300ms later, and returns the acquire's refusal, a 429
+// pool_limit_reached.
+func waitThenRefused(t *testing.T, a *api, user, stream, pool string) httpapi.ErrorResponse {
+	t.Helper()
+	waiting := a.postAsync(t, "/v1/slots/acquire", map[string]any{"user_id": user, "plan": "wait", "wait_ms": 3000, "pools": map[string]string{pool: "k"}})
 	time.Sleep(300 * time.Millisecond)
-	if r := a.post(t, "/v1/slots/release", map[string]any{"user_id": ana, "stream_id": first.StreamID}); r.status != http.StatusOK {
+	if r := a.post(t, "/v1/slots/release", map[string]any{"user_id": user, "stream_id": stream}); r.status != http.StatusOK {
 		t.Fatalf("release: %d %s", r.status, r.body)
 	}
 	got := <-waiting
@@ -98,11 +102,5 @@ func TestAFullPoolQueueAfterAUserWaitIsNotADisplacement(t *testing.T) {
 	if got.status != http.StatusTooManyRequests || json.Unmarshal(got.body, &refused) != nil || refused.Error.Code != httpapi.CodePoolLimitReached {
 		t.Fatalf("%d %s; want 429 pool_limit_reached", got.status, got.body)
 	}
-	if strings.Contains(refused.Error.Message, "its place went to a waiter served before it") {
-		t.Errorf("the refusal says the acquire had a place in the key's queue and was displaced, yet it never queued there: %q", refused.Error.Message)
-	}
-	if !strings.Contains(refused.Error.Message, "holds its most waiters") {
-		t.Errorf("the refusal does not say the key's queue was full: %q", refused.Error.Message)
-	}
-	<-carlWaits
+	return refused
 }
