@@ -49,27 +49,10 @@ func TestPoolKeyAtCapAlert(t *testing.T) {
 	}
 	rule := shippedAlert(t, rules, "LimiterPoolKeyAtCap")
 
-	type series struct {
-		Series string `yaml:"series"`
-		Values string `yaml:"values"`
-	}
-	type alert struct {
-		Labels      map[string]string `yaml:"exp_labels"`
-		Annotations map[string]string `yaml:"exp_annotations"`
-	}
-	type check struct {
-		EvalTime  string  `yaml:"eval_time"`
-		AlertName string  `yaml:"alertname"`
-		Alerts    []alert `yaml:"exp_alerts"`
-	}
-	var test struct {
-		Interval string   `yaml:"interval"`
-		Input    []series `yaml:"input_series"`
-		Checks   []check  `yaml:"alert_rule_test"`
-	}
+	var test promTest
 	test.Interval = "1m"
 	for name, values := range poolAlertSeries {
-		test.Input = append(test.Input, series{Series: name, Values: values})
+		test.Input = append(test.Input, promSeries{Series: name, Values: values})
 	}
 	for _, c := range []struct {
 		at    int      // minutes
@@ -81,23 +64,57 @@ func TestPoolKeyAtCapAlert(t *testing.T) {
 		{at: 24, pools: []string{"model"}},
 		{at: 28, pools: []string{"provider"}}, // model under its cap since 26m
 	} {
-		want := check{EvalTime: fmt.Sprintf("%dm", c.at), AlertName: rule.Alert, Alerts: []alert{}}
+		want := promCheck{EvalTime: fmt.Sprintf("%dm", c.at), AlertName: rule.Alert, Alerts: []promAlert{}}
 		for _, pool := range c.pools {
 			// The template's two fields: the pool, and the value (the
 			// least fill of the 10 minutes, 1).
 			fill := strings.NewReplacer("{{ $labels.pool }}", pool, "{{ $value }}", "1")
-			want.Alerts = append(want.Alerts, alert{
+			want.Alerts = append(want.Alerts, promAlert{
 				Labels:      map[string]string{"job": "limiter", "pool": pool, "severity": rule.Labels["severity"]},
 				Annotations: map[string]string{"summary": fill.Replace(rule.Annotations["summary"]), "description": fill.Replace(rule.Annotations["description"])},
 			})
 		}
 		test.Checks = append(test.Checks, want)
 	}
+	promtoolRules(t, promtool, rules, test)
+}
+
+// promTest is one test of `promtool test rules`, evaluated every minute:
+// its input series (promtool's notation: "1x12" is 1 for 13 minutes) and
+// the alerts expected to fire at given times.
+type promTest struct {
+	Interval string       `yaml:"interval"`
+	Input    []promSeries `yaml:"input_series"`
+	Checks   []promCheck  `yaml:"alert_rule_test"`
+}
+
+type promSeries struct {
+	Series string `yaml:"series"`
+	Values string `yaml:"values"`
+}
+
+type promCheck struct {
+	EvalTime  string      `yaml:"eval_time"`
+	AlertName string      `yaml:"alertname"`
+	Alerts    []promAlert `yaml:"exp_alerts"`
+}
+
+type promAlert struct {
+	Labels      map[string]string `yaml:"exp_labels"`
+	Annotations map[string]string `yaml:"exp_annotations"`
+}
+
+// promtoolRules has promtool evaluate the rules file at rules against test,
+// and fails t, showing the test, when an expected alert does not fire as
+// given or another does.
+func promtoolRules(t *testing.T, promtool, rules string, test promTest) {
+	t.Helper()
+	test.Interval = "1m"
 	doc, err := yaml.Marshal(map[string]any{"rule_files": []string{rules}, "evaluation_interval": "1m", "tests": []any{test}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(t.TempDir(), "pool-alert-test.yaml")
+	path := filepath.Join(t.TempDir(), "alert-test.yaml")
 	if err := os.WriteFile(path, doc, 0o644); err != nil {
 		t.Fatal(err)
 	}

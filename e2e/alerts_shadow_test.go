@@ -1,16 +1,11 @@
 package e2e
 
 import (
-	"context"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/joishi/limiter/internal/testenv"
-	"go.yaml.in/yaml/v3"
 )
 
 // TestShadowGrantsAreGrantsToTheAlerts: a plan in
@@ -33,32 +28,14 @@ func TestShadowGrantsAreGrantsToTheAlerts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	type series struct {
-		Series string `yaml:"series"`
-		Values string `yaml:"values"`
-	}
-	type alert struct {
-		Labels      map[string]string `yaml:"exp_labels"`
-		Annotations map[string]string `yaml:"exp_annotations"`
-	}
 	reclaimed := shippedAlert(t, rules, "LimiterSlotsReclaimedRising")
 	fill := strings.NewReplacer("{{ $labels.plan }}", "gamma", "{{ $value | humanizePercentage }}", "10%")
-	gamma := alert{
+	gamma := promAlert{
 		Labels:      map[string]string{"job": "limiter", "plan": "gamma", "severity": reclaimed.Labels["severity"]},
 		Annotations: map[string]string{"summary": fill.Replace(reclaimed.Annotations["summary"]), "description": fill.Replace(reclaimed.Annotations["description"])},
 	}
-	type check struct {
-		EvalTime  string  `yaml:"eval_time"`
-		AlertName string  `yaml:"alertname"`
-		Alerts    []alert `yaml:"exp_alerts"`
-	}
-	var test struct {
-		Interval string   `yaml:"interval"`
-		Input    []series `yaml:"input_series"`
-		Checks   []check  `yaml:"alert_rule_test"`
-	}
-	test.Interval = "1m"
-	test.Input = []series{
+	var test promTest
+	test.Input = []promSeries{
 		// Plan trial: shadow mode, maxConcurrentStreams 0. A new stream a
 		// minute, every one shadow_refused; users hold 1-2 all along.
 		{`limiter_acquire_total{instance="a",job="limiter",outcome="shadow_refused",plan="trial"}`, `0+1x60`},
@@ -80,21 +57,9 @@ func TestShadowGrantsAreGrantsToTheAlerts(t *testing.T) {
 	}
 	for _, at := range []string{"40m", "55m"} {
 		test.Checks = append(test.Checks,
-			check{EvalTime: at, AlertName: "LimiterSlotsUsedFloor", Alerts: []alert{}},
-			check{EvalTime: at, AlertName: "LimiterSlotsReclaimedRising", Alerts: []alert{gamma}},
+			promCheck{EvalTime: at, AlertName: "LimiterSlotsUsedFloor", Alerts: []promAlert{}},
+			promCheck{EvalTime: at, AlertName: "LimiterSlotsReclaimedRising", Alerts: []promAlert{gamma}},
 		)
 	}
-	doc, err := yaml.Marshal(map[string]any{"rule_files": []string{rules}, "evaluation_interval": "1m", "tests": []any{test}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "shadow-alert-test.yaml")
-	if err := os.WriteFile(path, doc, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if out, err := exec.CommandContext(ctx, promtool, "test", "rules", path).CombinedOutput(); err != nil {
-		t.Errorf("the shipped alerts fire for shadow plans that grant all along: %v\n%s", err, out)
-	}
+	promtoolRules(t, promtool, rules, test)
 }
