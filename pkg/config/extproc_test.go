@@ -58,6 +58,13 @@ func TestExtProcOptions(t *testing.T) {
 	if err := c.ValidateProxy(); err != nil && strings.Contains(err.Error(), "extproc.addr") {
 		t.Errorf("ValidateProxy without extproc.addr: %v, want no error naming it", err)
 	}
+	// Nor does it name callers by their certificates (serve's mutual TLS,
+	// which needs api.tokensFile): unsetting the CA is the one way out.
+	mtls := c
+	mtls.HTTP.TLS.ClientCAFile = "/etc/limiter/tls/ca.pem"
+	if err := mtls.ValidateProxy(); err == nil || !strings.Contains(err.Error(), "http.tls.clientCAFile") || !strings.Contains(err.Error(), "`limiter serve` only") {
+		t.Errorf("ValidateProxy with http.tls.clientCAFile set: %v, want an error naming it", err)
+	}
 	// Nor does it ask for tokens: an operator setting a tokens file would
 	// take the proxy's callers for authenticated.
 	for _, key := range []string{"api.tokensFile", "admin.tokensFile"} {

@@ -226,6 +226,11 @@ func (c Config) ValidateProxy() error {
 			v.add(f.key, "is read by `limiter serve` only: `limiter proxy` serves no slot or admin API, and takes its callers' identity from identity.jwt (verified) or identity headers (trusted as they come); unset it", strconv.Quote(f.file))
 		}
 	}
+	if f := c.HTTP.TLS.ClientCAFile; f != "" {
+		// serve names a caller by its certificate, scoped by api.tokensFile,
+		// which the proxy refuses: one could never be set without the other.
+		v.add("http.tls.clientCAFile", "is read by `limiter serve` only: `limiter proxy` takes no caller from a client certificate (identity.jwt or identity headers name the user); unset it", strconv.Quote(f))
+	}
 	if c.ExtProc.Addr != "" {
 		v.add("extproc.addr", "is served by `limiter serve` only: `limiter proxy` serves no ext_proc; run `limiter serve` for Envoy, or unset it", strconv.Quote(c.ExtProc.Addr))
 	}

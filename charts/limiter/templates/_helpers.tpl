@@ -163,6 +163,9 @@ rather than a pod or the API server later.
 {{- if .Values.admin.existingSecret }}
 {{- fail "admin.existingSecret is set with mode proxy, which serves no admin API: run a release in mode serve for it, or unset admin.existingSecret" }}
 {{- end }}
+{{- if .Values.server.tls.clientCA }}
+{{- fail "server.tls.clientCA is set with mode proxy, which takes no caller from a client certificate (identity.jwt or the identity headers name the user): unset server.tls.clientCA" }}
+{{- end }}
 {{- if .Values.extproc.enabled }}
 {{- fail "extproc.enabled is set with mode proxy, which serves no ext_proc server (`limiter proxy` never listens on extproc.addr): Envoy would find nothing there and, failing open, let every request through uncapped. Run a release in mode serve for Envoy, or unset extproc.enabled" }}
 {{- end }}

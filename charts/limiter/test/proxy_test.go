@@ -64,6 +64,7 @@ func TestProxyModeRefusesWhatCannotWork(t *testing.T) {
 		{"an issuer without a key set", "mode: proxy\nproxy:\n  upstream: http://v:8000\nidentity:\n  jwt:\n    issuer: https://auth\n", "need a key set"},
 		{"the admin API", "mode: proxy\nproxy:\n  upstream: http://v:8000\nadmin:\n  existingSecret: tokens\n", "serves no admin API"},
 		{"the ext_proc server", "mode: proxy\nproxy:\n  upstream: http://v:8000\nextproc:\n  enabled: true\n", "extproc.enabled is set with mode proxy, which serves no ext_proc"},
+		{"client certificates", "mode: proxy\nproxy:\n  upstream: http://v:8000\nserver:\n  tls:\n    existingSecret: tls\n    clientCA: true\n", "server.tls.clientCA is set with mode proxy"},
 		{"an unknown mode", "mode: gateway\n", "/mode"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
