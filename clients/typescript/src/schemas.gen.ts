@@ -39,7 +39,9 @@ export const Paths = {
  * (JSON Schema counts characters, so the byte bound is the server's),
  * no whitespace, control or format characters (such as U+200B or a
  * bidirectional override, which would make it read as another id),
- * no `{` or `}`. Otherwise `400 invalid_user_id`.
+ * no `{` or `}`. Otherwise `400 invalid_user_id`. The pattern names
+ * the characters of the Basic Multilingual Plane; the server also
+ * refuses the format characters beyond it (tag characters).
  */
 export type UserID = string;
 
