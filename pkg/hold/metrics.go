@@ -37,13 +37,16 @@ const (
 	// ReasonInvalid: a malformed request (a bad user id or pool key,
 	// oversized headers or body, a body that is not JSON).
 	ReasonInvalid Reason = "invalid"
+	// ReasonLost: the request's slot was released (by support) while it
+	// waited for a pool key (503 slot_lost).
+	ReasonLost Reason = "lost"
 	// ReasonError: the limiter failed otherwise (Redis refused the call).
 	ReasonError Reason = "error"
 )
 
 var (
 	allEnds    = []End{EndComplete, EndClientGone, EndUpstreamError, EndPanic, EndShutdown, EndLost, EndIdle, EndStalled}
-	allReasons = []Reason{ReasonLimit, ReasonUnavailable, ReasonUnknownPlan, ReasonUnknownPool, ReasonIdentity, ReasonPlanNotAllowed, ReasonInvalid, ReasonError}
+	allReasons = []Reason{ReasonLimit, ReasonUnavailable, ReasonUnknownPlan, ReasonUnknownPool, ReasonIdentity, ReasonPlanNotAllowed, ReasonInvalid, ReasonLost, ReasonError}
 	// durationBuckets span a short completion to an hour-long session.
 	durationBuckets = []float64{0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600}
 )
@@ -63,6 +66,8 @@ func refusalOf(err error) (Reason, bool) {
 	case errors.Is(err, limiter.ErrInvalidUserID), errors.Is(err, limiter.ErrInvalidStreamID), errors.Is(err, limiter.ErrInvalidLabel),
 		errors.Is(err, limiter.ErrInvalidPoolKey):
 		return ReasonInvalid, true
+	case errors.Is(err, limiter.ErrSlotLost):
+		return ReasonLost, true
 	default:
 		return ReasonError, true
 	}
@@ -95,7 +100,7 @@ func newMetrics(mp metric.MeterProvider, mode string) (*metrics, error) {
 		metric.WithDescription("How long streams held their slot, by mode and end."),
 		metric.WithExplicitBucketBoundaries(durationBuckets...))
 	o.refused, errs[3] = m.Int64Counter("limiter.streams.refused", metric.WithUnit("{stream}"),
-		metric.WithDescription("Streams refused a slot, by mode and reason: limit (429), unavailable (503), unknown_plan, identity (401), plan_not_allowed (403), invalid, error."))
+		metric.WithDescription("Streams refused a slot, by mode and reason: limit (429), unavailable (503), unknown_plan, identity (401), plan_not_allowed (403), invalid, lost (503 slot_lost: released while it waited), error."))
 	o.lostN, errs[4] = m.Int64Counter("limiter.streams.lost", metric.WithUnit("{stream}"),
 		metric.WithDescription("Streams whose slot the limiter no longer held (expired, released by support, lost in a failover), by mode: each was cut."))
 	if err := errors.Join(errs[:]...); err != nil {

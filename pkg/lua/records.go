@@ -48,12 +48,12 @@ type Record struct {
 	// Empty: none.
 	Label string
 	// Token names the request that acquires ([A-Za-z0-9_-], see
-	// NewToken), for a stream whose id its client chose, which several
-	// requests (a client's retries) may hold at once: its acquire, asked
-	// again after its reply was lost, is answered the share its first try
-	// took, not counted as another request's extension. Empty: none (an
-	// id the limiter made is one request's only). Only the scripts read
-	// it back (ParseRecord leaves it out).
+	// NewToken): several requests (a client's retries) may hold a stream
+	// at once, and an acquire asked again after its reply was lost is
+	// answered as its first try was (the share it took, a shadow scope's
+	// would_refuse), not counted as another request's extension; so too
+	// for an id the limiter made. Empty: none. Only the scripts read it
+	// back (ParseRecord leaves it out).
 	Token string
 }
 

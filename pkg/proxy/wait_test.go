@@ -240,6 +240,9 @@ func TestAPoolWaitWhoseSlotSupportReleasedIsRefusedSlotLost(t *testing.T) {
 	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), `"code":"slot_lost"`) {
 		t.Errorf("bo's request, its slot released while it waited: %d %s; want 503 slot_lost", resp.StatusCode, body)
 	}
+	if got := e.Metric(t, `limiter_streams_refused_total{mode="proxy",reason="lost"}`); got != "1" {
+		t.Errorf(`limiter_streams_refused_total{reason="lost"} = %q, want 1`, got)
+	}
 	select {
 	case r := <-up.started:
 		t.Errorf("bo's %s, its slot released while it waited, reached the upstream", r.Method)
