@@ -268,7 +268,12 @@ func runPromtool(t *testing.T, promtool string, s *sampler, checks []promtoolChe
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, promtool, "test", "rules", path).CombinedOutput()
-	return string(out), err == nil
+	if err != nil {
+		// The samples are gone with t.TempDir(): the log keeps them, so
+		// that a failure in CI can be read again.
+		return string(out) + "\nthe rule test:\n" + b.String(), false
+	}
+	return string(out), true
 }
 
 // drillDirEnv, when set, names a directory where the drill also keeps the
