@@ -19,7 +19,8 @@ import (
 
 // The waits for a full pool key (DESIGN §17) through three `limiter
 // serve` processes on the Redis Cluster: priority first, then the user
-// holding the fewest members, then arrival; the waiters of a killed
+// holding the fewest members, then the user waiting for the fewest, then
+// arrival; the waiters of a killed
 // process skipped within the ticket TTL, a client that hangs up gone at
 // once.
 
@@ -188,7 +189,7 @@ func TestPoolWaiterThatDisconnectsLeavesAtOnce(t *testing.T) {
 // back. The history is checked against the pool queue model
 // (internal/linearize, porcupine): no waiter is served while a live one
 // ranks ahead of it, by priority, then the fewest members held by its
-// user, then arrival. The check is shown not to be vacuous: grants passed
+// user, then the fewest tickets of its user, then arrival. The check is shown not to be vacuous: grants passed
 // earlier arrivals for priority and for fair share, and the same history
 // with one long waiter's priority raised to 9 is refused.
 func TestPoolWaitOrderIsLinearizable(t *testing.T) {

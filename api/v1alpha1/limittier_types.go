@@ -89,7 +89,8 @@ type LimitTierSpec struct {
 	// priority orders the plan's acquires that wait for a full pool key:
 	// when a membership of the key frees up, it goes to the waiter of the
 	// highest priority first, then to the user holding the fewest streams
-	// of the key, then to the one that came first. 0 (the default) to 9;
+	// of the key, then to the user waiting for the fewest, then to the one
+	// that came first. 0 (the default) to 9;
 	// give paying plans a higher one than free plans.
 	//
 	// +optional

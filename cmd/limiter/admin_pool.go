@@ -26,7 +26,8 @@ func newAdminPoolCommand(f *adminFlags) *cobra.Command {
 since when, which caller took it for what), the pool's cap of the key, the
 key's override in force, and the acquires waiting for it (wait_ms) in the
 order they will be served: higher priority first, then the user holding
-the fewest of the key's memberships, then arrival.
+the fewest of the key's memberships, then the user waiting for the
+fewest, then arrival.
 
 ` + poolKeyHelp,
 		Example: "  limiter admin pool model gpt-4o",

@@ -12,7 +12,7 @@ import (
 // users). A free member goes to one of the tickets owed one: the first
 // (limit - held) of the queue ranked by higher priority, then the user
 // holding the fewest members of the key (counting those ranked before),
-// then arrival. So a waiter served while a live one ranks ahead of it,
+// then the user waiting for the fewest, then arrival. So a waiter served while a live one ranks ahead of it,
 // with no member to spare for both, is a violation; as is an acquire
 // granted at once (Take) while the waiters take every free member.
 //
@@ -109,9 +109,12 @@ func (s *poolState) heldBy() map[string]int {
 // owed returns the indexes in s.queue of the first n tickets served, in
 // the order they are: the highest priority; within it the ticket whose
 // user holds the fewest members, counting those of the tickets ranked
-// before it; then arrival.
+// before it; then whose user has the fewest tickets left; then arrival.
 func (s *poolState) owed(n int) []int {
-	held := s.heldBy()
+	held, waiting := s.heldBy(), map[string]int{}
+	for _, t := range s.queue {
+		waiting[t.User]++
+	}
 	picked := make([]bool, len(s.queue))
 	var out []int
 	for len(out) < n {
@@ -120,7 +123,11 @@ func (s *poolState) owed(n int) []int {
 			if picked[i] {
 				continue
 			}
-			if best < 0 || ranksAhead(t, held[t.User], s.queue[best], held[s.queue[best].User]) {
+			if best < 0 {
+				best = i
+				continue
+			}
+			if b := s.queue[best]; ranksAhead(t, held[t.User], waiting[t.User], b, held[b.User], waiting[b.User]) {
 				best = i
 			}
 		}
@@ -129,18 +136,23 @@ func (s *poolState) owed(n int) []int {
 		}
 		picked[best] = true
 		held[s.queue[best].User]++
+		waiting[s.queue[best].User]--
 		out = append(out, best)
 	}
 	return out
 }
 
-// ranksAhead reports whether ticket a, whose user holds ha members, is
-// served before b, whose user holds hb, leaving arrival aside.
-func ranksAhead(a PoolTicket, ha int, b PoolTicket, hb int) bool {
+// ranksAhead reports whether ticket a, whose user holds ha members and
+// has wa tickets, is served before b, whose user holds hb and has wb,
+// leaving arrival aside.
+func ranksAhead(a PoolTicket, ha, wa int, b PoolTicket, hb, wb int) bool {
 	if a.Priority != b.Priority {
 		return a.Priority > b.Priority
 	}
-	return ha < hb
+	if ha != hb {
+		return ha < hb
+	}
+	return wa < wb
 }
 
 func (s *poolState) withHeld(t PoolTicket) []PoolTicket {

@@ -38,9 +38,14 @@ type PoolGrant struct {
 
 // Passed counts the tickets that arrived before g's and still waited when
 // it was granted: passed over for a lower priority (byPriority), at the
-// same priority for a user holding more members (byShare), or neither
-// (other: a member was free for each, and g's server called first).
+// same priority for a user holding more members, or as many and waiting
+// for more (byShare), or neither (other: a member was free for each, and
+// g's server called first).
 func (g PoolGrant) Passed() (byPriority, byShare, other int) {
+	waiting := map[string]int{}
+	for _, w := range g.Waiting {
+		waiting[w.User]++
+	}
 	for _, w := range g.Waiting {
 		if w.Member == g.Member {
 			break
@@ -48,7 +53,7 @@ func (g PoolGrant) Passed() (byPriority, byShare, other int) {
 		switch {
 		case w.Priority < g.Priority:
 			byPriority++
-		case w.Priority == g.Priority && g.Held[w.User] > g.Held[g.User]:
+		case w.Priority == g.Priority && ranksAhead(g.PoolTicket, g.Held[g.User], waiting[g.User], w, g.Held[w.User], waiting[w.User]):
 			byShare++
 		default:
 			other++

@@ -74,6 +74,20 @@ func TestCheckPools(t *testing.T) {
 			wait("y1", "Y", 0, Grant, 10, 60).observe("x3 y1 | x1 x2", 11, 12).
 			free("x1", 20, 21).observe("y1 | x2 x3", 41, 42).
 			free("x3", 50, 51), false},
+		{"holding as many, the user waiting for fewer is served first", (&poolHistory{limit: 1}).
+			take("h", "S", 0, 1).
+			wait("m1", "M", 0, Grant, 2, 80).observe("m1 | h", 3, 4).
+			wait("m2", "M", 0, Leave, 5, 90).observe("m1 m2 | h", 6, 7).
+			wait("t1", "T", 0, Grant, 10, 40).observe("m1 m2 t1 | h", 11, 12).
+			free("h", 20, 21).observe("m1 m2 | t1", 41, 42).
+			free("t1", 50, 51).observe("m2 | m1", 81, 82), true},
+		{"holding none, one user's first of two waiters served before another's only one", (&poolHistory{limit: 1}).
+			take("h", "S", 0, 1).
+			wait("m1", "M", 0, Grant, 2, 40).observe("m1 | h", 3, 4).
+			wait("m2", "M", 0, Leave, 5, 90).observe("m1 m2 | h", 6, 7).
+			wait("t1", "T", 0, Grant, 10, 80).observe("m1 m2 t1 | h", 11, 12).
+			free("h", 20, 21).observe("m2 t1 | m1", 41, 42).
+			free("m1", 50, 51), false},
 		{"a higher priority goes first even to a user holding more", (&poolHistory{limit: 2}).
 			take("x1", "X", 0, 1).take("x2", "X", 2, 3).
 			wait("y1", "Y", 0, Grant, 4, 60).observe("y1 | x1 x2", 5, 6).

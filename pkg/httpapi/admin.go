@@ -264,7 +264,8 @@ type AdminPoolKeyResponse struct {
 	Holders []AdminSlot `json:"holders"`
 	// Waiters are the acquires waiting for the key (wait_ms) in the order
 	// they are served: by priority, then the user holding fewest of the
-	// key's memberships, then arrival; each naming its user.
+	// key's memberships, then the user waiting for fewest, then arrival;
+	// each naming its user.
 	Waiters []AdminTicket `json:"waiters"`
 	// Deleted: the pool is no longer configured. Its holders run on by
 	// its last definition until they end (Limit and Enforce are that

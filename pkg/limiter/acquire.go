@@ -34,7 +34,7 @@ type AcquireRequest struct {
 	// served, across every server (see wait.go); then, with what is left
 	// of it, capped by each pool's MaxWait, for a place in each full pool
 	// key, served by priority, then the user holding the fewest, then
-	// arrival (see poolwait.go). Default 0: the acquire answers at once.
+	// waiting for the fewest, then arrival (see poolwait.go). Default 0: the acquire answers at once.
 	Wait time.Duration
 	// Pools name the pool keys the stream joins: pool → key ("model" →
 	// "gpt-4o"), at most MaxPools. Each capped key must have room too, or

@@ -32,7 +32,7 @@ type Waiter struct {
 // PoolKeySlots is one pool key's live memberships, earliest expiry first,
 // its cap, the override of its cap in force, and the acquires waiting
 // for it in the order they are served (by priority, then the user
-// holding fewest, then arrival).
+// holding fewest, then the user waiting for fewest, then arrival).
 type PoolKeySlots struct {
 	Pool, Key string
 	Used      int

@@ -17,7 +17,8 @@ import (
 // full, and that may still wait, takes a ticket in the key's queue: the
 // queue of a user's slots (wait.go, queue.go, round.go), under the key's
 // own hash tag, served by priority, then the user holding the fewest
-// members of the key, then arrival (the wait script's order). The
+// members of the key, then the user waiting for the fewest, then arrival
+// (the wait script's order). The
 // acquire's one wait budget runs across its user's queue and its pools':
 // what the user's queue left of it, capped by each pool's maxWait.
 //

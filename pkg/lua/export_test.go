@@ -7,7 +7,6 @@ import "strings"
 var (
 	ComposeWhole = composeWhole
 	LibPrune     = libPrune
-	LibTickets   = libTickets
 )
 
 // composeWhole composes body as the previous release did, after its

@@ -116,8 +116,12 @@ end
 -- The order (DESIGN §17): the highest priority first; within one, the
 -- ticket whose user holds the fewest members of slots (a pool key's
 -- members are '<stream id> <user id>'), counting those owed to the
--- tickets served before it; then arrival. A user's own queue has no user
--- in its tickets, so there it is priority, then arrival.
+-- tickets served before it; then the one whose user waits for the
+-- fewest; then arrival. Without the waiting, a key whose streams end
+-- before the next place frees would serve one user's many waiters all
+-- before the users behind them with one each: each time, that user
+-- would again hold none. A user's own queue has no user in its
+-- tickets, so there it is priority, then arrival.
 --
 -- A ticket is owed a slot while fewer slots than its own limit (override,
 -- when one is in force, else its record's) are taken, counting those owed
@@ -148,19 +152,24 @@ local function owed(queue, expiry, recs, used, override, stop, slots, cap, plan)
       t.limit = override
     end
   end
-  -- How many members each user holds, when the tickets name users.
-  local held = {}
+  -- How many members each user holds, and tickets it has, when the
+  -- tickets name users.
+  local held, waiting = {}, {}
   if users then
     heldBy(slots, held)
+    for _, t in ipairs(tickets) do
+      waiting[t.user] = (waiting[t.user] or 0) + 1
+    end
   end
   local served = {}
   while taken < stop do
-    local best, bestHeld
+    local best, bestHeld, bestWaiting
     for i, t in ipairs(tickets) do
       if not served[i] and taken < t.limit then
-        local h = held[t.user] or 0
-        if not best or t.prio > tickets[best].prio or (t.prio == tickets[best].prio and h < bestHeld) then
-          best, bestHeld = i, h
+        local h, w = held[t.user] or 0, waiting[t.user] or 0
+        if not best or t.prio > tickets[best].prio or (t.prio == tickets[best].prio and
+            (h < bestHeld or (h == bestHeld and w < bestWaiting))) then
+          best, bestHeld, bestWaiting = i, h, w
         end
       end
     end
@@ -170,7 +179,7 @@ local function owed(queue, expiry, recs, used, override, stop, slots, cap, plan)
     local t = tickets[best]
     served[best] = true
     taken = taken + 1
-    held[t.user] = bestHeld + 1
+    held[t.user], waiting[t.user] = bestHeld + 1, bestWaiting - 1
     out[#out + 1] = t.id
     slack[#slack + 1] = t.limit - taken
   end
@@ -183,14 +192,29 @@ end
 -- user holds and how many tickets it has.
 local function fullQueue(queue, expiry, recs, slots)
   local tickets, users = liveTickets(queue, expiry, recs)
-  local q = {tickets = tickets, count = {}}
+  local q = {tickets = tickets, held = {}, waiting = {}}
   for _, t in ipairs(tickets) do
-    q.count[t.user] = (q.count[t.user] or 0) + 1
+    q.waiting[t.user] = (q.waiting[t.user] or 0) + 1
   end
   if users then
-    heldBy(slots, q.count)
+    heldBy(slots, q.held)
   end
   return q
+end
+
+-- servedLater(q, a, b): whether ticket a of the full queue q is served
+-- after ticket b, arriving later if they rank alike (see owed): a lower
+-- priority; within one, its user holds more members, or as many and
+-- waits for more, or as many again.
+local function servedLater(q, a, b)
+  if a.prio ~= b.prio then
+    return a.prio < b.prio
+  end
+  local ha, hb = q.held[a.user] or 0, q.held[b.user] or 0
+  if ha ~= hb then
+    return ha > hb
+  end
+  return q.waiting[a.user] >= q.waiting[b.user]
 end
 
 -- displace(q, queue, expiry, recs, id, prio, user): for a full queue (q,
@@ -203,11 +227,12 @@ end
 -- priorities a higher one.
 --
 -- The last is of the lowest priority; within it, of the user who holds
--- and waits for the most members of the key (a user's own queue names no
--- user: all alike); then the latest to arrive. The new ticket goes
--- before it when its priority is higher, or, at the same priority, when
--- its user holds and waits for fewer than that user, less the one taken
--- out.
+-- the most members of the key, then waits for the most (a user's own
+-- queue names no user: all alike); then the latest to arrive. The new
+-- ticket goes before it when its priority is higher, or, at the same
+-- priority, when its user holds fewer than that user, or as many and
+-- waits for fewer than that user less the one taken out (so that two
+-- users' tickets never displace each other in turn).
 local function displace(q, queue, expiry, recs, id, prio, user)
   -- The last, found again only after a swap: a call whose new tickets
   -- displace none reads the queue's tickets once.
@@ -216,8 +241,7 @@ local function displace(q, queue, expiry, recs, id, prio, user)
     -- In arrival order: a later ticket of the same rank is later served.
     for k, t in ipairs(q.tickets) do
       if not t.gone then
-        local l = last and q.tickets[last]
-        if not l or t.prio < l.prio or (t.prio == l.prio and q.count[t.user] >= q.count[l.user]) then
+        if not last or servedLater(q, t, q.tickets[last]) then
           last = k
         end
       end
@@ -228,12 +252,14 @@ local function displace(q, queue, expiry, recs, id, prio, user)
     return nil
   end
   local l = q.tickets[last]
-  if prio > l.prio or (prio == l.prio and user ~= l.user and (q.count[user] or 0) < q.count[l.user] - 1) then
+  local held, lheld = q.held[user] or 0, q.held[l.user] or 0
+  if prio > l.prio or (prio == l.prio and user ~= l.user and
+      (held < lheld or (held == lheld and (q.waiting[user] or 0) < q.waiting[l.user] - 1))) then
     dropTicket(queue, expiry, recs, l.id)
     l.gone, q.last = true, nil
-    q.count[l.user] = q.count[l.user] - 1
+    q.waiting[l.user] = q.waiting[l.user] - 1
     q.tickets[#q.tickets + 1] = {id = id, prio = prio, user = user}
-    q.count[user] = (q.count[user] or 0) + 1
+    q.waiting[user] = (q.waiting[user] or 0) + 1
     return l.id
   end
   return nil

@@ -14,8 +14,8 @@ import (
 )
 
 // The previous release's scripts (testdata/previous/README.md): its
-// acquire and release bodies and its lib_holder.lua, with the pieces it
-// shares with this release.
+// acquire and release bodies, its lib_holder.lua and lib_tickets.lua,
+// with the piece it shares with this release.
 var (
 	//go:embed testdata/previous/acquire.lua
 	previousAcquireBody string
@@ -23,9 +23,11 @@ var (
 	previousReleaseBody string
 	//go:embed testdata/previous/lib_holder.lua
 	previousLibHolder string
+	//go:embed testdata/previous/lib_tickets.lua
+	previousLibTickets string
 
-	previousAcquireSource = lua.ComposeWhole(previousAcquireBody, lua.LibPrune, previousLibHolder, lua.LibTickets)
-	previousReleaseSource = lua.ComposeWhole(previousReleaseBody, lua.LibPrune, previousLibHolder, lua.LibTickets)
+	previousAcquireSource = lua.ComposeWhole(previousAcquireBody, lua.LibPrune, previousLibHolder, previousLibTickets)
+	previousReleaseSource = lua.ComposeWhole(previousReleaseBody, lua.LibPrune, previousLibHolder, previousLibTickets)
 	previousAcquire       = rueidis.NewLuaScript(previousAcquireSource)
 	previousRelease       = rueidis.NewLuaScript(previousReleaseSource)
 )

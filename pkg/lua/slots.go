@@ -126,15 +126,18 @@ func Slots(ctx context.Context, c rueidis.Client, key string) (Listing, error) {
 // wait script serves them (lib_tickets.lua, owed): the highest priority
 // first; within one, the ticket whose user holds the fewest of slots
 // (members "<stream id> <user id>"), counting those served before it;
-// then arrival. A user's own queue names no user: there it is priority,
-// then arrival. (Whether a ticket's own limit lets it be served at all is
+// then whose user waits for the fewest; then arrival. A user's own queue
+// names no user: there it is priority, then arrival. (Whether a ticket's own limit lets it be served at all is
 // the script's to decide, when a slot frees.)
 func ServeOrder(queue []Ticket, slots []Slot) []Ticket {
-	held := map[string]int{}
+	held, waiting := map[string]int{}, map[string]int{}
 	for _, s := range slots {
 		if _, user, ok := strings.Cut(s.StreamID, " "); ok {
 			held[user]++
 		}
+	}
+	for _, t := range queue {
+		waiting[t.Record.User]++
 	}
 	out := make([]Ticket, 0, len(queue))
 	served := make([]bool, len(queue))
@@ -144,16 +147,30 @@ func ServeOrder(queue []Ticket, slots []Slot) []Ticket {
 			if served[i] {
 				continue
 			}
-			if best < 0 || t.Record.Priority > queue[best].Record.Priority ||
-				(t.Record.Priority == queue[best].Record.Priority && held[t.Record.User] < held[queue[best].Record.User]) {
+			if best < 0 || servedBefore(t.Record, queue[best].Record, held, waiting) {
 				best = i
 			}
 		}
 		served[best] = true
-		held[queue[best].Record.User]++
+		user := queue[best].Record.User
+		held[user]++
+		waiting[user]--
 		out = append(out, queue[best])
 	}
 	return out
+}
+
+// servedBefore reports whether a ticket of record a is served before one
+// of record b, leaving arrival aside, their users holding and waiting for
+// as many as held and waiting say.
+func servedBefore(a, b StoredRecord, held, waiting map[string]int) bool {
+	if a.Priority != b.Priority {
+		return a.Priority > b.Priority
+	}
+	if held[a.User] != held[b.User] {
+		return held[a.User] < held[b.User]
+	}
+	return waiting[a.User] < waiting[b.User]
 }
 
 // parseOverride reads {limit, expires_at, set_at, actor, reason}.

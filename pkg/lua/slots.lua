@@ -18,7 +18,7 @@
 --   tickets: only those whose expiry is after now, in arrival order, each
 --   with its record ('' when it has none): the caller orders them as the
 --   wait script serves them (priority, then the user holding fewest,
---   then arrival)
+--   then the user waiting for fewest, then arrival)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local slots = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')

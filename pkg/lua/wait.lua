@@ -66,7 +66,7 @@
 --
 -- The order is the queue's alone: a slot goes to the first ticket owed
 -- one (see owed: by priority, then the fewest members of its user, then
--- arrival; passing over a ticket whose own limit is reached), whichever
+-- the fewest tickets of its user, then arrival; passing over a ticket whose own limit is reached), whichever
 -- server holds it, so tickets are granted in that order across servers,
 -- and a ticket of a plan whose limit is reached blocks no other. A ticket stops counting at its expiry unless its server
 -- refreshes it (a server that died), and is removed by the first call to

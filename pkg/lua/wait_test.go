@@ -339,6 +339,55 @@ func TestWaitServesByPriorityThenTheUserHoldingFewest(t *testing.T) {
 	})
 }
 
+// TestAUserWaitingForManyIsServedAfterUsersWaitingForOne (DESIGN §17:
+// one user with ten waiting requests does not shut out ten users with
+// one): on a key of cap 1 whose streams end before the next place frees,
+// m's three tickets came first, then s's and t's one each. Each time a
+// place frees m holds none, as s and t do, so holding alone would serve
+// m's three first; the user waiting for fewer goes first: s, t, then m's
+// in their order.
+func TestAUserWaitingForManyIsServedAfterUsersWaitingForOne(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		key := newKey(t)
+		ticket := func(member string) lua.WaitArgs {
+			_, user, _ := strings.Cut(member, " ")
+			a := waitArgs(1, nil)
+			a.Tickets = []lua.TicketArgs{{StreamID: member, Record: lua.Record{User: user}}}
+			return a
+		}
+		if got, err := lua.Acquire(context.Background(), c, key, "h o", 1, 10*time.Second, lua.Record{User: "o"}, false); err != nil || !got.Granted {
+			t.Fatalf("acquire h of o: %+v, %v", got, err)
+		}
+		arrivals := []string{"m1 m", "m2 m", "m3 m", "s1 s", "t1 t"}
+		for i, member := range arrivals {
+			wantTicket(t, member+" queued", mustWait(t, c, key, ticket(member)).Tickets[0], lua.TicketQueued, i+1)
+		}
+		served := []string{"s1 s", "t1 t", "m1 m", "m2 m", "m3 m"}
+		// Who holds what lists the waiters in the order they are served.
+		listing, err := lua.Slots(context.Background(), c, key)
+		if err != nil {
+			t.Fatalf("Slots: %v", err)
+		}
+		var listed []string
+		for _, w := range listing.Queue {
+			listed = append(listed, w.StreamID)
+		}
+		if !slices.Equal(listed, served) {
+			t.Errorf("the waiters listed in the order %q, want %q", listed, served)
+		}
+		leaving := "h o"
+		for _, want := range served {
+			if head := mustRelease(t, c, key, leaving).Head; head != want {
+				t.Fatalf("after %s left, the head named is %q, want %q", leaving, head, want)
+			}
+			if got := mustWait(t, c, key, ticket(want)).Tickets[0]; got.State != lua.TicketGranted {
+				t.Fatalf("%s after the release: %+v, want granted", want, got)
+			}
+			leaving = want
+		}
+	})
+}
+
 // TestWaitRefreshesManyTicketsInOneCall: one server's call for more
 // tickets than one command of the script takes (1,000) queues them all in
 // order, and a second call refreshes every one's expiry, each still in
@@ -431,12 +480,10 @@ func TestAPlansLimitNowHoldsForItsTicketsAlone(t *testing.T) {
 
 // TestAFullQueueKeepsTheTicketsServedFirst (DESIGN §17): a full queue of
 // a pool key takes a new ticket that would be served before its last one
-// (of the lowest priority, the user holding and waiting for the most
-// members, the latest), in that one's place; one that would not be is
-// refused, as is the displaced ticket when it comes back to a full queue.
-// Bounds: a user holding and waiting for one fewer than the last's user,
-// less the displaced ticket, is not served first and is refused; one
-// fewer still is taken.
+// (of the lowest priority, the user holding the most members, then
+// waiting for the most, the latest), in that one's place; one that would
+// not be is refused, as is the displaced ticket when it comes back to a
+// full queue.
 func TestAFullQueueKeepsTheTicketsServedFirst(t *testing.T) {
 	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
 		key := newKey(t)
@@ -476,8 +523,9 @@ func TestAFullQueueKeepsTheTicketsServedFirst(t *testing.T) {
 		queued("w1 x", "w3 y")
 		wait("x's second, back", "w2", "x", 0, lua.TicketFull)
 		wait("x's third", "w4", "x", 0, lua.TicketFull)
-		// x holds 1 and waits for 1 (2), y 1: z holds 1, not fewer than
-		// x less the ticket that would leave.
+		// x holds 1 and waits for 1, y holds none: z holds as many as x
+		// and waits for none, not fewer than x less the ticket that would
+		// leave.
 		wait("z's, holding 1", "w5", "z", 0, lua.TicketFull)
 		queued("w1 x", "w3 y")
 		// v holds nothing: it goes before x's first.
@@ -489,6 +537,60 @@ func TestAFullQueueKeepsTheTicketsServedFirst(t *testing.T) {
 		wait("x's at priority 1", "w7", "x", 1, lua.TicketQueued)
 		queued("w3 y", "w7 x")
 		wait("v's, back", "w6", "v", 0, lua.TicketFull)
+	})
+}
+
+// TestAFullQueueWeighsHoldingBeforeWaiting (DESIGN §17): a full queue's
+// last ticket is of the user holding the most, whatever it waits for;
+// among users holding as many, a new ticket takes the last's place when
+// its user waits for fewer than the last's user less the one taken out.
+// Bounds: one fewer is refused, two fewer taken; a user holding one more
+// is refused even waiting for none.
+func TestAFullQueueWeighsHoldingBeforeWaiting(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		key := newKey(t)
+		hold := func(member string) {
+			t.Helper()
+			_, user, _ := strings.Cut(member, " ")
+			got, err := lua.Acquire(context.Background(), c, key, member, 10, 10*time.Second, lua.Record{User: user}, false)
+			if err != nil || !got.Granted {
+				t.Fatalf("acquire %s: %+v, %v", member, got, err)
+			}
+		}
+		wait := func(what, member string, state lua.TicketState) {
+			t.Helper()
+			_, user, _ := strings.Cut(member, " ")
+			a := waitArgs(1, nil)
+			a.MaxQueue = 3
+			a.Tickets = []lua.TicketArgs{{StreamID: member, Record: lua.Record{User: user}}}
+			if got := mustWait(t, c, key, a).Tickets[0]; got.State != state {
+				t.Fatalf("%s: %+v, want state %d", what, got, state)
+			}
+		}
+		queued := func(want ...string) {
+			t.Helper()
+			got, err := c.Do(context.Background(), c.B().Zrange().Key(keys.Queue(key)).Min("0").Max("-1").Build()).AsStrSlice()
+			if err != nil || !slices.Equal(got, want) {
+				t.Fatalf("the queue: %q, %v; want %q", got, err, want)
+			}
+		}
+		for _, m := range []string{"h1 x", "h2 y", "h3 y", "h4 u", "h5 v"} {
+			hold(m)
+		}
+		for _, m := range []string{"w1 x", "w2 x", "w3 x"} {
+			wait(m, m, lua.TicketQueued)
+		}
+		// x holds 1 and waits for 3; y holds 2 and waits for none.
+		wait("y's, holding one more than x", "w4 y", lua.TicketFull)
+		// u holds as many as x and waits for none: fewer than x's 3 less
+		// one.
+		wait("u's first, holding as many as x", "w5 u", lua.TicketQueued)
+		queued("w1 x", "w2 x", "w5 u")
+		// x waits for 2 now, u for 1: one fewer than x less the one out.
+		wait("u's second", "w6 u", lua.TicketFull)
+		// v waits for none: two fewer.
+		wait("v's, holding as many, waiting for none", "w7 v", lua.TicketQueued)
+		queued("w1 x", "w5 u", "w7 v")
 	})
 }
 

@@ -1,0 +1,240 @@
+-- The tickets of a queue (see wait): queue is the sorted set of tickets by
+-- arrival, expiry their expiries (Redis ms), recs their records (hash:
+-- field = stream id, value = '<limit>' then ';caller=<name>' when one is
+-- recorded). A ticket's limit is its plan's: the most slots its acquire may
+-- be granted while holding the others.
+
+-- dropDead(queue, expiry, recs, now): removes the tickets expired by now
+-- (their servers stopped refreshing them); returns how many.
+local function dropDead(queue, expiry, recs, now)
+  local dead = redis.call('ZRANGEBYSCORE', expiry, '-inf', string.format('%d', now))
+  local n = #dead
+  if n > 0 then
+    redis.call('ZREMRANGEBYSCORE', expiry, '-inf', string.format('%d', now))
+    for i = 1, n, 1000 do
+      local chunk = {unpack(dead, i, math.min(i + 999, n))}
+      redis.call('ZREM', queue, unpack(chunk))
+      redis.call('HDEL', recs, unpack(chunk))
+    end
+  end
+  return n
+end
+
+-- dropTicket(queue, expiry, recs, id): takes one ticket out of the queue.
+local function dropTicket(queue, expiry, recs, id)
+  redis.call('ZREM', queue, id)
+  redis.call('ZREM', expiry, id)
+  redis.call('HDEL', recs, id)
+end
+
+-- ticketOf(rec): the limit, priority, user and plan a ticket's record
+-- names. The record is the ticket's limit, then its stream's slot record
+-- fields (see pkg/lua/records.go): ';caller=', ';plan=', ';pools=' and
+-- ';prio=' hold no ';', the user id goes with its length and the label
+-- runs to the end, so the fields are read in order up to the user. A
+-- record with no limit (queued by an earlier version, or a slot's record
+-- with no ticket's limit before it) fits any; no priority is 0; no user
+-- (a user's own queue) and no plan are ''.
+local function ticketOf(rec)
+  if not rec then
+    return math.huge, 0, '', ''
+  end
+  local limit = tonumber((string.match(rec, '^%d+'))) or math.huge -- (): one value, nil when none (the embedded store's match returns none)
+  local prio, user, plan = 0, '', ''
+  local pos = string.find(rec, ';', 1, true)
+  while pos do
+    local name, from = string.match(rec, '^;(%a+)=()', pos)
+    if not name or name == 'label' then
+      break
+    end
+    if name == 'user' then
+      local n, at = string.match(rec, '^(%d+):()', from)
+      if n then
+        user = string.sub(rec, at, at + tonumber(n) - 1)
+      end
+      break
+    end
+    pos = string.find(rec, ';', from, true)
+    if name == 'prio' then
+      prio = tonumber(string.sub(rec, from, (pos or 0) - 1)) or 0
+    elseif name == 'plan' then
+      plan = string.sub(rec, from, (pos or 0) - 1)
+    end
+  end
+  return limit, prio, user, plan
+end
+
+-- planOf(rec): the plan a slot's or ticket's record names ('' for none).
+local function planOf(rec)
+  local _, _, _, plan = ticketOf(rec)
+  return plan
+end
+
+-- liveTickets(queue, expiry, recs): the live tickets, in arrival order,
+-- each {id, limit, prio, user, plan} as its record names them (ticketOf),
+-- read a hundred at a time; and whether any names a user (a pool key's
+-- queue).
+local function liveTickets(queue, expiry, recs)
+  local tickets, users = {}, false
+  local from = 0
+  while true do
+    local ids = redis.call('ZRANGE', queue, from, from + 99)
+    if #ids == 0 then
+      break
+    end
+    from = from + #ids
+    local live = redis.call('ZMSCORE', expiry, unpack(ids))
+    local rec = redis.call('HMGET', recs, unpack(ids))
+    for i, id in ipairs(ids) do
+      if live[i] then
+        local limit, prio, user, plan = ticketOf(rec[i])
+        tickets[#tickets + 1] = {id = id, limit = limit, prio = prio, user = user, plan = plan}
+        users = users or user ~= ''
+      end
+    end
+  end
+  return tickets, users
+end
+
+-- heldBy(slots, count): adds to count[user] the members of slots each
+-- user holds (a pool key's members are '<stream id> <user id>').
+local function heldBy(slots, count)
+  for _, member in ipairs(redis.call('ZRANGE', slots, 0, -1)) do
+    local user = string.match(member, ' (.*)$')
+    if user then
+      count[user] = (count[user] or 0) + 1
+    end
+  end
+  return count
+end
+
+-- owed(queue, expiry, recs, used, override, stop, slots, cap, plan): the live
+-- tickets owed a slot, in the order they are served; the slots taken then
+-- (used plus them); and each owed ticket's slack: how many more slots may
+-- be granted ahead of it before it no longer fits under its own limit.
+--
+-- The order (DESIGN §17): the highest priority first; within one, the
+-- ticket whose user holds the fewest members of slots (a pool key's
+-- members are '<stream id> <user id>'), counting those owed to the
+-- tickets served before it; then arrival. A user's own queue has no user
+-- in its tickets, so there it is priority, then arrival.
+--
+-- A ticket is owed a slot while fewer slots than its own limit (override,
+-- when one is in force, else its record's) are taken, counting those owed
+-- to the tickets served before it. When the caller knows the limit of
+-- the scope as it is now (cap >= 0), it holds at once for the tickets it
+-- bounds, rather than the one recorded when they queued, so that a limit
+-- lowered or raised meanwhile, or a scope put in shadow mode (a cap no
+-- ticket reaches), holds for them: a pool key's tickets (those naming a
+-- user) all wait for the key's one cap, and a user's own tickets of
+-- plan, the caller's, for that plan's limit. A ticket whose limit is
+-- reached is passed over: it holds no place against an acquire it could not itself
+-- be granted the slot of, so a waiter of one plan never blocks the user's
+-- acquires under a larger one. The selection ends once stop slots are
+-- taken (math.huge: never): a caller that only needs to know whether a
+-- slot is left over.
+local function owed(queue, expiry, recs, used, override, stop, slots, cap, plan)
+  local out, slack, taken = {}, {}, used
+  if taken >= stop then
+    return out, taken, slack
+  end
+  -- Every live ticket: the order depends on all of them.
+  local tickets, users = liveTickets(queue, expiry, recs)
+  for _, t in ipairs(tickets) do
+    if cap >= 0 and (t.user ~= '' or (plan ~= '' and t.plan == plan)) then
+      t.limit = cap
+    end
+    if override >= 0 then
+      t.limit = override
+    end
+  end
+  -- How many members each user holds, when the tickets name users.
+  local held = {}
+  if users then
+    heldBy(slots, held)
+  end
+  local served = {}
+  while taken < stop do
+    local best, bestHeld
+    for i, t in ipairs(tickets) do
+      if not served[i] and taken < t.limit then
+        local h = held[t.user] or 0
+        if not best or t.prio > tickets[best].prio or (t.prio == tickets[best].prio and h < bestHeld) then
+          best, bestHeld = i, h
+        end
+      end
+    end
+    if not best then
+      break
+    end
+    local t = tickets[best]
+    served[best] = true
+    taken = taken + 1
+    held[t.user] = bestHeld + 1
+    out[#out + 1] = t.id
+    slack[#slack + 1] = t.limit - taken
+  end
+  return out, taken, slack
+end
+
+-- fullQueue(queue, expiry, recs, slots): what displace weighs, read once
+-- per call that finds the queue full: its live tickets in arrival order,
+-- each with its priority and user, and how many of slots' members each
+-- user holds and how many tickets it has.
+local function fullQueue(queue, expiry, recs, slots)
+  local tickets, users = liveTickets(queue, expiry, recs)
+  local q = {tickets = tickets, count = {}}
+  for _, t in ipairs(tickets) do
+    q.count[t.user] = (q.count[t.user] or 0) + 1
+  end
+  if users then
+    heldBy(slots, q.count)
+  end
+  return q
+end
+
+-- displace(q, queue, expiry, recs, id, prio, user): for a full queue (q,
+-- see fullQueue) and a new ticket id of priority prio and user's: takes
+-- out the ticket that would be served last, and returns its id, when the
+-- new one would be served before it (see owed), noting the swap in q for
+-- the call's next new ticket; else changes nothing and returns nil. So
+-- a full queue holds the tickets served first, and one user's many
+-- tickets do not shut out a user with none (DESIGN §17), nor lower
+-- priorities a higher one.
+--
+-- The last is of the lowest priority; within it, of the user who holds
+-- and waits for the most members of the key (a user's own queue names no
+-- user: all alike); then the latest to arrive. The new ticket goes
+-- before it when its priority is higher, or, at the same priority, when
+-- its user holds and waits for fewer than that user, less the one taken
+-- out.
+local function displace(q, queue, expiry, recs, id, prio, user)
+  -- The last, found again only after a swap: a call whose new tickets
+  -- displace none reads the queue's tickets once.
+  local last = q.last
+  if not last then
+    -- In arrival order: a later ticket of the same rank is later served.
+    for k, t in ipairs(q.tickets) do
+      if not t.gone then
+        local l = last and q.tickets[last]
+        if not l or t.prio < l.prio or (t.prio == l.prio and q.count[t.user] >= q.count[l.user]) then
+          last = k
+        end
+      end
+    end
+    q.last = last
+  end
+  if not last then
+    return nil
+  end
+  local l = q.tickets[last]
+  if prio > l.prio or (prio == l.prio and user ~= l.user and (q.count[user] or 0) < q.count[l.user] - 1) then
+    dropTicket(queue, expiry, recs, l.id)
+    l.gone, q.last = true, nil
+    q.count[l.user] = q.count[l.user] - 1
+    q.tickets[#q.tickets + 1] = {id = id, prio = prio, user = user}
+    q.count[user] = (q.count[user] or 0) + 1
+    return l.id
+  end
+  return nil
+end
