@@ -88,10 +88,13 @@ func WithPools(pools map[string]string) AcquireOption {
 // application's retry) waits for that release first, so that the slot it
 // is granted is not freed by it.
 //
-// A grant made while the limiter could not reach Redis (a tier failing
-// open) is a Lease with Degraded true. Acquiring a stream id this Client
-// already holds returns the held Lease. With WithWait, Acquire may wait
-// for a slot (see AcquireWait).
+// The Lease says what the grant answered: the user's Used and Limit, the
+// pool keys joined (Pools), and, when a plan or pool in shadow mode would
+// have refused the stream and did not, WouldRefuse. A grant made while
+// the limiter could not reach Redis (a tier failing open) is a Lease with
+// Degraded true. Acquiring a stream id this Client already holds returns
+// the held Lease, updated with that answer. With WithWait, Acquire may
+// wait for a slot (see AcquireWait).
 func (c *Client) Acquire(ctx context.Context, userID, plan string, opts ...AcquireOption) (*Lease, error) {
 	if c.isClosed() {
 		return nil, ErrClosed
@@ -115,19 +118,7 @@ func (c *Client) Acquire(ctx context.Context, userID, plan string, opts ...Acqui
 	if err != nil {
 		return nil, err
 	}
-	l := &Lease{
-		client:    c,
-		userID:    userID,
-		plan:      plan,
-		streamID:  out.StreamID,
-		pools:     req.Pools,
-		label:     req.Label,
-		interval:  heartbeatInterval(out),
-		waited:    time.Duration(out.WaitedMs) * time.Millisecond,
-		expiresAt: out.ExpiresAt,
-		degraded:  out.Degraded,
-		lost:      make(chan struct{}),
-	}
+	l := newLease(c, req, out)
 	held, err := c.add(l)
 	if err != nil {
 		// Closed while the request was in flight: give the slot back.
@@ -135,7 +126,7 @@ func (c *Client) Acquire(ctx context.Context, userID, plan string, opts ...Acqui
 		return nil, err
 	}
 	if held != l {
-		held.update(out.ExpiresAt, out.Degraded)
+		held.acquired(out, true)
 		c.setInterval(held, l.interval)
 	}
 	return held, nil

@@ -151,10 +151,11 @@ func (c *Client) reacquire(ctx context.Context, l *Lease) {
 	if !c.holds(l) {
 		return
 	}
-	out, err := c.acquire(ctx, httpapi.AcquireRequest{UserID: l.userID, Plan: l.plan, StreamID: l.streamID, Pools: l.pools, Label: l.label})
+	out, err := c.acquire(ctx, httpapi.AcquireRequest{UserID: l.userID, Plan: l.plan, StreamID: l.streamID, Pools: l.poolKeys, Label: l.label})
 	switch {
 	case err == nil:
-		l.update(out.ExpiresAt, out.Degraded)
+		// Redis did not hold the slot: the stream was taken anew.
+		l.acquired(out, false)
 		c.setInterval(l, heartbeatInterval(out))
 		if !c.holds(l) {
 			// Released while the acquire was in flight, perhaps before it

@@ -253,8 +253,8 @@ func TestDegradedLease(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !lease.Degraded() {
-			t.Fatal("got Degraded false for a degraded grant")
+		if !lease.Degraded() || lease.Used() != 0 {
+			t.Fatalf("got Degraded %t, Used %d for a degraded grant; want true, 0 (not counted)", lease.Degraded(), lease.Used())
 		}
 		f.set(func(f *fakeLimiter) { f.degraded = false }) // Redis is back; it never held "s"
 		deadline := time.Now().Add(2 * time.Second)
@@ -263,6 +263,10 @@ func TestDegradedLease(t *testing.T) {
 				t.Fatalf("got used %d, Degraded %t; want the slot re-acquired", f.used("u1"), lease.Degraded())
 			}
 			time.Sleep(10 * time.Millisecond)
+		}
+		// The re-acquire's answer counted it: the lease says so.
+		if used, limit := lease.Used(), lease.Limit(); used != 1 || limit != 3 {
+			t.Errorf("after the re-acquire the lease says used %d of %d; want 1 of 3, as the re-acquire answered", used, limit)
 		}
 		select {
 		case <-lease.Lost():

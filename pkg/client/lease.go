@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -16,9 +17,9 @@ type Lease struct {
 	userID   string
 	plan     string
 	streamID string
-	// pools and label are the acquire's, sent again when a degraded
+	// poolKeys and label are the acquire's, sent again when a degraded
 	// lease is re-acquired: the stream joins its pool keys then.
-	pools    map[string]string
+	poolKeys map[string]string
 	label    string
 	interval time.Duration // guarded by client.mu
 	waited   time.Duration
@@ -26,9 +27,33 @@ type Lease struct {
 	mu        sync.Mutex
 	expiresAt time.Time
 	degraded  bool
-	released  bool
-	err       error // set once, when lost closes
-	lost      chan struct{}
+	// used, limit and pools are the latest acquire answer's; wouldRefuse
+	// and wouldRefuseBy the answer of the acquire that took the stream.
+	used          int
+	limit         int
+	pools         []httpapi.PoolGrant
+	wouldRefuse   string
+	wouldRefuseBy *httpapi.PoolGrant
+	released      bool
+	err           error // set once, when lost closes
+	lost          chan struct{}
+}
+
+// newLease is the lease of a granted acquire of req.
+func newLease(c *Client, req httpapi.AcquireRequest, out httpapi.AcquireResponse) *Lease {
+	l := &Lease{
+		client:   c,
+		userID:   req.UserID,
+		plan:     req.Plan,
+		streamID: out.StreamID,
+		poolKeys: req.Pools,
+		label:    req.Label,
+		interval: heartbeatInterval(out),
+		waited:   time.Duration(out.WaitedMs) * time.Millisecond,
+		lost:     make(chan struct{}),
+	}
+	l.acquired(out, false)
+	return l
 }
 
 // StreamID returns the slot's stream id (given with WithStreamID or made by
@@ -62,6 +87,70 @@ func (l *Lease) Degraded() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.degraded
+}
+
+// Used returns how many live slots the user holds, this one included, as
+// of the latest acquire answer about the slot: Acquire's, that of an
+// Acquire of its stream id again (an extension), or that of a degraded
+// lease's re-acquire. 0 when that answer was degraded (not counted).
+// Heartbeats answer no counts, so Used does not follow the user's other
+// streams coming and going in between. Above Limit when a plan in shadow
+// mode let the stream in over its limit (see WouldRefuse), or when the
+// limit was lowered while the user's streams were held.
+func (l *Lease) Used() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.used
+}
+
+// Limit returns the limit the latest acquire answer about the slot was
+// judged by (see Used): the plan's maxConcurrentStreams, or the user's
+// support override while one is in force.
+func (l *Lease) Limit() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.limit
+}
+
+// Pools returns the capped pool keys the stream joined (WithPools), in the
+// order of the pools' names, each with its live memberships (Used) and
+// cap (Limit) as of the latest acquire answer about the slot (see Used);
+// nil when it joined none. A key its pool does not cap is not listed: the
+// stream joins nothing there. Used of a key is 0 when the answer was
+// degraded.
+func (l *Lease) Pools() []httpapi.PoolGrant {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.pools)
+}
+
+// WouldRefuse returns the refusal that a scope in shadow mode (a plan's or
+// a pool's enforce: false) would have answered to the acquire that took
+// the stream, and did not: httpapi.CodeStreamLimitReached (the plan's
+// limit; that answer's used counted the stream, above its limit) or
+// httpapi.CodePoolLimitReached (a pool key's cap: WouldRefuseBy). "" when
+// no scope would have refused, and always when every scope enforces (an
+// enforcing scope refuses: Acquire fails). It is the stream's admission
+// that is judged: an Acquire of the stream id again extends the held
+// stream whatever the limits, so its answer keeps what the first said; a
+// degraded lease's re-acquire takes the stream anew, and says it again.
+func (l *Lease) WouldRefuse() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.wouldRefuse
+}
+
+// WouldRefuseBy returns, for a WouldRefuse of httpapi.CodePoolLimitReached,
+// the pool key in shadow mode that would have refused the stream (the
+// first in the order of the pools' names), with its live memberships and
+// cap as that acquire answered; ok is false otherwise.
+func (l *Lease) WouldRefuseBy() (by httpapi.PoolGrant, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.wouldRefuseBy == nil {
+		return httpapi.PoolGrant{}, false
+	}
+	return *l.wouldRefuseBy, true
 }
 
 // Lost is closed when the lease is lost: the limiter answered that the slot
@@ -126,7 +215,31 @@ func (l *Lease) markLost(err error) {
 	close(l.lost)
 }
 
-// update records an answer about the slot.
+// acquired records an acquire's answer about the slot. extension says it
+// answers an acquire of a stream the lease held already, which the limiter
+// extends whatever the limits: its answer says no would_refuse, and the
+// one of the acquire that took the stream stands.
+func (l *Lease) acquired(out httpapi.AcquireResponse, extension bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !out.ExpiresAt.IsZero() {
+		l.expiresAt = out.ExpiresAt
+	}
+	l.degraded = out.Degraded
+	l.used, l.limit = out.Used, out.Limit
+	l.pools = slices.Clone(out.Pools)
+	if !extension || out.WouldRefuse != "" {
+		l.wouldRefuse = out.WouldRefuse
+		l.wouldRefuseBy = nil
+		if out.WouldRefuseBy != nil {
+			by := *out.WouldRefuseBy
+			l.wouldRefuseBy = &by
+		}
+	}
+}
+
+// update records a heartbeat's answer about the slot: heartbeats answer
+// neither counts nor would_refuse (see Used).
 func (l *Lease) update(expiresAt time.Time, degraded bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
