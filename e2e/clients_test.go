@@ -21,20 +21,34 @@ const (
 	clientsAdminToken  = "e2e-clients-operator-token-0123456789"
 )
 
+// clientsTiers are incidentTiers and watch, a plan of one stream in shadow
+// mode (enforce: false).
+const clientsTiers = incidentTiers + `    - plan: watch
+      maxConcurrentStreams: 1
+      slotTTL: 2s
+      heartbeatInterval: 500ms
+      enforce: false
+`
+
 // clientsPools caps the pool key model=gpt-4o at one stream; every other
-// key of the pool model is not capped.
+// key of the pool model is not capped. The pool org, in shadow mode, caps
+// each of its keys at one stream.
 const clientsPools = `pools:
   static:
     - pool: model
       keys: {gpt-4o: 1}
+    - pool: org
+      maxConcurrentStreams: 1
+      enforce: false
 `
 
 // startClientServers starts what the Python and TypeScript clients' suites
 // run against, and returns the environment that tells them where:
 //
 //   - LIMITER_TEST_URL, _OPS_URL, _ADMIN_URL: a serve on the shared Redis
-//     with incidentTiers (free 1, paid 3; 2s TTL, 500ms heartbeats) and
-//     clientsPools (model=gpt-4o capped at 1), callers authenticated by
+//     with clientsTiers (free 1, paid 3, watch 1 in shadow mode; 2s TTL,
+//     500ms heartbeats) and clientsPools (model=gpt-4o capped at 1, org's
+//     keys at 1 in shadow mode), callers authenticated by
 //     api.tokensFile and the admin API on (LIMITER_TEST_ADMIN_TOKEN, an
 //     operator);
 //   - LIMITER_TOKEN, the default caller token of the clients, which may use
@@ -59,7 +73,7 @@ func startClientServers(t *testing.T) []string {
 	prefix := "e2e-clients-" + randomID() + ":"
 	apiTokens := write("api-tokens", "app "+clientsAppToken+" *\nscoped "+clientsScopedToken+" paid\n")
 	adminTokens := write("admin-tokens", "support operator "+clientsAdminToken+"\n")
-	plain := servetest.Start(t, servetest.Options{AwaitRedis: true, Config: serveConfig(redis, prefix, incidentTiers) + clientsPools +
+	plain := servetest.Start(t, servetest.Options{AwaitRedis: true, Config: serveConfig(redis, prefix, clientsTiers) + clientsPools +
 		"api:\n  tokensFile: " + apiTokens + "\nadmin:\n  tokensFile: " + adminTokens + "\n"})
 
 	ca := testenv.NewCA(t)
@@ -67,7 +81,7 @@ func startClientServers(t *testing.T) []string {
 	clientCert, clientKey := ca.IssueFiles(t, dir, "client", testenv.CertSpec{CommonName: "edge", DNSNames: []string{"edge.example"}})
 	caFile := ca.File(t, dir)
 	tlsTokens := write("tls-api-tokens", "app "+clientsAppToken+" *\nedge.example - free\n")
-	secure := servetest.Start(t, servetest.Options{AwaitRedis: true, Config: serveConfig(redis, prefix, incidentTiers) + clientsPools +
+	secure := servetest.Start(t, servetest.Options{AwaitRedis: true, Config: serveConfig(redis, prefix, clientsTiers) + clientsPools +
 		"api:\n  tokensFile: " + tlsTokens + "\n" +
 		"http:\n  tls:\n    certFile: " + serverCert + "\n    keyFile: " + serverKey + "\n    clientCAFile: " + caFile + "\n"})
 
@@ -136,6 +150,7 @@ func TestPythonClient(t *testing.T) {
 		"test_label_is_recorded_with_the_slot",
 		"test_a_slot_belongs_to_the_caller_that_took_it",
 		"test_pool_key_is_a_cap_shared_by_every_user",
+		"test_lease_says_what_its_acquire_answered",
 	})
 }
 

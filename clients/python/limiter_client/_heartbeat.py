@@ -261,7 +261,8 @@ class Keeper:
             elif not self.closed:
                 log.warning("limiter: re-acquiring degraded lease %s failed; retrying next round: %s", lease.stream_id, err)
             return True
-        lease._update(out.expires_at, out.degraded)
+        # Redis did not hold the slot: the stream was taken anew.
+        lease._acquired(out, extension=False)
         self.set_interval(lease, self._interval_of(out))
         if not self.holds(lease):
             # Released (or the client closed) while the acquire was in

@@ -140,7 +140,10 @@ class Client:
         after close, and ValueError for a label over 128 bytes. Acquiring a
         stream id this client already holds returns the held Lease. A grant
         made while the limiter could not reach Redis (a tier failing open)
-        is a Lease with degraded True.
+        is a Lease with degraded True. The Lease says what the grant
+        answered: used, limit, pools, and would_refuse when a plan or pool in
+        shadow mode would have refused the stream and did not; an acquire of
+        a held stream id updates the held Lease with its answer.
         """
         if self._keeper.closed:
             raise ClientClosed("client_closed", "the limiter client is closed")
@@ -163,8 +166,7 @@ class Client:
             out.stream_id,
             label or None,
             heartbeat_interval_of(out),
-            out.expires_at,
-            out.degraded,
+            out,
             body.get("pools"),
         )
         held = self._keeper.add(lease)
@@ -176,7 +178,7 @@ class Client:
                 pass
             raise ClientClosed("client_closed", "the limiter client is closed")
         if held is not lease:
-            held._update(out.expires_at, out.degraded)
+            held._acquired(out, extension=True)
             self._keeper.set_interval(held, lease.interval)
         return held
 
@@ -341,8 +343,8 @@ class Client:
         body = encode(AcquireRequest(user_id=lease.user_id, plan=lease.plan, stream_id=lease.stream_id))
         if lease.label:
             body["label"] = lease.label
-        if lease._pools:
-            body["pools"] = dict(lease._pools)
+        if lease._pool_keys:
+            body["pools"] = dict(lease._pool_keys)
         return self._acquire_once(body, timeout)
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 import threading
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from .errors import LimiterError
-from .schemas import Paths, ReleaseRequest, ReleaseResponse, encode
+from .schemas import AcquireResponse, Paths, PoolGrant, ReleaseRequest, ReleaseResponse, encode
 
 if TYPE_CHECKING:
     from .client import Client
@@ -28,6 +28,10 @@ class Lease:
                 if lease.lost.is_set():
                     break
                 send(chunk)
+
+    It also says what its acquire answered: the user's ``used`` and
+    ``limit``, the pool keys joined (``pools``), and ``would_refuse`` when a
+    plan or pool in shadow mode would have refused the stream and did not.
     """
 
     def __init__(
@@ -38,20 +42,25 @@ class Lease:
         stream_id: str,
         label: Optional[str],
         interval: float,
-        expires_at: datetime,
-        degraded: bool,
-        pools: Optional[Dict[str, str]] = None,
+        granted: AcquireResponse,
+        pool_keys: Optional[Dict[str, str]] = None,
     ) -> None:
         self._client = client
         self._user_id = user_id
         self._plan = plan
         self._stream_id = stream_id
         self._label = label
-        self._pools = pools  # sent again on a re-acquire
+        self._pool_keys = pool_keys  # sent again on a re-acquire
         self.interval = interval  # seconds between heartbeats; guarded by the client
         self._lock = threading.Lock()
-        self._expires_at = expires_at
-        self._degraded = degraded
+        self._expires_at = granted.expires_at
+        self._degraded = granted.degraded
+        self._used = 0
+        self._limit = 0
+        self._pools: List[PoolGrant] = []
+        self._would_refuse: Optional[str] = None
+        self._would_refuse_by: Optional[PoolGrant] = None
+        self._acquired(granted, extension=False)
         self._released = False
         self._error: Optional[LimiterError] = None
         self.lost = threading.Event()
@@ -99,6 +108,64 @@ class Lease:
             return self._degraded
 
     @property
+    def used(self) -> int:
+        """How many live slots the user holds, this one included, as of the
+        latest acquire answer about the slot: acquire's, that of an acquire
+        of its stream id again (an extension), or that of a degraded lease's
+        re-acquire. 0 when that answer was degraded (not counted).
+        Heartbeats answer no counts, so it does not follow the user's other
+        streams coming and going in between. Above ``limit`` when a plan in
+        shadow mode let the stream in over its limit (see would_refuse), or
+        when the limit was lowered while the user's streams were held."""
+        with self._lock:
+            return self._used
+
+    @property
+    def limit(self) -> int:
+        """The limit the latest acquire answer about the slot was judged by
+        (see used): the plan's max_concurrent_streams, or the user's support
+        override while one is in force."""
+        with self._lock:
+            return self._limit
+
+    @property
+    def pools(self) -> List[PoolGrant]:
+        """The capped pool keys the stream joined (acquire's ``pools=``), in
+        the order of the pools' names, each a limiter_client.schemas.PoolGrant
+        with the key's live memberships (``used``) and cap (``limit``) as of
+        the latest acquire answer about the slot (see used); empty when it
+        joined none. A key its pool does not cap is not listed: the stream
+        joins nothing there. A key's used is 0 when the answer was
+        degraded."""
+        with self._lock:
+            return list(self._pools)
+
+    @property
+    def would_refuse(self) -> Optional[str]:
+        """The refusal a scope in shadow mode (a plan's or a pool's
+        ``enforce: false``) would have answered to the acquire that took the
+        stream, and did not: "stream_limit_reached" (the plan's limit; that
+        answer's used counted the stream, above its limit) or
+        "pool_limit_reached" (a pool key's cap: would_refuse_by). None when
+        no scope would have refused, and always when every scope enforces
+        (an enforcing scope refuses: acquire raises). It is the stream's
+        admission that is judged: an acquire of the stream id again extends
+        the held stream whatever the limits, so its answer keeps what the
+        first said; a degraded lease's re-acquire takes the stream anew,
+        and says it again."""
+        with self._lock:
+            return self._would_refuse
+
+    @property
+    def would_refuse_by(self) -> Optional[PoolGrant]:
+        """For a would_refuse of "pool_limit_reached", the pool key in
+        shadow mode that would have refused the stream (the first in the
+        order of the pools' names), with its live memberships and cap as
+        that acquire answered; None otherwise."""
+        with self._lock:
+            return self._would_refuse_by
+
+    @property
     def error(self) -> Optional[LimiterError]:
         """Why the lease was lost: SlotLost, UnknownPlan, PlanNotAllowed,
         NotSlotHolder, InvalidRequest, LimitReached or PoolLimitReached (a
@@ -140,7 +207,23 @@ class Lease:
             self._error = error
         self.lost.set()
 
+    def _acquired(self, answer: AcquireResponse, *, extension: bool) -> None:
+        """Records an acquire's answer about the slot. extension says it
+        answers an acquire of a stream the lease held already, which the
+        limiter extends whatever the limits: its answer says no
+        would_refuse, and the one of the acquire that took the stream
+        stands."""
+        with self._lock:
+            self._expires_at = answer.expires_at
+            self._degraded = answer.degraded
+            self._used, self._limit = answer.used, answer.limit
+            self._pools = list(answer.pools or [])
+            if not extension or answer.would_refuse:
+                self._would_refuse, self._would_refuse_by = answer.would_refuse, answer.would_refuse_by
+
     def _update(self, expires_at: Optional[datetime], degraded: bool) -> None:
+        """Records a heartbeat's answer about the slot: heartbeats answer
+        neither counts nor would_refuse (see used)."""
         with self._lock:
             if expires_at is not None:
                 self._expires_at = expires_at

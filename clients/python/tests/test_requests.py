@@ -9,7 +9,7 @@ import re
 import threading
 import time
 import unittest
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Union
 
 from limiter_client import (
     Client,
@@ -23,7 +23,7 @@ from limiter_client import (
     Unavailable,
     UnknownPool,
 )
-from limiter_client.schemas import Paths
+from limiter_client.schemas import Paths, PoolGrant
 
 from .support import Answer, Recorded, RecordingServer, json_answer
 
@@ -70,8 +70,9 @@ def not_slot_holder(user_id: str, stream_id: str) -> Dict:
 
 
 class Fake:
-    """Answers acquires with grants (or acquire_answers first, in turn;
-    None drops the connection), releases with released (or
+    """Answers acquires with grants (or acquire_answers first, in turn: an
+    answer, or a function of the request that returns one; None drops the
+    connection), releases with released (or
     release_answer), and heartbeat batches with results[stream_id] (alive
     by default). A stream it grants is held again, so its batch result is
     forgotten: alive. While acquire_gate is set to an Event, acquires wait
@@ -82,7 +83,7 @@ class Fake:
         self.results: Dict[str, Dict] = {}
         self.degraded = False
         self.acquire_answer = None
-        self.acquire_answers: List[Optional[Answer]] = []
+        self.acquire_answers: List[Union[Optional[Answer], Callable[[Recorded], Answer]]] = []
         self.acquire_gate: Optional[threading.Event] = None
         self.release_answer = None
         self.batches: List[Recorded] = []
@@ -95,7 +96,8 @@ class Fake:
             if gate is not None:
                 gate.wait(5)
             if self.acquire_answers:
-                return self.acquire_answers.pop(0)
+                answer = self.acquire_answers.pop(0)
+                return answer(rec) if callable(answer) else answer
             if self.acquire_answer is not None:
                 return self.acquire_answer
             self.results.pop(rec.json["stream_id"], None)
@@ -219,9 +221,31 @@ class RequestTest(unittest.TestCase):
     def test_degraded_lease_not_held_is_acquired_again(self) -> None:
         client = self.client()
         self.fake.degraded = True
+        # The re-acquire's answer: counted again, the stream is over its
+        # plan's limit in shadow mode.
+        def over_the_limit(rec: Recorded) -> Answer:
+            self.fake.results.pop(rec.json["stream_id"], None)  # held again
+            return json_answer(
+                200,
+                {
+                    "granted": True,
+                    "stream_id": rec.json["stream_id"],
+                    "used": 2,
+                    "limit": 1,
+                    "expires_at": "2030-01-02T03:04:05Z",
+                    "ttl_ms": 150,
+                    "heartbeat_interval_ms": 50,
+                    "pruned": 0,
+                    "degraded": False,
+                    "pools": [{"pool": "model", "key": "gpt-4o", "used": 1, "limit": 1}],
+                    "would_refuse": "stream_limit_reached",
+                },
+            )
+
         lease = client.acquire("user-1", "paid", label="pod-7", pools={"model": "gpt-4o"})
-        self.assertTrue(lease.degraded)
+        self.assertEqual((lease.degraded, lease.used, lease.pools, lease.would_refuse), (True, 0, [], None))
         self.fake.degraded = False
+        self.fake.acquire_answers = [over_the_limit]
         self.fake.results[lease.stream_id] = {"alive": False, "expires_at": None}
         deadline = time.time() + 2
         while len(self.server.received(Paths.ACQUIRE)) < 2 and time.time() < deadline:
@@ -244,6 +268,11 @@ class RequestTest(unittest.TestCase):
             time.sleep(0.01)
         self.assertGreaterEqual(beaten(), 2, "no two rounds after the re-acquire")
         self.assertFalse(lease.lost.is_set())
+        # The lease says what the re-acquire answered.
+        self.assertEqual(
+            (lease.degraded, lease.used, lease.limit, lease.pools, lease.would_refuse, lease.would_refuse_by),
+            (False, 2, 1, [PoolGrant(pool="model", key="gpt-4o", used=1, limit=1)], "stream_limit_reached", None),
+        )
 
     def test_degraded_lease_refused_by_its_pool_on_reacquire_is_lost(self) -> None:
         client = self.client()

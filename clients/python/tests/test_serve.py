@@ -1,9 +1,10 @@
 """The client against a real `limiter serve` on real Redis, started by
 e2e/clients_test.go (which passes the URLs and tokens in LIMITER_TEST_*).
 
-The server's tiers: free 1 stream, paid 3, both with a 2s slot TTL and a
-500ms heartbeat interval; its one pool, model, caps the key gpt-4o at 1
-stream (every other key uncapped). Callers: LIMITER_TOKEN may use every plan,
+The server's tiers: free 1 stream, paid 3, and watch 1 in shadow mode
+(enforce: false), all with a 2s slot TTL and a 500ms heartbeat interval;
+its pool model caps the key gpt-4o at 1 stream (every other key uncapped),
+and its pool org, in shadow mode, caps every key at 1. Callers: LIMITER_TOKEN may use every plan,
 LIMITER_TEST_SCOPED_TOKEN only paid, and the TLS server's client
 certificate names a caller that may use only free.
 """
@@ -32,7 +33,7 @@ from limiter_client import (
     UnknownPool,
 )
 from limiter_client.client import RELEASE_AGAIN_AFTER
-from limiter_client.schemas import Paths
+from limiter_client.schemas import Paths, PoolGrant
 
 from .support import FaultProxy, env, scrape, total, user
 
@@ -115,6 +116,45 @@ class ServeTest(unittest.TestCase):
         with self.assertRaises(InvalidRequest) as caught:
             self.client.acquire(user(), "paid", pools={"model": "gpt 4o"})
         self.assertEqual((caught.exception.status, caught.exception.code), (400, "invalid_pool_key"))
+
+    def test_lease_says_what_its_acquire_answered(self) -> None:
+        watcher, enforced, over = user(), user(), user()
+        org = user("org")  # a key of the shadow pool org, capped at 1
+        under = self.client.acquire(watcher, "watch", stream_id="under")
+        over_plan = self.client.acquire(watcher, "watch", stream_id="over")
+        gpt = self.client.acquire(enforced, "paid", pools={"model": "gpt-4o", "org": org})
+        over_pool = self.client.acquire(over, "paid", pools={"org": org})
+        try:
+            for name, lease, want in [
+                ("a shadow plan's first stream", under, (1, 1, [], None, None)),
+                ("a shadow plan's stream over its limit", over_plan, (2, 1, [], "stream_limit_reached", None)),
+                (
+                    "a grant by scopes that enforce (and a shadow key with room)",
+                    gpt,
+                    (1, 3, [PoolGrant("model", "gpt-4o", 1, 1), PoolGrant("org", org, 1, 1)], None, None),
+                ),
+                (
+                    "a shadow pool key over its cap",
+                    over_pool,
+                    (1, 3, [PoolGrant("org", org, 2, 1)], "pool_limit_reached", PoolGrant("org", org, 2, 1)),
+                ),
+            ]:
+                got = (lease.used, lease.limit, lease.pools, lease.would_refuse, lease.would_refuse_by)
+                self.assertEqual(got, want, name)
+            # The enforced key refuses once full: no lease says otherwise.
+            with self.assertRaises(PoolLimitReached):
+                self.client.acquire(user(), "paid", pools={"model": "gpt-4o"})
+
+            # An acquire of a held stream id (an extension) returns the held
+            # lease with its answer's counts; the limiter extends a held
+            # stream whatever the limits, so what the first acquire said of
+            # shadow mode stands.
+            for lease, would_refuse in [(under, None), (over_plan, "stream_limit_reached")]:
+                again = self.client.acquire(watcher, "watch", stream_id=lease.stream_id)
+                self.assertIs(again, lease)
+                self.assertEqual((again.used, again.limit, again.would_refuse), (2, 1, would_refuse), lease.stream_id)
+        finally:
+            gpt.release()  # model=gpt-4o is every test's key
 
     def test_release_frees_the_slot_and_is_idempotent(self) -> None:
         u = user()
@@ -208,8 +248,9 @@ class ServeTest(unittest.TestCase):
                 sent = [r.json["stream_id"] for r in proxy.received(Paths.ACQUIRE)]
                 self.assertEqual(sent, [lease.stream_id, lease.stream_id])
                 # free allows one stream: the retry was granted the slot the
-                # lost attempt took, not a second one.
+                # lost attempt took, not a second one, as its answer says.
                 self.assertEqual(self.used(u), 1)
+                self.assertEqual((lease.used, lease.limit), (1, 1))
                 self.assertEqual(proxy.received(Paths.RELEASE), [])
 
     def test_acquire_that_gives_up_releases_its_stream_id(self) -> None:
