@@ -218,6 +218,7 @@ func TestTypeScriptClient(t *testing.T) {
 		"the label is recorded with the slot",
 		"a slot belongs to the caller that took it",
 		"a pool key is a cap shared by every user",
+		"a lease says what its acquire answered",
 	})
 }
 

@@ -158,7 +158,10 @@ export class Client {
    * `client_closed` after close; with a RangeError for a label over 128
    * bytes. Acquiring a stream id this client already holds resolves to the
    * held Lease. A grant made while the limiter could not reach Redis (a
-   * tier failing open) is a Lease with degraded true.
+   * tier failing open) is a Lease with degraded true. The Lease says what
+   * the grant answered: `used`, `limit`, `pools`, and `wouldRefuse` when a
+   * plan or pool in shadow mode would have refused the stream and did not;
+   * an acquire of a held stream id updates the held Lease with its answer.
    */
   async acquire(userId: string, plan: string, options: AcquireOptions = {}): Promise<Lease> {
     if (this.keeper.isClosed) {
@@ -197,8 +200,7 @@ export class Client {
       answer.stream_id,
       options.label || undefined,
       heartbeatIntervalOf(answer),
-      answer.expires_at,
-      answer.degraded,
+      answer,
       body.pools,
     );
     const held = this.keeper.add(lease);
@@ -208,7 +210,7 @@ export class Client {
       throw closedError();
     }
     if (held !== lease) {
-      held.update(answer.expires_at, answer.degraded);
+      held.acquired(answer, true);
       this.keeper.setInterval(held, lease.interval);
     }
     return held;

@@ -307,7 +307,8 @@ export class Keeper {
       }
       return;
     }
-    lease.update(answer.expires_at, answer.degraded);
+    // Redis did not hold the slot: the stream was taken anew.
+    lease.acquired(answer, false);
     this.setInterval(lease, this.owner.intervalOf(answer));
     if (!this.holds(lease)) {
       // Released while the acquire was in flight: give the slot back, even

@@ -1,6 +1,6 @@
 import type { LimiterError } from "./errors.js";
 import type { Endpoint } from "./http.js";
-import { Paths, type ReleaseRequest } from "./schemas.gen.js";
+import { Paths, type AcquireResponse, type PoolGrant, type ReleaseRequest } from "./schemas.gen.js";
 
 /** What a Lease needs of its Client. */
 export interface LeaseOwner {
@@ -23,6 +23,10 @@ export interface LeaseOwner {
  *   await lease.release();
  * }
  * ```
+ *
+ * It also says what its acquire answered: the user's `used` and `limit`, the
+ * pool keys joined (`pools`), and `wouldRefuse` when a plan or pool in
+ * shadow mode would have refused the stream and did not.
  */
 export class Lease {
   /** @internal Milliseconds between heartbeats; managed by the client. */
@@ -30,6 +34,11 @@ export class Lease {
 
   private expires: Date;
   private isDegraded: boolean;
+  private usedSlots = 0;
+  private judgedLimit = 0;
+  private joined: readonly PoolGrant[] = [];
+  private refusal: AcquireResponse["would_refuse"];
+  private refusalBy: PoolGrant | undefined;
   private released = false;
   private lostError: LimiterError | undefined;
   private readonly controller = new AbortController();
@@ -55,14 +64,14 @@ export class Lease {
     /** The label sent with the acquire, if any. */
     readonly label: string | undefined,
     interval: number,
-    expiresAt: Date,
-    degraded: boolean,
+    granted: AcquireResponse,
     /** @internal The pool keys sent with the acquire, sent again on a re-acquire. */
     readonly poolKeys?: Readonly<Record<string, string>>,
   ) {
     this.interval = interval;
-    this.expires = expiresAt;
-    this.isDegraded = degraded;
+    this.expires = granted.expires_at;
+    this.isDegraded = granted.degraded;
+    this.acquired(granted, false);
     this.lost = new Promise((resolve) => {
       this.resolveLost = resolve;
     });
@@ -96,6 +105,67 @@ export class Lease {
    */
   get degraded(): boolean {
     return this.isDegraded;
+  }
+
+  /**
+   * How many live slots the user holds, this one included, as of the latest
+   * acquire answer about the slot: acquire's, that of an acquire of its
+   * `streamId` again (an extension), or that of a degraded lease's
+   * re-acquire. 0 when that answer was degraded (not counted). Heartbeats
+   * answer no counts, so it does not follow the user's other streams coming
+   * and going in between. Above `limit` when a plan in shadow mode let the
+   * stream in over its limit (see `wouldRefuse`), or when the limit was
+   * lowered while the user's streams were held.
+   */
+  get used(): number {
+    return this.usedSlots;
+  }
+
+  /**
+   * The limit the latest acquire answer about the slot was judged by (see
+   * `used`): the plan's max_concurrent_streams, or the user's support
+   * override while one is in force.
+   */
+  get limit(): number {
+    return this.judgedLimit;
+  }
+
+  /**
+   * The capped pool keys the stream joined (acquire's `pools`), in the order
+   * of the pools' names, each with its live memberships (`used`) and cap
+   * (`limit`) as of the latest acquire answer about the slot (see `used`);
+   * empty when it joined none. A key its pool does not cap is not listed:
+   * the stream joins nothing there. A key's `used` is 0 when the answer was
+   * degraded.
+   */
+  get pools(): readonly PoolGrant[] {
+    return this.joined;
+  }
+
+  /**
+   * The refusal a scope in shadow mode (a plan's or a pool's `enforce:
+   * false`) would have answered to the acquire that took the stream, and
+   * did not: `stream_limit_reached` (the plan's limit; that answer's `used`
+   * counted the stream, above its limit) or `pool_limit_reached` (a pool
+   * key's cap: `wouldRefuseBy`). Undefined when no scope would have refused,
+   * and always when every scope enforces (an enforcing scope refuses:
+   * acquire rejects). It is the stream's admission that is judged: an
+   * acquire of the `streamId` again extends the held stream whatever the
+   * limits, so its answer keeps what the first said; a degraded lease's
+   * re-acquire takes the stream anew, and says it again.
+   */
+  get wouldRefuse(): AcquireResponse["would_refuse"] {
+    return this.refusal;
+  }
+
+  /**
+   * For a `wouldRefuse` of `pool_limit_reached`, the pool key in shadow mode
+   * that would have refused the stream (the first in the order of the
+   * pools' names), with its live memberships and cap as that acquire
+   * answered; undefined otherwise.
+   */
+  get wouldRefuseBy(): PoolGrant | undefined {
+    return this.refusalBy;
   }
 
   /**
@@ -133,7 +203,25 @@ export class Lease {
     this.resolveLost(err);
   }
 
-  /** @internal Records an answer about the slot. */
+  /**
+   * @internal Records an acquire's answer about the slot. extension says it
+   * answers an acquire of a stream the lease held already, which the limiter
+   * extends whatever the limits: its answer says no would_refuse, and the
+   * one of the acquire that took the stream stands.
+   */
+  acquired(answer: AcquireResponse, extension: boolean): void {
+    this.expires = answer.expires_at;
+    this.isDegraded = answer.degraded;
+    this.usedSlots = answer.used;
+    this.judgedLimit = answer.limit;
+    this.joined = Object.freeze((answer.pools ?? []).map((g) => Object.freeze({ ...g })));
+    if (!extension || answer.would_refuse !== undefined) {
+      this.refusal = answer.would_refuse;
+      this.refusalBy = answer.would_refuse_by === undefined ? undefined : Object.freeze({ ...answer.would_refuse_by });
+    }
+  }
+
+  /** @internal Records a heartbeat's answer about the slot: heartbeats answer neither counts nor would_refuse (see `used`). */
   update(expiresAt: Date | undefined, degraded: boolean): void {
     if (expiresAt !== undefined) {
       this.expires = expiresAt;

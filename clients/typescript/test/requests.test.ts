@@ -216,8 +216,26 @@ describe("requests and answers", () => {
     const c = newClient();
     fake.degraded = true;
     const lease = await c.acquire("user-1", "paid", { label: "pod-7", pools: { model: "gpt-4o" } });
-    assert.equal(lease.degraded, true);
+    assert.deepEqual([lease.degraded, lease.used, lease.pools, lease.wouldRefuse], [true, 0, [], undefined]);
     fake.degraded = false;
+    // The re-acquire's answer: counted again, the stream is over its plan's
+    // limit in shadow mode.
+    fake.acquireAnswers.push((rec) => {
+      fake.results.delete(rec.json.stream_id); // held again
+      return jsonAnswer(200, {
+        granted: true,
+        stream_id: rec.json.stream_id,
+        used: 2,
+        limit: 1,
+        expires_at: "2030-01-02T03:04:05Z",
+        ttl_ms: 150,
+        heartbeat_interval_ms: 50,
+        pruned: 0,
+        degraded: false,
+        pools: [{ pool: "model", key: "gpt-4o", used: 1, limit: 1 }],
+        would_refuse: "stream_limit_reached",
+      });
+    });
     fake.results.set(lease.streamId, { alive: false, expires_at: null });
     assert.ok(await eventually(() => server.received(Paths.acquire).length >= 2));
     const again = server.received(Paths.acquire)[1]!.json;
@@ -228,6 +246,11 @@ describe("requests and answers", () => {
     const beaten = () => fake.batches.slice(after).filter((b) => b.json.slots.some((s: { stream_id: string }) => s.stream_id === lease.streamId)).length;
     assert.ok(await eventually(() => beaten() >= 2), "no two rounds after the re-acquire");
     assert.equal(lease.error, undefined);
+    // The lease says what the re-acquire answered.
+    assert.deepEqual(
+      [lease.degraded, lease.used, lease.limit, lease.pools, lease.wouldRefuse, lease.wouldRefuseBy],
+      [false, 2, 1, [{ pool: "model", key: "gpt-4o", used: 1, limit: 1 }], "stream_limit_reached", undefined],
+    );
   });
 
   test("a degraded lease refused by its pool on re-acquire is lost", async () => {

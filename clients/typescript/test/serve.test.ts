@@ -1,9 +1,10 @@
 // The client against a real `limiter serve` on real Redis, started by
 // e2e/clients_test.go (which passes the URLs and tokens in LIMITER_TEST_*).
 //
-// The server's tiers: free 1 stream, paid 3, both with a 2s slot TTL and a
-// 500ms heartbeat interval; its one pool, model, caps the key gpt-4o at 1
-// stream (every other key uncapped). Callers: LIMITER_TOKEN may use every plan,
+// The server's tiers: free 1 stream, paid 3, and watch 1 in shadow mode
+// (enforce: false), all with a 2s slot TTL and a 500ms heartbeat interval;
+// its pool model caps the key gpt-4o at 1 stream (every other key
+// uncapped), and its pool org, in shadow mode, caps every key at 1. Callers: LIMITER_TOKEN may use every plan,
 // LIMITER_TEST_SCOPED_TOKEN only paid, and the TLS server's client
 // certificate (LIMITER_TEST_TLS_CERT) names a caller of free only. The TLS
 // server's certificate is of LIMITER_TEST_TLS_CA, which the node process
@@ -110,6 +111,53 @@ describe("against a real serve", { skip }, () => {
 
     assert.equal((await refused(c.acquire(user(), "paid", { pools: { region: "eu" } }), ErrorCode.UnknownPool)).status, 422);
     assert.equal((await refused(c.acquire(user(), "paid", { pools: { model: "gpt 4o" } }), ErrorCode.InvalidPoolKey)).status, 400);
+  });
+
+  test("a lease says what its acquire answered", async () => {
+    const c = newClient();
+    const [watcher, enforced, over] = [user(), user(), user()];
+    const org = user("org"); // a key of the shadow pool org, capped at 1
+    const said = (l: Lease) => [l.used, l.limit, l.pools, l.wouldRefuse, l.wouldRefuseBy];
+    const under = await c.acquire(watcher, "watch", { streamId: "under" });
+    const overPlan = await c.acquire(watcher, "watch", { streamId: "over" });
+    const gpt = await c.acquire(enforced, "paid", { pools: { model: "gpt-4o", org } });
+    try {
+      const overPool = await c.acquire(over, "paid", { pools: { org } });
+      const cases: [string, Lease, unknown[]][] = [
+        ["a shadow plan's first stream", under, [1, 1, [], undefined, undefined]],
+        ["a shadow plan's stream over its limit", overPlan, [2, 1, [], "stream_limit_reached", undefined]],
+        [
+          "a grant by scopes that enforce (and a shadow key with room)",
+          gpt,
+          [1, 3, [{ pool: "model", key: "gpt-4o", used: 1, limit: 1 }, { pool: "org", key: org, used: 1, limit: 1 }], undefined, undefined],
+        ],
+        [
+          "a shadow pool key over its cap",
+          overPool,
+          [1, 3, [{ pool: "org", key: org, used: 2, limit: 1 }], "pool_limit_reached", { pool: "org", key: org, used: 2, limit: 1 }],
+        ],
+      ];
+      for (const [name, lease, want] of cases) {
+        assert.deepEqual(said(lease), want, name);
+      }
+      // The enforced key refuses once full: no lease says otherwise.
+      await refused(c.acquire(user(), "paid", { pools: { model: "gpt-4o" } }), ErrorCode.PoolLimitReached);
+
+      // An acquire of a held stream id (an extension) resolves to the held
+      // lease with its answer's counts; the limiter extends a held stream
+      // whatever the limits, so what the first acquire said of shadow mode
+      // stands.
+      for (const [lease, wouldRefuse] of [
+        [under, undefined],
+        [overPlan, "stream_limit_reached"],
+      ] as const) {
+        const again = await c.acquire(watcher, "watch", { streamId: lease.streamId });
+        assert.equal(again, lease);
+        assert.deepEqual([again.used, again.limit, again.wouldRefuse], [2, 1, wouldRefuse], lease.streamId);
+      }
+    } finally {
+      await gpt.release(); // model=gpt-4o is every test's key
+    }
   });
 
   test("release frees the slot and is idempotent", async () => {
@@ -221,8 +269,9 @@ describe("against a real serve", { skip }, () => {
         [lease.streamId, lease.streamId],
       );
       // free allows one stream: the retry was granted the slot the lost
-      // attempt took, not a second one.
+      // attempt took, not a second one, as its answer says.
       assert.equal(await used(u), 1);
+      assert.deepEqual([lease.used, lease.limit], [1, 1]);
       assert.deepEqual(proxy.received(Paths.release), []);
     });
   }
