@@ -178,3 +178,24 @@ func TestShadowPoolIsGrantedAndSaysWhichKey(t *testing.T) {
 	}
 	awaitPoolUsed(t, e, "model", "big", 0, 2*time.Second)
 }
+
+// The limiter's response headers are its word alone on a stream that
+// holds no slot too (Envoy sent no request headers, so nothing was
+// decided): the upstream's x-limiter-stream-id and x-limiter-would-refuse
+// are removed, none set, and a client reads no shadow refusal the limiter
+// never made.
+func TestNoUpstreamsLimiterHeaderPassesOnAStreamWithoutASlot(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	st := e.open(t)
+	resp := mustContinue(t)(st.ResponseHeaders(envoytest.Headers(":status", "200", "content-type", "text/event-stream",
+		extproc.DefaultStreamIDHeader, "upstream-stream", headerWouldRefuse, "stream_limit_reached"), false))
+	m := resp.GetResponseHeaders().GetResponse().GetHeaderMutation()
+	for _, h := range []string{extproc.DefaultStreamIDHeader, headerWouldRefuse} {
+		if got, ok := envoytest.HeaderValue(m, h); ok {
+			t.Errorf("the answer sets %s %q, want none: the stream holds no slot", h, got)
+		}
+		if !slices.Contains(m.GetRemoveHeaders(), h) {
+			t.Errorf("the answer's mutation %v keeps the upstream's %s, want it removed", m, h)
+		}
+	}
+}

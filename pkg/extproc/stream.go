@@ -204,26 +204,7 @@ func (x *exchange) handle(ctx context.Context, req *extprocv3.ProcessingRequest)
 			return cut
 		}
 		x.started = true
-		var resp *extprocv3.ProcessingResponse
-		if x.st != nil {
-			set := []*corev3.HeaderValueOption{header(x.s.opts.StreamIDHeader, x.st.ID())}
-			if x.wouldRefuse != "" {
-				// Replacing one the upstream sent.
-				set = append(set, header(headerWouldRefuse, x.wouldRefuse))
-			}
-			resp = responseHeadersContinue(set...)
-		} else {
-			resp = responseHeadersContinue()
-		}
-		if x.wouldRefuse == "" {
-			// One the upstream sent (a limiter behind this one) is not this
-			// limiter's word: the client hears none.
-			common := resp.GetResponseHeaders().GetResponse()
-			if common.HeaderMutation == nil {
-				common.HeaderMutation = &extprocv3.HeaderMutation{}
-			}
-			common.HeaderMutation.RemoveHeaders = append(common.HeaderMutation.RemoveHeaders, headerWouldRefuse)
-		}
+		resp := x.responseHeaders()
 		if r.ResponseHeaders.GetEndOfStream() {
 			x.release(ctx, hold.EndComplete)
 		}
@@ -247,6 +228,35 @@ func (x *exchange) handle(ctx context.Context, req *extprocv3.ProcessingRequest)
 		return trailersContinue(true)
 	}
 	return nil // flow control only: no answer expected
+}
+
+// responseHeaders answers the response headers: CONTINUE with the
+// limiter's headers to the client, the stream id and, on a shadow grant,
+// x-limiter-would-refuse, each replacing one the upstream sent. A header
+// of the limiter's that it does not set is removed: the upstream's (a
+// limiter behind this one) is not this limiter's word, so the client
+// hears none, on a stream without a slot too (Envoy sent no request
+// headers).
+func (x *exchange) responseHeaders() *extprocv3.ProcessingResponse {
+	var set []*corev3.HeaderValueOption
+	var remove []string
+	if x.st != nil {
+		set = append(set, header(x.s.opts.StreamIDHeader, x.st.ID()))
+	} else {
+		remove = append(remove, x.s.opts.StreamIDHeader)
+	}
+	if x.wouldRefuse != "" {
+		set = append(set, header(headerWouldRefuse, x.wouldRefuse))
+	} else {
+		remove = append(remove, headerWouldRefuse)
+	}
+	resp := responseHeadersContinue(set...)
+	common := resp.GetResponseHeaders().GetResponse()
+	if common.HeaderMutation == nil {
+		common.HeaderMutation = &extprocv3.HeaderMutation{}
+	}
+	common.HeaderMutation.RemoveHeaders = remove
+	return resp
 }
 
 // requestHeaders decides the stream: identity, then a slot; or, when a

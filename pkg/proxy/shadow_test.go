@@ -287,3 +287,42 @@ func TestLimiterHeadersAreTheFinalAnswers(t *testing.T) {
 	_, _ = io.Copy(io.Discard, second.Body)
 	e.AwaitUsed(t, user, 0, 2*time.Second)
 }
+
+// The limiter's headers are its word alone on every route: an upstream's
+// X-Limiter-Would-Refuse and X-Limiter-Stream-Id (a limiter behind this
+// one, or an upstream that sends them) reach the client neither on a
+// route the proxy does not limit nor on a CORS preflight it passes
+// without a slot: there the limiter says nothing, and a client must not
+// read a shadow refusal it never made. The upstream's other headers pass.
+func TestNoUpstreamsLimiterHeaderPassesOnARouteNotLimited(t *testing.T) {
+	e := newEnv(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(hold.HeaderWouldRefuse, "stream_limit_reached")
+		w.Header().Set(proxy.HeaderStreamID, "upstream-stream")
+		w.Header().Set("X-Upstream", "kept")
+		w.WriteHeader(http.StatusOK)
+	}), envOptions{proxy: proxy.Options{Routes: []string{"/v1/chat/completions"}}})
+	cors := http.Header{"Origin": {"https://chat.example"}, "Access-Control-Request-Method": {"POST"}}
+	for _, tc := range []struct {
+		name, method, path string
+		header             http.Header
+	}{
+		{"a GET of a route not limited", "GET", "/v1/models", nil},
+		{"a POST to a route not limited", "POST", "/v1/embeddings", nil},
+		{"a preflight of the limited route", "OPTIONS", "/v1/chat/completions", cors},
+	} {
+		req := e.request(t, context.Background(), tc.method, tc.path, "", "", nil)
+		for k, v := range tc.header {
+			req.Header[k] = v
+		}
+		resp := e.do(t, req)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Upstream") != "kept" {
+			t.Errorf("%s: %d, X-Upstream %q; want the upstream's 200 and its other headers", tc.name, resp.StatusCode, resp.Header.Get("X-Upstream"))
+		}
+		for _, h := range []string{hold.HeaderWouldRefuse, proxy.HeaderStreamID} {
+			if got := resp.Header.Values(h); len(got) != 0 {
+				t.Errorf("%s: %s %q, want none: the limiter set none", tc.name, h, got)
+			}
+		}
+	}
+}

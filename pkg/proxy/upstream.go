@@ -58,6 +58,14 @@ func (x *exchange) answerHeaders(h http.Header) {
 	}
 }
 
+// limiterHeaders are the response headers that are the limiter's word
+// (answerHeaders). An upstream's of the same name (a limiter behind this
+// one, or an upstream that sends them for any reason) never reaches the
+// client: on a limited request the limiter's replace them or they are
+// dropped, and on every other one (a route the proxy does not limit, a
+// preflight) they are dropped, the limiter having said nothing.
+var limiterHeaders = [...]string{HeaderStreamID, hold.HeaderWouldRefuse}
+
 type exchangeKey struct{}
 
 // preflightKey marks the context of a CORS preflight's request (see
@@ -135,8 +143,15 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 
 // modifyResponse adds the limiter's headers to a limited request's
 // response, and watches its body, to tell an upstream that broke off from
-// a client that went away.
+// a client that went away; it drops the upstream's copies of them from
+// every other response.
 func (p *Proxy) modifyResponse(resp *http.Response) error {
+	x := exchangeOf(resp.Request.Context())
+	if x == nil {
+		for _, h := range limiterHeaders {
+			resp.Header.Del(h)
+		}
+	}
 	if resp.Request.Context().Value(preflightKey{}) != nil {
 		// A preflight's answer: its status and headers, and no body (a
 		// browser reads none). Closing the upstream's ends whatever it
@@ -146,7 +161,6 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		resp.Header.Set("Content-Length", "0")
 		return nil
 	}
-	x := exchangeOf(resp.Request.Context())
 	if x == nil {
 		return nil
 	}
