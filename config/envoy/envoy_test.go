@@ -158,6 +158,13 @@ func TestBootstrapParses(t *testing.T) {
 			}
 		case *routev3.RouteMatch_Prefix:
 			passed = disabled
+			// Where the limiter says nothing, an upstream's copy of its
+			// headers does not pass for its word.
+			for _, h := range []string{"x-limiter-stream-id", "x-limiter-would-refuse"} {
+				if !slices.Contains(r.GetResponseHeadersToRemove(), h) {
+					t.Errorf("the route with the filter disabled: response_headers_to_remove %v, want %s, the limiter's word alone", r.GetResponseHeadersToRemove(), h)
+				}
+			}
 		}
 	}
 	if len(limited) == 0 || !passed {

@@ -142,6 +142,21 @@ func TestGatewayManifestsAreAccepted(t *testing.T) {
 					t.Errorf("HTTPRoute %s rule %d removes %v: want %s, which names another path to servers that honour it", o.GetName(), i, removed, h)
 				}
 			}
+			if o.GetName() == "chat-completions" {
+				continue // the limiter's own headers: its answers set or remove them
+			}
+			// Where the limiter says nothing, an upstream's copy of its
+			// headers does not pass for its word.
+			var dropped []string
+			for _, f := range filters {
+				names, _, _ := unstructured.NestedStringSlice(f.(map[string]any), "responseHeaderModifier", "remove")
+				dropped = append(dropped, names...)
+			}
+			for _, h := range []string{"X-Limiter-Stream-Id", "X-Limiter-Would-Refuse"} {
+				if !slices.ContainsFunc(dropped, func(n string) bool { return strings.EqualFold(n, h) }) {
+					t.Errorf("HTTPRoute %s rule %d removes %v from responses: want %s, the limiter's word alone", o.GetName(), i, dropped, h)
+				}
+			}
 		}
 	}
 	proc, _, _ := unstructured.NestedSlice(policy.Object, "spec", "extProc")
