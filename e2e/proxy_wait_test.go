@@ -105,7 +105,9 @@ func TestProxyHoldsARequestInTheQueue(t *testing.T) {
 }
 
 // SIGTERM ends the waits with a 503 at once (docs/proxy.md), not at the
-// grace's end, while the stream held goes on through the grace.
+// grace's end, while the stream held goes on through the grace. The wait
+// is counted failed, the limiter giving up on it, not cancelled: the
+// client did not leave (docs/observability.md).
 func TestProxySIGTERMEndsTheWaits(t *testing.T) {
 	e := startProxy(t, "http:\n  shutdownGrace: 5s\n", "--wait", "10s")
 	user := "term-queue-" + randomID()
@@ -123,6 +125,16 @@ func TestProxySIGTERMEndsTheWaits(t *testing.T) {
 	a := within(t, second, 5*time.Second, "the waiting request's answer")
 	if a.status != http.StatusServiceUnavailable || a.at.Sub(sent) > 2*time.Second {
 		t.Errorf("the waiting request after SIGTERM: %d %q after %v; want 503 at once, not at the 5s grace", a.status, a.body, a.at.Sub(sent).Round(time.Millisecond))
+	}
+	// Scraped during the grace, the stream held still running.
+	for series, want := range map[string]float64{
+		`limiter_acquire_wait_total{outcome="failed",plan="queued"}`:       1,
+		`limiter_acquire_wait_total{outcome="cancelled",plan="queued"}`:    0,
+		`limiter_streams_refused_total{mode="proxy",reason="unavailable"}`: 1,
+	} {
+		if got := metricValue(t, e.proc, series); got != want {
+			t.Errorf("after SIGTERM ended the wait: %s = %v, want %v", series, got, want)
+		}
 	}
 	var got []string
 	for data := range firstData {

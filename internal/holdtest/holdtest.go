@@ -14,7 +14,9 @@ import (
 
 	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/pkg/hold"
+	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/telemetry"
+	"github.com/joishi/limiter/pkg/tiers"
 )
 
 // redisTimeout replaces the 250ms default per-call deadline: these tests
@@ -26,7 +28,10 @@ const redisTimeout = 5 * time.Second
 type Options struct {
 	// Stack configures the limiter stack. A zero Redis.Timeout becomes 5s
 	// when Redis.Addrs is empty (a test that dials a server of its own,
-	// a black hole say, sets the timeout it needs).
+	// a black hole say, sets the timeout it needs). Without an observer
+	// of its own (Limiter.Observer, NewObserver), the limiter reports to
+	// the telemetry's, so that its series (the waits' outcomes, say) are
+	// on /metrics beside the holder's.
 	Stack limitertest.Options
 	// Hold configures the holder; its MeterProvider is always the
 	// telemetry's. Default Mode "test".
@@ -54,6 +59,11 @@ func New(t testing.TB, o Options) *Env {
 	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
 	if o.Stack.Redis.Timeout == 0 && len(o.Stack.Redis.Addrs) == 0 {
 		o.Stack.Redis.Timeout = redisTimeout
+	}
+	if o.Stack.Limiter.Observer == nil && o.Stack.NewObserver == nil {
+		o.Stack.NewObserver = func(table *tiers.Table) (limiter.Observer, error) {
+			return telemetry.NewObserver(tel.MeterProvider, table, telemetry.ObserverOptions{Pools: o.Stack.Limiter.Pools})
+		}
 	}
 	stack := limitertest.New(t, o.Stack)
 	if o.Hold.Mode == "" {

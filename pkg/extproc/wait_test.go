@@ -176,7 +176,9 @@ func TestEnvoyEndingTheStreamEndsTheWait(t *testing.T) {
 }
 
 // The drain's grace running out ends the waits with 503 limiter_unavailable
-// (retry elsewhere), as the streams still open are released.
+// (retry elsewhere), as the streams still open are released. The wait is
+// counted failed, the limiter giving up on it, not cancelled: Envoy did
+// not leave.
 func TestTheDrainEndsWaits(t *testing.T) {
 	e := newWaitEnv(t, 5*time.Second, time.Minute, 300*time.Millisecond)
 	user := newUser()
@@ -193,6 +195,12 @@ func TestTheDrainEndsWaits(t *testing.T) {
 	ir, body := immediate(t, a.resp)
 	if ir.GetStatus().GetCode() != 503 || body.Error.Code != "limiter_unavailable" || !strings.Contains(body.Error.Message, "shutting down") {
 		t.Errorf("got %d %s (%q), want 503 limiter_unavailable saying the limiter is shutting down", ir.GetStatus().GetCode(), body.Error.Code, body.Error.Message)
+	}
+	for outcome, want := range map[string]string{"failed": "1", "cancelled": "0"} {
+		series := `limiter_acquire_wait_total{outcome="` + outcome + `",plan="queued"}`
+		if got := e.Metric(t, series); got != want && (want != "0" || got != "") {
+			t.Errorf("%s: got %q, want %s", series, got, want)
+		}
 	}
 	e.AwaitQueue(t, user, 0, time.Second)
 	e.AwaitUsed(t, user, 0, 2*time.Second)

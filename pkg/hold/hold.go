@@ -28,6 +28,7 @@ package hold
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -52,8 +53,12 @@ var (
 	// ErrIdle: the stream was not touched for Options.IdleTimeout and its
 	// slot was released.
 	ErrIdle = errors.New("stream idle")
-	// ErrClosed: Acquire was called on a closed holder. No slot is held.
-	ErrClosed = errors.New("holder closed")
+	// ErrClosed: Acquire was called on a closed holder, or its wait was
+	// ended by EndWaits or Close. No slot is held. It wraps
+	// limiter.ErrShuttingDown, the cause the waits are ended with, so
+	// that the limiter counts them failed, not cancelled: the process
+	// is stopping, the caller did not leave.
+	ErrClosed = fmt.Errorf("holder closed: %w", limiter.ErrShuttingDown)
 )
 
 // Defaults of Options.

@@ -57,6 +57,14 @@ var (
 	// error (ErrUnavailable or the caller's context error): its answer
 	// must say exactly what it released, or that this is not known.
 	ErrOutcomeUnknown = errors.New("outcome unknown")
+	// ErrShuttingDown is not returned: it is the cause (context.Cause) a
+	// front end cancels an acquire's context with, or wraps in it, when
+	// its process shuts down and ends the waits in progress (serve's
+	// drain, hold.Holder.EndWaits and Close). A wait so ended is counted
+	// WaitFailed, the limiter giving up on it, not WaitCancelled: its
+	// caller did not leave. Acquire returns the context's error, as for
+	// any cancellation.
+	ErrShuttingDown = errors.New("shutting down")
 )
 
 // PoolUnavailableError is the ErrUnavailable of an acquire that a pool

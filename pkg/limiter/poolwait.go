@@ -110,7 +110,7 @@ func (l *Limiter) awaitPool(ctx context.Context, req AcquireRequest, tier tiers.
 	default:
 		out.err = r.err
 	}
-	l.observer.PoolWaited(ctx, m.pool.Pool, tier.Priority, outcome, out.waited)
+	l.observer.PoolWaited(ctx, m.pool.Pool, tier.Priority, observed(ctx, outcome), out.waited)
 	return out
 }
 

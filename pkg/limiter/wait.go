@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -51,9 +52,21 @@ const (
 	WaitFull WaitOutcome = "full"
 	// WaitFailed: Redis stopped answering (the tier's failure mode
 	// answered: degraded grants on Open plans, 503 on Closed ones), or
-	// refused the call, or the plan went away.
+	// refused the call, or the plan went away; or, in the metrics, the
+	// process shut down while the acquire waited (ErrShuttingDown).
 	WaitFailed WaitOutcome = "failed"
 )
+
+// observed is the outcome of a wait as the metrics count it: a wait whose
+// context the process ended as it shut down (ErrShuttingDown) failed, as
+// one Redis stopped answering did, since its caller did not leave; the
+// front end answers it 503.
+func observed(ctx context.Context, outcome WaitOutcome) WaitOutcome {
+	if outcome == WaitCancelled && errors.Is(context.Cause(ctx), ErrShuttingDown) {
+		return WaitFailed
+	}
+	return outcome
+}
 
 // waiter is one acquire waiting in a scope's queue on this server: its
 // user's, or a pool key's.
@@ -131,7 +144,7 @@ func (l *Limiter) awaitSlot(ctx context.Context, key string, req AcquireRequest,
 	took := time.Since(start)
 	res.Waited = took
 	outcome := r.outcome
-	defer func() { l.observer.Waited(ctx, tier, outcome, took) }()
+	defer func() { l.observer.Waited(ctx, tier, observed(ctx, outcome), took) }()
 
 	shadow := false
 	if (r.outcome == WaitGranted || r.outcome == WaitTimeout) && !r.degraded {

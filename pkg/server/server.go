@@ -5,7 +5,7 @@ package server
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -85,8 +85,9 @@ func New(lim *limiter.Limiter, opts Options) *Server {
 
 // ErrShuttingDown ends an acquire's wait when the server starts draining
 // (503 limiter_unavailable): the client retries, and another replica
-// takes it.
-var ErrShuttingDown = errors.New("this limiter replica is shutting down and ended the acquire's wait; retry: another replica takes it")
+// takes it. It wraps limiter.ErrShuttingDown, so that the limiter counts
+// the wait failed, not cancelled: the client did not leave.
+var ErrShuttingDown = fmt.Errorf("this limiter replica is %w and ended the acquire's wait; retry: another replica takes it", limiter.ErrShuttingDown)
 
 // timeouts returns the listeners' timeouts.
 func (s *Server) timeouts() Timeouts {

@@ -242,7 +242,7 @@ func NewObserver(mp metric.MeterProvider, table *tiers.Table, opts ObserverOptio
 	o.waiting, errs[9] = m.Int64UpDownCounter("limiter.acquire.waiting", metric.WithUnit("{acquire}"),
 		metric.WithDescription("Acquires waiting in their user's queue for a slot now (wait_ms), by plan."))
 	o.waits, errs[10] = m.Int64Counter("limiter.acquire.wait", metric.WithUnit("{acquire}"),
-		metric.WithDescription("Waits in a user's queue by plan and outcome: granted, timeout (429 once wait_ms ran out), cancelled (the caller left), full (the queue held its most, refused at once), failed (Redis stopped answering: the failure mode answered)."))
+		metric.WithDescription("Waits in a user's queue by plan and outcome: granted, timeout (429 once wait_ms ran out), cancelled (the caller left), full (the queue held its most, refused at once), failed (Redis stopped answering: the failure mode answered; or the replica shut down while it waited, 503)."))
 	o.waited, errs[11] = m.Float64Histogram("limiter.acquire.wait.duration", metric.WithUnit("s"),
 		metric.WithDescription("How long acquires waited in their user's queue, by plan and outcome."),
 		metric.WithExplicitBucketBoundaries(waitBuckets...))

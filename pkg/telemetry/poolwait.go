@@ -66,7 +66,7 @@ func (o *Observer) registerPoolWaits(m metric.Meter) error {
 		metric.WithDescription("Acquires waiting in a pool key's queue for a membership now (wait_ms), by pool and priority (their tier's)."))
 	errs[0] = err
 	waits, err := m.Int64ObservableCounter("limiter.pool.acquire.wait", metric.WithUnit("{acquire}"),
-		metric.WithDescription("Waits in a pool key's queue by pool, priority and outcome: granted, timeout (429 pool_limit_reached once the wait ran out), cancelled (the caller left, a membership granted meanwhile given back), full (the key's queue held its most, refused at once), failed (Redis stopped answering, or refused)."))
+		metric.WithDescription("Waits in a pool key's queue by pool, priority and outcome: granted, timeout (429 pool_limit_reached once the wait ran out), cancelled (the caller left, a membership granted meanwhile given back), full (the key's queue held its most, refused at once), failed (Redis stopped answering, or refused; or the replica shut down while it waited, 503)."))
 	errs[1] = err
 	if errors.Join(errs[:2]...) == nil {
 		_, errs[2] = m.RegisterCallback(func(_ context.Context, obs metric.Observer) error {
