@@ -157,3 +157,59 @@ func shippedAlert(t *testing.T, path, name string) shippedRule {
 	t.Fatalf("%s has no alert %s", path, name)
 	return shippedRule{}
 }
+
+// TestPoolFailingOpenAlert: a pool key's shard that does not answer, the
+// pool failing open, fires the shipped LimiterPoolFailingOpen for that
+// pool while its degraded joins are within the last 5 minutes, and not
+// LimiterFailingOpen: the plans' own limits held, their acquires counted
+// by their verdicts (granted). A plan's own degraded grants fire
+// LimiterFailingOpen for the plan, and not the pool's.
+func TestPoolFailingOpenAlert(t *testing.T) {
+	promtool := testenv.Promtool(t)
+	rules, err := filepath.Abs(filepath.Join("..", "config", "observability", "alerts.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	poolRule, planRule := shippedAlert(t, rules, "LimiterPoolFailingOpen"), shippedAlert(t, rules, "LimiterFailingOpen")
+	var test promTest
+	for name, values := range map[string]string{
+		// model's shard down from 5m to 10m: 3 degraded joins a minute
+		// (9 by 8m).
+		`limiter_pool_acquire_total{instance="a",job="limiter",outcome="degraded",pool="model"}`: `0x5 3+3x4 15x20`,
+		`limiter_pool_acquire_total{instance="a",job="limiter",outcome="granted",pool="org"}`:    `0+2x30`,
+		`limiter_acquire_total{instance="a",job="limiter",outcome="granted",plan="paid"}`:        `0+5x30`,
+		// free's users' shard down from 20m to 23m: 2 degraded grants a
+		// minute (4 by 22m).
+		`limiter_acquire_total{instance="a",job="limiter",outcome="degraded",plan="free"}`: `0x20 2+2x2 6x8`,
+	} {
+		test.Input = append(test.Input, promSeries{Series: name, Values: values})
+	}
+	fired := func(rule shippedRule, label, value, n string) []promAlert {
+		fill := strings.NewReplacer("{{ $labels."+label+" }}", value, "{{ $value | humanize }}", n)
+		return []promAlert{{
+			Labels:      map[string]string{"job": "limiter", label: value, "severity": rule.Labels["severity"]},
+			Annotations: map[string]string{"summary": fill.Replace(rule.Annotations["summary"]), "description": fill.Replace(rule.Annotations["description"])},
+		}}
+	}
+	for _, c := range []struct {
+		at         int
+		pool, plan []promAlert
+	}{
+		{at: 4},
+		{at: 8, pool: fired(poolRule, "pool", "model", "9")},
+		{at: 18},
+		{at: 22, plan: fired(planRule, "plan", "free", "4")},
+		{at: 29},
+	} {
+		for _, want := range []struct {
+			rule   shippedRule
+			alerts []promAlert
+		}{{poolRule, c.pool}, {planRule, c.plan}} {
+			if want.alerts == nil {
+				want.alerts = []promAlert{}
+			}
+			test.Checks = append(test.Checks, promCheck{EvalTime: fmt.Sprintf("%dm", c.at), AlertName: want.rule.Alert, Alerts: want.alerts})
+		}
+	}
+	promtoolRules(t, promtool, rules, test)
+}

@@ -75,9 +75,16 @@ type AcquireResult struct {
 	// Pruned counts the user's slots that had expired unreleased and were
 	// removed by this call: the crash and leak signal.
 	Pruned int
-	// Degraded: Redis did not answer and the tier fails open, so the slot
-	// was granted without being counted.
+	// Degraded: Redis did not answer and the scope fails open, so the
+	// stream was granted without being counted there: the user's slot
+	// (SlotDegraded), or the membership of a pool key (that PoolGrant's
+	// Degraded), or both.
 	Degraded bool
+	// SlotDegraded: the user's own slot was granted degraded (its shard
+	// did not answer and the tier fails open; Used is then 0, unknown).
+	// False when only a pool's membership was: the plan's limit was
+	// judged, and Used and WouldRefuse say how.
+	SlotDegraded bool
 	// Unsynced: fewer replicas than Options.SyncReplicas confirmed the
 	// grant; it stands on Open plans and was refused on Closed ones.
 	Unsynced bool
@@ -258,7 +265,7 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 			return AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}, tier, err
 		}
 		l.warnDegraded(ctx, "redis unavailable; granting acquire degraded (failureMode Open)", "plan", tier.Plan, "err", err)
-		res.Granted, res.Degraded = true, true
+		res.Granted, res.Degraded, res.SlotDegraded = true, true, true
 		res.ExpiresAt = degradedExpiry(tier.SlotTTL)
 		return res, tier, nil
 	}

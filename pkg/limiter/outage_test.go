@@ -31,7 +31,7 @@ func assertOutageAnswers(t *testing.T, e *env) {
 		if took := time.Since(start); took > outageBound {
 			t.Errorf("Open acquire took %v during the outage, want <= %v", took, outageBound)
 		}
-		if err != nil || !res.Granted || !res.Degraded {
+		if err != nil || !res.Granted || !res.Degraded || !res.SlotDegraded {
 			t.Fatalf("Open acquire during the outage = %+v, %v; want granted and degraded", res, err)
 		}
 

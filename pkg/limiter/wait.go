@@ -166,7 +166,7 @@ func (l *Limiter) awaitSlot(ctx context.Context, key string, req AcquireRequest,
 		}
 		res.ExpiresAt = msTime(r.expiresAtMs)
 		if r.degraded {
-			res.Degraded, res.Used = true, 0
+			res.Degraded, res.SlotDegraded, res.Used = true, true, 0
 			res.ExpiresAt = degradedExpiry(tier.SlotTTL)
 		}
 		if err := l.confirmGrant(ctx, r.replicas, tier, leaving(key, req.StreamID, r.share, lua.Extension{}, generated), &res); err != nil {

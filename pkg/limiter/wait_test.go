@@ -363,8 +363,8 @@ func TestAnOutageWhileWaitingAppliesTheFailureMode(t *testing.T) {
 	open := startWaiting(t, context.Background(), s.Limiter, user, "wait", "open", 5*time.Second, 1)
 	closed := startWaiting(t, context.Background(), s.Limiter, other, "wait-closed", "closed", 5*time.Second, 1)
 	proxy.BlackHole()
-	if r := within(t, open, 3*time.Second, "the Open waiter"); r.err != nil || !r.res.Granted || !r.res.Degraded {
-		t.Errorf("Open waiter during the outage: %+v, %v; want granted degraded", r.res, r.err)
+	if r := within(t, open, 3*time.Second, "the Open waiter"); r.err != nil || !r.res.Granted || !r.res.Degraded || !r.res.SlotDegraded {
+		t.Errorf("Open waiter during the outage: %+v, %v; want granted degraded, its own slot", r.res, r.err)
 	}
 	if r := within(t, closed, 3*time.Second, "the Closed waiter"); !errors.Is(r.err, limiter.ErrUnavailable) {
 		t.Errorf("Closed waiter during the outage: %+v, %v; want ErrUnavailable", r.res, r.err)

@@ -160,10 +160,10 @@ func TestSlotsUsedMaxGauge(t *testing.T) {
 	paid, _ := table.Lookup("paid")
 	o.Acquired(ctx, free, limiter.AcquireResult{Granted: true, Used: 1}, nil)
 	o.Acquired(ctx, paid, limiter.AcquireResult{Granted: true, Used: 2}, nil)
-	o.Acquired(ctx, paid, limiter.AcquireResult{Granted: false, Used: 3}, nil)                // refused at the limit
-	o.Acquired(ctx, paid, limiter.AcquireResult{Granted: true, Degraded: true, Used: 0}, nil) // not counted by Redis
-	o.Heartbeated(ctx, limiter.HeartbeatResult{Alive: true, Used: 7, Plan: "gold"}, nil)      // not in the table
-	o.Heartbeated(ctx, limiter.HeartbeatResult{Alive: true, Used: 2, Plan: "free"}, nil)      // above its limit: a lowered plan
+	o.Acquired(ctx, paid, limiter.AcquireResult{Granted: false, Used: 3}, nil)                                    // refused at the limit
+	o.Acquired(ctx, paid, limiter.AcquireResult{Granted: true, Degraded: true, SlotDegraded: true, Used: 0}, nil) // not counted by Redis
+	o.Heartbeated(ctx, limiter.HeartbeatResult{Alive: true, Used: 7, Plan: "gold"}, nil)                          // not in the table
+	o.Heartbeated(ctx, limiter.HeartbeatResult{Alive: true, Used: 2, Plan: "free"}, nil)                          // above its limit: a lowered plan
 	got := scrapeLines(t, tel, "limiter_slots_used_max")
 	want := []string{`limiter_slots_used_max{plan="free"} 2`, `limiter_slots_used_max{plan="paid"} 3`}
 	if !slices.Equal(got, want) {
@@ -241,7 +241,7 @@ func TestRequestCountersCountEachOutcome(t *testing.T) {
 		o.Acquired(ctx, free, limiter.AcquireResult{Granted: true, Used: 1}, nil)
 	}
 	o.Acquired(ctx, free, limiter.AcquireResult{Used: 1}, nil)
-	o.Acquired(ctx, paid, limiter.AcquireResult{Granted: true, Degraded: true}, nil)
+	o.Acquired(ctx, paid, limiter.AcquireResult{Granted: true, Degraded: true, SlotDegraded: true}, nil)
 	o.Acquired(ctx, paid, limiter.AcquireResult{}, fmt.Errorf("redis: %w", limiter.ErrUnavailable))
 	o.Acquired(ctx, free, limiter.AcquireResult{}, errors.New("invalid user id")) // refused before a tier: not counted
 	for range 2 {

@@ -298,7 +298,9 @@ func (o *Observer) Acquired(ctx context.Context, tier tiers.Tier, res limiter.Ac
 		outcome = outcomeUnavailable
 	case err != nil:
 		return
-	case res.Degraded:
+	case res.SlotDegraded:
+		// The plan's own scope failed open. A pool's that did alone is
+		// counted by pool (Joined); the plan's limit was judged.
 		outcome = outcomeDegraded
 	case res.Granted && res.WouldRefuse == limiter.CodeStreamLimitReached:
 		outcome = outcomeShadowRefused

@@ -335,3 +335,34 @@ func TestShadowRefusalsAreCountedByPlanAndPool(t *testing.T) {
 	expectLines(t, s.tel, `limiter_pool_acquire_total{outcome="granted"`, `limiter_pool_acquire_total{outcome="granted",pool="model"} 2`)
 	expectLines(t, s.tel, "limiter_pool_used_max", `limiter_pool_used_max{pool="model"} 5`)
 }
+
+// A grant that only a pool let in fail open (its keys' shard down, the
+// user's answering) is counted by its plan's own verdict: granted, or
+// shadow_refused when a plan in shadow mode would have refused it; its
+// pool counts it degraded. The plan's used maxima take its count. Only
+// a plan whose own shard is down counts degraded.
+func TestAGrantOnlyAPoolLetInFailOpenIsCountedByItsPlansVerdict(t *testing.T) {
+	off := false
+	s := newPoolStackOf(t, []tiers.Tier{
+		tiers.Tier{Plan: "watch", MaxConcurrentStreams: 1, Enforce: &off}.WithDefaults(),
+		tiers.Tier{Plan: "three", MaxConcurrentStreams: 3}.WithDefaults(),
+	}, false, pools.Pool{Pool: "model", MaxConcurrentStreams: capOf(5)}.WithDefaults())
+	s.down.Store(true)
+	user := "pooldowntest-" + keys.NewStreamID()[:12]
+	for i := range 3 { // the first within watch's limit, 2 over it
+		res, err := s.lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "watch", Pools: map[string]string{"model": "m"}})
+		if err != nil || !res.Granted || !res.Degraded || res.SlotDegraded || res.Used != i+1 {
+			t.Fatalf("acquire %d of plan watch, model's shard down: %+v, %v; want granted degraded by the pool alone, used %d", i+1, res, err, i+1)
+		}
+	}
+	if res, err := s.acquire(t, map[string]string{"model": "m"}); err != nil || !res.Granted || !res.Degraded || res.SlotDegraded {
+		t.Fatalf("acquire of plan three, model's shard down: %+v, %v; want granted degraded by the pool alone", res, err)
+	}
+	expectLines(t, s.tel, `limiter_acquire_total{outcome="shadow_refused",plan="watch"}`, `limiter_acquire_total{outcome="shadow_refused",plan="watch"} 2`)
+	expectLines(t, s.tel, `limiter_acquire_total{outcome="granted",plan="watch"}`, `limiter_acquire_total{outcome="granted",plan="watch"} 1`)
+	expectLines(t, s.tel, `limiter_acquire_total{outcome="degraded",plan="watch"}`, `limiter_acquire_total{outcome="degraded",plan="watch"} 0`)
+	expectLines(t, s.tel, `limiter_acquire_total{outcome="granted",plan="three"}`, `limiter_acquire_total{outcome="granted",plan="three"} 1`)
+	expectLines(t, s.tel, `limiter_acquire_total{outcome="degraded",plan="three"}`, `limiter_acquire_total{outcome="degraded",plan="three"} 0`)
+	expectLines(t, s.tel, `limiter_pool_acquire_total{outcome="degraded"`, `limiter_pool_acquire_total{outcome="degraded",pool="model"} 4`)
+	expectLines(t, s.tel, `limiter_slots_used_max{plan="watch"}`, `limiter_slots_used_max{plan="watch"} 3`)
+}
