@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -269,4 +271,65 @@ func TestAdminPoolCLI(t *testing.T) {
 			t.Errorf("pool after the override: exit %d, %q; want 2 memberships under the override of 2", code, stdout)
 		}
 	})
+}
+
+// TestAdminListsTheFirstThousandHolders: a pool key may hold far more
+// streams than a listing can read at once without holding Redis from
+// every acquire. Its listing names the first 1,000 holders to expire and
+// counts them all (used), and `limiter admin pool` says how many it does
+// not list. Bounds: 1,000 holders are all listed, with no such line; of
+// 1,001, one is not listed.
+func TestAdminListsTheFirstThousandHolders(t *testing.T) {
+	srv := startAdminServer(t, "pools:\n  static:\n    - pool: team\n      maxConcurrentStreams: 2000\n")
+	key := "wide-" + randomID()
+	join := func(n int) {
+		t.Helper()
+		var wg sync.WaitGroup
+		failed := make(chan int, n)
+		next := make(chan int, n)
+		for i := range n {
+			next <- i
+		}
+		close(next)
+		for range 8 {
+			wg.Go(func() {
+				for range next {
+					if status := joinPool(t, srv, "wide-"+randomID(), "team", key); status != http.StatusOK {
+						failed <- status
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(failed)
+		for status := range failed {
+			t.Fatalf("acquire joining team=%s: got %d, want 200", key, status)
+		}
+	}
+	viewer := []string{"LIMITER_ADMIN_URL=" + srv.Admin, "LIMITER_ADMIN_TOKEN=" + e2eViewerToken}
+	for _, tc := range []struct {
+		join, used, listed int
+		note               string // what the CLI says of those not listed
+	}{
+		{join: 1000, used: 1000, listed: 1000},
+		{join: 1, used: 1001, listed: 1000, note: "(the first 1000 of 1001 to expire; 1 more not listed)"},
+	} {
+		join(tc.join)
+		var got httpapi.AdminPoolKeyResponse
+		if status, body := srv.admin(t, "GET", httpapi.AdminPoolKeyPath("team", key), e2eViewerToken, nil, &got); status != http.StatusOK ||
+			got.Used != tc.used || len(got.Holders) != tc.listed {
+			t.Fatalf("team=%s: %d, used %d, %d listed (%.200s); want used %d, %d listed", key, status, got.Used, len(got.Holders), body, tc.used, tc.listed)
+		}
+		for i := 1; i < len(got.Holders); i++ {
+			if got.Holders[i].ExpiresAt.Before(got.Holders[i-1].ExpiresAt) {
+				t.Fatalf("holder %d expires at %v, before holder %d's %v: want the earliest expiry first", i, got.Holders[i].ExpiresAt, i-1, got.Holders[i-1].ExpiresAt)
+			}
+		}
+		code, stdout, stderr := runAdminCLI(t, viewer, "pool", "team", key)
+		rows := strings.Count("\n"+stdout, "\nwide-") // a holder's line starts with its user
+		if code != 0 || rows != tc.listed || !strings.Contains(stdout, fmt.Sprintf("%d live memberships", tc.used)) ||
+			strings.Contains(stdout, "not listed") != (tc.note != "") || !strings.Contains(stdout, tc.note) {
+			t.Errorf("limiter admin pool team %s with %d holders: exit %d, %d rows, stderr %q; want %d rows and %q\n%.300s", key, tc.used, code, rows, stderr, tc.listed, tc.note, stdout)
+		}
+	}
 }

@@ -249,7 +249,7 @@ func printSlots(w io.Writer, s httpapi.AdminSlotsResponse) {
 	if o := s.Override; o != nil {
 		printOverride(w, *o)
 	}
-	printSlotTable(w, s.Slots, false)
+	printSlotTable(w, s.Slots, s.Used, false)
 	printTicketTable(w, s.Queue, false)
 }
 
@@ -281,8 +281,9 @@ func printPlanLimits(w io.Writer, limits []httpapi.AdminPlanLimit) {
 }
 
 // printSlotTable writes slots as a table, each with its user when
-// withUser (a pool key's holders); nothing when there are none.
-func printSlotTable(w io.Writer, slots []httpapi.AdminSlot, withUser bool) {
+// withUser (a pool key's holders), and how many of used (the live slots,
+// listed or not) are not listed; nothing when there are none.
+func printSlotTable(w io.Writer, slots []httpapi.AdminSlot, used int, withUser bool) {
 	if len(slots) == 0 {
 		return
 	}
@@ -302,6 +303,9 @@ func printSlotTable(w io.Writer, slots []httpapi.AdminSlot, withUser bool) {
 			(time.Duration(slot.TTLMs) * time.Millisecond).Round(time.Second), slot.ExpiresAt.UTC().Format(time.RFC3339))
 	}
 	tw.Flush()
+	if used > len(slots) {
+		fmt.Fprintf(w, "(the first %d of %d to expire; %d more not listed)\n", len(slots), used, used-len(slots))
+	}
 }
 
 // printTicketTable writes the acquires waiting in a queue, first served

@@ -99,6 +99,6 @@ func printPoolKey(w io.Writer, p httpapi.AdminPoolKeyResponse) {
 	if o := p.Override; o != nil {
 		printOverride(w, *o)
 	}
-	printSlotTable(w, p.Holders, true)
+	printSlotTable(w, p.Holders, p.Used, true)
 	printTicketTable(w, p.Waiters, true)
 }

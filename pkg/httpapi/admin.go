@@ -124,9 +124,11 @@ func segment(s string) string {
 
 // AdminSlotsResponse is the 200 answer of GET /v1/admin/users/{user_id}/slots.
 type AdminSlotsResponse struct {
-	UserID string      `json:"user_id"`
-	Used   int         `json:"used"`
-	Slots  []AdminSlot `json:"slots"`
+	UserID string `json:"user_id"`
+	// Used counts the user's live slots; Slots are the first 1,000 of
+	// them to expire.
+	Used  int         `json:"used"`
+	Slots []AdminSlot `json:"slots"`
 	// Override is the user's override of the limit in force; absent when
 	// none.
 	Override *AdminOverride `json:"override,omitempty"`
@@ -246,7 +248,7 @@ type AdminOverrideResponse struct {
 type AdminPoolKeyResponse struct {
 	Pool string `json:"pool"`
 	Key  string `json:"key"`
-	// Used is the key's live memberships: its holders.
+	// Used is the key's live memberships: its holders, listed or not.
 	Used int `json:"used"`
 	// Limit is the pool's cap of the key: its own, else the pool's
 	// default; absent when the pool caps neither (no stream joins the
@@ -260,7 +262,7 @@ type AdminPoolKeyResponse struct {
 	// none.
 	Override *AdminOverride `json:"override,omitempty"`
 	// Holders are the key's live memberships, earliest expiry first, each
-	// naming its user.
+	// naming its user: the first 1,000 (Used counts them all).
 	Holders []AdminSlot `json:"holders"`
 	// Waiters are the acquires waiting for the key (wait_ms) in the order
 	// they are served: by priority, then the user holding fewest of the

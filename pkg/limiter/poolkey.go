@@ -35,7 +35,9 @@ type Waiter struct {
 // holding fewest, then the user waiting for fewest, then arrival).
 type PoolKeySlots struct {
 	Pool, Key string
-	Used      int
+	// Used counts the key's live memberships; Holders are the first
+	// MaxListed of them to expire.
+	Used int
 	// Limit is the pool's cap of the key: its own, else the pool's
 	// default. Capped is false when the pool caps neither (Limit 0): then
 	// no stream joins the key and it has no holders.
@@ -80,10 +82,10 @@ func (l *Limiter) poolSlots(ctx context.Context, name, key string) (PoolKeySlots
 	// Whether this replica saw the pool go does not matter, so that every
 	// replica answers alike.
 	_, configured := l.pools.Lookup(name)
-	if !configured && len(listing.Slots) == 0 && len(listing.Queue) == 0 && listing.Override == nil {
+	if !configured && listing.Used == 0 && len(listing.Queue) == 0 && listing.Override == nil {
 		return PoolKeySlots{}, l.unknownPool(name)
 	}
-	out := PoolKeySlots{Pool: name, Key: key, Used: len(listing.Slots), Holders: make([]Holder, len(listing.Slots)), Deleted: !configured}
+	out := PoolKeySlots{Pool: name, Key: key, Used: listing.Used, Holders: make([]Holder, len(listing.Slots)), Deleted: !configured}
 	out.Limit, out.Capped = pool.Limit(key)
 	out.Enforce = pool.Enforced()
 	for i, s := range listing.Slots {

@@ -51,8 +51,11 @@ type Ticket struct {
 // first served first.
 type UserSlots struct {
 	UserID string
-	Used   int
-	Slots  []Slot
+	// Used counts the user's live slots; Slots are the first MaxListed of
+	// them to expire (all of them but in shadow mode, where a user may
+	// hold more than a plan's limit of at most 1,000).
+	Used  int
+	Slots []Slot
 	// Override is the user's support override in force; nil when none.
 	Override *Override
 	Queue    []Ticket
@@ -77,7 +80,7 @@ func (l *Limiter) slots(ctx context.Context, userID string) (UserSlots, error) {
 	if err != nil {
 		return UserSlots{}, err
 	}
-	out := UserSlots{UserID: userID, Used: len(listing.Slots), Slots: make([]Slot, len(listing.Slots))}
+	out := UserSlots{UserID: userID, Used: listing.Used, Slots: make([]Slot, len(listing.Slots))}
 	for i, s := range listing.Slots {
 		out.Slots[i] = slotOf(s, listing.NowMs)
 	}
@@ -98,12 +101,18 @@ func ticketOf(t lua.Ticket, place int, nowMs int64) Ticket {
 		Waited: time.Duration(nowMs*1000-t.ArrivalUs) * time.Microsecond, ExpiresAt: msTime(t.ExpiresAtMs)}
 }
 
+// MaxListed is the most slots a listing names (Slots, PoolSlots): the
+// first of them to expire. Its Used counts them all. A pool key may hold
+// 100,000 streams, whose records Redis would read and answer for a
+// second or more, serving nothing else meanwhile.
+const MaxListed = 1000
+
 // listing runs the slots script on key, a user's or a pool key's slots
 // (the two are one kind of scope, DESIGN §16).
 func (l *Limiter) listing(ctx context.Context, key string) (lua.Listing, error) {
 	var listing lua.Listing
 	err := l.do(ctx, "slots", func(ctx context.Context, c rueidis.Client) (err error) {
-		listing, err = lua.Slots(ctx, c, key)
+		listing, err = lua.Slots(ctx, c, key, MaxListed)
 		return err
 	})
 	return listing, err

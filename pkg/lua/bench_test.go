@@ -119,13 +119,13 @@ func BenchmarkSlots(b *testing.B) {
 	u.fill(b)
 	ctx := context.Background()
 	// Loads the script, so the run measures EVALSHA only.
-	if _, err := lua.Slots(ctx, u.c, u.key); err != nil {
+	if _, err := lua.Slots(ctx, u.c, u.key, 1000); err != nil {
 		b.Fatal(err)
 	}
 	before := u.scriptStats(b)
 	calls := 0
 	for b.Loop() {
-		listing, err := lua.Slots(ctx, u.c, u.key)
+		listing, err := lua.Slots(ctx, u.c, u.key, 1000)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -75,7 +75,7 @@ func TestTheScriptsUseNoLongBrackets(t *testing.T) {
 	for name, src := range map[string]string{
 		"lib_prune": libPrune, "lib_holder": libHolder, "lib_tickets": libTickets,
 		"acquire": acquireBody, "heartbeat": heartbeatBody, "release": releaseBody,
-		"release_all": releaseAllSource, "slots": slotsSource, "wait": waitBody,
+		"release_all": releaseAllSource, "slots": slotsBody, "wait": waitBody,
 		"set_override": setOverrideSource, "remove_override": removeOverrideSource,
 	} {
 		for i, line := range strings.Split(src, "\n") {

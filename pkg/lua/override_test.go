@@ -50,7 +50,7 @@ func TestAnOverrideReplacesThePlansLimitUntilItExpires(t *testing.T) {
 		if got := acquire("d"); got.Granted || got.Used != 3 || got.Override != 3 {
 			t.Fatalf("4th acquire under an override of 3: got %+v, want denied at used 3", got)
 		}
-		listing, err := lua.Slots(ctx, c, key)
+		listing, err := lua.Slots(ctx, c, key, 1000)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -67,7 +67,7 @@ func TestAnOverrideReplacesThePlansLimitUntilItExpires(t *testing.T) {
 		if got := acquire("d"); got.Granted || got.Override != -1 {
 			t.Fatalf("acquire after the override expired: got %+v, want denied by the plan's limit, override -1", got)
 		}
-		if listing, err := lua.Slots(ctx, c, key); err != nil || listing.Override != nil {
+		if listing, err := lua.Slots(ctx, c, key, 1000); err != nil || listing.Override != nil {
 			t.Fatalf("listed override after its expiry: got %+v, %v; want none", listing.Override, err)
 		}
 
@@ -104,7 +104,7 @@ func TestTheSlotsListingCarriesEachSlotsRecord(t *testing.T) {
 		if _, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, rec, false); err != nil {
 			t.Fatal(err)
 		}
-		first, err := lua.Slots(ctx, c, key)
+		first, err := lua.Slots(ctx, c, key, 1000)
 		if err != nil || len(first.Slots) != 1 {
 			t.Fatalf("Slots: got %+v, %v; want one slot", first, err)
 		}
@@ -119,7 +119,7 @@ func TestTheSlotsListingCarriesEachSlotsRecord(t *testing.T) {
 		if _, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, lua.Record{Caller: "other", Plan: "free"}, false); err != nil {
 			t.Fatal(err)
 		}
-		again, err := lua.Slots(ctx, c, key)
+		again, err := lua.Slots(ctx, c, key, 1000)
 		if err != nil || len(again.Slots) != 1 || again.Slots[0].Record != got {
 			t.Fatalf("record after a re-acquire of the held slot: got %+v, %v; want the first one kept, %+v", again.Slots, err, got)
 		}

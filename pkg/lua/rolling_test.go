@@ -115,7 +115,7 @@ func TestARollingUpdateKeepsEachRequestsShare(t *testing.T) {
 				t.Fatalf("this version leaves share %d of 3: %+v, %v; want the slot released by the last share only", share, rel, err)
 			}
 		}
-		if listed, err := lua.Slots(ctx, c, key); err != nil || len(listed.Slots) != 0 {
+		if listed, err := lua.Slots(ctx, c, key, 1000); err != nil || len(listed.Slots) != 0 {
 			t.Errorf("after every share left: %+v, %v; want no slot", listed.Slots, err)
 		}
 	})

@@ -41,7 +41,7 @@ var (
 	//go:embed release_all.lua
 	releaseAllSource string
 	//go:embed slots.lua
-	slotsSource string
+	slotsBody string
 	//go:embed wait.lua
 	waitBody string
 	//go:embed set_override.lua
@@ -66,6 +66,7 @@ var (
 	heartbeatSource = compose(heartbeatBody, libPrune, libHolder)
 	releaseSource   = compose(releaseBody, libPrune, libHolder, libTickets)
 	waitSource      = compose(waitBody, libPrune, libHolder, libTickets)
+	slotsSource     = compose(slotsBody, libTickets)
 )
 
 // compose returns body after the parts of pieces it uses. The body keeps

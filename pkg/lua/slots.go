@@ -4,8 +4,8 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"strconv"
-	"strings"
 
 	"github.com/joishi/limiter/pkg/keys"
 	"github.com/redis/rueidis"
@@ -44,6 +44,9 @@ type Ticket struct {
 // Listing is the result of the slots script.
 type Listing struct {
 	NowMs int64 // Redis ms when read
+	// Used counts the key's live slots; Slots lists the first of them to
+	// expire, as many as asked, and so all of them when Used is no more.
+	Used  int
 	Slots []Slot
 	// Override is the override in force, nil when none.
 	Override *Override
@@ -52,18 +55,21 @@ type Listing struct {
 	Queue []Ticket
 }
 
-// Slots runs the slots script: the live slots of key (a
+// Slots runs the slots script: how many live slots key (a
 // keys.Schema.UserKey, or a PoolKey, whose slots are its memberships,
-// each member "<stream id> <user id>") with their records, in expiry
-// order, the key's override, and its live tickets, in queue order.
-func Slots(ctx context.Context, c rueidis.Client, key string) (Listing, error) {
+// each member "<stream id> <user id>") holds, and the first most (> 0)
+// of them to expire with their records, in expiry order; the key's
+// override; and its live tickets, in queue order. Its work is bounded by
+// most, but for a pool key whose queue holds tickets, where it reads the
+// members' names to count the waiting users' (as the wait script does).
+func Slots(ctx context.Context, c rueidis.Client, key string, most int) (Listing, error) {
 	ks := append(userKeys(key), keys.Override(key), keys.Queue(key), keys.QueueExpiry(key), keys.QueueRecords(key))
-	arr, err := slotsScript.Exec(ctx, c, ks, nil).ToArray()
+	arr, err := slotsScript.Exec(ctx, c, ks, []string{strconv.Itoa(most)}).ToArray()
 	if err != nil {
 		return Listing{}, err
 	}
-	if len(arr) != 5 {
-		return Listing{}, fmt.Errorf("slots script returned %d values, want 5", len(arr))
+	if len(arr) != 7 {
+		return Listing{}, fmt.Errorf("slots script returned %d values, want 7", len(arr))
 	}
 	now, err := arr[0].AsInt64()
 	if err != nil {
@@ -118,23 +124,39 @@ func Slots(ctx context.Context, c rueidis.Client, key string) (Listing, error) {
 		}
 		out.Queue = append(out.Queue, Ticket{StreamID: tickets[i], ArrivalUs: int64(arrival), ExpiresAtMs: int64(expires), Record: ParseRecord(tickets[i+3])})
 	}
-	out.Queue = ServeOrder(out.Queue, out.Slots)
+	used, err := arr[5].AsInt64()
+	if err != nil {
+		return Listing{}, err
+	}
+	out.Used = int(used)
+	heldBy, err := arr[6].AsStrSlice()
+	if err != nil || len(heldBy)%2 != 0 {
+		return Listing{}, fmt.Errorf("slots script returned the users' members as %q (%v), want pairs", heldBy, err)
+	}
+	held := make(map[string]int, len(heldBy)/2)
+	for i := 0; i < len(heldBy); i += 2 {
+		n, err := strconv.Atoi(heldBy[i+1])
+		if err != nil {
+			return Listing{}, fmt.Errorf("user %q holds %q members: %w", heldBy[i], heldBy[i+1], err)
+		}
+		held[heldBy[i]] = n
+	}
+	out.Queue = ServeOrder(out.Queue, held)
 	return out, nil
 }
 
 // ServeOrder returns queue (tickets in arrival order) in the order the
 // wait script serves them (lib_tickets.lua, owed): the highest priority
-// first; within one, the ticket whose user holds the fewest of slots
-// (members "<stream id> <user id>"), counting those served before it;
-// then whose user waits for the fewest; then arrival. A user's own queue
-// names no user: there it is priority, then arrival. (Whether a ticket's own limit lets it be served at all is
-// the script's to decide, when a slot frees.)
-func ServeOrder(queue []Ticket, slots []Slot) []Ticket {
-	held, waiting := map[string]int{}, map[string]int{}
-	for _, s := range slots {
-		if _, user, ok := strings.Cut(s.StreamID, " "); ok {
-			held[user]++
-		}
+// first; within one, the ticket whose user holds the fewest of the key's
+// members (held, by user; it is not changed), counting those served
+// before it; then whose user waits for the fewest; then arrival. A
+// user's own queue names no user: there it is priority, then arrival.
+// (Whether a ticket's own limit lets it be served at all is the script's
+// to decide, when a slot frees.)
+func ServeOrder(queue []Ticket, held map[string]int) []Ticket {
+	held, waiting := maps.Clone(held), map[string]int{}
+	if held == nil {
+		held = map[string]int{}
 	}
 	for _, t := range queue {
 		waiting[t.Record.User]++

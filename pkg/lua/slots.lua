@@ -9,19 +9,29 @@
 -- KEYS[4] -> <prefix>{<user id>}:q         sorted set of waiting acquires' tickets (see wait)
 -- KEYS[5] -> <prefix>{<user id>}:q:expiry  sorted set: member = stream id, score = ticket expiry (Redis ms)
 -- KEYS[6] -> <prefix>{<user id>}:q:rec     hash: field = stream id, value = the ticket's record (see wait)
+-- ARGV[1] -> the most slots to list (> 0)
 -- returns {now_ms, {stream_id_1, expires_at_ms_1, ...}, {record_1, ...}, override,
---          {stream_id_1, arrival_us_1, ticket_expires_at_ms_1, ticket_record_1, ...}}
---   only slots whose expiry is after now, in expiry order
+--          {stream_id_1, arrival_us_1, ticket_expires_at_ms_1, ticket_record_1, ...},
+--          used, {user_1, held_1, ...}}
+--   only slots whose expiry is after now, in expiry order, the first
+--   ARGV[1] of them: a pool key may hold 100,000, whose records the
+--   script would read and answer for seconds, Redis doing nothing else
 --   record_i: the i-th slot's record, '' when it has none
+--   used: the slots whose expiry is after now, all of them
 --   override: {limit, expires_at_ms, set_at_ms, actor, reason} when one is
 --   in force, else {}
 --   tickets: only those whose expiry is after now, in arrival order, each
 --   with its record ('' when it has none): the caller orders them as the
 --   wait script serves them (priority, then the user holding fewest,
 --   then the user waiting for fewest, then arrival)
+--   held: of a pool key whose tickets name users, each of those users
+--   and how many of the key's live members it holds (all of them, not
+--   only those listed), which the order needs; else {}
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local slots = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
+local most = tonumber(ARGV[1])
+local used = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+local slots = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, most)
 
 local records = {}
 local n = #slots / 2
@@ -54,4 +64,26 @@ for i = 1, #queued, 2 do
   end
 end
 
-return {now, slots, records, override, tickets}
+-- The users a pool key's tickets name (its members are '<stream id>
+-- <user id>'), and what each holds.
+local held, users = {}, {}
+for i = 4, #tickets, 4 do
+  local _, _, user = ticketOf(tickets[i])
+  if user ~= '' then
+    users[user] = 0
+  end
+end
+if next(users) then
+  for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do
+    local user = string.match(member, ' (.*)$')
+    if user and users[user] then
+      users[user] = users[user] + 1
+    end
+  end
+  for user, count in pairs(users) do
+    held[#held + 1] = user
+    held[#held + 1] = tostring(count)
+  end
+end
+
+return {now, slots, records, override, tickets, used, held}

@@ -88,7 +88,7 @@ func TestAStreamBelongsToTheCallerThatTookIt(t *testing.T) {
 		if err != nil || score != first.ExpiresAtMs {
 			t.Fatalf("the slot's expiry after the others' calls = %d, %v; want %d, unchanged", score, err, first.ExpiresAtMs)
 		}
-		slots, err := lua.Slots(ctx, c, key)
+		slots, err := lua.Slots(ctx, c, key, 1000)
 		if err != nil || len(slots.Slots) != 1 || slots.Slots[0].Record.Record != owner {
 			t.Fatalf("the slot's record after the others' calls: %+v, %v; want the owner's", slots.Slots, err)
 		}
@@ -148,7 +148,7 @@ func TestAnAcquireAsksWhoseAStreamIsOnlyWhenItIsHeld(t *testing.T) {
 		if err != nil || !got.Granted || got.Extended || got.NotHolder || got.Used != 2 {
 			t.Fatalf("mallory's acquire of the stream alice's slot of expired = %+v, %v; want a new slot, 2 used", got, err)
 		}
-		slots, err := lua.Slots(ctx, c, key)
+		slots, err := lua.Slots(ctx, c, key, 1000)
 		if err != nil {
 			t.Fatal(err)
 		}

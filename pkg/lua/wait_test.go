@@ -229,7 +229,7 @@ func TestReleaseNamesTheHeadOnlyWhenItFreesASlot(t *testing.T) {
 		if rel := mustRelease(t, c, key, "not-held"); rel.Released || rel.Head != "" {
 			t.Errorf("release of a slot not held = %+v, want nothing released and no one woken", rel)
 		}
-		listing, err := lua.Slots(context.Background(), c, key)
+		listing, err := lua.Slots(context.Background(), c, key, 1000)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -364,7 +364,7 @@ func TestAUserWaitingForManyIsServedAfterUsersWaitingForOne(t *testing.T) {
 		}
 		served := []string{"s1 s", "t1 t", "m1 m", "m2 m", "m3 m"}
 		// Who holds what lists the waiters in the order they are served.
-		listing, err := lua.Slots(context.Background(), c, key)
+		listing, err := lua.Slots(context.Background(), c, key, 1000)
 		if err != nil {
 			t.Fatalf("Slots: %v", err)
 		}
@@ -384,6 +384,70 @@ func TestAUserWaitingForManyIsServedAfterUsersWaitingForOne(t *testing.T) {
 				t.Fatalf("%s after the release: %+v, want granted", want, got)
 			}
 			leaving = want
+		}
+	})
+}
+
+// TestAListingNamesTheFirstToExpireAndCountsAll: the slots script lists
+// at most the slots asked for, the first to expire, and counts them all;
+// the waiters' order counts every member their users hold, listed or
+// not. Bounds: as many slots as asked are all listed, one more is not.
+func TestAListingNamesTheFirstToExpireAndCountsAll(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		hold := func(member string, ttl time.Duration) {
+			t.Helper()
+			_, user, _ := strings.Cut(member, " ")
+			if got, err := lua.Acquire(ctx, c, key, member, 100, ttl, lua.Record{User: user}, false); err != nil || !got.Granted {
+				t.Fatalf("acquire %s: %+v, %v", member, got, err)
+			}
+		}
+		// s's member expires first; then big's, each later than the one
+		// before.
+		hold("s1 s", 10*time.Second)
+		for i := range 9 {
+			hold(fmt.Sprintf("b%d big", i), time.Minute+time.Duration(i)*time.Second)
+		}
+		listed := func(most, wantUsed int) lua.Listing {
+			t.Helper()
+			got, err := lua.Slots(ctx, c, key, most)
+			if err != nil {
+				t.Fatalf("Slots(%d): %v", most, err)
+			}
+			if got.Used != wantUsed || len(got.Slots) != min(most, wantUsed) {
+				t.Fatalf("Slots(%d): used %d, %d listed; want used %d, %d listed", most, got.Used, len(got.Slots), wantUsed, min(most, wantUsed))
+			}
+			for i := 1; i < len(got.Slots); i++ {
+				if got.Slots[i].ExpiresAtMs < got.Slots[i-1].ExpiresAtMs {
+					t.Fatalf("Slots(%d): %s listed after %s, which expires later", most, got.Slots[i].StreamID, got.Slots[i-1].StreamID)
+				}
+			}
+			if got.Slots[0].StreamID != "s1 s" {
+				t.Fatalf("Slots(%d): %q listed first, want the first to expire, s1 s", most, got.Slots[0].StreamID)
+			}
+			return got
+		}
+		listed(10, 10)
+		listed(11, 10)
+		hold("b9 big", time.Minute+9*time.Second)
+		if got := listed(10, 11); got.Slots[9].StreamID != "b8 big" {
+			t.Fatalf("the tenth listed is %q, want b8 big (b9 big expires last)", got.Slots[9].StreamID)
+		}
+		// big's ticket came first; big holds 10 members, of which 1 is
+		// listed below, s holds 1: s's ticket is served first.
+		for _, member := range []string{"w1 big", "w2 s"} {
+			_, user, _ := strings.Cut(member, " ")
+			a := waitArgs(1, nil)
+			a.Tickets = []lua.TicketArgs{{StreamID: member, Record: lua.Record{User: user}}}
+			mustWait(t, c, key, a)
+		}
+		var order []string
+		for _, w := range listed(2, 11).Queue {
+			order = append(order, w.StreamID)
+		}
+		if want := []string{"w2 s", "w1 big"}; !slices.Equal(order, want) {
+			t.Errorf("the waiters listed in the order %q, want %q: big holds 10 members, listed or not", order, want)
 		}
 	})
 }

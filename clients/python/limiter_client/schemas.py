@@ -440,12 +440,15 @@ class PoolLimitReachedResponseError:
 class AdminSlotsResponse:
     """Schema AdminSlotsResponse of the contract."""
 
+    SLOTS_MAX_ITEMS: ClassVar[int] = 1000
+    """The most items slots may hold."""
+
     user_id: UserID
     used: int
-    """The user's live slots."""
+    """The user's live slots, all of them."""
 
     slots: List[AdminSlot]
-    """Earliest expiry first."""
+    """Earliest expiry first, at most 1,000 (the first to expire); `used` counts them all."""
 
     queue: List[AdminTicket]
     """The acquires waiting for one of the user's slots (`wait_ms`), first served first - by `priority`, then arrival."""
@@ -483,6 +486,9 @@ class AdminPlanLimit:
 class AdminPoolKeyResponse:
     """Schema AdminPoolKeyResponse of the contract."""
 
+    HOLDERS_MAX_ITEMS: ClassVar[int] = 1000
+    """The most items holders may hold."""
+
     pool: str
     """The pool's name."""
 
@@ -490,10 +496,10 @@ class AdminPoolKeyResponse:
     """The pool key, as asked (keys are case-sensitive)."""
 
     used: int
-    """The key's live memberships."""
+    """The key's live memberships, all of them."""
 
     holders: List[AdminSlot]
-    """Earliest expiry first, each naming the user whose stream holds it (`user_id`)."""
+    """Earliest expiry first, at most 1,000 (the first to expire; `used` counts them all), each naming the user whose stream holds it (`user_id`)."""
 
     waiters: List[AdminTicket]
     """The acquires waiting for the key (`wait_ms`), in the order they are served - higher `priority` first; within a priority, the user holding the fewest of the key's memberships, then the user waiting for the fewest; then arrival. Each names the user whose stream waits (`user_id`)."""

@@ -417,10 +417,10 @@ export interface PoolLimitReachedResponseError {
 export interface AdminSlotsResponse {
   user_id: UserID;
 
-  /** The user's live slots. */
+  /** The user's live slots, all of them. */
   used: number;
 
-  /** Earliest expiry first. */
+  /** Earliest expiry first, at most 1,000 (the first to expire); `used` counts them all. */
   slots: AdminSlot[];
 
   /** The acquires waiting for one of the user's slots (`wait_ms`), first served first - by `priority`, then arrival. */
@@ -440,6 +440,9 @@ export interface AdminSlotsResponse {
    */
   plan_limits?: AdminPlanLimit[];
 }
+
+/** The most items AdminSlotsResponse.slots may hold. */
+export const AdminSlotsResponseSlotsMaxItems = 1000;
 
 /** One plan's limit - how many streams a user may hold when it acquires under the plan. */
 export interface AdminPlanLimit {
@@ -464,7 +467,7 @@ export interface AdminPoolKeyResponse {
   /** The pool key, as asked (keys are case-sensitive). */
   key: string;
 
-  /** The key's live memberships. */
+  /** The key's live memberships, all of them. */
   used: number;
 
   /** The pool's cap of the key - its own, else the pool's default; absent when the pool caps neither. An override in force replaces it. */
@@ -480,7 +483,7 @@ export interface AdminPoolKeyResponse {
   /** The key's override of the cap in force; absent when none. */
   override?: AdminOverride;
 
-  /** Earliest expiry first, each naming the user whose stream holds it (`user_id`). */
+  /** Earliest expiry first, at most 1,000 (the first to expire; `used` counts them all), each naming the user whose stream holds it (`user_id`). */
   holders: AdminSlot[];
 
   /** The acquires waiting for the key (`wait_ms`), in the order they are served - higher `priority` first; within a priority, the user holding the fewest of the key's memberships, then the user waiting for the fewest; then arrival. Each names the user whose stream waits (`user_id`). */
@@ -493,6 +496,9 @@ export interface AdminPoolKeyResponse {
    */
   deleted?: boolean;
 }
+
+/** The most items AdminPoolKeyResponse.holders may hold. */
+export const AdminPoolKeyResponseHoldersMaxItems = 1000;
 
 /** Schema AdminPoolOverrideResponse of the contract. */
 export interface AdminPoolOverrideResponse {

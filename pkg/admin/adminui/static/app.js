@@ -280,12 +280,20 @@
     show(table, tickets.length > 0);
   }
 
+  // unlisted says, under a table of slots, how many of used the answer
+  // did not list: it names the first 1,000 to expire.
+  function unlisted(el, listed, used) {
+    el.textContent = "The first " + listed + " of " + used + " to expire; " + (used - listed) + " more not listed.";
+    show(el, used > listed);
+  }
+
   function renderSlots() {
     $("slots-user").textContent = shown.user;
     $("used").textContent = String(shown.used);
     $("used-label").textContent = shown.used === 1 ? "live slot" : "live slots";
     fillSlots($("slots"), shown.slots, false);
     show($("no-slots"), shown.slots.length === 0);
+    unlisted($("slots-unlisted"), shown.slots.length, shown.used);
     fillTickets($("queue"), shown.queue, false);
     show($("no-queue"), shown.queue.length === 0);
     show($("user-no-caller"), shown.slots.concat(shown.queue).some((s) => !s.caller));
@@ -465,6 +473,7 @@
     show($("pool-over"), cap !== undefined && p.used > cap);
     fillSlots($("holders"), p.slots, true);
     show($("no-holders"), p.slots.length === 0);
+    unlisted($("holders-unlisted"), p.slots.length, p.used);
     fillTickets($("waiters"), p.waiters, true);
     show($("no-waiters"), p.waiters.length === 0);
     show($("pool-no-caller"), p.slots.concat(p.waiters).some((s) => !s.caller));
@@ -482,7 +491,7 @@
   function openConfirm() {
     if (!shown) return;
     $("confirm-user").textContent = shown.user;
-    $("confirm-count").textContent = String(shown.slots.length);
+    $("confirm-count").textContent = String(shown.used);
     $("reason").value = "";
     updateReason();
     setError($("confirm-error"), null);
