@@ -12,7 +12,9 @@ import (
 // users). A free member goes to one of the tickets owed one: the first
 // (limit - held) of the queue ranked by higher priority, then the user
 // holding the fewest members of the key (counting those ranked before),
-// then the user waiting for the fewest, then arrival. So a waiter served while a live one ranks ahead of it,
+// then the user waiting for the fewest, then arrival. (The model's keys
+// hold far fewer than the 1,000 members above which the scripts weigh no
+// holdings.) So a waiter served while a live one ranks ahead of it,
 // with no member to spare for both, is a violation; as is an acquire
 // granted at once (Take) while the waiters take every free member.
 //

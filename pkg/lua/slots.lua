@@ -26,7 +26,8 @@
 --   then the user waiting for fewest, then arrival)
 --   held: of a pool key whose tickets name users, each of those users
 --   and how many of the key's live members it holds (all of them, not
---   only those listed), which the order needs; else {}
+--   only those listed), which the order needs; else {}, and {} too when
+--   the key holds more than heldCounted (the order weighs no holdings)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local most = tonumber(ARGV[1])
@@ -73,7 +74,7 @@ for i = 4, #tickets, 4 do
     users[user] = 0
   end
 end
-if next(users) then
+if next(users) and used <= heldCounted then
   for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do
     local user = string.match(member, ' (.*)$')
     if user and users[user] then

@@ -452,6 +452,62 @@ func TestAListingNamesTheFirstToExpireAndCountsAll(t *testing.T) {
 	})
 }
 
+// TestAKeyOfMoreThanAThousandWeighsNoHoldings: the waiters' order counts
+// each user's members only on a key of at most 1,000, whose members are
+// read on every call while anyone waits; above it, holdings are not
+// weighed. big holds all of a key's members but s's one; big's ticket
+// came before t's, whose user holds none. s's member leaves: with 1,000
+// left, t's ticket is served first; with 1,001, big's, as it came first.
+// The listing orders the waiters alike.
+func TestAKeyOfMoreThanAThousandWeighsNoHoldings(t *testing.T) {
+	for _, tc := range []struct {
+		left int    // members once s's leaves
+		head string // the ticket then served
+	}{{1000, "w2 t"}, {1001, "w1 big"}} {
+		t.Run(fmt.Sprint(tc.left), func(t *testing.T) {
+			eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+				ctx := context.Background()
+				key := newKey(t)
+				cap := tc.left + 1
+				// big's members, expiring long after the test, as the
+				// scripts keep them: '<stream id> <user id>' by expiry
+				// (in Redis ms of all their digits: the embedded store
+				// answers a round 9e12 as '9e+12', which its scripts'
+				// tonumber does not read).
+				args := make([]string, 0, 2*tc.left)
+				for i := range tc.left {
+					args = append(args, fmt.Sprint(int64(9e12)+1+int64(i)), fmt.Sprintf("b%04d big", i))
+				}
+				if err := c.Do(ctx, c.B().Arbitrary("ZADD").Keys(key).Args(args...).Build()).Error(); err != nil {
+					t.Fatalf("ZADD big's members: %v", err)
+				}
+				if got, err := lua.Acquire(ctx, c, key, "s1 s", cap, time.Minute, lua.Record{User: "s"}, false); err != nil || !got.Granted {
+					t.Fatalf("acquire s1 s: %+v, %v", got, err)
+				}
+				ticket := func(member string) lua.WaitArgs {
+					_, user, _ := strings.Cut(member, " ")
+					a := waitArgs(cap, nil)
+					a.Tickets = []lua.TicketArgs{{StreamID: member, Record: lua.Record{User: user}}}
+					return a
+				}
+				for i, member := range []string{"w1 big", "w2 t"} {
+					wantTicket(t, member+" queued", mustWait(t, c, key, ticket(member)).Tickets[0], lua.TicketQueued, i+1)
+				}
+				if head := mustRelease(t, c, key, "s1 s").Head; head != tc.head {
+					t.Fatalf("after s1 s left, %d members held: the head named is %q, want %q", tc.left, head, tc.head)
+				}
+				listing, err := lua.Slots(ctx, c, key, 1)
+				if err != nil || len(listing.Queue) != 2 || listing.Queue[0].StreamID != tc.head {
+					t.Fatalf("the listing: %+v, %v; want %s first of two waiters", listing.Queue, err, tc.head)
+				}
+				if got := mustWait(t, c, key, ticket(tc.head)).Tickets[0]; got.State != lua.TicketGranted {
+					t.Fatalf("%s after the release: %+v, want granted", tc.head, got)
+				}
+			})
+		})
+	}
+}
+
 // TestWaitRefreshesManyTicketsInOneCall: one server's call for more
 // tickets than one command of the script takes (1,000) queues them all in
 // order, and a second call refreshes every one's expiry, each still in

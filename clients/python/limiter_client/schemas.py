@@ -502,7 +502,7 @@ class AdminPoolKeyResponse:
     """Earliest expiry first, at most 1,000 (the first to expire; `used` counts them all), each naming the user whose stream holds it (`user_id`)."""
 
     waiters: List[AdminTicket]
-    """The acquires waiting for the key (`wait_ms`), in the order they are served - higher `priority` first; within a priority, the user holding the fewest of the key's memberships, then the user waiting for the fewest; then arrival. Each names the user whose stream waits (`user_id`)."""
+    """The acquires waiting for the key (`wait_ms`), in the order they are served - higher `priority` first; within a priority, the user holding the fewest of the key's memberships (weighed on a key of at most 1,000), then the user waiting for the fewest; then arrival. Each names the user whose stream waits (`user_id`)."""
 
     limit: Optional[int] = None
     """The pool's cap of the key - its own, else the pool's default; absent when the pool caps neither. An override in force replaces it."""

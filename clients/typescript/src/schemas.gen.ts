@@ -486,7 +486,7 @@ export interface AdminPoolKeyResponse {
   /** Earliest expiry first, at most 1,000 (the first to expire; `used` counts them all), each naming the user whose stream holds it (`user_id`). */
   holders: AdminSlot[];
 
-  /** The acquires waiting for the key (`wait_ms`), in the order they are served - higher `priority` first; within a priority, the user holding the fewest of the key's memberships, then the user waiting for the fewest; then arrival. Each names the user whose stream waits (`user_id`). */
+  /** The acquires waiting for the key (`wait_ms`), in the order they are served - higher `priority` first; within a priority, the user holding the fewest of the key's memberships (weighed on a key of at most 1,000), then the user waiting for the fewest; then arrival. Each names the user whose stream waits (`user_id`). */
   waiters: AdminTicket[];
 
   /**
