@@ -172,3 +172,125 @@ func printedColumns(t *testing.T, cfg *rest.Config, ns, resource, name string) m
 	}
 	return out
 }
+
+// busyNamespace fills ns with 30 LimitPools of 1,000 keys each, as large as
+// production's, so that each pass of the table and status loops takes a
+// while, and returns them once the controller accepted every one.
+func busyNamespace(t *testing.T, c client.Client, ns string) []*v1alpha1.LimitPool {
+	t.Helper()
+	var pools []*v1alpha1.LimitPool
+	for i := range 30 {
+		keys := make(map[string]int32, 1000)
+		for j := range 1000 {
+			keys[fmt.Sprintf("meta-llama/Llama-3.1-70B-Instruct-%04d-%s", j, strings.Repeat("x", 60))] = int32(j)
+		}
+		lp := newLimitPool(ns, fmt.Sprintf("noise-%02d", i), "", 10, keys)
+		if err := c.Create(t.Context(), lp); err != nil {
+			t.Fatal(err)
+		}
+		pools = append(pools, lp)
+	}
+	// Status of objects this large takes a while to write, one by one.
+	eventually(t, time.Minute, func() string {
+		for _, lp := range pools {
+			var got v1alpha1.LimitPool
+			if err := c.Get(t.Context(), client.ObjectKeyFromObject(lp), &got); err != nil {
+				return err.Error()
+			}
+			if got.Status.ObservedGeneration != got.Generation {
+				return fmt.Sprintf("status of %s not yet written", lp.Name)
+			}
+		}
+		return ""
+	})
+	for _, lp := range pools {
+		wantPoolStatus(t, c, ns, lp.Name, v1alpha1.ReasonAccepted, "")
+	}
+	return pools
+}
+
+// judged waits until the elected replica wrote the status of lt's current
+// generation, and returns it.
+func judged(t *testing.T, c client.Client, lt *v1alpha1.LimitTier) v1alpha1.LimitTier {
+	t.Helper()
+	var got v1alpha1.LimitTier
+	eventually(t, 20*time.Second, func() string {
+		if err := c.Get(t.Context(), client.ObjectKeyFromObject(lt), &got); err != nil {
+			return err.Error()
+		}
+		if got.Status.ObservedGeneration != got.Generation {
+			return fmt.Sprintf("status of %s not yet written for generation %d", lt.Name, got.Generation)
+		}
+		return ""
+	})
+	return got
+}
+
+// An invalid edit right after a valid one (kubectl apply twice, a CI
+// pipeline) keeps the valid one in force, and status records it, even
+// in a namespace whose passes are slow and while a pass runs (another
+// object changed just before): the passes coalesce, and only ever saw the
+// invalid generation, so the one before the valid edit came back. The
+// same for an object created and made invalid at once: it enforced
+// nothing.
+func TestBackToBackEditsInABusyNamespaceKeepTheValidOne(t *testing.T) {
+	env := kube.Get(t)
+	ns := env.Namespace(t)
+	ctx := t.Context()
+	c := startController(t, env.Config, ns)
+	noise := busyNamespace(t, env.Client, ns)
+	// A pass starts: another object changes.
+	busy := func(n int) {
+		t.Helper()
+		if err := patchPool(t, env.Client, noise[n%len(noise)], func(lp *v1alpha1.LimitPool) {
+			m := int32(n)
+			lp.Spec.MaxConcurrentStreams = &m
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// heartbeatInterval 60s, above slotTTL/3 (40s).
+	invalid := func(lt *v1alpha1.LimitTier) { lt.Spec.HeartbeatInterval = &metav1.Duration{Duration: time.Minute} }
+
+	t.Run("a valid edit, then an invalid one", func(t *testing.T) {
+		paid := newLimitTier(ns, "paid", "", 1)
+		if err := env.Client.Create(ctx, paid); err != nil {
+			t.Fatal(err)
+		}
+		wantStatus(t, env.Client, ns, "paid", v1alpha1.ReasonAccepted, "")
+		for n := 2; n < 7; n++ {
+			busy(n)
+			patchSpec(t, env.Client, paid, func(lt *v1alpha1.LimitTier) {
+				lt.Spec.MaxConcurrentStreams = int32(n)
+				lt.Spec.HeartbeatInterval = nil
+			})
+			valid := paid.Generation
+			patchSpec(t, env.Client, paid, invalid)
+			got := judged(t, env.Client, paid)
+			if s := got.Status; s.AcceptedGeneration != valid || s.AcceptedSpec == nil || s.AcceptedSpec.MaxConcurrentStreams != int32(n) ||
+				!strings.Contains(s.Conditions[0].Message, fmt.Sprintf("generation %d stays in force", valid)) {
+				t.Errorf("limit %d: status.acceptedGeneration %d, acceptedSpec %+v, %q; want generation %d, the valid edit, in force",
+					n, s.AcceptedGeneration, s.AcceptedSpec, s.Conditions[0].Message, valid)
+			}
+			eventually(t, 2*time.Second, limitsOf("paid", n, c))
+		}
+	})
+
+	t.Run("a create, then an invalid edit", func(t *testing.T) {
+		for n := 2; n < 7; n++ {
+			busy(n)
+			lt := newLimitTier(ns, fmt.Sprintf("team-%d", n), "", int32(n))
+			if err := env.Client.Create(ctx, lt); err != nil {
+				t.Fatal(err)
+			}
+			patchSpec(t, env.Client, lt, invalid)
+			got := judged(t, env.Client, lt)
+			if s := got.Status; s.AcceptedGeneration != 1 || s.AcceptedSpec == nil ||
+				!strings.Contains(s.Conditions[0].Message, "generation 1 stays in force") {
+				t.Errorf("%s: status.acceptedGeneration %d, acceptedSpec %+v, %q; want generation 1, as created, in force",
+					lt.Name, s.AcceptedGeneration, s.AcceptedSpec, s.Conditions[0].Message)
+			}
+			eventually(t, 2*time.Second, limitsOf(lt.Name, n, c))
+		}
+	})
+}

@@ -34,6 +34,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -133,6 +134,24 @@ func New(cfg *rest.Config, opts Options) (*Controller, error) {
 		return nil, fmt.Errorf("controller: Options.LeaseDuration must be >= 1s, got %s", opts.LeaseDuration)
 	}
 
+	c := &Controller{
+		opts:       opts,
+		log:        opts.Logger.With("component", "tiers", "namespace", opts.Namespace),
+		watched:    make(chan struct{}),
+		tableKick:  newKick(),
+		statusKick: newKick(),
+	}
+	if opts.Pools != nil {
+		c.kinds = append(c.kinds, serve(c, poolKind{}, opts.Pools))
+	}
+	c.kinds = append(c.kinds, serve(c, tierKind{}, opts.Table))
+	// Each kind sees every object the watch delivers before the cache
+	// holds it (see seenSpecs).
+	byObject := make(map[client.Object]cache.ByObject, len(c.kinds))
+	for _, kind := range c.kinds {
+		byObject[kind.newObject()] = cache.ByObject{Transform: kind.observe}
+	}
+
 	scheme := runtime.NewScheme()
 	if err := v1alpha1.AddToScheme(scheme); err != nil {
 		return nil, err
@@ -144,7 +163,10 @@ func New(cfg *rest.Config, opts Options) (*Controller, error) {
 		// CRD shows as a failing list (logged, /readyz false) rather than
 		// an error at start.
 		MapperProvider: staticMapper,
-		Cache:          cache.Options{DefaultNamespaces: map[string]cache.Config{opts.Namespace: {}}},
+		Cache: cache.Options{
+			DefaultNamespaces: map[string]cache.Config{opts.Namespace: {}},
+			ByObject:          byObject,
+		},
 		// The limiter serves its own /metrics and /readyz.
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
@@ -152,18 +174,7 @@ func New(cfg *rest.Config, opts Options) (*Controller, error) {
 	if err != nil {
 		return nil, fmt.Errorf("controller: %w", err)
 	}
-	c := &Controller{
-		opts:       opts,
-		log:        opts.Logger.With("component", "tiers", "namespace", opts.Namespace),
-		mgr:        mgr,
-		watched:    make(chan struct{}),
-		tableKick:  newKick(),
-		statusKick: newKick(),
-	}
-	if opts.Pools != nil {
-		c.kinds = append(c.kinds, serve(c, poolKind{}, opts.Pools))
-	}
-	c.kinds = append(c.kinds, serve(c, tierKind{}, opts.Table))
+	c.mgr = mgr
 	if err := mgr.Add(manager.RunnableFunc(c.watch)); err != nil {
 		return nil, err
 	}

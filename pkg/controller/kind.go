@@ -75,6 +75,11 @@ type served interface {
 	// syncStatus updates each object whose status differs from its
 	// verdict. wroteFrom is the kind's own (see writeStatus).
 	syncStatus(ctx context.Context, wroteFrom map[string]string) error
+	// observe is the informer's transform: it notes each object it is
+	// handed, before the cache holds it (see seenSpecs).
+	observe(obj any) (any, error)
+	// forget drops what observe noted of obj, deleted.
+	forget(obj any)
 }
 
 // reconciler serves kind k into table, for the controller c.
@@ -82,7 +87,7 @@ type reconciler[O client.Object, S any, E entry] struct {
 	k     kind[O, S, E]
 	table *tiers.Catalog[E]
 	c     *Controller
-	seen  *seenSpecs[S] // shared by the table's and the status's passes
+	seen  *seenSpecs[S] // kept by the informer, read by the table's and the status's passes
 }
 
 // serve binds k to table.

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/joishi/limiter/api/v1alpha1"
@@ -58,17 +57,14 @@ type resolution[E entry] struct {
 // listed or watched in, so every replica reaches the same one.
 //
 // seen, when not nil, is the newest valid spec this replica saw of each
-// object, which resolve updates (see seenSpecs).
+// object (see seenSpecs).
 func resolve[O client.Object, S any, E entry](k kind[O, S, E], items []O, seen *seenSpecs[S]) resolution[E] {
 	ordered := make([]O, 0, len(items))
-	live := make(map[types.UID]bool, len(items))
 	for _, o := range items {
-		live[o.GetUID()] = true
 		if o.GetDeletionTimestamp() == nil {
 			ordered = append(ordered, o)
 		}
 	}
-	seen.keep(live)
 	slices.SortFunc(ordered, olderFirst)
 
 	res := resolution[E]{verdicts: make(map[string]verdict, len(ordered))}
@@ -129,7 +125,6 @@ type definition[E entry] struct {
 func definitionOf[O client.Object, S any, E entry](k kind[O, S, E], o O, seen *seenSpecs[S]) definition[E] {
 	e, err := toEntry(k, o.GetName(), k.spec(o))
 	if err == nil {
-		seen.note(o.GetUID(), o.GetGeneration(), k.spec(o.DeepCopyObject().(O)))
 		return definition[E]{ok: true, entry: e, generation: o.GetGeneration(), acceptedGeneration: o.GetGeneration()}
 	}
 	status := k.status(o)

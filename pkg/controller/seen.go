@@ -4,6 +4,8 @@ import (
 	"sync"
 
 	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // seenSpecs is the newest valid spec this replica saw of each object, by
@@ -16,6 +18,12 @@ import (
 // judgement of the current generation, a replica falls back on the
 // newest valid spec it saw itself, and the elected one records that
 // (see definitionOf).
+//
+// The informer notes each generation it delivers before the cache holds
+// it (reconciler.observe), not resolve: the passes over the cache
+// coalesce, and one of a namespace of large LimitPools takes long enough
+// for a valid edit and the invalid one after it to arrive during it, so
+// a pass would only ever see the invalid one.
 type seenSpecs[S any] struct {
 	mu sync.Mutex
 	by map[types.UID]seenSpec[S]
@@ -53,16 +61,38 @@ func (m *seenSpecs[S]) get(uid types.UID) (seenSpec[S], bool) {
 	return s, ok
 }
 
-// keep forgets the objects not in live (deleted).
-func (m *seenSpecs[S]) keep(live map[types.UID]bool) {
+// forget forgets uid (deleted).
+func (m *seenSpecs[S]) forget(uid types.UID) {
 	if m == nil {
 		return
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for uid := range m.by {
-		if !live[uid] {
-			delete(m.by, uid)
+	delete(m.by, uid)
+}
+
+// observe notes obj's spec when it is valid. The informer calls it on
+// every object it receives, before the cache (and so any pass over it)
+// holds that object, and may call it twice on one: noting is idempotent.
+// It returns obj unchanged.
+func (r *reconciler[O, S, E]) observe(obj any) (any, error) {
+	if o, ok := obj.(O); ok {
+		if _, err := toEntry(r.k, o.GetName(), r.k.spec(o)); err == nil {
+			r.seen.note(o.GetUID(), o.GetGeneration(), r.k.spec(o.DeepCopyObject().(O)))
 		}
+	}
+	return obj, nil
+}
+
+// forget drops the spec noted of obj, an object the informer deleted
+// (or its tombstone, when the watch missed the deletion). Not a pass over
+// the cache: one that listed the namespace just before observe noted a
+// new object would forget it.
+func (r *reconciler[O, S, E]) forget(obj any) {
+	if tombstone, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = tombstone.Obj
+	}
+	if o, ok := obj.(client.Object); ok {
+		r.seen.forget(o.GetUID())
 	}
 }

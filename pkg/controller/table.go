@@ -20,13 +20,16 @@ func (c *Controller) watch(ctx context.Context) error {
 		c.tableKick.raise()
 		c.statusKick.raise()
 	}
-	handler := toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { changed() },
-		UpdateFunc: func(any, any) { changed() },
-		DeleteFunc: func(any) { changed() },
-	}
 	synced := make([]toolscache.InformerSynced, 0, len(c.kinds))
 	for _, kind := range c.kinds {
+		handler := toolscache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { changed() },
+			UpdateFunc: func(any, any) { changed() },
+			DeleteFunc: func(obj any) {
+				kind.forget(obj)
+				changed()
+			},
+		}
 		informer, err := c.mgr.GetCache().GetInformer(ctx, kind.newObject(), ctrlcache.BlockUntilSynced(false))
 		if err != nil {
 			return fmt.Errorf("watching %ss: %w", kind.kindName(), err)
