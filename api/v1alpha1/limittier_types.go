@@ -171,7 +171,8 @@ type LimitTierStatus struct {
 	// conditions hold one condition, Ready: True (reason Accepted) when
 	// the current generation is in force, False with reason Invalid or
 	// Conflict and a message saying why, and which generation if any is
-	// in force instead, when it is not.
+	// in force instead, when it is not; False with reason Deleting once
+	// the object is being deleted, out of force.
 	//
 	// +optional
 	// +listType=map

@@ -37,4 +37,8 @@ const (
 	// ReasonConflict: an older object of the same kind in the namespace
 	// already defines the same plan (or pool) and is the one in force.
 	ReasonConflict = "Conflict"
+	// ReasonDeleting: the object is being deleted (a finalizer holds it)
+	// and is out of force; the plan (or pool) it defined is left to any
+	// other object of its kind that defines it.
+	ReasonDeleting = "Deleting"
 )

@@ -6,7 +6,7 @@
 // replaces its tables on every change, so the request path reads memory
 // only and never calls the API server. One replica, elected with a Lease,
 // also writes each object's status: Ready=True (Accepted), or Ready=False
-// with reason Invalid or Conflict, and the last spec it found valid
+// with reason Invalid, Conflict or Deleting, and the last spec it found valid
 // (status.acceptedSpec), which stays in force when an edit makes the spec
 // invalid. The decision itself (resolve) depends on the objects alone,
 // status included, so every replica enforces the same tiers and pools

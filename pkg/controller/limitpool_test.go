@@ -1,6 +1,7 @@
 package controller_test
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -139,6 +141,54 @@ func TestPoolConflicts(t *testing.T) {
 	}
 	wantPoolStatus(t, env.Client, ns, "model-v2", v1alpha1.ReasonAccepted, `pool "model" is in force: 5 concurrent streams per key`)
 	eventually(t, time.Second, capsOf("model", "any", 5, c))
+}
+
+// A LimitPool being deleted (a finalizer of another tool holds it) is out
+// of force at once, and a younger LimitPool of the same pool takes the
+// pool over. Its Ready condition said True "is in force" until it was
+// gone: two objects of one pool both Accepted.
+func TestAPoolBeingDeletedSaysItIsOutOfForce(t *testing.T) {
+	env := kube.Get(t)
+	ns := env.Namespace(t)
+	ctx := t.Context()
+	c := startController(t, env.Config, ns)
+
+	older := newLimitPool(ns, "model", "", 3, nil)
+	older.Finalizers = []string{"example.com/hold"}
+	if err := env.Client.Create(ctx, older); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { // lets the API server delete it
+		patch := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))
+		if err := env.Client.Patch(context.Background(), older, patch); err != nil && !apierrors.IsNotFound(err) {
+			t.Error(err)
+		}
+	})
+	time.Sleep(1100 * time.Millisecond) // creationTimestamp has a one-second resolution
+	newer := newLimitPool(ns, "model-v2", "model", 5, nil)
+	if err := env.Client.Create(ctx, newer); err != nil {
+		t.Fatal(err)
+	}
+	wantPoolStatus(t, env.Client, ns, "model", v1alpha1.ReasonAccepted, `pool "model" is in force`)
+	wantPoolStatus(t, env.Client, ns, "model-v2", v1alpha1.ReasonConflict, "")
+
+	if err := env.Client.Delete(ctx, older); err != nil {
+		t.Fatal(err)
+	}
+	wantPoolStatus(t, env.Client, ns, "model-v2", v1alpha1.ReasonAccepted, `pool "model" is in force: 5 concurrent streams per key`)
+	eventually(t, time.Second, capsOf("model", "any", 5, c))
+	got := wantPoolStatus(t, env.Client, ns, "model", v1alpha1.ReasonDeleting,
+		`being deleted: this LimitPool is out of force, and pool "model" is left to any other LimitPool that defines it`)
+	if got.DeletionTimestamp == nil {
+		t.Fatal("model has no deletionTimestamp")
+	}
+	if s := got.Status; s.AcceptedGeneration != 1 || s.AcceptedSpec == nil || *s.AcceptedSpec.MaxConcurrentStreams != 3 {
+		t.Errorf("status.acceptedGeneration %d, acceptedSpec %+v; want generation 1 as recorded, max 3", s.AcceptedGeneration, s.AcceptedSpec)
+	}
+	columns := printedColumns(t, env.Config, ns, "limitpools", "model")
+	if columns["Ready"] != "False" || columns["Reason"] != v1alpha1.ReasonDeleting || columns["Pool"] != "model" {
+		t.Errorf("columns = %v, want pool model, ready False, reason Deleting", columns)
+	}
 }
 
 // An edit the API server refuses changes nothing; one it takes but the

@@ -17,7 +17,8 @@ type verdict struct {
 	// claim is the plan (or pool) the object claims: that of its
 	// definition in force (see resolve), else that of its spec.
 	claim string
-	// reason is v1alpha1.ReasonAccepted, ReasonInvalid or ReasonConflict.
+	// reason is v1alpha1.ReasonAccepted, ReasonInvalid, ReasonConflict
+	// or ReasonDeleting.
 	reason string
 	// message says why, in a sentence or two.
 	message string
@@ -41,7 +42,7 @@ type resolution[E entry] struct {
 	// per name.
 	entries []E
 	// verdicts holds one verdict per object, by metadata.name. Objects
-	// being deleted have none: they are already out of force.
+	// being deleted are out of force, and theirs says so.
 	verdicts map[string]verdict
 }
 
@@ -53,21 +54,31 @@ type resolution[E entry] struct {
 // pool) away, or handing it to another object; else it has none, and
 // claims nothing. When several objects with a definition claim one name,
 // the oldest (by creationTimestamp, then by name) wins and the others are
-// in Conflict. Only the objects decide the outcome, not the order they are
-// listed or watched in, so every replica reaches the same one.
+// in Conflict. An object being deleted (a finalizer holds it) is out of
+// force at once, and Deleting. Only the objects decide the outcome, not
+// the order they are listed or watched in, so every replica reaches the
+// same one.
 //
 // seen, when not nil, is the newest valid spec this replica saw of each
 // object (see seenSpecs).
 func resolve[O client.Object, S any, E entry](k kind[O, S, E], items []O, seen *seenSpecs[S]) resolution[E] {
+	res := resolution[E]{verdicts: make(map[string]verdict, len(items))}
 	ordered := make([]O, 0, len(items))
 	for _, o := range items {
 		if o.GetDeletionTimestamp() == nil {
 			ordered = append(ordered, o)
+			continue
 		}
+		v := verdict{claim: claimOf(k, o.GetName(), k.spec(o)), reason: v1alpha1.ReasonDeleting}
+		if def := definitionOf(k, o, seen); def.ok {
+			v.claim = def.entry.Name()
+		}
+		v.message = fmt.Sprintf("being deleted: this %s is out of force, and %s %q is left to any other %s that defines it", k.name(), k.claim(), v.claim, k.name())
+		v.acceptedGeneration = *k.status(o).acceptedGeneration // as recorded: a deletion accepts nothing
+		res.verdicts[o.GetName()] = v
 	}
 	slices.SortFunc(ordered, olderFirst)
 
-	res := resolution[E]{verdicts: make(map[string]verdict, len(ordered))}
 	owner := map[string]string{} // claim → name of the object in force
 	for _, o := range ordered {
 		v := verdict{claim: claimOf(k, o.GetName(), k.spec(o))}

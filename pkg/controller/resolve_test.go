@@ -153,13 +153,14 @@ func TestResolve(t *testing.T) {
 			wantEntries: "paid=5",
 		},
 		{
-			name: "an object being deleted is out of force and gets no verdict",
+			name: "an object being deleted is out of force and says so",
 			items: []v1alpha1.LimitTier{
 				with(limitTier("paid-old", "paid", 3, 0), func(lt *v1alpha1.LimitTier) { lt.DeletionTimestamp = &deleting }),
 				limitTier("paid-new", "paid", 5, 10),
 			},
-			want:        []string{"paid-new:Accepted"},
+			want:        []string{"paid-new:Accepted", "paid-old:Deleting"},
 			wantEntries: "paid=5",
+			wantMsg:     map[string]string{"paid-old": `being deleted: this LimitTier is out of force, and plan "paid" is left to any other LimitTier that defines it`},
 		},
 		{
 			name:        "an invalid edit leaves the accepted generation in force",
