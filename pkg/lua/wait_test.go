@@ -598,6 +598,16 @@ func TestAPlansLimitNowHoldsForItsTicketsAlone(t *testing.T) {
 	})
 }
 
+// wantQueued fails t unless key's queue holds the tickets want, in
+// arrival order.
+func wantQueued(t *testing.T, c rueidis.Client, key string, want ...string) {
+	t.Helper()
+	got, err := c.Do(context.Background(), c.B().Zrange().Key(keys.Queue(key)).Min("0").Max("-1").Build()).AsStrSlice()
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("the queue: %q, %v; want %q", got, err, want)
+	}
+}
+
 // TestAFullQueueKeepsTheTicketsServedFirst (DESIGN §17): a full queue of
 // a pool key takes a new ticket that would be served before its last one
 // (of the lowest priority, the user holding the most members, then
@@ -626,13 +636,7 @@ func TestAFullQueueKeepsTheTicketsServedFirst(t *testing.T) {
 				t.Fatalf("%s: %+v, want state %d", what, got, state)
 			}
 		}
-		queued := func(want ...string) {
-			t.Helper()
-			got, err := c.Do(context.Background(), c.B().Zrange().Key(keys.Queue(key)).Min("0").Max("-1").Build()).AsStrSlice()
-			if err != nil || !slices.Equal(got, want) {
-				t.Fatalf("the queue: %q, %v; want %q", got, err, want)
-			}
-		}
+		queued := func(want ...string) { t.Helper(); wantQueued(t, c, key, want...) }
 		hold("h1", "x")
 		hold("h2", "z")
 		wait("x's first", "w1", "x", 0, lua.TicketQueued)
@@ -687,13 +691,7 @@ func TestAFullQueueWeighsHoldingBeforeWaiting(t *testing.T) {
 				t.Fatalf("%s: %+v, want state %d", what, got, state)
 			}
 		}
-		queued := func(want ...string) {
-			t.Helper()
-			got, err := c.Do(context.Background(), c.B().Zrange().Key(keys.Queue(key)).Min("0").Max("-1").Build()).AsStrSlice()
-			if err != nil || !slices.Equal(got, want) {
-				t.Fatalf("the queue: %q, %v; want %q", got, err, want)
-			}
-		}
+		queued := func(want ...string) { t.Helper(); wantQueued(t, c, key, want...) }
 		for _, m := range []string{"h1 x", "h2 y", "h3 y", "h4 u", "h5 v"} {
 			hold(m)
 		}
