@@ -137,8 +137,14 @@ func (l *Limiter) Acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		span.SetAttributes(attrCaller.String(req.Caller))
 	}
 	res, tier, err := l.acquire(ctx, req)
-	if held := counted(res.Pools); err == nil && res.Granted && len(held) > 0 {
-		l.joined.remember(req.UserID, res.StreamID, req.Caller, held, time.Now())
+	if err == nil && res.Granted && !res.SlotDegraded {
+		// What the stream holds now; nothing remembered of an earlier
+		// stream of its id (see joinedGrants).
+		if held := counted(res.Pools); len(held) > 0 {
+			l.joined.remember(req.UserID, res.StreamID, req.Caller, held, time.Now())
+		} else {
+			l.joined.forget(req.UserID, res.StreamID)
+		}
 	}
 	if span.IsRecording() {
 		span.SetAttributes(tierAttrs(tier, attrGranted.Bool(res.Granted), attrUsed.Int(res.Used),

@@ -85,6 +85,8 @@ func (l *Limiter) heartbeat(ctx context.Context, req HeartbeatRequest) (Heartbea
 		held, ttl = l.joined.peek(req.UserID, req.StreamID), degradedTTL(tier)
 	case res.Alive && len(held) > 0:
 		l.joined.remember(req.UserID, req.StreamID, req.Caller, held, time.Now())
+	case res.Alive:
+		l.joined.forget(req.UserID, req.StreamID) // its record names no pool
 	}
 	if res.Alive && len(held) > 0 {
 		results, errs := []HeartbeatResult{res}, []error{nil}
@@ -119,7 +121,6 @@ func (l *Limiter) HeartbeatBatch(ctx context.Context, reqs []HeartbeatRequest) (
 	if len(args) > 0 {
 		var pooled [][]lua.PoolKey // the memberships of the slots kept alive, by request; nil: none
 		var ttls []memberTTL
-		beaten := false // a slot kept alive in Redis names pool keys: remembered
 		var beats []lua.Beat
 		var beatErrs []error
 		end := l.decisionEnd() // the slots' and their memberships' (DESIGN §10 P4)
@@ -151,12 +152,9 @@ func (l *Limiter) HeartbeatBatch(ctx context.Context, reqs []HeartbeatRequest) (
 					pooled, ttls = make([][]lua.PoolKey, len(reqs)), make([]memberTTL, len(reqs))
 				}
 				pooled[i], ttls[i] = held, ttl
-				beaten = beaten || !results[i].Degraded
 			}
 		}
-		if beaten {
-			l.joined.rememberBeats(reqs, results, pooled, time.Now())
-		}
+		l.joined.rememberBeats(reqs, results, pooled, time.Now())
 		if pooled != nil {
 			l.beatPools(ctx, end, reqs, ttls, pooled, results, errs)
 		}

@@ -24,6 +24,14 @@ import (
 //     full key while this one runs on. They are only extended, never
 //     added, and only for the caller their own records name.
 //
+// What it remembers of a stream goes when this Limiter releases it,
+// grants its id again without pools, or beats it and its record names
+// none: a stream id may be taken again once released, and what was
+// remembered of the stream before would keep beating (and, gone, end)
+// memberships the new one never joined. Another replica's release and
+// grant it cannot see: its next heartbeat that the user's slot answers
+// puts it right.
+//
 // A stream it does not know (granted and beaten by other replicas only,
 // or forgotten) is released in two round trips, and its memberships
 // lapse while its user's slot does not answer, as before. Nor does a
@@ -65,16 +73,41 @@ func (j *joinedGrants) remember(user, stream, caller string, pools []lua.PoolKey
 }
 
 // rememberBeats records, under one lock, the pool keys of the streams
-// reqs[i] whose heartbeat found pooled[i] (nil: none) in their records
-// (not those answered degraded: pooled[i] is what was remembered).
+// reqs[i] whose heartbeat found pooled[i] in their records, and forgets
+// those of the streams whose record named none (pooled nil, or pooled[i]
+// nil): what was remembered of them is of an earlier stream of the same
+// id, released since, which a heartbeat its user's slot does not answer
+// would otherwise keep beating, and find lost. Streams answered degraded
+// or not alive are left as they are (pooled[i] is then what was
+// remembered, or nothing was read).
 func (j *joinedGrants) rememberBeats(reqs []HeartbeatRequest, results []HeartbeatResult, pooled [][]lua.PoolKey, now time.Time) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	for i, p := range pooled {
-		if len(p) > 0 && !results[i].Degraded {
-			j.put(joinedKey{reqs[i].UserID, reqs[i].StreamID}, joinedPools{p, reqs[i].Caller}, now)
+	if pooled == nil && len(j.cur)+len(j.prev) == 0 {
+		return
+	}
+	for i := range reqs {
+		if !results[i].Alive || results[i].Degraded {
+			continue
+		}
+		k := joinedKey{reqs[i].UserID, reqs[i].StreamID}
+		if pooled != nil && len(pooled[i]) > 0 {
+			j.put(k, joinedPools{pooled[i], reqs[i].Caller}, now)
+		} else {
+			delete(j.cur, k)
+			delete(j.prev, k)
 		}
 	}
+}
+
+// forget drops what is remembered of user's stream: it was released, or
+// taken anew without pools.
+func (j *joinedGrants) forget(user, stream string) {
+	k := joinedKey{user, stream}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	delete(j.cur, k)
+	delete(j.prev, k)
 }
 
 // put is remember, with j.mu held.

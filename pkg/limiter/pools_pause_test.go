@@ -455,3 +455,82 @@ func TestADegradedPoolGrantLeavesNoOtherRequestsPlace(t *testing.T) {
 		t.Errorf("the first's heartbeat: %+v, %v; want alive, holding k", beat, err)
 	}
 }
+
+// TestAStreamIDTakenAgainIsNotBeatenByItsPredecessorsPools: a replica
+// remembers the pool keys of the streams it granted and beat, to keep
+// their memberships alive while their user's shard does not answer. A
+// stream id released and taken again without pools must not be beaten by
+// what was remembered of its predecessor: its membership gone, the
+// heartbeat would end the live stream (410 naming a pool it never
+// joined) instead of answering degraded. The remembered keys go when
+// this replica releases the stream (for a named caller too), grants its
+// id again, or beats it and its record names no pool; each is one case
+// below, the other replica (R2) doing the rest.
+func TestAStreamIDTakenAgainIsNotBeatenByItsPredecessorsPools(t *testing.T) {
+	t.Parallel()
+	cl := startHangableCluster(t)
+	schema := keys.Schema{Prefix: "limitertest:" + keys.NewStreamID()[:12] + ":"}
+	hung := cl.MasterOf(mustPoolKey(t, schema, "model", "m-0"))
+	var user, model string
+	for i := 0; i < 5000 && (user == "" || model == ""); i++ {
+		u := newUser(t)
+		k, _ := schema.UserKey(u)
+		if cl.MasterOf(k) == hung && user == "" {
+			user = u
+		}
+		if mk := fmt.Sprintf("k-%d", i); model == "" && cl.MasterOf(mustPoolKey(t, schema, "model", mk)) != hung {
+			model = mk
+		}
+	}
+	if user == "" || model == "" {
+		t.Fatalf("no user on %s, or no pool key off it", hung)
+	}
+	const ttl, timeout = 2 * time.Second, 200 * time.Millisecond
+	table := poolTable(t, pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(5)})
+	ts := []tiers.Tier{{Plan: "t", MaxConcurrentStreams: 3, SlotTTL: ttl, HeartbeatInterval: ttl / 4, FailureMode: tiers.FailOpen}}
+	replica := func() *limiter.Limiter {
+		return limitertest.New(t, limitertest.Options{Redis: cluster.Options{Addrs: cl.Addrs, Timeout: timeout},
+			Tiers: ts, Limiter: limiter.Options{Keys: schema, Pools: table}}).Limiter
+	}
+	r, r2 := replica(), replica()
+	ctx := context.Background()
+	acquire := func(lim *limiter.Limiter, stream string, named map[string]string) {
+		t.Helper()
+		if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "t", Caller: "a", StreamID: stream, Pools: named}); err != nil || !res.Granted || len(res.Pools) != len(named) {
+			t.Fatalf("acquire %s joining %v: %+v, %v", stream, named, res, err)
+		}
+	}
+	release := func(lim *limiter.Limiter, stream string) {
+		t.Helper()
+		if rel, err := lim.ReleaseAs(ctx, "a", user, stream); err != nil || !rel.Released {
+			t.Fatalf("release %s: %+v, %v", stream, rel, err)
+		}
+	}
+	beat := func(stream string) limiter.HeartbeatRequest {
+		return limiter.HeartbeatRequest{UserID: user, Plan: "t", StreamID: stream, Caller: "a"}
+	}
+	joins := map[string]string{"model": model}
+	for _, stream := range []string{"released-here", "granted-here", "beaten-here"} {
+		acquire(r, stream, joins)
+	}
+	release(r, "released-here") // then taken again elsewhere
+	acquire(r2, "released-here", nil)
+	release(r2, "granted-here") // then taken again here
+	acquire(r, "granted-here", nil)
+	release(r2, "beaten-here") // taken again elsewhere, then beaten here
+	acquire(r2, "beaten-here", nil)
+	if got, err := r.Heartbeat(ctx, beat("beaten-here")); err != nil || !got.Alive || got.Degraded {
+		t.Fatalf("heartbeat of beaten-here before the outage: %+v, %v", got, err)
+	}
+
+	testenv.Pause(t, hung)
+	for _, stream := range []string{"released-here", "granted-here", "beaten-here"} {
+		if got, err := r.Heartbeat(ctx, beat(stream)); err != nil || !got.Alive || !got.Degraded {
+			t.Errorf("heartbeat of %s (no pool), its user's shard hung, its plan failing open: %+v, %v; want alive, degraded", stream, got, err)
+		}
+		got, errs := r.HeartbeatBatch(ctx, []limiter.HeartbeatRequest{beat(stream)})
+		if errs[0] != nil || !got[0].Alive || !got[0].Degraded {
+			t.Errorf("batch heartbeat of %s, the same: %+v, %v; want alive, degraded", stream, got[0], errs[0])
+		}
+	}
+}

@@ -131,6 +131,9 @@ func (l *Limiter) releaseBy(ctx context.Context, end time.Time, caller, userID, 
 	if got.NotHolder {
 		return ReleaseResult{}, fmt.Errorf("%w: stream %q of user %q", ErrNotSlotHolder, streamID, userID)
 	}
+	if caller != "" {
+		l.joined.forget(userID, streamID) // released, or not held: over either way
+	}
 	if got.Pruned > 0 {
 		l.observer.Reclaimed(ctx, "", got.Pruned)
 	}
