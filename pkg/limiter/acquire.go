@@ -3,6 +3,8 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/joishi/limiter/pkg/keys"
@@ -385,17 +387,33 @@ func poolTier(answered, requested tiers.Tier) tiers.Tier {
 	return answered
 }
 
-// poolsDiffer is the refusal of an extension of req's held stream, whose
-// record names other pool keys (recorded) than held, those req names: an
-// extension joins no pool key the stream does not hold. nil when they
-// are the same.
+// poolsDiffer is the refusal of an extension of req's held stream whose
+// record names other pool keys (recorded) than req does: an extension
+// joins no pool key the stream does not hold. held are the keys req names
+// that are capped now, those it joins: each must be recorded. Each
+// recorded key must be named by req, capped now or not: a key whose cap
+// was lifted since the stream joined it keeps its membership (limits are
+// applied at acquire time), and a retry of the very acquire that took the
+// stream is its extension. nil when they are the same.
 func poolsDiffer(req AcquireRequest, recorded, held []lua.PoolKey) error {
-	if samePools(recorded, held) {
+	same := true
+	for _, p := range held {
+		same = same && slices.Contains(recorded, p)
+	}
+	for _, p := range recorded {
+		same = same && req.Pools[p.Pool] == p.Key
+	}
+	if same {
 		return nil
 	}
+	named := make([]lua.PoolKey, 0, len(req.Pools))
+	for pool, key := range req.Pools {
+		named = append(named, lua.PoolKey{Pool: pool, Key: key})
+	}
+	slices.SortFunc(named, func(a, b lua.PoolKey) int { return strings.Compare(a.Pool, b.Pool) })
 	return fmt.Errorf("%w: stream %q of user %q holds %s, and this acquire names %s; "+
 		"an acquire of a held stream extends it, naming the pools it holds (release it to take another)",
-		ErrPoolsDiffer, req.StreamID, req.UserID, poolsOf(recorded), poolsOf(held))
+		ErrPoolsDiffer, req.StreamID, req.UserID, poolsOf(recorded), poolsOf(named))
 }
 
 // heldPlan answers, in res, an extension of a held stream whose record

@@ -45,20 +45,6 @@ var (
 	ErrPoolsDiffer = errors.New("a held stream's pools differ")
 )
 
-// samePools reports whether a and b name the same pool keys, in any
-// order.
-func samePools(a, b []lua.PoolKey) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for _, p := range a {
-		if !slices.Contains(b, p) {
-			return false
-		}
-	}
-	return true
-}
-
 // poolsOf says which pool keys held names, for a message: "model=gpt-4o,
 // org=acme", or "no pool".
 func poolsOf(held []lua.PoolKey) string {

@@ -498,3 +498,69 @@ func TestAReacquireNamesThePoolsTheStreamHolds(t *testing.T) {
 		})
 	}
 }
+
+// TestAnExtensionIsJudgedByThePoolsItNames: an acquire of a held stream
+// is its extension when it names the pool keys the stream's record holds,
+// whether each is capped now or not: a retry of the very acquire that
+// took the stream, after the operator lifted the key's cap, extends it,
+// and the membership it had stays, released with the stream. Naming
+// another key, or none, or a key capped since the stream was taken
+// without it, is ErrPoolsDiffer, and the message names what was asked.
+func TestAnExtensionIsJudgedByThePoolsItNames(t *testing.T) {
+	t.Parallel()
+	table := poolTable(t, pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(2)})
+	lim := replicasOf(t, limitertest.RedisCluster, 1, nil, table)[0].Limiter
+	ctx := context.Background()
+	user := newUser(t)
+	acquire := func(stream string, named map[string]string) (limiter.AcquireResult, error) {
+		return lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three", StreamID: stream, Pools: named})
+	}
+	a := map[string]string{"model": "a"}
+	if res, err := acquire("s1", a); err != nil || !res.Granted || len(res.Pools) != 1 {
+		t.Fatalf("acquire of s1 joining model=a: %+v, %v", res, err)
+	}
+	// Lifted: model=a is no longer capped.
+	uncapped := pools.Pool{Pool: "model", Keys: map[string]int{"gpt-4o": 5}}.WithDefaults()
+	if err := table.Replace([]pools.Pool{uncapped}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := acquire("s1", a); err != nil || !res.Granted {
+		t.Errorf("s1's acquire again, model=a's cap lifted since: %+v, %v; want granted, an extension", res, err)
+	}
+	for _, tc := range []struct {
+		named map[string]string
+		says  string
+	}{
+		{map[string]string{"model": "b"}, "holds model=a, and this acquire names model=b"},
+		{nil, "holds model=a, and this acquire names no pool"},
+	} {
+		if res, err := acquire("s1", tc.named); !errors.Is(err, limiter.ErrPoolsDiffer) || !strings.Contains(err.Error(), tc.says) || res.Granted {
+			t.Errorf("s1's acquire naming %v: %+v, %v; want ErrPoolsDiffer saying %q", tc.named, res, err, tc.says)
+		}
+	}
+	if key, err := lim.PoolSlots(ctx, "model", "a"); err != nil || key.Used != 1 {
+		t.Errorf("model=a after s1's extensions: used %d, %v; want s1's membership kept", key.Used, err)
+	}
+	if rel, err := lim.Release(ctx, user, "s1"); err != nil || !rel.Released {
+		t.Fatalf("release s1: %+v, %v", rel, err)
+	}
+	if key, err := lim.PoolSlots(ctx, "model", "a"); err != nil || key.Used != 0 {
+		t.Errorf("model=a after s1's release: used %d, %v; want its membership gone with it", key.Used, err)
+	}
+
+	// Taken while model=a is uncapped, the stream holds no membership of
+	// it; capped since, an acquire of it would join a key it does not
+	// hold.
+	if res, err := acquire("s2", a); err != nil || !res.Granted || len(res.Pools) != 0 {
+		t.Fatalf("acquire of s2, model=a uncapped: %+v, %v", res, err)
+	}
+	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(2)}.WithDefaults()}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := acquire("s2", a); !errors.Is(err, limiter.ErrPoolsDiffer) || !strings.Contains(err.Error(), "holds no pool, and this acquire names model=a") || res.Granted {
+		t.Errorf("s2's acquire again, model=a capped since: %+v, %v; want ErrPoolsDiffer", res, err)
+	}
+	if key, err := lim.PoolSlots(ctx, "model", "a"); err != nil || key.Used != 0 {
+		t.Errorf("model=a after s2's refused extension: used %d, %v; want nothing joined", key.Used, err)
+	}
+}
