@@ -115,8 +115,8 @@ func startEngine(ctx context.Context, cfg config.Config, tables limitTables, log
 		return e, stop, fmt.Errorf("telemetry: %w", err)
 	}
 	if e.redis.Embedded() {
-		logger.Warn(fmt.Sprintf("redis.addrs is empty: using the embedded store, which holds this %s's slots only; "+
-			"do not run more than one %[1]s on it", holders), "addr", e.redis.Addrs()[0])
+		logger.Warn(fmt.Sprintf("redis.addrs is empty: using the embedded store, which holds this %s's slots only, in memory: "+
+			"do not run more than one %[1]s on it, and expect a restart to lose every slot, override and audit record", holders), "addr", e.redis.Addrs()[0])
 	}
 
 	e.lim = limiter.New(e.redis, tables.tiers, limiter.Options{

@@ -88,8 +88,15 @@ func TestDefaultValuesNeedRedis(t *testing.T) {
 		if !reflect.DeepEqual(addrs, []any{"redis-cluster.redis.svc:6379"}) {
 			t.Errorf("config redis.addrs: got %v, want the address set", addrs)
 		}
-		if got := find(t, objs, "Deployment", "").Object["spec"].(map[string]any)["replicas"]; got != int64(3) {
+		dep := find(t, objs, "Deployment", "")
+		if got := dep.Object["spec"].(map[string]any)["replicas"]; got != int64(3) {
 			t.Errorf("replicas: got %v, want 3", got)
+		}
+		// A new pod ready before an old one stops: every replica serves.
+		strategy, _, _ := unstructured.NestedMap(dep.Object, "spec", "strategy")
+		want := map[string]any{"type": "RollingUpdate", "rollingUpdate": map[string]any{"maxUnavailable": int64(0), "maxSurge": int64(1)}}
+		if !reflect.DeepEqual(strategy, want) {
+			t.Errorf("strategy: got %v, want %v", strategy, want)
 		}
 	})
 	t.Run("one replica on the embedded store", func(t *testing.T) {
@@ -100,6 +107,13 @@ func TestDefaultValuesNeedRedis(t *testing.T) {
 		}
 		if n := len(ofKind(objs, "PodDisruptionBudget")); n != 0 {
 			t.Errorf("rendered %d PodDisruptionBudgets for one replica, want 0", n)
+		}
+		// The store lives in the pod: a rollout that started a second pod
+		// before stopping the first would run two stores behind one
+		// Service, each enforcing its own limits.
+		strategy, _, _ := unstructured.NestedMap(find(t, objs, "Deployment", "").Object, "spec", "strategy")
+		if want := map[string]any{"type": "Recreate"}; !reflect.DeepEqual(strategy, want) {
+			t.Errorf("strategy on the embedded store: got %v, want %v", strategy, want)
 		}
 	})
 }
