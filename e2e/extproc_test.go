@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -364,5 +365,21 @@ func waitFor(t *testing.T, within time.Duration, ok func() bool, what string) {
 			t.Fatalf("not within %s: %s", within, what)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestAnOpenExtProcServerOnTheEmbeddedStoreListensOnLoopback: README's
+// `limiter serve --extproc-addr :9091`, on the embedded store with no
+// api.tokensFile, takes any user's slots for whoever reaches the port,
+// as the open API does; like it, it listens on the loopback interface
+// only, and says so.
+func TestAnOpenExtProcServerOnTheEmbeddedStoreListensOnLoopback(t *testing.T) {
+	_, port, _ := net.SplitHostPort(testenv.FreeAddr(t))
+	p := servetest.Start(t, servetest.Options{Config: "tiers:\n  source: static\n", Args: []string{"--extproc-addr", ":" + port}})
+	p.AwaitLog(`"msg":"ext_proc listening"`, 10*time.Second)
+	for _, want := range []string{`"addr":"grpc://127.0.0.1:` + port + `"`, `give extproc.addr a host (0.0.0.0:` + port + `)`} {
+		if !strings.Contains(p.Output(), want) {
+			t.Errorf("serve's log does not say %s:\n%s", want, p.Output())
+		}
 	}
 }

@@ -16,11 +16,13 @@ import (
 	"github.com/joishi/limiter/pkg/tiers"
 )
 
-// startExtProc opens the ext_proc listener of extproc.addr and returns
-// run, which serves it until ctx ends, drains it within
-// http.shutdownGrace, and releases what its streams still hold; nil run
-// when extproc.addr is not set.
-func startExtProc(cfg config.Config, lim *limiter.Limiter, table *tiers.Table, callers *server.Callers,
+// startExtProc opens the ext_proc listener of extproc.addr (on the
+// loopback interface when it names no host, the store is embedded and
+// callers are not authenticated: see openAddr) and returns run, which
+// serves it until ctx ends, drains it within http.shutdownGrace, and
+// releases what its streams still hold; nil run when extproc.addr is not
+// set.
+func startExtProc(cfg config.Config, embedded bool, lim *limiter.Limiter, table *tiers.Table, callers *server.Callers,
 	tel *telemetry.Telemetry, logger *slog.Logger) (run func(context.Context) error, err error) {
 	if cfg.ExtProc.Addr == "" {
 		return nil, nil
@@ -48,7 +50,7 @@ func startExtProc(cfg config.Config, lim *limiter.Limiter, table *tiers.Table, c
 		holder.Close(context.Background())
 		return nil, fmt.Errorf("%w: %w", config.ErrInvalid, err)
 	}
-	ln, err := extproc.Listen(cfg.ExtProc.Addr)
+	ln, err := extproc.Listen(openAddr(cfg, "the ext_proc server", "extproc.addr", cfg.ExtProc.Addr, embedded, logger))
 	if err != nil {
 		holder.Close(context.Background())
 		return nil, listenError(err, "extproc.addr")

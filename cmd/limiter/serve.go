@@ -48,7 +48,7 @@ func runServe(ctx context.Context, cfg config.Config, deps serveDeps) error {
 		srvOpts := server.Options{Logger: logger, Metrics: tel.MetricsHandler(), Middleware: tel.Middleware, Admin: admin, Callers: callers,
 			RedisAnswered: redisReady(redis, cfg.Redis.RequiredForReadiness)}
 		srv := server.New(lim, srvOpts)
-		runExtProc, err := startExtProc(cfg, lim, table, callers, tel, logger)
+		runExtProc, err := startExtProc(cfg, redis.Embedded(), lim, table, callers, tel, logger)
 		if err != nil {
 			return err
 		}
@@ -160,12 +160,20 @@ func newLogger(cfg config.Log, out io.Writer) *slog.Logger {
 // (":8080"): anyone who can reach it may take and release any user's
 // slots. A host in http.addr ("0.0.0.0:8080") is listened on as given.
 func apiAddr(cfg config.Config, embedded bool, logger *slog.Logger) string {
-	host, port, err := net.SplitHostPort(cfg.HTTP.Addr)
+	return openAddr(cfg, "the API", "http.addr", cfg.HTTP.Addr, embedded, logger)
+}
+
+// openAddr is where a listener that takes slots (the API, the ext_proc
+// server) listens: addr, the value of key, except on the embedded store
+// with callers not authenticated (no api.tokensFile), where an addr that
+// names no host listens on the loopback interface only (see apiAddr).
+func openAddr(cfg config.Config, what, key, addr string, embedded bool, logger *slog.Logger) string {
+	host, port, err := net.SplitHostPort(addr)
 	if err != nil || host != "" || !embedded || cfg.API.TokensFile != "" {
-		return cfg.HTTP.Addr
+		return addr
 	}
-	addr := net.JoinHostPort("127.0.0.1", port)
-	logger.Info("the API is open (no api.tokensFile) on the embedded store: listening on the loopback interface only; "+
-		"give http.addr a host (0.0.0.0"+cfg.HTTP.Addr+") to serve other machines", "addr", addr)
-	return addr
+	local := net.JoinHostPort("127.0.0.1", port)
+	logger.Info(what+" is open (no api.tokensFile) on the embedded store: listening on the loopback interface only; "+
+		"give "+key+" a host (0.0.0.0"+addr+") to serve other machines", "addr", local)
+	return local
 }
