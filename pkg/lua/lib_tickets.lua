@@ -200,13 +200,17 @@ end
 
 -- fullQueue(queue, expiry, recs, slots): what displace weighs, read once
 -- per call that finds the queue full: its live tickets in arrival order,
--- each with its priority and user, and how many of slots' members each
--- user holds and how many tickets it has.
+-- each with its priority and user, how many of slots' members each user
+-- holds and how many tickets it has, and how many of each user's tickets
+-- are of each priority.
 local function fullQueue(queue, expiry, recs, slots)
   local tickets, users = liveTickets(queue, expiry, recs)
-  local q = {tickets = tickets, held = {}, waiting = {}}
+  local q = {tickets = tickets, held = {}, waiting = {}, count = {}}
   for _, t in ipairs(tickets) do
     q.waiting[t.user] = (q.waiting[t.user] or 0) + 1
+    local c = q.count[t.user] or {}
+    c[t.prio] = (c[t.prio] or 0) + 1
+    q.count[t.user] = c
   end
   if users then
     heldBy(slots, q.held)
@@ -214,19 +218,40 @@ local function fullQueue(queue, expiry, recs, slots)
   return q
 end
 
--- servedLater(q, a, b): whether ticket a of the full queue q is served
--- after ticket b, arriving later if they rank alike (see owed): a lower
--- priority; within one, its user holds more members, or as many and
--- waits for more, or as many again.
-local function servedLater(q, a, b)
-  if a.prio ~= b.prio then
-    return a.prio < b.prio
+-- aheadOf(q, user, prio): how many of user's tickets in the full queue q
+-- owed serves before a ticket of user's of priority prio arriving now:
+-- those of a higher priority, and those of prio (earlier arrivals).
+local function aheadOf(q, user, prio)
+  local n = 0
+  for p, c in pairs(q.count[user] or {}) do
+    if p >= prio then
+      n = n + c
+    end
   end
-  local ha, hb = q.held[a.user] or 0, q.held[b.user] or 0
+  return n
+end
+
+-- ticketRank(q, user, prio, before): the place in owed's order of a
+-- ticket of user's, of priority prio, with before of its user's tickets served
+-- before it: owed serves a user's tickets in arrival order within a
+-- priority, counting each one served as held and no longer waited for,
+-- so its order is the tickets sorted by priority (higher first), then
+-- the user's holdings counting those served before (fewer first), then
+-- the tickets left to it (fewer first), then arrival.
+local function ticketRank(q, user, prio, before)
+  return prio, (q.held[user] or 0) + before, (q.waiting[user] or 0) - before
+end
+
+-- servedFirst(pa, ha, wa, pb, hb, wb): whether a ticket ranked (pa, ha,
+-- wa) is served before one ranked (pb, hb, wb), leaving arrival aside.
+local function servedFirst(pa, ha, wa, pb, hb, wb)
+  if pa ~= pb then
+    return pa > pb
+  end
   if ha ~= hb then
-    return ha > hb
+    return ha < hb
   end
-  return q.waiting[a.user] >= q.waiting[b.user]
+  return wa < wb
 end
 
 -- displace(q, queue, expiry, recs, id, prio, user): for a full queue (q,
@@ -238,40 +263,56 @@ end
 -- tickets do not shut out a user with none (DESIGN §17), nor lower
 -- priorities a higher one.
 --
--- The last is of the lowest priority; within it, of the user who holds
--- the most members of the key, then waits for the most (a user's own
--- queue names no user: all alike); then the latest to arrive. The new
--- ticket goes before it when its priority is higher, or, at the same
--- priority, when its user holds fewer than that user, or as many and
--- waits for fewer than that user less the one taken out (so that two
--- users' tickets never displace each other in turn).
+-- The last is the one owed would serve last (see ticketRank). The new
+-- ticket goes before it when it would be served before it were that one to
+-- arrive again after it: strictly, so that two users' tickets never
+-- displace each other in turn.
 local function displace(q, queue, expiry, recs, id, prio, user)
   -- The last, found again only after a swap: a call whose new tickets
   -- displace none reads the queue's tickets once.
   local last = q.last
   if not last then
-    -- In arrival order: a later ticket of the same rank is later served.
+    local seen, lp, lh, lw = {}
     for k, t in ipairs(q.tickets) do
       if not t.gone then
-        if not last or servedLater(q, t, q.tickets[last]) then
-          last = k
+        local s = seen[t.user] or {}
+        local before = 0
+        for p, c in pairs(q.count[t.user]) do
+          if p > t.prio then
+            before = before + c
+          end
+        end
+        before = before + (s[t.prio] or 0)
+        s[t.prio] = (s[t.prio] or 0) + 1
+        seen[t.user] = s
+        local p, h, w = ticketRank(q, t.user, t.prio, before)
+        -- In arrival order: a later ticket of the same rank is later served.
+        if not last or not servedFirst(p, h, w, lp, lh, lw) then
+          last, lp, lh, lw = k, p, h, w
         end
       end
     end
     q.last = last
   end
-  if not last then
+  if not last or q.tickets[last].user == user and q.tickets[last].prio >= prio then
     return nil
   end
   local l = q.tickets[last]
-  local held, lheld = q.held[user] or 0, q.held[l.user] or 0
-  if prio > l.prio or (prio == l.prio and user ~= l.user and
-      (held < lheld or (held == lheld and (q.waiting[user] or 0) < q.waiting[l.user] - 1))) then
+  -- The new ticket counted among its user's, and the last as though it
+  -- arrived again, after the others of its user and priority.
+  local np, nh, nw = ticketRank(q, user, prio, aheadOf(q, user, prio))
+  nw = nw + 1
+  local lp, lh, lw = ticketRank(q, l.user, l.prio, aheadOf(q, l.user, l.prio) - 1)
+  if servedFirst(np, nh, nw, lp, lh, lw) then
     dropTicket(queue, expiry, recs, l.id)
     l.gone, q.last = true, nil
     q.waiting[l.user] = q.waiting[l.user] - 1
+    q.count[l.user][l.prio] = q.count[l.user][l.prio] - 1
     q.tickets[#q.tickets + 1] = {id = id, prio = prio, user = user}
     q.waiting[user] = (q.waiting[user] or 0) + 1
+    local c = q.count[user] or {}
+    c[prio] = (c[prio] or 0) + 1
+    q.count[user] = c
     return l.id
   end
   return nil

@@ -664,13 +664,16 @@ func TestAFullQueueKeepsTheTicketsServedFirst(t *testing.T) {
 	})
 }
 
-// TestAFullQueueWeighsHoldingBeforeWaiting (DESIGN §17): a full queue's
-// last ticket is of the user holding the most, whatever it waits for;
-// among users holding as many, a new ticket takes the last's place when
-// its user waits for fewer than the last's user less the one taken out.
-// Bounds: one fewer is refused, two fewer taken; a user holding one more
-// is refused even waiting for none.
-func TestAFullQueueWeighsHoldingBeforeWaiting(t *testing.T) {
+// TestAFullQueueDropsTheTicketOwedWouldServeLast (DESIGN §17): a full
+// queue's last ticket is the one the wait script would serve last, which
+// counts each user's tickets served before as held and no longer waited
+// for: x holding 1 and waiting for 3 is served once, then y holding 2
+// goes before x's second (as many held, fewer waiting). A new ticket
+// takes the last's place when it would be served before it were that one
+// to arrive again. Bounds: a user holding as many as the last's and
+// waiting for one fewer than it, less the one taken out, is refused; two
+// fewer is taken.
+func TestAFullQueueDropsTheTicketOwedWouldServeLast(t *testing.T) {
 	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
 		key := newKey(t)
 		hold := func(member string) {
@@ -698,17 +701,58 @@ func TestAFullQueueWeighsHoldingBeforeWaiting(t *testing.T) {
 		for _, m := range []string{"w1 x", "w2 x", "w3 x"} {
 			wait(m, m, lua.TicketQueued)
 		}
-		// x holds 1 and waits for 3; y holds 2 and waits for none.
-		wait("y's, holding one more than x", "w4 y", lua.TicketFull)
-		// u holds as many as x and waits for none: fewer than x's 3 less
-		// one.
-		wait("u's first, holding as many as x", "w5 u", lua.TicketQueued)
+		// Served: w1 x (x holds 1), then y's (x holds 2 then, as y does,
+		// and waits for 2), then w2 x, w3 x.
+		wait("y's, holding 2", "w4 y", lua.TicketQueued)
+		queued("w1 x", "w2 x", "w4 y")
+		// u holds 1 and waits for none: served after w1 x, before w2 x
+		// and w4 y, which ties w2 x and came later.
+		wait("u's first, holding 1", "w5 u", lua.TicketQueued)
 		queued("w1 x", "w2 x", "w5 u")
-		// x waits for 2 now, u for 1: one fewer than x less the one out.
+		// x holds 1 and waits for 2, u holds 1 and waits for 1: u's second
+		// would be served with u holding 2 and waiting for 1, as w2 x.
 		wait("u's second", "w6 u", lua.TicketFull)
-		// v waits for none: two fewer.
-		wait("v's, holding as many, waiting for none", "w7 v", lua.TicketQueued)
+		// v holds 1 and waits for none: before w2 x.
+		wait("v's, holding 1, waiting for none", "w7 v", lua.TicketQueued)
 		queued("w1 x", "w5 u", "w7 v")
+	})
+}
+
+// TestAFullQueueKeepsAUserHoldingMoreAheadOfAnothersLaterTickets: a
+// holds none and waits for 3, b holds 1 and waits for 1; the script
+// serves a1, then b1 (a holds 1 then, as b does, and waits for 2), then
+// a2 and a3. c's ticket, new to the full queue, takes a3's place, not
+// b1's.
+func TestAFullQueueKeepsAUserHoldingMoreAheadOfAnothersLaterTickets(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		key := newKey(t)
+		if got, err := lua.Acquire(context.Background(), c, key, "h1 b", 1, 10*time.Second, lua.Record{User: "b"}, false); err != nil || !got.Granted {
+			t.Fatalf("acquire h1 b: %+v, %v", got, err)
+		}
+		for _, m := range []string{"a1 a", "a2 a", "a3 a", "b1 b", "c1 c"} {
+			_, user, _ := strings.Cut(m, " ")
+			a := waitArgs(1, nil)
+			a.MaxQueue = 4
+			a.Tickets = []lua.TicketArgs{{StreamID: m, Record: lua.Record{User: user}}}
+			if got := mustWait(t, c, key, a).Tickets[0]; got.State != lua.TicketQueued {
+				t.Fatalf("%s: %+v, want queued", m, got)
+			}
+		}
+		wantQueued(t, c, key, "a1 a", "a2 a", "b1 b", "c1 c")
+		// The listing's order is the script's: c1 (c holds none and waits
+		// for 1), a1 (a holds none), then a2 (a holds 1 then, as b does,
+		// and waits for 1, as b does) before b1, which came later.
+		listing, err := lua.Slots(context.Background(), c, key, 10)
+		if err != nil {
+			t.Fatalf("Slots: %v", err)
+		}
+		var order []string
+		for _, w := range listing.Queue {
+			order = append(order, w.StreamID)
+		}
+		if want := []string{"c1 c", "a1 a", "a2 a", "b1 b"}; !slices.Equal(order, want) {
+			t.Errorf("the waiters listed in the order %q, want %q", order, want)
+		}
 	})
 }
 
