@@ -151,8 +151,9 @@ func scrapeLines(t *testing.T, tel *Telemetry, prefix string) []string {
 }
 
 // limiter_slots_used_max reports, for every plan of the table, the most
-// live slots one user held, from acquires (granted or refused) and alive
-// heartbeats of known plans; never a plan a request chose.
+// live slots one user held, from acquires (granted or refused) and
+// heartbeats of known plans whose user's slot Redis answered (alive, or
+// degraded by a pool's shard alone); never a plan a request chose.
 func TestSlotsUsedMaxGauge(t *testing.T) {
 	tel, o, table := newTestObserver(t, tiers.Tier{Plan: "free", MaxConcurrentStreams: 1}.WithDefaults(), tiers.Tier{Plan: "paid", MaxConcurrentStreams: 3}.WithDefaults())
 	ctx := context.Background()
@@ -164,8 +165,10 @@ func TestSlotsUsedMaxGauge(t *testing.T) {
 	o.Acquired(ctx, paid, limiter.AcquireResult{Granted: true, Degraded: true, SlotDegraded: true, Used: 0}, nil) // not counted by Redis
 	o.Heartbeated(ctx, limiter.HeartbeatResult{Alive: true, Used: 7, Plan: "gold"}, nil)                          // not in the table
 	o.Heartbeated(ctx, limiter.HeartbeatResult{Alive: true, Used: 2, Plan: "free"}, nil)                          // above its limit: a lowered plan
+	o.Heartbeated(ctx, limiter.HeartbeatResult{Alive: true, Degraded: true, Used: 4, Plan: "free"}, nil)          // a pool's shard failed open, the user's answered
+	o.Heartbeated(ctx, limiter.HeartbeatResult{Alive: true, Degraded: true, Plan: "paid"}, nil)                   // the user's shard did not answer
 	got := scrapeLines(t, tel, "limiter_slots_used_max")
-	want := []string{`limiter_slots_used_max{plan="free"} 2`, `limiter_slots_used_max{plan="paid"} 3`}
+	want := []string{`limiter_slots_used_max{plan="free"} 4`, `limiter_slots_used_max{plan="paid"} 3`}
 	if !slices.Equal(got, want) {
 		t.Errorf("/metrics: got %q, want %q", got, want)
 	}

@@ -344,7 +344,10 @@ func (o *Observer) Heartbeated(_ context.Context, res limiter.HeartbeatResult, e
 		return
 	}
 	o.beats[outcome].Add(1)
-	if outcome == beatAlive && res.Plan != "" {
+	// A heartbeat degraded by a pool's shard alone still carries the
+	// user's count from Redis (Used > 0); one whose user's shard did not
+	// answer carries none.
+	if (outcome == beatAlive || outcome == beatDegraded && res.Used > 0) && res.Plan != "" {
 		o.usedMax.record(res.Plan, res.Used)
 	}
 }
