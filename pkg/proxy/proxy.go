@@ -270,10 +270,10 @@ func preflight(r *http.Request) bool {
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case !p.limited(r):
-		p.forward(w, r)
+		p.forward(w, r, noEnd)
 		return
 	case preflight(r):
-		p.forward(w, r.WithContext(context.WithValue(r.Context(), preflightKey{}, true)))
+		p.forward(w, r.WithContext(context.WithValue(r.Context(), preflightKey{}, true)), noEnd)
 		return
 	}
 	ctx := r.Context()
@@ -375,8 +375,7 @@ func (p *Proxy) stream(w http.ResponseWriter, r *http.Request, st *hold.Stream, 
 	if p.opts.StallTimeout > 0 {
 		w = &stallWriter{ResponseWriter: w, rc: http.NewResponseController(w), timeout: p.opts.StallTimeout, x: state}
 	}
-	p.forward(w, r.WithContext(ctx))
-	end = p.endOf(r, st, state)
+	end = p.forward(w, r.WithContext(ctx), func(r *http.Request) hold.End { return p.endOf(r, st, state) })
 }
 
 // forward proxies r. The upstream may answer, and the answer be flushed,
@@ -391,17 +390,26 @@ func (p *Proxy) stream(w http.ResponseWriter, r *http.Request, st *hold.Stream, 
 // then reads to its end beside the next request's read, and panics. The
 // transport is given a body whose Close does nothing and whose reads end
 // with the handler; the handler closes the request's own.
-func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {
+//
+// It returns how the exchange ended (endOf's answer), decided before the
+// body is closed: cutting a read of it still under way (the upstream
+// answered before the client sent all of it) ends the connection's
+// reads, which cancels the request's context as if the client had gone.
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, endOf func(*http.Request) hold.End) hold.End {
 	_ = http.NewResponseController(w).EnableFullDuplex()
 	if r.Body == nil || r.Body == http.NoBody {
 		p.rp.ServeHTTP(w, r)
-		return
+		return endOf(r)
 	}
 	body := &handlerBody{rc: r.Body, w: w}
 	defer body.end()
 	r.Body = body
 	p.rp.ServeHTTP(w, r)
+	return endOf(r)
 }
+
+// noEnd is forward's endOf for a request that holds no slot.
+func noEnd(*http.Request) hold.End { return "" }
 
 // endOf says how a stream's request ended.
 func (p *Proxy) endOf(r *http.Request, st *hold.Stream, state *exchange) hold.End {
