@@ -43,7 +43,12 @@ func (p *Proxy) bufferBody(w http.ResponseWriter, r *http.Request, id *identity.
 	}
 	if err := p.ident.BodyPools(id, body); err != nil {
 		refusal := identity.Refusal(err)
-		if ct := r.Header.Get("Content-Type"); errors.Is(err, identity.ErrInvalidBody) && ct != "" && !isJSON(ct) {
+		ct, ce := r.Header.Get("Content-Type"), r.Header.Get("Content-Encoding")
+		switch {
+		case !errors.Is(err, identity.ErrInvalidBody):
+		case ce != "" && !strings.EqualFold(ce, "identity"):
+			refusal.Error.Message += " (it was sent with Content-Encoding: " + ce + "; a pool's body source reads uncompressed JSON request bodies)"
+		case ct != "" && !isJSON(ct):
 			refusal.Error.Message += " (it was sent as " + ct + "; a pool's body source reads JSON request bodies)"
 		}
 		return &refusal, false

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -158,6 +159,45 @@ func TestBadBodiesTakeNoSlot(t *testing.T) {
 	e.checkRefused(t, up, user, 0, "invalid", len(cases))
 	if key, err := e.Stack.Limiter.PoolSlots(ctx, "model", "big"); err != nil || key.Used != 0 {
 		t.Errorf("model=big holds %d (%v) after bad bodies; want 0", key.Used, err)
+	}
+}
+
+// A compressed JSON body is refused with a message that names its
+// encoding, not one that calls JSON not JSON; an identity encoding is
+// read as it is.
+func TestACompressedBodyIsRefusedNamingItsEncoding(t *testing.T) {
+	e := bodyEnv(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = io.WriteString(w, "{}")
+	}), 0)
+	ctx := context.Background()
+	var gz bytes.Buffer
+	w := gzip.NewWriter(&gz)
+	_, _ = io.WriteString(w, `{"model":"big"}`)
+	_ = w.Close()
+	for _, tc := range []struct {
+		encoding, body string
+		status         int
+		says           string
+	}{
+		{"gzip", gz.String(), http.StatusBadRequest, "it was sent with Content-Encoding: gzip; a pool's body source reads uncompressed JSON"},
+		{"identity", `{"model":"small"}`, http.StatusOK, ""},
+	} {
+		req := e.request(t, ctx, http.MethodPost, "/v1/chat/completions", newUser(), "three", strings.NewReader(tc.body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Encoding", tc.encoding)
+		resp := e.do(t, req)
+		if resp.StatusCode != tc.status {
+			t.Errorf("Content-Encoding %s: %d, want %d", tc.encoding, resp.StatusCode, tc.status)
+		}
+		if tc.says == "" {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+			continue
+		}
+		if body := decodeError(t, resp); body.Error.Code != "invalid_body" || !strings.Contains(body.Error.Message, tc.says) {
+			t.Errorf("Content-Encoding %s: %s %q, want invalid_body saying %q", tc.encoding, body.Error.Code, body.Error.Message, tc.says)
+		}
 	}
 }
 
