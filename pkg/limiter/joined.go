@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/joishi/limiter/pkg/lua"
@@ -45,6 +46,9 @@ import (
 // grants and beats came after it, and streams that are never released
 // (their holders crashed; their slots expire) are forgotten by then.
 type joinedGrants struct {
+	// any is set once a stream is remembered: until then, forgetting
+	// (every grant and heartbeat without pools) takes no lock.
+	any       atomic.Bool
 	mu        sync.Mutex
 	cur, prev map[joinedKey]joinedPools
 	since     time.Time // cur's start
@@ -81,11 +85,11 @@ func (j *joinedGrants) remember(user, stream, caller string, pools []lua.PoolKey
 // or not alive are left as they are (pooled[i] is then what was
 // remembered, or nothing was read).
 func (j *joinedGrants) rememberBeats(reqs []HeartbeatRequest, results []HeartbeatResult, pooled [][]lua.PoolKey, now time.Time) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if pooled == nil && len(j.cur)+len(j.prev) == 0 {
+	if pooled == nil && !j.any.Load() {
 		return
 	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
 	for i := range reqs {
 		if !results[i].Alive || results[i].Degraded {
 			continue
@@ -103,6 +107,9 @@ func (j *joinedGrants) rememberBeats(reqs []HeartbeatRequest, results []Heartbea
 // forget drops what is remembered of user's stream: it was released, or
 // taken anew without pools.
 func (j *joinedGrants) forget(user, stream string) {
+	if !j.any.Load() {
+		return
+	}
 	k := joinedKey{user, stream}
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -117,6 +124,7 @@ func (j *joinedGrants) put(k joinedKey, pools joinedPools, now time.Time) {
 	}
 	delete(j.prev, k)
 	j.cur[k] = pools
+	j.any.Store(true)
 }
 
 // take returns the pool keys remembered for user's stream on nobody's
