@@ -275,14 +275,10 @@ local function displace(q, queue, expiry, recs, id, prio, user)
     local seen, lp, lh, lw = {}
     for k, t in ipairs(q.tickets) do
       if not t.gone then
+        -- Its user's of a higher priority, and those of its own that
+        -- came before it.
         local s = seen[t.user] or {}
-        local before = 0
-        for p, c in pairs(q.count[t.user]) do
-          if p > t.prio then
-            before = before + c
-          end
-        end
-        before = before + (s[t.prio] or 0)
+        local before = aheadOf(q, t.user, t.prio) - q.count[t.user][t.prio] + (s[t.prio] or 0)
         s[t.prio] = (s[t.prio] or 0) + 1
         seen[t.user] = s
         local p, h, w = ticketRank(q, t.user, t.prio, before)
