@@ -22,7 +22,7 @@
 #                   against joining none (at full load, paced at half of
 #                   two pools' pairs/s beside the same pairs made by the
 #                   scripts alone on the limiter's client, and at a light
-#                   2,000 pairs/s),
+#                   2,000 pairs/s, beside the scripts alone again),
 #                   and a heartbeat round's Redis
 #                   CPU the same ways, in turns (BenchmarkPoolsAcquireRelease,
 #                   BenchmarkPoolsHeartbeat), with the Redis servers' and

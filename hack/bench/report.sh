@@ -148,6 +148,8 @@ report() {
 	ratio_line "  the same, the scripts alone on the limiter's client" GO 'O/BenchmarkPoolsAcquireRelease/%d/two-sent-paced-acquire-p50-us' GO 'O/BenchmarkPoolsAcquireRelease/%d/none-sent-paced-acquire-p50-us' both
 	ratio_line "  two pools' paced acquire p50, limiter / the scripts alone" GO 'O/BenchmarkPoolsAcquireRelease/%d/two-paced-acquire-p50-us' GO 'O/BenchmarkPoolsAcquireRelease/%d/two-sent-paced-acquire-p50-us' both
 	ratio_line "  acquire p50, both at a light 2,000 pairs/s" GO 'O/BenchmarkPoolsAcquireRelease/%d/two-light-acquire-p50-us' GO 'O/BenchmarkPoolsAcquireRelease/%d/none-light-acquire-p50-us' both
+	ratio_line "  the same, the scripts alone on the limiter's client" GO 'O/BenchmarkPoolsAcquireRelease/%d/two-sent-light-acquire-p50-us' GO 'O/BenchmarkPoolsAcquireRelease/%d/none-sent-light-acquire-p50-us' both
+	ratio_line "  two pools' light acquire p50, limiter / the scripts alone" GO 'O/BenchmarkPoolsAcquireRelease/%d/two-light-acquire-p50-us' GO 'O/BenchmarkPoolsAcquireRelease/%d/two-sent-light-acquire-p50-us' both
 	ratio_line "  the most the servers allow: their CPU per pair, none / two" GO 'O/BenchmarkPoolsAcquireRelease/%d/none-servers-cpu-us/pair' GO 'O/BenchmarkPoolsAcquireRelease/%d/two-servers-cpu-us/pair' both
 	ratio_line "  the machine's CPU per pair, none / two" GO 'O/BenchmarkPoolsAcquireRelease/%d/none-machine-cpu-us/pair' GO 'O/BenchmarkPoolsAcquireRelease/%d/two-machine-cpu-us/pair' both
 	ratio_line "  heartbeat round, Redis CPU per stream" GO 'O/BenchmarkPoolsHeartbeat/%d/two-redis-cpu-us/stream' GO 'O/BenchmarkPoolsHeartbeat/%d/none-redis-cpu-us/stream' both
@@ -289,6 +291,8 @@ report() {
 	figure_line "  the scripts alone, joining two, paced" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/two-sent-paced-acquire-p50-us' both
 	figure_line "  acquire p50 us joining none, 2,000 pairs/s" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/none-light-acquire-p50-us' both
 	figure_line "  joining two, 2,000 pairs/s" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/two-light-acquire-p50-us' both
+	figure_line "  the scripts alone, joining none, 2,000 pairs/s" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/none-sent-light-acquire-p50-us' both
+	figure_line "  the scripts alone, joining two, 2,000 pairs/s" %.0f GO 'O/BenchmarkPoolsAcquireRelease/%d/two-sent-light-acquire-p50-us' both
 	figure_line "  heartbeat Redis CPU us per stream, no pool" %.2f GO 'O/BenchmarkPoolsHeartbeat/%d/none-redis-cpu-us/stream' both
 	figure_line "  two pools" %.2f GO 'O/BenchmarkPoolsHeartbeat/%d/two-redis-cpu-us/stream' both
 	figure_line "  one hot pool key" %.2f GO 'O/BenchmarkPoolsHeartbeat/%d/hot-redis-cpu-us/stream' both

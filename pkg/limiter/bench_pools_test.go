@@ -74,7 +74,9 @@ var (
 // scripts alone on the limiter's client, none of its code on the way
 // (none-sent-paced-, two-sent-paced-; see scriptsAlone), and at last at a
 // light load, benchenv.LightRate, over benchLightPairs pairs at most
-// (light-acquire-p50-us).
+// (light-acquire-p50-us), again beside the scripts alone (none-sent-light-,
+// two-sent-light-): on a cluster too, the least latency the pools' calls
+// allow where no queue forms.
 func BenchmarkPoolsAcquireRelease(b *testing.B) {
 	eachBenchBackendWith(b, limiter.Options{Pools: benchPools(b)}, func(b *testing.B, e *env) {
 		servers := scaleServers(b, e.raw(b))
@@ -104,7 +106,8 @@ func BenchmarkPoolsAcquireRelease(b *testing.B) {
 		b.ReportMetric(rate, "paced-pairs/s")
 		// And at a light load, where no queue forms: the latency of the
 		// calls themselves.
-		light := []*pairWay{{name: "none-light", join: joinNone, rate: benchenv.LightRate, servers: servers}, {name: "two-light", join: joinTwo, rate: benchenv.LightRate, servers: servers}}
+		light := []*pairWay{{name: "none-light", join: joinNone, rate: benchenv.LightRate, servers: servers}, {name: "two-light", join: joinTwo, rate: benchenv.LightRate, servers: servers},
+			{name: "none-sent-light", join: joinNone, rate: benchenv.LightRate, sent: sent}, {name: "two-sent-light", join: joinTwo, rate: benchenv.LightRate, sent: sent}}
 		n := min(b.N, benchLightPairs)
 		for done := 0; done < n; done += benchTurn {
 			for _, w := range light {
