@@ -45,7 +45,17 @@ var (
 // user id is the key's hash tag, and a '}' inside it would end the tag early
 // ("a}b" would hash like "a", sharing a cluster slot and a bucket boundary
 // with another user's id).
-func ValidateUserID(id string) error {
+func ValidateUserID(id string) error { return validateUserID(id, false) }
+
+// ValidateHeldUserID accepts the user ids whose slots may be held already:
+// those ValidateUserID accepts, and those holding format characters, which
+// the releases before this one granted slots to. A stream taken under
+// such an id during a rolling update (by a replica of the release before)
+// is heartbeaten, released and listed by every replica until it ends; no
+// acquire or override takes a new one.
+func ValidateHeldUserID(id string) error { return validateUserID(id, true) }
+
+func validateUserID(id string, format bool) error {
 	switch {
 	case id == "":
 		return fmt.Errorf("%w: must not be empty", ErrInvalidUserID)
@@ -58,25 +68,26 @@ func ValidateUserID(id string) error {
 		c := id[i]
 		if c >= utf8.RuneSelf {
 			for _, r := range id[i:] {
-				if err := checkUserIDRune(r); err != nil {
+				if err := checkUserIDRune(r, format); err != nil {
 					return err
 				}
 			}
 			return nil
 		}
 		if !userIDASCII[c] {
-			return checkUserIDRune(rune(c))
+			return checkUserIDRune(rune(c), format)
 		}
 	}
 	return nil
 }
 
-// checkUserIDRune refuses a rune no user id may hold.
-func checkUserIDRune(r rune) error {
+// checkUserIDRune refuses a rune no user id may hold; format, a format
+// character too, unless format is set (see ValidateHeldUserID).
+func checkUserIDRune(r rune, format bool) error {
 	switch {
 	case r == '{' || r == '}':
 		return fmt.Errorf("%w: must not contain '{' or '}'", ErrInvalidUserID)
-	case unicode.IsSpace(r) || unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == utf8.RuneError:
+	case unicode.IsSpace(r) || unicode.IsControl(r) || (!format && unicode.Is(unicode.Cf, r)) || r == utf8.RuneError:
 		return fmt.Errorf("%w: must not contain whitespace, control or format characters (found %U)", ErrInvalidUserID, r)
 	}
 	return nil
@@ -86,7 +97,7 @@ func checkUserIDRune(r rune) error {
 // ids in ASCII, as most are, are checked a byte at a time.
 var userIDASCII = func() (ok [utf8.RuneSelf]bool) {
 	for c := range ok {
-		ok[c] = checkUserIDRune(rune(c)) == nil
+		ok[c] = checkUserIDRune(rune(c), false) == nil // ASCII holds no format character
 	}
 	return ok
 }()
@@ -161,11 +172,25 @@ func (k Schema) UserKey(userID string) (string, error) {
 	if err := ValidateUserID(userID); err != nil {
 		return "", err
 	}
+	return k.userKey(userID), nil
+}
+
+// HeldUserKey is UserKey for the operations on slots that may be held
+// already (heartbeat, release, the admin's listing and removals): it
+// takes the ids ValidateHeldUserID accepts.
+func (k Schema) HeldUserKey(userID string) (string, error) {
+	if err := ValidateHeldUserID(userID); err != nil {
+		return "", err
+	}
+	return k.userKey(userID), nil
+}
+
+func (k Schema) userKey(userID string) string {
 	prefix := k.Prefix
 	if prefix == "" {
 		prefix = DefaultKeyPrefix
 	}
-	return prefix + "{" + userID + "}", nil
+	return prefix + "{" + userID + "}"
 }
 
 // slotRecordsSuffix follows a user key to name its slot records.

@@ -30,11 +30,11 @@ func TestValidateUserID(t *testing.T) {
 		{"invalid UTF-8", "a\xffb", false},
 		{"a non-breaking space", "a\u00a0b", false},
 		{"a DEL control character", "a\x7fb", false},
-		{"a zero-width space reads as another id", "us\u200ber-42", false},
-		{"a bidirectional override", "a\u202eb", false},
-		{"a byte order mark", "\ufeffuser-42", false},
-		{"a soft hyphen", "a\u00adb", false},
-		{"a tag character", "a\U000E0041b", false},
+		{"format: a zero-width space reads as another id", "us\u200ber-42", false},
+		{"format: a bidirectional override", "a\u202eb", false},
+		{"format: a byte order mark", "\ufeffuser-42", false},
+		{"format: a soft hyphen", "a\u00adb", false},
+		{"format: a tag character", "a\U000E0041b", false},
 		{"letters and an emoji", "ユーザー-😀", true},
 	}
 	for _, tc := range cases {
@@ -46,7 +46,36 @@ func TestValidateUserID(t *testing.T) {
 			if !tc.ok && !errors.Is(err, ErrInvalidUserID) {
 				t.Fatalf("ValidateUserID(%q) = %v, want ErrInvalidUserID", tc.id, err)
 			}
+			// The ids of slots held already: the same, format
+			// characters but for, which earlier releases granted.
+			held := tc.ok || strings.Contains(tc.name, "format:")
+			if err := ValidateHeldUserID(tc.id); held != (err == nil) || (err != nil && !errors.Is(err, ErrInvalidUserID)) {
+				t.Fatalf("ValidateHeldUserID(%q) = %v, want accepted %v", tc.id, err, held)
+			}
 		})
+	}
+}
+
+// HeldUserKey reaches the key an earlier release gave a user id holding a
+// format character, the key UserKey would give it were it accepted; the
+// ids no release accepted it refuses as UserKey does.
+func TestSchemaHeldUserKey(t *testing.T) {
+	s := Schema{Prefix: "p:"}
+	got, err := s.HeldUserKey("us\u200ber-42")
+	if want := "p:{us\u200ber-42}"; err != nil || got != want {
+		t.Fatalf("HeldUserKey = %q, %v; want %q", got, err, want)
+	}
+	if _, err := s.UserKey("us\u200ber-42"); !errors.Is(err, ErrInvalidUserID) {
+		t.Fatalf("UserKey of a format character = %v, want ErrInvalidUserID", err)
+	}
+	plain, _ := s.UserKey("user-42")
+	if got, err := s.HeldUserKey("user-42"); err != nil || got != plain {
+		t.Fatalf("HeldUserKey(user-42) = %q, %v; want UserKey's %q", got, err, plain)
+	}
+	for _, id := range []string{"", "a}b", "a b", "a\x00b", strings.Repeat("a", 257)} {
+		if _, err := s.HeldUserKey(id); !errors.Is(err, ErrInvalidUserID) {
+			t.Errorf("HeldUserKey(%q) = %v, want ErrInvalidUserID", id, err)
+		}
 	}
 }
 
@@ -152,7 +181,7 @@ func TestValidateLabel(t *testing.T) {
 		{"a space", "a b", "whitespace"},
 		{"a newline", "a\nb", "whitespace"},
 		{"a terminal escape", "a\x1b[2Jb", "control"},
-		{"a bidirectional override", "a\u202eb", "format"},
+		{"format: a bidirectional override", "a\u202eb", "format"},
 		{"invalid UTF-8", "a\xffb", "UTF-8"},
 	}
 	for _, tc := range cases {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/lua"
 	"github.com/joishi/limiter/pkg/tiers"
 )
 
@@ -254,6 +255,58 @@ func TestReleaseIsIdempotentAndReleaseAllEmptiesTheSet(t *testing.T) {
 		}
 		if again, err := e.lim.ReleaseAll(ctx, user, newAuditID()); err != nil || len(again) != 0 {
 			t.Errorf("second ReleaseAll = %v, %v; want none and no error", again, err)
+		}
+	})
+}
+
+// A slot an earlier release granted to a user id it accepted and this one
+// refuses at acquire (a format character) runs to its end on a replica of
+// this one, as during a rolling update: its heartbeats keep it, support
+// lists it and lifts the user's override, and its release frees it. Only
+// a new slot or override is refused.
+func TestASlotTakenUnderAnEarlierReleasesUserIDRunsToItsEnd(t *testing.T) {
+	eachBackend(t, true, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		user := newUser(t) + "\u200b"
+		key, err := e.keys.HeldUserKey(user)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.acquire(t, newUser(t), "one", "warm") // loads the scripts
+		c := e.raw(t)
+		for _, id := range []string{"s1", "s2"} { // as an earlier release took them
+			if got, err := lua.Acquire(ctx, c, key, id, 3, 10*time.Second, lua.Record{Plan: "three"}, false); err != nil || !got.Granted {
+				t.Fatalf("%s: %+v, %v", id, got, err)
+			}
+		}
+		if _, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "three"}); !errors.Is(err, limiter.ErrInvalidUserID) {
+			t.Fatalf("a new acquire: %v, want ErrInvalidUserID", err)
+		}
+		if _, err := e.lim.SetOverride(ctx, user, limiter.OverrideRequest{MaxConcurrentStreams: 5, For: time.Hour, Reason: "r", Actor: "a"}); !errors.Is(err, limiter.ErrInvalidUserID) {
+			t.Fatalf("a new override: %v, want ErrInvalidUserID", err)
+		}
+		beat, err := e.lim.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: user, Plan: "three", StreamID: "s1"})
+		if err != nil || !beat.Alive {
+			t.Fatalf("Heartbeat = %+v, %v; want alive", beat, err)
+		}
+		batch, errs := e.lim.HeartbeatBatch(ctx, []limiter.HeartbeatRequest{{UserID: user, Plan: "three", StreamID: "s2"}})
+		if errs[0] != nil || !batch[0].Alive {
+			t.Fatalf("HeartbeatBatch = %+v, %v; want alive", batch[0], errs[0])
+		}
+		if slots, err := e.lim.Slots(ctx, user); err != nil || slots.Used != 2 {
+			t.Fatalf("Slots = %+v, %v; want 2 used", slots, err)
+		}
+		if _, err := e.lim.RemoveOverride(ctx, user); err != nil {
+			t.Fatalf("RemoveOverride: %v", err)
+		}
+		if rel, err := e.lim.Release(ctx, user, "s1"); err != nil || !rel.Released {
+			t.Fatalf("Release = %+v, %v; want released", rel, err)
+		}
+		if ids, err := e.lim.ReleaseAll(ctx, user, newAuditID()); err != nil || strings.Join(ids, ",") != "s2" {
+			t.Fatalf("ReleaseAll = %v, %v; want [s2]", ids, err)
+		}
+		if slots, err := e.lim.Slots(ctx, user); err != nil || slots.Used != 0 {
+			t.Fatalf("Slots after the releases = %+v, %v; want none used", slots, err)
 		}
 	})
 }

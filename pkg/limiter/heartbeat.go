@@ -177,7 +177,7 @@ func (l *Limiter) HeartbeatBatch(ctx context.Context, reqs []HeartbeatRequest) (
 }
 
 func (l *Limiter) heartbeatTarget(req HeartbeatRequest) (string, tiers.Tier, error) {
-	key, err := l.keys.UserKey(req.UserID)
+	key, err := l.keys.HeldUserKey(req.UserID)
 	if err != nil {
 		return "", tiers.Tier{}, err
 	}

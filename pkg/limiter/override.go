@@ -89,9 +89,11 @@ type overrideScope struct {
 	most int
 }
 
-// userScope is userID's override scope. Errors: ErrInvalidUserID.
-func (l *Limiter) userScope(userID string) (overrideScope, error) {
-	key, err := l.keys.UserKey(userID)
+// userScope is userID's override scope, its key made by userKey (the
+// keys.Schema's UserKey to set one, HeldUserKey to remove one). Errors:
+// ErrInvalidUserID.
+func (l *Limiter) userScope(userID string, userKey func(string) (string, error)) (overrideScope, error) {
+	key, err := userKey(userID)
 	return overrideScope{slots: key, index: userID, most: tiers.MaxConcurrentStreams}, err
 }
 
@@ -108,7 +110,7 @@ func (l *Limiter) userScope(userID string) (overrideScope, error) {
 // stands, uncounted until it expires, and the failure is logged.
 func (l *Limiter) SetOverride(ctx context.Context, userID string, req OverrideRequest) (Override, error) {
 	ctx, span := l.startSpan(ctx, "limiter.set_override")
-	out, err := l.setOverride(ctx, func() (overrideScope, error) { return l.userScope(userID) }, req)
+	out, err := l.setOverride(ctx, func() (overrideScope, error) { return l.userScope(userID, l.keys.UserKey) }, req)
 	endSpan(span, err)
 	return out, err
 }
@@ -181,7 +183,7 @@ func (l *Limiter) setAfterAll(ctx context.Context, scope overrideScope, call str
 // have removed the override), ErrRedisRefused.
 func (l *Limiter) RemoveOverride(ctx context.Context, userID string) (bool, error) {
 	ctx, span := l.startSpan(ctx, "limiter.remove_override")
-	removed, err := l.removeOverride(ctx, func() (overrideScope, error) { return l.userScope(userID) })
+	removed, err := l.removeOverride(ctx, func() (overrideScope, error) { return l.userScope(userID, l.keys.HeldUserKey) })
 	endSpan(span, err)
 	return removed, err
 }

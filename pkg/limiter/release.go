@@ -83,7 +83,7 @@ func (l *Limiter) releaseBy(ctx context.Context, end time.Time, caller, userID, 
 	if end.IsZero() {
 		end = l.decisionEnd()
 	}
-	key, err := l.keys.UserKey(userID)
+	key, err := l.keys.HeldUserKey(userID)
 	if err != nil {
 		return ReleaseResult{}, err
 	}
@@ -186,7 +186,7 @@ func (l *Limiter) ReleaseAll(ctx context.Context, userID, callID string) ([]stri
 }
 
 func (l *Limiter) releaseAll(ctx context.Context, userID, callID string) ([]string, error) {
-	key, err := l.keys.UserKey(userID)
+	key, err := l.keys.HeldUserKey(userID)
 	if err != nil {
 		return nil, err
 	}

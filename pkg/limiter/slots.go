@@ -72,7 +72,7 @@ func (l *Limiter) Slots(ctx context.Context, userID string) (UserSlots, error) {
 }
 
 func (l *Limiter) slots(ctx context.Context, userID string) (UserSlots, error) {
-	key, err := l.keys.UserKey(userID)
+	key, err := l.keys.HeldUserKey(userID)
 	if err != nil {
 		return UserSlots{}, err
 	}

@@ -49,6 +49,18 @@ refuses the format characters beyond it (tag characters).
 """
 
 
+HeldUserID = str
+"""The user whose slots the call reaches: what `UserID` accepts, and
+ids holding format characters too (U+200B, a bidirectional
+override), to which earlier releases granted slots. A stream taken
+under such an id by a replica of an earlier release, during a
+rolling update, is heartbeaten, released and listed on every
+replica until it ends; no acquire or override takes a new one
+(`400 invalid_user_id`). 1-256 **bytes** of valid UTF-8, no
+whitespace, no control characters, no `{` or `}`.
+"""
+
+
 StreamID = str
 """Identifies one slot of a user: 1-128 characters of `[A-Za-z0-9._:-]`.
 Otherwise `400 invalid_stream_id`.
@@ -174,7 +186,7 @@ class PoolGrant:
 class HeartbeatRequest:
     """Schema HeartbeatRequest of the contract."""
 
-    user_id: UserID
+    user_id: HeldUserID
     plan: Plan
     stream_id: StreamID
 
@@ -232,7 +244,7 @@ class HeartbeatResult:
 class ReleaseRequest:
     """Schema ReleaseRequest of the contract."""
 
-    user_id: UserID
+    user_id: HeldUserID
     stream_id: StreamID
 
 
@@ -443,7 +455,7 @@ class AdminSlotsResponse:
     SLOTS_MAX_ITEMS: ClassVar[int] = 1000
     """The most items slots may hold."""
 
-    user_id: UserID
+    user_id: HeldUserID
     used: int
     """The user's live slots, all of them."""
 
@@ -553,7 +565,7 @@ class AdminTicket:
     expires_at: datetime
     """When its place lapses unless the server it waits on refreshes it, which it does every few seconds while the request is open."""
 
-    user_id: Optional[UserID] = None
+    user_id: Optional[HeldUserID] = None
     """A pool key's waiters only - the user whose stream waits."""
 
     plan: Optional[Plan] = None
@@ -575,7 +587,7 @@ class AdminSlot:
     ttl_ms: int
     """Time left before the slot expires, as Redis saw it."""
 
-    user_id: Optional[UserID] = None
+    user_id: Optional[HeldUserID] = None
     """A pool key's holders only - the user whose stream holds the membership."""
 
     started_at: Optional[datetime] = None
@@ -653,7 +665,7 @@ class AdminPoolOverrideRequest:
 class AdminOverrideResponse:
     """Schema AdminOverrideResponse of the contract."""
 
-    user_id: UserID
+    user_id: HeldUserID
     override: AdminOverride
     audit_id: AuditID
 

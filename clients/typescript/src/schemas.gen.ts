@@ -46,6 +46,18 @@ export const Paths = {
 export type UserID = string;
 
 /**
+ * The user whose slots the call reaches: what `UserID` accepts, and
+ * ids holding format characters too (U+200B, a bidirectional
+ * override), to which earlier releases granted slots. A stream taken
+ * under such an id by a replica of an earlier release, during a
+ * rolling update, is heartbeaten, released and listed on every
+ * replica until it ends; no acquire or override takes a new one
+ * (`400 invalid_user_id`). 1-256 **bytes** of valid UTF-8, no
+ * whitespace, no control characters, no `{` or `}`.
+ */
+export type HeldUserID = string;
+
+/**
  * Identifies one slot of a user: 1-128 characters of `[A-Za-z0-9._:-]`.
  * Otherwise `400 invalid_stream_id`.
  */
@@ -169,7 +181,7 @@ export interface PoolGrant {
 
 /** Schema HeartbeatRequest of the contract. */
 export interface HeartbeatRequest {
-  user_id: UserID;
+  user_id: HeldUserID;
   plan: Plan;
   stream_id: StreamID;
 }
@@ -219,7 +231,7 @@ export interface HeartbeatResult {
 
 /** Schema ReleaseRequest of the contract. */
 export interface ReleaseRequest {
-  user_id: UserID;
+  user_id: HeldUserID;
   stream_id: StreamID;
 }
 
@@ -415,7 +427,7 @@ export interface PoolLimitReachedResponseError {
 
 /** Schema AdminSlotsResponse of the contract. */
 export interface AdminSlotsResponse {
-  user_id: UserID;
+  user_id: HeldUserID;
 
   /** The user's live slots, all of them. */
   used: number;
@@ -511,7 +523,7 @@ export interface AdminPoolOverrideResponse {
 /** One acquire waiting in a queue - a user's, or a pool key's (a waiter) - with what its acquire recorded. */
 export interface AdminTicket {
   /** A pool key's waiters only - the user whose stream waits. */
-  user_id?: UserID;
+  user_id?: HeldUserID;
 
   stream_id: StreamID;
 
@@ -543,7 +555,7 @@ export interface AdminTicket {
 /** Schema AdminSlot of the contract. */
 export interface AdminSlot {
   /** A pool key's holders only - the user whose stream holds the membership. */
-  user_id?: UserID;
+  user_id?: HeldUserID;
 
   stream_id: StreamID;
   expires_at: Date;
@@ -620,7 +632,7 @@ export interface AdminPoolOverrideRequest {
 
 /** Schema AdminOverrideResponse of the contract. */
 export interface AdminOverrideResponse {
-  user_id: UserID;
+  user_id: HeldUserID;
   override: AdminOverride;
   audit_id: AuditID;
 }
