@@ -49,6 +49,40 @@ func TestAPIContentType(t *testing.T) {
 	}
 }
 
+// A content-coded body (Content-Encoding: gzip, as some HTTP stacks send
+// large ones) is refused 415 naming its coding, not read as JSON and
+// refused as bad UTF-8; identity, and no coding, are accepted.
+func TestAPIRefusesAContentCodedBody(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t, limitertest.New(t, limitertest.Options{}).Limiter)
+	for _, tc := range []struct {
+		name     string
+		encoding []string
+		refused  string // the coding the refusal names; "" accepted
+	}{
+		{"gzip is 415", []string{"gzip"}, "gzip"},
+		{"br is 415", []string{"br"}, "br"},
+		{"a list ending in gzip is 415", []string{"identity, gzip"}, "gzip"},
+		{"a second header is 415", []string{"identity", "deflate"}, "deflate"},
+		{"identity is accepted", []string{"Identity"}, ""},
+		{"an empty one is accepted", []string{""}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := mustJSON(t, httpapi.AcquireRequest{UserID: newUser(t), Plan: "three"})
+			header := http.Header{"Content-Type": {"application/json"}, "Content-Encoding": tc.encoding}
+			r := a.callWith(t, http.MethodPost, httpapi.PathAcquire, body, tc.refused != "", header)
+			if tc.refused == "" {
+				decode[httpapi.AcquireResponse](t, r, http.StatusOK)
+				return
+			}
+			e := wantError(t, r, http.StatusUnsupportedMediaType, httpapi.CodeUnsupportedMediaType)
+			if !strings.Contains(e.Message, "Content-Encoding") || !strings.Contains(e.Message, `"`+tc.refused+`"`) {
+				t.Errorf("message %q: want it to name the Content-Encoding and its coding", e.Message)
+			}
+		})
+	}
+}
+
 // A web page can make a browser POST to the API cross-site without a
 // preflight only as a "simple request": text/plain (or a form). Such a
 // request is refused 415 before its body is read, changes nothing, and no

@@ -34,11 +34,21 @@ func (e *mediaTypeError) Error() string { return e.msg }
 
 // checkContentType refuses a body whose Content-Type is not
 // application/json (parameters allowed; a charset, if given, must be
-// utf-8). It is what keeps a web page off the API: a browser sends a
+// utf-8), or that is content-coded (Content-Encoding other than
+// identity: the API reads bodies as they come, and a gzipped one would
+// be refused as bad UTF-8, pointing at the JSON rather than the coding).
+// It is what keeps a web page off the API: a browser sends a
 // cross-site POST without asking first only as text/plain, a form or
 // multipart; application/json needs a CORS preflight, which the API never
 // grants (it sends no CORS header).
 func checkContentType(r *http.Request) error {
+	for _, coding := range r.Header.Values("Content-Encoding") {
+		for c := range strings.SplitSeq(coding, ",") {
+			if c = strings.TrimSpace(c); c != "" && !strings.EqualFold(c, "identity") {
+				return &mediaTypeError{msg: fmt.Sprintf("Content-Encoding %q is not accepted: the body must be sent as plain application/json, not content-coded", Clean(c, 100))}
+			}
+		}
+	}
 	header := r.Header.Get("Content-Type")
 	if header == "application/json" { // what clients send: no need to parse
 		return nil

@@ -278,7 +278,7 @@ export interface Tier {
 /**
  * Stable error codes (pkg/httpapi):
  * - `invalid_request` (400): malformed body, unknown field, wrong type, too large, not UTF-8.
- * - `unsupported_media_type` (415): a request body not sent as `application/json`.
+ * - `unsupported_media_type` (415): a request body not sent as `application/json`, or content-coded (`Content-Encoding`).
  * - `invalid_user_id` (400), `invalid_stream_id` (400), `invalid_label` (400).
  * - `unknown_plan` (422), `unknown_pool` (422), `invalid_pool_key` (400).
  * - `stream_limit_reached` (429, with `Retry-After`): the user's own limit.
