@@ -311,8 +311,9 @@ type AdminReleaseRequest struct {
 
 // AdminReleaseResponse is the 200 answer of POST /v1/admin/users/{user_id}/release.
 type AdminReleaseResponse struct {
-	// Released are the stream ids freed (expired ones included). Their
-	// holders' next heartbeat answers 410 slot_lost.
+	// Released are the stream ids of the live slots freed (those that had
+	// expired unreleased are removed too, not listed). Their holders' next
+	// heartbeat answers 410 slot_lost.
 	Released []string `json:"released"`
 	AuditID  string   `json:"audit_id"`
 }

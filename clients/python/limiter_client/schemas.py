@@ -701,7 +701,7 @@ class AdminReleaseResponse:
     """Schema AdminReleaseResponse of the contract."""
 
     released: List[StreamID]
-    """The stream ids freed, expired ones included."""
+    """The stream ids of the live slots freed; slots that had expired unreleased are removed too, not listed."""
 
     audit_id: AuditID
 

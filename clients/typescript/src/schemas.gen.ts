@@ -659,7 +659,7 @@ export interface AdminReleaseRequest {
 
 /** Schema AdminReleaseResponse of the contract. */
 export interface AdminReleaseResponse {
-  /** The stream ids freed, expired ones included. */
+  /** The stream ids of the live slots freed; slots that had expired unreleased are removed too, not listed. */
   released: StreamID[];
 
   audit_id: AuditID;
