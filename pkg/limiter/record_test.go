@@ -204,6 +204,32 @@ func TestASlotRecordsItsCaller(t *testing.T) {
 	})
 }
 
+// A slot is its caller's while it lives: another caller's release of it
+// is refused ErrNotSlotHolder. Once it expired unreleased it is nobody's
+// (DESIGN §19: its holder crashed or let it lapse): that release answers
+// not held, as a heartbeat or acquire would, and removes it, rather than
+// sending the caller to support for a slot no one holds.
+func TestAnExpiredSlotOfAnotherCallerIsNotHeld(t *testing.T) {
+	eachBackend(t, true, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		user := newUser(t)
+		if res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "short", StreamID: "s", Caller: "ops"}); err != nil || !res.Granted {
+			t.Fatalf("Acquire: got %+v, %v; want granted", res, err)
+		}
+		if res, err := e.lim.ReleaseAs(ctx, "chat", user, "s"); !errors.Is(err, limiter.ErrNotSlotHolder) || res.Released {
+			t.Fatalf("chat's release of ops's live slot: %+v, %v; want ErrNotSlotHolder", res, err)
+		}
+		time.Sleep(400 * time.Millisecond) // > the 300ms TTL
+		res, err := e.lim.ReleaseAs(ctx, "chat", user, "s")
+		if err != nil || res.Released {
+			t.Fatalf("chat's release of ops's expired slot: %+v, %v; want not held, no error", res, err)
+		}
+		if got := e.records(t, user); len(got) != 0 {
+			t.Errorf("records after: %v, want none (the expired slot removed with its record)", got)
+		}
+	})
+}
+
 // TestAcquireKeepsTheKeysOneToTwoTTLsPastTheLatestSlot: a grant moves both
 // keys' expiry only when it must (to two TTLs past the slot), never back,
 // and never lets them expire within one TTL of a slot; a denial leaves it.

@@ -29,7 +29,7 @@
 --            its own score. Optional: absent or '' gives nothing back.
 -- returns {released (1|0|-1|-2), pruned, head, record}
 --   released 0: the slot was not held (never, already released, or expired)
---   released -1: the slot is held by another caller (its record names
+--   released -1: the slot is held, live, by another caller (its record names
 --   one other than ARGV[2]): nothing changed
 --   released -2: another request of the stream holds a share of the slot
 --   still (ARGV[3]'s left), or the slot is not the one the share was of:
@@ -47,11 +47,15 @@ local queue, expiry, recs = KEYS[3], KEYS[4], KEYS[5]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local record = redis.call('HGET', meta, ARGV[1])
+-- A slot that expired unreleased is nobody's (its holder crashed or let
+-- it lapse): it is pruned below, whoever asks, and was not held.
+local score = tonumber(redis.call('ZSCORE', key, ARGV[1]))
+local live = score ~= nil and score > now
+local record = live and redis.call('HGET', meta, ARGV[1])
 if foreign(record, ARGV[2] or '') then
   return {-1, 0, '', ''}
 end
-if (ARGV[3] or '') ~= '' then
+if live and (ARGV[3] or '') ~= '' then
   local kept = true
   if record then
     kept = leave(record, tonumber(ARGV[3]), ARGV[4] or '')
