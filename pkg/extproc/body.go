@@ -83,7 +83,7 @@ func (x *exchange) decidePending(ctx context.Context, next func(...*corev3.Heade
 					fmt.Sprintf("the request body was cut at Envoy's buffer limit (request_body_mode BUFFERED_PARTIAL, %d bytes sent), "+
 						"and a pool's key is not read from part of a body: %v", len(p.body), err)))
 			}
-			return x.refuse(identity.Refusal(err))
+			return x.refuse(identity.BodyRefusal(err, headerMap{p.msg.GetRequestHeaders().GetHeaders()}))
 		}
 	}
 	return x.decide(ctx, p.msg, p.id, p.caller, next)

@@ -1,9 +1,12 @@
 package extproc_test
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -332,6 +335,58 @@ func TestBadBodiesAreRefusedAtTheBody(t *testing.T) {
 				if got := poolUsed(t, e, "model", key); got != 0 {
 					t.Errorf("model=%s holds %d streams, want 0", key, got)
 				}
+			}
+		})
+	}
+}
+
+// A body the sources cannot read because it is compressed, or not sent
+// as JSON, is refused invalid_body naming its Content-Encoding, else its
+// Content-Type, as the proxy refuses it; the identity encoding is read as
+// it is.
+func TestABodyRefusalNamesItsEncodingOrType(t *testing.T) {
+	e := newEnv(t, bodyEnvOptions(t, filterv3.ProcessingMode_BUFFERED, modelBody))
+	var gz bytes.Buffer
+	w := gzip.NewWriter(&gz)
+	_, _ = io.WriteString(w, `{"model":"small"}`)
+	_ = w.Close()
+	for _, tc := range []struct {
+		name, contentType, contentEncoding string
+		body                               []byte
+		says                               string // "": granted
+	}{
+		{"gzip", "application/json", "gzip", gz.Bytes(), "(it was sent with Content-Encoding: gzip; a pool's body source reads uncompressed JSON request bodies)"},
+		{"br", "application/json", "br", []byte{0x1b, 0x0e, 0x00, 0xf8, 0x25, 0x14}, "(it was sent with Content-Encoding: br;"},
+		{"a form", "application/x-www-form-urlencoded", "", []byte("model=small"),
+			"(it was sent as application/x-www-form-urlencoded; a pool's body source reads JSON request bodies)"},
+		{"the identity encoding", "application/json", "identity", []byte(`{"model":"small"}`), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			user := newUser()
+			st := e.open(t)
+			h := envoytest.Headers(":method", "POST", ":path", "/v1/chat/completions", ":authority", "llm.example", ":scheme", "https",
+				"x-user-id", user, "x-plan", "three", "content-type", tc.contentType)
+			if tc.contentEncoding != "" {
+				h.Headers = append(h.Headers, envoytest.Headers("content-encoding", tc.contentEncoding).Headers...)
+			}
+			mustContinue(t)(st.RequestHeaders(h, false))
+			resp, err := st.RequestBody(tc.body, true)
+			if tc.says == "" {
+				grantedBody(t, resp, err)
+				if got := poolUsed(t, e, "model", "small"); got != 1 {
+					t.Errorf("model=small holds %d streams, want 1", got)
+				}
+				st.Close()
+				e.AwaitUsed(t, user, 0, time.Second)
+				return
+			}
+			_, body := refusedWith(t, resp, err, 400, "invalid_body")
+			if !strings.Contains(body.Error.Message, tc.says) {
+				t.Errorf("invalid_body message %q, want it to say %q", body.Error.Message, tc.says)
+			}
+			st.Close()
+			if got := e.Used(t, user); got != 0 {
+				t.Errorf("the user holds %d slots, want 0", got)
 			}
 		})
 	}

@@ -42,15 +42,7 @@ func (p *Proxy) bufferBody(w http.ResponseWriter, r *http.Request, id *identity.
 		return nil, true
 	}
 	if err := p.ident.BodyPools(id, body); err != nil {
-		refusal := identity.Refusal(err)
-		ct, ce := r.Header.Get("Content-Type"), r.Header.Get("Content-Encoding")
-		switch {
-		case !errors.Is(err, identity.ErrInvalidBody):
-		case ce != "" && !strings.EqualFold(ce, "identity"):
-			refusal.Error.Message += " (it was sent with Content-Encoding: " + ce + "; a pool's body source reads uncompressed JSON request bodies)"
-		case ct != "" && !isJSON(ct):
-			refusal.Error.Message += " (it was sent as " + ct + "; a pool's body source reads JSON request bodies)"
-		}
+		refusal := identity.BodyRefusal(err, requestHeaders{r})
 		return &refusal, false
 	}
 	return nil, true
@@ -147,13 +139,6 @@ func readAll(r io.Reader, declared int64) ([]byte, error) {
 func tooLarge(msg string) *hold.Refusal {
 	r := hold.Refused(http.StatusRequestEntityTooLarge, hold.TypeInvalidRequest, hold.CodeBodyTooLarge, msg)
 	return &r
-}
-
-// isJSON reports whether a Content-Type is JSON's.
-func isJSON(contentType string) bool {
-	mt, _, _ := strings.Cut(contentType, ";")
-	mt = strings.ToLower(strings.TrimSpace(mt))
-	return mt == "application/json" || strings.HasSuffix(mt, "+json")
 }
 
 // poolsAttr is a grant's pool keys for the log: "model=gpt-4o,org=acme".
