@@ -181,6 +181,9 @@ func (x *exchange) handle(ctx context.Context, req *extprocv3.ProcessingRequest)
 		if x.pending != nil { // the body ended with trailers
 			return x.decidePending(ctx, func(...*corev3.HeaderValueOption) *extprocv3.ProcessingResponse { return trailersContinue(false) })
 		}
+		if cut := x.cutIfLost(ctx); cut != nil {
+			return cut
+		}
 		return trailersContinue(false)
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
 		x.noRequestHeaders(ctx)
@@ -223,6 +226,10 @@ func (x *exchange) handle(ctx context.Context, req *extprocv3.ProcessingRequest)
 		}
 		return resp
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		x.noRequestHeaders(ctx)
+		if cut := x.cutIfLost(ctx); cut != nil {
+			return cut // lost however the response would have ended
+		}
 		// Trailers come last: the response is complete.
 		x.release(ctx, hold.EndComplete)
 		return trailersContinue(true)

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/joishi/limiter/internal/envoytest"
 	"github.com/joishi/limiter/pkg/extproc"
@@ -216,5 +217,74 @@ func TestLostSlotCutsAtTheNextMessage(t *testing.T) {
 	st.Close()
 	if got := e.Used(t, user); got != 0 {
 		t.Errorf("the user holds %d slots, want 0", got)
+	}
+}
+
+// Trailers are a message like any other: after the slot was lost (support
+// released it) the request's trailers and the response's are answered
+// with the ImmediateResponse slot_lost, not CONTINUE, and the stream is
+// counted lost, as the proxy counts a stream whose slot was lost however
+// it ends.
+func TestLostSlotCutsAtTheTrailers(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// before plays the stream after a granted request_headers, up to
+		// where its slot is lost.
+		before   func(t *testing.T, st *envoytest.Stream)
+		trailers func(st *envoytest.Stream) (*extprocv3.ProcessingResponse, error)
+	}{
+		{
+			name:   "request trailers (request_trailer_mode SEND)",
+			before: func(t *testing.T, st *envoytest.Stream) {},
+			trailers: func(st *envoytest.Stream) (*extprocv3.ProcessingResponse, error) {
+				return st.RequestTrailers(envoytest.Headers("x-body-sha256", "0"))
+			},
+		},
+		{
+			name: "response trailers of a gRPC upstream (response_trailer_mode SEND)",
+			before: func(t *testing.T, st *envoytest.Stream) {
+				mustContinue(t)(st.ResponseHeaders(envoytest.Headers(":status", "200", "content-type", "application/grpc"), false))
+				mustContinue(t)(st.ResponseBody([]byte{0, 0, 0, 0, 2, 8, 1}, false))
+			},
+			trailers: func(st *envoytest.Stream) (*extprocv3.ProcessingResponse, error) {
+				return st.ResponseTrailers(envoytest.Headers("grpc-status", "0"))
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{envoy: envoytest.Options{ResponseBodyMode: filterv3.ProcessingMode_STREAMED}})
+			user := newUser()
+			st := e.open(t)
+			grant(t, st, user, "short-one") // heartbeat every 100ms
+			tc.before(t, st)
+			if _, err := e.Stack.Limiter.ReleaseAll(context.Background(), user, "test-call"); err != nil {
+				t.Fatal(err)
+			}
+			const lost = `limiter_streams_lost_total{mode="extproc"}`
+			deadline := time.Now().Add(2 * time.Second)
+			for e.Metric(t, lost) != "1" {
+				if time.Now().After(deadline) {
+					t.Fatalf("%s = %q 2s after the slot was released (heartbeat 100ms), want 1", lost, e.Metric(t, lost))
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			resp, err := tc.trailers(st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.GetImmediateResponse() == nil {
+				t.Fatalf("the trailers after the slot was lost were answered %v, want the ImmediateResponse slot_lost", resp)
+			}
+			if _, body := immediate(t, resp); body.Error.Code != "slot_lost" {
+				t.Errorf("cut with code %q, want slot_lost", body.Error.Code)
+			}
+			st.Close()
+			for end, want := range map[string]string{"lost": "1", "complete": ""} {
+				series := `limiter_streams_held_total{end="` + end + `",mode="extproc"}`
+				if got := e.Metric(t, series); got != want {
+					t.Errorf("%s = %q, want %q", series, got, want)
+				}
+			}
+		})
 	}
 }
