@@ -157,12 +157,18 @@ type exchange struct {
 	// came without one (an older Envoy).
 	requestBodyMode filterv3.ProcessingMode_BodySendMode
 	modeKnown       bool
+	// responseBodyMode is the response body mode protocol_config
+	// announced (with modeKnown).
+	responseBodyMode filterv3.ProcessingMode_BodySendMode
+	// midResponse: the last response body chunk came without
+	// end_of_stream.
+	midResponse bool
 }
 
 // handle answers one message: nil when it needs no answer.
 func (x *exchange) handle(ctx context.Context, req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
 	if pc := req.GetProtocolConfig(); pc != nil { // on the first message only
-		x.requestBodyMode, x.modeKnown = pc.GetRequestBodyMode(), true
+		x.requestBodyMode, x.responseBodyMode, x.modeKnown = pc.GetRequestBodyMode(), pc.GetResponseBodyMode(), true
 		x.duplexRequest = pc.GetRequestBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
 		x.duplexResponse = pc.GetResponseBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
 	}
@@ -220,6 +226,7 @@ func (x *exchange) handle(ctx context.Context, req *extprocv3.ProcessingRequest)
 		if x.st != nil {
 			x.st.Touch()
 		}
+		x.midResponse = !r.ResponseBody.GetEndOfStream()
 		resp := bodyContinue(r.ResponseBody, x.duplexResponse, true)
 		if r.ResponseBody.GetEndOfStream() {
 			x.release(ctx, hold.EndComplete)
@@ -399,10 +406,12 @@ func (x *exchange) noRequestHeaders(ctx context.Context) {
 }
 
 // endOnClose says how the stream ended when the gRPC stream closed before
-// the response's end was seen: io.EOF is Envoy closing its side (the HTTP
-// stream is over: complete once the response had started, as Envoy sends
-// nothing more when it streams no body), anything else a reset, a broken
-// connection or a cancelled call.
+// the response's end was seen. Anything but io.EOF is a reset, a broken
+// connection or a cancelled call. io.EOF is Envoy closing its side, which
+// it does however the HTTP stream ended, done or reset by its client: once
+// the response had started it is complete unless Envoy would have sent
+// the response's end as a message first (endSent), the client having left
+// mid-response otherwise, as the proxy counts it.
 func (x *exchange) endOnClose(err error) hold.End {
 	if x.st != nil {
 		switch serr := x.st.Err(); {
@@ -414,10 +423,35 @@ func (x *exchange) endOnClose(err error) hold.End {
 			return hold.EndLost
 		}
 	}
-	if errors.Is(err, io.EOF) && x.started {
+	if errors.Is(err, io.EOF) && x.started && !x.endSent() {
 		return hold.EndComplete
 	}
 	return hold.EndClientGone
+}
+
+// endSent reports whether Envoy sends the response's end as a message.
+// In STREAMED and FULL_DUPLEX_STREAMED mode it sends every body chunk as
+// it comes, the last with end_of_stream unless trailers follow (the
+// ext_proc protocol's HttpBody.end_of_stream), and the trailers with
+// response_trailer_mode SEND, which FULL_DUPLEX_STREAMED requires. With
+// STREAMED and SKIP, an upstream's trailers leave the last chunk without
+// end_of_stream and nothing after it: such a response is counted
+// client_gone too, which is why docs/envoy.md asks for SEND with an
+// upstream that sends trailers. In NONE mode Envoy sends no body, and in
+// BUFFERED and BUFFERED_PARTIAL mode one message, which skipped trailers or
+// Envoy's buffer limit may leave without end_of_stream and nothing after
+// it: the close is all Envoy tells of the end. From an Envoy that
+// announces no mode, a chunk without end_of_stream is taken for a streamed
+// body.
+func (x *exchange) endSent() bool {
+	if !x.modeKnown {
+		return x.midResponse
+	}
+	switch x.responseBodyMode {
+	case filterv3.ProcessingMode_STREAMED, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
+		return true
+	}
+	return false
 }
 
 // release frees the slot, once, recording end.

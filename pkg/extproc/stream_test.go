@@ -2,6 +2,8 @@ package extproc_test
 
 import (
 	"context"
+	"errors"
+	"io"
 	"testing"
 	"time"
 
@@ -286,5 +288,144 @@ func TestLostSlotCutsAtTheTrailers(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Envoy closes its side of the gRPC stream however the HTTP stream ends:
+// done, or reset by its client. Where Envoy streams the response body, the
+// response's end is a message (the last chunk's end_of_stream, or the
+// trailers), and a close before it is the client leaving mid-response,
+// counted client_gone as the proxy counts it; where it sends no body, or
+// one buffered message, the close after the response headers is the end,
+// complete.
+func TestEnvoyClosingTheStreamEndsItByTheBodyMode(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mode filterv3.ProcessingMode_BodySendMode
+		// run plays the stream after a granted request_headers.
+		run  func(t *testing.T, st *envoytest.Stream)
+		want string
+	}{
+		{
+			name: "STREAMED, closed after a chunk without end_of_stream",
+			mode: filterv3.ProcessingMode_STREAMED,
+			run: func(t *testing.T, st *envoytest.Stream) {
+				mustContinue(t)(st.ResponseHeaders(envoytest.Headers(":status", "200", "content-type", "text/event-stream"), false))
+				mustContinue(t)(st.ResponseBody([]byte("data: {}\n\n"), false))
+			},
+			want: "client_gone",
+		},
+		{
+			name: "STREAMED, closed after the response headers, before any chunk",
+			mode: filterv3.ProcessingMode_STREAMED,
+			run: func(t *testing.T, st *envoytest.Stream) {
+				mustContinue(t)(st.ResponseHeaders(envoytest.Headers(":status", "200", "content-type", "text/event-stream"), false))
+			},
+			want: "client_gone",
+		},
+		{
+			name: "FULL_DUPLEX_STREAMED, closed after a chunk without end_of_stream",
+			mode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+			run: func(t *testing.T, st *envoytest.Stream) {
+				mustContinue(t)(st.ResponseHeaders(envoytest.Headers(":status", "200"), false))
+				mustContinue(t)(st.ResponseBody([]byte("data: {}\n\n"), false))
+			},
+			want: "client_gone",
+		},
+		{
+			name: "STREAMED, the last chunk with end_of_stream",
+			mode: filterv3.ProcessingMode_STREAMED,
+			run: func(t *testing.T, st *envoytest.Stream) {
+				mustContinue(t)(st.ResponseHeaders(envoytest.Headers(":status", "200"), false))
+				mustContinue(t)(st.ResponseBody([]byte("data: {}\n\n"), false))
+				mustContinue(t)(st.ResponseBody([]byte("data: [DONE]\n\n"), true))
+			},
+			want: "complete",
+		},
+		{
+			name: "NONE, closed after the response headers",
+			mode: filterv3.ProcessingMode_NONE,
+			run: func(t *testing.T, st *envoytest.Stream) {
+				mustContinue(t)(st.ResponseHeaders(envoytest.Headers(":status", "200", "content-type", "text/event-stream"), false))
+			},
+			want: "complete",
+		},
+		{
+			name: "BUFFERED, the body without end_of_stream (trailers skipped)",
+			mode: filterv3.ProcessingMode_BUFFERED,
+			run: func(t *testing.T, st *envoytest.Stream) {
+				mustContinue(t)(st.ResponseHeaders(envoytest.Headers(":status", "200", "content-type", "application/grpc"), false))
+				mustContinue(t)(st.ResponseBody([]byte{0, 0, 0, 0, 2, 8, 1}, false))
+			},
+			want: "complete",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{envoy: envoytest.Options{ResponseBodyMode: tc.mode}})
+			user := newUser()
+			st := e.open(t)
+			grant(t, st, user, "one")
+			tc.run(t, st)
+			if err := st.HalfClose(5 * time.Second); err != nil {
+				t.Fatalf("after Envoy's half-close the server ended the stream with %v, want OK", err)
+			}
+			e.AwaitUsed(t, user, 0, time.Second)
+			awaitEnded(t, e, tc.want)
+		})
+	}
+
+	// An Envoy that announces no body mode (protocol_config without one)
+	// streams the response body when a chunk comes without end_of_stream.
+	t.Run("no mode announced, closed after a chunk without end_of_stream", func(t *testing.T) {
+		e := newEnv(t, envOptions{})
+		user := newUser()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		c, err := extprocv3.NewExternalProcessorClient(e.envoy.Conn()).Process(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, req := range []*extprocv3.ProcessingRequest{
+			{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+				Headers: envoytest.RequestHeaders("/v1/chat/completions", "x-user-id", user, "x-plan", "one")}}},
+			{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+				Headers: envoytest.Headers(":status", "200")}}},
+			{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte("data: {}\n\n")}}},
+		} {
+			if err := c.Send(req); err != nil {
+				t.Fatal(err)
+			}
+			if resp, err := c.Recv(); err != nil || resp.GetImmediateResponse() != nil {
+				t.Fatalf("%T answered %v, %v; want CONTINUE", req.GetRequest(), resp, err)
+			}
+		}
+		if err := c.CloseSend(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Recv(); !errors.Is(err, io.EOF) {
+			t.Fatalf("after Envoy's half-close: %v, want the stream closed with OK", err)
+		}
+		e.AwaitUsed(t, user, 0, time.Second)
+		awaitEnded(t, e, "client_gone")
+	})
+}
+
+// awaitEnded waits up to a second for e's one stream to be counted ended
+// with end, and fails the test unless it is, and only with end.
+func awaitEnded(t *testing.T, e *env, end string) {
+	t.Helper()
+	series := func(end string) string { return `limiter_streams_held_total{end="` + end + `",mode="extproc"}` }
+	deadline := time.Now().Add(time.Second)
+	for e.Metric(t, series(end)) != "1" && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, other := range []string{"complete", "client_gone", "lost", "shutdown"} {
+		want := ""
+		if other == end {
+			want = "1"
+		}
+		if got := e.Metric(t, series(other)); got != want {
+			t.Errorf("%s = %q, want %q", series(other), got, want)
+		}
 	}
 }
