@@ -88,3 +88,25 @@ func (x *exchange) decidePending(ctx context.Context, next func(...*corev3.Heade
 	}
 	return x.decide(ctx, p.msg, p.id, p.caller, next)
 }
+
+// endPending answers a request still waiting for its body when the
+// drain's grace is over: it holds no slot, so it is refused 503
+// limiter_unavailable and counted as a wait the drain ends, rather than
+// closed with OK, which would let Envoy pass it upstream uncapped. Envoy
+// takes an ImmediateResponse whatever message it waits on. nil when no
+// request waits for its body, or Envoy reads no answer (observability
+// mode).
+func (x *exchange) endPending(ctx context.Context) *extprocv3.ProcessingResponse {
+	p := x.pending
+	if p == nil {
+		return nil
+	}
+	x.pending = nil
+	x.s.holder.Refused(ctx, hold.ReasonUnavailable)
+	refusal, _ := hold.AcquireRefusal(hold.ErrClosed)
+	resp := x.refuse(refusal)
+	if p.msg.GetObservabilityMode() {
+		return nil
+	}
+	return resp
+}

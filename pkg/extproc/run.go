@@ -37,7 +37,9 @@ func Listen(addr string) (net.Listener, error) {
 // NOT_SERVING, new connections and streams are refused (GOAWAY), the
 // streams in flight have up to grace to end, and those still open after
 // it are released and closed with OK, so that Envoy carries on with their
-// HTTP streams without the filter rather than failing them. Health
+// HTTP streams without the filter rather than failing them; a request
+// still waiting for its body, holding no slot yet, is answered 503
+// instead (endPending). Health
 // answers SERVING once the tier table has synced, never depending on
 // Redis (an outage is each tier's failure mode to decide, not Envoy's).
 func (s *Server) Run(ctx context.Context, ln net.Listener, tlsConfig *tls.Config, grace time.Duration) error {

@@ -99,6 +99,13 @@ func (s *Server) Process(grpcStream extprocv3.ExternalProcessor_ProcessServer) e
 			}
 			// Cut at the next message Envoy sends (see cutIfLost).
 		case <-s.stopping:
+			if resp := x.endPending(ctx); resp != nil {
+				// Closed with OK instead, Envoy would pass a request that
+				// holds no slot yet upstream uncapped.
+				if err := grpcStream.Send(resp); err != nil {
+					return err
+				}
+			}
 			x.release(ctx, hold.EndShutdown)
 			return nil
 		}
