@@ -45,6 +45,7 @@ func (q *scopeQueue) round() time.Time {
 	}
 	refreshBy := l.ticketTTL / 3
 	all := q.namedAll || !now.Before(q.expiresAt)
+	q.refuseForeign()
 
 	// Whether a waiter leaves is decided once, here: a caller that leaves
 	// during the call is withdrawn at the next. A stream id's ticket
@@ -192,6 +193,38 @@ func (q *scopeQueue) round() time.Time {
 		return now
 	}
 	return q.next(now)
+}
+
+// refuseForeign answers ErrNotSlotHolder to each waiter whose stream id
+// another caller waits for here already: the call sends one ticket per
+// stream id, the first waiter's, and grants all of its waiters from it,
+// so a second caller's acquire of the id would be granted a slot whose
+// record names the first (which it could neither beat nor release) where
+// another server's script refuses it (wait.lua's foreign). Callers ""
+// (an open API) are nobody's, as there: never refused, nor refusing.
+func (q *scopeQueue) refuseForeign() {
+	var owner map[string]string // the first caller named waiting for each stream id
+	kept := q.waiters[:0]
+	for _, w := range q.waiters {
+		caller := w.record.Caller
+		if caller == "" {
+			kept = append(kept, w)
+			continue
+		}
+		if owner == nil {
+			owner = map[string]string{}
+		}
+		switch first, seen := owner[w.streamID]; {
+		case !seen:
+			owner[w.streamID] = caller
+		case first != caller:
+			w.answer(waitResult{outcome: WaitFailed, err: fmt.Errorf("%w: stream %q of user %q", ErrNotSlotHolder, w.stream, q.userID)})
+			continue
+		}
+		kept = append(kept, w)
+	}
+	clear(q.waiters[len(kept):])
+	q.waiters = kept
 }
 
 // room is a poll's look before its call: whether the scope has a slot

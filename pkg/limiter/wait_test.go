@@ -409,3 +409,49 @@ func TestAnOutageWhileWaitingAppliesThePoolsFailureModes(t *testing.T) {
 		})
 	}
 }
+
+// TestAnotherCallersWaitForAStreamIDIsRefusedOnTheSameServer: a waiting
+// acquire's place in the queue is its caller's alone (DESIGN §19). chat
+// waits for stream w; ops's acquire of w waiting on the same server is
+// refused ErrNotSlotHolder at once, as another server's script refuses
+// it, rather than granted the slot chat's ticket gets (its record naming
+// chat: ops could neither beat nor release it). chat's own retry of the
+// acquire waits beside the first and shares its slot.
+func TestAnotherCallersWaitForAStreamIDIsRefusedOnTheSameServer(t *testing.T) {
+	eachWaitBackend(t, func(t *testing.T, b limitertest.Backend) {
+		lim := replicas(t, b, 1, time.Hour)[0]
+		ctx := context.Background()
+		user := newUser(t)
+		if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "wait", StreamID: "h", Caller: "chat"}); err != nil || !res.Granted {
+			t.Fatalf("chat's h: %+v, %v", res, err)
+		}
+		waitAs := func(caller string) <-chan waitResult {
+			done := make(chan waitResult, 1)
+			go func() {
+				res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "wait", StreamID: "w", Caller: caller, Wait: 5 * time.Second})
+				done <- waitResult{res, err, time.Now()}
+			}()
+			return done
+		}
+		chat := waitAs("chat")
+		awaitQueue(t, lim, user, func(q []limiter.Ticket) bool { return len(q) == 1 && q[0].StreamID == "w" }, "chat's w queued")
+		ops := waitAs("ops")
+		if r := within(t, ops, 2*time.Second, "ops's acquire of chat's waiting w"); !errors.Is(r.err, limiter.ErrNotSlotHolder) || r.res.Granted {
+			t.Fatalf("ops's acquire of chat's waiting w: %+v, %v; want ErrNotSlotHolder", r.res, r.err)
+		}
+		retry := waitAs("chat")
+		time.Sleep(100 * time.Millisecond) // the retry joins the wait
+		if res, err := lim.ReleaseAs(ctx, "chat", user, "h"); err != nil || !res.Released {
+			t.Fatalf("chat's release of h: %+v, %v", res, err)
+		}
+		for _, ch := range []<-chan waitResult{chat, retry} {
+			if r := within(t, ch, 2*time.Second, "chat's w"); r.err != nil || !r.res.Granted {
+				t.Fatalf("chat's w: %+v, %v; want granted", r.res, r.err)
+			}
+		}
+		slots, err := lim.Slots(ctx, user)
+		if err != nil || slots.Used != 1 || slots.Slots[0].StreamID != "w" || slots.Slots[0].Caller != "chat" {
+			t.Fatalf("slots: %+v, %v; want w alone, chat's", slots, err)
+		}
+	})
+}
