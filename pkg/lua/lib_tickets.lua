@@ -1,8 +1,31 @@
 -- The tickets of a queue (see wait): queue is the sorted set of tickets by
 -- arrival, expiry their expiries (Redis ms), recs their records (hash:
 -- field = stream id, value = '<limit>' then ';caller=<name>' when one is
--- recorded). A ticket's limit is its plan's: the most slots its acquire may
--- be granted while holding the others.
+-- recorded, then ';order=<n>', see ticketRecord). A ticket's limit is its
+-- plan's: the most slots its acquire may be granted while holding the
+-- others.
+
+-- queueOrder names the order this release serves a queue in (see owed):
+-- 2, the fewest waiting before arrival, on keys of at most heldCounted
+-- holdings weighed. The previous release's order (1, named by no ticket)
+-- weighs holdings always, then goes by arrival. While a rolling update
+-- runs, replicas of both serve one queue: were each to serve its own,
+-- each would find the other's ticket owed a free place and wake it, and
+-- the place would go unused while they woke each other. So a queue is
+-- served in the oldest order a live ticket names (the previous release
+-- skips the field), and in this one once every ticket is this release's.
+local queueOrder = 2
+
+-- ticketRecord(limit, rest): the record of a ticket of limit whose slot's
+-- record has the fields rest ('' or ';name=value' fields): the order of
+-- this release after the caller, which holder reads right after the limit.
+local function ticketRecord(limit, rest)
+  local caller, after = string.match(rest, '^(;caller=[^;]*)(.*)$')
+  if not caller then
+    caller, after = '', rest
+  end
+  return limit .. caller .. ';order=' .. string.format('%d', queueOrder) .. after
+end
 
 -- dropDead(queue, expiry, recs, now): removes the tickets expired by now
 -- (their servers stopped refreshing them); returns how many.
@@ -27,20 +50,22 @@ local function dropTicket(queue, expiry, recs, id)
   redis.call('HDEL', recs, id)
 end
 
--- ticketOf(rec): the limit, priority, user and plan a ticket's record
--- names. The record is the ticket's limit, then its stream's slot record
--- fields (see pkg/lua/records.go): ';caller=', ';plan=', ';pools=' and
+-- ticketOf(rec): the limit, priority, user, plan and order (see
+-- queueOrder) a ticket's record names. The record is the ticket's limit,
+-- its order, then its stream's slot record fields (see
+-- pkg/lua/records.go): ';caller=', ';order=', ';plan=', ';pools=' and
 -- ';prio=' hold no ';', the user id goes with its length and the label
 -- runs to the end, so the fields are read in order up to the user. A
 -- record with no limit (queued by an earlier version, or a slot's record
 -- with no ticket's limit before it) fits any; no priority is 0; no user
--- (a user's own queue) and no plan are ''.
+-- (a user's own queue) and no plan are ''; no order (the previous
+-- release's ticket) is 1.
 local function ticketOf(rec)
   if not rec then
-    return math.huge, 0, '', ''
+    return math.huge, 0, '', '', 1
   end
   local limit = tonumber((string.match(rec, '^%d+'))) or math.huge -- (): one value, nil when none (the embedded store's match returns none)
-  local prio, user, plan = 0, '', ''
+  local prio, user, plan, order = 0, '', '', 1
   local pos = string.find(rec, ';', 1, true)
   while pos do
     local name, from = string.match(rec, '^;(%a+)=()', pos)
@@ -59,9 +84,11 @@ local function ticketOf(rec)
       prio = tonumber(string.sub(rec, from, (pos or 0) - 1)) or 0
     elseif name == 'plan' then
       plan = string.sub(rec, from, (pos or 0) - 1)
+    elseif name == 'order' then
+      order = tonumber(string.sub(rec, from, (pos or 0) - 1)) or 1
     end
   end
-  return limit, prio, user, plan
+  return limit, prio, user, plan, order
 end
 
 -- planOf(rec): the plan a slot's or ticket's record names ('' for none).
@@ -72,10 +99,11 @@ end
 
 -- liveTickets(queue, expiry, recs): the live tickets, in arrival order,
 -- each {id, limit, prio, user, plan} as its record names them (ticketOf),
--- read a hundred at a time; and whether any names a user (a pool key's
--- queue).
+-- read a hundred at a time; whether any names a user (a pool key's
+-- queue); and the oldest order they name, the one to serve them in (see
+-- queueOrder).
 local function liveTickets(queue, expiry, recs)
-  local tickets, users = {}, false
+  local tickets, users, oldest = {}, false, queueOrder
   local from = 0
   while true do
     local ids = redis.call('ZRANGE', queue, from, from + 99)
@@ -87,13 +115,14 @@ local function liveTickets(queue, expiry, recs)
     local rec = redis.call('HMGET', recs, unpack(ids))
     for i, id in ipairs(ids) do
       if live[i] then
-        local limit, prio, user, plan = ticketOf(rec[i])
+        local limit, prio, user, plan, order = ticketOf(rec[i])
         tickets[#tickets + 1] = {id = id, limit = limit, prio = prio, user = user, plan = plan}
         users = users or user ~= ''
+        oldest = math.min(oldest, order)
       end
     end
   end
-  return tickets, users
+  return tickets, users, oldest
 end
 
 -- heldCounted: the most members of a pool key whose users' holdings the
@@ -101,14 +130,15 @@ end
 -- about half a microsecond of Redis's time each, on every call to a key
 -- whose queue holds tickets, its acquires' included; a key of 100,000
 -- would hold Redis 50 ms a call. Above it, users' holdings are not
--- weighed: all alike.
+-- weighed: all alike. (The previous release's order weighs them on any
+-- key: see queueOrder.)
 local heldCounted = 1000
 
--- heldBy(slots, count): adds to count[user] the members of slots each
+-- heldBy(slots, count, all): adds to count[user] the members of slots each
 -- user holds (a pool key's members are '<stream id> <user id>'); none
--- when slots holds more than heldCounted.
-local function heldBy(slots, count)
-  if redis.call('ZCARD', slots) > heldCounted then
+-- when slots holds more than heldCounted, unless all.
+local function heldBy(slots, count, all)
+  if not all and redis.call('ZCARD', slots) > heldCounted then
     return count
   end
   for _, member in ipairs(redis.call('ZRANGE', slots, 0, -1)) do
@@ -133,7 +163,9 @@ end
 -- before the next place frees would serve one user's many waiters all
 -- before the users behind them with one each: each time, that user
 -- would again hold none. A user's own queue has no user in its
--- tickets, so there it is priority, then arrival.
+-- tickets, so there it is priority, then arrival. While a live ticket
+-- is the previous release's, the order is that release's (see
+-- queueOrder): holdings weighed on any key, the waiting not weighed.
 --
 -- A ticket is owed a slot while fewer slots than its own limit (override,
 -- when one is in force, else its record's) are taken, counting those owed
@@ -155,7 +187,8 @@ local function owed(queue, expiry, recs, used, override, stop, slots, cap, plan)
     return out, taken, slack
   end
   -- Every live ticket: the order depends on all of them.
-  local tickets, users = liveTickets(queue, expiry, recs)
+  local tickets, users, order = liveTickets(queue, expiry, recs)
+  local weighWaiting = order >= queueOrder
   for _, t in ipairs(tickets) do
     if cap >= 0 and (t.user ~= '' or (plan ~= '' and t.plan == plan)) then
       t.limit = cap
@@ -168,7 +201,7 @@ local function owed(queue, expiry, recs, used, override, stop, slots, cap, plan)
   -- tickets name users.
   local held, waiting = {}, {}
   if users then
-    heldBy(slots, held)
+    heldBy(slots, held, not weighWaiting)
     for _, t in ipairs(tickets) do
       waiting[t.user] = (waiting[t.user] or 0) + 1
     end
@@ -178,7 +211,10 @@ local function owed(queue, expiry, recs, used, override, stop, slots, cap, plan)
     local best, bestHeld, bestWaiting
     for i, t in ipairs(tickets) do
       if not served[i] and taken < t.limit then
-        local h, w = held[t.user] or 0, waiting[t.user] or 0
+        local h, w = held[t.user] or 0, 0
+        if weighWaiting then
+          w = waiting[t.user] or 0
+        end
         if not best or t.prio > tickets[best].prio or (t.prio == tickets[best].prio and
             (h < bestHeld or (h == bestHeld and w < bestWaiting))) then
           best, bestHeld, bestWaiting = i, h, w
@@ -191,7 +227,7 @@ local function owed(queue, expiry, recs, used, override, stop, slots, cap, plan)
     local t = tickets[best]
     served[best] = true
     taken = taken + 1
-    held[t.user], waiting[t.user] = bestHeld + 1, bestWaiting - 1
+    held[t.user], waiting[t.user] = bestHeld + 1, (waiting[t.user] or 0) - 1
     out[#out + 1] = t.id
     slack[#slack + 1] = t.limit - taken
   end
@@ -201,11 +237,12 @@ end
 -- fullQueue(queue, expiry, recs, slots): what displace weighs, read once
 -- per call that finds the queue full: its live tickets in arrival order,
 -- each with its priority and user, how many of slots' members each user
--- holds and how many tickets it has, and how many of each user's tickets
--- are of each priority.
+-- holds and how many tickets it has, how many of each user's tickets
+-- are of each priority, and whether it is served in the previous
+-- release's order (see queueOrder).
 local function fullQueue(queue, expiry, recs, slots)
-  local tickets, users = liveTickets(queue, expiry, recs)
-  local q = {tickets = tickets, held = {}, waiting = {}, count = {}}
+  local tickets, users, order = liveTickets(queue, expiry, recs)
+  local q = {tickets = tickets, held = {}, waiting = {}, count = {}, previous = order < queueOrder}
   for _, t in ipairs(tickets) do
     q.waiting[t.user] = (q.waiting[t.user] or 0) + 1
     local c = q.count[t.user] or {}
@@ -213,7 +250,7 @@ local function fullQueue(queue, expiry, recs, slots)
     q.count[t.user] = c
   end
   if users then
-    heldBy(slots, q.held)
+    heldBy(slots, q.held, q.previous)
   end
   return q
 end
@@ -237,8 +274,12 @@ end
 -- priority, counting each one served as held and no longer waited for,
 -- so its order is the tickets sorted by priority (higher first), then
 -- the user's holdings counting those served before (fewer first), then
--- the tickets left to it (fewer first), then arrival.
+-- the tickets left to it (fewer first; all alike in the previous
+-- release's order), then arrival.
 local function ticketRank(q, user, prio, before)
+  if q.previous then
+    return prio, (q.held[user] or 0) + before, 0
+  end
   return prio, (q.held[user] or 0) + before, (q.waiting[user] or 0) - before
 end
 

@@ -76,6 +76,7 @@ const (
 	fieldLabel    = "label"
 	fieldAgain    = "again"
 	fieldBy       = "by" // the scripts' alone: ParseRecord skips it
+	fieldOrder    = "order"
 )
 
 // encode returns the fields after the TTL and start, each with its leading
@@ -173,6 +174,10 @@ type StoredRecord struct {
 	// Again counts the acquires of the stream that extended the slot
 	// after the one that took it (acquire.lua's again).
 	Again int
+	// Order is a ticket's: the order its release serves a queue in
+	// (lib_tickets.lua's queueOrder, see ServeOrder); 0 for a ticket of
+	// the previous release, which names none.
+	Order int
 	Record
 }
 
@@ -218,6 +223,8 @@ func ParseRecord(s string) StoredRecord {
 			out.Priority, _ = strconv.Atoi(value)
 		case fieldAgain:
 			out.Again, _ = strconv.Atoi(value)
+		case fieldOrder:
+			out.Order, _ = strconv.Atoi(value)
 		}
 	}
 	return out

@@ -14,13 +14,15 @@ import (
 )
 
 // The previous release's scripts (testdata/previous/README.md): its
-// acquire and release bodies, its lib_holder.lua and lib_tickets.lua,
-// with the piece it shares with this release.
+// acquire, release and wait bodies, its lib_holder.lua and
+// lib_tickets.lua, with the piece it shares with this release.
 var (
 	//go:embed testdata/previous/acquire.lua
 	previousAcquireBody string
 	//go:embed testdata/previous/release.lua
 	previousReleaseBody string
+	//go:embed testdata/previous/wait.lua
+	previousWaitBody string
 	//go:embed testdata/previous/lib_holder.lua
 	previousLibHolder string
 	//go:embed testdata/previous/lib_tickets.lua
@@ -28,8 +30,10 @@ var (
 
 	previousAcquireSource = lua.ComposeWhole(previousAcquireBody, lua.LibPrune, previousLibHolder, previousLibTickets)
 	previousReleaseSource = lua.ComposeWhole(previousReleaseBody, lua.LibPrune, previousLibHolder, previousLibTickets)
+	previousWaitSource    = lua.ComposeWhole(previousWaitBody, lua.LibPrune, previousLibHolder, previousLibTickets)
 	previousAcquire       = rueidis.NewLuaScript(previousAcquireSource)
 	previousRelease       = rueidis.NewLuaScript(previousReleaseSource)
+	previousWait          = rueidis.NewLuaScript(previousWaitSource)
 )
 
 // TestThePreviousScriptsAreThePreviousRelease: composed here, the
@@ -40,6 +44,7 @@ func TestThePreviousScriptsAreThePreviousRelease(t *testing.T) {
 	for name, c := range map[string]struct{ source, sha string }{
 		"acquire": {previousAcquireSource, "738630d7b27464716e75d22318c97c7e36f974c5"},
 		"release": {previousReleaseSource, "9c4d321cd5757cb4649a8c2802de1c1c73f1166b"},
+		"wait":    {previousWaitSource, "01b2e2ee016a445b41869dca18eb2540e141d341"},
 	} {
 		if sum := sha1.Sum([]byte(c.source)); hex.EncodeToString(sum[:]) != c.sha {
 			t.Errorf("the previous %s script composed here has SHA1 %x; want %s, the previous release's", name, sum, c.sha)

@@ -145,21 +145,32 @@ func Slots(ctx context.Context, c rueidis.Client, key string, most int) (Listing
 	return out, nil
 }
 
+// queueOrder is the order the wait script serves a queue in while every
+// ticket names it (lib_tickets.lua's queueOrder).
+const queueOrder = 2
+
 // ServeOrder returns queue (tickets in arrival order) in the order the
 // wait script serves them (lib_tickets.lua, owed): the highest priority
 // first; within one, the ticket whose user holds the fewest of the key's
 // members (held, by user; it is not changed), counting those served
 // before it; then whose user waits for the fewest; then arrival. A
 // user's own queue names no user: there it is priority, then arrival.
-// (Whether a ticket's own limit lets it be served at all is the script's
-// to decide, when a slot frees.)
+// While a ticket is the previous release's (its Record.Order is older),
+// the order is that release's, as the script's: the waiting is not
+// weighed. (Whether a ticket's own limit lets it be served at all is the
+// script's to decide, when a slot frees.)
 func ServeOrder(queue []Ticket, held map[string]int) []Ticket {
 	held, waiting := maps.Clone(held), map[string]int{}
 	if held == nil {
 		held = map[string]int{}
 	}
+	previous := false
 	for _, t := range queue {
 		waiting[t.Record.User]++
+		previous = previous || t.Record.Order < queueOrder
+	}
+	if previous {
+		waiting = nil // all alike
 	}
 	out := make([]Ticket, 0, len(queue))
 	served := make([]bool, len(queue))
@@ -176,7 +187,9 @@ func ServeOrder(queue []Ticket, held map[string]int) []Ticket {
 		served[best] = true
 		user := queue[best].Record.User
 		held[user]++
-		waiting[user]--
+		if waiting != nil {
+			waiting[user]--
+		}
 		out = append(out, queue[best])
 	}
 	return out
@@ -184,7 +197,7 @@ func ServeOrder(queue []Ticket, held map[string]int) []Ticket {
 
 // servedBefore reports whether a ticket of record a is served before one
 // of record b, leaving arrival aside, their users holding and waiting for
-// as many as held and waiting say.
+// as many as held and waiting say (nil waiting: all alike).
 func servedBefore(a, b StoredRecord, held, waiting map[string]int) bool {
 	if a.Priority != b.Priority {
 		return a.Priority > b.Priority

@@ -23,11 +23,13 @@
 --   tickets: only those whose expiry is after now, in arrival order, each
 --   with its record ('' when it has none): the caller orders them as the
 --   wait script serves them (priority, then the user holding fewest,
---   then the user waiting for fewest, then arrival)
+--   then the user waiting for fewest, then arrival; or the previous
+--   release's order while a ticket names no order: see queueOrder)
 --   held: of a pool key whose tickets name users, each of those users
 --   and how many of the key's live members it holds (all of them, not
 --   only those listed), which the order needs; else {}, and {} too when
---   the key holds more than heldCounted (the order weighs no holdings)
+--   the key holds more than heldCounted (the order weighs no holdings),
+--   unless a ticket is the previous release's
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local most = tonumber(ARGV[1])
@@ -67,14 +69,15 @@ end
 
 -- The users a pool key's tickets name (its members are '<stream id>
 -- <user id>'), and what each holds.
-local held, users = {}, {}
+local held, users, oldest = {}, {}, queueOrder
 for i = 4, #tickets, 4 do
-  local _, _, user = ticketOf(tickets[i])
+  local _, _, user, _, order = ticketOf(tickets[i])
   if user ~= '' then
     users[user] = 0
   end
+  oldest = math.min(oldest, order)
 end
-if next(users) and used <= heldCounted then
+if next(users) and (used <= heldCounted or oldest < queueOrder) then
   for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do
     local user = string.match(member, ' (.*)$')
     if user and users[user] then

@@ -9,7 +9,8 @@
 -- KEYS[4] -> <prefix>{<user id>}:q         sorted set of tickets: member = stream id, score = arrival (Redis µs)
 -- KEYS[5] -> <prefix>{<user id>}:q:expiry  sorted set: member = stream id, score = ticket expiry (Redis ms)
 -- KEYS[6] -> <prefix>{<user id>}:q:rec     hash: field = stream id, value = the ticket's record:
---            its limit (ARGV[1]), then the fields of its slot's record
+--            its limit (ARGV[1]), then the fields of its slot's record,
+--            this release's order after the caller (see ticketRecord)
 -- ARGV[1] -> limit (max concurrent streams, >= 0): the plan's as it is
 --            now (the call's tickets are all of one plan, the one their
 --            records name); an override in force replaces it, unless
@@ -66,7 +67,8 @@
 --
 -- The order is the queue's alone: a slot goes to the first ticket owed
 -- one (see owed: by priority, then the fewest members of its user, then
--- the fewest tickets of its user, then arrival; passing over a ticket whose own limit is reached), whichever
+-- the fewest tickets of its user, then arrival, or the previous release's
+-- order while it queues too; passing over a ticket whose own limit is reached), whichever
 -- server holds it, so tickets are granted in that order across servers,
 -- and a ticket of a plan whose limit is reached blocks no other. A ticket stops counting at its expiry unless its server
 -- refreshes it (a server that died), and is removed by the first call to
@@ -227,8 +229,9 @@ for i = 1, n do
       -- then for it instead, and an override is applied when it is read
       -- (see owed). After the limit come the fields of its slot's
       -- record: who asks, the plan, the priority and the user that
-      -- order the queue.
-      redis.call('HSET', recs, id, ARGV[1] .. ARGV[5 + 3 * i])
+      -- order the queue; and the order this release serves it in, which
+      -- the other tickets are served in once all name it.
+      redis.call('HSET', recs, id, ticketRecord(ARGV[1], ARGV[5 + 3 * i]))
     end
     refresh[id] = true
     waiting[id] = i

@@ -1,0 +1,356 @@
+-- wait: one server's turn at one user's queue. It grants the waiting
+-- acquires the server holds that have reached the head of the queue while
+-- a slot is free, queues the others (a new one at the tail) and refreshes
+-- their tickets, and drops those that gave up.
+--
+-- KEYS[1] -> <prefix>{<user id>}           sorted set: member = stream id, score = slot expiry (Redis ms)
+-- KEYS[2] -> <prefix>{<user id>}:meta      hash: field = stream id, value = the slot's record
+-- KEYS[3] -> <prefix>{<user id>}:override  hash: support's override of the limit (see set_override)
+-- KEYS[4] -> <prefix>{<user id>}:q         sorted set of tickets: member = stream id, score = arrival (Redis µs)
+-- KEYS[5] -> <prefix>{<user id>}:q:expiry  sorted set: member = stream id, score = ticket expiry (Redis ms)
+-- KEYS[6] -> <prefix>{<user id>}:q:rec     hash: field = stream id, value = the ticket's record:
+--            its limit (ARGV[1]), then the fields of its slot's record
+-- ARGV[1] -> limit (max concurrent streams, >= 0): the plan's as it is
+--            now (the call's tickets are all of one plan, the one their
+--            records name); an override in force replaces it, unless
+--            it is 2147483647 (2^31-1): a scope in shadow mode, which
+--            refuses none, its override included
+-- ARGV[2] -> slot ttl (ms, > 0, decimal digits)
+-- ARGV[3] -> ticket ttl (ms, > 0)
+-- ARGV[4] -> the most tickets the queue may hold (> 0)
+-- ARGV[5] -> n, the number of tickets that follow (>= 1)
+-- ARGV[3+3i], ARGV[4+3i], ARGV[5+3i] (i = 1..n) -> the i-th ticket:
+--            stream id; 'w' (waits on) or 'l' (leaves the queue); the
+--            rest of its slot's record ('' or ';name=value' fields)
+-- returns {used, override, pruned, next_ms, retry_after_ms, {wake ids}, state_1, value_1, share_1, started_1, record_1, ..., state_n, value_n, share_n, started_n, record_n}
+--   used       slots held after the call
+--   override   the override's limit when one was in force (and so
+--              applied instead of ARGV[1], unless shadow mode), else -1
+--   pruned     slots that had expired unreleased, removed now with their
+--              records
+--   next_ms    ms until the answer may change by time alone (the earliest
+--              slot or ticket expiry), when a ticket of the call still
+--              waits; -1 otherwise
+--   retry_after_ms  when a ticket of the call left or was not queued,
+--              what a denial answers (as acquire's): until enough slots
+--              expire for one to be free; until the earliest slot expires
+--              when slots are free but owed to the queue; the ticket ttl
+--              when no slot is held. 0 otherwise.
+--   wake ids   tickets of other callers now owed a free slot: the caller
+--              wakes them (their servers call this script for them)
+--   state 1    granted: the stream holds a slot; value = its expires_at_ms
+--   state 2    granted, the stream held its slot already (another request
+--              of the stream, a retry, took it): extended, counting one
+--              more extension in its record (see acquire); value = its
+--              expires_at_ms
+--   state 0    queued; value = its place in the queue by arrival (1 =
+--              first; the order it is served in is owed's)
+--   state -1   left the queue (or was not in it); value 0
+--   state -2   not queued: the queue holds its most tickets, each
+--              served before it would be; value 0. A new ticket that
+--              would be served before the last takes its place (see
+--              displace): that one's next call finds it not queued, and
+--              queues it again if the queue has room, else answers -2
+--   state -3   the stream (held, or queued) is another caller's: nothing
+--              changed for it; value 0
+--   share      of a granted ticket: its share of the slot (0 when the
+--              call took it, n when it counted the n-th extension), which
+--              a request that gives up leaves (see release); else 0
+--   started    of a granted ticket: the slot's start (Redis ms); else 0
+--   record     of a ticket granted state 2: the held slot's record, as
+--              kept (the caller compares the pools and the plan it names
+--              with its own, as acquire's caller does); else ''
+--
+-- The order is the queue's alone: a slot goes to the first ticket owed
+-- one (see owed: by priority, then the fewest members of its user, then
+-- arrival; passing over a ticket whose own limit is reached), whichever
+-- server holds it, so tickets are granted in that order across servers,
+-- and a ticket of a plan whose limit is reached blocks no other. A ticket stops counting at its expiry unless its server
+-- refreshes it (a server that died), and is removed by the first call to
+-- see it expired. Arrival is the Redis time, raised above the last
+-- ticket's score when the clock did not move (or went back, after a
+-- failover), so arrival order is total. Idempotent: a ticket already
+-- queued keeps its place (a retry under the same stream id), one already
+-- granted is granted again and its slot extended (or, asked again by the
+-- same request, whose reply was lost, answered as it was: see
+-- extendHeld), and a ticket that left is not queued.
+local slots, meta, queue, expiry, recs = KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6]
+local limit = tonumber(ARGV[1])
+local ttl = tonumber(ARGV[2])
+local ticketTTL = tonumber(ARGV[3])
+local maxQueue = tonumber(ARGV[4])
+local n = tonumber(ARGV[5])
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local nowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+-- A support override in force replaces the plan's limit; not in shadow
+-- mode, which refuses none.
+local shadow = limit >= 2147483647
+local override = -1
+local o = redis.call('HMGET', KEYS[3], 'limit', 'expires_at')
+if o[1] and o[2] and tonumber(o[2]) > now then
+  override = tonumber(o[1])
+  if not shadow then
+    limit = override
+  end
+end
+
+-- Scores above 10^14 need all their digits: tostring keeps 14.
+local function digits(x) return string.format('%.0f', x) end
+
+-- Slots expired by now go, with their records; so do tickets expired by
+-- now: their servers stopped refreshing them.
+local pruned = prune(slots, meta, now)
+dropDead(queue, expiry, recs, now)
+
+local ids, records, waiting = {}, {}, {}
+local states, values, shares, starts, kepts = {}, {}, {}, {}, {}
+local granted = false -- a slot was granted or extended
+local denied = false  -- a ticket left or was not queued: retry_after_ms is due
+local prefix = ARGV[2] .. ';started=' .. string.format('%d', now)
+
+-- extendHeld(i, id): ticket i's stream holds its slot already (another
+-- request of it took it): the slot is extended (never shortened) as
+-- acquire extends it, counting one more extension in its record, and the
+-- ticket is answered granted with its share (state 2).
+local function extendHeld(i, id)
+  local kept = redis.call('HGET', meta, id)
+  local mine = tokenOf(records[i])
+  if kept and owned(kept, mine) then
+    -- The ticket's own grant, by this call asked again after its reply
+    -- was lost: answered as it was, nothing counted twice. (Only the
+    -- latest share's request is named, as in acquire: asked again after
+    -- another request of the stream extended the slot in between, it
+    -- counts one more share, which holds the slot until it expires.)
+    local n = again(kept)
+    values[i] = tonumber(redis.call('ZSCORE', slots, id))
+    shares[i], starts[i] = n, tonumber(startedAt(kept)) or 0
+    if n == 0 then
+      states[i], kepts[i] = 1, ''
+    else
+      states[i], kepts[i] = 2, kept
+    end
+    return
+  end
+  redis.call('ZADD', slots, 'GT', now + ttl, id)
+  if kept then
+    kept = extended(kept, mine)
+  else
+    kept = records[i]
+  end
+  redis.call('HSET', meta, id, kept)
+  states[i], values[i] = 2, tonumber(redis.call('ZSCORE', slots, id))
+  shares[i], starts[i], kepts[i] = again(kept), tonumber(startedAt(kept)) or 0, kept
+end
+for i = 1, n do
+  ids[i] = ARGV[3 + 3 * i]
+end
+-- Which of the call's tickets are queued, read at once, then kept as the
+-- loop below queues and drops them; and the tickets it refreshes, whose
+-- expiries are written at once after it.
+local queued, refresh = {}, {}
+for from = 1, n, 1000 do
+  local chunk = {unpack(ids, from, math.min(from + 999, n))}
+  for k, score in ipairs(redis.call('ZMSCORE', queue, unpack(chunk))) do
+    if score then
+      queued[chunk[k]] = true
+    end
+  end
+end
+-- displaces(i): whether the call's i-th ticket, new to a full queue,
+-- takes the place of the ticket that would be served last (displace).
+-- The queue is read once, at the first such ticket of the call.
+local full
+local function displaces(i)
+  local _, prio, user = ticketOf(ARGV[1] .. ARGV[5 + 3 * i])
+  full = full or fullQueue(queue, expiry, recs, slots)
+  local out = displace(full, queue, expiry, recs, ids[i], prio, user)
+  if out then
+    queued[out], refresh[out] = nil, nil -- one of this call's: no expiry left behind
+  end
+  return out ~= nil
+end
+for i = 1, n do
+  local id, action = ids[i], ARGV[4 + 3 * i]
+  records[i] = prefix .. ARGV[5 + 3 * i]
+  states[i], values[i], shares[i], starts[i], kepts[i] = -1, 0, 0, 0, ''
+  local caller = holder(records[i])
+  local ticket = false
+  if caller ~= '' then -- an open API's calls are nobody's: nothing to read
+    ticket = redis.call('HGET', recs, id)
+  end
+  if caller ~= '' and (foreign(ticket, caller) or (not ticket and foreign(redis.call('HGET', meta, id), caller))) then
+    -- Another caller's ticket or slot: not this call's to take over,
+    -- refresh or withdraw.
+    states[i] = -3
+    denied = true
+  elseif action == 'l' then
+    dropTicket(queue, expiry, recs, id)
+    queued[id], refresh[id] = nil, nil
+    denied = true
+  elseif not queued[id] and redis.call('ZSCORE', slots, id) then
+    -- Held already (granted to a call whose answer was lost, or to
+    -- another request of the stream): extend it, as acquire does.
+    extendHeld(i, id)
+    redis.call('ZREM', expiry, id)
+    redis.call('HDEL', recs, id)
+    refresh[id] = nil
+    granted = true
+  elseif not queued[id] and redis.call('ZCARD', queue) >= maxQueue and not displaces(i) then
+    states[i] = -2
+    denied = true
+  else
+    if not queued[id] then
+      local arrival = nowUs
+      local last = redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')
+      if last[2] then
+        arrival = math.max(arrival, tonumber(last[2]) + 1)
+      end
+      redis.call('ZADD', queue, digits(arrival), id)
+      queued[id] = true
+      -- A ticket's record is written once, with its plan's limit as
+      -- it queued: a call of its plan holds the plan's limit as it is
+      -- then for it instead, and an override is applied when it is read
+      -- (see owed). After the limit come the fields of its slot's
+      -- record: who asks, the plan, the priority and the user that
+      -- order the queue.
+      redis.call('HSET', recs, id, ARGV[1] .. ARGV[5 + 3 * i])
+    end
+    refresh[id] = true
+    waiting[id] = i
+    states[i] = 0
+  end
+end
+-- The refreshed tickets' expiries, in one command per thousand.
+local expiries = {}
+for id in pairs(refresh) do
+  expiries[#expiries + 1] = now + ticketTTL
+  expiries[#expiries + 1] = id
+end
+for from = 1, #expiries, 2000 do
+  redis.call('ZADD', expiry, 'GT', unpack(expiries, from, math.min(from + 1999, #expiries)))
+end
+
+-- The free slots go to the tickets owed them, in order: this call's
+-- tickets are granted, the others' servers are woken.
+local used = redis.call('ZCARD', slots)
+local wake = {}
+-- With this call's limit reached, none of its tickets can be granted, and
+-- the tickets of larger plans owed a slot are served by their own
+-- servers' calls (each walks the queue), not woken by this one.
+local due, slack = {}, {}
+if used < limit then
+  local taken -- unused
+  local applied = override
+  if shadow then
+    applied = -1 -- the tickets' limit is the call's, unbounded
+  end
+  due, taken, slack = owed(queue, expiry, recs, used, applied, math.huge, slots, limit, planOf(ARGV[8]))
+end
+-- A ticket of this call behind others' tickets owed a slot is granted
+-- before them only while each of them keeps room under its own limit
+-- (room: the least slack among them, less this call's grants so far),
+-- and none once this call's limit is reached.
+local room = math.huge
+for k, head in ipairs(due) do
+  local i = waiting[head]
+  if i and (room < 1 or used >= limit) then
+    i = nil -- its turn comes when those ahead are served
+  elseif not i then
+    room = math.min(room, slack[k])
+  end
+  if i then
+    room = room - 1
+    dropTicket(queue, expiry, recs, head)
+    waiting[head] = nil
+    if not redis.call('ZSCORE', slots, head) then
+      redis.call('ZADD', slots, now + ttl, head)
+      redis.call('HSET', meta, head, records[i])
+      states[i], values[i] = 1, now + ttl
+      starts[i] = now
+      used = used + 1
+      granted = true
+    elseif foreign(redis.call('HGET', meta, head), holder(records[i])) then
+      -- Another caller took a slot for the stream while the ticket
+      -- waited: not this call's to extend.
+      states[i] = -3
+      denied = true
+    else
+      -- Another request of the stream took its slot while the ticket
+      -- waited (under a plan whose limit let it): this one shares it.
+      extendHeld(i, head)
+      granted = true
+    end
+  elseif not waiting[head] then
+    wake[#wake + 1] = head
+  end
+end
+local nextMs = -1
+for id, i in pairs(waiting) do
+  local rank = redis.call('ZRANK', queue, id)
+  if rank then
+    values[i] = rank + 1
+    nextMs = 0
+  else
+    states[i] = -1
+  end
+end
+if nextMs == 0 then
+  -- The earliest a slot or a ticket may expire: the answer may change
+  -- then without anyone calling.
+  local first = redis.call('ZRANGE', slots, 0, 0, 'WITHSCORES')
+  local ticket = redis.call('ZRANGE', expiry, 0, 0, 'WITHSCORES')
+  nextMs = ticketTTL
+  if first[2] then
+    nextMs = math.min(nextMs, tonumber(first[2]) - now)
+  end
+  if ticket[2] then
+    nextMs = math.min(nextMs, tonumber(ticket[2]) - now)
+  end
+  nextMs = math.max(nextMs, 1)
+end
+
+local retry = 0
+if denied then
+  retry = ticketTTL
+  if limit > 0 and used >= limit then
+    local nth = redis.call('ZRANGE', slots, used - limit, used - limit, 'WITHSCORES')
+    retry = tonumber(nth[2]) - now
+  elseif used > 0 then
+    local first = redis.call('ZRANGE', slots, 0, 0, 'WITHSCORES')
+    retry = tonumber(first[2]) - now
+  end
+end
+
+-- The slots outlive their longest one by one TTL, as acquire leaves them.
+if granted then
+  local last = redis.call('ZRANGE', slots, -1, -1, 'WITHSCORES')
+  local keep = string.format('%d', tonumber(last[2]) + ttl)
+  redis.call('PEXPIREAT', slots, keep)
+  redis.call('PEXPIREAT', meta, keep)
+end
+-- The queue's keys outlive its latest ticket by at least one ticket TTL:
+-- moved, two TTLs on, only when a refresh took a ticket past that, so
+-- most calls write the tickets alone.
+local latest = redis.call('ZRANGE', expiry, -1, -1, 'WITHSCORES')
+if latest[2] then
+  local need = tonumber(latest[2]) + ticketTTL
+  if redis.call('PEXPIRETIME', queue) < need then
+    local keep = digits(need + ticketTTL)
+    redis.call('PEXPIREAT', queue, keep)
+    redis.call('PEXPIREAT', expiry, keep)
+    redis.call('PEXPIREAT', recs, keep)
+  end
+end
+
+local out = {used, override, pruned, nextMs, retry, wake}
+for i = 1, n do
+  out[#out + 1] = states[i]
+  out[#out + 1] = values[i]
+  out[#out + 1] = shares[i]
+  out[#out + 1] = starts[i]
+  out[#out + 1] = kepts[i]
+end
+return out
