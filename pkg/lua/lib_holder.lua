@@ -238,3 +238,20 @@ local function leave(record, share, start)
   end
   return withShares(head, n, list, by, rest)
 end
+
+-- heldAfter(record, share): whether a share of the slot later than share
+-- is held (not given up): a request that extended it after share's did,
+-- by any version, and may have been answered the expiry share's set.
+local function heldAfter(record, share)
+  local head, n, list = sharesOf(record)
+  if not head then
+    return false
+  end
+  local gone, left = {}, 0
+  for s in string.gmatch(list, '%d+') do
+    if tonumber(s) > share and not gone[s] then
+      gone[s], left = true, left + 1
+    end
+  end
+  return left < n - share
+end

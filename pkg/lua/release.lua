@@ -23,10 +23,15 @@
 --            expiry later (see acquire's extended_from_ms): the expiry
 --            before it (Redis ms); ARGV[6] the one it set. A slot kept
 --            for the other shares gets the former back while it has the
---            latter (no heartbeat or acquire moved it since): a request
---            that gives up keeps alive none of what the others hold,
---            nor a slot a crashed request left, which then expires by
---            its own score. Optional: absent or '' gives nothing back.
+--            latter (no heartbeat or acquire moved it since) and no share
+--            later than ARGV[3] is held (see heldAfter): a request that
+--            gives up keeps alive none of what the others hold, nor a
+--            slot a crashed request left, which then expires by its own
+--            score. A later share's request may have been answered the
+--            expiry this one set without moving it (the previous
+--            release's acquire, of a shorter TTL, extends by ZADD GT
+--            alone), and holds it. Optional: absent or '' gives nothing
+--            back.
 -- returns {released (1|0|-1|-2), pruned, head, record}
 --   released 0: the slot was not held (never, already released, or expired)
 --   released -1: the slot is held, live, by another caller (its record names
@@ -65,7 +70,8 @@ if live and (ARGV[3] or '') ~= '' then
   if kept ~= true then
     if kept then
       redis.call('HSET', meta, ARGV[1], kept)
-      if (ARGV[5] or '') ~= '' and tonumber(redis.call('ZSCORE', key, ARGV[1])) == tonumber(ARGV[6]) then
+      if (ARGV[5] or '') ~= '' and not heldAfter(kept, tonumber(ARGV[3]))
+          and tonumber(redis.call('ZSCORE', key, ARGV[1])) == tonumber(ARGV[6]) then
         redis.call('ZADD', key, 'XX', ARGV[5], ARGV[1])
       end
     end

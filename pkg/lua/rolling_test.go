@@ -125,3 +125,65 @@ func TestARollingUpdateKeepsEachRequestsShare(t *testing.T) {
 		}
 	})
 }
+
+// TestAGiveBackLeavesALaterSharesExpiry: a stream's slot whose first
+// request crashed (its expiry soon, E0) is extended by a request of this
+// release (to E1), then by one of the previous release whose plan's TTL
+// is shorter (its user's plan changed meanwhile): that one's ZADD GT
+// leaves E1, and it is answered E1. The first of the two gives up: it
+// gives its time back only once no later share is held, so the slot
+// keeps the expiry the previous release's request was answered while
+// that request holds it, and goes back to E0 once it left first.
+func TestAGiveBackLeavesALaterSharesExpiry(t *testing.T) {
+	for _, later := range []struct {
+		name  string
+		left  bool // the previous release's request gave up first
+		wantB func(e0, e1 int64) int64
+	}{
+		{"held", false, func(_, e1 int64) int64 { return e1 }},
+		{"given up first", true, func(e0, _ int64) int64 { return e0 }},
+	} {
+		t.Run(later.name, func(t *testing.T) {
+			eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+				ctx := context.Background()
+				key := newKey(t)
+				a, err := lua.Acquire(ctx, c, key, "s", 3, 2*time.Second, lua.Record{Plan: "paid", Token: "tokA"}, false)
+				if err != nil || !a.Granted {
+					t.Fatalf("acquire A: %+v, %v", a, err)
+				}
+				b, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, lua.Record{Plan: "paid", Token: "tokB"}, false)
+				if err != nil || !b.Extended || b.Extension().FromMs != a.ExpiresAtMs {
+					t.Fatalf("acquire B: %+v (extension %+v), %v; want an extension from A's expiry %d", b, b.Extension(), err, a.ExpiresAtMs)
+				}
+				arr, err := previousAcquire.Exec(ctx, c, lua.AcquireKeys(key),
+					[]string{"s", "3", "30000", ";by=0@tokC;plan=paid", "1"}).ToArray()
+				if err != nil || len(arr) != 9 {
+					t.Fatalf("the previous acquire script, C: %v, %v", arr, err)
+				}
+				granted, _ := arr[0].AsInt64()
+				answered, _ := arr[2].AsInt64()
+				if granted != 2 || answered != b.ExpiresAtMs {
+					t.Fatalf("the previous acquire script, C: granted %d expiring at %d; want 2, an extension answered B's %d", granted, answered, b.ExpiresAtMs)
+				}
+				if later.left {
+					arr, err := previousRelease.Exec(ctx, c, lua.ReleaseKeys(key),
+						[]string{"s", "", "2", strconv.FormatInt(a.StartedAtMs, 10)}).ToArray()
+					if err != nil || len(arr) == 0 {
+						t.Fatalf("the previous release script, C: %v, %v", arr, err)
+					}
+				}
+				rel, err := lua.ReleaseMember(ctx, c, "", lua.Member{Key: key, ID: "s", Owned: true, Share: b.Share(), Back: b.Extension()})
+				if err != nil || rel.Released {
+					t.Fatalf("B gives up: %+v, %v; want the slot kept for A's share", rel, err)
+				}
+				score, err := c.Do(ctx, c.B().Zscore().Key(key).Member("s").Build()).AsInt64()
+				if err != nil {
+					t.Fatalf("the slot after B gave up: %v", err)
+				}
+				if want := later.wantB(a.ExpiresAtMs, b.ExpiresAtMs); score != want {
+					t.Errorf("after B gave up, the slot expires at %d; want %d (A's %d, B's and C's %d)", score, want, a.ExpiresAtMs, b.ExpiresAtMs)
+				}
+			})
+		})
+	}
+}

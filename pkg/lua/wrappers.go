@@ -62,7 +62,9 @@ type Share struct {
 
 // Extension is how an acquire moved a held slot's expiry: from FromMs to
 // ToMs (Redis ms), later. A request that gives up gives the time back
-// (Member.Back) unless the slot was moved since, so that it keeps alive
+// (Member.Back) unless the slot was moved since or a later share of it is
+// held (a request that extended it after, by any version, may have been
+// answered ToMs), so that it keeps alive
 // nothing the stream's other requests hold, nor a slot a crashed try
 // left, which then expires by its own score: a client's retries, refused
 // (a full pool), keep no membership of its crashed try. The zero
@@ -636,8 +638,8 @@ type Member struct {
 	Owned bool
 	Share Share
 	// Back, of an Owned release: the extension its request made, given
-	// back if the member is kept for the other shares and still has
-	// Back.ToMs (see Extension).
+	// back if the member is kept for the other shares, still has
+	// Back.ToMs and no later share is held (see Extension).
 	Back Extension
 }
 
