@@ -54,6 +54,11 @@ type scopeQueue struct {
 	expiresAt time.Time            // when a slot or ticket may expire next, as last read
 	override  int                  // the scope's override as last read; -1: none
 	limit     int                  // the scope's limit as the latest round found it
+
+	// heldOff: stream ids whose latest call, made for a wake-up naming
+	// them, found them still queued, and until when a wake-up for one
+	// waits for the loop's next call rather than making one (see due).
+	heldOff map[string]time.Time
 }
 
 // join adds w to the loop of scope and plan, starting it if none runs.
@@ -64,7 +69,7 @@ func (l *Limiter) join(scope queueScope, plan string, w *waiter) (stop func()) {
 	q := l.queues.m[k]
 	if q == nil {
 		q = &scopeQueue{l: l, queueScope: scope, plan: plan, poke: make(chan struct{}, 1),
-			places: map[string]int{}, refreshed: map[string]time.Time{}, named: map[string]bool{}, override: -1}
+			places: map[string]int{}, refreshed: map[string]time.Time{}, named: map[string]bool{}, heldOff: map[string]time.Time{}, override: -1}
 		l.queues.m[k] = q
 		go q.run()
 	}
@@ -118,7 +123,7 @@ func (q *scopeQueue) run() {
 			continue
 		}
 		timer.Reset(time.Until(next))
-		q.sleep(timer)
+		q.sleep(timer, next)
 	}
 }
 
@@ -146,44 +151,64 @@ func (q *scopeQueue) take() bool {
 	return false
 }
 
-// sleep waits for timer, or for a change worth a call before it: a new
-// waiter, one that leaves, a wake-up for one of the loop's tickets.
-func (q *scopeQueue) sleep(timer *time.Timer) {
+// sleep waits for timer, due at next, or for a change worth a call
+// before it: a new waiter, one that leaves, a wake-up for one of the
+// loop's tickets (a ticket held off, by the end of its hold).
+func (q *scopeQueue) sleep(timer *time.Timer, next time.Time) {
 	for {
 		select {
 		case <-timer.C:
 			return
 		case <-q.poke:
 		}
-		if q.due(time.Now()) {
+		due, by := q.due(time.Now())
+		if due {
 			timer.Stop()
 			return
+		}
+		if !by.IsZero() && by.Before(next) {
+			next = by
+			timer.Reset(time.Until(next))
 		}
 	}
 }
 
 // due reports whether a call should be made now: a waiter joined or is to
 // leave, or a wake-up named one of the loop's tickets (or no one). The
-// tickets named are kept for the call.
-func (q *scopeQueue) due(now time.Time) bool {
+// tickets named are kept for the call. A wake-up for a ticket held off
+// (heldOff) makes none: by is when its hold ends, the latest the next call
+// is then due (the zero time when no wake-up is held off). So replicas
+// whose scripts each find the other's ticket owed a free place, and wake
+// it (two releases' orders during a rolling update), call at most once a
+// poll each, not in turn as fast as Redis answers; and a wake-up a ticket
+// was not owed is served, at worst, as a lost one is, at that poll.
+func (q *scopeQueue) due(now time.Time) (due bool, by time.Time) {
 	q.mu.Lock()
 	woken, all, joined := q.woken, q.wokenAll, len(q.incoming) > 0
 	q.woken, q.wokenAll = nil, false
 	q.mu.Unlock()
 	named := false
 	for _, id := range woken {
-		if _, ok := q.places[id]; ok {
-			q.named[id], named = true, true
+		if _, ok := q.places[id]; !ok {
+			continue
 		}
+		q.named[id] = true
+		if until := q.heldOff[id]; now.Before(until) {
+			if by.IsZero() || until.Before(by) {
+				by = until
+			}
+			continue
+		}
+		named = true
 	}
 	q.namedAll = q.namedAll || all
 	if joined || all || named {
-		return true
+		return true, time.Time{}
 	}
 	for _, w := range q.waiters {
 		if _, leaving := w.gone(now); leaving {
-			return true
+			return true, time.Time{}
 		}
 	}
-	return false
+	return false, by
 }

@@ -18,6 +18,8 @@ type ticketCall struct {
 	send, leave bool
 	// retry: a waiter of the ticket leaves, while another stays.
 	retry bool
+	// woken: a wake-up named it (see scopeQueue.heldOff).
+	woken bool
 	at    int // index in WaitArgs.Tickets when sent
 }
 
@@ -65,6 +67,7 @@ func (q *scopeQueue) round() time.Time {
 		}
 		c.leave = c.leave && leaving
 		c.retry = c.retry || leaving
+		c.woken = c.woken || q.named[w.streamID]
 		place := q.places[w.streamID]
 		since := now.Sub(q.refreshed[w.streamID])
 		need := all || leaving || q.named[w.streamID] || place == 0 || since >= refreshBy
@@ -171,10 +174,14 @@ func (q *scopeQueue) round() time.Time {
 			w.answer(waitResult{outcome: WaitFull, used: got.Used, override: got.Override, retry: got.RetryAfter, displaced: q.places[w.streamID] > 0})
 		default:
 			// Queued; or, withdrawn while another waiter of its stream id
-			// left, queued again at the next call (place 0).
+			// left, queued again at the next call (place 0). Woken, yet
+			// not owed a slot: the next wake-up for it waits for a poll.
 			kept = append(kept, w)
 			q.places[w.streamID] = t.Place
 			q.refreshed[w.streamID] = now
+			if c.woken {
+				q.heldOff[w.streamID] = now.Add(q.pollEvery())
+			}
 		}
 	}
 	clear(q.waiters[len(kept):])
@@ -187,6 +194,7 @@ func (q *scopeQueue) round() time.Time {
 		if !waiting[id] {
 			delete(q.places, id)
 			delete(q.refreshed, id)
+			delete(q.heldOff, id)
 		}
 	}
 	if again {
@@ -341,4 +349,5 @@ func (q *scopeQueue) fail(mode tiers.FailureMode, err error, now time.Time) {
 	q.waiters = q.waiters[:0]
 	clear(q.places)
 	clear(q.refreshed)
+	clear(q.heldOff)
 }
