@@ -130,7 +130,7 @@ func (c *Client) Close(ctx context.Context) error {
 		errs := make([]error, len(held))
 		forEach(len(held), maxInFlight, func(i int) {
 			errs[i] = held[i].release(ctx)
-			held[i].markLost(ErrClosed)
+			held[i].markLost(ErrClosed, false)
 		})
 		waitFor(ctx, &c.releasing)
 		if c.ownHTTP {
@@ -179,6 +179,16 @@ func (c *Client) remove(l *Lease) bool {
 		c.nudge()
 	}
 	return true
+}
+
+// holdsAnother reports whether the client heartbeats a lease other than l
+// of l's user and stream id: one an Acquire of the id took after l was
+// lost or released, which now holds the slot.
+func (c *Client) holdsAnother(l *Lease) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	held, ok := c.leases[leaseKey{l.userID, l.streamID}]
+	return ok && held != l
 }
 
 // setInterval changes the heartbeat interval of a held lease.

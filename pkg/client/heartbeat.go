@@ -117,7 +117,7 @@ func (c *Client) heartbeatBatch(ctx context.Context, batch []*Lease) (reacquire 
 				unconfirmed++ // e.g. limiter_unavailable: the slot keeps its TTL
 				continue
 			}
-			if c.lose(l, fromWire(statusOf(res.Error.Code), *res.Error)) {
+			if c.lose(l, fromWire(statusOf(res.Error.Code), *res.Error), res.Error.Code == httpapi.CodeSlotLost) {
 				lost++
 			}
 		case res.Alive:
@@ -132,7 +132,7 @@ func (c *Client) heartbeatBatch(ctx context.Context, batch []*Lease) (reacquire 
 			// stream over the limiter's own outage.
 			reacquire = append(reacquire, l)
 		default:
-			if c.lose(l, &Error{Status: http.StatusGone, Code: httpapi.CodeSlotLost, Message: "the limiter no longer holds this slot"}) {
+			if c.lose(l, &Error{Status: http.StatusGone, Code: httpapi.CodeSlotLost, Message: "the limiter no longer holds this slot"}, true) {
 				lost++
 			}
 		}
@@ -164,7 +164,8 @@ func (c *Client) reacquire(ctx context.Context, l *Lease) {
 			_ = l.sendRelease(ctx)
 		}
 	case definite(err):
-		if c.lose(l, err) {
+		// The heartbeat found no slot, and a refused acquire takes none.
+		if c.lose(l, err, true) {
 			c.log.Info("limiter: degraded lease refused on re-acquire", "stream_id", l.streamID, "err", err)
 		}
 	case c.loopCtx.Err() == nil: // not closing
@@ -173,12 +174,14 @@ func (c *Client) reacquire(ctx context.Context, l *Lease) {
 }
 
 // lose stops heartbeating l and closes its Lost with err, unless l was
-// released meanwhile. It reports whether l was lost.
-func (c *Client) lose(l *Lease, err error) bool {
+// released meanwhile. vacant says the limiter answered that it holds no
+// slot under l's stream id (see Lease.markLost). It reports whether l was
+// lost.
+func (c *Client) lose(l *Lease, err error, vacant bool) bool {
 	if !c.remove(l) {
 		return false
 	}
-	l.markLost(err)
+	l.markLost(err, vacant)
 	return true
 }
 

@@ -35,8 +35,12 @@ type Lease struct {
 	wouldRefuse   string
 	wouldRefuseBy *httpapi.PoolGrant
 	released      bool
-	err           error // set once, when lost closes
-	lost          chan struct{}
+	// vacant says the limiter answered that it holds no slot under the
+	// stream id for the lease (see markLost): its release has nothing to
+	// free, and would free the slot of an acquire of the id since.
+	vacant bool
+	err    error // set once, when lost closes
+	lost   chan struct{}
 }
 
 // newLease is the lease of a granted acquire of req.
@@ -174,6 +178,15 @@ func (l *Lease) Err() error {
 // /v1/slots/release). It is idempotent: once a release succeeded, later
 // calls return nil without a request; after a failure, calling it again
 // retries. A slot that cannot be released expires after its TTL.
+//
+// It sends nothing, and returns nil, where the slot under the stream id is
+// no longer the lease's: when the Client holds another Lease of that user
+// and stream id (an Acquire of the id after this lease was lost, or after
+// its release failed: the slot is that Lease's now), or when the limiter
+// answered that it holds no slot under the id (the lease lost with
+// ErrSlotLost, or a degraded lease refused on re-acquire). A lease lost
+// for another reason (ErrUnknownPlan, ErrPlanNotAllowed, ErrNotSlotHolder,
+// ErrInvalid, ErrClosed) may still hold its slot: its release is sent.
 func (l *Lease) Release(ctx context.Context) error {
 	l.client.remove(l)
 	return l.release(ctx)
@@ -191,12 +204,19 @@ func (l *Lease) release(ctx context.Context) error {
 
 // sendRelease asks the limiter to free the slot, whether or not a release
 // of the lease succeeded before: for a slot a re-acquire took again after
-// it (see Client.reacquire).
+// it (see Client.reacquire). It sends nothing, and the lease counts as
+// released, when the slot under the stream id is not the lease's (see
+// Release).
 func (l *Lease) sendRelease(ctx context.Context) error {
-	var out httpapi.ReleaseResponse
-	err := l.client.api.do(ctx, http.MethodPost, httpapi.PathRelease, httpapi.ReleaseRequest{UserID: l.userID, StreamID: l.streamID}, &out)
-	if err != nil {
-		return err
+	l.mu.Lock()
+	vacant := l.vacant
+	l.mu.Unlock()
+	if !vacant && !l.client.holdsAnother(l) {
+		var out httpapi.ReleaseResponse
+		err := l.client.api.do(ctx, http.MethodPost, httpapi.PathRelease, httpapi.ReleaseRequest{UserID: l.userID, StreamID: l.streamID}, &out)
+		if err != nil {
+			return err
+		}
 	}
 	l.mu.Lock()
 	l.released = true
@@ -204,14 +224,18 @@ func (l *Lease) sendRelease(ctx context.Context) error {
 	return nil
 }
 
-// markLost closes Lost with err, once.
-func (l *Lease) markLost(err error) {
+// markLost closes Lost with err, once. vacant says the limiter answered
+// that it holds no slot under the stream id: a heartbeat's slot_lost, or
+// a degraded lease's re-acquire refused (the heartbeat before it found no
+// slot, and a refused acquire takes none).
+func (l *Lease) markLost(err error, vacant bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.err != nil {
 		return
 	}
 	l.err = err
+	l.vacant = vacant
 	close(l.lost)
 }
 
