@@ -159,8 +159,9 @@ func WithRequestTimeout(d time.Duration) Option {
 // failure, the request timeout, or 503 limiter_unavailable. Such an
 // attempt may have taken the slot in Redis with only its answer lost; the
 // retry is then granted that slot, not a second one. Between attempts it
-// waits the answer's Retry-After, else 200ms doubling up to 2s, with
-// jitter, and never past ctx. When Acquire gives up, it releases the
+// waits the answer's Retry-After (up to half as long again, for jitter),
+// else 200ms doubling up to 2s (from half of each, for jitter), and never
+// past ctx. When Acquire gives up, it releases the
 // stream id so that a slot a lost attempt took does not count against the
 // user for a whole TTL. 0 disables retrying, not the release. Default 2.
 func WithAcquireRetries(n int) Option {

@@ -60,17 +60,17 @@ func (c *Client) acquireRetrying(ctx context.Context, req httpapi.AcquireRequest
 }
 
 // retryWait is how long to wait after the attempt-th unanswered attempt
-// failed with err: the answer's Retry-After, else a doubling backoff,
-// each drawn from its upper half so that clients cut off by one outage
-// do not all come back at once.
+// failed with err: at least the answer's Retry-After, up to half as long
+// again; without one, a doubling backoff drawn from its upper half. The
+// jitter keeps clients cut off by one outage from all coming back at once.
 func retryWait(err error, attempt int) time.Duration {
+	var e *Error
+	if errors.As(err, &e) && e.RetryAfter > 0 {
+		return e.RetryAfter + rand.N(e.RetryAfter/2+1)
+	}
 	wait := maxAcquireBackoff
 	if attempt < 8 { // beyond, the doubling is past the cap (and the shift past int64)
 		wait = min(firstAcquireBackoff<<attempt, maxAcquireBackoff)
-	}
-	var e *Error
-	if errors.As(err, &e) && e.RetryAfter > 0 {
-		wait = e.RetryAfter
 	}
 	return wait/2 + rand.N(wait/2+1)
 }

@@ -257,7 +257,8 @@ func TestAcquireRetriesUnderOneStreamID(t *testing.T) {
 // TestRetryWaitStaysWithinItsBounds: the wait before each retry of an
 // unanswered acquire doubles from 200ms up to 2s (drawn from the upper
 // half), however many retries WithAcquireRetries allows: at the 37th the
-// doubling would pass int64, and a wait below zero made Acquire panic.
+// doubling would pass int64, and a wait below zero made Acquire panic. An
+// answer's Retry-After is waited in full, with up to half as much again.
 func TestRetryWaitStaysWithinItsBounds(t *testing.T) {
 	err := fmt.Errorf("limiter: POST %s: %w: connection refused", httpapi.PathAcquire, client.ErrUnavailable)
 	for attempt := range 100 {
@@ -265,6 +266,48 @@ func TestRetryWaitStaysWithinItsBounds(t *testing.T) {
 		if w := client.RetryWait(err, attempt); w < want/2 || w > want {
 			t.Errorf("the wait before retry %d: %s; want %s-%s", attempt+1, w, want/2, want)
 		}
+	}
+	for _, retryAfter := range []time.Duration{time.Millisecond, time.Second, 5 * time.Second} {
+		answered := &client.Error{Status: http.StatusServiceUnavailable, Code: httpapi.CodeUnavailable, RetryAfter: retryAfter}
+		for attempt := range 20 {
+			if w := client.RetryWait(answered, attempt); w < retryAfter || w > retryAfter*3/2 {
+				t.Errorf("the wait before retry %d after a Retry-After of %s: %s; want %s-%s", attempt+1, retryAfter, w, retryAfter, retryAfter*3/2)
+				break
+			}
+		}
+	}
+}
+
+// TestAcquireRetryWaitsTheAnswersRetryAfter: an acquire answered 503 with
+// Retry-After: 1 is sent again no sooner than a second later.
+func TestAcquireRetryWaitsTheAnswersRetryAfter(t *testing.T) {
+	f := newFake(t)
+	var mu sync.Mutex
+	var sent []time.Time
+	f.set(func(f *fakeLimiter) {
+		f.onAcquire = func(w http.ResponseWriter, r *http.Request) bool {
+			mu.Lock()
+			defer mu.Unlock()
+			sent = append(sent, time.Now())
+			if len(sent) == 1 {
+				w.Header().Set("Retry-After", "1")
+				writeError(w, http.StatusServiceUnavailable, httpapi.Error{Code: httpapi.CodeUnavailable, Message: "redis did not answer in time"})
+				return true
+			}
+			return false
+		}
+	})
+	c := newClient(t, f.URL())
+	if _, err := c.Acquire(context.Background(), "u", "free"); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(sent) != 2 {
+		t.Fatalf("attempts: got %d, want 2", len(sent))
+	}
+	if gap := sent[1].Sub(sent[0]); gap < time.Second {
+		t.Errorf("the retry came %s after the attempt answered Retry-After: 1; want at least 1s", gap)
 	}
 }
 
