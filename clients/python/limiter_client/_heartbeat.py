@@ -15,6 +15,7 @@ from .errors import LimiterError, SlotLost, definite, from_wire, slot_fatal
 from .lease import Lease
 from .schemas import (
     AcquireResponse,
+    ErrorCode,
     HeartbeatRequest,
     HeartbeatsRequest,
     HeartbeatsResponse,
@@ -97,6 +98,14 @@ class Keeper:
         with self._cond:
             return (user_id, stream_id) in self._leases
 
+    def holds_another(self, lease: Lease) -> bool:
+        """Whether a lease other than lease is held for its user and stream
+        id: one an acquire of the id took after lease was lost or released,
+        which now holds the slot."""
+        with self._cond:
+            held = self._leases.get((lease.user_id, lease.stream_id))
+            return held is not None and held is not lease
+
     def set_interval(self, lease: Lease, interval: float) -> None:
         with self._cond:
             if self._leases.get((lease.user_id, lease.stream_id)) is not lease or lease.interval == interval:
@@ -106,12 +115,14 @@ class Keeper:
             self._count(interval, 1)
             self._cond.notify_all()
 
-    def lose(self, lease: Lease, error: LimiterError) -> bool:
+    def lose(self, lease: Lease, error: LimiterError, vacant: bool = False) -> bool:
         """Stops heartbeating lease and sets its lost with error, unless it
-        was released meanwhile; whether it was lost."""
+        was released meanwhile; whether it was lost. vacant says the limiter
+        answered that it holds no slot under the lease's stream id (see
+        Lease._mark_lost)."""
         if not self.remove(lease):
             return False
-        lease._mark_lost(error)
+        lease._mark_lost(error, vacant)
         return True
 
     def stop(self) -> List[Lease]:
@@ -226,7 +237,7 @@ class Keeper:
             elif result.error is not None:
                 if not slot_fatal(result.error.code):
                     unconfirmed += 1  # e.g. limiter_unavailable: the slot keeps its TTL
-                elif self.lose(lease, from_wire(result.error)):
+                elif self.lose(lease, from_wire(result.error), vacant=result.error.code == ErrorCode.SLOT_LOST):
                     lost += 1
             elif result.alive:
                 lease._update(result.expires_at, result.degraded)
@@ -235,7 +246,7 @@ class Keeper:
                 # held it: count it again rather than end the stream over the
                 # limiter's own outage.
                 again.append(lease)
-            elif self.lose(lease, SlotLost("slot_lost", "the limiter no longer holds this slot", status=410)):
+            elif self.lose(lease, SlotLost("slot_lost", "the limiter no longer holds this slot", status=410), vacant=True):
                 lost += 1
         if unconfirmed:
             log.warning("limiter: %d heartbeats not confirmed; the slots keep their TTL, retrying next round", unconfirmed)
@@ -256,7 +267,8 @@ class Keeper:
             out = self._reacquire_call(lease, left)
         except LimiterError as err:
             if definite(err):
-                if self.lose(lease, err):
+                # The heartbeat found no slot, and a refused acquire takes none.
+                if self.lose(lease, err, vacant=True):
                     log.info("limiter: degraded lease %s refused on re-acquire: %s", lease.stream_id, err)
             elif not self.closed:
                 log.warning("limiter: re-acquiring degraded lease %s failed; retrying next round: %s", lease.stream_id, err)

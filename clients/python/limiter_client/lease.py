@@ -62,6 +62,10 @@ class Lease:
         self._would_refuse_by: Optional[PoolGrant] = None
         self._acquired(granted, extension=False)
         self._released = False
+        # The limiter answered that it holds no slot under the stream id
+        # for the lease (see _mark_lost): its release has nothing to free,
+        # and would free the slot of an acquire of the id since.
+        self._vacant = False
         self._error: Optional[LimiterError] = None
         self.lost = threading.Event()
         """Set when the lease is lost: the limiter answered that the slot no
@@ -178,7 +182,17 @@ class Lease:
         """Stops heartbeating the lease and frees its slot. Idempotent: once
         a release succeeded, later calls send nothing; after a failure
         (raised as a LimiterError), calling it again retries. A slot that is
-        never released expires after its TTL."""
+        never released expires after its TTL.
+
+        It sends nothing where the slot under the stream id is no longer the
+        lease's: when the client holds another Lease of that user and stream
+        id (an acquire of the id after this lease was lost, or after its
+        release failed: the slot is that Lease's now), or when the limiter
+        answered that it holds no slot under the id (the lease lost with
+        SlotLost, or a degraded lease refused on re-acquire). A lease lost
+        for another reason (UnknownPlan, PlanNotAllowed, NotSlotHolder,
+        InvalidRequest, ClientClosed) may still hold its slot: its release
+        is sent."""
         self._client._forget(self)
         self._release()
 
@@ -186,25 +200,34 @@ class Lease:
         """Sends the release, unless one succeeded already. force sends it
         regardless: a re-acquire answered after the release took the slot
         anew, and only another release frees it. timeout bounds the call
-        (default: the client's request_timeout)."""
+        (default: the client's request_timeout). Nothing is sent, and the
+        lease counts as released, when the slot under the stream id is not
+        the lease's (see release)."""
         with self._lock:
             if self._released and not force:
                 return
-        self._client._api.call(
-            "POST",
-            Paths.RELEASE,
-            encode(ReleaseRequest(user_id=self._user_id, stream_id=self._stream_id)),
-            ReleaseResponse,
-            timeout=timeout,
-        )
+            vacant = self._vacant
+        if not vacant and not self._client._keeper.holds_another(self):
+            self._client._api.call(
+                "POST",
+                Paths.RELEASE,
+                encode(ReleaseRequest(user_id=self._user_id, stream_id=self._stream_id)),
+                ReleaseResponse,
+                timeout=timeout,
+            )
         with self._lock:
             self._released = True
 
-    def _mark_lost(self, error: LimiterError) -> None:
+    def _mark_lost(self, error: LimiterError, vacant: bool = False) -> None:
+        """Sets lost with error, once. vacant says the limiter answered that
+        it holds no slot under the stream id: a heartbeat's slot_lost, or a
+        degraded lease's re-acquire refused (the heartbeat before it found
+        no slot, and a refused acquire takes none)."""
         with self._lock:
             if self._error is not None:
                 return
             self._error = error
+            self._vacant = vacant
         self.lost.set()
 
     def _acquired(self, answer: AcquireResponse, *, extension: bool) -> None:

@@ -17,10 +17,12 @@ from limiter_client import (
     LimiterError,
     LimitReached,
     NotSlotHolder,
+    PlanNotAllowed,
     PoolLimitReached,
     ProtocolError,
     SlotLost,
     Unavailable,
+    UnknownPlan,
     UnknownPool,
 )
 from limiter_client.schemas import Paths, PoolGrant
@@ -474,6 +476,48 @@ class RequestTest(unittest.TestCase):
         for batch in self.fake.batches[rounds:]:
             self.assertEqual([s["stream_id"] for s in batch.json["slots"]], [kept.stream_id], "a lost lease is heartbeated no more")
         self.assertFalse(kept.lost.is_set())
+
+    def test_release_of_a_lost_lease_is_sent_only_where_its_slot_may_be_held(self) -> None:
+        # A lost lease's release frees what the limiter may still hold under
+        # its stream id for it: not when it answered that it holds nothing
+        # (slot_lost, a degraded lease refused on re-acquire), and never
+        # once the client holds a lease acquired under the id since, whose
+        # slot it is.
+        gone = {"alive": False, "expires_at": None}
+
+        def refused(code: str) -> Dict:
+            return dict(gone, error={"code": code, "message": "refused"})
+
+        cases = [
+            ("alive false", False, gone, None, SlotLost, False),
+            ("per-slot slot_lost", False, refused("slot_lost"), None, SlotLost, False),
+            ("per-slot unknown_plan", False, refused("unknown_plan"), None, UnknownPlan, True),
+            ("per-slot plan_not_allowed", False, refused("plan_not_allowed"), None, PlanNotAllowed, True),
+            ("degraded, refused on re-acquire", True, gone, pool_limit_reached(), PoolLimitReached, False),
+        ]
+        for name, degraded, result, reacquire_answer, error, sent_when_released in cases:
+            for reacquired in (False, True):
+                with self.subTest(name, reacquired=reacquired):
+                    fake = Fake()
+                    server = RecordingServer(fake.answer)
+                    self.addCleanup(server.close)
+                    client = Client(server.url, token="caller-token")
+                    self.addCleanup(client.close)
+                    fake.degraded = degraded
+                    lease = client.acquire("user-1", "paid", stream_id="s")
+                    fake.acquire_answer = reacquire_answer
+                    fake.results["s"] = result
+                    self.assertTrue(lease.lost.wait(2), "not lost")
+                    self.assertIsInstance(lease.error, error)
+                    want = 1 if sent_when_released else 0
+                    if reacquired:
+                        fake.degraded, fake.acquire_answer = False, None
+                        current = client.acquire("user-1", "paid", stream_id="s")
+                        self.assertIsNot(current, lease)
+                        want = 0
+                    before = len(server.received(Paths.RELEASE))
+                    lease.release()
+                    self.assertEqual(len(server.received(Paths.RELEASE)) - before, want, "releases sent by the lost lease's release")
 
     def test_answer_breaking_the_contract_is_refused_and_released(self) -> None:
         self.fake.acquire_answer = json_answer(200, {"granted": True, "stream_id": "s", "used": 1})

@@ -239,6 +239,29 @@ class ServeTest(unittest.TestCase):
         records = self.admin.audit(limit=10).records
         self.assertIn((u, "release_all", [lease.stream_id]), [(r.user_id, r.action, r.released) for r in records])
 
+    def test_release_of_a_lost_lease_spares_the_slot_reacquired_under_its_id(self) -> None:
+        # Support frees a stream's slot, its lease is lost with SlotLost, and
+        # the application acquires the stream again under its stream id. The
+        # lost lease's release (its with block ending) must not free the new
+        # lease's slot: the user would hold one stream more than the plan
+        # allows, and the new lease would be lost at its next heartbeat.
+        for another in (False, True):
+            with self.subTest(reacquired_by_another_client=another):
+                u = user()
+                old = self.client.acquire(u, "free", stream_id="chat-1")
+                self.admin.release_all(u, "ticket 3: support frees the slot")
+                self.assertTrue(old.lost.wait(5 * INTERVAL), "lost not set within five heartbeat intervals")
+                self.assertIsInstance(old.error, SlotLost)
+                again = self.new_client(self.url) if another else self.client
+                current = again.acquire(u, "free", stream_id="chat-1")
+                self.assertIsNot(current, old)
+                old.release()
+                self.assertEqual(self.used(u), 1, "the lost lease's release freed the re-acquired lease's slot")
+                with self.assertRaises(LimitReached):
+                    self.client.acquire(u, "free")
+                self.assertFalse(current.lost.wait(3 * INTERVAL), "the re-acquired lease was lost: %s" % current.error)
+                current.release()
+
     def test_unanswered_acquire_is_retried_under_the_same_stream_id(self) -> None:
         for fault in ("503", "drop"):
             with self.subTest(fault=fault), FaultProxy(self.url) as proxy:
