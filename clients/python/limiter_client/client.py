@@ -63,8 +63,9 @@ class Client:
       same stream id, after an attempt went unanswered (no answer, 503
       limiter_unavailable): such an attempt may have taken the slot with
       only its answer lost, and the retry is then granted that slot, not a
-      second one. Between attempts it waits the answer's Retry-After, else
-      0.2s doubling up to 2s, with jitter. When it gives up it releases the
+      second one. Between attempts it waits the answer's Retry-After (up to
+      half as long again, for jitter), else 0.2s doubling up to 2s (from
+      half of each, for jitter). When it gives up it releases the
       stream id, so that a slot a lost attempt took does not count against
       the user for a whole TTL, and, when the id is the client's own, once
       more a second later, in the background, for an attempt that reached
@@ -374,10 +375,10 @@ def heartbeat_interval_of(out: AcquireResponse) -> float:
 
 def retry_wait(err: LimiterError, attempt: int) -> float:
     """How long to wait after the attempt-th unanswered attempt failed with
-    err: the answer's Retry-After, else a doubling backoff; drawn from its
-    upper half, so that clients cut off by one outage do not all come back
-    at once."""
-    wait = min(FIRST_ACQUIRE_BACKOFF * (2**attempt), MAX_ACQUIRE_BACKOFF)
+    err: at least the answer's Retry-After, up to half as long again;
+    without one, a doubling backoff drawn from its upper half. The jitter
+    keeps clients cut off by one outage from all coming back at once."""
     if err.retry_after:
-        wait = err.retry_after
+        return err.retry_after + random.uniform(0, err.retry_after / 2)
+    wait = min(FIRST_ACQUIRE_BACKOFF * (2**attempt), MAX_ACQUIRE_BACKOFF)
     return wait / 2 + random.uniform(0, wait / 2)

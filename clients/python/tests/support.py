@@ -11,6 +11,7 @@ import os
 import re
 import secrets
 import threading
+import time
 import unittest
 import urllib.parse
 import urllib.request
@@ -66,6 +67,7 @@ class Recorded:
     """One request a test server received."""
 
     def __init__(self, method: str, path: str, headers: Dict[str, str], body: bytes) -> None:
+        self.at = time.monotonic()  # when it arrived
         self.method = method
         self.path = path
         self.headers = headers

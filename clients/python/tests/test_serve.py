@@ -262,6 +262,14 @@ class ServeTest(unittest.TestCase):
                 self.assertFalse(current.lost.wait(3 * INTERVAL), "the re-acquired lease was lost: %s" % current.error)
                 current.release()
 
+    def test_a_retry_waits_the_retry_after_of_the_answer_before(self) -> None:
+        with FaultProxy(self.url) as proxy:
+            proxy.fail(Paths.ACQUIRE, "503")  # with Retry-After: 1
+            self.new_client(proxy.url).acquire(user(), "free").release()
+            sent = [r.at for r in proxy.received(Paths.ACQUIRE)]
+            self.assertEqual(len(sent), 2)
+            self.assertGreaterEqual(sent[1] - sent[0], 1.0, "the retry came before the answer's Retry-After of 1s")
+
     def test_unanswered_acquire_is_retried_under_the_same_stream_id(self) -> None:
         for fault in ("503", "drop"):
             with self.subTest(fault=fault), FaultProxy(self.url) as proxy:
