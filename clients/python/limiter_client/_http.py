@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import socket
 import ssl
 import urllib.error
@@ -25,6 +26,10 @@ MAX_ANSWER_BYTES = 4 << 20
 MAX_ADMIN_ANSWER_BYTES = 16 << 20
 
 ENV_TOKEN = "LIMITER_TOKEN"
+
+# A surrogate code point, which UTF-8 cannot encode: a str holds one
+# where os.fsdecode (surrogateescape) met a byte that is not UTF-8.
+SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 def parse_base_url(raw: str) -> str:
@@ -80,7 +85,7 @@ class Endpoint:
         answer (refused, dropped, timed out) raises Unavailable; an answer
         that does not match the contract raises ProtocolError."""
         what = "%s %s" % (method, path)
-        data = None if body is None else json.dumps(body, ensure_ascii=False).encode("utf-8")
+        data = None if body is None else json_body(body)
         request = urllib.request.Request(self.base + path, data=data, method=method)
         if data is not None:
             request.add_header("Content-Type", "application/json")
@@ -116,6 +121,30 @@ class Endpoint:
         if len(raw) > self._max_answer:
             raise ProtocolError("invalid_answer", "%s: answer exceeds %d bytes" % (what, self._max_answer))
         return raw
+
+
+def json_body(body: Dict[str, Any]) -> bytes:
+    """body as JSON in UTF-8. A surrogate is sent as its JSON escape, as
+    JavaScript's JSON.stringify sends a lone one: the limiter reads it as
+    U+FFFD and refuses the id, pool key or label holding it
+    (invalid_user_id, invalid_stream_id, invalid_pool_key, invalid_label),
+    as it does the same from the TypeScript client, where UTF-8 alone would
+    raise UnicodeEncodeError here."""
+    text = json.dumps(body, ensure_ascii=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return SURROGATE.sub(lambda m: "\\u%04x" % ord(m.group()), text).encode("utf-8")
+
+
+def utf8_size(text: str) -> int:
+    """The bytes of UTF-8 text takes as the limiter reads it (see
+    json_body): a lone surrogate as U+FFFD, a pair as the character it
+    makes."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        return len(text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace").encode("utf-8"))
 
 
 def _reason(err: BaseException) -> str:

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ._heartbeat import MAX_IN_FLIGHT, Keeper
-from ._http import Endpoint, caller_token
+from ._http import Endpoint, caller_token, utf8_size
 from .errors import ClientClosed, LimiterError, NotSlotHolder, ProtocolError, Unavailable, definite
 from .lease import Lease
 from .schemas import AcquireRequest, AcquireResponse, Paths, ReleaseRequest, ReleaseResponse, encode
@@ -151,7 +151,7 @@ class Client:
         body = encode(AcquireRequest(user_id=user_id, plan=plan, stream_id=stream_id or new_stream_id()))
         generated = not stream_id
         if label:
-            size = len(label.encode("utf-8"))
+            size = utf8_size(label)
             if size > MAX_LABEL_BYTES:
                 raise ValueError("label must be at most %d bytes of UTF-8, got %d" % (MAX_LABEL_BYTES, size))
             body["label"] = label

@@ -412,6 +412,22 @@ class ServeTest(unittest.TestCase):
             self.client.acquire(user(), "free", stream_id="not a stream id")
         self.assertEqual(caught.exception.code, "invalid_stream_id")
 
+    def test_ids_not_of_utf8_are_invalid_requests(self) -> None:
+        # A lone surrogate, as os.fsdecode (surrogateescape) makes of a byte
+        # that is not UTF-8, is refused as the limiter refuses it for the Go
+        # and TypeScript clients, not raised as a UnicodeEncodeError.
+        cases = [
+            ("user id", "a\udcffb", {}, "invalid_user_id"),
+            ("stream id", user(), {"stream_id": "s\udcff"}, "invalid_stream_id"),
+            ("pool key", user(), {"pools": {"model": "k\udcff"}}, "invalid_pool_key"),
+            ("label", user(), {"label": "l\udcff"}, "invalid_label"),
+        ]
+        for what, user_id, options, code in cases:
+            with self.subTest(what):
+                with self.assertRaises(InvalidRequest) as caught:
+                    self.client.acquire(user_id, "free", **options)
+                self.assertEqual((caught.exception.status, caught.exception.code), (400, code))
+
     def test_mutual_tls(self) -> None:
         url, ca = env("LIMITER_TEST_TLS_URL"), env("LIMITER_TEST_TLS_CA")
         context = ssl.create_default_context(cafile=ca)
