@@ -194,7 +194,7 @@ export class Client {
     }
     const answer = await this.acquireRetrying(body, !options.streamId, options.signal);
     const lease = new Lease(
-      { api: this.api, forget: (l) => this.keeper.remove(l) },
+      { api: this.api, forget: (l) => this.keeper.remove(l), holdsAnother: (l) => this.keeper.holdsAnother(l) },
       userId,
       plan,
       answer.stream_id,

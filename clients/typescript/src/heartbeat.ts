@@ -91,6 +91,12 @@ export class Keeper {
     return this.leases.has(keyOf(userId, streamId));
   }
 
+  /** Whether a lease other than lease is held for its user and stream id (see LeaseOwner.holdsAnother). */
+  holdsAnother(lease: Lease): boolean {
+    const held = this.leases.get(keyOf(lease.userId, lease.streamId));
+    return held !== undefined && held !== lease;
+  }
+
   setInterval(lease: Lease, interval: number): void {
     if (!this.holds(lease) || lease.interval === interval) {
       return;
@@ -101,12 +107,17 @@ export class Keeper {
     this.nudge();
   }
 
-  /** Stops heartbeating lease and marks it lost with err, unless it was released meanwhile; whether it was lost. */
-  lose(lease: Lease, err: LimiterError): boolean {
+  /**
+   * Stops heartbeating lease and marks it lost with err, unless it was
+   * released meanwhile; whether it was lost. vacant says the limiter
+   * answered that it holds no slot under the lease's stream id (see
+   * Lease.markLost).
+   */
+  lose(lease: Lease, err: LimiterError, vacant = false): boolean {
     if (!this.remove(lease)) {
       return false;
     }
-    lease.markLost(err);
+    lease.markLost(err, vacant);
     return true;
   }
 
@@ -266,7 +277,7 @@ export class Keeper {
       } else if (result.error !== undefined) {
         if (!slotFatal(result.error.code)) {
           unconfirmed++; // e.g. limiter_unavailable: the slot keeps its TTL
-        } else if (this.lose(lease, fromWire(result.error))) {
+        } else if (this.lose(lease, fromWire(result.error), result.error.code === ErrorCode.SlotLost)) {
           lost++;
         }
       } else if (result.alive) {
@@ -276,7 +287,7 @@ export class Keeper {
         // it: count it again rather than end the stream over the limiter's
         // own outage.
         again.push(lease);
-      } else if (this.lose(lease, new LimiterError(ErrorCode.SlotLost, "the limiter no longer holds this slot", { status: 410 }))) {
+      } else if (this.lose(lease, new LimiterError(ErrorCode.SlotLost, "the limiter no longer holds this slot", { status: 410 }), true)) {
         lost++;
       }
     });
@@ -299,7 +310,8 @@ export class Keeper {
       answer = await this.owner.reacquire(lease, signal);
     } catch (err) {
       if (definite(err)) {
-        if (this.lose(lease, err as LimiterError)) {
+        // The heartbeat found no slot, and a refused acquire takes none.
+        if (this.lose(lease, err as LimiterError, true)) {
           this.log.info("limiter: degraded lease refused on re-acquire", { stream_id: lease.streamId, err: String(err) });
         }
       } else if (!this.closed) {

@@ -7,6 +7,12 @@ export interface LeaseOwner {
   readonly api: Endpoint;
   /** Stops heartbeating the lease. */
   forget(lease: Lease): void;
+  /**
+   * Whether the client heartbeats a lease other than lease of its user and
+   * stream id: one an acquire of the id took after lease was lost or
+   * released, which now holds the slot.
+   */
+  holdsAnother(lease: Lease): boolean;
 }
 
 /**
@@ -40,6 +46,12 @@ export class Lease {
   private refusal: AcquireResponse["would_refuse"];
   private refusalBy: PoolGrant | undefined;
   private released = false;
+  /**
+   * The limiter answered that it holds no slot under the stream id for the
+   * lease (see markLost): its release has nothing to free, and would free
+   * the slot of an acquire of the id since.
+   */
+  private vacant = false;
   private lostError: LimiterError | undefined;
   private readonly controller = new AbortController();
   private resolveLost!: (err: LimiterError) => void;
@@ -173,6 +185,15 @@ export class Lease {
    * release succeeded, later calls send nothing; after a failure (a
    * rejection with a LimiterError), calling it again retries. A slot never
    * released expires after its TTL.
+   *
+   * It sends nothing where the slot under the stream id is no longer the
+   * lease's: when the client holds another Lease of that user and stream id
+   * (an acquire of the id after this lease was lost, or after its release
+   * failed: the slot is that Lease's now), or when the limiter answered that
+   * it holds no slot under the id (the lease lost with `slot_lost`, or a
+   * degraded lease refused on re-acquire). A lease lost for another reason
+   * (`unknown_plan`, `plan_not_allowed`, `not_slot_holder`, an invalid id,
+   * `client_closed`) may still hold its slot: its release is sent.
    */
   async release(): Promise<void> {
     this.owner.forget(this);
@@ -182,23 +203,33 @@ export class Lease {
   /**
    * @internal Frees the slot without touching the heartbeats. again sends
    * the release even after one succeeded: for a slot a re-acquire took
-   * again after that release reached the limiter.
+   * again after that release reached the limiter. Nothing is sent, and the
+   * lease counts as released, when the slot under the stream id is not the
+   * lease's (see release).
    */
   async releaseSlot(again = false): Promise<void> {
     if (this.released && !again) {
       return;
     }
-    const body: ReleaseRequest = { user_id: this.userId, stream_id: this.streamId };
-    await this.owner.api.call("POST", Paths.release, body, "ReleaseResponse");
+    if (!this.vacant && !this.owner.holdsAnother(this)) {
+      const body: ReleaseRequest = { user_id: this.userId, stream_id: this.streamId };
+      await this.owner.api.call("POST", Paths.release, body, "ReleaseResponse");
+    }
     this.released = true;
   }
 
-  /** @internal Marks the lease lost with err, once. */
-  markLost(err: LimiterError): void {
+  /**
+   * @internal Marks the lease lost with err, once. vacant says the limiter
+   * answered that it holds no slot under the stream id: a heartbeat's
+   * slot_lost, or a degraded lease's re-acquire refused (the heartbeat before
+   * it found no slot, and a refused acquire takes none).
+   */
+  markLost(err: LimiterError, vacant = false): void {
     if (this.lostError !== undefined) {
       return;
     }
     this.lostError = err;
+    this.vacant = vacant;
     this.controller.abort(err);
     this.resolveLost(err);
   }

@@ -466,6 +466,42 @@ describe("requests and answers", () => {
     assert.equal(kept.error, undefined);
   });
 
+  // A lost lease's release frees what the limiter may still hold under its
+  // stream id for it: not when it answered that it holds nothing
+  // (slot_lost, a degraded lease refused on re-acquire), and never once the
+  // client holds a lease acquired under the id since, whose slot it is.
+  const gone = { alive: false, expires_at: null };
+  const refusedBy = (code: string) => ({ ...gone, error: { code, message: "refused" } });
+  for (const [name, degraded, result, reacquireAnswer, code, sentWhenReleased] of [
+    ["alive false", false, gone, undefined, ErrorCode.SlotLost, false],
+    ["per-slot slot_lost", false, refusedBy("slot_lost"), undefined, ErrorCode.SlotLost, false],
+    ["per-slot unknown_plan", false, refusedBy("unknown_plan"), undefined, ErrorCode.UnknownPlan, true],
+    ["per-slot plan_not_allowed", false, refusedBy("plan_not_allowed"), undefined, ErrorCode.PlanNotAllowed, true],
+    ["degraded, refused on re-acquire", true, gone, poolLimitReached(), ErrorCode.PoolLimitReached, false],
+  ] as const) {
+    for (const reacquired of [false, true]) {
+      const sent = sentWhenReleased && !reacquired;
+      const since = reacquired ? ", its stream id acquired again since," : "";
+      test(`the release of a lease lost by ${name}${since} is ${sent ? "sent: its slot may be held" : "not sent"}`, async () => {
+        const c = newClient();
+        fake.degraded = degraded;
+        const lease = await c.acquire("user-1", "paid", { streamId: "s" });
+        fake.acquireAnswer = reacquireAnswer;
+        fake.results.set("s", result);
+        const err = await Promise.race([lease.lost, new Promise<undefined>((r) => setTimeout(() => r(undefined), 2000))]);
+        assert.equal(err?.code, code);
+        if (reacquired) {
+          fake.degraded = false;
+          fake.acquireAnswer = undefined;
+          assert.notEqual(await c.acquire("user-1", "paid", { streamId: "s" }), lease);
+        }
+        const before = server.received(Paths.release).length;
+        await lease.release();
+        assert.equal(server.received(Paths.release).length - before, sent ? 1 : 0, "releases sent by the lost lease's release");
+      });
+    }
+  }
+
   test("an answer breaking the contract is refused and its stream id released", async () => {
     fake.acquireAnswer = jsonAnswer(200, { granted: true, stream_id: "s", used: 1 });
     await assert.rejects(newClient().acquire("user-1", "paid", { streamId: "s" }), (err: unknown) => {

@@ -258,6 +258,30 @@ describe("against a real serve", { skip }, () => {
     assert.ok(records.some((r) => r.user_id === u && r.action === "release_all" && r.released?.[0] === lease.streamId));
   });
 
+  for (const another of [false, true]) {
+    test(`the release of a lost lease spares the slot re-acquired under its stream id (${another ? "by another client" : "by the same client"})`, async () => {
+      // Support frees a stream's slot, its lease is lost with slot_lost, and
+      // the application acquires the stream again under its stream id. The
+      // lost lease's release (withLease's, or a finally's) must not free the
+      // new lease's slot: the user would hold one stream more than the plan
+      // allows, and the new lease would be lost at its next heartbeat.
+      const c = newClient();
+      const u = user();
+      const old = await c.acquire(u, "free", { streamId: "chat-1" });
+      await admin.releaseAll(u, "ticket 3: support frees the slot");
+      const err = await Promise.race([old.lost, sleep(5 * INTERVAL_MS).then(() => undefined)]);
+      assert.ok(err, "not lost within five heartbeat intervals");
+      assert.equal(err.code, ErrorCode.SlotLost);
+      const current = await (another ? newClient() : c).acquire(u, "free", { streamId: "chat-1" });
+      assert.notEqual(current, old);
+      await old.release();
+      assert.equal(await used(u), 1, "the lost lease's release freed the re-acquired lease's slot");
+      await refused(c.acquire(u, "free"), ErrorCode.StreamLimitReached);
+      const lost = await Promise.race([current.lost, sleep(3 * INTERVAL_MS).then(() => undefined)]);
+      assert.equal(lost, undefined, `the re-acquired lease was lost: ${String(lost)}`);
+    });
+  }
+
   for (const fault of ["503", "drop"]) {
     test(`an unanswered acquire is retried under the same stream id (${fault})`, async () => {
       const proxy = await newProxy();
