@@ -52,8 +52,9 @@ export interface ClientOptions {
    * id, after an attempt went unanswered (no answer, 503
    * limiter_unavailable): such an attempt may have taken the slot with
    * only its answer lost, and the retry is then granted that slot, not a
-   * second one. Between attempts it waits the answer's Retry-After, else
-   * 200ms doubling up to 2s, with jitter. When it gives up it releases the
+   * second one. Between attempts it waits the answer's Retry-After (up to
+   * half as long again, for jitter), else 200ms doubling up to 2s (from half
+   * of each, for jitter). When it gives up it releases the
    * stream id, so that a slot a lost attempt took does not count against
    * the user for a whole TTL, and, when the id is the client's own, once
    * more a second later, in the background, for an attempt that reached
@@ -434,13 +435,14 @@ export function heartbeatIntervalOf(answer: AcquireResponse): number {
 
 /**
  * How long to wait after the attempt-th unanswered attempt failed with err:
- * the answer's Retry-After, else a doubling backoff; drawn from its upper
- * half, so that clients cut off by one outage do not all come back at once.
+ * at least the answer's Retry-After, up to half as long again; without one,
+ * a doubling backoff drawn from its upper half. The jitter keeps clients cut
+ * off by one outage from all coming back at once.
  */
 export function retryWait(err: LimiterError, attempt: number): number {
-  let wait = Math.min(FIRST_ACQUIRE_BACKOFF_MS * 2 ** attempt, MAX_ACQUIRE_BACKOFF_MS);
   if (err.retryAfterMs) {
-    wait = err.retryAfterMs;
+    return err.retryAfterMs + Math.random() * (err.retryAfterMs / 2);
   }
+  const wait = Math.min(FIRST_ACQUIRE_BACKOFF_MS * 2 ** attempt, MAX_ACQUIRE_BACKOFF_MS);
   return wait / 2 + Math.random() * (wait / 2);
 }

@@ -282,6 +282,15 @@ describe("against a real serve", { skip }, () => {
     });
   }
 
+  test("a retry waits the Retry-After of the answer before it", async () => {
+    const proxy = await newProxy();
+    proxy.fail(Paths.acquire, "503"); // with Retry-After: 1
+    await (await newClient(proxy.url).acquire(user(), "free")).release();
+    const sent = proxy.received(Paths.acquire).map((r) => r.at);
+    assert.equal(sent.length, 2);
+    assert.ok(sent[1]! - sent[0]! >= 1000, `the retry came ${Math.round(sent[1]! - sent[0]!)}ms after the attempt answered Retry-After: 1`);
+  });
+
   for (const fault of ["503", "drop"]) {
     test(`an unanswered acquire is retried under the same stream id (${fault})`, async () => {
       const proxy = await newProxy();

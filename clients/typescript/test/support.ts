@@ -81,6 +81,8 @@ export function total(samples: Map<string, number>, name: string, labels: Record
 
 /** One request a test server received. */
 export interface Recorded {
+  /** When it arrived (performance.now()). */
+  at: number;
   method: string;
   path: string;
   headers: IncomingMessage["headers"];
@@ -122,12 +124,13 @@ export class TestServer {
   }
 
   private async serve(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const at = performance.now();
     const chunks: Buffer[] = [];
     for await (const chunk of req) {
       chunks.push(chunk as Buffer);
     }
     const body = Buffer.concat(chunks).toString("utf8");
-    const rec: Recorded = { method: req.method ?? "", path: req.url ?? "", headers: req.headers, body, json: body ? JSON.parse(body) : undefined };
+    const rec: Recorded = { at, method: req.method ?? "", path: req.url ?? "", headers: req.headers, body, json: body ? JSON.parse(body) : undefined };
     this.requests.push(rec);
     const answer = await this.handle(rec);
     if (answer === undefined) {
