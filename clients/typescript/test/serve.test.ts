@@ -415,6 +415,14 @@ describe("against a real serve", { skip }, () => {
     await refused(c.acquire(user(), "free", { streamId: "not a stream id" }), ErrorCode.InvalidStreamId);
   });
 
+  test("ids holding a lone surrogate are refused as invalid, as from the Python client", async () => {
+    const c = newClient();
+    await refused(c.acquire("a\udcffb", "free"), ErrorCode.InvalidUserId);
+    await refused(c.acquire(user(), "free", { streamId: "s\udcff" }), ErrorCode.InvalidStreamId);
+    await refused(c.acquire(user(), "free", { pools: { model: "k\udcff" } }), ErrorCode.InvalidPoolKey);
+    await refused(c.acquire(user(), "free", { label: "l\udcff" }), ErrorCode.InvalidLabel);
+  });
+
   test("TLS: the global fetch trusting the service's CA, and mutual TLS through the fetch option", async () => {
     const u = user();
     // NODE_EXTRA_CA_CERTS trusts the CA; the global fetch takes no client
