@@ -151,6 +151,10 @@ func TestPythonClient(t *testing.T) {
 		"test_a_slot_belongs_to_the_caller_that_took_it",
 		"test_pool_key_is_a_cap_shared_by_every_user",
 		"test_lease_says_what_its_acquire_answered",
+		"test_release_of_a_lost_lease_spares_the_slot_reacquired_under_its_id",
+		"test_release_of_a_lost_lease_is_sent_only_where_its_slot_may_be_held",
+		"test_a_retry_waits_the_retry_after_of_the_answer_before",
+		"test_ids_not_of_utf8_are_invalid_requests",
 	})
 }
 
@@ -219,6 +223,10 @@ func TestTypeScriptClient(t *testing.T) {
 		"a slot belongs to the caller that took it",
 		"a pool key is a cap shared by every user",
 		"a lease says what its acquire answered",
+		"the release of a lost lease spares the slot re-acquired under its stream id (by the same client)",
+		"the release of a lost lease spares the slot re-acquired under its stream id (by another client)",
+		"a retry waits the Retry-After of the answer before it",
+		"ids holding a lone surrogate are refused as invalid, as from the Python client",
 	})
 }
 
