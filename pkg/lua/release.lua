@@ -52,15 +52,17 @@ local queue, expiry, recs = KEYS[3], KEYS[4], KEYS[5]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
--- A slot that expired unreleased is nobody's (its holder crashed or let
--- it lapse): it is pruned below, whoever asks, and was not held.
-local score = tonumber(redis.call('ZSCORE', key, ARGV[1]))
-local live = score ~= nil and score > now
-local record = live and redis.call('HGET', meta, ARGV[1])
+local record = redis.call('HGET', meta, ARGV[1])
 if foreign(record, ARGV[2] or '') then
-  return {-1, 0, '', ''}
+  -- A slot that expired unreleased is nobody's (its holder crashed or
+  -- let it lapse): it is pruned below, whoever asks, and was not held.
+  local score = tonumber(redis.call('ZSCORE', key, ARGV[1]))
+  if score and score > now then
+    return {-1, 0, '', ''}
+  end
+  record = false
 end
-if live and (ARGV[3] or '') ~= '' then
+if (ARGV[3] or '') ~= '' then
   local kept = true
   if record then
     kept = leave(record, tonumber(ARGV[3]), ARGV[4] or '')
