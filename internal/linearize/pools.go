@@ -112,6 +112,9 @@ func (s *poolState) heldBy() map[string]int {
 // the order they are: the highest priority; within it the ticket whose
 // user holds the fewest members, counting those of the tickets ranked
 // before it; then whose user has the fewest tickets left; then arrival.
+// It chooses one place at a time, as the order is said; the scripts (and
+// lua.ServeOrder) sort the tickets by their places instead, which gives
+// the same order (see lib_tickets.lua's owed; TestTheModelOrdersAsServeOrder).
 func (s *poolState) owed(n int) []int {
 	held, waiting := s.heldBy(), map[string]int{}
 	for _, t := range s.queue {

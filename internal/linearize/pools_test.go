@@ -1,9 +1,14 @@
 package linearize
 
 import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/joishi/limiter/pkg/lua"
 )
 
 // poolHistory builds the operations of key "k" with cap limit; times in
@@ -183,5 +188,42 @@ func TestCheckPoolsRecordsEachGrantsRivals(t *testing.T) {
 	}
 	if got := strings.Join(order, " "); got != "x3 z1 x4" {
 		t.Errorf("grants in the order %s, want x3 z1 x4", got)
+	}
+}
+
+// TestTheModelOrdersAsServeOrder: on random queues of a key of few
+// members, the model's order (owed: one place at a time) is
+// lua.ServeOrder's, the listing's, which sorts the tickets by their
+// places as the scripts do.
+func TestTheModelOrdersAsServeOrder(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	users := []string{"a", "b", "c", "d"}
+	for round := range 5000 {
+		var held, queue []PoolTicket
+		heldBy := map[string]int{}
+		for i := range r.IntN(6) {
+			u := users[r.IntN(len(users))]
+			held = append(held, PoolTicket{Member: fmt.Sprintf("h%d %s", i, u), User: u})
+			heldBy[u]++
+		}
+		slices.SortFunc(held, func(a, b PoolTicket) int { return strings.Compare(a.Member, b.Member) })
+		var tickets []lua.Ticket
+		for i := range 1 + r.IntN(8) {
+			u := users[r.IntN(len(users))]
+			p := r.IntN(3)
+			m := fmt.Sprintf("w%d %s", i, u)
+			queue = append(queue, PoolTicket{Member: m, User: u, Priority: p})
+			tickets = append(tickets, lua.Ticket{StreamID: m, Record: lua.StoredRecord{Record: lua.Record{User: u, Priority: p}}})
+		}
+		var model, listed []string
+		for _, i := range newPoolState(queue, held).owed(len(queue)) {
+			model = append(model, queue[i].Member)
+		}
+		for _, t := range lua.ServeOrder(tickets, heldBy, lua.QueueOrder{WeighHeld: true, WeighWaiting: true}) {
+			listed = append(listed, t.StreamID)
+		}
+		if !slices.Equal(model, listed) {
+			t.Fatalf("round %d: held %v, queue %v: the model serves %q, ServeOrder %q", round, heldBy, queue, model, listed)
+		}
 	}
 }

@@ -757,6 +757,34 @@ func TestADisplacedWaiterSaysHowLongItWaited(t *testing.T) {
 	}
 }
 
+// TestAFullQueueRefusesTheWaiterServedLast (DESIGN §17, docs/pools.md:
+// a key's queue holds the waiters served first). model=k (cap 1) is held
+// by v; the queue holds at most 2: v's second acquire l waits (plan
+// low), then u's x (plan low), then u's n (plan high, priority 5). Served
+// in order: n, then l (v holds 1, as u does once n is served; each
+// waits for 1; l came first), then x. x is refused, and l waits on.
+func TestAFullQueueRefusesTheWaiterServedLast(t *testing.T) {
+	t.Parallel()
+	table := poolTable(t, pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second})
+	s := limitertest.New(t, limitertest.Options{Backend: limitertest.Standalone, Redis: cluster.Options{Timeout: 5 * time.Second},
+		Tiers: poolWaitTiers(), Limiter: limiter.Options{Pools: table, MaxQueue: 2}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	v, u := newUser(t), newUser(t)
+	mustAcquire(t, s.Limiter, v, "low", "k")
+	l := queue(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: v, Plan: "low", Pools: map[string]string{"model": "k"}}, 9*time.Second)
+	x := queue(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: u, Plan: "low", Pools: map[string]string{"model": "k"}}, 9*time.Second)
+	go func() {
+		_, _ = s.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: u, Plan: "high", Pools: map[string]string{"model": "k"}, Wait: 9 * time.Second})
+	}()
+	if a, ok := x.answer(5 * time.Second); !ok || a.err != nil || !a.res.QueueFull {
+		t.Fatalf("u's x, served last: %+v, %v (answered %v); want refused as a full queue", a.res, a.err, ok)
+	}
+	if a, ok := l.answer(time.Second); ok {
+		t.Errorf("v's l, served second: answered %+v, %v (queue full: %v); want it still waiting", a.res, a.err, a.res.QueueFull)
+	}
+}
+
 // sharingRetries are the cases of a request and its retry sharing a
 // grant: the retry on the same replica or another (replica), and staying
 // or leaving too (bothLeave).

@@ -135,11 +135,12 @@ end
 local heldCounted = 1000
 
 -- heldBy(slots, count, all): adds to count[user] the members of slots each
--- user holds (a pool key's members are '<stream id> <user id>'); none
--- when slots holds more than heldCounted, unless all.
+-- user holds (a pool key's members are '<stream id> <user id>'), and
+-- returns true; counts none and returns false when slots holds more than
+-- heldCounted (holdings are not weighed), unless all.
 local function heldBy(slots, count, all)
   if not all and redis.call('ZCARD', slots) > heldCounted then
-    return count
+    return false
   end
   for _, member in ipairs(redis.call('ZRANGE', slots, 0, -1)) do
     local user = string.match(member, ' (.*)$')
@@ -147,7 +148,130 @@ local function heldBy(slots, count, all)
       count[user] = (count[user] or 0) + 1
     end
   end
-  return count
+  return true
+end
+
+-- orderOf(slots, users, oldest, held): what the order of a queue weighs
+-- (see ticketRank) whose live tickets name users (a pool key's queue) and
+-- oldest as the oldest order (see queueOrder), counting into held the
+-- members of slots each user holds when it weighs them. This release's
+-- weighs the waiting, and holdings on a key of at most heldCounted; the
+-- previous release's holdings on any key, not the waiting.
+local function orderOf(slots, users, oldest, held)
+  local order = {weighHeld = true, weighWaiting = oldest >= queueOrder}
+  if users then
+    order.weighHeld = heldBy(slots, held, not order.weighWaiting)
+  end
+  return order
+end
+
+-- ticketRank(r, order, prio, at, held, waiting, before, above, first):
+-- gives r (and returns it) the place in a queue's order (see owed) of a
+-- ticket of priority prio that arrived at (later arrivals greater), whose
+-- user holds held members and waits for waiting tickets: before of them
+-- served before it (those of a higher priority, and its earlier ones of
+-- prio), above of a higher priority, the first of prio arrived at
+-- first. What the order weighs is order's: weighHeld, the users'
+-- holdings (a pool key of at most heldCounted members), and weighWaiting,
+-- how many tickets each waits for. servedFirst compares two places.
+local function ticketRank(r, order, prio, at, held, waiting, before, above, first)
+  r.prio, r.held, r.waiting, r.lead, r.at = prio, 0, 0, at, at
+  if order.weighHeld then
+    r.held = held + before
+    if order.weighWaiting then
+      r.waiting = waiting - before
+    end
+  elseif order.weighWaiting then
+    -- Unweighed holdings: a user's tickets of one priority are served
+    -- together (see owed), as its first of them arrived.
+    r.waiting, r.lead = waiting - above, first
+  end
+  return r
+end
+
+-- servedFirst(a, b): whether the ticket of place a (see ticketRank) is
+-- served before the one of place b; servedLast(a, b), after it.
+local function servedFirst(a, b)
+  if a.prio ~= b.prio then
+    return a.prio > b.prio
+  end
+  if a.held ~= b.held then
+    return a.held < b.held
+  end
+  if a.waiting ~= b.waiting then
+    return a.waiting < b.waiting
+  end
+  if a.lead ~= b.lead then
+    return a.lead < b.lead
+  end
+  return a.at < b.at
+end
+
+local function servedLast(a, b)
+  return servedFirst(b, a)
+end
+
+-- heapDown(h, k, above): restores the heap h (no entry under one that
+-- above says belongs below it) from its k-th entry down. heapPop(h,
+-- above): takes h's top out, and returns it.
+local function heapDown(h, k, above)
+  local n = #h
+  while true do
+    local top, l = k, 2 * k
+    if l <= n and above(h[l], h[top]) then
+      top = l
+    end
+    if l < n and above(h[l + 1], h[top]) then
+      top = l + 1
+    end
+    if top == k then
+      return
+    end
+    h[top], h[k] = h[k], h[top]
+    k = top
+  end
+end
+
+local function heapPop(h, above)
+  local top = h[1]
+  h[1] = h[#h]
+  h[#h] = nil
+  heapDown(h, 1, above)
+  return top
+end
+
+-- ranked(tickets, held, order): gives each of tickets (in arrival order,
+-- each {user, prio}; held, by user, the members each user holds) its
+-- place in order (see ticketRank).
+local function ranked(tickets, held, order)
+  local waiting, count = {}, {}
+  for _, t in ipairs(tickets) do
+    waiting[t.user] = (waiting[t.user] or 0) + 1
+  end
+  -- By priority, the tickets of each user of more than one.
+  for _, t in ipairs(tickets) do
+    if waiting[t.user] > 1 then
+      local c = count[t.user] or {}
+      c[t.prio] = (c[t.prio] or 0) + 1
+      count[t.user] = c
+    end
+  end
+  local seen, first = {}, {}
+  for i, t in ipairs(tickets) do
+    local w, above, earlier, lead = waiting[t.user], 0, 0, i
+    if w > 1 then
+      for p, n in pairs(count[t.user]) do
+        if p > t.prio then
+          above = above + n
+        end
+      end
+      local s, f = seen[t.user] or {}, first[t.user] or {}
+      earlier, lead = s[t.prio] or 0, f[t.prio] or i
+      s[t.prio], f[t.prio] = earlier + 1, lead
+      seen[t.user], first[t.user] = s, f
+    end
+    ticketRank(t, order, t.prio, i, held[t.user] or 0, w, above + earlier, above, lead)
+  end
 end
 
 -- owed(queue, expiry, recs, used, override, stop, slots, cap, plan): the live
@@ -157,15 +281,33 @@ end
 --
 -- The order (DESIGN §17): the highest priority first; within one, the
 -- ticket whose user holds the fewest members of slots (a pool key's
--- members are '<stream id> <user id>'; not weighed on a key of more
--- than heldCounted), counting those owed to the tickets served before
--- it; then the one whose user waits for the fewest; then arrival. Without the waiting, a key whose streams end
--- before the next place frees would serve one user's many waiters all
--- before the users behind them with one each: each time, that user
--- would again hold none. A user's own queue has no user in its
--- tickets, so there it is priority, then arrival. While a live ticket
--- is the previous release's, the order is that release's (see
--- queueOrder): holdings weighed on any key, the waiting not weighed.
+-- members are '<stream id> <user id>'; not weighed, nor counted, on a
+-- key of more than heldCounted), counting those owed to the tickets
+-- served before it; then the one whose user waits for the fewest,
+-- counting those no longer waited for; then arrival. Without the
+-- waiting, a key whose streams end before the next place frees would
+-- serve one user's many waiters all before the users behind them with
+-- one each: each time, that user would again hold none. A user's own
+-- queue has no user in its tickets, so there it is priority, then
+-- arrival. While a live ticket is the previous release's, the order is
+-- that release's (see queueOrder and orderOf): holdings weighed on any
+-- key, the waiting not weighed.
+--
+-- That order is greedy: each place to the best ticket as the places
+-- handed out so far leave its user's holdings and waiting. It is the
+-- tickets sorted by their places (ticketRank). One user's tickets go in
+-- their own order, priority then arrival (being the same user's, they
+-- compare alike in all else), so when one is served its user was handed
+-- exactly the before of it, and the greedy choice is the best of the
+-- users' next tickets, ranked as ticketRank ranks them. And a user's next
+-- ranks before its later ones: with holdings weighed, held + before
+-- grows along its order; unweighed, a user served within a priority
+-- stays the one waiting for the fewest until its tickets of that
+-- priority are served, so they go together, all ranked by what it waited
+-- for as the priority began (waiting - above) and its first one's
+-- arrival. So the best of the users' next tickets is the best of all.
+-- The places are taken from a heap rather than sorted: a call that
+-- hands out one place costs a pass over the tickets, not a sort.
 --
 -- A ticket is owed a slot while fewer slots than its own limit (override,
 -- when one is in force, else its record's) are taken, counting those owed
@@ -176,19 +318,24 @@ end
 -- ticket reaches), holds for them: a pool key's tickets (those naming a
 -- user) all wait for the key's one cap, and a user's own tickets of
 -- plan, the caller's, for that plan's limit. A ticket whose limit is
--- reached is passed over: it holds no place against an acquire it could not itself
--- be granted the slot of, so a waiter of one plan never blocks the user's
--- acquires under a larger one. The selection ends once stop slots are
--- taken (math.huge: never): a caller that only needs to know whether a
--- slot is left over.
+-- reached is passed over: it holds no place against an acquire it could
+-- not itself be granted the slot of, so a waiter of one plan never
+-- blocks the user's acquires under a larger one. Passed over, it is not
+-- served, yet its user's later tickets are ranked as if it were; where
+-- users are weighed that never changes the order: a pool key's tickets
+-- share the key's one cap, so once one is passed over all are (release,
+-- which does not know the cap, reads only the first owed). A user's own
+-- queue weighs no users. The selection ends once stop slots are taken
+-- (math.huge: never): a caller that only needs to know whether a slot
+-- is left over.
 local function owed(queue, expiry, recs, used, override, stop, slots, cap, plan)
   local out, slack, taken = {}, {}, used
   if taken >= stop then
     return out, taken, slack
   end
   -- Every live ticket: the order depends on all of them.
-  local tickets, users, order = liveTickets(queue, expiry, recs)
-  local weighWaiting = order >= queueOrder
+  local tickets, users, oldest = liveTickets(queue, expiry, recs)
+  local most = 0 -- the largest limit: no ticket is owed a slot past it
   for _, t in ipairs(tickets) do
     if cap >= 0 and (t.user ~= '' or (plan ~= '' and t.plan == plan)) then
       t.limit = cap
@@ -196,161 +343,155 @@ local function owed(queue, expiry, recs, used, override, stop, slots, cap, plan)
     if override >= 0 then
       t.limit = override
     end
+    most = math.max(most, t.limit)
   end
-  -- How many members each user holds, and tickets it has, when the
-  -- tickets name users.
-  local held, waiting = {}, {}
-  if users then
-    heldBy(slots, held, not weighWaiting)
-    for _, t in ipairs(tickets) do
-      waiting[t.user] = (waiting[t.user] or 0) + 1
-    end
+  -- How many members each user holds, when the tickets name users.
+  local held = {}
+  local order = orderOf(slots, users, oldest, held)
+  ranked(tickets, held, order)
+  for k = math.floor(#tickets / 2), 1, -1 do
+    heapDown(tickets, k, servedFirst)
   end
-  local served = {}
-  while taken < stop do
-    local best, bestHeld, bestWaiting
-    for i, t in ipairs(tickets) do
-      if not served[i] and taken < t.limit then
-        local h, w = held[t.user] or 0, 0
-        if weighWaiting then
-          w = waiting[t.user] or 0
-        end
-        if not best or t.prio > tickets[best].prio or (t.prio == tickets[best].prio and
-            (h < bestHeld or (h == bestHeld and w < bestWaiting))) then
-          best, bestHeld, bestWaiting = i, h, w
-        end
-      end
+  while taken < stop and taken < most and #tickets > 0 do
+    local t = heapPop(tickets, servedFirst)
+    if taken < t.limit then
+      taken = taken + 1
+      out[#out + 1] = t.id
+      slack[#slack + 1] = t.limit - taken
     end
-    if not best then
-      break
-    end
-    local t = tickets[best]
-    served[best] = true
-    taken = taken + 1
-    held[t.user], waiting[t.user] = bestHeld + 1, (waiting[t.user] or 0) - 1
-    out[#out + 1] = t.id
-    slack[#slack + 1] = t.limit - taken
   end
   return out, taken, slack
 end
 
--- fullQueue(queue, expiry, recs, slots): what displace weighs, read once
--- per call that finds the queue full: its live tickets in arrival order,
--- each with its priority and user, how many of slots' members each user
--- holds and how many tickets it has, how many of each user's tickets
--- are of each priority, and whether it is served in the previous
--- release's order (see queueOrder).
-local function fullQueue(queue, expiry, recs, slots)
-  local tickets, users, order = liveTickets(queue, expiry, recs)
-  local q = {tickets = tickets, held = {}, waiting = {}, count = {}, previous = order < queueOrder}
-  for _, t in ipairs(tickets) do
-    q.waiting[t.user] = (q.waiting[t.user] or 0) + 1
-    local c = q.count[t.user] or {}
-    c[t.prio] = (c[t.prio] or 0) + 1
-    q.count[t.user] = c
+-- lastOf(q, user): the place (see ticketRank) of user's ticket served
+-- last in the full queue q, with the ticket ({id, at}) and its user; nil
+-- when user has none. A user's tickets are served in their own order
+-- (see owed): its last is its latest of its lowest priority.
+local function lastOf(q, user)
+  local low
+  for p in pairs(q.byPrio[user] or {}) do
+    if not low or p < low then
+      low = p
+    end
   end
-  if users then
-    heldBy(slots, q.held, q.previous)
+  if not low then
+    return nil
+  end
+  local s, w = q.byPrio[user][low], q.waiting[user]
+  local r = ticketRank({}, q.order, low, s[#s].at, q.held[user] or 0, w, w - 1, w - #s, s[1].at)
+  r.ticket, r.user = s[#s], user
+  return r
+end
+
+-- reweigh(q, user): user's tickets in q changed: its last goes in the heap
+-- of the users' lasts, and its earlier entries no longer count (their
+-- version is past).
+local function reweigh(q, user)
+  q.version[user] = (q.version[user] or 0) + 1
+  local r = lastOf(q, user)
+  if r then
+    r.version = q.version[user]
+    local h = q.heap
+    h[#h + 1] = r
+    local k = #h
+    while k > 1 and servedLast(h[k], h[math.floor(k / 2)]) do
+      local up = math.floor(k / 2)
+      h[up], h[k] = h[k], h[up]
+      k = up
+    end
+  end
+end
+
+-- fullQueue(queue, expiry, recs, slots): what displace weighs, read once
+-- per call that finds the queue full, then kept as the call's tickets
+-- join and leave it (joinFull, leaveFull): each user's holdings (held),
+-- tickets (waiting) and tickets by priority (byPrio), each in arrival
+-- order ({id, at}), as the order weighs them; and the heap of the users'
+-- lasts (see displace).
+local function fullQueue(queue, expiry, recs, slots)
+  local tickets, users, oldest = liveTickets(queue, expiry, recs)
+  local q = {held = {}, waiting = {}, byPrio = {}, of = {}, version = {}, heap = {}, at = #tickets}
+  q.order = orderOf(slots, users, oldest, q.held)
+  for i, t in ipairs(tickets) do
+    local b = q.byPrio[t.user] or {}
+    local s = b[t.prio] or {}
+    s[#s + 1] = {id = t.id, at = i}
+    b[t.prio], q.byPrio[t.user] = s, b
+    q.waiting[t.user] = (q.waiting[t.user] or 0) + 1
+    q.of[t.id] = t
+  end
+  for user in pairs(q.waiting) do
+    local r = lastOf(q, user)
+    r.version, q.version[user] = 1, 1
+    q.heap[#q.heap + 1] = r
+  end
+  for k = math.floor(#q.heap / 2), 1, -1 do
+    heapDown(q.heap, k, servedLast)
   end
   return q
 end
 
--- aheadOf(q, user, prio): how many of user's tickets in the full queue q
--- owed serves before a ticket of user's of priority prio arriving now:
--- those of a higher priority, and those of prio (earlier arrivals).
-local function aheadOf(q, user, prio)
-  local n = 0
-  for p, c in pairs(q.count[user] or {}) do
-    if p >= prio then
-      n = n + c
+-- joinFull(q, id, prio, user): a ticket of user's, of priority prio,
+-- joins the full queue q, arriving last.
+local function joinFull(q, id, prio, user)
+  local b = q.byPrio[user] or {}
+  local s = b[prio] or {}
+  q.at = q.at + 1
+  s[#s + 1] = {id = id, at = q.at}
+  b[prio], q.byPrio[user] = s, b
+  q.waiting[user] = (q.waiting[user] or 0) + 1
+  q.of[id] = {user = user, prio = prio}
+  reweigh(q, user)
+end
+
+-- leaveFull(q, id): ticket id leaves the full queue q (if it is in it).
+local function leaveFull(q, id)
+  local t = q.of[id]
+  if not t then
+    return
+  end
+  local user, prio = t.user, t.prio
+  local s = q.byPrio[user][prio]
+  for k, e in ipairs(s) do
+    if e.id == id then
+      table.remove(s, k)
+      break
     end
   end
-  return n
-end
-
--- ticketRank(q, user, prio, before): the place in owed's order of a
--- ticket of user's, of priority prio, with before of its user's tickets served
--- before it: owed serves a user's tickets in arrival order within a
--- priority, counting each one served as held and no longer waited for,
--- so its order is the tickets sorted by priority (higher first), then
--- the user's holdings counting those served before (fewer first), then
--- the tickets left to it (fewer first; all alike in the previous
--- release's order), then arrival.
-local function ticketRank(q, user, prio, before)
-  if q.previous then
-    return prio, (q.held[user] or 0) + before, 0
+  if #s == 0 then
+    q.byPrio[user][prio] = nil
   end
-  return prio, (q.held[user] or 0) + before, (q.waiting[user] or 0) - before
-end
-
--- servedFirst(pa, ha, wa, pb, hb, wb): whether a ticket ranked (pa, ha,
--- wa) is served before one ranked (pb, hb, wb), leaving arrival aside.
-local function servedFirst(pa, ha, wa, pb, hb, wb)
-  if pa ~= pb then
-    return pa > pb
-  end
-  if ha ~= hb then
-    return ha < hb
-  end
-  return wa < wb
+  q.waiting[user], q.of[id] = q.waiting[user] - 1, nil
+  reweigh(q, user)
 end
 
 -- displace(q, queue, expiry, recs, id, prio, user): for a full queue (q,
--- see fullQueue) and a new ticket id of priority prio and user's: takes
--- out the ticket that would be served last, and returns its id, when the
--- new one would be served before it (see owed), noting the swap in q for
--- the call's next new ticket; else changes nothing and returns nil. So
--- a full queue holds the tickets served first, and one user's many
--- tickets do not shut out a user with none (DESIGN §17), nor lower
--- priorities a higher one.
---
--- The last is the one owed would serve last (see ticketRank). The new
--- ticket goes before it when it would be served before it were that one to
--- arrive again after it: strictly, so that two users' tickets never
+-- see fullQueue) and a new ticket id of priority prio and user's: the
+-- new ticket is weighed with the others, arriving last, and the one then
+-- served last (see owed) is taken out: the new one, which is not queued
+-- (nil is returned), or another, whose id is returned, the new one
+-- queued in its place. So a full queue holds the tickets served first,
+-- and one user's many tickets do not shut out a user with none (DESIGN
+-- §17), nor lower priorities a higher one. A ticket taken out that
+-- comes back to the full queue arrives last again, all else as before:
+-- it is again the last, and refused, so two users' tickets never
 -- displace each other in turn.
+--
+-- The last is the last of the users' lasts, kept in a heap (q.heap),
+-- each user's pushed anew whenever its tickets change (the entry it had
+-- is left behind by its version, and dropped when it comes on top): so
+-- a call's new tickets cost a heap's steps each, not a pass over the
+-- queue.
 local function displace(q, queue, expiry, recs, id, prio, user)
-  -- The last, found again only after a swap: a call whose new tickets
-  -- displace none reads the queue's tickets once.
-  local last = q.last
-  if not last then
-    local seen, lp, lh, lw = {}
-    for k, t in ipairs(q.tickets) do
-      if not t.gone then
-        -- Its user's of a higher priority, and those of its own that
-        -- came before it.
-        local s = seen[t.user] or {}
-        local before = aheadOf(q, t.user, t.prio) - q.count[t.user][t.prio] + (s[t.prio] or 0)
-        s[t.prio] = (s[t.prio] or 0) + 1
-        seen[t.user] = s
-        local p, h, w = ticketRank(q, t.user, t.prio, before)
-        -- In arrival order: a later ticket of the same rank is later served.
-        if not last or not servedFirst(p, h, w, lp, lh, lw) then
-          last, lp, lh, lw = k, p, h, w
-        end
-      end
-    end
-    q.last = last
-  end
-  if not last or q.tickets[last].user == user and q.tickets[last].prio >= prio then
+  joinFull(q, id, prio, user)
+  local last
+  repeat
+    last = heapPop(q.heap, servedLast)
+  until last.version == q.version[last.user]
+  leaveFull(q, last.ticket.id)
+  if last.ticket.id == id then
     return nil
   end
-  local l = q.tickets[last]
-  -- The new ticket counted among its user's, and the last as though it
-  -- arrived again, after the others of its user and priority.
-  local np, nh, nw = ticketRank(q, user, prio, aheadOf(q, user, prio))
-  nw = nw + 1
-  local lp, lh, lw = ticketRank(q, l.user, l.prio, aheadOf(q, l.user, l.prio) - 1)
-  if servedFirst(np, nh, nw, lp, lh, lw) then
-    dropTicket(queue, expiry, recs, l.id)
-    l.gone, q.last = true, nil
-    q.waiting[l.user] = q.waiting[l.user] - 1
-    q.count[l.user][l.prio] = q.count[l.user][l.prio] - 1
-    q.tickets[#q.tickets + 1] = {id = id, prio = prio, user = user}
-    q.waiting[user] = (q.waiting[user] or 0) + 1
-    local c = q.count[user] or {}
-    c[prio] = (c[prio] or 0) + 1
-    q.count[user] = c
-    return l.id
-  end
-  return nil
+  dropTicket(queue, expiry, recs, last.ticket.id)
+  return last.ticket.id
 end

@@ -4,7 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"maps"
+	"slices"
 	"strconv"
 
 	"github.com/joishi/limiter/pkg/keys"
@@ -141,7 +141,7 @@ func Slots(ctx context.Context, c rueidis.Client, key string, most int) (Listing
 		}
 		held[heldBy[i]] = n
 	}
-	out.Queue = ServeOrder(out.Queue, held)
+	out.Queue = ServeOrder(out.Queue, held, queueOrderOf(out.Queue, held))
 	return out, nil
 }
 
@@ -149,63 +149,133 @@ func Slots(ctx context.Context, c rueidis.Client, key string, most int) (Listing
 // ticket names it (lib_tickets.lua's queueOrder).
 const queueOrder = 2
 
+// queueOrderOf is what the wait script's order of queue weighs
+// (lib_tickets.lua's orderOf), held being what the slots script named of
+// its users' holdings: it names them only when the order weighs them (a
+// pool key of at most 1,000 members, or any while a ticket is the
+// previous release's); a user's own queue, whose tickets name no user,
+// weighs none alike. While a ticket is the previous release's (its
+// Record.Order is older), the order is that release's: the waiting is
+// not weighed.
+func queueOrderOf(queue []Ticket, held map[string]int) QueueOrder {
+	order := QueueOrder{WeighHeld: len(held) > 0, WeighWaiting: true}
+	for _, t := range queue {
+		order.WeighWaiting = order.WeighWaiting && t.Record.Order >= queueOrder
+	}
+	return order
+}
+
+// QueueOrder is what the order of a key's queue weighs besides priority
+// and arrival (see ServeOrder and lib_tickets.lua's ticketRank).
+type QueueOrder struct {
+	// WeighHeld weighs the users' holdings of the key: on a pool key of
+	// at most 1,000 members (above it reading them costs every call too
+	// much).
+	WeighHeld bool
+	// WeighWaiting weighs how many tickets each user waits for.
+	WeighWaiting bool
+}
+
 // ServeOrder returns queue (tickets in arrival order) in the order the
 // wait script serves them (lib_tickets.lua, owed): the highest priority
 // first; within one, the ticket whose user holds the fewest of the key's
 // members (held, by user; it is not changed), counting those served
-// before it; then whose user waits for the fewest; then arrival. A
-// user's own queue names no user: there it is priority, then arrival.
-// While a ticket is the previous release's (its Record.Order is older),
-// the order is that release's, as the script's: the waiting is not
-// weighed. (Whether a ticket's own limit lets it be served at all is the
-// script's to decide, when a slot frees.)
-func ServeOrder(queue []Ticket, held map[string]int) []Ticket {
-	held, waiting := maps.Clone(held), map[string]int{}
-	if held == nil {
-		held = map[string]int{}
-	}
-	previous := false
+// before it, when order weighs holdings; then whose user waits for the
+// fewest, counting those served before it as no longer waited for; then
+// arrival. A user's own queue names no user: there it is priority, then
+// arrival. (Whether a ticket's own limit lets it be served at all is the
+// script's to decide, when a slot frees.) As the script does, it sorts
+// the tickets by their places (ticketRank), which owed's comment shows
+// to be that order.
+func ServeOrder(queue []Ticket, held map[string]int, order QueueOrder) []Ticket {
+	count, waiting := map[string]map[int]int{}, map[string]int{}
 	for _, t := range queue {
-		waiting[t.Record.User]++
-		previous = previous || t.Record.Order < queueOrder
+		u := t.Record.User
+		if count[u] == nil {
+			count[u] = map[int]int{}
+		}
+		count[u][t.Record.Priority]++
+		waiting[u]++
 	}
-	if previous {
-		waiting = nil // all alike
+	type key struct {
+		user string
+		prio int
 	}
-	out := make([]Ticket, 0, len(queue))
-	served := make([]bool, len(queue))
-	for range queue {
-		best := -1
-		for i, t := range queue {
-			if served[i] {
-				continue
-			}
-			if best < 0 || servedBefore(t.Record, queue[best].Record, held, waiting) {
-				best = i
+	seen, first := map[key]int{}, map[key]int{}
+	places := make([]rank, len(queue))
+	for i, t := range queue {
+		u, p := t.Record.User, t.Record.Priority
+		above := 0
+		for q, n := range count[u] {
+			if q > p {
+				above += n
 			}
 		}
-		served[best] = true
-		user := queue[best].Record.User
-		held[user]++
-		if waiting != nil {
-			waiting[user]--
+		k := key{u, p}
+		if seen[k] == 0 {
+			first[k] = i
 		}
-		out = append(out, queue[best])
+		places[i] = ticketRank(order, p, i, held[u], waiting[u], above+seen[k], above, first[k])
+		seen[k]++
+	}
+	byPlace := make([]int, len(queue))
+	for i := range byPlace {
+		byPlace[i] = i
+	}
+	slices.SortFunc(byPlace, func(a, b int) int {
+		switch {
+		case servedFirst(places[a], places[b]):
+			return -1
+		case servedFirst(places[b], places[a]):
+			return 1
+		}
+		return 0
+	})
+	out := make([]Ticket, len(queue))
+	for i, at := range byPlace {
+		out[i] = queue[at]
 	}
 	return out
 }
 
-// servedBefore reports whether a ticket of record a is served before one
-// of record b, leaving arrival aside, their users holding and waiting for
-// as many as held and waiting say (nil waiting: all alike).
-func servedBefore(a, b StoredRecord, held, waiting map[string]int) bool {
-	if a.Priority != b.Priority {
-		return a.Priority > b.Priority
+// rank is a ticket's place in a queue's order, as lib_tickets.lua's
+// ticketRank gives it: its priority, then what its user holds and waits
+// for as order weighs them, then the arrival of the first of its user's
+// tickets served with it (lead), then its own.
+type rank struct{ prio, held, waiting, lead, at int }
+
+// ticketRank is lib_tickets.lua's: the place of a ticket of priority prio
+// that arrived at, whose user holds held members and waits for waiting
+// tickets, before of them served before it, above of a higher priority,
+// the first of its priority arrived at first.
+func ticketRank(order QueueOrder, prio, at, held, waiting, before, above, first int) rank {
+	r := rank{prio: prio, lead: at, at: at}
+	switch {
+	case order.WeighHeld:
+		r.held = held + before
+		if order.WeighWaiting {
+			r.waiting = waiting - before
+		}
+	case order.WeighWaiting:
+		r.waiting, r.lead = waiting-above, first
 	}
-	if held[a.User] != held[b.User] {
-		return held[a.User] < held[b.User]
+	return r
+}
+
+// servedFirst reports whether the ticket of place a is served before the
+// one of place b (lib_tickets.lua's servedFirst).
+func servedFirst(a, b rank) bool {
+	switch {
+	case a.prio != b.prio:
+		return a.prio > b.prio
+	case a.held != b.held:
+		return a.held < b.held
+	case a.waiting != b.waiting:
+		return a.waiting < b.waiting
+	case a.lead != b.lead:
+		return a.lead < b.lead
 	}
-	return waiting[a.User] < waiting[b.User]
+	return a.at < b.at
 }
 
 // parseOverride reads {limit, expires_at, set_at, actor, reason}.

@@ -1,0 +1,426 @@
+package lua_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/pkg/keys"
+	"github.com/joishi/limiter/pkg/lua"
+	"github.com/redis/rueidis"
+)
+
+// poolTicket is a ticket of a pool key's queue: its member ("<stream id>
+// <user id>"), user and priority.
+type poolTicket struct {
+	member, user string
+	prio         int
+}
+
+// servedOrder is the order DESIGN §17 and docs/pools.md give to tickets
+// (in arrival order) whose users hold held, computed as they say it, one
+// place at a time: the highest priority; then, when order weighs them,
+// the user holding the fewest, each ticket served counted as its user's;
+// then, when order weighs it, the user waiting for the fewest, each
+// ticket served no longer waited for; then arrival.
+func servedOrder(tickets []poolTicket, held map[string]int, order lua.QueueOrder) []string {
+	h, w := map[string]int{}, map[string]int{}
+	for _, t := range tickets {
+		w[t.user]++
+	}
+	ahead := func(a, b poolTicket) bool {
+		switch {
+		case a.prio != b.prio:
+			return a.prio > b.prio
+		case order.WeighHeld && held[a.user]+h[a.user] != held[b.user]+h[b.user]:
+			return held[a.user]+h[a.user] < held[b.user]+h[b.user]
+		case order.WeighWaiting:
+			return w[a.user] < w[b.user]
+		}
+		return false
+	}
+	served := make([]bool, len(tickets))
+	var out []string
+	for range tickets {
+		best := -1
+		for i, t := range tickets {
+			if !served[i] && (best < 0 || ahead(t, tickets[best])) {
+				best = i
+			}
+		}
+		served[best] = true
+		h[tickets[best].user]++
+		w[tickets[best].user]--
+		out = append(out, tickets[best].member)
+	}
+	return out
+}
+
+// weighBoth is the order of a key of at most 1,000 members.
+var weighBoth = lua.QueueOrder{WeighHeld: true, WeighWaiting: true}
+
+// holdMember makes member a member of key, its user's.
+func holdMember(t *testing.T, c rueidis.Client, key, member string) {
+	t.Helper()
+	_, user, _ := strings.Cut(member, " ")
+	got, err := lua.Acquire(context.Background(), c, key, member, 100000, time.Minute, lua.Record{User: user}, false)
+	if err != nil || !got.Granted {
+		t.Fatalf("acquire %s: %+v, %v", member, got, err)
+	}
+}
+
+// waitFor calls the wait script for ticket alone, on key of cap limit
+// whose queue holds at most maxQueue.
+func waitFor(t *testing.T, c rueidis.Client, key string, ticket poolTicket, limit, maxQueue int) lua.TicketResult {
+	t.Helper()
+	a := waitArgs(limit, nil)
+	a.MaxQueue = maxQueue
+	a.Tickets = []lua.TicketArgs{{StreamID: ticket.member, Record: lua.Record{Priority: ticket.prio, User: ticket.user}}}
+	return mustWait(t, c, key, a).Tickets[0]
+}
+
+// owedOrder is the order the wait script serves key's queue in: a call
+// whose one ticket leaves (and was never queued), of a cap that owes
+// every ticket a place, wakes those owed, in owed's order.
+func owedOrder(t *testing.T, c rueidis.Client, key string, limit int) []string {
+	t.Helper()
+	a := waitArgs(limit, nil)
+	a.MaxQueue = 100000
+	a.Tickets = []lua.TicketArgs{{StreamID: "nobody nobody", Leave: true, Record: lua.Record{User: "nobody"}}}
+	return mustWait(t, c, key, a).Wake
+}
+
+// listedOrder is the order the listing (lua.Slots) gives key's waiters.
+func listedOrder(t *testing.T, c rueidis.Client, key string) []string {
+	t.Helper()
+	listing, err := lua.Slots(context.Background(), c, key, 10)
+	if err != nil {
+		t.Fatalf("Slots: %v", err)
+	}
+	var out []string
+	for _, w := range listing.Queue {
+		out = append(out, w.StreamID)
+	}
+	return out
+}
+
+// queuedSorted is key's queue, sorted by member.
+func queuedSorted(t *testing.T, c rueidis.Client, key string) []string {
+	t.Helper()
+	got, err := c.Do(context.Background(), c.B().Zrange().Key(keys.Queue(key)).Min("0").Max("-1").Build()).AsStrSlice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(got)
+	return got
+}
+
+// sorted is a sorted copy of members.
+func sorted(members []string) []string {
+	out := slices.Clone(members)
+	slices.Sort(out)
+	return out
+}
+
+// TestAFullQueueWeighsTheNewTicketWithTheOthers (DESIGN §17): v holds 1
+// member, u none; the full queue (3) holds u's x1, x2, then v's l, all
+// priority 0: served x1 (u holds none), then x2 and l alike (each user
+// holding 1 and waiting for 1), l the later. u's n at priority 5 goes
+// first, and moves u's others back: u holds 1 before x1 and 2 before x2,
+// served n, l, x1, x2. x2 is the one refused, not l, which keeps its
+// place at its next call; x2 back is refused again.
+func TestAFullQueueWeighsTheNewTicketWithTheOthers(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		key := newKey(t)
+		holdMember(t, c, key, "h1 v")
+		x1, x2, l, n := poolTicket{"x1 u", "u", 0}, poolTicket{"x2 u", "u", 0}, poolTicket{"l v", "v", 0}, poolTicket{"n u", "u", 5}
+		for _, tk := range []poolTicket{x1, x2, l} {
+			if got := waitFor(t, c, key, tk, 1, 3); got.State != lua.TicketQueued {
+				t.Fatalf("%s: %+v, want queued", tk.member, got)
+			}
+		}
+		want := []string{"n u", "l v", "x1 u", "x2 u"}
+		if got := servedOrder([]poolTicket{x1, x2, l, n}, map[string]int{"v": 1}, weighBoth); !slices.Equal(got, want) {
+			t.Fatalf("the documented order %q, want %q", got, want)
+		}
+		if got := waitFor(t, c, key, n, 1, 3); got.State != lua.TicketQueued {
+			t.Fatalf("n: %+v, want queued", got)
+		}
+		if got, keep := queuedSorted(t, c, key), sorted(want[:3]); !slices.Equal(got, keep) {
+			t.Errorf("the full queue holds %q, want the three served first %q", got, keep)
+		}
+		if got := waitFor(t, c, key, l, 1, 3); got.State != lua.TicketQueued {
+			t.Errorf("l, served second, at its next call: %+v, want still queued", got)
+		}
+		if got := waitFor(t, c, key, x2, 1, 3); got.State != lua.TicketFull {
+			t.Errorf("x2, served last, back: %+v, want refused (full)", got)
+		}
+	})
+}
+
+// TestTheQueueOrdersAgreeOnRandomQueues: on random queues of a key of
+// few members, the wait script's order (owed), the listing's
+// (ServeOrder) and the documented one (servedOrder) agree; and a new
+// ticket to the full queue leaves it holding the tickets served first of
+// the old and the new, refusing the new one when it is served last.
+func TestTheQueueOrdersAgreeOnRandomQueues(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		seed := uint64(time.Now().UnixNano())
+		t.Logf("seed %d", seed)
+		r := rand.New(rand.NewPCG(seed, 7))
+		users := []string{"a", "b", "c", "d"}
+		for round := range 150 {
+			key := newKey(t)
+			held, holding := map[string]int{}, 0
+			for _, u := range users {
+				for i := range r.IntN(3) {
+					holdMember(t, c, key, fmt.Sprintf("h%d%s %s", i, u, u))
+					held[u]++
+					holding++
+				}
+			}
+			if holding == 0 {
+				holdMember(t, c, key, "h0z z")
+				held["z"], holding = 1, 1
+			}
+			size := 2 + r.IntN(5)
+			var q []poolTicket
+			for i := range size {
+				u := users[r.IntN(len(users))]
+				q = append(q, poolTicket{fmt.Sprintf("w%d %s", i, u), u, r.IntN(3)})
+			}
+			for _, tk := range q {
+				if got := waitFor(t, c, key, tk, holding, 1000); got.State != lua.TicketQueued {
+					t.Fatalf("round %d, %s: %+v, want queued", round, tk.member, got)
+				}
+			}
+			want := servedOrder(q, held, weighBoth)
+			owed, listed := owedOrder(t, c, key, holding+size), listedOrder(t, c, key)
+			if !slices.Equal(owed, want) || !slices.Equal(listed, want) {
+				t.Fatalf("round %d: held %v, queue %v: owed serves %q, the listing %q; want %q", round, held, q, owed, listed, want)
+			}
+			u := users[r.IntN(len(users))]
+			n := poolTicket{"n " + u, u, r.IntN(3)}
+			all := servedOrder(append(slices.Clone(q), n), held, weighBoth)
+			wantState := lua.TicketQueued
+			if all[size] == n.member {
+				wantState = lua.TicketFull
+			}
+			got := waitFor(t, c, key, n, holding, size)
+			if queued, keep := queuedSorted(t, c, key), sorted(all[:size]); got.State != wantState || !slices.Equal(queued, keep) {
+				t.Fatalf("round %d: held %v, queue %v, new %v: state %d, queue %q; want state %d, the served first %q (of %q)",
+					round, held, q, n, got.State, queued, wantState, keep, all)
+			}
+		}
+	})
+}
+
+// TestAboveAThousandMembersTheOrderCountsNoHoldings (docs/pools.md):
+// on a key of 1,001 members (none of a's or b's), a's a1, a2 and b's b1,
+// b2 wait, in that order. Above 1,000 holdings are not weighed, nor
+// counted: a1 first (a and b each wait for 2), then a2 (a waits for 1),
+// then b1, b2. Served one place at a time, two freeing at once and the
+// listing say the same.
+func TestAboveAThousandMembersTheOrderCountsNoHoldings(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		const members = 1001
+		q := []poolTicket{{"a1 a", "a", 0}, {"a2 a", "a", 0}, {"b1 b", "b", 0}, {"b2 b", "b", 0}}
+		want := []string{"a1 a", "a2 a", "b1 b", "b2 b"}
+		if got := servedOrder(q, nil, lua.QueueOrder{WeighWaiting: true}); !slices.Equal(got, want) {
+			t.Fatalf("the documented order %q, want %q", got, want)
+		}
+		// A key of members of big's, expiring long after the test, and q
+		// queued (see TestAKeyOfMoreThanAThousandWeighsNoHoldings).
+		bigKey := func() string {
+			t.Helper()
+			key := newKey(t)
+			args := make([]string, 0, 2*members)
+			for i := range members {
+				args = append(args, fmt.Sprint(int64(9e12)+1+int64(i)), fmt.Sprintf("b%04d big", i))
+			}
+			if err := c.Do(context.Background(), c.B().Arbitrary("ZADD").Keys(key).Args(args...).Build()).Error(); err != nil {
+				t.Fatalf("ZADD big's members: %v", err)
+			}
+			for _, tk := range q {
+				if got := waitFor(t, c, key, tk, members, 100); got.State != lua.TicketQueued {
+					t.Fatalf("%s: %+v, want queued", tk.member, got)
+				}
+			}
+			return key
+		}
+		key := bigKey()
+		if listed := listedOrder(t, c, key); !slices.Equal(listed, want) {
+			t.Errorf("the listing orders the waiters %q, want %q", listed, want)
+		}
+		if owed := owedOrder(t, c, key, members+2); !slices.Equal(owed, want[:2]) {
+			t.Errorf("two places freeing at once go to %q, want %q", owed, want[:2])
+		}
+		// One place at a time: the first owed is granted, its stream
+		// going on (the key then holds more: still none weighed).
+		key = bigKey()
+		var oneByOne []string
+		for i := range q {
+			limit := members + 1 + i
+			owed := owedOrder(t, c, key, limit)
+			if len(owed) != 1 {
+				t.Fatalf("one place frees: owed %q", owed)
+			}
+			_, user, _ := strings.Cut(owed[0], " ")
+			if got := waitFor(t, c, key, poolTicket{owed[0], user, 0}, limit, 100); got.State != lua.TicketGranted {
+				t.Fatalf("%s: %+v, want granted", owed[0], got)
+			}
+			oneByOne = append(oneByOne, owed[0])
+		}
+		if !slices.Equal(oneByOne, want) {
+			t.Errorf("one place at a time, served %q, want %q", oneByOne, want)
+		}
+	})
+}
+
+// slowestCall is the longest a command (a script's call included) held
+// c's server since the slow log was last read, in µs; the log is emptied.
+func slowestCall(t *testing.T, c rueidis.Client) int64 {
+	t.Helper()
+	ctx := context.Background()
+	res, err := c.Do(ctx, c.B().Arbitrary("SLOWLOG", "GET", "128").Build()).ToArray()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var most int64
+	for _, e := range res {
+		f, err := e.ToArray()
+		if err != nil || len(f) < 3 {
+			t.Fatalf("a slow log entry: %v, %v", f, err)
+		}
+		us, err := f[2].AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		most = max(most, us)
+	}
+	if err := c.Do(ctx, c.B().Arbitrary("SLOWLOG", "RESET").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	return most
+}
+
+// logEveryCall makes c's server log every command in its slow log.
+func logEveryCall(t *testing.T, c rueidis.Client) {
+	t.Helper()
+	if err := c.Do(context.Background(), c.B().Arbitrary("CONFIG", "SET", "slowlog-log-slower-than", "0").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fullOf is one call's tickets: n new ones of priority prio, each of its
+// own user, for a key of cap 1 whose queue holds at most most.
+func fullOf(prefix string, prio, n, most int) lua.WaitArgs {
+	a := waitArgs(1, nil)
+	a.MaxQueue = most
+	for i := range n {
+		u := fmt.Sprintf("%s%04d", prefix, i)
+		a.Tickets = append(a.Tickets, lua.TicketArgs{StreamID: "s " + u, Record: lua.Record{User: u, Priority: prio}})
+	}
+	return a
+}
+
+// TestOwedHandsOutAThousandPlacesInOneShortCall: a full queue (1,000
+// waiters of 1,000 users, priorities 0-9) on a key whose cap is raised
+// (or put in shadow mode, or overridden) so that every waiter is owed a
+// place: one call of the wait script hands them all out holding Redis
+// under 20 ms (its slow log's time of the call, the least of three; a
+// pass over the waiters for every place took 90-480 ms).
+func TestOwedHandsOutAThousandPlacesInOneShortCall(t *testing.T) {
+	c := privateServer(t)
+	key := newKey(t)
+	holdMember(t, c, key, "h0 h")
+	a := fullOf("u", 0, 1000, 1000)
+	for i := range a.Tickets {
+		a.Tickets[i].Record.Priority = i % 10
+	}
+	mustWait(t, c, key, a)
+	logEveryCall(t, c)
+	least := int64(-1)
+	for range 3 {
+		slowestCall(t, c)
+		if owed := owedOrder(t, c, key, 1001); len(owed) != 1000 {
+			t.Fatalf("owed %d places, want 1000", len(owed))
+		}
+		took := slowestCall(t, c)
+		if least < 0 || took < least {
+			least = took
+		}
+	}
+	t.Logf("the call held Redis %dµs", least)
+	if least > 20000 {
+		t.Errorf("one wait call handing out 1,000 places held Redis %dµs, want under 20 ms", least)
+	}
+}
+
+// TestAThousandNewTicketsDisplaceInOneShortCall: a full queue of 1,000
+// waiters of priority 0, then one server's call with 1,000 new ones of
+// priority 9 (a burst that came to one replica between two of its
+// calls), each taking a place: the call holds Redis under 100 ms (its
+// slow log's time of the call, the least of three). Queueing 1,000
+// tickets costs some 10-20 ms of its own; a pass over the queue for each
+// new one took 0.7-2.8 s.
+func TestAThousandNewTicketsDisplaceInOneShortCall(t *testing.T) {
+	c := privateServer(t)
+	least := int64(-1)
+	for range 3 {
+		key := newKey(t)
+		holdMember(t, c, key, "h0 h")
+		mustWait(t, c, key, fullOf("low", 0, 1000, 1000))
+		logEveryCall(t, c)
+		slowestCall(t, c)
+		got := mustWait(t, c, key, fullOf("high", 9, 1000, 1000))
+		took := slowestCall(t, c)
+		for i, r := range got.Tickets {
+			if r.State != lua.TicketQueued {
+				t.Fatalf("new ticket %d: %+v, want queued", i, r)
+			}
+		}
+		if least < 0 || took < least {
+			least = took
+		}
+	}
+	t.Logf("the call held Redis %dµs", least)
+	if least > 100000 {
+		t.Errorf("one wait call of 1,000 new tickets to a full queue held Redis %dµs, want under 100 ms", least)
+	}
+}
+
+// TestServeOrderServesOnePlaceAtATime: on random queues, ServeOrder,
+// which sorts the tickets by their places, gives the order one place at a
+// time does (servedOrder), whichever of holdings and waiting it weighs.
+func TestServeOrderServesOnePlaceAtATime(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 5))
+	users := []string{"a", "b", "c", "d"}
+	for round := range 3000 {
+		held := map[string]int{}
+		for _, u := range users {
+			held[u] = r.IntN(3)
+		}
+		var q []poolTicket
+		var tickets []lua.Ticket
+		for i := range 1 + r.IntN(9) {
+			u := users[r.IntN(len(users))]
+			tk := poolTicket{fmt.Sprintf("w%d %s", i, u), u, r.IntN(3)}
+			q = append(q, tk)
+			tickets = append(tickets, lua.Ticket{StreamID: tk.member, Record: lua.StoredRecord{Record: lua.Record{User: u, Priority: tk.prio}}})
+		}
+		for _, order := range []lua.QueueOrder{{}, {WeighHeld: true}, {WeighWaiting: true}, weighBoth} {
+			var got []string
+			for _, t := range lua.ServeOrder(tickets, held, order) {
+				got = append(got, t.StreamID)
+			}
+			if want := servedOrder(q, held, order); !slices.Equal(got, want) {
+				t.Fatalf("round %d, %+v: held %v, queue %v: ServeOrder %q, want %q", round, order, held, q, got, want)
+			}
+		}
+	}
+}
