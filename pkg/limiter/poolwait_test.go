@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -754,6 +756,63 @@ func TestADisplacedWaiterSaysHowLongItWaited(t *testing.T) {
 	a, ok := low.answer(8 * time.Second)
 	if !ok || a.err != nil || a.res.Granted || !a.res.QueueFull || a.res.RefusedBy == nil || a.res.Waited < 200*time.Millisecond {
 		t.Fatalf("the displaced waiter: %+v, %v (answered %v); want refused by model=k as a full queue, having waited", a.res, a.err, ok)
+	}
+}
+
+// poolWaitLog records PoolWaited reports; the rest of Observer is
+// ignored.
+type poolWaitLog struct {
+	*reclaimLog
+	mu     sync.Mutex
+	waited map[limiter.WaitOutcome][]time.Duration
+}
+
+func (l *poolWaitLog) PoolWaited(_ context.Context, _ string, _ int, outcome limiter.WaitOutcome, waited time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.waited[outcome] = append(l.waited[outcome], waited)
+}
+
+func (l *poolWaitLog) of(outcome limiter.WaitOutcome) []time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.waited[outcome])
+}
+
+// TestAWaiterDisplacedInItsOwnLoopSaysHowLongItWaited: the waiter that
+// loses its place may be refreshed by the very call of its replica's loop
+// that queues the one taking it (the same plan, the same replica). hog's
+// two waiters fill a queue of 2; 700ms on another user of hog's plan,
+// holding nothing, takes the place of hog's second. That one is refused
+// as a full queue with how long it waited, and PoolWaited records as
+// much.
+func TestAWaiterDisplacedInItsOwnLoopSaysHowLongItWaited(t *testing.T) {
+	t.Parallel()
+	log := &poolWaitLog{reclaimLog: &reclaimLog{plans: map[string]int{}, pools: map[string]int{}}, waited: map[limiter.WaitOutcome][]time.Duration{}}
+	table := poolTable(t, pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second})
+	s := limitertest.New(t, limitertest.Options{Backend: limitertest.Standalone, Redis: cluster.Options{Timeout: 5 * time.Second},
+		Tiers: poolWaitTiers(), Limiter: limiter.Options{Pools: table, MaxQueue: 2, Observer: log}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	mustAcquire(t, s.Limiter, newUser(t), "low", "k")
+	hog := newUser(t)
+	queue(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: hog, Plan: "low", Pools: map[string]string{"model": "k"}}, 9*time.Second)
+	second := queue(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: hog, Plan: "low", Pools: map[string]string{"model": "k"}}, 9*time.Second)
+	start := time.Now()
+	time.Sleep(700 * time.Millisecond)
+	go func() {
+		_, _ = s.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "low", Pools: map[string]string{"model": "k"}, Wait: 9 * time.Second})
+	}()
+	a, ok := second.answer(8 * time.Second)
+	if !ok || a.err != nil || a.res.Granted || !a.res.QueueFull || a.res.RefusedBy == nil {
+		t.Fatalf("hog's second: %+v, %v (answered %v); want refused by model=k as a full queue", a.res, a.err, ok)
+	}
+	waited := time.Since(start)
+	if a.res.Waited < 700*time.Millisecond {
+		t.Errorf("the displaced waiter says it waited %v; it waited %v or more", a.res.Waited, waited.Round(time.Millisecond))
+	}
+	if got := log.of(limiter.WaitFull); len(got) != 1 || got[0] < 700*time.Millisecond {
+		t.Errorf("PoolWaited recorded full queues that waited %v; want one of 700ms or more", got)
 	}
 }
 

@@ -281,6 +281,35 @@ func TestAboveAThousandMembersTheOrderCountsNoHoldings(t *testing.T) {
 	})
 }
 
+// TestATicketDisplacedInItsOwnCallIsAnsweredFull: one server's call
+// carries hog's queued second ticket (its refresh), then a new ticket of
+// a user holding none, to the full queue, which takes its place. The
+// call answers hog's refused as a full queue, as its next call would,
+// not as one that left.
+func TestATicketDisplacedInItsOwnCallIsAnsweredFull(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		key := newKey(t)
+		holdMember(t, c, key, "h1 o")
+		for _, tk := range []poolTicket{{"w1 hog", "hog", 0}, {"w2 hog", "hog", 0}} {
+			if got := waitFor(t, c, key, tk, 1, 2); got.State != lua.TicketQueued {
+				t.Fatalf("%s: %+v, want queued", tk.member, got)
+			}
+		}
+		a := waitArgs(1, nil)
+		a.MaxQueue = 2
+		a.Tickets = []lua.TicketArgs{
+			{StreamID: "w2 hog", Record: lua.Record{User: "hog"}},
+			{StreamID: "n new", Record: lua.Record{User: "new"}},
+		}
+		got := mustWait(t, c, key, a)
+		wantTicket(t, "hog's second, displaced in its own call", got.Tickets[0], lua.TicketFull, 0)
+		wantTicket(t, "the new ticket", got.Tickets[1], lua.TicketQueued, 2)
+		if q, keep := queuedSorted(t, c, key), []string{"n new", "w1 hog"}; !slices.Equal(q, keep) {
+			t.Errorf("the queue holds %q, want %q", q, keep)
+		}
+	})
+}
+
 // slowestCall is the longest a command (a script's call included) held
 // c's server since the slow log was last read, in µs; the log is emptied.
 func slowestCall(t *testing.T, c rueidis.Client) int64 {

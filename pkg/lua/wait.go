@@ -53,7 +53,9 @@ const (
 	TicketLeft TicketState = -1
 	// TicketFull: not queued, the queue holds MaxQueue tickets, each
 	// served before it would be (a new ticket that would be served before
-	// the last takes its place: see lib_tickets.lua's displace).
+	// the last takes its place: see lib_tickets.lua's displace); also a
+	// ticket of the call, queued, whose place a later new one of the same
+	// call took.
 	TicketFull TicketState = -2
 	// TicketNotHolder: the stream is another caller's (its ticket or its
 	// slot records another caller than the ticket's Record); nothing

@@ -54,7 +54,9 @@
 --              served before it would be; value 0. A new ticket that
 --              would be served before the last takes its place (see
 --              displace): that one's next call finds it not queued, and
---              queues it again if the queue has room, else answers -2
+--              queues it again if the queue has room, else answers -2;
+--              one of this call's, queued before the new one in it, is
+--              answered -2
 --   state -3   the stream (held, or queued) is another caller's: nothing
 --              changed for it; value 0
 --   share      of a granted ticket: its share of the slot (0 when the
@@ -180,6 +182,13 @@ local function displaces(i)
   local out = displace(full, queue, expiry, recs, ids[i], prio, user)
   if out then
     queued[out], refresh[out] = nil, nil -- one of this call's: no expiry left behind
+    local k = waiting[out]
+    if k then
+      -- One of this call's, queued (by an earlier call, or earlier in
+      -- this one): refused now, as its next call would find it, not
+      -- answered as one that left.
+      states[k], values[k], waiting[out], denied = -2, 0, nil, true
+    end
   end
   return out ~= nil
 end
