@@ -281,6 +281,47 @@ func TestAboveAThousandMembersTheOrderCountsNoHoldings(t *testing.T) {
 	})
 }
 
+// TestOneCallKeepsTheQueueWithinItsBound (wait.lua ARGV[4], docs/pools.md:
+// a key's queue holds at most its bound). The full queue (3) holds p's,
+// b's and z's tickets, z holding the most members (3), then b (2), p
+// (1). One server's call carries, in order: a's new ticket, which takes
+// z's place (a holds none); b's, which leaves; c's new one, queued in the
+// room b left; d's new one, to the full queue again, which takes p's
+// place (d holds none, as a and c do). The queue holds 3: a's, c's and
+// d's.
+func TestOneCallKeepsTheQueueWithinItsBound(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		key := newKey(t)
+		for _, m := range []string{"h1 z", "h2 z", "h3 z", "h4 b", "h5 b", "h6 p"} {
+			holdMember(t, c, key, m)
+		}
+		for _, tk := range []poolTicket{{"p1 p", "p", 0}, {"b1 b", "b", 0}, {"z1 z", "z", 0}} {
+			if got := waitFor(t, c, key, tk, 6, 3); got.State != lua.TicketQueued {
+				t.Fatalf("%s: %+v, want queued", tk.member, got)
+			}
+		}
+		a := waitArgs(6, nil)
+		a.MaxQueue = 3
+		for _, tk := range []struct {
+			member string
+			leave  bool
+		}{{"a1 a", false}, {"b1 b", true}, {"c1 c", false}, {"d1 d", false}} {
+			_, user, _ := strings.Cut(tk.member, " ")
+			a.Tickets = append(a.Tickets, lua.TicketArgs{StreamID: tk.member, Leave: tk.leave, Record: lua.Record{User: user}})
+		}
+		got := mustWait(t, c, key, a)
+		want := []lua.TicketState{lua.TicketQueued, lua.TicketLeft, lua.TicketQueued, lua.TicketQueued}
+		for i, r := range got.Tickets {
+			if r.State != want[i] {
+				t.Errorf("%s: state %d, want %d", a.Tickets[i].StreamID, r.State, want[i])
+			}
+		}
+		if q, keep := queuedSorted(t, c, key), []string{"a1 a", "c1 c", "d1 d"}; !slices.Equal(q, keep) {
+			t.Errorf("the queue of at most 3 holds %q, want %q", q, keep)
+		}
+	})
+}
+
 // TestATicketDisplacedInItsOwnCallIsAnsweredFull: one server's call
 // carries hog's queued second ticket (its refresh), then a new ticket of
 // a user holding none, to the full queue, which takes its place. The

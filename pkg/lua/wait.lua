@@ -174,7 +174,8 @@ for from = 1, n, 1000 do
 end
 -- displaces(i): whether the call's i-th ticket, new to a full queue,
 -- takes the place of the ticket that would be served last (displace).
--- The queue is read once, at the first such ticket of the call.
+-- The queue is read once, at the first such ticket of the call, then
+-- kept as the call's tickets leave it and join it.
 local full
 local function displaces(i)
   local _, prio, user = ticketOf(ARGV[1] .. ARGV[5 + 3 * i])
@@ -212,6 +213,9 @@ for i = 1, n do
   elseif action == 'l' then
     dropTicket(queue, expiry, recs, id)
     queued[id], refresh[id] = nil, nil
+    if full then
+      leaveFull(full, id)
+    end
     denied = true
   elseif not queued[id] and redis.call('ZSCORE', slots, id) then
     -- Held already (granted to a call whose answer was lost, or to
@@ -233,6 +237,12 @@ for i = 1, n do
       end
       redis.call('ZADD', queue, digits(arrival), id)
       queued[id] = true
+      if full and not full.of[id] then
+        -- Queued in the room a ticket of the call left: the full queue
+        -- the call's next new tickets are weighed against holds it.
+        local _, prio, user = ticketOf(ARGV[1] .. ARGV[5 + 3 * i])
+        joinFull(full, id, prio, user)
+      end
       -- A ticket's record is written once, with its plan's limit as
       -- it queued: a call of its plan holds the plan's limit as it is
       -- then for it instead, and an override is applied when it is read
