@@ -668,11 +668,11 @@ func TestAFullQueueKeepsTheTicketsServedFirst(t *testing.T) {
 // queue's last ticket is the one the wait script would serve last, which
 // counts each user's tickets served before as held and no longer waited
 // for: x holding 1 and waiting for 3 is served once, then y holding 2
-// goes before x's second (as many held, fewer waiting). A new ticket
-// takes the last's place when it would be served before it were that one
-// to arrive again. Bounds: a user holding as many as the last's and
-// waiting for one fewer than it, less the one taken out, is refused; two
-// fewer is taken.
+// goes before x's second (as many held, fewer waiting). A new ticket is
+// weighed with the others, arriving last, and the one then served last
+// leaves. Bounds: a new ticket that ties the last (its user then holding
+// as many and waiting for as many) is the last, arriving later, and is
+// refused; one whose user then holds fewer is taken.
 func TestAFullQueueDropsTheTicketOwedWouldServeLast(t *testing.T) {
 	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
 		key := newKey(t)
