@@ -611,7 +611,7 @@ func (l *Limiter) dropLost(ctx context.Context, reqs []HeartbeatRequest, pooled 
 	}
 	var members, left []lua.Member
 	for _, i := range lost {
-		if key, err := l.keys.UserKey(reqs[i].UserID); err == nil {
+		if key, err := l.keys.HeldUserKey(reqs[i].UserID); err == nil { // held: what heartbeat takes
 			members = append(members, lua.Member{Key: key, ID: reqs[i].StreamID})
 		}
 		members = append(members, l.heldMembers(reqs[i].UserID, reqs[i].StreamID, pooled[i])...)

@@ -13,6 +13,7 @@ import (
 	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/lua"
 	"github.com/joishi/limiter/pkg/pools"
 )
 
@@ -562,5 +563,64 @@ func TestAnExtensionIsJudgedByThePoolsItNames(t *testing.T) {
 	}
 	if key, err := lim.PoolSlots(ctx, "model", "a"); err != nil || key.Used != 0 {
 		t.Errorf("model=a after s2's refused extension: used %d, %v; want nothing joined", key.Used, err)
+	}
+}
+
+// A pooled stream an earlier release granted under a user id this one
+// refuses at acquire (a format character; see
+// TestASlotTakenUnderAnEarlierReleasesUserIDRunsToItsEnd) whose
+// membership is lost ends as any other's does: its heartbeat, single or
+// in a batch, answers slot lost and drops the user's slot with it, rather
+// than leaving the slot it just extended to hold the user's place for a
+// TTL, which no client then releases.
+func TestALostPooledStreamOfAnEarlierReleasesUserIDTakesItsSlot(t *testing.T) {
+	for _, batched := range []bool{false, true} {
+		s := poolReplicas(t, limitertest.RedisCluster, 1)[0]
+		lim, ctx := s.Limiter, context.Background()
+		c, err := s.Redis.Redis()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// load the scripts
+		if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "three", Pools: map[string]string{"model": "m"}}); err != nil || !res.Granted {
+			t.Fatalf("warm: %+v, %v", res, err)
+		}
+		user := newUser(t) + "\u200b"
+		key, err := s.Keys.HeldUserKey(user)
+		if err != nil {
+			t.Fatal(err)
+		}
+		poolKey, err := s.Keys.PoolKey("model", "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// As the previous release took it: the user's slot naming its
+		// membership, and the membership.
+		rec := lua.Record{Plan: "three", Pools: lua.EncodePools([]lua.PoolKey{{Pool: "model", Key: "x"}})}
+		if got, err := lua.Acquire(ctx, c, key, "s1", 3, 10*time.Second, rec, false); err != nil || !got.Granted {
+			t.Fatalf("user slot: %+v, %v", got, err)
+		}
+		if got, err := lua.Acquire(ctx, c, poolKey, "s1 "+user, 2, 10*time.Second, lua.Record{Plan: "three"}, false); err != nil || !got.Granted {
+			t.Fatalf("membership: %+v, %v", got, err)
+		}
+		if got, err := lim.Slots(ctx, user); err != nil || got.Used != 1 {
+			t.Fatalf("Slots before = %+v, %v; want 1", got, err)
+		}
+		// The pool key is lost (a failover).
+		if err := c.Do(ctx, c.B().Del().Key(poolKey).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		req := limiter.HeartbeatRequest{UserID: user, Plan: "three", StreamID: "s1"}
+		if !batched {
+			if beat, err := lim.Heartbeat(ctx, req); !errors.Is(err, limiter.ErrSlotLost) || beat.Alive {
+				t.Fatalf("heartbeat: %+v, %v; want slot lost", beat, err)
+			}
+		} else if beats, errs := lim.HeartbeatBatch(ctx, []limiter.HeartbeatRequest{req}); !errors.Is(errs[0], limiter.ErrSlotLost) || beats[0].Alive {
+			t.Fatalf("batch heartbeat: %+v, %v; want slot lost", beats[0], errs[0])
+		}
+		time.Sleep(200 * time.Millisecond) // any leave in the background
+		if got, err := lim.Slots(ctx, user); err != nil || got.Used != 0 {
+			t.Errorf("batched %v: after slot_lost the user still holds %+v, %v; want the lost stream's slot gone with it", batched, got.Slots, err)
+		}
 	}
 }
