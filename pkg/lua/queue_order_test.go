@@ -494,3 +494,32 @@ func TestServeOrderServesOnePlaceAtATime(t *testing.T) {
 		}
 	}
 }
+
+// A call that queues a ticket into a queue's last free place, then meets
+// the queue full with a later ticket, weighs the first with the others:
+// of the bound's 3, x1 and y1 (priority 5) queued before; the call's z1
+// (priority 0) takes the last place, and its w1 (priority 5) finds the
+// queue full. z1 is the one served last, so it is refused, not w1.
+func TestAFullQueueWeighsTheTicketsItsCallQueuedBefore(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		key := newKey(t)
+		holdMember(t, c, key, "h1 o")
+		for _, tk := range []poolTicket{{"x1 x", "x", 5}, {"y1 y", "y", 5}} {
+			if got := waitFor(t, c, key, tk, 1, 3); got.State != lua.TicketQueued {
+				t.Fatalf("%s: %+v, want queued", tk.member, got)
+			}
+		}
+		a := waitArgs(1, nil)
+		a.MaxQueue = 3
+		for _, tk := range []poolTicket{{"z1 z", "z", 0}, {"w1 w", "w", 5}} {
+			a.Tickets = append(a.Tickets, lua.TicketArgs{StreamID: tk.member, Record: lua.Record{User: tk.user, Priority: tk.prio}})
+		}
+		got := mustWait(t, c, key, a)
+		if got.Tickets[0].State != lua.TicketFull || got.Tickets[1].State != lua.TicketQueued {
+			t.Errorf("z1 (priority 0) %d, w1 (priority 5) %d; want z1 refused full (-2), w1 queued (0)", got.Tickets[0].State, got.Tickets[1].State)
+		}
+		if q, want := queuedSorted(t, c, key), []string{"w1 w", "x1 x", "y1 y"}; !slices.Equal(q, want) {
+			t.Errorf("the queue holds %q, want the three served first %q", q, want)
+		}
+	})
+}

@@ -175,11 +175,23 @@ end
 -- displaces(i): whether the call's i-th ticket, new to a full queue,
 -- takes the place of the ticket that would be served last (displace).
 -- The queue is read once, at the first such ticket of the call, then
--- kept as the call's tickets leave it and join it.
+-- kept as the call's tickets leave it and join it. The tickets this call
+-- queued before it (added, in order, to queuedNow) have no expiry yet
+-- (written after the loop), so the read leaves them out: they join it
+-- as they arrived, last, and are weighed with the others.
 local full
+local queuedNow = {}
 local function displaces(i)
   local _, prio, user = ticketOf(ARGV[1] .. ARGV[5 + 3 * i])
-  full = full or fullQueue(queue, expiry, recs, slots)
+  if not full then
+    full = fullQueue(queue, expiry, recs, slots)
+    for _, j in ipairs(queuedNow) do
+      if queued[ids[j]] and not full.of[ids[j]] then
+        local _, p, u = ticketOf(ARGV[1] .. ARGV[5 + 3 * j])
+        joinFull(full, ids[j], p, u)
+      end
+    end
+  end
   local out = displace(full, queue, expiry, recs, ids[i], prio, user)
   if out then
     queued[out], refresh[out] = nil, nil -- one of this call's: no expiry left behind
@@ -237,6 +249,7 @@ for i = 1, n do
       end
       redis.call('ZADD', queue, digits(arrival), id)
       queued[id] = true
+      queuedNow[#queuedNow + 1] = i
       if full and not full.of[id] then
         -- Queued in the room a ticket of the call left: the full queue
         -- the call's next new tickets are weighed against holds it.
