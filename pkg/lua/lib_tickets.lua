@@ -116,7 +116,7 @@ local function liveTickets(queue, expiry, recs)
     for i, id in ipairs(ids) do
       if live[i] then
         local limit, prio, user, plan, order = ticketOf(rec[i])
-        tickets[#tickets + 1] = {id = id, limit = limit, prio = prio, user = user, plan = plan}
+        tickets[#tickets + 1] = {id = id, limit = limit, prio = prio, user = user, plan = plan, order = order}
         users = users or user ~= ''
         oldest = math.min(oldest, order)
       end
@@ -406,13 +406,18 @@ end
 -- per call that finds the queue full, then kept as the call's tickets
 -- join and leave it (joinFull, leaveFull): each user's holdings (held),
 -- tickets (waiting) and tickets by priority (byPrio), each in arrival
--- order ({id, at}), as the order weighs them; and the heap of the users'
--- lasts (see displace).
+-- order ({id, at}), as the order weighs them; the heap of the users'
+-- lasts (see displace); and how many of its tickets are the previous
+-- release's (old), whose order serves it while any is (see queueOrder).
 local function fullQueue(queue, expiry, recs, slots)
   local tickets, users, oldest = liveTickets(queue, expiry, recs)
-  local q = {held = {}, waiting = {}, byPrio = {}, of = {}, version = {}, heap = {}, at = #tickets}
+  local q = {held = {}, waiting = {}, byPrio = {}, of = {}, version = {}, heap = {}, at = #tickets,
+    slots = slots, users = users, old = 0}
   q.order = orderOf(slots, users, oldest, q.held)
   for i, t in ipairs(tickets) do
+    if t.order < queueOrder then
+      q.old = q.old + 1
+    end
     local b = q.byPrio[t.user] or {}
     local s = b[t.prio] or {}
     s[#s + 1] = {id = t.id, at = i}
@@ -462,6 +467,20 @@ local function leaveFull(q, id)
     q.byPrio[user][prio] = nil
   end
   q.waiting[user], q.of[id] = q.waiting[user] - 1, nil
+  if t.order and t.order < queueOrder then
+    q.old = q.old - 1
+    if q.old == 0 then
+      -- The previous release's last ticket gone, this release's order
+      -- serves the queue (see queueOrder): weighed anew, every user's
+      -- last pushed again.
+      q.held, q.heap = {}, {}
+      q.order = orderOf(q.slots, q.users, queueOrder, q.held)
+      for u in pairs(q.waiting) do
+        reweigh(q, u)
+      end
+      return
+    end
+  end
   reweigh(q, user)
 end
 

@@ -162,3 +162,48 @@ func TestARollingUpdateDisplacesAsThePreviousReleaseOnALargeKey(t *testing.T) {
 		}
 	})
 }
+
+// A full queue's call in which the previous release's last ticket leaves
+// weighs the tickets after it in this release's order, as the next call
+// would (docs/pools.md: once its waiters are gone, the order holds). On
+// a key of 1,001 members, where a holds 2 and b 1, the queue of 3 holds
+// q0 (a's, priority 0, the previous release's), q1 (a's, priority 1) and
+// q2 (b's, priority 0). The call's n0 (a, priority 2) takes q0's place,
+// and the previous order goes with it; n1 (b, priority 1) takes q2's.
+// Then n2 (c, priority 2): of q1 and n1, this release's order, which
+// weighs no holdings on such a key, serves q1 first (a and b each wait
+// for one of priority 1, and q1 came first), so n1 is refused; the
+// previous order, weighing a's 2 held against b's 1, would refuse q1.
+func TestAFullQueueTakesThisReleasesOrderOnceThePreviousReleasesLastTicketLeaves(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		key := newKey(t)
+		for _, m := range []string{"h1 a", "h2 a", "h3 b"} {
+			holdMember(t, c, key, m)
+		}
+		args := []string{}
+		for i := range 998 {
+			args = append(args, strconv.FormatInt(int64(9e12)+1+int64(i), 10), "b"+strconv.Itoa(i)+" big")
+		}
+		if err := c.Do(context.Background(), c.B().Arbitrary("ZADD").Keys(key).Args(args...).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		if st, _ := previousWaitOne(t, c, key, "q0 a", 1001, 3, "w"); st != lua.TicketQueued {
+			t.Fatalf("q0: %d, want queued", st)
+		}
+		for _, tk := range []poolTicket{{"q1 a", "a", 1}, {"q2 b", "b", 0}} {
+			if got := waitFor(t, c, key, tk, 1001, 3); got.State != lua.TicketQueued {
+				t.Fatalf("%s: %+v, want queued", tk.member, got)
+			}
+		}
+		a := waitArgs(1001, nil)
+		a.MaxQueue = 3
+		for _, tk := range []poolTicket{{"n0 a", "a", 2}, {"n1 b", "b", 1}, {"n2 c", "c", 2}} {
+			a.Tickets = append(a.Tickets, lua.TicketArgs{StreamID: tk.member, Record: lua.Record{User: tk.user, Priority: tk.prio}})
+		}
+		got := mustWait(t, c, key, a)
+		states := []lua.TicketState{got.Tickets[0].State, got.Tickets[1].State, got.Tickets[2].State}
+		if q, want := queuedSorted(t, c, key), []string{"n0 a", "n2 c", "q1 a"}; !slices.Equal(q, want) || states[1] != lua.TicketFull {
+			t.Errorf("states %v, queue %q; want n1 refused (-2) and the queue %q", states, q, want)
+		}
+	})
+}
