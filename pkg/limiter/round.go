@@ -82,6 +82,13 @@ func (q *scopeQueue) round() time.Time {
 		if c := calls[w.streamID]; c.send && c.at == 0 {
 			args.Tickets = append(args.Tickets, lua.TicketArgs{StreamID: w.streamID, Leave: c.leave, Retry: c.retry, Record: w.record})
 			c.at = len(args.Tickets) // 1-based, 0: not yet
+		} else if c.send && args.Tickets[c.at-1].Record.Caller == "" && w.record.Caller != "" {
+			// The ticket goes with the record of its first waiter that names
+			// a caller (refuseForeign left one at most), so that the script
+			// checks that caller against the stream's ticket and slot, as
+			// it would were that waiter alone: an open request waiting
+			// first (caller "", nobody's) takes no named caller past it.
+			args.Tickets[c.at-1].Record = w.record
 		}
 	}
 	if !needed && !polled {
@@ -164,7 +171,10 @@ func (q *scopeQueue) round() time.Time {
 		switch {
 		case t.State == lua.TicketGranted && !leaving:
 			w.answer(waitResult{outcome: WaitGranted, expiresAtMs: t.ExpiresAtMs, replicas: replicas, used: got.Used, override: got.Override, holders: holders[w.streamID], extended: t.Extended, share: t.Share, record: t.Record, pools: pools})
-		case t.State == lua.TicketNotHolder:
+		case t.State == lua.TicketNotHolder && w.record.Caller != "":
+			// The ticket went with this waiter's caller (see above), whom
+			// the stream's ticket or slot refuses. A waiter of no caller is
+			// nobody's: it stays, and its next call sends its own record.
 			w.answer(waitResult{outcome: WaitFailed, err: fmt.Errorf("%w: stream %q of user %q", ErrNotSlotHolder, w.stream, q.userID)})
 		case leaving:
 			w.answer(waitResult{outcome: outcome, used: got.Used, override: got.Override, retry: got.RetryAfter})

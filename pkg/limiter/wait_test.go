@@ -455,3 +455,47 @@ func TestAnotherCallersWaitForAStreamIDIsRefusedOnTheSameServer(t *testing.T) {
 		}
 	})
 }
+
+// TestANamedCallerWaitingBehindAnOpenRequestIsRefusedAnotherCallersStream:
+// chat waits for stream w on one replica; on another, an open request
+// (no caller: nobody's) waits for w, then ops. The call there sends one
+// ticket for w, now with ops's record, which chat's ticket refuses: ops
+// is answered ErrNotSlotHolder, as when it waits alone, rather than
+// riding the open request's record into chat's stream. The open request
+// is not refused: it shares w with chat once the slot frees.
+func TestANamedCallerWaitingBehindAnOpenRequestIsRefusedAnotherCallersStream(t *testing.T) {
+	for _, b := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
+		t.Run(b.String(), func(t *testing.T) {
+			t.Parallel()
+			lims := replicas(t, b, 2, time.Hour)
+			ctx := context.Background()
+			user := newUser(t)
+			hold(t, lims[0], user, "wait", "h")
+			waitAs := func(lim *limiter.Limiter, caller string) <-chan waitResult {
+				done := make(chan waitResult, 1)
+				go func() {
+					res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "wait", StreamID: "w", Caller: caller, Wait: 4 * time.Second})
+					done <- waitResult{res, err, time.Now()}
+				}()
+				return done
+			}
+			chat := waitAs(lims[1], "chat")
+			awaitQueue(t, lims[0], user, func(q []limiter.Ticket) bool { return len(q) == 1 && q[0].StreamID == "w" }, "chat's w queued")
+			open := waitAs(lims[0], "")
+			time.Sleep(200 * time.Millisecond) // the open request's wait joins the loop
+			ops := waitAs(lims[0], "ops")
+			if r := within(t, ops, 3*time.Second, "ops's wait for chat's w"); !errors.Is(r.err, limiter.ErrNotSlotHolder) || r.res.Granted {
+				t.Fatalf("ops's wait for chat's waiting w: %+v, %v; want ErrNotSlotHolder", r.res, r.err)
+			}
+			release(t, lims[0], user, "h")
+			for _, ch := range []<-chan waitResult{chat, open} {
+				if r := within(t, ch, 3*time.Second, "w's waiters"); r.err != nil || !r.res.Granted {
+					t.Fatalf("w's waiter: %+v, %v; want granted", r.res, r.err)
+				}
+			}
+			if slots, err := lims[0].Slots(ctx, user); err != nil || slots.Used != 1 || slots.Slots[0].StreamID != "w" {
+				t.Fatalf("slots: %+v, %v; want w alone", slots, err)
+			}
+		})
+	}
+}
