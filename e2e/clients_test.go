@@ -155,6 +155,7 @@ func TestPythonClient(t *testing.T) {
 		"test_release_of_a_lost_lease_is_sent_only_where_its_slot_may_be_held",
 		"test_a_retry_waits_the_retry_after_of_the_answer_before",
 		"test_ids_not_of_utf8_are_invalid_requests",
+		"test_admin_path_ids_not_of_utf8_are_invalid_requests",
 	})
 }
 

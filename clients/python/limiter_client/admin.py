@@ -6,7 +6,7 @@ import ssl
 import urllib.parse
 from typing import Optional
 
-from ._http import MAX_ADMIN_ANSWER_BYTES, Endpoint
+from ._http import MAX_ADMIN_ANSWER_BYTES, SURROGATE, Endpoint
 from .client import DEFAULT_REQUEST_TIMEOUT
 from .schemas import (
     AdminPoolKeyResponse,
@@ -78,7 +78,12 @@ class Admin:
 def segment(value: str) -> str:
     """value (a user id, a pool's name or key) escaped as one path segment:
     a "/" is %2F. A dot-only one is written %2E...: a "." or ".." segment
-    would be resolved away as a directory."""
+    would be resolved away as a directory. A lone surrogate, which UTF-8
+    cannot encode, is sent as U+FFFD, as json_body's escape of one is read:
+    the limiter refuses the id holding it (invalid_user_id,
+    invalid_pool_key) instead of this raising UnicodeEncodeError."""
     if value and not value.strip("."):
         return "%2E" * len(value)
+    if SURROGATE.search(value):
+        value = value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
     return urllib.parse.quote(value, safe="")

@@ -428,6 +428,20 @@ class ServeTest(unittest.TestCase):
                     self.client.acquire(user_id, "free", **options)
                 self.assertEqual((caught.exception.status, caught.exception.code), (400, code))
 
+    def test_admin_path_ids_not_of_utf8_are_invalid_requests(self) -> None:
+        # The same in a path segment: quoting a lone surrogate would raise
+        # UnicodeEncodeError; the limiter refuses the id instead.
+        cases = [
+            ("user id", lambda: self.admin.slots("a\udcffb"), "invalid_user_id"),
+            ("user id, released", lambda: self.admin.release_all("a\ud800", "cleanup"), "invalid_user_id"),
+            ("pool key", lambda: self.admin.pool_key("model", "k\udcff"), "invalid_pool_key"),
+        ]
+        for what, call, code in cases:
+            with self.subTest(what):
+                with self.assertRaises(InvalidRequest) as caught:
+                    call()
+                self.assertEqual((caught.exception.status, caught.exception.code), (400, code))
+
     def test_mutual_tls(self) -> None:
         url, ca = env("LIMITER_TEST_TLS_URL"), env("LIMITER_TEST_TLS_CA")
         context = ssl.create_default_context(cafile=ca)
