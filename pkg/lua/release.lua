@@ -53,16 +53,18 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local record = redis.call('HGET', meta, ARGV[1])
+local nobodys = false
 if foreign(record, ARGV[2] or '') then
   -- A slot that expired unreleased is nobody's (its holder crashed or
-  -- let it lapse): it is pruned below, whoever asks, and was not held.
+  -- let it lapse): it is pruned below, whoever asks, and was not held,
+  -- nor is it kept for a share, which was never of it.
   local score = tonumber(redis.call('ZSCORE', key, ARGV[1]))
   if score and score > now then
     return {-1, 0, '', ''}
   end
-  record = false
+  record, nobodys = false, true
 end
-if (ARGV[3] or '') ~= '' then
+if (ARGV[3] or '') ~= '' and not nobodys then
   local kept = true
   if record then
     kept = leave(record, tonumber(ARGV[3]), ARGV[4] or '')

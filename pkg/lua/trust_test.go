@@ -856,3 +856,33 @@ func TestAShadowGrantAskedAgainAfterOthersExtendedSaysItWouldRefuse(t *testing.T
 		}
 	})
 }
+
+// TestARequestLeavingItsShareOfAnotherCallersExpiredSlotFindsItNotHeld:
+// a slot that expired unreleased is nobody's, whoever asks (see
+// release.lua): a request of another caller that gives up, leaving a
+// share of the stream id, is answered not held, as its plain release is,
+// and the slot goes; while it lives, that release is refused NotHolder.
+func TestARequestLeavingItsShareOfAnotherCallersExpiredSlotFindsItNotHeld(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		for _, share := range []int{0, 1, 2} {
+			key := newKey(t)
+			got, err := lua.Acquire(ctx, c, key, "s", 3, 200*time.Millisecond, lua.Record{Caller: "ops", Plan: "paid", Token: "tokA"}, false)
+			if err != nil || !got.Granted {
+				t.Fatalf("ops's acquire: %+v, %v", got, err)
+			}
+			leave := lua.Member{Key: key, ID: "s", Owned: true, Share: lua.Share{Index: share, StartedAtMs: got.StartedAtMs}}
+			if rel, err := lua.ReleaseMember(ctx, c, "chat", leave); err != nil || !rel.NotHolder {
+				t.Fatalf("share %d: chat leaving ops's live slot: %+v, %v; want NotHolder", share, rel, err)
+			}
+			time.Sleep(300 * time.Millisecond) // > the slot's 200ms TTL
+			rel, err := lua.ReleaseMember(ctx, c, "chat", leave)
+			if err != nil || rel.Released || rel.Superseded || rel.NotHolder {
+				t.Fatalf("share %d: chat leaving ops's expired slot: %+v, %v; want not held (neither released, kept, nor another's)", share, rel, err)
+			}
+			if n, err := c.Do(ctx, c.B().Zcard().Key(key).Build()).AsInt64(); err != nil || n != 0 {
+				t.Fatalf("share %d: slots after: %d, %v; want the expired one removed", share, n, err)
+			}
+		}
+	})
+}
