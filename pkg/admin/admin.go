@@ -158,6 +158,13 @@ func (a *Admin) call(rt adminRoute) http.HandlerFunc {
 		var body any
 		err := a.authorize(w, r, rt.role, &rec)
 		switch {
+		case err == nil && rt.reason != nil:
+			// A call that changes something runs whole once it starts, its
+			// caller there or not (bounded by the per-call deadlines): one
+			// cut short by a hang-up could land in Redis and skip the rest
+			// (a released stream's pool memberships, the overrides' index),
+			// and its record would say outcome_unknown of what took effect.
+			body, err = rt.do(w, r.WithContext(context.WithoutCancel(r.Context())), &rec)
 		case err == nil:
 			body, err = rt.do(w, r, &rec)
 		case errors.Is(err, server.ErrAdminForbidden) && rt.reason != nil:
