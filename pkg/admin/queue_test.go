@@ -2,11 +2,12 @@ package admin_test
 
 import (
 	"context"
-	"github.com/joishi/limiter/internal/apitest"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/joishi/limiter/internal/apitest"
 	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/pkg/httpapi"
 	"github.com/joishi/limiter/pkg/limiter"
@@ -112,5 +113,64 @@ func TestAdminListsTheQueueByPriority(t *testing.T) {
 			q.Caller != want[i].Caller || q.Label != want[i].Label || q.UserID != "" {
 			t.Errorf("ticket %d: got %+v, want %+v", i+1, q, want[i])
 		}
+	}
+}
+
+// TestAQueuesFirstPlaceIsTheAcquireTheNextFreeSlotGoesTo (openapi
+// AdminTicket.place, "1 for the acquire served next"; docs/api.md "A
+// waiter blocks only what it could take"): a user holding 3 slots has an
+// acquire of a plan of 1 waiting, then one of a plan of 3. The first is
+// owed nothing while the user holds a slot, so the next free slot goes to
+// the second: the listing puts that one first, and the freed slot goes to
+// it.
+func TestAQueuesFirstPlaceIsTheAcquireTheNextFreeSlotGoesTo(t *testing.T) {
+	wait1 := tiers.Tier{Plan: "wait1", MaxConcurrentStreams: 1, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen, MaxWait: 10 * time.Second}
+	wait3 := wait1
+	wait3.Plan, wait3.MaxConcurrentStreams = "wait3", 3
+	e := newAdminEnvOn(t, limitertest.Options{Tiers: append(limitertest.Tiers(), wait1, wait3)}, nil)
+	user := newUser()
+	var held []string
+	for range 3 {
+		res, err := e.lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "wait3"})
+		if err != nil || !res.Granted {
+			t.Fatalf("holder: %+v, %v", res, err)
+		}
+		held = append(held, res.StreamID)
+	}
+	granted := make(chan string, 2)
+	var got httpapi.AdminSlotsResponse
+	for i, req := range []limiter.AcquireRequest{
+		{UserID: user, Plan: "wait1", StreamID: "w-plan-1"},
+		{UserID: user, Plan: "wait3", StreamID: "w-plan-3"},
+	} {
+		e.waitFor(t, req, granted)
+		for deadline := time.Now().Add(5 * time.Second); len(got.Queue) <= i; time.Sleep(5 * time.Millisecond) {
+			got = apitest.Decode[httpapi.AdminSlotsResponse](t, e.do(t, adminCall{method: "GET", path: httpapi.AdminUserSlotsPath(user), token: viewerToken}), http.StatusOK)
+			if time.Now().After(deadline) {
+				t.Fatalf("queue %+v, want %s queued", got.Queue, req.StreamID)
+			}
+		}
+	}
+	var listed []string
+	for i, w := range got.Queue {
+		listed = append(listed, w.StreamID)
+		if w.Place != i+1 {
+			t.Errorf("queue[%d] %s has place %d; want %d", i, w.StreamID, w.Place, i+1)
+		}
+	}
+	if want := []string{"w-plan-3", "w-plan-1"}; !slices.Equal(listed, want) {
+		t.Errorf("queue listed %v; want %v: the plan of 1 is owed nothing while the user holds 3", listed, want)
+	}
+
+	if _, err := e.lim.Release(context.Background(), user, held[0]); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case served := <-granted:
+		if served != listed[0] {
+			t.Errorf("the listing put %s at place 1 (\"served next\"), but the freed slot went to %s", listed[0], served)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("no waiter was granted the freed slot")
 	}
 }

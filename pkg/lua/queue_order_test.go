@@ -523,3 +523,45 @@ func TestAFullQueueWeighsTheTicketsItsCallQueuedBefore(t *testing.T) {
 		}
 	})
 }
+
+// TestAUsersQueueIsListedAsItsSlotsFree: lua.AsSlotsFree lists a user's
+// queue in the order its tickets are granted as slots free one at a time:
+// a ticket whose limit the slots taken reach is passed over until enough
+// free (lib_tickets.lua's owed); an override in force is every ticket's
+// limit (of 0: no ticket is owed one); one queued without a limit by an
+// earlier version takes any; a pool key's queue, whose
+// tickets share its one cap, is left as it is.
+func TestAUsersQueueIsListedAsItsSlotsFree(t *testing.T) {
+	ticket := func(id string, limit int, user string) lua.Ticket {
+		return lua.Ticket{StreamID: id, Record: lua.StoredRecord{TTL: time.Duration(limit) * time.Millisecond, Record: lua.Record{User: user}}}
+	}
+	ids := func(q []lua.Ticket) []string {
+		var out []string
+		for _, t := range q {
+			out = append(out, t.StreamID)
+		}
+		return out
+	}
+	for _, c := range []struct {
+		name           string
+		queue          []lua.Ticket
+		used, override int
+		want           []string
+	}{
+		{"every limit above the slots taken: as ranked", []lua.Ticket{ticket("a", 3, ""), ticket("b", 3, "")}, 3, -1, []string{"a", "b"}},
+		{"a plan of 1 behind the slots of a plan of 3", []lua.Ticket{ticket("one", 1, ""), ticket("three", 3, "")}, 3, -1, []string{"three", "one"}},
+		{"a plan of 3 with room now, then the plan of 2 as one frees", []lua.Ticket{ticket("two", 2, ""), ticket("one", 1, ""), ticket("three", 3, "")}, 2, -1, []string{"three", "two", "one"}},
+		{"plans of 2 and 1 behind 3 slots", []lua.Ticket{ticket("one", 1, ""), ticket("two", 2, ""), ticket("three", 3, "")}, 3, -1, []string{"three", "two", "one"}},
+		{"room now: owed at once, in rank", []lua.Ticket{ticket("one", 1, ""), ticket("three", 3, "")}, 0, -1, []string{"one", "three"}},
+		{"an override is every ticket's limit", []lua.Ticket{ticket("one", 1, ""), ticket("three", 3, "")}, 3, 5, []string{"one", "three"}},
+		{"an override of 0: none is owed a slot, listed as ranked", []lua.Ticket{ticket("one", 1, ""), ticket("three", 3, "")}, 2, 0, []string{"one", "three"}},
+		{"no limit recorded: any", []lua.Ticket{ticket("old", 0, ""), ticket("three", 3, "")}, 4, -1, []string{"old", "three"}},
+		{"a pool key's queue as it is", []lua.Ticket{ticket("a", 1, "u1"), ticket("b", 3, "u2")}, 3, -1, []string{"a", "b"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := ids(lua.AsSlotsFree(c.queue, c.used, c.override)); !slices.Equal(got, c.want) {
+				t.Errorf("AsSlotsFree(used %d, override %d) = %v; want %v", c.used, c.override, got, c.want)
+			}
+		})
+	}
+}
