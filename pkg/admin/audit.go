@@ -121,20 +121,27 @@ func nonNil(ids []string) []string {
 	return ids
 }
 
-// recent returns up to n records, newest first. Errors are those of
-// limiter.RecentAudit.
+// recent returns the records of the newest n entries, newest first, each
+// call once. Errors are those of limiter.RecentAudit.
 func (a *auditor) recent(ctx context.Context, n int) ([]httpapi.AuditRecord, error) {
 	entries, err := a.lim.RecentAudit(ctx, n)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]httpapi.AuditRecord, 0, len(entries))
+	// An append retried after its answer was lost stores its record twice
+	// (see limiter.AppendAudit): each call is listed once, by its audit id.
+	listed := make(map[string]bool, len(entries))
 	for _, e := range entries {
 		var rec httpapi.AuditRecord
 		if err := json.Unmarshal([]byte(e.Record), &rec); err != nil {
 			a.log.WarnContext(ctx, "skipping an unreadable audit stream entry", "entry", e.ID, "err", err)
 			continue
 		}
+		if rec.AuditID != "" && listed[rec.AuditID] {
+			continue
+		}
+		listed[rec.AuditID] = true
 		out = append(out, rec)
 	}
 	return out, nil
