@@ -160,8 +160,9 @@ func decodeValue(n *yaml.Node, typ reflect.Type) (reflect.Value, error) {
 // number written 0.5, true, an empty string or nothing (read as 0 or 1, a cap that
 // shuts a key), a boolean written 0. It returns where below the field
 // (".<key>" in a map), the problem, the value as written, and its line;
-// no problem when there is none. A mapping's keys are strings as written
-// (a key 007 or 1.10 is "007" or "1.10", not the number's "7" or "1.1").
+// no problem when there is none. A mapping's keys, and a string field's
+// value, are strings as written (a key 007 or 1.10 is "007" or "1.10",
+// not the number's "7" or "1.1").
 func checkScalars(n *yaml.Node, typ reflect.Type) (sub, problem, got string, line int) {
 	n = resolve(n)
 	if typ.Kind() == reflect.Pointer {
@@ -181,6 +182,13 @@ func checkScalars(n *yaml.Node, typ reflect.Type) (sub, problem, got string, lin
 	case reflect.Bool:
 		if !boolean(n) {
 			return "", "must be true or false", asWritten(n), nodeLine(n)
+		}
+	case reflect.String:
+		// A name written as a number or a date is the name as written: a
+		// plan 007 or 1.0 is "007" or "1.0", not the number's "7" or "1",
+		// which acquires naming the plan would not find.
+		if n.Kind == yaml.ScalarNode && (n.Tag == "!!int" || n.Tag == "!!float" || n.Tag == "!!timestamp") {
+			n.Tag = "!!str"
 		}
 	case reflect.Map:
 		eachPair(n, func(k, v *yaml.Node) {

@@ -275,3 +275,30 @@ func TestLoadListsWantWholeNumbers(t *testing.T) {
 		t.Errorf("pools from JSON %+v, %v", got, err)
 	}
 }
+
+// TestLoadPlanAndPoolNamesAsWritten: a plan or pool named in the file as
+// YAML would read a number or a date (007, 1.0, 1e3, 2026-01-01) is the
+// name as written, not the number's "7" or "1", which acquires naming it
+// would not find; one that is no valid name as written is refused,
+// naming it so.
+func TestLoadPlanAndPoolNamesAsWritten(t *testing.T) {
+	for _, name := range []string{"007", "1.0", "1e3", "2026-01-01", "-1"} {
+		cfg, err := load(t, "tiers:\n  static:\n    - {plan: "+name+", maxConcurrentStreams: 1}\npools:\n  static:\n    - {pool: "+name+", maxConcurrentStreams: 1}\n", nil)
+		if strings.HasPrefix(name, "-") {
+			if err == nil || !strings.Contains(err.Error(), name) {
+				t.Errorf("plan and pool %s: %v; want refused, naming %s", name, err, name)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("plan and pool %s: %v", name, err)
+			continue
+		}
+		if got := cfg.StaticTiers()[0].Plan; got != name {
+			t.Errorf("plan written %s is %q; want %q", name, got, name)
+		}
+		if got := cfg.StaticPools()[0].Pool; got != name {
+			t.Errorf("pool written %s is %q; want %q", name, got, name)
+		}
+	}
+}
