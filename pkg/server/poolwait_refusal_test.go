@@ -12,6 +12,7 @@ import (
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/pools"
 	"github.com/joishi/limiter/pkg/server"
+	"github.com/joishi/limiter/pkg/tiers"
 )
 
 // TestAPoolRefusalAfterAUserWaitSaysWhyThePoolWasNotWaited: an acquire
@@ -103,4 +104,59 @@ func waitThenRefused(t *testing.T, a *api, user, stream, pool string) httpapi.Er
 		t.Fatalf("%d %s; want 429 pool_limit_reached", got.status, got.body)
 	}
 	return refused
+}
+
+// TestAPoolOrPlanRemovedWhileAnAcquireWaitsForAPoolIsUnknown: an acquire
+// waiting in a pool key's queue when its pool or plan is removed is
+// answered 422 unknown_pool or unknown_plan (docs/api.md), as one naming
+// it afterwards is: a retry gets the same answer, so it is no outage
+// (503). The user's slot the acquire took goes back.
+func TestAPoolOrPlanRemovedWhileAnAcquireWaitsForAPoolIsUnknown(t *testing.T) {
+	for _, removed := range []string{"pool", "plan"} {
+		t.Run(removed, func(t *testing.T) {
+			table := pools.NewTable()
+			model := pools.Pool{Pool: "model", Keys: map[string]int{"k": 1}, MaxWait: 5 * time.Second}.WithDefaults()
+			if err := table.Replace([]pools.Pool{model}); err != nil {
+				t.Fatal(err)
+			}
+			st := limitertest.New(t, limitertest.Options{Tiers: waitTiers(), Limiter: limiter.Options{Pools: table}})
+			a := newAPIOf(t, server.New(st.Limiter, server.Options{}))
+			suffix := time.Now().Format("150405.000000")
+			ana, bo := "ana-"+suffix, "bo-"+suffix
+			if r := a.post(t, "/v1/slots/acquire", map[string]any{"user_id": bo, "plan": "wait", "pools": map[string]string{"model": "k"}}); r.status != http.StatusOK {
+				t.Fatalf("bo: %d %s", r.status, r.body)
+			}
+			waiting := a.postAsync(t, "/v1/slots/acquire", map[string]any{"user_id": ana, "plan": "wait", "wait_ms": 4000, "pools": map[string]string{"model": "k"}})
+			time.Sleep(400 * time.Millisecond) // ana waits in model=k's queue
+			code := "unknown_pool"
+			if removed == "pool" {
+				if err := table.Replace(nil); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				code = "unknown_plan"
+				var rest []tiers.Tier
+				for _, tr := range waitTiers() {
+					if tr.Plan != "wait" {
+						rest = append(rest, tr)
+					}
+				}
+				if err := st.Table.Replace(rest); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got := <-waiting
+			if got.err != nil {
+				t.Fatal(got.err)
+			}
+			if got.status != http.StatusUnprocessableEntity || !strings.Contains(string(got.body), `"code":"`+code+`"`) {
+				t.Errorf("%s removed while the acquire waited in the pool key's queue: got %d %s; want 422 %s", removed, got.status, got.body, code)
+			}
+			if removed == "pool" {
+				if r := a.post(t, "/v1/slots/acquire", map[string]any{"user_id": ana, "plan": "wait"}); r.status != http.StatusOK {
+					t.Errorf("ana's next acquire after the refused wait: %d %s; want granted (the refused acquire's slot given back)", r.status, r.body)
+				}
+			}
+		})
+	}
 }
