@@ -221,6 +221,9 @@ func (a *Admin) identify(r *http.Request) (server.AdminToken, bool) {
 func (a *Admin) authorize(w http.ResponseWriter, r *http.Request, role string, rec *httpapi.AuditRecord) error {
 	if _, ok := server.BearerToken(r); !ok {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="limiter admin"`)
+		if n := len(r.Header.Values("Authorization")); n > 1 {
+			return server.AdminRefusal(server.ErrAdminUnauthorized, fmt.Sprintf("the request carries %d Authorization headers; send one", n))
+		}
 		return server.AdminRefusal(server.ErrAdminUnauthorized, `no admin token: send it as "Authorization: Bearer <token>"`)
 	}
 	token, ok := a.identify(r)

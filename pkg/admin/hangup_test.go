@@ -2,6 +2,7 @@ package admin_test
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -196,5 +197,30 @@ func TestAnOverrideSetWhoseCallerHangsUpRunsWholeAndIsAuditedAsItRan(t *testing.
 	}
 	if rec.Outcome != httpapi.OutcomeOK || rec.Override == nil {
 		t.Errorf("the override is in force, but the audit record says outcome %q, override %+v; want ok with the override", rec.Outcome, rec.Override)
+	}
+}
+
+// TestTwoAuthorizationHeadersAreNoAdminToken: a call carrying two
+// Authorization headers, an operator's token among them, is refused 401
+// whichever comes first, saying why: which one names the caller is not
+// guessed.
+func TestTwoAuthorizationHeadersAreNoAdminToken(t *testing.T) {
+	e := newAdminEnv(t, nil)
+	for _, other := range []string{"Bearer wrong-token-0123456789abcdef", "Bearer " + operatorToken} {
+		req, err := http.NewRequest("GET", e.url+httpapi.PathAdminAudit, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Add("Authorization", "Bearer "+operatorToken)
+		req.Header.Add("Authorization", other)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(string(body), "2 Authorization headers") {
+			t.Errorf("the operator's token and %q: %d %s; want 401 saying there are two", other, resp.StatusCode, body)
+		}
 	}
 }

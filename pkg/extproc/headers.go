@@ -99,11 +99,9 @@ func (s *Server) authenticate(ctx context.Context) (server.Caller, error) {
 			state = &info.State
 		}
 	}
-	var authorization string
+	var authorization []string
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		if v := md.Get("authorization"); len(v) > 0 {
-			authorization = v[0]
-		}
+		authorization = md.Get("authorization")
 	}
-	return s.opts.Callers.Authenticate(state, authorization)
+	return s.opts.Callers.Authenticate(state, authorization...)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/joishi/limiter/pkg/extproc"
 	"github.com/joishi/limiter/pkg/identity"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
 
@@ -105,6 +106,25 @@ func TestEnvoyMustAuthenticate(t *testing.T) {
 		_ = bad.Close()
 	}
 	grant(t, e.open(t), newUser(), "one") // the configured token works
+
+	// Two authorization values, the configured one among them: which one
+	// names the caller is not guessed.
+	for _, other := range []string{"Bearer wrong-token-0123456789abcdef", "Bearer " + envoyToken} {
+		two, err := envoytest.Dial(e.addr, envoytest.Options{Token: envoyToken, MessageTimeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := two.Open(metadata.AppendToOutgoingContext(context.Background(), "authorization", other))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = st.RequestHeaders(envoytest.RequestHeaders("/v1/chat/completions", "x-user-id", newUser(), "x-plan", "one"), false)
+		if status.Code(errors.Unwrap(err)) != codes.Unauthenticated {
+			t.Errorf("the token and %q: got %v, want Unauthenticated", other, err)
+		}
+		st.Close()
+		_ = two.Close()
+	}
 }
 
 // A verified JWT payload in the dynamic metadata (jwt_authn's

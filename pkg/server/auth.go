@@ -83,7 +83,7 @@ func (c *Callers) Watch(ctx context.Context) { c.file.watch(ctx, c.poll) }
 // identify returns the caller of r: by its client certificate if it
 // presented one (verified in the handshake), else by its bearer token.
 func (c *Callers) identify(r *http.Request) (caller, error) {
-	who, err := c.Authenticate(r.TLS, r.Header.Get("Authorization"))
+	who, err := c.Authenticate(r.TLS, r.Header.Values("Authorization")...)
 	return who.c, err
 }
 
@@ -106,10 +106,10 @@ func (c Caller) Allow(plan string) error {
 
 // Authenticate returns the caller of a connection or a call: by the client
 // certificate of state when one was presented and verified in the
-// handshake, else by the bearer token of authorization (an Authorization
-// header's or gRPC metadata's value, "Bearer <token>"). Errors wrap
-// ErrUnauthenticated and never quote a token.
-func (c *Callers) Authenticate(state *tls.ConnectionState, authorization string) (Caller, error) {
+// handshake, else by the bearer token of authorization (the Authorization
+// header's or gRPC metadata's value, "Bearer <token>"; several are
+// refused). Errors wrap ErrUnauthenticated and never quote a token.
+func (c *Callers) Authenticate(state *tls.ConnectionState, authorization ...string) (Caller, error) {
 	set := c.file.current()
 	if state != nil && len(state.VerifiedChains) > 0 {
 		name := certName(state.PeerCertificates[0])
@@ -118,7 +118,13 @@ func (c *Callers) Authenticate(state *tls.ConnectionState, authorization string)
 		}
 		return Caller{}, &authError{ErrUnauthenticated, fmt.Sprintf("the client certificate's name %q is not a caller of the API tokens file", name)}
 	}
-	presented, ok := bearerValue(authorization)
+	if len(authorization) > 1 {
+		return Caller{}, &authError{ErrUnauthenticated, ambiguous(len(authorization))}
+	}
+	presented, ok := "", false
+	if len(authorization) == 1 {
+		presented, ok = bearerValue(authorization[0])
+	}
 	if !ok {
 		return Caller{}, &authError{ErrUnauthenticated, `no caller token: send it as "Authorization: Bearer <token>"`}
 	}

@@ -237,6 +237,19 @@ func TestAPIAuthMatrix(t *testing.T) {
 		r := e.callWith(t, "GET", httpapi.PathTiers, nil, false, http.Header{"Authorization": {"Basic " + chatToken}})
 		wantError(t, r, http.StatusUnauthorized, httpapi.CodeUnauthenticated)
 	})
+	t.Run("two Authorization headers are 401, whichever comes first", func(t *testing.T) {
+		for _, values := range [][]string{
+			{"Bearer " + chatToken, "Bearer " + unknownTok},
+			{"Bearer " + unknownTok, "Bearer " + chatToken},
+			{"Bearer " + chatToken, "Bearer " + chatToken},
+		} {
+			r := e.callWith(t, "GET", httpapi.PathTiers, nil, false, http.Header{"Authorization": values})
+			wantError(t, r, http.StatusUnauthorized, httpapi.CodeUnauthenticated)
+			if !strings.Contains(string(r.body), "2 Authorization values") {
+				t.Errorf("two Authorization headers: %s; want the message to say so", r.body)
+			}
+		}
+	})
 	t.Run("a caller with a certificate only has no token", func(t *testing.T) {
 		r := e.callWith(t, "GET", httpapi.PathTiers, nil, false, http.Header{"Authorization": {"Bearer -"}})
 		wantError(t, r, http.StatusUnauthorized, httpapi.CodeUnauthenticated)
