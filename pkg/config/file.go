@@ -33,6 +33,39 @@ func parseConfigFile(path string, data []byte) (*configFile, error) {
 	return f, nil
 }
 
+// stringsAsWritten marks as strings the scalars the file gives settings
+// of strings (a string, a list or a map of them) that YAML reads as
+// numbers or dates: a keyPrefix or username written 007 or 1.0 is "007"
+// or "1.0", not the number's "7" or "1" (a replica given the same prefix
+// by the environment, as written, would count in other keys than its
+// peers). It reports whether it marked any. The lists of tiers and pools
+// are read as written already (see checkScalars).
+func (f *configFile) stringsAsWritten() bool {
+	marked := false
+	mark := func(n *yaml.Node) {
+		if n = resolve(n); n != nil && n.Kind == yaml.ScalarNode && (n.Tag == "!!int" || n.Tag == "!!float" || n.Tag == "!!timestamp") {
+			n.Tag, marked = "!!str", true
+		}
+	}
+	for _, k := range configKeys() {
+		n := f.lookup(k.name)
+		if n == nil || isListKey(k.name) {
+			continue
+		}
+		switch {
+		case k.typ.Kind() == reflect.String:
+			mark(n)
+		case k.typ == reflect.TypeFor[[]string]() && n.Kind == yaml.SequenceNode:
+			for _, item := range n.Content {
+				mark(item)
+			}
+		case k.typ == reflect.TypeFor[map[string]string]():
+			eachPair(n, func(_, v *yaml.Node) { mark(v) })
+		}
+	}
+	return marked
+}
+
 // at returns where line of the file is, for a KeyError's Source.
 func (f *configFile) at(line int) string {
 	return fmt.Sprintf("%s line %d", f.path, line)

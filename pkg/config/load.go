@@ -11,6 +11,7 @@ import (
 	"github.com/go-viper/mapstructure/v2"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
+	"go.yaml.in/yaml/v3"
 )
 
 // ServiceAccountNamespaceFile is where Kubernetes mounts the pod's
@@ -59,6 +60,13 @@ func Load(opts LoadOptions) (Config, error) {
 		}
 		if err == nil {
 			file, err = parseConfigFile(path, data)
+		}
+		if err == nil && file.stringsAsWritten() {
+			// viper reads the file again, its strings as written.
+			var marked []byte
+			if marked, err = yaml.Marshal(file.root); err == nil {
+				err = v.ReadConfig(bytes.NewReader(marked))
+			}
 		}
 		if err != nil {
 			return cfg, fmt.Errorf("%w: reading the config file (flag --%s, env %s): %w", ErrInvalid, FlagConfig, EnvConfig, err)

@@ -304,3 +304,35 @@ func TestExampleConfigIsValid(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadStringsAsWritten: a string setting written in the file as YAML
+// would read a number or a date (007, 1.0, 1e3, 0x1F) is the string as
+// written, as the same value set by the environment is: a keyPrefix of
+// 007 read as "7" would put the replica's slots in other keys than its
+// peers' given LIMITER_REDIS_KEYPREFIX=007. A true or false is still
+// refused (quote it).
+func TestLoadStringsAsWritten(t *testing.T) {
+	for _, v := range []string{"007", "1.0", "1e3", "0x1F", "2026-01-01"} {
+		t.Run(v, func(t *testing.T) {
+			fromFile, err := load(t, "redis:\n  addrs: [127.0.0.1:6379]\n  username: "+v+"\n  keyPrefix: "+v+"\n", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fromFile.Redis.Username != v || fromFile.Redis.KeyPrefix != v {
+				t.Errorf("the file's username %q, keyPrefix %q; want %q as written", fromFile.Redis.Username, fromFile.Redis.KeyPrefix, v)
+			}
+			fromEnv, err := load(t, "", map[string]string{"LIMITER_REDIS_ADDRS": "127.0.0.1:6379", "LIMITER_REDIS_USERNAME": v, "LIMITER_REDIS_KEYPREFIX": v})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fromEnv.Redis.KeyPrefix != fromFile.Redis.KeyPrefix {
+				t.Errorf("keyPrefix from the environment %q, from the file %q; want the same", fromEnv.Redis.KeyPrefix, fromFile.Redis.KeyPrefix)
+			}
+		})
+	}
+	t.Run("true", func(t *testing.T) {
+		if _, err := load(t, "redis:\n  keyPrefix: true\n", nil); err == nil || !strings.Contains(err.Error(), "quote it") {
+			t.Errorf("keyPrefix: true: %v; want refused, saying to quote it", err)
+		}
+	})
+}
