@@ -44,8 +44,10 @@ type HeartbeatResult struct {
 // acquired, so the plan need not exist any more. Errors: ErrSlotLost when
 // the slot is missing or expired (it is never re-added), the validation
 // errors, ErrUnknownPlan for a slot without a recorded TTL (one taken by a
-// version that recorded none) whose plan is unknown, and ErrUnavailable
-// when Redis is down and the tier fails closed.
+// version that recorded none) whose plan is unknown, ErrUnavailable when
+// Redis is down and the tier, or a pool the stream joined, fails closed,
+// and ErrRedisRefused when Redis refuses a script, the user's or a pool
+// key's (a key of another type under the prefix).
 func (l *Limiter) Heartbeat(ctx context.Context, req HeartbeatRequest) (HeartbeatResult, error) {
 	ctx, span := l.startSpan(ctx, "limiter.heartbeat")
 	res, tier, err := l.heartbeat(ctx, req)

@@ -667,7 +667,8 @@ func membersTTL(beat lua.Beat, tier tiers.Tier) memberTTL {
 // memberships are dropped too (dropLost), not left to hold the user's
 // and the pools' places for a TTL. A pool whose shard does not answer
 // applies its failure mode: Open keeps the slot alive (degraded), Closed
-// answers ErrUnavailable.
+// answers ErrUnavailable. A pool key Redis refuses the script of (one of
+// another type) answers ErrRedisRefused, whatever the mode: no outage.
 //
 // A stream whose user's slot did not answer (ttls[i].unchecked: the
 // heartbeat is degraded, and its pool keys are those this Limiter
@@ -739,15 +740,26 @@ func (l *Limiter) beatPools(ctx context.Context, end time.Time, reqs []Heartbeat
 			if !ttls[i].unchecked {
 				lost = append(lost, i)
 			}
-		default:
-			pool, ok := l.pools.LookupHeld(b.pool.Pool)
-			if ok && pool.OutageMode() == tiers.FailClosed {
-				results[i].Alive, results[i].ExpiresAt, results[i].Degraded = false, time.Time{}, false
-				errs[i] = fmt.Errorf("pool %s: %w", scope, err)
-				continue
-			}
+		case degrade(l.poolOutageMode(b.pool.Pool), err):
 			l.warnDegraded(ctx, "redis unavailable; pool membership answered degraded (failureMode Open)", "pool", b.pool.Pool, "err", err)
 			results[i].Degraded = true
+		default:
+			// An outage of a pool failing closed (ErrUnavailable), a Redis
+			// refusing the script (ErrRedisRefused: a misconfiguration,
+			// not an outage, as an acquire joining the key answers) or the
+			// caller gone: answered as it is.
+			results[i].Alive, results[i].ExpiresAt, results[i].Degraded = false, time.Time{}, false
+			errs[i] = fmt.Errorf("pool %s: %w", scope, err)
 		}
 	}
+}
+
+// poolOutageMode is the failure mode of the pool named pool when its key's
+// shard does not answer a heartbeat: the pool's, or Open for a pool this
+// replica never held, as for a plan (see heartbeatTarget).
+func (l *Limiter) poolOutageMode(pool string) tiers.FailureMode {
+	if p, ok := l.pools.LookupHeld(pool); ok {
+		return p.OutageMode()
+	}
+	return tiers.FailOpen
 }
