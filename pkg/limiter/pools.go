@@ -602,26 +602,23 @@ func (l *Limiter) heldMembers(userID, streamID string, held []lua.PoolKey) []lua
 
 // dropLost removes the slots of the streams reqs[lost], which a lost
 // membership ended, and their memberships pooled names, in one round trip
-// per node, by a decision's end; what Redis did not confirm is asked
-// again beside the answer (see leaveLater). Nobody's behalf: the
-// heartbeat's caller holds them (the heartbeat script checked).
-func (l *Limiter) dropLost(ctx context.Context, reqs []HeartbeatRequest, pooled [][]lua.PoolKey, lost []int) {
+// per node, by end, the heartbeat's: what Redis did not confirm by then
+// (a hung node's, or all of them when the memberships' step took all of
+// the time) is asked again beside the answer (see leaveLater), which is
+// slot_lost either way. Nobody's behalf: the heartbeat's caller holds
+// them (the heartbeat script checked).
+func (l *Limiter) dropLost(ctx context.Context, end time.Time, reqs []HeartbeatRequest, pooled [][]lua.PoolKey, lost []int) {
 	if len(lost) == 0 {
 		return
 	}
-	var members, left []lua.Member
+	var members []lua.Member
 	for _, i := range lost {
 		if key, err := l.keys.HeldUserKey(reqs[i].UserID); err == nil { // held: what heartbeat takes
 			members = append(members, lua.Member{Key: key, ID: reqs[i].StreamID})
 		}
 		members = append(members, l.heldMembers(reqs[i].UserID, reqs[i].StreamID, pooled[i])...)
 	}
-	for i, err := range l.leaveMembers(ctx, l.decisionEnd(), members) {
-		if err != nil {
-			left = append(left, members[i])
-		}
-	}
-	l.leaveLater(ctx, left)
+	l.leaveLater(ctx, l.leaveAll(ctx, end, members))
 }
 
 // poolBeat is one membership a heartbeat keeps alive: of reqs[at].
@@ -665,9 +662,10 @@ func membersTTL(beat lua.Beat, tier tiers.Tier) memberTTL {
 // whose membership is lost into ErrSlotLost naming the pool key, by end.
 // Such a stream is over: its slot, just kept alive, and its other
 // memberships are dropped too (dropLost), not left to hold the user's
-// and the pools' places for a TTL. A pool whose shard does not answer
-// applies its failure mode: Open keeps the slot alive (degraded), Closed
-// answers ErrUnavailable. A pool key Redis refuses the script of (one of
+// and the pools' places for a TTL: by the same end, the answer waiting
+// for no second deadline (DESIGN §10 P4). A pool whose shard does not
+// answer applies its failure mode: Open keeps the slot alive (degraded),
+// Closed answers ErrUnavailable. A pool key Redis refuses the script of (one of
 // another type) answers ErrRedisRefused, whatever the mode: no outage.
 //
 // A stream whose user's slot did not answer (ttls[i].unchecked: the
@@ -704,7 +702,7 @@ func (l *Limiter) beatPools(ctx context.Context, end time.Time, reqs []Heartbeat
 		return errors.Join(gotErrs...)
 	})
 	var lost []int // the requests whose stream a lost membership ended
-	defer func() { l.dropLost(ctx, reqs, pooled, lost) }()
+	defer func() { l.dropLost(ctx, end, reqs, pooled, lost) }()
 	for j, b := range beats {
 		i := b.at
 		err := callErr
