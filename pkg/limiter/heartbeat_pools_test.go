@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -151,6 +152,133 @@ func TestALostMembershipBesideAHungPoolAnswersWithinOneDecision(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("2s after their heartbeats answered lost, the user holds %+v (%v); want the lost streams' slots dropped", slots, err)
+		}
+	}
+}
+
+// TestAHungUsersShardLeavesABatchsHealthyMembershipsAlive (DESIGN §10: a
+// node that is down or hung never stops heartbeats to slots on healthy
+// nodes, within one decision; §16: a stream's memberships are slots of
+// their pool keys, kept by its heartbeat). A batch names stream A, whose
+// user's slot is on a hung (SIGSTOPped) master, and streams B, whose
+// user's slot and pool key are on healthy masters, one in a pool that
+// fails closed, one in a pool that fails open. A is kept alive degraded;
+// each B is alive from Redis, not degraded, its membership extended,
+// whether the replica granted the streams (and remembers their pools) or
+// never saw them.
+func TestAHungUsersShardLeavesABatchsHealthyMembershipsAlive(t *testing.T) {
+	t.Parallel()
+	cl := startHangableCluster(t)
+	schema := keys.Schema{Prefix: "limitertest:" + keys.NewStreamID()[:12] + ":"}
+	hung := cl.MasterOf(mustPoolKey(t, schema, "model", "m-0"))
+	var userHung, userOK, closedKey, openKey string
+	for i := 0; i < 5000 && (userHung == "" || userOK == "" || closedKey == "" || openKey == ""); i++ {
+		u := newUser(t)
+		k, _ := schema.UserKey(u)
+		switch {
+		case cl.MasterOf(k) == hung && userHung == "":
+			userHung = u
+		case cl.MasterOf(k) != hung && userOK == "":
+			userOK = u
+		}
+		mk := fmt.Sprintf("k-%d", i)
+		if closedKey == "" && cl.MasterOf(mustPoolKey(t, schema, "closed", mk)) != hung {
+			closedKey = mk
+		}
+		if openKey == "" && cl.MasterOf(mustPoolKey(t, schema, "open", mk)) != hung {
+			openKey = mk
+		}
+	}
+	if userHung == "" || userOK == "" || closedKey == "" || openKey == "" {
+		t.Fatalf("no user on %s, or no user or pool keys off it", hung)
+	}
+	const ttl, timeout = 4 * time.Second, 300 * time.Millisecond
+	const bound, slack = timeout + 100*time.Millisecond, 200 * time.Millisecond
+	table := poolTable(t,
+		pools.Pool{Pool: "closed", MaxConcurrentStreams: ptr(1), FailureMode: tiers.FailClosed},
+		pools.Pool{Pool: "open", MaxConcurrentStreams: ptr(1)},
+	)
+	ts := []tiers.Tier{{Plan: "t", MaxConcurrentStreams: 3, SlotTTL: ttl, HeartbeatInterval: ttl / 4, FailureMode: tiers.FailOpen}}
+	newLim := func() *limiter.Limiter {
+		return limitertest.New(t, limitertest.Options{Redis: cluster.Options{Addrs: cl.Addrs, Timeout: timeout},
+			Tiers: ts, Limiter: limiter.Options{Keys: schema, Pools: table}}).Limiter
+	}
+	granter, other := newLim(), newLim() // two replicas; other never saw the grants
+	ctx := context.Background()
+	a, err := granter.Acquire(ctx, limiter.AcquireRequest{UserID: userHung, Plan: "t"})
+	if err != nil || !a.Granted || a.Degraded {
+		t.Fatalf("acquire A: %+v, %v", a, err)
+	}
+	bClosed, err := granter.Acquire(ctx, limiter.AcquireRequest{UserID: userOK, Plan: "t", Pools: map[string]string{"closed": closedKey}})
+	if err != nil || !bClosed.Granted || bClosed.Degraded {
+		t.Fatalf("acquire B in the closed pool: %+v, %v", bClosed, err)
+	}
+	bOpen, err := granter.Acquire(ctx, limiter.AcquireRequest{UserID: userOK, Plan: "t", Pools: map[string]string{"open": openKey}})
+	if err != nil || !bOpen.Granted || bOpen.Degraded {
+		t.Fatalf("acquire B in the open pool: %+v, %v", bOpen, err)
+	}
+	// Both replicas' connections to every node, warm.
+	for _, l := range []*limiter.Limiter{granter, other} {
+		if _, errs := l.HeartbeatBatch(ctx, []limiter.HeartbeatRequest{{UserID: userHung, Plan: "t", StreamID: a.StreamID}}); errs[0] != nil {
+			t.Fatal(errs[0])
+		}
+	}
+	// Dialled before the stop: finding a master asks every node, the hung one too.
+	closedPK, openPK := mustPoolKey(t, schema, "closed", closedKey), mustPoolKey(t, schema, "open", openKey)
+	nodeOf := map[string]node{
+		closedPK: dialNodes(t, []string{cl.MasterOf(closedPK)})[0],
+		openPK:   dialNodes(t, []string{cl.MasterOf(openPK)})[0],
+	}
+	expiry := func(pk, stream string) int64 {
+		t.Helper()
+		n := nodeOf[pk]
+		s, err := n.client.Do(ctx, n.client.B().Zscore().Key(pk).Member(stream+" "+userOK).Build()).ToString()
+		if err != nil {
+			t.Fatalf("ZSCORE %s: %v (membership gone)", pk, err)
+		}
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			t.Fatalf("ZSCORE %s: %q: %v", pk, s, err)
+		}
+		return v
+	}
+	testenv.Pause(t, hung)
+
+	batch := []limiter.HeartbeatRequest{
+		{UserID: userHung, Plan: "t", StreamID: a.StreamID},
+		{UserID: userOK, Plan: "t", StreamID: bClosed.StreamID},
+		{UserID: userOK, Plan: "t", StreamID: bOpen.StreamID},
+	}
+	for _, c := range []struct {
+		name string
+		lim  *limiter.Limiter
+	}{{"a replica that never saw the streams", other}, {"the replica that granted them", granter}} {
+		beforeClosed, beforeOpen := expiry(closedPK, bClosed.StreamID), expiry(openPK, bOpen.StreamID)
+		time.Sleep(200 * time.Millisecond) // so that an extension moves the scores
+		start := time.Now()
+		beats, errs := c.lim.HeartbeatBatch(ctx, batch)
+		took := time.Since(start)
+		afterClosed, afterOpen := expiry(closedPK, bClosed.StreamID), expiry(openPK, bOpen.StreamID)
+		t.Logf("%s: batch answered in %v", c.name, took.Round(time.Millisecond))
+		if took > bound+slack {
+			t.Errorf("%s: the batch took %v; want within one decision (%v, +%v slack)", c.name, took.Round(time.Millisecond), bound, slack)
+		}
+		if errs[0] != nil || !beats[0].Alive || !beats[0].Degraded {
+			t.Errorf("%s: A, its user's shard hung, its plan Open: %+v, %v; want alive, degraded", c.name, beats[0], errs[0])
+		}
+		if errs[1] != nil || !beats[1].Alive || beats[1].Degraded {
+			t.Errorf("%s: B in the closed pool, its user's and pool key's shards healthy: %+v, %v; want alive from Redis, not degraded", c.name, beats[1], errs[1])
+		}
+		if errs[2] != nil || !beats[2].Alive || beats[2].Degraded {
+			t.Errorf("%s: B in the open pool, its user's and pool key's shards healthy: %+v, %v; want alive from Redis, not degraded", c.name, beats[2], errs[2])
+		}
+		// Kept by its own TTL from the batch on: not the grant's, nor a
+		// degraded estimate's.
+		if afterClosed <= beforeClosed || afterClosed < start.Add(ttl).UnixMilli()-50 {
+			t.Errorf("%s: B's membership of closed=%s (healthy shard) expires at %d, before the batch at %d; want extended by the batch to about %d", c.name, closedKey, afterClosed, beforeClosed, start.Add(ttl).UnixMilli())
+		}
+		if afterOpen <= beforeOpen || afterOpen < start.Add(ttl).UnixMilli()-50 {
+			t.Errorf("%s: B's membership of open=%s (healthy shard) expires at %d, before the batch at %d; want extended by the batch to about %d", c.name, openKey, afterOpen, beforeOpen, start.Add(ttl).UnixMilli())
 		}
 	}
 }

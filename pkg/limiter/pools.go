@@ -475,21 +475,37 @@ func (l *Limiter) leaveAll(ctx context.Context, end time.Time, members []lua.Mem
 	return left
 }
 
-// undoWithin is how long past the decision's end the undo of a refused
-// acquire may take, when the step that refused it (a pool on a hung node)
-// took all of the decision's time: the removals are one round trip each
-// on nodes that answer, and P4's bound (DESIGN §10) leaves 100ms past
-// the per-call deadline.
-const undoWithin = 50 * time.Millisecond
+// lateStep is how long past a decision's end a step may take that must
+// follow one that took all of the decision's time, waiting for a hung
+// node: the undo of a refused acquire, whose pool on a hung node refused
+// it, and the memberships of a heartbeat whose users' call waited for a
+// hung node that holds other streams' slots (see beatPools). Such a step
+// is one round trip to the nodes that answer, and P4's bound (DESIGN
+// §10) leaves 100ms past the per-call deadline.
+const lateStep = 50 * time.Millisecond
+
+// lateEnd is when a step that follows others in a decision ending at end
+// ends: end, or lateStep from now when less of it is left, never more
+// than lateStep past end.
+func lateEnd(end time.Time) time.Time {
+	least := time.Now().Add(lateStep)
+	switch {
+	case !least.After(end):
+		return end
+	case least.After(end.Add(lateStep)):
+		return end.Add(lateStep)
+	}
+	return least
+}
 
 // undo removes what a refused acquire took: the memberships taken and,
 // when drop says so, the user's slot, each only as the acquire left it
 // (lua.Member.Owned). It does so before the answer, by end +
-// undoWithin; what Redis did not confirm removed by then is removed once
+// lateStep; what Redis did not confirm removed by then is removed once
 // more beside the answer, which does not wait for it, and otherwise
 // expires by its own score.
 func (l *Limiter) undo(ctx context.Context, end time.Time, taken []lua.Member, drop bool, slot lua.Member) {
-	end = end.Add(undoWithin)
+	end = end.Add(lateStep)
 	var left []lua.Member
 	var wg sync.WaitGroup
 	wg.Go(func() { left = l.leaveAll(ctx, end, taken) })
@@ -668,6 +684,14 @@ func membersTTL(beat lua.Beat, tier tiers.Tier) memberTTL {
 // Closed answers ErrUnavailable. A pool key Redis refuses the script of (one of
 // another type) answers ErrRedisRefused, whatever the mode: no outage.
 //
+// The memberships are beaten by end, or, when the users' call left
+// less, within lateStep of it (see lateEnd): a batch's call waits for
+// every node, a hung one until end, and the streams whose slots did
+// answer keep their memberships on the nodes that answer all the same
+// (DESIGN §10: a hung node never stops heartbeats to slots on healthy
+// nodes), not answered degraded, or unavailable, for a node that holds
+// none of their scopes.
+//
 // A stream whose user's slot did not answer (ttls[i].unchecked: the
 // heartbeat is degraded, and its pool keys are those this Limiter
 // remembers) keeps its memberships all the same, on the shards that
@@ -695,6 +719,7 @@ func (l *Limiter) beatPools(ctx context.Context, end time.Time, reqs []Heartbeat
 	if len(args) == 0 {
 		return
 	}
+	end = lateEnd(end)
 	var got []lua.Beat
 	var gotErrs []error
 	callErr := l.doBy(ctx, end, "heartbeat_pools", func(ctx context.Context, c rueidis.Client) error {
