@@ -44,8 +44,9 @@ func (t *AdminTokens) Lookup(presented string) (AdminToken, bool) {
 func (t *AdminTokens) Len() int { return t.file.current().len() }
 
 // Watch re-reads the file when it changes, every interval, until ctx
-// ends. A removed file revokes every token; a file that cannot be read or
-// parsed is logged and the tokens read before stay in force.
+// ends. A removed file, or one rewritten to hold no token, revokes every
+// token and is logged at WARN; a file that cannot be read or parsed is
+// logged and the tokens read before stay in force.
 func (t *AdminTokens) Watch(ctx context.Context, interval time.Duration) { t.file.watch(ctx, interval) }
 
 // maxTokenNameLength bounds the name of an admin token.

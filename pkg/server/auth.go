@@ -76,8 +76,9 @@ func LoadCallers(opts CallersOptions) (*Callers, error) {
 func (c *Callers) Len() int { return c.file.current().len() }
 
 // Watch re-reads the tokens file when it changes, until ctx ends. A
-// removed file revokes every caller; a file that cannot be read or parsed
-// is logged at ERROR and the callers read before stay in force.
+// removed file, or one rewritten to hold no caller, revokes every caller
+// and is logged at WARN; a file that cannot be read or parsed is logged at
+// ERROR and the callers read before stay in force.
 func (c *Callers) Watch(ctx context.Context) { c.file.watch(ctx, c.poll) }
 
 // identify returns the caller of r: by its client certificate if it

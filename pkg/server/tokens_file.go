@@ -114,7 +114,8 @@ func (f *tokensFile[S]) current() *S { return f.set.Load() }
 // watch re-reads the file when its modification time, size or content
 // changes (within two intervals), checking every interval until ctx ends. A removed
 // file revokes every token: removing it (or the Secret) is how to shut the
-// door to everyone. A file that cannot be read or parsed keeps the tokens
+// door to everyone; both it and a rewrite that leaves no token are logged
+// at WARN. A file that cannot be read or parsed keeps the tokens
 // in force, so a bad edit locks nobody out: the error is logged once per
 // change. Polling (rather than inotify) also sees a Kubernetes Secret
 // update, which swaps a symlink rather than writing the file.
@@ -171,6 +172,12 @@ func (f *tokensFile[S]) reload() {
 	}
 	f.set.Store(set)
 	f.stamp, f.lastErr = stamp, ""
+	if f.count(set) == 0 {
+		// As loud as a removed file or an empty one at start: every token
+		// is revoked, and an operator alerting on WARN must hear it.
+		f.log.Warn(f.what+" file reloaded holding no token: every call it authenticates is refused until one is added", "file", f.path, "tokens", 0)
+		return
+	}
 	f.log.Info(f.what+" reloaded", "file", f.path, "tokens", f.count(set))
 }
 
@@ -199,8 +206,10 @@ func (f *tokensFile[S]) checkMode(fi os.FileInfo) {
 // scanTokenLines calls line with the whitespace-separated fields of each
 // line of a tokens file that is not blank or a '#' comment, and the line's
 // number. It refuses a file over maxTokensFileBytes and lines that are not
-// UTF-8. Errors name the line, never a field's value: with columns
-// swapped, any field could be a token.
+// UTF-8. A UTF-8 byte order mark opening the file (Notepad, PowerShell's
+// Out-File write one) is skipped: it is not part of line 1's first field.
+// Errors name the line, never a field's value: with columns swapped, any
+// field could be a token.
 func scanTokenLines(r io.Reader, line func(n int, fields []string) error) error {
 	sc := bufio.NewScanner(io.LimitReader(r, maxTokensFileBytes+1))
 	sc.Buffer(make([]byte, 0, 4096), maxTokensFileBytes+1)
