@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -23,6 +24,8 @@ const (
 	// alphabet is already far beyond online guessing.
 	minTokenLength = 16
 	maxTokenLength = 4096
+	// byteOrderMark is UTF-8's, skipped where it opens a file.
+	byteOrderMark = "\ufeff"
 )
 
 // tokensFile is a file of tokens, re-read when it changes, and the last
@@ -221,6 +224,9 @@ func scanTokenLines(r io.Reader, line func(n int, fields []string) error) error 
 			return fmt.Errorf("larger than %d bytes", maxTokensFileBytes)
 		}
 		text := sc.Text()
+		if n == 1 {
+			text = strings.TrimPrefix(text, byteOrderMark)
+		}
 		if !utf8.ValidString(text) {
 			return fmt.Errorf("line %d: not valid UTF-8", n)
 		}

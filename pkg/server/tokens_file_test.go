@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -113,6 +114,61 @@ func TestATokensFileReloadedEmptyIsAWarning(t *testing.T) {
 			}
 			if len(lines) != 1 || lines[0]["level"] != "INFO" || !strings.HasSuffix(lines[0]["msg"].(string), "tokens reloaded") {
 				t.Errorf("log after a token was added back: got %v, want one INFO reload line", lines)
+			}
+		})
+	}
+}
+
+// A tokens file saved with a UTF-8 byte order mark (Windows Notepad,
+// PowerShell's Out-File) reads as the same file without it: the mark is
+// not part of line 1's name, nor does it turn a comment into a data line.
+// Only a mark that opens the file is skipped.
+func TestATokensFileWithAByteOrderMarkReadsAsWithout(t *testing.T) {
+	const bom = "\ufeff"
+	discard := slog.New(slog.NewJSONHandler(io.Discard, nil))
+	for _, tc := range []struct {
+		name    string
+		admin   bool // the admin tokens file, else the API one
+		file    string
+		want    int
+		wantErr string
+	}{
+		{admin: true, name: "admin: before a token's line", file: bom + "alice viewer " + aliceToken + "\n", want: 1},
+		{admin: true, name: "admin: before a comment", file: bom + "# support staff\nalice viewer " + aliceToken + "\n", want: 1},
+		{admin: true, name: "admin: alone", file: bom, want: 0},
+		{admin: true, name: "admin: on line 2 it is not skipped", file: "alice viewer " + aliceToken + "\n" + bom + "bob operator " + bobToken + "\n", wantErr: "line 2: the name (field 1)"},
+		{name: "API: before a caller's line", file: bom + "carol " + carolToken + " free\n", want: 1},
+		{name: "API: before a comment", file: bom + "# callers\ncarol " + carolToken + " free\n", want: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "tokens")
+			if err := os.WriteFile(path, []byte(tc.file), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			var got int
+			var err error
+			if tc.admin {
+				var f *tokensFile[tokenSet]
+				if f, err = loadAdminTokens(path, discard); err == nil {
+					got = f.current().len()
+				}
+			} else {
+				var c *Callers
+				if c, err = LoadCallers(CallersOptions{TokensFile: path, Logger: discard}); err == nil {
+					got = c.Len()
+				}
+			}
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error: got %v, want it to contain %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("error: got %v, want none", err)
+			}
+			if got != tc.want {
+				t.Errorf("tokens: got %d, want %d", got, tc.want)
 			}
 		})
 	}
