@@ -60,11 +60,13 @@ type HTTP struct {
 	// IdleTimeout is how long a kept-alive connection may wait for its next
 	// request, on both listeners. Default 2m.
 	IdleTimeout time.Duration `mapstructure:"idleTimeout"`
-	// TLS serves the API over TLS, and mutual TLS with a client CA.
+	// TLS serves the API over TLS, and mutual TLS with a client CA, and the
+	// admin listener over TLS with the same certificate.
 	TLS ListenerTLS `mapstructure:"tls"`
 }
 
-// ListenerTLS is the API listener's TLS. The ops listener stays plain.
+// ListenerTLS is the API listener's TLS, and the admin listener's (its
+// certificate, no client certificates). The ops listener stays plain.
 type ListenerTLS struct {
 	// CertFile and KeyFile are the server's PEM certificate and key; both
 	// or neither. Re-read when they change. Default "": plain HTTP.

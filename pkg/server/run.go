@@ -29,8 +29,10 @@ type Listeners struct {
 	// set. Default ":8081".
 	Admin string
 	// TLS, when its files are set, serves the API over TLS (and mutual
-	// TLS with a client CA). The ops listener stays plain HTTP: probes
-	// and scrapers reach it inside the cluster.
+	// TLS with a client CA), and the admin listener over TLS with the
+	// same certificate: its bearer tokens release anyone's slots. The
+	// ops listener stays plain HTTP: probes and scrapers reach it inside
+	// the cluster.
 	TLS TLSFiles
 	// Timeouts apply to every listener.
 	Timeouts Timeouts
@@ -96,12 +98,15 @@ func (s *Server) Run(ctx context.Context, l Listeners, grace time.Duration) erro
 	}
 	timeouts := l.Timeouts.WithDefaults()
 	s.listening.Store(&timeouts)
-	var tlsConfig *tls.Config
+	var tlsConfig, adminTLS *tls.Config
 	if l.TLS.enabled() {
 		var err error
 		if tlsConfig, err = l.TLS.Config(s.log); err != nil {
 			return err
 		}
+		// Cloned now: the API's server adds its protocols to tlsConfig
+		// when it starts serving.
+		adminTLS = adminTLSConfig(tlsConfig)
 	}
 	apiLn, err := net.Listen("tcp", l.API)
 	if err != nil {
@@ -137,9 +142,10 @@ func (s *Server) Run(ctx context.Context, l Listeners, grace time.Duration) erro
 	attrs := []any{"api", scheme + apiLn.Addr().String(), "ops", "http://" + opsLn.Addr().String(), "client_certificates", l.TLS.ClientCAFile != ""}
 	if adminLn != nil {
 		admin := timeouts.server(s.AdminHandler())
+		admin.TLSConfig = adminTLS
 		servers = append(servers, admin)
 		go func() { errc <- httpserve.Serve(admin, adminLn) }()
-		attrs = append(attrs, "admin", "http://"+adminLn.Addr().String())
+		attrs = append(attrs, "admin", scheme+adminLn.Addr().String())
 	}
 	s.log.Info("listening", attrs...)
 

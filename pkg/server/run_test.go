@@ -53,17 +53,24 @@ func runServerOn(t *testing.T, srv *server.Server, l server.Listeners) (api, ops
 		}
 	})
 	for _, addr := range []string{api, ops} {
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-			if conn, err := net.Dial("tcp", addr); err == nil {
-				conn.Close()
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("Run: %s does not accept connections within 10s", addr)
-			}
-		}
+		awaitAccepting(t, addr)
 	}
 	return api, ops
+}
+
+// awaitAccepting waits up to 10s for a listener of Run to accept
+// connections on addr.
+func awaitAccepting(t *testing.T, addr string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if conn, err := net.Dial("tcp", addr); err == nil {
+			conn.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Run: %s does not accept connections within 10s", addr)
+		}
+	}
 }
 
 // slowServer is a Server on no Redis (nothing here reaches it) with a route
@@ -180,15 +187,7 @@ func TestRunServesTheAdminListener(t *testing.T) {
 	admin := newAdmin(t, lim)
 	adminAddr := testenv.FreeAddr(t)
 	api, _ := runServerOn(t, server.New(lim, server.Options{Admin: admin}), server.Listeners{Admin: adminAddr})
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if conn, err := net.Dial("tcp", adminAddr); err == nil {
-			conn.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the admin listener %s does not accept connections within 10s", adminAddr)
-		}
-	}
+	awaitAccepting(t, adminAddr)
 	get := func(url string) int {
 		t.Helper()
 		resp, err := http.Get(url)

@@ -10,7 +10,8 @@ import (
 	"sync"
 )
 
-// TLSFiles put the API listener on TLS, and optionally mutual TLS.
+// TLSFiles put the API listener on TLS, and optionally mutual TLS, and
+// the admin listener on TLS (adminTLSConfig).
 type TLSFiles struct {
 	// CertFile and KeyFile are the server's PEM certificate (chain) and
 	// key. Both, or neither: plain HTTP. They are re-read when either
@@ -109,4 +110,15 @@ func (k *keyPair) load() (*tls.Certificate, error) {
 	}
 	k.cert, k.stamps = &cert, stamps
 	return k.cert, nil
+}
+
+// adminTLSConfig is the admin listener's TLS: the API's certificate (a
+// rotation reaches both), and no client certificate asked for. The admin
+// API knows its callers by their tokens alone, so a certificate would name
+// nobody there, and asking for one makes a browser holding any client
+// certificate prompt its user to pick one before the admin page opens.
+func adminTLSConfig(api *tls.Config) *tls.Config {
+	cfg := api.Clone()
+	cfg.ClientAuth, cfg.ClientCAs = tls.NoClientCert, nil
+	return cfg
 }

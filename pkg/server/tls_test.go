@@ -3,10 +3,13 @@ package server_test
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -160,4 +163,84 @@ func TestAPICertificateRotation(t *testing.T) {
 	if got := served(); got != "second" {
 		t.Errorf("served certificate after the rotation: got %q, want second", got)
 	}
+}
+
+// With http.tls set, the admin listener is served over TLS with the API's
+// certificate: an operator's token, which releases anyone's slots, never
+// crosses the network in the clear. It asks for no client certificate
+// (the admin API knows its callers by their tokens), even when the API
+// takes them, and the listening line names it https://.
+func TestAdminListenerServesTLSWithTheAPICertificate(t *testing.T) {
+	t.Parallel()
+	lim := limitertest.New(t, limitertest.Options{}).Limiter
+	dir := t.TempDir()
+	ca := testenv.NewCA(t)
+	certFile, keyFile := ca.IssueFiles(t, dir, "server", testenv.CertSpec{CommonName: "limiter", IPs: []string{"127.0.0.1"}})
+	log := &logSink{}
+	srv := server.New(lim, server.Options{Admin: newAdmin(t, lim), Logger: slog.New(slog.NewJSONHandler(log, nil))})
+	adminAddr := testenv.FreeAddr(t)
+	runServerOn(t, srv, server.Listeners{Admin: adminAddr, TLS: server.TLSFiles{CertFile: certFile, KeyFile: keyFile, ClientCAFile: ca.File(t, dir)}})
+	awaitAccepting(t, adminAddr)
+
+	var askedForCertificate atomic.Bool
+	transport := &http.Transport{TLSClientConfig: &tls.Config{
+		RootCAs: ca.Pool(),
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			askedForCertificate.Store(true)
+			return &tls.Certificate{}, nil // none: the admin API must not need one
+		},
+	}}
+	t.Cleanup(transport.CloseIdleConnections)
+	overTLS := &http.Client{Transport: apitest.ValidatingAdminTransport(t, transport), Timeout: 10 * time.Second}
+	audit := func(t *testing.T, hc *http.Client, scheme string) (*http.Response, error) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodGet, scheme+"://"+adminAddr+httpapi.PathAdminAudit, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+adminToken)
+		return hc.Do(req)
+	}
+
+	t.Run("an operator's call over https, trusting the CA, is answered", func(t *testing.T) {
+		resp, err := audit(t, overTLS, "https")
+		if err != nil {
+			t.Fatalf("GET %s over https: %v", httpapi.PathAdminAudit, err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		decode[httpapi.AuditResponse](t, reply{status: resp.StatusCode, header: resp.Header, body: body}, http.StatusOK)
+		if got := resp.TLS.PeerCertificates[0].Subject.CommonName; got != "limiter" {
+			t.Errorf("served certificate: got %q, want the API's, limiter", got)
+		}
+		if askedForCertificate.Load() {
+			t.Errorf("the handshake asked for a client certificate, want none asked for on the admin listener")
+		}
+	})
+	t.Run("plain HTTP is not served", func(t *testing.T) {
+		resp, err := audit(t, &http.Client{Timeout: 10 * time.Second}, "http")
+		if err == nil {
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusBadRequest {
+				t.Errorf("plain HTTP: got %d, want 400 (net/http's answer to HTTP on a TLS port)", resp.StatusCode)
+			}
+		}
+	})
+	t.Run("a client not trusting the CA is refused in the handshake", func(t *testing.T) {
+		if resp, err := audit(t, &http.Client{Timeout: 10 * time.Second}, "https"); err == nil {
+			resp.Body.Close()
+			t.Errorf("https without the CA: got %d, want the certificate refused", resp.StatusCode)
+		}
+	})
+	t.Run("the listening line names the admin listener https://", func(t *testing.T) {
+		want := `"admin":"https://` + adminAddr + `"`
+		for deadline := time.Now().Add(5 * time.Second); !strings.Contains(log.String(), want); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("log: got %s, want a listening line holding %s", log.String(), want)
+			}
+		}
+	})
 }
