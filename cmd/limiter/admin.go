@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,8 +27,9 @@ import (
 
 // Environment of the admin commands.
 const (
-	envAdminURL   = "LIMITER_ADMIN_URL"
-	envAdminToken = "LIMITER_ADMIN_TOKEN"
+	envAdminURL    = "LIMITER_ADMIN_URL"
+	envAdminToken  = "LIMITER_ADMIN_TOKEN"
+	envAdminCAFile = "LIMITER_ADMIN_CA_FILE"
 )
 
 // defaultAdminURL is the admin listener of a limiter on this machine, at
@@ -37,6 +40,7 @@ const defaultAdminURL = "http://127.0.0.1:8081"
 type adminFlags struct {
 	url     string
 	token   string
+	caFile  string
 	timeout time.Duration
 	output  string
 	// wrote: a request of the command's call was written to the admin
@@ -69,6 +73,9 @@ The server comes from --url, else ` + envAdminURL + `, else http://127.0.0.1:808
 (the admin listener, admin.addr; not the API's port);
 the token from --token, else ` + envAdminToken + `. Prefer the environment for the
 token: a flag is visible to every user of the machine in the process list.
+A limiter with http.tls set serves its admin listener over TLS too: give an
+https:// URL, and --ca-file (else ` + envAdminCAFile + `), a PEM bundle of the
+CAs that signed its certificate, unless the system's roots trust it.
 
 Exit codes: 0 on success, 1 when the server refused or failed the call,
 2 for a usage error.`,
@@ -76,6 +83,7 @@ Exit codes: 0 on success, 1 when the server refused or failed the call,
 	flags := cmd.PersistentFlags()
 	flags.StringVar(&f.url, "url", "", "base URL of the limiter's admin listener, admin.addr (env "+envAdminURL+") (default "+defaultAdminURL+")")
 	flags.StringVar(&f.token, "token", "", "admin token (env "+envAdminToken+"; prefer it: flags show in the process list)")
+	flags.StringVar(&f.caFile, "ca-file", "", "PEM bundle of the CAs trusted for an https:// --url (env "+envAdminCAFile+") (default the system roots)")
 	flags.DurationVar(&f.timeout, "timeout", 10*time.Second, "deadline of the call")
 	flags.StringVarP(&f.output, "output", "o", "text", "output format: text or json")
 
@@ -189,11 +197,41 @@ func (f *adminFlags) client() (*client.Admin, error) {
 	if f.timeout <= 0 {
 		return nil, fmt.Errorf("--timeout must be > 0, got %s", f.timeout)
 	}
-	c, err := client.NewAdmin(base, strings.TrimSpace(token), client.WithRequestTimeout(f.timeout))
+	opts := []client.Option{client.WithRequestTimeout(f.timeout)}
+	caFile := f.caFile
+	if caFile == "" {
+		caFile = os.Getenv(envAdminCAFile)
+	}
+	if caFile != "" {
+		tlsConfig, err := adminTLSConfig(base, caFile)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, client.WithTLSConfig(tlsConfig))
+	}
+	c, err := client.NewAdmin(base, strings.TrimSpace(token), opts...)
 	if err != nil {
 		return nil, fmt.Errorf("--url (env %s): %w", envAdminURL, err)
 	}
 	return c, nil
+}
+
+// adminTLSConfig trusts the CAs of caFile for base. A CA file beside a
+// plain http:// URL is refused, not ignored: whoever set it meant the
+// token to travel encrypted.
+func adminTLSConfig(base, caFile string) (*tls.Config, error) {
+	if u, err := url.Parse(base); err != nil || u.Scheme != "https" {
+		return nil, fmt.Errorf("--ca-file (env %s) is for an https:// URL, got --url (env %s) %q", envAdminCAFile, envAdminURL, base)
+	}
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("--ca-file (env %s): %w", envAdminCAFile, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--ca-file (env %s) %s: no PEM certificate in it", envAdminCAFile, caFile)
+	}
+	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
 }
 
 // failure marks err of an admin call as the server's failure, and words
@@ -211,10 +249,24 @@ func (f *adminFlags) failure(err error) error {
 			strings.ToUpper(unreached.Op), unreached.URL, unreached.Err)
 	case errors.Is(err, client.ErrUnavailable) && errors.As(err, &unreached):
 		// No answer at all: the admin listener, not the limiter's Redis.
-		err = fmt.Errorf("the admin API did not answer %s %s: %w (is --url, env %s, the admin listener, admin.addr?)",
-			strings.ToUpper(unreached.Op), unreached.URL, unreached.Err, envAdminURL)
+		err = fmt.Errorf("the admin API did not answer %s %s: %w (is --url, env %s, the admin listener, admin.addr?)%s",
+			strings.ToUpper(unreached.Op), unreached.URL, unreached.Err, envAdminURL, tlsHint(unreached))
 	}
 	return serveFailure{err}
+}
+
+// tlsHint says why an https:// URL's handshake failed, when it is the
+// admin listener's certificate that is not trusted here.
+func tlsHint(err *url.Error) string {
+	var unknownCA x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	switch {
+	case errors.As(err, &unknownCA):
+		return "; its certificate is signed by a CA not trusted here: give that CA with --ca-file (env " + envAdminCAFile + ")"
+	case errors.As(err, &hostname):
+		return "; its certificate does not name the host of --url"
+	}
+	return ""
 }
 
 // adminRefusal is a non-2xx answer of the admin API.

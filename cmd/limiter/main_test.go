@@ -95,6 +95,7 @@ func TestUnknownVariablesStopTheStart(t *testing.T) {
 	// they named, they would come before LIMITER_REDIS_ADDR.
 	t.Setenv(envAdminURL, "http://127.0.0.1:8081")
 	t.Setenv(envAdminToken, "s3cr3t-0123456789abcdef")
+	t.Setenv(envAdminCAFile, "/etc/limiter/admin-ca.crt")
 	checkRuns(t, []runCase{
 		{"serve", append([]string{"serve"}, local...), exitUsage, "",
 			"limiter: invalid configuration: environment: LIMITER_REDIS_ADDR is not a setting; did you mean LIMITER_REDIS_ADDRS (redis.addrs)?\n  (every LIMITER_ variable must be a setting"},

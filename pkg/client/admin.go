@@ -33,8 +33,10 @@ type Admin struct {
 }
 
 // NewAdmin returns an Admin of the limiter at baseURL (its admin listener,
-// e.g. "http://limiter-admin.default.svc:8081"; a path prefix is kept) that
-// sends token as a bearer token. Of the options, WithHTTPClient,
+// e.g. "http://limiter-admin.default.svc:8081", "https://..." when the
+// service has http.tls set: WithTLSConfig then names the CA of its
+// certificate unless the system's roots trust it; a path prefix is kept)
+// that sends token as a bearer token. Of the options, WithHTTPClient,
 // WithTransport, WithTLSConfig and WithRequestTimeout apply; the token,
 // heartbeat and logging options have nothing to act on. It does not touch
 // the network.

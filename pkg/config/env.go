@@ -15,10 +15,11 @@ var (
 	// toolEnvPrefixes start the variables of the tests and benchmarks.
 	toolEnvPrefixes = []string{"LIMITER_TEST_", "LIMITER_BENCH_"}
 	// toolEnvVars are read by the clients (LIMITER_TOKEN), by `limiter
-	// admin` (LIMITER_ADMIN_URL, LIMITER_ADMIN_TOKEN), by fault-injection
-	// builds (LIMITER_FAULT_POINT) and by hack/ (the rest).
+	// admin` (LIMITER_ADMIN_URL, LIMITER_ADMIN_TOKEN,
+	// LIMITER_ADMIN_CA_FILE), by fault-injection builds
+	// (LIMITER_FAULT_POINT) and by hack/ (the rest).
 	toolEnvVars = []string{
-		"LIMITER_TOKEN", "LIMITER_ADMIN_URL", "LIMITER_ADMIN_TOKEN", "LIMITER_FAULT_POINT",
+		"LIMITER_TOKEN", "LIMITER_ADMIN_URL", "LIMITER_ADMIN_TOKEN", "LIMITER_ADMIN_CA_FILE", "LIMITER_FAULT_POINT",
 		"LIMITER_CACHE", "LIMITER_HELM", "LIMITER_KUBE_SCORE", "LIMITER_PROMTOOL", "LIMITER_REDOCLY",
 		"LIMITER_E2E_NPM_DIR", "LIMITER_TS_NPM_DIR", "LIMITER_NPM_CACHE",
 	}
