@@ -79,6 +79,27 @@ func TestNotesFitTheMode(t *testing.T) {
 			absent: []string{"/v1/chat/completions", "X-User-Id"},
 		},
 		{
+			name:  "mode serve, the admin API",
+			files: []string{redisValues},
+			flags: []string{"--set", "admin.existingSecret=limiter-admin"},
+			want: []string{
+				"port-forward service/limiter-admin 8081:8081",
+				"open http://localhost:8081/admin/",
+			},
+			absent: []string{"https://localhost:8081", "served over TLS"},
+		},
+		{
+			name:  "mode serve, the admin API over TLS",
+			files: []string{redisValues},
+			flags: []string{"--set", "admin.existingSecret=limiter-admin", "--set", "server.tls.existingSecret=limiter-tls"},
+			want: []string{
+				"port-forward service/limiter-admin 8081:8081",
+				"open https://localhost:8081/admin/",
+				"served over TLS, with the certificate of the Secret\nlimiter-tls",
+			},
+			absent: []string{"http://localhost:8081"},
+		},
+		{
 			name:  "mode proxy, identity from headers",
 			files: []string{redisValues},
 			flags: readmeProxy,

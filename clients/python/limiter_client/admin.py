@@ -24,7 +24,9 @@ class Admin:
 
     The API is served on the admin listener (admin.addr, e.g.
     "http://limiter-admin.default.svc:8081") when the service has
-    admin.tokensFile set. Every call, refused ones included, is audited
+    admin.tokensFile set; over TLS ("https://...") when it has http.tls
+    set: ssl_context (ssl.create_default_context(cafile=...)) then trusts
+    the CA of its certificate, unless the system's roots do. Every call, refused ones included, is audited
     under the token's name. A refused call raises a LimiterError with code
     ``unauthorized`` (401), ``forbidden`` (403, a viewer's token on an
     operator's call) or an InvalidRequest (400); a service that cannot be

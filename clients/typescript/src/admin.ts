@@ -19,7 +19,10 @@ export interface AdminOptions {
 /**
  * Calls the limiter's admin API (/v1/admin/...) with one token: the admin
  * listener (admin.addr, e.g. "http://limiter-admin.default.svc:8081"),
- * served when the service has admin.tokensFile set. Every call, refused
+ * served when the service has admin.tokensFile set; over TLS
+ * ("https://...") when it has http.tls set: trust the CA of its
+ * certificate with NODE_EXTRA_CA_CERTS, or a fetch of your own (see
+ * ClientOptions.fetch), unless the system's roots do. Every call, refused
  * ones included, is audited under the token's name. A refused call rejects
  * with a LimiterError of code `unauthorized` (401), `forbidden` (403, a
  * viewer's token on an operator's call) or `invalid_request` (400).
