@@ -55,7 +55,9 @@ const clientsPools = `pools:
 //     every plan; LIMITER_TEST_SCOPED_TOKEN, a caller of paid only;
 //   - LIMITER_TEST_TLS_URL: a serve over TLS trusting client certificates
 //     of LIMITER_TEST_TLS_CA; LIMITER_TEST_TLS_CERT and _KEY name the
-//     caller edge.example, which may use free only.
+//     caller edge.example, which may use free only;
+//     LIMITER_TEST_TLS_ADMIN_URL: its admin listener, over TLS too
+//     (https://), with the same operator token.
 //
 // It also sets LIMITER_TEST_REQUIRE=1: a suite never skips a test for a
 // missing server.
@@ -82,7 +84,7 @@ func startClientServers(t *testing.T) []string {
 	caFile := ca.File(t, dir)
 	tlsTokens := write("tls-api-tokens", "app "+clientsAppToken+" *\nedge.example - free\n")
 	secure := servetest.Start(t, servetest.Options{AwaitRedis: true, Config: serveConfig(redis, prefix, clientsTiers) + clientsPools +
-		"api:\n  tokensFile: " + tlsTokens + "\n" +
+		"api:\n  tokensFile: " + tlsTokens + "\nadmin:\n  tokensFile: " + adminTokens + "\n" +
 		"http:\n  tls:\n    certFile: " + serverCert + "\n    keyFile: " + serverKey + "\n    clientCAFile: " + caFile + "\n"})
 
 	return []string{
@@ -94,6 +96,7 @@ func startClientServers(t *testing.T) []string {
 		"LIMITER_TOKEN=" + clientsAppToken,
 		"LIMITER_TEST_SCOPED_TOKEN=" + clientsScopedToken,
 		"LIMITER_TEST_TLS_URL=https://" + strings.TrimPrefix(secure.API, "http://"),
+		"LIMITER_TEST_TLS_ADMIN_URL=https://" + strings.TrimPrefix(secure.Admin, "http://"),
 		"LIMITER_TEST_TLS_CA=" + caFile,
 		"LIMITER_TEST_TLS_CERT=" + clientCert,
 		"LIMITER_TEST_TLS_KEY=" + clientKey,
@@ -146,6 +149,7 @@ func TestPythonClient(t *testing.T) {
 		"test_given_up_acquire_is_released_once_more_only_under_an_id_of_the_clients_own",
 		"test_callers_authenticate_with_their_token",
 		"test_mutual_tls",
+		"test_admin_over_tls",
 		"test_acquire_sends_label_only_when_set",
 		"test_label_is_recorded_with_the_slot",
 		"test_a_slot_belongs_to_the_caller_that_took_it",
@@ -219,6 +223,7 @@ func TestTypeScriptClient(t *testing.T) {
 		"a given-up acquire is released once more only under an id of the client's own",
 		"callers authenticate with their token",
 		"TLS: the global fetch trusting the service's CA, and mutual TLS through the fetch option",
+		"TLS: the admin API over https, its CA trusted",
 		"acquire sends label only when set",
 		"the label is recorded with the slot",
 		"a slot belongs to the caller that took it",

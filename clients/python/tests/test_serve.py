@@ -22,6 +22,7 @@ from limiter_client import (
     Client,
     ClientClosed,
     InvalidRequest,
+    LimiterError,
     LimitReached,
     NotSlotHolder,
     PlanNotAllowed,
@@ -460,6 +461,21 @@ class ServeTest(unittest.TestCase):
         with self.assertRaises(Unavailable) as caught:
             self.new_client(url, acquire_retries=0).acquire(u, "paid")
         self.assertIn("CERTIFICATE_VERIFY_FAILED", str(caught.exception))
+
+    def test_admin_over_tls(self) -> None:
+        url, ca, token = env("LIMITER_TEST_TLS_ADMIN_URL"), env("LIMITER_TEST_TLS_CA"), env("LIMITER_TEST_ADMIN_TOKEN")
+        self.assertTrue(url.startswith("https://"), url)
+        # ssl_context trusts the CA of the admin listener's certificate.
+        admin = Admin(url, token, ssl_context=ssl.create_default_context(cafile=ca))
+        self.assertEqual(admin.slots(user()).used, 0)
+        # Without the CA, the certificate is not trusted.
+        with self.assertRaises(Unavailable) as caught:
+            Admin(url, token).slots(user())
+        self.assertIn("CERTIFICATE_VERIFY_FAILED", str(caught.exception))
+        # Plain HTTP reaches no admin API.
+        with self.assertRaises(LimiterError) as refused:
+            Admin("http://" + url[len("https://") :], token).slots(user())
+        self.assertEqual(refused.exception.status, 400, str(refused.exception))
 
 
 if __name__ == "__main__":

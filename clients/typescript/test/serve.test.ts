@@ -31,6 +31,7 @@ const { env, skip } = serveEnv(
   "LIMITER_TEST_TLS_CA",
   "LIMITER_TEST_TLS_CERT",
   "LIMITER_TEST_TLS_KEY",
+  "LIMITER_TEST_TLS_ADMIN_URL",
 );
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -440,5 +441,17 @@ describe("against a real serve", { skip }, () => {
     } finally {
       process.env.LIMITER_TOKEN = saved;
     }
+  });
+
+  test("TLS: the admin API over https, its CA trusted", async () => {
+    const url = env.LIMITER_TEST_TLS_ADMIN_URL;
+    assert.ok(url.startsWith("https://"), url);
+    // NODE_EXTRA_CA_CERTS trusts the CA of the admin listener's certificate.
+    const overTLS = new Admin(url, env.LIMITER_TEST_ADMIN_TOKEN);
+    assert.equal((await overTLS.slots(user())).used, 0);
+    // Plain HTTP reaches no admin API.
+    const plain = new Admin("http://" + url.slice("https://".length), env.LIMITER_TEST_ADMIN_TOKEN);
+    const err = await refused(plain.slots(user()), "http_400");
+    assert.equal(err.status, 400);
   });
 });
