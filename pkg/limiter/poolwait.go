@@ -69,8 +69,9 @@ func (l *Limiter) awaitPool(ctx context.Context, req AcquireRequest, tier tiers.
 	defer stop()
 	w := &waiter{
 		streamID: poolMember(req.UserID, req.StreamID), stream: req.StreamID,
-		record: lua.Record{Caller: req.Caller, Plan: tier.Plan, Priority: tier.Priority, User: req.UserID, Label: req.Label, Token: req.token},
-		ctx:    ctx, deadline: start.Add(wait), done: make(chan waitResult, 1),
+		record:  lua.Record{Caller: req.Caller, Plan: tier.Plan, Priority: tier.Priority, User: req.UserID, Label: req.Label, Token: req.token},
+		slotTTL: tier.SlotTTL,
+		ctx:     ctx, deadline: start.Add(wait), done: make(chan waitResult, 1),
 	}
 	r := l.waitIn(ctx, queueScope{key: m.slots, userID: req.UserID, pool: m.pool.Pool, poolKey: m.key}, tier, w)
 	out := poolWaited{waited: time.Since(start), unsure: r.unsure, share: r.share, holders: r.holders}

@@ -78,8 +78,13 @@ func (q *scopeQueue) round() time.Time {
 	clear(q.named)
 	q.namedAll = false
 	args := lua.WaitArgs{Limit: q.limit, SlotTTL: tier.SlotTTL, TicketTTL: l.ticketTTL, MaxQueue: l.maxQueue}
+	var slotTTL time.Duration // the longest of the sent waiters' own (a pool key's)
 	for _, w := range q.waiters {
-		if c := calls[w.streamID]; c.send && c.at == 0 {
+		c := calls[w.streamID]
+		if c.send {
+			slotTTL = max(slotTTL, w.slotTTL)
+		}
+		if c.send && c.at == 0 {
 			args.Tickets = append(args.Tickets, lua.TicketArgs{StreamID: w.streamID, Leave: c.leave, Retry: c.retry, Record: w.record})
 			c.at = len(args.Tickets) // 1-based, 0: not yet
 		} else if c.send && args.Tickets[c.at-1].Record.Caller == "" && w.record.Caller != "" {
@@ -90,6 +95,12 @@ func (q *scopeQueue) round() time.Time {
 			// first (caller "", nobody's) takes no named caller past it.
 			args.Tickets[c.at-1].Record = w.record
 		}
+	}
+	if slotTTL > 0 {
+		// A pool key's membership is kept by its stream's slot TTL (see
+		// waiter.slotTTL): granted with the plan's as it is now, it could
+		// lapse before the stream's first heartbeat.
+		args.SlotTTL = slotTTL
 	}
 	if !needed && !polled {
 		return q.next(now)
@@ -170,7 +181,7 @@ func (q *scopeQueue) round() time.Time {
 		outcome, leaving := leaves[j], leaves[j] != ""
 		switch {
 		case t.State == lua.TicketGranted && !leaving:
-			w.answer(waitResult{outcome: WaitGranted, expiresAtMs: t.ExpiresAtMs, replicas: replicas, used: got.Used, override: got.Override, holders: holders[w.streamID], extended: t.Extended, share: t.Share, record: t.Record, pools: pools})
+			w.answer(waitResult{outcome: WaitGranted, expiresAtMs: t.ExpiresAtMs, tier: tier, replicas: replicas, used: got.Used, override: got.Override, holders: holders[w.streamID], extended: t.Extended, share: t.Share, record: t.Record, pools: pools})
 		case t.State == lua.TicketNotHolder && w.record.Caller != "":
 			// The ticket went with this waiter's caller (see above), whom
 			// the stream's ticket or slot refuses. A waiter of no caller is

@@ -76,8 +76,14 @@ type waiter struct {
 	// stream the stream id alone.
 	streamID, stream string
 	record           lua.Record
-	ctx              context.Context
-	deadline         time.Time
+	// slotTTL, of a pool key's waiter, is its stream's slot TTL, which
+	// its membership is granted with: heartbeats keep the membership by
+	// the slot's recorded TTL, not by the plan as it is when the
+	// membership is granted. 0, a user's waiter: the plan's as the call
+	// reads it (bounds), recorded with the slot.
+	slotTTL  time.Duration
+	ctx      context.Context
+	deadline time.Time
 	// done receives the outcome, once, from the user's loop.
 	done chan waitResult
 }
@@ -87,8 +93,12 @@ type waitResult struct {
 	outcome WaitOutcome
 	// granted
 	expiresAtMs int64
-	degraded    bool
-	replicas    *replicaSync
+	// tier is the plan as the call that granted the slot read it: a new
+	// slot's record keeps its SlotTTL (see bounds), which the slot's
+	// heartbeats go by, whatever the plan was when the acquire queued.
+	tier     tiers.Tier
+	degraded bool
+	replicas *replicaSync
 	// holders counts the waiters of this server answered granted for the
 	// same stream id in the same call (a client's retries of one acquire
 	// share its slot): one that finds its caller gone releases the slot
@@ -168,6 +178,11 @@ func (l *Limiter) awaitSlot(ctx context.Context, key string, req AcquireRequest,
 		if r.degraded {
 			res.Degraded, res.SlotDegraded, res.Used = true, true, 0
 			res.ExpiresAt = degradedExpiry(tier.SlotTTL)
+		} else {
+			// The TTL the slot was granted with, and its heartbeat interval:
+			// the plan's when the grant was made, not when the acquire queued
+			// (an extension's are its record's: see heldPlan below).
+			res.Tier = r.tier
 		}
 		if err := l.confirmGrant(ctx, r.replicas, tier, leaving(key, req.StreamID, r.share, lua.Extension{}, generated), &res); err != nil {
 			outcome = WaitFailed

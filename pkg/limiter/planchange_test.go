@@ -1,0 +1,146 @@
+package limiter_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/internal/limitertest"
+	"github.com/joishi/limiter/pkg/cluster"
+	"github.com/joishi/limiter/pkg/keys"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/lua"
+	"github.com/joishi/limiter/pkg/pools"
+	"github.com/joishi/limiter/pkg/tiers"
+)
+
+// Plans that change while streams hold slots and wait for them. Limits
+// apply at acquire time, and a slot's TTL travels with it (DESIGN §15):
+// whatever its plan says later, the slot is heartbeated by the TTL its
+// record keeps, so that is the TTL an acquire answers.
+
+// waity lets one stream wait up to 5s for the user's one slot, which lives
+// 10s (a heartbeat every second).
+var waity = tiers.Tier{Plan: "waity", MaxConcurrentStreams: 1, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen, MaxWait: 5 * time.Second}
+
+// recordedTTL is the TTL the record of user's slot stream keeps, on s's
+// Redis.
+func recordedTTL(t *testing.T, s *limitertest.Stack, user, stream string) time.Duration {
+	t.Helper()
+	key, err := s.Keys.UserKey(user)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Redis.Redis()
+	if err != nil {
+		t.Fatal(err)
+	}
+	record, err := c.Do(context.Background(), c.B().Hget().Key(keys.SlotRecords(key)).Field(stream).Build()).ToString()
+	if err != nil {
+		t.Fatalf("the record of %s's slot %s: %v", user, stream, err)
+	}
+	return lua.ParseRecord(record).TTL
+}
+
+// heartbeatAsTold heartbeats user's stream n times, each the heartbeat
+// interval res answered after the last, and fails when one finds the slot
+// lost or expiring sooner than the next is due.
+func heartbeatAsTold(t *testing.T, lim *limiter.Limiter, user, plan string, res limiter.AcquireResult, n int) {
+	t.Helper()
+	for i := 1; i <= n; i++ {
+		time.Sleep(res.Tier.HeartbeatInterval)
+		hb, err := lim.Heartbeat(context.Background(), limiter.HeartbeatRequest{UserID: user, Plan: plan, StreamID: res.StreamID})
+		if err != nil || !hb.Alive {
+			t.Fatalf("heartbeat %d, sent every heartbeat interval the acquire answered (%v, ttl %v): %+v, %v; want alive",
+				i, res.Tier.HeartbeatInterval, res.Tier.SlotTTL, hb, err)
+		}
+		if left := time.Until(hb.ExpiresAt); left < res.Tier.HeartbeatInterval {
+			t.Fatalf("heartbeat %d: the slot expires in %v, before the next heartbeat as told (%v)", i, left, res.Tier.HeartbeatInterval)
+		}
+	}
+}
+
+// TestAWaitedGrantAnswersTheTTLItWasGrantedWith: a plan's slotTTL lowered
+// (10s to 600ms) while an acquire waits in its user's queue. The slot is
+// granted when one frees, under the plan as it is then, and recorded with
+// its TTL: the answer says that TTL and its heartbeat interval, not those
+// of the plan when the acquire queued, and heartbeats sent as told keep
+// the slot.
+func TestAWaitedGrantAnswersTheTTLItWasGrantedWith(t *testing.T) {
+	for _, b := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
+		t.Run(b.String(), func(t *testing.T) {
+			t.Parallel()
+			lowered := waity
+			lowered.SlotTTL, lowered.HeartbeatInterval = 600*time.Millisecond, 200*time.Millisecond
+			s := limitertest.New(t, limitertest.Options{Backend: b, Redis: cluster.Options{Timeout: 5 * time.Second}, Tiers: append([]tiers.Tier{waity}, limitertest.Tiers()...)})
+			ctx := context.Background()
+			user := newUser(t)
+			key, err := s.Keys.UserKey(user)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mustAcquireUser(t, s.Limiter, user, waity.Plan, "held")
+			q := queueUser(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: user, Plan: waity.Plan, StreamID: "waiter"}, key)
+			if err := s.Table.Replace(append([]tiers.Tier{lowered}, limitertest.Tiers()...)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Limiter.Release(ctx, user, "held"); err != nil {
+				t.Fatal(err)
+			}
+			a, ok := q.answer(3 * time.Second)
+			if !ok || a.err != nil || !a.res.Granted {
+				t.Fatalf("the waiter, its slot freed: %+v, %v (answered: %v); want granted", a.res, a.err, ok)
+			}
+			res := a.res
+			if res.Tier.SlotTTL != lowered.SlotTTL || res.Tier.HeartbeatInterval != lowered.HeartbeatInterval {
+				t.Errorf("the grant answers ttl %v, heartbeat interval %v; want the plan's when it was granted, %v and %v",
+					res.Tier.SlotTTL, res.Tier.HeartbeatInterval, lowered.SlotTTL, lowered.HeartbeatInterval)
+			}
+			if got := recordedTTL(t, s, user, "waiter"); got != res.Tier.SlotTTL {
+				t.Errorf("the slot's record keeps ttl %v; the grant answered %v", got, res.Tier.SlotTTL)
+			}
+			if left := time.Until(res.ExpiresAt); left > lowered.SlotTTL {
+				t.Errorf("the grant expires in %v; want within the TTL it was granted with, %v", left, lowered.SlotTTL)
+			}
+			heartbeatAsTold(t, s.Limiter, user, waity.Plan, res, 4)
+		})
+	}
+}
+
+// TestAWaitedMembershipIsGrantedForItsStreamsTTL: a stream holds its
+// user's slot (10s TTL) and waits for a place in a full pool key while its
+// plan's slotTTL is lowered to 600ms. The place it is granted lives by the
+// slot's TTL, which the answer gives and its heartbeats keep it by: it
+// does not lapse before the first heartbeat sent as told.
+func TestAWaitedMembershipIsGrantedForItsStreamsTTL(t *testing.T) {
+	for _, b := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
+		t.Run(b.String(), func(t *testing.T) {
+			t.Parallel()
+			lowered := waity
+			lowered.SlotTTL, lowered.HeartbeatInterval = 600*time.Millisecond, 200*time.Millisecond
+			s := replicasOf(t, b, 1, append([]tiers.Tier{waity}, limitertest.Tiers()...), poolTable(t,
+				pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), MaxWait: 5 * time.Second}))[0]
+			ctx := context.Background()
+			other, user := newUser(t), newUser(t)
+			gpt := map[string]string{"model": "gpt-4o"}
+			if res, err := s.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: other, Plan: "three", StreamID: "other", Pools: gpt}); err != nil || !res.Granted {
+				t.Fatalf("%s's acquire of model=gpt-4o: %+v, %v", other, res, err)
+			}
+			q := queue(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: user, Plan: waity.Plan, StreamID: "waiter", Pools: gpt}, 5*time.Second)
+			if err := s.Table.Replace(append([]tiers.Tier{lowered}, limitertest.Tiers()...)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Limiter.Release(ctx, other, "other"); err != nil {
+				t.Fatal(err)
+			}
+			a, ok := q.answer(3 * time.Second)
+			if !ok || a.err != nil || !a.res.Granted || len(a.res.Pools) != 1 {
+				t.Fatalf("the waiter, the key's place freed: %+v, %v (answered: %v); want granted with model=gpt-4o", a.res, a.err, ok)
+			}
+			if got := recordedTTL(t, s, user, "waiter"); got != a.res.Tier.SlotTTL || got != waity.SlotTTL {
+				t.Errorf("the answer's ttl %v, the slot's recorded %v; want both %v, taken before the plan changed", a.res.Tier.SlotTTL, got, waity.SlotTTL)
+			}
+			heartbeatAsTold(t, s.Limiter, user, waity.Plan, a.res, 2)
+		})
+	}
+}
