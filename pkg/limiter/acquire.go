@@ -417,15 +417,23 @@ func poolsDiffer(req AcquireRequest, recorded, held []lua.PoolKey) error {
 }
 
 // heldPlan answers, in res, an extension of a held stream whose record
-// is record by the plan the stream was taken under, when that is
-// another than tier's (a retry naming another plan, its user's plan
-// changed meanwhile, is not told a limit the slot was not judged by, nor
-// a TTL its record does not keep).
+// is record by the slot as it is kept. The plan it was taken under, when
+// that is another than tier's (a retry naming another plan, its user's
+// plan changed meanwhile, is not told a limit the slot was not judged
+// by), in force or since removed. And the TTL its record keeps, which
+// the extension leaves as it is and the slot's heartbeats go by whatever
+// its plan says now (DESIGN §15), with a heartbeat interval within a
+// third of it: a caller heartbeating as told keeps the slot.
 func (l *Limiter) heldPlan(record string, tier tiers.Tier, res *AcquireResult) {
-	if held := lua.ParseRecord(record).Plan; held != "" && held != tier.Plan {
-		if t, ok := l.tiers.Lookup(held); ok {
+	kept := lua.ParseRecord(record)
+	if kept.Plan != "" && kept.Plan != tier.Plan {
+		if t, ok := l.tiers.LookupHeld(kept.Plan); ok {
 			res.Limit, res.Tier = t.MaxConcurrentStreams, t
 		}
+	}
+	if kept.TTL > 0 && kept.TTL != res.Tier.SlotTTL {
+		res.Tier.SlotTTL = kept.TTL
+		res.Tier.HeartbeatInterval = min(res.Tier.HeartbeatInterval, kept.TTL/3)
 	}
 }
 

@@ -144,3 +144,55 @@ func TestAWaitedMembershipIsGrantedForItsStreamsTTL(t *testing.T) {
 		})
 	}
 }
+
+// TestAnExtensionAnswersTheTTLItsRecordKeeps: an acquire retried under a
+// held stream's id extends the slot as it was taken, its record (TTL
+// included) kept: the answer gives the plan it was taken under (in force
+// or since removed), that plan's limit, the recorded TTL and a heartbeat
+// interval within a third of it, and heartbeats sent as told keep it.
+func TestAnExtensionAnswersTheTTLItsRecordKeeps(t *testing.T) {
+	ttlplan := tiers.Tier{Plan: "ttlplan", MaxConcurrentStreams: 1, SlotTTL: 300 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, FailureMode: tiers.FailOpen}
+	raised := ttlplan
+	raised.SlotTTL, raised.HeartbeatInterval = 3*time.Second, time.Second
+	gold := tiers.Tier{Plan: "gold", MaxConcurrentStreams: 2, SlotTTL: 600 * time.Millisecond, HeartbeatInterval: 200 * time.Millisecond, FailureMode: tiers.FailOpen}
+	cases := []struct {
+		name     string
+		taken    tiers.Tier   // the plan the slot is taken under
+		then     []tiers.Tier // the plans in force when it is retried
+		retry    string       // the plan the retry names
+		interval time.Duration
+	}{
+		{"its plan's TTL raised", ttlplan, []tiers.Tier{raised}, ttlplan.Plan, ttlplan.HeartbeatInterval},
+		{"its plan removed, retried under another", gold, nil, "three", gold.HeartbeatInterval},
+	}
+	for _, b := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
+		for _, c := range cases {
+			t.Run(b.String()+"/"+c.name, func(t *testing.T) {
+				t.Parallel()
+				s := limitertest.New(t, limitertest.Options{Backend: b, Redis: cluster.Options{Timeout: 5 * time.Second}, Tiers: append([]tiers.Tier{c.taken}, limitertest.Tiers()...)})
+				ctx := context.Background()
+				user := newUser(t)
+				mustAcquireUser(t, s.Limiter, user, c.taken.Plan, "s")
+				if err := s.Table.Replace(append(c.then, limitertest.Tiers()...)); err != nil {
+					t.Fatal(err)
+				}
+				res, err := s.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: c.retry, StreamID: "s"})
+				if err != nil || !res.Granted {
+					t.Fatalf("the retried acquire (an extension): %+v, %v; want granted", res, err)
+				}
+				if res.Tier.Plan != c.taken.Plan || res.Limit != c.taken.MaxConcurrentStreams {
+					t.Errorf("the extension answers plan %q, limit %d; want %q's %d, the plan the slot was taken under", res.Tier.Plan, res.Limit, c.taken.Plan, c.taken.MaxConcurrentStreams)
+				}
+				if res.Tier.SlotTTL != c.taken.SlotTTL || res.Tier.HeartbeatInterval != c.interval {
+					t.Errorf("the extension answers ttl %v, heartbeat interval %v; want the recorded %v and %v", res.Tier.SlotTTL, res.Tier.HeartbeatInterval, c.taken.SlotTTL, c.interval)
+				}
+				if got := recordedTTL(t, s, user, "s"); got != c.taken.SlotTTL {
+					t.Errorf("the slot's record keeps ttl %v; want %v, kept by the extension", got, c.taken.SlotTTL)
+				}
+				// The extension moved the expiry by the retry's plan's TTL;
+				// the beats after the first keep it by the recorded one.
+				heartbeatAsTold(t, s.Limiter, user, c.retry, res, 4)
+			})
+		}
+	}
+}

@@ -137,7 +137,7 @@ class AcquireResponse:
     """When the slot expires without a heartbeat (RFC 3339, UTC)."""
 
     ttl_ms: int
-    """The slot's TTL, as its record keeps it - the plan's slot_ttl_ms when the slot was granted (after a wait, the plan's when the wait ended, not when it began). Heartbeats keep the slot by it, whatever the plan says later."""
+    """The slot's TTL, as its record keeps it - the plan's slot_ttl_ms when the slot was granted (after a wait, the plan's when the wait ended, not when it began); an extension of a held stream's, the TTL it was taken with. Heartbeats keep the slot by it, whatever the plan says later."""
 
     heartbeat_interval_ms: int
     """How often the holder should heartbeat - the plan's heartbeat_interval_ms, at most a third of ttl_ms."""
