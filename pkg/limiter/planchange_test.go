@@ -2,6 +2,7 @@ package limiter_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -192,6 +193,144 @@ func TestAnExtensionAnswersTheTTLItsRecordKeeps(t *testing.T) {
 				// The extension moved the expiry by the retry's plan's TTL;
 				// the beats after the first keep it by the recorded one.
 				heartbeatAsTold(t, s.Limiter, user, c.retry, res, 4)
+			})
+		}
+	}
+}
+
+// slowLooks are limiter options under which a waiting acquire's loop
+// looks again on its own only seconds later (a refresh every 10s, a poll
+// every 10s): what reaches it sooner was sent to it.
+var slowLooks = limiter.Options{TicketTTL: 30 * time.Second, WaitPoll: 10 * time.Second}
+
+// promptly bounds how soon a change of the plans or pools reaches the
+// acquires waiting under them: at once (docs/configuration.md, Shadow
+// mode), with room for a loaded machine.
+const promptly = 250 * time.Millisecond
+
+// TestAChangedPlanReachesItsWaitersAtOnce: a user holds pa's one slot; an
+// acquire of pa waits first, one of pb second, past pb's limit of 1. A
+// change of pb reaches the second at once, not at its loop's next look:
+// its limit raised to 3, or put in shadow mode, it is let in while the
+// first still waits; removed, it is answered unknown_plan.
+func TestAChangedPlanReachesItsWaitersAtOnce(t *testing.T) {
+	pa := tiers.Tier{Plan: "pa", MaxConcurrentStreams: 1, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen, MaxWait: 10 * time.Second}
+	pb := pa
+	pb.Plan = "pb"
+	raised, shadow := pb, pb
+	raised.MaxConcurrentStreams = 3
+	off := false
+	shadow.Enforce = &off
+	cases := []struct {
+		name        string
+		then        []tiers.Tier
+		err         error
+		wouldRefuse string
+	}{
+		{"pb's limit raised", []tiers.Tier{pa, raised}, nil, ""},
+		{"pb put in shadow mode", []tiers.Tier{pa, shadow}, nil, limiter.CodeStreamLimitReached},
+		{"pb removed", []tiers.Tier{pa}, limiter.ErrUnknownPlan, ""},
+	}
+	for _, b := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
+		for _, c := range cases {
+			t.Run(b.String()+"/"+c.name, func(t *testing.T) {
+				t.Parallel()
+				s := limitertest.New(t, limitertest.Options{Backend: b, Redis: cluster.Options{Timeout: 5 * time.Second}, Tiers: []tiers.Tier{pa, pb}, Limiter: slowLooks})
+				ctx := context.Background()
+				user := newUser(t)
+				key, err := s.Keys.UserKey(user)
+				if err != nil {
+					t.Fatal(err)
+				}
+				mustAcquireUser(t, s.Limiter, user, pa.Plan, "held")
+				first := queueUser(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: user, Plan: pa.Plan, StreamID: "wa"}, key)
+				second := queueUser(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: user, Plan: pb.Plan, StreamID: "wb"}, key)
+				if listing, err := s.Limiter.Slots(ctx, user); err != nil || len(listing.Queue) != 2 || listing.Queue[1].StreamID != "wb" || listing.Queue[1].Place != 2 {
+					t.Fatalf("the user's queue: %+v, %v; want wa, then wb at place 2", listing.Queue, err)
+				}
+				if a, ok := second.answer(100 * time.Millisecond); ok {
+					t.Fatalf("wb before pb changed: %+v, %v; want it waiting", a.res, a.err)
+				}
+				if err := s.Table.Replace(c.then); err != nil {
+					t.Fatal(err)
+				}
+				start := time.Now()
+				a, ok := second.answer(5 * time.Second)
+				took := time.Since(start)
+				switch {
+				case !ok:
+					t.Fatalf("wb not answered within 5s of the change")
+				case c.err != nil && !errors.Is(a.err, c.err):
+					t.Errorf("wb: %+v, %v; want %v", a.res, a.err, c.err)
+				case c.err == nil && (a.err != nil || !a.res.Granted || a.res.WouldRefuse != c.wouldRefuse):
+					t.Errorf("wb: %+v, %v; want granted, would_refuse %q", a.res, a.err, c.wouldRefuse)
+				}
+				if took > promptly {
+					t.Errorf("wb answered %v after pb changed; want within %v", took.Round(time.Millisecond), promptly)
+				}
+				if a, ok := first.answer(0); ok {
+					t.Errorf("wa, of pa, unchanged: %+v, %v; want it still waiting", a.res, a.err)
+				}
+			})
+		}
+	}
+}
+
+// TestAChangedPoolReachesItsWaitersAtOnce: an acquire waits for a place in
+// a full pool key (cap 1). A change of the pool reaches it at once, not at
+// its loop's next look: the key's cap raised to 2, or the pool put in
+// shadow mode, it is let in; the pool removed, it is answered so.
+func TestAChangedPoolReachesItsWaitersAtOnce(t *testing.T) {
+	model := pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second}.WithDefaults()
+	raised, shadow := model, model
+	raised.MaxConcurrentStreams = ptr(2)
+	off := false
+	shadow.Enforce = &off
+	cases := []struct {
+		name        string
+		then        []pools.Pool
+		err         error
+		wouldRefuse string
+	}{
+		{"its cap raised", []pools.Pool{raised}, nil, ""},
+		{"put in shadow mode", []pools.Pool{shadow}, nil, limiter.CodePoolLimitReached},
+		{"removed", nil, limiter.ErrUnknownPool, ""},
+	}
+	for _, b := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
+		for _, c := range cases {
+			t.Run(b.String()+"/"+c.name, func(t *testing.T) {
+				t.Parallel()
+				table := poolTable(t, model)
+				opts := slowLooks
+				opts.Pools = table
+				s := limitertest.New(t, limitertest.Options{Backend: b, Redis: cluster.Options{Timeout: 5 * time.Second}, Tiers: append([]tiers.Tier{waity}, limitertest.Tiers()...), Limiter: opts})
+				ctx := context.Background()
+				other, user := newUser(t), newUser(t)
+				gpt := map[string]string{"model": "gpt-4o"}
+				if res, err := s.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: other, Plan: "three", StreamID: "other", Pools: gpt}); err != nil || !res.Granted {
+					t.Fatalf("%s's acquire of model=gpt-4o: %+v, %v", other, res, err)
+				}
+				q := queue(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: user, Plan: waity.Plan, StreamID: "waiter", Pools: gpt}, 5*time.Second)
+				if a, ok := q.answer(100 * time.Millisecond); ok {
+					t.Fatalf("the waiter before the pool changed: %+v, %v; want it waiting", a.res, a.err)
+				}
+				if err := table.Replace(c.then); err != nil {
+					t.Fatal(err)
+				}
+				start := time.Now()
+				a, ok := q.answer(5 * time.Second)
+				took := time.Since(start)
+				switch {
+				case !ok:
+					t.Fatalf("the waiter not answered within 5s of the change")
+				case c.err != nil && !errors.Is(a.err, c.err):
+					t.Errorf("the waiter: %+v, %v; want %v", a.res, a.err, c.err)
+				case c.err == nil && (a.err != nil || !a.res.Granted || a.res.WouldRefuse != c.wouldRefuse):
+					t.Errorf("the waiter: %+v, %v; want granted, would_refuse %q", a.res, a.err, c.wouldRefuse)
+				}
+				if took > promptly {
+					t.Errorf("the waiter answered %v after the pool changed; want within %v", took.Round(time.Millisecond), promptly)
+				}
 			})
 		}
 	}

@@ -118,12 +118,14 @@ func (q *scopeQueue) run() {
 		if !q.take() {
 			return
 		}
+		// Taken before the round reads its bounds (see tiers.Catalog.Changed).
+		tiersChanged, poolsChanged := q.l.tiers.Changed(), q.l.pools.Changed()
 		next := q.round()
 		if len(q.waiters) == 0 {
 			continue
 		}
 		timer.Reset(time.Until(next))
-		q.sleep(timer, next)
+		q.sleep(timer, next, tiersChanged, poolsChanged)
 	}
 }
 
@@ -153,11 +155,21 @@ func (q *scopeQueue) take() bool {
 
 // sleep waits for timer, due at next, or for a change worth a call
 // before it: a new waiter, one that leaves, a wake-up for one of the
-// loop's tickets (a ticket held off, by the end of its hold).
-func (q *scopeQueue) sleep(timer *time.Timer, next time.Time) {
+// loop's tickets (a ticket held off, by the end of its hold); or a change
+// of the plans or pools (tiersChanged, poolsChanged closed) after the
+// last round read them, which the next round reads at once: a raised
+// limit, or shadow mode turned on, lets waiters in then, not at the
+// loop's next look, and a plan or pool removed answers them then.
+func (q *scopeQueue) sleep(timer *time.Timer, next time.Time, tiersChanged, poolsChanged <-chan struct{}) {
 	for {
 		select {
 		case <-timer.C:
+			return
+		case <-tiersChanged:
+			timer.Stop()
+			return
+		case <-poolsChanged:
+			timer.Stop()
 			return
 		case <-q.poke:
 		}

@@ -29,6 +29,9 @@ type Catalog[T Entry] struct {
 	mu      sync.Mutex // serialises Replace
 	synced  chan struct{}
 	once    sync.Once
+	// changed is closed by the next Replace, which stores a new one (see
+	// Changed).
+	changed atomic.Pointer[chan struct{}]
 }
 
 // NewCatalog returns an empty catalog that has not synced yet.
@@ -37,6 +40,8 @@ func NewCatalog[T Entry]() *Catalog[T] {
 	empty, none := map[string]T{}, map[string]T{}
 	c.snapshot.Store(&empty)
 	c.retired.Store(&none)
+	changed := make(chan struct{})
+	c.changed.Store(&changed)
 	return c
 }
 
@@ -70,8 +75,17 @@ func (c *Catalog[T]) Replace(entries []T) error {
 	c.retired.Store(&retired)
 	c.snapshot.Store(&next)
 	c.once.Do(func() { close(c.synced) })
+	changed := make(chan struct{})
+	close(*c.changed.Swap(&changed))
 	return nil
 }
+
+// Changed returns a channel that the next Replace closes, once its
+// entries are in force. A reader that acts on what it read (a loop of
+// acquires waiting under a plan's limit) takes the channel before it
+// reads, and reads again when the channel is closed: no change made
+// after its read goes unseen.
+func (c *Catalog[T]) Changed() <-chan struct{} { return *c.changed.Load() }
 
 // Lookup returns the entry named name.
 func (c *Catalog[T]) Lookup(name string) (T, bool) {

@@ -146,3 +146,27 @@ func TestARemovedPlanStillGovernsHeldSlots(t *testing.T) {
 		t.Errorf("LookupHeld(gold) after it came back = %+v, want the tier in force", got)
 	}
 }
+
+// TestChangedIsClosedByTheNextReplace: a reader that took Changed before
+// reading learns of the next Replace that succeeds, and of no refused one.
+func TestChangedIsClosedByTheNextReplace(t *testing.T) {
+	table := NewTable()
+	before := table.Changed()
+	if err := table.Replace(Defaults()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-before:
+	default:
+		t.Fatal("the channel taken before Replace is open after it; want closed")
+	}
+	after := table.Changed()
+	if err := table.Replace(append(Defaults(), Defaults()[0])); err == nil {
+		t.Fatal("Replace(duplicate) succeeded; want refused")
+	}
+	select {
+	case <-after:
+		t.Fatal("the channel taken after the last Replace is closed by a refused one; want open")
+	default:
+	}
+}
