@@ -25,6 +25,7 @@ import (
 	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/server"
+	"github.com/joishi/limiter/pkg/tiers"
 )
 
 const (
@@ -62,6 +63,7 @@ type adminEnv struct {
 	keys   keys.Schema
 	log    *testenv.Buffer
 	admin  *admin.Admin
+	tiers  *tiers.Table // the plans the limiter enforces
 }
 
 func newAdminEnv(t *testing.T, handler func(io.Writer) slog.Handler) *adminEnv {
@@ -93,7 +95,7 @@ func newAdminEnvOn(t *testing.T, opts limitertest.Options, handler func(io.Write
 	return &adminEnv{
 		url:    srv.URL,
 		client: &http.Client{Transport: apitest.ValidatingAdminTransport(t, srv.Client().Transport), Timeout: 10 * time.Second},
-		lim:    lim, redis: redis, keys: keys, log: sink, admin: a,
+		lim:    lim, redis: redis, keys: keys, log: sink, admin: a, tiers: s.Table,
 	}
 }
 

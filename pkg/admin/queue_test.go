@@ -174,3 +174,70 @@ func TestAQueuesFirstPlaceIsTheAcquireTheNextFreeSlotGoesTo(t *testing.T) {
 		t.Fatal("no waiter was granted the freed slot")
 	}
 }
+
+// TestAPlansLoweredLimitHoldsForItsWaitersAtOnce (docs/api.md: "judged
+// as it is granted: by its plan as it is when a slot frees"): a user holds
+// 3 slots of plan big; an acquire of plan small (allowed 3 as it queued)
+// waits, then one of big. small is lowered to 1. The listing puts the
+// big acquire first at once, and the slot the user frees next goes to it
+// at once: the small ticket's record still held the limit it queued with,
+// by which the release woke it, and its call, at small's limit, took
+// nothing and woke no one, so the slot stayed free until a held one
+// expired.
+func TestAPlansLoweredLimitHoldsForItsWaitersAtOnce(t *testing.T) {
+	small := tiers.Tier{Plan: "small", MaxConcurrentStreams: 3, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen, MaxWait: 30 * time.Second}
+	big := small
+	big.Plan = "big"
+	e := newAdminEnvOn(t, limitertest.Options{Tiers: append(limitertest.Tiers(), small, big)}, nil)
+	user := newUser()
+	var held []string
+	for range 3 {
+		res, err := e.lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "big"})
+		if err != nil || !res.Granted {
+			t.Fatalf("holder: %+v, %v", res, err)
+		}
+		held = append(held, res.StreamID)
+	}
+	granted := make(chan string, 2)
+	list := func() []string {
+		got := apitest.Decode[httpapi.AdminSlotsResponse](t, e.do(t, adminCall{method: "GET", path: httpapi.AdminUserSlotsPath(user), token: viewerToken}), http.StatusOK)
+		var ids []string
+		for _, w := range got.Queue {
+			ids = append(ids, w.StreamID)
+		}
+		return ids
+	}
+	for i, req := range []limiter.AcquireRequest{
+		{UserID: user, Plan: "small", StreamID: "w-small"},
+		{UserID: user, Plan: "big", StreamID: "w-big"},
+	} {
+		e.waitFor(t, req, granted)
+		for deadline := time.Now().Add(5 * time.Second); len(list()) <= i; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s not queued after 5s", req.StreamID)
+			}
+		}
+	}
+	if got, want := list(), []string{"w-small", "w-big"}; !slices.Equal(got, want) {
+		t.Fatalf("queue before the change: %v; want %v (both plans allow 3)", got, want)
+	}
+	small.MaxConcurrentStreams = 1
+	if err := e.tiers.Replace(append(limitertest.Tiers(), small, big)); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := list(), []string{"w-big", "w-small"}; !slices.Equal(got, want) {
+		t.Errorf("queue after small's limit fell to 1: %v; want %v (the freed slots go to big first)", got, want)
+	}
+	if _, err := e.lim.Release(context.Background(), user, held[0]); err != nil {
+		t.Fatal(err)
+	}
+	released := time.Now()
+	select {
+	case served := <-granted:
+		if took := time.Since(released); served != "w-big" || took > time.Second {
+			t.Errorf("the freed slot went to %s %v after the release; want w-big at once (the slots expire in 10s)", served, took.Round(time.Millisecond))
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("no waiter was granted the freed slot")
+	}
+}

@@ -87,8 +87,22 @@ func (l *Limiter) slots(ctx context.Context, userID string) (UserSlots, error) {
 	if o := listing.Override; o != nil {
 		out.Override = overrideOf(*o, listing.NowMs)
 	}
-	out.Queue = make([]Ticket, len(listing.Queue))
-	for i, t := range listing.Queue {
+	// In the order its slots go to the waiters as they free, each judged
+	// by the limit the wait script holds for it (see wait.lua).
+	queue := lua.AsSlotsFree(listing.Queue, listing.Used, func(t lua.Ticket) int {
+		tier, known := l.tiers.Lookup(t.Record.Plan)
+		switch {
+		case known && !tier.Enforced():
+			return unbounded // shadow mode refuses none, its override included
+		case listing.Override != nil:
+			return listing.Override.Limit
+		case known:
+			return tier.MaxConcurrentStreams
+		}
+		return lua.RecordedLimit(t)
+	})
+	out.Queue = make([]Ticket, len(queue))
+	for i, t := range queue {
 		out.Queue[i] = ticketOf(t, i+1, listing.NowMs)
 	}
 	return out, nil

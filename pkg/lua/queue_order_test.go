@@ -527,8 +527,8 @@ func TestAFullQueueWeighsTheTicketsItsCallQueuedBefore(t *testing.T) {
 // TestAUsersQueueIsListedAsItsSlotsFree: lua.AsSlotsFree lists a user's
 // queue in the order its tickets are granted as slots free one at a time:
 // a ticket whose limit the slots taken reach is passed over until enough
-// free (lib_tickets.lua's owed); an override in force is every ticket's
-// limit (of 0: no ticket is owed one); one queued without a limit by an
+// free (lib_tickets.lua's owed); here, as the limiter lists it, an
+// override in force is every ticket's limit (of 0: no ticket is owed one); one queued without a limit by an
 // earlier version takes any; a pool key's queue, whose
 // tickets share its one cap, is left as it is.
 func TestAUsersQueueIsListedAsItsSlotsFree(t *testing.T) {
@@ -559,7 +559,13 @@ func TestAUsersQueueIsListedAsItsSlotsFree(t *testing.T) {
 		{"a pool key's queue as it is", []lua.Ticket{ticket("a", 1, "u1"), ticket("b", 3, "u2")}, 3, -1, []string{"a", "b"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if got := ids(lua.AsSlotsFree(c.queue, c.used, c.override)); !slices.Equal(got, c.want) {
+			limit := func(t lua.Ticket) int {
+				if c.override >= 0 {
+					return c.override
+				}
+				return lua.RecordedLimit(t)
+			}
+			if got := ids(lua.AsSlotsFree(c.queue, c.used, limit)); !slices.Equal(got, c.want) {
 				t.Errorf("AsSlotsFree(used %d, override %d) = %v; want %v", c.used, c.override, got, c.want)
 			}
 		})

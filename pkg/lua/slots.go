@@ -33,6 +33,16 @@ type Override struct {
 	Call string
 }
 
+// RecordedLimit is t's limit as its record holds it: its plan's as the
+// latest call of its plan found it (see wait.lua); any (math.MaxInt) for a
+// ticket queued by a version that recorded none (a plan of 0 queues none).
+func RecordedLimit(t Ticket) int {
+	if t.Record.TTL > 0 { // a ticket's record holds its limit there
+		return int(t.Record.TTL / time.Millisecond)
+	}
+	return math.MaxInt
+}
+
 // Ticket is one waiting acquire as stored.
 type Ticket struct {
 	StreamID    string
@@ -143,37 +153,23 @@ func Slots(ctx context.Context, c rueidis.Client, key string, most int) (Listing
 		}
 		held[heldBy[i]] = n
 	}
-	override := -1
-	if out.Override != nil {
-		override = out.Override.Limit
-	}
-	out.Queue = AsSlotsFree(ServeOrder(out.Queue, held, queueOrderOf(out.Queue, held)), out.Used, override)
+	out.Queue = ServeOrder(out.Queue, held, queueOrderOf(out.Queue, held))
 	return out, nil
 }
 
 // AsSlotsFree returns a user's queue, its tickets in the order the wait
 // script ranks them (ServeOrder), in the order they are granted as the
 // user's slots free one at a time, used being taken now: each slot goes
-// to the first ticket owed it, one whose own limit (override, when one is
-// in force (>= 0), else its plan's as recorded when it queued) is not
-// reached (lib_tickets.lua's owed). A ticket of a smaller plan than the
-// slots taken is passed over until enough of them free, so the acquires
-// of a larger plan ranked after it go first. A ticket queued by a
-// version that recorded no limit takes any slot; under an override of 0
-// no ticket is owed one, and they are returned as ranked. A pool key's
+// to the first ticket owed it, one whose own limit (limit(t): its plan's
+// as it is now, or the override in force, as the wait script holds it) is
+// not reached (lib_tickets.lua's owed). A ticket of a smaller plan than
+// the slots taken is passed over until enough of them free, so the
+// acquires of a larger plan ranked after it go first. When no slot can go
+// to any (an override of 0), they are returned as ranked. A pool key's
 // tickets, which all wait for its one cap, are returned as they are.
-func AsSlotsFree(queue []Ticket, used, override int) []Ticket {
+func AsSlotsFree(queue []Ticket, used int, limit func(Ticket) int) []Ticket {
 	if slices.ContainsFunc(queue, func(t Ticket) bool { return t.Record.User != "" }) {
 		return queue
-	}
-	limit := func(t Ticket) int {
-		switch {
-		case override >= 0:
-			return override
-		case t.Record.TTL > 0: // a ticket's record holds its limit there
-			return int(t.Record.TTL / time.Millisecond)
-		}
-		return math.MaxInt // queued by a version that recorded none (a plan of 0 queues none)
 	}
 	rest := slices.Clone(queue)
 	out := make([]Ticket, 0, len(queue))

@@ -286,9 +286,29 @@ local used = redis.call('ZCARD', slots)
 local wake = {}
 -- With this call's limit reached, none of its tickets can be granted, and
 -- the tickets of larger plans owed a slot are served by their own
--- servers' calls (each walks the queue), not woken by this one.
+-- servers' calls (each walks the queue), not woken by this one. But a
+-- ticket's record holds its plan's limit as it queued, by which release
+-- and the other plans' calls serve the queue: a plan's limit lowered
+-- since, at or below the slots held, would make them wake this call's
+-- ticket for a free slot it cannot take, while a ticket of a larger plan
+-- behind it waits for a poll it makes only as the one served next. So a
+-- call of a user's own queue at its limit writes the limit in force into
+-- its tickets' records, and, when one held another, hands the free slots
+-- on as release would have (owed, woken).
+local lowered = false
+if used >= limit then
+  for id, i in pairs(waiting) do
+    local _, _, user = ticketOf(ARGV[1] .. ARGV[5 + 3 * i])
+    local rec = user == '' and redis.call('HGET', recs, id)
+    local was = rec and string.match(rec, '^%d+')
+    if was and was ~= ARGV[1] then
+      redis.call('HSET', recs, id, ARGV[1] .. string.sub(rec, #was + 1))
+      lowered = true
+    end
+  end
+end
 local due, slack = {}, {}
-if used < limit then
+if used < limit or lowered then
   local taken -- unused
   local applied = override
   if shadow then
