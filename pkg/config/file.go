@@ -34,7 +34,7 @@ func parseConfigFile(path string, data []byte) (*configFile, error) {
 }
 
 // stringsAsWritten marks as strings the scalars the file gives settings
-// of strings (a string, a list or a map of them) that YAML reads as
+// of strings (a string, a list or a map of them, its keys too) that YAML reads as
 // numbers or dates: a keyPrefix or username written 007 or 1.0 is "007"
 // or "1.0", not the number's "7" or "1" (a replica given the same prefix
 // by the environment, as written, would count in other keys than its
@@ -60,7 +60,7 @@ func (f *configFile) stringsAsWritten() bool {
 				mark(item)
 			}
 		case k.typ == reflect.TypeFor[map[string]string]():
-			eachPair(n, func(_, v *yaml.Node) { mark(v) })
+			eachPair(n, func(k, v *yaml.Node) { mark(k); mark(v) }) // a pool 007 is "007"
 		}
 	}
 	return marked

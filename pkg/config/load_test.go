@@ -336,3 +336,22 @@ func TestLoadStringsAsWritten(t *testing.T) {
 		}
 	})
 }
+
+// TestLoadMapKeysAsWritten: a map setting's keys written as YAML reads
+// numbers are the keys as written, as the environment's are: the pools
+// 007 and 1.10 of pools.static are named so by identity.pools too.
+func TestLoadMapKeysAsWritten(t *testing.T) {
+	const base = "redis:\n  addrs: [127.0.0.1:6379]\npools:\n  static:\n    - {pool: 007, maxConcurrentStreams: 1}\n    - {pool: 1.10, maxConcurrentStreams: 1}\n"
+	fromFile, err := load(t, base+"identity:\n  pools:\n    007: header:X-Org\n    1.10: header:X-Model\n", nil)
+	if err != nil {
+		t.Fatalf("identity.pools from the file: %v", err)
+	}
+	want := map[string]string{"007": "header:X-Org", "1.10": "header:X-Model"}
+	if !reflect.DeepEqual(fromFile.Identity.Pools, want) {
+		t.Errorf("identity.pools from the file: %q; want %q as written", fromFile.Identity.Pools, want)
+	}
+	fromEnv, err := load(t, base, map[string]string{"LIMITER_IDENTITY_POOLS": "007=header:X-Org,1.10=header:X-Model"})
+	if err != nil || !reflect.DeepEqual(fromEnv.Identity.Pools, fromFile.Identity.Pools) {
+		t.Errorf("identity.pools from the environment: %q, %v; want the file's %q", fromEnv.Identity.Pools, err, fromFile.Identity.Pools)
+	}
+}
