@@ -121,16 +121,27 @@ func nonNil(ids []string) []string {
 	return ids
 }
 
-// recent returns the records of the newest n entries, newest first, each
-// call once. Errors are those of limiter.RecentAudit.
+// recent returns the newest n records, newest first, each call once: an
+// append retried after its answer was lost stores its record twice (see
+// limiter.AppendAudit), and the copy takes none of the n places, the read
+// going on past it. Errors are those of limiter.RecentAudit.
 func (a *auditor) recent(ctx context.Context, n int) ([]httpapi.AuditRecord, error) {
-	entries, err := a.lim.RecentAudit(ctx, n)
-	if err != nil {
-		return nil, err
+	for count := n; ; count += n {
+		entries, err := a.lim.RecentAudit(ctx, count)
+		if err != nil {
+			return nil, err
+		}
+		out := a.records(ctx, entries, n)
+		if len(out) == n || len(entries) < count { // n calls, or the whole stream
+			return out, nil
+		}
 	}
-	out := make([]httpapi.AuditRecord, 0, len(entries))
-	// An append retried after its answer was lost stores its record twice
-	// (see limiter.AppendAudit): each call is listed once, by its audit id.
+}
+
+// records returns the records of entries, newest first, each call (audit
+// id) once, n at most; an entry that cannot be read is logged and left out.
+func (a *auditor) records(ctx context.Context, entries []limiter.AuditEntry, n int) []httpapi.AuditRecord {
+	out := make([]httpapi.AuditRecord, 0, n)
 	listed := make(map[string]bool, len(entries))
 	for _, e := range entries {
 		var rec httpapi.AuditRecord
@@ -142,9 +153,11 @@ func (a *auditor) recent(ctx context.Context, n int) ([]httpapi.AuditRecord, err
 			continue
 		}
 		listed[rec.AuditID] = true
-		out = append(out, rec)
+		if out = append(out, rec); len(out) == n {
+			break
+		}
 	}
-	return out, nil
+	return out
 }
 
 // normalizeReason collapses every run of whitespace (newlines included)
