@@ -233,6 +233,7 @@ func TestTypeScriptClient(t *testing.T) {
 		"the release of a lost lease spares the slot re-acquired under its stream id (by another client)",
 		"a retry waits the Retry-After of the answer before it",
 		"ids holding a lone surrogate are refused as invalid, as from the Python client",
+		"admin path ids holding a lone surrogate are refused as invalid, as from the Python client",
 	})
 }
 

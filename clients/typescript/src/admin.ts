@@ -83,6 +83,10 @@ export class Admin {
  * away as a directory. "." and ".." cannot be sent at all: fetch resolves
  * even %2E and %2E%2E away (WHATWG URL), and the service would answer
  * another path's 404; they are refused here, naming what can reach them.
+ * A lone surrogate, which UTF-8 cannot encode, is sent as U+FFFD, as
+ * JSON.stringify's escape of one is read: the service refuses the id
+ * holding it (invalid_user_id, invalid_pool_key), where
+ * encodeURIComponent would throw URIError.
  */
 export function segment(value: string): string {
   if (value === "." || value === "..") {
@@ -94,5 +98,8 @@ export function segment(value: string): string {
   if (value !== "" && /^\.+$/.test(value)) {
     return "%2E".repeat(value.length);
   }
-  return encodeURIComponent(value);
+  return encodeURIComponent(value.replace(LONE_SURROGATE, "\uFFFD"));
 }
+
+/** A surrogate not in a pair. */
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/g;

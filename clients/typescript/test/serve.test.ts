@@ -424,6 +424,12 @@ describe("against a real serve", { skip }, () => {
     await refused(c.acquire(user(), "free", { label: "l\udcff" }), ErrorCode.InvalidLabel);
   });
 
+  test("admin path ids holding a lone surrogate are refused as invalid, as from the Python client", async () => {
+    await refused(admin.slots("a\udcffb"), ErrorCode.InvalidUserId);
+    await refused(admin.releaseAll("a\ud800", "cleanup"), ErrorCode.InvalidUserId);
+    await refused(admin.poolKey("model", "k\udcff"), ErrorCode.InvalidPoolKey);
+  });
+
   test("TLS: the global fetch trusting the service's CA, and mutual TLS through the fetch option", async () => {
     const u = user();
     // NODE_EXTRA_CA_CERTS trusts the CA; the global fetch takes no client
