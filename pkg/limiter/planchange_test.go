@@ -335,3 +335,66 @@ func TestAChangedPoolReachesItsWaitersAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestALoweredPlanLimitHoldsBackNoLargerPlansWaiter: a user holds 3 slots
+// of plan big; an acquire of plan small (allowed 3 as it queued) waits,
+// then one of big; small is lowered to 1. The slot the user frees next
+// goes to the big acquire at once, on every store: the small ticket's
+// record held the limit it queued with, by which the release woke it, and
+// its call, at small's limit, took nothing and woke no one, so the slot
+// stayed free until a held one expired (10s).
+func TestALoweredPlanLimitHoldsBackNoLargerPlansWaiter(t *testing.T) {
+	eachBackend(t, true, func(t *testing.T, e *env) {
+		small := tiers.Tier{Plan: "small", MaxConcurrentStreams: 3, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen, MaxWait: 10 * time.Second}
+		big := small
+		big.Plan = "big"
+		if err := e.table.Replace(append(limitertest.Tiers(), small, big)); err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		user := newUser(t)
+		var held []string
+		for range 3 {
+			res, err := e.lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "big"})
+			if err != nil || !res.Granted {
+				t.Fatalf("holder: %+v, %v", res, err)
+			}
+			held = append(held, res.StreamID)
+		}
+		granted := make(chan string, 2)
+		waitCtx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		for i, w := range []limiter.AcquireRequest{{UserID: user, Plan: "small", StreamID: "w-small"}, {UserID: user, Plan: "big", StreamID: "w-big"}} {
+			w.Wait = 10 * time.Second
+			go func() {
+				if res, err := e.lim.Acquire(waitCtx, w); err == nil && res.Granted {
+					granted <- res.StreamID
+				}
+			}()
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				if s, err := e.lim.Slots(ctx, user); err == nil && len(s.Queue) > i {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s not queued after 5s", w.StreamID)
+				}
+			}
+		}
+		small.MaxConcurrentStreams = 1
+		if err := e.table.Replace(append(limitertest.Tiers(), small, big)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.lim.Release(ctx, user, held[0]); err != nil {
+			t.Fatal(err)
+		}
+		released := time.Now()
+		select {
+		case served := <-granted:
+			if took := time.Since(released); served != "w-big" || took > 2*time.Second {
+				t.Errorf("the freed slot went to %s %v after the release; want w-big at once (the held slots expire in 10s)", served, took.Round(time.Millisecond))
+			}
+		case <-time.After(9 * time.Second):
+			t.Fatal("no waiter was granted the freed slot within 9s")
+		}
+	})
+}
