@@ -398,3 +398,75 @@ func TestALoweredPlanLimitHoldsBackNoLargerPlansWaiter(t *testing.T) {
 		}
 	})
 }
+
+// TestAWaitedPoolPlaceLivesByItsOwnStreamsTTLBesideAnothers: two acquires
+// of one plan wait for one pool key on one replica, their user slots taken
+// under two TTLs of the plan (10s before a change, 600ms after). The
+// place granted to the 600ms stream lives by its own slot's TTL
+// (docs/api.md "Judged as it is granted"), not the other waiter's 10s
+// carried in the same call: when that stream never heartbeats (its client
+// died), its place lapses with its slot, and the other waiter gets it
+// rather than timing out.
+func TestAWaitedPoolPlaceLivesByItsOwnStreamsTTLBesideAnothers(t *testing.T) {
+	for _, b := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
+		t.Run(b.String(), func(t *testing.T) {
+			plan := waity
+			plan.Plan, plan.MaxConcurrentStreams = "waity3", 3
+			lowered := plan
+			lowered.SlotTTL, lowered.HeartbeatInterval = 600*time.Millisecond, 200*time.Millisecond
+			s := replicasOf(t, b, 1, append([]tiers.Tier{plan}, limitertest.Tiers()...), poolTable(t,
+				pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(2), MaxWait: 5 * time.Second}))[0]
+			ctx := context.Background()
+			other, user1, user2 := newUser(t), newUser(t), newUser(t)
+			gpt := map[string]string{"model": "gpt-4o"}
+			for _, r := range []limiter.AcquireRequest{
+				{UserID: other, Plan: "three", StreamID: "other", Pools: gpt},
+				{UserID: user1, Plan: plan.Plan, StreamID: "a", Pools: gpt},
+			} {
+				if res, err := s.Limiter.Acquire(ctx, r); err != nil || !res.Granted {
+					t.Fatalf("%s's acquire of model=gpt-4o: %+v, %v", r.UserID, res, err)
+				}
+			}
+			q1 := queue(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: user1, Plan: plan.Plan, StreamID: "waiter1", Pools: gpt}, 5*time.Second)
+			if err := s.Table.Replace(append([]tiers.Tier{lowered}, limitertest.Tiers()...)); err != nil {
+				t.Fatal(err)
+			}
+			q2 := queue(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: user2, Plan: plan.Plan, StreamID: "waiter2", Pools: gpt}, 5*time.Second)
+			if _, err := s.Limiter.Release(ctx, other, "other"); err != nil {
+				t.Fatal(err)
+			}
+			a2, ok := q2.answer(3 * time.Second)
+			if !ok || a2.err != nil || !a2.res.Granted || len(a2.res.Pools) != 1 {
+				t.Fatalf("waiter2 (its user holds no place), a place freed: %+v, %v (answered: %v); want granted", a2.res, a2.err, ok)
+			}
+			granted := time.Now()
+			if got := recordedTTL(t, s, user2, "waiter2"); got != lowered.SlotTTL || a2.res.Tier.SlotTTL != lowered.SlotTTL {
+				t.Fatalf("waiter2's slot records ttl %v, answered %v; want %v", got, a2.res.Tier.SlotTTL, lowered.SlotTTL)
+			}
+			// The membership's expiry, as the pool key holds it.
+			key, err := s.Keys.PoolKey("model", "gpt-4o")
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := s.Redis.Redis()
+			if err != nil {
+				t.Fatal(err)
+			}
+			score, err := c.Do(ctx, c.B().Zscore().Key(key).Member("waiter2 "+user2).Build()).AsFloat64()
+			if err != nil {
+				t.Fatalf("waiter2's membership of model=gpt-4o: %v", err)
+			}
+			left := time.Until(time.UnixMilli(int64(score)))
+			if left > lowered.SlotTTL+200*time.Millisecond {
+				t.Errorf("waiter2's place in model=gpt-4o expires in %v; want within its slot's TTL, %v (the answer's ttl_ms)", left.Round(time.Millisecond), lowered.SlotTTL)
+			}
+			// waiter2's client is gone: no heartbeat. Its slot lapses at 600ms;
+			// its place should then go to waiter1.
+			a1, ok := q1.answer(5 * time.Second)
+			if !ok || a1.err != nil || !a1.res.Granted {
+				t.Errorf("waiter1, waiter2 never heartbeating (its slot lapsed after %v): %+v, %v (answered: %v) %v after waiter2's grant; want granted once waiter2's place lapses",
+					lowered.SlotTTL, a1.res, a1.err, ok, time.Since(granted).Round(time.Millisecond))
+			}
+		})
+	}
+}

@@ -50,6 +50,7 @@ type scopeQueue struct {
 	places    map[string]int       // each stream id's latest place in the queue; 0: none yet
 	refreshed map[string]time.Time // when each stream id's ticket was last refreshed
 	named     map[string]bool      // stream ids wake-ups named, for the next call
+	lastTTL   time.Duration        // of a pool key's: the slot TTL its latest call granted places with
 	namedAll  bool                 // a wake-up named no one: every ticket goes
 	expiresAt time.Time            // when a slot or ticket may expire next, as last read
 	override  int                  // the scope's override as last read; -1: none

@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -20,7 +21,10 @@ type ticketCall struct {
 	retry bool
 	// woken: a wake-up named it (see scopeQueue.heldOff).
 	woken bool
-	at    int // index in WaitArgs.Tickets when sent
+	// need: it needs the call (it is new, leaves, was named, or its
+	// refresh is due), not only a look for a free slot.
+	need bool
+	at   int // index in WaitArgs.Tickets when sent
 }
 
 // round makes one call to the wait script, for the tickets that need one,
@@ -73,16 +77,27 @@ func (q *scopeQueue) round() time.Time {
 		need := all || leaving || q.named[w.streamID] || place == 0 || since >= refreshBy
 		poll := place <= q.served()
 		c.send = c.send || need || poll || since >= refreshBy/2
+		c.need = c.need || need
 		needed, polled = needed || need, polled || poll
 	}
-	clear(q.named)
-	q.namedAll = false
 	args := lua.WaitArgs{Limit: q.limit, SlotTTL: tier.SlotTTL, TicketTTL: l.ticketTTL, MaxQueue: l.maxQueue}
-	var slotTTL time.Duration // the longest of the sent waiters' own (a pool key's)
+	// A pool key's memberships are kept by their streams' slot TTLs (see
+	// waiter.slotTTL), and a call grants its places with one (slotTTL);
+	// the tickets of streams of another (their plan's TTL changed between
+	// the streams' grants) wait for a later call: at once when one needs
+	// it, else the next look, which takes the other TTL (q.lastTTL).
+	slotTTL := q.callTTL(calls)
+	deferNeeded := false
+	var stillNamed []string // deferred tickets a wake-up named: named still
 	for _, w := range q.waiters {
 		c := calls[w.streamID]
-		if c.send {
-			slotTTL = max(slotTTL, w.slotTTL)
+		if c.send && c.at == 0 && w.slotTTL > 0 && w.slotTTL != slotTTL {
+			c.send = false
+			deferNeeded = deferNeeded || c.need
+			if q.named[w.streamID] {
+				stillNamed = append(stillNamed, w.streamID)
+			}
+			continue
 		}
 		if c.send && c.at == 0 {
 			args.Tickets = append(args.Tickets, lua.TicketArgs{StreamID: w.streamID, Leave: c.leave, Retry: c.retry, Record: w.record})
@@ -96,11 +111,15 @@ func (q *scopeQueue) round() time.Time {
 			args.Tickets[c.at-1].Record = w.record
 		}
 	}
+	clear(q.named)
+	q.namedAll = false
+	for _, id := range stillNamed {
+		q.named[id] = true
+	}
 	if slotTTL > 0 {
-		// A pool key's membership is kept by its stream's slot TTL (see
-		// waiter.slotTTL): granted with the plan's as it is now, it could
-		// lapse before the stream's first heartbeat.
-		args.SlotTTL = slotTTL
+		// Granted with the plan's TTL as it is now, a membership could
+		// lapse before its stream's first heartbeat, or outlive its slot.
+		args.SlotTTL, q.lastTTL = slotTTL, slotTTL
 	}
 	if !needed && !polled {
 		return q.next(now)
@@ -218,10 +237,32 @@ func (q *scopeQueue) round() time.Time {
 			delete(q.heldOff, id)
 		}
 	}
-	if again {
+	if again || deferNeeded {
 		return now
 	}
 	return q.next(now)
+}
+
+// callTTL is the slot TTL of the pool key's memberships a call grants
+// (see round): that of the first sent ticket that needs the call, else
+// of the first sent whose TTL the latest call did not take (q.lastTTL),
+// else of the first sent; 0 for a user's queue, whose waiters carry none.
+func (q *scopeQueue) callTTL(calls map[string]*ticketCall) time.Duration {
+	var first, other time.Duration
+	for _, w := range q.waiters {
+		c := calls[w.streamID]
+		if !c.send || w.slotTTL == 0 {
+			continue
+		}
+		if c.need {
+			return w.slotTTL
+		}
+		first = cmp.Or(first, w.slotTTL)
+		if w.slotTTL != q.lastTTL {
+			other = cmp.Or(other, w.slotTTL)
+		}
+	}
+	return cmp.Or(other, first)
 }
 
 // refuseForeign answers ErrNotSlotHolder to each waiter whose stream id
