@@ -296,10 +296,12 @@ local wake = {}
 -- its tickets' records, and, when one held another, hands the free slots
 -- on as release would have (owed, woken).
 local lowered = false
-if used >= limit then
-  for id, i in pairs(waiting) do
-    local _, _, user = ticketOf(ARGV[1] .. ARGV[5 + 3 * i])
-    local rec = user == '' and redis.call('HGET', recs, id)
+-- (A call's tickets are all of its scope: a pool key's name their users,
+-- and all wait for its one cap.)
+local _, _, poolUser = ticketOf(ARGV[1] .. (ARGV[8] or ''))
+if used >= limit and poolUser == '' then
+  for id in pairs(waiting) do
+    local rec = redis.call('HGET', recs, id)
     local was = rec and string.match(rec, '^%d+')
     if was and was ~= ARGV[1] then
       redis.call('HSET', recs, id, ARGV[1] .. string.sub(rec, #was + 1))
