@@ -295,7 +295,7 @@ local wake = {}
 -- call of a user's own queue at its limit writes the limit in force into
 -- its tickets' records, and, when one held another, hands the free slots
 -- on as release would have (owed, woken).
-local lowered = false
+local rewritten = false
 -- (A call's tickets are all of its scope: a pool key's name their users,
 -- and all wait for its one cap.)
 local _, _, poolUser = ticketOf(ARGV[1] .. (ARGV[8] or ''))
@@ -305,12 +305,12 @@ if used >= limit and poolUser == '' then
     local was = rec and string.match(rec, '^%d+')
     if was and was ~= ARGV[1] then
       redis.call('HSET', recs, id, ARGV[1] .. string.sub(rec, #was + 1))
-      lowered = true
+      rewritten = true
     end
   end
 end
 local due, slack = {}, {}
-if used < limit or lowered then
+if used < limit or rewritten then
   local taken -- unused
   local applied = override
   if shadow then
