@@ -51,10 +51,14 @@ type scopeQueue struct {
 	refreshed map[string]time.Time // when each stream id's ticket was last refreshed
 	named     map[string]bool      // stream ids wake-ups named, for the next call
 	lastTTL   time.Duration        // of a pool key's: the slot TTL its latest call granted places with
-	namedAll  bool                 // a wake-up named no one: every ticket goes
-	expiresAt time.Time            // when a slot or ticket may expire next, as last read
-	override  int                  // the scope's override as last read; -1: none
-	limit     int                  // the scope's limit as the latest round found it
+	owedCall  map[string]bool      // stream ids a call needed and left out (see round), for the next
+	// calledLimit is the scope's limit as the latest call was sent with it:
+	// when bounds finds another, every ticket goes (see round).
+	calledLimit int
+	namedAll    bool      // a wake-up named no one: every ticket goes
+	expiresAt   time.Time // when a slot or ticket may expire next, as last read
+	override    int       // the scope's override as last read; -1: none
+	limit       int       // the scope's limit as the latest round found it
 
 	// heldOff: stream ids whose latest call, made for a wake-up naming
 	// them, found them still queued, and until when a wake-up for one
@@ -70,7 +74,7 @@ func (l *Limiter) join(scope queueScope, plan string, w *waiter) (stop func()) {
 	q := l.queues.m[k]
 	if q == nil {
 		q = &scopeQueue{l: l, queueScope: scope, plan: plan, poke: make(chan struct{}, 1),
-			places: map[string]int{}, refreshed: map[string]time.Time{}, named: map[string]bool{}, heldOff: map[string]time.Time{}, override: -1}
+			places: map[string]int{}, refreshed: map[string]time.Time{}, named: map[string]bool{}, owedCall: map[string]bool{}, heldOff: map[string]time.Time{}, override: -1}
 		l.queues.m[k] = q
 		go q.run()
 	}

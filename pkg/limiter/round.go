@@ -50,7 +50,11 @@ func (q *scopeQueue) round() time.Time {
 		return now
 	}
 	refreshBy := l.ticketTTL / 3
-	all := q.namedAll || !now.Before(q.expiresAt)
+	// Every ticket goes when a slot or a ticket may have expired, and when
+	// the scope's limit changed since the latest call: the call writes the
+	// limit in force into the tickets' records (see wait.lua), by which
+	// release and the other plans' calls serve the queue.
+	all := q.namedAll || !now.Before(q.expiresAt) || q.limit != q.calledLimit
 	q.refuseForeign()
 
 	// Whether a waiter leaves is decided once, here: a caller that leaves
@@ -74,7 +78,7 @@ func (q *scopeQueue) round() time.Time {
 		c.woken = c.woken || q.named[w.streamID]
 		place := q.places[w.streamID]
 		since := now.Sub(q.refreshed[w.streamID])
-		need := all || leaving || q.named[w.streamID] || place == 0 || since >= refreshBy
+		need := all || leaving || q.named[w.streamID] || q.owedCall[w.streamID] || place == 0 || since >= refreshBy
 		poll := place <= q.served()
 		c.send = c.send || need || poll || since >= refreshBy/2
 		c.need = c.need || need
@@ -88,12 +92,14 @@ func (q *scopeQueue) round() time.Time {
 	// it, else the next look, which takes the other TTL (q.lastTTL).
 	slotTTL := q.callTTL(calls)
 	deferNeeded := false
-	var stillNamed []string // deferred tickets a wake-up named: named still
+	var stillNamed, stillDue []string // deferred tickets a wake-up named, or a call needed
 	for _, w := range q.waiters {
 		c := calls[w.streamID]
 		if c.send && c.at == 0 && w.slotTTL > 0 && w.slotTTL != slotTTL {
 			c.send = false
-			deferNeeded = deferNeeded || c.need
+			if c.need {
+				deferNeeded, stillDue = true, append(stillDue, w.streamID)
+			}
 			if q.named[w.streamID] {
 				stillNamed = append(stillNamed, w.streamID)
 			}
@@ -112,9 +118,13 @@ func (q *scopeQueue) round() time.Time {
 		}
 	}
 	clear(q.named)
+	clear(q.owedCall)
 	q.namedAll = false
 	for _, id := range stillNamed {
 		q.named[id] = true
+	}
+	for _, id := range stillDue {
+		q.owedCall[id] = true
 	}
 	if slotTTL > 0 {
 		// Granted with the plan's TTL as it is now, a membership could
@@ -146,6 +156,7 @@ func (q *scopeQueue) round() time.Time {
 		q.fail(mode, err, now)
 		return now.Add(refreshBy)
 	}
+	q.calledLimit = q.limit
 	if got.Pruned > 0 && q.pool != "" {
 		l.observer.PoolReclaimed(ctx, q.pool, got.Pruned) // a pool key's members, not the user's slots
 	} else if got.Pruned > 0 {
@@ -412,4 +423,5 @@ func (q *scopeQueue) fail(mode tiers.FailureMode, err error, now time.Time) {
 	clear(q.places)
 	clear(q.refreshed)
 	clear(q.heldOff)
+	clear(q.owedCall)
 }

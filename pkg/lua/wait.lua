@@ -288,23 +288,27 @@ local wake = {}
 -- the tickets of larger plans owed a slot are served by their own
 -- servers' calls (each walks the queue), not woken by this one. But a
 -- ticket's record holds its plan's limit as it queued, by which release
--- and the other plans' calls serve the queue: a plan's limit lowered
--- since, at or below the slots held, would make them wake this call's
--- ticket for a free slot it cannot take, while a ticket of a larger plan
--- behind it waits for a poll it makes only as the one served next. So a
--- call of a user's own queue at its limit writes the limit in force into
--- its tickets' records, and, when one held another, hands the free slots
--- on as release would have (owed, woken).
+-- and the other plans' calls serve the queue: a plan's limit changed
+-- since would have them wake a ticket for a free slot it cannot take
+-- (lowered), while one of a larger plan behind it waits for a poll it
+-- makes only as the one served next, or pass over one that may take it
+-- now (raised). So a call of a user's own queue at its limit writes the
+-- limit in force into the records of every ticket of its plan (the
+-- previous release's too, which reads them alike), and, when one held
+-- another, hands the free slots on as release would have (owed, woken).
+-- Its server calls at once when it finds the limit changed (see
+-- pkg/limiter's round).
 local rewritten = false
 -- (A call's tickets are all of its scope: a pool key's name their users,
 -- and all wait for its one cap.)
-local _, _, poolUser = ticketOf(ARGV[1] .. (ARGV[8] or ''))
-if used >= limit and poolUser == '' then
-  for id in pairs(waiting) do
-    local rec = redis.call('HGET', recs, id)
-    local was = rec and string.match(rec, '^%d+')
-    if was and was ~= ARGV[1] then
-      redis.call('HSET', recs, id, ARGV[1] .. string.sub(rec, #was + 1))
+local _, _, poolUser, callPlan = ticketOf(ARGV[1] .. (ARGV[8] or ''))
+if used >= limit and poolUser == '' and callPlan ~= '' then
+  local all = redis.call('HGETALL', recs)
+  for k = 1, #all, 2 do
+    local rec = all[k + 1]
+    local was = string.match(rec, '^%d+')
+    if was and was ~= ARGV[1] and planOf(rec) == callPlan then
+      redis.call('HSET', recs, all[k], ARGV[1] .. string.sub(rec, #was + 1))
       rewritten = true
     end
   end
