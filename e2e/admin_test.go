@@ -5,11 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -365,4 +368,54 @@ func runAdminCLI(t *testing.T, env []string, args ...string) (int, string, strin
 		t.Fatal(err)
 	}
 	return code, stdout.String(), stderr.String()
+}
+
+// TestServeStopsTheAdminListenerWithTheAPI: on SIGTERM /readyz turns
+// false and the API and admin listeners stop accepting at once, in-flight
+// requests getting up to the grace to finish (server.Run): the admin
+// listener does not go on accepting, and serving, while an API
+// connection still drains.
+func TestServeStopsTheAdminListenerWithTheAPI(t *testing.T) {
+	t.Parallel()
+	srv := startAdminServer(t, "http:\n  shutdownGrace: 8s\n")
+	// An API connection in flight: a request line and half a header. The
+	// API's drain waits for it (until http.readHeaderTimeout, 5s).
+	conn, err := net.Dial("tcp", strings.TrimPrefix(srv.API, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte("GET /v1/tiers HTTP/1.1\r\nHost: x\r\nX-Slow: ")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if err := srv.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	sent := time.Now()
+	if !refusedWithin(time.Second, func() (*http.Response, error) { return http.Get(srv.API + "/v1/tiers") }) {
+		t.Fatal("the API listener still accepted 1s after SIGTERM")
+	}
+	if status, _ := servetest.Get(srv.Ops + "/readyz"); status != http.StatusServiceUnavailable {
+		t.Errorf("readyz during the drain: %d, want 503", status)
+	}
+	lastAdmin := 0
+	if !refusedWithin(2*time.Second, func() (*http.Response, error) {
+		req, _ := http.NewRequest(http.MethodGet, srv.Admin+httpapi.PathAdminAudit, nil)
+		req.Header.Set("Authorization", "Bearer "+e2eOperatorToken)
+		// A new connection each time: what is tried is the listener's accept.
+		hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+		resp, err := hc.Do(req)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			lastAdmin = resp.StatusCode
+		}
+		return resp, err
+	}) {
+		t.Errorf("the admin listener still accepted new connections (and answered %d) %v after SIGTERM, while the API had stopped accepting; want both to stop accepting at once",
+			lastAdmin, time.Since(sent).Round(time.Millisecond))
+	}
+	if _, err := srv.Wait(15 * time.Second); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/joishi/limiter/internal/httpserve"
@@ -128,9 +129,10 @@ func (s *Server) Run(ctx context.Context, l Listeners, grace time.Duration) erro
 	api := timeouts.server(s.Handler())
 	api.TLSConfig = tlsConfig
 	ops := timeouts.server(s.OpsHandler())
-	// Drained in this order: the API first, while the ops listener still
-	// answers /readyz (draining) to the probes.
-	servers := []*http.Server{api, ops}
+	// Drained in this order: the API and the admin listeners together,
+	// while the ops listener still answers /readyz (draining) to the
+	// probes, then the ops listener.
+	front := []*http.Server{api}
 
 	errc := make(chan error, 3)
 	go func() { errc <- httpserve.Serve(api, apiLn) }()
@@ -143,7 +145,7 @@ func (s *Server) Run(ctx context.Context, l Listeners, grace time.Duration) erro
 	if adminLn != nil {
 		admin := timeouts.server(s.AdminHandler())
 		admin.TLSConfig = adminTLS
-		servers = append(servers, admin)
+		front = append(front, admin)
 		go func() { errc <- httpserve.Serve(admin, adminLn) }()
 		attrs = append(attrs, "admin", scheme+adminLn.Addr().String())
 	}
@@ -151,7 +153,7 @@ func (s *Server) Run(ctx context.Context, l Listeners, grace time.Duration) erro
 
 	select {
 	case err := <-errc:
-		for _, srv := range servers {
+		for _, srv := range append(front, ops) {
 			srv.Close()
 		}
 		return err
@@ -163,16 +165,26 @@ func (s *Server) Run(ctx context.Context, l Listeners, grace time.Duration) erro
 	s.log.Info("draining", "grace", grace.String())
 	drainCtx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
-	var errs []error
-	for _, srv := range servers {
-		if err := srv.Shutdown(drainCtx); err != nil {
-			if srv == api {
-				err = fmt.Errorf("draining in-flight requests: %w (grace %s)", err, grace)
-			}
-			errs = append(errs, err)
+	drain := func(srv *http.Server) error {
+		err := srv.Shutdown(drainCtx)
+		if err != nil {
 			srv.Close()
 		}
+		return err
 	}
+	// Each Shutdown closes its listener as it starts: the API's and the
+	// admin's stop accepting at once, their in-flight requests draining
+	// side by side.
+	errs := make([]error, len(front))
+	var wg sync.WaitGroup
+	for i, srv := range front {
+		wg.Go(func() { errs[i] = drain(srv) })
+	}
+	wg.Wait()
+	if errs[0] != nil {
+		errs[0] = fmt.Errorf("draining in-flight requests: %w (grace %s)", errs[0], grace)
+	}
+	errs = append(errs, drain(ops))
 	s.log.Info("stopped")
 	return errors.Join(errs...)
 }
