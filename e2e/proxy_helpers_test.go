@@ -64,10 +64,12 @@ const proxyTiersYAML = `tiers:
 //	fast            three chunks at once
 //	hold            one chunk, then the rest once the test calls Release
 //	slow:N:MS       N chunks, MS milliseconds apart
+//	prefill         nothing, not even its headers, until the request ends
 type llm struct {
 	URL      string
 	requests atomic.Int32
 	first    chan time.Time // when each "hold" stream sent its first chunk
+	prefill  chan time.Time // when each "prefill" request arrived
 	finished chan time.Time // when each stream sent [DONE]
 
 	mu      sync.Mutex
@@ -77,7 +79,7 @@ type llm struct {
 
 func startLLM(t *testing.T) *llm {
 	t.Helper()
-	u := &llm{first: make(chan time.Time, 16), finished: make(chan time.Time, 16), release: make(chan struct{})}
+	u := &llm{first: make(chan time.Time, 16), prefill: make(chan time.Time, 16), finished: make(chan time.Time, 16), release: make(chan struct{})}
 	srv := httptest.NewServer(u)
 	t.Cleanup(srv.Close)
 	u.URL = srv.URL
@@ -113,6 +115,11 @@ func (u *llm) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !body.Stream {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"id":"chatcmpl-1","object":"chat.completion","created":%d,"model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}`, time.Now().Unix(), body.Model)
+		return
+	}
+	if body.Model == "prefill" { // a long prefill: no answer yet, until the proxy gives up the request
+		u.prefill <- time.Now()
+		<-r.Context().Done()
 		return
 	}
 	w.Header().Set("Content-Type", "text/event-stream")

@@ -33,7 +33,7 @@ func (e *proxyEnv) chatAsync(user, plan, model string) <-chan answer {
 		}
 		defer resp.Body.Close()
 		body, err := io.ReadAll(resp.Body)
-		out <- answer{status: resp.StatusCode, body: body, err: err, at: time.Now()}
+		out <- answer{status: resp.StatusCode, header: resp.Header, body: body, err: err, at: time.Now()}
 	}()
 	return out
 }

@@ -42,6 +42,7 @@ var waitClient = &http.Client{Timeout: 70 * time.Second}
 // answer is the outcome of one HTTP call made off the test's goroutine.
 type answer struct {
 	status int
+	header http.Header
 	body   []byte
 	err    error
 	at     time.Time // when the answer arrived

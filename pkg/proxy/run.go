@@ -108,12 +108,22 @@ func (p *Proxy) Run(ctx context.Context, l Listeners, grace time.Duration) error
 	var drainErr error
 	if n := p.holder.Close(releaseCtx); n > 0 || shutdownErr != nil || !drained {
 		drainErr = fmt.Errorf("%d streams still open after the grace (%s) were cut and their slots released", n, grace)
+		// A stream cut before its upstream answered is answered 503:
+		// its handler returns at once, and its answer goes out before
+		// the connections close.
+		answerCtx, cancelAnswer := context.WithTimeout(releaseCtx, cutAnswerBound)
+		_ = srv.Shutdown(answerCtx)
+		cancelAnswer()
 		srv.Close()
 	}
 	_ = ops.Shutdown(releaseCtx)
 	p.log.Info("stopped")
 	return drainErr
 }
+
+// cutAnswerBound is how long the answers of the streams cut at the
+// grace's end have to go out before their connections close.
+const cutAnswerBound = time.Second
 
 // OpsHandler serves /healthz (the process answers), /readyz (the tier
 // table has synced, the Redis client has warmed up or given up within its

@@ -195,15 +195,23 @@ func (b *watchedBody) Read(buf []byte) (int, error) {
 }
 
 // upstreamFailed answers a request the upstream did not answer: 504 for a
-// timeout, 502 otherwise, as JSON; nothing when the client is gone.
+// timeout, 502 otherwise, as JSON; nothing when the client is gone. A
+// stream cut before the upstream answered (its slot lost, or the proxy
+// shutting down) is answered 503 (cutBeforeResponse): nothing has been
+// written yet, and an empty 200 would read as a completion.
 func (p *Proxy) upstreamFailed(w http.ResponseWriter, r *http.Request, err error) {
-	if x := exchangeOf(r.Context()); x != nil && x.stream.Err() != nil {
-		return // the slot was lost or released by a shutdown: cut
+	x := exchangeOf(r.Context())
+	if x != nil {
+		if lost := x.stream.Err(); lost != nil {
+			x.answerHeaders(w.Header())
+			cutBeforeResponse(lost).Write(w)
+			return
+		}
 	}
 	if r.Context().Err() != nil {
 		return // the client went away
 	}
-	if x := exchangeOf(r.Context()); x != nil {
+	if x != nil {
 		x.failed.Store(true)
 		x.answerHeaders(w.Header())
 	}
@@ -215,6 +223,20 @@ func (p *Proxy) upstreamFailed(w http.ResponseWriter, r *http.Request, err error
 		return
 	}
 	hold.Refused(http.StatusBadGateway, hold.TypeServer, hold.CodeUpstreamUnavailable, "the upstream could not be reached").Write(w)
+}
+
+// cutBeforeResponse is the answer of a stream cut, for lost (its
+// Stream's Err), before the upstream's response: 503 limiter_unavailable
+// when the proxy is shutting down (another replica takes the retry), 503
+// slot_lost when the slot was lost (support released it, it expired, a
+// failover lost it), as the ext_proc server answers a stream so cut.
+func cutBeforeResponse(lost error) hold.Refusal {
+	if errors.Is(lost, hold.ErrShutdown) {
+		return hold.Refused(http.StatusServiceUnavailable, hold.TypeServer, hold.CodeUnavailable,
+			"this stream limiter is shutting down and cut the request before the upstream answered; retry")
+	}
+	return hold.Refused(http.StatusServiceUnavailable, hold.TypeServer, hold.CodeSlotLost,
+		"this stream's slot was released before the upstream answered (by support, by expiry or in a failover)")
 }
 
 // TransportOptions configure NewTransport. Zero durations take the
