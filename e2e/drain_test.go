@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -144,6 +145,79 @@ func TestSIGTERMEndsTheWaitsAtOnce(t *testing.T) {
 		}
 	case <-time.After(6 * time.Second):
 		t.Fatal("the waiting acquire was not answered within 6s of SIGTERM (grace 8s)")
+	}
+	if _, err := proc.Wait(10 * time.Second); err != nil {
+		t.Fatalf("serve did not exit: %v", err)
+	}
+}
+
+// awaitDraining waits until proc's /readyz says it is draining, after
+// SIGTERM.
+func awaitDraining(t *testing.T, proc *servetest.Process) {
+	t.Helper()
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if status, _ := servetest.Get(proc.Ops + "/readyz"); status == http.StatusServiceUnavailable {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz did not turn 503 within 3s of SIGTERM\n%s", proc.Output())
+		}
+	}
+}
+
+// sendInTwo starts a POST of body to url whose first half is sent now
+// and the rest once the returned func is called; the answer arrives on
+// the channel.
+func sendInTwo(t *testing.T, url, body string, header http.Header) (rest func(), out <-chan answer) {
+	t.Helper()
+	pr, pw := io.Pipe()
+	req, err := http.NewRequest(http.MethodPost, url, pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.ContentLength = int64(len(body))
+	req.Header = header
+	req.Header.Set("Content-Type", "application/json")
+	ch := make(chan answer, 1)
+	go func() {
+		resp, err := waitClient.Do(req)
+		if err != nil {
+			ch <- answer{err: err, at: time.Now()}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		ch <- answer{status: resp.StatusCode, header: resp.Header, body: b, err: err, at: time.Now()}
+	}()
+	half := len(body) / 2
+	if _, err := pw.Write([]byte(body[:half])); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		_, _ = pw.Write([]byte(body[half:]))
+		pw.Close()
+	}, ch
+}
+
+// TestSIGTERMGrantsAnInFlightAcquireThatNeedNotWait: an acquire with
+// wait_ms accepted before SIGTERM, its body arriving during the drain,
+// whose user has a slot free, is granted: the drain ends only the
+// acquires that wait.
+func TestSIGTERMGrantsAnInFlightAcquireThatNeedNotWait(t *testing.T) {
+	t.Parallel()
+	config := serveConfig([]string{testenv.Redis(t)}, "e2e-drain-inflight-"+randomID()+":", waitTiers) + "http:\n  shutdownGrace: 8s\n"
+	proc := servetest.Start(t, servetest.Options{Config: config, AwaitRedis: true})
+	user := "drain-inflight-" + randomID()
+	rest, out := sendInTwo(t, proc.API+httpapi.PathAcquire, `{"user_id":"`+user+`","plan":"solo","wait_ms":5000}`, http.Header{})
+	time.Sleep(200 * time.Millisecond) // the server has the headers and reads the body
+	if err := proc.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	awaitDraining(t, proc)
+	rest()
+	a := within(t, out, 5*time.Second, "the in-flight acquire's answer")
+	if a.err != nil || a.status != http.StatusOK || !strings.Contains(string(a.body), `"granted":true`) {
+		t.Errorf("the in-flight acquire (wait_ms 5000) of a user with a slot free, its body completed during the drain: %d %s (%v); want 200 granted", a.status, a.body, a.err)
 	}
 	if _, err := proc.Wait(10 * time.Second); err != nil {
 		t.Fatalf("serve did not exit: %v", err)

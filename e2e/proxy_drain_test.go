@@ -81,3 +81,26 @@ func TestProxySlotLostBeforeItsResponseIsAnswered503SlotLost(t *testing.T) {
 		}
 	}
 }
+
+// TestProxySIGTERMStreamsAnInFlightRequestThatNeedNotWait: with --wait, a
+// request accepted before SIGTERM, its body arriving during the drain,
+// whose user has a slot free, streams: the drain ends only the requests
+// that wait.
+func TestProxySIGTERMStreamsAnInFlightRequestThatNeedNotWait(t *testing.T) {
+	e := startProxy(t, "http:\n  shutdownGrace: 5s\n", "--wait", "10s")
+	rest, out := sendInTwo(t, e.proc.API+"/v1/chat/completions", `{"model":"fast","stream":true}`,
+		http.Header{"X-User-Id": {"drain-inflight-" + randomID()}, "X-Plan": {"queued"}})
+	time.Sleep(200 * time.Millisecond) // the proxy has the headers and reads the body
+	if err := e.proc.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	awaitDraining(t, e.proc)
+	rest()
+	a := within(t, out, 5*time.Second, "the in-flight request's answer")
+	if a.err != nil || a.status != http.StatusOK || !strings.HasSuffix(strings.TrimSpace(string(a.body)), "data: [DONE]") {
+		t.Errorf("the in-flight request of a user with a slot free, its body completed during the drain: %d %q (%v); want 200 and its whole stream", a.status, a.body, a.err)
+	}
+	if _, err := e.proc.Wait(10 * time.Second); err != nil {
+		t.Fatalf("the proxy did not exit: %v", err)
+	}
+}

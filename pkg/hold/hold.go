@@ -181,13 +181,9 @@ func (h *Holder) Acquire(ctx context.Context, req limiter.AcquireRequest) (*Stre
 		req.Wait = h.opts.Wait
 	}
 	if req.Wait > 0 {
-		waitCtx, cancel := context.WithCancelCause(ctx)
-		stop := context.AfterFunc(h.waitsOver, func() { cancel(ErrClosed) })
-		defer func() {
-			stop()
-			cancel(nil)
-		}()
-		ctx = waitCtx
+		var cancel context.CancelFunc
+		ctx, req, cancel = limiter.EndWaitsWith(ctx, h.waitsOver, ErrClosed, req)
+		defer cancel()
 	}
 	res, err := h.lim.Acquire(ctx, req)
 	if err != nil && errors.Is(context.Cause(ctx), ErrClosed) {
@@ -250,8 +246,9 @@ func (h *Holder) Drain(ctx context.Context) bool {
 // from then on (ErrClosed: the front end answers 503), as a front end
 // that starts draining does: a request that holds no slot yet is not kept
 // waiting through the grace, to be cut at its end. Streams held go on,
-// and acquires that do not wait are taken as before. Close ends the waits
-// too.
+// and acquires that do not wait are taken as before, those allowed to
+// wait whose slot is free among them: only one that, denied, would wait
+// is ended. Close ends the waits too.
 func (h *Holder) EndWaits() { h.endWaits() }
 
 // Close stops the heartbeats, refuses new acquires, and releases every

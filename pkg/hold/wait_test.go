@@ -125,3 +125,28 @@ func TestEndingWaitsKeepsTheStreamsHeld(t *testing.T) {
 	default:
 	}
 }
+
+// TestAnAcquireThatNeedNotWaitIsGrantedAfterEndWaits: after EndWaits, an
+// acquire allowed to wait (Options.Wait) whose user has a slot free is
+// granted, as it would be without the drain: only one that would wait
+// is ended, with ErrClosed, and leaves nothing in the queue.
+func TestAnAcquireThatNeedNotWaitIsGrantedAfterEndWaits(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, hold.Options{Wait: 10 * time.Second}, limitertest.Options{Tiers: waitTiers})
+	e.Holder.EndWaits()
+	user := newUser()
+	st, res, err := e.Holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "queued"})
+	if err != nil || st == nil || !res.Granted {
+		t.Fatalf("an Acquire allowed to wait, its user's slot free, after EndWaits: %v, %+v, %v; want granted", st, res, err)
+	}
+	start := time.Now()
+	if _, _, err := e.Holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "queued"}); !errors.Is(err, hold.ErrClosed) {
+		t.Errorf("the user's next Acquire, which would wait: %v; want ErrClosed", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("the Acquire that would wait was ended %v on; want at once", took)
+	}
+	if got, err := e.Stack.Limiter.Slots(context.Background(), user); err != nil || len(got.Queue) != 0 || got.Used != 1 {
+		t.Errorf("the user's slots after: %d used, queue %+v (%v); want 1 used, none waiting", got.Used, got.Queue, err)
+	}
+}

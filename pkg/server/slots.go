@@ -36,16 +36,13 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		streamID = keys.NewStreamID()
 	}
 	ctx := r.Context()
+	acquire := limiter.AcquireRequest{UserID: req.UserID, Plan: req.Plan, StreamID: streamID, Caller: callerOf(r).name, Label: req.Label, Wait: wait, Pools: req.Pools}
 	if wait > 0 {
-		waitCtx, cancel := context.WithCancelCause(ctx)
-		stop := context.AfterFunc(s.waitsOver, func() { cancel(ErrShuttingDown) })
-		defer func() {
-			stop()
-			cancel(nil)
-		}()
-		ctx = waitCtx
+		var cancel context.CancelFunc
+		ctx, acquire, cancel = limiter.EndWaitsWith(ctx, s.waitsOver, ErrShuttingDown, acquire)
+		defer cancel()
 	}
-	res, err := s.lim.Acquire(ctx, limiter.AcquireRequest{UserID: req.UserID, Plan: req.Plan, StreamID: streamID, Caller: callerOf(r).name, Label: req.Label, Wait: wait, Pools: req.Pools})
+	res, err := s.lim.Acquire(ctx, acquire)
 	if err != nil && errors.Is(context.Cause(ctx), ErrShuttingDown) {
 		err = ErrShuttingDown
 	}
