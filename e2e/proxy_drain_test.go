@@ -3,11 +3,17 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/joishi/limiter/internal/testenv"
 )
 
 // errorCode is the code of a proxy's JSON error answer.
@@ -103,4 +109,117 @@ func TestProxySIGTERMStreamsAnInFlightRequestThatNeedNotWait(t *testing.T) {
 	if _, err := e.proc.Wait(10 * time.Second); err != nil {
 		t.Fatalf("the proxy did not exit: %v", err)
 	}
+}
+
+// TestProxyShutdownReleaseIsBoundedWhenRedisHangs: with Redis hung when
+// the grace ends, every stream still open is cut at once, the releases
+// give up at the 5s bound (hold.CloseBound), so the proxy exits within
+// grace + 5s, and its last words count as released only the slots Redis
+// freed, the rest left to expire by their TTL.
+func TestProxyShutdownReleaseIsBoundedWhenRedisHangs(t *testing.T) {
+	t.Parallel()
+	const (
+		n     = 80 // five waves of ReleaseConcurrency (16)
+		grace = time.Second
+	)
+	hole := testenv.StartProxy(t, testenv.Redis(t))
+	e := startProxyOn(t, hole.Addr(), "http:\n  shutdownGrace: 1s\n") // redis.timeout 2s: the waves would take 10s
+	go func() {
+		for range e.llm.first { // room for every stream's first chunk
+		}
+	}()
+	users := make([]string, n)
+	opened := make(chan error, n)
+	cut := make(chan time.Time, n)
+	for i := range users {
+		users[i] = fmt.Sprintf("hang-%d-%s", i, randomID())
+		go func() {
+			req, _ := http.NewRequest(http.MethodPost, e.proc.API+"/v1/chat/completions", strings.NewReader(`{"model":"hold","stream":true}`))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("X-User-Id", users[i])
+			req.Header.Set("X-Plan", "paid")
+			resp, err := http.DefaultClient.Do(req)
+			if err == nil && resp.StatusCode != http.StatusOK {
+				err = fmt.Errorf("status %d", resp.StatusCode)
+			}
+			opened <- err
+			if err != nil {
+				return
+			}
+			defer resp.Body.Close()
+			_, _ = io.Copy(io.Discard, resp.Body)
+			cut <- time.Now()
+		}()
+	}
+	for range n {
+		if err := within(t, opened, 10*time.Second, "a stream's response"); err != nil {
+			t.Fatalf("a stream through the proxy: %v", err)
+		}
+	}
+	hole.BlackHole() // every call now runs to redis.timeout
+
+	if err := e.proc.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	sent := time.Now()
+	code, err := e.proc.Wait(20 * time.Second)
+	if err != nil {
+		t.Fatalf("the proxy did not exit within 20s of SIGTERM: %v", err)
+	}
+	// The drain, from the proxy's own lines: its exit comes after the
+	// Redis client's close, which gives up on each hung connection
+	// separately (the chart's terminationGraceExtraSeconds covers it).
+	if took := logGap(t, e.proc.Output(), "msg=draining", "msg=stopped"); took > grace+5*time.Second+500*time.Millisecond {
+		t.Errorf("the proxy stopped (exit %d) %v after it began draining, with Redis hung; want within grace %v + the 5s release bound (+0.5s)",
+			code, took.Round(time.Millisecond), grace)
+	}
+	for i := range n {
+		at := within(t, cut, 5*time.Second, "a stream's cut")
+		if d := at.Sub(sent); d > grace+time.Second {
+			t.Errorf("stream %d of %d was cut %v after SIGTERM; want all at the grace's end (%v)", i+1, n, d.Round(time.Millisecond), grace)
+			break
+		}
+	}
+
+	still := 0
+	for _, u := range users {
+		still += e.used(t, u)
+	}
+	m := regexp.MustCompile(`msg="cut the streams still running at shutdown[^"]*" mode=proxy streams=(\d+) released=(\d+)(?: left_to_expire=(\d+))?`).
+		FindStringSubmatch(e.proc.Output())
+	if m == nil {
+		t.Fatalf("the proxy's log says nothing of the streams it cut:\n%s", e.proc.Output())
+	}
+	streams, _ := strconv.Atoi(m[1])
+	released, _ := strconv.Atoi(m[2])
+	left, _ := strconv.Atoi(m[3])
+	if streams != n || released != n-still || left != still {
+		t.Errorf("the proxy logged %d streams cut, %d released, %d left to expire; Redis still holds %d of the %d slots", streams, released, left, still, n)
+	}
+}
+
+// logGap is the time between the first log line of out holding from and
+// the first one after it holding to, by their time= stamps.
+func logGap(t *testing.T, out, from, to string) time.Duration {
+	t.Helper()
+	stamp := regexp.MustCompile(`time=(\S+)`)
+	var start time.Time
+	for _, line := range strings.Split(out, "\n") {
+		m := stamp.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		at, err := time.Parse(time.RFC3339Nano, m[1])
+		if err != nil {
+			continue
+		}
+		switch {
+		case start.IsZero() && strings.Contains(line, from):
+			start = at
+		case !start.IsZero() && strings.Contains(line, to):
+			return at.Sub(start)
+		}
+	}
+	t.Fatalf("no line %q followed by one %q in:\n%s", from, to, out)
+	return 0
 }

@@ -180,7 +180,14 @@ type proxyEnv struct {
 // YAML for its config file.
 func startProxy(t *testing.T, extra string, args ...string) *proxyEnv {
 	t.Helper()
-	redis := testenv.Redis(t)
+	return startProxyOn(t, testenv.Redis(t), extra, args...)
+}
+
+// startProxyOn is startProxy with the proxy reaching Redis at redis (a
+// testenv.Proxy in front of the shared one), its slots looked at
+// directly.
+func startProxyOn(t *testing.T, redis, extra string, args ...string) *proxyEnv {
+	t.Helper()
 	up := startLLM(t)
 	prefix := "e2e-proxy-" + randomID() + ":"
 	config := fmt.Sprintf("redis:\n  addrs: [%q]\n  keyPrefix: %q\n  timeout: 2s\nproxy:\n  upstream: %q\n  routes: [/v1/chat/completions]\nlog:\n  format: text\n%s%s",

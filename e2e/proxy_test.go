@@ -112,7 +112,7 @@ func TestProxySIGTERMDrainsStreams(t *testing.T) {
 			t.Errorf("user %s holds %d slots after the proxy exited, want 0 (released, the TTL is 30s)", user, n)
 		}
 	}
-	if out := e.proc.Output(); !strings.Contains(out, "released the slots of streams still running at shutdown") {
+	if out := e.proc.Output(); !strings.Contains(out, `msg="cut the streams still running at shutdown and released their slots" mode=proxy streams=1 released=1`) {
 		t.Errorf("the proxy did not log the slots it released at shutdown:\n%s", out)
 	}
 }

@@ -56,7 +56,13 @@ func startExtProc(cfg config.Config, embedded bool, lim *limiter.Limiter, table 
 		return nil, listenError(err, "extproc.addr")
 	}
 	return func(ctx context.Context) error {
-		defer holder.Close(context.Background())
+		defer func() {
+			// The slots still held are released within the bound the
+			// proxy's are; the rest expire by their TTL.
+			releaseCtx, cancel := context.WithTimeout(context.Background(), hold.CloseBound)
+			defer cancel()
+			holder.Close(releaseCtx)
+		}()
 		return srv.Run(ctx, ln, tlsConfig, cfg.HTTP.ShutdownGrace)
 	}, nil
 }

@@ -31,6 +31,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/joishi/limiter/pkg/limiter"
@@ -64,6 +65,11 @@ var (
 // Defaults of Options.
 const (
 	DefaultReleaseConcurrency = 16
+	// CloseBound is how long the front ends give Close to release the
+	// slots of the streams still held at shutdown: a Redis that does not
+	// answer delays their exit no longer, and the slots not released
+	// expire by their TTL.
+	CloseBound = 5 * time.Second
 	// maxBatch bounds the slots of one HeartbeatBatch call, as the HTTP
 	// batch is bounded: a process holding more sends several per interval.
 	maxBatch = 1000
@@ -252,17 +258,21 @@ func (h *Holder) Drain(ctx context.Context) bool {
 func (h *Holder) EndWaits() { h.endWaits() }
 
 // Close stops the heartbeats, refuses new acquires, and releases every
-// slot still held: each such stream is marked lost with ErrShutdown (its
-// Context is cancelled, so its holder cuts it) and released with
-// EndShutdown. It returns how many it released; ctx bounds the releases
-// (a slot not released expires after its TTL). Calling it again does
+// slot still held: each such stream is cut at once, marked lost with
+// ErrShutdown (its Context is cancelled, so its holder cuts it) and ended
+// with EndShutdown (its holder's own Release then does nothing), and its
+// slot released, ReleaseConcurrency at a time. ctx bounds the releases:
+// once it ends, none is started, and those in flight end with it (a slot
+// not released expires after its TTL). It returns how many streams it
+// cut, and how many of their slots Redis answered are free (a release
+// answered degraded, or not sent, is not one). Calling it again does
 // nothing.
-func (h *Holder) Close(ctx context.Context) int {
+func (h *Holder) Close(ctx context.Context) (cut, released int) {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
 		<-h.loopDone
-		return 0
+		return 0, 0
 	}
 	h.closed = true
 	left := make([]*Stream, 0, len(h.held))
@@ -273,27 +283,55 @@ func (h *Holder) Close(ctx context.Context) int {
 	h.stopLoop()
 	<-h.loopDone
 
-	var released sync.WaitGroup
-	var n sync.Mutex
-	count := 0
-	sem := make(chan struct{}, h.opts.ReleaseConcurrency)
+	type due struct {
+		s     *Stream
+		pools []limiter.PoolGrant
+	}
+	var free []due
+	freed := 0 // ended with no slot in Redis to free
 	for _, s := range left {
-		sem <- struct{}{}
-		released.Go(func() {
+		s.lose(ErrShutdown, false, nil)
+		pools, inRedis, ok := s.end(ctx, EndShutdown)
+		switch {
+		case !ok: // its holder released it meanwhile
+			continue
+		case inRedis:
+			free = append(free, due{s, pools})
+		default:
+			freed++
+		}
+		cut++
+	}
+
+	var wg sync.WaitGroup
+	var confirmed atomic.Int64
+	sem := make(chan struct{}, h.opts.ReleaseConcurrency)
+	for _, d := range free {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break // the rest expire by their TTL
+		}
+		wg.Go(func() {
 			defer func() { <-sem }()
-			s.lose(ErrShutdown, false, nil)
-			if s.Release(ctx, EndShutdown) {
-				n.Lock()
-				count++
-				n.Unlock()
+			if d.s.freeSlot(ctx, d.pools) {
+				confirmed.Add(1)
 			}
 		})
 	}
-	released.Wait()
-	if count > 0 {
-		h.log.Info("released the slots of streams still running at shutdown", "mode", h.opts.Mode, "streams", count)
+	wg.Wait()
+	released = freed + int(confirmed.Load())
+	switch {
+	case cut == 0:
+	case released < cut:
+		h.log.Warn("cut the streams still running at shutdown; the slots not released expire by their TTL",
+			"mode", h.opts.Mode, "streams", cut, "released", released, "left_to_expire", cut-released)
+	default:
+		h.log.Info("cut the streams still running at shutdown and released their slots", "mode", h.opts.Mode, "streams", cut, "released", released)
 	}
-	return count
+	return cut, released
 }
 
 func (h *Holder) isClosed() bool {

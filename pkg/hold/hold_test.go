@@ -267,8 +267,8 @@ func TestCloseReleasesEveryStreamStillHeld(t *testing.T) {
 		streams = append(streams, e.acquire(t, user, "three"))
 	}
 	streams[0].Release(context.Background(), hold.EndComplete)
-	if got := e.Holder.Close(context.Background()); got != 2 {
-		t.Errorf("Close released %d streams, want the 2 still held", got)
+	if cut, released := e.Holder.Close(context.Background()); cut != 2 || released != 2 {
+		t.Errorf("Close cut %d streams and released %d, want the 2 still held, both", cut, released)
 	}
 	if got := e.Used(t, user); got != 0 {
 		t.Errorf("%d slots held after Close, want 0", got)
@@ -326,6 +326,60 @@ func TestIdleStreamsAreReleased(t *testing.T) {
 	}
 	if got := e.Used(t, busyUser); got != 1 {
 		t.Errorf("touched stream's user holds %d slots, want 1", got)
+	}
+}
+
+// TestCloseCutsAtOnceAndReleasesWithinItsContext: with Redis hung, Close
+// cuts every stream still held at once, starts no release once its ctx
+// has ended, returns by ctx's deadline however many releases are left,
+// and counts none released that Redis did not free.
+func TestCloseCutsAtOnceAndReleasesWithinItsContext(t *testing.T) {
+	path := testenv.StartProxy(t, testenv.Redis(t))
+	e := newEnv(t, hold.Options{ReleaseConcurrency: 2}, limitertest.Options{Redis: cluster.Options{Addrs: []string{path.Addr()}, Timeout: 500 * time.Millisecond}})
+	var streams []*hold.Stream
+	for range 3 {
+		user := newUser()
+		for range 3 {
+			streams = append(streams, e.acquire(t, user, "three"))
+		}
+	}
+	path.BlackHole()
+	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	type closed struct{ cut, released int }
+	done := make(chan closed, 1)
+	go func() {
+		cut, released := e.Holder.Close(ctx)
+		done <- closed{cut, released}
+	}()
+	for i, st := range streams {
+		select {
+		case <-st.Lost():
+		case <-time.After(200 * time.Millisecond):
+			t.Fatalf("stream %d of %d was not cut within 200ms of Close (ReleaseConcurrency 2, Redis hung)", i+1, len(streams))
+		}
+		if !errors.Is(st.Err(), hold.ErrShutdown) {
+			t.Errorf("stream %d: Err() = %v, want ErrShutdown", i+1, st.Err())
+		}
+	}
+	var got closed
+	select {
+	case got = <-done:
+	case <-time.After(3 * time.Second):
+		t.Fatal("Close did not return within 3s")
+	}
+	// Five waves of two at 500ms each would take 2.5s.
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("Close returned %v on, with a 700ms context; want by its deadline", took.Round(time.Millisecond))
+	}
+	if got.cut != len(streams) || got.released != 0 {
+		t.Errorf("Close = %d cut, %d released, with Redis hung; want %d cut, 0 released", got.cut, got.released, len(streams))
+	}
+	for _, st := range streams {
+		if st.Release(context.Background(), hold.EndComplete) {
+			t.Error("the holder's own Release after Close = true, want false: Close ended it")
+		}
 	}
 }
 

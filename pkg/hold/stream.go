@@ -148,13 +148,35 @@ func (s *Stream) idleSince(now time.Time) time.Duration {
 // end and duration. It is idempotent and safe from any end path and any
 // goroutine: the first call releases and reports true, later ones do
 // nothing. The call to Redis ignores ctx's cancellation (a client that
-// went away must still free its slot) and is bounded by the limiter's
-// per-call deadline; a slot it cannot free expires after its TTL.
+// went away must still free its slot) but keeps its deadline, and is
+// bounded by the limiter's per-call deadline; a slot it cannot free
+// expires after its TTL.
 func (s *Stream) Release(ctx context.Context, end End) bool {
+	pools, due, ok := s.end(ctx, end)
+	if !ok {
+		return false
+	}
+	if due {
+		rctx := context.WithoutCancel(ctx)
+		if deadline, bounded := ctx.Deadline(); bounded {
+			var cancel context.CancelFunc
+			rctx, cancel = context.WithDeadline(rctx, deadline)
+			defer cancel()
+		}
+		s.freeSlot(rctx, pools)
+	}
+	return true
+}
+
+// end marks the stream released (its contexts cancelled, its heartbeats
+// stopped, its end recorded), once: ok reports whether this call did.
+// due says the limiter may still hold its slot, to be freed (freeSlot)
+// with pools.
+func (s *Stream) end(ctx context.Context, end End) (pools []limiter.PoolGrant, due, ok bool) {
 	s.mu.Lock()
 	if s.released {
 		s.mu.Unlock()
-		return false
+		return nil, false, false
 	}
 	s.released = true
 	gone, pools := s.slotGone, s.pools
@@ -164,17 +186,20 @@ func (s *Stream) Release(ctx context.Context, end End) bool {
 	for _, cancel := range cancels {
 		cancel(errReleased)
 	}
-
 	s.h.remove(s)
-	ctx = context.WithoutCancel(ctx)
-	s.h.metrics.ended(ctx, end, time.Since(s.started))
-	if gone {
-		return true
-	}
-	if _, err := s.h.lim.ReleaseJoined(ctx, s.userID, s.id, pools); err != nil {
+	s.h.metrics.ended(context.WithoutCancel(ctx), end, time.Since(s.started))
+	return pools, !gone, true
+}
+
+// freeSlot releases the slot in Redis, with the pool keys it joined,
+// within ctx; it reports whether Redis answered that it holds the slot
+// no more. A slot it cannot free expires after its TTL.
+func (s *Stream) freeSlot(ctx context.Context, pools []limiter.PoolGrant) bool {
+	res, err := s.h.lim.ReleaseJoined(ctx, s.userID, s.id, pools)
+	if err != nil {
 		s.h.log.Warn("releasing a stream's slot failed; it expires after its TTL", "mode", s.h.opts.Mode, "stream_id", s.id, "err", err)
 	}
-	return true
+	return err == nil && !res.Degraded
 }
 
 // lose marks the slot lost with err, closes Lost and cancels the stream's

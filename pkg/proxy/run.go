@@ -10,6 +10,7 @@ import (
 
 	"github.com/joishi/limiter/internal/httpserve"
 	"github.com/joishi/limiter/internal/opsmux"
+	"github.com/joishi/limiter/pkg/hold"
 )
 
 // Listeners say where the proxy and its ops endpoints listen, and bound
@@ -34,8 +35,9 @@ type Listeners struct {
 
 // Run serves until ctx ends, then drains: /readyz turns false, the
 // listener stops accepting, streams in flight (upgraded connections
-// included) get up to grace to finish, what is still open is cut, and
-// every slot still held is released before Run returns. Run closes the
+// included) get up to grace to finish, what is still open is cut at
+// once, and every slot still held is released before Run returns, within
+// hold.CloseBound (a slot Redis has not freed by then expires by its TTL). Run closes the
 // proxy's hold.Holder when it returns. It returns an error when a listener
 // cannot start, or when streams had to be cut.
 func (p *Proxy) Run(ctx context.Context, l Listeners, grace time.Duration) error {
@@ -87,7 +89,9 @@ func (p *Proxy) Run(ctx context.Context, l Listeners, grace time.Duration) error
 	case err := <-errc:
 		srv.Close()
 		ops.Close()
-		p.holder.Close(context.Background())
+		releaseCtx, cancelRelease := context.WithTimeout(context.Background(), hold.CloseBound)
+		defer cancelRelease()
+		p.holder.Close(releaseCtx)
 		return err
 	case <-ctx.Done():
 	}
@@ -103,11 +107,12 @@ func (p *Proxy) Run(ctx context.Context, l Listeners, grace time.Duration) error
 	drained := p.holder.Drain(drainCtx)
 	// Whatever still streams is told (its slot marked lost, its upstream
 	// request cancelled) and released, then its connection closed.
-	releaseCtx, cancelRelease := context.WithTimeout(context.Background(), 5*time.Second)
+	releaseCtx, cancelRelease := context.WithTimeout(context.Background(), hold.CloseBound)
 	defer cancelRelease()
 	var drainErr error
-	if n := p.holder.Close(releaseCtx); n > 0 || shutdownErr != nil || !drained {
-		drainErr = fmt.Errorf("%d streams still open after the grace (%s) were cut and their slots released", n, grace)
+	if cut, released := p.holder.Close(releaseCtx); cut > 0 || shutdownErr != nil || !drained {
+		drainErr = fmt.Errorf("%d streams still open after the grace (%s) were cut: %d slots released, %d left to expire by their TTL",
+			cut, grace, released, cut-released)
 		// A stream cut before its upstream answered is answered 503:
 		// its handler returns at once, and its answer goes out before
 		// the connections close.
