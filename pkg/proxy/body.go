@@ -160,6 +160,31 @@ type handlerBody struct {
 	rc    io.ReadCloser
 	w     http.ResponseWriter
 	ended bool
+	// returning: the handler is returning, and w is no longer to be used
+	// from another goroutine (see interrupt); guarded by wmu.
+	wmu       sync.Mutex
+	returning bool
+}
+
+// interrupt ends a read under way now, from any goroutine, unless the
+// handler is returning: the request was cut (its stream's slot lost, or
+// the proxy shutting down) while its client still sent the body, and the
+// transport's write of it, which the cut's answer waits for, must not wait
+// for the client's next bytes.
+func (b *handlerBody) interrupt() {
+	b.wmu.Lock()
+	defer b.wmu.Unlock()
+	if !b.returning {
+		_ = http.NewResponseController(b.w).SetReadDeadline(time.Now())
+	}
+}
+
+// handlerReturns says the handler is returning: interrupt does nothing
+// from then on (it returns once one under way has).
+func (b *handlerBody) handlerReturns() {
+	b.wmu.Lock()
+	defer b.wmu.Unlock()
+	b.returning = true
 }
 
 func (b *handlerBody) Read(p []byte) (int, error) {

@@ -403,6 +403,10 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, endOf func(*http
 	}
 	body := &handlerBody{rc: r.Body, w: w}
 	defer body.end()
+	// A request cut while its client still sends the body is answered at
+	// once (see upstreamFailed), not when the client sends more.
+	stop := context.AfterFunc(r.Context(), body.interrupt)
+	defer func() { stop(); body.handlerReturns() }()
 	r.Body = body
 	p.rp.ServeHTTP(w, r)
 	return endOf(r)
