@@ -54,6 +54,16 @@ type AcquireRequest struct {
 	// token names the request in what it takes (lua.Record.Token), for a
 	// stream id its client chose; set by acquire.
 	token string
+	// waits, when set, is told as each wait in a queue (the user's, a pool
+	// key's) begins (true) and ends (false): see EndWaitsWith.
+	waits func(bool)
+}
+
+// waiting tells req.waits that a wait begins (on) or ends.
+func (req AcquireRequest) waiting(on bool) {
+	if req.waits != nil {
+		req.waits(on)
+	}
 }
 
 // AcquireResult is the answer to an acquire. A denial is a result
@@ -336,7 +346,9 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 			req.OnWait(wait)
 		}
 		var slot userSlot
+		req.waiting(true)
 		res, slot, err = l.await(ctx, key, req, tier, wait, res, generated, lua.EncodePools(held))
+		req.waiting(false)
 		switch {
 		case err == nil && res.Granted && !res.Degraded:
 			// The pools as they are now, not as they were before the wait.

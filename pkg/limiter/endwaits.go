@@ -2,12 +2,11 @@ package limiter
 
 import (
 	"context"
-	"sync/atomic"
-	"time"
+	"sync"
 )
 
 // EndWaitsWith returns ctx and req made so that req's wait ends, ctx
-// cancelled with cause, once over has ended and the acquire waits: a
+// cancelled with cause, once over has ended while the acquire waits: a
 // front end's drain (over) ends the acquires waiting in a queue, now and
 // from then on. An acquire that does not wait is not ended: one in its
 // first attempt when over ends, or one that starts after, is granted or
@@ -16,21 +15,23 @@ import (
 // cause should wrap ErrShuttingDown (see there).
 func EndWaitsWith(ctx, over context.Context, cause error, req AcquireRequest) (context.Context, AcquireRequest, context.CancelFunc) {
 	waitCtx, cancelCause := context.WithCancelCause(ctx)
-	// Whichever of the two comes second sees the other's mark, so a wait
-	// that starts as the drain does is ended all the same.
-	var waiting atomic.Bool
+	// Under mu, whichever of a wait's start and the drain comes second
+	// sees the other, so a wait that starts as the drain does is ended all
+	// the same; and one that ended (granted its slot, its pool's place)
+	// is not, nor what the acquire does after it without waiting.
+	var mu sync.Mutex
+	waiting := false
 	stop := context.AfterFunc(over, func() {
-		if waiting.Load() {
+		mu.Lock()
+		defer mu.Unlock()
+		if waiting {
 			cancelCause(cause)
 		}
 	})
-	onWait := req.OnWait
-	req.OnWait = func(d time.Duration) {
-		if onWait != nil {
-			onWait(d)
-		}
-		waiting.Store(true)
-		if over.Err() != nil {
+	req.waits = func(on bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if waiting = on; on && over.Err() != nil {
 			cancelCause(cause)
 		}
 	}

@@ -64,6 +64,8 @@ func (l *Limiter) awaitPool(ctx context.Context, req AcquireRequest, tier tiers.
 	if req.OnWait != nil {
 		req.OnWait(left)
 	}
+	req.waiting(true)
+	defer req.waiting(false)
 	start := time.Now()
 	stop := l.keepAlive(ctx, req, tier, taken)
 	defer stop()
