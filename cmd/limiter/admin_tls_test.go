@@ -32,7 +32,9 @@ func TestAdminReachesATLSAdminListenerWithItsCA(t *testing.T) {
 		}
 		return path
 	}
-	cfg := write("limiter.yaml", fmt.Sprintf("redis:\n  addrs: [%q]\n  keyPrefix: %q\ntiers:\n  source: static\n"+
+	// A generous Redis deadline: the test is about TLS, and a loaded
+	// machine must not turn its calls into 503s.
+	cfg := write("limiter.yaml", fmt.Sprintf("redis:\n  addrs: [%q]\n  keyPrefix: %q\n  timeout: 5s\ntiers:\n  source: static\n"+
 		"admin:\n  tokensFile: %q\nhttp:\n  tls:\n    certFile: %q\n    keyFile: %q\n",
 		testenv.Redis(t), "admin-tls-"+filepath.Base(dir)+":", write("admin-tokens", "support operator "+token+"\n"), certFile, keyFile))
 	adminAddr := testenv.FreeAddr(t)
@@ -50,6 +52,7 @@ func TestAdminReachesATLSAdminListenerWithItsCA(t *testing.T) {
 		}
 	})
 	waitFor(t, &serveOut, "admin=https://"+adminAddr, done)
+	waitFor(t, &serveOut, "redis warmed up", done) // else the admin's calls answer 503, Redis not yet reached
 
 	https, http := "https://"+adminAddr, "http://"+adminAddr
 	for _, tc := range []struct {
