@@ -2,8 +2,8 @@
 # What `make bench-scale` runs: BenchmarkScale (pkg/limiter), the answer to
 # "what at N live streams", through the library and over HTTP.
 #
-# It starts its own standalone Redis and 6-node Redis Cluster (3 masters;
-# hack/redis-cluster.sh), builds `limiter` and the benchmark binary of
+# It installs Redis with apt when it is missing, starts its own standalone
+# Redis and 6-node Redis Cluster (3 masters; hack/redis-cluster.sh), builds `limiter` and the benchmark binary of
 # pkg/limiter, starts SCALE_REPLICAS `limiter serve` processes on each
 # deployment (caller authentication on, plan "scale": TTL 120s, heartbeat
 # every 20s), and runs BenchmarkScale: for every N it holds N slots and
@@ -35,9 +35,14 @@ die() {
 	exit 1
 }
 need() { command -v "$1" >/dev/null || die "$1 is not installed ($2)"; }
+need go "Go 1.26, see README.md"
+# Redis: installed with apt when missing, as `make test` does.
+# shellcheck source=hack/lib/install.sh
+source hack/lib/install.sh
+apt_provide redis-server=redis-server redis-cli=redis-tools ||
+	die "could not install Redis with apt; install redis-server redis-tools"
 need redis-server "apt-get install redis-server"
 need redis-cli "apt-get install redis-tools"
-need go "Go 1.26, see README.md"
 [[ "$SCALE_SLOTS" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || die "SCALE_SLOTS must be a comma list of positive integers, got '$SCALE_SLOTS'"
 for v in SCALE_ROUNDS SCALE_CONCURRENCY SCALE_REPLICAS; do
 	[[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer, got '${!v}'"

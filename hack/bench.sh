@@ -3,7 +3,8 @@
 # against a reference measured on the same servers in the same run, in one
 # table (BENCHMARKS.md says what each row measures).
 #
-# It starts its own standalone Redis and 6-node Redis Cluster (3 masters;
+# It installs Redis, node and npm with apt when they are missing, starts its
+# own standalone Redis and 6-node Redis Cluster (3 masters;
 # hack/redis-cluster.sh), builds what it runs (the Go benchmark binaries of
 # pkg/limiter, pkg/telemetry and pkg/proxy, `limiter`, hack/bench/trivial and
 # hack/bench/load), installs redis-semaphore and ioredis at the versions
@@ -111,10 +112,16 @@ die() {
 need() { # need TOOL HINT
 	command -v "$1" >/dev/null || die "$1 is not installed ($2)"
 }
+need go "Go 1.26, see README.md"
+# Redis and its tools, and node and npm (they run the redis-semaphore
+# reference): installed with apt when missing, as `make test` does.
+# shellcheck source=hack/lib/install.sh
+source hack/lib/install.sh
+apt_provide redis-server=redis-server redis-cli=redis-tools redis-benchmark=redis-tools node=nodejs npm=npm ||
+	die "could not install Redis, node or npm with apt; install redis-server redis-tools nodejs npm"
 need redis-server "apt-get install redis-server"
 need redis-cli "apt-get install redis-tools"
 need redis-benchmark "apt-get install redis-tools"
-need go "Go 1.26, see README.md"
 need node "apt-get install nodejs; it runs the redis-semaphore reference"
 need npm "apt-get install npm; it installs redis-semaphore and ioredis"
 for tool in awk sed sort paste sha1sum cmp; do need "$tool" "coreutils, sed, gawk or mawk"; done

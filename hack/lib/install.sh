@@ -21,6 +21,9 @@
 #       output goes to stderr.
 #   apt_install PACKAGE...
 #       Install Debian packages, through sudo unless root.
+#   apt_provide TOOL=PACKAGE...
+#       Install, in one apt_install, the package of each TOOL that is not
+#       in PATH (TOOL=P1,P2 for several packages), saying which first.
 #   apt_extract PACKAGE FILE DEST
 #       Download the .deb of PACKAGE that apt would install and copy FILE
 #       (its path in the package, e.g. usr/bin/promtool) to DEST: nothing
@@ -89,6 +92,21 @@ apt_install() {
 	apt_locked apt_update
 	apt_locked as_root env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 \
 		install -y -qq --no-install-recommends "$@"
+}
+
+apt_provide() {
+	local spec add packages=()
+	for spec in "$@"; do
+		if ! command -v "${spec%%=*}" >/dev/null 2>&1; then
+			IFS=, read -ra add <<<"${spec#*=}"
+			packages+=("${add[@]}")
+		fi
+	done
+	((${#packages[@]})) || return 0
+	# One package can provide several tools: each is named once.
+	mapfile -t packages < <(printf '%s\n' "${packages[@]}" | sort -u)
+	echo "${0##*/}: installing ${packages[*]} (apt)" >&2
+	apt_install "${packages[@]}"
 }
 
 apt_extract() {
