@@ -280,3 +280,19 @@ rather than a pod or the API server later.
 {{- fail "tiers.items must hold at least one tier with tiers.source static" }}
 {{- end }}
 {{- end }}
+
+{{/*
+NOTES.txt: how curl trusts the API or proxy port served over TLS with the
+Secret .secret (server.tls.existingSecret) in namespace .ns; nothing without it.
+*/}}
+{{- define "limiter.notesTLS" }}
+{{- with .secret }}
+
+The port serves TLS with the certificate of the Secret {{ . }}
+(server.tls.existingSecret). curl trusts it with the Secret's CA, at
+localhost only when the certificate names it (else reach the Service by a
+name it holds):
+
+  kubectl -n {{ $.ns }} get secret {{ . }} -o jsonpath='{.data.ca\.crt}' | base64 -d > ca.crt
+{{- end }}
+{{- end }}

@@ -76,7 +76,7 @@ func TestNotesFitTheMode(t *testing.T) {
 				"port-forward service/limiter 8080:8080",
 				"curl -sS -X POST localhost:8080/v1/slots/acquire",
 			},
-			absent: []string{"/v1/chat/completions", "X-User-Id"},
+			absent: []string{"/v1/chat/completions", "X-User-Id", "ca.crt", "https://"},
 		},
 		{
 			name:  "mode serve, the admin API",
@@ -98,6 +98,30 @@ func TestNotesFitTheMode(t *testing.T) {
 				"served over TLS, with the certificate of the Secret\nlimiter-tls",
 			},
 			absent: []string{"http://localhost:8081"},
+		},
+		{
+			name:  "mode serve over TLS",
+			files: []string{redisValues},
+			flags: []string{"--set", "server.tls.existingSecret=limiter-tls"},
+			want: []string{
+				"port-forward service/limiter 8080:8080",
+				"get secret limiter-tls -o jsonpath='{.data.ca\\.crt}' | base64 -d > ca.crt",
+				"curl -sS --cacert ca.crt -X POST https://localhost:8080/v1/slots/acquire",
+				"curl -sS --cacert ca.crt -X POST https://localhost:8080/v1/slots/heartbeat",
+				"curl -sS --cacert ca.crt -X POST https://localhost:8080/v1/slots/release",
+			},
+			absent: []string{" localhost:8080/", "curl -sS -X POST"},
+		},
+		{
+			name:  "mode proxy over TLS",
+			files: []string{redisValues},
+			flags: append(readmeProxy, "--set", "server.tls.existingSecret=limiter-tls"),
+			want: []string{
+				"port-forward service/limiter 8000:8000",
+				"base64 -d > ca.crt",
+				"curl -sS --cacert ca.crt -N https://localhost:8000/v1/chat/completions",
+			},
+			absent: append(slotAPI, " localhost:8000/"),
 		},
 		{
 			name:  "mode proxy, identity from headers",
