@@ -24,8 +24,9 @@ const MaxWait = 60 * time.Second
 // requests under a plan of higher priority first). The plan's
 // maxWait caps d (0: the plan never waits); a wait that runs out is the
 // usual ErrLimitReached, with Error.Waited set. The request's timeout is
-// extended by d, and a retry of an unanswered attempt keeps its place
-// and waits only what is left of d. Cancelling ctx leaves the queue at
+// extended by d, and a retry of an unanswered attempt waits only what
+// is left of d; it keeps the attempt's place on the replica that holds it
+// (on another, while the attempt still waits there: docs/api.md). Cancelling ctx leaves the queue at
 // once. d is rounded down to whole milliseconds and bounded by MaxWait;
 // d <= 0: no waiting (the default).
 func WithWait(d time.Duration) AcquireOption {
