@@ -57,6 +57,34 @@ func TestLimitIsAnImmediateResponse(t *testing.T) {
 	}
 }
 
+// The ext_proc server judges no path (Envoy's route table chose the
+// request): a :path that the proxy refuses as naming no path it can judge
+// (x:http:/v1/chat/completions) holds a slot here like any other, and
+// counts against the same limit; it never passes uncounted.
+func TestAnOpaquePathHoldsASlot(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	user := newUser()
+	holder := e.open(t)
+	resp, err := holder.RequestHeaders(envoytest.RequestHeaders("x:http:/v1/chat/completions", "x-user-id", user, "x-plan", "one"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := envoytest.HeaderValue(resp.GetRequestHeaders().GetResponse().GetHeaderMutation(), extproc.DefaultStreamIDHeader); !ok {
+		t.Fatalf(":path x:http:/v1/chat/completions answered %v, want a grant", resp)
+	}
+	st := e.open(t)
+	resp, err = st.RequestHeaders(envoytest.RequestHeaders("http:http:/v1/chat/completions", "x-user-id", user, "x-plan", "one"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ir, body := immediate(t, resp); ir.GetStatus().GetCode() != 429 || body.Error.Code != "stream_limit_reached" {
+		t.Errorf(":path http:http:/v1/chat/completions at the limit: got %d %s, want 429 stream_limit_reached", ir.GetStatus().GetCode(), body.Error.Code)
+	}
+	if got := e.Used(t, user); got != 1 {
+		t.Errorf("%d slots held, want 1", got)
+	}
+}
+
 func TestRefusals(t *testing.T) {
 	e := newEnv(t, envOptions{callers: "envoy " + envoyToken + " one,closed,nosuch\n"})
 	for _, tt := range []struct {

@@ -35,6 +35,7 @@ const (
 	CodeInvalidUserID       = "invalid_user_id"
 	CodeInvalidLabel        = "invalid_label"
 	CodeHeadersTooLarge     = "headers_too_large"
+	CodeInvalidTarget       = "invalid_target"
 	CodeUnavailable         = "limiter_unavailable"
 	CodeSlotLost            = "slot_lost"
 	CodeUpstreamUnavailable = "upstream_unavailable"

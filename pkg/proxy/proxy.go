@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -62,7 +63,10 @@ type Options struct {
 	// holds its path and what lies under it on a segment boundary
 	// (/v1/chat holds /v1/chat/x, not /v1/chatty), however the client
 	// spells it: case aside, and by any reading of the path that the
-	// upstream may take (pkg/route). Default none: every request holds one.
+	// upstream may take (pkg/route). A target with an opaque part, which
+	// names no path to judge (x:http:/v1/chat/completions), is refused
+	// 400 invalid_target on any route. Default none: every request holds
+	// one.
 	Routes []string
 	// LabelHeader names the request header whose value becomes the
 	// slot's label (limiter.AcquireRequest.Label): what support sees
@@ -269,6 +273,17 @@ func preflight(r *http.Request) bool {
 
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	switch {
+	case r.URL.Opaque != "":
+		// x:http:/v1/chat/completions: net/http keeps http:/v1/... as the
+		// URL's opaque part, with no path to judge, and the reverse proxy
+		// sends it upstream as the target, which a server may well read
+		// as /v1/chat/completions. No client means it: refused, before
+		// any route is judged.
+		p.holder.Refused(r.Context(), hold.ReasonInvalid)
+		hold.Refused(http.StatusBadRequest, hold.TypeInvalidRequest, hold.CodeInvalidTarget,
+			"the request target must be a path in origin form (/v1/chat/completions) or an absolute http(s):// URL, got "+
+				strconv.Quote(r.RequestURI)).Write(w)
+		return
 	case !p.limited(r):
 		p.forward(w, r, noEnd)
 		return

@@ -67,6 +67,56 @@ func TestEverySpellingOfALimitedRouteIsLimited(t *testing.T) {
 	}
 }
 
+// A request target with an opaque part (a scheme and no "//" before a
+// path: x:http:/v1/chat/completions) names no path the proxy can judge,
+// and the reverse proxy would send the opaque part upstream as the
+// target, which a Go upstream serves as /v1/chat/completions. It is
+// refused 400 invalid_target, with or without an identity, before any
+// slot, on a route or off one, and nothing reaches the upstream.
+func TestATargetWithAnOpaquePartIsRefused(t *testing.T) {
+	reached := make(chan string, 16)
+	e := newEnv(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reached <- r.RequestURI
+		fmt.Fprint(w, `{"choices":[]}`)
+	}), envOptions{proxy: proxy.Options{Routes: []string{"/v1/chat/completions"}}})
+	addr := e.proxy.Listener.Addr().String()
+	user := newUser()
+	identified := http.Header{"X-User-Id": {user}, "X-Plan": {"one"}}
+	cases := []struct {
+		name   string
+		target string
+		header http.Header
+	}{
+		{"a scheme before an http: target", "x:http:/v1/chat/completions", nil},
+		{"http: twice", "http:http:/v1/chat/completions", nil},
+		{"a scheme before a relative path", "x:v1/chat/completions", nil},
+		{"an opaque target with a query", "x:http:/v1/chat/completions?stream=true", nil},
+		{"with an identity", "x:http:/v1/chat/completions", identified},
+		{"another resource", "x:http:/v1/models", nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			resp := proxytest.RawRequest(t, addr, "POST", tc.target, tc.header, "{}")
+			if resp.StatusCode != http.StatusBadRequest {
+				resp.Body.Close()
+				t.Fatalf("POST %s: got %d, want 400", tc.target, resp.StatusCode)
+			}
+			body := decodeError(t, resp)
+			if body.Error.Code != "invalid_target" || !strings.Contains(body.Error.Message, "origin form") {
+				t.Errorf("POST %s: code %q, message %q; want invalid_target naming the origin form", tc.target, body.Error.Code, body.Error.Message)
+			}
+		})
+	}
+	if n := e.Used(t, user); n != 0 {
+		t.Errorf("%d slots held after the refusals, want 0", n)
+	}
+	select {
+	case target := <-reached:
+		t.Errorf("a refused request reached the upstream as %s", target)
+	default:
+	}
+}
+
 // A user at the limit is refused on every other spelling of the route:
 // the repro of a free user opening more streams than the plan allows.
 func TestRouteSpellingsShareTheUsersLimit(t *testing.T) {
