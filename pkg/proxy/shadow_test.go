@@ -3,10 +3,13 @@ package proxy_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"github.com/joishi/limiter/internal/holdtest"
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptrace"
+	"net/textproto"
 	"slices"
 	"strconv"
 	"strings"
@@ -324,5 +327,52 @@ func TestNoUpstreamsLimiterHeaderPassesOnARouteNotLimited(t *testing.T) {
 				t.Errorf("%s: %s %q, want none: the limiter set none", tc.name, h, got)
 			}
 		}
+	}
+}
+
+// Nor do they reach it in an upstream's interim (1xx) answer, which the
+// reverse proxy relays as it comes, or among its trailers, announced or
+// not, on a limited route or any other; the upstream's other interim
+// headers and trailers pass.
+func TestNoUpstreamsLimiterHeaderPassesInAnInterimAnswerOrATrailer(t *testing.T) {
+	limiterHeaders := []string{hold.HeaderWouldRefuse, proxy.HeaderStreamID}
+	e := newEnv(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Link", "</style.css>; rel=preload; as=style")
+		w.Header().Set(hold.HeaderWouldRefuse, "stream_limit_reached")
+		w.Header().Set(proxy.HeaderStreamID, "upstream-stream")
+		w.WriteHeader(http.StatusEarlyHints)
+		w.Header().Del(hold.HeaderWouldRefuse)
+		w.Header().Del(proxy.HeaderStreamID)
+		w.Header().Set("Trailer", "X-Upstream-Trailer, "+hold.HeaderWouldRefuse)
+		fmt.Fprint(w, `{"choices":[]}`)
+		w.Header().Set("X-Upstream-Trailer", "kept")
+		w.Header().Set(hold.HeaderWouldRefuse, "stream_limit_reached")
+		w.Header().Set(http.TrailerPrefix+proxy.HeaderStreamID, "upstream-stream") // not announced
+	}), envOptions{proxy: proxy.Options{Routes: []string{"/v1/chat/completions"}}})
+	for _, tc := range []struct{ name, path string }{
+		{"a limited route", "/v1/chat/completions"},
+		{"a route not limited", "/v1/models"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var interim []textproto.MIMEHeader
+			ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+				Got1xxResponse: func(code int, h textproto.MIMEHeader) error { interim = append(interim, h); return nil },
+			})
+			resp := e.do(t, e.request(t, ctx, "POST", tc.path, newUser(), "one", strings.NewReader("{}")))
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || len(interim) != 1 || interim[0].Get("Link") == "" || resp.Trailer.Get("X-Upstream-Trailer") != "kept" {
+				t.Fatalf("status %d, interim answers %q, trailers %q; want 200 after one 103 with its Link, and the upstream's other trailer",
+					resp.StatusCode, interim, resp.Trailer)
+			}
+			for _, h := range limiterHeaders {
+				if got := interim[0].Values(h); len(got) != 0 {
+					t.Errorf("the 103 carried the upstream's %s %q, want none", h, got)
+				}
+				if got, ok := resp.Trailer[h]; ok {
+					t.Errorf("the trailers carried the upstream's %s %q, want none, not even announced", h, got)
+				}
+			}
+		})
 	}
 }

@@ -10,7 +10,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
+	"net/textproto"
 	"os"
 	"strings"
 	"sync"
@@ -63,8 +65,34 @@ func (x *exchange) answerHeaders(h http.Header) {
 // one, or an upstream that sends them for any reason) never reaches the
 // client: on a limited request the limiter's replace them or they are
 // dropped, and on every other one (a route the proxy does not limit, a
-// preflight) they are dropped, the limiter having said nothing.
+// preflight) they are dropped, the limiter having said nothing. They are
+// dropped from the upstream's interim (1xx) answers (interimFilter) and
+// trailers (modifyResponse, upstreamBody) too, on every request.
 var limiterHeaders = [...]string{HeaderStreamID, hold.HeaderWouldRefuse}
+
+// dropLimiterHeaders deletes limiterHeaders from h.
+func dropLimiterHeaders(h http.Header) {
+	for _, name := range limiterHeaders {
+		h.Del(name)
+	}
+}
+
+// interimFilter sends requests upstream with rt, and drops limiterHeaders
+// from each interim (1xx) answer before the reverse proxy relays it to
+// the client as it comes. The reverse proxy learns of them by a client
+// trace added before RoundTrip; a trace added later is called first
+// (httptrace.WithClientTrace), with the same header map.
+type interimFilter struct{ rt http.RoundTripper }
+
+func (f interimFilter) RoundTrip(r *http.Request) (*http.Response, error) {
+	// A fresh trace each time: WithClientTrace composes the one it is
+	// given with the context's, in place.
+	trace := &httptrace.ClientTrace{Got1xxResponse: func(_ int, h textproto.MIMEHeader) error {
+		dropLimiterHeaders(http.Header(h))
+		return nil
+	}}
+	return f.rt.RoundTrip(r.WithContext(httptrace.WithClientTrace(r.Context(), trace)))
+}
 
 type exchangeKey struct{}
 
@@ -83,7 +111,7 @@ func exchangeOf(ctx context.Context) *exchange {
 func (p *Proxy) reverseProxy() *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite:        p.rewrite,
-		Transport:      p.opts.Transport,
+		Transport:      interimFilter{p.opts.Transport},
 		FlushInterval:  -1,
 		ModifyResponse: p.modifyResponse,
 		ErrorHandler:   p.upstreamFailed,
@@ -144,14 +172,16 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 // modifyResponse adds the limiter's headers to a limited request's
 // response, and watches its body, to tell an upstream that broke off from
 // a client that went away; it drops the upstream's copies of them from
-// every other response.
+// every other response, and from every response's trailers: those
+// announced here (the reverse proxy announces to the client what
+// resp.Trailer names now), and those that come with the body's end
+// (upstreamBody).
 func (p *Proxy) modifyResponse(resp *http.Response) error {
 	x := exchangeOf(resp.Request.Context())
 	if x == nil {
-		for _, h := range limiterHeaders {
-			resp.Header.Del(h)
-		}
+		dropLimiterHeaders(resp.Header)
 	}
+	dropLimiterHeaders(resp.Trailer)
 	if resp.Request.Context().Value(preflightKey{}) != nil {
 		// A preflight's answer: its status and headers, and no body (a
 		// browser reads none). Closing the upstream's ends whatever it
@@ -161,28 +191,37 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		resp.Header.Set("Content-Length", "0")
 		return nil
 	}
-	if x == nil {
-		return nil
+	if x != nil {
+		x.answerHeaders(resp.Header)
 	}
-	x.answerHeaders(resp.Header)
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		return nil // an upgraded body must stay the io.ReadWriteCloser it is
 	}
-	resp.Body = &watchedBody{ReadCloser: resp.Body, p: p, x: x, ctx: resp.Request.Context()}
+	resp.Body = &upstreamBody{ReadCloser: resp.Body, resp: resp, p: p, x: x, ctx: resp.Request.Context()}
 	return nil
 }
 
-// watchedBody records a read error of the upstream's response body.
-type watchedBody struct {
+// upstreamBody is the upstream's response body: it records a read error
+// of a limited request's (x set), and drops limiterHeaders from the
+// trailers that came with its end, which the reverse proxy reads once it
+// has closed it.
+type upstreamBody struct {
 	io.ReadCloser
-	p   *Proxy
-	x   *exchange
-	ctx context.Context
+	resp *http.Response
+	p    *Proxy
+	x    *exchange // nil on a request that holds no slot
+	ctx  context.Context
 }
 
-func (b *watchedBody) Read(buf []byte) (int, error) {
+func (b *upstreamBody) Close() error {
+	err := b.ReadCloser.Close()
+	dropLimiterHeaders(b.resp.Trailer)
+	return err
+}
+
+func (b *upstreamBody) Read(buf []byte) (int, error) {
 	n, err := b.ReadCloser.Read(buf)
-	if err != nil && err != io.EOF {
+	if err != nil && err != io.EOF && b.x != nil {
 		b.x.aborted.Store(true)
 		// A read that failed because the request was cancelled is the
 		// client's doing (or the slot's loss), not the upstream's.
