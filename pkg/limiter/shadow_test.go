@@ -258,3 +258,88 @@ func TestAShadowScopeNeverRefusesInAnOutage(t *testing.T) {
 		t.Errorf("a stream of plan shadowclosed (shadow mode, failureMode Closed) in an outage: %+v, %v; want granted (degraded): a plan in shadow mode refuses nothing", res, err)
 	}
 }
+
+// shadowReplicas are two limiters on b sharing one key prefix, each with
+// its own table of plans (ts, the stack's Table) and of pools (ps, the
+// table returned beside it), so that a test can put a scope in shadow
+// mode on one of them alone; opts as given (their Keys and Pools set
+// here, the Observer the i-th of observers when there is one).
+func shadowReplicas(t *testing.T, b limitertest.Backend, ts []tiers.Tier, ps []pools.Pool, opts limiter.Options, observers ...limiter.Observer) ([2]*limitertest.Stack, [2]*pools.Table) {
+	t.Helper()
+	opts.Keys = keys.Schema{Prefix: "limitertest:" + keys.NewStreamID()[:12] + ":"}
+	var stacks [2]*limitertest.Stack
+	var tables [2]*pools.Table
+	var addrs []string
+	for i := range stacks {
+		tables[i] = poolTable(t, ps...)
+		o := opts
+		o.Pools = tables[i]
+		if i < len(observers) {
+			o.Observer = observers[i]
+		}
+		stacks[i] = limitertest.New(t, limitertest.Options{Backend: b, Redis: cluster.Options{Addrs: addrs, Timeout: 5 * time.Second},
+			Tiers: ts, Limiter: o})
+		addrs = stacks[i].Redis.Addrs()
+	}
+	return stacks, tables
+}
+
+// TestAWaitInShadowModeIsNotRefusedByAFullQueue: a scope in shadow mode
+// refuses nothing (DESIGN §18), a full queue included. The scope (plan
+// one, limit 1, or pool key model=k, cap 1) is held, and its queue holds
+// its most (MaxQueue 1: a waiter on replica 0, which enforces). An
+// acquire on replica 1 is refused while replica 1 enforces too; as it is
+// about to wait, replica 1 puts the scope in shadow mode. Its wait's
+// first call runs under shadow mode: the acquire is granted, saying what
+// the scope would have refused, not answered 429 for the full queue.
+func TestAWaitInShadowModeIsNotRefusedByAFullQueue(t *testing.T) {
+	t.Parallel()
+	off := false
+	one := tiers.Tier{Plan: "one", MaxConcurrentStreams: 1, MaxWait: 10 * time.Second}.WithDefaults()
+	shadowOne := one
+	shadowOne.Enforce = &off
+	model := pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second}.WithDefaults()
+	shadowModel := model
+	shadowModel.Enforce = &off
+	for _, b := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
+		for _, scope := range []string{"plan", "pool"} {
+			t.Run(b.String()+"/"+scope, func(t *testing.T) {
+				t.Parallel()
+				stacks, tables := shadowReplicas(t, b, []tiers.Tier{one}, []pools.Pool{model}, limiter.Options{MaxQueue: 1})
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				var req limiter.AcquireRequest
+				var shadow func() error
+				wantRefuse := limiter.CodeStreamLimitReached
+				if scope == "plan" {
+					user := newUser(t)
+					mustAcquireUser(t, stacks[0].Limiter, user, "one", "held")
+					key, err := stacks[0].Keys.UserKey(user)
+					if err != nil {
+						t.Fatal(err)
+					}
+					queueUser(t, ctx, stacks[0], stacks[0].Limiter, limiter.AcquireRequest{UserID: user, Plan: "one", StreamID: "w"}, key)
+					req = limiter.AcquireRequest{UserID: user, Plan: "one", StreamID: "a"}
+					shadow = func() error { return stacks[1].Table.Replace([]tiers.Tier{shadowOne}) }
+				} else {
+					mustAcquire(t, stacks[0].Limiter, newUser(t), "one", "k")
+					queue(t, ctx, stacks[0], stacks[0].Limiter, limiter.AcquireRequest{UserID: newUser(t), Plan: "one", Pools: map[string]string{"model": "k"}}, 10*time.Second)
+					req = limiter.AcquireRequest{UserID: newUser(t), Plan: "one", Pools: map[string]string{"model": "k"}}
+					shadow = func() error { return tables[1].Replace([]pools.Pool{shadowModel}) }
+					wantRefuse = limiter.CodePoolLimitReached
+				}
+				req.Wait = 5 * time.Second
+				req.OnWait = func(time.Duration) {
+					if err := shadow(); err != nil {
+						t.Error(err)
+					}
+				}
+				res, err := stacks[1].Limiter.Acquire(ctx, req)
+				if err != nil || !res.Granted || res.WouldRefuse != wantRefuse {
+					t.Errorf("the acquire whose wait runs under shadow mode: granted %v, would refuse %q, refused by %+v, queue full %v, err %v; want granted, would refuse %s",
+						res.Granted, res.WouldRefuse, res.RefusedBy, res.QueueFull, err, wantRefuse)
+				}
+			})
+		}
+	}
+}

@@ -18,7 +18,8 @@
 --            refuses none, its override included
 -- ARGV[2] -> slot ttl (ms, > 0, decimal digits)
 -- ARGV[3] -> ticket ttl (ms, > 0)
--- ARGV[4] -> the most tickets the queue may hold (> 0)
+-- ARGV[4] -> the most tickets the queue may hold (> 0; in shadow mode a
+--            new ticket queues past it)
 -- ARGV[5] -> n, the number of tickets that follow (>= 1)
 -- ARGV[3+3i], ARGV[4+3i], ARGV[5+3i] (i = 1..n) -> the i-th ticket:
 --            stream id; 'w' (waits on), 'r' (waits on, for another request
@@ -51,7 +52,8 @@
 --              first; the order it is served in is owed's)
 --   state -1   left the queue (or was not in it); value 0
 --   state -2   not queued: the queue holds its most tickets, each
---              served before it would be; value 0. A new ticket that
+--              served before it would be (never in shadow mode, which
+--              refuses none: the ticket queues past the bound); value 0. A new ticket that
 --              would be served before the last takes its place (see
 --              displace): that one's next call finds it not queued, and
 --              queues it again if the queue has room, else answers -2;
@@ -237,7 +239,10 @@ for i = 1, n do
     redis.call('HDEL', recs, id)
     refresh[id] = nil
     granted = true
-  elseif not queued[id] and redis.call('ZCARD', queue) >= maxQueue and not displaces(i) then
+  -- A full queue takes a new ticket only in the place of one served after
+  -- it (displaces); in shadow mode, which refuses none, the ticket queues
+  -- past the bound, taking no one's place, and is served below.
+  elseif not shadow and not queued[id] and redis.call('ZCARD', queue) >= maxQueue and not displaces(i) then
     states[i] = -2
     denied = true
   else
