@@ -91,7 +91,7 @@ func (l *Limiter) awaitPool(ctx context.Context, req AcquireRequest, tier tiers.
 	switch r.outcome {
 	case WaitGranted:
 		out.grant = &PoolGrant{Pool: m.pool.Pool, Key: m.key, Used: r.used, Limit: limit, Overridden: r.override >= 0, Degraded: r.degraded,
-			WouldRefuse: shadow && r.used > limit} // let in by shadow mode, over the cap
+			WouldRefuse: shadow && r.used > limit && !r.extended} // let in by shadow mode, over the cap; an extension adds no member
 		if r.degraded {
 			out.grant.Used, out.grant.Limit, out.grant.Overridden = 0, m.limit, false
 		}

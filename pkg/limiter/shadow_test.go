@@ -3,6 +3,7 @@ package limiter_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -341,5 +342,81 @@ func TestAWaitInShadowModeIsNotRefusedByAFullQueue(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// joinLog counts the pool steps of acquires by outcome.
+type joinLog struct {
+	*reclaimLog
+	mu    sync.Mutex
+	joins map[limiter.JoinOutcome]int
+}
+
+func newJoinLog() *joinLog {
+	return &joinLog{reclaimLog: &reclaimLog{plans: map[string]int{}, pools: map[string]int{}}, joins: map[limiter.JoinOutcome]int{}}
+}
+
+func (j *joinLog) Joined(_ context.Context, _ string, o limiter.JoinOutcome, _, _ int) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.joins[o]++
+}
+
+func (j *joinLog) count(o limiter.JoinOutcome) int {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.joins[o]
+}
+
+// TestAnExtendedPoolWaitGrantInShadowModeRefusesNothing: request A of
+// stream s waits for model=k (cap 1, held by another user) on replica 0.
+// Request B of the same stream, on replica 1, whose pool is in shadow
+// mode already, joins the key over its cap: would_refuse, counted once.
+// Replica 0 then puts the pool in shadow mode, and A's wait is granted by
+// extending B's membership. An extension adds no member: as the plan's
+// (TestAnExtendedWaitGrantInShadowModeRefusesNothing) and an acquire of
+// a held stream, it says no would_refuse, and is not counted again.
+func TestAnExtendedPoolWaitGrantInShadowModeRefusesNothing(t *testing.T) {
+	t.Parallel()
+	off := false
+	model := pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second}.WithDefaults()
+	shadow := model
+	shadow.Enforce = &off
+	for _, b := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
+		t.Run(b.String(), func(t *testing.T) {
+			t.Parallel()
+			logs := [2]*joinLog{newJoinLog(), newJoinLog()}
+			stacks, tables := shadowReplicas(t, b, poolWaitTiers(), []pools.Pool{model}, limiter.Options{}, logs[0], logs[1])
+			if err := tables[1].Replace([]pools.Pool{shadow}); err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			mustAcquire(t, stacks[0].Limiter, newUser(t), "low", "k")
+			user := newUser(t)
+			req := limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "s", Pools: map[string]string{"model": "k"}}
+			a := queue(t, ctx, stacks[0], stacks[0].Limiter, req, 8*time.Second)
+			res, err := stacks[1].Limiter.Acquire(ctx, req)
+			if err != nil || !res.Granted || res.WouldRefuse != limiter.CodePoolLimitReached {
+				t.Fatalf("B on the replica in shadow mode: %+v, %v; want granted, would refuse pool_limit_reached", res, err)
+			}
+			if err := tables[0].Replace([]pools.Pool{shadow}); err != nil {
+				t.Fatal(err)
+			}
+			got, ok := a.answer(3 * time.Second)
+			if !ok || got.err != nil || !got.res.Granted {
+				t.Fatalf("A once replica 0 is in shadow mode: %+v, %v (answered %v); want granted", got.res, got.err, ok)
+			}
+			if key, err := stacks[0].Limiter.PoolSlots(ctx, "model", "k"); err != nil || key.Used != 2 {
+				t.Fatalf("model=k: %+v, %v; want 2 members (the holder and s)", key, err)
+			}
+			if got.res.WouldRefuse != "" || len(got.res.Pools) != 1 || got.res.Pools[0].WouldRefuse {
+				t.Errorf("A, granted by extending B's membership: would refuse %q by %+v, pools %+v; want none: an extension adds no member",
+					got.res.WouldRefuse, got.res.WouldRefuseBy, got.res.Pools)
+			}
+			if n := logs[0].count(limiter.JoinShadowRefused) + logs[1].count(limiter.JoinShadowRefused); n != 1 {
+				t.Errorf("pool steps counted shadow_refused: %d (replica 0 %d, replica 1 %d); want 1, B's: one member over the cap",
+					n, logs[0].count(limiter.JoinShadowRefused), logs[1].count(limiter.JoinShadowRefused))
+			}
+		})
 	}
 }
