@@ -211,7 +211,10 @@ func (q *scopeQueue) round() time.Time {
 		outcome, leaving := leaves[j], leaves[j] != ""
 		switch {
 		case t.State == lua.TicketGranted && !leaving:
-			w.answer(waitResult{outcome: WaitGranted, expiresAtMs: t.ExpiresAtMs, tier: tier, replicas: replicas, used: got.Used, override: got.Override, holders: holders[w.streamID], extended: t.Extended, share: t.Share, record: t.Record, pools: pools})
+			// Judged by the count as its ticket was granted, not the call's
+			// last: in shadow mode, of waiters granted together, only those
+			// granted past the limit were over it.
+			w.answer(waitResult{outcome: WaitGranted, expiresAtMs: t.ExpiresAtMs, tier: tier, replicas: replicas, used: t.Used, override: got.Override, holders: holders[w.streamID], extended: t.Extended, share: t.Share, record: t.Record, pools: pools})
 		case t.State == lua.TicketNotHolder && w.record.Caller != "":
 			// The ticket went with this waiter's caller (see above), whom
 			// the stream's ticket or slot refuses. A waiter of no caller is

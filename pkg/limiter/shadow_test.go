@@ -420,3 +420,101 @@ func TestAnExtendedPoolWaitGrantInShadowModeRefusesNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestWaitersGrantedTogetherInShadowModeAreJudgedOneByOne: a scope (plan
+// p, limit 2, or pool key model=k, cap 2) is held twice, and two
+// acquires wait for it on one replica. One holding goes without a
+// wake-up (as one that expired does, for the next call to prune), and
+// the scope is put in shadow mode: the loop's next call grants both
+// waiters. The first takes the free place (2 of 2, within the limit); the
+// second alone is over it (3 of 2): one would_refuse, not two, and each
+// answer's used is the count as it was granted.
+func TestWaitersGrantedTogetherInShadowModeAreJudgedOneByOne(t *testing.T) {
+	t.Parallel()
+	off := false
+	p := tiers.Tier{Plan: "p", MaxConcurrentStreams: 2, MaxWait: 10 * time.Second}.WithDefaults()
+	shadowP := p
+	shadowP.Enforce = &off
+	model := pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(2), MaxWait: 10 * time.Second}.WithDefaults()
+	shadowModel := model
+	shadowModel.Enforce = &off
+	for _, b := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
+		for _, scope := range []string{"plan", "pool"} {
+			t.Run(b.String()+"/"+scope, func(t *testing.T) {
+				t.Parallel()
+				log := newJoinLog()
+				stacks, tables := shadowReplicas(t, b, []tiers.Tier{p}, []pools.Pool{model}, limiter.Options{}, log)
+				s := stacks[0]
+				ctx := context.Background()
+				c, err := s.Redis.Redis()
+				if err != nil {
+					t.Fatal(err)
+				}
+				var waiters [2]*queued
+				var free func() error
+				var shadow func() error
+				wantRefuse := limiter.CodeStreamLimitReached
+				if scope == "plan" {
+					user := newUser(t)
+					mustAcquireUser(t, s.Limiter, user, "p", "x")
+					mustAcquireUser(t, s.Limiter, user, "p", "y")
+					key, err := s.Keys.UserKey(user)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for i := range waiters {
+						waiters[i] = queueUser(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: user, Plan: "p", StreamID: fmt.Sprintf("w%d", i+1)}, key)
+					}
+					free = func() error { return c.Do(ctx, c.B().Zrem().Key(key).Member("y").Build()).Error() }
+					shadow = func() error { return s.Table.Replace([]tiers.Tier{shadowP}) }
+				} else {
+					mustAcquire(t, s.Limiter, newUser(t), "p", "k")
+					y := newUser(t)
+					held := mustAcquire(t, s.Limiter, y, "p", "k")
+					for i := range waiters {
+						waiters[i] = queue(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: newUser(t), Plan: "p", Pools: map[string]string{"model": "k"}}, 8*time.Second)
+					}
+					slots, err := s.Keys.PoolKey("model", "k")
+					if err != nil {
+						t.Fatal(err)
+					}
+					free = func() error { return c.Do(ctx, c.B().Zrem().Key(slots).Member(held.StreamID+" "+y).Build()).Error() }
+					shadow = func() error { return tables[0].Replace([]pools.Pool{shadowModel}) }
+					wantRefuse = limiter.CodePoolLimitReached
+				}
+				before := log.count(limiter.JoinShadowRefused)
+				if err := free(); err != nil {
+					t.Fatal(err)
+				}
+				if err := shadow(); err != nil {
+					t.Fatal(err)
+				}
+				var refusing []int
+				for i, w := range waiters {
+					a, ok := w.answer(3 * time.Second)
+					if !ok || a.err != nil || !a.res.Granted {
+						t.Fatalf("waiter %d: %+v, %v (answered %v); want granted", i+1, a.res, a.err, ok)
+					}
+					used, limit := a.res.Used, a.res.Limit
+					if scope == "pool" && len(a.res.Pools) == 1 {
+						used, limit = a.res.Pools[0].Used, a.res.Pools[0].Limit
+					}
+					if a.res.WouldRefuse != "" {
+						refusing = append(refusing, i+1)
+						if a.res.WouldRefuse != wantRefuse || used != 3 || limit != 2 {
+							t.Errorf("waiter %d: would refuse %q, used %d of %d; want %s, 3 of 2", i+1, a.res.WouldRefuse, used, limit, wantRefuse)
+						}
+					} else if used != 2 || limit != 2 {
+						t.Errorf("waiter %d, not over the limit: used %d of %d; want 2 of 2, the free place", i+1, used, limit)
+					}
+				}
+				if len(refusing) != 1 {
+					t.Errorf("waiters answered would_refuse: %v; want one: the first grant filled the free place (2 of 2)", refusing)
+				}
+				if n := log.count(limiter.JoinShadowRefused) - before; scope == "pool" && n != 1 {
+					t.Errorf("pool steps counted shadow_refused: %d; want 1", n)
+				}
+			})
+		}
+	}
+}

@@ -113,8 +113,9 @@ type waitResult struct {
 	// pools, of a grant: the pool keys the slot's record names
 	// (lua.EncodePools), which its waiters must name too.
 	pools string
-	// granted, timeout: the user's slots, and the limit of the user's
-	// override when one applied (-1: the plan's)
+	// granted, timeout: the scope's slots (of a grant, as the call
+	// granted it: lua.TicketResult.Used), and the limit of the scope's
+	// override when one applied (-1: the plan's or the key's)
 	used     int
 	override int
 	retry    time.Duration

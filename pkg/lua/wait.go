@@ -75,6 +75,12 @@ type TicketResult struct {
 	// Share, of a granted ticket: its share of the slot, which a request
 	// that gives up leaves (see Share).
 	Share Share
+	// Used, of a granted ticket: the scope's slots as the call granted
+	// it, its own counted (of an Extended one, which adds none, those held
+	// then). A call that grants several judges each by its own count:
+	// only those granted past the limit were over it (Waited.Used is the
+	// count after the last).
+	Used int
 	// Record, of an Extended ticket: the held slot's record, as kept (see
 	// Acquired.Record).
 	Record string
@@ -103,6 +109,10 @@ type Waited struct {
 	Tickets []TicketResult
 }
 
+// ticketValues is how many values the wait script answers per ticket:
+// state, value, share, started, used and record.
+const ticketValues = 6
+
 // Wait runs the wait script on key (a keys.Schema.UserKey), its slot
 // records and its queue.
 func Wait(ctx context.Context, c rueidis.Client, key string, a WaitArgs) (Waited, error) {
@@ -125,8 +135,8 @@ func Wait(ctx context.Context, c rueidis.Client, key string, a WaitArgs) (Waited
 	if err != nil {
 		return Waited{}, err
 	}
-	if len(arr) != 6+5*len(a.Tickets) {
-		return Waited{}, fmt.Errorf("wait script returned %d values, want %d", len(arr), 6+5*len(a.Tickets))
+	if len(arr) != 6+ticketValues*len(a.Tickets) {
+		return Waited{}, fmt.Errorf("wait script returned %d values, want %d", len(arr), 6+ticketValues*len(a.Tickets))
 	}
 	head, err := int64s(arr[:5])
 	if err != nil {
@@ -142,21 +152,21 @@ func Wait(ctx context.Context, c rueidis.Client, key string, a WaitArgs) (Waited
 		out.Next = time.Duration(head[3]) * time.Millisecond
 	}
 	for i := range out.Tickets {
-		at := 6 + 5*i
-		v, err := int64s(arr[at : at+4])
+		at := 6 + ticketValues*i
+		v, err := int64s(arr[at : at+5])
 		if err != nil {
 			return Waited{}, fmt.Errorf("wait script: ticket %d: %w", i+1, err)
 		}
 		r := TicketResult{State: TicketState(v[0])}
 		if r.State == ticketExtended {
 			r.State, r.Extended = TicketGranted, true
-			if r.Record, err = arr[at+4].ToString(); err != nil {
+			if r.Record, err = arr[at+5].ToString(); err != nil {
 				return Waited{}, fmt.Errorf("wait script: ticket %d: record: %w", i+1, err)
 			}
 		}
 		switch r.State {
 		case TicketGranted:
-			r.ExpiresAtMs, r.Share = v[1], Share{Index: int(v[2]), StartedAtMs: v[3]}
+			r.ExpiresAtMs, r.Share, r.Used = v[1], Share{Index: int(v[2]), StartedAtMs: v[3]}, int(v[4])
 		case TicketQueued:
 			r.Place = int(v[1])
 		}

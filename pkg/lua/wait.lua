@@ -26,7 +26,7 @@
 --            of its stream, while one gives up: retry_after_ms is due) or
 --            'l' (leaves the queue); the rest of its slot's record ('' or
 --            ';name=value' fields)
--- returns {used, override, pruned, next_ms, retry_after_ms, {wake ids}, state_1, value_1, share_1, started_1, record_1, ..., state_n, value_n, share_n, started_n, record_n}
+-- returns {used, override, pruned, next_ms, retry_after_ms, {wake ids}, state_1, value_1, share_1, started_1, used_1, record_1, ..., state_n, value_n, share_n, started_n, used_n, record_n}
 --   used       slots held after the call
 --   override   the override's limit when one was in force (and so
 --              applied instead of ARGV[1], unless shadow mode), else -1
@@ -65,6 +65,10 @@
 --              call took it, n when it counted the n-th extension), which
 --              a request that gives up leaves (see release); else 0
 --   started    of a granted ticket: the slot's start (Redis ms); else 0
+--   used_i     of a granted ticket: the slots held as it was granted,
+--              its own counted (of an extension, which adds none, those
+--              held then): each of the call's grants is judged by its
+--              own count, not by the call's last (used); else 0
 --   record     of a ticket granted state 2: the held slot's record, as
 --              kept (the caller compares the pools and the plan it names
 --              with its own, as acquire's caller does); else ''
@@ -115,7 +119,7 @@ local pruned = prune(slots, meta, now)
 dropDead(queue, expiry, recs, now)
 
 local ids, records, waiting = {}, {}, {}
-local states, values, shares, starts, kepts = {}, {}, {}, {}, {}
+local states, values, shares, starts, kepts, useds = {}, {}, {}, {}, {}, {}
 local granted = false -- a slot was granted or extended
 local denied = false  -- a ticket left or was not queued: retry_after_ms is due
 local prefix = ARGV[2] .. ';started=' .. string.format('%d', now)
@@ -134,6 +138,7 @@ local function extendHeld(i, id)
     -- eight requests are named, as in acquire.)
     values[i] = tonumber(redis.call('ZSCORE', slots, id))
     shares[i], starts[i] = n, tonumber(startedAt(kept)) or 0
+    useds[i] = redis.call('ZCARD', slots)
     if n == 0 then
       states[i], kepts[i] = 1, ''
     else
@@ -158,6 +163,7 @@ local function extendHeld(i, id)
   redis.call('HSET', meta, id, kept)
   states[i], values[i] = 2, tonumber(redis.call('ZSCORE', slots, id))
   shares[i], starts[i], kepts[i] = again(kept), tonumber(startedAt(kept)) or 0, kept
+  useds[i] = redis.call('ZCARD', slots)
 end
 for i = 1, n do
   ids[i] = ARGV[3 + 3 * i]
@@ -213,7 +219,7 @@ for i = 1, n do
     denied = true -- the request that gives up is answered a denial's retry
   end
   records[i] = prefix .. ARGV[5 + 3 * i]
-  states[i], values[i], shares[i], starts[i], kepts[i] = -1, 0, 0, 0, ''
+  states[i], values[i], shares[i], starts[i], kepts[i], useds[i] = -1, 0, 0, 0, '', 0
   local caller = holder(records[i])
   local ticket = false
   if caller ~= '' then -- an open API's calls are nobody's: nothing to read
@@ -349,6 +355,7 @@ for k, head in ipairs(due) do
       states[i], values[i] = 1, now + ttl
       starts[i] = now
       used = used + 1
+      useds[i] = used
       granted = true
     elseif foreign(redis.call('HGET', meta, head), holder(records[i])) then
       -- Another caller took a slot for the stream while the ticket
@@ -429,6 +436,7 @@ for i = 1, n do
   out[#out + 1] = values[i]
   out[#out + 1] = shares[i]
   out[#out + 1] = starts[i]
+  out[#out + 1] = useds[i]
   out[#out + 1] = kepts[i]
 end
 return out
