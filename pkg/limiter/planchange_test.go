@@ -474,3 +474,71 @@ func TestAWaitedPoolPlaceLivesByItsOwnStreamsTTLBesideAnothers(t *testing.T) {
 		})
 	}
 }
+
+// TestAWaiterAnsweredForARemovedScopeLeavesTheQueue: a scope (a user's
+// slot, or pool key model=k, each 1) is held, and two acquires wait for
+// it: the first, of plan gone, on replica 0, the second, of plan stay, on
+// replica 1. Replica 0 removes the first's plan (or the pool): the first
+// is answered so, and its ticket leaves the queue before it is, rather
+// than stay owed the next free slot until it expires (30s here). The
+// holder releases: the second is granted at once.
+func TestAWaiterAnsweredForARemovedScopeLeavesTheQueue(t *testing.T) {
+	t.Parallel()
+	gone := tiers.Tier{Plan: "gone", MaxConcurrentStreams: 1, MaxWait: 10 * time.Second}.WithDefaults()
+	stay := tiers.Tier{Plan: "stay", MaxConcurrentStreams: 1, MaxWait: 10 * time.Second}.WithDefaults()
+	model := pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second}.WithDefaults()
+	for _, b := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
+		for _, scope := range []string{"plan", "pool"} {
+			t.Run(b.String()+"/"+scope, func(t *testing.T) {
+				t.Parallel()
+				stacks, tables := twoReplicas(t, b, []tiers.Tier{gone, stay}, []pools.Pool{model}, slowLooks)
+				ctx := context.Background()
+				holder := newUser(t)
+				first := limiter.AcquireRequest{UserID: holder, Plan: "gone", StreamID: "first"}
+				second := limiter.AcquireRequest{UserID: holder, Plan: "stay", StreamID: "second"}
+				var held string
+				var length func() int64
+				remove := func() error { return stacks[0].Table.Replace([]tiers.Tier{stay}) }
+				wantErr := limiter.ErrUnknownPlan
+				if scope == "plan" {
+					key, err := stacks[0].Keys.UserKey(holder)
+					if err != nil {
+						t.Fatal(err)
+					}
+					held = "held"
+					mustAcquireUser(t, stacks[1].Limiter, holder, "stay", held)
+					length = func() int64 { return zcard(t, stacks[0], keys.Queue(key)) }
+				} else {
+					held = mustAcquire(t, stacks[1].Limiter, holder, "stay", "k").StreamID
+					first.UserID, first.Pools = newUser(t), map[string]string{"model": "k"}
+					second.UserID, second.Pools = newUser(t), map[string]string{"model": "k"}
+					length = func() int64 { return queueLength(t, stacks[0], "k") }
+					remove = func() error { return tables[0].Replace(nil) }
+					wantErr = limiter.ErrUnknownPool
+				}
+				firstWait := startQueued(t, ctx, stacks[0].Limiter, first, 10*time.Second, length)
+				secondWait := startQueued(t, ctx, stacks[1].Limiter, second, 10*time.Second, length)
+				if err := remove(); err != nil {
+					t.Fatal(err)
+				}
+				if a, ok := firstWait.answer(2 * time.Second); !ok || !errors.Is(a.err, wantErr) {
+					t.Fatalf("the first waiter once its %s is removed: %+v, %v (answered %v); want %v", scope, a.res, a.err, ok, wantErr)
+				}
+				if n := length(); n != 1 {
+					t.Errorf("the queue holds %d tickets once the first waiter is answered; want 1, the second's", n)
+				}
+				released := time.Now()
+				if _, err := stacks[1].Limiter.Release(ctx, holder, held); err != nil {
+					t.Fatal(err)
+				}
+				a, ok := secondWait.answer(2 * time.Second)
+				if !ok || a.err != nil || !a.res.Granted {
+					t.Fatalf("the second waiter once the holder released: %+v, %v (answered %v); want granted at once", a.res, a.err, ok)
+				}
+				if took := time.Since(released); took > 2*promptly {
+					t.Errorf("the second waiter granted %v after the release; want within %v", took.Round(time.Millisecond), 2*promptly)
+				}
+			})
+		}
+	}
+}

@@ -46,6 +46,7 @@ func (q *scopeQueue) round() time.Time {
 	now := time.Now()
 	tier, mode, err := q.bounds()
 	if err != nil {
+		q.withdraw(tier)
 		q.fail(mode, err, now)
 		return now
 	}
@@ -157,11 +158,7 @@ func (q *scopeQueue) round() time.Time {
 		return now.Add(refreshBy)
 	}
 	q.calledLimit = q.limit
-	if got.Pruned > 0 && q.pool != "" {
-		l.observer.PoolReclaimed(ctx, q.pool, got.Pruned) // a pool key's members, not the user's slots
-	} else if got.Pruned > 0 {
-		l.observer.Reclaimed(ctx, tier.Plan, got.Pruned)
-	}
+	q.reclaimed(ctx, tier, got.Pruned)
 	// Of the tickets owed a slot, those of this loop left out of the call
 	// are served by the next one, at once; the others' servers are woken.
 	again := false
@@ -255,6 +252,61 @@ func (q *scopeQueue) round() time.Time {
 		return now
 	}
 	return q.next(now)
+}
+
+// reclaimed reports the pruned slots of a call: a pool key's members, or
+// the user's slots.
+func (q *scopeQueue) reclaimed(ctx context.Context, tier tiers.Tier, pruned int) {
+	switch {
+	case pruned == 0:
+	case q.pool != "":
+		q.l.observer.PoolReclaimed(ctx, q.pool, pruned)
+	default:
+		q.l.observer.Reclaimed(ctx, tier.Plan, pruned)
+	}
+}
+
+// withdraw takes the loop's queued tickets out of the scope's queue, in
+// one call, and wakes those then owed a free slot: their plan or pool was
+// removed (bounds), and their waiters are answered next. Left in the
+// queue, a ticket would stay owed the next free slot until it expired,
+// and those behind it would wait for it. A call that fails leaves them to
+// expire, as before. The call sends the scope's limit as the latest round
+// found it: the one the tickets still queued are served by.
+func (q *scopeQueue) withdraw(tier tiers.Tier) {
+	l := q.l
+	// (No ticket of the call is granted: the slot TTL goes unused.)
+	args := lua.WaitArgs{Limit: q.limit, SlotTTL: max(tier.SlotTTL, time.Millisecond), TicketTTL: l.ticketTTL, MaxQueue: l.maxQueue}
+	at := map[string]int{}
+	for _, w := range q.waiters {
+		if q.places[w.streamID] == 0 {
+			continue // not queued as the latest call found it
+		}
+		if i, ok := at[w.streamID]; ok {
+			if args.Tickets[i].Record.Caller == "" {
+				args.Tickets[i].Record = w.record // the caller whose ticket it is, as round sends it
+			}
+			continue
+		}
+		at[w.streamID] = len(args.Tickets)
+		args.Tickets = append(args.Tickets, lua.TicketArgs{StreamID: w.streamID, Leave: true, Record: w.record})
+	}
+	if len(args.Tickets) == 0 {
+		return
+	}
+	ctx := context.Background()
+	var got lua.Waited
+	err := l.do(ctx, "wait", func(ctx context.Context, c rueidis.Client) (err error) {
+		got, err = lua.Wait(ctx, c, q.key, args)
+		return err
+	})
+	if err != nil {
+		return
+	}
+	q.reclaimed(ctx, tier, got.Pruned)
+	if len(got.Wake) > 0 {
+		l.wake(ctx, q.key, got.Wake...)
+	}
 }
 
 // callTTL is the slot TTL of the pool key's memberships a call grants

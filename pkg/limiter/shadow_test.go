@@ -260,12 +260,12 @@ func TestAShadowScopeNeverRefusesInAnOutage(t *testing.T) {
 	}
 }
 
-// shadowReplicas are two limiters on b sharing one key prefix, each with
+// twoReplicas are two limiters on b sharing one key prefix, each with
 // its own table of plans (ts, the stack's Table) and of pools (ps, the
-// table returned beside it), so that a test can put a scope in shadow
-// mode on one of them alone; opts as given (their Keys and Pools set
+// table returned beside it), so that a test can change a plan or a pool
+// (shadow mode, removed) on one of them alone; opts as given (their Keys and Pools set
 // here, the Observer the i-th of observers when there is one).
-func shadowReplicas(t *testing.T, b limitertest.Backend, ts []tiers.Tier, ps []pools.Pool, opts limiter.Options, observers ...limiter.Observer) ([2]*limitertest.Stack, [2]*pools.Table) {
+func twoReplicas(t *testing.T, b limitertest.Backend, ts []tiers.Tier, ps []pools.Pool, opts limiter.Options, observers ...limiter.Observer) ([2]*limitertest.Stack, [2]*pools.Table) {
 	t.Helper()
 	opts.Keys = keys.Schema{Prefix: "limitertest:" + keys.NewStreamID()[:12] + ":"}
 	var stacks [2]*limitertest.Stack
@@ -306,7 +306,7 @@ func TestAWaitInShadowModeIsNotRefusedByAFullQueue(t *testing.T) {
 		for _, scope := range []string{"plan", "pool"} {
 			t.Run(b.String()+"/"+scope, func(t *testing.T) {
 				t.Parallel()
-				stacks, tables := shadowReplicas(t, b, []tiers.Tier{one}, []pools.Pool{model}, limiter.Options{MaxQueue: 1})
+				stacks, tables := twoReplicas(t, b, []tiers.Tier{one}, []pools.Pool{model}, limiter.Options{MaxQueue: 1})
 				ctx, cancel := context.WithCancel(context.Background())
 				defer cancel()
 				var req limiter.AcquireRequest
@@ -386,7 +386,7 @@ func TestAnExtendedPoolWaitGrantInShadowModeRefusesNothing(t *testing.T) {
 		t.Run(b.String(), func(t *testing.T) {
 			t.Parallel()
 			logs := [2]*joinLog{newJoinLog(), newJoinLog()}
-			stacks, tables := shadowReplicas(t, b, poolWaitTiers(), []pools.Pool{model}, limiter.Options{}, logs[0], logs[1])
+			stacks, tables := twoReplicas(t, b, poolWaitTiers(), []pools.Pool{model}, limiter.Options{}, logs[0], logs[1])
 			if err := tables[1].Replace([]pools.Pool{shadow}); err != nil {
 				t.Fatal(err)
 			}
@@ -443,7 +443,7 @@ func TestWaitersGrantedTogetherInShadowModeAreJudgedOneByOne(t *testing.T) {
 			t.Run(b.String()+"/"+scope, func(t *testing.T) {
 				t.Parallel()
 				log := newJoinLog()
-				stacks, tables := shadowReplicas(t, b, []tiers.Tier{p}, []pools.Pool{model}, limiter.Options{}, log)
+				stacks, tables := twoReplicas(t, b, []tiers.Tier{p}, []pools.Pool{model}, limiter.Options{}, log)
 				s := stacks[0]
 				ctx := context.Background()
 				c, err := s.Redis.Redis()
