@@ -15,6 +15,17 @@ import (
 // returns its reply: string (simple or bulk), int64, []any, nil, or an error
 // for a Redis error reply. The package stays free of client libraries.
 func do(addr string, timeout time.Duration, args ...string) (any, error) {
+	replies, err := doAll(addr, timeout, args)
+	if err != nil {
+		return nil, err
+	}
+	return replies[0], nil
+}
+
+// doAll sends commands one after the other over one fresh connection (so an
+// AUTH first authenticates the rest) and returns their replies; it stops at
+// the first error.
+func doAll(addr string, timeout time.Duration, commands ...[]string) ([]any, error) {
 	conn, err := net.DialTimeout("tcp", addr, timeout)
 	if err != nil {
 		return nil, err
@@ -23,15 +34,24 @@ func do(addr string, timeout time.Duration, args ...string) (any, error) {
 	if err := conn.SetDeadline(time.Now().Add(timeout)); err != nil {
 		return nil, err
 	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "*%d\r\n", len(args))
-	for _, arg := range args {
-		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(arg), arg)
+	r := bufio.NewReader(conn)
+	replies := make([]any, 0, len(commands))
+	for _, args := range commands {
+		var b strings.Builder
+		fmt.Fprintf(&b, "*%d\r\n", len(args))
+		for _, arg := range args {
+			fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(arg), arg)
+		}
+		if _, err := io.WriteString(conn, b.String()); err != nil {
+			return nil, err
+		}
+		reply, err := readReply(r)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", args[0], err)
+		}
+		replies = append(replies, reply)
 	}
-	if _, err := io.WriteString(conn, b.String()); err != nil {
-		return nil, err
-	}
-	return readReply(bufio.NewReader(conn))
+	return replies, nil
 }
 
 // redisError is a Redis error reply such as "ERR unknown command".

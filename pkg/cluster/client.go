@@ -42,9 +42,15 @@ type Options struct {
 	// SentinelMasterSet, when set, treats Addrs as Sentinels and follows the
 	// named master.
 	SentinelMasterSet string
-	// Username and Password authenticate to Redis (ACL). Default none.
+	// Username and Password authenticate to Redis and to Sentinels (ACL).
+	// Default none.
 	Username string
 	Password string
+	// ReadPassword, when set, replaces Password: it is called for every
+	// new connection, so a rotated password is used from the next
+	// reconnect on, without a restart. An error fails that connection like
+	// a refused password (an outage, retried). Default nil: Password.
+	ReadPassword func() (string, error)
 	// TLS, when non-nil, makes every connection TLS.
 	TLS *tls.Config
 	// Timeout is the per-call deadline the limiter applies. Default 250ms.
@@ -133,7 +139,7 @@ func New(opts Options) (*Client, error) {
 	if opts.Timeout < 0 || opts.ShardsRefreshInterval < 0 || opts.DialTimeout < 0 || opts.ProbeInterval < 0 || opts.AnswerWithin < 0 || opts.WarmWithin < 0 {
 		return nil, errors.New("redis timeouts must not be negative")
 	}
-	c := &Client{opts: opts, connected: make(chan struct{}), warmed: make(chan struct{}), health: newHealth(), stop: make(chan struct{})}
+	c := &Client{opts: opts, connected: make(chan struct{}), warmed: make(chan struct{}), stop: make(chan struct{})}
 	if len(opts.Addrs) == 0 {
 		store, err := startEmbedded()
 		if err != nil {
@@ -146,6 +152,7 @@ func New(opts Options) (*Client, error) {
 	if c.opts.DialTimeout == 0 {
 		c.opts.DialTimeout = c.opts.Timeout
 	}
+	c.health = newHealth(c.opts.Logger, c.opts.Addrs)
 	c.started = time.Now()
 	c.wg.Go(c.run)
 	c.wg.Go(func() { c.watchFirstAnswer(c.started) })
@@ -228,6 +235,11 @@ func (c *Client) clientOption() rueidis.ClientOption {
 			Dialer:                  o.Dialer,
 			TopologyRefreshInterval: c.opts.ShardsRefreshInterval,
 		}
+	}
+	if c.opts.ReadPassword != nil {
+		// Sentinel connections take it too (rueidis copies the option).
+		o.Password, o.Sentinel.Password = "", ""
+		o.AuthCredentialsFn = c.credentials
 	}
 	if c.embedded != nil {
 		o.ForceSingleClient = true

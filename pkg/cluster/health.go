@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,10 +25,11 @@ const DownAfter = time.Second
 // the first answer.
 //
 // An outage is a call that got no answer: a timeout, a connection error, a
-// slot with no node (a cluster that never formed), or an error reply of a
-// passing state (see TransientReply). A permanent error reply (NOPERM,
-// WRONGTYPE) is an answer: Redis is up and the configuration is wrong. A
-// call whose caller gave up (context canceled) counts as neither.
+// slot with no node (a cluster that never formed), a connection Redis
+// refused to authenticate (WRONGPASS, NOAUTH: a rotated password), or an
+// error reply of a passing state (see OutageReply). A permanent error reply
+// (NOPERM, WRONGTYPE) is an answer: Redis is up and the configuration is
+// wrong. A call whose caller gave up (context canceled) counts as neither.
 //
 // Besides the limiter's calls, the client probes Redis every
 // ProbeInterval: PING, or CLUSTER INFO on a cluster, which must report
@@ -67,23 +69,24 @@ func outcomeOf(err error) outcome {
 	if errors.Is(err, context.Canceled) {
 		return abandoned
 	}
-	if rerr, ok := rueidis.IsRedisErr(err); ok && !TransientReply(rerr) {
+	if rerr, ok := rueidis.IsRedisErr(err); ok && !OutageReply(rerr) {
 		return answered
 	}
 	return outage
 }
 
-// TransientReply reports whether a Redis error reply is a passing state of
-// the server or the cluster (loading, failing over, out of memory under
-// noeviction, busy with a script): an outage like a timeout, not an
-// answer.
-func TransientReply(err *rueidis.RedisError) bool {
-	code, _, _ := strings.Cut(err.Error(), " ")
-	switch code {
+// OutageReply reports whether a Redis error reply leaves Redis unusable to
+// this replica for now: a passing state of the server or the cluster
+// (loading, failing over, out of memory under noeviction, busy with a
+// script), or a connection Redis refused to authenticate (WRONGPASS,
+// NOAUTH: the password was rotated, or is wrong). It is an outage like a
+// timeout, not an answer: each plan's failureMode applies.
+func OutageReply(err *rueidis.RedisError) bool {
+	switch replyCode(err) {
 	case "LOADING", "READONLY", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "BUSY", "OOM", "NOREPLICAS", "MOVED", "ASK":
 		return true
 	}
-	return false
+	return authReply(err)
 }
 
 // answerStep is how much later than the stored one an answer must be to
@@ -95,11 +98,16 @@ type health struct {
 	lastAnswer atomic.Int64          // unix nanoseconds of the latest answer; 0: none yet
 	lastOutage atomic.Int64          // unix nanoseconds of the latest outage; 0: none
 	lastErr    atomic.Pointer[error] // the latest failure (an outage, or a failed connection), for the log
+	refusedAt  atomic.Int64          // unix nanoseconds of the latest refused authentication; 0: none since Redis accepted it
 	answered   chan struct{}         // closed at the first answer
 	once       sync.Once
+	logger     *slog.Logger
+	addrs      []string // for the log
 }
 
-func newHealth() *health { return &health{answered: make(chan struct{})} }
+func newHealth(logger *slog.Logger, addrs []string) *health {
+	return &health{answered: make(chan struct{}), logger: logger, addrs: addrs}
+}
 
 func (h *health) record(err error) {
 	switch outcomeOf(err) {
@@ -111,6 +119,7 @@ func (h *health) record(err error) {
 		if last := h.lastAnswer.Load(); now-last >= int64(answerStep) || h.lastOutage.Load() >= last {
 			h.lastAnswer.Store(now)
 		}
+		h.noteAnswer(now)
 		h.once.Do(func() { close(h.answered) })
 	case outage:
 		h.fail(err)
@@ -119,7 +128,10 @@ func (h *health) record(err error) {
 }
 
 // fail keeps err as the latest failure, without counting a call.
-func (h *health) fail(err error) { h.lastErr.Store(&err) }
+func (h *health) fail(err error) {
+	h.lastErr.Store(&err)
+	h.noteCredentials(err)
+}
 
 func (h *health) up(now time.Time) bool {
 	answer, outage := h.lastAnswer.Load(), h.lastOutage.Load()

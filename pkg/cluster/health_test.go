@@ -206,6 +206,8 @@ func TestOutcomeOfACall(t *testing.T) {
 		{"a script missing", redisErr("NOSCRIPT No matching script"), answered},
 		{"a cluster down", redisErr("CLUSTERDOWN The cluster is down"), outage},
 		{"a server loading", redisErr("LOADING Redis is loading the dataset in memory"), outage},
+		{"a password refused", redisErr("WRONGPASS invalid username-password pair or user is disabled."), outage},
+		{"a connection not authenticated", redisErr("NOAUTH Authentication required."), outage},
 		{"a timeout", context.DeadlineExceeded, outage},
 		{"a slot with no node", rueidis.ErrNoSlot, outage},
 		{"a connection refused", &net.OpError{Op: "dial", Err: errors.New("connection refused")}, outage},

@@ -257,8 +257,9 @@ func seq(n int) []int {
 
 // classify sorts err, from the Redis call of op, into an outage or a final
 // error. An outage (Redis not connected, not answering within the deadline,
-// or in a passing state: see transientReply) wraps ErrUnavailable, and the
-// operation answers it by its failure mode (see degrade). Final are the
+// in a passing state, or refusing the credentials: see
+// cluster.OutageReply) wraps ErrUnavailable, and the operation answers it
+// by its failure mode (see degrade). Final are the
 // caller's own context ending, returned as its error, and an error reply
 // no retry will fix (a missing ACL permission, a key of the wrong type),
 // returned as ErrRedisRefused: failing open on those would stop limiting
@@ -270,7 +271,7 @@ func classify(ctx context.Context, op string, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	if rerr, ok := rueidis.IsRedisErr(err); ok && !cluster.TransientReply(rerr) {
+	if rerr, ok := rueidis.IsRedisErr(err); ok && !cluster.OutageReply(rerr) {
 		return fmt.Errorf("%w: %s: %w", ErrRedisRefused, op, err)
 	}
 	return fmt.Errorf("%w: %s: %w", ErrUnavailable, op, err)

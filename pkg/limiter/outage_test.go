@@ -108,6 +108,27 @@ func TestRedisStoppedWhileRunning(t *testing.T) {
 	awaitRecovery(t, e, 10*time.Second)
 }
 
+// TestRedisRefusingThePassword: Redis's password is rotated while the
+// limiter runs with the old one (or none the file gives it). Once its
+// connections drop, every reconnect is refused: Redis is unusable, so each
+// plan's failure mode answers, as for any outage, and Up turns false.
+func TestRedisRefusingThePassword(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	srv.SetPassword(t, "", "old-password")
+	e := newEnv(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{srv.Addr()}, Password: "old-password"}})
+	e.acquire(t, newUser(t), "closed", "")
+	srv.SetPassword(t, "old-password", "new-password")
+	assertOutageAnswers(t, e)
+	time.Sleep(cluster.DownAfter + 100*time.Millisecond)
+	assertOutageAnswers(t, e) // the calls themselves record the outage
+	if e.redis.Up() {
+		t.Errorf("Up() = true while Redis refused every connection's password, want false")
+	}
+	srv.SetPassword(t, "new-password", "old-password")
+	awaitRecovery(t, e, 10*time.Second)
+}
+
 func TestRedisBlackHoledFromTheStart(t *testing.T) {
 	t.Parallel()
 	e := newUnconnected(t, testenv.BlackHole(t))
