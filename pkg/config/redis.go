@@ -10,10 +10,11 @@ import (
 	"github.com/joishi/limiter/pkg/cluster"
 )
 
-// ClusterOptions returns the options of the Redis client: it reads the
-// password file and builds the TLS configuration. Logger is left for the
-// caller to set. Every error wraps ErrInvalid and never quotes the
-// password.
+// ClusterOptions returns the options of the Redis client: it checks that
+// the password file holds a password, which the client reads again at each
+// new connection (so a rotated Secret is used without a restart), and
+// builds the TLS configuration. Logger is left for the caller to set. Every
+// error wraps ErrInvalid and never quotes the password.
 func (c Config) ClusterOptions() (cluster.Options, error) {
 	r := c.Redis
 	opts := cluster.Options{
@@ -23,12 +24,14 @@ func (c Config) ClusterOptions() (cluster.Options, error) {
 		Timeout:               r.Timeout,
 		ShardsRefreshInterval: r.ShardsRefreshInterval,
 	}
-	if r.PasswordFile != "" {
-		password, err := readPassword(r.PasswordFile)
-		if err != nil {
+	if path := r.PasswordFile; path != "" {
+		if _, err := readPassword(path); err != nil {
 			return cluster.Options{}, err
 		}
-		opts.Password = password
+		// Read at each connection, not cached: connections are few and
+		// long-lived, and a cache keyed by the file's stat would cost a
+		// system call of its own.
+		opts.ReadPassword = func() (string, error) { return readPassword(path) }
 	}
 	if r.TLS.Enabled {
 		tlsConfig, err := r.TLS.config()

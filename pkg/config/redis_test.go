@@ -1,8 +1,10 @@
 package config
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -36,8 +38,12 @@ func TestClusterOptionsReadsThePasswordFile(t *testing.T) {
 			if !ok {
 				return
 			}
-			if opts.Password != tc.want || opts.Username != "limiter" {
-				t.Fatalf("Password, Username = %q, %q; want %q, %q", opts.Password, opts.Username, tc.want, "limiter")
+			if opts.ReadPassword == nil || opts.Password != "" {
+				t.Fatalf("ReadPassword set = %v, Password = %q; want the file read at each connection, no fixed password", opts.ReadPassword != nil, opts.Password)
+			}
+			password, err := opts.ReadPassword()
+			if err != nil || password != tc.want || opts.Username != "limiter" {
+				t.Fatalf("ReadPassword() = %q, %v, Username = %q; want %q, nil, %q", password, err, opts.Username, tc.want, "limiter")
 			}
 		})
 	}
@@ -57,8 +63,8 @@ func TestClusterOptionsCopiesRedisKeys(t *testing.T) {
 	want(t, "SentinelMasterSet", opts.SentinelMasterSet, "mymaster")
 	want(t, "Timeout", opts.Timeout, 100*time.Millisecond)
 	want(t, "ShardsRefreshInterval", opts.ShardsRefreshInterval, time.Second)
-	if opts.TLS != nil || opts.Password != "" {
-		t.Errorf("TLS, Password = %v, %q; want none", opts.TLS, opts.Password)
+	if opts.TLS != nil || opts.Password != "" || opts.ReadPassword != nil {
+		t.Errorf("TLS, Password, ReadPassword set = %v, %q, %v; want none", opts.TLS, opts.Password, opts.ReadPassword != nil)
 	}
 }
 
@@ -129,4 +135,52 @@ func clusterOptions(t *testing.T, c Config, wantErr string) (cluster.Options, bo
 		t.Fatalf("ClusterOptions() = %v", err)
 	}
 	return opts, true
+}
+
+// TestClusterOptionsFollowARotatedPasswordFile: the password Secret the
+// chart mounts is rotated and Redis requires the new password; once the
+// client's connections drop, it must reconnect with the file's new
+// content, without a restart.
+func TestClusterOptionsFollowARotatedPasswordFile(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	srv.SetPassword(t, "", "old-password")
+	c := Default()
+	c.Redis.Addrs = []string{srv.Addr()}
+	c.Redis.PasswordFile = writeFile(t, "password", "old-password\n")
+	opts, _ := clusterOptions(t, c, "")
+	opts.Logger = slog.New(slog.DiscardHandler)
+	client, err := cluster.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := client.WaitConnected(ctx); err != nil {
+		t.Fatal(err)
+	}
+	redis, _ := client.Redis()
+	ping := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		return redis.Do(ctx, redis.B().Ping().Build()).Error()
+	}
+	if err := ping(); err != nil {
+		t.Fatalf("PING with the first password = %v", err)
+	}
+
+	// As the kubelet does: the new content under a new name, renamed over
+	// the old.
+	next := writeFile(t, "password.new", "new-password\n")
+	if err := os.Rename(next, c.Redis.PasswordFile); err != nil {
+		t.Fatal(err)
+	}
+	srv.SetPassword(t, "old-password", "new-password")
+	deadline := time.Now().Add(5 * time.Second)
+	for err := ping(); err != nil; err = ping() {
+		if time.Now().After(deadline) {
+			t.Fatalf("PING after the rotation = %v for 5s; want the new password read from %s", err, c.Redis.PasswordFile)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
