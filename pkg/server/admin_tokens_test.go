@@ -247,7 +247,9 @@ func TestTokenFileReload(t *testing.T) {
 
 // Other users able to read the tokens file is worth a word of advice, once,
 // judged on the file a symlink resolves to (a Kubernetes Secret volume's
-// links are 0777); it never stops the tokens from loading.
+// links are 0777); it never stops the tokens from loading. Group bits draw
+// none: the chart mounts its Secrets 0440 for the pod's fsGroup, which the
+// kubelet would restore over any advice to drop them.
 func TestTokenFileModeAdvice(t *testing.T) {
 	const advice = "readable by other users"
 	for _, tc := range []struct {
@@ -258,7 +260,10 @@ func TestTokenFileModeAdvice(t *testing.T) {
 	}{
 		{name: "a 0600 file gets no advice", mode: 0o600},
 		{name: "a 0644 file gets advice once", mode: 0o644, want: 1},
-		{name: "a 0640 file gets advice once", mode: 0o640, want: 1},
+		{name: "a 0640 file gets no advice", mode: 0o640},
+		{name: "a 0440 file (the chart's Secret mounts) gets no advice", mode: 0o440},
+		{name: "a 0604 file gets advice once", mode: 0o604, want: 1},
+		{name: "a 0440 file behind a symlink gets no advice", mode: 0o440, symlink: true},
 		{name: "a 0600 file behind a symlink gets no advice", mode: 0o600, symlink: true},
 		{name: "a 0644 file behind a symlink gets advice once", mode: 0o644, symlink: true, want: 1},
 	} {

@@ -43,7 +43,7 @@ type tokensFile[S any] struct {
 	stamp       fileStamp // of the version in force (or last reported bad)
 	pending     fileStamp // of a change seen once, read when seen again unchanged
 	lastErr     string
-	warnedLoose bool // the file is readable by others and that was logged
+	warnedLoose bool // the file is readable by others (not just its group) and that was logged
 }
 
 // fileStamp tells whether a file changed since it was read: its time and
@@ -195,12 +195,15 @@ func (f *tokensFile[S]) failed(err error) {
 // checkMode advises, once until it is fixed, when other users may read
 // the file. fi is the resolved file: a Kubernetes Secret volume's symlinks
 // are always 0777, its files 0644 unless the volume's defaultMode says
-// otherwise. Advice only: whether others can reach the file is the
-// deployment's call.
+// otherwise. Only the bits for others count: the file's group is the
+// pod's fsGroup, which must read it when the file is root's (the chart
+// mounts its Secrets 0440, and the kubelet adds group read under fsGroup
+// to any mode it is given). Advice only: whether others can reach the file
+// is the deployment's call.
 func (f *tokensFile[S]) checkMode(fi os.FileInfo) {
-	loose := fi.Mode().Perm()&0o077 != 0
+	loose := fi.Mode().Perm()&0o007 != 0
 	if loose && !f.warnedLoose {
-		f.log.Warn(f.what+" file is readable by other users; consider chmod 600, or defaultMode: 0400 on its Secret volume",
+		f.log.Warn(f.what+" file is readable by other users; consider chmod 640 (or 600), or defaultMode: 0440 on its Secret volume",
 			"file", f.path, "mode", fmt.Sprintf("%04o", fi.Mode().Perm()))
 	}
 	f.warnedLoose = loose
