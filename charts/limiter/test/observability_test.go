@@ -170,3 +170,43 @@ func TestRedisDownAlert(t *testing.T) {
 		t.Errorf("LimiterRedisDown: for %q, severity %q; want a for duration and critical", r.For, r.Labels["severity"])
 	}
 }
+
+// LimiterRedisSlow fires when Redis's p99 passes the per-call deadline, so
+// the chart's copy takes its threshold from the release's redis.timeout
+// rather than the 250ms default config/observability states.
+func TestRedisSlowAlertFollowsRedisTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		name, timeout         string
+		wantExpr, wantSummary string
+	}{
+		{name: "the default 250ms keeps 0.25", timeout: "250ms", wantExpr: "> 0.25", wantSummary: "250ms"},
+		{name: "1s alerts over 1 second", timeout: "1s", wantExpr: "> 1\n", wantSummary: "1s"},
+		{name: "100ms alerts over 0.1 seconds", timeout: "100ms", wantExpr: "> 0.1\n", wantSummary: "100ms"},
+		{name: "1.5s alerts over 1.5 seconds", timeout: "1.5s", wantExpr: "> 1.5\n", wantSummary: "1.5s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rule := find(t, render(t, []string{redisValues}, "--set", "prometheusRule.enabled=true", "--set", "redis.timeout="+tc.timeout), "PrometheusRule", "")
+			groups, _, _ := unstructured.NestedSlice(rule.Object, "spec", "groups")
+			var slow map[string]any
+			for _, g := range groups {
+				rules, _, _ := unstructured.NestedSlice(g.(map[string]any), "rules")
+				for _, r := range rules {
+					if r.(map[string]any)["alert"] == "LimiterRedisSlow" {
+						slow = r.(map[string]any)
+					}
+				}
+			}
+			if slow == nil {
+				t.Fatal("no LimiterRedisSlow in the PrometheusRule")
+			}
+			expr, _ := slow["expr"].(string)
+			if !strings.Contains(expr, tc.wantExpr) {
+				t.Errorf("expr: got %q, want it to hold %q", expr, tc.wantExpr)
+			}
+			summary, _, _ := unstructured.NestedString(slow, "annotations", "summary")
+			if !strings.Contains(summary, "over the "+tc.wantSummary+" per-call deadline") {
+				t.Errorf("summary: got %q, want it to name the %s deadline", summary, tc.wantSummary)
+			}
+		})
+	}
+}
