@@ -30,8 +30,8 @@ type LoadOptions struct {
 	// Default ServiceAccountNamespaceFile.
 	NamespaceFile string
 	// Command is the command the configuration is for: CommandServe
-	// (default) or CommandProxy, which also requires proxy.upstream (see
-	// ValidateProxy).
+	// (default; see ValidateServe) or CommandProxy, which also requires
+	// proxy.upstream (see ValidateProxy).
 	Command string
 }
 
@@ -126,6 +126,8 @@ func Load(opts LoadOptions) (Config, error) {
 	}
 	if opts.Command == CommandProxy {
 		err = errors.Join(err, cfg.ValidateProxy())
+	} else {
+		err = errors.Join(err, cfg.ValidateServe())
 	}
 	return cfg, err
 }

@@ -94,6 +94,10 @@ func TestProxyCommandRequiresAnUpstream(t *testing.T) {
 	if _, err := parse("--upstream", "http://vllm:8000", "--ops-addr", ":8000"); err == nil || !strings.Contains(err.Error(), "proxy.listen") {
 		t.Errorf("ops.addr on proxy.listen's port: %v, want an error", err)
 	}
+	// The proxy never listens on http.addr: its port is free for ops.addr.
+	if _, err := parse("--upstream", "http://vllm:8000", "--ops-addr", ":8080"); err != nil {
+		t.Errorf("ops.addr on http.addr's port (:8080), which the proxy does not open: %v, want it accepted", err)
+	}
 }
 
 // A proxy and a replica run side by side on one host with their defaults:

@@ -34,6 +34,17 @@ const (
 
 var namespacePattern = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
+// ValidateServe reports the values `limiter serve` alone refuses: an
+// ops.addr on http.addr, the API listener only serve opens (the proxy
+// checks ops.addr against proxy.listen instead).
+func (c Config) ValidateServe() error {
+	v := validator{}
+	if sameListener(c.HTTP.Addr, c.Ops.Addr) {
+		v.add("ops.addr", "must not be the address of http.addr ("+c.HTTP.Addr+")", strconv.Quote(c.Ops.Addr))
+	}
+	return errors.Join(v.errs...)
+}
+
 // normalize lower-cases the enums, so LIMITER_LOG_LEVEL=INFO works.
 func (c *Config) normalize() {
 	c.Tiers.Source = strings.ToLower(strings.TrimSpace(c.Tiers.Source))
@@ -43,15 +54,13 @@ func (c *Config) normalize() {
 
 // Validate reports every invalid value, each as a *KeyError naming the
 // key, its environment variable (and flag), what is allowed and what it
-// got. It checks that the files named exist and are readable.
+// got. It checks that the files named exist and are readable. What only
+// one command opens or reads is checked by ValidateServe and ValidateProxy.
 func (c Config) Validate() error {
 	v := validator{}
 
 	v.listenAddr("http.addr", c.HTTP.Addr)
 	v.listenAddr("ops.addr", c.Ops.Addr)
-	if sameListener(c.HTTP.Addr, c.Ops.Addr) {
-		v.add("ops.addr", "must not be the address of http.addr ("+c.HTTP.Addr+")", strconv.Quote(c.Ops.Addr))
-	}
 	if c.HTTP.ShutdownGrace < 0 {
 		v.add("http.shutdownGrace", "must be >= 0s", c.HTTP.ShutdownGrace.String())
 	}
