@@ -1,6 +1,7 @@
 package identity_test
 
 import (
+	"bytes"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/ed25519"
@@ -10,6 +11,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"math/big"
 	"net/http"
 	"net/http/httptest"
@@ -241,6 +243,62 @@ func TestJWKSFileRotation(t *testing.T) {
 	time.Sleep(1100 * time.Millisecond)
 	if _, err := r.Resolve(bearer(nextToken)); err != nil {
 		t.Fatalf("a token of the key in force while the file does not parse: %v", err)
+	}
+}
+
+// A broken or missing JWKS file keeps the keys in force and is logged once
+// per bad version, not at every check (about once a second under traffic).
+func TestABadJWKSFileIsLoggedOncePerVersion(t *testing.T) {
+	key := newSigner(t, "2025", "EdDSA")
+	file := filepath.Join(t.TempDir(), "jwks.json")
+	writeFile(t, file, jwks(key))
+	var log bytes.Buffer
+	r, err := identity.New(identity.Options{
+		JWT:         &identity.JWT{JWKSFile: file, Issuer: issuer, Audience: audience},
+		DefaultPlan: "free",
+		Logger:      slog.New(slog.NewTextHandler(&log, nil)),
+	})
+	if err != nil {
+		t.Fatalf("identity.New: %v", err)
+	}
+	token := key.sign(t, claims("alice", nil))
+	// check resolves the token after the file's next check is due, n times.
+	check := func(n int, what string) {
+		t.Helper()
+		for range n {
+			time.Sleep(1100 * time.Millisecond)
+			if _, err := r.Resolve(bearer(token)); err != nil {
+				t.Fatalf("%s: the key in force refused its token: %v", what, err)
+			}
+		}
+	}
+	for _, step := range []struct {
+		name   string
+		change func()
+		checks int
+		want   int // WARN lines about the file so far
+	}{
+		{"a file that does not parse, checked twice", func() { writeFile(t, file, []byte(`{"keys": [`)) }, 2, 1},
+		{"another broken version", func() { writeFile(t, file, []byte(`{"keys": [{`)) }, 1, 2},
+		{"the file removed, checked twice", func() {
+			if err := os.Remove(file); err != nil {
+				t.Fatal(err)
+			}
+		}, 2, 3},
+	} {
+		step.change()
+		check(step.checks, step.name)
+		if got := strings.Count(log.String(), "JWKS file unreadable"); got != step.want {
+			t.Fatalf("after %s: got %d WARN lines, want %d; log:\n%s", step.name, got, step.want, log.String())
+		}
+	}
+	// The file back is read again, and a later break is reported anew.
+	writeFile(t, file, jwks(key))
+	check(1, "the file back")
+	writeFile(t, file, []byte(`{"keys": [`))
+	check(1, "broken again")
+	if got := strings.Count(log.String(), "JWKS file unreadable"); got != 4 {
+		t.Errorf("after the file came back and broke again: got %d WARN lines, want 4; log:\n%s", got, log.String())
 	}
 }
 

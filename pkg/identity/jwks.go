@@ -158,13 +158,16 @@ func b64Int(s string) *big.Int {
 }
 
 // fileSource is a JWKS file, re-read when its size, mode or time changes.
+// A version that cannot be used is reported once, not at every check.
 type fileSource struct {
 	path string
 	log  *slog.Logger
 
 	mu      sync.Mutex
 	set     *keySet
-	stat    os.FileInfo
+	stat    os.FileInfo // of the version in force
+	bad     os.FileInfo // of the version last reported broken; nil when none
+	gone    bool        // the file's absence was reported
 	checked time.Time
 }
 
@@ -175,11 +178,15 @@ func (f *fileSource) keys(refresh bool) (*keySet, error) {
 		return f.set, nil
 	}
 	f.checked = time.Now()
-	info, err := os.Stat(f.path)
-	if err == nil && f.stat != nil && sameFile(info, f.stat) {
+	info, statErr := os.Stat(f.path)
+	if statErr == nil && f.stat != nil && sameFile(info, f.stat) {
 		return f.set, nil
 	}
+	if f.set != nil && ((statErr != nil && f.gone) || (statErr == nil && f.bad != nil && sameFile(info, f.bad))) {
+		return f.set, nil // reported already
+	}
 	var set *keySet
+	err := statErr
 	if err == nil {
 		var data []byte
 		if data, err = os.ReadFile(f.path); err == nil {
@@ -192,10 +199,13 @@ func (f *fileSource) keys(refresh bool) (*keySet, error) {
 			return nil, err
 		}
 		// A file caught half-written, or removed mid-rotation: keep the
-		// keys in force and look again at the next check.
+		// keys in force and look again at the next check, quietly until
+		// the file changes.
+		f.bad, f.gone = info, statErr != nil
 		f.log.Warn("JWKS file unreadable; keeping the keys in force", "err", err)
 		return f.set, nil
 	}
+	f.bad, f.gone = nil, false
 	if f.set != nil {
 		f.log.Info("JWKS file changed; keys reloaded", "path", f.path, "keys", len(set.keys))
 	}
