@@ -114,7 +114,8 @@ func runProxy(ctx context.Context, cfg config.Config, deps serveDeps) error {
 			}
 		}
 		err = p.Run(ctx, proxy.Listeners{Proxy: cfg.Proxy.Listen, Ops: cfg.Ops.Addr, TLS: tlsConfig,
-			ReadHeaderTimeout: cfg.HTTP.ReadHeaderTimeout, IdleTimeout: cfg.HTTP.IdleTimeout}, cfg.HTTP.ShutdownGrace)
+			ReadHeaderTimeout: cfg.HTTP.ReadHeaderTimeout, IdleTimeout: cfg.HTTP.IdleTimeout,
+			OpsReadTimeout: cfg.HTTP.ReadTimeout, OpsWriteTimeout: cfg.HTTP.WriteTimeout}, cfg.HTTP.ShutdownGrace)
 		return upstreamHint(listenError(err, "proxy.listen", "ops.addr"), cfg)
 	})
 }

@@ -20,12 +20,21 @@ type Listeners struct {
 	Proxy string
 	// Ops serves /healthz, /readyz and /metrics. Default ":9090".
 	Ops string
-	// ReadHeaderTimeout bounds reading a request's headers. Default 5s.
-	// Nothing else bounds a request: streams last as long as they last.
+	// ReadHeaderTimeout bounds reading a request's headers, on both
+	// listeners. Default 5s. Nothing else bounds a request on the proxy's
+	// listener: streams last as long as they last.
 	ReadHeaderTimeout time.Duration
 	// IdleTimeout bounds a kept-alive connection's wait for its next
 	// request. Default 2m.
 	IdleTimeout time.Duration
+	// OpsReadTimeout bounds reading a whole request, headers and body, on
+	// the ops listener (http.readTimeout). Default 10s. The proxy's
+	// listener has no such bound: a request body may stream.
+	OpsReadTimeout time.Duration
+	// OpsWriteTimeout bounds an ops request from the end of its headers to
+	// the end of its answer (http.writeTimeout). Default 10s. The proxy's
+	// listener has no such bound: a stream lasts as long as it lasts.
+	OpsWriteTimeout time.Duration
 	// TLS, when set, serves the proxy's listener over TLS (http.tls, see
 	// server.TLSFiles.Config). The ops listener stays plain HTTP, as
 	// serve's: probes and scrapers reach it inside the pod's network.
@@ -53,6 +62,12 @@ func (p *Proxy) Run(ctx context.Context, l Listeners, grace time.Duration) error
 	if l.IdleTimeout == 0 {
 		l.IdleTimeout = 2 * time.Minute
 	}
+	if l.OpsReadTimeout == 0 {
+		l.OpsReadTimeout = 10 * time.Second
+	}
+	if l.OpsWriteTimeout == 0 {
+		l.OpsWriteTimeout = 10 * time.Second
+	}
 	proxyLn, err := net.Listen("tcp", l.Proxy)
 	if err != nil {
 		return fmt.Errorf("proxy.listen %s: %w", l.Proxy, err)
@@ -72,8 +87,8 @@ func (p *Proxy) Run(ctx context.Context, l Listeners, grace time.Duration) error
 		MaxHeaderBytes: 2 * p.opts.MaxHeaderBytes,
 		TLSConfig:      l.TLS,
 	}
-	ops := &http.Server{Handler: p.OpsHandler(), ReadHeaderTimeout: l.ReadHeaderTimeout, ReadTimeout: 10 * time.Second,
-		WriteTimeout: 10 * time.Second, IdleTimeout: l.IdleTimeout}
+	ops := &http.Server{Handler: p.OpsHandler(), ReadHeaderTimeout: l.ReadHeaderTimeout, ReadTimeout: l.OpsReadTimeout,
+		WriteTimeout: l.OpsWriteTimeout, IdleTimeout: l.IdleTimeout}
 
 	errc := make(chan error, 2)
 	go func() { errc <- httpserve.Serve(srv, proxyLn) }()
