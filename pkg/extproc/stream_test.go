@@ -281,7 +281,7 @@ func TestLostSlotCutsAtTheTrailers(t *testing.T) {
 				t.Errorf("cut with code %q, want slot_lost", body.Error.Code)
 			}
 			st.Close()
-			for end, want := range map[string]string{"lost": "1", "complete": ""} {
+			for end, want := range map[string]string{"lost": "1", "complete": "0"} {
 				series := `limiter_streams_held_total{end="` + end + `",mode="extproc"}`
 				if got := e.Metric(t, series); got != want {
 					t.Errorf("%s = %q, want %q", series, got, want)
@@ -420,7 +420,7 @@ func awaitEnded(t *testing.T, e *env, end string) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	for _, other := range []string{"complete", "client_gone", "lost", "shutdown"} {
-		want := ""
+		want := "0"
 		if other == end {
 			want = "1"
 		}

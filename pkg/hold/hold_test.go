@@ -119,6 +119,26 @@ func TestReleaseOnEveryEnd(t *testing.T) {
 }
 
 // Releases race from every end path at once: exactly one of them releases.
+// Every stream counter's series is on /metrics at 0 from the start, for
+// each end and reason: a series that first appears at the value of its
+// first increase (the first stalled stream, say) is one rate() and
+// increase() cannot see.
+func TestStreamCountersStartAtZero(t *testing.T) {
+	e := newEnv(t, hold.Options{}, limitertest.Options{})
+	series := []string{`limiter_streams_active{mode="test"}`, `limiter_streams_lost_total{mode="test"}`}
+	for _, end := range []string{"complete", "client_gone", "upstream_error", "panic", "shutdown", "lost", "idle", "stalled"} {
+		series = append(series, `limiter_streams_held_total{end="`+end+`",mode="test"}`)
+	}
+	for _, reason := range []string{"limit", "unavailable", "unknown_plan", "unknown_pool", "identity", "plan_not_allowed", "invalid", "lost", "error"} {
+		series = append(series, `limiter_streams_refused_total{mode="test",reason="`+reason+`"}`)
+	}
+	for _, s := range series {
+		if got := e.Metric(t, s); got != "0" {
+			t.Errorf("%s before any stream: got %q, want 0", s, got)
+		}
+	}
+}
+
 func TestConcurrentReleasesReleaseOnce(t *testing.T) {
 	e := newEnv(t, hold.Options{}, limitertest.Options{})
 	user := newUser()

@@ -116,7 +116,25 @@ func newMetrics(mp metric.MeterProvider, mode string) (*metrics, error) {
 	for _, r := range allReasons {
 		o.reasons[r] = metric.WithAttributeSet(attribute.NewSet(modeAttr, attribute.String("reason", string(r))))
 	}
+	o.zero()
 	return &o, nil
+}
+
+// zero starts every series of the counters at 0, each end and reason
+// included: a series that first appears at the value of its first
+// increase (the first stalled stream after a deploy) is one that rate()
+// and increase() cannot count. The duration histogram has no zero to
+// record; it appears with its first stream of each end.
+func (m *metrics) zero() {
+	ctx := context.Background()
+	m.active.Add(ctx, 0, m.mode)
+	m.lostN.Add(ctx, 0, m.mode)
+	for _, labels := range m.ends {
+		m.held.Add(ctx, 0, labels)
+	}
+	for _, labels := range m.reasons {
+		m.refused.Add(ctx, 0, labels)
+	}
 }
 
 func (m *metrics) started(ctx context.Context) { m.active.Add(ctx, 1, m.mode) }
