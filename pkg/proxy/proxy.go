@@ -220,6 +220,8 @@ func New(h *hold.Holder, ident *identity.Resolver, opts Options) (*Proxy, error)
 	p.phases = map[string]metric.MeasurementOption{}
 	for _, phase := range []string{phaseResponse, phaseBody} {
 		p.phases[phase] = metric.WithAttributeSet(attribute.NewSet(attribute.String("phase", phase)))
+		// At 0 from the start: rate() cannot see a series' first value.
+		p.upErrors.Add(context.Background(), 0, p.phases[phase])
 	}
 	p.rp = p.reverseProxy()
 	return p, nil

@@ -314,6 +314,18 @@ func TestUpstreamFailureFreesTheSlot(t *testing.T) {
 	})
 }
 
+// The upstream error counter is on /metrics at 0 for each phase from the
+// start, so that rate() sees the first failure.
+func TestUpstreamErrorCountersStartAtZero(t *testing.T) {
+	e := newEnv(t, http.NotFoundHandler(), envOptions{})
+	for _, phase := range []string{"response", "body"} {
+		series := `limiter_proxy_upstream_errors_total{phase="` + phase + `"}`
+		if got := e.Metric(t, series); got != "0" {
+			t.Errorf("%s before any request: got %q, want 0", series, got)
+		}
+	}
+}
+
 // panicking is a transport that panics, as a bug in the request path
 // would.
 type panicking struct{}
