@@ -241,8 +241,9 @@ func (l *Lease) markLost(err error, vacant bool) {
 
 // acquired records an acquire's answer about the slot. extension says it
 // answers an acquire of a stream the lease held already, which the limiter
-// extends whatever the limits: its answer says no would_refuse, and the
-// one of the acquire that took the stream stands.
+// extends whatever the limits: its answer says the would_refuse of the
+// acquire that took the stream, and one that says none (a release before
+// this one) leaves the lease's as it is.
 func (l *Lease) acquired(out httpapi.AcquireResponse, extension bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()

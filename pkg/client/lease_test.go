@@ -223,3 +223,50 @@ func TestLeaseOfARetriedAcquire(t *testing.T) {
 		t.Errorf("the lease says %s; want %s", got, want)
 	}
 }
+
+// TestLeaseOfARetriedShadowAcquire: an acquire that a scope in shadow
+// mode let in over its limit, whose answer was lost, is retried under its
+// stream id and answered as an extension; the Lease still says what the
+// first answer said: the verdict on the acquire that took the stream.
+func TestLeaseOfARetriedShadowAcquire(t *testing.T) {
+	r := newShadowReal(t)
+	ctx := context.Background()
+	c := newClient(t, r.url)
+	suffix := time.Now().Format("150405.000000")
+	big := client.WithPools(map[string]string{"model": "big"})
+	for _, tc := range []struct {
+		name       string
+		user, plan string
+		opts       []client.AcquireOption
+		want       leaseSaid
+	}{
+		{"over a shadow plan's limit", "ivy", "watch", nil,
+			leaseSaid{used: 2, limit: 1, wouldRefuse: httpapi.CodeStreamLimitReached}},
+		{"over a shadow pool key's cap", "jo", "paid", []client.AcquireOption{big},
+			leaseSaid{used: 2, limit: 3, pools: []httpapi.PoolGrant{{Pool: "model", Key: "big", Used: 2, Limit: 1}},
+				wouldRefuse: httpapi.CodePoolLimitReached, wouldRefuseBy: &httpapi.PoolGrant{Pool: "model", Key: "big", Used: 2, Limit: 1}}},
+	} {
+		user := tc.user + suffix
+		// The stream before it: the user's first, big's first member.
+		first, err := c.Acquire(ctx, user, tc.plan, tc.opts...)
+		if err != nil {
+			t.Fatalf("%s: the first stream: %v", tc.name, err)
+		}
+		r.lose.Store(1)
+		l, err := c.Acquire(ctx, user, tc.plan, tc.opts...)
+		if err != nil {
+			t.Fatalf("%s: an acquire whose first answer was lost: %v; want granted on the retry", tc.name, err)
+		}
+		if left := r.lose.Load(); left >= 0 {
+			t.Fatalf("%s: no answer was lost (%d left to lose)", tc.name, left)
+		}
+		if got := saidBy(l); !got.equal(tc.want) {
+			t.Errorf("%s: the retried lease says %s; want %s", tc.name, got, tc.want)
+		}
+		for _, held := range []*client.Lease{first, l} {
+			if err := held.Release(ctx); err != nil {
+				t.Fatalf("%s: release: %v", tc.name, err)
+			}
+		}
+	}
+}

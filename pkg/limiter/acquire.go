@@ -118,11 +118,18 @@ type AcquireResult struct {
 	// RefusedBy, on a denial, is the pool key that refused the stream;
 	// nil when the user's own limit did (Used, Limit, RetryAfter).
 	RefusedBy *PoolRefusal
+	// Extended, on a grant: the stream held its slot before this acquire
+	// (another request of it took it: a retry, or a re-acquire), and the
+	// acquire extended it, which no limit refuses.
+	Extended bool
 	// WouldRefuse, on a grant, is the refusal that a scope in shadow mode
 	// (enforce: false) would have answered and did not (DESIGN §18):
 	// CodeStreamLimitReached for the plan's limit (Used counts the slot,
 	// above Limit), CodePoolLimitReached for a pool key's cap
-	// (WouldRefuseBy names it). "" when none would have.
+	// (WouldRefuseBy names it). "" when none would have. Of an extension
+	// (Extended), the verdict on the acquire that took the stream, as the
+	// slot's and memberships' records keep it: a retry whose first answer
+	// was lost is told what that answer said.
 	WouldRefuse string
 	// WouldRefuseBy is the pool key of a WouldRefuse
 	// CodePoolLimitReached: its live memberships and cap.
@@ -325,6 +332,7 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	res.Pruned = got.Pruned
 	if got.Granted {
 		res.ExpiresAt = msTime(got.ExpiresAtMs)
+		res.Extended = got.Extended
 		if got.WouldRefuse {
 			res.WouldRefuse = CodeStreamLimitReached
 		}

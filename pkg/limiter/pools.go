@@ -67,7 +67,9 @@ type PoolGrant struct {
 	Degraded bool
 	// WouldRefuse: the key held its cap and the pool is in shadow mode
 	// (enforce: false): the membership was granted all the same, and Used
-	// counts it, above Limit.
+	// counts it, above Limit. Of a membership the stream held before the
+	// acquire (an extension), the verdict on the acquire that took it, as
+	// its record keeps it.
 	WouldRefuse bool
 }
 
@@ -278,7 +280,7 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 				switch {
 				case w.grant != nil && w.err == nil:
 					g := *w.grant
-					l.observer.Joined(ctx, m.pool.Pool, out.outcome(g), g.Used, g.Limit)
+					l.observer.Joined(ctx, m.pool.Pool, out.outcome(g, false), g.Used, g.Limit)
 					out.grants = append(out.grants, g)
 					continue
 				case w.err != nil:
@@ -296,20 +298,26 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 		}
 		holding = append(holding, m.slots)
 		g := PoolGrant{Pool: m.pool.Pool, Key: m.key, Used: got.Used, Limit: limit, Overridden: got.Override >= 0, WouldRefuse: got.WouldRefuse}
-		l.observer.Joined(ctx, m.pool.Pool, out.outcome(g), got.Used, limit)
+		l.observer.Joined(ctx, m.pool.Pool, out.outcome(g, got.Extended), got.Used, limit)
 		out.grants = append(out.grants, g)
 	}
 	return out, nil
 }
 
 // outcome is how g joined its key: granted, or let in over its cap by
-// shadow mode, which the first such key then says of the acquire.
-func (j *joined) outcome(g PoolGrant) JoinOutcome {
+// shadow mode, which the first such key then says of the acquire. A
+// membership extended (held before the call) is granted, whatever its
+// cap: the verdict its record keeps (g.WouldRefuse) is said again, and
+// was counted when the stream joined.
+func (j *joined) outcome(g PoolGrant, extended bool) JoinOutcome {
 	if !g.WouldRefuse {
 		return JoinGranted
 	}
 	if j.shadow == nil {
 		j.shadow = &PoolRefusal{Pool: g.Pool, Key: g.Key, Used: g.Used, Limit: g.Limit}
+	}
+	if extended {
+		return JoinGranted
 	}
 	return JoinShadowRefused
 }

@@ -171,7 +171,7 @@ func (l *Limiter) awaitSlot(ctx context.Context, key string, req AcquireRequest,
 	}
 	switch r.outcome {
 	case WaitGranted:
-		res.Granted, res.RetryAfter, res.Used = true, 0, r.used
+		res.Granted, res.RetryAfter, res.Used, res.Extended = true, 0, r.used, r.extended
 		if shadow && r.used > res.Limit && !r.extended { // an extension is never refused
 			res.WouldRefuse = CodeStreamLimitReached // let in by shadow mode, over the limit
 		}

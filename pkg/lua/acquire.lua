@@ -38,7 +38,11 @@
 --                  the slots now free; the caller wakes them (see wait)
 --   shadow         1 when the limit would have refused the new slot and
 --                  shadow mode granted it (used then counts it, above the
---                  limit), else 0
+--                  limit); when granted 2, the verdict on the acquire that
+--                  took the slot, as its record keeps it (see overLimit):
+--                  an extension is never refused, and answers that one's
+--                  would_refuse (a retry whose first answer was lost is
+--                  told what that answer said); else 0
 --   record         when granted 2: the held slot's record, as kept (the
 --                  caller compares the pools it names with those asked
 --                  for); when granted 1 by a call asked again (see
@@ -146,7 +150,6 @@ local recorded = false -- a record was written to a hash that may be new
 -- a new stream's acquire reads none.
 local held = '' -- the extended slot's record, as kept
 local share = 0 -- the share of the slot this request holds (see sharesOf)
-local retaken = false -- this request took the slot in a try whose reply was lost
 local from = 0 -- the held slot's expiry before this call moved it
 -- extend(score): extends the held slot, whose expiry is score (Redis ms,
 -- as ZSCORE answers it).
@@ -174,7 +177,6 @@ local function extend(score)
     share = owned
     if owned == 0 then
       granted = 1
-      retaken = true
     end
   else
     if from == 0 then
@@ -217,12 +219,11 @@ else
     extend(score)
   end
 end
-if retaken then
-  -- As its first try answered, which its record keeps.
-  wouldRefuse = 0
-  if wasOverLimit(held) then
-    wouldRefuse = 1
-  end
+if held ~= '' and wasOverLimit(held) then
+  -- A held slot (extended, or retaken by its request's call asked again)
+  -- answers the verdict on the acquire that took it, which its record
+  -- keeps.
+  wouldRefuse = 1
 end
 
 if granted < 0 then

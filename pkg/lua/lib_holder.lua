@@ -156,7 +156,7 @@ local function wasOverLimit(record)
 end
 
 -- heldRequests is how many requests' shares a record names at most (see
--- extended): a request asked again after as many others extended the
+-- extended; share 0's, marked over the limit, besides): a request asked again after as many others extended the
 -- slot in between counts one more share, which holds the slot until it
 -- expires.
 local heldRequests = 8
@@ -164,8 +164,10 @@ local heldRequests = 8
 -- extended(record, token): the record of a slot one more acquire
 -- extended, by the request of token ('' for none), which is named first
 -- (see ownedShare), before those of the shares still held, at most
--- heldRequests. A record without a start is not counted (again reads 0
--- of it).
+-- heldRequests. Share 0's entry, when marked over the limit (see
+-- overLimit), stays last, held or not: the verdict on the acquire that
+-- took the slot, which its extensions answer. A record without a start
+-- is not counted (again reads 0 of it).
 local function extended(record, token)
   local head, n, list, by, rest = sharesOf(record)
   if not head then
@@ -175,11 +177,10 @@ local function extended(record, token)
   if token ~= '' then
     named[1] = string.format('%d', n + 1) .. '@' .. token
   end
-  for entry, share in string.gmatch(by, '((%d+)@[%w_%-]+!?)') do
-    if #named >= heldRequests then
-      break
-    end
-    if not isLeft(list, tonumber(share)) then
+  for entry, share, mark in string.gmatch(by, '((%d+)@[%w_%-]+(!?))') do
+    if share == '0' and mark == '!' then
+      named[#named + 1] = entry
+    elseif #named < heldRequests and not isLeft(list, tonumber(share)) then
       named[#named + 1] = entry
     end
   end

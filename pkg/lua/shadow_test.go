@@ -2,6 +2,7 @@ package lua_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -31,7 +32,7 @@ func TestShadowGrantsWhatTheLimitWouldRefuse(t *testing.T) {
 			t.Fatalf("the second, over the limit, in shadow: %+v; want granted, would-refuse, used 2", got)
 		}
 		if got := acquire("b", 300*time.Millisecond, true); !got.Granted || !got.Extended || got.WouldRefuse || got.Used != 2 {
-			t.Errorf("b again (an extension): %+v; want extended, not would-refuse, used 2", got)
+			t.Errorf("b again (an extension of a record naming no request, which keeps no verdict): %+v; want extended, not would-refuse, used 2", got)
 		}
 		if got := acquire("c", time.Minute, false); got.Granted || got.WouldRefuse || got.Used != 2 || got.RetryAfterMs <= 0 {
 			t.Errorf("an enforced acquire over the limit: %+v; want refused with a retry, used 2", got)
@@ -40,6 +41,57 @@ func TestShadowGrantsWhatTheLimitWouldRefuse(t *testing.T) {
 		time.Sleep(400 * time.Millisecond)
 		if got := acquire("d", time.Minute, true); !got.Granted || !got.WouldRefuse || got.Pruned != 1 || got.Used != 2 {
 			t.Errorf("after b expired: %+v; want b pruned, d granted over the limit (a still held), used 2", got)
+		}
+	})
+}
+
+// An extension is never refused, and answers the verdict on the acquire
+// that took the slot, as its record keeps it: would-refuse for a slot
+// shadow mode let in over the limit, whoever extends it (a retry whose
+// first answer was lost is a request of its own) and whatever the limit
+// says now; not for one taken within it. The verdict stays after the
+// request that took the slot has given its share up, and after more
+// extensions than the record names requests.
+func TestAnExtensionAnswersTheVerdictOnTheAcquireThatTookTheSlot(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		acquire := func(id, token string, limit int) lua.Acquired {
+			t.Helper()
+			got, err := lua.Acquire(ctx, c, key, id, limit, time.Minute, lua.Record{Plan: "p", Token: token}, true)
+			if err != nil || !got.Granted {
+				t.Fatalf("acquire %s by %s: %+v, %v; want granted", id, token, got, err)
+			}
+			return got
+		}
+		if got := acquire("a", "tokA", 1); got.WouldRefuse {
+			t.Fatalf("a, within the limit of 1: %+v; want not would-refuse", got)
+		}
+		over := acquire("b", "tokB", 1)
+		if !over.WouldRefuse {
+			t.Fatalf("b, over the limit of 1: %+v; want would-refuse", over)
+		}
+		for _, tc := range []struct {
+			name, id, token string
+			limit           int
+			want            bool
+		}{
+			{"a retried (within the limit when taken)", "a", "tokA2", 1, false},
+			{"b retried (over the limit when taken)", "b", "tokB2", 1, true},
+			{"b retried under a limit raised since", "b", "tokB3", 5, true},
+		} {
+			if got := acquire(tc.id, tc.token, tc.limit); !got.Extended || got.WouldRefuse != tc.want || got.Used != 2 {
+				t.Errorf("%s: Extended %v WouldRefuse %v Used %d; want extended, would-refuse %v, used 2", tc.name, got.Extended, got.WouldRefuse, got.Used, tc.want)
+			}
+		}
+		rel, err := lua.ReleaseMember(ctx, c, "", lua.Member{Key: key, ID: "b", Owned: true, Share: over.Share()})
+		if err != nil || rel.Released {
+			t.Fatalf("b's first request gives its share up: %+v, %v; want the slot kept for the others", rel, err)
+		}
+		for i := range 10 {
+			if got := acquire("b", fmt.Sprintf("tokC%d", i), 1); !got.Extended || !got.WouldRefuse {
+				t.Fatalf("b's extension %d after its first request left: Extended %v WouldRefuse %v; want extended, would-refuse", i+1, got.Extended, got.WouldRefuse)
+			}
 		}
 	})
 }

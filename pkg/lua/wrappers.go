@@ -31,7 +31,9 @@ type Acquired struct {
 	// freed: the caller wakes them.
 	Wake []string
 	// WouldRefuse: the limit would have refused the new slot, and shadow
-	// mode (AcquireOptions.Shadow) granted it; Used counts it.
+	// mode (AcquireOptions.Shadow) granted it; Used counts it. Of an
+	// extension (Extended), the verdict on the acquire that took the slot,
+	// as its record keeps it: the extension itself is never refused.
 	WouldRefuse bool
 	// Record is the held slot's record, as kept, when the call extended
 	// it (Extended), or when it took the slot in a try whose reply was

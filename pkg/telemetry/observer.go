@@ -209,7 +209,7 @@ func NewObserver(mp metric.MeterProvider, table *tiers.Table, opts ObserverOptio
 		poolUsedMax: newUsedMax(opts.UsedMaxWindow, time.Now), poolFillMax: newUsedMax(opts.UsedMaxWindow, time.Now), poolTable: opts.Pools}
 	var errs [13]error
 	_, errs[0] = m.Int64ObservableCounter("limiter.acquire", metric.WithUnit("{acquire}"),
-		metric.WithDescription("Acquires by plan and outcome: granted, limited (429), degraded (granted uncounted: Redis down, fail-open), unavailable (503: Redis down, fail-closed), shadow_refused (the plan is in shadow mode, enforce: false: its limit would have refused the acquire, which was granted and counted)."),
+		metric.WithDescription("Acquires by plan and outcome: granted, limited (429), degraded (granted uncounted: Redis down, fail-open), unavailable (503: Redis down, fail-closed), shadow_refused (the plan is in shadow mode, enforce: false: its limit would have refused the acquire, which was granted and counted; an extension of a held stream counts granted)."),
 		metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
 			o.plans.Range(func(plan, v any) bool {
 				if plan == "" {
@@ -302,7 +302,9 @@ func (o *Observer) Acquired(ctx context.Context, tier tiers.Tier, res limiter.Ac
 		// The plan's own scope failed open. A pool's that did alone is
 		// counted by pool (Joined); the plan's limit was judged.
 		outcome = outcomeDegraded
-	case res.Granted && res.WouldRefuse == limiter.CodeStreamLimitReached:
+	case res.Granted && res.WouldRefuse == limiter.CodeStreamLimitReached && !res.Extended:
+		// An extension is never refused: its WouldRefuse is the verdict
+		// on the acquire that took the stream, counted then.
 		outcome = outcomeShadowRefused
 	case res.Granted:
 		outcome = outcomeGranted

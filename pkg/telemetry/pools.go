@@ -91,7 +91,7 @@ func (o *Observer) rangePools(fn func(*poolLabels)) {
 func (o *Observer) registerPools(m metric.Meter) error {
 	var errs [5]error
 	_, errs[0] = m.Int64ObservableCounter("limiter.pool.acquire", metric.WithUnit("{acquire}"),
-		metric.WithDescription("Pool steps of acquires, by pool and outcome: granted (the key had room; counted even when a later pool of the acquire refused it and the membership was given back), limited (the key was at its cap: 429 pool_limit_reached), degraded (the key's shard did not answer, the pool fails open: granted uncounted), unavailable (the same, failing closed: 503), shadow_refused (the key was at its cap and the pool is in shadow mode, enforce: false: joined and counted all the same). The pools after the one that refused are not asked, nor counted."),
+		metric.WithDescription("Pool steps of acquires, by pool and outcome: granted (the key had room; counted even when a later pool of the acquire refused it and the membership was given back), limited (the key was at its cap: 429 pool_limit_reached), degraded (the key's shard did not answer, the pool fails open: granted uncounted), unavailable (the same, failing closed: 503), shadow_refused (the key was at its cap and the pool is in shadow mode, enforce: false: joined and counted all the same; a membership held already, extended, counts granted). The pools after the one that refused are not asked, nor counted."),
 		metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
 			o.rangePools(func(l *poolLabels) {
 				for i := range l.joins {

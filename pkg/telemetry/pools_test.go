@@ -336,6 +336,29 @@ func TestShadowRefusalsAreCountedByPlanAndPool(t *testing.T) {
 	expectLines(t, s.tel, "limiter_pool_used_max", `limiter_pool_used_max{pool="model"} 5`)
 }
 
+// An extension of a stream a shadow scope let in over its limit (a
+// retry under its stream id) answers that verdict again, and is counted
+// granted, by plan and by pool: the shadow refusal was counted when the
+// stream was taken.
+func TestAnExtensionOfAShadowGrantIsCountedGranted(t *testing.T) {
+	off := false
+	s := newPoolStackOf(t, []tiers.Tier{
+		tiers.Tier{Plan: "watch", MaxConcurrentStreams: 1, Enforce: &off}.WithDefaults(),
+	}, false, pools.Pool{Pool: "model", MaxConcurrentStreams: capOf(1), Enforce: &off}.WithDefaults())
+	user := "shadowext-" + keys.NewStreamID()[:12]
+	big := map[string]string{"model": "big"}
+	for _, id := range []string{"first", "over", "over"} { // the second "over" extends the first
+		res, err := s.lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "watch", StreamID: id, Pools: big})
+		if err != nil || !res.Granted || res.WouldRefuse != "" != (id == "over") {
+			t.Fatalf("acquire of %s: %+v, %v; want granted, would_refuse only for over", id, res, err)
+		}
+	}
+	expectLines(t, s.tel, `limiter_acquire_total{outcome="shadow_refused",plan="watch"}`, `limiter_acquire_total{outcome="shadow_refused",plan="watch"} 1`)
+	expectLines(t, s.tel, `limiter_acquire_total{outcome="granted",plan="watch"}`, `limiter_acquire_total{outcome="granted",plan="watch"} 2`)
+	expectLines(t, s.tel, `limiter_pool_acquire_total{outcome="shadow_refused"`, `limiter_pool_acquire_total{outcome="shadow_refused",pool="model"} 1`)
+	expectLines(t, s.tel, `limiter_pool_acquire_total{outcome="granted"`, `limiter_pool_acquire_total{outcome="granted",pool="model"} 2`)
+}
+
 // A grant that only a pool let in fail open (its keys' shard down, the
 // user's answering) is counted by its plan's own verdict: granted, or
 // shadow_refused when a plan in shadow mode would have refused it; its
