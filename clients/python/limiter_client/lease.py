@@ -233,9 +233,9 @@ class Lease:
     def _acquired(self, answer: AcquireResponse, *, extension: bool) -> None:
         """Records an acquire's answer about the slot. extension says it
         answers an acquire of a stream the lease held already, which the
-        limiter extends whatever the limits: its answer says no
-        would_refuse, and the one of the acquire that took the stream
-        stands."""
+        limiter extends whatever the limits: its answer says the
+        would_refuse of the acquire that took the stream, and one that says
+        none (a release before this one) leaves the lease's as it is."""
         with self._lock:
             self._expires_at = answer.expires_at
             self._degraded = answer.degraded

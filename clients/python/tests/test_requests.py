@@ -421,6 +421,37 @@ class RequestTest(unittest.TestCase):
         self.assertEqual(len(self.server.received(Paths.ACQUIRE)), 1, "a refusal is not retried")
         self.assertEqual(self.server.received(Paths.RELEASE), [])
 
+    def test_lease_keeps_the_verdict_on_the_acquire_that_took_its_stream(self) -> None:
+        # The limiter answers an extension (the retry of an acquire whose
+        # answer was lost, an acquire of a held stream id) with the verdict
+        # on the acquire that took the stream; the lease keeps it, and an
+        # answer without one leaves it as it is.
+        def over_the_limit(rec: Recorded) -> Answer:
+            return json_answer(
+                200,
+                {
+                    "granted": True,
+                    "stream_id": rec.json["stream_id"],
+                    "used": 2,
+                    "limit": 1,
+                    "expires_at": "2030-01-02T03:04:05Z",
+                    "ttl_ms": 150,
+                    "heartbeat_interval_ms": 50,
+                    "pruned": 0,
+                    "degraded": False,
+                    "would_refuse": "stream_limit_reached",
+                },
+            )
+
+        client = self.client()
+        self.fake.acquire_answers = [None, over_the_limit, over_the_limit, granted]
+        lease = client.acquire("user-1", "paid", stream_id="s")
+        self.assertEqual([r.json["stream_id"] for r in self.server.received(Paths.ACQUIRE)], ["s", "s"])
+        self.assertEqual(lease.would_refuse, "stream_limit_reached", "the retry's answer")
+        for answered in ("an extension saying it", "an extension saying none"):
+            self.assertIs(client.acquire("user-1", "paid", stream_id="s"), lease, answered)
+            self.assertEqual(lease.would_refuse, "stream_limit_reached", answered)
+
     def test_unanswered_acquire_whose_retry_is_not_slot_holder_sends_no_release(self) -> None:
         # The first answer is lost; by the retry, another caller holds the id.
         self.fake.acquire_answers = [None, json_answer(403, {"error": not_slot_holder("user-1", "s")})]

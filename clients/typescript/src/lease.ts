@@ -237,8 +237,9 @@ export class Lease {
   /**
    * @internal Records an acquire's answer about the slot. extension says it
    * answers an acquire of a stream the lease held already, which the limiter
-   * extends whatever the limits: its answer says no would_refuse, and the
-   * one of the acquire that took the stream stands.
+   * extends whatever the limits: its answer says the would_refuse of the
+   * acquire that took the stream, and one that says none (a release before
+   * this one) leaves the lease's as it is.
    */
   acquired(answer: AcquireResponse, extension: boolean): void {
     this.expires = answer.expires_at;

@@ -155,6 +155,7 @@ export interface AcquireResponse {
   /**
    * The 429 a scope in shadow mode (a plan's or pool's `enforce: false`) would have answered, and did not: the stream is granted and counted.
    * `stream_limit_reached`: the plan's limit (`used` counts the slot, above `limit`); `pool_limit_reached`: a pool key's cap (`would_refuse_by`).
+   * An acquire of a held stream (an extension, such as a retry whose first answer was lost) is never refused and answers the verdict on the acquire that took the stream.
    * Absent when no scope would have refused.
    *
    * Known values: "stream_limit_reached", "pool_limit_reached".

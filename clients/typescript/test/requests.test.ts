@@ -395,6 +395,35 @@ describe("requests and answers", () => {
     assert.deepEqual(server.received(Paths.release), []);
   });
 
+  test("a lease keeps the verdict on the acquire that took its stream", async () => {
+    // The limiter answers an extension (the retry of an acquire whose answer
+    // was lost, an acquire of a held stream id) with the verdict on the
+    // acquire that took the stream; the lease keeps it, and an answer
+    // without one leaves it as it is.
+    const overTheLimit = (rec: Recorded) =>
+      jsonAnswer(200, {
+        granted: true,
+        stream_id: rec.json.stream_id,
+        used: 2,
+        limit: 1,
+        expires_at: "2030-01-02T03:04:05Z",
+        ttl_ms: 150,
+        heartbeat_interval_ms: 50,
+        pruned: 0,
+        degraded: false,
+        would_refuse: "stream_limit_reached",
+      });
+    const c = newClient();
+    fake.acquireAnswers = [undefined, overTheLimit, overTheLimit, (rec) => granted(rec)];
+    const lease = await c.acquire("user-1", "paid", { streamId: "s" });
+    assert.deepEqual(server.received(Paths.acquire).map((r) => r.json.stream_id), ["s", "s"]);
+    assert.equal(lease.wouldRefuse, "stream_limit_reached", "the retry's answer");
+    for (const answered of ["an extension saying it", "an extension saying none"]) {
+      assert.equal(await c.acquire("user-1", "paid", { streamId: "s" }), lease, answered);
+      assert.equal(lease.wouldRefuse, "stream_limit_reached", answered);
+    }
+  });
+
   test("an unanswered acquire whose retry is not_slot_holder sends no release", async () => {
     // The first answer is lost; by the retry, another caller holds the id.
     fake.acquireAnswers = [undefined, jsonAnswer(403, { error: notSlotHolder("user-1", "s") })];
