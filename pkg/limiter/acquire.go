@@ -84,6 +84,11 @@ type AcquireResult struct {
 	// RetryAfter is, when denied, how long until the user's earliest slot
 	// expires.
 	RetryAfter time.Duration
+	// Owed, on a denial by the user's own limit with slots free (Used
+	// below Limit), is how many acquires waiting in the user's queue the
+	// free slots are owed to (first come, first served), which refused
+	// it; 0 else, and after a wait of its own ran out.
+	Owed int
 	// Pruned counts the user's slots that had expired unreleased and were
 	// removed by this call: the crash and leak signal.
 	Pruned int
@@ -349,6 +354,7 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		l.atLimit.mark(req.UserID, time.Now())
 	}
 	res.RetryAfter = time.Duration(got.RetryAfterMs) * time.Millisecond
+	res.Owed = got.Owed
 	if wait > 0 && res.Limit > 0 {
 		if req.OnWait != nil {
 			req.OnWait(wait)

@@ -81,6 +81,10 @@ type PoolRefusal struct {
 	Overridden bool
 	// RetryAfter is how long until a membership of the key frees up.
 	RetryAfter time.Duration
+	// Owed, when the key had places free (Used below Limit), is how many
+	// acquires waiting in the key's queue they are owed to, which refused
+	// this one; 0 else, and after a wait of its own ran out.
+	Owed int
 	// Waited is how long the acquire waited in the key's queue: the part
 	// of AcquireResult.Waited after its wait for the user's own slot.
 	Waited time.Duration
@@ -257,7 +261,7 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 		}
 		if !got.Granted {
 			refusal := &PoolRefusal{Pool: m.pool.Pool, Key: m.key, Used: got.Used, Limit: limit, Overridden: got.Override >= 0,
-				RetryAfter: time.Duration(got.RetryAfterMs) * time.Millisecond}
+				RetryAfter: time.Duration(got.RetryAfterMs) * time.Millisecond, Owed: got.Owed}
 			// A key capped at 0 admits no one, however long one waits.
 			if wait := poolWait(waitUntil, tier, m.pool); wait > 0 && limit > 0 {
 				w := l.awaitPool(ctx, req, tier, m, wait, time.Until(waitUntil), holding)

@@ -153,7 +153,7 @@ func (l *Limiter) awaitSlot(ctx context.Context, key string, req AcquireRequest,
 	}
 	r := l.waitIn(ctx, queueScope{key: key, userID: req.UserID}, tier, w)
 	took := time.Since(start)
-	res.Waited = took
+	res.Waited, res.Owed = took, 0 // owed as the wait began; not known as it ends
 	outcome := r.outcome
 	defer func() { l.observer.Waited(ctx, tier, observed(ctx, outcome), took) }()
 

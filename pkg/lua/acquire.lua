@@ -18,7 +18,7 @@
 -- ARGV[5] -> '0': shadow mode (the scope's enforce: false): a stream the
 --            limit refuses is granted all the same, and counted
 --            (optional: absent enforces)
--- returns {granted (1|2|0|-1), used, expires_at_ms, pruned, retry_after_ms, override, {wake ids}, shadow, record, share, extended_from_ms}
+-- returns {granted (1|2|0|-1), used, expires_at_ms, pruned, retry_after_ms, override, {wake ids}, shadow, record, share, extended_from_ms, owed}
 --   granted 1      a new slot; 2: the stream held one, now extended (or
 --                  asked again, see below: as the first try answered)
 --   granted -1     the stream is held by another caller: its slot is left
@@ -54,6 +54,9 @@
 --                  expiry it had before (Redis ms), which the request,
 --                  if it gives up, gives back (see release's ARGV[5]);
 --                  0 else
+--   owed           when denied with slots free (used < the limit): how
+--                  many waiting acquires they are owed to (see below),
+--                  which refused it; 0 else
 --
 -- Idempotent on the stream id: acquiring a held stream extends it (never
 -- shortens it) and leaves used unchanged. A stream belongs to the caller
@@ -141,6 +144,7 @@ end
 local granted = 0
 local expires = 0
 local retry = 0
+local owedTo = 0
 local fresh = false    -- the key was empty (so missing) before this call
 local recorded = false -- a record was written to a hash that may be new
 
@@ -251,6 +255,7 @@ elseif limit > 0 and used >= limit then
   retry = tonumber(nth[2]) - now
 elseif limit > 0 then
   -- Free slots, owed to the acquires waiting for them.
+  owedTo = #due
   local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
   retry = 1000
   if first[2] then
@@ -268,4 +273,4 @@ if pruned > 0 then
   wake = due
 end
 
-return {granted, used, expires, pruned, retry, override, wake, wouldRefuse, held, share, from}
+return {granted, used, expires, pruned, retry, override, wake, wouldRefuse, held, share, from, owedTo}

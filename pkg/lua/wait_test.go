@@ -924,3 +924,35 @@ func TestAWaitedExtensionKeepsTheExpiryItAnswers(t *testing.T) {
 		}
 	})
 }
+
+// TestARefusalOfSlotsOwedToWaitersCountsThem: an acquire refused while
+// free slots are owed to waiting acquires answers how many they are owed
+// to (Owed), which the 429's message names; one refused at the limit
+// answers none.
+func TestARefusalOfSlotsOwedToWaitersCountsThem(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		for _, id := range []string{"x", "y", "z"} {
+			if got, err := lua.Acquire(ctx, c, key, id, 3, time.Minute, lua.Record{Plan: "three"}, false); err != nil || !got.Granted {
+				t.Fatalf("%s: %+v, %v", id, got, err)
+			}
+		}
+		args := lua.WaitArgs{Limit: 3, SlotTTL: time.Minute, TicketTTL: 30 * time.Second, MaxQueue: 10,
+			Tickets: []lua.TicketArgs{{StreamID: "q1", Record: lua.Record{Plan: "three", Token: "tokQ1"}}, {StreamID: "q2", Record: lua.Record{Plan: "three", Token: "tokQ2"}}}}
+		if w, err := lua.Wait(ctx, c, key, args); err != nil || w.Tickets[0].State != lua.TicketQueued || w.Tickets[1].State != lua.TicketQueued {
+			t.Fatalf("queue q1, q2: %+v, %v", w, err)
+		}
+		if got, err := lua.Acquire(ctx, c, key, "at-limit", 3, time.Minute, lua.Record{Plan: "three"}, false); err != nil || got.Granted || got.Owed != 0 {
+			t.Errorf("refused at the limit: %+v, %v; want refused, Owed 0", got, err)
+		}
+		for _, id := range []string{"x", "y"} { // both free slots are owed to q1 and q2
+			if _, err := lua.Release(ctx, c, "", key, id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, lua.Record{Plan: "three"}, false); err != nil || got.Granted || got.Used != 1 || got.Owed != 2 {
+			t.Errorf("refused with 2 slots free, owed to q1 and q2: %+v, %v; want refused, used 1, Owed 2", got, err)
+		}
+	})
+}

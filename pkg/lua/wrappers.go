@@ -39,6 +39,10 @@ type Acquired struct {
 	// it (Extended), or when it took the slot in a try whose reply was
 	// lost and was asked again (see Record.Token); else "".
 	Record string
+	// Owed, of a denial with slots free (Used below the limit): how many
+	// acquires waiting in the queue those slots are owed to, which is why
+	// it was denied; 0 else.
+	Owed int
 	// StartedAtMs is the granted slot's start (Redis ms): the call's
 	// time for a slot it took, the record's for one it extended; 0 when
 	// denied or not recorded.
@@ -178,7 +182,7 @@ var acquireSHA = sha1Hex(acquireSource)
 
 // AcquireReplyLen is how many values the acquire script answers (see
 // acquire.lua): for callers that run it themselves, as a reference does.
-const AcquireReplyLen = 11
+const AcquireReplyLen = 12
 
 // parseAcquired reads the acquire script's answer.
 func parseAcquired(arr []rueidis.RedisMessage) (Acquired, error) {
@@ -201,6 +205,10 @@ func parseAcquired(arr []rueidis.RedisMessage) (Acquired, error) {
 	if err != nil {
 		return Acquired{}, fmt.Errorf("acquire script: wake ids: %w", err)
 	}
+	owed, err := arr[11].AsInt64()
+	if err != nil {
+		return Acquired{}, fmt.Errorf("acquire script: owed: %w", err)
+	}
 	shadowed, err := arr[7].AsInt64()
 	if err != nil {
 		return Acquired{}, fmt.Errorf("acquire script: shadow: %w", err)
@@ -221,6 +229,7 @@ func parseAcquired(arr []rueidis.RedisMessage) (Acquired, error) {
 		Wake:         wake,
 		WouldRefuse:  shadowed == 1,
 		Record:       record,
+		Owed:         int(owed),
 		share:        int(share),
 		fromMs:       from,
 	}, nil

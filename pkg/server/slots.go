@@ -67,7 +67,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		}
 		e := httpapi.Error{
 			Code:         httpapi.CodeStreamLimitReached,
-			Message:      fmt.Sprintf("user holds %d of %d concurrent streams allowed by %s", res.Used, res.Limit, allowed),
+			Message:      fmt.Sprintf("user holds %d of %d concurrent streams allowed by %s", res.Used, res.Limit, allowed) + owedNote(res.Limit-res.Used, res.Owed, "the user's queue"),
 			Used:         &res.Used,
 			Limit:        &res.Limit,
 			RetryAfterMs: &retryMs,
@@ -286,6 +286,24 @@ func noWait(asked time.Duration, res limiter.AcquireResult) string {
 	return ""
 }
 
+// owedNote says, of a refusal with free slots (free > 0), that they are
+// owed to owed acquires waiting in queue, served first come, first
+// served; "" when none are (a refusal at the limit).
+func owedNote(free, owed int, queue string) string {
+	if free <= 0 || owed <= 0 {
+		return ""
+	}
+	slots := "the free one is"
+	if free > 1 {
+		slots = fmt.Sprintf("the %d free are", free)
+	}
+	waiters := "1 acquire"
+	if owed > 1 {
+		waiters = fmt.Sprintf("%d acquires", owed)
+	}
+	return fmt.Sprintf("; %s owed to %s waiting in %s", slots, waiters, queue)
+}
+
 // poolCapOf says whose cap refused r: the pool's, or a support override
 // of the key's.
 func poolCapOf(r *limiter.PoolRefusal) string {
@@ -302,7 +320,7 @@ func writePoolRefusal(w http.ResponseWriter, res limiter.AcquireResult, note str
 	used, limit := r.Used, r.Limit
 	e := httpapi.Error{
 		Code:         httpapi.CodePoolLimitReached,
-		Message:      fmt.Sprintf("pool %s=%s holds %d of its %d concurrent streams (%s, shared by every user)", r.Pool, r.Key, used, limit, poolCapOf(r)),
+		Message:      fmt.Sprintf("pool %s=%s holds %d of its %d concurrent streams (%s, shared by every user)", r.Pool, r.Key, used, limit, poolCapOf(r)) + owedNote(limit-used, r.Owed, "the key's queue"),
 		Used:         &used,
 		Limit:        &limit,
 		RetryAfterMs: &retryMs,

@@ -12,7 +12,10 @@ import (
 	"time"
 
 	"github.com/joishi/limiter/internal/limitertest"
+	"github.com/joishi/limiter/internal/testenv"
+	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/httpapi"
+	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/server"
 	"github.com/joishi/limiter/pkg/tiers"
 )
@@ -183,5 +186,45 @@ func TestAWaitThePlanDoesNotAllowSaysSo(t *testing.T) {
 	if r.status != http.StatusTooManyRequests || json.Unmarshal(r.body, &refused) != nil || refused.Error.WaitedMs != nil ||
 		!strings.Contains(refused.Error.Message, `not waited: wait_ms asked 10000ms, but plan "no-wait" has maxWait 0s (no waiting)`) {
 		t.Fatalf("wait_ms on a plan without maxWait: %d %s; want an immediate 429 saying the plan's maxWait capped it", r.status, r.body)
+	}
+}
+
+// TestARefusalOwedToWaitersSaysSo: a user holds 2 of 3 slots, and the
+// free one is owed to an acquire waiting in the user's queue (its server
+// cut off from Redis, so it cannot take it); an acquire that does not
+// wait is refused stream_limit_reached, used 2 of 3, and the message says
+// the free slot is the waiter's.
+func TestARefusalOwedToWaitersSaysSo(t *testing.T) {
+	redis := testenv.StartRedis(t).Addr()
+	link := testenv.StartProxy(t, redis)
+	paid := []tiers.Tier{{Plan: "paid", MaxConcurrentStreams: 3, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen, MaxWait: 10 * time.Second}}
+	a := limitertest.New(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{redis}}, Tiers: paid})
+	b := limitertest.New(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{link.Addr()}}, Tiers: paid, Limiter: limiter.Options{Keys: a.Keys}})
+	api := newAPI(t, a.Limiter)
+	user := newUser(t)
+	var ids []string
+	for range 3 {
+		g := decode[httpapi.AcquireResponse](t, api.post(t, httpapi.PathAcquire, httpapi.AcquireRequest{UserID: user, Plan: "paid"}), http.StatusOK)
+		ids = append(ids, g.StreamID)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() {
+		_, _ = b.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "paid", StreamID: "waiter", Wait: 8 * time.Second})
+	}()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if s, _ := a.Limiter.Slots(context.Background(), user); len(s.Queue) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter never queued")
+		}
+	}
+	link.BlackHole() // the waiter's server can no longer take the slot it is owed
+	decode[httpapi.ReleaseResponse](t, api.post(t, httpapi.PathRelease, httpapi.ReleaseRequest{UserID: user, StreamID: ids[0]}), http.StatusOK)
+	e := wantError(t, api.post(t, httpapi.PathAcquire, httpapi.AcquireRequest{UserID: user, Plan: "paid"}), http.StatusTooManyRequests, httpapi.CodeStreamLimitReached)
+	const want = `user holds 2 of 3 concurrent streams allowed by plan "paid"; the free one is owed to 1 acquire waiting in the user's queue`
+	if *e.Used != 2 || *e.Limit != 3 || e.Message != want {
+		t.Errorf("refused while the free slot is owed to a waiter: used %d of %d, message %q; want 2 of 3, message %q", *e.Used, *e.Limit, e.Message, want)
 	}
 }
