@@ -284,7 +284,7 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 				switch {
 				case w.grant != nil && w.err == nil:
 					g := *w.grant
-					l.observer.Joined(ctx, m.pool.Pool, out.outcome(g, false), g.Used, g.Limit)
+					l.observer.Joined(ctx, m.pool.Pool, out.outcome(g, w.extended), g.Used, g.Limit)
 					out.grants = append(out.grants, g)
 					continue
 				case w.err != nil:

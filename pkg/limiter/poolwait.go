@@ -54,6 +54,9 @@ type poolWaited struct {
 	share   lua.Share
 	holders *atomic.Int32
 	waited  time.Duration
+	// extended: the grant extended a membership the stream held (another
+	// request of it took it), which is counted granted (see outcome).
+	extended bool
 }
 
 // awaitPool waits up to wait for a membership of m's key for the stream
@@ -91,7 +94,11 @@ func (l *Limiter) awaitPool(ctx context.Context, req AcquireRequest, tier tiers.
 	switch r.outcome {
 	case WaitGranted:
 		out.grant = &PoolGrant{Pool: m.pool.Pool, Key: m.key, Used: r.used, Limit: limit, Overridden: r.override >= 0, Degraded: r.degraded,
-			WouldRefuse: shadow && r.used > limit && !r.extended} // let in by shadow mode, over the cap; an extension adds no member
+			// Let in by shadow mode, over the cap; an extension adds no
+			// member, and answers the verdict its record keeps (as
+			// acquire's extensions do).
+			WouldRefuse: shadow && r.used > limit && !r.extended || r.extended && lua.ParseRecord(r.record).OverLimit}
+		out.extended = r.extended
 		if r.degraded {
 			out.grant.Used, out.grant.Limit, out.grant.Overridden = 0, m.limit, false
 		}

@@ -1334,6 +1334,47 @@ func TestAnExtendedWaitGrantInShadowModeRefusesNothing(t *testing.T) {
 	}
 }
 
+// TestAnExtendedWaitGrantAnswersTheVerdictOfTheAcquireThatTookTheStream:
+// request A of stream s waits under plan p (limit 1, reached); its retry
+// under plan loose (limit 1, shadow mode) takes s over loose's limit:
+// would_refuse. p then goes to shadow mode, and A's wait is granted by
+// extending s: as an acquire of a held stream does, it answers the
+// verdict on the acquire that took s, which the slot's record keeps.
+func TestAnExtendedWaitGrantAnswersTheVerdictOfTheAcquireThatTookTheStream(t *testing.T) {
+	t.Parallel()
+	off := false
+	p := func(enforce *bool) tiers.Tier {
+		return tiers.Tier{Plan: "p", MaxConcurrentStreams: 1, MaxWait: 10 * time.Second, Enforce: enforce}.WithDefaults()
+	}
+	loose := tiers.Tier{Plan: "loose", MaxConcurrentStreams: 1, Enforce: &off}.WithDefaults()
+	s := limitertest.New(t, limitertest.Options{Backend: limitertest.RedisCluster, Redis: cluster.Options{Timeout: 5 * time.Second},
+		Tiers: []tiers.Tier{p(nil), loose}})
+	ctx := context.Background()
+	user := newUser(t)
+	mustAcquireUser(t, s.Limiter, user, "p", "x")
+	key, err := s.Keys.UserKey(user)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := startQueued(t, ctx, s.Limiter, limiter.AcquireRequest{UserID: user, Plan: "p", StreamID: "s"}, 8*time.Second,
+		func() int64 { return zcard(t, s, keys.Queue(key)) })
+	if res, err := s.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "loose", StreamID: "s"}); err != nil || !res.Granted ||
+		res.WouldRefuse != limiter.CodeStreamLimitReached {
+		t.Fatalf("the retry under loose: %+v, %v; want granted over its limit, would refuse stream_limit_reached", res, err)
+	}
+	if err := s.Table.Replace([]tiers.Tier{p(&off), loose}); err != nil {
+		t.Fatal(err)
+	}
+	got, ok := a.answer(3 * time.Second)
+	if !ok || got.err != nil || !got.res.Granted {
+		t.Fatalf("A once p is in shadow mode: %+v, %v (answered %v); want granted", got.res, got.err, ok)
+	}
+	if !got.res.Extended || got.res.WouldRefuse != limiter.CodeStreamLimitReached {
+		t.Errorf("A, granted by extending s: extended %v, used %d of %d, would refuse %q; want the retry's verdict, stream_limit_reached",
+			got.res.Extended, got.res.Used, got.res.Limit, got.res.WouldRefuse)
+	}
+}
+
 // TestWaitersSharingATicketNameTheSamePools: two requests of stream s on
 // one replica, under one plan (limit 1, reached), wait in their user's
 // queue, one naming pool key gpt-4o (cap 1), the other none; they share

@@ -368,15 +368,16 @@ func (j *joinLog) count(o limiter.JoinOutcome) int {
 	return j.joins[o]
 }
 
-// TestAnExtendedPoolWaitGrantInShadowModeRefusesNothing: request A of
+// TestAnExtendedPoolWaitGrantInShadowModeIsCountedOnce: request A of
 // stream s waits for model=k (cap 1, held by another user) on replica 0.
 // Request B of the same stream, on replica 1, whose pool is in shadow
 // mode already, joins the key over its cap: would_refuse, counted once.
 // Replica 0 then puts the pool in shadow mode, and A's wait is granted by
-// extending B's membership. An extension adds no member: as the plan's
-// (TestAnExtendedWaitGrantInShadowModeRefusesNothing) and an acquire of
-// a held stream, it says no would_refuse, and is not counted again.
-func TestAnExtendedPoolWaitGrantInShadowModeRefusesNothing(t *testing.T) {
+// extending B's membership. An extension adds no member and is never
+// refused: as an acquire of a held stream, it answers the verdict on the
+// acquire that took the membership (B's would_refuse, which its record
+// keeps), and is not counted again.
+func TestAnExtendedPoolWaitGrantInShadowModeIsCountedOnce(t *testing.T) {
 	t.Parallel()
 	off := false
 	model := pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second}.WithDefaults()
@@ -409,8 +410,9 @@ func TestAnExtendedPoolWaitGrantInShadowModeRefusesNothing(t *testing.T) {
 			if key, err := stacks[0].Limiter.PoolSlots(ctx, "model", "k"); err != nil || key.Used != 2 {
 				t.Fatalf("model=k: %+v, %v; want 2 members (the holder and s)", key, err)
 			}
-			if got.res.WouldRefuse != "" || len(got.res.Pools) != 1 || got.res.Pools[0].WouldRefuse {
-				t.Errorf("A, granted by extending B's membership: would refuse %q by %+v, pools %+v; want none: an extension adds no member",
+			if got.res.WouldRefuse != limiter.CodePoolLimitReached || got.res.WouldRefuseBy == nil || got.res.WouldRefuseBy.Key != "k" ||
+				len(got.res.Pools) != 1 || !got.res.Pools[0].WouldRefuse {
+				t.Errorf("A, granted by extending B's membership: would refuse %q by %+v, pools %+v; want B's verdict, pool_limit_reached by model=k",
 					got.res.WouldRefuse, got.res.WouldRefuseBy, got.res.Pools)
 			}
 			if n := logs[0].count(limiter.JoinShadowRefused) + logs[1].count(limiter.JoinShadowRefused); n != 1 {

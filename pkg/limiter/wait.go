@@ -172,7 +172,13 @@ func (l *Limiter) awaitSlot(ctx context.Context, key string, req AcquireRequest,
 	switch r.outcome {
 	case WaitGranted:
 		res.Granted, res.RetryAfter, res.Used, res.Extended = true, 0, r.used, r.extended
-		if shadow && r.used > res.Limit && !r.extended { // an extension is never refused
+		switch {
+		case r.extended && lua.ParseRecord(r.record).OverLimit:
+			// An extension is never refused: it answers the verdict on the
+			// acquire that took the stream, as the slot's record keeps it
+			// (as acquire's extensions do).
+			res.WouldRefuse = CodeStreamLimitReached
+		case shadow && r.used > res.Limit && !r.extended:
 			res.WouldRefuse = CodeStreamLimitReached // let in by shadow mode, over the limit
 		}
 		res.ExpiresAt = msTime(r.expiresAtMs)

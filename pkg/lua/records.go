@@ -75,7 +75,7 @@ const (
 	fieldUser     = "user"
 	fieldLabel    = "label"
 	fieldAgain    = "again"
-	fieldBy       = "by" // the scripts' alone: ParseRecord skips it
+	fieldBy       = "by" // the scripts' shares; ParseRecord reads only the over-limit mark
 	fieldOrder    = "order"
 )
 
@@ -178,6 +178,10 @@ type StoredRecord struct {
 	// (lib_tickets.lua's queueOrder, see ServeOrder); 0 for a ticket of
 	// the previous release, which names none.
 	Order int
+	// OverLimit: shadow mode let the slot (or membership) in over its
+	// limit when it was taken (lib_holder.lua's wasOverLimit: share 0's
+	// request is marked '!'), the verdict its extensions answer.
+	OverLimit bool
 	Record
 }
 
@@ -225,6 +229,12 @@ func ParseRecord(s string) StoredRecord {
 			out.Again, _ = strconv.Atoi(value)
 		case fieldOrder:
 			out.Order, _ = strconv.Atoi(value)
+		case fieldBy: // <share>@<token>[!], joined by '.'
+			for entry := range strings.SplitSeq(value, ".") {
+				if share, _, _ := strings.Cut(entry, "@"); share == "0" {
+					out.OverLimit = strings.HasSuffix(entry, "!")
+				}
+			}
 		}
 	}
 	return out
