@@ -25,6 +25,7 @@ type Proxy struct {
 	wg     sync.WaitGroup
 
 	accepted atomic.Int64 // connections accepted from clients
+	scripts  atomic.Int64 // script calls written to the target (ScriptCalls)
 }
 
 // link is one proxied connection: the client's and the target's ends.
@@ -61,6 +62,12 @@ func (p *Proxy) SetLatency(d time.Duration) { p.delay.Store(int64(d)) }
 // Accepted returns how many connections clients have opened through the
 // proxy so far, black-holed ones included: a rise shows a client redialling.
 func (p *Proxy) Accepted() int { return int(p.accepted.Load()) }
+
+// ScriptCalls returns how many script calls (chunks holding EVAL or
+// EVALSHA, as DropReplies counts them) the proxy has written to the target
+// so far: once it rises, a call is Redis's to run, whatever its caller
+// does next.
+func (p *Proxy) ScriptCalls() int { return int(p.scripts.Load()) }
 
 // DropReplies makes the next n script calls (a chunk from a client holding
 // EVAL or EVALSHA, as Redis clients send them) reach the target, and then
@@ -159,6 +166,9 @@ func (p *Proxy) pipe(l *link, dst, src net.Conn) {
 		if n > 0 && !p.holed.Load() {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
+			}
+			if src == l.client && bytes.Contains(buf[:n], []byte("EVAL")) {
+				p.scripts.Add(1)
 			}
 		}
 		if err != nil {
