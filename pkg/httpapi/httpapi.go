@@ -172,10 +172,10 @@ type Error struct {
 	Used         *int   `json:"used,omitempty"`
 	Limit        *int   `json:"limit,omitempty"`
 	RetryAfterMs *int64 `json:"retry_after_ms,omitempty"`
-	// StreamID is set on an acquire's limiter_unavailable: the stream id
-	// the acquire was sent to Redis under (the caller's, or the one the
-	// server chose). Redis may have taken the slot with only its answer
-	// lost, so retry under this id, or release it.
+	// StreamID is set on the limiter_unavailable of an acquire sent with
+	// a stream id: that id. Redis may have taken the slot with only its
+	// answer lost, so retry under this id, or release it. (The slot of an
+	// id the server made is released by the server.)
 	StreamID string `json:"stream_id,omitempty"`
 	// WaitedMs is set on a stream_limit_reached that waited in the queue
 	// (wait_ms) and timed out: how long it waited.

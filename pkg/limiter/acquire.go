@@ -17,8 +17,11 @@ import (
 type AcquireRequest struct {
 	UserID string
 	Plan   string
-	// StreamID identifies the slot. Empty: a random 128-bit id is made.
-	// Giving one makes retries idempotent.
+	// StreamID identifies the slot. Empty: a random 128-bit id is made
+	// (AcquireResult.StreamID, on errors too), known to no one else, so a
+	// slot it may have taken with the answer lost (an error, the caller
+	// gone) is released. Giving one makes retries idempotent, and leaves
+	// such a slot to the caller, to retry under the id or release it.
 	StreamID string
 	// Caller names who asked: the API caller of the tokens file or client
 	// certificate, recorded on the span and in the slot's record. Empty

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/joishi/limiter/pkg/httpapi"
-	"github.com/joishi/limiter/pkg/keys"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/tiers"
 )
@@ -28,15 +27,12 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	if wait > 0 {
 		s.allowWait(w, req.Plan, wait)
 	}
-	// The id is fixed before Redis is called, so that a 503 can name it:
-	// the acquire may have run in Redis with only its answer lost, and
-	// only this id can then retry it (idempotently) or release the slot.
-	streamID := req.StreamID
-	if streamID == "" {
-		streamID = keys.NewStreamID()
-	}
+	// Without a stream_id the limiter makes the id, as its own: an
+	// acquire whose answer is lost (a 503, or a client gone before it)
+	// may have taken the slot under an id no one else knows, and the
+	// limiter releases it then (see limiter.AcquireRequest.StreamID).
 	ctx := r.Context()
-	acquire := limiter.AcquireRequest{UserID: req.UserID, Plan: req.Plan, StreamID: streamID, Caller: callerOf(r).name, Label: req.Label, Wait: wait, Pools: req.Pools}
+	acquire := limiter.AcquireRequest{UserID: req.UserID, Plan: req.Plan, StreamID: req.StreamID, Caller: callerOf(r).name, Label: req.Label, Wait: wait, Pools: req.Pools}
 	if wait > 0 {
 		var cancel context.CancelFunc
 		ctx, acquire, cancel = limiter.EndWaitsWith(ctx, s.waitsOver, ErrShuttingDown, acquire)
@@ -48,8 +44,11 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		status, e := apiError(err)
+		// The caller's id, which may hold the slot with only the answer
+		// lost: retry under it, or release it. One the limiter made is
+		// released already.
 		if status == http.StatusServiceUnavailable {
-			e.StreamID = streamID
+			e.StreamID = req.StreamID
 		}
 		s.answerError(w, r, err, status, e)
 		return
