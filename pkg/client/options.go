@@ -161,7 +161,10 @@ func WithRequestTimeout(d time.Duration) Option {
 // retry is then granted that slot, not a second one. Between attempts it
 // waits the answer's Retry-After (up to half as long again, for jitter),
 // else 200ms doubling up to 2s (from half of each, for jitter), and never
-// past ctx. When Acquire gives up, it releases the
+// past ctx. A Retry-After above 2s (something in front of the limiter
+// asking for a long pause: the limiter's own 503s ask for 1s) is not
+// waited: Acquire gives up at once with that answer's error. When Acquire
+// gives up, it releases the
 // stream id so that a slot a lost attempt took does not count against the
 // user for a whole TTL. 0 disables retrying, not the release. Default 2.
 func WithAcquireRetries(n int) Option {

@@ -17,6 +17,13 @@ const (
 	maxAcquireBackoff   = 2 * time.Second
 )
 
+// maxRetryAfter is the longest Retry-After an acquire's retry waits out,
+// as long as the longest backoff: the limiter's own 503s ask for 1s. An
+// answer asking for longer (a maintenance page of a proxy in front of the
+// limiter) ends the retries at once, rather than hold Acquire that long
+// per retry.
+const maxRetryAfter = maxAcquireBackoff
+
 // acquireRetrying sends req (whose StreamID is set) until it is answered,
 // at most 1+c.retries times. An attempt that went unanswered (transport
 // failure, timeout, 503) may have taken the slot in Redis with only its
@@ -50,8 +57,10 @@ func (c *Client) acquireRetrying(ctx context.Context, req httpapi.AcquireRequest
 			return out, err
 		case !definite(err):
 			unanswered = true
-			if attempt < c.retries && errors.Is(err, ErrUnavailable) && sleep(ctx, retryWait(err, attempt)) {
-				continue
+			if attempt < c.retries && errors.Is(err, ErrUnavailable) {
+				if wait, ok := retryWait(err, attempt); ok && sleep(ctx, wait) {
+					continue
+				}
 			}
 		}
 		c.releaseUnanswered(ctx, req, generated)
@@ -63,16 +72,21 @@ func (c *Client) acquireRetrying(ctx context.Context, req httpapi.AcquireRequest
 // failed with err: at least the answer's Retry-After, up to half as long
 // again; without one, a doubling backoff drawn from its upper half. The
 // jitter keeps clients cut off by one outage from all coming back at once.
-func retryWait(err error, attempt int) time.Duration {
+// ok is false when the answer's Retry-After is above maxRetryAfter: no
+// retry.
+func retryWait(err error, attempt int) (wait time.Duration, ok bool) {
 	var e *Error
 	if errors.As(err, &e) && e.RetryAfter > 0 {
-		return e.RetryAfter + rand.N(e.RetryAfter/2+1)
+		if e.RetryAfter > maxRetryAfter {
+			return 0, false
+		}
+		return e.RetryAfter + rand.N(e.RetryAfter/2+1), true
 	}
-	wait := maxAcquireBackoff
+	wait = maxAcquireBackoff
 	if attempt < 8 { // beyond, the doubling is past the cap (and the shift past int64)
 		wait = min(firstAcquireBackoff<<attempt, maxAcquireBackoff)
 	}
-	return wait/2 + rand.N(wait/2+1)
+	return wait/2 + rand.N(wait/2+1), true
 }
 
 // sleep waits d unless ctx ends first (or would end before d passed:

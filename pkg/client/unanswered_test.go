@@ -258,22 +258,29 @@ func TestAcquireRetriesUnderOneStreamID(t *testing.T) {
 // unanswered acquire doubles from 200ms up to 2s (drawn from the upper
 // half), however many retries WithAcquireRetries allows: at the 37th the
 // doubling would pass int64, and a wait below zero made Acquire panic. An
-// answer's Retry-After is waited in full, with up to half as much again.
+// answer's Retry-After is waited in full, with up to half as much again,
+// up to 2s; one above is not waited: no retry.
 func TestRetryWaitStaysWithinItsBounds(t *testing.T) {
 	err := fmt.Errorf("limiter: POST %s: %w: connection refused", httpapi.PathAcquire, client.ErrUnavailable)
 	for attempt := range 100 {
 		want := min(200*time.Millisecond<<min(attempt, 8), 2*time.Second)
-		if w := client.RetryWait(err, attempt); w < want/2 || w > want {
-			t.Errorf("the wait before retry %d: %s; want %s-%s", attempt+1, w, want/2, want)
+		if w, ok := client.RetryWait(err, attempt); !ok || w < want/2 || w > want {
+			t.Errorf("the wait before retry %d: %s (retried %t); want %s-%s", attempt+1, w, ok, want/2, want)
 		}
 	}
-	for _, retryAfter := range []time.Duration{time.Millisecond, time.Second, 5 * time.Second} {
+	for _, retryAfter := range []time.Duration{time.Millisecond, time.Second, 2 * time.Second} {
 		answered := &client.Error{Status: http.StatusServiceUnavailable, Code: httpapi.CodeUnavailable, RetryAfter: retryAfter}
 		for attempt := range 20 {
-			if w := client.RetryWait(answered, attempt); w < retryAfter || w > retryAfter*3/2 {
-				t.Errorf("the wait before retry %d after a Retry-After of %s: %s; want %s-%s", attempt+1, retryAfter, w, retryAfter, retryAfter*3/2)
+			if w, ok := client.RetryWait(answered, attempt); !ok || w < retryAfter || w > retryAfter*3/2 {
+				t.Errorf("the wait before retry %d after a Retry-After of %s: %s (retried %t); want %s-%s", attempt+1, retryAfter, w, ok, retryAfter, retryAfter*3/2)
 				break
 			}
+		}
+	}
+	for _, retryAfter := range []time.Duration{2*time.Second + time.Millisecond, 5 * time.Second, time.Hour} {
+		answered := &client.Error{Status: http.StatusServiceUnavailable, Code: httpapi.CodeUnavailable, RetryAfter: retryAfter}
+		if w, ok := client.RetryWait(answered, 0); ok {
+			t.Errorf("the retry after a Retry-After of %s: got one after %s, want none (above the 2s cap)", retryAfter, w)
 		}
 	}
 }
@@ -308,6 +315,61 @@ func TestAcquireRetryWaitsTheAnswersRetryAfter(t *testing.T) {
 	}
 	if gap := sent[1].Sub(sent[0]); gap < time.Second {
 		t.Errorf("the retry came %s after the attempt answered Retry-After: 1; want at least 1s", gap)
+	}
+}
+
+// TestAcquireGivesUpOnARetryAfterPastTheCap: a 503 whose Retry-After
+// asks for more than the client waits between retries (2s; something in
+// front of the limiter, such as a maintenance page, asking for an hour)
+// ends Acquire at once with that error, instead of holding it that long
+// per retry; the acquire's stream id is released, as whenever Acquire
+// gives up on an unanswered attempt.
+func TestAcquireGivesUpOnARetryAfterPastTheCap(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		retryAfter string
+		attempts   int
+	}{
+		{name: "10s: given up at once", retryAfter: "10", attempts: 1},
+		{name: "3s, just past the cap: given up at once", retryAfter: "3", attempts: 1},
+		{name: "2s, the cap: waited out and retried", retryAfter: "2", attempts: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFake(t)
+			var sent atomic.Int32
+			f.set(func(f *fakeLimiter) {
+				f.onAcquire = func(w http.ResponseWriter, r *http.Request) bool {
+					if sent.Add(1) > 1 {
+						return false
+					}
+					w.Header().Set("Retry-After", tc.retryAfter)
+					writeError(w, http.StatusServiceUnavailable, httpapi.Error{Code: httpapi.CodeUnavailable, Message: "down for maintenance"})
+					return true
+				}
+			})
+			c := newClient(t, f.URL())
+			start := time.Now()
+			_, err := c.Acquire(context.Background(), "u", "free")
+			took := time.Since(start)
+			if got := int(sent.Load()); got != tc.attempts {
+				t.Errorf("attempts: got %d, want %d", got, tc.attempts)
+			}
+			if tc.attempts > 1 {
+				if err != nil {
+					t.Errorf("Acquire: got %v, want the retry's grant", err)
+				}
+				return
+			}
+			if !errors.Is(err, client.ErrUnavailable) || took > time.Second {
+				t.Errorf("Acquire: got %v after %s, want ErrUnavailable at once", err, took)
+			}
+			f.mu.Lock()
+			released := f.releases
+			f.mu.Unlock()
+			if released == 0 {
+				t.Errorf("releases of the unanswered acquire's stream id before Acquire returned: got 0, want 1")
+			}
+		})
 	}
 }
 
