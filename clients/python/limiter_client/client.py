@@ -27,6 +27,12 @@ MAX_LABEL_BYTES = 128
 # no Retry-After: doubling from the first, in seconds.
 FIRST_ACQUIRE_BACKOFF = 0.2
 MAX_ACQUIRE_BACKOFF = 2.0
+# The longest Retry-After an acquire's retry waits out, in seconds, as long
+# as the longest backoff: the limiter's own 503s ask for 1s. An answer
+# asking for longer (a maintenance page of a proxy in front of the
+# limiter) ends the retries at once, rather than hold acquire that long
+# per retry.
+MAX_RETRY_AFTER = MAX_ACQUIRE_BACKOFF
 # How long after the release of an unanswered acquire it is sent once
 # more, in seconds: the lost attempt may still be on its way to Redis, and
 # reach it after the release (the limiter's Redis client sends an acquire
@@ -65,7 +71,10 @@ class Client:
       only its answer lost, and the retry is then granted that slot, not a
       second one. Between attempts it waits the answer's Retry-After (up to
       half as long again, for jitter), else 0.2s doubling up to 2s (from
-      half of each, for jitter). When it gives up it releases the
+      half of each, for jitter); a Retry-After above 2s (something in front
+      of the limiter asking for a long pause: the limiter's own 503s ask
+      for 1s) is not waited, and acquire gives up at once, raising that
+      answer's error. When it gives up it releases the
       stream id, so that a slot a lost attempt took does not count against
       the user for a whole TTL, and, when the id is the client's own, once
       more a second later, in the background, for an attempt that reached
@@ -264,7 +273,8 @@ class Client:
                     raise
                 if not definite(err):
                     unanswered = True
-                    if attempt < self._retries and isinstance(err, Unavailable) and self._pause(retry_wait(err, attempt)):
+                    wait = retry_wait(err, attempt)
+                    if attempt < self._retries and isinstance(err, Unavailable) and wait is not None and self._pause(wait):
                         attempt += 1
                         continue
                 self._release_unanswered(body, generated)
@@ -373,12 +383,15 @@ def heartbeat_interval_of(out: AcquireResponse) -> float:
     return FALLBACK_HEARTBEAT_INTERVAL
 
 
-def retry_wait(err: LimiterError, attempt: int) -> float:
+def retry_wait(err: LimiterError, attempt: int) -> Optional[float]:
     """How long to wait after the attempt-th unanswered attempt failed with
     err: at least the answer's Retry-After, up to half as long again;
     without one, a doubling backoff drawn from its upper half. The jitter
-    keeps clients cut off by one outage from all coming back at once."""
+    keeps clients cut off by one outage from all coming back at once.
+    None when the answer's Retry-After is above MAX_RETRY_AFTER: no retry."""
     if err.retry_after:
+        if err.retry_after > MAX_RETRY_AFTER:
+            return None
         return err.retry_after + random.uniform(0, err.retry_after / 2)
     wait = min(FIRST_ACQUIRE_BACKOFF * (2**attempt), MAX_ACQUIRE_BACKOFF)
     return wait / 2 + random.uniform(0, wait / 2)

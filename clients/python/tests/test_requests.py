@@ -478,6 +478,30 @@ class RequestTest(unittest.TestCase):
                 want = sent if given else sent * 2
                 self.assertEqual([r.json["stream_id"] for r in self.server.received(Paths.RELEASE)], want)
 
+    def test_a_retry_after_past_the_cap_ends_the_retries_at_once(self) -> None:
+        # Something in front of the limiter (a maintenance page) asks for
+        # more than the 2s the client waits between retries: acquire raises
+        # that answer's error at once, having released its stream id,
+        # rather than wait that long per retry.
+        for retry_after, attempts in (("10", 1), ("3", 1), ("2", 2)):
+            with self.subTest(retry_after=retry_after):
+                self.server.requests.clear()
+                self.fake.acquire_answers = [
+                    json_answer(503, {"error": {"code": "limiter_unavailable", "message": "down for maintenance"}}, **{"Retry-After": retry_after})
+                ]
+                client = self.client()
+                start = time.monotonic()
+                if attempts > 1:
+                    client.acquire("user-1", "paid").release()
+                else:
+                    with self.assertRaises(Unavailable):
+                        client.acquire("user-1", "paid")
+                    self.assertLess(time.monotonic() - start, 1.0, "acquire waited for a Retry-After past the cap")
+                sent = [r.json["stream_id"] for r in self.server.received(Paths.ACQUIRE)]
+                self.assertEqual(len(sent), attempts)
+                if attempts == 1:
+                    self.assertEqual([r.json["stream_id"] for r in self.server.received(Paths.RELEASE)], sent, "released before acquire raised")
+
     def test_release_of_a_slot_another_caller_holds_is_not_slot_holder(self) -> None:
         lease = self.client().acquire("user-1", "paid", stream_id="s")
         self.fake.release_answer = json_answer(403, {"error": not_slot_holder("user-1", "s")})
