@@ -15,6 +15,11 @@ export const MAX_LABEL_BYTES = 128;
 // no Retry-After: doubling from the first.
 const FIRST_ACQUIRE_BACKOFF_MS = 200;
 const MAX_ACQUIRE_BACKOFF_MS = 2000;
+// The longest Retry-After an acquire's retry waits out, as long as the
+// longest backoff: the limiter's own 503s ask for 1s. An answer asking for
+// longer (a maintenance page of a proxy in front of the limiter) ends the
+// retries at once, rather than hold acquire that long per retry.
+const MAX_RETRY_AFTER_MS = MAX_ACQUIRE_BACKOFF_MS;
 // How long after the release of an unanswered acquire it is sent once more:
 // the lost attempt may still be on its way to Redis, and reach it after the
 // release (the limiter's Redis client sends an acquire script again after a
@@ -54,7 +59,10 @@ export interface ClientOptions {
    * only its answer lost, and the retry is then granted that slot, not a
    * second one. Between attempts it waits the answer's Retry-After (up to
    * half as long again, for jitter), else 200ms doubling up to 2s (from half
-   * of each, for jitter). When it gives up it releases the
+   * of each, for jitter); a Retry-After above 2s (something in front of the
+   * limiter asking for a long pause: the limiter's own 503s ask for 1s) is
+   * not waited, and acquire gives up at once, rejecting with that answer's
+   * error. When it gives up it releases the
    * stream id, so that a slot a lost attempt took does not count against
    * the user for a whole TTL, and, when the id is the client's own, once
    * more a second later, in the background, for an attempt that reached
@@ -297,7 +305,8 @@ export class Client {
         if (!definite(err)) {
           unanswered = true;
           const retryable = err instanceof LimiterError && err.code === ErrorCode.LimiterUnavailable;
-          if (attempt < this.retries && retryable && (await this.pause(retryWait(err, attempt), signal))) {
+          const wait = retryable ? retryWait(err, attempt) : undefined;
+          if (attempt < this.retries && wait !== undefined && (await this.pause(wait, signal))) {
             continue;
           }
         }
@@ -437,10 +446,14 @@ export function heartbeatIntervalOf(answer: AcquireResponse): number {
  * How long to wait after the attempt-th unanswered attempt failed with err:
  * at least the answer's Retry-After, up to half as long again; without one,
  * a doubling backoff drawn from its upper half. The jitter keeps clients cut
- * off by one outage from all coming back at once.
+ * off by one outage from all coming back at once. undefined when the
+ * answer's Retry-After is above MAX_RETRY_AFTER_MS: no retry.
  */
-export function retryWait(err: LimiterError, attempt: number): number {
+export function retryWait(err: LimiterError, attempt: number): number | undefined {
   if (err.retryAfterMs) {
+    if (err.retryAfterMs > MAX_RETRY_AFTER_MS) {
+      return undefined;
+    }
     return err.retryAfterMs + Math.random() * (err.retryAfterMs / 2);
   }
   const wait = Math.min(FIRST_ACQUIRE_BACKOFF_MS * 2 ** attempt, MAX_ACQUIRE_BACKOFF_MS);

@@ -449,6 +449,30 @@ describe("requests and answers", () => {
     }
   });
 
+  test("a Retry-After past the cap ends the retries at once", async () => {
+    // Something in front of the limiter (a maintenance page) asks for more
+    // than the 2s the client waits between retries: acquire rejects with
+    // that answer's error at once, having released its stream id, rather
+    // than wait that long per retry.
+    for (const [retryAfter, attempts] of [["10", 1], ["3", 1], ["2", 2]] as const) {
+      server.requests.length = 0;
+      fake.acquireAnswers = [jsonAnswer(503, { error: { code: "limiter_unavailable", message: "down for maintenance" } }, { "Retry-After": retryAfter })];
+      const c = newClient();
+      const start = Date.now();
+      if (attempts > 1) {
+        await (await c.acquire("user-1", "paid")).release();
+      } else {
+        await assert.rejects(c.acquire("user-1", "paid"), (err: unknown) => err instanceof LimiterError && err.status === 503);
+        assert.ok(Date.now() - start < 1000, `Retry-After: ${retryAfter}: acquire rejected after ${Date.now() - start}ms, having waited past the cap`);
+      }
+      const sent = server.received(Paths.acquire).map((r) => r.json.stream_id);
+      assert.equal(sent.length, attempts, `Retry-After: ${retryAfter}: attempts`);
+      if (attempts === 1) {
+        assert.deepEqual(server.received(Paths.release).map((r) => r.json.stream_id), sent, "released before acquire rejected");
+      }
+    }
+  });
+
   test("a retry under the streamId an unavailable names calls off the release sent once more", async () => {
     // As serve answers it: naming the stream id the acquire was sent under.
     const unavailable = (rec: Recorded): Answer =>
