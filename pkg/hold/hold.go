@@ -257,10 +257,14 @@ func (h *Holder) Drain(ctx context.Context) bool {
 // is ended. Close ends the waits too.
 func (h *Holder) EndWaits() { h.endWaits() }
 
+// closeCut, when set (by tests), is called as Close cuts each stream.
+var closeCut func(*Stream)
+
 // Close stops the heartbeats, refuses new acquires, and releases every
 // slot still held: each such stream is cut at once, marked lost with
 // ErrShutdown (its Context is cancelled, so its holder cuts it) and ended
-// with EndShutdown (its holder's own Release then does nothing), and its
+// with EndShutdown in the same step (its holder's own Release, however
+// soon it comes, then does nothing and returns at once), and its
 // slot released, ReleaseConcurrency at a time. ctx bounds the releases:
 // once it ends, none is started, and those in flight end with it (a slot
 // not released expires after its TTL). It returns how many streams it
@@ -290,8 +294,10 @@ func (h *Holder) Close(ctx context.Context) (cut, released int) {
 	var free []due
 	freed := 0 // ended with no slot in Redis to free
 	for _, s := range left {
-		s.lose(ErrShutdown, false, nil)
-		pools, inRedis, ok := s.end(ctx, EndShutdown)
+		pools, inRedis, ok := s.shut(ctx, ErrShutdown, EndShutdown)
+		if closeCut != nil {
+			closeCut(s)
+		}
 		switch {
 		case !ok: // its holder released it meanwhile
 			continue

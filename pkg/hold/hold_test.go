@@ -403,6 +403,46 @@ func TestCloseCutsAtOnceAndReleasesWithinItsContext(t *testing.T) {
 	}
 }
 
+// TestCloseOwnsTheStreamsItCuts: with Redis hung, each stream's holder
+// releases it as soon as Close cuts it, as a proxy's handler does. Close
+// has ended the stream as it cut it: the holder's Release returns at once
+// (its answer to the client is not held up by a release that Redis does
+// not answer), and Close counts every stream cut, none released.
+func TestCloseOwnsTheStreamsItCuts(t *testing.T) {
+	path := testenv.StartProxy(t, testenv.Redis(t))
+	e := newEnv(t, hold.Options{}, limitertest.Options{Redis: cluster.Options{Addrs: []string{path.Addr()}, Timeout: time.Second}})
+	const n = 8
+	streams := make([]*hold.Stream, n)
+	for i := range streams {
+		streams[i] = e.acquire(t, newUser(), "three")
+	}
+	path.BlackHole()
+	type ended struct {
+		took     time.Duration
+		released bool
+	}
+	handlers := make(chan ended, n)
+	// Each holder releases its stream the moment Close has cut it, before
+	// Close goes on.
+	defer hold.SetCloseCut(func(st *hold.Stream) {
+		<-st.Lost()
+		start := time.Now()
+		released := st.Release(context.Background(), hold.EndComplete)
+		handlers <- ended{time.Since(start), released}
+	})()
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	cut, released := e.Holder.Close(ctx)
+	if cut != n || released != 0 {
+		t.Errorf("Close = %d cut, %d released, with Redis hung; want %d cut, 0 released", cut, released, n)
+	}
+	for range n {
+		if h := <-handlers; h.released || h.took > 200*time.Millisecond {
+			t.Errorf("a holder's Release once its stream was cut: %v after %v; want false at once: Close ended the stream", h.released, h.took.Round(time.Millisecond))
+		}
+	}
+}
+
 // A stream granted degraded while Redis did not answer is acquired again,
 // under its own stream id, once Redis answers: it counts from then on.
 func TestDegradedStreamIsCountedOnceRedisAnswers(t *testing.T) {

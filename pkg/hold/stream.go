@@ -191,6 +191,38 @@ func (s *Stream) end(ctx context.Context, end End) (pools []limiter.PoolGrant, d
 	return pools, !gone, true
 }
 
+// shut ends the stream for Close in one step: it is cut (Lost closes,
+// its contexts are cancelled with err, unless it was lost before) and
+// released (end), so that its holder, woken by the cut, finds it ended:
+// its Release returns false at once, its answer to the client is not held
+// up by a release Redis may not answer, and Close frees the slot within
+// its bound, counting it. ok is false when the holder released it first.
+func (s *Stream) shut(ctx context.Context, err error, end End) (pools []limiter.PoolGrant, due, ok bool) {
+	s.mu.Lock()
+	if s.released {
+		s.mu.Unlock()
+		return nil, false, false
+	}
+	s.released = true
+	cut := s.err == nil
+	if cut {
+		s.err = err // a later Context is born cancelled
+	}
+	gone, pools := s.slotGone, s.pools
+	cancels := s.cancels
+	s.cancels = nil
+	s.mu.Unlock()
+	for _, cancel := range cancels {
+		cancel(err)
+	}
+	if cut {
+		close(s.lost)
+	}
+	s.h.remove(s)
+	s.h.metrics.ended(context.WithoutCancel(ctx), end, time.Since(s.started))
+	return pools, !gone, true
+}
+
 // freeSlot releases the slot in Redis, with the pool keys it joined,
 // within ctx; it reports whether Redis answered that it holds the slot
 // no more. A slot it cannot free expires after its TTL.
