@@ -289,9 +289,10 @@ Secret .secret (server.tls.existingSecret) in namespace .ns; nothing without it.
 {{- with .secret }}
 
 The port serves TLS with the certificate of the Secret {{ . }}
-(server.tls.existingSecret). curl trusts it with the Secret's CA, at
-localhost only when the certificate names it (else reach the Service by a
-name it holds):
+(server.tls.existingSecret). curl trusts it with the Secret's CA, its
+ca.crt (cert-manager writes one; with a certificate of a CA the system
+trusts, drop --cacert), at localhost only when the certificate names it
+(else reach the Service by a name it holds):
 
   kubectl -n {{ $.ns }} get secret {{ . }} -o jsonpath='{.data.ca\.crt}' | base64 -d > ca.crt
 {{- end }}
