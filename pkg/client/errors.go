@@ -200,12 +200,21 @@ func codeOfStatus(status int) string {
 	return "http_" + strconv.Itoa(status)
 }
 
-// retryAfterHeader parses Retry-After: delay seconds or an HTTP date.
+// maxRetryAfterHeader bounds what a Retry-After header can say: a day,
+// far past any wait an acquire retries after.
+const maxRetryAfterHeader = 24 * time.Hour
+
+// retryAfterHeader parses Retry-After: delay seconds (digits only; more
+// than a day reads as a day) or an HTTP date.
 func retryAfterHeader(v string, now time.Time) time.Duration {
 	if v == "" {
 		return 0
 	}
-	if secs, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && secs >= 0 {
+	if digits := strings.TrimSpace(v); digits != "" && strings.Trim(digits, "0123456789") == "" {
+		secs, err := strconv.ParseUint(digits, 10, 64)
+		if err != nil || secs > uint64(maxRetryAfterHeader/time.Second) {
+			return maxRetryAfterHeader
+		}
 		return time.Duration(secs) * time.Second
 	}
 	if at, err := http.ParseTime(v); err == nil && at.After(now) {

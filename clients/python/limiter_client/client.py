@@ -389,7 +389,7 @@ def retry_wait(err: LimiterError, attempt: int) -> Optional[float]:
     without one, a doubling backoff drawn from its upper half. The jitter
     keeps clients cut off by one outage from all coming back at once.
     None when the answer's Retry-After is above MAX_RETRY_AFTER: no retry."""
-    if err.retry_after:
+    if err.retry_after and err.retry_after > 0:  # none, or below 0 (not of the contract): the backoff
         if err.retry_after > MAX_RETRY_AFTER:
             return None
         return err.retry_after + random.uniform(0, err.retry_after / 2)

@@ -11,6 +11,7 @@ HTTP ``status``; catch the subclass you act on::
 
 from __future__ import annotations
 
+import datetime
 import email.utils
 import json
 import time
@@ -229,17 +230,21 @@ def from_answer(status: int, body: bytes, retry_after_header: Optional[str]) -> 
 
 
 def parse_retry_after(value: Optional[str], now: Optional[float] = None) -> Optional[float]:
-    """Seconds of a Retry-After header (delay seconds or an HTTP date)."""
+    """Seconds of a Retry-After header (delay seconds, ASCII digits only,
+    or an HTTP date, read as UTC when it names no zone); None for anything
+    else, or a date not ahead."""
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():
         return float(value)
     try:
         at = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        if at.tzinfo is None:  # asctime, or -0000: HTTP dates are UTC
+            at = at.replace(tzinfo=datetime.timezone.utc)
+        wait = at.timestamp() - (time.time() if now is None else now)
+    except (TypeError, ValueError, OverflowError, OSError):
         return None
-    wait = at.timestamp() - (time.time() if now is None else now)
     return wait if wait > 0 else None
 
 

@@ -450,7 +450,8 @@ export function heartbeatIntervalOf(answer: AcquireResponse): number {
  * answer's Retry-After is above MAX_RETRY_AFTER_MS: no retry.
  */
 export function retryWait(err: LimiterError, attempt: number): number | undefined {
-  if (err.retryAfterMs) {
+  if (err.retryAfterMs && err.retryAfterMs > 0) {
+    // (none, or below 0, not of the contract: the backoff)
     if (err.retryAfterMs > MAX_RETRY_AFTER_MS) {
       return undefined;
     }

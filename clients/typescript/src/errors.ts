@@ -163,14 +163,22 @@ export function fromAnswer(status: number, body: string, retryAfterHeader: strin
   return fromWire(wire, status);
 }
 
-/** Milliseconds of a Retry-After header (delay seconds or an HTTP date). */
+/**
+ * Milliseconds of a Retry-After header (delay seconds, or an HTTP date,
+ * read as UTC when it names no zone). Of a header sent twice, which fetch
+ * joins with ", ", the first.
+ */
 export function parseRetryAfter(value: string | null, now = Date.now()): number | undefined {
   if (!value) {
     return undefined;
   }
-  const text = value.trim();
-  if (/^\d+$/.test(text)) {
-    return Number(text) * 1000;
+  let text = value.trim();
+  const seconds = /^(\d+)\s*(?:,|$)/.exec(text);
+  if (seconds) {
+    return Number(seconds[1]) * 1000;
+  }
+  if (!/(GMT|UTC|[+-]\d{4})\s*$/.test(text)) {
+    text += " GMT"; // asctime names no zone: HTTP dates are UTC
   }
   const at = Date.parse(text);
   return Number.isNaN(at) || at <= now ? undefined : at - now;

@@ -8,6 +8,8 @@ import { afterEach, beforeEach, describe, test } from "node:test";
 
 import { Admin, Client, ErrorCode, LimiterError, Paths, isLimited, isNotSlotHolder, isPoolLimited, type ClientOptions, type Lease } from "../src/index.js";
 import { MemoryLogger, TestServer, eventually, jsonAnswer, type Answer, type Recorded } from "./support.js";
+import { retryWait } from "../src/client.js";
+import { parseRetryAfter } from "../src/errors.js";
 
 const STREAM_ID = /^[0-9a-f]{32}$/;
 
@@ -447,6 +449,32 @@ describe("requests and answers", () => {
       // release: only the client's own is released twice.
       assert.deepEqual(server.received(Paths.release).map((r) => r.json.stream_id), given ? sent : [...sent, ...sent], `streamId ${given}`);
     }
+  });
+
+  test("a Retry-After is digits alone, or an HTTP date read as UTC", () => {
+    // As the Go and Python clients read it: delay seconds of digits alone
+    // (of a header sent twice, the first), or a date ahead in any of its
+    // three forms, asctime's read as UTC; anything else says nothing.
+    const now = Date.UTC(2026, 11, 7, 12, 0, 0);
+    for (const [header, want] of [
+      ["3", 3000],
+      [" 2 ", 2000],
+      ["10, 1", 10000],
+      ["+3", undefined],
+      ["-1", undefined],
+      ["\u00b2", undefined],
+      ["3s", undefined],
+      ["Mon, 07 Dec 2026 12:00:05 GMT", 5000],
+      ["Monday, 07-Dec-26 12:00:05 GMT", 5000],
+      ["Mon Dec  7 12:00:05 2026", 5000],
+      ["Mon, 07 Dec 2026 11:59:55 GMT", undefined],
+    ] as const) {
+      assert.equal(parseRetryAfter(header, now), want, `Retry-After ${JSON.stringify(header)}`);
+    }
+    // A wait below 0 in a body (not of the contract) is the backoff, not
+    // an immediate retry.
+    const wait = retryWait(new LimiterError(ErrorCode.LimiterUnavailable, "down", { status: 503, retryAfterMs: -5000 }), 0);
+    assert.ok(wait !== undefined && wait > 0, `retryWait of retryAfterMs -5000 = ${wait}`);
   });
 
   test("a Retry-After past the cap ends the retries at once", async () => {
