@@ -355,8 +355,10 @@ class Error:
     """stream_limit_reached only - until the user's earliest slot expires."""
 
     stream_id: Optional[StreamID] = None
-    """limiter_unavailable of an acquire only - the stream id the
-    acquire was sent to Redis under; retry or release under it.
+    """limiter_unavailable of an acquire that named its stream_id
+    only - that id, under which the acquire may hold the slot with
+    only its answer lost: retry or release under it. An acquire
+    without one names none: the server releases the id it made.
     """
 
     waited_ms: Optional[int] = None

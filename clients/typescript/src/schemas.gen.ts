@@ -339,8 +339,10 @@ export interface ApiError {
   retry_after_ms?: number;
 
   /**
-   * limiter_unavailable of an acquire only - the stream id the
-   * acquire was sent to Redis under; retry or release under it.
+   * limiter_unavailable of an acquire that named its stream_id
+   * only - that id, under which the acquire may hold the slot with
+   * only its answer lost: retry or release under it. An acquire
+   * without one names none: the server releases the id it made.
    */
   stream_id?: StreamID;
 
