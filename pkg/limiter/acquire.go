@@ -295,6 +295,12 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	if degrade(tier.OutageMode(), err) {
 		undoTries() // a stream granted degraded is counted nowhere
 		if err := l.degradedPools(ctx, ms, err, &res); err != nil {
+			// Refused by a pool failing closed: the user's call may have
+			// taken the slot with only its answer lost, under an id no
+			// one else knows when the limiter made it.
+			if generated {
+				l.releaseUnanswered(ctx, req.UserID, req.StreamID)
+			}
 			return AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}, tier, err
 		}
 		l.warnDegraded(ctx, "redis unavailable; granting acquire degraded (failureMode Open)", "plan", tier.Plan, "err", err)

@@ -12,6 +12,7 @@ import (
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/lua"
+	"github.com/joishi/limiter/pkg/pools"
 	"github.com/joishi/limiter/pkg/tiers"
 	"github.com/redis/rueidis"
 )
@@ -128,6 +129,63 @@ func TestAnAcquireWhoseAnswerIsLostLeavesNoSlot(t *testing.T) {
 	if n != 0 {
 		t.Errorf("user holds %d slots 5s after the unanswered acquire, want 0", n)
 	}
+}
+
+// TestAnOpenAcquireWhoseAnswerIsLostAndAClosedPoolRefusesLeavesNoSlot: a
+// plan failing Open, a pool failing Closed; the acquire's user script
+// reaches Redis, its answer comes after the deadline, and the closed pool
+// answers the acquire limiter_unavailable (503). The stream id was made
+// by the limiter, and no answer names it: the limiter releases it, as it
+// does a Closed plan's (above), and the user's slot is free within moments,
+// not after a TTL.
+func TestAnOpenAcquireWhoseAnswerIsLostAndAClosedPoolRefusesLeavesNoSlot(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	slow := testenv.StartProxy(t, srv.Addr())
+	ts := []tiers.Tier{tiers.Tier{Plan: "open", MaxConcurrentStreams: 3, FailureMode: tiers.FailOpen}.WithDefaults()}
+	closedPool := func() *pools.Table {
+		return poolTable(t, pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(5), FailureMode: tiers.FailClosed})
+	}
+	stack := limitertest.New(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{slow.Addr()}, Timeout: 500 * time.Millisecond},
+		Tiers: ts, Limiter: limiter.Options{Pools: closedPool()}})
+	direct := limitertest.New(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{srv.Addr()}}, Tiers: ts,
+		Limiter: limiter.Options{Keys: stack.Keys, Pools: closedPool()}}).Limiter
+	ctx := context.Background()
+	pooled := map[string]string{"model": "k"}
+	warm := newUser(t) // the scripts loaded while the link is fast
+	g, err := stack.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: warm, Plan: "open", Pools: pooled})
+	if err != nil || !g.Granted || g.Degraded {
+		t.Fatalf("warm-up acquire: %+v, %v", g, err)
+	}
+	if _, err := stack.Limiter.Release(ctx, warm, g.StreamID); err != nil {
+		t.Fatal(err)
+	}
+
+	user := newUser(t)
+	sent := slow.ScriptCalls()
+	slow.SetLatency(750 * time.Millisecond)
+	res, err := stack.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "open", Pools: pooled})
+	var poolErr *limiter.PoolUnavailableError
+	if !errors.As(err, &poolErr) {
+		t.Fatalf("the acquire whose answer came late: %+v, %v; want a PoolUnavailableError (503)", res, err)
+	}
+	// The calls already in the proxy land after its delay; those sent from
+	// now on (the releases) go at once, behind them.
+	slow.SetLatency(0)
+	for deadline := time.Now().Add(5 * time.Second); slow.ScriptCalls() == sent; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Log("the acquire's script did not reach Redis within 5s: it took no slot")
+			break
+		}
+	}
+	var got limiter.UserSlots
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if got, err = direct.Slots(ctx, user); err == nil && got.Used == 0 {
+			return
+		}
+	}
+	t.Errorf("the user's slots 3s after the unanswered acquire: %d (%+v, %v); want 0: the id the limiter made is no one else's to release",
+		got.Used, got.Slots, err)
 }
 
 // TestAClosedWaitWhoseGrantIsLostLeavesNoSlot: a waiting acquire on a
