@@ -173,22 +173,7 @@ func (s *Stream) Release(ctx context.Context, end End) bool {
 // due says the limiter may still hold its slot, to be freed (freeSlot)
 // with pools.
 func (s *Stream) end(ctx context.Context, end End) (pools []limiter.PoolGrant, due, ok bool) {
-	s.mu.Lock()
-	if s.released {
-		s.mu.Unlock()
-		return nil, false, false
-	}
-	s.released = true
-	gone, pools := s.slotGone, s.pools
-	cancels := s.cancels
-	s.cancels = nil
-	s.mu.Unlock()
-	for _, cancel := range cancels {
-		cancel(errReleased)
-	}
-	s.h.remove(s)
-	s.h.metrics.ended(context.WithoutCancel(ctx), end, time.Since(s.started))
-	return pools, !gone, true
+	return s.finish(ctx, end, nil)
 }
 
 // shut ends the stream for Close in one step: it is cut (Lost closes,
@@ -198,24 +183,31 @@ func (s *Stream) end(ctx context.Context, end End) (pools []limiter.PoolGrant, d
 // up by a release Redis may not answer, and Close frees the slot within
 // its bound, counting it. ok is false when the holder released it first.
 func (s *Stream) shut(ctx context.Context, err error, end End) (pools []limiter.PoolGrant, due, ok bool) {
+	return s.finish(ctx, end, err)
+}
+
+// finish is end, and with cut set shut: the stream, not lost before, is
+// lost with cut in the same step.
+func (s *Stream) finish(ctx context.Context, end End, cut error) (pools []limiter.PoolGrant, due, ok bool) {
 	s.mu.Lock()
 	if s.released {
 		s.mu.Unlock()
 		return nil, false, false
 	}
 	s.released = true
-	cut := s.err == nil
-	if cut {
-		s.err = err // a later Context is born cancelled
+	cause := errReleased
+	lost := cut != nil && s.err == nil
+	if lost {
+		s.err, cause = cut, cut // a later Context is born cancelled
 	}
 	gone, pools := s.slotGone, s.pools
 	cancels := s.cancels
 	s.cancels = nil
 	s.mu.Unlock()
 	for _, cancel := range cancels {
-		cancel(err)
+		cancel(cause)
 	}
-	if cut {
+	if lost {
 		close(s.lost)
 	}
 	s.h.remove(s)
