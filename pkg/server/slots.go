@@ -30,7 +30,9 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	// Without a stream_id the limiter makes the id, as its own: an
 	// acquire whose answer is lost (a 503, or a client gone before it)
 	// may have taken the slot under an id no one else knows, and the
-	// limiter releases it then (see limiter.AcquireRequest.StreamID).
+	// limiter releases it then (see limiter.AcquireRequest.StreamID). A
+	// grant whose client left before its answer is written is released
+	// here (releaseUnanswered).
 	ctx := r.Context()
 	acquire := limiter.AcquireRequest{UserID: req.UserID, Plan: req.Plan, StreamID: req.StreamID, Caller: callerOf(r).name, Label: req.Label, Wait: wait, Pools: req.Pools}
 	if wait > 0 {
@@ -83,6 +85,10 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusTooManyRequests, e)
 		return
 	}
+	if req.StreamID == "" && r.Context().Err() != nil {
+		s.releaseUnanswered(w, r, req.UserID, res)
+		return
+	}
 	a := newAnswer()
 	a.b = appendAcquireResponse(a.b, httpapi.AcquireResponse{
 		Granted:             true,
@@ -100,6 +106,20 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		WouldRefuseBy:       wouldRefuseBy(res.WouldRefuseBy),
 	})
 	a.send(w, http.StatusOK)
+}
+
+// releaseUnanswered releases the slot of an acquire granted under an id
+// the limiter made (res.StreamID) whose client left before its answer
+// was written: only that answer would have told the id, so no one else
+// could release the slot, and it would hold the user's place for its
+// whole TTL. (The limiter does the same for a client gone before the
+// grant.) It is checked before the answer is written, not after: a
+// client that read its answer and hung up keeps its slot. No one waits
+// for this answer, so the release runs here, within its per-call
+// deadline, and the request is counted as the client's doing (499).
+func (s *Server) releaseUnanswered(w http.ResponseWriter, r *http.Request, userID string, res limiter.AcquireResult) {
+	_, _ = s.lim.ReleaseJoined(context.WithoutCancel(r.Context()), userID, res.StreamID, res.Pools)
+	w.WriteHeader(statusClientGone)
 }
 
 // decodeForPlan decodes the body of a request for a plan's slot into req,

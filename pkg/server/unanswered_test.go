@@ -3,8 +3,11 @@ package server_test
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -13,6 +16,11 @@ import (
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/httpapi"
 	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/pools"
+	"github.com/joishi/limiter/pkg/server"
+	"github.com/joishi/limiter/pkg/telemetry"
+	"github.com/joishi/limiter/pkg/tiers"
+	"go.opentelemetry.io/otel/metric/noop"
 )
 
 // TestAPIAcquireWhoseAnswerIsLateNamesItsStreamID: a Closed-plan acquire
@@ -171,6 +179,158 @@ func TestAPIAcquireWithoutStreamIDFreesTheSlotItsLostAnswerTook(t *testing.T) {
 			}
 			t.Errorf("slots of the user 3s after the unanswered acquire: got %d (%+v, %v), want 0: "+
 				"a slot under an id no one was told holds the user's place for its TTL (10s)", got.Used, got.Slots, err)
+		})
+	}
+}
+
+// leaveAtGrant is an Observer that, at the next grant after arm, makes
+// the acquire's client leave (arm's leave) and holds the grant back from
+// the handler until the server has seen the connection go (the request's
+// context ends): the client is gone by the time its answer is written.
+// (An Observer must not block; this one does, once, to order the two.)
+type leaveAtGrant struct {
+	limiter.Observer
+	leave chan func()
+	// saw says whether the server saw the client go within 5s.
+	saw chan bool
+}
+
+func newLeaveAtGrant(base limiter.Observer) *leaveAtGrant {
+	return &leaveAtGrant{Observer: base, leave: make(chan func(), 1), saw: make(chan bool, 1)}
+}
+
+// arm makes the next grant call leave first.
+func (o *leaveAtGrant) arm(leave func()) { o.leave <- leave }
+
+func (o *leaveAtGrant) Acquired(ctx context.Context, tier tiers.Tier, res limiter.AcquireResult, err error) {
+	o.Observer.Acquired(ctx, tier, res, err)
+	if !res.Granted {
+		return
+	}
+	select {
+	case leave := <-o.leave:
+		leave()
+		select {
+		case <-ctx.Done():
+			o.saw <- true
+		case <-time.After(5 * time.Second):
+			o.saw <- false
+		}
+	default:
+	}
+}
+
+// TestAPIAcquireWithoutStreamIDFreesTheSlotOfAClientGoneAtItsGrant: an
+// acquire sent without stream_id that is granted, at once or after a
+// wait, just as its client hangs up holds a slot under an id no one was
+// told: the server releases it rather than write an answer no one reads,
+// and the user's slot is free at once, not after its TTL (10s). A slot
+// under the caller's own stream_id stays: the caller knows the id, to
+// acquire under it again or release it.
+func TestAPIAcquireWithoutStreamIDFreesTheSlotOfAClientGoneAtItsGrant(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		streamID string
+		// waits: the acquire finds the user's one slot held, and is
+		// granted the slot the holder's release frees.
+		waits bool
+		// pooled: the acquire joins pool key model=gpt-4o too, whose
+		// place goes with the slot.
+		pooled bool
+		want   int // the user's slots (and the key's places) once the client is gone
+	}{
+		{name: "granted at once, its id made by the limiter", want: 0},
+		{name: "granted at once with a pool's place, its id made by the limiter", pooled: true, want: 0},
+		{name: "granted after waiting, its id made by the limiter", waits: true, want: 0},
+		{name: "granted at once, under the caller's stream_id", streamID: "callers", want: 1},
+		{name: "granted after waiting, under the caller's stream_id", streamID: "callers", waits: true, want: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			poolTable := pools.NewTable()
+			if err := poolTable.Replace([]pools.Pool{pools.Pool{Pool: "model", Keys: map[string]int{"gpt-4o": 2}}.WithDefaults()}); err != nil {
+				t.Fatal(err)
+			}
+			var observer *leaveAtGrant
+			stack := limitertest.New(t, limitertest.Options{Tiers: waitTiers(), Limiter: limiter.Options{Pools: poolTable},
+				NewObserver: func(table *tiers.Table) (limiter.Observer, error) {
+					base, err := telemetry.NewObserver(noop.NewMeterProvider(), table, telemetry.ObserverOptions{})
+					observer = newLeaveAtGrant(base)
+					return observer, err
+				}})
+			// A server of the test's own, whose Close returns once every
+			// request's handler has.
+			srv := httptest.NewServer(server.New(stack.Limiter, server.Options{}).Handler())
+			defer srv.Close()
+
+			user := newUser(t)
+			if tc.waits {
+				if _, err := stack.Limiter.Acquire(t.Context(), limiter.AcquireRequest{UserID: user, Plan: "wait", StreamID: "first"}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			observer.arm(cancel)
+			acquire := httpapi.AcquireRequest{UserID: user, Plan: "wait", StreamID: tc.streamID, WaitMs: 5000}
+			if tc.pooled {
+				acquire.Pools = map[string]string{"model": "gpt-4o"}
+			}
+			body := mustJSON(t, acquire)
+			answered := make(chan error, 1)
+			go func() {
+				req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+httpapi.PathAcquire, bytes.NewReader(body))
+				if err != nil {
+					answered <- err
+					return
+				}
+				req.Header.Set("Content-Type", "application/json")
+				resp, err := srv.Client().Do(req)
+				if err == nil {
+					b, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					err = fmt.Errorf("answered %d %s", resp.StatusCode, b)
+				}
+				answered <- err
+			}()
+			if tc.waits {
+				for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+					got, err := stack.Limiter.Slots(context.Background(), user)
+					if err == nil && len(got.Queue) == 1 {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("the acquire never queued: %+v, %v", got, err)
+					}
+				}
+				if _, err := stack.Limiter.Release(context.Background(), user, "first"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := <-answered; !errors.Is(err, context.Canceled) {
+				t.Fatalf("the client left at the grant: got %v, want no answer (context canceled)", err)
+			}
+			if !<-observer.saw {
+				t.Fatal("the server did not see the client go within 5s of the grant")
+			}
+			srv.Close() // the handler has returned
+			var got limiter.UserSlots
+			var err error
+			for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				got, err = stack.Limiter.Slots(context.Background(), user)
+				if err == nil && got.Used == tc.want || time.Now().After(deadline) {
+					break
+				}
+			}
+			if err != nil || got.Used != tc.want {
+				t.Errorf("slots of the user 2s after its client left at the grant: got %d (%+v, %v), want %d", got.Used, got.Slots, err, tc.want)
+			}
+			if tc.pooled {
+				if got, err := stack.Limiter.PoolSlots(context.Background(), "model", "gpt-4o"); err != nil || got.Used != tc.want {
+					t.Errorf("places of model=gpt-4o once the user's slot is free: got %d (%+v, %v), want %d", got.Used, got.Holders, err, tc.want)
+				}
+			}
 		})
 	}
 }
