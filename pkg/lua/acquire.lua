@@ -56,7 +56,8 @@
 --                  0 else
 --   owed           when denied with slots free (used < the limit): how
 --                  many waiting acquires they are owed to (see below),
---                  which refused it; 0 else
+--                  which refused it: at most limit - used, though wake
+--                  ids may name more; 0 else
 --
 -- Idempotent on the stream id: acquiring a held stream extends it (never
 -- shortens it) and leaves used unchanged. A stream belongs to the caller
@@ -254,8 +255,11 @@ elseif limit > 0 and used >= limit then
   local nth = redis.call('ZRANGE', key, used - limit, used - limit, 'WITHSCORES')
   retry = tonumber(nth[2]) - now
 elseif limit > 0 then
-  -- Free slots, owed to the acquires waiting for them.
-  owedTo = #due
+  -- Free slots, owed to the acquires waiting for them: those served
+  -- first, one a slot. After a prune due runs on past the limit (every
+  -- ticket owed a slot under its own, larger, limit is woken), and those
+  -- past it are owed none of this limit's free slots.
+  owedTo = math.min(#due, limit - used)
   local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
   retry = 1000
   if first[2] then

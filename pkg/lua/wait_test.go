@@ -956,3 +956,44 @@ func TestARefusalOfSlotsOwedToWaitersCountsThem(t *testing.T) {
 		}
 	})
 }
+
+// TestARefusalAfterAPruneCountsOnlyThoseTheFreeSlotsAreOwedTo: an acquire
+// that prunes expired slots wakes every waiting acquire owed them, but its
+// refusal counts only those its own limit's free slots are owed to. Three
+// tickets of plan big (limit 3) wait; the three slots expire; an acquire
+// of plan small (limit 2) prunes them, wakes all three, and is refused for
+// its 2 free slots, owed to 2 of them.
+func TestARefusalAfterAPruneCountsOnlyThoseTheFreeSlotsAreOwedTo(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		const slotTTL = 200 * time.Millisecond
+		for _, id := range []string{"x", "y", "z"} {
+			if got, err := lua.Acquire(ctx, c, key, id, 3, slotTTL, lua.Record{Plan: "big"}, false); err != nil || !got.Granted {
+				t.Fatalf("%s: %+v, %v", id, got, err)
+			}
+		}
+		args := lua.WaitArgs{Limit: 3, SlotTTL: time.Minute, TicketTTL: 30 * time.Second, MaxQueue: 10}
+		for _, id := range []string{"q1", "q2", "q3"} {
+			args.Tickets = append(args.Tickets, lua.TicketArgs{StreamID: id, Record: lua.Record{Plan: "big", Token: "tok" + id}})
+		}
+		w, err := lua.Wait(ctx, c, key, args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, tk := range w.Tickets {
+			wantTicket(t, fmt.Sprintf("ticket %d", i+1), tk, lua.TicketQueued, i+1)
+		}
+		time.Sleep(slotTTL + 50*time.Millisecond)
+		got, err := lua.Acquire(ctx, c, key, "s", 2, time.Minute, lua.Record{Plan: "small"}, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Granted || got.Pruned != 3 || got.Used != 0 || !slices.Equal(got.Wake, []string{"q1", "q2", "q3"}) {
+			t.Errorf("acquire after the slots expired: %+v; want refused, 3 pruned, used 0, q1, q2 and q3 woken", got)
+		}
+		if got.Owed != 2 {
+			t.Errorf("refused with 2 slots free under its limit of 2: Owed %d, want 2", got.Owed)
+		}
+	})
+}
