@@ -94,7 +94,7 @@ func (a *Admin) WatchTokens(ctx context.Context) { a.tokens.Watch(ctx, a.poll) }
 func (a *Admin) Routes(mux *http.ServeMux) {
 	a.route(mux, httpapi.PathAdminUserSlots, adminRoute{method: http.MethodGet, action: httpapi.ActionListSlots, role: httpapi.RoleViewer, do: a.listSlots})
 	a.route(mux, httpapi.PathAdminUserRelease, adminRoute{method: http.MethodPost, action: httpapi.ActionReleaseAll, role: httpapi.RoleOperator,
-		do: a.releaseAll, reason: releaseReason})
+		do: a.releaseAll, audited: reasonOf(releaseReason)})
 	a.routeOverride(mux, httpapi.PathAdminUserOverride, a.userScope())
 	a.route(mux, httpapi.PathAdminPoolKey, adminRoute{method: http.MethodGet, action: httpapi.ActionListSlots, role: httpapi.RoleViewer, do: a.listPoolKey})
 	a.routeOverride(mux, httpapi.PathAdminPoolKeyOverride, a.poolKeyScope())
@@ -107,10 +107,19 @@ func (a *Admin) Routes(mux *http.ServeMux) {
 type adminRoute struct {
 	method, action, role string
 	do                   adminHandler
-	// reason, for a call that changes something, reads the reason of its
-	// body: a known caller refused for its role is recorded with what it
-	// tried to do, and why.
-	reason func(http.ResponseWriter, *http.Request) (string, error)
+	// audited, for a call that changes something, reads its body into the
+	// call's record (its reason, and what an override asked for): a known
+	// caller refused for its role is recorded with what it tried to do,
+	// and why.
+	audited func(http.ResponseWriter, *http.Request, *httpapi.AuditRecord)
+}
+
+// reasonOf is the audited of a call whose body the record keeps the
+// reason of, which read returns.
+func reasonOf(read func(http.ResponseWriter, *http.Request) (string, error)) func(http.ResponseWriter, *http.Request, *httpapi.AuditRecord) {
+	return func(w http.ResponseWriter, r *http.Request, rec *httpapi.AuditRecord) {
+		rec.Reason, _ = read(w, r)
+	}
 }
 
 // route serves each of routes on path, and answers any other method on
@@ -158,7 +167,7 @@ func (a *Admin) call(rt adminRoute) http.HandlerFunc {
 		var body any
 		err := a.authorize(w, r, rt.role, &rec)
 		switch {
-		case err == nil && rt.reason != nil:
+		case err == nil && rt.audited != nil:
 			// A call that changes something runs whole once it starts, its
 			// caller there or not (bounded by the per-call deadlines): one
 			// cut short by a hang-up could land in Redis and skip the rest
@@ -167,9 +176,9 @@ func (a *Admin) call(rt adminRoute) http.HandlerFunc {
 			body, err = rt.do(w, r.WithContext(context.WithoutCancel(r.Context())), &rec)
 		case err == nil:
 			body, err = rt.do(w, r, &rec)
-		case errors.Is(err, server.ErrAdminForbidden) && rt.reason != nil:
+		case errors.Is(err, server.ErrAdminForbidden) && rt.audited != nil:
 			// Record what a known caller tried to change, and why.
-			rec.Reason, _ = rt.reason(w, r)
+			rt.audited(w, r, &rec)
 		}
 		if err != nil {
 			status, e := server.MapError(err)

@@ -102,6 +102,16 @@ func auditAttrs(rec httpapi.AuditRecord) []slog.Attr {
 	if o := rec.Override; o != nil {
 		attrs = append(attrs, slog.Group("override", slog.Int("max_concurrent_streams", o.MaxConcurrentStreams), slog.Time("expires_at", o.ExpiresAt)))
 	}
+	if a := rec.Asked; a != nil {
+		var asked []any
+		if a.MaxConcurrentStreams != nil {
+			asked = append(asked, slog.Int("max_concurrent_streams", *a.MaxConcurrentStreams))
+		}
+		if a.ExpiresIn != nil {
+			asked = append(asked, slog.Int64("expires_in", *a.ExpiresIn))
+		}
+		attrs = append(attrs, slog.Group("asked", asked...))
+	}
 	if rec.OverrideRemoved != nil {
 		attrs = append(attrs, slog.Bool("override_removed", *rec.OverrideRemoved))
 	}

@@ -61,8 +61,8 @@ func (a *Admin) poolKeyScope() overrideScope {
 // of scope on path.
 func (a *Admin) routeOverride(mux *http.ServeMux, path string, scope overrideScope) {
 	a.route(mux, path,
-		adminRoute{method: http.MethodPost, action: httpapi.ActionSetOverride, role: httpapi.RoleOperator, do: a.setOverride(scope), reason: scope.overrideReason},
-		adminRoute{method: http.MethodDelete, action: httpapi.ActionRemoveOverride, role: httpapi.RoleOperator, do: a.removeOverride(scope), reason: scope.removalReason})
+		adminRoute{method: http.MethodPost, action: httpapi.ActionSetOverride, role: httpapi.RoleOperator, do: a.setOverride(scope), audited: scope.auditBody},
+		adminRoute{method: http.MethodDelete, action: httpapi.ActionRemoveOverride, role: httpapi.RoleOperator, do: a.removeOverride(scope), audited: reasonOf(scope.removalReason)})
 }
 
 // setOverride serves POST .../override: the scope's limit is
@@ -70,8 +70,7 @@ func (a *Admin) routeOverride(mux *http.ServeMux, path string, scope overrideSco
 // from now; it replaces any override before it.
 func (a *Admin) setOverride(scope overrideScope) adminHandler {
 	return func(w http.ResponseWriter, r *http.Request, rec *httpapi.AuditRecord) (any, error) {
-		req, reason, err := scope.overrideBody(w, r)
-		rec.Reason = reason
+		req, err := scope.overrideBody(w, r, rec)
 		if err != nil {
 			return nil, err
 		}
@@ -79,7 +78,7 @@ func (a *Admin) setOverride(scope overrideScope) adminHandler {
 			MaxConcurrentStreams: *req.MaxConcurrentStreams,
 			For:                  time.Duration(*req.ExpiresIn) * time.Second,
 			Actor:                rec.Actor,
-			Reason:               reason,
+			Reason:               rec.Reason,
 		})
 		if err != nil {
 			return nil, err
@@ -108,13 +107,19 @@ func (a *Admin) removeOverride(scope overrideScope) adminHandler {
 }
 
 // overrideBody decodes an override's body and checks that every field is
-// there and in bounds; the reason comes back cleaned for the audit.
-func (s overrideScope) overrideBody(w http.ResponseWriter, r *http.Request) (httpapi.AdminOverrideRequest, string, error) {
+// there and in bounds. Whatever of it was read goes into rec, in bounds
+// or not, so that a refused call's record says what it asked for: the
+// reason cleaned, the numbers as sent (see httpapi.AuditOverrideAsked).
+func (s overrideScope) overrideBody(w http.ResponseWriter, r *http.Request, rec *httpapi.AuditRecord) (httpapi.AdminOverrideRequest, error) {
 	var req httpapi.AdminOverrideRequest
 	err := server.Decode(w, r, httpapi.MaxBodyBytes, &req)
 	reason, rerr := checkReason(req.Reason, "this "+s.noun+"'s "+s.limit+" is overridden")
+	rec.Reason = reason
+	if req.MaxConcurrentStreams != nil || req.ExpiresIn != nil {
+		rec.Asked = &httpapi.AuditOverrideAsked{MaxConcurrentStreams: req.MaxConcurrentStreams, ExpiresIn: req.ExpiresIn}
+	}
 	if err != nil {
-		return req, reason, err
+		return req, err
 	}
 	switch n, d := req.MaxConcurrentStreams, req.ExpiresIn; {
 	case n == nil:
@@ -126,14 +131,13 @@ func (s overrideScope) overrideBody(w http.ResponseWriter, r *http.Request) (htt
 	case *d < httpapi.MinOverrideExpiresIn || *d > httpapi.MaxOverrideExpiresIn:
 		err = server.BadRequest("expires_in must be %d to %d seconds (a minute to 30 days), got %d", httpapi.MinOverrideExpiresIn, httpapi.MaxOverrideExpiresIn, *d)
 	}
-	return req, reason, cmp.Or(err, rerr)
+	return req, cmp.Or(err, rerr)
 }
 
-// overrideReason is the reason of an override's body, for the audit of a
-// refused call.
-func (s overrideScope) overrideReason(w http.ResponseWriter, r *http.Request) (string, error) {
-	_, reason, err := s.overrideBody(w, r)
-	return reason, err
+// auditBody reads an override's body into rec (see overrideBody), for
+// the record of a call refused before its body was read.
+func (s overrideScope) auditBody(w http.ResponseWriter, r *http.Request, rec *httpapi.AuditRecord) {
+	_, _ = s.overrideBody(w, r, rec)
 }
 
 // removalReason decodes the body of an override's removal and returns its

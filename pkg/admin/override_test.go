@@ -2,6 +2,7 @@ package admin_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"github.com/joishi/limiter/internal/apitest"
 	"net/http"
@@ -153,5 +154,73 @@ func TestAdminOverrideBounds(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestASetOverrideRecordsWhatItAskedFor: every set_override call's
+// audit record, in the stream and the log, keeps the limit and duration
+// its body asked for, refused calls included (for their role, a value out
+// of bounds, a field missing, a key the pool does not cap); a value that
+// is not a whole number is left out, and the detail names it.
+func TestASetOverrideRecordsWhatItAskedFor(t *testing.T) {
+	t.Parallel()
+	e := newPoolEnv(t, limitertest.Standalone)
+	user := httpapi.AdminUserOverridePath(newUser())
+	n := func(v int) *int { return &v }
+	s := func(v int64) *int64 { return &v }
+	for _, tc := range []struct {
+		name, path, token, body string
+		status                  int
+		want                    *httpapi.AuditOverrideAsked
+	}{
+		{"a viewer's refused call", user, viewerToken, `{"max_concurrent_streams":5,"expires_in":3600,"reason":"ticket 9"}`,
+			http.StatusForbidden, &httpapi.AuditOverrideAsked{MaxConcurrentStreams: n(5), ExpiresIn: s(3600)}},
+		{"a limit one over its bound", user, operatorToken, fmt.Sprintf(`{"max_concurrent_streams":%d,"expires_in":3600,"reason":"r"}`, httpapi.MaxOverrideStreams+1),
+			http.StatusBadRequest, &httpapi.AuditOverrideAsked{MaxConcurrentStreams: n(httpapi.MaxOverrideStreams + 1), ExpiresIn: s(3600)}},
+		{"a limit of -1", user, operatorToken, `{"max_concurrent_streams":-1,"expires_in":3600,"reason":"r"}`,
+			http.StatusBadRequest, &httpapi.AuditOverrideAsked{MaxConcurrentStreams: n(-1), ExpiresIn: s(3600)}},
+		{"59 seconds, under a minute", user, operatorToken, `{"max_concurrent_streams":5,"expires_in":59,"reason":"r"}`,
+			http.StatusBadRequest, &httpapi.AuditOverrideAsked{MaxConcurrentStreams: n(5), ExpiresIn: s(59)}},
+		{"no reason", user, operatorToken, `{"max_concurrent_streams":5,"expires_in":3600}`,
+			http.StatusBadRequest, &httpapi.AuditOverrideAsked{MaxConcurrentStreams: n(5), ExpiresIn: s(3600)}},
+		{"no duration", user, operatorToken, `{"max_concurrent_streams":5,"reason":"r"}`,
+			http.StatusBadRequest, &httpapi.AuditOverrideAsked{MaxConcurrentStreams: n(5)}},
+		{"a fractional limit after the duration", user, operatorToken, `{"expires_in":3600,"max_concurrent_streams":2.5,"reason":"r"}`,
+			http.StatusBadRequest, &httpapi.AuditOverrideAsked{ExpiresIn: s(3600)}},
+		{"a string limit, read first", user, operatorToken, `{"max_concurrent_streams":"5","expires_in":3600,"reason":"r"}`,
+			http.StatusBadRequest, nil},
+		{"a key the pool does not cap", httpapi.AdminPoolKeyOverridePath("org", "globex"), operatorToken, `{"max_concurrent_streams":5,"expires_in":3600,"reason":"r"}`,
+			http.StatusBadRequest, &httpapi.AuditOverrideAsked{MaxConcurrentStreams: n(5), ExpiresIn: s(3600)}},
+		{"an override put in force", user, operatorToken, `{"max_concurrent_streams":5,"expires_in":3600,"reason":"ticket 9"}`,
+			http.StatusOK, &httpapi.AuditOverrideAsked{MaxConcurrentStreams: n(5), ExpiresIn: s(3600)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := e.do(t, adminCall{method: "POST", path: tc.path, token: tc.token, body: tc.body, invalid: tc.status != http.StatusOK && tc.status != http.StatusForbidden})
+			if r.Status != tc.status {
+				t.Fatalf("status: got %d, want %d; body %s", r.Status, tc.status, r.Body)
+			}
+			want, _ := json.Marshal(tc.want)
+			rec := e.streamRecords(t)[0]
+			if got, _ := json.Marshal(rec.Asked); rec.AuditID != r.Header.Get(httpapi.HeaderAuditID) || string(got) != string(want) {
+				t.Errorf("stream record %s: got asked %s, want %s", rec.AuditID, got, want)
+			}
+			lines := auditLines(t, e.log)
+			line := lines[len(lines)-1]
+			var logged *httpapi.AuditOverrideAsked
+			if asked, ok := line["asked"]; ok {
+				data, _ := json.Marshal(asked)
+				if err := json.Unmarshal(data, &logged); err != nil {
+					t.Fatalf("log record's asked %s: %v", data, err)
+				}
+			}
+			if got, _ := json.Marshal(logged); line["audit_id"] != rec.AuditID || string(got) != string(want) {
+				t.Errorf("log record %v: got asked %s, want %s", line["audit_id"], got, want)
+			}
+		})
+	}
+	// The records read back through the API, as the spec describes them.
+	r := e.do(t, adminCall{method: "GET", path: httpapi.PathAdminAudit + "?limit=20", token: viewerToken})
+	if got := apitest.Decode[httpapi.AuditResponse](t, r, http.StatusOK).Records; len(got) < 10 || got[1].Asked == nil || *got[1].Asked.MaxConcurrentStreams != 5 {
+		t.Errorf("audit read: got %+v, want the calls above, newest first, with what each asked for", got)
 	}
 }

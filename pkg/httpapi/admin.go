@@ -342,6 +342,9 @@ type AuditRecord struct {
 	Released []string `json:"released,omitempty"`
 	// Override is the override a set_override call put in force.
 	Override *AuditOverride `json:"override,omitempty"`
+	// Asked is what a set_override call's body asked for, refused or
+	// not: a refused call's record says what it tried to put in force.
+	Asked *AuditOverrideAsked `json:"asked,omitempty"`
 	// OverrideRemoved says whether a remove_override call found one in
 	// force.
 	OverrideRemoved *bool  `json:"override_removed,omitempty"`
@@ -360,4 +363,13 @@ type AuditRecord struct {
 type AuditOverride struct {
 	MaxConcurrentStreams int       `json:"max_concurrent_streams"`
 	ExpiresAt            time.Time `json:"expires_at"`
+}
+
+// AuditOverrideAsked is what the audit keeps of the override a
+// set_override body asked for: each field as sent, when it was read as a
+// whole number (a value that was not is left out, and the record's detail
+// names it), so nothing the caller sends is kept unbounded.
+type AuditOverrideAsked struct {
+	MaxConcurrentStreams *int   `json:"max_concurrent_streams,omitempty"`
+	ExpiresIn            *int64 `json:"expires_in,omitempty"`
 }

@@ -762,6 +762,14 @@ class AuditRecord:
     override: Optional[AuditRecordOverride] = None
     """set_override only - the override the call put in force."""
 
+    asked: Optional[AuditRecordAsked] = None
+    """set_override only - what the call's body asked for, refused or
+    not (a refused call has no `override`): each field as sent, when
+    it was read as a whole number, in bounds or not. A value that
+    was not one is left out (`detail` names it), so no unbounded
+    string is kept.
+    """
+
     override_removed: Optional[bool] = None
     """remove_override only - whether an override was in force."""
 
@@ -779,6 +787,20 @@ class AuditRecordOverride:
 
     max_concurrent_streams: int
     expires_at: datetime
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditRecordAsked:
+    """set_override only - what the call's body asked for, refused or
+    not (a refused call has no `override`): each field as sent, when
+    it was read as a whole number, in bounds or not. A value that
+    was not one is left out (`detail` names it), so no unbounded
+    string is kept.
+    """
+
+    max_concurrent_streams: Optional[int] = None
+    expires_in: Optional[int] = None
+    """Seconds."""
 
 
 _FIELDS: Dict[type, Tuple[Tuple[str, Any, bool], ...]] = {
@@ -996,6 +1018,7 @@ _FIELDS: Dict[type, Tuple[Tuple[str, Any, bool], ...]] = {
         ("key", "string", False),
         ("released", ("array", "string"), False),
         ("override", AuditRecordOverride, False),
+        ("asked", AuditRecordAsked, False),
         ("override_removed", "boolean", False),
         ("reason", "string", False),
         ("remote", "string", True),
@@ -1007,6 +1030,10 @@ _FIELDS: Dict[type, Tuple[Tuple[str, Any, bool], ...]] = {
     AuditRecordOverride: (
         ("max_concurrent_streams", "integer", True),
         ("expires_at", "date-time", True),
+    ),
+    AuditRecordAsked: (
+        ("max_concurrent_streams", "integer", False),
+        ("expires_in", "integer", False),
     ),
 }
 

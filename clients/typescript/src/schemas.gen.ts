@@ -709,6 +709,15 @@ export interface AuditRecord {
   /** set_override only - the override the call put in force. */
   override?: AuditRecordOverride;
 
+  /**
+   * set_override only - what the call's body asked for, refused or
+   * not (a refused call has no `override`): each field as sent, when
+   * it was read as a whole number, in bounds or not. A value that
+   * was not one is left out (`detail` names it), so no unbounded
+   * string is kept.
+   */
+  asked?: AuditRecordAsked;
+
   /** remove_override only - whether an override was in force. */
   override_removed?: boolean;
 
@@ -737,6 +746,20 @@ export interface AuditRecord {
 export interface AuditRecordOverride {
   max_concurrent_streams: number;
   expires_at: Date;
+}
+
+/**
+ * set_override only - what the call's body asked for, refused or
+ * not (a refused call has no `override`): each field as sent, when
+ * it was read as a whole number, in bounds or not. A value that
+ * was not one is left out (`detail` names it), so no unbounded
+ * string is kept.
+ */
+export interface AuditRecordAsked {
+  max_concurrent_streams?: number;
+
+  /** Seconds. */
+  expires_in?: number;
 }
 
 /** Every object schema, by its name in api/openapi.yaml. */
@@ -776,6 +799,7 @@ export interface Schemas {
   AuditResponse: AuditResponse;
   AuditRecord: AuditRecord;
   AuditRecordOverride: AuditRecordOverride;
+  AuditRecordAsked: AuditRecordAsked;
 }
 
 type Kind =
@@ -1004,6 +1028,7 @@ const FIELDS: { readonly [K in keyof Schemas]: readonly Field[] } = {
     ["key", "string", false],
     ["released", { array: "string" }, false],
     ["override", { object: "AuditRecordOverride" }, false],
+    ["asked", { object: "AuditRecordAsked" }, false],
     ["override_removed", "boolean", false],
     ["reason", "string", false],
     ["remote", "string", true],
@@ -1015,6 +1040,10 @@ const FIELDS: { readonly [K in keyof Schemas]: readonly Field[] } = {
   AuditRecordOverride: [
     ["max_concurrent_streams", "integer", true],
     ["expires_at", "date-time", true],
+  ],
+  AuditRecordAsked: [
+    ["max_concurrent_streams", "integer", false],
+    ["expires_in", "integer", false],
   ],
 };
 
