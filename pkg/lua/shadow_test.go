@@ -95,3 +95,75 @@ func TestAnExtensionAnswersTheVerdictOnTheAcquireThatTookTheSlot(t *testing.T) {
 		}
 	})
 }
+
+// TestAWaitGrantPastTheShadowLimitIsMarkedOverIt: in shadow mode the wait
+// script grants every ticket, and judges each new slot by the limit the
+// scope would enforce (the override in force replaces it), as acquire
+// does: one granted past it is answered OverLimit and its record marked
+// so, which its call asked again and the stream's extensions answer.
+// Without the limit (a caller that sends none, as the previous release),
+// none is judged.
+func TestAWaitGrantPastTheShadowLimitIsMarkedOverIt(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		mustAcquire(t, c, key, "held", 2)
+		ticket := func(id, token string) lua.TicketArgs {
+			return lua.TicketArgs{StreamID: id, Record: lua.Record{Plan: "p", Token: token}}
+		}
+		shadow := func(limit int, tickets ...lua.TicketArgs) lua.WaitArgs {
+			a := waitArgs(limit, nil)
+			a.Shadow, a.Tickets = true, tickets
+			return a
+		}
+		marked := func(id string) bool {
+			t.Helper()
+			rec, err := c.Do(ctx, c.B().Hget().Key(keys.SlotRecords(key)).Field(id).Build()).ToString()
+			if err != nil {
+				t.Fatalf("the record of %s: %v", id, err)
+			}
+			return lua.ParseRecord(rec).OverLimit
+		}
+		got := mustWait(t, c, key, shadow(2, ticket("w1", "tok1"), ticket("w2", "tok2")))
+		for i, want := range []struct {
+			used int
+			over bool
+		}{{2, false}, {3, true}} {
+			g, id := got.Tickets[i], fmt.Sprintf("w%d", i+1)
+			if g.State != lua.TicketGranted || g.Extended || g.Used != want.used || g.OverLimit != want.over || marked(id) != want.over {
+				t.Errorf("%s, granted together with a limit of 2 (1 held): %+v, record marked %v; want a new slot, used %d, over the limit %v",
+					id, g, marked(id), want.used, want.over)
+			}
+		}
+		if g := mustWait(t, c, key, shadow(2, ticket("w2", "tok2"))).Tickets[0]; g.State != lua.TicketGranted || g.Extended || !g.OverLimit {
+			t.Errorf("w2's call asked again (its answer lost): %+v; want its grant as it was, over the limit", g)
+		}
+		if g := mustWait(t, c, key, shadow(5, ticket("w2", "tok3"))).Tickets[0]; !g.Extended || !g.OverLimit {
+			t.Errorf("w2 extended by another request, under a limit raised since: %+v; want extended, the verdict of its grant", g)
+		}
+		if got, err := lua.Acquire(ctx, c, key, "w2", 2, 10*time.Second, lua.Record{Plan: "p", Token: "tok4"}, true); err != nil || !got.Extended || !got.WouldRefuse {
+			t.Errorf("w2 extended by an acquire: %+v, %v; want extended, would-refuse", got, err)
+		}
+		if got, err := lua.Acquire(ctx, c, key, "w1", 2, 10*time.Second, lua.Record{Plan: "p", Token: "tok5"}, true); err != nil || !got.Extended || got.WouldRefuse {
+			t.Errorf("w1 extended by an acquire: %+v, %v; want extended, not would-refuse (granted within the limit)", got, err)
+		}
+
+		if _, err := lua.SetOverride(ctx, c, key, 10, time.Minute, "opal", "test"); err != nil {
+			t.Fatal(err)
+		}
+		if g := mustWait(t, c, key, shadow(2, ticket("w3", "tok6"))).Tickets[0]; g.State != lua.TicketGranted || g.Used != 4 || g.OverLimit || marked("w3") {
+			t.Errorf("w3, 4 held under an override of 10 (the plan's 2): %+v, record marked %v; want granted within the override", g, marked("w3"))
+		}
+		if _, err := lua.SetOverride(ctx, c, key, 1, time.Minute, "opal", "test"); err != nil {
+			t.Fatal(err)
+		}
+		if g := mustWait(t, c, key, shadow(10, ticket("w4", "tok7"))).Tickets[0]; g.State != lua.TicketGranted || g.Used != 5 || !g.OverLimit || !marked("w4") {
+			t.Errorf("w4, 5 held under an override of 1 (the plan's 10): %+v, record marked %v; want granted over the override", g, marked("w4"))
+		}
+		a := waitArgs(lua.Unbounded, nil)
+		a.Tickets = []lua.TicketArgs{ticket("w5", "tok8")}
+		if g := mustWait(t, c, key, a).Tickets[0]; g.State != lua.TicketGranted || g.Used != 6 || g.OverLimit || marked("w5") {
+			t.Errorf("w5, unbounded with no limit to judge by: %+v, record marked %v; want granted, judged by none", g, marked("w5"))
+		}
+	})
+}

@@ -12,8 +12,16 @@ import (
 // WaitArgs are the arguments of one run of the wait script: one server's
 // tickets for one user, under one plan.
 type WaitArgs struct {
-	// Limit is the plan's; an override in force replaces it.
-	Limit     int
+	// Limit is the plan's; an override in force replaces it. Unbounded:
+	// the scope refuses none (a pool key no longer capped).
+	Limit int
+	// Shadow: the scope is in shadow mode (enforce: false), which refuses
+	// none: its tickets are granted in the queue's order whatever Limit
+	// and the override in force, and one granted a new slot past them
+	// (the override's limit when one is in force, else Limit) has the
+	// slot's record marked over the limit, as Acquire marks one
+	// (TicketResult.OverLimit).
+	Shadow    bool
 	SlotTTL   time.Duration
 	TicketTTL time.Duration
 	// MaxQueue is the most tickets the user's queue may hold; a new
@@ -78,12 +86,18 @@ type TicketResult struct {
 	// Used, of a granted ticket: the scope's slots as the call granted
 	// it, its own counted (of an Extended one, which adds none, those held
 	// then). A call that grants several judges each by its own count:
-	// only those granted past the limit were over it (Waited.Used is the
-	// count after the last).
+	// only those granted past the limit were over it (OverLimit;
+	// Waited.Used is the count after the last).
 	Used int
 	// Record, of an Extended ticket: the held slot's record, as kept (see
 	// Acquired.Record).
 	Record string
+	// OverLimit, of a granted ticket: shadow mode (WaitArgs.Shadow) let
+	// its new slot in over the limit, which the slot's record keeps; of
+	// an Extended one (or the ticket's own grant asked again), the
+	// verdict the held slot's record keeps (StoredRecord.OverLimit), as
+	// an extension by Acquire answers (Acquired.WouldRefuse).
+	OverLimit bool
 	// Place is a queued ticket's place in the queue: 1 is next.
 	Place int
 }
@@ -110,8 +124,8 @@ type Waited struct {
 }
 
 // ticketValues is how many values the wait script answers per ticket:
-// state, value, share, started, used and record.
-const ticketValues = 6
+// state, value, share, started, used, record and over.
+const ticketValues = 7
 
 // Wait runs the wait script on key (a keys.Schema.UserKey), its slot
 // records and its queue.
@@ -119,8 +133,12 @@ func Wait(ctx context.Context, c rueidis.Client, key string, a WaitArgs) (Waited
 	if len(a.Tickets) == 0 {
 		return Waited{}, fmt.Errorf("wait script: no tickets")
 	}
-	args := make([]string, 0, 5+3*len(a.Tickets))
-	args = append(args, strconv.Itoa(a.Limit), ms(a.SlotTTL), ms(a.TicketTTL), strconv.Itoa(a.MaxQueue), strconv.Itoa(len(a.Tickets)))
+	args := make([]string, 0, 6+3*len(a.Tickets))
+	limit := a.Limit
+	if a.Shadow {
+		limit = Unbounded // Limit goes last, for the script to judge by
+	}
+	args = append(args, strconv.Itoa(limit), ms(a.SlotTTL), ms(a.TicketTTL), strconv.Itoa(a.MaxQueue), strconv.Itoa(len(a.Tickets)))
 	for _, t := range a.Tickets {
 		action := "w"
 		switch {
@@ -130,6 +148,9 @@ func Wait(ctx context.Context, c rueidis.Client, key string, a WaitArgs) (Waited
 			action = "r"
 		}
 		args = append(args, t.StreamID, action, t.Record.encode())
+	}
+	if a.Shadow {
+		args = append(args, strconv.Itoa(a.Limit))
 	}
 	arr, err := waitScript.Exec(ctx, c, queueKeys(key), args).ToArray()
 	if err != nil {
@@ -166,7 +187,11 @@ func Wait(ctx context.Context, c rueidis.Client, key string, a WaitArgs) (Waited
 		}
 		switch r.State {
 		case TicketGranted:
-			r.ExpiresAtMs, r.Share, r.Used = v[1], Share{Index: int(v[2]), StartedAtMs: v[3]}, int(v[4])
+			over, err := arr[at+6].AsInt64()
+			if err != nil {
+				return Waited{}, fmt.Errorf("wait script: ticket %d: over: %w", i+1, err)
+			}
+			r.ExpiresAtMs, r.Share, r.Used, r.OverLimit = v[1], Share{Index: int(v[2]), StartedAtMs: v[3]}, int(v[4]), over == 1
 		case TicketQueued:
 			r.Place = int(v[1])
 		}

@@ -26,7 +26,13 @@
 --            of its stream, while one gives up: retry_after_ms is due) or
 --            'l' (leaves the queue); the rest of its slot's record ('' or
 --            ';name=value' fields)
--- returns {used, override, pruned, next_ms, retry_after_ms, {wake ids}, state_1, value_1, share_1, started_1, used_1, record_1, ..., state_n, value_n, share_n, started_n, used_n, record_n}
+-- ARGV[6+3n] -> in shadow mode (ARGV[1] 2147483647): the limit the scope
+--            would enforce, its plan's or its key's as it is now (>= 0;
+--            an override in force replaces it): a ticket granted a new
+--            slot past it is marked over it in the slot's record (see
+--            overLimit), as acquire marks one (optional: absent marks
+--            none)
+-- returns {used, override, pruned, next_ms, retry_after_ms, {wake ids}, state_1, value_1, share_1, started_1, used_1, record_1, over_1, ..., state_n, value_n, share_n, started_n, used_n, record_n, over_n}
 --   used       slots held after the call
 --   override   the override's limit when one was in force (and so
 --              applied instead of ARGV[1], unless shadow mode), else -1
@@ -68,10 +74,16 @@
 --   used_i     of a granted ticket: the slots held as it was granted,
 --              its own counted (of an extension, which adds none, those
 --              held then): each of the call's grants is judged by its
---              own count, not by the call's last (used); else 0
+--              own count (over), not by the call's last (used); else 0
 --   record     of a ticket granted state 2: the held slot's record, as
 --              kept (the caller compares the pools and the plan it names
 --              with its own, as acquire's caller does); else ''
+--   over       of a granted ticket: 1 when shadow mode let its new slot in
+--              over the limit of ARGV[6+3n] (its record marked so); of one
+--              whose stream held its slot (an extension, or the ticket's
+--              own grant asked again), the verdict that slot's record
+--              keeps (see wasOverLimit), which an extension answers as
+--              acquire's does; else 0
 --
 -- The order is the queue's alone: a slot goes to the first ticket owed
 -- one (see owed: by priority, then the fewest members of its user, then
@@ -109,6 +121,13 @@ if o[1] and o[2] and tonumber(o[2]) > now then
     limit = override
   end
 end
+-- In shadow mode, the limit a new slot is judged by, as acquire judges
+-- one (the override in force replaces the scope's): past it, shadow mode
+-- let the slot in, and its record says so. Nil: none is judged.
+local judgedBy = shadow and tonumber(ARGV[6 + 3 * n] or '')
+if judgedBy and override >= 0 then
+  judgedBy = override
+end
 
 -- Scores above 10^14 need all their digits: tostring keeps 14.
 local function digits(x) return string.format('%.0f', x) end
@@ -119,7 +138,7 @@ local pruned = prune(slots, meta, now)
 dropDead(queue, expiry, recs, now)
 
 local ids, records, waiting = {}, {}, {}
-local states, values, shares, starts, kepts, useds = {}, {}, {}, {}, {}, {}
+local states, values, shares, starts, kepts, useds, overs = {}, {}, {}, {}, {}, {}, {}
 local granted = false -- a slot was granted or extended
 local denied = false  -- a ticket left or was not queued: retry_after_ms is due
 local prefix = ARGV[2] .. ';started=' .. string.format('%d', now)
@@ -139,6 +158,9 @@ local function extendHeld(i, id)
     values[i] = tonumber(redis.call('ZSCORE', slots, id))
     shares[i], starts[i] = n, tonumber(startedAt(kept)) or 0
     useds[i] = redis.call('ZCARD', slots)
+    if wasOverLimit(kept) then
+      overs[i] = 1
+    end
     if n == 0 then
       states[i], kepts[i] = 1, ''
     else
@@ -164,6 +186,9 @@ local function extendHeld(i, id)
   states[i], values[i] = 2, tonumber(redis.call('ZSCORE', slots, id))
   shares[i], starts[i], kepts[i] = again(kept), tonumber(startedAt(kept)) or 0, kept
   useds[i] = redis.call('ZCARD', slots)
+  if wasOverLimit(kept) then
+    overs[i] = 1
+  end
 end
 for i = 1, n do
   ids[i] = ARGV[3 + 3 * i]
@@ -219,7 +244,7 @@ for i = 1, n do
     denied = true -- the request that gives up is answered a denial's retry
   end
   records[i] = prefix .. ARGV[5 + 3 * i]
-  states[i], values[i], shares[i], starts[i], kepts[i], useds[i] = -1, 0, 0, 0, '', 0
+  states[i], values[i], shares[i], starts[i], kepts[i], useds[i], overs[i] = -1, 0, 0, 0, '', 0, 0
   local caller = holder(records[i])
   local ticket = false
   if caller ~= '' then -- an open API's calls are nobody's: nothing to read
@@ -350,11 +375,16 @@ for k, head in ipairs(due) do
     dropTicket(queue, expiry, recs, head)
     waiting[head] = nil
     if not redis.call('ZSCORE', slots, head) then
+      used = used + 1
+      if judgedBy and used > judgedBy then
+        -- Let in by shadow mode: for its call asked again, and its
+        -- extensions, to say so too.
+        records[i], overs[i] = overLimit(records[i]), 1
+      end
       redis.call('ZADD', slots, now + ttl, head)
       redis.call('HSET', meta, head, records[i])
       states[i], values[i] = 1, now + ttl
       starts[i] = now
-      used = used + 1
       useds[i] = used
       granted = true
     elseif foreign(redis.call('HGET', meta, head), holder(records[i])) then
@@ -438,5 +468,6 @@ for i = 1, n do
   out[#out + 1] = starts[i]
   out[#out + 1] = useds[i]
   out[#out + 1] = kepts[i]
+  out[#out + 1] = overs[i]
 end
 return out
