@@ -81,12 +81,11 @@ func (l *Limiter) awaitPool(ctx context.Context, req AcquireRequest, tier tiers.
 	r := l.waitIn(ctx, queueScope{key: m.slots, userID: req.UserID, pool: m.pool.Pool, poolKey: m.key}, tier, w)
 	out := poolWaited{waited: time.Since(start), unsure: r.unsure, share: r.share, holders: r.holders}
 	outcome := r.outcome
-	limit, shadow := m.limit, false
+	limit := m.limit
 	if pool, ok := l.pools.Lookup(m.pool.Pool); ok {
 		if current, capped := pool.Limit(m.key); capped {
 			limit = current // the cap the queue served by, if it changed while the acquire waited
 		}
-		shadow = !pool.Enforced()
 	}
 	if r.override >= 0 && !r.degraded && (r.outcome == WaitGranted || r.outcome == WaitTimeout || r.outcome == WaitFull) {
 		limit = r.override
@@ -97,7 +96,7 @@ func (l *Limiter) awaitPool(ctx context.Context, req AcquireRequest, tier tiers.
 			// Let in by shadow mode, over the cap; an extension adds no
 			// member, and answers the verdict its record keeps (as
 			// acquire's extensions do).
-			WouldRefuse: shadow && r.used > limit && !r.extended || r.extended && lua.ParseRecord(r.record).OverLimit}
+			WouldRefuse: r.overLimit}
 		out.extended = r.extended
 		if r.degraded {
 			out.grant.Used, out.grant.Limit, out.grant.Overridden = 0, m.limit, false

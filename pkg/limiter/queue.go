@@ -59,6 +59,10 @@ type scopeQueue struct {
 	expiresAt   time.Time // when a slot or ticket may expire next, as last read
 	override    int       // the scope's override as last read; -1: none
 	limit       int       // the scope's limit as the latest round found it
+	// shadowLimit, of a scope in shadow mode (limit unbounded), is the
+	// limit it would enforce, by which the script judges its grants (see
+	// lua.WaitArgs.Shadow); -1 otherwise.
+	shadowLimit int
 
 	// heldOff: stream ids whose latest call, made for a wake-up naming
 	// them, found them still queued, and until when a wake-up for one

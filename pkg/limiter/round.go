@@ -86,6 +86,9 @@ func (q *scopeQueue) round() time.Time {
 		needed, polled = needed || need, polled || poll
 	}
 	args := lua.WaitArgs{Limit: q.limit, SlotTTL: tier.SlotTTL, TicketTTL: l.ticketTTL, MaxQueue: l.maxQueue}
+	if q.shadowLimit >= 0 {
+		args.Limit, args.Shadow = q.shadowLimit, true
+	}
 	// A pool key's memberships are kept by their streams' slot TTLs (see
 	// waiter.slotTTL), and a call grants its places with one (slotTTL);
 	// the tickets of streams of another (their plan's TTL changed between
@@ -208,10 +211,11 @@ func (q *scopeQueue) round() time.Time {
 		outcome, leaving := leaves[j], leaves[j] != ""
 		switch {
 		case t.State == lua.TicketGranted && !leaving:
-			// Judged by the count as its ticket was granted, not the call's
-			// last: in shadow mode, of waiters granted together, only those
-			// granted past the limit were over it.
-			w.answer(waitResult{outcome: WaitGranted, expiresAtMs: t.ExpiresAtMs, tier: tier, replicas: replicas, used: t.Used, override: got.Override, holders: holders[w.streamID], extended: t.Extended, share: t.Share, record: t.Record, pools: pools})
+			// Judged by the script by the count as its ticket was granted
+			// (t.OverLimit), not the call's last: in shadow mode, of waiters
+			// granted together, only those granted past the limit were over
+			// it, and their slots' records say so.
+			w.answer(waitResult{outcome: WaitGranted, expiresAtMs: t.ExpiresAtMs, tier: tier, replicas: replicas, used: t.Used, override: got.Override, holders: holders[w.streamID], extended: t.Extended, share: t.Share, record: t.Record, overLimit: t.OverLimit, pools: pools})
 		case t.State == lua.TicketNotHolder && w.record.Caller != "":
 			// The ticket went with this waiter's caller (see above), whom
 			// the stream's ticket or slot refuses. A waiter of no caller is
@@ -410,18 +414,20 @@ func minTime(t time.Time, others ...time.Time) time.Time {
 const unbounded = lua.Unbounded
 
 // bounds reads what limits the loop's scope now: the waiters' tier (their
-// slots' TTL) and the scope's limit (into q.limit) and failure mode: the
-// tier's for a user, the pool's for a pool key. Errors: the plan or the
-// pool went away while acquires waited for them.
+// slots' TTL) and the scope's limit (into q.limit, and q.shadowLimit) and
+// failure mode: the tier's for a user, the pool's for a pool key. Errors:
+// the plan or the pool went away while acquires waited for them.
 func (q *scopeQueue) bounds() (tiers.Tier, tiers.FailureMode, error) {
 	tier, ok := q.l.tiers.Lookup(q.plan)
 	if !ok {
 		return tiers.Tier{Plan: q.plan}, tiers.DefaultFailureMode, errPlanGone(q.plan)
 	}
+	q.shadowLimit = -1
 	if q.pool == "" {
 		q.limit = tier.MaxConcurrentStreams
 		if !tier.Enforced() {
 			q.limit = unbounded // shadow mode refuses none: nothing to wait for
+			q.shadowLimit = tier.MaxConcurrentStreams
 		}
 		return tier, tier.OutageMode(), nil
 	}
@@ -430,6 +436,9 @@ func (q *scopeQueue) bounds() (tiers.Tier, tiers.FailureMode, error) {
 		return tier, tiers.DefaultFailureMode, fmt.Errorf("%w: %q was removed while acquires waited for it", ErrUnknownPool, q.pool)
 	}
 	limit, capped := pool.Limit(q.poolKey)
+	if capped && !pool.Enforced() {
+		q.shadowLimit = limit
+	}
 	if !capped || !pool.Enforced() {
 		limit = unbounded // no longer capped, or in shadow mode, which refuses none: nothing to wait for
 	}

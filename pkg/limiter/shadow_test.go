@@ -520,3 +520,62 @@ func TestWaitersGrantedTogetherInShadowModeAreJudgedOneByOne(t *testing.T) {
 		}
 	}
 }
+
+// TestAWaitedShadowGrantsVerdictReachesItsRetry: stream w waits for a
+// scope at its limit (plan p, limit 1, held; or pool key model=k, cap 1,
+// held by another user), which is put in shadow mode while it waits:
+// the loop grants it over the limit, would_refuse. The slot's (or
+// membership's) record keeps that verdict, as an acquire's does, so the
+// same stream asked again (its first answer lost) is an extension that
+// answers it too (docs/api.md#shadow-grants), not one within the limit.
+func TestAWaitedShadowGrantsVerdictReachesItsRetry(t *testing.T) {
+	t.Parallel()
+	off := false
+	p := tiers.Tier{Plan: "p", MaxConcurrentStreams: 1, MaxWait: 10 * time.Second}.WithDefaults()
+	shadowP := p
+	shadowP.Enforce = &off
+	model := pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second}.WithDefaults()
+	shadowModel := model
+	shadowModel.Enforce = &off
+	for _, b := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
+		for _, scope := range []string{"plan", "pool"} {
+			t.Run(b.String()+"/"+scope, func(t *testing.T) {
+				t.Parallel()
+				ctx := context.Background()
+				user := newUser(t)
+				var lim *limiter.Limiter
+				var shadow func() error
+				req := limiter.AcquireRequest{UserID: user, Plan: "p", StreamID: "w"}
+				wantRefuse := limiter.CodeStreamLimitReached
+				if scope == "plan" {
+					s := limitertest.New(t, limitertest.Options{Backend: b, Tiers: []tiers.Tier{p}})
+					lim, shadow = s.Limiter, func() error { return s.Table.Replace([]tiers.Tier{shadowP}) }
+					mustAcquireUser(t, lim, user, "p", "held")
+				} else {
+					table := poolTable(t, model)
+					s := limitertest.New(t, limitertest.Options{Backend: b, Tiers: poolWaitTiers(), Limiter: limiter.Options{Pools: table}})
+					lim, shadow = s.Limiter, func() error { return table.Replace([]pools.Pool{shadowModel}) }
+					mustAcquire(t, lim, newUser(t), "low", "k")
+					req.Plan, req.Pools = "low", map[string]string{"model": "k"}
+					wantRefuse = limiter.CodePoolLimitReached
+				}
+				waited := req
+				waited.Wait = 5 * time.Second
+				waited.OnWait = func(time.Duration) {
+					if err := shadow(); err != nil {
+						t.Error(err)
+					}
+				}
+				res, err := lim.Acquire(ctx, waited)
+				if err != nil || !res.Granted || res.WouldRefuse != wantRefuse {
+					t.Fatalf("w, waiting as the scope is put in shadow mode: %+v, %v; want granted, would refuse %s", res, err, wantRefuse)
+				}
+				again, err := lim.Acquire(ctx, req)
+				if err != nil || !again.Granted || !again.Extended || again.WouldRefuse != wantRefuse {
+					t.Errorf("w asked again (its first answer lost): granted %v, extended %v, would refuse %q, pools %+v, err %v; want extended, would refuse %s, as the first answer said",
+						again.Granted, again.Extended, again.WouldRefuse, again.Pools, err, wantRefuse)
+				}
+			})
+		}
+	}
+}

@@ -110,6 +110,10 @@ type waitResult struct {
 	extended bool
 	share    lua.Share
 	record   string // of an extension: the held slot's record, as kept
+	// overLimit, of a grant: shadow mode let its slot in over the limit
+	// (lua.TicketResult.OverLimit: the script's verdict, which the slot's
+	// record keeps for its retries and extensions).
+	overLimit bool
 	// pools, of a grant: the pool keys the slot's record names
 	// (lua.EncodePools), which its waiters must name too.
 	pools string
@@ -157,13 +161,12 @@ func (l *Limiter) awaitSlot(ctx context.Context, key string, req AcquireRequest,
 	outcome := r.outcome
 	defer func() { l.observer.Waited(ctx, tier, observed(ctx, outcome), took) }()
 
-	shadow := false
 	if (r.outcome == WaitGranted || r.outcome == WaitTimeout) && !r.degraded {
 		res.Limit, res.Overridden = tier.MaxConcurrentStreams, r.override >= 0
 		if now, ok := l.tiers.Lookup(tier.Plan); ok {
 			// The plan as the queue served it, if it changed while the
 			// acquire waited.
-			res.Limit, shadow = now.MaxConcurrentStreams, !now.Enforced()
+			res.Limit = now.MaxConcurrentStreams
 		}
 		if r.override >= 0 {
 			res.Limit = r.override
@@ -172,14 +175,12 @@ func (l *Limiter) awaitSlot(ctx context.Context, key string, req AcquireRequest,
 	switch r.outcome {
 	case WaitGranted:
 		res.Granted, res.RetryAfter, res.Used, res.Extended = true, 0, r.used, r.extended
-		switch {
-		case r.extended && lua.ParseRecord(r.record).OverLimit:
-			// An extension is never refused: it answers the verdict on the
-			// acquire that took the stream, as the slot's record keeps it
-			// (as acquire's extensions do).
+		if r.overLimit {
+			// Let in by shadow mode, over the limit; or an extension, never
+			// refused, which answers the verdict on the acquire that took
+			// the stream, as the slot's record keeps it (as acquire's
+			// extensions do).
 			res.WouldRefuse = CodeStreamLimitReached
-		case shadow && r.used > res.Limit && !r.extended:
-			res.WouldRefuse = CodeStreamLimitReached // let in by shadow mode, over the limit
 		}
 		res.ExpiresAt = msTime(r.expiresAtMs)
 		if r.degraded {
