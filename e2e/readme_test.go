@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"mime"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -95,14 +97,14 @@ var docSpecs = map[string]docSpec{
 	// README.md: the proxy, in front of a test upstream that streams until
 	// the test ends, with the pool "model" keyed by the body's model (its
 	// key "big" capped at 1): the user's cap, then the pool's.
-	`env LIMITER_POOLS_STATIC='[{"pool":"model","keys":{"big":1}}]' LIMITER_IDENTITY_POOLS=model=body:model go run ./cmd/limiter proxy --upstream http://my-llm:8000`: {how: docServe},
-	`curl -N localhost:8000/v1/chat/completions -H 'X-User-Id: ana' -H 'X-Plan: free' -d '{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}'`:   {how: docBackground},
-	`curl -i localhost:8000/v1/chat/completions -H 'X-User-Id: ana' -H 'X-Plan: free' -d '{"model":"m","stream":true}'`:                                               {want: []string{"429", "X-Should-Retry: false", `"code":"stream_limit_reached"`}},
-	`curl -N localhost:8000/v1/chat/completions -H 'X-User-Id: bo' -H 'X-Plan: paid' -d '{"model":"big","stream":true}'`:                                              {how: docBackground},
-	`curl -i localhost:8000/v1/chat/completions -H 'X-User-Id: cy' -H 'X-Plan: paid' -d '{"model":"big","stream":true}'`: {want: []string{"429", "Retry-After:", "X-Should-Retry: false",
+	`env LIMITER_POOLS_STATIC='[{"pool":"model","keys":{"big":1}}]' LIMITER_IDENTITY_POOLS=model=body:model go run ./cmd/limiter proxy --upstream http://my-llm:8000`:                                                   {how: docServe},
+	`curl -N localhost:8000/v1/chat/completions -H 'X-User-Id: ana' -H 'X-Plan: free' -H 'Content-Type: application/json' -d '{"model":"small","stream":true,"messages":[{"role":"user","content":"Count to 1000."}]}'`: {how: docBackground},
+	`curl -i localhost:8000/v1/chat/completions -H 'X-User-Id: ana' -H 'X-Plan: free' -H 'Content-Type: application/json' -d '{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}'`:             {want: []string{"429", "X-Should-Retry: false", `"code":"stream_limit_reached"`}},
+	`curl -N localhost:8000/v1/chat/completions -H 'X-User-Id: bo' -H 'X-Plan: paid' -H 'Content-Type: application/json' -d '{"model":"big","stream":true,"messages":[{"role":"user","content":"Count to 1000."}]}'`:    {how: docBackground},
+	`curl -i localhost:8000/v1/chat/completions -H 'X-User-Id: cy' -H 'X-Plan: paid' -H 'Content-Type: application/json' -d '{"model":"big","stream":true,"messages":[{"role":"user","content":"hi"}]}'`: {want: []string{"429", "Retry-After:", "X-Should-Retry: false",
 		`"type":"rate_limit_error"`, `"code":"pool_limit_reached"`, `"pool":"model"`, `"key":"big"`}},
 	// README.md: the pool's 429 through Envoy AI Gateway.
-	`curl -i https://llm.example.com/v1/chat/completions -H "Authorization: Bearer $KEY" -d '{"model":"big","stream":true}'`: {how: docNotRun,
+	`curl -i https://llm.example.com/v1/chat/completions -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' -d '{"model":"big","stream":true,"messages":[{"role":"user","content":"hi"}]}'`: {how: docNotRun,
 		why: "needs Envoy and Envoy AI Gateway, which cannot run here; pkg/extproc's tests play the filter's messages (pool keys from headers and from a buffered body), and the answer is the 429 the proxy's command above shows"},
 	// README.md and docs/envoy.md: the ext_proc server.
 	`limiter serve --extproc-addr :9091`: {how: docServe},
@@ -359,7 +361,10 @@ func startDocBackground(t *testing.T, ctx context.Context, where, script, dir st
 }
 
 // docUpstream stands for the README's my-llm:8000: each request is a
-// server-sent event stream that stays open until the test ends.
+// server-sent event stream that stays open until the test ends. As an
+// OpenAI-compatible server (vLLM's) does, it answers a body that is not
+// application/json 415 and a chat without messages 400, so a command
+// that would fail against one fails here too.
 type docUpstream struct {
 	*httptest.Server
 	streaming chan struct{}
@@ -370,6 +375,17 @@ func streamingUpstream(t *testing.T) *docUpstream {
 	u := &docUpstream{streaming: make(chan struct{}, 16)}
 	stop := make(chan struct{})
 	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
+			http.Error(w, `{"error":"Unsupported Media Type: Only 'application/json' is allowed"}`, http.StatusUnsupportedMediaType)
+			return
+		}
+		var chat struct {
+			Messages []json.RawMessage `json:"messages"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&chat); err != nil || len(chat.Messages) == 0 {
+			http.Error(w, `{"error":"a chat completion needs messages"}`, http.StatusBadRequest)
+			return
+		}
 		w.Header().Set("Content-Type", "text/event-stream")
 		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n")
 		w.(http.Flusher).Flush()
