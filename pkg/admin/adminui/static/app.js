@@ -23,6 +23,11 @@
   let shown = null; // {user, slots, used, queue, override, planLimits, fetchedAt}
   let shownPool = null; // {pool, key, slots (its holders), waiters, used, limit, enforce, override, deleted, fetchedAt}
   let target = null; // what the override dialogs act on (userTarget, poolTarget)
+  // Answers can arrive out of order (a slow look-up's after a later one's):
+  // each look-up takes the next number, and only the latest one's answer
+  // is shown.
+  let userLookups = 0;
+  let poolLookups = 0;
   let ticker = 0;
 
   class APIError extends Error {
@@ -170,6 +175,9 @@
   function signOut(message) {
     sessionStorage.removeItem(TOKEN_KEY);
     signedIn = false;
+    // Answers to look-ups still on their way are not shown.
+    userLookups++;
+    poolLookups++;
     role = "";
     clearInterval(ticker);
     hideSlots();
@@ -208,9 +216,11 @@
   }
 
   async function lookUp(user) {
+    const lookup = ++userLookups;
     setError($("lookup-error"), null);
     try {
       const res = await api("GET", userPath(user, "slots"));
+      if (lookup !== userLookups) return; // a later look-up's answer is the one to show
       role = res.role || role;
       shown = {
         user: res.data.user_id, slots: res.data.slots, used: res.data.used,
@@ -219,6 +229,7 @@
       };
       renderSlots();
     } catch (err) {
+      if (lookup !== userLookups) return;
       // No card of the user shown before: its "Release all slots" would
       // act on them, not on the user just asked about.
       hideSlots();
@@ -427,9 +438,11 @@
   // --- pool keys ---
 
   async function lookUpPool(pool, key) {
+    const lookup = ++poolLookups;
     setError($("pool-lookup-error"), null);
     try {
       const res = await api("GET", poolPath(pool, key));
+      if (lookup !== poolLookups) return; // a later look-up's answer is the one to show
       role = res.role || role;
       const d = res.data;
       shownPool = {
@@ -438,6 +451,7 @@
       };
       renderPool();
     } catch (err) {
+      if (lookup !== poolLookups) return;
       // No card of the pool key shown before: its "Override cap" would
       // act on it, not on the key just asked about.
       hidePool();
@@ -519,8 +533,10 @@
         (ids.length ? ": " + ids.join(", ") : "") + " · audit id " + res.data.audit_id);
       await lookUp(user);
       // The waiting acquires take the released slots a moment after the
-      // release answered: look again to show them served.
-      if (waiting) setTimeout(() => { if (shown && shown.user === user) lookUp(user); }, 500);
+      // release answered: look again to show them served, unless another
+      // look-up was asked for since.
+      const asked = userLookups;
+      if (waiting) setTimeout(() => { if (userLookups === asked && shown && shown.user === user) lookUp(user); }, 500);
     } catch (err) {
       setError($("confirm-error"), err);
       updateReason();
