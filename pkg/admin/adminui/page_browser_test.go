@@ -275,6 +275,104 @@ func (p *page) settle(t *testing.T, f *fakeAdmin, name string, n int) {
 	p.step(t, "let the page take "+name+"'s answer", chromedp.Sleep(300*time.Millisecond))
 }
 
+// TestReleaseDialogActsOnTheUserItNames: the operator looks at user A's
+// card, asks for user B (whose answer is slow), and meanwhile opens A's
+// "Release all slots" dialog, which names A. B's answer then arrives
+// behind the modal dialog. The dialog closes, saying why, rather than
+// release B with the reason written for A; opened again, it names B and
+// releases B.
+func TestReleaseDialogActsOnTheUserItNames(t *testing.T) {
+	f := newFakeAdmin()
+	p := openPage(t, f)
+	p.lookUpUser(t, "user-a")
+	p.poll(t, "user-a's card", showing("slots-user", "user-a")+` && !document.getElementById("release").disabled`)
+	letB := f.hold(t, "user-b")
+	p.lookUpUser(t, "user-b")
+	p.step(t, "open the release dialog on user-a's card", chromedp.Click(chromedp.ID("release")), chromedp.WaitVisible(chromedp.ID("reason")))
+	if got := p.eval(t, `document.getElementById("confirm-user").textContent`); got != "user-a" {
+		t.Fatalf("the dialog names %q, want user-a", got)
+	}
+	p.step(t, "write a reason for user-a", chromedp.SendKeys(chromedp.ID("reason"), "ticket 1: user-a locked out"))
+
+	letB()
+	p.poll(t, "user-b's answer lands behind the dialog", showing("slots-user", "user-b"))
+	if open := p.eval(t, `String(document.getElementById("confirm").open)`); open != "false" {
+		named := p.eval(t, `document.getElementById("confirm-user").textContent`)
+		t.Errorf("the release dialog naming %q is open on user-b's card, want it closed", named)
+		p.step(t, "confirm the release it names", chromedp.Click(chromedp.ID("confirm-release")))
+		p.poll(t, "the release answered", `document.getElementById("notice").textContent.startsWith("Released")`)
+		if got := f.releasedUsers(); !slices.Equal(got, []string{named}) {
+			t.Errorf("the dialog named %q, with the reason written for it; the page released %q", named, got)
+		}
+		return
+	}
+	if got := p.eval(t, `document.getElementById("notice").hidden ? "" : document.getElementById("notice").textContent`); !strings.Contains(got, "user-a was closed") {
+		t.Errorf("notice: got %q, want it to say the dialog about user-a was closed", got)
+	}
+	if got := f.releasedUsers(); len(got) != 0 {
+		t.Fatalf("released %q, want nothing released yet", got)
+	}
+
+	p.step(t, "open the release dialog on user-b's card", chromedp.Click(chromedp.ID("release")), chromedp.WaitVisible(chromedp.ID("reason")))
+	if got := p.eval(t, `document.getElementById("confirm-user").textContent`); got != "user-b" {
+		t.Fatalf("the dialog names %q, want user-b", got)
+	}
+	p.step(t, "release user-b",
+		chromedp.SendKeys(chromedp.ID("reason"), "ticket 2: user-b locked out"),
+		chromedp.Click(chromedp.ID("confirm-release")),
+	)
+	p.poll(t, "the release answered", `document.getElementById("notice").textContent.startsWith("Released")`)
+	if got, want := f.releasedUsers(), []string{"user-b"}; !slices.Equal(got, want) {
+		t.Errorf("released %q, want %q", got, want)
+	}
+}
+
+// TestDialogsCloseWhenTheCardShowsAnother: a dialog opened on a card (a
+// user's or a pool key's) closes when a look-up asked before it opened
+// brings another user or key to that card; the dialog would name one and
+// the card another.
+func TestDialogsCloseWhenTheCardShowsAnother(t *testing.T) {
+	f := newFakeAdmin()
+	p := openPage(t, f)
+	for i, tc := range []struct {
+		name   string
+		button string // opens the dialog
+		dialog string
+		named  string // the element naming what the dialog acts on
+		pool   bool   // on the pool key card, else the user card
+	}{
+		{name: "release all slots of a user", button: "release", dialog: "confirm", named: "confirm-user"},
+		{name: "override a user's limit", button: "set-override", dialog: "override-dialog", named: "override-user"},
+		{name: "remove a user's override", button: "remove-override", dialog: "remove-dialog", named: "remove-user"},
+		{name: "override a pool key's cap", button: "set-pool-override", dialog: "override-dialog", named: "override-user", pool: true},
+		{name: "remove a pool key's override", button: "remove-pool-override", dialog: "remove-dialog", named: "remove-user", pool: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			first, next := "a"+strconv.Itoa(i), "b"+strconv.Itoa(i)
+			card, firstName, nextName := "slots-user", first, next
+			lookUp := func(name string) { p.lookUpUser(t, name) }
+			if tc.pool {
+				card, firstName, nextName = "pool-name", "model="+first, "model="+next
+				lookUp = func(key string) { p.lookUpPool(t, "model", key) }
+			}
+			lookUp(first)
+			p.poll(t, firstName+"'s card", showing(card, firstName)+` && !document.getElementById(`+strconv.Quote(tc.button)+`).disabled`)
+			letNext := f.hold(t, nextName)
+			lookUp(next)
+			p.step(t, "open the dialog", chromedp.Click(chromedp.ID(tc.button)), chromedp.WaitVisible(chromedp.ID(tc.named)))
+			if got := p.eval(t, `document.getElementById(`+strconv.Quote(tc.named)+`).textContent`); got != firstName {
+				t.Fatalf("the dialog names %q, want %q", got, firstName)
+			}
+			letNext()
+			p.poll(t, nextName+"'s answer lands behind the dialog", showing(card, nextName))
+			if got := p.eval(t, `String(document.getElementById(`+strconv.Quote(tc.dialog)+`).open)`); got != "false" {
+				t.Errorf("the dialog naming %s on %s's card: open %s, want it closed", firstName, nextName, got)
+				p.step(t, "close it", chromedp.Click(chromedp.CSS("#"+tc.dialog+" button.quiet")))
+			}
+		})
+	}
+}
+
 // TestLookUpShowsTheLatestAnswer: look-ups can be answered out of order.
 // The answer to an earlier look-up, arriving after a later one's, is not
 // shown: the card keeps what was asked for last.

@@ -23,6 +23,7 @@
   let shown = null; // {user, slots, used, queue, override, planLimits, fetchedAt}
   let shownPool = null; // {pool, key, slots (its holders), waiters, used, limit, enforce, override, deleted, fetchedAt}
   let target = null; // what the override dialogs act on (userTarget, poolTarget)
+  let releasing = null; // what the release dialog acts on: {user, waiting}, fixed when it opens
   // Answers can arrive out of order (a slow look-up's after a later one's):
   // each look-up takes the next number, and only the latest one's answer
   // is shown.
@@ -222,6 +223,7 @@
       const res = await api("GET", userPath(user, "slots"));
       if (lookup !== userLookups) return; // a later look-up's answer is the one to show
       role = res.role || role;
+      if (shown && shown.user !== res.data.user_id) leaveCard("user", shown.user, res.data.user_id);
       shown = {
         user: res.data.user_id, slots: res.data.slots, used: res.data.used,
         queue: res.data.queue || [], override: res.data.override || null, planLimits: res.data.plan_limits || [],
@@ -241,16 +243,24 @@
   function hideSlots() {
     shown = null;
     show($("slots-card"), false);
-    if ($("confirm").open) $("confirm").close();
-    closeOverrideDialogs("user");
+    closeDialogs("user");
   }
 
-  // closeOverrideDialogs closes the override dialogs open on a target of
-  // kind: what they would act on is no longer shown.
-  function closeOverrideDialogs(kind) {
-    for (const id of ["override-dialog", "remove-dialog"]) {
-      if ($(id).open && target && target.kind === kind) $(id).close();
-    }
+  // closeDialogs closes the dialogs open on the card of kind ("user":
+  // release and overrides, "pool": overrides): what they name is no longer
+  // shown. It reports whether one was open.
+  function closeDialogs(kind) {
+    const open = ["override-dialog", "remove-dialog"].filter((id) => target && target.kind === kind && $(id).open);
+    if (kind === "user" && $("confirm").open) open.push("confirm");
+    for (const id of open) $(id).close();
+    return open.length > 0;
+  }
+
+  // leaveCard closes the dialogs opened on the card of kind when it comes
+  // to show next instead of was: each names what it acts on, and the card
+  // behind it would name another. The notice says why the dialog went.
+  function leaveCard(kind, was, next) {
+    if (closeDialogs(kind)) note("The dialog about " + was + " was closed: the page now shows " + next + ". Open it again from that card.");
   }
 
   // fillSlots lists slots in table, each with its user first when withUser
@@ -445,6 +455,9 @@
       if (lookup !== poolLookups) return; // a later look-up's answer is the one to show
       role = res.role || role;
       const d = res.data;
+      if (shownPool && (shownPool.pool !== d.pool || shownPool.key !== d.key)) {
+        leaveCard("pool", shownPool.pool + "=" + shownPool.key, d.pool + "=" + d.key);
+      }
       shownPool = {
         pool: d.pool, key: d.key, slots: d.holders, waiters: d.waiters || [], used: d.used, limit: d.limit,
         enforce: d.enforce !== false, override: d.override || null, deleted: d.deleted === true, fetchedAt: performance.now(),
@@ -463,7 +476,7 @@
   function hidePool() {
     shownPool = null;
     show($("pool-card"), false);
-    closeOverrideDialogs("pool");
+    closeDialogs("pool");
   }
 
   function renderPool() {
@@ -502,8 +515,11 @@
 
   // --- release ---
 
+  // openConfirm opens the release dialog on the user shown, and fixes it
+  // there: confirming releases the user the dialog names.
   function openConfirm() {
     if (!shown) return;
+    releasing = { user: shown.user, waiting: shown.queue.length > 0 };
     $("confirm-user").textContent = shown.user;
     $("confirm-count").textContent = String(shown.used);
     $("reason").value = "";
@@ -521,9 +537,8 @@
 
   async function release() {
     const reason = $("reason").value.trim();
-    if (!reason || !shown) return;
-    const user = shown.user;
-    const waiting = shown.queue.length > 0;
+    if (!reason || !releasing) return;
+    const { user, waiting } = releasing;
     $("confirm-release").disabled = true;
     try {
       const res = await api("POST", userPath(user, "release"), { reason });
