@@ -452,3 +452,45 @@ func TestReleaseLooksAgainOnlyIfNothingWasAskedSince(t *testing.T) {
 		t.Errorf("released %q, want %q", got, want)
 	}
 }
+
+// TestReleaseLooksAgainOnlyIfNothingWasAskedSinceItsLookUp: the operator
+// asks for user-b while the look-up that follows user-a's release is on
+// its way, and user-b's answer takes longer than the 500 ms after which
+// the page would look user-a up again. That look-up again is skipped
+// (another was asked for since the release's), and the card ends on
+// user-b, the look-up asked for last.
+func TestReleaseLooksAgainOnlyIfNothingWasAskedSinceItsLookUp(t *testing.T) {
+	f := newFakeAdmin("user-a")
+	p := openPage(t, f)
+	p.lookUpUser(t, "user-a")
+	p.poll(t, "user-a's card, its acquire waiting", showing("slots-user", "user-a")+` && document.querySelectorAll("#queue tbody tr").length === 1`)
+	letA := f.hold(t, "user-a") // the look-up that follows the release waits
+	p.step(t, "release user-a",
+		chromedp.Click(chromedp.ID("release")),
+		chromedp.WaitVisible(chromedp.ID("reason")),
+		chromedp.SendKeys(chromedp.ID("reason"), "ticket 3: user-a locked out"),
+		chromedp.Click(chromedp.ID("confirm-release")),
+	)
+	p.poll(t, "the release answered", `document.getElementById("notice").textContent.startsWith("Released")`)
+	for deadline := time.Now().Add(10 * time.Second); f.count(f.lookUps, "user-a") < 2; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the page did not look user-a up after the release within 10s")
+		}
+	}
+	letB := f.hold(t, "user-b")
+	p.lookUpUser(t, "user-b") // asked while the release's look-up is on its way
+	letA()
+	p.step(t, "wait past the look-up again", chromedp.Sleep(1200*time.Millisecond))
+	letB()
+	p.settle(t, f, "user-b", 1)
+	p.step(t, "let answers land", chromedp.Sleep(500*time.Millisecond))
+	if n := f.count(f.lookUps, "user-a"); n != 2 {
+		t.Errorf("user-a was looked up %d times, want 2 (before the release and after it; no look-up again)", n)
+	}
+	if got := p.eval(t, `document.getElementById("slots-card").hidden ? "(hidden)" : document.getElementById("slots-user").textContent`); got != "user-b" {
+		t.Errorf("the card shows %q, want user-b, the look-up asked for last", got)
+	}
+	if got, want := f.releasedUsers(), []string{"user-a"}; !slices.Equal(got, want) {
+		t.Errorf("released %q, want %q", got, want)
+	}
+}

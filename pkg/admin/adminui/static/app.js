@@ -546,11 +546,11 @@
       const ids = res.data.released;
       note("Released " + ids.length + (ids.length === 1 ? " slot" : " slots") + " of " + user +
         (ids.length ? ": " + ids.join(", ") : "") + " · audit id " + res.data.audit_id);
+      const asked = userLookups + 1; // the number of the look-up below
       await lookUp(user);
       // The waiting acquires take the released slots a moment after the
       // release answered: look again to show them served, unless another
       // look-up was asked for since.
-      const asked = userLookups;
       if (waiting) setTimeout(() => { if (userLookups === asked && shown && shown.user === user) lookUp(user); }, 500);
     } catch (err) {
       setError($("confirm-error"), err);
