@@ -5,17 +5,21 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/joishi/limiter/pkg/limiter"
 )
 
-// loop is the Holder's one goroutine: for each heartbeat interval among the
-// held streams it sends one batch per interval (limiter.HeartbeatBatch)
-// for all the streams of that interval, and idles while none is held.
-// Close stops it.
+// loop is the Holder's heartbeat goroutine: for each heartbeat interval
+// among the held streams it sends one batch per interval
+// (limiter.HeartbeatBatch) for all the streams of that interval, and idles
+// while none is held. The re-acquires and idle releases a batch calls for
+// run beside it (aside), so that they never hold up a batch. Close stops
+// it, and it waits for those before it ends.
 func (h *Holder) loop(ctx context.Context) {
 	defer close(h.loopDone)
+	defer h.side.Wait()
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for {
@@ -38,8 +42,8 @@ func (h *Holder) loop(ctx context.Context) {
 			continue
 		case <-timer.C:
 		}
-		for _, batch := range h.dueBatches(time.Now()) {
-			h.beat(ctx, batch)
+		for _, d := range h.dueBatches(time.Now()) {
+			h.beat(ctx, d.interval, d.streams)
 		}
 	}
 }
@@ -58,13 +62,19 @@ func (h *Holder) nextBatch() (time.Time, bool) {
 	return next, !next.IsZero()
 }
 
+// due is one group's batch: its streams, and its interval.
+type due struct {
+	interval time.Duration
+	streams  []*Stream
+}
+
 // dueBatches returns the streams of every group due at now, and schedules
 // each group's next batch one interval on. A group whose batch ran late
 // (a slow round) is not sent twice to catch up.
-func (h *Holder) dueBatches(now time.Time) [][]*Stream {
+func (h *Holder) dueBatches(now time.Time) []due {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	var out [][]*Stream
+	var out []due
 	for _, g := range h.groups {
 		if g.next.After(now) {
 			continue
@@ -77,16 +87,23 @@ func (h *Holder) dueBatches(now time.Time) [][]*Stream {
 		for s := range g.streams {
 			batch = append(batch, s)
 		}
-		out = append(out, batch)
+		out = append(out, due{g.interval, batch})
 	}
 	return out
 }
 
-// beat heartbeats one group's streams, maxBatch slots per call, releases
-// the idle ones, and acquires again the degraded ones Redis does not hold.
-func (h *Holder) beat(ctx context.Context, streams []*Stream) {
+// beat heartbeats one group's streams, maxBatch slots per call, ends the
+// idle ones, and has their slots freed and the degraded ones Redis does
+// not hold acquired again beside the loop (aside): after an outage every
+// degraded stream is acquired again, one Acquire each, and the next
+// batch, which keeps every other stream's slot, must not wait for them.
+func (h *Holder) beat(ctx context.Context, every time.Duration, streams []*Stream) {
 	if h.opts.IdleTimeout > 0 {
-		streams = h.releaseIdle(ctx, streams)
+		var idle []idleSlot
+		streams, idle = h.endIdle(ctx, streams)
+		if len(idle) > 0 {
+			h.aside(func() { h.freeIdle(ctx, idle) })
+		}
 	}
 	var reacquire []*Stream
 	for start := 0; start < len(streams); start += maxBatch {
@@ -105,8 +122,11 @@ func (h *Holder) beat(ctx context.Context, streams []*Stream) {
 			case errors.Is(err, limiter.ErrSlotLost) && s.Degraded():
 				// Granted or kept while Redis did not answer, so Redis
 				// never held it: count it again rather than cut a stream
-				// over the limiter's own outage.
-				reacquire = append(reacquire, s)
+				// over the limiter's own outage. One whose re-acquire is
+				// still on its way is left to it.
+				if s.rejoining.CompareAndSwap(false, true) {
+					reacquire = append(reacquire, s)
+				}
 			case fatal(err):
 				h.lose(ctx, s, err)
 			default:
@@ -121,8 +141,47 @@ func (h *Holder) beat(ctx context.Context, streams []*Stream) {
 				"mode", h.opts.Mode, "streams", failed, "err", failure)
 		}
 	}
-	for _, s := range reacquire {
-		h.reacquire(ctx, s)
+	if len(reacquire) > 0 {
+		h.aside(func() { h.rejoin(ctx, every, reacquire) })
+	}
+}
+
+// aside runs fn beside the loop, which goes on sending batches on time,
+// and waits for it before it ends. Only the loop calls it.
+func (h *Holder) aside(fn func()) {
+	h.side.Add(1)
+	go func() {
+		defer h.side.Done()
+		fn()
+	}()
+}
+
+// rejoin acquires the degraded streams again, sideConcurrency calls at
+// once across the holder, and starts them within every, the interval of
+// their group: those not started by then are left to the next batch,
+// which finds them not held again. Each stream is rejoining (see beat)
+// until its re-acquire ends.
+func (h *Holder) rejoin(ctx context.Context, every time.Duration, streams []*Stream) {
+	ctx, cancel := context.WithTimeout(ctx, every)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for i, s := range streams {
+		select {
+		case h.sideSlots <- struct{}{}:
+		case <-ctx.Done():
+			for _, s := range streams[i:] {
+				s.rejoining.Store(false)
+			}
+			return
+		}
+		wg.Go(func() {
+			defer func() {
+				s.rejoining.Store(false)
+				<-h.sideSlots
+			}()
+			h.reacquire(ctx, s)
+		})
 	}
 }
 
@@ -168,11 +227,18 @@ func (h *Holder) lose(ctx context.Context, s *Stream, err error) {
 	}
 }
 
-// releaseIdle releases the streams of a batch not touched for
-// IdleTimeout, and returns the others.
-func (h *Holder) releaseIdle(ctx context.Context, streams []*Stream) []*Stream {
+// idleSlot is the slot of a stream ended idle, to free in Redis.
+type idleSlot struct {
+	s     *Stream
+	pools []limiter.PoolGrant
+}
+
+// endIdle ends the streams of a batch not touched for IdleTimeout (marked
+// lost with ErrIdle, ended EndIdle), and returns the others, and the idle
+// ones' slots to free (freeIdle).
+func (h *Holder) endIdle(ctx context.Context, streams []*Stream) (live []*Stream, idle []idleSlot) {
 	now := time.Now()
-	live := streams[:0:0]
+	live = streams[:0:0]
 	for _, s := range streams {
 		if s.idleSince(now) < h.opts.IdleTimeout {
 			live = append(live, s)
@@ -181,7 +247,26 @@ func (h *Holder) releaseIdle(ctx context.Context, streams []*Stream) []*Stream {
 		if s.lose(fmt.Errorf("%w: no activity for %s", ErrIdle, h.opts.IdleTimeout), false, nil) {
 			h.log.Info("stream idle; releasing its slot", "mode", h.opts.Mode, "stream_id", s.id, "idle_timeout", h.opts.IdleTimeout.String())
 		}
-		s.Release(ctx, EndIdle)
+		if pools, due, ok := s.end(ctx, EndIdle); ok && due {
+			idle = append(idle, idleSlot{s, pools})
+		}
 	}
-	return live
+	return live, idle
+}
+
+// freeIdle frees the slots of streams ended idle, sideConcurrency calls
+// at once across the holder. As Release, it ignores ctx's cancellation (a
+// closing holder frees them too), each call bounded by the limiter's
+// per-call deadline; a slot it cannot free expires after its TTL.
+func (h *Holder) freeIdle(ctx context.Context, idle []idleSlot) {
+	ctx = context.WithoutCancel(ctx)
+	var wg sync.WaitGroup
+	for _, d := range idle {
+		h.sideSlots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-h.sideSlots }()
+			d.s.freeSlot(ctx, d.pools)
+		})
+	}
+	wg.Wait()
 }

@@ -75,6 +75,9 @@ const (
 	maxBatch = 1000
 	// warnEvery bounds the heartbeat-failure warnings during an outage.
 	warnEvery = 10 * time.Second
+	// sideConcurrency bounds the re-acquires of degraded streams and the
+	// releases of idle ones in flight at once, beside the heartbeats.
+	sideConcurrency = 16
 )
 
 // Options configure a Holder. Zero values take the documented defaults.
@@ -120,6 +123,11 @@ type Holder struct {
 
 	stopLoop context.CancelFunc
 	loopDone chan struct{}
+	// side counts the loop's work aside (re-acquires, idle releases),
+	// which the loop waits for before it ends; sideSlots bounds its
+	// Redis calls in flight to sideConcurrency.
+	side      sync.WaitGroup
+	sideSlots chan struct{}
 	// waitsOver ends with EndWaits or Close: waiting acquires stop
 	// waiting.
 	waitsOver context.Context
@@ -157,7 +165,7 @@ func New(lim *limiter.Limiter, opts Options) (*Holder, error) {
 	h := &Holder{
 		lim: lim, opts: opts, log: opts.Logger, warn: ratelog.New(opts.Logger, warnEvery), metrics: m,
 		held: map[*Stream]struct{}{}, groups: map[time.Duration]*group{},
-		wake: make(chan struct{}, 1), stopLoop: stop, loopDone: make(chan struct{}),
+		wake: make(chan struct{}, 1), stopLoop: stop, loopDone: make(chan struct{}), sideSlots: make(chan struct{}, sideConcurrency),
 		waitsOver: waitsOver, endWaits: endWaits,
 	}
 	go h.loop(loopCtx)
@@ -267,7 +275,10 @@ var closeCut func(*Stream)
 // soon it comes, then does nothing and returns at once), and its
 // slot released, ReleaseConcurrency at a time. ctx bounds the releases:
 // once it ends, none is started, and those in flight end with it (a slot
-// not released expires after its TTL). It returns how many streams it
+// not released expires after its TTL). The re-acquires of degraded
+// streams and the releases of idle ones that the heartbeats started are
+// waited for first, each call bounded by the limiter's per-call deadline
+// (the re-acquires, cancelled, end at once). It returns how many streams it
 // cut, and how many of their slots Redis answered are free (a release
 // answered degraded, or not sent, is not one). Calling it again does
 // nothing.

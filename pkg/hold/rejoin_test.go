@@ -3,18 +3,22 @@ package hold_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/rueidis"
 
+	"github.com/joishi/limiter/internal/holdtest"
 	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/cluster"
 	"github.com/joishi/limiter/pkg/hold"
 	"github.com/joishi/limiter/pkg/limiter"
 	"github.com/joishi/limiter/pkg/pools"
+	"github.com/joishi/limiter/pkg/tiers"
 )
 
 // A stream granted degraded while Redis did not answer joins its pools
@@ -93,4 +97,82 @@ func degradedPooled(t *testing.T, limit int) (e *env, path *testenv.Proxy, st *h
 	}
 	t.Cleanup(func() { st.Release(context.Background(), hold.EndComplete) })
 	return e, path, st, user, key
+}
+
+// slowCalls is a limiter.Observer that, once armed, records how many
+// Redis calls were made and the slowest.
+type slowCalls struct {
+	callCounter
+	mu      sync.Mutex
+	armed   bool
+	calls   int
+	slowest time.Duration
+}
+
+func (c *slowCalls) RedisCall(_ context.Context, _ string, d time.Duration, _ error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.armed {
+		c.calls++
+		c.slowest = max(c.slowest, d)
+	}
+}
+
+// Degraded streams acquired again once Redis answers do not hold up the
+// heartbeats of the streams held all along (one batch per interval for
+// every stream): with every call answered slowly but within its deadline,
+// a stream held normally beside 16 degraded ones keeps its slot, and the
+// degraded ones are all counted again. Without degraded streams (0) the
+// same latency is the control.
+func TestRejoinsDoNotHoldUpTheHeartbeats(t *testing.T) {
+	for _, k := range []int{0, 16} {
+		t.Run(fmt.Sprintf("%d degraded", k), func(t *testing.T) {
+			path := testenv.StartProxy(t, testenv.Redis(t))
+			ts := []tiers.Tier{{Plan: "p", MaxConcurrentStreams: 100, SlotTTL: 1500 * time.Millisecond, HeartbeatInterval: 500 * time.Millisecond, FailureMode: tiers.FailOpen}}
+			obs := &slowCalls{callCounter: callCounter{ops: map[string]int{}}}
+			stackOpts := limitertest.Options{Tiers: ts, Redis: cluster.Options{Addrs: []string{path.Addr()}, Timeout: 400 * time.Millisecond}}
+			stackOpts.Limiter.Observer = obs
+			e := &env{Env: holdtest.New(t, holdtest.Options{Stack: stackOpts}), calls: &obs.callCounter}
+			held := e.acquire(t, newUser(), "p")
+			defer held.Release(context.Background(), hold.EndComplete)
+			path.BlackHole()
+			degraded := make([]*hold.Stream, k)
+			var wg sync.WaitGroup
+			for i := range k {
+				wg.Go(func() {
+					degraded[i], _, _ = e.Holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: newUser(), Plan: "p"})
+				})
+			}
+			wg.Wait()
+			for _, s := range degraded {
+				if s == nil || !s.Degraded() {
+					t.Fatal("a stream acquired while Redis is black-holed is not degraded")
+				}
+				defer s.Release(context.Background(), hold.EndComplete)
+			}
+			if k == 0 {
+				time.Sleep(400 * time.Millisecond)
+			}
+			path.Restore()
+			path.SetLatency(60 * time.Millisecond) // each call about 120ms, within its 400ms deadline
+			time.Sleep(50 * time.Millisecond)
+			obs.mu.Lock()
+			obs.armed = true
+			obs.mu.Unlock()
+			start := time.Now()
+			select {
+			case <-held.Lost():
+				obs.mu.Lock()
+				defer obs.mu.Unlock()
+				t.Fatalf("a stream held normally was lost %v after Redis came back, its holder alive and each of %d calls answered within its deadline (slowest %v): %v",
+					time.Since(start).Round(time.Millisecond), obs.calls, obs.slowest.Round(time.Millisecond), held.Err())
+			case <-time.After(5 * time.Second):
+			}
+			for i, s := range degraded {
+				if s.Degraded() || s.Err() != nil {
+					t.Errorf("degraded stream %d, 5s after Redis came back: degraded %v, err %v; want acquired again", i, s.Degraded(), s.Err())
+				}
+			}
+		})
+	}
 }

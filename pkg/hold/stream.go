@@ -50,6 +50,9 @@ type Stream struct {
 	interval time.Duration
 	started  time.Time
 	touched  atomic.Int64 // unix nanoseconds of the latest Touch
+	// rejoining is set while the loop acquires the degraded stream
+	// again, so that a batch meanwhile does not start a second acquire.
+	rejoining atomic.Bool
 
 	mu        sync.Mutex
 	pools     []limiter.PoolGrant // the pool keys the grant joined: they leave with the slot
