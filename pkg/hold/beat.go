@@ -204,7 +204,12 @@ func (h *Holder) reacquire(ctx context.Context, s *Stream) {
 			if _, err := h.lim.ReleaseJoined(context.WithoutCancel(ctx), s.userID, s.id, res.Pools); err != nil {
 				h.log.Warn("giving back the re-acquire of a stream released meanwhile failed; it expires after its TTL", "mode", h.opts.Mode, "stream_id", s.id, "err", err)
 			}
+			return
 		}
+		// The slot has the TTL of the plan as it is now, which may have
+		// changed while the stream ran degraded: heartbeat it at that
+		// plan's interval.
+		h.regroup(s, intervalOf(res.Tier))
 	case err == nil && res.RefusedBy != nil:
 		r := res.RefusedBy
 		h.lose(ctx, s, fmt.Errorf("%w: acquired while Redis did not answer, and refused now that it does by pool %s=%s (%d of its %d held)",

@@ -365,6 +365,12 @@ func (h *Holder) add(s *Stream) bool {
 		return false
 	}
 	h.held[s] = struct{}{}
+	h.beatLocked(s)
+	return true
+}
+
+// beatLocked heartbeats s with the group of its interval; h.mu is held.
+func (h *Holder) beatLocked(s *Stream) {
 	g := h.groups[s.interval]
 	if g == nil {
 		// The group's first batch is due one interval from now; a stream
@@ -378,7 +384,26 @@ func (h *Holder) add(s *Stream) bool {
 		}
 	}
 	g.streams[s] = struct{}{}
-	return true
+}
+
+// regroup heartbeats s, if it is still heartbeated, at interval from now
+// on: a re-acquire gave its slot the TTL of its plan as it is now.
+func (h *Holder) regroup(s *Stream, interval time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if s.interval == interval {
+		return
+	}
+	g := h.groups[s.interval]
+	if g == nil {
+		return // released or lost meanwhile
+	}
+	if _, ok := g.streams[s]; !ok {
+		return
+	}
+	h.unbeatLocked(s)
+	s.interval = interval
+	h.beatLocked(s)
 }
 
 // unbeat stops heartbeating s.

@@ -99,6 +99,44 @@ func degradedPooled(t *testing.T, limit int) (e *env, path *testenv.Proxy, st *h
 	return e, path, st, user, key
 }
 
+// A degraded stream acquired again once Redis answers takes its slot
+// with the TTL of its plan as it is then, and is heartbeated from then on
+// at that plan's interval (a third of the TTL or less): a plan whose TTL
+// was lowered while the stream ran degraded does not see its slot expire
+// between the heartbeats of the old, longer interval.
+func TestARejoinedStreamIsHeartbeatedAtItsPlansIntervalNow(t *testing.T) {
+	path := testenv.StartProxy(t, testenv.Redis(t))
+	before := []tiers.Tier{{Plan: "p", MaxConcurrentStreams: 3, SlotTTL: 3 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen}}
+	after := []tiers.Tier{{Plan: "p", MaxConcurrentStreams: 3, SlotTTL: 600 * time.Millisecond, HeartbeatInterval: 200 * time.Millisecond, FailureMode: tiers.FailOpen}}
+	e := newEnv(t, hold.Options{}, limitertest.Options{Tiers: before, Redis: cluster.Options{Addrs: []string{path.Addr()}, Timeout: 200 * time.Millisecond}})
+	user := newUser()
+	path.BlackHole()
+	st := e.acquire(t, user, "p")
+	if !st.Degraded() {
+		t.Fatal("Acquire while Redis is black-holed was not degraded")
+	}
+	defer st.Release(context.Background(), hold.EndComplete)
+	if err := e.Stack.Table.Replace(after); err != nil {
+		t.Fatal(err)
+	}
+	path.Restore()
+	for deadline := time.Now().Add(5 * time.Second); st.Degraded() || e.Used(t, user) != 1; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("5s after Redis came back: degraded %v, %d slots held, err %v; want the stream acquired again", st.Degraded(), e.Used(t, user), st.Err())
+		}
+	}
+	rejoined := time.Now()
+	select {
+	case <-st.Lost():
+		t.Fatalf("the stream, its slot's TTL now 600ms, was lost %v after it was acquired again, Redis answering all along: %v; want it heartbeated every 200ms",
+			time.Since(rejoined).Round(time.Millisecond), st.Err())
+	case <-time.After(3 * time.Second):
+	}
+	if got := e.Used(t, user); got != 1 {
+		t.Errorf("3s after the stream was acquired again its user holds %d slots, want 1", got)
+	}
+}
+
 // slowCalls is a limiter.Observer that, once armed, records how many
 // Redis calls were made and the slowest.
 type slowCalls struct {

@@ -47,7 +47,7 @@ type Stream struct {
 	label    string // the acquire's, for a re-acquire
 	id       string
 	named    map[string]string // the acquire's pools, for a re-acquire
-	interval time.Duration
+	interval time.Duration     // of its group; after add, read and written under h.mu
 	started  time.Time
 	touched  atomic.Int64 // unix nanoseconds of the latest Touch
 	// rejoining is set while the loop acquires the degraded stream
