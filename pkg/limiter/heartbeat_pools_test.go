@@ -282,3 +282,39 @@ func TestAHungUsersShardLeavesABatchsHealthyMembershipsAlive(t *testing.T) {
 		}
 	}
 }
+
+// TestAClosedPoolsOutageInAHeartbeatNamesThePool (api/openapi.yaml:
+// limiter_unavailable names what fails closed): a stream of a plan
+// failing Open joined a pool failing Closed; Redis stops answering. Its
+// heartbeat, alone and in a batch, answers ErrUnavailable as a
+// *PoolUnavailableError naming the pool key, as an acquire joining it
+// does, so that the API names the pool and not "this plan fails closed".
+func TestAClosedPoolsOutageInAHeartbeatNamesThePool(t *testing.T) {
+	t.Parallel()
+	path := testenv.StartProxy(t, testenv.Redis(t))
+	ts := []tiers.Tier{tiers.Tier{Plan: "open", MaxConcurrentStreams: 3, FailureMode: tiers.FailOpen}.WithDefaults()}
+	table := poolTable(t, pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(5), FailureMode: tiers.FailClosed})
+	lim := limitertest.New(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{path.Addr()}, Timeout: 200 * time.Millisecond},
+		Tiers: ts, Limiter: limiter.Options{Pools: table}}).Limiter
+	ctx := context.Background()
+	user := newUser(t)
+	res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "open", Pools: map[string]string{"model": "k"}})
+	if err != nil || !res.Granted || res.Degraded {
+		t.Fatalf("acquire: %+v, %v", res, err)
+	}
+	path.BlackHole()
+
+	req := limiter.HeartbeatRequest{UserID: user, Plan: "open", StreamID: res.StreamID}
+	beat, err := lim.Heartbeat(ctx, req)
+	beats, errs := lim.HeartbeatBatch(ctx, []limiter.HeartbeatRequest{req})
+	for _, c := range []struct {
+		name string
+		beat limiter.HeartbeatResult
+		err  error
+	}{{"heartbeat", beat, err}, {"batch heartbeat", beats[0], errs[0]}} {
+		var poolErr *limiter.PoolUnavailableError
+		if !errors.Is(c.err, limiter.ErrUnavailable) || !errors.As(c.err, &poolErr) || poolErr.Pool != "model" || poolErr.Key != "k" || c.beat.Alive {
+			t.Errorf("%s of a stream in a Closed pool, Redis not answering: %+v, %v; want ErrUnavailable as a PoolUnavailableError naming model=k, not alive", c.name, c.beat, c.err)
+		}
+	}
+}

@@ -70,7 +70,8 @@ var (
 // PoolUnavailableError is the ErrUnavailable of an acquire that a pool
 // failing closed refused: Redis did not answer for its key (or for the
 // user's slot, without which the membership cannot be recorded with the
-// stream), and the pool's failureMode is Closed.
+// stream), and the pool's failureMode is Closed; and of a heartbeat that
+// such a pool's key did not answer.
 type PoolUnavailableError struct {
 	Pool, Key string
 	// Err wraps ErrUnavailable, with the outage's cause.

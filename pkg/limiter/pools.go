@@ -784,7 +784,11 @@ func (l *Limiter) beatPools(ctx context.Context, end time.Time, reqs []Heartbeat
 			// not an outage, as an acquire joining the key answers) or the
 			// caller gone: answered as it is.
 			results[i].Alive, results[i].ExpiresAt, results[i].Degraded = false, time.Time{}, false
-			errs[i] = fmt.Errorf("pool %s: %w", scope, err)
+			if errors.Is(err, ErrUnavailable) { // named as an acquire joining the key names it
+				errs[i] = &PoolUnavailableError{Pool: b.pool.Pool, Key: b.pool.Key, Err: err}
+			} else {
+				errs[i] = fmt.Errorf("pool %s: %w", scope, err)
+			}
 		}
 	}
 }

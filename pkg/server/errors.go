@@ -47,7 +47,7 @@ const (
 )
 
 // poolUnavailable is the message of an acquire that a pool failing
-// closed refused in an outage.
+// closed refused in an outage, and of a heartbeat its key did not answer.
 func poolUnavailable(e *limiter.PoolUnavailableError) string {
 	return fmt.Sprintf("the limiter's Redis did not answer within its deadline and pool %q fails closed (its key %s=%s); retry later", e.Pool, e.Pool, e.Key)
 }

@@ -285,7 +285,7 @@ export interface Tier {
  * - `stream_limit_reached` (429, with `Retry-After`): the user's own limit.
  * - `pool_limit_reached` (429, with `Retry-After`): a pool key's cap, shared by every user.
  * - `slot_lost` (410).
- * - `limiter_unavailable` (503): Redis unreachable and the tier fails closed.
+ * - `limiter_unavailable` (503): Redis unreachable and the tier, or a pool the stream joins, fails closed.
  * - `outcome_unknown` (503): admin release, override set and removal only -
  *   the call reached Redis but its answer was lost, so what it did is
  *   not known.
