@@ -109,8 +109,10 @@ func (h *Holder) beat(ctx context.Context, every time.Duration, streams []*Strea
 	for start := 0; start < len(streams); start += maxBatch {
 		batch := streams[start:min(start+maxBatch, len(streams))]
 		reqs := make([]limiter.HeartbeatRequest, len(batch))
+		degraded := make([]bool, len(batch)) // as the batch is sent
 		for i, s := range batch {
 			reqs[i] = limiter.HeartbeatRequest{UserID: s.userID, Plan: s.plan, StreamID: s.id}
+			degraded[i] = s.Degraded()
 		}
 		results, errs := h.lim.HeartbeatBatch(ctx, reqs)
 		var failed int
@@ -119,13 +121,20 @@ func (h *Holder) beat(ctx context.Context, every time.Duration, streams []*Strea
 			switch res, err := results[i], errs[i]; {
 			case err == nil:
 				s.update(res.ExpiresAt, res.Degraded)
-			case errors.Is(err, limiter.ErrSlotLost) && s.Degraded():
+			case errors.Is(err, limiter.ErrSlotLost) && degraded[i]:
 				// Granted or kept while Redis did not answer, so Redis
 				// never held it: count it again rather than cut a stream
 				// over the limiter's own outage. One whose re-acquire is
-				// still on its way is left to it.
-				if s.rejoining.CompareAndSwap(false, true) {
+				// still on its way is left to it, and one it took again
+				// while the batch was on its way (no longer degraded) is
+				// judged by the next batch.
+				if !s.rejoining.CompareAndSwap(false, true) {
+					break
+				}
+				if s.Degraded() {
 					reacquire = append(reacquire, s)
+				} else {
+					s.rejoining.Store(false)
 				}
 			case fatal(err):
 				h.lose(ctx, s, err)
@@ -159,17 +168,19 @@ func (h *Holder) aside(fn func()) {
 // rejoin acquires the degraded streams again, sideConcurrency calls at
 // once across the holder, and starts them within every, the interval of
 // their group: those not started by then are left to the next batch,
-// which finds them not held again. Each stream is rejoining (see beat)
-// until its re-acquire ends.
+// which finds them not held again. A re-acquire started runs to its end,
+// bounded by the limiter's per-call deadline, or until the loop stops:
+// cut at the interval, one slower than that would never succeed. Each
+// stream is rejoining (see beat) until its re-acquire ends.
 func (h *Holder) rejoin(ctx context.Context, every time.Duration, streams []*Stream) {
-	ctx, cancel := context.WithTimeout(ctx, every)
+	startBy, cancel := context.WithTimeout(ctx, every)
 	defer cancel()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for i, s := range streams {
 		select {
 		case h.sideSlots <- struct{}{}:
-		case <-ctx.Done():
+		case <-startBy.Done():
 			for _, s := range streams[i:] {
 				s.rejoining.Store(false)
 			}

@@ -214,3 +214,35 @@ func TestRejoinsDoNotHoldUpTheHeartbeats(t *testing.T) {
 		})
 	}
 }
+
+// A degraded stream whose re-acquire takes longer than its heartbeat
+// interval (a slow link, within the call's deadline) is acquired again
+// once: the batches meanwhile, which find its slot not held yet, leave it
+// to the re-acquire on its way.
+func TestASlowRejoinIsNotStartedTwice(t *testing.T) {
+	path := testenv.StartProxy(t, testenv.Redis(t))
+	ts := []tiers.Tier{{Plan: "p", MaxConcurrentStreams: 3, SlotTTL: 1500 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, FailureMode: tiers.FailOpen}}
+	e := newEnv(t, hold.Options{}, limitertest.Options{Tiers: ts, Redis: cluster.Options{Addrs: []string{path.Addr()}, Timeout: time.Second}})
+	user := newUser()
+	path.BlackHole()
+	st := e.acquire(t, user, "p")
+	if !st.Degraded() {
+		t.Fatal("Acquire while Redis is black-holed was not degraded")
+	}
+	defer st.Release(context.Background(), hold.EndComplete)
+	e.calls.reset()
+	path.Restore()
+	path.SetLatency(150 * time.Millisecond) // each call about 300ms: three intervals
+	for deadline := time.Now().Add(5 * time.Second); st.Degraded(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("5s after Redis came back the stream is still degraded (err %v); want it acquired again", st.Err())
+		}
+	}
+	time.Sleep(700 * time.Millisecond) // the batches in flight as it was granted answer
+	if got := e.calls.count("acquire"); got != 1 {
+		t.Errorf("acquires of the degraded stream once Redis answered: %d, want 1", got)
+	}
+	if st.Err() != nil || e.Used(t, user) != 1 {
+		t.Errorf("after its re-acquire: err %v, %d slots held; want held, 1 slot", st.Err(), e.Used(t, user))
+	}
+}
