@@ -206,6 +206,9 @@ func fatal(err error) bool {
 // reacquire acquires a degraded stream's slot again under its stream id,
 // and its memberships of the pool keys its acquire named.
 func (h *Holder) reacquire(ctx context.Context, s *Stream) {
+	if s.over() {
+		return // released or lost while its re-acquire waited for a side slot
+	}
 	res, err := h.lim.Acquire(ctx, limiter.AcquireRequest{UserID: s.userID, Plan: s.plan, StreamID: s.id, Label: s.label, Pools: s.named})
 	switch {
 	case err == nil && res.Granted:

@@ -246,3 +246,123 @@ func TestASlowRejoinIsNotStartedTwice(t *testing.T) {
 		t.Errorf("after its re-acquire: err %v, %d slots held; want held, 1 slot", st.Err(), e.Used(t, user))
 	}
 }
+
+// rejoinWatch records, once armed, the acquires answered, and those of a
+// stream id marked released before the answer.
+type rejoinWatch struct {
+	callCounter
+	mu           sync.Mutex
+	armed        bool
+	answered     int
+	released     map[string]bool
+	afterRelease int
+	log          map[string][]string
+}
+
+func (w *rejoinWatch) Acquired(_ context.Context, _ tiers.Tier, res limiter.AcquireResult, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.armed {
+		return
+	}
+	w.answered++
+	if w.log == nil {
+		w.log = map[string][]string{}
+	}
+	w.log[res.StreamID] = append(w.log[res.StreamID], fmt.Sprintf("%s granted=%v ext=%v deg=%v err=%v rel=%v", time.Now().Format("05.000"), res.Granted, res.Extended, res.Degraded, err, w.released[res.StreamID]))
+	if w.released[res.StreamID] {
+		w.afterRelease++
+	}
+}
+
+func (w *rejoinWatch) count() (answered, after int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.answered, w.afterRelease
+}
+
+func degradedMany(t *testing.T, n int, latency time.Duration) (*env, *testenv.Proxy, *rejoinWatch, []*hold.Stream, []string) {
+	path := testenv.StartProxy(t, testenv.Redis(t))
+	ts := []tiers.Tier{{Plan: "p", MaxConcurrentStreams: 1, SlotTTL: 6 * time.Second, HeartbeatInterval: 2 * time.Second, FailureMode: tiers.FailOpen}}
+	obs := &rejoinWatch{callCounter: callCounter{ops: map[string]int{}}, released: map[string]bool{}}
+	stackOpts := limitertest.Options{Tiers: ts, Redis: cluster.Options{Addrs: []string{path.Addr()}, Timeout: 700 * time.Millisecond}}
+	stackOpts.Limiter.Observer = obs
+	e := &env{Env: holdtest.New(t, holdtest.Options{Stack: stackOpts}), calls: &obs.callCounter}
+	path.BlackHole()
+	streams := make([]*hold.Stream, n)
+	users := make([]string, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		users[i] = newUser()
+		wg.Go(func() {
+			streams[i], _, _ = e.Holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: users[i], Plan: "p"})
+		})
+	}
+	wg.Wait()
+	for _, s := range streams {
+		if s == nil || !s.Degraded() {
+			t.Fatal("a stream acquired while Redis is black-holed is not degraded")
+		}
+	}
+	obs.mu.Lock()
+	obs.armed = true
+	obs.mu.Unlock()
+	path.Restore()
+	path.SetLatency(latency)
+	deadline := time.Now().Add(8 * time.Second)
+	for {
+		if a, _ := obs.count(); a > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			obs.callCounter.mu.Lock()
+			t.Fatalf("no re-acquire answered 8s after Redis came back; calls %v; first stream degraded %v err %v", obs.callCounter.ops, streams[0].Degraded(), streams[0].Err())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return e, path, obs, streams, users
+}
+
+// TestARejoinWaitingForItsTurnSkipsAReleasedStream: 64 degraded streams,
+// each its user's one slot, are acquired again once Redis answers (slowly,
+// 80ms each way), 16 at a time; all are released by their holders as the
+// first re-acquire is answered. Those still waiting for their turn are not
+// acquired again: at most the 16 in flight when they were released are
+// answered after, and no slot is left in Redis (before, every queued one
+// was acquired again, some answered degraded and left their slots for a
+// TTL).
+func TestARejoinWaitingForItsTurnSkipsAReleasedStream(t *testing.T) {
+	const n = 64
+	e, path, obs, streams, users := degradedMany(t, n, 80*time.Millisecond)
+	obs.mu.Lock()
+	for _, s := range streams {
+		obs.released[s.ID()] = true
+	}
+	obs.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, s := range streams {
+		wg.Go(func() { s.Release(context.Background(), hold.EndComplete) })
+	}
+	wg.Wait()
+	time.Sleep(3 * time.Second) // past the interval: every queued re-acquire started or given up
+	answered, after := obs.count()
+	t.Logf("re-acquires answered since Redis came back: %d, of streams already released: %d", answered, after)
+	if after > 16 {
+		t.Errorf("%d re-acquires of streams their holder had released were answered; at most 16 (in flight at the release) expected", after)
+	}
+	path.SetLatency(0)
+	time.Sleep(500 * time.Millisecond)
+	held := 0
+	for i, u := range users {
+		us, _ := e.Stack.Limiter.Slots(context.Background(), u)
+		held += us.Used
+		if us.Used > 0 {
+			obs.mu.Lock()
+			t.Logf("user %s stream %s: slots %+v; acquires %v", u, streams[i].ID(), us.Slots, obs.log[streams[i].ID()])
+			obs.mu.Unlock()
+		}
+	}
+	if held != 0 {
+		t.Errorf("%d slots held after every stream was released (at %s)", held, time.Now().Format("05.000"))
+	}
+}

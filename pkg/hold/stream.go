@@ -285,3 +285,10 @@ func (s *Stream) updateLocked(expiresAt time.Time, degraded bool) {
 	}
 	s.degraded = degraded
 }
+
+// over reports whether the stream was released or lost.
+func (s *Stream) over() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.released || s.err != nil
+}
