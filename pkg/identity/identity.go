@@ -240,7 +240,13 @@ func bearer(value string) (string, bool) {
 	return token, token != ""
 }
 
-// single returns the value of header name, trimmed; "" when it is absent.
+// trimOWS trims the spaces and tabs around s: HTTP's optional whitespace,
+// which a hop in front may leave around a value. Other whitespace (U+00A0,
+// U+3000) is kept, for the limiter to refuse: trimmed, "alice\u00a0" would
+// become alice's id and take her slots.
+func trimOWS(s string) string { return strings.Trim(s, " \t") }
+
+// single returns the value of header name, trimOWS'd; "" when it is absent.
 // More than one value, even the same twice, is ErrAmbiguous: which one a
 // hop in front meant cannot be told.
 func single(h Headers, name string) (string, error) {
@@ -249,7 +255,7 @@ func single(h Headers, name string) (string, error) {
 	case 0:
 		return "", nil
 	case 1:
-		return strings.TrimSpace(values[0]), nil
+		return trimOWS(values[0]), nil
 	}
 	return "", fmt.Errorf("%w: header %s came more than once (%d values); the hop in front must set it, replacing any the client sent, not add to it",
 		ErrAmbiguous, name, len(values))

@@ -190,6 +190,12 @@ func TestJWT(t *testing.T) {
 		{"Basic credentials", http.Header{"Authorization": {"Basic YTpi"}}, identity.ErrMissing, "", ""},
 		{"headers are ignored when a JWT is configured", http.Header{"X-User-Id": {"alice"}, "X-Plan": {"paid"}}, identity.ErrMissing, "", ""},
 		{"garbage token", bearer("not.a.token"), identity.ErrInvalidToken, "", ""},
+		// Only ASCII spaces and tabs are trimmed: an id with other
+		// whitespace is kept as sent, for the limiter to refuse
+		// (invalid_user_id), not made into another user's.
+		{"a user claim with spaces around it", bearer(rs.sign(t, claims(" \talice ", nil))), nil, "alice", "paid"},
+		{"a user claim with a no-break space after it", bearer(rs.sign(t, claims("alice\u00a0", nil))), nil, "alice\u00a0", "paid"},
+		{"a plan claim with an ideographic space before it", bearer(rs.sign(t, claims("alice", func(c jwt.MapClaims) { c["plan"] = "\u3000paid" }))), nil, "alice", "\u3000paid"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -484,6 +490,17 @@ func TestTrustedHeaders(t *testing.T) {
 		{"a blank user", r, http.Header{"X-Auth-User": {"  "}}, identity.Identity{}, identity.ErrMissing},
 		{"default header names", noDefault, http.Header{"X-User-Id": {"bob"}, "X-Plan": {"free"}}, identity.Identity{UserID: "bob", Plan: "free", Source: identity.SourceHeader}, nil},
 		{"no plan and no default", noDefault, http.Header{"X-User-Id": {"bob"}}, identity.Identity{}, identity.ErrNoPlan},
+		// HTTP's optional whitespace (spaces, tabs) is trimmed; any other
+		// whitespace is kept, for the limiter to refuse (invalid_user_id),
+		// not made into another user's id.
+		{"spaces and tabs around the user", noDefault, http.Header{"X-User-Id": {" \tbob\t "}, "X-Plan": {" free "}},
+			identity.Identity{UserID: "bob", Plan: "free", Source: identity.SourceHeader}, nil},
+		{"a no-break space after the user", noDefault, http.Header{"X-User-Id": {"alice\u00a0"}, "X-Plan": {"paid"}},
+			identity.Identity{UserID: "alice\u00a0", Plan: "paid", Source: identity.SourceHeader}, nil},
+		{"an ideographic space before the user", noDefault, http.Header{"X-User-Id": {"\u3000alice"}, "X-Plan": {"paid"}},
+			identity.Identity{UserID: "\u3000alice", Plan: "paid", Source: identity.SourceHeader}, nil},
+		{"an em space after the plan", noDefault, http.Header{"X-User-Id": {"alice"}, "X-Plan": {"paid\u2003"}},
+			identity.Identity{UserID: "alice", Plan: "paid\u2003", Source: identity.SourceHeader}, nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -167,11 +166,11 @@ func suits(key crypto.PublicKey, alg string) bool {
 	return false
 }
 
-// claimString returns the string at a dotted path of claims.
+// claimString returns the string at a dotted path of claims, trimOWS'd.
 func claimString(claims jwt.MapClaims, path string) (string, bool) {
 	v, ok := claimAt(claims, path)
 	s, isString := v.(string)
-	return strings.TrimSpace(s), ok && isString
+	return trimOWS(s), ok && isString
 }
 
 func hasClaim(claims jwt.MapClaims, path string) bool {

@@ -36,6 +36,8 @@ func TestPayloadHeader(t *testing.T) {
 		{name: "not base64", headers: payloadHeader("{not base64}"), wantErr: identity.ErrInvalidToken},
 		{name: "not a JSON object", headers: payloadHeader(enc([]byte(`["sub"]`))), wantErr: identity.ErrInvalidToken},
 		{name: "no user claim", headers: payloadHeader(enc([]byte(`{"plan":"paid"}`))), wantErr: identity.ErrInvalidToken},
+		{name: "a no-break space after the user is kept", headers: payloadHeader(enc([]byte(`{"sub":"u-1\u00a0","org":{"plan":"paid"}}`))),
+			want: identity.Identity{UserID: "u-1\u00a0", Plan: "paid", Source: identity.SourcePayload}},
 		{name: "plan not a string", headers: payloadHeader(enc([]byte(`{"sub":"u","org":{"plan":3}}`))), wantErr: identity.ErrInvalidToken},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -61,6 +63,12 @@ func TestFromClaims(t *testing.T) {
 	got, err := r.FromClaims(map[string]any{"uid": " u-9 ", "plan": "paid"}, nil)
 	if want := (identity.Identity{UserID: "u-9", Plan: "paid", Source: identity.SourcePayload}); err != nil || !reflect.DeepEqual(got, want) {
 		t.Errorf("FromClaims: got %+v, %v; want %+v", got, err, want)
+	}
+	// Only spaces and tabs are trimmed: other whitespace is kept, for the
+	// limiter to refuse, not made into another user's id or plan.
+	got, err = r.FromClaims(map[string]any{"uid": "\u3000u-9", "plan": "paid\u00a0"}, nil)
+	if want := (identity.Identity{UserID: "\u3000u-9", Plan: "paid\u00a0", Source: identity.SourcePayload}); err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("FromClaims with Unicode spaces: got %+v, %v; want %+v", got, err, want)
 	}
 	if _, err := r.FromClaims(map[string]any{"uid": "u-9"}, nil); !errors.Is(err, identity.ErrNoPlan) {
 		t.Errorf("FromClaims without a plan and no default: got %v, want ErrNoPlan", err)

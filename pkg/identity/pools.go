@@ -187,7 +187,7 @@ func claimKey(claims map[string]any, s PoolSource) (string, error) {
 	}
 	switch v := v.(type) {
 	case string:
-		return strings.TrimSpace(v), nil
+		return trimOWS(v), nil
 	case json.Number:
 		if digits := strings.TrimPrefix(v.String(), "-"); digits != "" && strings.Trim(digits, "0123456789") == "" {
 			return v.String(), nil

@@ -95,6 +95,12 @@ func TestPoolKeysFromHeadersAndValues(t *testing.T) {
 	if ref := identity.Refusal(err); ref.Status != http.StatusBadRequest || ref.Error.Code != "invalid_pool_key" {
 		t.Errorf("its refusal: %d %s; want 400 invalid_pool_key", ref.Status, ref.Error.Code)
 	}
+	// Whitespace other than spaces and tabs is kept, and refused: not
+	// another key's.
+	_, err = r.Resolve(http.Header{"X-User-Id": {"u"}, "X-Plan": {"paid"}, "X-Org": {"acme\u00a0"}})
+	if !errors.Is(err, identity.ErrInvalidPoolValue) {
+		t.Errorf("X-Org acme followed by U+00A0: %v; want ErrInvalidPoolValue", err)
+	}
 
 	plain := poolResolver(t, map[string]string{"org": "header:X-Org"})
 	if plain.ReadsBody() {
@@ -128,6 +134,9 @@ func TestPoolKeysFromClaims(t *testing.T) {
 		{"string and number", func(c jwt.MapClaims) { c["org"] = map[string]any{"id": "acme"}; c["team"] = 42 },
 			map[string]string{"org": "acme", "team": "42"}, nil},
 		{"absent", nil, nil, nil},
+		{"spaces around a string are trimmed", func(c jwt.MapClaims) { c["team"] = " blue\t" }, map[string]string{"team": "blue"}, nil},
+		// Other whitespace is kept, and refused: not another key's.
+		{"a no-break space after a string", func(c jwt.MapClaims) { c["team"] = "blue\u00a0" }, nil, identity.ErrInvalidPoolValue},
 		{"null", func(c jwt.MapClaims) { c["team"] = nil }, nil, nil},
 		{"an integer past 2^53 keeps its digits", func(c jwt.MapClaims) { c["team"] = int64(1234567890123456789) },
 			map[string]string{"team": "1234567890123456789"}, nil},
