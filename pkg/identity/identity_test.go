@@ -308,6 +308,56 @@ func TestABadJWKSFileIsLoggedOncePerVersion(t *testing.T) {
 	}
 }
 
+// A JWKS file emptied, or left with only keys that cannot verify a token,
+// revokes every key: the old ones must not stay trusted. It is logged at
+// WARN once per version. A file that is no JWKS at all keeps the keys.
+func TestAJWKSFileWithNoUsableKeyRevokesEveryKey(t *testing.T) {
+	key := newSigner(t, "2024", "RS256")
+	file := filepath.Join(t.TempDir(), "jwks.json")
+	writeFile(t, file, jwks(key))
+	var log bytes.Buffer
+	r, err := identity.New(identity.Options{
+		JWT:         &identity.JWT{JWKSFile: file, Issuer: issuer, Audience: audience},
+		DefaultPlan: "free",
+		Logger:      slog.New(slog.NewTextHandler(&log, nil)),
+	})
+	if err != nil {
+		t.Fatalf("identity.New: %v", err)
+	}
+	token := bearer(key.sign(t, claims("alice", nil)))
+	accepted := func() bool { _, err := r.Resolve(token); return err == nil }
+	refused := func() bool { _, err := r.Resolve(token); return errors.Is(err, identity.ErrInvalidToken) }
+	warnings := func() int { return strings.Count(log.String(), "JWKS file holds no usable key") }
+
+	for _, step := range []struct {
+		name   string
+		jwks   string
+		revoke bool
+		warns  int
+	}{
+		{"emptied", `{"keys":[]}`, true, 1},
+		{"back", string(jwks(key)), false, 1},
+		{"only a shared secret", `{"keys":[{"kty":"oct","k":"c2VjcmV0"}]}`, true, 2},
+		{"back again", string(jwks(key)), false, 2},
+		{"a JSON object without keys", `{}`, false, 2},
+	} {
+		writeFile(t, file, []byte(step.jwks))
+		if step.revoke {
+			waitFor(t, refused, step.name+": the key's token refused")
+		} else {
+			time.Sleep(1100 * time.Millisecond)
+			waitFor(t, accepted, step.name+": the key's token accepted")
+		}
+		time.Sleep(1100 * time.Millisecond) // checked again: no second WARN
+		if step.revoke && !refused() || !step.revoke && !accepted() {
+			t.Fatalf("%s: the token's answer changed at the next check", step.name)
+		}
+		if got := warnings(); got != step.warns {
+			t.Fatalf("%s: %d WARN lines about no usable key, want %d; log:\n%s", step.name, got, step.warns, log.String())
+		}
+	}
+}
+
 func waitFor(t *testing.T, ok func() bool, what string) {
 	t.Helper()
 	deadline := time.Now().Add(3 * time.Second)
@@ -351,6 +401,53 @@ func TestJWKSURLIsCachedAndRefetchedForANewKid(t *testing.T) {
 	}
 	if got := fetches.Load(); got != 2 {
 		t.Errorf("fetches: got %d, want 2 (one more for the new kid, none for a flood of unknown ones)", got)
+	}
+}
+
+// A JWKS URL that answers a set with no usable key revokes every key; one
+// that fails, or answers what is no JWKS, keeps the keys in force.
+func TestAJWKSURLWithNoUsableKeyRevokesEveryKey(t *testing.T) {
+	key := newSigner(t, "a", "EdDSA")
+	var served atomic.Value
+	served.Store(jwks(key))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body := served.Load().([]byte)
+		if string(body) == "500" {
+			http.Error(w, "down", http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(body)
+	}))
+	defer srv.Close()
+	var log bytes.Buffer
+	r, err := identity.New(identity.Options{
+		JWT:         &identity.JWT{JWKSURL: srv.URL, Issuer: issuer, Audience: audience, CacheTTL: time.Millisecond},
+		DefaultPlan: "free",
+		Logger:      slog.New(slog.NewTextHandler(&log, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := bearer(key.sign(t, claims("alice", nil)))
+	if _, err := r.Resolve(token); err != nil {
+		t.Fatalf("the served key's token: %v", err)
+	}
+	for _, answer := range []string{"500", `{}`} {
+		served.Store([]byte(answer))
+		for range 2 { // the first fetches, the second sees its outcome
+			time.Sleep(1100 * time.Millisecond) // the copy is stale: each resolve starts a fetch
+			if _, err := r.Resolve(token); err != nil {
+				t.Fatalf("the issuer answering %s: the key's token refused: %v; want the keys kept", answer, err)
+			}
+		}
+	}
+	served.Store([]byte(`{"keys":[]}`))
+	time.Sleep(1100 * time.Millisecond)
+	waitFor(t, func() bool { _, err := r.Resolve(token); return errors.Is(err, identity.ErrInvalidToken) },
+		"the key's token refused once the issuer publishes no key")
+	if got := strings.Count(log.String(), "JWKS holds no usable key"); got != 1 {
+		t.Errorf("%d WARN lines about no usable key, want 1; log:\n%s", got, log.String())
 	}
 }
 
@@ -461,10 +558,19 @@ func TestJWTOptionsAreRequired(t *testing.T) {
 			}
 		})
 	}
-	empty := filepath.Join(t.TempDir(), "empty.json")
-	writeFile(t, empty, []byte(`{"keys":[{"kty":"oct","k":"c2VjcmV0"}]}`))
-	if _, err := identity.New(identity.Options{JWT: &identity.JWT{JWKSFile: empty, Issuer: issuer, Audience: audience}}); err == nil || !strings.Contains(err.Error(), "no usable key") {
-		t.Errorf("a JWKS with only a shared secret: %v, want no usable key", err)
+	for _, tc := range []struct{ name, jwks, want string }{
+		{"a JWKS with only a shared secret", `{"keys":[{"kty":"oct","k":"c2VjcmV0"}]}`, `no usable key (RS256, ES256 or EdDSA public keys) among 1: keys[0]: key type "oct"`},
+		{"a JWKS of no keys", `{"keys":[]}`, "no usable key (RS256, ES256 or EdDSA public keys) among 0"},
+		{"a JSON object without keys", `{}`, `no "keys" array`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			empty := filepath.Join(t.TempDir(), "empty.json")
+			writeFile(t, empty, []byte(tc.jwks))
+			_, err := identity.New(identity.Options{JWT: &identity.JWT{JWKSFile: empty, Issuer: issuer, Audience: audience}})
+			if err == nil || !strings.HasSuffix(err.Error(), tc.want) {
+				t.Errorf("New: %v; want an error ending %q", err, tc.want)
+			}
+		})
 	}
 }
 

@@ -36,6 +36,9 @@ const (
 // keySet is the usable keys of one JSON Web Key Set.
 type keySet struct {
 	keys []jwk
+	// none says why the set has no usable key (it has none, or none that
+	// can verify a token); nil when it has one.
+	none error
 }
 
 type jwk struct {
@@ -66,17 +69,22 @@ func (s *keySet) lookup(kid, alg string) (crypto.PublicKey, error) {
 
 // parseJWKS reads a JSON Web Key Set. Keys it cannot use (encryption keys,
 // other key types and curves, RSA keys under 2048 bits, private keys) are
-// skipped; a set with no usable key is an error.
+// skipped. A set left with no usable key is still a set, its none saying
+// why: published, it revokes every key. The error is for data that is no
+// JSON Web Key Set (not JSON, or no "keys" array), which revokes nothing.
 func parseJWKS(data []byte) (*keySet, error) {
 	var doc struct {
-		Keys []json.RawMessage `json:"keys"`
+		Keys *[]json.RawMessage `json:"keys"`
 	}
 	if err := json.Unmarshal(data, &doc); err != nil {
 		return nil, fmt.Errorf("not a JSON Web Key Set: %w", err)
 	}
+	if doc.Keys == nil {
+		return nil, errors.New(`not a JSON Web Key Set: no "keys" array`)
+	}
 	set := &keySet{}
 	var skipped []error
-	for i, raw := range doc.Keys {
+	for i, raw := range *doc.Keys {
 		k, err := parseJWK(raw)
 		if err != nil {
 			skipped = append(skipped, fmt.Errorf("keys[%d]: %w", i, err))
@@ -85,7 +93,10 @@ func parseJWKS(data []byte) (*keySet, error) {
 		set.keys = append(set.keys, k)
 	}
 	if len(set.keys) == 0 {
-		return nil, fmt.Errorf("no usable key (RS256, ES256 or EdDSA public keys) among %d: %w", len(doc.Keys), errors.Join(skipped...))
+		set.none = fmt.Errorf("no usable key (RS256, ES256 or EdDSA public keys) among %d", len(*doc.Keys))
+		if len(skipped) > 0 {
+			set.none = fmt.Errorf("%w: %w", set.none, errors.Join(skipped...))
+		}
 	}
 	return set, nil
 }
@@ -193,6 +204,9 @@ func (f *fileSource) keys(refresh bool) (*keySet, error) {
 			set, err = parseJWKS(data)
 		}
 	}
+	if err == nil && set.none != nil && f.set == nil {
+		err = set.none // at start: refuse it, naming the problem
+	}
 	if err != nil {
 		err = fmt.Errorf("identity.jwt.jwksFile %s: %w", f.path, err)
 		if f.set == nil {
@@ -206,7 +220,12 @@ func (f *fileSource) keys(refresh bool) (*keySet, error) {
 		return f.set, nil
 	}
 	f.bad, f.gone = nil, false
-	if f.set != nil {
+	switch {
+	case f.set != nil && set.none != nil:
+		// The keys were revoked: none stays trusted, whatever the file
+		// held before. Logged once: this version is now the one in force.
+		f.log.Warn("JWKS file holds no usable key; every token is refused until it does", "err", fmt.Errorf("identity.jwt.jwksFile %s: %w", f.path, set.none))
+	case f.set != nil:
 		f.log.Info("JWKS file changed; keys reloaded", "path", f.path, "keys", len(set.keys))
 	}
 	f.set, f.stat = set, info
@@ -219,7 +238,8 @@ func sameFile(a, b os.FileInfo) bool {
 
 // urlSource is a JWKS URL, fetched on first use and when its copy is older
 // than ttl; an unknown kid fetches it again at most every 10s. A failed
-// fetch keeps the copy in force.
+// fetch (or one that is no JWKS) keeps the copy in force; a set with no
+// usable key replaces it, revoking every key, but is no first copy.
 //
 // No request waits on the issuer for keys the copy in force holds: a copy
 // older than ttl is used while a fetch runs in the background. The first
@@ -285,9 +305,15 @@ func (u *urlSource) start() <-chan struct{} {
 		set, err := u.fetch()
 		u.mu.Lock()
 		defer u.mu.Unlock()
+		if err == nil && set.none != nil && u.set == nil {
+			err = set.none // no first copy: fetched again, as a failure is
+		}
 		u.running, u.ended, u.lastErr = nil, time.Now(), err
 		switch {
 		case err == nil:
+			if set.none != nil && (u.set.none == nil || u.set.none.Error() != set.none.Error()) {
+				u.log.Warn("fetched JWKS holds no usable key; every token is refused until it does", "err", fmt.Errorf("identity.jwt.jwksURL %s: %w", u.url, set.none))
+			}
 			u.set, u.fetched = set, time.Now()
 		case u.set != nil:
 			u.log.Warn("fetching the JWKS failed; keeping the keys in force", "err", fmt.Errorf("identity.jwt.jwksURL %s: %w", u.url, err))

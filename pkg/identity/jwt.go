@@ -26,11 +26,14 @@ type JWT struct {
 	// JWKSFile is a JSON Web Key Set file. It is checked for changes at
 	// most once a second and re-read when it changed, so a rotated key
 	// (a new Secret mounted) is used without a restart; a file that does
-	// not parse keeps the previous keys in force. Default "".
+	// not parse as a key set keeps the previous keys in force, and a set
+	// with no usable key revokes them all. Default "".
 	JWKSFile string
 	// JWKSURL is a JSON Web Key Set URL (an issuer's jwks_uri), fetched
 	// on first use and again after CacheTTL, or sooner (at most every
-	// 10s) when a token names a key id the set lacks. Default "".
+	// 10s) when a token names a key id the set lacks. A failed fetch
+	// keeps the previous keys in force; a set with no usable key revokes
+	// them all. Default "".
 	JWKSURL string
 	// Issuer must equal the token's iss. Required.
 	Issuer string
