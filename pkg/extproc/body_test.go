@@ -621,7 +621,8 @@ func TestLargeBufferedBodies(t *testing.T) {
 }
 
 // A pool keyed by header:Host reads the request's :authority, which is
-// how Envoy hands the Host to its filters.
+// how Envoy hands the Host to its filters: one host, however spelt (case,
+// a trailing dot, the default port of its :scheme), is one key.
 func TestHostHeaderSourceReadsTheAuthority(t *testing.T) {
 	e := newEnv(t, bodyEnvOptions(t, filterv3.ProcessingMode_NONE, map[string]string{"org": "header:Host"}))
 	to := func(authority string) (*extprocv3.ProcessingResponse, error) {
@@ -632,9 +633,11 @@ func TestHostHeaderSourceReadsTheAuthority(t *testing.T) {
 	if got := poolUsed(t, e, "org", "acme"); got != 1 {
 		t.Errorf("org=acme holds %d streams, want 1", got)
 	}
-	resp, err := to("acme")
-	if ir, refusal := refusedWith(t, resp, err, 429, "pool_limit_reached"); refusal.Error.Pool != "org" || refusal.Error.Key != "acme" {
-		t.Errorf("refusal %s, want one naming org=acme", ir.GetBody())
+	for _, authority := range []string{"acme", "ACME", "acme.", "acme:443"} {
+		resp, err := to(authority)
+		if ir, refusal := refusedWith(t, resp, err, 429, "pool_limit_reached"); refusal.Error.Pool != "org" || refusal.Error.Key != "acme" {
+			t.Errorf(":authority %s: refusal %s, want one naming org=acme", authority, ir.GetBody())
+		}
 	}
 }
 

@@ -110,7 +110,8 @@ type Options struct {
 // Headers is what Resolve reads: an http.Header, or the request headers of
 // an ext_proc message behind the same methods. Values returns every value
 // of a header, one per field line (or header map entry), so that a
-// repeated one is seen.
+// repeated one is seen. A pool keyed by header:Host reads "Host", and
+// ":scheme" ("http", "https") to tell the host's default port.
 type Headers interface {
 	Get(name string) string
 	Values(name string) []string

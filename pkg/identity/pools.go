@@ -152,6 +152,9 @@ func (ps PoolSources) fromRequest(h Headers, claims map[string]any) (map[string]
 				return nil, err
 			}
 			key = v
+			if key != "" && isHostHeader(s.Name) {
+				key = canonicalHost(key, h.Get(schemeHeader))
+			}
 		case PoolFromClaim:
 			v, err := claimKey(claims, s)
 			if err != nil {

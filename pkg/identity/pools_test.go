@@ -108,6 +108,46 @@ func TestPoolKeysFromHeadersAndValues(t *testing.T) {
 	}
 }
 
+// A pool keyed by header:Host takes one key per host, however spelt: the
+// name's case, a trailing dot and the scheme's default port are not the
+// host's.
+func TestHostPoolKeyIsCanonical(t *testing.T) {
+	r := poolResolver(t, map[string]string{"site": "header:Host"})
+	for _, tc := range []struct{ host, scheme, want string }{
+		{"acme.example.com", "https", "acme.example.com"},
+		{"ACME.Example.COM", "https", "acme.example.com"},
+		{"acme.example.com.", "https", "acme.example.com"},
+		{"acme.example.com:443", "https", "acme.example.com"},
+		{"Acme.Example.com.:443", "HTTPS", "acme.example.com"},
+		{"acme.example.com:", "https", "acme.example.com"},
+		{"acme.example.com:80", "http", "acme.example.com"},
+		{"acme.example.com:80", "https", "acme.example.com:80"},
+		{"acme.example.com:443", "http", "acme.example.com:443"},
+		{"acme.example.com:8443", "https", "acme.example.com:8443"},
+		{"acme.example.com:443", "", "acme.example.com:443"},
+		{"10.0.0.1:443", "https", "10.0.0.1"},
+	} {
+		h := http.Header{"X-User-Id": {"u"}, "X-Plan": {"paid"}, "Host": {tc.host}}
+		if tc.scheme != "" {
+			h[":scheme"] = []string{tc.scheme}
+		}
+		id, err := r.Resolve(h)
+		if err != nil || id.Pools["site"] != tc.want {
+			t.Errorf("Host %q over %q: key %q, %v; want %q", tc.host, tc.scheme, id.Pools["site"], err, tc.want)
+		}
+	}
+	// The Kelvin sign folds to k in Unicode: it stays, and is refused.
+	if _, err := r.Resolve(http.Header{"X-User-Id": {"u"}, "X-Plan": {"paid"}, "Host": {"\u212aey.example.com"}}); !errors.Is(err, identity.ErrInvalidPoolValue) {
+		t.Errorf("Host with a Kelvin sign: %v; want ErrInvalidPoolValue", err)
+	}
+	// An IPv6 literal's brackets are outside the key charset: refused,
+	// naming the pool, its default port dropped first.
+	_, err := r.Resolve(http.Header{"X-User-Id": {"u"}, "X-Plan": {"paid"}, "Host": {"[2001:DB8::1]:443"}, ":scheme": {"https"}})
+	if !errors.Is(err, identity.ErrInvalidPoolValue) || !strings.Contains(err.Error(), `"[2001:db8::1]"`) {
+		t.Errorf("Host [2001:DB8::1]:443: %v; want ErrInvalidPoolValue naming [2001:db8::1]", err)
+	}
+}
+
 func TestPoolKeysFromClaims(t *testing.T) {
 	if _, err := identity.New(identity.Options{Pools: identity.PoolSources{{Pool: "org", Kind: identity.PoolFromClaim, Name: "org"}}}); err == nil {
 		t.Error("a claim source with identities from headers: accepted; want an error (there are no claims)")

@@ -447,6 +447,17 @@ func TestHostHeaderSourceCapsAHost(t *testing.T) {
 			if refusal := decodePoolError(t, second); refusal.Pool != "site" || refusal.Key != "a.example" {
 				t.Errorf("a second stream to a.example refused with %+v; want site=a.example", refusal)
 			}
+			// Another spelling of the host is the host: its key, its cap.
+			for _, host := range []string{"A.Example", "a.example.", "a.example:80"} {
+				again := to(host)
+				if again.StatusCode != http.StatusTooManyRequests {
+					again.Body.Close()
+					t.Fatalf("a second stream to %s: %d; want 429", host, again.StatusCode)
+				}
+				if refusal := decodePoolError(t, again); refusal.Pool != "site" || refusal.Key != "a.example" {
+					t.Errorf("a second stream to %s refused with %+v; want site=a.example", host, refusal)
+				}
+			}
 			other := to("b.example")
 			defer other.Body.Close()
 			if other.StatusCode != http.StatusOK {

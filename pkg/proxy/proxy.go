@@ -487,7 +487,9 @@ func headerBytes(r *http.Request) int {
 
 // requestHeaders reads a request's headers as identity.Headers, Host
 // among them: net/http moves it out of the header map into Request.Host,
-// and a pool may be keyed by it (header:Host).
+// and a pool may be keyed by it (header:Host). ":scheme" is the scheme the
+// request came by, "https" over TLS, else "http", which tells the Host's
+// default port.
 type requestHeaders struct{ r *http.Request }
 
 func (h requestHeaders) Get(name string) string {
@@ -498,11 +500,17 @@ func (h requestHeaders) Get(name string) string {
 }
 
 func (h requestHeaders) Values(name string) []string {
-	if strings.EqualFold(name, "Host") {
+	switch {
+	case strings.EqualFold(name, "Host"):
 		if h.r.Host == "" {
 			return nil
 		}
 		return []string{h.r.Host}
+	case name == ":scheme":
+		if h.r.TLS != nil {
+			return []string{"https"}
+		}
+		return []string{"http"}
 	}
 	return h.r.Header.Values(name)
 }
