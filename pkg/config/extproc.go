@@ -57,9 +57,11 @@ type JWTPayload struct {
 	// MetadataNamespace is the namespace of MetadataKey. Default
 	// "envoy.filters.http.jwt_authn".
 	MetadataNamespace string `mapstructure:"metadataNamespace"`
-	// UserClaim holds the user id; dots reach into objects. Default "sub".
+	// UserClaim holds the user id; dots reach into objects. Default "sub";
+	// another needs Header or MetadataKey.
 	UserClaim string `mapstructure:"userClaim"`
-	// PlanClaim holds the plan. Default "": identity.defaultPlan.
+	// PlanClaim holds the plan. Default "": identity.defaultPlan; set, it
+	// needs Header or MetadataKey.
 	PlanClaim string `mapstructure:"planClaim"`
 }
 
@@ -133,6 +135,14 @@ func (c Config) validateExtProc(v *validator) {
 
 	p := c.Identity.JWTPayload
 	if !p.Enabled() {
+		// The claims would be ignored, and identities taken from the user
+		// and plan headers: refused, as identity.jwt's are without a key
+		// source.
+		for _, s := range []setting{{"identity.jwtPayload.userClaim", p.UserClaim != identity.DefaultUserClaim}, {"identity.jwtPayload.planClaim", p.PlanClaim != ""}} {
+			if s.set {
+				v.add(s.key, "requires identity.jwtPayload.header or identity.jwtPayload.metadataKey (without a payload source no claim is read, and identities come from the user and plan headers)", "")
+			}
+		}
 		return
 	}
 	if c.Identity.JWT.Enabled() {

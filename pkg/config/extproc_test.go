@@ -24,6 +24,12 @@ func TestExtProcValidation(t *testing.T) {
 		{"a metadata key without a namespace", func(c *Config) {
 			c.Identity.JWTPayload.MetadataKey, c.Identity.JWTPayload.MetadataNamespace = "jwt_payload", " "
 		}, "identity.jwtPayload.metadataNamespace", "must not be empty"},
+		// Without a payload source no claim is read: identities would come
+		// from the user and plan headers, the claims silently ignored.
+		{"a payload plan claim without a payload source", func(c *Config) { c.Identity.JWTPayload.PlanClaim = "plan" },
+			"identity.jwtPayload.planClaim", "requires identity.jwtPayload.header or identity.jwtPayload.metadataKey"},
+		{"a payload user claim without a payload source", func(c *Config) { c.Identity.JWTPayload.UserClaim = "email" },
+			"identity.jwtPayload.userClaim", "requires identity.jwtPayload.header or identity.jwtPayload.metadataKey"},
 	})
 }
 

@@ -121,9 +121,11 @@ type JWT struct {
 	Issuer string `mapstructure:"issuer"`
 	// Audience must be among the token's aud. Required with a JWT.
 	Audience string `mapstructure:"audience"`
-	// UserClaim holds the user id; dots reach into objects. Default "sub".
+	// UserClaim holds the user id; dots reach into objects. Default "sub";
+	// another needs JWKSFile or JWKSURL.
 	UserClaim string `mapstructure:"userClaim"`
-	// PlanClaim holds the plan. Default "": identity.defaultPlan.
+	// PlanClaim holds the plan. Default "": identity.defaultPlan; set, it
+	// needs JWKSFile or JWKSURL.
 	PlanClaim string `mapstructure:"planClaim"`
 	// Leeway is the clock skew allowed on exp, nbf and iat (0-5m).
 	// Default 30s.
@@ -302,7 +304,8 @@ func (c Config) validateIdentity(v *validator) {
 	c.validatePoolSources(v)
 	j := i.JWT
 	if !j.Enabled() {
-		for _, s := range []setting{{"identity.jwt.issuer", j.Issuer != ""}, {"identity.jwt.audience", j.Audience != ""}, {"identity.jwt.planClaim", j.PlanClaim != ""}} {
+		for _, s := range []setting{{"identity.jwt.issuer", j.Issuer != ""}, {"identity.jwt.audience", j.Audience != ""},
+			{"identity.jwt.userClaim", j.UserClaim != identity.DefaultUserClaim}, {"identity.jwt.planClaim", j.PlanClaim != ""}} {
 			if s.set {
 				v.add(s.key, "requires identity.jwt.jwksFile or identity.jwt.jwksURL (without a key source no token is verified)", "")
 			}

@@ -52,6 +52,8 @@ func TestProxyAndIdentityValidation(t *testing.T) {
 		{"a header name with a space", func(c *Config) { c.Identity.UserHeader = "X User" }, "identity.userHeader", "HTTP header name"},
 		{"a default plan no tier could have", func(c *Config) { c.Identity.DefaultPlan = "free plan" }, "identity.defaultPlan", "plan name"},
 		{"an issuer without a key source", func(c *Config) { c.Identity.JWT.Issuer = "https://auth" }, "identity.jwt.issuer", "requires identity.jwt.jwksFile"},
+		{"a plan claim without a key source", func(c *Config) { c.Identity.JWT.PlanClaim = "plan" }, "identity.jwt.planClaim", "requires identity.jwt.jwksFile"},
+		{"a user claim without a key source", func(c *Config) { c.Identity.JWT.UserClaim = "email" }, "identity.jwt.userClaim", "requires identity.jwt.jwksFile"},
 		{"a JWT without issuer", func(c *Config) { c.Identity.JWT.JWKSFile = jwks; c.Identity.JWT.Audience = "a" }, "identity.jwt.issuer", "is required"},
 		{"a JWT without audience", func(c *Config) { c.Identity.JWT.JWKSFile = jwks; c.Identity.JWT.Issuer = "i" }, "identity.jwt.audience", "is required"},
 		{"a JWKS URL that is no URL", func(c *Config) {
