@@ -49,16 +49,18 @@ type LimitTierSpec struct {
 
 	// heartbeatInterval is how often a holder should heartbeat its slot;
 	// the acquire answer passes it on. It must be at most slotTTL/3, so
-	// that two lost heartbeats in a row do not lose the slot. A duration
-	// such as 20s. When absent, the limiter uses 20s, or slotTTL/3 when
-	// that is shorter (the same default as a tier of the static list); the
-	// API server stores no default, since it cannot relate the two fields.
+	// that two lost heartbeats in a row do not lose the slot, and at least
+	// 1ms (the answer's heartbeat_interval_ms is whole milliseconds). A
+	// duration such as 20s. When absent, the limiter uses 20s, or
+	// slotTTL/3 when that is shorter (the same default as a tier of the
+	// static list); the API server stores no default, since it cannot
+	// relate the two fields.
 	//
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$`
-	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s') && duration(self) <= duration('8h')",message="must be above 0s and at most 8h"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1ms') && duration(self) <= duration('8h')",message="must be between 1ms and 8h"
 	HeartbeatInterval *metav1.Duration `json:"heartbeatInterval,omitempty"`
 
 	// failureMode is what the plan's requests get when Redis does not

@@ -41,7 +41,7 @@ var listKeys = []listKey{
 		},
 		notZero: map[string]string{
 			"slotTTL":           fmt.Sprintf("must be between %s and %s (leave it out for the default, %s)", tiers.MinSlotTTL, tiers.MaxSlotTTL, tiers.DefaultSlotTTL),
-			"heartbeatInterval": fmt.Sprintf("must be > 0 and <= slotTTL/3 (leave it out for the default, %s or slotTTL/3)", tiers.DefaultHeartbeatInterval),
+			"heartbeatInterval": fmt.Sprintf("must be at least %s and <= slotTTL/3 (leave it out for the default, %s or slotTTL/3)", tiers.MinHeartbeatInterval, tiers.DefaultHeartbeatInterval),
 		}},
 	{name: "pools.static", entry: "pool", example: "[{pool: model, keys: {gpt-4o: 500}}]"},
 }

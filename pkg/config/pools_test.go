@@ -208,7 +208,7 @@ func TestLoadTiersWantTheirCapAndNoZeroTTL(t *testing.T) {
 		{"a slotTTL of 0s", "tiers:\n  static:\n    - plan: free\n      maxConcurrentStreams: 1\n      slotTTL: 0s\n",
 			"tiers.static[0].slotTTL: must be between 100ms and 24h0m0s (leave it out for the default, 2m0s) ("},
 		{"a heartbeatInterval of 0", "tiers:\n  static:\n    - plan: free\n      maxConcurrentStreams: 1\n      heartbeatInterval: 0\n",
-			"tiers.static[0].heartbeatInterval: must be > 0"},
+			"tiers.static[0].heartbeatInterval: must be at least 1ms and <= slotTTL/3"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := load(t, tc.file, nil)

@@ -30,6 +30,10 @@ const (
 	// MinSlotTTL is the shortest slot TTL accepted: below it, one slow
 	// heartbeat round trip would lose a healthy slot.
 	MinSlotTTL = 100 * time.Millisecond
+	// MinHeartbeatInterval is the shortest heartbeat interval accepted:
+	// answers carry it as heartbeat_interval_ms, whole milliseconds of at
+	// least 1, which a shorter one would read as 0.
+	MinHeartbeatInterval = time.Millisecond
 	// MaxSlotTTL is the longest slot TTL accepted: a crashed holder's slot
 	// stays counted this long, so a day is already generous.
 	MaxSlotTTL = 24 * time.Hour
@@ -170,8 +174,8 @@ func (t Tier) Problems() []*FieldError {
 	if t.SlotTTL < MinSlotTTL || t.SlotTTL > MaxSlotTTL {
 		add("slotTTL", fmt.Sprintf("must be between %s and %s", MinSlotTTL, MaxSlotTTL), t.SlotTTL.String())
 	}
-	if t.HeartbeatInterval <= 0 {
-		add("heartbeatInterval", "must be > 0", t.HeartbeatInterval.String())
+	if t.HeartbeatInterval < MinHeartbeatInterval {
+		add("heartbeatInterval", fmt.Sprintf("must be at least %s (heartbeat_interval_ms is whole milliseconds)", MinHeartbeatInterval), t.HeartbeatInterval.String())
 	} else if t.HeartbeatInterval > t.SlotTTL/3 {
 		add("heartbeatInterval", fmt.Sprintf("must be <= slotTTL/3 (%s)", t.SlotTTL/3), t.HeartbeatInterval.String())
 	}

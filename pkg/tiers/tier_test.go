@@ -24,7 +24,11 @@ func TestValidate(t *testing.T) {
 		{"a plan with a space is refused", func(t *Tier) { t.Plan = "pro plan" }, "must be 1-63 characters"},
 		{"heartbeat above ttl/3 is refused", func(t *Tier) { t.HeartbeatInterval = 41 * time.Second }, "heartbeatInterval must be <= slotTTL/3 (40s), got 41s"},
 		{"heartbeat at ttl/3 is allowed", func(t *Tier) { t.HeartbeatInterval = 40 * time.Second }, ""},
-		{"a zero heartbeat is refused", func(t *Tier) { t.HeartbeatInterval = 0 }, "heartbeatInterval must be > 0"},
+		{"a zero heartbeat is refused", func(t *Tier) { t.HeartbeatInterval = 0 }, "heartbeatInterval must be at least 1ms"},
+		// heartbeat_interval_ms is whole milliseconds, at least 1: under
+		// 1ms it would read 0.
+		{"a heartbeat under 1ms is refused", func(t *Tier) { t.HeartbeatInterval = 500 * time.Microsecond }, "heartbeatInterval must be at least 1ms (heartbeat_interval_ms is whole milliseconds), got 500µs"},
+		{"a heartbeat of 1ms is allowed", func(t *Tier) { t.HeartbeatInterval = time.Millisecond }, ""},
 		{"a tiny ttl is refused", func(t *Tier) { t.SlotTTL = time.Millisecond }, "slotTTL must be between 100ms and 24h0m0s, got 1ms"},
 		{"an unknown failure mode is refused", func(t *Tier) { t.FailureMode = "Sometimes" }, `failureMode must be Open or Closed, got "Sometimes"`},
 		{"no wait is the default", func(t *Tier) { t.MaxWait = 0 }, ""},

@@ -256,8 +256,8 @@ rather than a pod or the API server later.
 {{- end }}
 {{- if hasKey $t "heartbeatInterval" }}
 {{- $hb := include "limiter.durationNs" $t.heartbeatInterval | int64 }}
-{{- if le $hb 0 }}
-{{- fail (printf "%s: heartbeatInterval %q: must be above 0s" $where (toString $t.heartbeatInterval)) }}
+{{- if lt $hb 1000000 }}
+{{- fail (printf "%s: heartbeatInterval %q: must be at least 1ms (heartbeat_interval_ms is whole milliseconds)" $where (toString $t.heartbeatInterval)) }}
 {{- end }}
 {{- if gt (mul $hb 3) $ttl }}
 {{- fail (printf "%s: heartbeatInterval %q: must be at most a third of slotTTL (%s), so that two lost heartbeats do not lose a slot; leave it unset for min(20s, slotTTL/3)" $where (toString $t.heartbeatInterval) (toString ($t.slotTTL | default "120s, the default"))) }}

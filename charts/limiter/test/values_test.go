@@ -116,7 +116,12 @@ func TestBadValuesAreRefused(t *testing.T) {
 		{
 			name:   "a zero heartbeat",
 			values: "tiers:\n  items:\n    - name: free\n      maxConcurrentStreams: 1\n      heartbeatInterval: 0s\n",
-			want:   []string{`tiers.items[0] (free): heartbeatInterval "0s": must be above 0s`},
+			want:   []string{`tiers.items[0] (free): heartbeatInterval "0s": must be at least 1ms`},
+		},
+		{
+			name:   "a heartbeat under 1ms",
+			values: "tiers:\n  items:\n    - name: free\n      maxConcurrentStreams: 1\n      heartbeatInterval: 999us\n",
+			want:   []string{`tiers.items[0] (free): heartbeatInterval "999us": must be at least 1ms`},
 		},
 		{
 			name:   "microseconds written with the micro sign, which the CRD refuses",
