@@ -179,8 +179,8 @@ rather than a pod or the API server later.
 {{- if or (empty $jwt.issuer) (empty $jwt.audience) }}
 {{- fail "identity.jwt needs identity.jwt.issuer and identity.jwt.audience with a key set (identity.jwt.jwks.existingConfigMap or identity.jwt.jwksURL): tokens of any issuer or audience would pass" }}
 {{- end }}
-{{- else if or $jwt.issuer $jwt.audience $jwt.planClaim }}
-{{- fail "identity.jwt.issuer, audience and planClaim need a key set: identity.jwt.jwks.existingConfigMap or identity.jwt.jwksURL" }}
+{{- else if or $jwt.issuer $jwt.audience $jwt.planClaim (ne ($jwt.userClaim | default "sub") "sub") }}
+{{- fail "identity.jwt.issuer, audience, planClaim and a userClaim other than sub need a key set: identity.jwt.jwks.existingConfigMap or identity.jwt.jwksURL" }}
 {{- end }}
 {{- end }}
 {{- with .Values.identity.pools }}

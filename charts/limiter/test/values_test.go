@@ -194,7 +194,12 @@ func TestBadValuesAreRefused(t *testing.T) {
 		{
 			name:   "the ext_proc server with an audience and no key set",
 			values: "extproc:\n  enabled: true\nidentity:\n  jwt:\n    issuer: https://auth\n    audience: llm\n",
-			want:   []string{"identity.jwt.issuer, audience and planClaim need a key set"},
+			want:   []string{"identity.jwt.issuer, audience, planClaim and a userClaim other than sub need a key set"},
+		},
+		{
+			name:   "the ext_proc server with a user claim and no key set",
+			values: "extproc:\n  enabled: true\nidentity:\n  jwt:\n    userClaim: email\n",
+			want:   []string{"identity.jwt.issuer, audience, planClaim and a userClaim other than sub need a key set"},
 		},
 		{
 			name:   "LimitPools with the static tier source",
