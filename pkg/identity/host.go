@@ -1,6 +1,9 @@
 package identity
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
 
 // schemeHeader is the pseudo-header naming a request's scheme ("http",
 // "https"), as Envoy passes it to ext_proc; the proxy's Headers answer it
@@ -13,11 +16,13 @@ func isHostHeader(name string) bool { return strings.EqualFold(name, "Host") }
 // canonicalHost is the pool key of a request's host (header:Host): one
 // host, however spelt, is one key with one cap. The name is lower-cased
 // (ASCII only: a Unicode fold would make "\u212aey" the host "key"), one
-// trailing dot of a fully qualified name is dropped, and so is the port
-// when it is scheme's default (80 for http, 443 for https) or empty. An
-// IPv6 literal keeps its brackets; any other port, or a scheme not known,
-// keeps the port.
-func canonicalHost(host, scheme string) string {
+// trailing dot of a fully qualified name is dropped, a port of digits is
+// read as a number (":0443" is ":443"), and the port is dropped when it is
+// scheme's default (80 for http, 443 for https) or empty. An IPv6 literal
+// keeps its brackets; any other port, or a scheme not known, keeps the
+// port. ok is false for a host with no name left (".", ":443"): it is no
+// host's key, and joining none would leave the request uncapped.
+func canonicalHost(host, scheme string) (key string, ok bool) {
 	host = asciiLower(host)
 	name, port, hasPort := host, "", false
 	switch {
@@ -29,16 +34,22 @@ func canonicalHost(host, scheme string) string {
 		name, port, _ = strings.Cut(host, ":")
 		hasPort = true
 	}
+	if n, err := strconv.ParseUint(port, 10, 16); err == nil {
+		port = strconv.FormatUint(n, 10)
+	}
 	if hasPort && (port == "" || port == defaultPort(asciiLower(scheme))) {
 		hasPort = false
 	}
 	if !strings.HasPrefix(name, "[") {
 		name = strings.TrimSuffix(name, ".")
 	}
-	if hasPort {
-		return name + ":" + port
+	if name == "" {
+		return "", false
 	}
-	return name
+	if hasPort {
+		return name + ":" + port, true
+	}
+	return name, true
 }
 
 func defaultPort(scheme string) string {

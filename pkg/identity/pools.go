@@ -153,7 +153,10 @@ func (ps PoolSources) fromRequest(h Headers, claims map[string]any) (map[string]
 			}
 			key = v
 			if key != "" && isHostHeader(s.Name) {
-				key = canonicalHost(key, h.Get(schemeHeader))
+				var ok bool
+				if key, ok = canonicalHost(v, h.Get(schemeHeader)); !ok {
+					return nil, fmt.Errorf("%w: pool %s (from %s): the host %q names no host", ErrInvalidPoolValue, s.Pool, s, v)
+				}
 			}
 		case PoolFromClaim:
 			v, err := claimKey(claims, s)

@@ -126,6 +126,9 @@ func TestHostPoolKeyIsCanonical(t *testing.T) {
 		{"acme.example.com:8443", "https", "acme.example.com:8443"},
 		{"acme.example.com:443", "", "acme.example.com:443"},
 		{"10.0.0.1:443", "https", "10.0.0.1"},
+		{"acme.example.com:0443", "https", "acme.example.com"},
+		{"acme.example.com:00080", "http", "acme.example.com"},
+		{"acme.example.com:08443", "https", "acme.example.com:8443"},
 	} {
 		h := http.Header{"X-User-Id": {"u"}, "X-Plan": {"paid"}, "Host": {tc.host}}
 		if tc.scheme != "" {
@@ -134,6 +137,14 @@ func TestHostPoolKeyIsCanonical(t *testing.T) {
 		id, err := r.Resolve(h)
 		if err != nil || id.Pools["site"] != tc.want {
 			t.Errorf("Host %q over %q: key %q, %v; want %q", tc.host, tc.scheme, id.Pools["site"], err, tc.want)
+		}
+	}
+	// A Host with no name left once canonical is no host's key: refused,
+	// not let in uncapped by joining none.
+	for _, tc := range []struct{ host, scheme string }{{".", "https"}, {":443", "https"}, {":80", "http"}, {":", "https"}, {".:443", "https"}, {":8080", "https"}} {
+		_, err := r.Resolve(http.Header{"X-User-Id": {"u"}, "X-Plan": {"paid"}, "Host": {tc.host}, ":scheme": {tc.scheme}})
+		if !errors.Is(err, identity.ErrInvalidPoolValue) {
+			t.Errorf("Host %q over %s: %v; want ErrInvalidPoolValue", tc.host, tc.scheme, err)
 		}
 	}
 	// The Kelvin sign folds to k in Unicode: it stays, and is refused.
