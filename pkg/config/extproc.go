@@ -138,7 +138,7 @@ func (c Config) validateExtProc(v *validator) {
 		// The claims would be ignored, and identities taken from the user
 		// and plan headers: refused, as identity.jwt's are without a key
 		// source.
-		for _, s := range []setting{{"identity.jwtPayload.userClaim", p.UserClaim != identity.DefaultUserClaim}, {"identity.jwtPayload.planClaim", p.PlanClaim != ""}} {
+		for _, s := range []setting{{"identity.jwtPayload.userClaim", p.UserClaim != "" && p.UserClaim != identity.DefaultUserClaim}, {"identity.jwtPayload.planClaim", p.PlanClaim != ""}} {
 			if s.set {
 				v.add(s.key, "requires identity.jwtPayload.header or identity.jwtPayload.metadataKey (without a payload source no claim is read, and identities come from the user and plan headers)", "")
 			}

@@ -305,7 +305,7 @@ func (c Config) validateIdentity(v *validator) {
 	j := i.JWT
 	if !j.Enabled() {
 		for _, s := range []setting{{"identity.jwt.issuer", j.Issuer != ""}, {"identity.jwt.audience", j.Audience != ""},
-			{"identity.jwt.userClaim", j.UserClaim != identity.DefaultUserClaim}, {"identity.jwt.planClaim", j.PlanClaim != ""}} {
+			{"identity.jwt.userClaim", j.UserClaim != "" && j.UserClaim != identity.DefaultUserClaim}, {"identity.jwt.planClaim", j.PlanClaim != ""}} {
 			if s.set {
 				v.add(s.key, "requires identity.jwt.jwksFile or identity.jwt.jwksURL (without a key source no token is verified)", "")
 			}

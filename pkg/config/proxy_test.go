@@ -192,3 +192,20 @@ func TestFourPoolSourcesAreAccepted(t *testing.T) {
 		t.Errorf("four pool sources: %v; want none", err)
 	}
 }
+
+// An identity claim written empty, or as its default, with no source to
+// read it from is a value left unset (generated configs write them so):
+// it loads, where another value is refused (TestProxyAndIdentityValidation,
+// TestExtProcValidation).
+func TestUnsetIdentityClaimsLoadWithoutTheirSource(t *testing.T) {
+	for _, file := range []string{
+		"identity:\n  jwt:\n    userClaim: \"\"\n",
+		"identity:\n  jwt:\n    userClaim: sub\n",
+		"identity:\n  jwtPayload:\n    userClaim: \"\"\n",
+		"identity:\n  jwtPayload:\n    userClaim: sub\n",
+	} {
+		if _, err := load(t, file, nil); err != nil {
+			t.Errorf("%q: %v; want it loaded, the claim unset", file, err)
+		}
+	}
+}
