@@ -141,7 +141,7 @@ func New(opts Options) (*Client, error) {
 	}
 	c := &Client{opts: opts, connected: make(chan struct{}), warmed: make(chan struct{}), stop: make(chan struct{})}
 	if len(opts.Addrs) == 0 {
-		store, err := startEmbedded()
+		store, err := startEmbedded(opts.Logger)
 		if err != nil {
 			return nil, err
 		}

@@ -2,13 +2,12 @@ package cluster
 
 import (
 	"fmt"
+	"log/slog"
 	"net"
-	"strconv"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/alicebob/miniredis/v2/server"
-	"github.com/joishi/limiter/pkg/keys"
 )
 
 // embeddedStore is an in-process Redis-compatible server. It runs the same
@@ -23,6 +22,7 @@ import (
 type embeddedStore struct {
 	server *miniredis.Miniredis
 	conns  *server.Server // serves the connections dial makes
+	logger *slog.Logger
 	stop   chan struct{}
 	done   chan struct{}
 	// answers are the release_all answers the last sweep found; the next
@@ -37,8 +37,9 @@ type embeddedStore struct {
 // sweepAfter ago is deleted. Slot expiry never depends on this (scripts
 // compare scores with TIME); the sweep only bounds memory, and it is later
 // than Redis's own key expiry, so pruned slots are still counted first.
-// (Slots expired that long are removed one by one, with their records; an
-// emptied key goes.) The answers release_all keeps for a minute go at the
+// (Slots expired that long are removed one by one, with their records, by
+// a script, so that no acquire comes between; an emptied key goes.) The
+// answers release_all keeps for a minute go at the
 // sweep after the one that first found them, and a support override at
 // the first sweep after its expiry (the scripts stop applying it at the
 // expiry itself).
@@ -51,7 +52,7 @@ const (
 // logs and spans: the store has no network address.
 const embeddedAddr = "in-process"
 
-func startEmbedded() (*embeddedStore, error) {
+func startEmbedded(logger *slog.Logger) (*embeddedStore, error) {
 	store := miniredis.NewMiniRedis()
 	// miniredis starts a store without a listener at its first Dial; that
 	// connection is not needed.
@@ -60,7 +61,7 @@ func startEmbedded() (*embeddedStore, error) {
 		return nil, fmt.Errorf("starting the embedded store: %w", err)
 	}
 	conn.Close()
-	s := &embeddedStore{server: store, conns: store.Server(), stop: make(chan struct{}), done: make(chan struct{})}
+	s := &embeddedStore{server: store, conns: store.Server(), logger: logger, stop: make(chan struct{}), done: make(chan struct{})}
 	go s.sweepLoop()
 	return s, nil
 }
@@ -89,61 +90,6 @@ func (s *embeddedStore) sweepLoop() {
 		case now := <-ticker.C:
 			s.sweep(now)
 		}
-	}
-}
-
-func (s *embeddedStore) sweep(now time.Time) {
-	cutoff := float64(now.Add(-sweepAfter).UnixMilli())
-	answers := map[string]bool{}
-	for _, key := range s.server.Keys() {
-		switch s.server.Type(key) {
-		case "zset":
-			if !keys.IsQueue(key) { // a queue's tickets are no slots
-				s.sweepSlots(key, cutoff)
-			}
-		case "hash":
-			if keys.IsOverride(key) {
-				s.sweepOverride(key, now)
-			}
-		case "string":
-			switch {
-			case !keys.IsReleasedAnswer(key):
-			case s.answers[key]:
-				s.server.Del(key)
-			default:
-				answers[key] = true
-			}
-		}
-	}
-	s.answers = answers
-}
-
-// sweepSlots removes the slots of key that expired before cutoff, and
-// their records.
-func (s *embeddedStore) sweepSlots(key string, cutoff float64) {
-	members, err := s.server.SortedSet(key)
-	if err != nil {
-		return
-	}
-	// Member by member, never the whole key: an acquire between the read
-	// and the delete must not lose the slot it just added.
-	records := keys.SlotRecords(key)
-	for member, score := range members {
-		if score < cutoff {
-			_, _ = s.server.ZRem(key, member)
-			s.server.HDel(records, member)
-		}
-	}
-	// miniredis keeps a hash emptied field by field; Redis would not.
-	if fields, err := s.server.HKeys(records); err == nil && len(fields) == 0 {
-		s.server.Del(records)
-	}
-}
-
-// sweepOverride deletes the override key when it has expired.
-func (s *embeddedStore) sweepOverride(key string, now time.Time) {
-	if at, err := strconv.ParseInt(s.server.HGet(key, "expires_at"), 10, 64); err != nil || at <= now.UnixMilli() {
-		s.server.Del(key)
 	}
 }
 

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"log/slog"
 	"strconv"
 	"testing"
 	"time"
@@ -9,7 +10,7 @@ import (
 )
 
 func TestEmbeddedSweepDropsOnlyLongAbandonedKeys(t *testing.T) {
-	store, err := startEmbedded()
+	store, err := startEmbedded(slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +54,7 @@ func TestEmbeddedSweepDropsOnlyLongAbandonedKeys(t *testing.T) {
 // answer for a minute, which miniredis would keep for ever; the sweep
 // drops an answer it already saw one sweep earlier.
 func TestEmbeddedSweepDropsReleasedAnswers(t *testing.T) {
-	store, err := startEmbedded()
+	store, err := startEmbedded(slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +84,7 @@ func TestEmbeddedSweepDropsReleasedAnswers(t *testing.T) {
 // key past its expiry; the sweep deletes it once expired, and leaves one
 // in force and other hashes alone.
 func TestEmbeddedSweepDropsExpiredOverrides(t *testing.T) {
-	store, err := startEmbedded()
+	store, err := startEmbedded(slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
