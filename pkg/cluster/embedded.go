@@ -25,6 +25,9 @@ type embeddedStore struct {
 	logger *slog.Logger
 	stop   chan struct{}
 	done   chan struct{}
+	// watch drops miniredis's versions of deleted keys (see
+	// watchVersions); empty when miniredis no longer has them.
+	watch watchVersions
 	// answers are the release_all answers the last sweep found; the next
 	// one drops them (the sweep goroutine's alone).
 	answers map[string]bool
@@ -42,7 +45,8 @@ type embeddedStore struct {
 // answers release_all keeps for a minute go at the
 // sweep after the one that first found them, and a support override at
 // the first sweep after its expiry (the scripts stop applying it at the
-// expiry itself).
+// expiry itself). Each sweep also drops miniredis's WATCH versions of the
+// keys deleted since the last (see watchVersions).
 const (
 	sweepEvery = time.Minute
 	sweepAfter = 24 * time.Hour
@@ -62,6 +66,10 @@ func startEmbedded(logger *slog.Logger) (*embeddedStore, error) {
 	}
 	conn.Close()
 	s := &embeddedStore{server: store, conns: store.Server(), logger: logger, stop: make(chan struct{}), done: make(chan struct{})}
+	var found bool
+	if s.watch, found = findWatchVersions(store.DB(0)); !found {
+		logger.Warn("the embedded store cannot drop the WATCH versions of deleted keys (miniredis changed): its memory grows with every user id it sees until restart")
+	}
 	go s.sweepLoop()
 	return s, nil
 }

@@ -105,6 +105,7 @@ func (s *embeddedStore) sweep(now time.Time) {
 	if err != nil {
 		s.logger.Warn("the embedded store's sweep failed; the next one retries", "err", err)
 	}
+	s.watch.drop(s.server)
 }
 
 // evalBatches runs script on keys, batch keys at a time, and returns the
