@@ -155,6 +155,8 @@ func TestAWaitedMembershipIsGrantedForItsStreamsTTL(t *testing.T) {
 // included) kept: the answer gives the plan it was taken under (in force
 // or since removed), that plan's limit, the recorded TTL and a heartbeat
 // interval within a third of it, and heartbeats sent as told keep it.
+// The extension moves the slot by that TTL too, as it answers, not by
+// its plan's now: once its holder stops, the slot goes within it.
 func TestAnExtensionAnswersTheTTLItsRecordKeeps(t *testing.T) {
 	ttlplan := tiers.Tier{Plan: "ttlplan", MaxConcurrentStreams: 1, SlotTTL: 300 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, FailureMode: tiers.FailOpen}
 	raised := ttlplan
@@ -194,9 +196,16 @@ func TestAnExtensionAnswersTheTTLItsRecordKeeps(t *testing.T) {
 				if got := recordedTTL(t, s, user, "s"); got != c.taken.SlotTTL {
 					t.Errorf("the slot's record keeps ttl %v; want %v, kept by the extension", got, c.taken.SlotTTL)
 				}
-				// The extension moved the expiry by the retry's plan's TTL;
-				// the beats after the first keep it by the recorded one.
+				if left := time.Until(res.ExpiresAt); left > c.taken.SlotTTL+100*time.Millisecond {
+					t.Errorf("the extension answers ttl %v and an expiry %v away; want it within the ttl", res.Tier.SlotTTL, left.Round(time.Millisecond))
+				}
 				heartbeatAsTold(t, s.Limiter, user, c.retry, res, 4)
+				// The holder stops: no heartbeat, no release.
+				time.Sleep(c.taken.SlotTTL + 200*time.Millisecond)
+				if slots, err := s.Limiter.Slots(ctx, user); err != nil || slots.Used != 0 {
+					t.Errorf("%v after the last heartbeat, a slot of ttl %v: %+v, %v; want it expired",
+						c.taken.SlotTTL+200*time.Millisecond, c.taken.SlotTTL, slots, err)
+				}
 			})
 		}
 	}

@@ -10,7 +10,8 @@
 -- ARGV[1] -> stream id
 -- ARGV[2] -> limit (max concurrent streams, >= 0): the plan's; an override
 --            in force replaces it
--- ARGV[3] -> slot ttl (ms, > 0, decimal digits)
+-- ARGV[3] -> slot ttl (ms, > 0, decimal digits): a new slot's; a held
+--            slot is extended by the TTL its record keeps (see below)
 -- ARGV[4] -> the rest of a new slot's record: '' or ';name=value' fields
 --            (optional: absent is ''); its caller, when it names one, is
 --            who asks; its ';by=0@<token>', when it has one, names the
@@ -71,7 +72,8 @@
 -- limit. Expired tickets are removed.
 --
 -- The record of a slot starts with its TTL (ARGV[3]), so that heartbeats
--- keep the slot by its own TTL whatever happens to its plan; then
+-- and extensions keep the slot by its own TTL whatever happens to its
+-- plan (ARGV[3] for a held slot without a record); then
 -- ';started=<now>' (Redis ms) and the fields of ARGV[4] (who took it, for
 -- what), each after a ';'. A new slot's record is written with it; a held
 -- slot keeps the record it has (and gets one if it had none), counting
@@ -166,6 +168,11 @@ local function extend(score)
   end
   local mine = tokenOf(record)
   granted = 2
+  -- The slot moves by the TTL its record keeps, as its heartbeats move
+  -- it, not by its plan's now: a plan whose TTL was raised since leaves
+  -- a slot whose holder stops for no longer than the TTL it was answered.
+  -- (So do the keys' expiries below.)
+  ttl = ownTTL(kept, ttl)
   expires = tonumber(score)
   local owned = kept and ownedShare(kept, mine)
   if not owned and now + ttl > expires then

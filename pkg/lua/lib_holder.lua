@@ -21,6 +21,17 @@ local function foreign(record, caller)
   return h ~= '' and h ~= caller
 end
 
+-- ownTTL(record, ttl): the TTL a slot's record starts with (ms), which
+-- its heartbeats keep it by whatever its plan says now; ttl when the
+-- record has none (an older version's, or no record).
+local function ownTTL(record, ttl)
+  local own = record and tonumber((string.match(record, '^%d+'))) -- (): one value (the embedded store's match may return none)
+  if own and own > 0 then
+    return own
+  end
+  return ttl
+end
+
 -- The head of a record that has a start: its TTL, its start and its
 -- caller (if it names one), which an extension count follows (see
 -- again); nil for a record without a start (an older version's).

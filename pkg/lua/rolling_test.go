@@ -127,9 +127,10 @@ func TestARollingUpdateKeepsEachRequestsShare(t *testing.T) {
 }
 
 // TestAGiveBackLeavesALaterSharesExpiry: a stream's slot whose first
-// request crashed (its expiry soon, E0) is extended by a request of this
-// release (to E1), then by one of the previous release whose plan's TTL
-// is shorter (its user's plan changed meanwhile): that one's ZADD GT
+// request crashed (its expiry E0) is extended by a request of this
+// release (to E1, a few ms later, by the slot's own TTL), then by one of
+// the previous release whose plan's TTL is shorter (its user's plan
+// changed meanwhile): that one's ZADD GT
 // leaves E1, and it is answered E1. The first of the two gives up: it
 // gives its time back only once no later share is held, so the slot
 // keeps the expiry the previous release's request was answered while
@@ -147,10 +148,11 @@ func TestAGiveBackLeavesALaterSharesExpiry(t *testing.T) {
 			eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
 				ctx := context.Background()
 				key := newKey(t)
-				a, err := lua.Acquire(ctx, c, key, "s", 3, 2*time.Second, lua.Record{Plan: "paid", Token: "tokA"}, false)
+				a, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, lua.Record{Plan: "paid", Token: "tokA"}, false)
 				if err != nil || !a.Granted {
 					t.Fatalf("acquire A: %+v, %v", a, err)
 				}
+				time.Sleep(3 * time.Millisecond) // for B to move the slot
 				b, err := lua.Acquire(ctx, c, key, "s", 3, time.Minute, lua.Record{Plan: "paid", Token: "tokB"}, false)
 				if err != nil || !b.Extended || b.Extension().FromMs != a.ExpiresAtMs {
 					t.Fatalf("acquire B: %+v (extension %+v), %v; want an extension from A's expiry %d", b, b.Extension(), err, a.ExpiresAtMs)

@@ -491,18 +491,28 @@ func TestARequestThatGivesUpGivesBackTheTimeItAdded(t *testing.T) {
 		}
 
 		// An extension to an earlier expiry than the slot's, which another
-		// request's extension set: answered that expiry, made its own by a
-		// ms, so that the other, giving up, gives nothing back from under
-		// it; giving up itself, it gives back the ms.
+		// request's extension set (one of the previous release, during a
+		// rolling update, which extends by its plan's TTL, longer than the
+		// slot's own): answered that expiry, made its own by a ms, so
+		// that the other, giving up, takes nothing from under it; giving
+		// up itself, it gives back the ms.
+		arr, err := previousAcquire.Exec(ctx, c, lua.AcquireKeys(key), []string{"s", "3", "600000", ";by=0@tokG;plan=paid", "1"}).ToArray()
+		if err != nil || len(arr) != 9 {
+			t.Fatalf("the previous release's longer extension: %v, %v", arr, err)
+		}
+		longer, _ := arr[2].AsInt64()
+		if granted, _ := arr[0].AsInt64(); granted != 2 || longer != score() || longer <= e.ExpiresAtMs {
+			t.Fatalf("the previous release's longer extension: granted %d expiring at %d; want 2, the slot's %d, later than %d", granted, longer, score(), e.ExpiresAtMs)
+		}
 		short := acquire("tokF", time.Second)
-		if want := (lua.Extension{FromMs: e.ExpiresAtMs, ToMs: e.ExpiresAtMs + 1}); !short.Extended || short.Extension() != want || short.ExpiresAtMs != want.ToMs || score() != want.ToMs {
-			t.Fatalf("an extension by a shorter TTL: %+v (extension %+v), score %d; want extended by a ms, %+v", short, short.Extension(), score(), want)
+		if want := (lua.Extension{FromMs: longer, ToMs: longer + 1}); !short.Extended || short.Extension() != want || short.ExpiresAtMs != want.ToMs || score() != want.ToMs {
+			t.Fatalf("an extension by the slot's own, shorter, TTL: %+v (extension %+v), score %d; want extended by a ms, %+v", short, short.Extension(), score(), want)
 		}
-		if rel := leave(e); !rel.Superseded || score() != short.ExpiresAtMs {
-			t.Fatalf("the longer extension given up under the shorter one's: %+v, score %d; want kept at the expiry the shorter one was answered, %d", rel, score(), short.ExpiresAtMs)
+		if rel, err := previousRelease.Exec(ctx, c, lua.ReleaseKeys(key), []string{"s", "", strconv.Itoa(short.Share().Index - 1), strconv.FormatInt(first.StartedAtMs, 10)}).ToArray(); err != nil || len(rel) == 0 || score() != short.ExpiresAtMs {
+			t.Fatalf("the longer extension given up under the shorter one's: %v, %v, score %d; want kept at the expiry the shorter one was answered, %d", rel, err, score(), short.ExpiresAtMs)
 		}
-		if rel := leave(short); !rel.Superseded || score() != e.ExpiresAtMs {
-			t.Fatalf("the shorter extension given up: %+v, score %d; want its ms given back, %d", rel, score(), e.ExpiresAtMs)
+		if rel := leave(short); !rel.Superseded || score() != longer {
+			t.Fatalf("the shorter extension given up: %+v, score %d; want its ms given back, %d", rel, score(), longer)
 		}
 	})
 }

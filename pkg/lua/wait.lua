@@ -16,7 +16,9 @@
 --            records name); an override in force replaces it, unless
 --            it is 2147483647 (2^31-1): a scope in shadow mode, which
 --            refuses none, its override included
--- ARGV[2] -> slot ttl (ms, > 0, decimal digits)
+-- ARGV[2] -> slot ttl (ms, > 0, decimal digits): a new slot's; a held
+--            slot is extended by the TTL its record keeps, as acquire
+--            extends it
 -- ARGV[3] -> ticket ttl (ms, > 0)
 -- ARGV[4] -> the most tickets the queue may hold (> 0; in shadow mode a
 --            new ticket queues past it)
@@ -142,6 +144,9 @@ local states, values, shares, starts, kepts, useds, overs = {}, {}, {}, {}, {}, 
 local granted = false -- a slot was granted or extended
 local denied = false  -- a ticket left or was not queued: retry_after_ms is due
 local prefix = ARGV[2] .. ';started=' .. string.format('%d', now)
+-- The longest TTL of the slots this call granted or extended: the slots'
+-- keys outlive the latest slot by it (see the end).
+local keepFor = 0
 
 -- extendHeld(i, id): ticket i's stream holds its slot already (another
 -- request of it took it): the slot is extended (never shortened) as
@@ -151,6 +156,9 @@ local function extendHeld(i, id)
   local kept = redis.call('HGET', meta, id)
   local mine = tokenOf(records[i])
   local n = kept and ownedShare(kept, mine)
+  -- The slot moves by the TTL its record keeps, as acquire extends it.
+  local own = ownTTL(kept, ttl)
+  keepFor = math.max(keepFor, own)
   if n then
     -- The ticket's own grant, by this call asked again after its reply
     -- was lost: answered as it was, nothing counted twice. (The latest
@@ -169,8 +177,8 @@ local function extendHeld(i, id)
     return
   end
   local score = tonumber(redis.call('ZSCORE', slots, id))
-  if now + ttl > score then
-    redis.call('ZADD', slots, 'GT', now + ttl, id)
+  if now + own > score then
+    redis.call('ZADD', slots, 'GT', now + own, id)
   else
     -- Held as late or later by another request of the stream, which
     -- gives its time back if it gives up (see release): one ms more makes
@@ -383,6 +391,7 @@ for k, head in ipairs(due) do
       end
       redis.call('ZADD', slots, now + ttl, head)
       redis.call('HSET', meta, head, records[i])
+      keepFor = math.max(keepFor, ttl)
       states[i], values[i] = 1, now + ttl
       starts[i] = now
       useds[i] = used
@@ -439,10 +448,11 @@ if denied then
   end
 end
 
--- The slots outlive their longest one by one TTL, as acquire leaves them.
+-- The slots outlive their longest one by one TTL (the longest of those
+-- this call granted or extended), as acquire leaves them.
 if granted then
   local last = redis.call('ZRANGE', slots, -1, -1, 'WITHSCORES')
-  local keep = string.format('%d', tonumber(last[2]) + ttl)
+  local keep = string.format('%d', tonumber(last[2]) + keepFor)
   redis.call('PEXPIREAT', slots, keep)
   redis.call('PEXPIREAT', meta, keep)
 end

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -889,9 +890,10 @@ func TestAWaitGrantLeavesAnotherCallersSlotOfTheStream(t *testing.T) {
 
 // TestAWaitedExtensionKeepsTheExpiryItAnswers: a ticket granted on a held
 // stream (extendHeld) whose own TTL would not move its expiry, which
-// another request of the stream set later (a longer TTL), is answered
-// that expiry, made its own by a ms, as acquire's extension does: the
-// other request giving up gives nothing back from under it.
+// another request of the stream set later (one of the previous release,
+// during a rolling update, which extends by its plan's TTL, longer), is
+// answered that expiry, made its own by a ms, as acquire's extension
+// does: the other request giving up takes nothing from under it.
 func TestAWaitedExtensionKeepsTheExpiryItAnswers(t *testing.T) {
 	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
 		ctx := context.Background()
@@ -901,10 +903,14 @@ func TestAWaitedExtensionKeepsTheExpiryItAnswers(t *testing.T) {
 		if err != nil || !first.Granted {
 			t.Fatalf("acquire: %+v, %v", first, err)
 		}
-		time.Sleep(3 * time.Millisecond)
-		long, err := lua.Acquire(ctx, c, key, "s", 3, 10*time.Minute, lua.Record{Plan: "paid", Token: "tokB"}, false)
-		if err != nil || !long.Extended || long.Extension().FromMs != first.ExpiresAtMs {
-			t.Fatalf("the longer extension: %+v (extension %+v), %v", long, long.Extension(), err)
+		arr, err := previousAcquire.Exec(ctx, c, lua.AcquireKeys(key),
+			[]string{"s", "3", "600000", ";by=0@tokB;plan=paid", "1"}).ToArray()
+		if err != nil || len(arr) != 9 {
+			t.Fatalf("the previous release's longer extension: %v, %v", arr, err)
+		}
+		longer, _ := arr[2].AsInt64()
+		if granted, _ := arr[0].AsInt64(); granted != 2 || longer != score() {
+			t.Fatalf("the previous release's longer extension: granted %d expiring at %d; want 2, the slot's %d", granted, longer, score())
 		}
 		w, err := lua.Wait(ctx, c, key, lua.WaitArgs{Limit: 3, SlotTTL: time.Minute, TicketTTL: 5 * time.Second, MaxQueue: 10,
 			Tickets: []lua.TicketArgs{{StreamID: "s", Record: lua.Record{Plan: "paid", Token: "tokW"}}}})
@@ -912,12 +918,12 @@ func TestAWaitedExtensionKeepsTheExpiryItAnswers(t *testing.T) {
 			t.Fatalf("wait: %+v, %v; want granted, extended", w, err)
 		}
 		answered := w.Tickets[0].ExpiresAtMs
-		if answered != long.ExpiresAtMs+1 || score() != answered {
-			t.Fatalf("the waited extension: answered %d, score %d; want the longer one's expiry and a ms, %d", answered, score(), long.ExpiresAtMs+1)
+		if answered != longer+1 || score() != answered {
+			t.Fatalf("the waited extension: answered %d, score %d; want the longer one's expiry and a ms, %d", answered, score(), longer+1)
 		}
-		rel, err := lua.ReleaseMember(ctx, c, "", lua.Member{Key: key, ID: "s", Owned: true, Share: long.Share(), Back: long.Extension()})
-		if err != nil || !rel.Superseded {
-			t.Fatalf("the longer extension given up: %+v, %v", rel, err)
+		rel, err := previousRelease.Exec(ctx, c, lua.ReleaseKeys(key), []string{"s", "", "1", strconv.FormatInt(first.StartedAtMs, 10)}).ToArray()
+		if err != nil || len(rel) == 0 {
+			t.Fatalf("the longer extension given up: %v, %v", rel, err)
 		}
 		if got := score(); got != answered {
 			t.Errorf("the waited request was answered expiry %d; after the longer extension was given up the slot expires at %d; want it kept", answered, got)
