@@ -399,6 +399,9 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 // fails closed refuses the stream (a *PoolUnavailableError) rather than
 // let it in uncounted; the others are granted degraded, in res.
 func (l *Limiter) degradedPools(ctx context.Context, ms []membership, err error, res *AcquireResult) error {
+	if err := l.goneFrom(ms); err != nil {
+		return err
+	}
 	for _, m := range ms {
 		if m.pool.OutageMode() == tiers.FailClosed {
 			l.observer.Joined(ctx, m.pool.Pool, JoinUnavailable, 0, m.limit)

@@ -551,3 +551,68 @@ func TestAWaiterAnsweredForARemovedScopeLeavesTheQueue(t *testing.T) {
 		}
 	}
 }
+
+// TestAnAcquireThatWaitedIsJudgedByItsPoolsAsTheyAreNow: an acquire waits
+// in its user's queue, naming a pool key capped at 1 that another user
+// fills. While it waits, the key's cap is lifted, or its pool removed.
+// Once its user's slot frees, it is judged as a new acquire of the key is
+// then: granted (the key refuses no one), or refused ErrUnknownPool (its
+// user's slot undone), not refused by the cap it waited under.
+func TestAnAcquireThatWaitedIsJudgedByItsPoolsAsTheyAreNow(t *testing.T) {
+	cases := []struct {
+		name    string
+		then    []pools.Pool
+		wantErr error // nil: granted
+	}{
+		{"its key's cap lifted", []pools.Pool{pools.Pool{Pool: "model", Keys: map[string]int{"other": 5}}.WithDefaults()}, nil},
+		{"its pool removed", nil, limiter.ErrUnknownPool},
+	}
+	for _, b := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
+		for _, c := range cases {
+			t.Run(b.String()+"/"+c.name, func(t *testing.T) {
+				t.Parallel()
+				table := poolTable(t, pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1)})
+				s := limitertest.New(t, limitertest.Options{Backend: b, Redis: cluster.Options{Timeout: 5 * time.Second},
+					Tiers:   []tiers.Tier{tiers.Tier{Plan: "one", MaxConcurrentStreams: 1, MaxWait: 10 * time.Second}.WithDefaults()},
+					Limiter: limiter.Options{Pools: table}})
+				ctx := context.Background()
+				named := map[string]string{"model": "k"}
+				if res, err := s.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "one", Pools: named}); err != nil || !res.Granted {
+					t.Fatalf("another user's stream filling model=k: %+v, %v", res, err)
+				}
+				user := newUser(t)
+				own, err := s.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "one"})
+				if err != nil || !own.Granted {
+					t.Fatalf("the user's own stream: %+v, %v", own, err)
+				}
+				userKey, err := s.Keys.UserKey(user)
+				if err != nil {
+					t.Fatal(err)
+				}
+				q := startQueued(t, ctx, s.Limiter, limiter.AcquireRequest{UserID: user, Plan: "one", Pools: named}, 5*time.Second,
+					func() int64 { return zcard(t, s, keys.Queue(userKey)) })
+				if err := table.Replace(c.then); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := s.Limiter.Release(ctx, user, own.StreamID); err != nil {
+					t.Fatal(err)
+				}
+				a, ok := q.answer(3 * time.Second)
+				if !ok {
+					t.Fatal("the waiter was not answered within 3s of its user's slot freeing")
+				}
+				if c.wantErr == nil && (a.err != nil || !a.res.Granted) {
+					t.Errorf("the waiter: %+v, %v (refused by %+v); want granted, as a new acquire of model=k is now", a.res, a.err, a.res.RefusedBy)
+				}
+				if c.wantErr != nil && !errors.Is(a.err, c.wantErr) {
+					t.Errorf("the waiter: %+v, %v (refused by %+v); want %v, as a new acquire naming pool model is now", a.res, a.err, a.res.RefusedBy, c.wantErr)
+				}
+				if c.wantErr != nil {
+					if slots, err := s.Limiter.Slots(ctx, user); err != nil || slots.Used != 0 {
+						t.Errorf("the user's slots after the waiter was refused: %+v, %v; want none, its grant undone", slots, err)
+					}
+				}
+			})
+		}
+	}
+}

@@ -96,6 +96,14 @@ type membership struct {
 	key   string
 	limit int
 	slots string // the key's sorted set
+	// uncapped: the key's cap was lifted while the acquire waited (see
+	// current). It is joined all the same, refusing no one, as its own
+	// waiters are served: the stream's record names it, and heartbeats
+	// keep what it names.
+	uncapped bool
+	// gone: the pool was removed while the acquire waited (see
+	// current): the acquire is answered ErrUnknownPool, as a new one is.
+	gone bool
 }
 
 // memberships resolves the pools an acquire names to the capped keys it
@@ -135,21 +143,36 @@ func (l *Limiter) memberships(named map[string]string) ([]membership, error) {
 // current returns ms as the pool table has them now, for an acquire that
 // waited since it resolved them (in its user's queue, or a pool key's):
 // each pool's definition (enforce, maxWait, failureMode) and its key's
-// cap, as a new acquire would be judged. A key no longer capped, or of a
-// pool since removed, keeps what it had: the stream's record names it,
-// and its heartbeats keep its membership.
+// cap, as a new acquire would be judged. A key no longer capped refuses
+// no one, as it would not a new acquire; it is joined all the same
+// (uncapped), since the stream's record names it. A pool since removed
+// is gone: the acquire is refused as unknown, as a new one would be.
 func (l *Limiter) current(ms []membership) []membership {
 	out := slices.Clone(ms)
 	for i, m := range out {
 		pool, ok := l.pools.Lookup(m.pool.Pool)
 		if !ok {
+			out[i].gone = true
 			continue
 		}
 		if limit, capped := pool.Limit(m.key); capped {
-			out[i].pool, out[i].limit = pool, limit
+			out[i].pool, out[i].limit, out[i].uncapped = pool, limit, false
+		} else {
+			out[i].pool, out[i].uncapped = pool, true
 		}
 	}
 	return out
+}
+
+// goneFrom is ErrUnknownPool for the first of ms whose pool was removed
+// (see current), nil when there is none.
+func (l *Limiter) goneFrom(ms []membership) error {
+	for _, m := range ms {
+		if m.gone {
+			return l.unknownPool(m.pool.Pool)
+		}
+	}
+	return nil
 }
 
 // unknownPool is ErrUnknownPool for the pool name, which is not in
@@ -213,6 +236,10 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 	if key, err := l.keys.UserKey(req.UserID); err == nil {
 		own = slot.member(key, req.StreamID)
 	}
+	if err := l.goneFrom(ms); err != nil {
+		l.undo(ctx, end, nil, slot.owns(), own)
+		return joined{}, err
+	}
 	for i := range ms {
 		m := ms[i] // as current last resolved it
 		var got lua.Acquired
@@ -268,6 +295,10 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 				out.waited += w.waited
 				end = l.decisionEnd() // the next step is a decision of its own
 				ms = l.current(ms)    // and of the pools as they are now
+				if err := l.goneFrom(ms); err != nil {
+					l.undo(ctx, end, ours(taken, shared), slot.owns(), own)
+					return joined{waited: out.waited}, err
+				}
 				if w.unsure || w.grant != nil {
 					holding = append(holding, m.slots)
 				}
@@ -339,7 +370,11 @@ func (l *Limiter) joinPool(ctx context.Context, end time.Time, req AcquireReques
 // joinArgs are the acquire of a membership of m's key for the stream req
 // names.
 func (l *Limiter) joinArgs(req AcquireRequest, tier tiers.Tier, m membership) lua.AcquireArgs {
-	return lua.AcquireArgs{Key: m.slots, StreamID: poolMember(req.UserID, req.StreamID), Limit: m.limit, TTL: tier.SlotTTL,
+	limit := m.limit
+	if m.uncapped {
+		limit = unbounded
+	}
+	return lua.AcquireArgs{Key: m.slots, StreamID: poolMember(req.UserID, req.StreamID), Limit: limit, TTL: tier.SlotTTL,
 		Rec: lua.Record{Caller: req.Caller, Plan: tier.Plan, User: req.UserID, Label: req.Label, Token: req.token}, Shadow: !m.pool.Enforced()}
 }
 
