@@ -616,3 +616,46 @@ func TestAnAcquireThatWaitedIsJudgedByItsPoolsAsTheyAreNow(t *testing.T) {
 		}
 	}
 }
+
+// TestAPoolPlaceGrantedAsAnotherPoolIsRemovedIsGivenBack: an acquire
+// naming model=k (full: it waits for a place) and org=o; org is removed
+// while it waits, and model=k's place is granted to it. The acquire is
+// refused unknown_pool, as a new one naming org is, and gives back every
+// place it was granted: model=k's too, not left to hold the key's only
+// place for a TTL.
+func TestAPoolPlaceGrantedAsAnotherPoolIsRemovedIsGivenBack(t *testing.T) {
+	for _, b := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
+		t.Run(b.String(), func(t *testing.T) {
+			t.Parallel()
+			model := pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second}
+			table := poolTable(t, model, pools.Pool{Pool: "org", MaxConcurrentStreams: ptr(5)})
+			s := limitertest.New(t, limitertest.Options{Backend: b, Tiers: poolWaitTiers(), Limiter: limiter.Options{Pools: table}})
+			ctx := context.Background()
+			holder := newUser(t)
+			held := mustAcquire(t, s.Limiter, holder, "low", "k")
+			user := newUser(t)
+			res, err := s.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "low", Pools: map[string]string{"model": "k", "org": "o"}, Wait: 5 * time.Second,
+				OnWait: func(time.Duration) {
+					if err := table.Replace([]pools.Pool{model.WithDefaults()}); err != nil {
+						t.Error(err)
+					}
+					if _, err := s.Limiter.ReleaseJoined(ctx, holder, held.StreamID, held.Pools); err != nil {
+						t.Error(err)
+					}
+				}})
+			if !errors.Is(err, limiter.ErrUnknownPool) {
+				t.Fatalf("the acquire whose pool org was removed as it waited: %+v, %v; want ErrUnknownPool", res, err)
+			}
+			slots, err := s.Keys.PoolKey("model", "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := zcard(t, s, slots); n != 0 {
+				t.Errorf("model=k holds %d places after the refused acquire; want 0 (its place given back)", n)
+			}
+			if us, err := s.Limiter.Slots(ctx, user); err != nil || us.Used != 0 {
+				t.Errorf("the user's slots after the refusal: %+v, %v; want none", us, err)
+			}
+		})
+	}
+}

@@ -295,10 +295,6 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 				out.waited += w.waited
 				end = l.decisionEnd() // the next step is a decision of its own
 				ms = l.current(ms)    // and of the pools as they are now
-				if err := l.goneFrom(ms); err != nil {
-					l.undo(ctx, end, ours(taken, shared), slot.owns(), own)
-					return joined{waited: out.waited}, err
-				}
 				if w.unsure || w.grant != nil {
 					holding = append(holding, m.slots)
 				}
@@ -311,6 +307,13 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 						}
 						shared[m.slots] = w.holders
 					}
+				}
+				if err := l.goneFrom(ms); err != nil {
+					// A pool removed as it waited: refused as a new acquire
+					// naming it is, and what it was granted meanwhile, this
+					// key's place too, is given back.
+					l.undo(ctx, end, ours(taken, shared), slot.owns(), own)
+					return joined{waited: out.waited}, err
 				}
 				switch {
 				case w.grant != nil && w.err == nil:
