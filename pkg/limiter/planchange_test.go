@@ -659,3 +659,61 @@ func TestAPoolPlaceGrantedAsAnotherPoolIsRemovedIsGivenBack(t *testing.T) {
 		})
 	}
 }
+
+// TestAnOverrideOfAKeyNoLongerCappedRefusesNoWaitedAcquire: model=k is capped
+// at 1, filled by another user, and support overrides its cap to 0. While
+// an acquire naming model=k waits in its user's queue, k's cap is lifted
+// (the pool no longer lists it, no default). A new acquire of model=k is
+// granted (k is joined by nothing); the waited one, "joined as a new
+// acquire would now", is granted too, not refused by the override of a
+// key no longer capped.
+func TestAnOverrideOfAKeyNoLongerCappedRefusesNoWaitedAcquire(t *testing.T) {
+	for _, b := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
+		t.Run(b.String(), func(t *testing.T) {
+			t.Parallel()
+			anOverrideOfAKeyNoLongerCappedRefusesNoWaitedAcquire(t, b)
+		})
+	}
+}
+
+func anOverrideOfAKeyNoLongerCappedRefusesNoWaitedAcquire(t *testing.T, b limitertest.Backend) {
+	table := poolTable(t, pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1)})
+	s := limitertest.New(t, limitertest.Options{Backend: b, Redis: cluster.Options{Timeout: 5 * time.Second},
+		Tiers:   []tiers.Tier{tiers.Tier{Plan: "one", MaxConcurrentStreams: 1, MaxWait: 10 * time.Second}.WithDefaults()},
+		Limiter: limiter.Options{Pools: table}})
+	ctx := context.Background()
+	named := map[string]string{"model": "k"}
+	if res, err := s.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "one", Pools: named}); err != nil || !res.Granted {
+		t.Fatalf("another user's stream filling model=k: %+v, %v", res, err)
+	}
+	if _, err := s.Limiter.SetPoolOverride(ctx, "model", "k", limiter.OverrideRequest{MaxConcurrentStreams: 0, For: time.Hour, Actor: "t", Reason: "r"}); err != nil {
+		t.Fatal(err)
+	}
+	user := newUser(t)
+	own, err := s.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "one"})
+	if err != nil || !own.Granted {
+		t.Fatalf("the user's own stream: %+v, %v", own, err)
+	}
+	userKey, err := s.Keys.UserKey(user)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := startQueued(t, ctx, s.Limiter, limiter.AcquireRequest{UserID: user, Plan: "one", Pools: named}, 5*time.Second,
+		func() int64 { return zcard(t, s, keys.Queue(userKey)) })
+	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "model", Keys: map[string]int{"other": 5}}.WithDefaults()}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := s.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "one", Pools: named}); err != nil || !res.Granted {
+		t.Fatalf("a new acquire of model=k, its cap lifted: %+v, %v; want granted", res, err)
+	}
+	if _, err := s.Limiter.Release(ctx, user, own.StreamID); err != nil {
+		t.Fatal(err)
+	}
+	a, ok := q.answer(3 * time.Second)
+	if !ok {
+		t.Fatal("the waiter was not answered within 3s of its user's slot freeing")
+	}
+	if a.err != nil || !a.res.Granted {
+		t.Errorf("the waiter: %+v, %v (refused by %+v); want granted, as a new acquire of model=k is now", a.res, a.err, a.res.RefusedBy)
+	}
+}

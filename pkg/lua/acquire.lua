@@ -9,7 +9,9 @@
 -- KEYS[6] -> <prefix>{<user id>}:q:rec     hash: field = stream id, value = the ticket's record (see wait)
 -- ARGV[1] -> stream id
 -- ARGV[2] -> limit (max concurrent streams, >= 0): the plan's; an override
---            in force replaces it
+--            in force replaces it, unless it is 2147483647 (2^31-1): no
+--            cap (a pool key whose cap was lifted), which no override
+--            applies to, as wait's does not
 -- ARGV[3] -> slot ttl (ms, > 0, decimal digits): a new slot's; a held
 --            slot is extended by the TTL its record keeps (see below)
 -- ARGV[4] -> the rest of a new slot's record: '' or ';name=value' fields
@@ -103,12 +105,15 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local record = ARGV[3] .. ';started=' .. string.format('%d', now) .. (ARGV[4] or '')
 
--- A support override in force replaces the plan's limit.
+-- A support override in force replaces the plan's limit; a scope with no
+-- cap has none to replace.
 local override = -1
-local o = redis.call('HMGET', KEYS[3], 'limit', 'expires_at')
-if o[1] and o[2] and tonumber(o[2]) > now then
-  override = tonumber(o[1])
-  limit = override
+if limit < 2147483647 then
+  local o = redis.call('HMGET', KEYS[3], 'limit', 'expires_at')
+  if o[1] and o[2] and tonumber(o[2]) > now then
+    override = tonumber(o[1])
+    limit = override
+  end
 end
 
 local pruned = prune(key, meta, now)
