@@ -65,3 +65,39 @@ func TestAnExtensionMovesTheSlotByItsOwnTTL(t *testing.T) {
 		}
 	})
 }
+
+// TestAWaitedExtensionKeepsTheKeysALiveSlotsTTL: a user key holds a
+// slot "short" of a 300ms TTL (taken before its plan's TTL was raised) and
+// a slot "long" of 60s (taken after). A waiter's grant of the held "short"
+// (extendHeld, call TTL 60s) must leave both keys outliving the latest
+// slot ("long") by at least one of its TTLs (acquire.lua: "Both keys
+// expire together, at least one TTL and at most two after the latest
+// slot"), never pulled in to the short slot's TTL past it.
+func TestAWaitedExtensionKeepsTheKeysALiveSlotsTTL(t *testing.T) {
+	const own, raised = 300 * time.Millisecond, 60 * time.Second
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		short, err := lua.Acquire(ctx, c, key, "short", 5, own, lua.Record{Plan: "p", Token: "tokA"}, false)
+		if err != nil || !short.Granted {
+			t.Fatalf("acquire short: %+v, %v", short, err)
+		}
+		long, err := lua.Acquire(ctx, c, key, "long", 5, raised, lua.Record{Plan: "p", Token: "tokB"}, false)
+		if err != nil || !long.Granted {
+			t.Fatalf("acquire long: %+v, %v", long, err)
+		}
+		before := expiretime(t, c, key)
+		w, err := lua.Wait(ctx, c, key, lua.WaitArgs{Limit: 5, SlotTTL: raised, TicketTTL: 5 * time.Second, MaxQueue: 10,
+			Tickets: []lua.TicketArgs{{StreamID: "short", Record: lua.Record{Plan: "p", Token: "tokW"}}}})
+		if err != nil || w.Tickets[0].State != lua.TicketGranted || !w.Tickets[0].Extended {
+			t.Fatalf("the waiter's grant of the held stream: %+v, %v", w, err)
+		}
+		for _, k := range []string{key, keys.SlotRecords(key)} {
+			at := expiretime(t, c, k)
+			if past := at - long.ExpiresAtMs; past < raised.Milliseconds()-1000 {
+				t.Errorf("%s expires %dms after the live 60s slot %q (it was %dms before the wait); want at least its TTL, %v",
+					k, past, "long", before-long.ExpiresAtMs, raised)
+			}
+		}
+	})
+}

@@ -508,8 +508,10 @@ func TestARequestThatGivesUpGivesBackTheTimeItAdded(t *testing.T) {
 		if want := (lua.Extension{FromMs: longer, ToMs: longer + 1}); !short.Extended || short.Extension() != want || short.ExpiresAtMs != want.ToMs || score() != want.ToMs {
 			t.Fatalf("an extension by the slot's own, shorter, TTL: %+v (extension %+v), score %d; want extended by a ms, %+v", short, short.Extension(), score(), want)
 		}
-		if rel, err := previousRelease.Exec(ctx, c, lua.ReleaseKeys(key), []string{"s", "", strconv.Itoa(short.Share().Index - 1), strconv.FormatInt(first.StartedAtMs, 10)}).ToArray(); err != nil || len(rel) == 0 || score() != short.ExpiresAtMs {
-			t.Fatalf("the longer extension given up under the shorter one's: %v, %v, score %d; want kept at the expiry the shorter one was answered, %d", rel, err, score(), short.ExpiresAtMs)
+		longerShare := lua.Member{Key: key, ID: "s", Owned: true, Share: lua.Share{Index: short.Share().Index - 1, StartedAtMs: first.StartedAtMs},
+			Back: lua.Extension{FromMs: e.ExpiresAtMs, ToMs: longer}}
+		if rel, err := lua.ReleaseMember(ctx, c, "", longerShare); err != nil || rel.Released || score() != short.ExpiresAtMs {
+			t.Fatalf("the longer extension given up under the shorter one's: %+v, %v, score %d; want kept at the expiry the shorter one was answered, %d", rel, err, score(), short.ExpiresAtMs)
 		}
 		if rel := leave(short); !rel.Superseded || score() != longer {
 			t.Fatalf("the shorter extension given up: %+v, score %d; want its ms given back, %d", rel, score(), longer)

@@ -448,11 +448,15 @@ if denied then
   end
 end
 
--- The slots outlive their longest one by one TTL (the longest of those
--- this call granted or extended), as acquire leaves them.
+-- The slots outlive their longest one by at least one TTL (its own, or
+-- the longest of those this call granted or extended), as acquire leaves
+-- them; never sooner than they were set to (a slot of a longer TTL than
+-- those this call moved may be the latest).
 if granted then
   local last = redis.call('ZRANGE', slots, -1, -1, 'WITHSCORES')
-  local keep = string.format('%d', tonumber(last[2]) + keepFor)
+  local lastTTL = ownTTL(redis.call('HGET', meta, last[1]), ttl)
+  local at = math.max(tonumber(last[2]) + math.max(keepFor, lastTTL), redis.call('PEXPIRETIME', slots))
+  local keep = string.format('%d', at)
   redis.call('PEXPIREAT', slots, keep)
   redis.call('PEXPIREAT', meta, keep)
 end

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -921,9 +920,13 @@ func TestAWaitedExtensionKeepsTheExpiryItAnswers(t *testing.T) {
 		if answered != longer+1 || score() != answered {
 			t.Fatalf("the waited extension: answered %d, score %d; want the longer one's expiry and a ms, %d", answered, score(), longer+1)
 		}
-		rel, err := previousRelease.Exec(ctx, c, lua.ReleaseKeys(key), []string{"s", "", "1", strconv.FormatInt(first.StartedAtMs, 10)}).ToArray()
-		if err != nil || len(rel) == 0 {
-			t.Fatalf("the longer extension given up: %v, %v", rel, err)
+		// Given up by this release's script, giving back the time it added
+		// (from the first expiry to longer), which the waited request's
+		// ms past it keeps.
+		rel, err := lua.ReleaseMember(ctx, c, "", lua.Member{Key: key, ID: "s", Owned: true,
+			Share: lua.Share{Index: 1, StartedAtMs: first.StartedAtMs}, Back: lua.Extension{FromMs: first.ExpiresAtMs, ToMs: longer}})
+		if err != nil || rel.Released {
+			t.Fatalf("the longer extension given up: %+v, %v; want its share left, the slot kept", rel, err)
 		}
 		if got := score(); got != answered {
 			t.Errorf("the waited request was answered expiry %d; after the longer extension was given up the slot expires at %d; want it kept", answered, got)
