@@ -53,6 +53,14 @@ type AcquireRequest struct {
 	// message_timeout) can extend that deadline first. Not called when
 	// the acquire answers at once.
 	OnWait func(wait time.Duration)
+	// Rejoin: the acquire counts again a stream granted degraded under
+	// Plan (Redis did not answer), now that Redis answers (see package
+	// hold). Plan is judged as its heartbeats are: by its definition in
+	// force, or, for a plan deleted since the grant, by its last one, so
+	// that the stream runs on counted as streams held under a deleted
+	// plan do (DESIGN §15). Default false: a plan not in force is
+	// ErrUnknownPlan.
+	Rejoin bool
 
 	// token names the request in what it takes (lua.Record.Token), for a
 	// stream id its client chose; set by acquire.
@@ -207,6 +215,9 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 		return AcquireResult{}, tiers.Tier{}, err
 	}
 	tier, err := l.tier(req.Plan)
+	if req.Rejoin {
+		tier, err = l.heldTier(req.Plan)
+	}
 	if err != nil {
 		return AcquireResult{}, tiers.Tier{}, err
 	}

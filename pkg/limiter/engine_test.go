@@ -465,3 +465,33 @@ func TestSlotsOfADeletedPlanAreKept(t *testing.T) {
 		}
 	})
 }
+
+// A re-acquire of a stream granted degraded (Rejoin) under a plan deleted
+// since is judged by the plan's last definition, as the heartbeats of its
+// streams are: its limit counts the stream and refuses one more. A plan
+// that never was is still unknown.
+func TestARejoinUnderADeletedPlanIsJudgedByItsLastDefinition(t *testing.T) {
+	eachBackend(t, true, func(t *testing.T, e *env) {
+		user := newUser(t)
+		var rest []tiers.Tier
+		for _, tier := range limitertest.Tiers() {
+			if tier.Plan != "one" {
+				rest = append(rest, tier)
+			}
+		}
+		if err := e.table.Replace(rest); err != nil {
+			t.Fatal(err)
+		}
+		res, err := e.lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "one", StreamID: "s", Rejoin: true})
+		if err != nil || !res.Granted || res.Used != 1 || res.Limit != 1 || res.Tier.Plan != "one" {
+			t.Fatalf("rejoin under a deleted plan = %+v, %v; want granted, 1 of 1 held under plan one", res, err)
+		}
+		res, err = e.lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "one", StreamID: "t", Rejoin: true})
+		if err != nil || res.Granted || res.Used != 1 {
+			t.Errorf("a second rejoin under the deleted 1-stream plan = %+v, %v; want refused, 1 held", res, err)
+		}
+		if _, err := e.lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "never", Rejoin: true}); !errors.Is(err, limiter.ErrUnknownPlan) {
+			t.Errorf("rejoin under a plan that never was = %v, want ErrUnknownPlan", err)
+		}
+	})
+}

@@ -206,8 +206,21 @@ func New(redis *cluster.Client, table *tiers.Table, opts Options) *Limiter {
 // Tiers returns the table the limiter enforces.
 func (l *Limiter) Tiers() *tiers.Table { return l.tiers }
 
+// Pools returns the pool table acquires are judged by.
+func (l *Limiter) Pools() *pools.Table { return l.pools }
+
 func (l *Limiter) tier(plan string) (tiers.Tier, error) {
 	tier, ok := l.tiers.Lookup(plan)
+	if !ok {
+		return tiers.Tier{}, fmt.Errorf("%w: %q", ErrUnknownPlan, plan)
+	}
+	return tier, nil
+}
+
+// heldTier is the tier of a stream already granted under plan: the one in
+// force, or, for a plan deleted since, its last definition.
+func (l *Limiter) heldTier(plan string) (tiers.Tier, error) {
+	tier, ok := l.tiers.LookupHeld(plan)
 	if !ok {
 		return tiers.Tier{}, fmt.Errorf("%w: %q", ErrUnknownPlan, plan)
 	}
