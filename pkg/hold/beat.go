@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"time"
 
 	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/pools"
 )
 
 // loop is the Holder's heartbeat goroutine: for each heartbeat interval
@@ -204,12 +206,18 @@ func fatal(err error) bool {
 }
 
 // reacquire acquires a degraded stream's slot again under its stream id,
-// and its memberships of the pool keys its acquire named.
+// as the limiter would have counted it had Redis answered its grant: its
+// user's slot under the plan it was granted under (Rejoin: one deleted
+// since is judged by its last definition, and the stream runs on), and
+// its memberships of the pool keys its acquire named, of the pools still
+// in force. A pool deleted since caps no one, and no acquire can name it:
+// the stream forgets it.
 func (h *Holder) reacquire(ctx context.Context, s *Stream) {
 	if s.over() {
 		return // released or lost while its re-acquire waited for a side slot
 	}
-	res, err := h.lim.Acquire(ctx, limiter.AcquireRequest{UserID: s.userID, Plan: s.plan, StreamID: s.id, Label: s.label, Pools: s.named})
+	s.named = inForce(h.lim.Pools(), s.named)
+	res, err := h.lim.Acquire(ctx, limiter.AcquireRequest{UserID: s.userID, Plan: s.plan, StreamID: s.id, Label: s.label, Pools: s.named, Rejoin: true})
 	switch {
 	case err == nil && res.Granted:
 		if !s.rejoined(res) {
@@ -235,6 +243,25 @@ func (h *Holder) reacquire(ctx context.Context, s *Stream) {
 		h.lose(ctx, s, err)
 	}
 	// Any other error: still degraded, tried again at the next batch.
+}
+
+// inForce returns the pools of named that table holds now: named itself
+// when it holds them all.
+func inForce(table *pools.Table, named map[string]string) map[string]string {
+	var kept map[string]string
+	for pool := range named {
+		if _, ok := table.Lookup(pool); ok {
+			continue
+		}
+		if kept == nil {
+			kept = maps.Clone(named)
+		}
+		delete(kept, pool)
+	}
+	if kept == nil {
+		return named
+	}
+	return kept
 }
 
 // lose marks s lost with err (the limiter no longer holds its slot) and

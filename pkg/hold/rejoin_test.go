@@ -366,3 +366,96 @@ func TestARejoinWaitingForItsTurnSkipsAReleasedStream(t *testing.T) {
 		t.Errorf("%d slots held after every stream was released (at %s)", held, time.Now().Format("05.000"))
 	}
 }
+
+// A degraded stream whose pool is deleted (its LimitPool removed) before
+// Redis answers again is counted once it does, as an acquire would be
+// then: its user's slot, and no membership of the removed pool, which no
+// acquire can name any more. Its user's next stream on a 1-stream plan
+// is refused.
+func TestADegradedStreamOfADeletedPoolIsCountedOnceRedisAnswers(t *testing.T) {
+	path := testenv.StartProxy(t, testenv.Redis(t))
+	limit := 5
+	table := pools.NewTable()
+	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "model", MaxConcurrentStreams: &limit}.WithDefaults()}); err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, hold.Options{}, limitertest.Options{Redis: cluster.Options{Addrs: []string{path.Addr()}, Timeout: 200 * time.Millisecond},
+		Limiter: limiter.Options{Pools: table}})
+	user, key := newUser(), "m-"+newUser()
+	path.BlackHole()
+	st, res, err := e.Holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "short-one", Pools: map[string]string{"model": key}})
+	if err != nil || st == nil || !st.Degraded() {
+		t.Fatalf("Acquire while Redis is black-holed: %v, %+v, %v; want a degraded stream", st, res, err)
+	}
+	defer st.Release(context.Background(), hold.EndComplete)
+	if err := table.Replace(nil); err != nil {
+		t.Fatal(err)
+	}
+	path.Restore()
+	waitCounted(t, e, st, user)
+	st2, res2, err := e.Holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "short-one"})
+	if st2 != nil {
+		defer st2.Release(context.Background(), hold.EndComplete)
+	}
+	if err != nil || res2.Granted {
+		t.Errorf("a second stream of the user's 1-stream plan: granted %v, degraded %v, err %v; want refused", res2.Granted, res2.Degraded, err)
+	}
+}
+
+// A degraded stream whose plan is deleted before Redis answers again
+// runs on, as every stream held under a deleted plan does until it is
+// released (DESIGN §15), and is counted once Redis answers, under the
+// plan's last definition, as its heartbeats are kept.
+func TestADegradedStreamOfADeletedPlanRunsOnCounted(t *testing.T) {
+	path := testenv.StartProxy(t, testenv.Redis(t))
+	e := newEnv(t, hold.Options{}, limitertest.Options{Redis: cluster.Options{Addrs: []string{path.Addr()}, Timeout: 200 * time.Millisecond}})
+	user := newUser()
+	path.BlackHole()
+	st := e.acquire(t, user, "short-one")
+	if !st.Degraded() {
+		t.Fatal("Acquire while Redis is black-holed was not degraded")
+	}
+	defer st.Release(context.Background(), hold.EndComplete)
+	var kept []tiers.Tier
+	for _, tr := range limitertest.Tiers() {
+		if tr.Plan != "short-one" {
+			kept = append(kept, tr)
+		}
+	}
+	if err := e.Stack.Table.Replace(kept); err != nil {
+		t.Fatal(err)
+	}
+	path.Restore()
+	waitCounted(t, e, st, user)
+	time.Sleep(time.Second) // 10 heartbeat intervals of plan short-one
+	select {
+	case <-st.Lost():
+		t.Fatalf("the stream of a deleted plan was cut after it was counted: %v", st.Err())
+	default:
+	}
+	if n := e.Used(t, user); n != 1 || st.Degraded() {
+		t.Errorf("1s after it was counted: its user holds %d slots, degraded %v; want 1, false", n, st.Degraded())
+	}
+}
+
+// waitCounted waits up to 5s for the degraded stream st of user to be
+// counted again (not degraded, its user holding one slot); it fails the
+// test if the stream is lost meanwhile, or is not counted by then.
+func waitCounted(t *testing.T, e *env, st *hold.Stream, user string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		select {
+		case <-st.Lost():
+			t.Fatalf("the degraded stream was cut once Redis answered: %v", st.Err())
+		default:
+		}
+		if !st.Degraded() && e.Used(t, user) == 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("5s after Redis came back: degraded %v, its user holds %d slots; want it counted: false, 1", st.Degraded(), e.Used(t, user))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -46,7 +46,7 @@ type Stream struct {
 	plan     string
 	label    string // the acquire's, for a re-acquire
 	id       string
-	named    map[string]string // the acquire's pools, for a re-acquire
+	named    map[string]string // the acquire's pools in force, for a re-acquire; written by it only
 	interval time.Duration     // of its group; after add, read and written under h.mu
 	started  time.Time
 	touched  atomic.Int64 // unix nanoseconds of the latest Touch
