@@ -20,6 +20,13 @@ const (
 	failoverUsers    = 18 // 6 per plan: 54 workers
 	failoverWarmUp   = 4 * time.Second
 	failoverAfter    = 6 * time.Second // traffic after every slot is served again
+	// failoverTimeout is redis.timeout: the fault under test is a dead
+	// master, not a slow one, so the deadline leaves room for the
+	// stalls of a machine that runs three servers, six Redis nodes, the
+	// load and other tests' processes beside them (at 250ms, the
+	// default, a stall as the load started answered a grant degraded
+	// before the kill, about one run in ten).
+	failoverTimeout = time.Second
 )
 
 // TestFaultHardFailoverUnderLoad proves P2 (over-admission only in named
@@ -88,7 +95,7 @@ type failoverFigures struct {
 	unsynced               int    // limiter_acquire_unsynced_total over the servers
 	noAnswer               string // one transport error, if any
 	slowest                opRecord
-	overDeadline           int // calls slower than redis.timeout + 100ms
+	overDeadline           int // calls slower than failoverTimeout + 100ms
 }
 
 func (f failoverFigures) log(t *testing.T) {
@@ -107,8 +114,8 @@ func (f failoverFigures) log(t *testing.T) {
 	if f.noAnswer != "" {
 		t.Logf("a call without an answer: %s", f.noAnswer)
 	}
-	t.Logf("latency: slowest call %v (%s, status %d); %d calls over redis.timeout+100ms (350ms)",
-		f.slowest.ret.Sub(f.slowest.call).Round(time.Millisecond), f.slowest.kind, f.slowest.status, f.overDeadline)
+	t.Logf("latency: slowest call %v (%s, status %d); %d calls over redis.timeout+100ms (%v)",
+		f.slowest.ret.Sub(f.slowest.call).Round(time.Millisecond), f.slowest.kind, f.slowest.status, f.overDeadline, failoverTimeout+100*time.Millisecond)
 	t.Logf("linearizable against the cap: %v (%d users, %d calls, %d users needed their unanswered calls) in %v",
 		f.lin.OK(), f.lin.Users, f.lin.Ops, f.lin.Widened, f.linTook.Round(time.Millisecond))
 }
@@ -118,10 +125,11 @@ func failoverConfig(addrs []string, prefix string) string {
   addrs: ["%s"]
   keyPrefix: %q
   shardsRefreshInterval: 1s
+  timeout: %s
 tiers:
   source: static
   static:
-%s`, strings.Join(addrs, `", "`), prefix, faultTiers(failoverTTL, failoverInterval))
+%s`, strings.Join(addrs, `", "`), prefix, failoverTimeout, faultTiers(failoverTTL, failoverInterval))
 }
 
 func runHardFailover(t *testing.T, syncReplicas int) failoverFigures {
@@ -243,7 +251,7 @@ func runHardFailover(t *testing.T, syncReplicas int) failoverFigures {
 		if took > f.slowest.ret.Sub(f.slowest.call) {
 			f.slowest = o
 		}
-		if took > 350*time.Millisecond {
+		if took > failoverTimeout+100*time.Millisecond {
 			f.overDeadline++
 		}
 	}
