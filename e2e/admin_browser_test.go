@@ -416,6 +416,15 @@ func TestAdminPageInChromium(t *testing.T) {
 	poll("the release is in the recent actions", `document.querySelector('`+row+`') !== null`)
 	poll("the override's changes are in the recent actions", `[...document.querySelectorAll("#audit tbody tr")].some(tr => tr.cells[2].textContent === "set override" && tr.cells[5].textContent.startsWith("5 streams until")) &&
 		[...document.querySelectorAll("#audit tbody tr")].some(tr => tr.cells[2].textContent === "remove override" && tr.cells[5].textContent === "removed")`)
+	// A refused set_override says what it asked for: one stream over the
+	// limit of an override, as sent.
+	tooMany, day := httpapi.MaxOverrideStreams+1, int64(86400)
+	if status, body := srv.admin(t, "POST", httpapi.AdminUserOverridePath(user), e2eOperatorToken,
+		httpapi.AdminOverrideRequest{MaxConcurrentStreams: &tooMany, ExpiresIn: &day, Reason: "ticket 9: too many"}, nil); status != http.StatusBadRequest {
+		t.Fatalf("an override of %d streams: got %d %s, want 400", tooMany, status, body)
+	}
+	step("refresh the recent actions", chromedp.Click(chromedp.ID("refresh-audit")))
+	poll("the refused override says what it asked for", fmt.Sprintf(`[...document.querySelectorAll("#audit tbody tr")].some(tr => tr.cells[2].textContent === "set override" && tr.cells[4].textContent.startsWith("400 ") && tr.cells[5].textContent === "asked %d streams for 86400s")`, tooMany))
 	entry := text(row)
 	for _, want := range []string{"opal (operator)", "release all", user, "ok", "5 slots", reason} {
 		if !strings.Contains(entry, want) {

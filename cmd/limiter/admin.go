@@ -385,20 +385,53 @@ func printTicketTable(w io.Writer, tickets []httpapi.AdminTicket, withUser bool)
 
 func printAudit(w io.Writer, records []httpapi.AuditRecord) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "TIME\tACTOR\tROLE\tACTION\tUSER/POOL KEY\tOUTCOME\tRELEASED\tREASON\tAUDIT ID")
+	fmt.Fprintln(tw, "TIME\tACTOR\tROLE\tACTION\tUSER/POOL KEY\tOUTCOME\tRESULT\tREASON\tAUDIT ID")
 	for _, r := range records {
-		released := "-"
-		if r.Action == httpapi.ActionReleaseAll && r.Outcome == httpapi.OutcomeOK {
-			released = fmt.Sprint(len(r.Released))
-		}
 		subject := r.UserID
 		if r.Pool != "" || r.Key != "" {
 			subject = r.Pool + "=" + r.Key
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Time.UTC().Format(time.RFC3339), dash(r.Actor), dash(r.Role),
-			r.Action, dash(subject), r.Outcome, released, dash(cut(r.Reason, auditReasonWidth)), r.AuditID)
+			r.Action, dash(subject), r.Outcome, auditResult(r), dash(cut(r.Reason, auditReasonWidth)), r.AuditID)
 	}
 	tw.Flush()
+}
+
+// auditResult is what a recorded call changed, as the admin page shows
+// it: the slots a release_all freed, the override set or whether one was
+// removed; for a set_override refused, the override it asked for, as
+// sent.
+func auditResult(r httpapi.AuditRecord) string {
+	switch {
+	case r.Action == httpapi.ActionReleaseAll && r.Outcome == httpapi.OutcomeOK:
+		return fmt.Sprintf("%d %s released", len(r.Released), plural(len(r.Released), "slot", "slots"))
+	case r.Override != nil:
+		n := r.Override.MaxConcurrentStreams
+		return fmt.Sprintf("%d %s until %s", n, plural(n, "stream", "streams"), r.Override.ExpiresAt.UTC().Format(time.RFC3339))
+	case r.OverrideRemoved != nil && *r.OverrideRemoved:
+		return "removed"
+	case r.OverrideRemoved != nil:
+		return "none in force"
+	case r.Asked != nil:
+		return askedText(*r.Asked)
+	}
+	return "-"
+}
+
+// askedText is the override a set_override asked for: each field as sent
+// and kept (see httpapi.AuditOverrideAsked).
+func askedText(a httpapi.AuditOverrideAsked) string {
+	var parts []string
+	if n := a.MaxConcurrentStreams; n != nil {
+		parts = append(parts, fmt.Sprintf("%d %s", *n, plural(*n, "stream", "streams")))
+	}
+	if a.ExpiresIn != nil {
+		parts = append(parts, fmt.Sprintf("for %ds", *a.ExpiresIn))
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return "asked " + strings.Join(parts, " ")
 }
 
 // auditReasonWidth is how much of a reason the audit's text shows: a

@@ -341,6 +341,58 @@ func TestAdminSaysWhenItsURLDoesNotAnswer(t *testing.T) {
 	}
 }
 
+// audit's text says what each call changed, as the admin page does: the
+// slots a release freed, the override set or removed, and for a refused
+// set_override what it asked for (the numbers as sent), so that a refusal
+// at 3 a.m. says why without -o json.
+func TestAdminAuditSaysWhatEachCallChanged(t *testing.T) {
+	until := time.Date(2026, 12, 8, 3, 0, 0, 0, time.UTC)
+	removed, none := true, false
+	streams, expires, negative := 1001, int64(86400), int64(-5)
+	one := 1
+	records := []httpapi.AuditRecord{
+		{Action: httpapi.ActionReleaseAll, Outcome: httpapi.OutcomeOK, UserID: "u1", Released: []string{"a", "b", "c"}, AuditID: "r1"},
+		{Action: httpapi.ActionReleaseAll, Outcome: httpapi.OutcomeOK, UserID: "u2", Released: []string{}, AuditID: "r2"},
+		{Action: httpapi.ActionSetOverride, Outcome: httpapi.OutcomeOK, UserID: "u3", Override: &httpapi.AuditOverride{MaxConcurrentStreams: 5, ExpiresAt: until},
+			Asked: &httpapi.AuditOverrideAsked{MaxConcurrentStreams: &one, ExpiresIn: &expires}, AuditID: "s1"},
+		{Action: httpapi.ActionRemoveOverride, Outcome: httpapi.OutcomeOK, UserID: "u4", OverrideRemoved: &removed, AuditID: "d1"},
+		{Action: httpapi.ActionRemoveOverride, Outcome: httpapi.OutcomeOK, UserID: "u5", OverrideRemoved: &none, AuditID: "d2"},
+		{Action: httpapi.ActionSetOverride, Outcome: "invalid_request", Status: 400, UserID: "u6", Asked: &httpapi.AuditOverrideAsked{MaxConcurrentStreams: &streams, ExpiresIn: &expires}, AuditID: "s2"},
+		{Action: httpapi.ActionSetOverride, Outcome: "invalid_request", Status: 400, UserID: "u7", Asked: &httpapi.AuditOverrideAsked{ExpiresIn: &negative}, AuditID: "s3"},
+		{Action: httpapi.ActionSetOverride, Outcome: "invalid_request", Status: 400, UserID: "u8", Asked: &httpapi.AuditOverrideAsked{}, AuditID: "s4"},
+		{Action: httpapi.ActionListSlots, Outcome: httpapi.OutcomeOK, UserID: "u9", AuditID: "l1"},
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+httpapi.PathAdminAudit, func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(httpapi.AuditResponse{Records: records})
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	text := runAdminText(t, "audit", "--url", srv.URL, "--token", "t")
+	lines := strings.Split(strings.TrimSpace(text), "\n")
+	if len(lines) != len(records)+1 || !strings.Contains(lines[0], "RESULT") {
+		t.Fatalf("audit's text: %q; want a header with RESULT and one line per record", text)
+	}
+	for i, want := range []string{
+		"3 slots released",
+		"0 slots released",
+		"5 streams until 2026-12-08T03:00:00Z",
+		"removed",
+		"none in force",
+		"asked 1001 streams for 86400s",
+		"asked for -5s",
+		"-",
+		"-",
+	} {
+		line := lines[i+1]
+		from, to := strings.Index(lines[0], "RESULT"), strings.Index(lines[0], "REASON")
+		if got := strings.TrimSpace(line[from:to]); got != want || !strings.HasSuffix(line, records[i].AuditID) {
+			t.Errorf("audit line of %s %s: %q; want its result %q, got %q", records[i].Action, records[i].AuditID, line, want, got)
+		}
+	}
+}
+
 // audit asks for --limit records (1 to 1000; 0 and 1001 are usage
 // errors), and its text output cuts a long reason so that one 500
 // characters long does not widen every row; -o json gives it whole.

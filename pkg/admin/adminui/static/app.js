@@ -677,7 +677,8 @@
   }
 
   // result shows what a call changed: how many slots a release freed (the
-  // ids are in its tooltip), the override set, or whether one was removed.
+  // ids are in its tooltip), the override set, or whether one was removed;
+  // for a refused set_override, the override it asked for, as sent.
   function result(r) {
     if (r.released) {
       const td = cell(r.released.length + (r.released.length === 1 ? " slot" : " slots"), "nowrap");
@@ -689,6 +690,13 @@
       return cell(n + (n === 1 ? " stream" : " streams") + " until " + formatTime(r.override.expires_at), "wrap");
     }
     if (r.override_removed !== undefined) return cell(r.override_removed ? "removed" : "none in force", "nowrap");
+    if (r.asked) {
+      const parts = [];
+      const n = r.asked.max_concurrent_streams;
+      if (n !== undefined) parts.push(n + (n === 1 ? " stream" : " streams"));
+      if (r.asked.expires_in !== undefined) parts.push("for " + r.asked.expires_in + "s");
+      if (parts.length) return cell("asked " + parts.join(" "), "wrap");
+    }
     return cell("");
   }
 
