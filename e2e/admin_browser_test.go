@@ -10,11 +10,11 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/joishi/limiter/internal/browsertest"
 	"github.com/joishi/limiter/internal/servetest"
 	"github.com/joishi/limiter/internal/testenv"
 	"github.com/joishi/limiter/pkg/httpapi"
@@ -48,7 +48,7 @@ const pngSignature = "\x89PNG\r\n\x1a\n"
 // error (a CSP violation is one).
 func TestAdminPageInChromium(t *testing.T) {
 	t.Parallel()
-	chromium := testenv.Chromium(t)
+	testenv.Chromium(t) // at once, before the servers start, when it is missing
 	apiTokens := filepath.Join(t.TempDir(), "api-tokens")
 	if err := os.WriteFile(apiTokens, []byte("chat-api "+e2eAppToken+" *\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -78,44 +78,8 @@ func TestAdminPageInChromium(t *testing.T) {
 		}
 	}
 
-	dir := t.TempDir()
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
-		chromedp.ExecPath(chromium),
-		chromedp.Flag("headless", true),
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.NoFirstRun,
-		chromedp.NoDefaultBrowserCheck,
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.Flag("hide-scrollbars", true),
-		chromedp.UserDataDir(filepath.Join(dir, "profile")),
-		chromedp.WindowSize(1280, 1000),
-	)
-	defer cancelAlloc()
-	ctx, cancel := chromedp.NewContext(allocCtx)
-	defer cancel()
-	if err := chromedp.Do(ctx); err != nil { // starts the browser, with no deadline of its own
-		t.Fatalf("starting %s: %v", chromium, err)
-	}
-
-	var mu sync.Mutex
-	var consoleErrors []string
-	messages := chromedp.Console(ctx)
-	go func() {
-		for m, err := range messages {
-			if err != nil {
-				return
-			}
-			if m.Type == chromedp.ConsoleError || m.IsException() {
-				mu.Lock()
-				consoleErrors = append(consoleErrors, m.String())
-				mu.Unlock()
-			}
-		}
-	}()
+	browser := browsertest.Start(t, chromedp.Flag("hide-scrollbars", true), chromedp.WindowSize(1280, 1000))
+	ctx := browser.Ctx
 
 	step := func(what string, steps ...chromedp.Action[chromedp.Void]) {
 		t.Helper()
@@ -735,11 +699,9 @@ func TestAdminPageInChromium(t *testing.T) {
 		}
 	}
 
-	mu.Lock()
-	defer mu.Unlock()
 	// The look-ups of "a b", region=eu and model=gpt 4o are answered 400
 	// and 422 by design; Chromium logs that.
-	consoleErrors = slices.DeleteFunc(consoleErrors, func(m string) bool {
+	consoleErrors := slices.DeleteFunc(browser.ConsoleErrors(), func(m string) bool {
 		return strings.Contains(m, "Failed to load resource: the server responded with a status of 400") ||
 			strings.Contains(m, "Failed to load resource: the server responded with a status of 422")
 	})

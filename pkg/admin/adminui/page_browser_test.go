@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,7 +13,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
-	"github.com/joishi/limiter/internal/testenv"
+	"github.com/joishi/limiter/internal/browsertest"
 	"github.com/joishi/limiter/pkg/admin/adminui"
 )
 
@@ -158,46 +157,13 @@ type page struct {
 }
 
 func openPage(t *testing.T, f *fakeAdmin) *page {
-	chromium := testenv.Chromium(t)
 	srv := httptest.NewServer(f.handler(t))
 	t.Cleanup(srv.Close)
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
-		chromedp.ExecPath(chromium),
-		chromedp.Flag("headless", true),
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.NoFirstRun,
-		chromedp.NoDefaultBrowserCheck,
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.UserDataDir(filepath.Join(t.TempDir(), "profile")),
-	)
-	t.Cleanup(cancelAlloc)
-	ctx, cancel := chromedp.NewContext(allocCtx)
-	t.Cleanup(cancel)
-	if err := chromedp.Do(ctx); err != nil { // starts the browser, with no deadline of its own
-		t.Fatalf("starting %s: %v", chromium, err)
-	}
+	browser := browsertest.Start(t)
+	ctx := browser.Ctx
 	// The page must raise no error on the way.
-	var mu sync.Mutex
-	var consoleErrors []string
-	messages := chromedp.Console(ctx)
-	go func() {
-		for m, err := range messages {
-			if err != nil {
-				return
-			}
-			if m.Type == chromedp.ConsoleError || m.IsException() {
-				mu.Lock()
-				consoleErrors = append(consoleErrors, m.String())
-				mu.Unlock()
-			}
-		}
-	}()
 	t.Cleanup(func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, e := range consoleErrors {
+		for _, e := range browser.ConsoleErrors() {
 			if !strings.Contains(e, "Failed to load resource: the server responded with a status of 503") { // a broken- user's
 				t.Errorf("console error: %s", e)
 			}
