@@ -210,14 +210,15 @@ func fatal(err error) bool {
 // user's slot under the plan it was granted under (Rejoin: one deleted
 // since is judged by its last definition, and the stream runs on), and
 // its memberships of the pool keys its acquire named, of the pools still
-// in force. A pool deleted since caps no one, and no acquire can name it:
+// in force; its record names the caller that acquired it, whose stream
+// it stays (DESIGN §19). A pool deleted since caps no one, and no acquire can name it:
 // the stream forgets it.
 func (h *Holder) reacquire(ctx context.Context, s *Stream) {
 	if s.over() {
 		return // released or lost while its re-acquire waited for a side slot
 	}
 	s.named = inForce(h.lim.Pools(), s.named)
-	res, err := h.lim.Acquire(ctx, limiter.AcquireRequest{UserID: s.userID, Plan: s.plan, StreamID: s.id, Label: s.label, Pools: s.named, Rejoin: true})
+	res, err := h.lim.Acquire(ctx, limiter.AcquireRequest{UserID: s.userID, Plan: s.plan, StreamID: s.id, Caller: s.caller, Label: s.label, Pools: s.named, Rejoin: true})
 	switch {
 	case err == nil && res.Granted:
 		if !s.rejoined(res) {

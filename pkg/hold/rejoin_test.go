@@ -438,6 +438,38 @@ func TestADegradedStreamOfADeletedPlanRunsOnCounted(t *testing.T) {
 	}
 }
 
+// A stream an authenticated caller acquired while Redis did not answer
+// is still that caller's once it is acquired again (DESIGN §19): the
+// slot's record names the caller, and another caller's heartbeat is
+// refused, as for a stream granted while Redis answered.
+func TestARejoinedStreamIsStillItsCallers(t *testing.T) {
+	path := testenv.StartProxy(t, testenv.Redis(t))
+	e := newEnv(t, hold.Options{}, limitertest.Options{Redis: cluster.Options{Addrs: []string{path.Addr()}, Timeout: 200 * time.Millisecond}})
+	ctx := context.Background()
+	user := newUser()
+	path.BlackHole()
+	st, res, err := e.Holder.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "short", Caller: "alice"})
+	if err != nil || st == nil || !st.Degraded() {
+		t.Fatalf("Acquire while Redis is black-holed: %v, %+v, %v; want a degraded stream", st, res, err)
+	}
+	defer st.Release(ctx, hold.EndComplete)
+	path.Restore()
+	waitCounted(t, e, st, user)
+
+	us, err := e.Stack.Limiter.Slots(ctx, user)
+	if err != nil || len(us.Slots) != 1 || us.Slots[0].Caller != "alice" {
+		t.Fatalf("the user's slots once the stream is counted: %+v, %v; want one, of caller alice", us.Slots, err)
+	}
+	for _, caller := range []string{"mallory", "alicee", "Alice"} {
+		if _, err := e.Stack.Limiter.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: user, Plan: "short", StreamID: st.ID(), Caller: caller}); !errors.Is(err, limiter.ErrNotSlotHolder) {
+			t.Errorf("caller %s's heartbeat of alice's stream: %v, want ErrNotSlotHolder", caller, err)
+		}
+	}
+	if _, err := e.Stack.Limiter.Heartbeat(ctx, limiter.HeartbeatRequest{UserID: user, Plan: "short", StreamID: st.ID(), Caller: "alice"}); err != nil {
+		t.Errorf("alice's heartbeat of her stream: %v, want it kept alive", err)
+	}
+}
+
 // waitCounted waits up to 5s for the degraded stream st of user to be
 // counted again (not degraded, its user holding one slot); it fails the
 // test if the stream is lost meanwhile, or is not counted by then.

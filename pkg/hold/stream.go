@@ -44,6 +44,7 @@ type Stream struct {
 	h        *Holder
 	userID   string
 	plan     string
+	caller   string // the acquire's, for a re-acquire: the slot stays its
 	label    string // the acquire's, for a re-acquire
 	id       string
 	named    map[string]string // the acquire's pools in force, for a re-acquire; written by it only
@@ -68,7 +69,7 @@ type Stream struct {
 func newStream(h *Holder, req limiter.AcquireRequest, res limiter.AcquireResult) *Stream {
 	now := time.Now()
 	s := &Stream{
-		h: h, userID: req.UserID, plan: req.Plan, label: req.Label, id: res.StreamID, named: req.Pools, pools: res.Pools, interval: intervalOf(res.Tier), started: now,
+		h: h, userID: req.UserID, plan: req.Plan, caller: req.Caller, label: req.Label, id: res.StreamID, named: req.Pools, pools: res.Pools, interval: intervalOf(res.Tier), started: now,
 		degraded: res.Degraded, expiresAt: res.ExpiresAt, lost: make(chan struct{}),
 	}
 	s.touched.Store(now.UnixNano())
