@@ -421,7 +421,7 @@ func (l *Limiter) degradedPools(ctx context.Context, ms []membership, err error,
 	}
 	for _, m := range ms {
 		l.observer.Joined(ctx, m.pool.Pool, JoinDegraded, 0, m.limit)
-		res.Pools = append(res.Pools, PoolGrant{Pool: m.pool.Pool, Key: m.key, Limit: m.limit, Degraded: true})
+		res.Pools = append(res.Pools, PoolGrant{Pool: m.pool.Pool, Key: m.key, Limit: m.limit, Degraded: true}.judged(m.uncapped))
 	}
 	return nil
 }

@@ -604,6 +604,9 @@ func TestAnAcquireThatWaitedIsJudgedByItsPoolsAsTheyAreNow(t *testing.T) {
 				if c.wantErr == nil && (a.err != nil || !a.res.Granted) {
 					t.Errorf("the waiter: %+v, %v (refused by %+v); want granted, as a new acquire of model=k is now", a.res, a.err, a.res.RefusedBy)
 				}
+				if c.wantErr == nil {
+					wantUncapped(t, a.res.Pools, "k")
+				}
 				if c.wantErr != nil && !errors.Is(a.err, c.wantErr) {
 					t.Errorf("the waiter: %+v, %v (refused by %+v); want %v, as a new acquire naming pool model is now", a.res, a.err, a.res.RefusedBy, c.wantErr)
 				}
@@ -614,6 +617,42 @@ func TestAnAcquireThatWaitedIsJudgedByItsPoolsAsTheyAreNow(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestAnAcquireWaitingInAPoolKeyWhoseCapIsLiftedIsJudgedByNone: an
+// acquire waits in the queue of model=k (cap 1, held by another user),
+// and k's cap is lifted meanwhile. It is granted, and its grant of k says
+// it was judged by no cap (Uncapped, Limit 0), not by the cap of 1 the key
+// no longer has, which it would be counted above.
+func TestAnAcquireWaitingInAPoolKeyWhoseCapIsLiftedIsJudgedByNone(t *testing.T) {
+	for _, b := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
+		t.Run(b.String(), func(t *testing.T) {
+			t.Parallel()
+			table := poolTable(t, pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(1), MaxWait: 10 * time.Second})
+			s := limitertest.New(t, limitertest.Options{Backend: b, Tiers: poolWaitTiers(), Limiter: limiter.Options{Pools: table}})
+			ctx := context.Background()
+			mustAcquire(t, s.Limiter, newUser(t), "low", "k")
+			res, err := s.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "low", Pools: map[string]string{"model": "k"}, Wait: 5 * time.Second,
+				OnWait: func(time.Duration) {
+					if err := table.Replace([]pools.Pool{pools.Pool{Pool: "model", Keys: map[string]int{"other": 5}, MaxWait: 10 * time.Second}.WithDefaults()}); err != nil {
+						t.Error(err)
+					}
+				}})
+			if err != nil || !res.Granted || res.Waited == 0 {
+				t.Fatalf("the acquire waiting in model=k as its cap is lifted: %+v, %v; want granted after a wait", res, err)
+			}
+			wantUncapped(t, res.Pools, "k")
+		})
+	}
+}
+
+// wantUncapped checks that grants hold one grant, of model=key, judged by
+// no cap.
+func wantUncapped(t *testing.T, grants []limiter.PoolGrant, key string) {
+	t.Helper()
+	if len(grants) != 1 || grants[0].Key != key || !grants[0].Uncapped || grants[0].Limit != 0 || grants[0].WouldRefuse {
+		t.Errorf("the grants of the acquire: %+v; want model=%s's alone, Uncapped with Limit 0: its cap was lifted, it was judged by none", grants, key)
 	}
 }
 

@@ -71,6 +71,21 @@ type PoolGrant struct {
 	// acquire (an extension), the verdict on the acquire that took it, as
 	// its record keeps it.
 	WouldRefuse bool
+	// Uncapped: the key's cap was lifted while the acquire waited. It is
+	// joined all the same, refusing no one (the stream's record names it,
+	// and heartbeats keep what it names), judged by no cap: Limit is 0.
+	// An answer to the caller lists it no more than a new acquire's grant,
+	// which joins no uncapped key.
+	Uncapped bool
+}
+
+// judged marks g a grant of a key no longer capped, when uncapped (see
+// PoolGrant.Uncapped).
+func (g PoolGrant) judged(uncapped bool) PoolGrant {
+	if uncapped {
+		g.Limit, g.Overridden, g.WouldRefuse, g.Uncapped = 0, false, false, true
+	}
+	return g
 }
 
 // PoolRefusal says which pool key refused an acquire, and why.
@@ -263,7 +278,7 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 		case err != nil && degrade(m.pool.OutageMode(), err):
 			l.warnDegraded(ctx, "redis unavailable; granting a pool's membership degraded (failureMode Open)", "pool", m.pool.Pool, "err", err)
 			l.observer.Joined(ctx, m.pool.Pool, JoinDegraded, 0, m.limit)
-			out.grants = append(out.grants, PoolGrant{Pool: m.pool.Pool, Key: m.key, Limit: m.limit, Degraded: true})
+			out.grants = append(out.grants, PoolGrant{Pool: m.pool.Pool, Key: m.key, Limit: m.limit, Degraded: true}.judged(m.uncapped))
 			continue
 		case err != nil:
 			if errors.Is(err, ErrUnavailable) { // not the caller leaving, nor a refusing Redis
@@ -335,8 +350,8 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 			taken = append(taken, left)
 		}
 		holding = append(holding, m.slots)
-		g := PoolGrant{Pool: m.pool.Pool, Key: m.key, Used: got.Used, Limit: limit, Overridden: got.Override >= 0, WouldRefuse: got.WouldRefuse}
-		l.observer.Joined(ctx, m.pool.Pool, out.outcome(g, got.Extended), got.Used, limit)
+		g := PoolGrant{Pool: m.pool.Pool, Key: m.key, Used: got.Used, Limit: limit, Overridden: got.Override >= 0, WouldRefuse: got.WouldRefuse}.judged(m.uncapped)
+		l.observer.Joined(ctx, m.pool.Pool, out.outcome(g, got.Extended), got.Used, g.Limit)
 		out.grants = append(out.grants, g)
 	}
 	return out, nil

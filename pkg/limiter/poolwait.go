@@ -81,11 +81,13 @@ func (l *Limiter) awaitPool(ctx context.Context, req AcquireRequest, tier tiers.
 	r := l.waitIn(ctx, queueScope{key: m.slots, userID: req.UserID, pool: m.pool.Pool, poolKey: m.key}, tier, w)
 	out := poolWaited{waited: time.Since(start), unsure: r.unsure, share: r.share, holders: r.holders}
 	outcome := r.outcome
-	limit := m.limit
+	limit, uncapped := m.limit, false
 	if pool, ok := l.pools.Lookup(m.pool.Pool); ok {
-		if current, capped := pool.Limit(m.key); capped {
+		current, capped := pool.Limit(m.key)
+		if capped {
 			limit = current // the cap the queue served by, if it changed while the acquire waited
 		}
+		uncapped = !capped // lifted while it waited: the queue served it by none
 	}
 	if r.override >= 0 && !r.degraded && (r.outcome == WaitGranted || r.outcome == WaitTimeout || r.outcome == WaitFull) {
 		limit = r.override
@@ -97,6 +99,7 @@ func (l *Limiter) awaitPool(ctx context.Context, req AcquireRequest, tier tiers.
 			// member, and answers the verdict its record keeps (as
 			// acquire's extensions do).
 			WouldRefuse: r.overLimit}
+		*out.grant = out.grant.judged(uncapped)
 		out.extended = r.extended
 		if r.degraded {
 			out.grant.Used, out.grant.Limit, out.grant.Overridden = 0, m.limit, false

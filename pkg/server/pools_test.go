@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -102,6 +103,48 @@ func TestAPoolWaitThatRunsOutIsThePoolsRefusal(t *testing.T) {
 	if r.status != http.StatusTooManyRequests || json.Unmarshal(r.body, &refused) != nil || refused.Error.Code != httpapi.CodePoolLimitReached ||
 		refused.Error.WaitedMs == nil || *refused.Error.WaitedMs < 200 || !strings.Contains(refused.Error.Message, "waited") {
 		t.Fatalf("an acquire waiting 300ms for the full key: %d %s; want 429 pool_limit_reached with waited_ms", r.status, r.body)
+	}
+}
+
+// TestAGrantListsNoKeyWhoseCapWasLiftedAsItWaited: an acquire waits for a
+// place in model=gpt-4o (cap 1, held), and the key's cap is lifted
+// meanwhile. Its 200 lists no pools, as a new acquire's, which joins no
+// key without a cap: not gpt-4o with "used":2 above a "limit":1 it no
+// longer has.
+func TestAGrantListsNoKeyWhoseCapWasLiftedAsItWaited(t *testing.T) {
+	table := pools.NewTable()
+	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "model", Keys: map[string]int{"gpt-4o": 1}, MaxWait: 5 * time.Second}.WithDefaults()}); err != nil {
+		t.Fatal(err)
+	}
+	stack := limitertest.New(t, limitertest.Options{Tiers: waitTiers(), Limiter: limiter.Options{Pools: table}})
+	a := newAPIOf(t, server.New(stack.Limiter, server.Options{}))
+	suffix := time.Now().Format("150405.000000")
+	acquire := func(user string, waitMs int) reply {
+		return a.post(t, "/v1/slots/acquire", map[string]any{"user_id": user + "-" + suffix, "plan": "wait", "wait_ms": waitMs, "pools": map[string]string{"model": "gpt-4o"}})
+	}
+	if r := acquire("ana", 0); r.status != http.StatusOK {
+		t.Fatalf("first acquire: %d %s", r.status, r.body)
+	}
+	waited := make(chan reply, 1)
+	go func() { waited <- acquire("bo", 3000) }()
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if key, err := stack.Limiter.PoolSlots(context.Background(), "model", "gpt-4o"); err == nil && len(key.Waiters) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("bo's acquire did not wait in model=gpt-4o's queue within 2s")
+		}
+	}
+	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "model", Keys: map[string]int{"other": 1}, MaxWait: 5 * time.Second}.WithDefaults()}); err != nil {
+		t.Fatal(err)
+	}
+	r := <-waited
+	var got httpapi.AcquireResponse
+	if r.status != http.StatusOK || json.Unmarshal(r.body, &got) != nil || !got.Granted || got.WaitedMs == 0 {
+		t.Fatalf("the acquire waiting as the key's cap was lifted: %d %s; want granted after a wait", r.status, r.body)
+	}
+	if len(got.Pools) != 0 || strings.Contains(string(r.body), `"pools"`) {
+		t.Errorf("its answer: %s; want no pools, as a new acquire of the uncapped key answers", r.body)
 	}
 }
 

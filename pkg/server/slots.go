@@ -375,12 +375,12 @@ func wouldRefuseBy(r *limiter.PoolRefusal) *httpapi.PoolGrant {
 
 // poolGrants are a grant's pool keys as the API answers them.
 func poolGrants(grants []limiter.PoolGrant) []httpapi.PoolGrant {
-	if len(grants) == 0 {
-		return nil
-	}
-	out := make([]httpapi.PoolGrant, len(grants))
-	for i, g := range grants {
-		out[i] = httpapi.PoolGrant{Pool: g.Pool, Key: g.Key, Used: g.Used, Limit: g.Limit}
+	var out []httpapi.PoolGrant
+	for _, g := range grants {
+		if g.Uncapped {
+			continue // judged by no cap: as a new acquire, which joins no such key
+		}
+		out = append(out, httpapi.PoolGrant{Pool: g.Pool, Key: g.Key, Used: g.Used, Limit: g.Limit})
 	}
 	return out
 }

@@ -152,7 +152,7 @@ class AcquireResponse:
     """How long the acquire waited, in the user's queue and its pool keys' queues, before it was granted; absent when granted at once."""
 
     pools: Optional[List[PoolGrant]] = None
-    """The capped pool keys the stream joined, in the order of the pools' names; absent when it joined none."""
+    """The capped pool keys the stream joined, in the order of the pools' names; absent when it joined none. A key whose cap was lifted while the acquire waited is not listed, as a new acquire joins no key without a cap."""
 
     would_refuse: Optional[str] = None
     """The 429 a scope in shadow mode (a plan's or pool's `enforce: false`) would have answered, and did not: the stream is granted and counted.

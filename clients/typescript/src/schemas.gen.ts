@@ -149,7 +149,7 @@ export interface AcquireResponse {
   /** How long the acquire waited, in the user's queue and its pool keys' queues, before it was granted; absent when granted at once. */
   waited_ms?: number;
 
-  /** The capped pool keys the stream joined, in the order of the pools' names; absent when it joined none. */
+  /** The capped pool keys the stream joined, in the order of the pools' names; absent when it joined none. A key whose cap was lifted while the acquire waited is not listed, as a new acquire joins no key without a cap. */
   pools?: PoolGrant[];
 
   /**
