@@ -103,7 +103,8 @@ type Identity struct {
 	// claim:NAME (a claim of the verified JWT or JWT payload), value:KEY
 	// (the same key for every request) or body:FIELD (a top-level field of
 	// the JSON request body, which is then buffered). A request without
-	// the header, claim or field joins no key of that pool. In the
+	// the header, claim or field joins no key of that pool; one sent
+	// empty is refused 400 invalid_pool_key. In the
 	// environment: pool=source pairs, comma-separated
 	// (model=body:model,org=header:X-Org). Default none.
 	Pools map[string]string `mapstructure:"pools"`

@@ -499,6 +499,39 @@ func TestHeaderPoolSourceDecidesAtTheHeaders(t *testing.T) {
 	awaitPoolUsed(t, e, "org", "acme", 0, time.Second)
 }
 
+// A pool header sent empty, or blank, is no key: answered 400
+// invalid_pool_key at the request headers, as the proxy answers it and
+// as an empty body field is answered at the body, naming the pool, its
+// source and the key's bound; it takes no slot, where taken as the
+// header absent it would run past the pool's full key.
+func TestAnEmptyPoolKeyIsRefused(t *testing.T) {
+	e := newEnv(t, bodyEnvOptions(t, filterv3.ProcessingMode_BUFFERED, map[string]string{"org": "header:x-org", "model": "body:model"}))
+	for _, v := range []string{"", " ", "\t "} {
+		user := newUser()
+		st := e.open(t)
+		resp, err := st.RequestHeaders(envoytest.RequestHeaders("/v1/chat/completions", "x-user-id", user, "x-plan", "three", "x-org", v), false)
+		_, body := refusedWith(t, resp, err, 400, "invalid_pool_key")
+		if !strings.Contains(body.Error.Message, "pool org (from header:x-org): the header is empty") || !strings.Contains(body.Error.Message, "1-128 bytes") {
+			t.Errorf("x-org %q: refusal %q; want one naming pool org, its source and the 1-128 bytes bound", v, body.Error.Message)
+		}
+		st.Close()
+		if got := e.Used(t, user); got != 0 {
+			t.Errorf("x-org %q: the user holds %d slots, want 0", v, got)
+		}
+	}
+	user := newUser()
+	st := e.open(t)
+	heldHeaders(t, e, st, user, "x-org", "acme")
+	resp, err := st.RequestBody([]byte(`{"model":""}`), true)
+	if _, body := refusedWith(t, resp, err, 400, "invalid_pool_key"); !strings.Contains(body.Error.Message, "pool model (from body:model)") ||
+		!strings.Contains(body.Error.Message, "1-128 bytes") {
+		t.Errorf(`{"model":""}: refusal %q; want one naming pool model, its source and the 1-128 bytes bound`, body.Error.Message)
+	}
+	if got := poolUsed(t, e, "org", "acme"); got != 0 {
+		t.Errorf("org=acme holds %d streams, want 0", got)
+	}
+}
+
 // In BUFFERED mode Envoy sends the body in one message, whose
 // end_of_stream is false when trailers follow (and they come only with
 // request_trailer_mode SEND): the slot is decided at that message all

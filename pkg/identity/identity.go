@@ -251,14 +251,21 @@ func trimOWS(s string) string { return strings.Trim(s, " \t") }
 // More than one value, even the same twice, is ErrAmbiguous: which one a
 // hop in front meant cannot be told.
 func single(h Headers, name string) (string, error) {
+	v, _, err := lookup(h, name)
+	return v, err
+}
+
+// lookup is single, and whether the header is there at all: present with
+// value "" is a header sent empty (or blank), not one absent.
+func lookup(h Headers, name string) (value string, present bool, err error) {
 	values := h.Values(name)
 	switch len(values) {
 	case 0:
-		return "", nil
+		return "", false, nil
 	case 1:
-		return trimOWS(values[0]), nil
+		return trimOWS(values[0]), true, nil
 	}
-	return "", fmt.Errorf("%w: header %s came more than once (%d values); the hop in front must set it, replacing any the client sent, not add to it",
+	return "", true, fmt.Errorf("%w: header %s came more than once (%d values); the hop in front must set it, replacing any the client sent, not add to it",
 		ErrAmbiguous, name, len(values))
 }
 

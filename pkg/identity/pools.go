@@ -35,7 +35,8 @@ const PoolSourceKinds = "header:NAME, claim:NAME, value:KEY or body:FIELD"
 var (
 	// ErrInvalidPoolValue: a pool's source holds something that cannot
 	// be a key (a claim that is an object, a body field that is a
-	// number, a value outside the key charset).
+	// number, a value outside the key charset, a header or claim sent
+	// empty).
 	ErrInvalidPoolValue = errors.New("invalid pool key")
 	// ErrInvalidBody: a body source is configured and the request body is
 	// not a JSON object, or names a source's field more than once.
@@ -135,7 +136,10 @@ func (ps PoolSources) NeedsClaims() bool {
 
 // fromRequest returns the keys of the sources that read headers, claims
 // (nil claims: none) or constants. A source whose header or claim is
-// absent joins no key of its pool.
+// absent (a claim of null too) joins no key of its pool; one sent empty,
+// or blank, is ErrInvalidPoolValue, as an empty body field is: a key is
+// 1-128 bytes, and a value no key would let the request past the pool's
+// cap.
 func (ps PoolSources) fromRequest(h Headers, claims map[string]any) (map[string]string, error) {
 	var out map[string]string
 	for _, s := range ps {
@@ -147,12 +151,18 @@ func (ps PoolSources) fromRequest(h Headers, claims map[string]any) (map[string]
 			if h == nil {
 				continue
 			}
-			v, err := single(h, s.Name)
+			v, present, err := lookup(h, s.Name)
 			if err != nil {
 				return nil, err
 			}
+			if !present {
+				continue
+			}
+			if v == "" {
+				return nil, s.emptyKey("the header")
+			}
 			key = v
-			if key != "" && isHostHeader(s.Name) {
+			if isHostHeader(s.Name) {
 				var ok bool
 				if key, ok = canonicalHost(v, h.Get(schemeHeader)); !ok {
 					return nil, fmt.Errorf("%w: pool %s (from %s): the host %q names no host", ErrInvalidPoolValue, s.Pool, s, v)
@@ -163,11 +173,11 @@ func (ps PoolSources) fromRequest(h Headers, claims map[string]any) (map[string]
 			if err != nil {
 				return nil, err
 			}
+			if v == "" {
+				continue // absent, or null
+			}
 			key = v
 		default:
-			continue
-		}
-		if key == "" {
 			continue
 		}
 		if err := keys.ValidatePoolKey(key); err != nil {
@@ -185,7 +195,8 @@ func (ps PoolSources) fromRequest(h Headers, claims map[string]any) (map[string]
 // writes it (an organisation id of 42 is the key "42"). An integer keeps
 // its digits however long: ids past 2^53, which a float64 rounds, would
 // otherwise share one key that is neither's (1234567890123456789 and
-// 1234567890123456700 both 1234567890123456800).
+// 1234567890123456700 both 1234567890123456800). "" is a claim absent or
+// null; an empty or blank string is ErrInvalidPoolValue.
 func claimKey(claims map[string]any, s PoolSource) (string, error) {
 	v, ok := claimAt(claims, s.Name)
 	if !ok || v == nil {
@@ -193,7 +204,10 @@ func claimKey(claims map[string]any, s PoolSource) (string, error) {
 	}
 	switch v := v.(type) {
 	case string:
-		return trimOWS(v), nil
+		if key := trimOWS(v); key != "" {
+			return key, nil
+		}
+		return "", s.emptyKey("the claim")
 	case json.Number:
 		if digits := strings.TrimPrefix(v.String(), "-"); digits != "" && strings.Trim(digits, "0123456789") == "" {
 			return v.String(), nil
@@ -205,6 +219,14 @@ func claimKey(claims map[string]any, s PoolSource) (string, error) {
 		return s.doubleKey(v)
 	}
 	return "", fmt.Errorf("%w: pool %s (from %s): the claim is a %s; want a string or a number", ErrInvalidPoolValue, s.Pool, s, jsonKind(v))
+}
+
+// emptyKey is the error of a source whose header or claim is there but
+// empty, or only spaces and tabs: no key, which the request must not
+// send to join none.
+func (s PoolSource) emptyKey(what string) error {
+	return fmt.Errorf("%w: pool %s (from %s): %s is empty (or only spaces and tabs); a key must be 1-%d bytes of [A-Za-z0-9._:/@-], "+
+		"and a request that joins no key of the pool does not send it", ErrInvalidPoolValue, s.Pool, s, what, keys.MaxPoolKeyBytes)
 }
 
 // doubleKey is the key of a claim's number read as a double. Past 2^53

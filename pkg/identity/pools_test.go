@@ -82,6 +82,20 @@ func TestPoolKeysFromHeadersAndValues(t *testing.T) {
 	if err != nil || !reflect.DeepEqual(id.Pools, map[string]string{"region": "eu"}) {
 		t.Errorf("without X-Org: %v, %v; want only region", id.Pools, err)
 	}
+	// Sent empty, or blank: no key, which is not the header absent. Taken
+	// as absent, it would let the request past the pool's cap; refused as
+	// the body's empty field is, naming the pool, the source and the bound.
+	for _, v := range []string{"", " ", "\t ", "  "} {
+		_, err = r.Resolve(http.Header{"X-User-Id": {"u"}, "X-Plan": {"paid"}, "X-Org": {v}})
+		if !errors.Is(err, identity.ErrInvalidPoolValue) || !strings.Contains(err.Error(), "pool org (from header:X-Org): the header is empty") ||
+			!strings.Contains(err.Error(), "1-128 bytes") {
+			t.Errorf("X-Org %q: %v; want ErrInvalidPoolValue naming the pool, the source and the 1-128 bytes bound", v, err)
+			continue
+		}
+		if ref := identity.Refusal(err); ref.Status != http.StatusBadRequest || ref.Error.Code != "invalid_pool_key" {
+			t.Errorf("X-Org %q, its refusal: %d %s; want 400 invalid_pool_key", v, ref.Status, ref.Error.Code)
+		}
+	}
 	// Twice, in any spelling: which one the hop in front meant cannot be told.
 	_, err = r.Resolve(http.Header{"X-User-Id": {"u"}, "X-Plan": {"paid"}, "X-Org": {"acme", "other"}})
 	if !errors.Is(err, identity.ErrAmbiguous) || identity.Refusal(err).Status != http.StatusBadRequest {
@@ -141,7 +155,7 @@ func TestHostPoolKeyIsCanonical(t *testing.T) {
 	}
 	// A Host with no name left once canonical is no host's key: refused,
 	// not let in uncapped by joining none.
-	for _, tc := range []struct{ host, scheme string }{{".", "https"}, {":443", "https"}, {":80", "http"}, {":", "https"}, {".:443", "https"}, {":8080", "https"}} {
+	for _, tc := range []struct{ host, scheme string }{{"", "https"}, {" ", "http"}, {".", "https"}, {":443", "https"}, {":80", "http"}, {":", "https"}, {".:443", "https"}, {":8080", "https"}} {
 		_, err := r.Resolve(http.Header{"X-User-Id": {"u"}, "X-Plan": {"paid"}, "Host": {tc.host}, ":scheme": {tc.scheme}})
 		if !errors.Is(err, identity.ErrInvalidPoolValue) {
 			t.Errorf("Host %q over %s: %v; want ErrInvalidPoolValue", tc.host, tc.scheme, err)
@@ -189,6 +203,11 @@ func TestPoolKeysFromClaims(t *testing.T) {
 		// Other whitespace is kept, and refused: not another key's.
 		{"a no-break space after a string", func(c jwt.MapClaims) { c["team"] = "blue\u00a0" }, nil, identity.ErrInvalidPoolValue},
 		{"null", func(c jwt.MapClaims) { c["team"] = nil }, nil, nil},
+		// An empty or blank string is no key, not the claim absent:
+		// taken as absent, the request would run past the pool's cap.
+		{"an empty string", func(c jwt.MapClaims) { c["team"] = "" }, nil, identity.ErrInvalidPoolValue},
+		{"a blank string", func(c jwt.MapClaims) { c["team"] = " \t" }, nil, identity.ErrInvalidPoolValue},
+		{"an empty string in an object", func(c jwt.MapClaims) { c["org"] = map[string]any{"id": ""} }, nil, identity.ErrInvalidPoolValue},
 		{"an integer past 2^53 keeps its digits", func(c jwt.MapClaims) { c["team"] = int64(1234567890123456789) },
 			map[string]string{"team": "1234567890123456789"}, nil},
 		{"and one a float64 rounds alike is another key", func(c jwt.MapClaims) { c["team"] = int64(1234567890123456700) },
@@ -217,6 +236,20 @@ func TestPoolKeysFromClaims(t *testing.T) {
 	if want := map[string]string{"org": "acme", "model": "gpt-4o"}; err != nil || !reflect.DeepEqual(id.Pools, want) {
 		t.Errorf("FromClaims = %v, %v; want %v", id.Pools, err, want)
 	}
+	for _, tc := range []struct {
+		name   string
+		claims map[string]any
+		header http.Header
+		want   string
+	}{
+		{"an empty claim", map[string]any{"sub": "u", "org": ""}, http.Header{"X-Ai-Eg-Model": {"gpt-4o"}}, "pool org (from claim:org): the claim is empty"},
+		{"a blank claim", map[string]any{"sub": "u", "org": " "}, http.Header{"X-Ai-Eg-Model": {"gpt-4o"}}, "pool org (from claim:org): the claim is empty"},
+		{"an empty header", map[string]any{"sub": "u", "org": "acme"}, http.Header{"X-Ai-Eg-Model": {""}}, "pool model (from header:x-ai-eg-model): the header is empty"},
+	} {
+		if _, err := pr.FromClaims(tc.claims, tc.header); !errors.Is(err, identity.ErrInvalidPoolValue) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("FromClaims with %s = %v; want ErrInvalidPoolValue saying %q", tc.name, err, tc.want)
+		}
+	}
 }
 
 func TestBodyPools(t *testing.T) {
@@ -238,6 +271,8 @@ func TestBodyPools(t *testing.T) {
 		{"not an object", `["model"]`, nil, "", identity.ErrInvalidBody, "invalid_body"},
 		{"model a number", `{"model":4}`, nil, "", identity.ErrInvalidPoolValue, "invalid_pool_key"},
 		{"model outside the key charset", `{"model":"a b"}`, nil, "", identity.ErrInvalidPoolValue, "invalid_pool_key"},
+		{"model empty", `{"model":""}`, nil, "", identity.ErrInvalidPoolValue, "invalid_pool_key"},
+		{"model blank", `{"model":" "}`, nil, "", identity.ErrInvalidPoolValue, "invalid_pool_key"},
 		{"model twice", `{"model":"big","model":"small"}`, nil, "", identity.ErrInvalidBody, "invalid_body"},
 		{"model twice, spelt apart", `{"model":"big","mod\u0065l":"small"}`, nil, "", identity.ErrInvalidBody, "invalid_body"},
 		{"model in capitals", `{"MODEL":"gpt-4o","Organization":"acme"}`, map[string]string{"model": "gpt-4o", "org": "acme", "region": "eu"}, "gpt-4o", nil, ""},

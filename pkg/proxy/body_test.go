@@ -468,6 +468,83 @@ func TestHostHeaderSourceCapsAHost(t *testing.T) {
 	}
 }
 
+// A pool header sent empty, or blank, is no key: refused 400
+// invalid_pool_key naming the pool, its source and the key's bound, as
+// the body's empty field is, before any slot and the upstream. Taken as
+// the header absent, it would run past the pool's full key. Absent, the
+// request joins no key of the pool.
+func TestAnEmptyPoolKeyIsRefused(t *testing.T) {
+	up := newSSE()
+	table := pools.NewTable()
+	one := 1
+	if err := table.Replace([]pools.Pool{
+		pools.Pool{Pool: "org", MaxConcurrentStreams: &one}.WithDefaults(),
+		pools.Pool{Pool: "model", MaxConcurrentStreams: &one}.WithDefaults(),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	sources, err := identity.ParsePoolSources(map[string]string{"org": "header:X-Org", "model": "body:model"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, up, envOptions{
+		stack:    limitertest.Options{Limiter: limiter.Options{Pools: table}},
+		identity: identity.Options{Pools: sources},
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	send := func(user string, org []string, body string) *http.Response {
+		req := e.request(t, ctx, http.MethodPost, "/v1/chat/completions", user, "three", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		if org != nil {
+			req.Header["X-Org"] = org
+		}
+		return e.do(t, req)
+	}
+	first := send(newUser(), []string{"acme"}, `{"model":"m1"}`)
+	defer first.Body.Close()
+	if first.StatusCode != http.StatusOK {
+		t.Fatalf("the first stream of org acme: %d", first.StatusCode)
+	}
+	<-up.started
+
+	user := newUser()
+	for _, tc := range []struct {
+		name string
+		org  []string
+		body string
+		want string
+	}{
+		{"X-Org empty", []string{""}, `{"model":"m2"}`, "pool org (from header:X-Org): the header is empty"},
+		{"X-Org blank", []string{" \t"}, `{"model":"m3"}`, "pool org (from header:X-Org): the header is empty"},
+		{"model empty", []string{"beta"}, `{"model":""}`, "pool model (from body:model)"},
+	} {
+		resp := send(user, tc.org, tc.body)
+		if resp.StatusCode != http.StatusBadRequest {
+			resp.Body.Close()
+			t.Errorf("%s: %d; want 400 invalid_pool_key, not a request the pool does not cap", tc.name, resp.StatusCode)
+			continue
+		}
+		if body := decodeError(t, resp); body.Error.Code != "invalid_pool_key" || !strings.Contains(body.Error.Message, tc.want) ||
+			!strings.Contains(body.Error.Message, "1-128 bytes") {
+			t.Errorf("%s: %s %q; want invalid_pool_key saying %q and the 1-128 bytes bound", tc.name, body.Error.Code, body.Error.Message, tc.want)
+		}
+	}
+	e.checkRefused(t, up, user, 0, "invalid", 1) // the empty model
+	if got := e.Metric(t, `limiter_streams_refused_total{mode="proxy",reason="identity"}`); got != "2" {
+		t.Errorf("identity refusals: %q; want 2, the empty headers", got)
+	}
+
+	// Without X-Org the request joins no key of org, and runs.
+	absent := send(user, nil, `{"model":"m4"}`)
+	defer absent.Body.Close()
+	if absent.StatusCode != http.StatusOK {
+		t.Fatalf("without X-Org: %d; want 200", absent.StatusCode)
+	}
+	<-up.started
+	close(up.tokens)
+}
+
 // A buffered body goes upstream with its Content-Length, also when the
 // client sent it chunked: the proxy knows its length once it has read it.
 func TestAChunkedBodyGoesUpstreamWithItsLength(t *testing.T) {
