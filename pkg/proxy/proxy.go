@@ -72,7 +72,8 @@ type Options struct {
 	// slot's label (limiter.AcquireRequest.Label): what support sees
 	// beside the stream, e.g. the model or the calling pod. A value the
 	// limiter refuses as a label (over 128 bytes, whitespace or control
-	// characters) is answered 400 invalid_label, before any slot. Default "": no
+	// characters), or the header sent more than once, is answered 400
+	// invalid_label, before any slot. Default "": no
 	// label (config's proxy.labelHeader defaults to DefaultLabelHeader).
 	// With no label in the header, a key that a body source read (the
 	// model, with body:model) labels the slot.
@@ -306,8 +307,13 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 		identity.Refusal(err).Write(w)
 		return
 	}
+	label, refusal := p.label(r)
+	if refusal != nil {
+		p.holder.Refused(ctx, hold.ReasonInvalid)
+		refusal.Write(w)
+		return
+	}
 	var wait time.Duration // the holder's
-	var refusal *hold.Refusal
 	ok := true
 	switch {
 	case p.ident.ReadsBody():
@@ -324,10 +330,6 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 			refusal.Write(w)
 		}
 		return
-	}
-	var label string
-	if p.opts.LabelHeader != "" {
-		label = r.Header.Get(p.opts.LabelHeader)
 	}
 	if label == "" {
 		label = id.BodyLabel
@@ -453,6 +455,27 @@ func (p *Proxy) endOf(r *http.Request, st *hold.Stream, state *exchange) hold.En
 		return hold.EndClientGone
 	}
 	return hold.EndComplete
+}
+
+// label returns the value of Options.LabelHeader, "" when none is set or
+// the request has none. Sent more than once it is refused 400
+// invalid_label: which value labels the slot cannot be told, and taking
+// the first would drop the second unseen (as the identity headers, a
+// label sent twice is not guessed at).
+func (p *Proxy) label(r *http.Request) (string, *hold.Refusal) {
+	if p.opts.LabelHeader == "" {
+		return "", nil
+	}
+	values := r.Header.Values(p.opts.LabelHeader)
+	switch len(values) {
+	case 0:
+		return "", nil
+	case 1:
+		return values[0], nil
+	}
+	refusal := hold.Refused(http.StatusBadRequest, hold.TypeInvalidRequest, hold.CodeInvalidLabel,
+		fmt.Sprintf("header %s: invalid label: the header came more than once (%d values); send it once", p.opts.LabelHeader, len(values)))
+	return "", &refusal
 }
 
 // refuse answers an acquire that failed: the plan is unknown, the user id
