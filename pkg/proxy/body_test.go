@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"bufio"
 	"bytes"
 	"compress/gzip"
 	"context"
@@ -8,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -543,6 +545,58 @@ func TestAnEmptyPoolKeyIsRefused(t *testing.T) {
 	}
 	<-up.started
 	close(up.tokens)
+}
+
+// An HTTP/1.1 request must send a Host: one sent empty is the header
+// empty, not absent, and a pool keyed by header:Host refuses it 400
+// invalid_pool_key rather than let it in uncapped. HTTP/1.0 needs no
+// Host: without one, the request joins no key.
+func TestAnEmptyHostIsRefused(t *testing.T) {
+	sources, err := identity.ParsePoolSources(map[string]string{"site": "header:Host"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := pools.NewTable()
+	one := 1
+	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "site", MaxConcurrentStreams: &one}.WithDefaults()}); err != nil {
+		t.Fatal(err)
+	}
+	rec := recorder{hashes: make(chan [32]byte, 1)}
+	e := newEnv(t, rec, envOptions{
+		stack:    limitertest.Options{Limiter: limiter.Options{Pools: table}},
+		identity: identity.Options{Pools: sources},
+	})
+	send := func(request string) *http.Response {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(e.proxy.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(conn, request); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	user := newUser()
+	resp := send("GET /v1/chat/completions HTTP/1.1\r\nHost: \r\nX-User-Id: " + user + "\r\nX-Plan: three\r\nConnection: close\r\n\r\n")
+	if resp.StatusCode != http.StatusBadRequest {
+		resp.Body.Close()
+		t.Fatalf("HTTP/1.1 with an empty Host: %d; want 400 invalid_pool_key", resp.StatusCode)
+	}
+	if body := decodeError(t, resp); body.Error.Code != "invalid_pool_key" || !strings.Contains(body.Error.Message, "pool site (from header:Host): the header is empty") {
+		t.Errorf("HTTP/1.1 with an empty Host: %s %q; want invalid_pool_key naming pool site", body.Error.Code, body.Error.Message)
+	}
+	resp = send("GET /v1/chat/completions HTTP/1.0\r\nX-User-Id: " + user + "\r\nX-Plan: three\r\n\r\n")
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("HTTP/1.0 without a Host: %d; want 200", resp.StatusCode)
+	}
+	<-rec.hashes
 }
 
 // A buffered body goes upstream with its Content-Length, also when the

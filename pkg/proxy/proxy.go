@@ -513,6 +513,11 @@ func headerBytes(r *http.Request) int {
 // and a pool may be keyed by it (header:Host). ":scheme" is the scheme the
 // request came by, "https" over TLS, else "http", which tells the Host's
 // default port.
+//
+// An HTTP/1.1 request must send a Host (net/http refuses one without), so
+// an empty Request.Host there is a Host sent empty: the header is there,
+// with no value, which a pool keyed by it refuses. Elsewhere (HTTP/1.0,
+// HTTP/2 without :authority) none was sent.
 type requestHeaders struct{ r *http.Request }
 
 func (h requestHeaders) Get(name string) string {
@@ -526,6 +531,9 @@ func (h requestHeaders) Values(name string) []string {
 	switch {
 	case strings.EqualFold(name, "Host"):
 		if h.r.Host == "" {
+			if h.r.ProtoMajor == 1 && h.r.ProtoMinor >= 1 {
+				return []string{""}
+			}
 			return nil
 		}
 		return []string{h.r.Host}
