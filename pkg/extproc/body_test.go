@@ -655,7 +655,8 @@ func TestLargeBufferedBodies(t *testing.T) {
 
 // A pool keyed by header:Host reads the request's :authority, which is
 // how Envoy hands the Host to its filters: one host, however spelt (case,
-// a trailing dot, the default port of its :scheme), is one key.
+// a trailing dot, the default port of its :scheme), is one key; an empty
+// one is 400 invalid_pool_key.
 func TestHostHeaderSourceReadsTheAuthority(t *testing.T) {
 	e := newEnv(t, bodyEnvOptions(t, filterv3.ProcessingMode_NONE, map[string]string{"org": "header:Host"}))
 	to := func(authority string) (*extprocv3.ProcessingResponse, error) {
@@ -672,6 +673,9 @@ func TestHostHeaderSourceReadsTheAuthority(t *testing.T) {
 			t.Errorf(":authority %s: refusal %s, want one naming org=acme", authority, ir.GetBody())
 		}
 	}
+	// An empty :authority is no host's key: refused, not let in uncapped.
+	resp, err := to("")
+	refusedWith(t, resp, err, 400, "invalid_pool_key")
 }
 
 // With a body source, every request_body_mode but BUFFERED falls short,
