@@ -538,14 +538,17 @@ func (l *Limiter) heldAfterWaiting(ctx context.Context, req AcquireRequest, gran
 	if err != nil {
 		return err
 	}
+	// Held while its user's key has it: the score is a Redis time, which
+	// this host's clock, off Redis's by some skew, cannot judge (DESIGN
+	// §2). The wait kept the slot alive; one that lapsed all the same is
+	// found lost by its next heartbeat.
 	held := true
 	lookErr := l.doBy(ctx, l.decisionEnd(), "wait_check", func(ctx context.Context, c rueidis.Client) error {
-		expiry, err := c.Do(ctx, c.B().Zscore().Key(key).Member(req.StreamID).Build()).AsInt64()
+		err := c.Do(ctx, c.B().Zscore().Key(key).Member(req.StreamID).Build()).Error()
 		if rueidis.IsRedisNil(err) {
 			held = false
 			return nil
 		}
-		held = err != nil || msTime(expiry).After(time.Now())
 		return err
 	})
 	if lookErr != nil || held {
