@@ -50,7 +50,7 @@ func WithStreamID(id string) AcquireOption {
 // WithLabel says what the stream is (a pod, a model, a request id): the
 // limiter keeps it with the slot, and support sees it beside the slot's
 // age and caller (the admin page, limiter admin slots). At most
-// httpapi.MaxLabelBytes bytes, no whitespace, control or format characters; the
+// httpapi.MaxLabelBytes bytes, no whitespace, control or invisible characters; the
 // limiter refuses anything else with ErrInvalid (code invalid_label).
 // Default: none.
 func WithLabel(label string) AcquireOption {

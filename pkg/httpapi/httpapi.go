@@ -35,7 +35,7 @@ type AcquireRequest struct {
 	StreamID string `json:"stream_id,omitempty"`
 	// Label is optional: what the caller says the stream is (a pod, a
 	// model, a request id), kept with the slot for support to see. At
-	// most MaxLabelBytes bytes, no whitespace, control or format characters.
+	// most MaxLabelBytes bytes, no whitespace, control or invisible characters.
 	Label string `json:"label,omitempty"`
 	// WaitMs, when > 0, asks to wait up to that many milliseconds for one
 	// of the user's slots when all are held, first come first served,

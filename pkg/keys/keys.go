@@ -33,29 +33,30 @@ var (
 	// outside 1-128 characters of [A-Za-z0-9._:-].
 	ErrInvalidStreamID = errors.New("invalid stream id")
 	// ErrInvalidLabel is returned by ValidateLabel for a slot label that
-	// is too long or holds whitespace, control characters or bad UTF-8.
+	// is too long or holds whitespace, control or invisible characters or
+	// bad UTF-8.
 	ErrInvalidLabel = errors.New("invalid label")
 )
 
 // ValidateUserID accepts 1-256 bytes of valid UTF-8 with no whitespace,
-// control or format characters and no braces. Format characters (U+200B,
-// a bidirectional override) are invisible or reorder what follows, so an id
-// holding one would read as another user's on the admin page and in logs.
-// Braces are refused, not escaped: the
-// user id is the key's hash tag, and a '}' inside it would end the tag early
-// ("a}b" would hash like "a", sharing a cluster slot and a bucket boundary
-// with another user's id).
+// control or invisible characters and no braces. Invisible characters (see
+// invisible: U+200B, a bidirectional override, a Hangul filler) show as
+// nothing or reorder what follows, so an id holding one would read as
+// another user's on the admin page and in logs. Braces are refused, not
+// escaped: the user id is the key's hash tag, and a '}' inside it would end
+// the tag early ("a}b" would hash like "a", sharing a cluster slot and a
+// bucket boundary with another user's id).
 func ValidateUserID(id string) error { return validateUserID(id, false) }
 
 // ValidateHeldUserID accepts the user ids whose slots may be held already:
-// those ValidateUserID accepts, and those holding format characters, which
-// the releases before this one granted slots to. A stream taken under
+// those ValidateUserID accepts, and those holding invisible characters,
+// which the releases before this one granted slots to. A stream taken under
 // such an id during a rolling update (by a replica of the release before)
 // is heartbeaten, released and listed by every replica until it ends; no
 // acquire or override takes a new one.
 func ValidateHeldUserID(id string) error { return validateUserID(id, true) }
 
-func validateUserID(id string, format bool) error {
+func validateUserID(id string, held bool) error {
 	switch {
 	case id == "":
 		return fmt.Errorf("%w: must not be empty", ErrInvalidUserID)
@@ -68,36 +69,50 @@ func validateUserID(id string, format bool) error {
 		c := id[i]
 		if c >= utf8.RuneSelf {
 			for _, r := range id[i:] {
-				if err := checkUserIDRune(r, format); err != nil {
+				if err := checkUserIDRune(r, held); err != nil {
 					return err
 				}
 			}
 			return nil
 		}
 		if !userIDASCII[c] {
-			return checkUserIDRune(rune(c), format)
+			return checkUserIDRune(rune(c), held)
 		}
 	}
 	return nil
 }
 
-// checkUserIDRune refuses a rune no user id may hold; format, a format
-// character too, unless format is set (see ValidateHeldUserID).
-func checkUserIDRune(r rune, format bool) error {
+// checkUserIDRune refuses a rune no user id may hold; an invisible one
+// too, unless held is set (see ValidateHeldUserID).
+func checkUserIDRune(r rune, held bool) error {
 	switch {
 	case r == '{' || r == '}':
 		return fmt.Errorf("%w: must not contain '{' or '}'", ErrInvalidUserID)
-	case unicode.IsSpace(r) || unicode.IsControl(r) || (!format && unicode.Is(unicode.Cf, r)) || r == utf8.RuneError:
-		return fmt.Errorf("%w: must not contain whitespace, control or format characters (found %U)", ErrInvalidUserID, r)
+	case unicode.IsSpace(r) || unicode.IsControl(r) || (!held && invisible(r)) || r == utf8.RuneError:
+		return fmt.Errorf("%w: must not contain whitespace, control, format or other invisible characters (found %U)", ErrInvalidUserID, r)
 	}
 	return nil
+}
+
+// invisible reports whether r shows as nothing, or changes how the
+// characters around it show, rather than as a character of its own: a
+// format character (Cf: U+200B, a bidirectional override, a tag
+// character), any other of Unicode's default-ignorable code points (the
+// Hangul fillers U+115F, U+1160, U+3164 and U+FFA0, the combining grapheme
+// joiner U+034F, the variation selectors U+FE00-FE0F and U+E0100-E01EF),
+// or the braille blank U+2800, a blank that is not whitespace.
+func invisible(r rune) bool {
+	return unicode.Is(unicode.Cf, r) ||
+		unicode.Is(unicode.Other_Default_Ignorable_Code_Point, r) ||
+		unicode.Is(unicode.Variation_Selector, r) || r == '\u2800'
+
 }
 
 // userIDASCII holds checkUserIDRune's answer for each ASCII byte, so that
 // ids in ASCII, as most are, are checked a byte at a time.
 var userIDASCII = func() (ok [utf8.RuneSelf]bool) {
 	for c := range ok {
-		ok[c] = checkUserIDRune(rune(c), false) == nil // ASCII holds no format character
+		ok[c] = checkUserIDRune(rune(c), false) == nil // ASCII holds no invisible character
 	}
 	return ok
 }()
@@ -117,7 +132,7 @@ func ValidateStreamID(id string) error {
 
 // ValidateLabel accepts a slot's label, what its caller says the stream is
 // (a pod, a model, a request id): empty (no label), or up to 128 bytes of
-// valid UTF-8 with no whitespace, control or format characters, so that it
+// valid UTF-8 with no whitespace, control or invisible characters, so that it
 // reads the same in a table, a terminal and a log line. It is checked like
 // a user id, braces allowed: a label goes into a slot's record, never into
 // a key.
@@ -129,8 +144,8 @@ func ValidateLabel(label string) error {
 		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidLabel)
 	}
 	for _, r := range label {
-		if unicode.IsSpace(r) || unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == utf8.RuneError {
-			return fmt.Errorf("%w: must not contain whitespace, control or format characters (found %U)", ErrInvalidLabel, r)
+		if unicode.IsSpace(r) || unicode.IsControl(r) || invisible(r) || r == utf8.RuneError {
+			return fmt.Errorf("%w: must not contain whitespace, control, format or other invisible characters (found %U)", ErrInvalidLabel, r)
 		}
 	}
 	return nil

@@ -30,7 +30,7 @@ type AcquireRequest struct {
 	Caller string
 	// Label is what the caller says the stream is (a pod, a model, a
 	// request id), kept in the slot's record for support to see: at most
-	// 128 bytes, no whitespace, control or format characters
+	// 128 bytes, no whitespace, control or invisible characters
 	// (keys.ValidateLabel). Default "": none.
 	Label string
 	// Wait, when > 0, lets the acquire wait that long, capped by the

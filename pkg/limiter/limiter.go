@@ -30,7 +30,7 @@ var (
 	// ErrInvalidStreamID: the stream id is not 1-128 characters of [A-Za-z0-9._:-].
 	ErrInvalidStreamID = keys.ErrInvalidStreamID
 	// ErrInvalidLabel: an acquire's label is over 128 bytes or holds
-	// whitespace, control or format characters (see keys.ValidateLabel).
+	// whitespace, control or invisible characters (see keys.ValidateLabel).
 	ErrInvalidLabel = keys.ErrInvalidLabel
 	// ErrInvalidOverride: SetOverride was given a limit, duration, reason
 	// or actor out of bounds (see OverrideRequest).

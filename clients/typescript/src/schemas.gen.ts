@@ -37,20 +37,25 @@ export const Paths = {
 /**
  * The user the slot counts against: 1-256 **bytes** of valid UTF-8
  * (JSON Schema counts characters, so the byte bound is the server's),
- * no whitespace, control or format characters (such as U+200B or a
- * bidirectional override, which would make it read as another id),
- * no `{` or `}`. Otherwise `400 invalid_user_id`. The pattern names
- * the characters of the Basic Multilingual Plane; the server also
- * refuses the format characters beyond it (tag characters).
+ * no whitespace, control or invisible characters (format characters
+ * such as U+200B or a bidirectional override, Unicode's other
+ * default-ignorable code points such as the Hangul filler U+3164,
+ * the combining grapheme joiner U+034F or a variation selector, and
+ * the braille blank U+2800; each would make it read as another id),
+ * no `{` or `}`. Otherwise `400 invalid_user_id`, naming the
+ * character's code point. The pattern names the characters of the
+ * Basic Multilingual Plane; the server also refuses the invisible
+ * characters beyond it (tag characters, variation selectors
+ * U+E0100-E01EF).
  */
 export type UserID = string;
 
 /**
  * The user whose slots the call reaches: what `UserID` accepts, and
- * ids holding format characters too (U+200B, a bidirectional
- * override), to which earlier releases granted slots. A stream taken
- * under such an id by a replica of an earlier release, during a
- * rolling update, is heartbeaten, released and listed on every
+ * ids holding invisible characters too (U+200B, a bidirectional
+ * override, a Hangul filler), to which earlier releases granted
+ * slots. A stream taken under such an id by a replica of an earlier
+ * release, during a rolling update, is heartbeaten, released and listed on every
  * replica until it ends; no acquire or override takes a new one
  * (`400 invalid_user_id`). 1-256 **bytes** of valid UTF-8, no
  * whitespace, no control characters, no `{` or `}`.
@@ -112,8 +117,8 @@ export interface AcquireRequest {
  * Optional: what the caller says the stream is (a pod, a model, a
  * request id), kept with the slot for support to see. At most 128
  * **bytes** of valid UTF-8 (the byte bound is the server's), no
- * whitespace, control or format characters; otherwise `400
- * invalid_label`. Omitted or empty: no label. A re-acquire of a held
+ * whitespace, control or invisible characters (as `UserID`);
+ * otherwise `400 invalid_label`. Omitted or empty: no label. A re-acquire of a held
  * stream id keeps the slot's first label.
  */
 export type Label = string;
