@@ -118,8 +118,8 @@ export interface AcquireRequest {
  * request id), kept with the slot for support to see. At most 128
  * **bytes** of valid UTF-8 (the byte bound is the server's), no
  * whitespace, control or invisible characters (as `UserID`);
- * otherwise `400 invalid_label`. Omitted or empty: no label. A re-acquire of a held
- * stream id keeps the slot's first label.
+ * otherwise `400 invalid_label`. Omitted or empty: no label. A
+ * re-acquire of a held stream id keeps the slot's first label.
  */
 export type Label = string;
 
