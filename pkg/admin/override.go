@@ -3,6 +3,7 @@ package admin
 import (
 	"cmp"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/joishi/limiter/pkg/httpapi"
@@ -118,6 +119,9 @@ func (s overrideScope) overrideBody(w http.ResponseWriter, r *http.Request, rec 
 	if req.MaxConcurrentStreams != nil || req.ExpiresIn != nil {
 		rec.Asked = &httpapi.AuditOverrideAsked{MaxConcurrentStreams: req.MaxConcurrentStreams, ExpiresIn: req.ExpiresIn}
 	}
+	if field, number, ok := server.OutOfRange(err); ok {
+		err = s.outOfBound(field, number)
+	}
 	if err != nil {
 		return req, err
 	}
@@ -125,13 +129,22 @@ func (s overrideScope) overrideBody(w http.ResponseWriter, r *http.Request, rec 
 	case n == nil:
 		err = server.BadRequest("max_concurrent_streams is required: the %s's %s while the override is in force, 0 to %d", s.noun, s.limit, s.most)
 	case *n < 0 || *n > s.most:
-		err = server.BadRequest("max_concurrent_streams must be 0 to %d (%s), got %d", s.most, s.bound, *n)
+		err = s.outOfBound("max_concurrent_streams", strconv.Itoa(*n))
 	case d == nil:
 		err = server.BadRequest("expires_in is required: how long the override stays in force, in seconds (%d to %d)", httpapi.MinOverrideExpiresIn, httpapi.MaxOverrideExpiresIn)
 	case *d < httpapi.MinOverrideExpiresIn || *d > httpapi.MaxOverrideExpiresIn:
-		err = server.BadRequest("expires_in must be %d to %d seconds (a minute to 30 days), got %d", httpapi.MinOverrideExpiresIn, httpapi.MaxOverrideExpiresIn, *d)
+		err = s.outOfBound("expires_in", strconv.FormatInt(*d, 10))
 	}
 	return req, cmp.Or(err, rerr)
+}
+
+// outOfBound refuses the number got, as sent, for field, naming its
+// bound; a number past 64 bits too (server.OutOfRange).
+func (s overrideScope) outOfBound(field, got string) error {
+	if field == "max_concurrent_streams" {
+		return server.BadRequest("max_concurrent_streams must be 0 to %d (%s), got %s", s.most, s.bound, got)
+	}
+	return server.BadRequest("expires_in must be %d to %d seconds (a minute to 30 days), got %s", httpapi.MinOverrideExpiresIn, httpapi.MaxOverrideExpiresIn, got)
 }
 
 // auditBody reads an override's body into rec (see overrideBody), for

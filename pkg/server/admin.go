@@ -42,6 +42,17 @@ func Decode(w http.ResponseWriter, r *http.Request, limit int64, dst any) error 
 	return decode(w, r, limit, dst)
 }
 
+// OutOfRange reports whether err, from Decode, is a whole number too
+// large for 64 bits, and which field and number (as sent, cut past 20
+// digits) it was, so that the caller can answer with the field's bound.
+func OutOfRange(err error) (field, number string, ok bool) {
+	var rangeErr *rangeError
+	if !errors.As(err, &rangeErr) {
+		return "", "", false
+	}
+	return rangeErr.field, rangeErr.number, true
+}
+
 // BadRequest is a malformed request, 400 invalid_request, with the
 // message format and args make.
 func BadRequest(format string, args ...any) error { return badRequest(format, args...) }

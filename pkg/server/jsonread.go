@@ -393,9 +393,38 @@ func (d *jsonReader) integer(path string) (int64, error) {
 	d.pos = i
 	n, err := strconv.ParseInt(d.s[start:i], 10, 64)
 	if err != nil {
-		return 0, badRequest("field %q is out of range", path)
+		return 0, newRangeError(path, d.s[start:i])
 	}
 	return n, nil
+}
+
+// rangeError is a whole number of a request body too large for 64 bits:
+// 400 invalid_request, as the requestError it wraps says. The handler that
+// knows the field's bound answers with the bound instead (OutOfRange).
+type rangeError struct {
+	requestError
+	field  string // the field's path (fieldPath)
+	number string // as sent, cut at maxShownDigits
+}
+
+func (e *rangeError) Unwrap() error { return &e.requestError }
+
+// maxShownDigits bounds the digits of a number a message repeats.
+const maxShownDigits = 20
+
+func newRangeError(field, number string) *rangeError {
+	if len(number) > maxShownDigits+1 {
+		number = number[:maxShownDigits+1]
+		if number[0] != '-' {
+			number = number[:maxShownDigits]
+		}
+		number += "…"
+	}
+	return &rangeError{
+		requestError: requestError{msg: fmt.Sprintf("field %q is out of range: %s does not fit in a 64-bit integer", field, number)},
+		field:        field,
+		number:       number,
+	}
 }
 
 // end refuses anything but whitespace after the top-level value.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -16,6 +17,9 @@ import (
 func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	var req httpapi.AcquireRequest
 	if err := decodeForPlan(w, r, &req, &req.Plan); err != nil {
+		if field, number, ok := OutOfRange(err); ok && field == "wait_ms" {
+			err = badRequest("wait_ms must be 0 (no waiting) to %d milliseconds (the plan's max_wait_ms caps the wait), got %s", int64(math.MaxInt64), number)
+		}
 		s.fail(w, r, err)
 		return
 	}

@@ -87,9 +87,17 @@ func TestAPIAcquireWaits(t *testing.T) {
 		}
 	})
 
-	t.Run("a negative wait_ms is invalid_request", func(t *testing.T) {
-		r := a.call(t, http.MethodPost, httpapi.PathAcquire, []byte(`{"user_id":"u","plan":"wait","wait_ms":-1}`), true)
-		wantError(t, r, http.StatusBadRequest, httpapi.CodeInvalidRequest)
+	t.Run("a wait_ms out of its range is invalid_request naming the range", func(t *testing.T) {
+		for _, tc := range []struct{ wait, want string }{
+			{"-1", "wait_ms must be 0 (no waiting) or more milliseconds, got -1"},
+			{"99999999999999999999", "wait_ms must be 0 (no waiting) to 9223372036854775807 milliseconds (the plan's max_wait_ms caps the wait), got 99999999999999999999"},
+			{"-99999999999999999999", "wait_ms must be 0 (no waiting) to 9223372036854775807 milliseconds (the plan's max_wait_ms caps the wait), got -99999999999999999999"},
+		} {
+			r := a.call(t, http.MethodPost, httpapi.PathAcquire, []byte(`{"user_id":"u","plan":"wait","wait_ms":`+tc.wait+`}`), true)
+			if e := wantError(t, r, http.StatusBadRequest, httpapi.CodeInvalidRequest); e.Message != tc.want {
+				t.Errorf("wait_ms %s: message %q, want %q", tc.wait, e.Message, tc.want)
+			}
+		}
 	})
 
 	t.Run("GET /v1/tiers names each plan's max_wait_ms", func(t *testing.T) {

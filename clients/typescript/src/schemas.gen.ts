@@ -93,7 +93,8 @@ export interface AcquireRequest {
    * of the user's slots when all are held, instead of answering `429`
    * at once. Capped by the plan's `max_wait_ms` (a larger value waits
    * that long, it is not refused); 0 or omitted: no waiting. A
-   * negative value, a fraction or a string is `400 invalid_request`.
+   * negative value, one past 64 bits, a fraction or a string is
+   * `400 invalid_request`.
    */
   wait_ms?: number;
 
