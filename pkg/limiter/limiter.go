@@ -206,6 +206,10 @@ func New(redis *cluster.Client, table *tiers.Table, opts Options) *Limiter {
 // Tiers returns the table the limiter enforces.
 func (l *Limiter) Tiers() *tiers.Table { return l.tiers }
 
+// MaxQueue returns the most acquires one user's queue, or one pool key's,
+// holds (Options.MaxQueue, its default applied).
+func (l *Limiter) MaxQueue() int { return l.maxQueue }
+
 // Pools returns the pool table acquires are judged by.
 func (l *Limiter) Pools() *pools.Table { return l.pools }
 

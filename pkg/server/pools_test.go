@@ -196,7 +196,7 @@ func TestAPoolRefusalSaysWhyItDidNotWait(t *testing.T) {
 		}
 	}
 	e = acquire("cy", "gpt-4o", 400) // cy holds none of the key, as bo: served after bo, who came first
-	if !strings.Contains(e.Message, "the queue of pool key model=gpt-4o holds its most waiters") || strings.Contains(e.Message, "maxWait") || e.WaitedMs != nil {
+	if !strings.Contains(e.Message, "the queue of pool key model=gpt-4o holds its most waiters, 1, each served before") || strings.Contains(e.Message, "maxWait") || e.WaitedMs != nil {
 		t.Errorf("a wait for a key whose queue is full: %+v; want the full queue as why it did not wait, no waited_ms", e)
 	}
 	if e.Limit == nil || *e.Limit != 1 || strings.Contains(e.Message, "override") {
@@ -223,7 +223,7 @@ func TestAPoolRefusalSaysWhyItDidNotWait(t *testing.T) {
 	r := a.post(t, "/v1/slots/acquire", map[string]any{"user_id": dee, "plan": "wait", "wait_ms": 400})
 	var refused httpapi.ErrorResponse
 	if r.status != http.StatusTooManyRequests || json.Unmarshal(r.body, &refused) != nil || refused.Error.Code != httpapi.CodeStreamLimitReached ||
-		!strings.Contains(refused.Error.Message, "the user's queue holds its most waiters") || refused.Error.WaitedMs != nil {
+		!strings.Contains(refused.Error.Message, "the user's queue holds its most waiters, 1") || refused.Error.WaitedMs != nil {
 		t.Errorf("a wait in a full user's queue: %d %s; want 429 stream_limit_reached saying the queue is full, no waited_ms", r.status, r.body)
 	}
 	<-waiting

@@ -78,7 +78,7 @@ func TestAFullPoolQueueAfterAUserWaitIsNotADisplacement(t *testing.T) {
 	if strings.Contains(refused.Error.Message, "its place went to a waiter served before it") {
 		t.Errorf("the refusal says the acquire had a place in the key's queue and was displaced, yet it never queued there: %q", refused.Error.Message)
 	}
-	if !strings.Contains(refused.Error.Message, "holds its most waiters") {
+	if !strings.Contains(refused.Error.Message, "holds its most waiters, 1,") {
 		t.Errorf("the refusal does not say the key's queue was full: %q", refused.Error.Message)
 	}
 	<-carlWaits

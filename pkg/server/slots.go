@@ -60,7 +60,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !res.Granted && res.RefusedBy != nil {
-		writePoolRefusal(w, res, noWait(wait, res))
+		writePoolRefusal(w, res, noWait(wait, res, s.lim.MaxQueue()), s.lim.MaxQueue())
 		return
 	}
 	if !res.Granted {
@@ -80,12 +80,12 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		switch waited := waitedMs(res.Waited); {
 		case res.Waited > 0 && res.QueueFull:
 			e.WaitedMs = &waited
-			e.Message += fmt.Sprintf("; waited %dms in the queue, then its place went to a waiter served before it (the queue holds its most)", waited)
+			e.Message += fmt.Sprintf("; waited %dms in the queue, then its place went to a waiter served before it: the queue holds its most waiters, %d", waited, s.lim.MaxQueue())
 		case res.Waited > 0:
 			e.WaitedMs = &waited
 			e.Message += fmt.Sprintf("; waited %dms in the queue (wait_ms, capped by the plan's maxWait of %s) without a slot freeing up", waited, res.Tier.MaxWait)
 		}
-		e.Message += noWait(wait, res)
+		e.Message += noWait(wait, res, s.lim.MaxQueue())
 		writeError(w, http.StatusTooManyRequests, e)
 		return
 	}
@@ -279,13 +279,11 @@ func (s *Server) tiers(w http.ResponseWriter, r *http.Request) {
 	a.send(w, http.StatusOK)
 }
 
-// writePoolRefusal answers an acquire a pool key's cap refused: 429
-// pool_limit_reached, which names the pool key, never the user's
-// stream_limit_reached.
 // noWait is what a refusal adds when the acquire asked to wait and was
-// not let: the plan's maxWait (or the pool's) is 0s, which caps wait_ms
-// to no waiting.
-func noWait(asked time.Duration, res limiter.AcquireResult) string {
+// not let: the queue holds its most waiters (maxQueue, the limiter's
+// MaxQueue), the limit is 0, or the plan's maxWait (or the pool's) is 0s,
+// which caps wait_ms to no waiting.
+func noWait(asked time.Duration, res limiter.AcquireResult, maxQueue int) string {
 	waited := res.Waited // in the queue of the scope that refused
 	if res.RefusedBy != nil {
 		waited = res.RefusedBy.Waited
@@ -294,9 +292,9 @@ func noWait(asked time.Duration, res limiter.AcquireResult) string {
 	case asked <= 0 || waited > 0:
 		return ""
 	case res.QueueFull && res.RefusedBy != nil:
-		return fmt.Sprintf("; not waited: wait_ms asked %dms, but the queue of pool key %s=%s holds its most waiters, each served before this one would be", asked.Milliseconds(), res.RefusedBy.Pool, res.RefusedBy.Key)
+		return fmt.Sprintf("; not waited: wait_ms asked %dms, but the queue of pool key %s=%s holds its most waiters, %d, each served before this one would be", asked.Milliseconds(), res.RefusedBy.Pool, res.RefusedBy.Key, maxQueue)
 	case res.QueueFull:
-		return fmt.Sprintf("; not waited: wait_ms asked %dms, but the user's queue holds its most waiters", asked.Milliseconds())
+		return fmt.Sprintf("; not waited: wait_ms asked %dms, but the user's queue holds its most waiters, %d", asked.Milliseconds(), maxQueue)
 	case res.RefusedBy != nil && res.RefusedBy.Limit == 0:
 		return fmt.Sprintf("; not waited: wait_ms asked %dms, but pool key %s=%s is capped at 0, so no place will free", asked.Milliseconds(), res.RefusedBy.Pool, res.RefusedBy.Key)
 	case res.RefusedBy == nil && res.Limit == 0:
@@ -336,7 +334,10 @@ func poolCapOf(r *limiter.PoolRefusal) string {
 	return "the pool's cap"
 }
 
-func writePoolRefusal(w http.ResponseWriter, res limiter.AcquireResult, note string) {
+// writePoolRefusal answers an acquire a pool key's cap refused: 429
+// pool_limit_reached, which names the pool key, never the user's
+// stream_limit_reached. note is noWait's; maxQueue the limiter's MaxQueue.
+func writePoolRefusal(w http.ResponseWriter, res limiter.AcquireResult, note string, maxQueue int) {
 	r := res.RefusedBy
 	retryMs := r.RetryAfter.Milliseconds()
 	w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(r.RetryAfter), 10))
@@ -358,7 +359,7 @@ func writePoolRefusal(w http.ResponseWriter, res limiter.AcquireResult, note str
 	}
 	switch inKey := waitedMs(r.Waited); {
 	case r.Waited > 0 && res.QueueFull:
-		e.Message += fmt.Sprintf("; waited %dms in the key's queue, then its place went to a waiter served before it (the queue holds its most)", inKey)
+		e.Message += fmt.Sprintf("; waited %dms in the key's queue, then its place went to a waiter served before it: the queue holds its most waiters, %d", inKey, maxQueue)
 	case r.Waited > 0:
 		e.Message += fmt.Sprintf("; waited %dms (wait_ms, capped by the plan's and the pool's maxWait) without a place freeing up", *e.WaitedMs)
 	case res.Waited > 0:
