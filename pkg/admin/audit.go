@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/joishi/limiter/pkg/httpapi"
 	"github.com/joishi/limiter/pkg/limiter"
@@ -177,16 +179,22 @@ func normalizeReason(s string) string {
 }
 
 // checkReason returns reason with runs of whitespace collapsed and cleaned
-// for the audit, with an error when it is empty or too long; why ends the
-// message asking for one ("say why <why>").
+// for the audit, with an error when it is empty, too long, or holds a
+// control or format character (one Clean would replace): a reason is
+// refused rather than recorded other than as sent. why ends the message
+// asking for one ("say why <why>").
 func checkReason(reason, why string) (string, error) {
 	collapsed := strings.Join(strings.Fields(reason), " ")
 	cleaned := normalizeReason(collapsed)
-	switch n := len([]rune(collapsed)); {
+	switch n := utf8.RuneCountInString(collapsed); {
 	case n == 0:
 		return cleaned, server.BadRequest("reason is required: say why %s (it is recorded in the audit)", why)
 	case n > httpapi.MaxReasonLength:
 		return cleaned, server.BadRequest("reason is %d characters, the limit is %d", n, httpapi.MaxReasonLength)
+	}
+	if i := strings.IndexFunc(collapsed, func(r rune) bool { return unicode.IsControl(r) || unicode.Is(unicode.Cf, r) }); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(collapsed[i:])
+		return cleaned, server.BadRequest("reason must not contain control or format characters (found %U); whitespace is allowed", r)
 	}
 	return cleaned, nil
 }

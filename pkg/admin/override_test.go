@@ -124,6 +124,7 @@ func TestAdminOverrideBounds(t *testing.T) {
 				{"59 seconds, under a minute", `{"max_concurrent_streams":5,"expires_in":59,"reason":"r"}`, "expires_in must be 60 to 2592000 seconds (a minute to 30 days), got 59"},
 				{"30 days and a second", `{"max_concurrent_streams":5,"expires_in":2592001,"reason":"r"}`, "got 2592001"},
 				{"no reason", `{"max_concurrent_streams":5,"expires_in":3600}`, "reason is required: say why this " + scope.limit + " is overridden"},
+				{"a control or format character in the reason", `{"max_concurrent_streams":5,"expires_in":3600,"reason":"a\u0000b\u200bc"}`, "reason must not contain control or format characters (found U+0000)"},
 				{"a 501-character reason", `{"max_concurrent_streams":5,"expires_in":3600,"reason":"` + strings.Repeat("r", 501) + `"}`, "reason is 501 characters, the limit is 500"},
 				{"an unknown field", `{"max_concurrent_streams":5,"expires_in":3600,"reason":"r","plan":"paid"}`, `unknown field "plan"`},
 				{"a field given twice", `{"max_concurrent_streams":5,"max_concurrent_streams":50,"expires_in":3600,"reason":"r"}`, "given twice"},

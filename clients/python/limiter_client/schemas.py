@@ -653,7 +653,12 @@ class AdminOverrideRequest:
     """How long it stays in force, in seconds - a minute to 30 days."""
 
     reason: str
-    """Why; recorded with the override and in the audit."""
+    """Why; recorded with the override and in the audit. Runs of
+    whitespace (newlines, tabs) collapse into one space, and the
+    500 characters are counted after; a control or format
+    character (U+0000, U+200B) is `400 invalid_request`, naming
+    it.
+    """
 
 
 @dataclasses.dataclass(frozen=True)
@@ -667,7 +672,12 @@ class AdminPoolOverrideRequest:
     """How long it stays in force, in seconds - a minute to 30 days."""
 
     reason: str
-    """Why; recorded with the override and in the audit."""
+    """Why; recorded with the override and in the audit. Runs of
+    whitespace (newlines, tabs) collapse into one space, and the
+    500 characters are counted after; a control or format
+    character (U+0000, U+200B) is `400 invalid_request`, naming
+    it.
+    """
 
 
 @dataclasses.dataclass(frozen=True)
@@ -684,7 +694,12 @@ class AdminOverrideRemoveRequest:
     """Schema AdminOverrideRemoveRequest of the contract."""
 
     reason: str
-    """Why the override is removed; recorded in the audit."""
+    """Why the override is removed; recorded in the audit. Runs of
+    whitespace (newlines, tabs) collapse into one space, and the
+    500 characters are counted after; a control or format
+    character (U+0000, U+200B) is `400 invalid_request`, naming
+    it.
+    """
 
 
 @dataclasses.dataclass(frozen=True)
@@ -702,7 +717,12 @@ class AdminReleaseRequest:
     """Schema AdminReleaseRequest of the contract."""
 
     reason: str
-    """Why the slots are released; recorded in the audit."""
+    """Why the slots are released; recorded in the audit. Runs of
+    whitespace (newlines, tabs) collapse into one space, and the
+    500 characters are counted after; a control or format
+    character (U+0000, U+200B) is `400 invalid_request`, naming
+    it.
+    """
 
 
 @dataclasses.dataclass(frozen=True)

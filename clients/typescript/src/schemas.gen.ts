@@ -623,7 +623,13 @@ export interface AdminOverrideRequest {
   /** How long it stays in force, in seconds - a minute to 30 days. */
   expires_in: number;
 
-  /** Why; recorded with the override and in the audit. */
+  /**
+   * Why; recorded with the override and in the audit. Runs of
+   * whitespace (newlines, tabs) collapse into one space, and the
+   * 500 characters are counted after; a control or format
+   * character (U+0000, U+200B) is `400 invalid_request`, naming
+   * it.
+   */
   reason: string;
 }
 
@@ -635,7 +641,13 @@ export interface AdminPoolOverrideRequest {
   /** How long it stays in force, in seconds - a minute to 30 days. */
   expires_in: number;
 
-  /** Why; recorded with the override and in the audit. */
+  /**
+   * Why; recorded with the override and in the audit. Runs of
+   * whitespace (newlines, tabs) collapse into one space, and the
+   * 500 characters are counted after; a control or format
+   * character (U+0000, U+200B) is `400 invalid_request`, naming
+   * it.
+   */
   reason: string;
 }
 
@@ -648,7 +660,13 @@ export interface AdminOverrideResponse {
 
 /** Schema AdminOverrideRemoveRequest of the contract. */
 export interface AdminOverrideRemoveRequest {
-  /** Why the override is removed; recorded in the audit. */
+  /**
+   * Why the override is removed; recorded in the audit. Runs of
+   * whitespace (newlines, tabs) collapse into one space, and the
+   * 500 characters are counted after; a control or format
+   * character (U+0000, U+200B) is `400 invalid_request`, naming
+   * it.
+   */
   reason: string;
 }
 
@@ -662,7 +680,13 @@ export interface AdminOverrideRemoveResponse {
 
 /** Schema AdminReleaseRequest of the contract. */
 export interface AdminReleaseRequest {
-  /** Why the slots are released; recorded in the audit. */
+  /**
+   * Why the slots are released; recorded in the audit. Runs of
+   * whitespace (newlines, tabs) collapse into one space, and the
+   * 500 characters are counted after; a control or format
+   * character (U+0000, U+200B) is `400 invalid_request`, naming
+   * it.
+   */
   reason: string;
 }
 
