@@ -236,6 +236,8 @@ func TestAdminAuthMatrix(t *testing.T) {
 			status: 200, actor: "ola", role: "operator", action: httpapi.ActionReadAudit},
 		{name: "an audit limit of 0 is 400", call: adminCall{method: "GET", path: httpapi.PathAdminAudit + "?limit=0", token: viewerToken, invalid: true},
 			status: 400, code: httpapi.CodeInvalidRequest, actor: "vera", role: "viewer", action: httpapi.ActionReadAudit, detail: "limit must be"},
+		{name: "an audit limit given twice is 400", call: adminCall{method: "GET", path: httpapi.PathAdminAudit + "?limit=1&limit=5000", token: viewerToken, invalid: true},
+			status: 400, code: httpapi.CodeInvalidRequest, actor: "vera", role: "viewer", action: httpapi.ActionReadAudit, detail: "limit is given 2 times; give it once, a whole number from 1 to 1000"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			logBefore, streamBefore := len(auditLines(t, e.log)), len(e.streamRecords(t))

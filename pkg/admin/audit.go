@@ -203,6 +203,9 @@ func checkReason(reason, why string) (string, error) {
 // first.
 func (a *Admin) readAudit(_ http.ResponseWriter, r *http.Request, _ *httpapi.AuditRecord) (any, error) {
 	limit := httpapi.DefaultAuditLimit
+	if given := r.URL.Query()["limit"]; len(given) > 1 {
+		return nil, server.BadRequest("limit is given %d times; give it once, a whole number from 1 to %d", len(given), httpapi.MaxAuditLimit)
+	}
 	if q := r.URL.Query().Get("limit"); q != "" {
 		n, err := strconv.Atoi(q)
 		if err != nil || n < 1 || n > httpapi.MaxAuditLimit {
