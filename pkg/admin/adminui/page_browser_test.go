@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/chromedp/chromedp"
 	"github.com/joishi/limiter/internal/browsertest"
@@ -33,6 +34,7 @@ type fakeAdmin struct {
 	lookUps  map[string]int           // look-ups asked, by user or pool=key
 	answered map[string]int           // look-ups answered, by user or pool=key
 	released []string                 // users released, in order
+	reasons  []string                 // the reasons of the releases, in order
 }
 
 func newFakeAdmin(waiting ...string) *fakeAdmin {
@@ -100,6 +102,12 @@ func (f *fakeAdmin) releasedUsers() []string {
 	return slices.Clone(f.released)
 }
 
+func (f *fakeAdmin) releaseReasons() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.reasons)
+}
+
 func (f *fakeAdmin) handler(t *testing.T) http.Handler {
 	files, err := adminui.Files()
 	if err != nil {
@@ -128,8 +136,11 @@ func (f *fakeAdmin) handler(t *testing.T) http.Handler {
 	})
 	mux.HandleFunc("POST /v1/admin/users/{user}/release", func(w http.ResponseWriter, r *http.Request) {
 		user := r.PathValue("user")
+		var body struct{ Reason string }
+		_ = json.NewDecoder(r.Body).Decode(&body)
 		f.mu.Lock()
 		f.released = append(f.released, user)
+		f.reasons = append(f.reasons, body.Reason)
 		f.mu.Unlock()
 		f.answer(w, "", http.StatusOK, map[string]any{"released": []string{"s-" + user}, "audit_id": "0123456789abcdef"})
 	})
@@ -458,5 +469,53 @@ func TestReleaseLooksAgainOnlyIfNothingWasAskedSinceItsLookUp(t *testing.T) {
 	}
 	if got, want := f.releasedUsers(), []string{"user-a"}; !slices.Equal(got, want) {
 		t.Errorf("released %q, want %q", got, want)
+	}
+}
+
+// TestReasonsAreCountedAsTheAPICountsThem: the API bounds a reason at 500
+// characters (code points) once each run of whitespace is one space, so
+// the page counts alike: 500 emoji (1,000 UTF-16 units) can be typed,
+// counted 500 and sent; one more character is over the bound, and the
+// dialog will not send it; a run of spaces and newlines counts one.
+func TestReasonsAreCountedAsTheAPICountsThem(t *testing.T) {
+	f := newFakeAdmin()
+	p := openPage(t, f)
+	p.lookUpUser(t, "user-a")
+	p.poll(t, "user-a's card", showing("slots-user", "user-a")+` && !document.getElementById("release").disabled`)
+	emoji := strings.Repeat("\U0001F600", 500)
+	p.step(t, "type 500 emoji as the reason",
+		chromedp.Click(chromedp.ID("release")),
+		chromedp.WaitVisible(chromedp.ID("reason")),
+		chromedp.SendKeys(chromedp.ID("reason"), emoji),
+	)
+	if got := p.eval(t, `[...document.getElementById("reason").value].length + " typed, counted " + document.getElementById("reason-count").textContent + ", release " + (document.getElementById("confirm-release").disabled ? "disabled" : "enabled")`); got != "500 typed, counted 500, release enabled" {
+		t.Errorf("500 emoji: got %s; want 500 typed, counted 500, release enabled", got)
+	}
+	p.step(t, "type one more", chromedp.SendKeys(chromedp.ID("reason"), "x"))
+	if got := p.eval(t, `document.getElementById("reason-count").textContent + ", release " + (document.getElementById("confirm-release").disabled ? "disabled" : "enabled")`); got != "501, release disabled" {
+		t.Errorf("501 characters: got %s; want 501, release disabled", got)
+	}
+	p.step(t, "type a run of whitespace in the middle",
+		chromedp.Evaluate[chromedp.Void](`(() => { const el = document.getElementById("reason"); el.value = el.value.slice(0, -1); el.value = el.value.slice(0, 2) + "  \n\t " + el.value.slice(2, -2); el.dispatchEvent(new Event("input")); })()`),
+	)
+	if got := p.eval(t, `document.getElementById("reason-count").textContent + ", release " + (document.getElementById("confirm-release").disabled ? "disabled" : "enabled")`); got != "500, release enabled" {
+		t.Errorf("499 emoji and a run of whitespace: got %s; want 500 (the run counts one), release enabled", got)
+	}
+	p.step(t, "release", chromedp.Click(chromedp.ID("confirm-release")))
+	p.poll(t, "the release answered", `document.getElementById("notice").textContent.startsWith("Released")`)
+	want := "\U0001F600 " + strings.Repeat("\U0001F600", 498)
+	if got := f.releaseReasons(); len(got) != 1 || got[0] != want {
+		for _, r := range got {
+			t.Errorf("reason sent: %d characters, starting %+q; want 500, starting %+q", utf8.RuneCountInString(r), r[:min(len(r), 12)], want[:12])
+		}
+	}
+
+	p.step(t, "type 500 emoji as an override's reason",
+		chromedp.Click(chromedp.ID("set-override")),
+		chromedp.WaitVisible(chromedp.ID("override-why")),
+		chromedp.SendKeys(chromedp.ID("override-why"), emoji),
+	)
+	if got := p.eval(t, `[...document.getElementById("override-why").value].length + " typed, set " + (document.getElementById("confirm-override").disabled ? "disabled" : "enabled")`); got != "500 typed, set enabled" {
+		t.Errorf("500 emoji as an override's reason: got %s; want 500 typed, set enabled", got)
 	}
 }

@@ -529,15 +529,37 @@
     $("reason").focus();
   }
 
+  // A reason is bounded as the API bounds it: 1 to MAX_REASON characters
+  // (code points, not the UTF-16 units of .length: an emoji is one) once
+  // each run of whitespace is one space. SPACES are the characters Go's
+  // unicode.IsSpace knows, by which the API collapses them (JavaScript's
+  // \s differs: it holds U+FEFF and not U+0085).
+  const MAX_REASON = 500;
+  const SPACES = /[\t\n\v\f\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+/;
+
+  // reasonIn returns the reason written in the textarea id, as the API
+  // will record it, and shows its length in the element id-count.
+  // Whether it may be sent: reasonOK.
+  function reasonIn(id) {
+    const reason = $(id).value.split(SPACES).filter(Boolean).join(" ");
+    const n = [...reason].length;
+    $(id + "-count").textContent = String(n);
+    $(id + "-count").parentElement.classList.toggle("over", n > MAX_REASON);
+    return reason;
+  }
+
+  function reasonOK(reason) {
+    const n = [...reason].length;
+    return n > 0 && n <= MAX_REASON;
+  }
+
   function updateReason() {
-    const reason = $("reason").value.trim();
-    $("reason-count").textContent = String($("reason").value.length);
-    $("confirm-release").disabled = reason.length === 0;
+    $("confirm-release").disabled = !reasonOK(reasonIn("reason"));
   }
 
   async function release() {
-    const reason = $("reason").value.trim();
-    if (!reason || !releasing) return;
+    const reason = reasonIn("reason");
+    if (!reasonOK(reason) || !releasing) return;
     const { user, waiting } = releasing;
     $("confirm-release").disabled = true;
     try {
@@ -599,7 +621,7 @@
   }
 
   function updateOverride() {
-    const ok = $("override-why").value.trim().length > 0 && $("override-streams").value !== "" && $("override-for").value !== "";
+    const ok = reasonOK(reasonIn("override-why")) && $("override-streams").value !== "" && $("override-for").value !== "";
     $("confirm-override").disabled = !ok;
   }
 
@@ -609,7 +631,7 @@
     const body = {
       max_concurrent_streams: Number($("override-streams").value),
       expires_in: Number($("override-for").value) * Number($("override-unit").value),
-      reason: $("override-why").value.trim(),
+      reason: reasonIn("override-why"),
     };
     $("confirm-override").disabled = true;
     try {
@@ -630,16 +652,20 @@
     $("remove-user").textContent = t.name;
     $("remove-explain").textContent = t.removeExplain;
     $("remove-why").value = "";
-    $("confirm-remove").disabled = true;
+    updateRemove();
     setError($("remove-error"), null);
     $("remove-dialog").showModal();
     $("remove-why").focus();
   }
 
+  function updateRemove() {
+    $("confirm-remove").disabled = !reasonOK(reasonIn("remove-why"));
+  }
+
   async function removeOverride() {
-    const reason = $("remove-why").value.trim();
+    const reason = reasonIn("remove-why");
     const t = target;
-    if (!reason || !t) return;
+    if (!reasonOK(reason) || !t) return;
     $("confirm-remove").disabled = true;
     try {
       const res = await api("DELETE", t.path(), { reason });
@@ -648,7 +674,7 @@
       await t.again();
     } catch (err) {
       setError($("remove-error"), err);
-      $("confirm-remove").disabled = false;
+      updateRemove();
     }
   }
 
@@ -782,9 +808,7 @@
       setOverride();
     });
     $("remove-override").addEventListener("click", () => shown && openRemove(userTarget()));
-    $("remove-why").addEventListener("input", () => {
-      $("confirm-remove").disabled = $("remove-why").value.trim().length === 0;
-    });
+    $("remove-why").addEventListener("input", updateRemove);
     $("cancel-remove").addEventListener("click", () => $("remove-dialog").close());
     $("remove-form").addEventListener("submit", (ev) => {
       ev.preventDefault();
