@@ -105,7 +105,6 @@ func invisible(r rune) bool {
 	return unicode.Is(unicode.Cf, r) ||
 		unicode.Is(unicode.Other_Default_Ignorable_Code_Point, r) ||
 		unicode.Is(unicode.Variation_Selector, r) || r == '\u2800'
-
 }
 
 // userIDASCII holds checkUserIDRune's answer for each ASCII byte, so that
