@@ -33,7 +33,8 @@ type embeddedStore struct {
 	answers map[string]bool
 }
 
-// sweepEvery is how often the embedded store drops abandoned slot keys.
+// sweepEvery is how often the embedded store drops abandoned slot keys
+// and queues.
 // miniredis never expires keys by itself (its TTLs only move with
 // FastForward, which would shorten keys set since the last call), so the
 // store sweeps instead: a sorted set whose newest slot expired more than
@@ -41,8 +42,12 @@ type embeddedStore struct {
 // compare scores with TIME); the sweep only bounds memory, and it is later
 // than Redis's own key expiry, so pruned slots are still counted first.
 // (Slots expired that long are removed one by one, with their records, by
-// a script, so that no acquire comes between; an emptied key goes.) The
-// answers release_all keeps for a minute go at the
+// a script, so that no acquire comes between; an emptied key goes.) A
+// wait queue whose latest ticket expired more than sweepAfter ago (its
+// waiters' servers stopped refreshing them) goes with its tickets'
+// expiries and records, by a script too, so that a ticket queued
+// meanwhile stays: on Redis its keys expire two ticket TTLs past the
+// latest ticket. The answers release_all keeps for a minute go at the
 // sweep after the one that first found them, and a support override at
 // the first sweep after its expiry (the scripts stop applying it at the
 // expiry itself). Each sweep also drops miniredis's WATCH versions of the

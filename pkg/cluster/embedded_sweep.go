@@ -44,6 +44,31 @@ end
 return removed
 `
 
+// sweepQueuesScript deletes the queues whose tickets all expired before
+// the cutoff, with their tickets' expiries and records, in one step: a
+// ticket queued or refreshed since the sweep listed the keys is kept
+// with its queue. A ticket with no expiry is not live (see wait), so a
+// queue with none left goes too.
+//
+// KEYS[3i-2] -> a queue (sorted set: stream id -> arrival, µs)
+// KEYS[3i-1] -> its tickets' expiries (sorted set: stream id -> expiry, ms)
+// KEYS[3i]   -> its tickets' records (hash)
+// ARGV[1]    -> cutoff (ms): a queue whose latest ticket expired before
+// it goes
+// returns the number of queues deleted
+const sweepQueuesScript = `
+local deleted = 0
+for k = 1, #KEYS, 3 do
+  local latest = redis.call('ZRANGE', KEYS[k + 1], -1, -1, 'WITHSCORES')
+  if not latest[2] or tonumber(latest[2]) < tonumber(ARGV[1]) then
+    if redis.call('DEL', KEYS[k], KEYS[k + 1], KEYS[k + 2]) > 0 then
+      deleted = deleted + 1
+    end
+  end
+end
+return deleted
+`
+
 // sweepOverridesScript deletes the overrides that have expired (or have
 // no expiry), in one step: an override set since the sweep listed the
 // keys is kept.
@@ -74,14 +99,20 @@ func (s *embeddedStore) sweep(now time.Time) {
 	}
 	defer conn.Close()
 	store := proto.NewClient(conn)
-	var slots, overrides []string
+	var slots, queues, overrides []string
+	queued := map[string]bool{} // the keys whose queues are listed
 	answers := map[string]bool{}
 	for _, key := range s.server.Keys() {
+		if owner, ok := keys.QueueOf(key); ok { // a queue's tickets are no slots
+			if !queued[owner] {
+				queued[owner] = true
+				queues = append(queues, keys.Queue(owner), keys.QueueExpiry(owner), keys.QueueRecords(owner))
+			}
+			continue
+		}
 		switch s.server.Type(key) {
 		case "zset":
-			if !keys.IsQueue(key) { // a queue's tickets are no slots
-				slots = append(slots, key, keys.SlotRecords(key))
-			}
+			slots = append(slots, key, keys.SlotRecords(key))
 		case "hash":
 			if keys.IsOverride(key) {
 				overrides = append(overrides, key)
@@ -100,6 +131,7 @@ func (s *embeddedStore) sweep(now time.Time) {
 	cutoff := strconv.FormatInt(now.Add(-sweepAfter).UnixMilli(), 10)
 	err = errors.Join(
 		evalBatches(conn, store, sweepSlotsScript, slots, 2*sweepBatch, cutoff),
+		evalBatches(conn, store, sweepQueuesScript, queues, 3*sweepBatch, cutoff),
 		evalBatches(conn, store, sweepOverridesScript, overrides, sweepBatch, strconv.FormatInt(now.UnixMilli(), 10)),
 	)
 	if err != nil {

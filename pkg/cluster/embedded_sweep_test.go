@@ -128,3 +128,100 @@ func slotHeld(store *embeddedStore, key, stream string) bool {
 	_, err := store.server.ZScore(key, stream)
 	return err == nil
 }
+
+// queueKeys are the keys of key's queue: its tickets, their expiries and
+// their records.
+func queueKeys(key string) []string {
+	return []string{keys.Queue(key), keys.QueueExpiry(key), keys.QueueRecords(key)}
+}
+
+// TestEmbeddedSweepDropsAbandonedQueues: a ticket whose server stopped
+// refreshing it leaves its queue's keys, which on Redis expire two ticket
+// TTLs past it; the embedded store expires none, so its sweep drops a
+// queue, a user's or a pool key's, whose tickets all expired more than
+// sweepAfter ago, and keeps one with a live ticket.
+func TestEmbeddedSweepDropsAbandonedQueues(t *testing.T) {
+	c, ctx := onEmbedded(t)
+	redis := connected(t, c)
+	store := c.embedded
+	pool, err := keys.Schema{Prefix: "p:"}.PoolKey("model", "m1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name      string
+		key       string
+		ticketTTL time.Duration
+		kept      bool // after the sweep sweepAfter on
+	}{
+		{"a user's abandoned ticket", "p:{gone}", 100 * time.Millisecond, false},
+		{"a pool key's abandoned ticket", pool, 100 * time.Millisecond, false},
+		{"a live ticket", "p:{here}", time.Hour, true},
+	}
+	for _, tc := range cases {
+		// The limit (0) is reached, so the ticket queues.
+		w, err := lua.Wait(ctx, redis, tc.key, lua.WaitArgs{Limit: 0, SlotTTL: time.Second, TicketTTL: tc.ticketTTL, MaxQueue: 10,
+			Tickets: []lua.TicketArgs{{StreamID: "s1"}}})
+		if err != nil || w.Tickets[0].State != lua.TicketQueued {
+			t.Fatalf("%s: wait = %+v, %v; want queued", tc.name, w, err)
+		}
+	}
+	time.Sleep(300 * time.Millisecond) // the abandoned tickets expired
+	check := func(when string, sweptAt time.Time, keptAll bool) {
+		t.Helper()
+		store.sweep(sweptAt)
+		for _, tc := range cases {
+			for _, k := range queueKeys(tc.key) {
+				if got, want := store.server.Exists(k), keptAll || tc.kept; got != want {
+					t.Errorf("%s, %s: %s exists = %v, want %v", when, tc.name, k, got, want)
+				}
+			}
+		}
+	}
+	check("the sweep now", time.Now(), true)
+	check("the sweep sweepAfter on", time.Now().Add(sweepAfter), false)
+}
+
+// TestEmbeddedSweepKeepsATicketQueuedMeanwhile: a ticket queued while the
+// sweep drops the queue's long-expired tickets keeps its place, its
+// expiry and its record.
+func TestEmbeddedSweepKeepsATicketQueuedMeanwhile(t *testing.T) {
+	c, ctx := onEmbedded(t)
+	redis := connected(t, c)
+	store := c.embedded
+	user := "p:{w}"
+	passes, stop := sweeping(store)
+	defer stop()
+	const tries = 1000
+	lost := 0
+	for i := range tries {
+		for _, k := range queueKeys(user) {
+			store.server.Del(k)
+		}
+		// A ticket abandoned 25 hours ago, as wait writes one.
+		gone := time.Now().Add(-25 * time.Hour)
+		_, _ = store.server.ZAdd(keys.Queue(user), float64(gone.UnixMicro()), "s0")
+		_, _ = store.server.ZAdd(keys.QueueExpiry(user), float64(gone.UnixMilli()), "s0")
+		store.server.HSet(keys.QueueRecords(user), "s0", "0;order=2")
+		w, err := lua.Wait(ctx, redis, user, lua.WaitArgs{Limit: 0, SlotTTL: time.Second, TicketTTL: time.Minute, MaxQueue: 10,
+			Tickets: []lua.TicketArgs{{StreamID: "s1"}}})
+		if err != nil || w.Tickets[0].State != lua.TicketQueued {
+			t.Fatalf("wait = %+v, %v; want queued", w, err)
+		}
+		afterPasses(passes)
+		var left []string
+		for _, k := range queueKeys(user) {
+			if !store.server.Exists(k) {
+				left = append(left, k)
+			}
+		}
+		if len(left) > 0 {
+			if lost++; lost == 1 {
+				t.Logf("try %d: the ticket queued is gone after the sweep: %v missing", i, left)
+			}
+		}
+	}
+	if lost > 0 {
+		t.Errorf("of %d tickets queued while the sweep ran, %d were dropped; want none", tries, lost)
+	}
+}

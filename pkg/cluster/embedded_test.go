@@ -23,9 +23,10 @@ func TestEmbeddedSweepDropsOnlyLongAbandonedKeys(t *testing.T) {
 	_, _ = store.server.ZAdd("mixed", old, "s1")
 	_, _ = store.server.ZAdd("mixed", float64(now.Add(time.Minute).UnixMilli()), "s2")
 	_ = store.server.Set("not-a-zset", "x")
-	// A queue's scores are arrival times, no expiries: the sweep leaves
-	// it to the scripts.
+	// A queue's scores are arrival times, no expiries: the sweep goes by
+	// its tickets' expiries (t1's is live).
 	_, _ = store.server.ZAdd(keys.Queue("p:{u}"), old, "t1")
+	_, _ = store.server.ZAdd(keys.QueueExpiry("p:{u}"), float64(now.Add(time.Minute).UnixMilli()), "t1")
 	store.server.HSet(keys.SlotRecords("abandoned"), "s1", "120000")
 	store.server.HSet(keys.SlotRecords("mixed"), "s1", "120000", "s2", "120000")
 

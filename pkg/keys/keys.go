@@ -257,12 +257,21 @@ func QueueRecords(userKey string) string { return userKey + queueRecordsSuffix }
 func WakeChannel(userKey string) string { return userKey + wakeSuffix }
 
 // IsQueue reports whether key is a name Queue, QueueExpiry or
-// QueueRecords builds. The
-// first '}' ends the user's hash tag: neither user ids nor the prefix may
-// hold one.
+// QueueRecords builds.
 func IsQueue(key string) bool {
+	_, ok := QueueOf(key)
+	return ok
+}
+
+// QueueOf returns the user key (or pool key) whose Queue, QueueExpiry or
+// QueueRecords key is, and whether key is one of those. The first '}'
+// ends the user's hash tag: neither user ids nor the prefix may hold one.
+func QueueOf(key string) (string, bool) {
 	_, rest, ok := strings.Cut(key, "}")
-	return ok && (rest == queueSuffix || rest == queueExpirySuffix || rest == queueRecordsSuffix)
+	if !ok || (rest != queueSuffix && rest != queueExpirySuffix && rest != queueRecordsSuffix) {
+		return "", false
+	}
+	return key[:len(key)-len(rest)], true
 }
 
 // overrideSuffix follows a user key to name its support override.

@@ -157,6 +157,14 @@ func TestSchemaUserKey(t *testing.T) {
 	if !IsQueue(Queue("x:{u1}")) || !IsQueue(QueueExpiry("x:{u1}")) || IsQueue("x:{u1}") || IsQueue("x:{a:q}") || IsQueue(SlotRecords("x:{u1}")) {
 		t.Errorf("IsQueue: want true only for a name Queue or QueueExpiry builds")
 	}
+	for _, key := range []string{Queue("x:{u1}"), QueueExpiry("x:{u1}"), QueueRecords("x:{u1}")} {
+		if got, ok := QueueOf(key); !ok || got != "x:{u1}" {
+			t.Errorf("QueueOf(%s) = %q, %v; want x:{u1}, true", key, got, ok)
+		}
+	}
+	if got, ok := QueueOf(SlotRecords("x:{u1}")); ok {
+		t.Errorf("QueueOf(%s) = %q, true; want false", SlotRecords("x:{u1}"), got)
+	}
 	for _, id := range []string{"", "a}b", "a b", "é", strings.Repeat("a", 129)} {
 		if _, err := ReleasedAnswer("x:{u1}", id); err == nil {
 			t.Errorf("ReleasedAnswer(x:{u1}, %q) = nil error, want one", id)
