@@ -499,7 +499,7 @@ func (l *Limiter) grantPools(ctx context.Context, end, waitUntil time.Time, req 
 	j, err := l.joinPools(ctx, end, waitUntil, req, tier, ms, slot, tries)
 	res.Waited += j.waited
 	if err == nil && j.refusal == nil && j.waited > 0 {
-		err = l.heldAfterWaiting(ctx, req, j.grants)
+		err = l.heldAfterWaiting(ctx, req, slot, j.grants)
 	}
 	if err != nil {
 		res.Granted, res.ExpiresAt, res.WouldRefuse = false, time.Time{}, ""
@@ -526,14 +526,17 @@ func (l *Limiter) grantPools(ctx context.Context, end, waitUntil time.Time, req 
 
 // heldAfterWaiting checks, for an acquire that waited for a place in a
 // pool key and joined grants, that the stream still holds its user's
-// slot. A stream released meanwhile (by its holder, or by support's
-// release of all its user's slots) is gone, and its release dropped the
-// memberships its record names before the wait took its place: the wait
-// must not leave a membership that nothing heartbeats or releases. It
-// leaves grants and answers ErrSlotLost. When Redis does not answer the
-// look, the grant stands: its memberships expire by their own score if
-// the slot went.
-func (l *Limiter) heldAfterWaiting(ctx context.Context, req AcquireRequest, grants []PoolGrant) error {
+// slot, the one it took or extended (slot). A stream released meanwhile
+// (by its holder, or by support's release of all its user's slots) is
+// gone, and its release dropped the memberships its record names before
+// the wait took its place: the wait must not leave a membership that
+// nothing heartbeats or releases. So is one whose id was taken again
+// since, by another caller or by its own, as another stream, whose
+// record names none of them (DESIGN §19: nor is another caller's slot
+// this acquire's to answer). It leaves grants and answers ErrSlotLost.
+// When Redis does not answer the look, the grant stands: its memberships
+// expire by their own score if the slot went.
+func (l *Limiter) heldAfterWaiting(ctx context.Context, req AcquireRequest, slot userSlot, grants []PoolGrant) error {
 	key, err := l.keys.UserKey(req.UserID)
 	if err != nil {
 		return err
@@ -542,14 +545,32 @@ func (l *Limiter) heldAfterWaiting(ctx context.Context, req AcquireRequest, gran
 	// this host's clock, off Redis's by some skew, cannot judge (DESIGN
 	// §2). The wait kept the slot alive; one that lapsed all the same is
 	// found lost by its next heartbeat.
-	held := true
+	held, retaken := true, ""
 	lookErr := l.doBy(ctx, l.decisionEnd(), "wait_check", func(ctx context.Context, c rueidis.Client) error {
-		err := c.Do(ctx, c.B().Zscore().Key(key).Member(req.StreamID).Build()).Error()
-		if rueidis.IsRedisNil(err) {
+		resps := c.DoMulti(ctx, c.B().Zscore().Key(key).Member(req.StreamID).Build(),
+			c.B().Hget().Key(keys.SlotRecords(key)).Field(req.StreamID).Build())
+		if err := resps[0].Error(); rueidis.IsRedisNil(err) {
 			held = false
 			return nil
+		} else if err != nil {
+			return err
 		}
-		return err
+		s, err := resps[1].ToString()
+		if rueidis.IsRedisNil(err) {
+			return nil // no record: a slot of a version that kept none, taken by no one since
+		}
+		if err != nil {
+			return err
+		}
+		rec := lua.ParseRecord(s)
+		switch {
+		case rec.Caller != "" && rec.Caller != req.Caller:
+			retaken = fmt.Sprintf("caller %q", rec.Caller)
+		case slot.share.StartedAtMs > 0 && rec.StartedAtMs > 0 && rec.StartedAtMs != slot.share.StartedAtMs:
+			retaken = "another acquire"
+		}
+		held = retaken == ""
+		return nil
 	})
 	if lookErr != nil || held {
 		return nil
@@ -561,6 +582,10 @@ func (l *Limiter) heldAfterWaiting(ctx context.Context, req AcquireRequest, gran
 		}
 	}
 	l.leaveAll(ctx, l.decisionEnd(), l.heldMembers(req.UserID, req.StreamID, left))
+	if retaken != "" {
+		return fmt.Errorf("%w: stream %q was released while it waited for a place in %s, and its id taken since by %s; it holds none",
+			ErrSlotLost, req.StreamID, poolsOf(left), retaken)
+	}
 	return fmt.Errorf("%w: stream %q was released while it waited for a place in %s; it holds none",
 		ErrSlotLost, req.StreamID, poolsOf(left))
 }

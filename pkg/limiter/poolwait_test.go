@@ -313,33 +313,56 @@ func TestAReleaseWakesTheWaiterOfEachPoolKeyItLeaves(t *testing.T) {
 // or by support's release of all the user's slots), the stream is gone:
 // when the key frees up, the waiter does not take the place for a stream
 // nothing can heartbeat or release. It answers slot_lost, and the place
-// goes to whoever asks next.
+// goes to whoever asks next. So too when the released id has been taken
+// again since, by another caller or by the same one, with no pools: that
+// slot is another stream's, whose record names no membership, not the
+// one the waiter holds.
 func TestAReleaseDuringAPoolWaitEndsIt(t *testing.T) {
 	t.Parallel()
-	for name, release := range map[string]func(lim *limiter.Limiter, user, streamID string) error{
-		"by its holder": func(lim *limiter.Limiter, user, streamID string) error {
-			rel, err := lim.Release(context.Background(), user, streamID)
-			if err == nil && !rel.Released {
-				err = errors.New("not released")
+	byHolder := func(lim *limiter.Limiter, user, streamID string) error {
+		rel, err := lim.Release(context.Background(), user, streamID)
+		if err == nil && !rel.Released {
+			err = errors.New("not released")
+		}
+		return err
+	}
+	bySupport := func(lim *limiter.Limiter, user, streamID string) error {
+		ids, err := lim.ReleaseAll(context.Background(), user, newAuditID())
+		if err == nil && (len(ids) != 1 || ids[0] != streamID) {
+			err = errors.New("released " + strings.Join(ids, ","))
+		}
+		return err
+	}
+	takenBy := func(caller string) func(lim *limiter.Limiter, user, streamID string) error {
+		return func(lim *limiter.Limiter, user, streamID string) error {
+			if err := bySupport(lim, user, streamID); err != nil {
+				return err
+			}
+			res, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: streamID, Caller: caller})
+			if err == nil && !res.Granted {
+				err = fmt.Errorf("the id taken again by %q: not granted", caller)
 			}
 			return err
-		},
-		"by support": func(lim *limiter.Limiter, user, streamID string) error {
-			ids, err := lim.ReleaseAll(context.Background(), user, newAuditID())
-			if err == nil && (len(ids) != 1 || ids[0] != streamID) {
-				err = errors.New("released " + strings.Join(ids, ","))
-			}
-			return err
-		},
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		release func(lim *limiter.Limiter, user, streamID string) error
+		retaken bool // the user then holds one slot: the id's new one
+	}{
+		{"by its holder", byHolder, false},
+		{"by support", bySupport, false},
+		{"by support, its id taken since by another caller", takenBy("mallory"), true},
+		{"by support, its id taken since by its own caller", takenBy("alice"), true},
 	} {
-		t.Run(name, func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			s := waitPoolReplicas(t, limitertest.RedisCluster, 1)[0]
 			ctx := context.Background()
 			holder, user := newUser(t), newUser(t)
 			held := mustAcquire(t, s.Limiter, holder, "low", "gpt-4o")
-			q := queue(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "waiting", Pools: map[string]string{"model": "gpt-4o"}}, 8*time.Second)
-			if err := release(s.Limiter, user, "waiting"); err != nil {
+			q := queue(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "waiting", Caller: "alice", Pools: map[string]string{"model": "gpt-4o"}}, 8*time.Second)
+			if err := tc.release(s.Limiter, user, "waiting"); err != nil {
 				t.Fatalf("the waiting stream's release: %v", err)
 			}
 			if _, err := s.Limiter.Release(ctx, holder, held.StreamID); err != nil {
@@ -352,8 +375,12 @@ func TestAReleaseDuringAPoolWaitEndsIt(t *testing.T) {
 			if key, err := s.Limiter.PoolSlots(ctx, "model", "gpt-4o"); err != nil || key.Used != 0 {
 				t.Errorf("model=gpt-4o holds %+v (%v); want none", key, err)
 			}
-			if slots, err := s.Limiter.Slots(ctx, user); err != nil || len(slots.Slots) != 0 {
-				t.Errorf("the user holds %+v (%v); want none", slots, err)
+			want := 0
+			if tc.retaken {
+				want = 1
+			}
+			if slots, err := s.Limiter.Slots(ctx, user); err != nil || len(slots.Slots) != want {
+				t.Errorf("the user holds %+v (%v); want %d slots", slots, err, want)
 			}
 			mustAcquire(t, s.Limiter, newUser(t), "low", "gpt-4o")
 		})
