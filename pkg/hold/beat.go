@@ -113,7 +113,7 @@ func (h *Holder) beat(ctx context.Context, every time.Duration, streams []*Strea
 		reqs := make([]limiter.HeartbeatRequest, len(batch))
 		degraded := make([]bool, len(batch)) // as the batch is sent
 		for i, s := range batch {
-			reqs[i] = limiter.HeartbeatRequest{UserID: s.userID, Plan: s.plan, StreamID: s.id}
+			reqs[i] = limiter.HeartbeatRequest{UserID: s.userID, Plan: s.plan, StreamID: s.id, Caller: s.caller}
 			degraded[i] = s.Degraded()
 		}
 		results, errs := h.lim.HeartbeatBatch(ctx, reqs)
@@ -199,10 +199,14 @@ func (h *Holder) rejoin(ctx context.Context, every time.Duration, streams []*Str
 }
 
 // fatal reports whether a heartbeat error means the slot cannot be kept:
-// every later heartbeat would answer the same.
+// every later heartbeat would answer the same. ErrNotSlotHolder among
+// them: the slot under the stream's id is another caller's (taken while
+// Redis did not count the stream), which only that caller keeps alive
+// or releases (DESIGN §19).
 func fatal(err error) bool {
 	return errors.Is(err, limiter.ErrSlotLost) || errors.Is(err, limiter.ErrUnknownPlan) ||
-		errors.Is(err, limiter.ErrInvalidUserID) || errors.Is(err, limiter.ErrInvalidStreamID)
+		errors.Is(err, limiter.ErrInvalidUserID) || errors.Is(err, limiter.ErrInvalidStreamID) ||
+		errors.Is(err, limiter.ErrNotSlotHolder)
 }
 
 // reacquire acquires a degraded stream's slot again under its stream id,

@@ -470,6 +470,43 @@ func TestARejoinedStreamIsStillItsCallers(t *testing.T) {
 	}
 }
 
+// A degraded stream whose id another caller takes while Redis does not
+// count the stream is that caller's slot once Redis answers: the
+// stream's heartbeat (under its caller) and its re-acquire are refused
+// not_slot_holder, and every later one would be. The stream is cut as
+// lost, not counted by keeping the other caller's slot alive, nor left to
+// run on uncounted past the outage, retried at every batch.
+func TestARejoinOfAnIdAnotherCallerTookCutsTheStream(t *testing.T) {
+	redis := testenv.Redis(t)
+	path := testenv.StartProxy(t, redis)
+	e := newEnv(t, hold.Options{}, limitertest.Options{Redis: cluster.Options{Addrs: []string{path.Addr()}, Timeout: 200 * time.Millisecond}})
+	direct := limitertest.New(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{redis}}, Limiter: limiter.Options{Keys: e.Stack.Keys}}).Limiter
+	ctx := context.Background()
+	user := newUser()
+	path.BlackHole()
+	st, res, err := e.Holder.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "short", Caller: "alice"})
+	if err != nil || st == nil || !st.Degraded() {
+		t.Fatalf("Acquire while Redis is black-holed: %v, %+v, %v; want a degraded stream", st, res, err)
+	}
+	defer st.Release(ctx, hold.EndComplete)
+	if got, err := direct.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "short", StreamID: st.ID(), Caller: "mallory"}); err != nil || !got.Granted {
+		t.Fatalf("mallory's acquire of the degraded stream's id: %+v, %v", got, err)
+	}
+	path.Restore()
+	select {
+	case <-st.Lost():
+		if err := st.Err(); !errors.Is(err, limiter.ErrNotSlotHolder) {
+			t.Errorf("the stream was cut with %v; want not_slot_holder: its id is another caller's", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("5s after Redis came back, the stream whose id mallory holds runs on (degraded %v)", st.Degraded())
+	}
+	us, err := direct.Slots(ctx, user)
+	if err != nil || len(us.Slots) != 1 || us.Slots[0].Caller != "mallory" {
+		t.Errorf("the user's slots: %+v, %v; want mallory's alone, untouched", us.Slots, err)
+	}
+}
+
 // waitCounted waits up to 5s for the degraded stream st of user to be
 // counted again (not degraded, its user holding one slot); it fails the
 // test if the stream is lost meanwhile, or is not counted by then.
