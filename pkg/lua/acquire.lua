@@ -27,6 +27,9 @@
 --   granted -1     the stream is held by another caller: its slot is left
 --                  as it is (expired slots and tickets still go, as on any
 --                  call, and pruned and wake ids say so)
+--   granted -2     the stream is held by none, and waits in the queue under
+--                  another caller (its ticket's record names it): nothing
+--                  is added, as for -1
 --   used           slots held after this call (live slots only)
 --   expires_at_ms  the slot's expiry when granted, 0 when denied
 --   pruned         slots that had expired unreleased and were removed now,
@@ -64,7 +67,10 @@
 --
 -- Idempotent on the stream id: acquiring a held stream extends it (never
 -- shortens it) and leaves used unchanged. A stream belongs to the caller
--- that took it: another caller's acquire of it changes nothing.
+-- that took it: another caller's acquire of it changes nothing. So does a
+-- waiting acquire's place: another caller's acquire of a stream id that
+-- waits in the queue takes no slot under it, free or not (its record is
+-- read only while the queue holds tickets).
 --
 -- First come, first served: while acquires wait in the user's queue (live
 -- tickets, see wait), the free slots they are owed are theirs, and a new
@@ -215,7 +221,15 @@ local function extend(score)
   held = kept
 end
 
-if fits then
+-- A stream id waiting in the queue under another caller is that caller's,
+-- as a held slot is (see extend): no slot is taken under it. (A held one
+-- goes by its slot's record.)
+local theirs = waiting > 0 and caller ~= '' and foreign(redis.call('HGET', recs, member), caller)
+
+if theirs and not redis.call('ZSCORE', key, member) then
+  granted = -2
+  wouldRefuse = 0
+elseif fits then
   -- NX adds a new stream and answers 1; 0 means it is held already.
   if redis.call('ZADD', key, 'NX', now + ttl, member) == 1 then
     if wouldRefuse == 1 then
@@ -244,7 +258,7 @@ if held ~= '' and wasOverLimit(held) then
 end
 
 if granted < 0 then
-  -- Another caller's stream: left as it is.
+  -- Another caller's stream, held or waiting: left as it is.
 elseif granted > 0 then
   -- Both keys outlive the slot by at least one TTL, so slots that expire
   -- unreleased stay visible for the next call to prune and count. As a

@@ -211,6 +211,76 @@ func TestAWaitingTicketBelongsToItsCaller(t *testing.T) {
 	})
 }
 
+// TestAWaitingStreamIDIsNotAnotherCallersToAcquire: alice waits (plan
+// paid, limit 2) for stream w of a user holding 2 slots, on the user's key
+// and, as a pool key's member ("<stream> <user>"), on a pool key. mallory,
+// allowed plan pro (limit 5), acquires w without waiting: her limit has
+// room, and alice's ticket is owed nothing under its own, but the id is
+// alice's while it waits, so mallory takes no slot under it. Once the
+// other slots free, alice's ticket is granted (not refused as another
+// caller's). An acquire naming no caller is nobody's, and alice's own
+// acquire of her waiting id is hers: both are granted, as for a held slot.
+func TestAWaitingStreamIDIsNotAnotherCallersToAcquire(t *testing.T) {
+	alice, mallory := lua.Record{Caller: "alice", Plan: "paid"}, lua.Record{Caller: "mallory", Plan: "pro"}
+	for _, scope := range []struct{ name, w string }{{"user key", "w"}, {"pool key", "w u1"}} {
+		t.Run(scope.name, func(t *testing.T) {
+			eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+				ctx := context.Background()
+				key := newKey(t)
+				for _, id := range []string{"a", "b"} {
+					if got, err := lua.Acquire(ctx, c, key, id, 2, time.Minute, alice, false); err != nil || !got.Granted {
+						t.Fatalf("alice's acquire of %s: %+v, %v", id, got, err)
+					}
+				}
+				mine := lua.WaitArgs{Limit: 2, SlotTTL: time.Minute, TicketTTL: 10 * time.Second, MaxQueue: 10,
+					Tickets: []lua.TicketArgs{{StreamID: scope.w, Record: alice}}}
+				wantTicket(t, "alice's ticket", mustWait(t, c, key, mine).Tickets[0], lua.TicketQueued, 1)
+
+				for _, limit := range []int{5, 2} { // room for one more, and none
+					got, err := lua.Acquire(ctx, c, key, scope.w, limit, time.Minute, mallory, false)
+					if err != nil || got.Granted || !got.NotHolder || !got.Waiting || got.Used != 2 {
+						t.Errorf("mallory's acquire of alice's waiting id, limit %d = %+v, %v; want NotHolder and Waiting, 2 used", limit, got, err)
+					}
+				}
+				if got, err := lua.Acquire(ctx, c, key, scope.w, 5, time.Minute, mallory, true); err != nil || got.Granted || !got.Waiting || got.WouldRefuse {
+					t.Errorf("mallory's acquire of alice's waiting id in shadow mode = %+v, %v; want NotHolder and Waiting, not a shadow grant", got, err)
+				}
+				if n := zcard(t, c, key); n != 2 {
+					t.Errorf("slots after mallory's acquires: %d, want 2", n)
+				}
+				for _, id := range []string{"a", "b"} {
+					if _, err := lua.Release(ctx, c, "alice", key, id); err != nil {
+						t.Fatal(err)
+					}
+				}
+				wantTicket(t, "alice's ticket once slots are free", mustWait(t, c, key, mine).Tickets[0], lua.TicketGranted, 0)
+			})
+		})
+	}
+
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		mustAcquire(t, c, key, "holder", 1)
+		mine := lua.WaitArgs{Limit: 1, SlotTTL: time.Minute, TicketTTL: 10 * time.Second, MaxQueue: 10,
+			Tickets: []lua.TicketArgs{{StreamID: "w", Record: alice}, {StreamID: "v", Record: alice}}}
+		got := mustWait(t, c, key, mine)
+		wantTicket(t, "alice's ticket w", got.Tickets[0], lua.TicketQueued, 1)
+		wantTicket(t, "alice's ticket v", got.Tickets[1], lua.TicketQueued, 2)
+		for _, tc := range []struct {
+			what, id string
+			rec      lua.Record
+		}{
+			{"alice's own acquire of her waiting id", "w", lua.Record{Caller: "alice", Plan: "pro"}},
+			{"an acquire naming no caller", "v", lua.Record{Plan: "pro"}},
+		} {
+			if a, err := lua.Acquire(ctx, c, key, tc.id, 5, time.Minute, tc.rec, false); err != nil || !a.Granted || a.NotHolder {
+				t.Errorf("%s = %+v, %v; want granted", tc.what, a, err)
+			}
+		}
+	})
+}
+
 // TestAReacquireRestoresALostRecordWithItsExpiry: a held slot whose
 // records hash was lost gets its record back on a re-acquire, and the
 // hash expires with the slots' key (no record outlives its slot).

@@ -18,8 +18,13 @@ type Acquired struct {
 	// Extended: the stream held its slot before the call (Granted too).
 	Extended bool
 	// NotHolder: the stream is held by another caller than rec's; its
-	// slot was left as it is.
-	NotHolder    bool
+	// slot was left as it is. Or, with Waiting, held by none and waiting
+	// in the queue under another caller: no slot was taken under its id.
+	NotHolder bool
+	// Waiting (with NotHolder): the stream is not held, and its id waits
+	// in the queue under another caller than rec's (its ticket's record
+	// names that caller).
+	Waiting      bool
 	Used         int   // live slots after the call
 	ExpiresAtMs  int64 // Redis ms; 0 when denied
 	Pruned       int   // expired slots removed by this call
@@ -87,7 +92,8 @@ type Extension struct {
 //
 // rec is written as the new slot's record, after its TTL and start; its
 // Caller is who asks: a stream another caller holds is not extended
-// (NotHolder).
+// (NotHolder), nor is one taken whose id waits in the queue under
+// another caller (NotHolder and Waiting).
 //
 // shadow grants what the limit would refuse, and says so (WouldRefuse):
 // the scope's enforce: false.
@@ -220,7 +226,8 @@ func parseAcquired(arr []rueidis.RedisMessage) (Acquired, error) {
 	return Acquired{
 		Granted:      vals[0] >= 1,
 		Extended:     vals[0] == 2,
-		NotHolder:    vals[0] == -1,
+		NotHolder:    vals[0] == -1 || vals[0] == -2,
+		Waiting:      vals[0] == -2,
 		Used:         int(vals[1]),
 		ExpiresAtMs:  vals[2],
 		Pruned:       int(vals[3]),
