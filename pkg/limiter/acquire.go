@@ -26,7 +26,8 @@ type AcquireRequest struct {
 	// Caller names who asked: the API caller of the tokens file or client
 	// certificate, recorded on the span and in the slot's record. Empty
 	// when the API is open. A stream belongs to the caller that took it:
-	// another caller's acquire of it is refused (ErrNotSlotHolder).
+	// another caller's acquire of it is refused (ErrNotSlotHolder), as is
+	// one of a stream id that waits in the queue under another caller.
 	Caller string
 	// Label is what the caller says the stream is (a pod, a model, a
 	// request id), kept in the slot's record for support to see: at most
@@ -334,8 +335,7 @@ func (l *Limiter) acquire(ctx context.Context, req AcquireRequest) (AcquireResul
 	}
 	if got.NotHolder {
 		undoTries()
-		return AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}, tier,
-			fmt.Errorf("%w: stream %q of user %q", ErrNotSlotHolder, req.StreamID, req.UserID)
+		return AcquireResult{StreamID: req.StreamID, Limit: tier.MaxConcurrentStreams, Tier: tier}, tier, notHolder(got, req.StreamID, req.UserID, "")
 	}
 	if got.Extended {
 		// An extension joins no pool key the stream does not hold: what it
@@ -611,4 +611,20 @@ func (l *Limiter) releaseUnanswered(ctx context.Context, userID, streamID string
 		time.Sleep(later)
 		_, _ = l.release(ctx, "", userID, streamID)
 	}()
+}
+
+// notHolder is the ErrNotSlotHolder of an acquire the script refused as
+// another caller's (got.NotHolder) on the user's key (pool "") or on a
+// pool key (pool "<pool>=<key>"): its stream held under another caller,
+// or, held by none, waiting in the queue under another caller.
+func notHolder(got lua.Acquired, streamID, userID, pool string) error {
+	switch {
+	case got.Waiting && pool != "":
+		return fmt.Errorf("%w: stream %q of user %q waits in the queue of pool %s under another caller", ErrNotSlotHolder, streamID, userID, pool)
+	case got.Waiting:
+		return fmt.Errorf("%w: stream %q of user %q waits in the queue under another caller", ErrNotSlotHolder, streamID, userID)
+	case pool != "":
+		return fmt.Errorf("%w: stream %q of user %q, a member of pool %s", ErrNotSlotHolder, streamID, userID, pool)
+	}
+	return fmt.Errorf("%w: stream %q of user %q", ErrNotSlotHolder, streamID, userID)
 }

@@ -40,7 +40,9 @@ var (
 	ErrSlotLost = errors.New("slot lost")
 	// ErrNotSlotHolder: an acquire (of a held stream id), heartbeat or
 	// release named a stream that another caller holds: its slot's record
-	// names a caller other than the request's. Nothing changed. Requests
+	// names a caller other than the request's. Or an acquire named a
+	// stream id that waits in the queue (its ticket's record names another
+	// caller). Nothing changed. Requests
 	// with no caller (an open API, the proxy's own streams) never get it.
 	ErrNotSlotHolder = errors.New("stream held by another caller")
 	// ErrRedisRefused: Redis answered with an error no retry will fix (an

@@ -292,10 +292,11 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 		}
 		if got.NotHolder {
 			// The key holds the stream as another caller's (a membership its
-			// slot left behind, which expires by its score): not this
-			// call's to extend, and no sign that the key is full.
+			// slot left behind, which expires by its score), or its queue
+			// does: not this call's to extend or take, and no sign that the
+			// key is full.
 			l.undo(ctx, end, ours(taken, shared), slot.owns(), own)
-			return joined{}, fmt.Errorf("%w: stream %q of user %q, a member of pool %s=%s", ErrNotSlotHolder, req.StreamID, req.UserID, m.pool.Pool, m.key)
+			return joined{}, notHolder(got, req.StreamID, req.UserID, m.pool.Pool+"="+m.key)
 		}
 		limit := m.limit
 		if got.Override >= 0 {

@@ -3,6 +3,7 @@ package limiter_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -278,4 +279,49 @@ func TestAPlanThatNeverWaitsTakesNoSlotOwedToAWaiter(t *testing.T) {
 	if res, err := lim.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "three-no-wait", StreamID: "x"}); err != nil || !res.Granted {
 		t.Fatalf("acquire of the plan of 3 once w holds its slot: %+v, %v; want granted", res, err)
 	}
+}
+
+// TestAWaitingAcquiresStreamIDIsNotAnotherCallersToTake: alice's acquire
+// (plan two-wait, limit 2) waits for stream w of a user holding 2 slots.
+// mallory's acquire of w, plan five (limit 5, room for one more, and
+// alice's ticket owed nothing under its own limit), is ErrNotSlotHolder,
+// saying the id waits in the queue under another caller, and takes
+// nothing. Once a slot frees, alice's acquire is granted w.
+func TestAWaitingAcquiresStreamIDIsNotAnotherCallersToTake(t *testing.T) {
+	ts := append(waitTiers(),
+		tiers.Tier{Plan: "two-wait", MaxConcurrentStreams: 2, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen, MaxWait: 5 * time.Second},
+		tiers.Tier{Plan: "five", MaxConcurrentStreams: 5, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen})
+	eachWaitBackend(t, func(t *testing.T, b limitertest.Backend) {
+		lim := limitertest.New(t, limitertest.Options{Backend: b, Tiers: ts, Limiter: limiter.Options{WaitPoll: time.Hour}}).Limiter
+		ctx, user := context.Background(), newUser(t)
+		for _, id := range []string{"a", "b"} {
+			if res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "two-wait", StreamID: id, Caller: "alice"}); err != nil || !res.Granted {
+				t.Fatalf("alice's %s: %+v, %v", id, res, err)
+			}
+		}
+		done := make(chan waitResult, 1)
+		go func() {
+			res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "two-wait", StreamID: "w", Caller: "alice", Wait: 5 * time.Second})
+			done <- waitResult{res, err, time.Now()}
+		}()
+		awaitQueue(t, lim, user, func(q []limiter.Ticket) bool { return len(q) == 1 && q[0].StreamID == "w" }, "w waiting")
+
+		res, err := lim.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "five", StreamID: "w", Caller: "mallory"})
+		if !errors.Is(err, limiter.ErrNotSlotHolder) || res.Granted {
+			t.Fatalf("mallory's acquire of alice's waiting stream id: %+v, %v; want ErrNotSlotHolder", res, err)
+		}
+		if want := `stream "w" of user "` + user + `" waits in the queue under another caller`; !strings.Contains(err.Error(), want) {
+			t.Errorf("mallory's refusal says %q; want it to say %q", err, want)
+		}
+		if n := held(t, lim, user); n != 2 {
+			t.Errorf("user holds %d slots after mallory's acquire; want 2, alice's", n)
+		}
+		if res, err := lim.ReleaseAs(ctx, "alice", user, "a"); err != nil || !res.Released {
+			t.Fatalf("alice's release of a: %+v, %v", res, err)
+		}
+		r := within(t, done, 3*time.Second, "alice's wait once a is released")
+		if r.err != nil || !r.res.Granted || r.res.StreamID != "w" {
+			t.Fatalf("alice's waiting acquire: %+v, %v; want granted w", r.res, r.err)
+		}
+	})
 }
