@@ -48,7 +48,8 @@ var (
 	// ErrNotSlotHolder: the service authenticates callers (api.tokensFile)
 	// and the stream id is held by another caller (403 not_slot_holder):
 	// a slot belongs to the caller that took it. Acquire returns it for a
-	// stream id (WithStreamID) another caller holds, Lease.Release for a
+	// stream id (WithStreamID) another caller holds, or that waits in the
+	// queue under another caller, Lease.Release for a
 	// slot another caller took over; the limiter changed nothing. A lease
 	// whose heartbeat (or re-acquire, when degraded) is refused so is lost
 	// with it. Support releases any slot through the admin API
