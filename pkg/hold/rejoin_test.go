@@ -447,12 +447,7 @@ func TestARejoinedStreamIsStillItsCallers(t *testing.T) {
 	e := newEnv(t, hold.Options{}, limitertest.Options{Redis: cluster.Options{Addrs: []string{path.Addr()}, Timeout: 200 * time.Millisecond}})
 	ctx := context.Background()
 	user := newUser()
-	path.BlackHole()
-	st, res, err := e.Holder.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "short", Caller: "alice"})
-	if err != nil || st == nil || !st.Degraded() {
-		t.Fatalf("Acquire while Redis is black-holed: %v, %+v, %v; want a degraded stream", st, res, err)
-	}
-	defer st.Release(ctx, hold.EndComplete)
+	st := degradedOf(t, e, path, user, "alice")
 	path.Restore()
 	waitCounted(t, e, st, user)
 
@@ -483,12 +478,7 @@ func TestARejoinOfAnIdAnotherCallerTookCutsTheStream(t *testing.T) {
 	direct := limitertest.New(t, limitertest.Options{Redis: cluster.Options{Addrs: []string{redis}}, Limiter: limiter.Options{Keys: e.Stack.Keys}}).Limiter
 	ctx := context.Background()
 	user := newUser()
-	path.BlackHole()
-	st, res, err := e.Holder.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "short", Caller: "alice"})
-	if err != nil || st == nil || !st.Degraded() {
-		t.Fatalf("Acquire while Redis is black-holed: %v, %+v, %v; want a degraded stream", st, res, err)
-	}
-	defer st.Release(ctx, hold.EndComplete)
+	st := degradedOf(t, e, path, user, "alice")
 	if got, err := direct.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "short", StreamID: st.ID(), Caller: "mallory"}); err != nil || !got.Granted {
 		t.Fatalf("mallory's acquire of the degraded stream's id: %+v, %v", got, err)
 	}
@@ -505,6 +495,20 @@ func TestARejoinOfAnIdAnotherCallerTookCutsTheStream(t *testing.T) {
 	if err != nil || len(us.Slots) != 1 || us.Slots[0].Caller != "mallory" {
 		t.Errorf("the user's slots: %+v, %v; want mallory's alone, untouched", us.Slots, err)
 	}
+}
+
+// degradedOf black-holes path, Redis's to e, and acquires a stream of
+// user in plan short for caller while it is: granted degraded, released
+// when the test ends.
+func degradedOf(t *testing.T, e *env, path *testenv.Proxy, user, caller string) *hold.Stream {
+	t.Helper()
+	path.BlackHole()
+	st, res, err := e.Holder.Acquire(context.Background(), limiter.AcquireRequest{UserID: user, Plan: "short", Caller: caller})
+	if err != nil || st == nil || !st.Degraded() {
+		t.Fatalf("Acquire while Redis is black-holed: %v, %+v, %v; want a degraded stream", st, res, err)
+	}
+	t.Cleanup(func() { st.Release(context.Background(), hold.EndComplete) })
+	return st
 }
 
 // waitCounted waits up to 5s for the degraded stream st of user to be
