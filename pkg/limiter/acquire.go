@@ -546,6 +546,7 @@ func (l *Limiter) heldAfterWaiting(ctx context.Context, req AcquireRequest, slot
 	// §2). The wait kept the slot alive; one that lapsed all the same is
 	// found lost by its next heartbeat.
 	held, retaken := true, ""
+	var kept map[lua.PoolKey]bool // the memberships the stream now under the id names: its own, not this wait's
 	lookErr := l.doBy(ctx, l.decisionEnd(), "wait_check", func(ctx context.Context, c rueidis.Client) error {
 		resps := c.DoMulti(ctx, c.B().Zscore().Key(key).Member(req.StreamID).Build(),
 			c.B().Hget().Key(keys.SlotRecords(key)).Field(req.StreamID).Build())
@@ -564,30 +565,41 @@ func (l *Limiter) heldAfterWaiting(ctx context.Context, req AcquireRequest, slot
 		}
 		rec := lua.ParseRecord(s)
 		switch {
-		case rec.Caller != "" && rec.Caller != req.Caller:
+		case req.Caller != "" && rec.Caller != "" && rec.Caller != req.Caller: // as the scripts' foreign: a call naming none is no one's other
 			retaken = fmt.Sprintf("caller %q", rec.Caller)
 		case slot.share.StartedAtMs > 0 && rec.StartedAtMs > 0 && rec.StartedAtMs != slot.share.StartedAtMs:
 			retaken = "another acquire"
 		}
-		held = retaken == ""
+		if held = retaken == ""; !held {
+			kept = map[lua.PoolKey]bool{}
+			for _, p := range lua.DecodePools(rec.Pools) {
+				kept[p] = true
+			}
+		}
 		return nil
 	})
 	if lookErr != nil || held {
 		return nil
 	}
-	var left []lua.PoolKey
+	var waited, left []lua.PoolKey
 	for _, g := range grants {
-		if !g.Degraded {
-			left = append(left, lua.PoolKey{Pool: g.Pool, Key: g.Key})
+		if pk := (lua.PoolKey{Pool: g.Pool, Key: g.Key}); !g.Degraded {
+			waited = append(waited, pk)
+			if !kept[pk] {
+				left = append(left, pk)
+			}
 		}
 	}
+	// A key the stream now under the id names holds the same member, the
+	// place that stream was granted (it may have shared this wait's
+	// ticket): its to keep and release, not this wait's to leave.
 	l.leaveAll(ctx, l.decisionEnd(), l.heldMembers(req.UserID, req.StreamID, left))
 	if retaken != "" {
 		return fmt.Errorf("%w: stream %q was released while it waited for a place in %s, and its id taken since by %s; it holds none",
-			ErrSlotLost, req.StreamID, poolsOf(left), retaken)
+			ErrSlotLost, req.StreamID, poolsOf(waited), retaken)
 	}
 	return fmt.Errorf("%w: stream %q was released while it waited for a place in %s; it holds none",
-		ErrSlotLost, req.StreamID, poolsOf(left))
+		ErrSlotLost, req.StreamID, poolsOf(waited))
 }
 
 // releaseUnanswered releases a slot that an acquire may have taken without

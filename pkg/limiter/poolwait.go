@@ -99,11 +99,11 @@ func (l *Limiter) awaitPool(ctx context.Context, req AcquireRequest, tier tiers.
 			// member, and answers the verdict its record keeps (as
 			// acquire's extensions do).
 			WouldRefuse: r.overLimit}
-		*out.grant = out.grant.judged(uncapped)
 		out.extended = r.extended
 		if r.degraded {
 			out.grant.Used, out.grant.Limit, out.grant.Overridden = 0, m.limit, false
 		}
+		*out.grant = out.grant.judged(uncapped)
 		if err := ctx.Err(); err != nil {
 			out.err = err // granted as the caller left: the undo removes it
 			outcome = WaitCancelled

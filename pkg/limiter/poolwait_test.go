@@ -387,6 +387,73 @@ func TestAReleaseDuringAPoolWaitEndsIt(t *testing.T) {
 	}
 }
 
+// TestAWaitThatEndsLostLeavesThePlaceOfTheStreamNowUnderItsID: a wait
+// answered slot_lost gives back only what is its own. Alice's request of
+// s1 waits for model=gpt-4o (cap 1); then another request of s1 waits
+// too: alice's again, after support released the user's slots (the id
+// taken anew, with the same pool), or one naming no caller, which
+// alice's stream is not foreign to. However the two are answered, a
+// request of s1 granted holds gpt-4o's place: the key counts it, and
+// refuses another user's stream.
+func TestAWaitThatEndsLostLeavesThePlaceOfTheStreamNowUnderItsID(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		replicas int
+		released bool   // support releases the user's slots before the second request
+		caller   string // the second request's
+	}{
+		{"taken anew by its caller", 1, true, "alice"},
+		{"taken anew by its caller on another replica", 2, true, "alice"},
+		{"joined by a request naming no caller", 1, false, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ss := waitPoolReplicas(t, limitertest.RedisCluster, tc.replicas)
+			sa, sb := ss[0], ss[tc.replicas-1]
+			ctx := context.Background()
+			holder, user := newUser(t), newUser(t)
+			held := mustAcquire(t, sa.Limiter, holder, "low", "gpt-4o")
+			named := map[string]string{"model": "gpt-4o"}
+			first := queue(t, ctx, sa, sa.Limiter, limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "s1", Caller: "alice", Pools: named}, 8*time.Second)
+			if tc.released {
+				if ids, err := sa.Limiter.ReleaseAll(ctx, user, newAuditID()); err != nil || len(ids) != 1 {
+					t.Fatalf("support's release: %v, %v", ids, err)
+				}
+			}
+			second := make(chan acquired, 1)
+			go func() {
+				res, err := sb.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: user, Plan: "low", StreamID: "s1", Caller: tc.caller, Pools: named, Wait: 8 * time.Second})
+				second <- acquired{res, err}
+			}()
+			time.Sleep(500 * time.Millisecond) // the second request waits for gpt-4o too
+			if _, err := sa.Limiter.Release(ctx, holder, held.StreamID); err != nil {
+				t.Fatal(err)
+			}
+			a, ok := first.answer(4 * time.Second)
+			if !ok {
+				t.Fatal("the first request of s1 got no answer within 4s of the key freeing up")
+			}
+			var b acquired
+			select {
+			case b = <-second:
+			case <-time.After(4 * time.Second):
+				t.Fatal("the second request of s1 got no answer within 4s of the key freeing up")
+			}
+			granted := (a.err == nil && a.res.Granted) || (b.err == nil && b.res.Granted)
+			if !granted {
+				t.Fatalf("neither request of s1 was granted: %v / %v; want the stream the id now names granted", a.err, b.err)
+			}
+			if key, err := sa.Limiter.PoolSlots(ctx, "model", "gpt-4o"); err != nil || key.Used != 1 {
+				t.Errorf("model=gpt-4o holds %d (%v) with s1 granted (%v / %v); want 1: its place", key.Used, err, a.err, b.err)
+			}
+			if r, err := sa.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "low", Pools: named}); err != nil || r.Granted {
+				t.Errorf("another user's stream of model=gpt-4o (cap 1) while s1 runs: %+v, %v; want refused", r, err)
+			}
+		})
+	}
+}
+
 // TestAStreamThatWaitedForItsUsersSlotHoldsItsPools: an acquire that
 // waits for one of its user's slots, then joins its pools, records them
 // with the slot as one that did not wait: its heartbeats keep the
