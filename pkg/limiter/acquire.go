@@ -499,7 +499,7 @@ func (l *Limiter) grantPools(ctx context.Context, end, waitUntil time.Time, req 
 	j, err := l.joinPools(ctx, end, waitUntil, req, tier, ms, slot, tries)
 	res.Waited += j.waited
 	if err == nil && j.refusal == nil && j.waited > 0 {
-		err = l.heldAfterWaiting(ctx, req, slot, j.grants)
+		err = l.heldAfterWaiting(ctx, req, slot, j)
 	}
 	if err != nil {
 		res.Granted, res.ExpiresAt, res.WouldRefuse = false, time.Time{}, ""
@@ -525,18 +525,20 @@ func (l *Limiter) grantPools(ctx context.Context, end, waitUntil time.Time, req 
 }
 
 // heldAfterWaiting checks, for an acquire that waited for a place in a
-// pool key and joined grants, that the stream still holds its user's
-// slot, the one it took or extended (slot). A stream released meanwhile
-// (by its holder, or by support's release of all its user's slots) is
-// gone, and its release dropped the memberships its record names before
-// the wait took its place: the wait must not leave a membership that
-// nothing heartbeats or releases. So is one whose id was taken again
-// since, by another caller or by its own, as another stream, whose
-// record names none of them (DESIGN §19: nor is another caller's slot
-// this acquire's to answer). It leaves grants and answers ErrSlotLost.
+// pool key and joined j, that the stream still holds its user's slot, the
+// one it took or extended (slot). A stream released meanwhile (by its
+// holder, or by support's release of all its user's slots) is gone, and
+// its release dropped the memberships its record names before the wait
+// took its place: the wait must not leave a membership that nothing
+// heartbeats or releases. So is one whose id was taken again since, by
+// another caller or by its own, as another stream (DESIGN §19: nor is
+// another caller's slot this acquire's to answer). It gives back its own
+// part of each membership it took, as a refused acquire's undo does: a
+// membership is the user's and the stream id's, and the stream now under
+// the id may hold a part of it too, which stays. It answers ErrSlotLost.
 // When Redis does not answer the look, the grant stands: its memberships
 // expire by their own score if the slot went.
-func (l *Limiter) heldAfterWaiting(ctx context.Context, req AcquireRequest, slot userSlot, grants []PoolGrant) error {
+func (l *Limiter) heldAfterWaiting(ctx context.Context, req AcquireRequest, slot userSlot, j joined) error {
 	key, err := l.keys.UserKey(req.UserID)
 	if err != nil {
 		return err
@@ -546,7 +548,6 @@ func (l *Limiter) heldAfterWaiting(ctx context.Context, req AcquireRequest, slot
 	// §2). The wait kept the slot alive; one that lapsed all the same is
 	// found lost by its next heartbeat.
 	held, retaken := true, ""
-	var kept map[lua.PoolKey]bool // the memberships the stream now under the id names: its own, not this wait's
 	lookErr := l.doBy(ctx, l.decisionEnd(), "wait_check", func(ctx context.Context, c rueidis.Client) error {
 		resps := c.DoMulti(ctx, c.B().Zscore().Key(key).Member(req.StreamID).Build(),
 			c.B().Hget().Key(keys.SlotRecords(key)).Field(req.StreamID).Build())
@@ -570,30 +571,19 @@ func (l *Limiter) heldAfterWaiting(ctx context.Context, req AcquireRequest, slot
 		case slot.share.StartedAtMs > 0 && rec.StartedAtMs > 0 && rec.StartedAtMs != slot.share.StartedAtMs:
 			retaken = "another acquire"
 		}
-		if held = retaken == ""; !held {
-			kept = map[lua.PoolKey]bool{}
-			for _, p := range lua.DecodePools(rec.Pools) {
-				kept[p] = true
-			}
-		}
+		held = retaken == ""
 		return nil
 	})
 	if lookErr != nil || held {
 		return nil
 	}
-	var waited, left []lua.PoolKey
-	for _, g := range grants {
-		if pk := (lua.PoolKey{Pool: g.Pool, Key: g.Key}); !g.Degraded {
-			waited = append(waited, pk)
-			if !kept[pk] {
-				left = append(left, pk)
-			}
+	l.undo(ctx, l.decisionEnd(), ours(j.taken, j.shared), false, lua.Member{})
+	var waited []lua.PoolKey
+	for _, g := range j.grants {
+		if !g.Degraded {
+			waited = append(waited, lua.PoolKey{Pool: g.Pool, Key: g.Key})
 		}
 	}
-	// A key the stream now under the id names holds the same member, the
-	// place that stream was granted (it may have shared this wait's
-	// ticket): its to keep and release, not this wait's to leave.
-	l.leaveAll(ctx, l.decisionEnd(), l.heldMembers(req.UserID, req.StreamID, left))
 	if retaken != "" {
 		return fmt.Errorf("%w: stream %q was released while it waited for a place in %s, and its id taken since by %s; it holds none",
 			ErrSlotLost, req.StreamID, poolsOf(waited), retaken)

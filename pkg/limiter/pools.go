@@ -220,6 +220,12 @@ type joined struct {
 	// full: the refusing key's queue held its most waiters, and the
 	// acquire did not wait.
 	full bool
+	// taken and shared are the memberships the acquire took, and those a
+	// wait granted to several of the stream's requests on this replica
+	// (see ours): what it gives back if it answers without them after all
+	// (heldAfterWaiting).
+	taken  []lua.Member
+	shared map[string]*atomic.Int32
 }
 
 // joinPools takes a membership of each of ms for the stream req names, in
@@ -355,6 +361,7 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 		l.observer.Joined(ctx, m.pool.Pool, out.outcome(g, got.Extended), got.Used, g.Limit)
 		out.grants = append(out.grants, g)
 	}
+	out.taken, out.shared = taken, shared
 	return out, nil
 }
 

@@ -454,6 +454,71 @@ func TestAWaitThatEndsLostLeavesThePlaceOfTheStreamNowUnderItsID(t *testing.T) {
 	}
 }
 
+// TestAWaitThatEndsLostGivesBackThePlaceNoStreamHolds: alice's request
+// of s1 waits for model=gpt-4o (cap 1); support releases the user's
+// slots; her request again takes s1 anew, naming model=gpt-4o and another
+// pool, and gives up without holding gpt-4o: refused by a full key before
+// it (gate), or after sharing the first request's grant of it (zeta).
+// The first request, answered slot_lost, gives back its part of gpt-4o's
+// place, which no stream then holds: the key is free for the next user,
+// not held full for a TTL.
+func TestAWaitThatEndsLostGivesBackThePlaceNoStreamHolds(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		second map[string]string
+		block  string // the pool the second request gives up at
+	}{
+		{"the second request refused before it", map[string]string{"gate": "g", "model": "gpt-4o"}, "gate"},
+		{"the second request sharing its grant, refused after it", map[string]string{"model": "gpt-4o", "zeta": "z"}, "zeta"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := replicasOf(t, limitertest.RedisCluster, 1, poolWaitTiers(), poolTable(t,
+				pools.Pool{Pool: "gate", MaxConcurrentStreams: ptr(2), Keys: map[string]int{"g": 1}, MaxWait: 10 * time.Second},
+				pools.Pool{Pool: "model", MaxConcurrentStreams: ptr(2), Keys: map[string]int{"gpt-4o": 1}, MaxWait: 10 * time.Second},
+				pools.Pool{Pool: "zeta", MaxConcurrentStreams: ptr(2), Keys: map[string]int{"z": 1}},
+			))[0]
+			ctx := context.Background()
+			bob, carol, alice := newUser(t), newUser(t), newUser(t)
+			held := mustAcquire(t, s.Limiter, bob, "low", "gpt-4o")
+			blocked := map[string]string{"gate": "g", "zeta": "z"}
+			if r, err := s.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: carol, Plan: "low", Pools: map[string]string{tc.block: blocked[tc.block]}}); err != nil || !r.Granted {
+				t.Fatalf("carol's stream filling %s: %+v, %v", tc.block, r, err)
+			}
+			first := queue(t, ctx, s, s.Limiter, limiter.AcquireRequest{UserID: alice, Plan: "low", StreamID: "s1", Caller: "alice", Pools: map[string]string{"model": "gpt-4o"}}, 8*time.Second)
+			if ids, err := s.Limiter.ReleaseAll(ctx, alice, newAuditID()); err != nil || len(ids) != 1 {
+				t.Fatalf("support's release: %v, %v", ids, err)
+			}
+			second := make(chan acquired, 1)
+			go func() {
+				res, err := s.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: alice, Plan: "low", StreamID: "s1", Caller: "alice", Pools: tc.second, Wait: 3 * time.Second})
+				second <- acquired{res, err}
+			}()
+			time.Sleep(500 * time.Millisecond) // the second request waits (gate) or shares the ticket (model)
+			if _, err := s.Limiter.Release(ctx, bob, held.StreamID); err != nil {
+				t.Fatal(err)
+			}
+			a, ok := first.answer(4 * time.Second)
+			if !ok {
+				t.Fatal("the first request of s1 got no answer within 4s of gpt-4o freeing up")
+			}
+			var b acquired
+			select {
+			case b = <-second:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the second request of s1 got no answer within 5s")
+			}
+			if !errors.Is(a.err, limiter.ErrSlotLost) || b.err != nil || b.res.Granted || b.res.RefusedBy == nil || b.res.RefusedBy.Pool != tc.block {
+				t.Fatalf("the first request: %v; the second: %+v, %v; want slot lost, and refused by %s", a.err, b.res.RefusedBy, b.err, tc.block)
+			}
+			userHolds(t, s.Limiter, alice, 0, "neither request of s1 holds a slot")
+			keyHolds(t, s.Limiter, "model", "gpt-4o", 0, "no stream holds model=gpt-4o")
+			mustAcquire(t, s.Limiter, newUser(t), "low", "gpt-4o")
+		})
+	}
+}
+
 // TestAStreamThatWaitedForItsUsersSlotHoldsItsPools: an acquire that
 // waits for one of its user's slots, then joins its pools, records them
 // with the slot as one that did not wait: its heartbeats keep the
