@@ -52,13 +52,19 @@ type authEnv struct {
 
 func newAuthEnv(t *testing.T, tokensFile string, poll time.Duration) (*authEnv, *server.Callers) {
 	t.Helper()
+	return newAuthEnvOf(t, tokensFile, poll, limitertest.Options{})
+}
+
+// newAuthEnvOf is newAuthEnv on a limiter of opts (its tiers, say).
+func newAuthEnvOf(t *testing.T, tokensFile string, poll time.Duration, opts limitertest.Options) (*authEnv, *server.Callers) {
+	t.Helper()
 	sink := &logSink{}
 	logger := slog.New(slog.NewJSONHandler(sink, nil))
 	callers, err := server.LoadCallers(server.CallersOptions{TokensFile: tokensFile, PollInterval: poll, Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
-	lim := limitertest.New(t, limitertest.Options{}).Limiter
+	lim := limitertest.New(t, opts).Limiter
 	return &authEnv{api: newAPIOf(t, server.New(lim, server.Options{Logger: logger, Callers: callers})), lim: lim, log: sink}, callers
 }
 

@@ -74,7 +74,7 @@ var sentinelErrors = []struct {
 	{err: ErrUnauthenticated, status: http.StatusUnauthorized, code: httpapi.CodeUnauthenticated}, // slot API (auth.go)
 	{err: ErrPlanNotAllowed, status: http.StatusForbidden, code: httpapi.CodePlanNotAllowed},
 	{err: limiter.ErrNotSlotHolder, status: http.StatusForbidden, code: httpapi.CodeNotSlotHolder,
-		hint: "a slot belongs to the caller that took it; support releases it through the admin API"},
+		hint: "a slot, and a waiting acquire's place, belong to the caller that took them; support releases a user's slots through the admin API"},
 	{err: ErrAdminUnauthorized, status: http.StatusUnauthorized, code: httpapi.CodeUnauthorized}, // admin API (pkg/admin)
 	{err: ErrAdminForbidden, status: http.StatusForbidden, code: httpapi.CodeForbidden},
 	{err: ErrShuttingDown, status: http.StatusServiceUnavailable, code: httpapi.CodeUnavailable},
