@@ -215,8 +215,8 @@ func fatal(err error) bool {
 // since is judged by its last definition, and the stream runs on), and
 // its memberships of the pool keys its acquire named, of the pools still
 // in force; its record names the caller that acquired it, whose stream
-// it stays (DESIGN §19). A pool deleted since caps no one, and no acquire can name it:
-// the stream forgets it.
+// it stays (DESIGN §19). A pool deleted since caps no one, and no
+// acquire can name it: the stream forgets it.
 func (h *Holder) reacquire(ctx context.Context, s *Stream) {
 	if s.over() {
 		return // released or lost while its re-acquire waited for a side slot

@@ -430,16 +430,7 @@ func TestAWaitThatEndsLostLeavesThePlaceOfTheStreamNowUnderItsID(t *testing.T) {
 			if _, err := sa.Limiter.Release(ctx, holder, held.StreamID); err != nil {
 				t.Fatal(err)
 			}
-			a, ok := first.answer(4 * time.Second)
-			if !ok {
-				t.Fatal("the first request of s1 got no answer within 4s of the key freeing up")
-			}
-			var b acquired
-			select {
-			case b = <-second:
-			case <-time.After(4 * time.Second):
-				t.Fatal("the second request of s1 got no answer within 4s of the key freeing up")
-			}
+			a, b := answersOfS1(t, first, second)
 			granted := (a.err == nil && a.res.Granted) || (b.err == nil && b.res.Granted)
 			if !granted {
 				t.Fatalf("neither request of s1 was granted: %v / %v; want the stream the id now names granted", a.err, b.err)
@@ -499,16 +490,7 @@ func TestAWaitThatEndsLostGivesBackThePlaceNoStreamHolds(t *testing.T) {
 			if _, err := s.Limiter.Release(ctx, bob, held.StreamID); err != nil {
 				t.Fatal(err)
 			}
-			a, ok := first.answer(4 * time.Second)
-			if !ok {
-				t.Fatal("the first request of s1 got no answer within 4s of gpt-4o freeing up")
-			}
-			var b acquired
-			select {
-			case b = <-second:
-			case <-time.After(5 * time.Second):
-				t.Fatal("the second request of s1 got no answer within 5s")
-			}
+			a, b := answersOfS1(t, first, second)
 			if !errors.Is(a.err, limiter.ErrSlotLost) || b.err != nil || b.res.Granted || b.res.RefusedBy == nil || b.res.RefusedBy.Pool != tc.block {
 				t.Fatalf("the first request: %v; the second: %+v, %v; want slot lost, and refused by %s", a.err, b.res.RefusedBy, b.err, tc.block)
 			}
@@ -517,6 +499,22 @@ func TestAWaitThatEndsLostGivesBackThePlaceNoStreamHolds(t *testing.T) {
 			mustAcquire(t, s.Limiter, newUser(t), "low", "gpt-4o")
 		})
 	}
+}
+
+// answersOfS1 returns what the two requests of stream s1 answered once
+// the key they wait for freed up: first's within 4s, second's within 5s.
+func answersOfS1(t *testing.T, first *queued, second <-chan acquired) (a, b acquired) {
+	t.Helper()
+	a, ok := first.answer(4 * time.Second)
+	if !ok {
+		t.Fatal("the first request of s1 got no answer within 4s of the key freeing up")
+	}
+	select {
+	case b = <-second:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the second request of s1 got no answer within 5s of the key freeing up")
+	}
+	return a, b
 }
 
 // TestAStreamThatWaitedForItsUsersSlotHoldsItsPools: an acquire that
