@@ -200,7 +200,7 @@ func (a *Admin) newRecord(w http.ResponseWriter, r *http.Request, action string)
 		AuditID:      newAuditID(),
 		Time:         time.Now().UTC(),
 		Action:       action,
-		UserID:       server.Clean(r.PathValue("user_id"), maxAuditFieldBytes),
+		UserID:       server.CleanID(r.PathValue("user_id"), maxAuditFieldBytes),
 		Pool:         server.Clean(r.PathValue("pool"), maxAuditFieldBytes),
 		Key:          server.Clean(r.PathValue("key"), maxAuditFieldBytes),
 		Remote:       server.Clean(r.RemoteAddr, maxAuditFieldBytes),

@@ -572,6 +572,28 @@ func TestAdminLogInjection(t *testing.T) {
 	}
 }
 
+// TestAdminAuditMarksAHeldIdsInvisibleCharacters: support may act on a
+// slot an earlier release granted under an id that is now refused, such as
+// alice followed by a Hangul filler; the audit must not record that as
+// alice.
+func TestAdminAuditMarksAHeldIdsInvisibleCharacters(t *testing.T) {
+	t.Parallel()
+	e := newAdminEnv(t, nil)
+	for _, user := range []string{"alice\u3164", "alice\uFE0F", "alice\u2800"} {
+		r := e.do(t, adminCall{method: "POST", path: httpapi.AdminUserReleasePath(user), token: operatorToken, body: mustJSON(t, httpapi.AdminReleaseRequest{Reason: "clean up ❤️"}), invalid: true})
+		if r.Status != http.StatusOK {
+			t.Fatalf("release of held id %q: got %d %s, want 200 (a held id is still released)", user, r.Status, r.Body)
+		}
+		rec := e.streamRecords(t)[0]
+		if rec.UserID != "alice\uFFFD" {
+			t.Errorf("audit user_id for %q: got %q, want %q", user, rec.UserID, "alice\uFFFD")
+		}
+		if rec.Reason != "clean up ❤️" {
+			t.Errorf("audit reason: got %q, want the emoji's variation selector kept", rec.Reason)
+		}
+	}
+}
+
 func TestAdminPage(t *testing.T) {
 	t.Parallel()
 	e := newAdminEnv(t, nil)

@@ -40,7 +40,7 @@ var (
 
 // ValidateUserID accepts 1-256 bytes of valid UTF-8 with no whitespace,
 // control or invisible characters and no braces. Invisible characters (see
-// invisible: U+200B, a bidirectional override, a Hangul filler) show as
+// Invisible: U+200B, a bidirectional override, a Hangul filler) show as
 // nothing or reorder what follows, so an id holding one would read as
 // another user's on the admin page and in logs. Braces are refused, not
 // escaped: the user id is the key's hash tag, and a '}' inside it would end
@@ -88,20 +88,20 @@ func checkUserIDRune(r rune, held bool) error {
 	switch {
 	case r == '{' || r == '}':
 		return fmt.Errorf("%w: must not contain '{' or '}'", ErrInvalidUserID)
-	case unicode.IsSpace(r) || unicode.IsControl(r) || (!held && invisible(r)) || r == utf8.RuneError:
+	case unicode.IsSpace(r) || unicode.IsControl(r) || (!held && Invisible(r)) || r == utf8.RuneError:
 		return fmt.Errorf("%w: must not contain whitespace, control, format or other invisible characters (found %U)", ErrInvalidUserID, r)
 	}
 	return nil
 }
 
-// invisible reports whether r shows as nothing, or changes how the
+// Invisible reports whether r shows as nothing, or changes how the
 // characters around it show, rather than as a character of its own: a
 // format character (Cf: U+200B, a bidirectional override, a tag
 // character), any other of Unicode's default-ignorable code points (the
 // Hangul fillers U+115F, U+1160, U+3164 and U+FFA0, the combining grapheme
 // joiner U+034F, the variation selectors U+FE00-FE0F and U+E0100-E01EF),
 // or the braille blank U+2800, a blank that is not whitespace.
-func invisible(r rune) bool {
+func Invisible(r rune) bool {
 	return unicode.Is(unicode.Cf, r) ||
 		unicode.Is(unicode.Other_Default_Ignorable_Code_Point, r) ||
 		unicode.Is(unicode.Variation_Selector, r) || r == '\u2800'
@@ -143,7 +143,7 @@ func ValidateLabel(label string) error {
 		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidLabel)
 	}
 	for _, r := range label {
-		if unicode.IsSpace(r) || unicode.IsControl(r) || invisible(r) || r == utf8.RuneError {
+		if unicode.IsSpace(r) || unicode.IsControl(r) || Invisible(r) || r == utf8.RuneError {
 			return fmt.Errorf("%w: must not contain whitespace, control, format or other invisible characters (found %U)", ErrInvalidLabel, r)
 		}
 	}

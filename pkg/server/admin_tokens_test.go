@@ -336,11 +336,30 @@ func TestClean(t *testing.T) {
 		{"line and paragraph separators are replaced", "a\u2028b\u2029c", "a\uFFFDb\uFFFDc", 100},
 		{"invalid UTF-8 is replaced", "a\xffb", "a\uFFFDb", 100},
 		{"a long string is cut and marked", strings.Repeat("x", 10), "xxxx…", 4},
+		{"an emoji's variation selector is kept", "ok ❤️", "ok ❤️", 100},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := Clean(tc.in, tc.max); got != tc.want {
 				t.Errorf("Clean(%q): got %q, want %q", tc.in, got, tc.want)
 			}
 		})
+	}
+}
+
+func TestCleanIDMarksEveryInvisibleCharacter(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"alice", "alice"},
+		{"user-42 é 中", "user-42 é 中"},
+		{"alice\n", "alice\uFFFD"},
+		{"alice\u200B", "alice\uFFFD"},
+		{"alice\u3164", "alice\uFFFD"}, // a Hangul filler
+		{"alice\u034F", "alice\uFFFD"}, // the combining grapheme joiner
+		{"alice\uFE0F", "alice\uFFFD"}, // a variation selector
+		{"alice\U000E0100", "alice\uFFFD"},
+		{"alice\u2800", "alice\uFFFD"}, // the braille blank
+	} {
+		if got := CleanID(tc.in, 100); got != tc.want {
+			t.Errorf("CleanID(%q): got %q, want %q", tc.in, got, tc.want)
+		}
 	}
 }

@@ -710,7 +710,10 @@ export interface AuditResponse {
 /**
  * One admin call, refused ones included. Strings that come from the
  * caller (user_id, pool, key, reason, remote, forwarded_for, detail)
- * have every control or format character replaced by U+FFFD.
+ * have every control or format character replaced by U+FFFD; in
+ * user_id, so is every other invisible character a new user id may
+ * not hold (a Hangul filler, a variation selector, U+2800), so that
+ * an id held since an earlier release does not read as another's.
  */
 export interface AuditRecord {
   audit_id: AuditID;
