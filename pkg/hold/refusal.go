@@ -153,8 +153,9 @@ func limitedRefusal(retryAfter time.Duration, body ErrorBody, waited time.Durati
 }
 
 // AcquireRefusal is the refusal of an acquire that failed with err: the
-// plan is unknown, the user id or label cannot be used, or the store is down on a
-// Closed plan (or the holder is closing). known is false for any other
+// plan is unknown, the user id or label cannot be used, or the store is down
+// (or its replicas did not confirm the slot) on a Closed plan, or the holder
+// is closing. known is false for any other
 // error, answered as internal_error: the caller logs it (unless its
 // request is gone, and nobody reads the answer).
 func AcquireRefusal(err error) (r Refusal, known bool) {
@@ -174,6 +175,9 @@ func AcquireRefusal(err error) (r Refusal, known bool) {
 	case errors.Is(err, ErrClosed):
 		return Refused(http.StatusServiceUnavailable, TypeServer, CodeUnavailable,
 			"this stream limiter is shutting down; retry shortly"), true
+	case errors.Is(err, limiter.ErrUnconfirmed):
+		return Refused(http.StatusServiceUnavailable, TypeServer, CodeUnavailable,
+			"the stream limiter's store granted the slot, but fewer of its replicas than it requires (redis.syncReplicas) confirmed it, and this plan fails closed; retry shortly"), true
 	case errors.As(err, &poolErr) && errors.Is(err, limiter.ErrUnavailable):
 		return Refused(http.StatusServiceUnavailable, TypeServer, CodeUnavailable,
 			fmt.Sprintf("the stream limiter cannot reach its store and pool %q fails closed; retry shortly", poolErr.Pool)), true

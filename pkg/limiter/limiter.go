@@ -53,6 +53,11 @@ var (
 	// ErrUnavailable: Redis did not answer in time and the tier fails
 	// closed (or the operation has no safe degraded answer).
 	ErrUnavailable = errors.New("limiter unavailable")
+	// ErrUnconfirmed: Redis granted the slot, but fewer of its replicas
+	// than redis.syncReplicas asks confirmed it (a replica down or
+	// lagging), and the tier fails closed. It comes wrapped with
+	// ErrUnavailable: Redis answered, its replicas did not.
+	ErrUnconfirmed = errors.New("slot not confirmed by replicas")
 	// ErrOutcomeUnknown: a call that changes slots was sent to Redis but
 	// no answer came back (a timeout, a dropped connection), so it may or
 	// may not have run. ReleaseAll returns it, wrapped with the outage

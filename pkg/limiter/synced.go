@@ -68,7 +68,8 @@ func (l *Limiter) synced(c rueidis.Client) (rueidis.Client, *replicaSync) {
 // confirmGrant applies the outcome of the WAIT after a granted acquire.
 // Fewer replicas than wanted: res is marked Unsynced; on a Closed plan the
 // acquire's part of the slot (own: its share, see userSlot.member) is
-// released (best effort: it expires anyway) and ErrUnavailable returned,
+// released (best effort: it expires anyway) and ErrUnavailable returned
+// (wrapping ErrUnconfirmed),
 // on an Open plan the grant stands.
 func (l *Limiter) confirmGrant(ctx context.Context, s *replicaSync, tier tiers.Tier, own lua.Member, res *AcquireResult) error {
 	if s == nil || (s.waited && s.err == nil && s.acked >= s.want) {
@@ -87,5 +88,5 @@ func (l *Limiter) confirmGrant(ctx context.Context, s *replicaSync, tier tiers.T
 		_ = l.dropSlot(ctx, time.Time{}, "release", own)
 	}
 	res.Granted, res.ExpiresAt = false, time.Time{}
-	return fmt.Errorf("%w: acquire: %s (redis.syncReplicas %d)", ErrUnavailable, why, s.want)
+	return fmt.Errorf("%w: %w: acquire: %s (redis.syncReplicas %d)", ErrUnavailable, ErrUnconfirmed, why, s.want)
 }

@@ -40,6 +40,9 @@ func TestSyncReplicas(t *testing.T) {
 			if !errors.Is(err, tt.wantErr) || (err == nil) != (tt.wantErr == nil) {
 				t.Fatalf("Acquire err = %v, want %v", err, tt.wantErr)
 			}
+			if err != nil && !errors.Is(err, limiter.ErrUnconfirmed) {
+				t.Errorf("Acquire err = %v; want it to say the replicas did not confirm the slot (ErrUnconfirmed), not only that Redis is unavailable", err)
+			}
 			if res.Unsynced != tt.wantUnsynced {
 				t.Errorf("Unsynced = %v, want %v", res.Unsynced, tt.wantUnsynced)
 			}

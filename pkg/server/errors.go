@@ -44,6 +44,8 @@ const (
 	messageOutcomeUnknown = "the call reached the limiter's Redis but its answer was lost: it may or may not have taken effect (a release: some or all of the user's slots; a removal: the override); list the user's slots to see what holds now"
 	// The cause (a Redis error, node addresses) stays in the log.
 	messageUnavailable = "the limiter's Redis did not answer within its deadline and this plan fails closed; retry later"
+	// Redis answered; too few of its replicas confirmed the slot.
+	messageUnconfirmed = "the limiter's Redis granted the slot, but fewer of its replicas than redis.syncReplicas asks confirmed it in time (a replica down or lagging), and this plan fails closed, so the slot was given back; retry later"
 )
 
 // poolUnavailable is the message of an acquire that a pool failing
@@ -80,6 +82,7 @@ var sentinelErrors = []struct {
 	{err: ErrShuttingDown, status: http.StatusServiceUnavailable, code: httpapi.CodeUnavailable},
 	// Before the outage it wraps.
 	{err: limiter.ErrOutcomeUnknown, status: http.StatusServiceUnavailable, code: httpapi.CodeOutcomeUnknown, message: messageOutcomeUnknown},
+	{err: limiter.ErrUnconfirmed, status: http.StatusServiceUnavailable, code: httpapi.CodeUnavailable, message: messageUnconfirmed},
 	{err: limiter.ErrUnavailable, status: http.StatusServiceUnavailable, code: httpapi.CodeUnavailable, message: messageUnavailable},
 	{err: context.DeadlineExceeded, status: http.StatusServiceUnavailable, code: httpapi.CodeUnavailable, message: messageUnavailable},
 	{err: context.Canceled, status: http.StatusServiceUnavailable, code: httpapi.CodeUnavailable, message: messageUnavailable},
