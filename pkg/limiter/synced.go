@@ -85,7 +85,10 @@ func (l *Limiter) confirmGrant(ctx context.Context, s *replicaSync, tier tiers.T
 		return nil
 	}
 	if own.Key != "" {
-		_ = l.dropSlot(ctx, time.Time{}, "release", own)
+		// Given back even when the caller has left meanwhile (the WAIT
+		// takes up to half the call's deadline): its context is done then,
+		// and an id the limiter made is known to no one else.
+		_ = l.dropSlot(context.WithoutCancel(ctx), time.Time{}, "release", own)
 	}
 	res.Granted, res.ExpiresAt = false, time.Time{}
 	return fmt.Errorf("%w: %w: acquire: %s (redis.syncReplicas %d)", ErrUnavailable, ErrUnconfirmed, why, s.want)
