@@ -18,28 +18,34 @@ type Entry interface {
 }
 
 // Catalog is the set of entries in force, by name. Lookups are lock-free
-// (one atomic load); writers replace the whole snapshot, so a reader never
+// (one atomic load); writers replace the whole contents, so a reader never
 // sees half an update. Tiers and pools are read alike: one catalog type
 // serves both.
 type Catalog[T Entry] struct {
-	snapshot atomic.Pointer[map[string]T]
-	// retired holds the last definition of every entry removed from the
-	// catalog, for what is still held under it (see LookupHeld).
-	retired atomic.Pointer[map[string]T]
-	mu      sync.Mutex // serialises Replace
-	synced  chan struct{}
-	once    sync.Once
+	// contents are swapped whole, the entries in force and the retired
+	// together: a reader of both (LookupHeld) never sees an entry put back
+	// in neither.
+	contents atomic.Pointer[contents[T]]
+	mu       sync.Mutex // serialises Replace
+	synced   chan struct{}
+	once     sync.Once
 	// changed is closed by the next Replace, which stores a new one (see
 	// Changed).
 	changed atomic.Pointer[chan struct{}]
 }
 
+// contents is one state of a Catalog.
+type contents[T Entry] struct {
+	inForce map[string]T
+	// retired holds the last definition of every entry removed from the
+	// catalog, for what is still held under it (see LookupHeld).
+	retired map[string]T
+}
+
 // NewCatalog returns an empty catalog that has not synced yet.
 func NewCatalog[T Entry]() *Catalog[T] {
 	c := &Catalog[T]{synced: make(chan struct{})}
-	empty, none := map[string]T{}, map[string]T{}
-	c.snapshot.Store(&empty)
-	c.retired.Store(&none)
+	c.contents.Store(&contents[T]{inForce: map[string]T{}, retired: map[string]T{}})
 	changed := make(chan struct{})
 	c.changed.Store(&changed)
 	return c
@@ -61,19 +67,19 @@ func (c *Catalog[T]) Replace(entries []T) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	was := c.contents.Load()
 	retired := map[string]T{}
-	for name, e := range *c.retired.Load() {
+	for name, e := range was.retired {
 		if _, back := next[name]; !back {
 			retired[name] = e
 		}
 	}
-	for name, e := range *c.snapshot.Load() {
+	for name, e := range was.inForce {
 		if _, kept := next[name]; !kept {
 			retired[name] = e
 		}
 	}
-	c.retired.Store(&retired)
-	c.snapshot.Store(&next)
+	c.contents.Store(&contents[T]{inForce: next, retired: retired})
 	c.once.Do(func() { close(c.synced) })
 	changed := make(chan struct{})
 	close(*c.changed.Swap(&changed))
@@ -89,7 +95,7 @@ func (c *Catalog[T]) Changed() <-chan struct{} { return *c.changed.Load() }
 
 // Lookup returns the entry named name.
 func (c *Catalog[T]) Lookup(name string) (T, bool) {
-	e, ok := (*c.snapshot.Load())[name]
+	e, ok := c.contents.Load().inForce[name]
 	return e, ok
 }
 
@@ -99,16 +105,17 @@ func (c *Catalog[T]) Lookup(name string) (T, bool) {
 // that is later deleted keeps its TTL and may be heartbeated until it is
 // released.
 func (c *Catalog[T]) LookupHeld(name string) (T, bool) {
-	if e, ok := c.Lookup(name); ok {
+	now := c.contents.Load()
+	if e, ok := now.inForce[name]; ok {
 		return e, true
 	}
-	e, ok := (*c.retired.Load())[name]
+	e, ok := now.retired[name]
 	return e, ok
 }
 
 // List returns every entry, ordered by name.
 func (c *Catalog[T]) List() []T {
-	snap := *c.snapshot.Load()
+	snap := c.contents.Load().inForce
 	out := make([]T, 0, len(snap))
 	for _, e := range snap {
 		out = append(out, e)
@@ -118,7 +125,7 @@ func (c *Catalog[T]) List() []T {
 }
 
 // Len returns the number of entries in force.
-func (c *Catalog[T]) Len() int { return len(*c.snapshot.Load()) }
+func (c *Catalog[T]) Len() int { return len(c.contents.Load().inForce) }
 
 // Synced is closed once the catalog has been filled for the first time.
 func (c *Catalog[T]) Synced() <-chan struct{} { return c.synced }
