@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -156,6 +157,105 @@ func TestAPoolOrPlanRemovedWhileAnAcquireWaitsForAPoolIsUnknown(t *testing.T) {
 				if r := a.post(t, "/v1/slots/acquire", map[string]any{"user_id": ana, "plan": "wait"}); r.status != http.StatusOK {
 					t.Errorf("ana's next acquire after the refused wait: %d %s; want granted (the refused acquire's slot given back)", r.status, r.body)
 				}
+			}
+		})
+	}
+}
+
+// TestADisplacedWaiterIsToldItsPlaceWentToOneServedFirst: the queues hold
+// one waiter (MaxQueue 1). A waiter of plan "low" has the place; one of
+// plan "high" (priority 5), served before it, takes it. The first is
+// answered 429 at once, saying how long it waited and that its place went
+// to a waiter served before it, naming the queue's bound; in the user's
+// queue and in a pool key's alike.
+func TestADisplacedWaiterIsToldItsPlaceWentToOneServedFirst(t *testing.T) {
+	t.Parallel()
+	plans := []tiers.Tier{
+		{Plan: "low", MaxConcurrentStreams: 1, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen, MaxWait: 5 * time.Second},
+		{Plan: "high", MaxConcurrentStreams: 1, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen, MaxWait: 5 * time.Second, Priority: 5},
+	}
+	table := pools.NewTable()
+	if err := table.Replace([]pools.Pool{pools.Pool{Pool: "model", Keys: map[string]int{"k": 1}, MaxWait: 5 * time.Second}.WithDefaults()}); err != nil {
+		t.Fatal(err)
+	}
+	lim := limitertest.New(t, limitertest.Options{Tiers: plans, Limiter: limiter.Options{Pools: table, MaxQueue: 1}}).Limiter
+	a := newAPIOf(t, server.New(lim, server.Options{}))
+	suffix := time.Now().Format("150405.000000")
+
+	for _, tc := range []struct {
+		name                  string
+		pools                 map[string]string
+		holder, first, second string // the users holding the slot, waiting, served first
+		code, says            string
+	}{
+		{"in the user's queue", nil, "ana-" + suffix, "ana-" + suffix, "ana-" + suffix, httpapi.CodeStreamLimitReached,
+			"in the queue, then its place went to a waiter served before it: the queue holds its most waiters, 1"},
+		{"in a pool key's queue", map[string]string{"model": "k"}, "bo-" + suffix, "carl-" + suffix, "dan-" + suffix, httpapi.CodePoolLimitReached,
+			"in the key's queue, then its place went to a waiter served before it: the queue holds its most waiters, 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			holder, first := tc.holder, tc.first
+			acquire := func(user, plan string, waitMs int) map[string]any {
+				req := map[string]any{"user_id": user, "plan": plan, "wait_ms": waitMs}
+				if tc.pools != nil {
+					req["pools"] = tc.pools
+				}
+				return req
+			}
+			r := a.post(t, "/v1/slots/acquire", acquire(holder, "low", 0))
+			var held httpapi.AcquireResponse
+			if r.status != http.StatusOK || json.Unmarshal(r.body, &held) != nil {
+				t.Fatalf("holder: %d %s", r.status, r.body)
+			}
+			start := time.Now()
+			low := a.postAsync(t, "/v1/slots/acquire", acquire(first, "low", 4000))
+			time.Sleep(300 * time.Millisecond)
+			// low has the queue's one place before high comes.
+			for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				waiting := 0
+				if tc.pools == nil {
+					got, err := lim.Slots(context.Background(), first)
+					waiting = len(got.Queue)
+					if err != nil {
+						t.Fatal(err)
+					}
+				} else {
+					got, err := lim.PoolSlots(context.Background(), "model", "k")
+					waiting = len(got.Waiters)
+					if err != nil {
+						t.Fatal(err)
+					}
+				}
+				if waiting == 1 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the low waiter never queued: %d waiting", waiting)
+				}
+			}
+			high := a.postAsync(t, "/v1/slots/acquire", acquire(tc.second, "high", 4000))
+			got := <-low
+			if got.err != nil {
+				t.Fatal(got.err)
+			}
+			var refused httpapi.ErrorResponse
+			if got.status != http.StatusTooManyRequests || json.Unmarshal(got.body, &refused) != nil || refused.Error.Code != tc.code {
+				t.Fatalf("the displaced waiter: %d %s; want 429 %s", got.status, got.body, tc.code)
+			}
+			if time.Since(start) > 3500*time.Millisecond {
+				t.Errorf("the displaced waiter was answered after %v; want at once when its place went", time.Since(start))
+			}
+			if !strings.Contains(refused.Error.Message, tc.says) {
+				t.Errorf("the displaced waiter's message: %q; want it to say %q", refused.Error.Message, tc.says)
+			}
+			if w := refused.Error.WaitedMs; w == nil || *w < 250 {
+				t.Errorf("waited_ms %v; want the 300ms or so it had its place", w)
+			}
+			if r := a.post(t, "/v1/slots/release", map[string]any{"user_id": holder, "stream_id": held.StreamID}); r.status != http.StatusOK {
+				t.Fatalf("release: %d %s", r.status, r.body)
+			}
+			if r := <-high; r.err != nil || r.status != http.StatusOK {
+				t.Errorf("the waiter served first, once the slot freed: %v %d %s; want granted", r.err, r.status, r.body)
 			}
 		})
 	}
