@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
+	"net/textproto"
 	"net/url"
 	"strconv"
 	"strings"
@@ -301,6 +302,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("the request's headers are %d bytes, over the %d allowed", n, p.opts.MaxHeaderBytes)).Write(w)
 		return
 	}
+	dropConnectionHeaders(r.Header)
 	id, err := p.ident.Resolve(requestHeaders{r})
 	if err != nil {
 		p.holder.Refused(ctx, hold.ReasonIdentity)
@@ -506,6 +508,26 @@ func headerBytes(r *http.Request) int {
 		}
 	}
 	return n
+}
+
+// dropConnectionHeaders deletes from h the headers its Connection header
+// names: they are hop-by-hop, and the reverse proxy drops them on the way
+// upstream. The identity, pool keys and label are then read from the
+// headers the upstream receives: a client naming X-User-Id there would
+// otherwise be counted as that user while the upstream saw no user at
+// all. Upgrade and TE stay, with Connection itself: the reverse proxy
+// reads them from the client's request to send a WebSocket upgrade, or
+// "TE: trailers", on its own hop.
+func dropConnectionHeaders(h http.Header) {
+	for _, v := range h["Connection"] {
+		for name := range strings.SplitSeq(v, ",") {
+			name = textproto.TrimString(name)
+			if name == "" || strings.EqualFold(name, "Connection") || strings.EqualFold(name, "Upgrade") || strings.EqualFold(name, "TE") {
+				continue
+			}
+			h.Del(name)
+		}
+	}
 }
 
 // requestHeaders reads a request's headers as identity.Headers, Host

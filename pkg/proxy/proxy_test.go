@@ -381,8 +381,9 @@ func TestUpstreamRequestHeaders(t *testing.T) {
 			}), envOptions{proxy: proxy.Options{StripAuthorization: strip}})
 			req := e.request(t, context.Background(), "POST", "/v1/chat/completions", newUser(), "one", nil)
 			req.Header.Set("Authorization", "Bearer sk-upstream")
-			req.Header.Set("Connection", "X-Hop")
+			req.Header.Set("Connection", "X-Hop, TE")
 			req.Header.Set("X-Hop", "1")
+			req.Header.Set("TE", "trailers")
 			req.Header.Set("X-Forwarded-For", "203.0.113.7")
 			req.Header.Set(proxy.HeaderStreamID, "forged")
 			const parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -392,6 +393,9 @@ func TestUpstreamRequestHeaders(t *testing.T) {
 			h := <-seen
 			if h.Get("X-Hop") != "" {
 				t.Error("a header the client named in Connection reached the upstream")
+			}
+			if got := h.Get("Te"); got != "trailers" {
+				t.Errorf("TE upstream %q, want trailers: the client's, named in Connection as TE must be, is this hop's to send too", got)
 			}
 			if got := h.Get("X-Forwarded-For"); got != "203.0.113.7, 127.0.0.1" {
 				t.Errorf("X-Forwarded-For %q, want the client's list with this hop appended", got)
@@ -416,8 +420,15 @@ func TestUpstreamRequestHeaders(t *testing.T) {
 	}
 }
 
-// A WebSocket upgrade holds its slot for the life of the connection.
+// A WebSocket upgrade holds its slot for the life of the connection,
+// whatever else its Connection header names.
 func TestWebSocketHoldsTheSlotForTheConnection(t *testing.T) {
+	for _, connection := range []string{"Upgrade", "keep-alive, Upgrade, X-Hop"} {
+		t.Run(connection, func(t *testing.T) { testWebSocket(t, connection) })
+	}
+}
+
+func testWebSocket(t *testing.T, connection string) {
 	e := newEnv(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Upgrade") != "websocket" {
 			http.Error(w, "upgrade required", http.StatusUpgradeRequired)
@@ -438,7 +449,7 @@ func TestWebSocketHoldsTheSlotForTheConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	fmt.Fprintf(conn, "GET /v1/realtime HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nX-User-Id: %s\r\nX-Plan: one\r\n\r\n", user)
+	fmt.Fprintf(conn, "GET /v1/realtime HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: %s\r\nX-Hop: 1\r\nX-User-Id: %s\r\nX-Plan: one\r\n\r\n", connection, user)
 	br := bufio.NewReader(conn)
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
