@@ -29,7 +29,8 @@ For each request on a limited route (--routes; default every path):
   - identity: a verified bearer JWT when --jwt-jwks-file or --jwt-jwks-url
     is set, else the --user-header and --plan-header headers, trusted as
     they come (run it only behind a hop that authenticates and sets them);
-    none, or a token that does not verify: 401, no slot
+    none, or a token that does not verify: 401, no slot; with a JWT the
+    two headers go upstream carrying the user and plan counted
   - label: the value of --label-header (default X-Limiter-Label) labels the
     slot, shown to support beside its age and caller; over 128 bytes or with
     whitespace: 400 invalid_label, no slot

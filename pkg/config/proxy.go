@@ -83,9 +83,11 @@ type Proxy struct {
 type Identity struct {
 	// UserHeader names the user when no JWT is configured. Trusted as is:
 	// use it only behind a hop that authenticates the caller and sets
-	// it. Default "X-User-Id".
+	// it. With a JWT (or JWTPayload) it goes upstream carrying the user
+	// the limiter counted, replacing the client's. Default "X-User-Id".
 	UserHeader string `mapstructure:"userHeader"`
-	// PlanHeader names the plan when no JWT is configured. Default
+	// PlanHeader names the plan when no JWT is configured; with one, it
+	// goes upstream carrying the plan counted, as UserHeader. Default
 	// "X-Plan".
 	PlanHeader string `mapstructure:"planHeader"`
 	// DefaultPlan is the plan of a request whose token or headers name

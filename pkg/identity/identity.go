@@ -165,6 +165,14 @@ func (r *Resolver) UsesJWT() bool { return r.verifier != nil }
 // in front (Options.Payload).
 func (r *Resolver) UsesPayload() bool { return r.opts.Payload != nil }
 
+// Headers returns the names of the user and plan headers
+// (Options.UserHeader, Options.PlanHeader, defaults applied). With a JWT
+// or a verified payload they name no identity; a front end sets them on
+// the upstream request to the identity it verified, so that an upstream
+// reading them sees the user and plan the limiter counted, never the
+// client's own.
+func (r *Resolver) Headers() (user, plan string) { return r.opts.UserHeader, r.opts.PlanHeader }
+
 // Resolve returns the identity of a request from its headers. Errors are
 // ErrAmbiguous, or wrap ErrUnauthenticated (ErrMissing, ErrInvalidToken,
 // ErrNoPlan); their messages say what was wrong and never quote the token.

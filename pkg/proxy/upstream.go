@@ -163,8 +163,22 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 		pr.Out.Header.Del("Authorization")
 	}
 	pr.Out.Header.Del(HeaderStreamID) // never the client's own
-	if x := exchangeOf(pr.In.Context()); x != nil {
+	x := exchangeOf(pr.In.Context())
+	if x != nil {
 		pr.Out.Header.Set(HeaderStreamID, x.stream.ID())
+	}
+	if p.ident.UsesJWT() || p.ident.UsesPayload() {
+		// The identity is the token's: the user and plan headers carry
+		// the user and plan the limiter counted, never the client's own
+		// (an upstream reading them would bill another user), and no
+		// value at all where no slot was held.
+		user, plan := p.ident.Headers()
+		pr.Out.Header.Del(user)
+		pr.Out.Header.Del(plan)
+		if x != nil {
+			pr.Out.Header.Set(user, x.stream.UserID())
+			pr.Out.Header.Set(plan, x.stream.Plan())
+		}
 	}
 	p.opts.Propagator.Inject(pr.In.Context(), propagation.HeaderCarrier(pr.Out.Header))
 }
