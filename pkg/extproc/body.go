@@ -30,13 +30,18 @@ type pendingAcquire struct {
 }
 
 // heldHeadersContinue answers the request headers of a request whose slot
-// waits for its body: CONTINUE, removing a stream id header the client
-// sent. In STREAMED mode Envoy forwards the headers now and ignores a body
-// answer's header mutation (it applies it in BUFFERED mode only): the
-// upstream must then get no stream id rather than a forged one.
-func heldHeadersContinue(streamIDHeader string) *extprocv3.ProcessingResponse {
+// waits for its body: CONTINUE, removing the headers the grant sets
+// (grantHeaders: a stream id, and with a JWT the user and plan headers)
+// that the client sent. In STREAMED mode Envoy forwards the headers now
+// and ignores a body answer's header mutation (it applies it in BUFFERED
+// mode only): the upstream must then get none rather than forged ones.
+func (s *Server) heldHeadersContinue() *extprocv3.ProcessingResponse {
+	remove := []string{s.opts.StreamIDHeader}
+	if user, plan, ok := s.identityHeaders(); ok {
+		remove = append(remove, user, plan)
+	}
 	r := requestHeadersContinue()
-	r.GetRequestHeaders().Response.HeaderMutation = &extprocv3.HeaderMutation{RemoveHeaders: []string{streamIDHeader}}
+	r.GetRequestHeaders().Response.HeaderMutation = &extprocv3.HeaderMutation{RemoveHeaders: remove}
 	return r
 }
 

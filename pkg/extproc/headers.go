@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 
+	"github.com/joishi/limiter/pkg/hold"
 	"github.com/joishi/limiter/pkg/server"
 )
 
@@ -104,4 +105,28 @@ func (s *Server) authenticate(ctx context.Context) (server.Caller, error) {
 		authorization = md.Get("authorization")
 	}
 	return s.opts.Callers.Authenticate(state, authorization...)
+}
+
+// grantHeaders are the request headers set for the upstream on st's
+// grant, each replacing the client's: the stream id and, with identities
+// from a JWT (or its payload), the user and plan headers carrying the
+// user and plan the limiter counted, so that an upstream reading them
+// never sees the client's own.
+func (s *Server) grantHeaders(st *hold.Stream) []*corev3.HeaderValueOption {
+	set := []*corev3.HeaderValueOption{header(s.opts.StreamIDHeader, st.ID())}
+	if user, plan, ok := s.identityHeaders(); ok {
+		set = append(set, header(user, st.UserID()), header(plan, st.Plan()))
+	}
+	return set
+}
+
+// identityHeaders returns the names of the user and plan headers, in
+// lower case as Envoy holds them, when they name no identity (ok: the
+// identity is a JWT's).
+func (s *Server) identityHeaders() (user, plan string, ok bool) {
+	if !s.ident.UsesJWT() && !s.ident.UsesPayload() {
+		return "", "", false
+	}
+	user, plan = s.ident.Headers()
+	return strings.ToLower(user), strings.ToLower(plan), true
 }

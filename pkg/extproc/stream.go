@@ -322,7 +322,7 @@ func (x *exchange) requestHeaders(ctx context.Context, req *extprocv3.Processing
 					"a body over the limit is refused, its key unread; set the filter's processing_mode.request_body_mode to BUFFERED")
 			}
 			x.pending = &pendingAcquire{msg: req, id: id, caller: callerName}
-			return heldHeadersContinue(s.opts.StreamIDHeader)
+			return s.heldHeadersContinue()
 		}
 	}
 	return x.decide(ctx, req, id, callerName, requestHeadersContinue)
@@ -354,7 +354,7 @@ func (x *exchange) decide(ctx context.Context, msg *extprocv3.ProcessingRequest,
 		granted = append(granted, "would_refuse", x.wouldRefuse)
 	}
 	s.log.InfoContext(ctx, "stream granted", granted...)
-	return next(header(s.opts.StreamIDHeader, st.ID()))
+	return next(s.grantHeaders(st)...)
 }
 
 // identify resolves the request's identity: from the verified JWT
