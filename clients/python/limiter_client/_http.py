@@ -11,9 +11,9 @@ import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Dict, Optional, Type, TypeVar
+from typing import Any, Dict, List, Optional, Type, TypeVar
 
-from .errors import ProtocolError, Unavailable, from_answer
+from .errors import LimiterError, ProtocolError, Unavailable, from_answer
 from .schemas import DecodeError, decode
 
 T = TypeVar("T")
@@ -69,7 +69,9 @@ class Endpoint:
         self.timeout = timeout
         self._token = token
         self._max_answer = max_answer
-        handlers = [urllib.request.HTTPSHandler(context=ssl_context)] if ssl_context else []
+        handlers: List[urllib.request.BaseHandler] = [_NoRedirect()]
+        if ssl_context:
+            handlers.append(urllib.request.HTTPSHandler(context=ssl_context))
         self._opener = urllib.request.build_opener(*handlers)
 
     def call(
@@ -81,7 +83,8 @@ class Endpoint:
         timeout: Optional[float] = None,
     ) -> T:
         """Sends body as JSON (none when None) and returns the 2xx answer
-        decoded as answer. A non-2xx answer raises its LimiterError; no
+        decoded as answer. A non-2xx answer raises its LimiterError (a 3xx
+        too: no redirect is followed, see _NoRedirect); no
         answer (refused, dropped, timed out) raises Unavailable; an answer
         that does not match the contract raises ProtocolError."""
         what = "%s %s" % (method, path)
@@ -99,6 +102,13 @@ class Endpoint:
                 raw = self._read(response, what)
         except urllib.error.HTTPError as err:
             with err:
+                if 300 <= err.code <= 399:
+                    raise LimiterError(
+                        "http_%d" % err.code,
+                        "%s: redirected to %s: the client follows no redirect"
+                        % (what, err.headers.get("Location") or "nowhere (no Location)"),
+                        status=err.code,
+                    ) from None
                 raw = self._read(err, what)
                 raise from_answer(err.code, raw, err.headers.get("Retry-After")) from None
         except (OSError, http.client.HTTPException, socket.timeout) as err:
@@ -121,6 +131,16 @@ class Endpoint:
         if len(raw) > self._max_answer:
             raise ProtocolError("invalid_answer", "%s: answer exceeds %d bytes" % (what, self._max_answer))
         return raw
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Follows no redirect: the 3xx comes back as an HTTPError. The
+    limiter never redirects its routes, so a 3xx is something in between;
+    following it would send the bearer token to whatever host and scheme
+    it names, and a POST again as a GET."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
 
 
 def json_body(body: Dict[str, Any]) -> bytes:

@@ -12,6 +12,7 @@ import unittest
 from typing import Callable, Dict, List, Optional, Union
 
 from limiter_client import (
+    Admin,
     Client,
     InvalidRequest,
     LimiterError,
@@ -410,6 +411,33 @@ class RequestTest(unittest.TestCase):
                     self.client(acquire_retries=0).acquire("user-1", "paid")
                 for key, want in fields.items():
                     self.assertEqual(getattr(caught.exception, key), want, key)
+
+    def test_a_redirect_is_not_followed(self) -> None:
+        # The limiter never redirects its routes: a 3xx comes from something
+        # in between, and following it would hand the bearer token to the
+        # host it names, or send a POST again as a GET.
+        elsewhere = RecordingServer(lambda rec: json_answer(200, {"records": []}))
+        self.addCleanup(elsewhere.close)
+        for status in (301, 302, 303, 307, 308):
+            with self.subTest(status=status):
+                to = elsewhere.url + Paths.ACQUIRE
+                self.fake.acquire_answer = (status, {"Location": to}, b"")
+                with self.assertRaises(LimiterError) as caught:
+                    self.client().acquire("user-1", "paid")
+                err = caught.exception
+                self.assertEqual((err.status, err.code), (status, "http_%d" % status))
+                self.assertIn(to, err.message)
+        self.assertEqual(len(self.server.received(Paths.ACQUIRE)), 5, "a redirect is not retried")
+        self.assertEqual(self.server.received(Paths.RELEASE), [], "a redirected acquire took no slot")
+
+        redirecting = RecordingServer(lambda rec: (302, {"Location": elsewhere.url + rec.path}, b""))
+        self.addCleanup(redirecting.close)
+        with self.assertRaises(LimiterError) as caught:
+            Admin(redirecting.url, "admin-token").audit()
+        self.assertEqual((caught.exception.status, caught.exception.code), (302, "http_302"))
+        self.assertIn(elsewhere.url + Paths.ADMIN_READ_AUDIT, str(caught.exception))
+        self.assertEqual(len(redirecting.requests), 1)
+        self.assertEqual(elsewhere.requests, [], "the server a redirect names received nothing")
 
     def test_acquire_of_another_callers_stream_id_is_not_slot_holder(self) -> None:
         self.fake.acquire_answer = json_answer(403, {"error": not_slot_holder("user-1", "s")})
