@@ -55,8 +55,9 @@ export class Endpoint {
   /**
    * Sends body as JSON (none when undefined) and returns the 2xx answer
    * checked against the schema answer. A non-2xx answer rejects with its
-   * LimiterError; no answer within the timeout (refused, dropped, slow)
-   * with `limiter_unavailable`, status 0; an answer that does not match the
+   * LimiterError, a 3xx too (`http_<status>`, naming its Location: no
+   * redirect is followed); no answer within the timeout (refused, dropped,
+   * slow) with `limiter_unavailable`, status 0; an answer that does not match the
    * contract with `invalid_answer`. The end of options.signal rejects with
    * its reason: the caller gave up, which says nothing about the limiter.
    */
@@ -92,8 +93,18 @@ export class Endpoint {
         headers,
         body: body === undefined ? undefined : JSON.stringify(body),
         signal: controller.signal,
+        // The limiter never redirects its routes, so a 3xx comes from
+        // something in between: following it would send the bearer token
+        // to the same origin's other paths or its https, and a POST again
+        // as a GET.
+        redirect: "manual",
       });
       status = response.status;
+      if (status >= 300 && status <= 399) {
+        await response.body?.cancel();
+        const to = response.headers.get("Location") ?? "nowhere (no Location)";
+        throw new LimiterError(`http_${status}`, `${what}: redirected to ${to}: the client follows no redirect`, { status });
+      }
       retryAfter = response.headers.get("Retry-After");
       text = await this.read(response, what);
     } catch (err) {

@@ -386,6 +386,51 @@ describe("requests and answers", () => {
     }
   });
 
+  test("a redirect is not followed: a 3xx is http_<status> naming its Location, and nothing is sent there", async () => {
+    // The limiter never redirects its routes: a 3xx comes from something in
+    // between. fetch would follow it (sending a POST again as a GET on a
+    // 303, and the bearer token along to the same origin or its https).
+    const elsewhere = await TestServer.start(() => jsonAnswer(200, { records: [] }));
+    try {
+      const targets = [elsewhere.url + Paths.acquire, `${server.url}/moved${Paths.acquire}`];
+      for (const status of [301, 302, 303, 307, 308]) {
+        for (const to of targets) {
+          fake.acquireAnswer = { status, headers: { Location: to }, body: "" };
+          const err = await newClient()
+            .acquire("user-1", "paid")
+            .then(() => assert.fail(`${status} to ${to}: resolved`), (e: unknown) => e);
+          assert.ok(err instanceof LimiterError, `${status} to ${to}: ${String(err)}`);
+          assert.deepEqual([err.status, err.code], [status, `http_${status}`]);
+          assert.ok(err.message.includes(to), `${status}: got ${err.message}, want it to name ${to}`);
+        }
+      }
+      assert.equal(server.received(Paths.acquire).length, 10, "a redirect is not retried");
+      assert.deepEqual(server.received(Paths.release), [], "a redirected acquire took no slot");
+      assert.deepEqual(
+        server.requests.map((r) => r.path).filter((p) => p !== Paths.acquire),
+        [],
+        "the same server got nothing at the path a redirect named",
+      );
+
+      const redirecting = await TestServer.start((rec) => ({ status: 302, headers: { Location: elsewhere.url + rec.path }, body: "" }));
+      try {
+        const err = await new Admin(redirecting.url, "admin-token").audit().then(
+          () => assert.fail("resolved"),
+          (e: unknown) => e,
+        );
+        assert.ok(err instanceof LimiterError, String(err));
+        assert.deepEqual([err.status, err.code], [302, "http_302"]);
+        assert.ok(err.message.includes(elsewhere.url + Paths.adminReadAudit), err.message);
+        assert.equal(redirecting.requests.length, 1);
+      } finally {
+        await redirecting.close();
+      }
+      assert.deepEqual(elsewhere.requests, [], "the server a redirect names received nothing");
+    } finally {
+      await elsewhere.close();
+    }
+  });
+
   test("an acquire of another caller's stream id is not_slot_holder, not retried, and sends no release", async () => {
     fake.acquireAnswer = jsonAnswer(403, { error: notSlotHolder("user-1", "s") });
     const err = await newClient()
