@@ -75,7 +75,8 @@ type Error struct {
 	Status int
 	// Code is the stable error code from the body. When the body is not
 	// the limiter's JSON (a proxy's page), it is limiter_unavailable for
-	// 502/503/504 and "http_<status>" otherwise.
+	// 502/503/504 and "http_<status>" otherwise; a 3xx is always
+	// "http_<status>", its Message naming the Location not followed.
 	Code string
 	// Message is for humans.
 	Message string

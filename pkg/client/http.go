@@ -122,11 +122,19 @@ func transportError(ctx context.Context, method, path string, err error) error {
 	return fmt.Errorf("limiter: %s %s: %w: %w", method, path, ErrUnavailable, err)
 }
 
-// answerError converts a non-2xx answer into an *Error.
+// answerError converts a non-2xx answer into an *Error; a 3xx (which the
+// client's own HTTP client does not follow) names its Location.
 func answerError(resp *http.Response, data []byte) *Error {
 	var body httpapi.ErrorResponse
 	var e *Error
-	if err := json.Unmarshal(data, &body); err == nil && body.Error.Code != "" {
+	if resp.StatusCode >= 300 && resp.StatusCode <= 399 {
+		// Never the limiter's: it redirects none of its routes.
+		to := resp.Header.Get("Location")
+		if to == "" {
+			to = "nowhere (no Location)"
+		}
+		e = &Error{Status: resp.StatusCode, Code: codeOfStatus(resp.StatusCode), Message: "redirected to " + to + ": the client follows no redirect"}
+	} else if err := json.Unmarshal(data, &body); err == nil && body.Error.Code != "" {
 		e = fromWire(resp.StatusCode, body.Error)
 	} else {
 		msg := strings.TrimSpace(string(data))

@@ -78,7 +78,12 @@ func WithToken(token string) Option {
 // WithHTTPClient makes the client send its requests with hc. The client
 // does not modify hc (WithTransport wraps a copy). Default: a client of its
 // own with dial and TLS-handshake timeouts, whose idle connections Close
-// closes. Each call is bounded by WithRequestTimeout, whatever hc's Timeout.
+// closes, and that follows no redirect (the limiter sends none: a 3xx is
+// an *Error with code "http_<status>" naming its Location). hc keeps its
+// own CheckRedirect: net/http's default follows up to 10 redirects, with
+// the bearer token to the same host and its subdomains; set CheckRedirect
+// to return http.ErrUseLastResponse to follow none. Each call is bounded by
+// WithRequestTimeout, whatever hc's Timeout.
 func WithHTTPClient(hc *http.Client) Option {
 	return func(c *config) error {
 		if hc == nil {
@@ -221,6 +226,12 @@ func (c *config) build() (hc *http.Client, owned bool) {
 func defaultHTTPClient(tlsConfig *tls.Config) *http.Client {
 	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
 	return &http.Client{
+		// The limiter redirects none of its routes, so a 3xx comes from
+		// something in between. Following it would send the bearer token
+		// along (net/http keeps it for the same host on any port, and for
+		// its subdomains) and a POST again as a GET: the 3xx is returned
+		// instead, and do makes it an *Error.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		Transport: &http.Transport{
 			TLSClientConfig:       tlsConfig,
 			Proxy:                 http.ProxyFromEnvironment,
