@@ -25,12 +25,13 @@ class LimiterError(Exception):
     """A refusal or failure of the limiter.
 
     ``code`` is stable (an ErrorCode value, or ``http_<status>`` when the
-    answer was not the limiter's JSON, e.g. a proxy's page); ``message`` is
-    for humans. ``status`` is the HTTP status, 0 when there was no answer.
-    ``used``, ``limit`` and ``retry_after`` (seconds, float) are set on
-    ``stream_limit_reached``, and on ``pool_limit_reached`` as the pool
-    key's; ``retry_after`` also from a Retry-After header, when the body
-    gives none or 0. ``pool`` and ``key`` name the pool key of a
+    answer was not the limiter's JSON, e.g. a proxy's page, or was a 3xx,
+    whose Location the client does not follow and ``message`` names);
+    ``message`` is for humans. ``status`` is the HTTP status, 0 when there
+    was no answer. ``used``, ``limit`` and ``retry_after`` (seconds, float)
+    are set on ``stream_limit_reached``, and on ``pool_limit_reached`` as
+    the pool key's; ``retry_after`` also from a Retry-After header, when the
+    body gives none or 0. ``pool`` and ``key`` name the pool key of a
     ``pool_limit_reached``. ``stream_id`` names the stream id of an acquire
     answered ``limiter_unavailable``.
     """

@@ -27,7 +27,8 @@ export interface LimiterErrorFields {
 /**
  * A refusal or failure of the limiter. `code` is stable: an ErrorCode, a
  * ClientCode, or `http_<status>` when an answer was not the limiter's JSON
- * (a proxy's page). `used`, `limit` and `retryAfterMs` are set on
+ * (a proxy's page) or was a 3xx, whose Location the client does not follow
+ * and the message names. `used`, `limit` and `retryAfterMs` are set on
  * `stream_limit_reached`, and on `pool_limit_reached` as the pool key's;
  * `retryAfterMs` also from a Retry-After header, when the body names none
  * or 0. `pool` and `key` name the pool key of a `pool_limit_reached`.
