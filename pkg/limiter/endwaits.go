@@ -12,7 +12,9 @@ import (
 // first attempt when over ends, or one that starts after, is granted or
 // refused at once as before, and ended only if, denied, it would wait.
 // cancel releases the context's resources; call it once Acquire returns.
-// cause should wrap ErrShuttingDown (see there).
+// A drain's cause should wrap ErrShuttingDown (see there). Calls compose:
+// req made by one may be made again with another over and cause, and
+// whichever over ends first ends the waits, with its cause.
 func EndWaitsWith(ctx, over context.Context, cause error, req AcquireRequest) (context.Context, AcquireRequest, context.CancelFunc) {
 	waitCtx, cancelCause := context.WithCancelCause(ctx)
 	// Under mu, whichever of a wait's start and the drain comes second
@@ -28,7 +30,11 @@ func EndWaitsWith(ctx, over context.Context, cause error, req AcquireRequest) (c
 			cancelCause(cause)
 		}
 	})
+	outer := req.waits
 	req.waits = func(on bool) {
+		if outer != nil {
+			outer(on)
+		}
 		mu.Lock()
 		defer mu.Unlock()
 		if waiting = on; on && over.Err() != nil {
