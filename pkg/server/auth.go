@@ -111,7 +111,11 @@ func (c Caller) Allow(plan string) error {
 // header's or gRPC metadata's value, "Bearer <token>"; several are
 // refused). Errors wrap ErrUnauthenticated and never quote a token.
 func (c *Callers) Authenticate(state *tls.ConnectionState, authorization ...string) (Caller, error) {
-	set := c.file.current()
+	return c.file.current().authenticate(state, authorization...)
+}
+
+// authenticate is Callers.Authenticate against the callers of set.
+func (set *callerSet) authenticate(state *tls.ConnectionState, authorization ...string) (Caller, error) {
 	if state != nil && len(state.VerifiedChains) > 0 {
 		name := certName(state.PeerCertificates[0])
 		if who, ok := set.byName(name); ok {
@@ -154,11 +158,7 @@ func (s *Server) authenticate(next http.HandlerFunc) http.HandlerFunc {
 		if s.opts.Callers != nil {
 			var err error
 			if who, err = s.opts.Callers.identify(r); err != nil {
-				challenge := `Bearer realm="limiter"`
-				if _, presented := bearerToken(r); presented {
-					challenge += `, error="invalid_token"`
-				}
-				w.Header().Set("WWW-Authenticate", challenge)
+				challenge(w, r)
 				s.fail(w, r, err)
 				return
 			}
@@ -174,6 +174,16 @@ func (s *Server) authenticate(next http.HandlerFunc) http.HandlerFunc {
 		info.who = who
 		next(w, r)
 	}
+}
+
+// challenge sets the WWW-Authenticate header of r's 401: its bearer
+// token, when it presented one, is invalid.
+func challenge(w http.ResponseWriter, r *http.Request) {
+	header := `Bearer realm="limiter"`
+	if _, presented := bearerToken(r); presented {
+		header += `, error="invalid_token"`
+	}
+	w.Header().Set("WWW-Authenticate", header)
 }
 
 // callerOf returns the caller authenticate found for the request; none

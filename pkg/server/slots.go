@@ -39,14 +39,29 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	// here (releaseUnanswered).
 	ctx := r.Context()
 	acquire := limiter.AcquireRequest{UserID: req.UserID, Plan: req.Plan, StreamID: req.StreamID, Caller: callerOf(r).name, Label: req.Label, Wait: wait, Pools: req.Pools}
+	revoked := context.Background() // never ends: the API is open, or the acquire does not wait
 	if wait > 0 {
 		var cancel context.CancelFunc
 		ctx, acquire, cancel = limiter.EndWaitsWith(ctx, s.waitsOver, ErrShuttingDown, acquire)
 		defer cancel()
+		if s.opts.Callers != nil {
+			var stop func()
+			revoked, stop = s.opts.Callers.whileInForce(r, callerOf(r), req.Plan)
+			defer stop()
+			ctx, acquire, cancel = limiter.EndWaitsWith(ctx, revoked, errWaitRevoked, acquire)
+			defer cancel()
+		}
 	}
 	res, err := s.lim.Acquire(ctx, acquire)
-	if err != nil && errors.Is(context.Cause(ctx), ErrShuttingDown) {
+	switch cause := context.Cause(ctx); {
+	case err == nil:
+	case errors.Is(cause, ErrShuttingDown):
 		err = ErrShuttingDown
+	case errors.Is(cause, errWaitRevoked):
+		// The limiter took the ticket out of the queue, or released the
+		// slot granted as the wait ended.
+		s.refuseRevoked(w, r, context.Cause(revoked))
+		return
 	}
 	if err != nil {
 		status, e := apiError(err)
@@ -88,6 +103,15 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		e.Message += noWait(wait, res, s.lim.MaxQueue())
 		writeError(w, http.StatusTooManyRequests, e)
 		return
+	}
+	if res.Waited > 0 && s.opts.Callers != nil {
+		// Granted as a reload revoked the caller, before its wait could
+		// be ended: the slot goes, as an unanswered one does.
+		if err := s.opts.Callers.stillInForce(r, callerOf(r), req.Plan); err != nil {
+			_, _ = s.lim.ReleaseJoined(context.WithoutCancel(r.Context()), req.UserID, res.StreamID, res.Pools)
+			s.refuseRevoked(w, r, err)
+			return
+		}
 	}
 	if req.StreamID == "" && r.Context().Err() != nil {
 		s.releaseUnanswered(w, r, req.UserID, res)

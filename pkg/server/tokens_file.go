@@ -37,13 +37,22 @@ type tokensFile[S any] struct {
 	parse func(io.Reader) (*S, error)
 	count func(*S) int
 	log   *slog.Logger
-	set   atomic.Pointer[S]
+	gen   atomic.Pointer[generation[S]]
 
 	// Touched by load and watch only (one goroutine after the first load).
 	stamp       fileStamp // of the version in force (or last reported bad)
 	pending     fileStamp // of a change seen once, read when seen again unchanged
 	lastErr     string
 	warnedLoose bool // the file is readable by others (not just its group) and that was logged
+}
+
+// generation is a set in force, and when it stops being: replaced ends
+// when a reload stores the next set, so that what was granted under it
+// (a waiting acquire's caller) can be looked at again without polling.
+type generation[S any] struct {
+	set      *S
+	replaced context.Context
+	end      context.CancelFunc
 }
 
 // fileStamp tells whether a file changed since it was read: its time and
@@ -67,7 +76,7 @@ func loadTokensFile[S any](path, what string, parse func(io.Reader) (*S, error),
 	if err != nil {
 		return nil, err
 	}
-	f.set.Store(set)
+	f.store(set)
 	f.stamp = stamp
 	f.checkMode(fi)
 	return f, nil
@@ -112,7 +121,18 @@ func readStamped(path string) ([]byte, os.FileInfo, fileStamp, error) {
 func stampOf(fi os.FileInfo) fileStamp { return fileStamp{modTime: fi.ModTime(), size: fi.Size()} }
 
 // current returns the tokens in force.
-func (f *tokensFile[S]) current() *S { return f.set.Load() }
+func (f *tokensFile[S]) current() *S { return f.gen.Load().set }
+
+// generation returns the tokens in force and when they stop being.
+func (f *tokensFile[S]) generation() *generation[S] { return f.gen.Load() }
+
+// store puts set in force and ends the generation it replaces.
+func (f *tokensFile[S]) store(set *S) {
+	replaced, end := context.WithCancel(context.Background())
+	if old := f.gen.Swap(&generation[S]{set: set, replaced: replaced, end: end}); old != nil {
+		old.end()
+	}
+}
 
 // watch re-reads the file when its modification time, size or content
 // changes (within two intervals), checking every interval until ctx ends. A removed
@@ -160,7 +180,7 @@ func (f *tokensFile[S]) reload() {
 	}
 	f.pending = fileStamp{}
 	if seen == removed {
-		f.set.Store(new(S))
+		f.store(new(S))
 		f.stamp, f.lastErr = removed, ""
 		f.log.Warn(f.what+" file removed: every one of its tokens is revoked until it is back", "file", f.path)
 		return
@@ -173,7 +193,7 @@ func (f *tokensFile[S]) reload() {
 		f.failed(err)
 		return
 	}
-	f.set.Store(set)
+	f.store(set)
 	f.stamp, f.lastErr = stamp, ""
 	if f.count(set) == 0 {
 		// As loud as a removed file or an empty one at start: every token

@@ -1,0 +1,146 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/joishi/limiter/internal/limitertest"
+	"github.com/joishi/limiter/pkg/httpapi"
+)
+
+// asyncAs is as, from a goroutine of its own (which must not fail the
+// test): where its answer arrives.
+func (e *authEnv) asyncAs(t *testing.T, token, path string, body any) <-chan asyncReply {
+	data := mustJSON(t, body)
+	out := make(chan asyncReply, 1)
+	go func() {
+		req, err := http.NewRequest("POST", e.url+path, bytes.NewReader(data))
+		if err != nil {
+			out <- asyncReply{err: err}
+			return
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := e.client.Do(req)
+		if err != nil {
+			out <- asyncReply{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		out <- asyncReply{reply: reply{status: resp.StatusCode, header: resp.Header, body: b}, err: err}
+	}()
+	return out
+}
+
+// A reload of the API tokens file that revokes a caller, its token or
+// the plan while its acquire waits ends that wait: the acquire is refused
+// (401, or 403 for the plan), holds no slot and no place in the queue,
+// and a caller still in force waiting behind it is granted the next slot.
+func TestAWaitingAcquireOfARevokedCallerIsNotGranted(t *testing.T) {
+	const (
+		before  = "chat " + chatToken + " *\nbatch " + batchToken + " *\n"
+		rotated = "chat-rotated-0123456789abcdef"
+	)
+	cases := []struct {
+		name    string
+		rewrite string // the tokens file rewritten while chat's acquire waits
+		status  int
+		code    string
+		message string
+	}{
+		{"the caller is removed", "batch " + batchToken + " *\n", http.StatusUnauthorized, httpapi.CodeUnauthenticated, `caller "chat" was revoked`},
+		{"the caller's token is rotated", "chat " + rotated + " *\nbatch " + batchToken + " *\n", http.StatusUnauthorized, httpapi.CodeUnauthenticated, `caller "chat" was revoked`},
+		{"the caller's plan is withdrawn", "chat " + chatToken + " no-wait\nbatch " + batchToken + " *\n", http.StatusForbidden, httpapi.CodePlanNotAllowed, `caller "chat" may no longer use plan "wait"`},
+	}
+	for _, backend := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
+		for _, tc := range cases {
+			t.Run(backend.String()+"/"+tc.name, func(t *testing.T) {
+				path := writeCallers(t, before)
+				e, callers := newAuthEnvOf(t, path, 10*time.Millisecond, limitertest.Options{Backend: backend, Tiers: waitTiers()})
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan struct{})
+				go func() { defer close(done); callers.Watch(ctx) }()
+				t.Cleanup(func() { cancel(); <-done })
+
+				user := newUser(t)
+				acquire := func(stream string) httpapi.AcquireRequest {
+					return httpapi.AcquireRequest{UserID: user, Plan: "wait", StreamID: stream, WaitMs: 5000}
+				}
+				decode[httpapi.AcquireResponse](t, e.as(t, batchToken, "POST", httpapi.PathAcquire, httpapi.AcquireRequest{UserID: user, Plan: "wait", StreamID: "first"}), http.StatusOK)
+				revoked := e.asyncAs(t, chatToken, httpapi.PathAcquire, acquire("revoked"))
+				queued(t, e, user, 1)
+				beside := e.asyncAs(t, batchToken, httpapi.PathAcquire, acquire("beside"))
+				queued(t, e, user, 2)
+
+				rewriteCallers(t, path, tc.rewrite)
+				// The wait ends at the reload, not at its 5s end, and with
+				// the slot still held: nothing was granted to it.
+				var r reply
+				select {
+				case got := <-revoked:
+					r = got.get(t)
+				case <-time.After(3 * time.Second):
+					t.Fatal("the revoked caller's acquire still waits 3s after the rewrite, want its wait ended at the reload")
+				}
+				got := wantError(t, r, tc.status, tc.code)
+				if !strings.Contains(got.Message, tc.message) {
+					t.Errorf("message %q, want it to say %q", got.Message, tc.message)
+				}
+				if challenge := r.header.Get("WWW-Authenticate"); (tc.status == http.StatusUnauthorized) != (challenge != "") {
+					t.Errorf("WWW-Authenticate %q on a %d", challenge, tc.status)
+				}
+				queued(t, e, user, 1) // beside's ticket alone
+				decode[httpapi.ReleaseResponse](t, e.as(t, batchToken, "POST", httpapi.PathRelease, httpapi.ReleaseRequest{UserID: user, StreamID: "first"}), http.StatusOK)
+				granted := decode[httpapi.AcquireResponse](t, (<-beside).get(t), http.StatusOK)
+				if !granted.Granted || granted.StreamID != "beside" {
+					t.Errorf("the caller in force waiting beside: got %+v, want granted", granted)
+				}
+				slots, err := e.lim.Slots(context.Background(), user)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if slots.Used != 1 || len(slots.Slots) != 1 || slots.Slots[0].StreamID != "beside" || len(slots.Queue) != 0 {
+					t.Errorf("user's slots %+v, queue %+v: want beside's slot alone, nothing queued", slots.Slots, slots.Queue)
+				}
+			})
+		}
+	}
+}
+
+// queued waits until user's queue holds n tickets.
+func queued(t *testing.T, e *authEnv, user string, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		got, err := e.lim.Slots(context.Background(), user)
+		if err == nil && len(got.Queue) == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("queue %+v, %v: want %d tickets", got.Queue, err, n)
+		}
+	}
+}
+
+// rewriteCallers replaces the tokens file at path with content, as a
+// Secret update does: a new file renamed over it, with an mtime of its own.
+func rewriteCallers(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stamp := time.Now().Add(time.Hour)
+	if err := os.Chtimes(tmp, stamp, stamp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
