@@ -276,6 +276,9 @@ func preflight(r *http.Request) bool {
 }
 
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
+	// What the upstream will not receive is not read: neither a preflight's
+	// headers nor the identity, pool keys and label below.
+	dropConnectionHeaders(r.Header)
 	switch {
 	case r.URL.Opaque != "":
 		// x:http:/v1/chat/completions: net/http keeps http:/v1/... as the
@@ -302,7 +305,6 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("the request's headers are %d bytes, over the %d allowed", n, p.opts.MaxHeaderBytes)).Write(w)
 		return
 	}
-	dropConnectionHeaders(r.Header)
 	id, err := p.ident.Resolve(requestHeaders{r})
 	if err != nil {
 		p.holder.Refused(ctx, hold.ReasonIdentity)

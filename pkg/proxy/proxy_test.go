@@ -159,6 +159,13 @@ func TestUnlimitedRoutesPassThrough(t *testing.T) {
 	}
 }
 
+// withConnection is h with a Connection header of connection.
+func withConnection(h http.Header, connection string) http.Header {
+	out := h.Clone()
+	out.Set("Connection", connection)
+	return out
+}
+
 // A browser's CORS preflight of a limited route (OPTIONS with Origin and
 // Access-Control-Request-Method) reaches the upstream, which answers it,
 // without an identity and without a slot, even for a user at its limit;
@@ -205,6 +212,10 @@ func TestACORSPreflightPassesWithoutASlot(t *testing.T) {
 		{"an OPTIONS without Origin", "OPTIONS", http.Header{"Access-Control-Request-Method": {"POST"}}, "", http.StatusUnauthorized},
 		{"an OPTIONS without Access-Control-Request-Method", "OPTIONS", http.Header{"Origin": {"https://chat.example"}}, "", http.StatusUnauthorized},
 		{"a POST with a preflight's headers", "POST", cors, "", http.StatusUnauthorized},
+		// The upstream never receives headers the client names in
+		// Connection: so named, Origin makes no preflight of it.
+		{"an OPTIONS naming Origin in Connection", "OPTIONS", withConnection(cors, "Origin"), "", http.StatusUnauthorized},
+		{"an OPTIONS naming Access-Control-Request-Method in Connection", "OPTIONS", withConnection(cors, "keep-alive, access-control-request-method"), "", http.StatusUnauthorized},
 		{"a POST with a preflight's headers, of a user at its limit", "POST", cors, user, http.StatusTooManyRequests},
 		// A preflight has no body: an OPTIONS with one, to an upstream
 		// that streams for any method, is limited as any request.
