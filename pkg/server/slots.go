@@ -106,9 +106,14 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	}
 	if res.Waited > 0 && s.opts.Callers != nil {
 		// Granted as a reload revoked the caller, before its wait could
-		// be ended: the slot goes, as an unanswered one does.
+		// be ended: a new slot goes, as an unanswered one does. An
+		// extension of a stream the caller held already is not this
+		// request's alone to end: it lasts its TTL, as the revoked
+		// caller's other slots do.
 		if err := s.opts.Callers.stillInForce(r, callerOf(r), req.Plan); err != nil {
-			_, _ = s.lim.ReleaseJoined(context.WithoutCancel(r.Context()), req.UserID, res.StreamID, res.Pools)
+			if !res.Extended {
+				_, _ = s.lim.ReleaseJoined(context.WithoutCancel(r.Context()), req.UserID, res.StreamID, res.Pools)
+			}
 			s.refuseRevoked(w, r, err)
 			return
 		}
