@@ -160,6 +160,14 @@ func TestAnUnconfirmedGrantIsGivenBackThoughItsCallerLeft(t *testing.T) {
 			if err == nil || res.Granted {
 				t.Fatalf("the acquire: %+v, %v; want it refused, unconfirmed or its caller gone", res, err)
 			}
+			// A waiter's grant comes from its queue's call, whose WAIT runs
+			// on whatever the waiter does: one that left meanwhile is
+			// answered as one that left, not as the limiter failing. (One
+			// that did not wait is answered whichever comes first, its
+			// context's end or the WAIT's.)
+			if tc.waits && !errors.Is(err, context.Canceled) {
+				t.Errorf("the acquire: %v; want its caller's leaving (context.Canceled), as it left before the answer, not the limiter failing", err)
+			}
 			time.Sleep(1500 * time.Millisecond) // past its WAIT, and any give-back beside the answer
 			slots, err := s.Limiter.Slots(ctx, user)
 			if err != nil {

@@ -193,6 +193,13 @@ func (l *Limiter) awaitSlot(ctx context.Context, key string, req AcquireRequest,
 			res.Tier = r.tier
 		}
 		if err := l.confirmGrant(ctx, r.replicas, tier, leaving(key, req.StreamID, r.share, lua.Extension{}, generated), &res); err != nil {
+			if ctx.Err() != nil {
+				// Its caller left during the WAIT: given back all the same,
+				// and answered as a request whose caller left, not as the
+				// limiter failing.
+				outcome = WaitCancelled
+				return AcquireResult{StreamID: req.StreamID, Limit: res.Limit, Tier: tier, Waited: took}, r, ctx.Err()
+			}
 			outcome = WaitFailed
 			return res, r, err
 		}
