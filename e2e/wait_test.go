@@ -152,6 +152,28 @@ func TestTheWaitersOfAKilledReplicaAreSkipped(t *testing.T) {
 	t.Logf("waiters of the killed replica skipped: survivor granted %v after the kill (ticket TTL %v)", took.Round(time.Millisecond), limiter.DefaultTicketTTL)
 }
 
+// TestARetryOfAKilledReplicasWaiterIsGrantedAtOnce: an acquire waits
+// through a replica that is then SIGKILLed; its client retries the same
+// stream through another replica, without waiting, as the slot frees.
+// The free slot is owed to the stream's own ticket, which has not lapsed
+// yet: the retry takes it at once, not a ticket TTL later.
+func TestARetryOfAKilledReplicasWaiterIsGrantedAtOnce(t *testing.T) {
+	e := startWaitEnv(t)
+	user := "retried-" + randomID()
+	e.hold(t, 0, user, "solo", "holder")
+	waitingAcquire(context.Background(), e.servers[1].API, user, "solo", "s", 30_000)
+	e.queues.await(t, user, 5*time.Second, "s queued", func(q []string) bool { return len(q) == 1 && q[0] == "s" })
+
+	e.servers[1].Kill()
+	e.release(t, 0, user, "holder")
+	e.hold(t, 2, user, "solo", "s")
+	status, _, body := call(t, httpClient, http.MethodPost, e.servers[0].API+httpapi.PathAcquire,
+		httpapi.AcquireRequest{UserID: user, Plan: "solo", StreamID: "other"}, nil)
+	if status != http.StatusTooManyRequests {
+		t.Fatalf("another stream beside the retried one: %d %s, want 429 (the one slot is s's)", status, body)
+	}
+}
+
 // TestAClientThatDisconnectsLeavesTheQueueAtOnce: a waiting acquire whose
 // client goes away leaves the queue at once, not when its ticket would
 // expire, and the next one moves up.

@@ -149,6 +149,22 @@ local fits = taken < limit
 for _, room in ipairs(slack) do
   fits = fits and room >= 1
 end
+-- A stream id waiting in the queue under another caller is that caller's,
+-- as a held slot is (see extend): no slot is taken under it. (A held one
+-- goes by its slot's record.)
+local theirs = waiting > 0 and caller ~= '' and foreign(redis.call('HGET', recs, member), caller)
+-- A request of a stream whose own ticket (this caller's) is owed one of
+-- the free slots under this call's limit takes that slot, none of the
+-- others': a retry of the stream, its waiting request's server gone or
+-- not. The ticket keeps its place: its server, woken, finds the stream
+-- held and shares the slot (see wait); a gone server's ticket lapses.
+local ownTurn = false
+for k, id in ipairs(due) do
+  if id == member and used + k <= limit then
+    ownTurn = not theirs
+  end
+end
+fits = fits or ownTurn
 -- Shadow mode: what the limit would refuse is granted, and said to be.
 local wouldRefuse = 0
 if not fits and shadow then
@@ -220,11 +236,6 @@ local function extend(score)
   end
   held = kept
 end
-
--- A stream id waiting in the queue under another caller is that caller's,
--- as a held slot is (see extend): no slot is taken under it. (A held one
--- goes by its slot's record.)
-local theirs = waiting > 0 and caller ~= '' and foreign(redis.call('HGET', recs, member), caller)
 
 if theirs and not redis.call('ZSCORE', key, member) then
   granted = -2
@@ -301,6 +312,8 @@ end
 local wake = {}
 if pruned > 0 then
   wake = due
+elseif ownTurn and granted > 0 then
+  wake = {member}
 end
 
 return {granted, used, expires, pruned, retry, override, wake, wouldRefuse, held, share, from, owedTo}

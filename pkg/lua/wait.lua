@@ -270,13 +270,18 @@ for i = 1, n do
       leaveFull(full, id)
     end
     denied = true
-  elseif not queued[id] and redis.call('ZSCORE', slots, id) then
+  elseif redis.call('ZSCORE', slots, id) and not (queued[id] and foreign(redis.call('HGET', meta, id), caller)) then
     -- Held already (granted to a call whose answer was lost, or to
-    -- another request of the stream): extend it, as acquire does.
+    -- another request of the stream, queued or not: it needs no free
+    -- slot, so its place is not waited for): extend it, as acquire does.
+    -- (Another caller's slot of a queued stream is answered in the
+    -- ticket's turn, below.)
     extendHeld(i, id)
-    redis.call('ZREM', expiry, id)
-    redis.call('HDEL', recs, id)
-    refresh[id] = nil
+    dropTicket(queue, expiry, recs, id)
+    queued[id], refresh[id] = nil, nil
+    if full then
+      leaveFull(full, id)
+    end
     granted = true
   -- A full queue takes a new ticket only in the place of one served after
   -- it (displaces); in shadow mode, which refuses none, the ticket queues

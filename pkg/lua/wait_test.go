@@ -1014,3 +1014,75 @@ func TestARefusalAfterAPruneCountsOnlyThoseTheFreeSlotsAreOwedTo(t *testing.T) {
 		}
 	})
 }
+
+// TestARetryOfAWaitingStreamTakesTheSlotItsTicketIsOwed: stream s waits
+// in the queue (its server gone, its ticket not yet lapsed) and is owed
+// the slot x frees. A retry of s that does not wait takes that slot,
+// where it was refused for its own ticket; its ticket keeps its place and
+// is woken, and its server's next call shares the held slot. Another
+// caller's retry of s takes nothing, and a ticket not yet owed a slot
+// (t, behind s) gives its stream's retry none.
+func TestARetryOfAWaitingStreamTakesTheSlotItsTicketIsOwed(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		chat := func(token string) lua.Record { return lua.Record{Caller: "chat", Plan: "one", Token: token} }
+		if got, err := lua.Acquire(ctx, c, key, "x", 1, 10*time.Second, chat("tokX"), false); err != nil || !got.Granted {
+			t.Fatalf("x: %+v, %v", got, err)
+		}
+		a := lua.WaitArgs{Limit: 1, SlotTTL: 10 * time.Second, TicketTTL: 10 * time.Second, MaxQueue: 10,
+			Tickets: []lua.TicketArgs{{StreamID: "s", Record: chat("tokS")}, {StreamID: "t", Record: chat("tokT")}}}
+		w := mustWait(t, c, key, a)
+		wantTicket(t, "s", w.Tickets[0], lua.TicketQueued, 1)
+		wantTicket(t, "t", w.Tickets[1], lua.TicketQueued, 2)
+		mustRelease(t, c, key, "x")
+
+		if got, err := lua.Acquire(ctx, c, key, "t", 1, 10*time.Second, chat("tokT2"), false); err != nil || got.Granted {
+			t.Errorf("a retry of t, behind s: %+v, %v; want refused (the free slot is s's)", got, err)
+		}
+		if got, err := lua.Acquire(ctx, c, key, "s", 1, 10*time.Second, lua.Record{Caller: "mallory", Plan: "one", Token: "tokM"}, false); err != nil || got.Granted || !got.NotHolder {
+			t.Errorf("another caller's take of s: %+v, %v; want refused, not the holder", got, err)
+		}
+		retry, err := lua.Acquire(ctx, c, key, "s", 1, 10*time.Second, chat("tokS2"), false)
+		if err != nil || !retry.Granted || retry.Extended || !slices.Equal(retry.Wake, []string{"s"}) {
+			t.Fatalf("a retry of s, its ticket owed the free slot: %+v, %v; want a new slot, s's ticket woken", retry, err)
+		}
+		wantQueued(t, c, key, "s", "t")
+
+		a.Tickets = a.Tickets[:1]
+		got := mustWait(t, c, key, a).Tickets[0]
+		if got.State != lua.TicketGranted || !got.Extended || got.Share != (lua.Share{Index: 1, StartedAtMs: retry.StartedAtMs}) {
+			t.Fatalf("s's waiting request, its stream held: %+v; want it to share the retry's slot (share 1)", got)
+		}
+		wantQueued(t, c, key, "t")
+		if n := zcard(t, c, key); n != 1 {
+			t.Fatalf("%d slots held; want 1, s's", n)
+		}
+	})
+}
+
+// TestARetryThatGivesItsSlotBackLeavesItsTicketsPlace: a retry of a
+// waiting stream takes the slot its ticket is owed, then gives it back
+// before the ticket's server calls: the ticket has kept its place ahead
+// of t, and is granted the slot.
+func TestARetryThatGivesItsSlotBackLeavesItsTicketsPlace(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		key := newKey(t)
+		mustAcquire(t, c, key, "x", 1)
+		w := mustWait(t, c, key, waitArgs(1, []string{"s", "t"}))
+		wantTicket(t, "s", w.Tickets[0], lua.TicketQueued, 1)
+		mustRelease(t, c, key, "x")
+		if got := mustAcquire(t, c, key, "s", 1); !got.Granted {
+			t.Fatalf("a retry of s, its ticket owed the free slot: %+v; want granted", got)
+		}
+		if rel := mustRelease(t, c, key, "s"); !rel.Released {
+			t.Fatalf("the retry giving the slot back: %+v", rel)
+		}
+		later := mustWait(t, c, key, waitArgs(1, []string{"t"}))
+		wantTicket(t, "t", later.Tickets[0], lua.TicketQueued, 2)
+		first := mustWait(t, c, key, waitArgs(1, []string{"s"}))
+		if first.Tickets[0].State != lua.TicketGranted || first.Tickets[0].Extended {
+			t.Fatalf("s, first in the queue with a slot free: %+v; want a new slot", first.Tickets[0])
+		}
+	})
+}
