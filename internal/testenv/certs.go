@@ -10,6 +10,7 @@ import (
 	"encoding/pem"
 	"math/big"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -41,6 +42,7 @@ type CertSpec struct {
 	CommonName string
 	DNSNames   []string
 	IPs        []string // e.g. "127.0.0.1"
+	URIs       []string // e.g. "spiffe://cluster.local/ns/llm/sa/gateway"
 }
 
 // NewCA makes a CA named "limiter test CA".
@@ -85,6 +87,13 @@ func (ca *CA) Issue(t testing.TB, spec CertSpec) (certPEM, keyPEM []byte) {
 	}
 	for _, ip := range spec.IPs {
 		tmpl.IPAddresses = append(tmpl.IPAddresses, net.ParseIP(ip))
+	}
+	for _, raw := range spec.URIs {
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmpl.URIs = append(tmpl.URIs, u)
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {

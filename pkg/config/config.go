@@ -73,8 +73,9 @@ type ListenerTLS struct {
 	CertFile string `mapstructure:"certFile"`
 	KeyFile  string `mapstructure:"keyFile"`
 	// ClientCAFile is a PEM bundle of the CAs whose client certificates
-	// identify callers: a certificate's first DNS name (else its common
-	// name) must name a line of api.tokensFile, which scopes it like a
+	// identify callers: a certificate's first DNS name (its common name
+	// only when it has no SAN at all; one whose SANs hold no DNS name is
+	// refused) must name a line of api.tokensFile, which scopes it like a
 	// token (its token column may be "-"). A client without a certificate
 	// may still send a token. Requires certFile and api.tokensFile.
 	// Read at start. Default "": no client certificates.

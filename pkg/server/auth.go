@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/asn1"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/joishi/limiter/pkg/httpapi"
@@ -117,7 +119,10 @@ func (c *Callers) Authenticate(state *tls.ConnectionState, authorization ...stri
 // authenticate is Callers.Authenticate against the callers of set.
 func (set *callerSet) authenticate(state *tls.ConnectionState, authorization ...string) (Caller, error) {
 	if state != nil && len(state.VerifiedChains) > 0 {
-		name := certName(state.PeerCertificates[0])
+		name, err := certName(state.PeerCertificates[0])
+		if err != nil {
+			return Caller{}, err
+		}
 		if who, ok := set.byName(name); ok {
 			return Caller{who}, nil
 		}
@@ -140,13 +145,57 @@ func (set *callerSet) authenticate(state *tls.ConnectionState, authorization ...
 	return Caller{who}, nil
 }
 
-// certName is the caller name of a client certificate: its first DNS name,
-// else its subject's common name.
-func certName(cert *x509.Certificate) string {
+// certName is the caller name of a client certificate: its first DNS
+// name; its subject's common name only when it has no SAN at all. As in
+// crypto/tls since Go 1.15, a certificate with SANs is named by them
+// alone, so a CA that lets requesters choose the common name but checks
+// the SANs issues no certificate of another caller. One whose SANs hold no
+// DNS name (a URI, IP or email only) names none: an error wrapping
+// ErrUnauthenticated that lists them.
+func certName(cert *x509.Certificate) (string, error) {
 	if len(cert.DNSNames) > 0 {
-		return cert.DNSNames[0]
+		return cert.DNSNames[0], nil
 	}
-	return cert.Subject.CommonName
+	if !hasSANs(cert) {
+		return cert.Subject.CommonName, nil
+	}
+	return "", &authError{ErrUnauthenticated, fmt.Sprintf("the client certificate has no DNS name to name its caller, only %s; its common name is not used when it has SANs (give it a DNS name of a caller of the API tokens file)", otherSANs(cert))}
+}
+
+// hasSANs reports whether cert has a subject alternative name extension,
+// of any kind (crypto/x509 parses DNS, email, IP and URI names only).
+func hasSANs(cert *x509.Certificate) bool {
+	for _, ext := range cert.Extensions {
+		if ext.Id.Equal(asn1.ObjectIdentifier{2, 5, 29, 17}) {
+			return true
+		}
+	}
+	return false
+}
+
+// maxListedSANs bounds how many SANs certName's error lists.
+const maxListedSANs = 4
+
+// otherSANs lists the SANs of a certificate without a DNS name, for
+// certName's error.
+func otherSANs(cert *x509.Certificate) string {
+	var sans []string
+	for _, u := range cert.URIs {
+		sans = append(sans, fmt.Sprintf("URI %q", u.String()))
+	}
+	for _, ip := range cert.IPAddresses {
+		sans = append(sans, "IP "+ip.String())
+	}
+	for _, email := range cert.EmailAddresses {
+		sans = append(sans, fmt.Sprintf("email %q", email))
+	}
+	switch {
+	case len(sans) == 0:
+		return "SANs of kinds the limiter does not read"
+	case len(sans) > maxListedSANs:
+		return fmt.Sprintf("SANs %s and %d more", strings.Join(sans[:maxListedSANs], ", "), len(sans)-maxListedSANs)
+	}
+	return "SANs " + strings.Join(sans, ", ")
 }
 
 // authenticate runs next for the request's caller, and refuses a request

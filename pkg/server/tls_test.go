@@ -86,9 +86,37 @@ func TestAPIAuthMatrixOverMutualTLS(t *testing.T) {
 		{name: "a certificate of a caller with every plan (*)", caller: "ops.example", plan: true, via: m.as(t, dnsCert("ops.example"), nil)},
 	})
 
-	t.Run("a certificate without a DNS name is named by its common name", func(t *testing.T) {
+	t.Run("a certificate without SANs is named by its common name", func(t *testing.T) {
 		decode[httpapi.TiersResponse](t, m.as(t, &testenv.CertSpec{CommonName: "cn-caller"}, nil).call(t, "GET", httpapi.PathTiers, nil, false), http.StatusOK)
 	})
+	t.Run("a DNS name names the caller beside other SANs", func(t *testing.T) {
+		spec := &testenv.CertSpec{CommonName: "cn-caller", DNSNames: []string{"chat.example"}, URIs: []string{"spiffe://cluster.local/ns/llm/sa/chat"}, IPs: []string{"10.0.0.7"}}
+		r := m.as(t, spec, nil).callWith(t, "POST", httpapi.PathAcquire, mustJSON(t, httpapi.AcquireRequest{UserID: newUser(t), Plan: "one"}), false, nil)
+		decode[httpapi.AcquireResponse](t, r, http.StatusOK)
+	})
+	// As crypto/tls since Go 1.15: a certificate with SANs is named by
+	// them, so a CA that lets a requester choose the common name but not
+	// the SANs issues no certificate of another caller.
+	for _, c := range []struct {
+		name string
+		spec testenv.CertSpec
+		sans string // the message names them
+	}{
+		{"a URI SAN without a DNS name is refused, not named by the common name",
+			testenv.CertSpec{CommonName: "cn-caller", URIs: []string{"spiffe://cluster.local/ns/llm/sa/chat"}}, `URI "spiffe://cluster.local/ns/llm/sa/chat"`},
+		{"an IP SAN without a DNS name is refused, not named by the common name",
+			testenv.CertSpec{CommonName: "cn-caller", IPs: []string{"10.0.0.7"}}, "IP 10.0.0.7"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := m.as(t, &c.spec, nil).call(t, "GET", httpapi.PathTiers, nil, false)
+			e := wantError(t, r, http.StatusUnauthorized, httpapi.CodeUnauthenticated)
+			for _, want := range []string{c.sans, "no DNS name", "common name is not used"} {
+				if !strings.Contains(e.Message, want) {
+					t.Errorf("message: got %q, want it to say %q", e.Message, want)
+				}
+			}
+		})
+	}
 	t.Run("the first DNS name names the caller, not the common name", func(t *testing.T) {
 		r := m.as(t, &testenv.CertSpec{CommonName: "cn-caller", DNSNames: []string{"stranger.example"}}, nil).call(t, "GET", httpapi.PathTiers, nil, false)
 		e := wantError(t, r, http.StatusUnauthorized, httpapi.CodeUnauthenticated)
