@@ -118,7 +118,8 @@ type JWT struct {
 	// Default "".
 	JWKSFile string `mapstructure:"jwksFile"`
 	// JWKSURL is a JSON Web Key Set URL (the issuer's jwks_uri), cached
-	// for CacheTTL. Default "".
+	// for CacheTTL. Its fetch follows at most 5 redirects, none from https
+	// to plain http. Default "".
 	JWKSURL string `mapstructure:"jwksURL"`
 	// Issuer must equal the token's iss. Required with a JWT.
 	Issuer string `mapstructure:"issuer"`

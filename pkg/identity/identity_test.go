@@ -404,6 +404,63 @@ func TestJWKSURLIsCachedAndRefetchedForANewKid(t *testing.T) {
 	}
 }
 
+// A JWKS URL's redirects are followed within https; one from https to
+// plain http is refused (anyone on the path could serve keys that verify
+// forged tokens), naming its target, and the plain server is never asked.
+func TestJWKSURLRedirects(t *testing.T) {
+	key := newSigner(t, "a", "EdDSA")
+	var plainHits atomic.Int32
+	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		plainHits.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(jwks(key))
+	}))
+	defer plain.Close()
+	mux := http.NewServeMux()
+	mux.HandleFunc("/jwks", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(jwks(key))
+	})
+	mux.Handle("/moved", http.RedirectHandler("/jwks", http.StatusFound))
+	mux.Handle("/to-plain", http.RedirectHandler(plain.URL+"/jwks", http.StatusFound))
+	mux.HandleFunc("/loop", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/loop?"+r.URL.RawQuery+"x", http.StatusFound)
+	})
+	srv := httptest.NewTLSServer(mux)
+	defer srv.Close()
+	token := bearer(key.sign(t, claims("alice", nil)))
+	for _, tc := range []struct {
+		name, path string
+		wantErr    []string // "" when the token verifies
+	}{
+		{"a redirect within https is followed", "/moved", nil},
+		{"a redirect from https to http is refused", "/to-plain", []string{plain.URL + "/jwks", "leaves https"}},
+		{"redirects are bounded", "/loop", []string{"stopped after 5 redirects"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := jwtResolver(t, "", func(j *identity.JWT) { j.JWKSURL, j.HTTPClient = srv.URL+tc.path, srv.Client() })
+			_, err := r.Resolve(token)
+			if tc.wantErr == nil {
+				if err != nil {
+					t.Fatalf("got %v, want the token verified", err)
+				}
+				return
+			}
+			if !errors.Is(err, identity.ErrInvalidToken) {
+				t.Fatalf("got %v, want ErrInvalidToken", err)
+			}
+			for _, want := range tc.wantErr {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error: got %q, want it to say %q", err, want)
+				}
+			}
+		})
+	}
+	if got := plainHits.Load(); got != 0 {
+		t.Errorf("the plain http server got %d requests, want none", got)
+	}
+}
+
 // A JWKS URL that answers a set with no usable key revokes every key; one
 // that fails, or answers what is no JWKS, keeps the keys in force.
 func TestAJWKSURLWithNoUsableKeyRevokesEveryKey(t *testing.T) {

@@ -31,6 +31,7 @@ const (
 	maxJWKSBytes     = 1 << 20
 	minRSAKeyBits    = 2048
 	jwksFetchTimeout = 5 * time.Second
+	maxJWKSRedirects = 5
 )
 
 // keySet is the usable keys of one JSON Web Key Set.
@@ -323,6 +324,30 @@ func (u *urlSource) start() <-chan struct{} {
 	return done
 }
 
+// checkRedirect is the redirect policy of a JWKS URL's fetch: at most
+// maxJWKSRedirects, and none that leaves https when the URL is https
+// (anyone on a plain http path could serve keys that verify forged
+// tokens); then own, the HTTPClient's policy, when it has one.
+func checkRedirect(own func(*http.Request, []*http.Request) error) func(*http.Request, []*http.Request) error {
+	return func(req *http.Request, via []*http.Request) error {
+		switch {
+		case via[0].URL.Scheme == "https" && req.URL.Scheme != "https":
+			return &redirectError{fmt.Sprintf("redirected to %s, which leaves https: refused (a key set fetched over plain http could be anyone's)", req.URL.Redacted())}
+		case len(via) >= maxJWKSRedirects:
+			return &redirectError{fmt.Sprintf("stopped after %d redirects (the last to %s)", maxJWKSRedirects, req.URL.Redacted())}
+		case own != nil:
+			return own(req, via)
+		}
+		return nil
+	}
+}
+
+// redirectError is a redirect checkRedirect refused. Its message names the
+// target, so fetch returns it without the *url.Error around it.
+type redirectError struct{ msg string }
+
+func (e *redirectError) Error() string { return e.msg }
+
 func (u *urlSource) fetch() (*keySet, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), jwksFetchTimeout)
 	defer cancel()
@@ -332,6 +357,9 @@ func (u *urlSource) fetch() (*keySet, error) {
 	}
 	req.Header.Set("Accept", "application/json")
 	resp, err := u.client.Do(req)
+	if refused := (*redirectError)(nil); errors.As(err, &refused) {
+		return nil, refused
+	}
 	if err != nil {
 		return nil, err
 	}

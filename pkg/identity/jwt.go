@@ -33,7 +33,8 @@ type JWT struct {
 	// on first use and again after CacheTTL, or sooner (at most every
 	// 10s) when a token names a key id the set lacks. A failed fetch
 	// keeps the previous keys in force; a set with no usable key revokes
-	// them all. Default "".
+	// them all. A redirect from an https URL to plain http fails the
+	// fetch (see HTTPClient). Default "".
 	JWKSURL string
 	// Issuer must equal the token's iss. Required.
 	Issuer string
@@ -51,6 +52,8 @@ type JWT struct {
 	// CacheTTL is how long a set fetched from JWKSURL is used. Default 5m.
 	CacheTTL time.Duration
 	// HTTPClient fetches JWKSURL. Default: a client with a 5s timeout.
+	// Either way the fetch follows at most 5 redirects, and none from an
+	// https URL to plain http; a CheckRedirect of its own is asked after.
 	HTTPClient *http.Client
 }
 
@@ -103,7 +106,9 @@ func newVerifier(opts JWT, log *slog.Logger) (*verifier, error) {
 		v.sources = append(v.sources, f)
 	}
 	if opts.JWKSURL != "" {
-		v.sources = append(v.sources, &urlSource{url: opts.JWKSURL, client: opts.HTTPClient, ttl: opts.CacheTTL, log: log})
+		client := *opts.HTTPClient // a copy: the redirect policy is the fetch's own
+		client.CheckRedirect = checkRedirect(client.CheckRedirect)
+		v.sources = append(v.sources, &urlSource{url: opts.JWKSURL, client: &client, ttl: opts.CacheTTL, log: log})
 	}
 	return v, nil
 }
