@@ -152,19 +152,19 @@ end
 -- A stream id waiting in the queue under another caller is that caller's,
 -- as a held slot is (see extend): no slot is taken under it. (A held one
 -- goes by its slot's record.)
-local theirs = waiting > 0 and caller ~= '' and foreign(redis.call('HGET', recs, member), caller)
+local ticket = waiting > 0 and redis.call('HGET', recs, member)
+local theirs = ticket and foreign(ticket, caller)
 -- A request of a stream whose own ticket (this caller's) is owed one of
 -- the free slots under this call's limit takes that slot, none of the
 -- others': a retry of the stream, its waiting request's server gone or
--- not. The ticket keeps its place: its server, woken, finds the stream
--- held and shares the slot (see wait); a gone server's ticket lapses.
-local ownTurn = false
+-- not. The ticket keeps its place until its server, woken by a grant of
+-- its stream (see below), finds the stream held and shares the slot (see
+-- wait); a gone server's ticket lapses.
 for k, id in ipairs(due) do
-  if id == member and used + k <= limit then
-    ownTurn = not theirs
+  if id == member and used + k <= limit and not theirs then
+    fits = true
   end
 end
-fits = fits or ownTurn
 -- Shadow mode: what the limit would refuse is granted, and said to be.
 local wouldRefuse = 0
 if not fits and shadow then
@@ -308,12 +308,20 @@ else
 end
 
 -- Slots this call freed (pruned) with acquires waiting: wake those owed
--- them.
+-- them; and the stream's own ticket, when it is granted: the waiting
+-- request shares the slot at once.
 local wake = {}
 if pruned > 0 then
   wake = due
-elseif ownTurn and granted > 0 then
-  wake = {member}
+end
+if ticket and not theirs and granted > 0 then
+  local named = false
+  for _, id in ipairs(wake) do
+    named = named or id == member
+  end
+  if not named then
+    wake[#wake + 1] = member
+  end
 end
 
 return {granted, used, expires, pruned, retry, override, wake, wouldRefuse, held, share, from, owedTo}

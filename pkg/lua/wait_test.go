@@ -810,8 +810,8 @@ func TestAWaitGrantOfAHeldStreamExtendsIt(t *testing.T) {
 			t.Fatalf("the free ticket: %+v; want queued", got)
 		}
 		live, err := lua.Acquire(ctx, c, key, "s", 3, 10*time.Second, paid, false)
-		if err != nil || !live.Granted || live.Extended {
-			t.Fatalf("the paid request of the stream: %+v, %v; want a new slot", live, err)
+		if err != nil || !live.Granted || live.Extended || !slices.Equal(live.Wake, []string{"s"}) {
+			t.Fatalf("the paid request of the stream: %+v, %v; want a new slot, the stream's ticket woken to share it", live, err)
 		}
 		mustRelease(t, c, key, "x")
 		mustRelease(t, c, key, "y")
