@@ -3,6 +3,7 @@ package server_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -12,6 +13,10 @@ import (
 
 	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/pkg/httpapi"
+	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/telemetry"
+	"github.com/joishi/limiter/pkg/tiers"
+	"go.opentelemetry.io/otel/metric/noop"
 )
 
 // asyncAs is as, from a goroutine of its own (which must not fail the
@@ -132,15 +137,139 @@ func queued(t *testing.T, e *authEnv, user string, n int) {
 // Secret update does: a new file renamed over it, with an mtime of its own.
 func rewriteCallers(t *testing.T, path, content string) {
 	t.Helper()
+	if err := replaceCallers(path, content); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// replaceCallers is rewriteCallers, for a goroutine other than the test's.
+func replaceCallers(path, content string) error {
 	tmp := path + ".new"
 	if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	stamp := time.Now().Add(time.Hour)
 	if err := os.Chtimes(tmp, stamp, stamp); err != nil {
-		t.Fatal(err)
+		return err
 	}
-	if err := os.Rename(tmp, path); err != nil {
-		t.Fatal(err)
+	return os.Rename(tmp, path)
+}
+
+// TestARevokedWaitersExtensionLeavesTheHeldStreamsSlot: a waiting
+// acquire of a stream its caller holds already (taken by another request
+// of it under a larger plan while the ticket waited, which wakes it) is
+// granted as an extension of that stream's slot. When a reload of the
+// API tokens file revokes the caller as that grant comes, before its wait
+// could be ended, the acquire is refused 401, but the slot it extended is
+// the running stream's, not this request's alone: it stays held, to its
+// TTL, as the revoked caller's other slots do.
+func TestARevokedWaitersExtensionLeavesTheHeldStreamsSlot(t *testing.T) {
+	const (
+		before = "chat " + chatToken + " *\nbatch " + batchToken + " *\n"
+		after  = "batch " + batchToken + " *\n" // chat removed
+	)
+	tiersOf := []tiers.Tier{
+		{Plan: "pair", MaxConcurrentStreams: 2, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen, MaxWait: 5 * time.Second},
+		{Plan: "wide", MaxConcurrentStreams: 3, SlotTTL: 10 * time.Second, HeartbeatInterval: time.Second, FailureMode: tiers.FailOpen},
+	}
+	for _, backend := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
+		t.Run(backend.String(), func(t *testing.T) {
+			path := writeCallers(t, before)
+			observer := &revokeAtExtension{revoke: make(chan func() error, 1), done: make(chan error, 1)}
+			e, callers := newAuthEnvOf(t, path, 10*time.Millisecond, limitertest.Options{Backend: backend, Tiers: tiersOf,
+				NewObserver: func(table *tiers.Table) (limiter.Observer, error) {
+					base, err := telemetry.NewObserver(noop.NewMeterProvider(), table, telemetry.ObserverOptions{})
+					observer.Observer = base
+					return observer, err
+				}})
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { defer close(done); callers.Watch(ctx) }()
+			t.Cleanup(func() { cancel(); <-done })
+
+			user := newUser(t)
+			for _, held := range []string{"first", "second"} {
+				decode[httpapi.AcquireResponse](t, e.as(t, batchToken, "POST", httpapi.PathAcquire, httpapi.AcquireRequest{UserID: user, Plan: "pair", StreamID: held}), http.StatusOK)
+			}
+			waiting := e.asyncAs(t, chatToken, httpapi.PathAcquire, httpapi.AcquireRequest{UserID: user, Plan: "pair", StreamID: "running", WaitMs: 5000})
+			queued(t, e, user, 1)
+
+			// The next extension granted after a wait revokes chat first:
+			// the grant came as the reload did.
+			observer.revoke <- func() error {
+				if err := replaceCallers(path, after); err != nil {
+					return err
+				}
+				for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+					if _, err := callers.Authenticate(nil, "Bearer "+chatToken); err != nil {
+						return nil
+					}
+				}
+				return errors.New("chat's token still in force 3s after the rewrite")
+			}
+			// Another request of the stream takes its slot under the larger
+			// plan, past the waiting ticket (whose own limit is reached),
+			// and wakes it: the waiting request shares the held slot, an
+			// extension granted after its wait.
+			running := decode[httpapi.AcquireResponse](t, e.as(t, chatToken, "POST", httpapi.PathAcquire, httpapi.AcquireRequest{UserID: user, Plan: "wide", StreamID: "running"}), http.StatusOK)
+			if !running.Granted || running.Used != 3 {
+				t.Fatalf("the running stream's acquire: got %+v, want granted, 3 used", running)
+			}
+			var r reply
+			select {
+			case got := <-waiting:
+				r = got.get(t)
+			case <-time.After(5 * time.Second):
+				t.Fatal("the waiting acquire not answered 5s after the releases")
+			}
+			select {
+			case err := <-observer.done:
+				if err != nil {
+					t.Fatal(err)
+				}
+			default:
+				t.Fatalf("the waiting acquire answered %d %s without being granted an extension", r.status, r.body)
+			}
+			got := wantError(t, r, http.StatusUnauthorized, httpapi.CodeUnauthenticated)
+			if !strings.Contains(got.Message, `caller "chat" was revoked`) {
+				t.Errorf("message %q, want it to say the caller was revoked", got.Message)
+			}
+			slots, err := e.lim.Slots(context.Background(), user)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held := map[string]time.Duration{}
+			for _, s := range slots.Slots {
+				held[s.StreamID] = s.TTL
+			}
+			if left, ok := held["running"]; slots.Used != 3 || !ok || len(slots.Queue) != 0 {
+				t.Fatalf("user's slots %+v, queue %+v: want first, second and the running stream's, nothing queued", slots.Slots, slots.Queue)
+			} else if left < 5*time.Second {
+				t.Errorf("the running stream's slot expires in %s, want its TTL (10s) from the extension", left)
+			}
+		})
+	}
+}
+
+// revokeAtExtension is an Observer that, at the first grant of an
+// extension after a wait once armed (revoke), runs revoke before the
+// handler sees the grant, and sends its error on done. (An Observer must
+// not block; this one does, once, to order the grant before the reload's
+// check of it.)
+type revokeAtExtension struct {
+	limiter.Observer
+	revoke chan func() error
+	done   chan error
+}
+
+func (o *revokeAtExtension) Acquired(ctx context.Context, tier tiers.Tier, res limiter.AcquireResult, err error) {
+	o.Observer.Acquired(ctx, tier, res, err)
+	if err != nil || !res.Granted || !res.Extended || res.Waited == 0 {
+		return
+	}
+	select {
+	case revoke := <-o.revoke:
+		o.done <- revoke()
+	default:
 	}
 }
