@@ -168,6 +168,11 @@ func TestAnUnconfirmedGrantIsGivenBackThoughItsCallerLeft(t *testing.T) {
 			if tc.waits && !errors.Is(err, context.Canceled) {
 				t.Errorf("the acquire: %v; want its caller's leaving (context.Canceled), as it left before the answer, not the limiter failing", err)
 			}
+			// Its grant went unconfirmed all the same: counted so
+			// (limiter_acquire_unsynced_total), whoever left.
+			if tc.waits && !res.Unsynced {
+				t.Errorf("the acquire: %+v; want Unsynced, as its replicas did not confirm the grant it gave back", res)
+			}
 			time.Sleep(1500 * time.Millisecond) // past its WAIT, and any give-back beside the answer
 			slots, err := s.Limiter.Slots(ctx, user)
 			if err != nil {

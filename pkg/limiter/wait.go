@@ -196,9 +196,10 @@ func (l *Limiter) awaitSlot(ctx context.Context, key string, req AcquireRequest,
 			if ctx.Err() != nil {
 				// Its caller left during the WAIT: given back all the same,
 				// and answered as a request whose caller left, not as the
-				// limiter failing.
+				// limiter failing; still counted unconfirmed (Unsynced), a
+				// sign of the replicas, not of the caller.
 				outcome = WaitCancelled
-				return AcquireResult{StreamID: req.StreamID, Limit: res.Limit, Tier: tier, Waited: took}, r, ctx.Err()
+				return AcquireResult{StreamID: req.StreamID, Limit: res.Limit, Tier: tier, Waited: took, Unsynced: true}, r, ctx.Err()
 			}
 			outcome = WaitFailed
 			return res, r, err
