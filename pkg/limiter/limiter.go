@@ -72,6 +72,12 @@ var (
 	// caller did not leave. Acquire returns the context's error, as for
 	// any cancellation.
 	ErrShuttingDown = errors.New("shutting down")
+	// ErrRevoked is not returned either: it is the cause a front end
+	// cancels an acquire's context with, or wraps in it, when it revokes
+	// the waiting acquire's caller (serve's reload of api.tokensFile). A
+	// wait so ended is counted WaitRevoked, not WaitCancelled: its caller
+	// did not leave. Acquire returns the context's error.
+	ErrRevoked = errors.New("caller revoked")
 )
 
 // PoolUnavailableError is the ErrUnavailable of an acquire that a pool

@@ -37,7 +37,8 @@ type Observer interface {
 	// PoolWaited reports how a wait in the queue of a key of pool ended,
 	// at its tier's priority, and how long it took. WaitFull there means
 	// the key's queue was full; WaitCancelled includes a membership
-	// granted as the caller left (given back).
+	// granted as the caller left (given back), WaitRevoked one granted as
+	// the caller was revoked.
 	PoolWaited(ctx context.Context, pool string, priority int, outcome WaitOutcome, took time.Duration)
 	// Joined reports one pool step of an acquire: how its membership of a
 	// key of pool ended, with the key's live memberships after the step

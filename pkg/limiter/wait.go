@@ -55,15 +55,27 @@ const (
 	// refused the call, or the plan went away; or, in the metrics, the
 	// process shut down while the acquire waited (ErrShuttingDown).
 	WaitFailed WaitOutcome = "failed"
+	// WaitRevoked, in the metrics: the front end ended the wait because
+	// the caller's credentials were revoked while it waited (ErrRevoked);
+	// its ticket is removed at once, and a slot granted meanwhile given
+	// back.
+	WaitRevoked WaitOutcome = "revoked"
 )
 
 // observed is the outcome of a wait as the metrics count it: a wait whose
 // context the process ended as it shut down (ErrShuttingDown) failed, as
 // one Redis stopped answering did, since its caller did not leave; the
-// front end answers it 503.
+// front end answers it 503. One ended as its caller was revoked
+// (ErrRevoked) is revoked: that caller did not leave either.
 func observed(ctx context.Context, outcome WaitOutcome) WaitOutcome {
-	if outcome == WaitCancelled && errors.Is(context.Cause(ctx), ErrShuttingDown) {
+	if outcome != WaitCancelled {
+		return outcome
+	}
+	switch cause := context.Cause(ctx); {
+	case errors.Is(cause, ErrShuttingDown):
 		return WaitFailed
+	case errors.Is(cause, ErrRevoked):
+		return WaitRevoked
 	}
 	return outcome
 }

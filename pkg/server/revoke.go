@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+
+	"github.com/joishi/limiter/pkg/limiter"
 )
 
 // A caller is authenticated once, as its request starts; an acquire may
@@ -18,8 +20,10 @@ import (
 // (stillInForce) and released if it no longer stands.
 
 // errWaitRevoked ends the wait of an acquire whose caller a reload of the
-// API tokens file revoked; the answer is the cause whileInForce names.
-var errWaitRevoked = errors.New("the API tokens file revoked the waiting acquire's caller")
+// API tokens file revoked; the answer is the cause whileInForce names. It
+// wraps limiter.ErrRevoked, so that the limiter counts the wait revoked,
+// not cancelled: the client did not leave.
+var errWaitRevoked = fmt.Errorf("%w: the API tokens file no longer holds the waiting acquire's caller", limiter.ErrRevoked)
 
 // stillInForce returns nil while r's credentials still name who (the
 // caller authenticate found for r) in set, and who may still use plan;

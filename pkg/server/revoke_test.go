@@ -7,13 +7,17 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/joishi/limiter/internal/limitertest"
 	"github.com/joishi/limiter/pkg/httpapi"
 	"github.com/joishi/limiter/pkg/limiter"
+	"github.com/joishi/limiter/pkg/pools"
 	"github.com/joishi/limiter/pkg/telemetry"
 	"github.com/joishi/limiter/pkg/tiers"
 	"go.opentelemetry.io/otel/metric/noop"
@@ -271,5 +275,105 @@ func (o *revokeAtExtension) Acquired(ctx context.Context, tier tiers.Tier, res l
 	case revoke := <-o.revoke:
 		o.done <- revoke()
 	default:
+	}
+}
+
+// waitLog is an Observer that records how waits ended, in users' queues
+// and pool keys' queues, and counts the acquires waiting now; the rest
+// goes to the Observer it wraps.
+type waitLog struct {
+	limiter.Observer
+	waiting atomic.Int64
+	mu      sync.Mutex
+	ended   []string // "user <outcome>" or "pool <outcome>", in order
+}
+
+func (l *waitLog) Waiting(ctx context.Context, tier tiers.Tier, delta int) {
+	l.Observer.Waiting(ctx, tier, delta)
+	l.waiting.Add(int64(delta))
+}
+
+func (l *waitLog) PoolWaiting(ctx context.Context, pool string, priority, delta int) {
+	l.Observer.PoolWaiting(ctx, pool, priority, delta)
+	l.waiting.Add(int64(delta))
+}
+
+func (l *waitLog) Waited(ctx context.Context, tier tiers.Tier, outcome limiter.WaitOutcome, took time.Duration) {
+	l.Observer.Waited(ctx, tier, outcome, took)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.ended = append(l.ended, "user "+string(outcome))
+}
+
+func (l *waitLog) PoolWaited(ctx context.Context, pool string, priority int, outcome limiter.WaitOutcome, took time.Duration) {
+	l.Observer.PoolWaited(ctx, pool, priority, outcome, took)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.ended = append(l.ended, "pool "+string(outcome))
+}
+
+func (l *waitLog) endedSoFar() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.ended)
+}
+
+// A wait that a reload of the API tokens file ends, its caller revoked,
+// is counted revoked, in the user's queue and in a pool key's: not
+// cancelled, which says the client went away.
+func TestAWaitOfARevokedCallerIsCountedRevoked(t *testing.T) {
+	const before = "chat " + chatToken + " *\nbatch " + batchToken + " *\n"
+	cases := []struct {
+		name  string
+		pools map[string]string // of the acquires: the held one, and the waiting one
+		want  string
+	}{
+		{"in the user's queue", nil, "user revoked"},
+		{"in a pool key's queue", map[string]string{"model": "gpt-4o"}, "pool revoked"},
+	}
+	for _, backend := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
+		for _, tc := range cases {
+			t.Run(backend.String()+"/"+tc.name, func(t *testing.T) {
+				table := pools.NewTable()
+				if err := table.Replace([]pools.Pool{pools.Pool{Pool: "model", Keys: map[string]int{"gpt-4o": 1}, MaxWait: 5 * time.Second}.WithDefaults()}); err != nil {
+					t.Fatal(err)
+				}
+				log := &waitLog{}
+				path := writeCallers(t, before)
+				e, callers := newAuthEnvOf(t, path, 10*time.Millisecond, limitertest.Options{Backend: backend, Tiers: waitTiers(), Limiter: limiter.Options{Pools: table},
+					NewObserver: func(table *tiers.Table) (limiter.Observer, error) {
+						base, err := telemetry.NewObserver(noop.NewMeterProvider(), table, telemetry.ObserverOptions{})
+						log.Observer = base
+						return log, err
+					}})
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan struct{})
+				go func() { defer close(done); callers.Watch(ctx) }()
+				t.Cleanup(func() { cancel(); <-done })
+
+				holder, waiter := newUser(t), newUser(t)
+				if tc.pools == nil {
+					waiter = holder // the user's one slot is held: the wait is in the user's queue
+				}
+				decode[httpapi.AcquireResponse](t, e.as(t, batchToken, "POST", httpapi.PathAcquire, httpapi.AcquireRequest{UserID: holder, Plan: "wait", Pools: tc.pools}), http.StatusOK)
+				revoked := e.asyncAs(t, chatToken, httpapi.PathAcquire, httpapi.AcquireRequest{UserID: waiter, Plan: "wait", Pools: tc.pools, WaitMs: 5000})
+				for deadline := time.Now().Add(5 * time.Second); log.waiting.Load() != 1; time.Sleep(5 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatalf("%d acquires waiting 5s on, want 1", log.waiting.Load())
+					}
+				}
+
+				rewriteCallers(t, path, "batch "+batchToken+" *\n")
+				select {
+				case got := <-revoked:
+					wantError(t, got.get(t), http.StatusUnauthorized, httpapi.CodeUnauthenticated)
+				case <-time.After(3 * time.Second):
+					t.Fatal("the revoked caller's acquire still waits 3s after the rewrite, want its wait ended at the reload")
+				}
+				if got := log.endedSoFar(); !slices.Equal(got, []string{tc.want}) {
+					t.Errorf("waits ended %q, want %q", got, tc.want)
+				}
+			})
+		}
 	}
 }

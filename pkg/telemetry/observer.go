@@ -42,7 +42,7 @@ var (
 	// waitBuckets span a slot freed at once to the longest maxWait (60s).
 	waitBuckets = []float64{0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60}
 	// waitOutcomes label the wait metrics, the pool waits' by index.
-	waitOutcomes = [...]limiter.WaitOutcome{limiter.WaitGranted, limiter.WaitTimeout, limiter.WaitCancelled, limiter.WaitFull, limiter.WaitFailed}
+	waitOutcomes = [...]limiter.WaitOutcome{limiter.WaitGranted, limiter.WaitTimeout, limiter.WaitCancelled, limiter.WaitFull, limiter.WaitFailed, limiter.WaitRevoked}
 )
 
 // Observer records the limiter's metrics. Labels are the plan (bounded by

@@ -16,7 +16,9 @@ import (
 // context with limiter.ErrShuttingDown as the cause, or an error that
 // wraps it: serve's drain, a holder's EndWaits) is counted failed, in a
 // user's queue and in a pool key's: its caller did not leave, the limiter
-// gave up on it. A wait whose caller left is still cancelled.
+// gave up on it. One the front end ends as it revokes the caller
+// (limiter.ErrRevoked, wrapped) is counted revoked. A wait whose caller
+// left is still cancelled.
 func TestAWaitEndedByAShutdownIsCountedFailed(t *testing.T) {
 	s := newPoolStackOf(t, poolWaitTiers(), true, pools.Pool{Pool: "model", Keys: map[string]int{"gpt-4o": 1}, MaxWait: 10 * time.Second}.WithDefaults())
 	ctx := context.Background()
@@ -48,7 +50,8 @@ func TestAWaitEndedByAShutdownIsCountedFailed(t *testing.T) {
 	ended(inQueue, `limiter_acquire_waiting{plan="gold"} 1`, limiter.ErrShuttingDown)
 	ended(inQueue, `limiter_acquire_waiting{plan="gold"} 1`, fmt.Errorf("holder closed: %w", limiter.ErrShuttingDown))
 	ended(inQueue, `limiter_acquire_waiting{plan="gold"} 1`, nil)
-	for outcome, n := range map[limiter.WaitOutcome]string{limiter.WaitFailed: "2", limiter.WaitCancelled: "1"} {
+	ended(inQueue, `limiter_acquire_waiting{plan="gold"} 1`, fmt.Errorf("tokens file: %w", limiter.ErrRevoked))
+	for outcome, n := range map[limiter.WaitOutcome]string{limiter.WaitFailed: "2", limiter.WaitCancelled: "1", limiter.WaitRevoked: "1"} {
 		line := `limiter_acquire_wait_total{outcome="` + string(outcome) + `",plan="gold"}`
 		expectLines(t, s.tel, line, line+" "+n)
 	}
@@ -62,7 +65,8 @@ func TestAWaitEndedByAShutdownIsCountedFailed(t *testing.T) {
 	}
 	ended(forKey(), `limiter_pool_acquire_waiting{pool="model",priority="5"} 1`, limiter.ErrShuttingDown)
 	ended(forKey(), `limiter_pool_acquire_waiting{pool="model",priority="5"} 1`, nil)
-	for outcome, n := range map[limiter.WaitOutcome]string{limiter.WaitFailed: "1", limiter.WaitCancelled: "1"} {
+	ended(forKey(), `limiter_pool_acquire_waiting{pool="model",priority="5"} 1`, limiter.ErrRevoked)
+	for outcome, n := range map[limiter.WaitOutcome]string{limiter.WaitFailed: "1", limiter.WaitCancelled: "1", limiter.WaitRevoked: "1"} {
 		line := `limiter_pool_acquire_wait_total{outcome="` + string(outcome) + `",pool="model",priority="5"}`
 		expectLines(t, s.tel, line, line+" "+n)
 	}
