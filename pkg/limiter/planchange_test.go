@@ -3,6 +3,7 @@ package limiter_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -644,6 +645,73 @@ func TestAnAcquireWaitingInAPoolKeyWhoseCapIsLiftedIsJudgedByNone(t *testing.T) 
 			}
 			wantUncapped(t, res.Pools, "k")
 		})
+	}
+}
+
+// atPoolWaitEnd is an Observer that runs then once, as the first wait in
+// a pool key's queue stops waiting: its outcome decided, before the
+// acquire answers it.
+type atPoolWaitEnd struct {
+	limiter.Observer
+	once sync.Once
+	then func()
+}
+
+func (o *atPoolWaitEnd) PoolWaiting(ctx context.Context, pool string, priority, delta int) {
+	o.Observer.PoolWaiting(ctx, pool, priority, delta)
+	if delta < 0 {
+		o.once.Do(o.then)
+	}
+}
+
+// TestAPoolWaitThatRunsOutAsItsKeysCapChangesIsJudgedByTheCapInForce: an
+// acquire's wait in the queue of model=k, full, runs out, and k's cap
+// changes between the end of the wait and the acquire's answer. Lowered,
+// the refusal names the cap in force as it answers, not the one the
+// acquire queued under. Lifted, no cap refuses it, as none refuses a new
+// acquire: it is granted k judged by none, not refused by the cap k no
+// longer has.
+func TestAPoolWaitThatRunsOutAsItsKeysCapChangesIsJudgedByTheCapInForce(t *testing.T) {
+	cases := []struct {
+		name      string
+		cap, then int // the key's cap as the acquire queues, and as its wait ends (0: lifted)
+	}{
+		{"its cap lowered", 2, 1},
+		{"its cap lifted", 1, 0},
+	}
+	for _, b := range []limitertest.Backend{limitertest.Standalone, limitertest.RedisCluster} {
+		for _, c := range cases {
+			t.Run(b.String()+"/"+c.name, func(t *testing.T) {
+				t.Parallel()
+				table := poolTable(t, pools.Pool{Pool: "model", Keys: map[string]int{"k": c.cap}, MaxWait: 10 * time.Second})
+				then := pools.Pool{Pool: "model", Keys: map[string]int{"other": 5}, MaxWait: 10 * time.Second}
+				if c.then > 0 {
+					then.Keys["k"] = c.then
+				}
+				observer := &atPoolWaitEnd{Observer: limiter.NopObserver, then: func() {
+					if err := table.Replace([]pools.Pool{then.WithDefaults()}); err != nil {
+						t.Error(err)
+					}
+				}}
+				s := limitertest.New(t, limitertest.Options{Backend: b, Tiers: poolWaitTiers(), Limiter: limiter.Options{Pools: table, Observer: observer}})
+				ctx := context.Background()
+				for range c.cap {
+					mustAcquire(t, s.Limiter, newUser(t), "low", "k")
+				}
+				res, err := s.Limiter.Acquire(ctx, limiter.AcquireRequest{UserID: newUser(t), Plan: "low", Pools: map[string]string{"model": "k"}, Wait: 300 * time.Millisecond})
+				switch {
+				case err != nil:
+					t.Fatalf("the waiter: %+v, %v", res, err)
+				case c.then == 0:
+					if !res.Granted {
+						t.Fatalf("the waiter: refused by %+v; want granted, k's cap lifted as its wait ran out", res.RefusedBy)
+					}
+					wantUncapped(t, res.Pools, "k")
+				case res.Granted || res.RefusedBy == nil || res.RefusedBy.Limit != c.then || res.RefusedBy.Used != c.cap:
+					t.Errorf("the waiter: %+v, refused by %+v; want refused by model=k holding %d of the cap in force, %d", res, res.RefusedBy, c.cap, c.then)
+				}
+			})
+		}
 	}
 }
 

@@ -261,7 +261,7 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 		l.undo(ctx, end, nil, slot.owns(), own)
 		return joined{}, err
 	}
-	for i := range ms {
+	for i := 0; i < len(ms); i++ {
 		m := ms[i] // as current last resolved it
 		var got lua.Acquired
 		var err error
@@ -346,6 +346,14 @@ func (l *Limiter) joinPools(ctx context.Context, end, waitUntil time.Time, req A
 				case w.err != nil:
 					l.undo(ctx, end, ours(taken, shared), slot.owns(), own)
 					return joined{waited: out.waited}, fmt.Errorf("pool %s=%s: %w", m.pool.Pool, m.key, w.err)
+				}
+				if !m.uncapped && ms[i].uncapped {
+					// Its wait ran out as the key's cap was lifted: no cap
+					// refuses it now, as none would a new acquire. It joins
+					// the key again, uncapped, as a key lifted before its
+					// turn is joined.
+					i--
+					continue
 				}
 				refusal, out.full = w.refusal, w.full
 			}
