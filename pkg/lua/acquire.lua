@@ -157,13 +157,20 @@ local theirs = ticket and foreign(ticket, caller)
 -- A request of a stream whose own ticket (this caller's) is owed one of
 -- the free slots under this call's limit takes that slot, none of the
 -- others': a retry of the stream, its waiting request's server gone or
--- not. The ticket keeps its place until its server, woken by a grant of
--- its stream (see below), finds the stream held and shares the slot (see
--- wait); a gone server's ticket lapses.
+-- not. As wait grants the ticket, only while each ticket served before
+-- it keeps room under its own limit. The ticket keeps its place until
+-- its server, woken by a grant of its stream (see below), finds the
+-- stream held and shares the slot (see wait); a gone server's ticket,
+-- owed no slot while its stream holds one, lapses.
+local ahead = math.huge -- the least slack of the tickets served before it
 for k, id in ipairs(due) do
-  if id == member and used + k <= limit and not theirs then
-    fits = true
+  if id == member then
+    if used + k <= limit and ahead >= 1 and not theirs then
+      fits = true
+    end
+    break
   end
+  ahead = math.min(ahead, slack[k])
 end
 -- Shadow mode: what the limit would refuse is granted, and said to be.
 local wouldRefuse = 0

@@ -309,9 +309,9 @@ end
 -- The places are taken from a heap rather than sorted: a call that
 -- hands out one place costs a pass over the tickets, not a sort.
 --
--- A ticket is owed a slot while fewer slots than its own limit (override,
--- when one is in force, else its record's) are taken, counting those owed
--- to the tickets served before it. When the caller knows the limit of
+-- A ticket is owed a slot while its stream holds none, and fewer slots
+-- than its own limit (override, when one is in force, else its record's)
+-- are taken, counting those owed to the tickets served before it. When the caller knows the limit of
 -- the scope as it is now (cap >= 0), it holds at once for the tickets it
 -- bounds, rather than the one recorded when they queued, so that a limit
 -- lowered or raised meanwhile, or a scope put in shadow mode (a cap no
@@ -354,7 +354,10 @@ local function owed(queue, expiry, recs, used, override, stop, slots, cap, plan)
   end
   while taken < stop and taken < most and #tickets > 0 do
     local t = heapPop(tickets, servedFirst)
-    if taken < t.limit then
+    -- A ticket whose stream holds its slot already (another request of it
+    -- took it) needs none: its server's call shares that slot, or answers
+    -- that another caller holds it (see wait).
+    if taken < t.limit and not redis.call('ZSCORE', slots, t.id) then
       taken = taken + 1
       out[#out + 1] = t.id
       slack[#slack + 1] = t.limit - taken

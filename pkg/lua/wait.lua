@@ -270,19 +270,25 @@ for i = 1, n do
       leaveFull(full, id)
     end
     denied = true
-  elseif redis.call('ZSCORE', slots, id) and not (queued[id] and foreign(redis.call('HGET', meta, id), caller)) then
+  elseif redis.call('ZSCORE', slots, id) then
     -- Held already (granted to a call whose answer was lost, or to
     -- another request of the stream, queued or not: it needs no free
-    -- slot, so its place is not waited for): extend it, as acquire does.
-    -- (Another caller's slot of a queued stream is answered in the
-    -- ticket's turn, below.)
-    extendHeld(i, id)
+    -- slot, and is owed none): extend it, as acquire does. Unless another
+    -- caller took a slot for the queued stream while the ticket waited
+    -- (an acquire of the previous release, which read no ticket): not
+    -- this call's to extend; the ticket leaves the queue.
     dropTicket(queue, expiry, recs, id)
     queued[id], refresh[id] = nil, nil
     if full then
       leaveFull(full, id)
     end
-    granted = true
+    if foreign(redis.call('HGET', meta, id), caller) then
+      states[i] = -3
+      denied = true
+    else
+      extendHeld(i, id)
+      granted = true
+    end
   -- A full queue takes a new ticket only in the place of one served after
   -- it (displaces); in shadow mode, which refuses none, the ticket queues
   -- past the bound, taking no one's place, and is served below.
@@ -387,31 +393,21 @@ for k, head in ipairs(due) do
     room = room - 1
     dropTicket(queue, expiry, recs, head)
     waiting[head] = nil
-    if not redis.call('ZSCORE', slots, head) then
-      used = used + 1
-      if judgedBy and used > judgedBy then
-        -- Let in by shadow mode: for its call asked again, and its
-        -- extensions, to say so too.
-        records[i], overs[i] = overLimit(records[i]), 1
-      end
-      redis.call('ZADD', slots, now + ttl, head)
-      redis.call('HSET', meta, head, records[i])
-      keepFor = math.max(keepFor, ttl)
-      states[i], values[i] = 1, now + ttl
-      starts[i] = now
-      useds[i] = used
-      granted = true
-    elseif foreign(redis.call('HGET', meta, head), holder(records[i])) then
-      -- Another caller took a slot for the stream while the ticket
-      -- waited: not this call's to extend.
-      states[i] = -3
-      denied = true
-    else
-      -- Another request of the stream took its slot while the ticket
-      -- waited (under a plan whose limit let it): this one shares it.
-      extendHeld(i, head)
-      granted = true
+    -- (Its stream holds no slot: one that does is owed none, and was
+    -- served above.)
+    used = used + 1
+    if judgedBy and used > judgedBy then
+      -- Let in by shadow mode: for its call asked again, and its
+      -- extensions, to say so too.
+      records[i], overs[i] = overLimit(records[i]), 1
     end
+    redis.call('ZADD', slots, now + ttl, head)
+    redis.call('HSET', meta, head, records[i])
+    keepFor = math.max(keepFor, ttl)
+    states[i], values[i] = 1, now + ttl
+    starts[i] = now
+    useds[i] = used
+    granted = true
   elseif not waiting[head] then
     wake[#wake + 1] = head
   end

@@ -1086,3 +1086,77 @@ func TestARetryThatGivesItsSlotBackLeavesItsTicketsPlace(t *testing.T) {
 		}
 	})
 }
+
+// TestARetryTakesNoSlotOwedToATicketAheadOfItsOwn: ticket a (plan one,
+// limit 1) waits ahead of s (plan two, limit 2) while the user holds two
+// slots. Both free: s's own server's call leaves s queued, since granting
+// it would leave a no room under its limit of 1; a retry of s that does
+// not wait is refused as well, and a is granted the slot it is owed.
+func TestARetryTakesNoSlotOwedToATicketAheadOfItsOwn(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		rec := func(plan, tok string) lua.Record { return lua.Record{Caller: "chat", Plan: plan, Token: tok} }
+		wait1 := func(limit int, plan, id, tok string) lua.TicketResult {
+			t.Helper()
+			a := lua.WaitArgs{Limit: limit, SlotTTL: 10 * time.Second, TicketTTL: 10 * time.Second, MaxQueue: 10,
+				Tickets: []lua.TicketArgs{{StreamID: id, Record: rec(plan, tok)}}}
+			return mustWait(t, c, key, a).Tickets[0]
+		}
+		for _, id := range []string{"x", "y"} {
+			if got, err := lua.Acquire(ctx, c, key, id, 2, 10*time.Second, rec("two", "tok"+id), false); err != nil || !got.Granted {
+				t.Fatalf("%s: %+v, %v", id, got, err)
+			}
+		}
+		wantTicket(t, "a (plan one, limit 1)", wait1(1, "one", "a", "tokA"), lua.TicketQueued, 1)
+		wantTicket(t, "s (plan two, limit 2)", wait1(2, "two", "s", "tokS"), lua.TicketQueued, 2)
+		mustRelease(t, c, key, "x")
+		mustRelease(t, c, key, "y")
+		wantTicket(t, "s's own server, a ahead owed a slot", wait1(2, "two", "s", "tokS"), lua.TicketQueued, 2)
+		if retry, err := lua.Acquire(ctx, c, key, "s", 2, 10*time.Second, rec("two", "tokS2"), false); err != nil || retry.Granted {
+			t.Errorf("a retry of s: %+v, %v; want refused, as its waiting request is (a, ahead, would have no room)", retry, err)
+		}
+		if got := wait1(1, "one", "a", "tokA"); got.State != lua.TicketGranted {
+			t.Errorf("a, first in the queue: %+v; want granted", got)
+		}
+	})
+}
+
+// TestATicketWhoseStreamIsHeldIsOwedNoSlot: s waits (its server then
+// gone), then t; a retry of s takes the slot s's ticket is owed. When the
+// next slot frees, t is owed it, not s's ticket, which needs none: t is
+// granted, and a new stream is refused for the user's limit, not for a
+// waiter.
+func TestATicketWhoseStreamIsHeldIsOwedNoSlot(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		rec := func(tok string) lua.Record { return lua.Record{Caller: "chat", Plan: "p", Token: tok} }
+		wait1 := func(id, tok string) lua.TicketResult {
+			t.Helper()
+			a := lua.WaitArgs{Limit: 2, SlotTTL: 10 * time.Second, TicketTTL: 10 * time.Second, MaxQueue: 10,
+				Tickets: []lua.TicketArgs{{StreamID: id, Record: rec(tok)}}}
+			return mustWait(t, c, key, a).Tickets[0]
+		}
+		for _, id := range []string{"x", "y"} {
+			if got, err := lua.Acquire(ctx, c, key, id, 2, 10*time.Second, rec("tok"+id), false); err != nil || !got.Granted {
+				t.Fatalf("%s: %+v, %v", id, got, err)
+			}
+		}
+		wantTicket(t, "s", wait1("s", "tokS"), lua.TicketQueued, 1)
+		wantTicket(t, "t", wait1("t", "tokT"), lua.TicketQueued, 2)
+		mustRelease(t, c, key, "x")
+		if retry, err := lua.Acquire(ctx, c, key, "s", 2, 10*time.Second, rec("tokS2"), false); err != nil || !retry.Granted {
+			t.Fatalf("a retry of s: %+v, %v; want granted", retry, err)
+		}
+		if rel := mustRelease(t, c, key, "y"); rel.Head != "t" {
+			t.Errorf("y's release names %q to wake; want t, owed the free slot", rel.Head)
+		}
+		if got := wait1("t", "tokT"); got.State != lua.TicketGranted {
+			t.Errorf("t with a slot free, s holding its own: %+v; want granted", got)
+		}
+		if other, err := lua.Acquire(ctx, c, key, "n", 2, 10*time.Second, rec("tokN"), false); err != nil || other.Granted || other.Owed != 0 || other.Used != 2 {
+			t.Errorf("a new stream: %+v, %v; want refused at the limit, 2 used, owed to no waiter", other, err)
+		}
+	})
+}
