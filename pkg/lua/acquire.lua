@@ -161,11 +161,15 @@ local theirs = ticket and foreign(ticket, caller)
 -- it keeps room under its own limit. The ticket keeps its place until
 -- its server, woken by a grant of its stream (see below), finds the
 -- stream held and shares the slot (see wait); a gone server's ticket,
--- owed no slot while its stream holds one, lapses.
+-- owed no slot while its stream holds one, lapses. A ticket of the
+-- previous release (its order older, see queueOrder) is left its slot:
+-- that release's wait shares a held stream's slot only in the ticket's
+-- turn, which a slot taken this way would not leave it.
 local ahead = math.huge -- the least slack of the tickets served before it
 for k, id in ipairs(due) do
   if id == member then
-    if used + k <= limit and ahead >= 1 and not theirs then
+    local _, _, _, _, order = ticketOf(ticket)
+    if used + k <= limit and ahead >= 1 and not theirs and order >= queueOrder then
       fits = true
     end
     break

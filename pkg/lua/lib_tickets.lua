@@ -97,12 +97,13 @@ local function planOf(rec)
   return plan
 end
 
--- liveTickets(queue, expiry, recs): the live tickets, in arrival order,
--- each {id, limit, prio, user, plan} as its record names them (ticketOf),
--- read a hundred at a time; whether any names a user (a pool key's
--- queue); and the oldest order they name, the one to serve them in (see
--- queueOrder).
-local function liveTickets(queue, expiry, recs)
+-- liveTickets(queue, expiry, recs, slots): the live tickets, in arrival
+-- order, each {id, limit, prio, user, plan} as its record names them
+-- (ticketOf), read a hundred at a time; whether any names a user (a pool
+-- key's queue); and the oldest order they name, the one to serve them in
+-- (see queueOrder). With slots, those whose stream holds a slot of it
+-- are left out: they wait for none (see owed).
+local function liveTickets(queue, expiry, recs, slots)
   local tickets, users, oldest = {}, false, queueOrder
   local from = 0
   while true do
@@ -113,8 +114,12 @@ local function liveTickets(queue, expiry, recs)
     from = from + #ids
     local live = redis.call('ZMSCORE', expiry, unpack(ids))
     local rec = redis.call('HMGET', recs, unpack(ids))
+    local held = {}
+    if slots then
+      held = redis.call('ZMSCORE', slots, unpack(ids))
+    end
     for i, id in ipairs(ids) do
-      if live[i] then
+      if live[i] and not held[i] then
         local limit, prio, user, plan, order = ticketOf(rec[i])
         tickets[#tickets + 1] = {id = id, limit = limit, prio = prio, user = user, plan = plan, order = order}
         users = users or user ~= ''
@@ -333,8 +338,12 @@ local function owed(queue, expiry, recs, used, override, stop, slots, cap, plan)
   if taken >= stop then
     return out, taken, slack
   end
-  -- Every live ticket: the order depends on all of them.
-  local tickets, users, oldest = liveTickets(queue, expiry, recs)
+  -- Every live ticket: the order depends on all of them. But one whose
+  -- stream holds its slot already (another request of it took it) waits
+  -- for none, and is not ranked: its server's call shares that slot, or
+  -- answers that another caller holds it (see wait), and its user's
+  -- holdings count the slot.
+  local tickets, users, oldest = liveTickets(queue, expiry, recs, slots)
   local most = 0 -- the largest limit: no ticket is owed a slot past it
   for _, t in ipairs(tickets) do
     if cap >= 0 and (t.user ~= '' or (plan ~= '' and t.plan == plan)) then
@@ -354,10 +363,7 @@ local function owed(queue, expiry, recs, used, override, stop, slots, cap, plan)
   end
   while taken < stop and taken < most and #tickets > 0 do
     local t = heapPop(tickets, servedFirst)
-    -- A ticket whose stream holds its slot already (another request of it
-    -- took it) needs none: its server's call shares that slot, or answers
-    -- that another caller holds it (see wait).
-    if taken < t.limit and not redis.call('ZSCORE', slots, t.id) then
+    if taken < t.limit then
       taken = taken + 1
       out[#out + 1] = t.id
       slack[#slack + 1] = t.limit - taken

@@ -571,3 +571,39 @@ func TestAUsersQueueIsListedAsItsSlotsFree(t *testing.T) {
 		})
 	}
 }
+
+// TestAHeldStreamsTicketCountsNothingInItsUsersRank (DESIGN §17): on a
+// pool key of cap 3, u1's s and t wait, then u2's v. A retry of s takes
+// the place s's ticket is owed; the ticket stays queued until its server
+// calls, owed nothing. u1 then holds 1 (s) and u2 1 (x), each waiting
+// for one place (t, v): the next place goes to t, which came first, the
+// ticket of s counting neither as one u1 waits for nor as one served.
+func TestAHeldStreamsTicketCountsNothingInItsUsersRank(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		for _, m := range []string{"x u2", "w u3", "w2 u3"} {
+			holdMember(t, c, key, m)
+		}
+		for i, tk := range []poolTicket{{"s u1", "u1", 0}, {"t u1", "u1", 0}, {"v u2", "u2", 0}} {
+			wantTicket(t, tk.member, waitFor(t, c, key, tk, 3, 100), lua.TicketQueued, i+1)
+		}
+		if head := mustRelease(t, c, key, "w u3").Head; head != "s u1" {
+			t.Fatalf("first free place: head %q, want s u1", head)
+		}
+		retry, err := lua.Acquire(ctx, c, key, "s u1", 3, 10*time.Second, lua.Record{User: "u1"}, false)
+		if err != nil || !retry.Granted || !slices.Contains(retry.Wake, "s u1") {
+			t.Fatalf("the retry of s: %+v, %v; want granted, s's ticket woken", retry, err)
+		}
+		wantQueued(t, c, key, "s u1", "t u1", "v u2")
+		if head := mustRelease(t, c, key, "w2 u3").Head; head != "t u1" {
+			t.Errorf("second free place: head %q, want t u1 (u1 and u2 each hold 1 and wait for 1; t came first)", head)
+		}
+		if got := waitFor(t, c, key, poolTicket{"v u2", "u2", 0}, 3, 100); got.State != lua.TicketQueued {
+			t.Errorf("v's server: %+v; want queued (t is owed the place first)", got)
+		}
+		if got := waitFor(t, c, key, poolTicket{"t u1", "u1", 0}, 3, 100); got.State != lua.TicketGranted {
+			t.Errorf("t's server: %+v; want granted", got)
+		}
+	})
+}

@@ -207,3 +207,44 @@ func TestAFullQueueTakesThisReleasesOrderOnceThePreviousReleasesLastTicketLeaves
 		}
 	})
 }
+
+// TestARetryLeavesAPreviousReleasesTicketItsSlot: s waits on a replica of
+// the previous release, whose wait shares a held stream's slot only in
+// the ticket's turn, while a slot is free. A retry of s through this
+// release is refused the one slot s's ticket is owed, as that release
+// refused it, rather than taking it from under a request its replica
+// would then keep waiting to its timeout; the previous release's call
+// grants s.
+func TestARetryLeavesAPreviousReleasesTicketItsSlot(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		chat := func(tok string) lua.Record { return lua.Record{Caller: "chat", Plan: "one", Token: tok} }
+		if got, err := lua.Acquire(ctx, c, key, "x", 1, 10*time.Second, chat("tokX"), false); err != nil || !got.Granted {
+			t.Fatalf("x: %+v, %v", got, err)
+		}
+		previous := func() int64 {
+			t.Helper()
+			arr, err := previousWait.Exec(ctx, c, lua.AcquireKeys(key),
+				[]string{"1", "10000", "10000", "10", "1", "s", "w", ";caller=chat;by=0@tokS;plan=one"}).ToArray()
+			if err != nil || len(arr) < 7 {
+				t.Fatalf("the previous wait script: %v, %v", arr, err)
+			}
+			state, err := arr[6].AsInt64()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return state
+		}
+		if state := previous(); state != 0 {
+			t.Fatalf("s on the previous release: state %d, want queued", state)
+		}
+		mustRelease(t, c, key, "x")
+		if retry, err := lua.Acquire(ctx, c, key, "s", 1, 10*time.Second, chat("tokS2"), false); err != nil || retry.Granted || retry.Owed != 1 {
+			t.Fatalf("a retry of s through this release: %+v, %v; want refused, the slot owed to s's ticket", retry, err)
+		}
+		if state := previous(); state != 1 {
+			t.Errorf("s's replica of the previous release: state %d; want 1, granted the slot", state)
+		}
+	})
+}
