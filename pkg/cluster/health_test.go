@@ -127,9 +127,12 @@ func TestHealthOfAClusterThatNeverFormed(t *testing.T) {
 	testenv.StartRedis(t) // fails, or skips when not required, without redis-server
 	addr := testenv.FreeAddr(t)
 	_, port, _ := net.SplitHostPort(addr)
+	// The cluster bus's port is named too: by default it is port+10000,
+	// among the test Redis servers' ports, and may be taken.
+	_, bus, _ := net.SplitHostPort(testenv.FreeAddr(t))
 	dir := t.TempDir()
 	startServer(t, addr, "--port", port, "--bind", "127.0.0.1", "--save", "", "--dir", dir,
-		"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, "nodes.conf"))
+		"--cluster-enabled", "yes", "--cluster-port", bus, "--cluster-config-file", filepath.Join(dir, "nodes.conf"))
 
 	var logs testenv.Buffer
 	c, err := New(healthOptions(&logs, addr))
