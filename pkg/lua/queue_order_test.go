@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -605,5 +606,87 @@ func TestAHeldStreamsTicketCountsNothingInItsUsersRank(t *testing.T) {
 		if got := waitFor(t, c, key, poolTicket{"t u1", "u1", 0}, 3, 100); got.State != lua.TicketGranted {
 			t.Errorf("t's server: %+v; want granted", got)
 		}
+	})
+}
+
+// heldTicketQueue queues, on a pool key whose y is v's, h and u2 of u and
+// v1 of v at cap 1 (a queue of at most 3); then h's stream takes its
+// member (under a larger cap), its ticket queued still, waiting for
+// none: owed serves u2 (u holding 1 and waiting for 1, first), then v1.
+func heldTicketQueue(t *testing.T, c rueidis.Client, key string) {
+	t.Helper()
+	holdMember(t, c, key, "y v")
+	for i, tk := range []poolTicket{{"h u", "u", 0}, {"u2 u", "u", 0}, {"v1 v", "v", 0}} {
+		wantTicket(t, tk.member, waitFor(t, c, key, tk, 1, 3), lua.TicketQueued, i+1)
+	}
+	holdMember(t, c, key, "h u")
+	wantQueued(t, c, key, "h u", "u2 u", "v1 v")
+	if got := owedOrder(t, c, key, 100); !slices.Equal(got, []string{"u2 u", "v1 v"}) {
+		t.Fatalf("owed's order: %q, want [u2 v1]", got)
+	}
+}
+
+// TestAFullQueueWeighsNoTicketWhoseStreamIsHeld: the queue of
+// heldTicketQueue holds 3, its bound, one of them h's, which waits for
+// none and takes no waiter's place: n, of a user holding none, is queued
+// in that room, displacing no one; a second new one, n2, takes the place
+// of v1, served last as owed serves them, not u2's.
+func TestAFullQueueWeighsNoTicketWhoseStreamIsHeld(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		key := newKey(t)
+		heldTicketQueue(t, c, key)
+		wantTicket(t, "n", waitFor(t, c, key, poolTicket{"n w", "w", 0}, 1, 3), lua.TicketQueued, 4)
+		wantQueued(t, c, key, "h u", "u2 u", "v1 v", "n w")
+		if got := waitFor(t, c, key, poolTicket{"n2 x", "x", 0}, 1, 3); got.State != lua.TicketQueued {
+			t.Fatalf("n2: %+v; want queued, in the place of the one served last", got)
+		}
+		wantQueued(t, c, key, "h u", "u2 u", "n w", "n2 x")
+	})
+}
+
+// TestTheListingLeavesOutATicketWhoseStreamIsHeld: the admin listing of
+// heldTicketQueue's queue lists the waiters as owed serves them, u2 then
+// v1, without h's ticket, which waits for none.
+func TestTheListingLeavesOutATicketWhoseStreamIsHeld(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		key := newKey(t)
+		heldTicketQueue(t, c, key)
+		if got := listedOrder(t, c, key); !slices.Equal(got, []string{"u2 u", "v1 v"}) {
+			t.Errorf("the listing: %q; want [u2 v1], as owed serves them", got)
+		}
+	})
+}
+
+// TestAHeldPreviousReleasesTicketLeavesTheQueueInThisReleasesOrder: on a
+// key of more than 1,000 members, p, the previous release's only ticket,
+// is held, so owed serves this release's order (no holdings weighed): b1,
+// then a1. A full queue (of 2 waiters, p's taking no place) weighs it so
+// too: n, served after both, is refused, b1 keeping its place (the
+// previous release's order would weigh b's 1,000 members and drop b1).
+func TestAHeldPreviousReleasesTicketLeavesTheQueueInThisReleasesOrder(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		ctx := context.Background()
+		key := newKey(t)
+		expires := strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)
+		var args []string
+		for i := range 1000 {
+			args = append(args, expires, "x"+strconv.Itoa(i)+" b")
+		}
+		if err := c.Do(ctx, c.B().Arbitrary("ZADD").Keys(key).Args(args...).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		if state, _ := previousWaitOne(t, c, key, "p z", 1, 2, "w"); state != lua.TicketQueued {
+			t.Fatalf("p, on the previous release: state %d, want queued", state)
+		}
+		holdMember(t, c, key, "p z")
+		wantTicket(t, "b1", waitFor(t, c, key, poolTicket{"b1 b", "b", 0}, 1, 2), lua.TicketQueued, 2)
+		wantTicket(t, "a1", waitFor(t, c, key, poolTicket{"a1 a", "a", 0}, 1, 2), lua.TicketQueued, 3)
+		if got := owedOrder(t, c, key, 100000); !slices.Equal(got, []string{"b1 b", "a1 a"}) {
+			t.Fatalf("owed: %q, want [b1 a1] (this release's order, no holdings)", got)
+		}
+		if got := waitFor(t, c, key, poolTicket{"n c", "c", 0}, 1, 2); got.State != lua.TicketFull {
+			t.Errorf("n: %+v; want refused, served after b1 and a1", got)
+		}
+		wantQueued(t, c, key, "p z", "b1 b", "a1 a")
 	})
 }

@@ -20,7 +20,9 @@
 --   used: the slots whose expiry is after now, all of them
 --   override: {limit, expires_at_ms, set_at_ms, actor, reason} when one is
 --   in force, else {}
---   tickets: only those whose expiry is after now, in arrival order, each
+--   tickets: only those whose expiry is after now and whose stream holds
+--   no live slot (one that does waits for none: its server's next call
+--   shares the slot, see wait), in arrival order, each
 --   with its record ('' when it has none): the caller orders them as the
 --   wait script serves them (priority, then the user holding fewest,
 --   then the user waiting for fewest, then arrival; or the previous
@@ -59,7 +61,8 @@ local tickets = {}
 local queued = redis.call('ZRANGE', KEYS[4], 0, -1, 'WITHSCORES')
 for i = 1, #queued, 2 do
   local at = redis.call('ZSCORE', KEYS[5], queued[i])
-  if at and tonumber(at) > now then
+  local slot = redis.call('ZSCORE', KEYS[1], queued[i])
+  if at and tonumber(at) > now and not (slot and tonumber(slot) > now) then
     tickets[#tickets + 1] = queued[i]
     tickets[#tickets + 1] = queued[i + 1]
     tickets[#tickets + 1] = at

@@ -214,7 +214,9 @@ for from = 1, n, 1000 do
   end
 end
 -- displaces(i): whether the call's i-th ticket, new to a full queue,
--- takes the place of the ticket that would be served last (displace).
+-- finds room there that tickets whose stream holds a slot leave (they
+-- take no waiter's place: see fullQueue), or else takes the place of the
+-- ticket that would be served last (displace).
 -- The queue is read once, at the first such ticket of the call, then
 -- kept as the call's tickets leave it and join it. The tickets this call
 -- queued before it (added, in order, to queuedNow) have no expiry yet
@@ -232,6 +234,9 @@ local function displaces(i)
         joinFull(full, ids[j], p, u)
       end
     end
+  end
+  if full.n < maxQueue then
+    return true -- room left by tickets whose stream holds a slot (see fullQueue)
   end
   local out = displace(full, queue, expiry, recs, ids[i], prio, user)
   if out then
