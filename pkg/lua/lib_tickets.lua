@@ -417,13 +417,14 @@ end
 -- tickets (waiting) and tickets by priority (byPrio), each in arrival
 -- order ({id, at}), as the order weighs them; the heap of the users'
 -- lasts (see displace); how many of its tickets are the previous
--- release's (old), whose order serves it while any is (see queueOrder);
--- and how many it holds (n). As owed, it leaves out the tickets whose
--- stream holds a slot: they wait for none, and take no waiter's place.
+-- release's (old), whose order serves it while any is (see queueOrder).
+-- As owed, it leaves out the tickets whose stream holds a slot: they wait
+-- for none, and are not weighed (each keeps its place, of the queue's
+-- bound, until its server's call shares the slot or its ticket lapses).
 local function fullQueue(queue, expiry, recs, slots)
   local tickets, users, oldest = liveTickets(queue, expiry, recs, slots)
   local q = {held = {}, waiting = {}, byPrio = {}, of = {}, version = {}, heap = {}, at = #tickets,
-    slots = slots, users = users, old = 0, n = #tickets}
+    slots = slots, users = users, old = 0}
   q.order = orderOf(slots, users, oldest, q.held)
   for i, t in ipairs(tickets) do
     if t.order < queueOrder then
@@ -457,7 +458,6 @@ local function joinFull(q, id, prio, user)
   b[prio], q.byPrio[user] = s, b
   q.waiting[user] = (q.waiting[user] or 0) + 1
   q.of[id] = {user = user, prio = prio}
-  q.n = q.n + 1
   reweigh(q, user)
 end
 
@@ -478,7 +478,7 @@ local function leaveFull(q, id)
   if #s == 0 then
     q.byPrio[user][prio] = nil
   end
-  q.waiting[user], q.of[id], q.n = q.waiting[user] - 1, nil, q.n - 1
+  q.waiting[user], q.of[id] = q.waiting[user] - 1, nil
   if t.order and t.order < queueOrder then
     q.old = q.old - 1
     if q.old == 0 then

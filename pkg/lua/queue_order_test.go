@@ -627,20 +627,46 @@ func heldTicketQueue(t *testing.T, c rueidis.Client, key string) {
 }
 
 // TestAFullQueueWeighsNoTicketWhoseStreamIsHeld: the queue of
-// heldTicketQueue holds 3, its bound, one of them h's, which waits for
-// none and takes no waiter's place: n, of a user holding none, is queued
-// in that room, displacing no one; a second new one, n2, takes the place
-// of v1, served last as owed serves them, not u2's.
+// heldTicketQueue holds 3, its bound. n, of a user holding none, takes
+// the place of v1, served last as owed serves them; not of u2, which a
+// full queue weighing h's ticket (as one u waits for, and served, on top
+// of its slot) would count served after v1. h's ticket keeps its place.
 func TestAFullQueueWeighsNoTicketWhoseStreamIsHeld(t *testing.T) {
 	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
 		key := newKey(t)
 		heldTicketQueue(t, c, key)
-		wantTicket(t, "n", waitFor(t, c, key, poolTicket{"n w", "w", 0}, 1, 3), lua.TicketQueued, 4)
-		wantQueued(t, c, key, "h u", "u2 u", "v1 v", "n w")
-		if got := waitFor(t, c, key, poolTicket{"n2 x", "x", 0}, 1, 3); got.State != lua.TicketQueued {
-			t.Fatalf("n2: %+v; want queued, in the place of the one served last", got)
+		if got := waitFor(t, c, key, poolTicket{"n w", "w", 0}, 1, 3); got.State != lua.TicketQueued {
+			t.Fatalf("n: %+v; want queued, in the place of the one served last", got)
 		}
-		wantQueued(t, c, key, "h u", "u2 u", "n w", "n2 x")
+		wantQueued(t, c, key, "h u", "u2 u", "n w")
+	})
+}
+
+// TestAHeldStreamsTicketKeepsItsPlaceOfTheQueuesBound: a limit-1 user's
+// queue of at most 2 holds s and t; a retry of s takes the slot s's
+// ticket is owed, its server gone. The queue is still full: u is refused,
+// so that when the retry gives the slot back, s's ticket waiting again,
+// the queue holds no more than its bound.
+func TestAHeldStreamsTicketKeepsItsPlaceOfTheQueuesBound(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		key := newKey(t)
+		mustAcquire(t, c, key, "x", 1)
+		a := waitArgs(1, []string{"s", "t"})
+		a.MaxQueue = 2
+		w := mustWait(t, c, key, a)
+		wantTicket(t, "s", w.Tickets[0], lua.TicketQueued, 1)
+		wantTicket(t, "t", w.Tickets[1], lua.TicketQueued, 2)
+		mustRelease(t, c, key, "x")
+		if got := mustAcquire(t, c, key, "s", 1); !got.Granted {
+			t.Fatalf("a retry of s: %+v; want granted", got)
+		}
+		u := waitArgs(1, []string{"u"})
+		u.MaxQueue = 2
+		wantTicket(t, "u", mustWait(t, c, key, u).Tickets[0], lua.TicketFull, 0)
+		if rel := mustRelease(t, c, key, "s"); !rel.Released {
+			t.Fatalf("the retry giving the slot back: %+v", rel)
+		}
+		wantQueued(t, c, key, "s", "t")
 	})
 }
 
@@ -660,9 +686,9 @@ func TestTheListingLeavesOutATicketWhoseStreamIsHeld(t *testing.T) {
 // TestAHeldPreviousReleasesTicketLeavesTheQueueInThisReleasesOrder: on a
 // key of more than 1,000 members, p, the previous release's only ticket,
 // is held, so owed serves this release's order (no holdings weighed): b1,
-// then a1. A full queue (of 2 waiters, p's taking no place) weighs it so
-// too: n, served after both, is refused, b1 keeping its place (the
-// previous release's order would weigh b's 1,000 members and drop b1).
+// then a1. A full queue (of 3) weighs it so too: n, served after both,
+// is refused, b1 keeping its place (the previous release's order would
+// weigh b's 1,000 members and drop b1).
 func TestAHeldPreviousReleasesTicketLeavesTheQueueInThisReleasesOrder(t *testing.T) {
 	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
 		ctx := context.Background()
@@ -675,16 +701,16 @@ func TestAHeldPreviousReleasesTicketLeavesTheQueueInThisReleasesOrder(t *testing
 		if err := c.Do(ctx, c.B().Arbitrary("ZADD").Keys(key).Args(args...).Build()).Error(); err != nil {
 			t.Fatal(err)
 		}
-		if state, _ := previousWaitOne(t, c, key, "p z", 1, 2, "w"); state != lua.TicketQueued {
+		if state, _ := previousWaitOne(t, c, key, "p z", 1, 3, "w"); state != lua.TicketQueued {
 			t.Fatalf("p, on the previous release: state %d, want queued", state)
 		}
 		holdMember(t, c, key, "p z")
-		wantTicket(t, "b1", waitFor(t, c, key, poolTicket{"b1 b", "b", 0}, 1, 2), lua.TicketQueued, 2)
-		wantTicket(t, "a1", waitFor(t, c, key, poolTicket{"a1 a", "a", 0}, 1, 2), lua.TicketQueued, 3)
+		wantTicket(t, "b1", waitFor(t, c, key, poolTicket{"b1 b", "b", 0}, 1, 3), lua.TicketQueued, 2)
+		wantTicket(t, "a1", waitFor(t, c, key, poolTicket{"a1 a", "a", 0}, 1, 3), lua.TicketQueued, 3)
 		if got := owedOrder(t, c, key, 100000); !slices.Equal(got, []string{"b1 b", "a1 a"}) {
 			t.Fatalf("owed: %q, want [b1 a1] (this release's order, no holdings)", got)
 		}
-		if got := waitFor(t, c, key, poolTicket{"n c", "c", 0}, 1, 2); got.State != lua.TicketFull {
+		if got := waitFor(t, c, key, poolTicket{"n c", "c", 0}, 1, 3); got.State != lua.TicketFull {
 			t.Errorf("n: %+v; want refused, served after b1 and a1", got)
 		}
 		wantQueued(t, c, key, "p z", "b1 b", "a1 a")

@@ -202,9 +202,10 @@ for i = 1, n do
   ids[i] = ARGV[3 + 3 * i]
 end
 -- Which of the call's tickets are queued, read at once, then kept as the
--- loop below queues and drops them; and the tickets it refreshes, whose
+-- loop below queues and drops them; whose streams hold a slot, read at
+-- once too (the loop adds none); and the tickets it refreshes, whose
 -- expiries are written at once after it.
-local queued, refresh = {}, {}
+local queued, held, refresh = {}, {}, {}
 for from = 1, n, 1000 do
   local chunk = {unpack(ids, from, math.min(from + 999, n))}
   for k, score in ipairs(redis.call('ZMSCORE', queue, unpack(chunk))) do
@@ -212,11 +213,14 @@ for from = 1, n, 1000 do
       queued[chunk[k]] = true
     end
   end
+  for k, score in ipairs(redis.call('ZMSCORE', slots, unpack(chunk))) do
+    if score then
+      held[chunk[k]] = true
+    end
+  end
 end
 -- displaces(i): whether the call's i-th ticket, new to a full queue,
--- finds room there that tickets whose stream holds a slot leave (they
--- take no waiter's place: see fullQueue), or else takes the place of the
--- ticket that would be served last (displace).
+-- takes the place of the ticket that would be served last (displace).
 -- The queue is read once, at the first such ticket of the call, then
 -- kept as the call's tickets leave it and join it. The tickets this call
 -- queued before it (added, in order, to queuedNow) have no expiry yet
@@ -234,9 +238,6 @@ local function displaces(i)
         joinFull(full, ids[j], p, u)
       end
     end
-  end
-  if full.n < maxQueue then
-    return true -- room left by tickets whose stream holds a slot (see fullQueue)
   end
   local out = displace(full, queue, expiry, recs, ids[i], prio, user)
   if out then
@@ -275,7 +276,7 @@ for i = 1, n do
       leaveFull(full, id)
     end
     denied = true
-  elseif redis.call('ZSCORE', slots, id) then
+  elseif held[id] then
     -- Held already (granted to a call whose answer was lost, or to
     -- another request of the stream, queued or not: it needs no free
     -- slot, and is owed none): extend it, as acquire does. Unless another
