@@ -411,8 +411,10 @@ local function reweigh(q, user)
   end
 end
 
--- fullQueue(queue, expiry, recs, slots): what displace weighs, read once
--- per call that finds the queue full, then kept as the call's tickets
+-- fullQueue(queue, expiry, recs, slots, named): what displace weighs,
+-- read once per call that finds the queue full (named: the call's own
+-- tickets name users, a pool key's, whose holdings are weighed even when
+-- none of the tickets read does), then kept as the call's tickets
 -- join and leave it (joinFull, leaveFull): each user's holdings (held),
 -- tickets (waiting) and tickets by priority (byPrio), each in arrival
 -- order ({id, at}), as the order weighs them; the heap of the users'
@@ -421,8 +423,9 @@ end
 -- As owed, it leaves out the tickets whose stream holds a slot: they wait
 -- for none, and are not weighed (each keeps its place, of the queue's
 -- bound, until its server's call shares the slot or its ticket lapses).
-local function fullQueue(queue, expiry, recs, slots)
+local function fullQueue(queue, expiry, recs, slots, named)
   local tickets, users, oldest = liveTickets(queue, expiry, recs, slots)
+  users = users or named
   local q = {held = {}, waiting = {}, byPrio = {}, of = {}, version = {}, heap = {}, at = #tickets,
     slots = slots, users = users, old = 0}
   q.order = orderOf(slots, users, oldest, q.held)

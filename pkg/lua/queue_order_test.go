@@ -716,3 +716,45 @@ func TestAHeldPreviousReleasesTicketLeavesTheQueueInThisReleasesOrder(t *testing
 		wantQueued(t, c, key, "p z", "b1 b", "a1 a")
 	})
 }
+
+// TestAFullQueueWeighsHoldingsWhenNoTicketReadNamesAUser (DESIGN §17): A
+// holds 3 members of a pool key, B none. One call brings a4 (A's) and b1
+// (B's) to a queue of at most 2 that holds h's ticket, waiting or (its
+// stream then held) weighed by none; or, of at most 1, to an empty
+// queue. Either way the call's own tickets are weighed with their users'
+// holdings: a4, served after b1, is refused, b1 queued.
+func TestAFullQueueWeighsHoldingsWhenNoTicketReadNamesAUser(t *testing.T) {
+	eachServer(t, func(t *testing.T, c rueidis.Client, _ bool) {
+		for _, tc := range []struct {
+			name     string
+			h, hHeld bool
+			maxQueue int
+			cap      int
+		}{
+			{"beside a waiting ticket", true, false, 2, 3},
+			{"beside a ticket whose stream is held", true, true, 2, 4},
+			{"to an empty queue", false, false, 1, 3},
+		} {
+			key := newKey(t)
+			for _, m := range []string{"a1 A", "a2 A", "a3 A"} {
+				holdMember(t, c, key, m)
+			}
+			if tc.h {
+				wantTicket(t, "h", waitFor(t, c, key, poolTicket{"h u", "u", 0}, 3, tc.maxQueue), lua.TicketQueued, 1)
+			}
+			if tc.hHeld {
+				holdMember(t, c, key, "h u")
+			}
+			a := waitArgs(tc.cap, nil)
+			a.MaxQueue = tc.maxQueue
+			a.Tickets = []lua.TicketArgs{
+				{StreamID: "a4 A", Record: lua.Record{User: "A"}},
+				{StreamID: "b1 B", Record: lua.Record{User: "B"}},
+			}
+			got := mustWait(t, c, key, a)
+			if got.Tickets[0].State != lua.TicketFull || got.Tickets[1].State != lua.TicketQueued {
+				t.Errorf("%s: a4 %+v, b1 %+v; want a4 refused (A holds 3), b1 queued (B holds none)", tc.name, got.Tickets[0], got.Tickets[1])
+			}
+		}
+	})
+}

@@ -219,6 +219,9 @@ for from = 1, n, 1000 do
     end
   end
 end
+-- A call's tickets are all of its scope: a pool key's name their users,
+-- and all wait for its one cap.
+local _, _, poolUser, callPlan = ticketOf(ARGV[1] .. (ARGV[8] or ''))
 -- displaces(i): whether the call's i-th ticket, new to a full queue,
 -- takes the place of the ticket that would be served last (displace).
 -- The queue is read once, at the first such ticket of the call, then
@@ -231,7 +234,7 @@ local queuedNow = {}
 local function displaces(i)
   local _, prio, user = ticketOf(ARGV[1] .. ARGV[5 + 3 * i])
   if not full then
-    full = fullQueue(queue, expiry, recs, slots)
+    full = fullQueue(queue, expiry, recs, slots, poolUser ~= '')
     for _, j in ipairs(queuedNow) do
       if queued[ids[j]] and not full.of[ids[j]] then
         local _, p, u = ticketOf(ARGV[1] .. ARGV[5 + 3 * j])
@@ -360,9 +363,6 @@ local wake = {}
 -- Its server calls at once when it finds the limit changed (see
 -- pkg/limiter's round).
 local rewritten = false
--- (A call's tickets are all of its scope: a pool key's name their users,
--- and all wait for its one cap.)
-local _, _, poolUser, callPlan = ticketOf(ARGV[1] .. (ARGV[8] or ''))
 if used >= limit and poolUser == '' and callPlan ~= '' then
   local all = redis.call('HGETALL', recs)
   for k = 1, #all, 2 do
