@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -426,6 +427,15 @@ func TestJWKSURLRedirects(t *testing.T) {
 	mux.HandleFunc("/loop", func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/loop?"+r.URL.RawQuery+"x", http.StatusFound)
 	})
+	// /chain/n redirects n times, then to the set.
+	mux.HandleFunc("/chain/{n}", func(w http.ResponseWriter, r *http.Request) {
+		n, _ := strconv.Atoi(r.PathValue("n"))
+		if n <= 1 {
+			http.Redirect(w, r, "/jwks", http.StatusFound)
+			return
+		}
+		http.Redirect(w, r, "/chain/"+strconv.Itoa(n-1), http.StatusFound)
+	})
 	srv := httptest.NewTLSServer(mux)
 	defer srv.Close()
 	token := bearer(key.sign(t, claims("alice", nil)))
@@ -435,7 +445,9 @@ func TestJWKSURLRedirects(t *testing.T) {
 	}{
 		{"a redirect within https is followed", "/moved", nil},
 		{"a redirect from https to http is refused", "/to-plain", []string{plain.URL + "/jwks", "leaves https"}},
-		{"redirects are bounded", "/loop", []string{"stopped after 5 redirects"}},
+		{"5 redirects are followed", "/chain/5", nil},
+		{"a 6th is refused", "/chain/6", []string{"followed 5 redirects", "refused a 6th", "/jwks"}},
+		{"redirects are bounded", "/loop", []string{"followed 5 redirects", "refused a 6th"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := jwtResolver(t, "", func(j *identity.JWT) { j.JWKSURL, j.HTTPClient = srv.URL+tc.path, srv.Client() })

@@ -333,8 +333,8 @@ func checkRedirect(own func(*http.Request, []*http.Request) error) func(*http.Re
 		switch {
 		case via[0].URL.Scheme == "https" && req.URL.Scheme != "https":
 			return &redirectError{fmt.Sprintf("redirected to %s, which leaves https: refused (a key set fetched over plain http could be anyone's)", req.URL.Redacted())}
-		case len(via) >= maxJWKSRedirects:
-			return &redirectError{fmt.Sprintf("stopped after %d redirects (the last to %s)", maxJWKSRedirects, req.URL.Redacted())}
+		case len(via) > maxJWKSRedirects: // via: the requests before req, the first one's included
+			return &redirectError{fmt.Sprintf("followed %d redirects and refused a %dth, to %s", maxJWKSRedirects, maxJWKSRedirects+1, req.URL.Redacted())}
 		case own != nil:
 			return own(req, via)
 		}
