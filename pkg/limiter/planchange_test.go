@@ -3,6 +3,7 @@ package limiter_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -712,6 +713,62 @@ func TestAPoolWaitThatRunsOutAsItsKeysCapChangesIsJudgedByTheCapInForce(t *testi
 				}
 			})
 		}
+	}
+}
+
+// poolWaitEnds is an atPoolWaitEnd that records how pool waits ended.
+type poolWaitEnds struct {
+	atPoolWaitEnd
+	mu    sync.Mutex
+	ended []limiter.WaitOutcome
+}
+
+func (o *poolWaitEnds) PoolWaited(ctx context.Context, pool string, priority int, outcome limiter.WaitOutcome, took time.Duration) {
+	o.atPoolWaitEnd.PoolWaited(ctx, pool, priority, outcome, took)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.ended = append(o.ended, outcome)
+}
+
+// TestAPoolWaitThatRunsOutAsItsKeysCapIsLiftedIsCountedGranted: the wait
+// of TestAPoolWaitThatRunsOutAsItsKeysCapChangesIsJudgedByTheCapInForce
+// whose key's cap is lifted as it runs out, its acquire then granted, is
+// counted granted in the pool wait metrics, not timeout (which counts a
+// 429); one whose cap is lowered, refused, is counted timeout.
+func TestAPoolWaitThatRunsOutAsItsKeysCapIsLiftedIsCountedGranted(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		then int // the key's cap as the wait ends (0: lifted)
+		want limiter.WaitOutcome
+	}{
+		{"its cap lifted", 0, limiter.WaitGranted},
+		{"its cap lowered", 1, limiter.WaitTimeout},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			table := poolTable(t, pools.Pool{Pool: "model", Keys: map[string]int{"k": 2}, MaxWait: 10 * time.Second})
+			then := pools.Pool{Pool: "model", Keys: map[string]int{"other": 5}, MaxWait: 10 * time.Second}
+			if c.then > 0 {
+				then.Keys["k"] = c.then
+			}
+			log := &poolWaitEnds{atPoolWaitEnd: atPoolWaitEnd{Observer: limiter.NopObserver, then: func() {
+				if err := table.Replace([]pools.Pool{then.WithDefaults()}); err != nil {
+					t.Error(err)
+				}
+			}}}
+			s := limitertest.New(t, limitertest.Options{Tiers: poolWaitTiers(), Limiter: limiter.Options{Pools: table, Observer: log}})
+			for range 2 {
+				mustAcquire(t, s.Limiter, newUser(t), "low", "k")
+			}
+			res, err := s.Limiter.Acquire(context.Background(), limiter.AcquireRequest{UserID: newUser(t), Plan: "low", Pools: map[string]string{"model": "k"}, Wait: 300 * time.Millisecond})
+			if err != nil || res.Granted != (c.then == 0) {
+				t.Fatalf("the waiter: %+v, %v; want granted only with the cap lifted", res, err)
+			}
+			log.mu.Lock()
+			defer log.mu.Unlock()
+			if !slices.Equal(log.ended, []limiter.WaitOutcome{c.want}) {
+				t.Errorf("pool waits ended %v, want [%s]", log.ended, c.want)
+			}
+		})
 	}
 }
 

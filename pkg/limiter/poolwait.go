@@ -117,6 +117,11 @@ func (l *Limiter) awaitPool(ctx context.Context, req AcquireRequest, tier tiers.
 				out.waited = 0 // refused at once, as a user's full queue is
 			}
 		}
+		if uncapped {
+			// Its cap lifted as its wait ran out: the acquire joins the
+			// key uncapped (see joinPools), which its wait is counted as.
+			outcome = WaitGranted
+		}
 	case WaitCancelled:
 		out.err = cmp.Or(ctx.Err(), context.Canceled)
 	default:
