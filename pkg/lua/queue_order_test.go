@@ -402,9 +402,13 @@ func fullOf(prefix string, prio, n, most int) lua.WaitArgs {
 // TestOwedHandsOutAThousandPlacesInOneShortCall: a full queue (1,000
 // waiters of 1,000 users, priorities 0-9) on a key whose cap is raised
 // (or put in shadow mode, or overridden) so that every waiter is owed a
-// place: one call of the wait script hands them all out holding Redis
-// under 20 ms (its slow log's time of the call, the least of three; a
-// pass over the waiters for every place took 90-480 ms).
+// place: one call of the wait script hands them all out holding Redis at
+// most 6 times as long as a call on the same queue that hands out one
+// (each its slow log's time, the least of five, the two taken in turns
+// so that both see the machine alike). Reading and ranking the queue is
+// the most of both; each place costs a heap's steps, about 3 µs: 2× here.
+// A pass over the waiters for every place took 90-480 ms, 30-160× a call
+// handing out one.
 func TestOwedHandsOutAThousandPlacesInOneShortCall(t *testing.T) {
 	c := privateServer(t)
 	key := newKey(t)
@@ -415,39 +419,45 @@ func TestOwedHandsOutAThousandPlacesInOneShortCall(t *testing.T) {
 	}
 	mustWait(t, c, key, a)
 	logEveryCall(t, c)
-	least := int64(-1)
-	for range 3 {
-		slowestCall(t, c)
-		if owed := owedOrder(t, c, key, 1001); len(owed) != 1000 {
-			t.Fatalf("owed %d places, want 1000", len(owed))
-		}
-		took := slowestCall(t, c)
-		if least < 0 || took < least {
-			least = took
+	// least is the least time a call of cap limit held Redis, owing n places.
+	least := map[int]int64{}
+	for range 5 {
+		for _, limit := range []int{2, 1001} {
+			slowestCall(t, c)
+			if owed := owedOrder(t, c, key, limit); len(owed) != limit-1 {
+				t.Fatalf("owed %d places, want %d", len(owed), limit-1)
+			}
+			took := slowestCall(t, c)
+			if was, ok := least[limit]; !ok || took < was {
+				least[limit] = took
+			}
 		}
 	}
-	t.Logf("the call held Redis %dµs", least)
-	if least > 20000 {
-		t.Errorf("one wait call handing out 1,000 places held Redis %dµs, want under 20 ms", least)
+	one, all := least[2], least[1001]
+	t.Logf("a call handing out 1,000 places held Redis %dµs, one handing out 1 %dµs", all, one)
+	if ratio := float64(all) / float64(max(one, 1)); ratio > 6 {
+		t.Errorf("one wait call handing out 1,000 places held Redis %dµs, %.1f× the %dµs of a call handing out 1: want at most 6×", all, ratio, one)
 	}
 }
 
 // TestAThousandNewTicketsDisplaceInOneShortCall: a full queue of 1,000
 // waiters of priority 0, then one server's call with 1,000 new ones of
 // priority 9 (a burst that came to one replica between two of its
-// calls), each taking a place: the call holds Redis under 100 ms (its
-// slow log's time of the call, the least of three). Queueing 1,000
-// tickets costs some 10-20 ms of its own; a pass over the queue for each
-// new one took 0.7-2.8 s.
+// calls), each taking a place: the call holds Redis at most 8 times as
+// long as the one that queued the first 1,000 (each its slow log's time,
+// the least of three rounds, both calls of a round seeing the machine
+// alike). Queueing 1,000 tickets is the most of both (10-20 ms); a pass
+// over the queue for each new one took 0.7-2.8 s, 50-200× it.
 func TestAThousandNewTicketsDisplaceInOneShortCall(t *testing.T) {
 	c := privateServer(t)
-	least := int64(-1)
+	logEveryCall(t, c)
+	queued, displaced := int64(-1), int64(-1)
 	for range 3 {
 		key := newKey(t)
 		holdMember(t, c, key, "h0 h")
-		mustWait(t, c, key, fullOf("low", 0, 1000, 1000))
-		logEveryCall(t, c)
 		slowestCall(t, c)
+		mustWait(t, c, key, fullOf("low", 0, 1000, 1000))
+		first := slowestCall(t, c)
 		got := mustWait(t, c, key, fullOf("high", 9, 1000, 1000))
 		took := slowestCall(t, c)
 		for i, r := range got.Tickets {
@@ -455,13 +465,16 @@ func TestAThousandNewTicketsDisplaceInOneShortCall(t *testing.T) {
 				t.Fatalf("new ticket %d: %+v, want queued", i, r)
 			}
 		}
-		if least < 0 || took < least {
-			least = took
+		if queued < 0 || first < queued {
+			queued = first
+		}
+		if displaced < 0 || took < displaced {
+			displaced = took
 		}
 	}
-	t.Logf("the call held Redis %dµs", least)
-	if least > 100000 {
-		t.Errorf("one wait call of 1,000 new tickets to a full queue held Redis %dµs, want under 100 ms", least)
+	t.Logf("the call displacing 1,000 held Redis %dµs, the one queueing the first 1,000 %dµs", displaced, queued)
+	if ratio := float64(displaced) / float64(max(queued, 1)); ratio > 8 {
+		t.Errorf("one wait call of 1,000 new tickets to a full queue held Redis %dµs, %.1f× the %dµs of the call that queued the first 1,000: want at most 8×", displaced, ratio, queued)
 	}
 }
 
