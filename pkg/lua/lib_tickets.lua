@@ -316,23 +316,23 @@ end
 --
 -- A ticket is owed a slot while its stream holds none, and fewer slots
 -- than its own limit (override, when one is in force, else its record's)
--- are taken, counting those owed to the tickets served before it. When the caller knows the limit of
--- the scope as it is now (cap >= 0), it holds at once for the tickets it
--- bounds, rather than the one recorded when they queued, so that a limit
--- lowered or raised meanwhile, or a scope put in shadow mode (a cap no
--- ticket reaches), holds for them: a pool key's tickets (those naming a
--- user) all wait for the key's one cap, and a user's own tickets of
--- plan, the caller's, for that plan's limit. A ticket whose limit is
--- reached is passed over: it holds no place against an acquire it could
--- not itself be granted the slot of, so a waiter of one plan never
--- blocks the user's acquires under a larger one. Passed over, it is not
--- served, yet its user's later tickets are ranked as if it were; where
--- users are weighed that never changes the order: a pool key's tickets
--- share the key's one cap, so once one is passed over all are (release,
--- which does not know the cap, reads only the first owed). A user's own
--- queue weighs no users. The selection ends once stop slots are taken
--- (math.huge: never): a caller that only needs to know whether a slot
--- is left over.
+-- are taken, counting those owed to the tickets served before it. When
+-- the caller knows the limit of the scope as it is now (cap >= 0), it
+-- holds at once for the tickets it bounds, rather than the one recorded
+-- when they queued, so that a limit lowered or raised meanwhile, or a
+-- scope put in shadow mode (a cap no ticket reaches), holds for them: a
+-- pool key's tickets (those naming a user) all wait for the key's one
+-- cap, and a user's own tickets of plan, the caller's, for that plan's
+-- limit. A ticket whose limit is reached is passed over: it holds no
+-- place against an acquire it could not itself be granted the slot of, so
+-- a waiter of one plan never blocks the user's acquires under a larger
+-- one. Passed over, it is not served, yet its user's later tickets are
+-- ranked as if it were; where users are weighed that never changes the
+-- order: a pool key's tickets share the key's one cap, so once one is
+-- passed over all are (release, which does not know the cap, reads only
+-- the first owed). A user's own queue weighs no users. The selection ends
+-- once stop slots are taken (math.huge: never): a caller that only needs
+-- to know whether a slot is left over.
 local function owed(queue, expiry, recs, used, override, stop, slots, cap, plan)
   local out, slack, taken = {}, {}, used
   if taken >= stop then
